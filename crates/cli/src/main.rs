@@ -1,1 +1,518 @@
-fn main() {}
+//! `oxpool`: pools, volumes, properties and the NBD server, in the zpool/zfs manner.
+//!
+//! Each command opens the pools it needs (through the pool cache file), does its work and
+//! exports them again, so the pool is consistent on disk when the command returns. Device
+//! files are locked (flock) while a pool is open, so a second process cannot open a pool that
+//! `oxpool serve` is serving.
+
+mod devices;
+mod serve;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use devices::{default_cache_file, open_device, scan_dir, Devices};
+use oxpool_engine::cachefile::{self, CachedPool};
+use oxpool_engine::props::{parse_size, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
+use oxpool_engine::{Pool, PoolProps, PoolStatus, TopSpec, VdevStatus};
+use oxpool_format::TopVdevKind;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(name = "oxpool", version, about = "A user-space storage pool with ZFS's guarantees, served over NBD")]
+struct Cli {
+    /// Pool cache file: the pools this machine knows.
+    #[arg(long, global = true, value_name = "PATH")]
+    cache_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`.
+    Create {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Size of device files to create where they do not exist (e.g. 10G).
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
+        /// Pool property, name=value (repeatable).
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
+        /// Pool name.
+        pool: String,
+        /// Vdevs: device paths, each group optionally preceded by `mirror`.
+        #[arg(required = true, num_args = 1..)]
+        vdevs: Vec<String>,
+    },
+    /// Import a pool from its devices.
+    Import {
+        /// Directory to search for devices (repeatable); default: the cache file's devices.
+        #[arg(short = 'd', value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        /// Pool to import; without it, list the pools found.
+        pool: Option<String>,
+    },
+    /// Export a pool: write everything and forget it.
+    Export {
+        /// Pool name.
+        pool: String,
+    },
+    /// Destroy a pool: clear its devices' labels.
+    Destroy {
+        /// Pool name.
+        pool: String,
+    },
+    /// List pools with their size and health.
+    List,
+    /// Show a pool's vdev tree with states and error counts.
+    Status {
+        /// Pool name (default: all).
+        pool: Option<String>,
+    },
+    /// Volumes: create, list, destroy, read, write.
+    Vol {
+        #[command(subcommand)]
+        command: VolCommand,
+    },
+    /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`.
+    Get {
+        /// Property name, or `all`.
+        prop: String,
+        /// POOL or POOL/VOL.
+        target: String,
+    },
+    /// Set a property: `oxpool set sync=always tank/vol0`.
+    Set {
+        /// name=value.
+        assignment: String,
+        /// POOL or POOL/VOL.
+        target: String,
+    },
+    /// Serve volumes over NBD (with no pool known, creates a file-backed default pool).
+    Serve(serve::ServeArgs),
+}
+
+#[derive(Subcommand)]
+enum VolCommand {
+    /// Create a volume.
+    Create {
+        /// POOL/VOL.
+        name: String,
+        /// Volume size (e.g. 1G).
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+        /// Volume property, name=value (repeatable), e.g. volblocksize=4K.
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
+    },
+    /// List volumes.
+    List {
+        /// Only this pool's.
+        pool: Option<String>,
+    },
+    /// Destroy a volume.
+    Destroy {
+        /// POOL/VOL.
+        name: String,
+    },
+    /// Write a file (or stdin with `-`) into a volume at an offset.
+    Write {
+        /// POOL/VOL.
+        name: String,
+        /// Byte offset.
+        #[arg(long, default_value = "0")]
+        offset: String,
+        /// Input file, or `-` for stdin.
+        input: PathBuf,
+    },
+    /// Read from a volume into a file (or stdout with `-`).
+    Read {
+        /// POOL/VOL.
+        name: String,
+        /// Byte offset.
+        #[arg(long, default_value = "0")]
+        offset: String,
+        /// Bytes to read (default: to the end).
+        #[arg(long)]
+        length: Option<String>,
+        /// Output file, or `-` for stdout.
+        output: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::WARN)
+        .with_target(false)
+        .init();
+    if let Err(e) = run(cli) {
+        eprintln!("oxpool: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let cache = cli.cache_file.clone().unwrap_or_else(default_cache_file);
+    match cli.command {
+        Command::Create {
+            force,
+            size,
+            props,
+            pool,
+            vdevs,
+        } => create(&cache, &pool, &vdevs, size.as_deref(), &props, force),
+        Command::Import { dirs, pool } => import(&cache, &dirs, pool.as_deref()),
+        Command::Export { pool } => {
+            let (p, _locks) = open_pool(&cache, &pool)?;
+            p.export()?;
+            cachefile::remove(&cache, &pool)?;
+            Ok(())
+        }
+        Command::Destroy { pool } => {
+            let (p, _locks) = open_pool(&cache, &pool)?;
+            p.destroy()?;
+            cachefile::remove(&cache, &pool)?;
+            Ok(())
+        }
+        Command::List => {
+            println!("{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}", "NAME", "SIZE", "ALLOC", "FREE", "HEALTH", "TXG");
+            for_each_pool(&cache, |p| {
+                let s = p.status();
+                println!(
+                    "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
+                    s.name,
+                    human(s.size_bytes),
+                    human(s.allocated_bytes),
+                    human(s.size_bytes - s.allocated_bytes),
+                    s.state,
+                    s.txg
+                );
+                Ok(())
+            })
+        }
+        Command::Status { pool } => {
+            let mut any = false;
+            for_each_pool(&cache, |p| {
+                if pool.as_deref().is_some_and(|n| n != p.name()) {
+                    return Ok(());
+                }
+                any = true;
+                print_status(&p.status());
+                Ok(())
+            })?;
+            if !any {
+                match pool {
+                    Some(n) => bail!("pool '{n}' not found"),
+                    None => println!("no pools"),
+                }
+            }
+            Ok(())
+        }
+        Command::Vol { command } => vol(&cache, command),
+        Command::Get { prop, target } => get(&cache, &prop, &target),
+        Command::Set { assignment, target } => {
+            let (k, v) = split_assignment(&assignment)?;
+            let (pool, vol) = split_target(&target);
+            let (p, _locks) = open_pool(&cache, pool)?;
+            match vol {
+                Some(v2) => p.set_volume_prop(v2, k, v)?,
+                None => p.set_prop(k, v)?,
+            }
+            p.export()?;
+            Ok(())
+        }
+        Command::Serve(args) => serve::run(&cache, args),
+    }
+}
+
+fn split_assignment(a: &str) -> Result<(&str, &str)> {
+    a.split_once('=')
+        .ok_or_else(|| anyhow!("expected PROP=VALUE, got '{a}'"))
+}
+
+fn split_target(t: &str) -> (&str, Option<&str>) {
+    match t.split_once('/') {
+        Some((p, v)) => (p, Some(v)),
+        None => (t, None),
+    }
+}
+
+/// Opens (imports) a pool the cache file knows; the returned locks keep its devices ours.
+pub(crate) fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
+    let entry = cachefile::read(cache)?
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| anyhow!("pool '{name}' not found (not in {}; try `oxpool import`)", cache.display()))?;
+    let mut devs = Devices::default();
+    for path in &entry.devices {
+        // A missing mirror side is tolerated; import decides whether enough is present.
+        match open_device(path, None) {
+            Ok(d) => devs.push(d),
+            Err(e) => eprintln!("oxpool: warning: {e:#}"),
+        }
+    }
+    let pool = Pool::import(devs.backends(), Some(name)).with_context(|| format!("cannot open pool '{name}'"))?;
+    Ok((pool, devs))
+}
+
+/// Runs `f` on every pool in the cache file, exporting each afterwards.
+fn for_each_pool(cache: &Path, mut f: impl FnMut(&Pool) -> Result<()>) -> Result<()> {
+    for entry in cachefile::read(cache)? {
+        let (p, _locks) = open_pool(cache, &entry.name)?;
+        f(&p)?;
+        p.export()?;
+    }
+    Ok(())
+}
+
+fn create(cache: &Path, name: &str, vdevs: &[String], size: Option<&str>, props: &[String], force: bool) -> Result<()> {
+    if cachefile::read(cache)?.iter().any(|p| p.name == name) {
+        bail!("pool '{name}' already exists");
+    }
+    let create_size = size.map(|s| parse_size("--size", s)).transpose()?;
+    let mut pool_props = PoolProps::default();
+    for a in props {
+        let (k, v) = split_assignment(a)?;
+        pool_props.set(k, v)?;
+    }
+    let mut devs = Devices::default();
+    let mut tops = Vec::new();
+    let mut i = 0;
+    while i < vdevs.len() {
+        if vdevs[i] == "mirror" {
+            let start = i + 1;
+            let mut end = start;
+            while end < vdevs.len() && vdevs[end] != "mirror" {
+                end += 1;
+            }
+            let mut group = Vec::new();
+            for p in &vdevs[start..end] {
+                let d = open_device(Path::new(p), create_size)?;
+                group.push(d.backend());
+                devs.push(d);
+            }
+            tops.push(TopSpec { kind: TopVdevKind::Mirror, devices: group });
+            i = end;
+        } else {
+            let d = open_device(Path::new(&vdevs[i]), create_size)?;
+            tops.push(TopSpec { kind: TopVdevKind::Single, devices: vec![d.backend()] });
+            devs.push(d);
+            i += 1;
+        }
+    }
+    let pool = Pool::create(name, tops, pool_props, force)?;
+    remember(cache, &pool)?;
+    pool.export()?;
+    Ok(())
+}
+
+pub(crate) fn remember(cache: &Path, pool: &Pool) -> Result<()> {
+    let devices = pool
+        .device_paths()
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(p)))
+        .collect();
+    cachefile::upsert(cache, CachedPool { name: pool.name().to_string(), guid: pool.guid().0, devices })?;
+    Ok(())
+}
+
+fn import(cache: &Path, dirs: &[PathBuf], name: Option<&str>) -> Result<()> {
+    let mut paths: Vec<PathBuf> = Vec::new();
+    if dirs.is_empty() {
+        for p in cachefile::read(cache)? {
+            paths.extend(p.devices);
+        }
+    }
+    for d in dirs {
+        paths.extend(scan_dir(d)?);
+    }
+    let mut devs = Devices::default();
+    for p in &paths {
+        if let Ok(d) = open_device(p, None) {
+            devs.push(d);
+        }
+    }
+    match name {
+        Some(n) => {
+            let pool = Pool::import(devs.backends(), Some(n))?;
+            remember(cache, &pool)?;
+            pool.export()?;
+            println!("imported pool '{n}'");
+        }
+        None => {
+            // List what could be imported: one line per pool found in the labels.
+            let found = devices::probe_labels(&devs);
+            if found.is_empty() {
+                println!("no pools available to import");
+            }
+            for (pool, guid, paths) in found {
+                println!("pool: {pool}  id: {guid:x}  devices: {}", paths.join(" "));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
+    match cmd {
+        VolCommand::Create { name, size, props } => {
+            let (pool, v) = split_target(&name);
+            let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
+            let size = parse_size("--size", &size)?;
+            let mut pairs = Vec::new();
+            for a in &props {
+                let (k, val) = split_assignment(a)?;
+                pairs.push((k.to_string(), val.to_string()));
+            }
+            let (p, _locks) = open_pool(cache, pool)?;
+            p.create_volume(v, size, &pairs)?;
+            p.export()?;
+        }
+        VolCommand::List { pool } => {
+            println!("{:<32} {:>10} {:>10} {:>12}", "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE");
+            for_each_pool(cache, |p| {
+                if pool.as_deref().is_some_and(|n| n != p.name()) {
+                    return Ok(());
+                }
+                for v in p.volumes() {
+                    println!(
+                        "{:<32} {:>10} {:>10} {:>12}",
+                        v.full_name(),
+                        human(v.size_bytes()),
+                        human(v.used_bytes()),
+                        human(v.block_size_bytes() as u64)
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        VolCommand::Destroy { name } => {
+            let (pool, v) = split_target(&name);
+            let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
+            let (p, _locks) = open_pool(cache, pool)?;
+            p.destroy_volume(v)?;
+            p.export()?;
+        }
+        VolCommand::Write { name, offset, input } => {
+            let (pool, v) = split_target(&name);
+            let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
+            let offset = parse_size("--offset", &offset)?;
+            let mut data = Vec::new();
+            if input == Path::new("-") {
+                std::io::stdin().read_to_end(&mut data)?;
+            } else {
+                data = std::fs::read(&input).with_context(|| input.display().to_string())?;
+            }
+            let (p, _locks) = open_pool(cache, pool)?;
+            let vol = p.volume(v)?;
+            oxpool_io::rt::block_on(vol.write(offset, &data, false))?;
+            p.export()?;
+        }
+        VolCommand::Read { name, offset, length, output } => {
+            let (pool, v) = split_target(&name);
+            let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
+            let offset = parse_size("--offset", &offset)?;
+            let (p, _locks) = open_pool(cache, pool)?;
+            let vol = p.volume(v)?;
+            let len = match length {
+                Some(l) => parse_size("--length", &l)?,
+                None => vol.size_bytes().saturating_sub(offset),
+            };
+            let mut out: Box<dyn Write> = if output == Path::new("-") {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(std::fs::File::create(&output).with_context(|| output.display().to_string())?)
+            };
+            // Bounded memory: 1 MiB at a time.
+            let mut buf = vec![0u8; 1 << 20];
+            let mut pos = offset;
+            while pos < offset + len {
+                let n = ((offset + len - pos) as usize).min(buf.len());
+                oxpool_io::rt::block_on(vol.read(pos, &mut buf[..n]))?;
+                out.write_all(&buf[..n])?;
+                pos += n as u64;
+            }
+            out.flush()?;
+            drop(out);
+            p.export()?;
+        }
+    }
+    Ok(())
+}
+
+fn get(cache: &Path, prop: &str, target: &str) -> Result<()> {
+    let (pool, vol) = split_target(target);
+    let (p, _locks) = open_pool(cache, pool)?;
+    println!("{:<32} {:<14} {}", "NAME", "PROPERTY", "VALUE");
+    match vol {
+        Some(v) => {
+            let props = p.volume(v)?.props();
+            let names: Vec<&str> = if prop == "all" { VOLUME_PROP_NAMES.to_vec() } else { vec![prop] };
+            for n in names {
+                println!("{:<32} {:<14} {}", target, n, props.get(n)?);
+            }
+        }
+        None => {
+            let names: Vec<&str> = if prop == "all" { POOL_PROP_NAMES.to_vec() } else { vec![prop] };
+            for n in names {
+                println!("{:<32} {:<14} {}", target, n, p.get_prop(n)?);
+            }
+        }
+    }
+    p.export()?;
+    Ok(())
+}
+
+/// Sizes as zfs prints them: 1.5G, 512M, 16K.
+pub(crate) fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}")
+    } else if v >= 10.0 {
+        format!("{v:.0}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+pub(crate) fn print_status(s: &PoolStatus) {
+    println!("  pool: {}", s.name);
+    println!(" state: {}", s.state);
+    println!("   txg: {}", s.txg);
+    println!("config:\n");
+    println!("\t{:<40} {:<9} {:>5} {:>5} {:>5}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+    println!("\t{:<40} {:<9} {:>5} {:>5} {:>5}", s.name, s.state, 0, 0, 0);
+    fn line(v: &VdevStatus, depth: usize) {
+        let name = format!("{}{}", "  ".repeat(depth), v.name);
+        println!(
+            "\t{:<40} {:<9} {:>5} {:>5} {:>5}",
+            name, v.state, v.read_errors, v.write_errors, v.checksum_errors
+        );
+        if v.repaired_bytes > 0 {
+            println!("\t{}  (repaired {} bytes)", "  ".repeat(depth), v.repaired_bytes);
+        }
+        for c in &v.children {
+            line(c, depth + 1);
+        }
+    }
+    for v in &s.vdevs {
+        line(v, 1);
+    }
+    println!();
+    println!("errors: {}", if s.vdevs.iter().any(has_errors) { "see the counts above" } else { "No known data errors" });
+}
+
+fn has_errors(v: &VdevStatus) -> bool {
+    v.read_errors + v.write_errors + v.checksum_errors > 0 || v.children.iter().any(has_errors)
+}

@@ -1,1 +1,25 @@
-//! placeholder
+//! The oxpool engine: pools of devices, the vdev tree (single, stripe, mirror), the allocator,
+//! transaction groups, volumes and their block trees, and range locks.
+//!
+//! The data-plane API ([`Volume`]) is asynchronous: it returns futures that run on the calling
+//! thread's ring driver (`oxpool_io::rt`), so one thread can keep many requests in flight.
+//! The control plane ([`Pool::create`], [`Pool::import`], ...) is synchronous and must not be
+//! called from inside an executor.
+
+pub mod alloc;
+pub mod cachefile;
+mod error;
+pub mod label;
+pub mod pipeline;
+pub mod pool;
+pub mod props;
+pub mod rangelock;
+pub mod tree;
+pub mod txg;
+pub mod vdev;
+pub mod volume;
+
+pub use error::{EngineError, Result};
+pub use pool::{Pool, PoolStatus, TopSpec, VdevStatus};
+pub use props::{PoolProps, SyncMode, VolumeProps};
+pub use volume::{BlockState, Volume};

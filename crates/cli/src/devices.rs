@@ -1,0 +1,99 @@
+//! Opening device files for the CLI: creating sparse files, locking them against a second
+//! process, scanning directories for import.
+
+use anyhow::{anyhow, Context, Result};
+use oxpool_io::{Backend, FileBackend};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// An open device and the lock that keeps other oxpool processes off it.
+pub struct Device {
+    backend: Arc<FileBackend>,
+    _lock: std::fs::File,
+}
+
+impl Device {
+    /// The device as the engine's backend.
+    pub fn backend(&self) -> Arc<dyn Backend> {
+        self.backend.clone()
+    }
+}
+
+/// The devices a command opened; dropped (unlocked) when the command ends.
+#[derive(Default)]
+pub struct Devices(Vec<Device>);
+
+impl Devices {
+    /// Adds one.
+    pub fn push(&mut self, d: Device) {
+        self.0.push(d);
+    }
+
+    /// All as backends.
+    pub fn backends(&self) -> Vec<Arc<dyn Backend>> {
+        self.0.iter().map(|d| d.backend()).collect()
+    }
+}
+
+/// `$XDG_STATE_HOME/oxpool/pools.cache`, else `~/.local/state/oxpool/pools.cache`.
+pub fn default_cache_file() -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("oxpool/pools.cache")
+}
+
+/// Opens `path` as a device, creating a sparse file of `create_size_bytes` if it is missing,
+/// and locks it (flock, exclusive, non-blocking).
+pub fn open_device(path: &Path, create_size_bytes: Option<u64>) -> Result<Device> {
+    if !path.exists() && create_size_bytes.is_none() {
+        return Err(anyhow!("{}: no such file (give --size to create it)", path.display()));
+    }
+    let backend = FileBackend::open(path, create_size_bytes)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let lock = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    // SAFETY: flock on a valid, owned file descriptor.
+    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(anyhow!(
+            "{}: in use by another oxpool process (is `oxpool serve` running?)",
+            path.display()
+        ));
+    }
+    Ok(Device {
+        backend: Arc::new(backend),
+        _lock: lock,
+    })
+}
+
+/// Regular files and block devices directly inside `dir`.
+pub fn scan_dir(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| dir.display().to_string())? {
+        let e = e?;
+        let ft = e.file_type()?;
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_file() || ft.is_block_device() {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Pools named by the labels of `devs`: (name, guid, device paths).
+pub fn probe_labels(devs: &Devices) -> Vec<(String, u64, Vec<String>)> {
+    let mut out: Vec<(String, u64, Vec<String>)> = Vec::new();
+    for d in &devs.0 {
+        let b = d.backend();
+        if let Ok(cfg) = oxpool_io::rt::block_on(oxpool_engine::label::read_label(b.as_ref())) {
+            match out.iter_mut().find(|(_, g, _)| *g == cfg.pool_guid.0) {
+                Some(e) => e.2.push(b.name().to_string()),
+                None => out.push((cfg.pool_name, cfg.pool_guid.0, vec![b.name().to_string()])),
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,128 @@
+//! Labels and uberblocks on a leaf device.
+//!
+//! Each device carries four labels (two at its start, two at its end). A label's first half
+//! is the configuration (which pool, which leaf, the vdev tree), written when the pool is
+//! created; its second half is a ring of uberblocks, one slot per txg (`txg % slots`), so the
+//! uberblock of txg N never overwrites that of txg N-1: a torn uberblock write loses only the
+//! new txg, and import falls back to the previous one.
+
+use crate::{EngineError, Result};
+use oxpool_format::{
+    label_offsets, uberblock_slot_offset, FormatError, LabelConfig, Uberblock, LABEL_BYTES,
+    LABEL_CONFIG_BYTES, LABEL_COUNT, MIN_DEVICE_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES,
+};
+use oxpool_io::rt::join_all;
+use oxpool_io::{Backend, IoBuf};
+
+/// Writes the configuration half of all four labels and clears their uberblock rings.
+pub async fn write_labels(dev: &dyn Backend, cfg: &LabelConfig) -> Result<()> {
+    let encoded = IoBuf::from_slice(&cfg.encode());
+    debug_assert_eq!(encoded.len() as u64, LABEL_CONFIG_BYTES);
+    let zeros = IoBuf::zeroed((LABEL_BYTES - LABEL_CONFIG_BYTES) as usize);
+    let mut futs = Vec::new();
+    for off in label_offsets(dev.size_bytes()) {
+        futs.push(dev.write(off, encoded.clone()));
+        futs.push(dev.write(off + LABEL_CONFIG_BYTES, zeros.clone()));
+    }
+    for r in join_all(futs).await {
+        r.map_err(|e| EngineError::io(dev.name(), e))?;
+    }
+    Ok(())
+}
+
+/// Zeroes all four labels (pool destroy): the device no longer belongs to any pool.
+pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
+    let zeros = IoBuf::zeroed(LABEL_BYTES as usize);
+    let futs: Vec<_> = label_offsets(dev.size_bytes())
+        .into_iter()
+        .map(|off| dev.write(off, zeros.clone()))
+        .collect();
+    for r in join_all(futs).await {
+        r.map_err(|e| EngineError::io(dev.name(), e))?;
+    }
+    dev.flush().await.map_err(|e| EngineError::io(dev.name(), e))
+}
+
+/// Reads the labels' configuration. Returns the first label that verifies; if none does, the
+/// error names the device and what was wrong with its first label.
+pub async fn read_label(dev: &dyn Backend) -> Result<LabelConfig> {
+    let size = dev.size_bytes();
+    if size < MIN_DEVICE_BYTES {
+        return Err(EngineError::Corrupt {
+            device: dev.name().to_string(),
+            what: format!("device is {size} bytes, smaller than the minimum {MIN_DEVICE_BYTES}"),
+            source: FormatError::Truncated {
+                needed: MIN_DEVICE_BYTES as usize,
+                got: size as usize,
+            },
+        });
+    }
+    let mut first_err = None;
+    for (i, off) in label_offsets(size).into_iter().enumerate() {
+        let buf = match dev.read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize)).await {
+            Ok(b) => b,
+            Err(e) => {
+                first_err.get_or_insert(EngineError::io(dev.name(), e));
+                continue;
+            }
+        };
+        match LabelConfig::decode(&buf) {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => {
+                first_err.get_or_insert(EngineError::Corrupt {
+                    device: dev.name().to_string(),
+                    what: format!("label {i} (offset {off})"),
+                    source: e,
+                });
+            }
+        }
+    }
+    Err(first_err.expect("LABEL_COUNT > 0"))
+}
+
+/// Writes `ub` into its slot (`txg % UBERBLOCK_SLOTS`) of all four labels.
+pub async fn write_uberblock(dev: &dyn Backend, ub: &Uberblock) -> Result<()> {
+    let encoded = IoBuf::from_slice(&ub.encode());
+    debug_assert_eq!(encoded.len() as u64, UBERBLOCK_SLOT_BYTES);
+    let slot = ub.txg.0 % UBERBLOCK_SLOTS;
+    let futs: Vec<_> = label_offsets(dev.size_bytes())
+        .into_iter()
+        .map(|off| dev.write(uberblock_slot_offset(off, slot), encoded.clone()))
+        .collect();
+    let mut written = 0;
+    let mut last_err = None;
+    for r in join_all(futs).await {
+        match r {
+            Ok(_) => written += 1,
+            Err(e) => last_err = Some(EngineError::io(dev.name(), e)),
+        }
+    }
+    // One good copy of the uberblock is enough to find the txg; fail only if none was written.
+    match (written, last_err) {
+        (0, Some(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Every uberblock that verifies, from every label of the device, newest first.
+pub async fn read_uberblocks(dev: &dyn Backend) -> Vec<Uberblock> {
+    let ring_bytes = (UBERBLOCK_SLOTS * UBERBLOCK_SLOT_BYTES) as usize;
+    let mut out = Vec::new();
+    for off in label_offsets(dev.size_bytes()).into_iter().take(LABEL_COUNT) {
+        let ring = match dev
+            .read(uberblock_slot_offset(off, 0), IoBuf::zeroed(ring_bytes))
+            .await
+        {
+            Ok(b) => b,
+            Err(_) => continue,
+        };
+        for slot in ring.chunks_exact(UBERBLOCK_SLOT_BYTES as usize) {
+            if let Ok(ub) = Uberblock::decode(slot) {
+                out.push(ub);
+            }
+        }
+    }
+    out.sort_by(|a, b| b.txg.cmp(&a.txg).then(b.timestamp_ns.cmp(&a.timestamp_ns)));
+    out.dedup_by(|a, b| a == b);
+    out
+}

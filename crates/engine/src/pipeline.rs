@@ -1,0 +1,120 @@
+//! The block pipeline: the one place where block I/O is issued. It executes the vdev tree's
+//! plans: writes every copy, reads one copy and verifies it against the checksum held by the
+//! parent block pointer, falls back to the other copies on an error or a mismatch, and
+//! rewrites the copies that were bad (self-healing), counting every error on its leaf.
+
+use crate::vdev::{LeafIo, VdevTree};
+use crate::{EngineError, Result};
+use oxpool_format::{checksum, BlockPtr, Dva};
+use oxpool_io::rt::join_all;
+use oxpool_io::IoBuf;
+use std::sync::atomic::Ordering;
+
+/// Writes `data` (already padded to the allocated size) to every copy in `dvas`. Succeeds when
+/// each DVA has at least one good leaf write; failed leaves are counted. Fails if any DVA could
+/// not be written at all.
+pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result<()> {
+    let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
+    for (i, dva) in dvas.iter().enumerate() {
+        debug_assert_eq!(dva.asize_bytes as usize, data.len());
+        let top = vdevs
+            .top(dva.vdev)
+            .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
+        ios.extend(top.plan_write(dva).into_iter().map(|io| (i, io)));
+    }
+    let futs: Vec<_> = ios
+        .iter()
+        .map(|(_, io)| io.leaf.backend.write(io.offset_bytes, data.clone()))
+        .collect();
+    let results = join_all(futs).await;
+    let mut ok = vec![false; dvas.len()];
+    let mut last_err = None;
+    for ((i, io), r) in ios.iter().zip(results) {
+        match r {
+            Ok(_) => ok[*i] = true,
+            Err(e) => {
+                io.leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(device = io.leaf.name(), offset = io.offset_bytes, "write failed: {e}");
+                last_err = Some(EngineError::io(io.leaf.name(), e));
+            }
+        }
+    }
+    if ok.iter().all(|&b| b) {
+        Ok(())
+    } else {
+        Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
+    }
+}
+
+/// Reads the block `bp` points to and verifies it. Returns a buffer of the allocated size
+/// whose first `psize_bytes` are the verified block. `what` names the block in errors.
+pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<IoBuf> {
+    debug_assert!(!bp.is_hole());
+    let mut bad: Vec<LeafIo> = Vec::new();
+    let mut last_io_err = None;
+    let mut checksum_failures = 0u32;
+    for dva in bp.dvas() {
+        let Some(top) = vdevs.top(dva.vdev) else {
+            continue;
+        };
+        for io in top.plan_read(dva) {
+            match io
+                .leaf
+                .backend
+                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .await
+            {
+                Err(e) => {
+                    io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = io.leaf.name(), what, "read failed: {e}");
+                    last_io_err = Some(EngineError::io(io.leaf.name(), e));
+                    bad.push(io);
+                }
+                Ok(buf) => {
+                    if verify(bp, &buf) {
+                        heal(&bad, &buf).await;
+                        return Ok(buf);
+                    }
+                    io.leaf.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = io.leaf.name(), what, "checksum mismatch");
+                    checksum_failures += 1;
+                    bad.push(io);
+                }
+            }
+        }
+    }
+    // Only I/O errors: report the device's error. Any copy that read but did not verify makes
+    // it a checksum error, the more serious finding.
+    Err(match last_io_err {
+        Some(e) if checksum_failures == 0 => e,
+        _ => EngineError::Checksum {
+            what: what.to_string(),
+        },
+    })
+}
+
+/// Whether `buf` holds the block `bp` describes.
+pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
+    let psize = bp.psize_bytes as usize;
+    psize <= buf.len() && checksum(bp.checksum_type, &buf[..psize]) == bp.checksum
+}
+
+/// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
+/// the verified buffer fits every bad location. Errors here are counted, not returned: the
+/// read itself succeeded.
+async fn heal(bad: &[LeafIo], good: &IoBuf) {
+    for io in bad {
+        match io.leaf.backend.write(io.offset_bytes, good.clone()).await {
+            Ok(_) => {
+                io.leaf
+                    .counters
+                    .repaired_bytes
+                    .fetch_add(good.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                io.leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(device = io.leaf.name(), "self-heal write failed: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,1262 @@
+//! Pools: create, import, export, destroy; volumes and properties; the txg sync.
+//!
+//! Commit protocol of txg N (the crash argument is in docs/durability.md):
+//! 1. write the txg's new data blocks, then the indirect blocks above them, bottom up;
+//! 2. write the changed space-map chunks and the pool's metadata block (PoolMeta);
+//! 3. flush every device;
+//! 4. write the uberblock for N into slot N % 32 of every label of every device;
+//! 5. flush every device. N is durable; its frees become reusable after N + DEFER_TXGS.
+//! Nothing a durable uberblock references is ever overwritten before it is superseded.
+
+use crate::alloc::{Allocator, DEFER_TXGS};
+use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
+use crate::pipeline::{read_block, write_block};
+use crate::props::{PoolProps, VolumeProps};
+use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
+use crate::txg::TxgControl;
+use crate::vdev::{Leaf, LeafCounters, TopVdev, VdevTree};
+use crate::volume::{DirtyBlock, VolumeInner};
+use crate::{EngineError, Result, Volume};
+use oxpool_format::{
+    checksum, data_end_bytes, decode_meta_block, encode_meta_block, BlockPtr, BlockType,
+    Compression, DeferredFree, Dva, Guid, LabelConfig, LeafConfig, PoolMeta, SpaceMapMeta,
+    TopVdevConfig, TopVdevKind, Txg, Uberblock, VdevId, VdevTreeConfig, VolumeId, VolumeMeta,
+    DATA_START_BYTES, INDIRECT_BLOCK_BYTES, SECTOR_BYTES, SPACEMAP_CHUNK_PAYLOAD_BYTES,
+};
+use oxpool_io::rt::{block_on, join_all};
+use oxpool_io::{Backend, IoBuf};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Data blocks written concurrently by one sync (bounds the memory of in-flight copies).
+const SYNC_WRITES_IN_FLIGHT_MAX: usize = 64;
+/// Copies of the pool's own metadata (PoolMeta, space maps): as ZFS's MOS, the most.
+const META_COPIES: usize = 3;
+
+/// One top-level vdev to create: a single device, or a mirror of several.
+pub struct TopSpec {
+    /// Single or mirror.
+    pub kind: TopVdevKind,
+    /// The devices.
+    pub devices: Vec<Arc<dyn Backend>>,
+}
+
+/// The pool's mutable state, under one lock (control plane and the sync thread; never held
+/// across an await).
+pub(crate) struct PoolState {
+    pub props: PoolProps,
+    pub volumes: BTreeMap<String, Arc<VolumeInner>>,
+    /// Volumes destroyed since the last sync: their blocks are freed by the next one.
+    pub destroyed: Vec<Arc<VolumeInner>>,
+    pub alloc: Allocator,
+    /// Current space-map chunk pointers per top-level vdev.
+    pub chunk_ptrs: Vec<Vec<BlockPtr>>,
+    /// Frees waiting for their txg to be DEFER_TXGS txgs old.
+    pub deferred: Vec<DeferredFree>,
+    pub next_volume_id: u64,
+    /// The PoolMeta block of the last synced txg.
+    pub meta_ptr: BlockPtr,
+}
+
+pub(crate) struct PoolInner {
+    pub name: String,
+    pub guid: Guid,
+    pub vdevs: VdevTree,
+    pub tree_config: VdevTreeConfig,
+    pub txg: TxgControl,
+    pub state: Mutex<PoolState>,
+}
+
+/// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
+/// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
+pub struct Pool {
+    inner: Arc<PoolInner>,
+    sync_thread: Option<JoinHandle<()>>,
+}
+
+/// One line of `oxpool status`.
+#[derive(Clone, Debug)]
+pub struct VdevStatus {
+    /// Device path, or `mirror-N` for a mirror.
+    pub name: String,
+    /// ONLINE, DEGRADED or MISSING.
+    pub state: String,
+    /// Read I/O errors.
+    pub read_errors: u64,
+    /// Write I/O errors.
+    pub write_errors: u64,
+    /// Checksum mismatches.
+    pub checksum_errors: u64,
+    /// Bytes rewritten by self-healing.
+    pub repaired_bytes: u64,
+    /// Children (for a mirror).
+    pub children: Vec<VdevStatus>,
+}
+
+/// What `oxpool status` and `oxpool list` show.
+#[derive(Clone, Debug)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Pool guid.
+    pub guid: u64,
+    /// ONLINE, DEGRADED or SUSPENDED.
+    pub state: String,
+    /// Allocatable bytes.
+    pub size_bytes: u64,
+    /// Allocated bytes.
+    pub allocated_bytes: u64,
+    /// Last durable txg.
+    pub txg: u64,
+    /// Dirty bytes in memory.
+    pub dirty_bytes: u64,
+    /// Top-level vdevs.
+    pub vdevs: Vec<VdevStatus>,
+}
+
+/// Checks a pool or volume name: 1 to 64 characters of [A-Za-z0-9_.-], not starting with `-`.
+pub fn check_name(kind: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::invalid(format!(
+            "invalid {kind} name '{name}': use 1-64 of A-Z a-z 0-9 _ . -"
+        )))
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn random_guid() -> Guid {
+    // Bounded: a zero from the kernel's generator twice in a row does not happen.
+    for _ in 0..8 {
+        let mut g = [0u8; 8];
+        // SAFETY: getrandom writes at most `g.len()` bytes into the valid buffer.
+        let n = unsafe { libc::getrandom(g.as_mut_ptr().cast(), g.len(), 0) };
+        let v = u64::from_le_bytes(g);
+        if n == 8 && v != 0 {
+            return Guid(v);
+        }
+    }
+    panic!("getrandom failed to produce a guid")
+}
+
+impl Pool {
+    /// Creates a pool on `tops`. Refuses devices that belong to a pool unless `force`.
+    pub fn create(name: &str, tops: Vec<TopSpec>, props: PoolProps, force: bool) -> Result<Pool> {
+        check_name("pool", name)?;
+        if tops.is_empty() {
+            return Err(EngineError::invalid("a pool needs at least one device"));
+        }
+        let pool_guid = random_guid();
+        let mut config = VdevTreeConfig { top: Vec::new() };
+        let mut vdev_tops = Vec::new();
+        let mut leaves_to_label = Vec::new();
+        for (i, spec) in tops.into_iter().enumerate() {
+            let id = VdevId(i as u32);
+            match (&spec.kind, spec.devices.len()) {
+                (_, 0) => return Err(EngineError::invalid("a vdev needs a device")),
+                (TopVdevKind::Single, 1) => {}
+                (TopVdevKind::Mirror, n) if n >= 2 => {}
+                (TopVdevKind::Single, _) => {
+                    return Err(EngineError::invalid("a single vdev has exactly one device"))
+                }
+                (TopVdevKind::Mirror, _) => {
+                    return Err(EngineError::invalid("a mirror needs at least two devices"))
+                }
+            }
+            let mut asize = u64::MAX;
+            let mut children = Vec::new();
+            let mut child_cfg = Vec::new();
+            for dev in spec.devices {
+                let size = dev.size_bytes();
+                if size < oxpool_format::MIN_DEVICE_BYTES {
+                    return Err(EngineError::invalid(format!(
+                        "{}: {size} bytes is smaller than the minimum {} bytes",
+                        dev.name(),
+                        oxpool_format::MIN_DEVICE_BYTES
+                    )));
+                }
+                if !force {
+                    if let Ok(cfg) = block_on(read_label(dev.as_ref())) {
+                        return Err(EngineError::invalid(format!(
+                            "{} belongs to pool '{}' (guid {:x}); use -f to overwrite it",
+                            dev.name(),
+                            cfg.pool_name,
+                            cfg.pool_guid.0
+                        )));
+                    }
+                }
+                asize = asize.min(
+                    (data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES,
+                );
+                let guid = random_guid();
+                child_cfg.push(LeafConfig {
+                    guid,
+                    path: dev.name().to_string(),
+                    size_bytes: size,
+                });
+                children.push(Some(Arc::new(Leaf {
+                    guid,
+                    backend: dev,
+                    counters: LeafCounters::default(),
+                })));
+            }
+            config.top.push(TopVdevConfig {
+                id,
+                kind: spec.kind.clone(),
+                children: child_cfg,
+                asize_bytes: asize,
+            });
+            for (c, cfg) in children.iter().zip(&config.top[i].children) {
+                leaves_to_label.push((c.clone().unwrap(), cfg.guid, id));
+            }
+            vdev_tops.push(TopVdev::new(id, spec.kind, children, asize));
+        }
+        let asizes: Vec<u64> = vdev_tops.iter().map(|t| t.asize_bytes).collect();
+        let inner = Arc::new(PoolInner {
+            name: name.to_string(),
+            guid: pool_guid,
+            vdevs: VdevTree { tops: vdev_tops },
+            tree_config: config.clone(),
+            txg: TxgControl::new(
+                name,
+                Txg(0),
+                props.dirty_max_bytes,
+                Duration::from_secs(props.txg_timeout_s),
+            ),
+            state: Mutex::new(PoolState {
+                chunk_ptrs: asizes
+                    .iter()
+                    .map(|&a| {
+                        vec![BlockPtr::HOLE; a.div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS) as usize]
+                    })
+                    .collect(),
+                alloc: Allocator::new(&asizes),
+                props,
+                volumes: BTreeMap::new(),
+                destroyed: Vec::new(),
+                deferred: Vec::new(),
+                next_volume_id: 1,
+                meta_ptr: BlockPtr::HOLE,
+            }),
+        });
+        block_on(async {
+            for (leaf, guid, top) in &leaves_to_label {
+                let cfg = LabelConfig {
+                    pool_guid,
+                    pool_name: name.to_string(),
+                    leaf_guid: *guid,
+                    top: *top,
+                    create_txg: Txg(1),
+                    tree: config.clone(),
+                };
+                write_labels(leaf.backend.as_ref(), &cfg).await?;
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        // Txg 1 writes the empty pool's metadata and first uberblock.
+        let txg = inner.txg.next_after_create();
+        let r = block_on(sync_txg(&inner, txg));
+        inner.txg.finish_sync(txg, &r);
+        r?;
+        Ok(Pool::start(inner))
+    }
+
+    fn start(inner: Arc<PoolInner>) -> Pool {
+        let weak = Arc::downgrade(&inner);
+        let thread = std::thread::Builder::new()
+            .name(format!("txg-sync-{}", inner.name))
+            .spawn(move || sync_thread(weak))
+            .expect("spawn the txg sync thread");
+        Pool {
+            inner,
+            sync_thread: Some(thread),
+        }
+    }
+
+    /// Imports the pool found on `devices` (all devices of one pool, possibly others too).
+    /// With `name`, only that pool is considered. Errors name each device and what was wrong.
+    pub fn import(devices: Vec<Arc<dyn Backend>>, name: Option<&str>) -> Result<Pool> {
+        block_on(async {
+            let mut found: Vec<(LabelConfig, Arc<dyn Backend>)> = Vec::new();
+            let mut rejected: Vec<String> = Vec::new();
+            for dev in devices {
+                match read_label(dev.as_ref()).await {
+                    Ok(cfg) if name.is_none_or(|n| n == cfg.pool_name) => found.push((cfg, dev)),
+                    Ok(cfg) => rejected.push(format!(
+                        "{}: belongs to pool '{}'",
+                        dev.name(),
+                        cfg.pool_name
+                    )),
+                    Err(e) => rejected.push(e.to_string()),
+                }
+            }
+            let mut guids: Vec<(Guid, String)> = found
+                .iter()
+                .map(|(c, _)| (c.pool_guid, c.pool_name.clone()))
+                .collect();
+            guids.sort();
+            guids.dedup();
+            match guids.len() {
+                0 => {
+                    let what = name.map(|n| format!("pool '{n}'")).unwrap_or("a pool".into());
+                    let why = if rejected.is_empty() {
+                        "no devices given".to_string()
+                    } else {
+                        rejected.join("; ")
+                    };
+                    return Err(EngineError::NotFound(format!("{what}: {why}")));
+                }
+                1 => {}
+                _ => {
+                    let names: Vec<String> = guids
+                        .iter()
+                        .map(|(g, n)| format!("{n} ({:x})", g.0))
+                        .collect();
+                    return Err(EngineError::invalid(format!(
+                        "several pools found: {}; name the one to import",
+                        names.join(", ")
+                    )));
+                }
+            }
+            import_devices(found).await
+        })
+        .map(Pool::start)
+    }
+
+    /// Writes everything dirty, stops the sync thread and closes the pool.
+    pub fn export(mut self) -> Result<()> {
+        self.stop_sync_thread();
+        let s = self.inner.txg.state.lock().unwrap();
+        match &s.suspended {
+            Some(r) => Err(EngineError::Suspended {
+                pool: self.inner.name.clone(),
+                reason: r.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn stop_sync_thread(&mut self) {
+        self.inner.txg.stop();
+        if let Some(t) = self.sync_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Destroys the pool: clears every device's labels. The data is gone for oxpool.
+    pub fn destroy(mut self) -> Result<()> {
+        // Stop without a final sync: nothing of it matters any more.
+        self.inner.txg.state.lock().unwrap().suspended = Some("destroyed".into());
+        self.stop_sync_thread();
+        block_on(async {
+            for leaf in self.inner.vdevs.leaves() {
+                crate::label::clear_labels(leaf.backend.as_ref()).await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Pool name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Pool guid.
+    pub fn guid(&self) -> Guid {
+        self.inner.guid
+    }
+
+    /// Paths of the pool's devices as configured (for the cache file).
+    pub fn device_paths(&self) -> Vec<String> {
+        self.inner
+            .tree_config
+            .top
+            .iter()
+            .flat_map(|t| t.children.iter().map(|c| c.path.clone()))
+            .collect()
+    }
+
+    /// Asks for a sync of everything dirty now and waits until it is durable.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.txg.mark_dirty();
+        let open = self.inner.txg.state.lock().unwrap().open;
+        block_on(self.inner.txg.wait_synced(open, true))
+    }
+
+    /// Asynchronous [`Pool::sync`], for use inside an executor.
+    pub async fn sync_async(&self) -> Result<()> {
+        self.inner.txg.mark_dirty();
+        let open = self.inner.txg.state.lock().unwrap().open;
+        self.inner.txg.wait_synced(open, true).await
+    }
+
+    /// The last durable txg.
+    pub fn synced_txg(&self) -> Txg {
+        self.inner.txg.synced()
+    }
+
+    /// Dirty bytes held in memory.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.inner.txg.dirty_bytes()
+    }
+
+    /// Creates a volume of `size_bytes` with `props` (name=value) set at creation.
+    pub fn create_volume(&self, name: &str, size_bytes: u64, props: &[(String, String)]) -> Result<Volume> {
+        check_name("volume", name)?;
+        let mut p = VolumeProps::new(size_bytes);
+        for (k, v) in props {
+            if k == "volsize" {
+                return Err(EngineError::invalid("give volsize with --size"));
+            }
+            p.set_initial(k, v)?;
+        }
+        p.validate()?;
+        let mut s = self.inner.state.lock().unwrap();
+        if s.volumes.contains_key(name) {
+            return Err(EngineError::Exists(format!("{}/{name}", self.inner.name)));
+        }
+        let id = VolumeId(s.next_volume_id);
+        s.next_volume_id += 1;
+        let nblocks = size_bytes / p.volblocksize_bytes as u64;
+        let vol = Arc::new(VolumeInner::new(
+            id,
+            &self.inner.name,
+            name,
+            p,
+            BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
+            0,
+        ));
+        s.volumes.insert(name.to_string(), vol.clone());
+        self.inner.txg.mark_dirty();
+        Ok(Volume {
+            pool: self.inner.clone(),
+            vol,
+        })
+    }
+
+    /// Destroys a volume; its space is freed by the next sync.
+    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+        let mut s = self.inner.state.lock().unwrap();
+        let vol = s
+            .volumes
+            .remove(name)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.inner.name)))?;
+        vol.destroyed.store(true, Ordering::Release);
+        s.destroyed.push(vol);
+        self.inner.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// A handle to a volume.
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        let s = self.inner.state.lock().unwrap();
+        let vol = s
+            .volumes
+            .get(name)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.inner.name)))?
+            .clone();
+        Ok(Volume {
+            pool: self.inner.clone(),
+            vol,
+        })
+    }
+
+    /// Every volume, by name.
+    pub fn volumes(&self) -> Vec<Volume> {
+        let s = self.inner.state.lock().unwrap();
+        s.volumes
+            .values()
+            .map(|v| Volume {
+                pool: self.inner.clone(),
+                vol: v.clone(),
+            })
+            .collect()
+    }
+
+    /// Reads a pool property.
+    pub fn get_prop(&self, name: &str) -> Result<String> {
+        self.inner.state.lock().unwrap().props.get(name)
+    }
+
+    /// Sets a pool property (persisted by the next sync).
+    pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
+        let mut s = self.inner.state.lock().unwrap();
+        s.props.set(name, value)?;
+        self.inner.txg.configure(
+            s.props.dirty_max_bytes,
+            Duration::from_secs(s.props.txg_timeout_s),
+        );
+        self.inner.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// Sets a volume property. Shrinking `volsize` frees the blocks past the new end.
+    pub fn set_volume_prop(&self, volume: &str, name: &str, value: &str) -> Result<()> {
+        let vol = self.volume(volume)?;
+        let (old_size, bs, new_props) = {
+            let p = vol.vol.props.lock().unwrap();
+            let mut q = p.clone();
+            q.set(name, value)?;
+            q.validate()?;
+            (p.volsize_bytes, p.volblocksize_bytes as u64, q)
+        };
+        let new_size = new_props.volsize_bytes;
+        if new_size < old_size {
+            // Free the tail before the size shrinks, so no write can land there in between.
+            let v = vol.clone();
+            block_on(async move { v.free_tail(new_size / bs, old_size / bs).await })?;
+        }
+        *vol.vol.props.lock().unwrap() = new_props;
+        self.inner.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// Status of the pool and its devices.
+    pub fn status(&self) -> PoolStatus {
+        let (size, allocated) = self.inner.state.lock().unwrap().alloc.totals_bytes();
+        let suspended = self.inner.txg.state.lock().unwrap().suspended.is_some();
+        let leaf_status = |l: &Option<Arc<Leaf>>, cfg: &LeafConfig| match l {
+            Some(l) => VdevStatus {
+                name: l.name().to_string(),
+                state: "ONLINE".into(),
+                read_errors: l.counters.read_errors.load(Ordering::Relaxed),
+                write_errors: l.counters.write_errors.load(Ordering::Relaxed),
+                checksum_errors: l.counters.checksum_errors.load(Ordering::Relaxed),
+                repaired_bytes: l.counters.repaired_bytes.load(Ordering::Relaxed),
+                children: vec![],
+            },
+            None => VdevStatus {
+                name: cfg.path.clone(),
+                state: "MISSING".into(),
+                read_errors: 0,
+                write_errors: 0,
+                checksum_errors: 0,
+                repaired_bytes: 0,
+                children: vec![],
+            },
+        };
+        let mut degraded = false;
+        let vdevs = self
+            .inner
+            .vdevs
+            .tops
+            .iter()
+            .zip(&self.inner.tree_config.top)
+            .map(|(t, cfg)| {
+                let kids: Vec<VdevStatus> = t
+                    .children
+                    .iter()
+                    .zip(&cfg.children)
+                    .map(|(l, c)| leaf_status(l, c))
+                    .collect();
+                let missing = kids.iter().any(|k| k.state != "ONLINE");
+                degraded |= missing;
+                match t.kind {
+                    TopVdevKind::Single => kids.into_iter().next().unwrap(),
+                    TopVdevKind::Mirror => VdevStatus {
+                        name: format!("mirror-{}", t.id.0),
+                        state: if missing { "DEGRADED" } else { "ONLINE" }.into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        repaired_bytes: 0,
+                        children: kids,
+                    },
+                }
+            })
+            .collect();
+        PoolStatus {
+            name: self.inner.name.clone(),
+            guid: self.inner.guid.0,
+            state: if suspended {
+                "SUSPENDED"
+            } else if degraded {
+                "DEGRADED"
+            } else {
+                "ONLINE"
+            }
+            .into(),
+            size_bytes: size,
+            allocated_bytes: allocated,
+            txg: self.inner.txg.synced().0,
+            dirty_bytes: self.inner.txg.dirty_bytes(),
+            vdevs,
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.sync_thread.is_some() {
+            // No final sync: as a process exit. Mark suspended so the thread stops at once.
+            let mut s = self.inner.txg.state.lock().unwrap();
+            if s.suspended.is_none() {
+                s.suspended = Some("pool closed without export".into());
+            }
+            drop(s);
+            self.stop_sync_thread();
+        }
+    }
+}
+
+impl TxgControl {
+    /// Closes txg 1 of a new pool for its first sync.
+    fn next_after_create(&self) -> Txg {
+        let mut s = self.state.lock().unwrap();
+        let t = s.open;
+        s.open = Txg(t.0 + 1);
+        s.syncing = Some(t);
+        t
+    }
+}
+
+impl Volume {
+    /// Frees blocks [first, end) in the open txg (volume shrink).
+    pub(crate) async fn free_tail(&self, first: u64, end: u64) -> Result<()> {
+        let hold = self.pool.txg.hold(0).await?;
+        self.vol
+            .dirty
+            .lock()
+            .unwrap()
+            .txgs_add_free(hold.txg(), first, end);
+        hold.note_dirty(0);
+        Ok(())
+    }
+}
+
+/// Assembles and loads a pool from devices whose labels name it.
+async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<Arc<PoolInner>> {
+    let cfg0 = found[0].0.clone();
+    let pool_name = cfg0.pool_name.clone();
+    let config = found
+        .iter()
+        .map(|(c, _)| &c.tree)
+        .max_by_key(|t| t.top.len())
+        .unwrap()
+        .clone();
+    let mut tops = Vec::new();
+    for tcfg in &config.top {
+        let children: Vec<Option<Arc<Leaf>>> = tcfg
+            .children
+            .iter()
+            .map(|lc| {
+                found
+                    .iter()
+                    .find(|(c, _)| c.leaf_guid == lc.guid)
+                    .map(|(_, dev)| {
+                        Arc::new(Leaf {
+                            guid: lc.guid,
+                            backend: dev.clone(),
+                            counters: LeafCounters::default(),
+                        })
+                    })
+            })
+            .collect();
+        if children.iter().all(|c| c.is_none()) {
+            let paths: Vec<&str> = tcfg.children.iter().map(|c| c.path.as_str()).collect();
+            return Err(EngineError::NotFound(format!(
+                "pool '{pool_name}': vdev {} has no device present (expected {})",
+                tcfg.id.0,
+                paths.join(", ")
+            )));
+        }
+        tops.push(TopVdev::new(tcfg.id, tcfg.kind.clone(), children, tcfg.asize_bytes));
+    }
+    let vdevs = VdevTree { tops };
+    // The newest uberblock whose pool metadata reads and verifies.
+    let mut ubs = Vec::new();
+    for leaf in vdevs.leaves() {
+        ubs.extend(read_uberblocks(leaf.backend.as_ref()).await);
+    }
+    ubs.retain(|u| u.pool_guid == cfg0.pool_guid);
+    ubs.sort_by(|a, b| b.txg.cmp(&a.txg));
+    ubs.dedup();
+    let mut last_err = None;
+    let mut chosen = None;
+    for ub in ubs {
+        match load_meta(&vdevs, &ub.root, &pool_name).await {
+            Ok(meta) => {
+                chosen = Some((ub, meta));
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(pool = pool_name, "uberblock of txg {} unusable: {e}", ub.txg.0);
+                last_err = Some(e);
+            }
+        }
+    }
+    let Some((ub, meta)) = chosen else {
+        let devs: Vec<&str> = vdevs.leaves().map(|l| l.name()).collect();
+        return Err(match last_err {
+            Some(e) => e,
+            None => EngineError::invalid(format!(
+                "pool '{pool_name}': no valid uberblock on {}",
+                devs.join(", ")
+            )),
+        });
+    };
+    let props = PoolProps::from_pairs(&meta.props)?;
+    let asizes: Vec<u64> = vdevs.tops.iter().map(|t| t.asize_bytes).collect();
+    let mut alloc = Allocator::new(&asizes);
+    let mut chunk_ptrs = Vec::new();
+    for (v, sm) in meta.spacemaps.iter().enumerate() {
+        let map = alloc.map_mut(VdevId(v as u32));
+        if sm.chunks.len() as u64 != map.chunk_count() {
+            return Err(EngineError::invalid(format!(
+                "pool '{pool_name}': space map of vdev {v} has {} chunks, expected {}",
+                sm.chunks.len(),
+                map.chunk_count()
+            )));
+        }
+        for (c, bp) in sm.chunks.iter().enumerate() {
+            if bp.is_hole() {
+                continue;
+            }
+            let what = format!("{pool_name} space map {v}/{c}");
+            let buf = read_block(&vdevs, bp, &what).await?;
+            let bits = decode_meta_block(BlockType::SpaceMap, &buf[..bp.psize_bytes as usize])
+                .map_err(|e| EngineError::Corrupt {
+                    device: pool_name.clone(),
+                    what: what.clone(),
+                    source: e,
+                })?;
+            if bits.len() != SPACEMAP_CHUNK_PAYLOAD_BYTES {
+                return Err(EngineError::invalid(format!("{what}: wrong size {}", bits.len())));
+            }
+            map.load_chunk_bits(c as u64, bits);
+        }
+        map.take_dirty_chunks();
+        chunk_ptrs.push(sm.chunks.clone());
+    }
+    // The PoolMeta block itself is allocated after the space maps it describes were written.
+    for dva in ub.root.dvas() {
+        alloc.map_mut(dva.vdev).claim(dva);
+    }
+    let mut volumes = BTreeMap::new();
+    for vm in &meta.volumes {
+        let p = VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &vm.props)?;
+        volumes.insert(
+            vm.name.clone(),
+            Arc::new(VolumeInner::new(
+                vm.id,
+                &pool_name,
+                &vm.name,
+                p,
+                BlockTree::new(vm.levels.max(1), vm.root),
+                vm.used_bytes,
+            )),
+        );
+    }
+    tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
+    Ok(Arc::new(PoolInner {
+        name: pool_name.clone(),
+        guid: cfg0.pool_guid,
+        vdevs,
+        tree_config: meta.tree.clone(),
+        txg: TxgControl::new(
+            &pool_name,
+            meta.txg,
+            props.dirty_max_bytes,
+            Duration::from_secs(props.txg_timeout_s),
+        ),
+        state: Mutex::new(PoolState {
+            props,
+            volumes,
+            destroyed: Vec::new(),
+            alloc,
+            chunk_ptrs,
+            deferred: meta.deferred_frees.clone(),
+            next_volume_id: meta.next_volume_id,
+            meta_ptr: ub.root,
+        }),
+    }))
+}
+
+async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMeta> {
+    if bp.is_hole() || bp.block_type != BlockType::PoolMeta {
+        return Err(EngineError::invalid(format!("pool '{pool}': uberblock root is not pool metadata")));
+    }
+    let buf = read_block(vdevs, bp, &format!("{pool} pool metadata")).await?;
+    PoolMeta::decode(&buf[..bp.psize_bytes as usize]).map_err(|e| EngineError::Corrupt {
+        device: pool.to_string(),
+        what: "pool metadata".into(),
+        source: e,
+    })
+}
+
+fn sync_thread(pool: std::sync::Weak<PoolInner>) {
+    loop {
+        let Some(inner) = pool.upgrade() else { return };
+        let Some(txg) = inner.txg.next_to_sync() else { return };
+        let r = block_on(sync_txg(&inner, txg));
+        inner.txg.finish_sync(txg, &r);
+    }
+}
+
+/// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
+async fn write_new_block(
+    inner: &PoolInner,
+    data: &IoBuf,
+    psize_bytes: u32,
+    lsize_bytes: u32,
+    block_type: BlockType,
+    level: u8,
+    copies: usize,
+    checksum_type: oxpool_format::ChecksumType,
+    txg: Txg,
+    fill: u64,
+) -> Result<BlockPtr> {
+    let asize = data.len() as u64;
+    debug_assert_eq!(asize % SECTOR_BYTES, 0);
+    let dvas = inner
+        .state
+        .lock()
+        .unwrap()
+        .alloc
+        .alloc(asize, copies)
+        .ok_or_else(|| EngineError::NoSpace {
+            pool: inner.name.clone(),
+        })?;
+    let mut bp = BlockPtr {
+        ndvas: dvas.len() as u8,
+        lsize_bytes,
+        psize_bytes,
+        checksum_type,
+        compression: Compression::Off,
+        block_type,
+        level,
+        birth: txg,
+        fill,
+        checksum: checksum(checksum_type, &data[..psize_bytes as usize]),
+        ..BlockPtr::HOLE
+    };
+    bp.dvas[..dvas.len()].copy_from_slice(&dvas);
+    write_block(&inner.vdevs, bp.dvas(), data).await?;
+    Ok(bp)
+}
+
+fn padded(data: &[u8]) -> IoBuf {
+    let len = (data.len() as u64).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+    let mut b = IoBuf::zeroed(len as usize);
+    b[..data.len()].copy_from_slice(data);
+    b
+}
+
+/// Writes txg `txg` out and commits it (see the module comment for the protocol).
+pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
+    let mut freed: Vec<Dva> = Vec::new();
+    // Frees old enough are allocatable again from this txg on.
+    {
+        let mut s = inner.state.lock().unwrap();
+        let (ready, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.deferred)
+            .into_iter()
+            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0);
+        s.deferred = keep;
+        for d in ready {
+            for dva in &d.dvas {
+                s.alloc.free(dva);
+            }
+        }
+    }
+    let (volumes, destroyed) = {
+        let mut s = inner.state.lock().unwrap();
+        (
+            s.volumes.values().cloned().collect::<Vec<_>>(),
+            std::mem::take(&mut s.destroyed),
+        )
+    };
+    for vol in &volumes {
+        sync_volume(inner, vol, txg, false, &mut freed).await?;
+    }
+    for vol in &destroyed {
+        sync_volume(inner, vol, txg, true, &mut freed).await?;
+    }
+    // Space maps: give every changed chunk a new place until no allocation changes a chunk
+    // that has none yet (each round only allocates for chunks new to the set: bounded by the
+    // number of chunks), then write them with their final bits.
+    let mut pending: BTreeMap<(u32, u64), Vec<Dva>> = BTreeMap::new();
+    {
+        let mut s = inner.state.lock().unwrap();
+        let nvdevs = s.alloc.maps().len();
+        let chunk_total: usize = s.chunk_ptrs.iter().map(|c| c.len()).sum();
+        for _round in 0..=chunk_total + 1 {
+            let mut added = false;
+            for v in 0..nvdevs {
+                let dirty = s.alloc.map_mut(VdevId(v as u32)).take_dirty_chunks();
+                for c in dirty {
+                    if let std::collections::btree_map::Entry::Vacant(e) = pending.entry((v as u32, c)) {
+                        let dvas = s
+                            .alloc
+                            .alloc(SECTOR_BYTES, META_COPIES)
+                            .ok_or_else(|| EngineError::NoSpace {
+                                pool: inner.name.clone(),
+                            })?;
+                        e.insert(dvas);
+                        added = true;
+                    }
+                }
+            }
+            if !added {
+                break;
+            }
+        }
+        debug_assert!(s.alloc.maps().iter().all(|m| m.dirty_chunk_count() == 0));
+    }
+    let mut chunk_writes = Vec::new();
+    {
+        let s = inner.state.lock().unwrap();
+        for ((v, c), dvas) in &pending {
+            let mut bits = vec![0u8; SPACEMAP_CHUNK_PAYLOAD_BYTES];
+            s.alloc.map(VdevId(*v)).chunk_bits(*c, &mut bits);
+            let block = IoBuf::from_slice(&encode_meta_block(BlockType::SpaceMap, &bits));
+            let mut bp = BlockPtr {
+                ndvas: dvas.len() as u8,
+                lsize_bytes: block.len() as u32,
+                psize_bytes: block.len() as u32,
+                checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+                compression: Compression::Off,
+                block_type: BlockType::SpaceMap,
+                level: 0,
+                birth: txg,
+                fill: 0,
+                checksum: checksum(oxpool_format::ChecksumType::Xxh3_128, &block),
+                ..BlockPtr::HOLE
+            };
+            bp.dvas[..dvas.len()].copy_from_slice(dvas);
+            let old = s.chunk_ptrs[*v as usize][*c as usize];
+            chunk_writes.push((*v, *c, bp, block, old));
+        }
+    }
+    for batch in chunk_writes.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+        let futs: Vec<_> = batch
+            .iter()
+            .map(|(_, _, bp, block, _)| write_block(&inner.vdevs, bp.dvas(), block))
+            .collect();
+        for r in join_all(futs).await {
+            r?;
+        }
+    }
+    // Build the pool metadata.
+    let meta_block = {
+        let mut s = inner.state.lock().unwrap();
+        for (v, c, bp, _, old) in &chunk_writes {
+            s.chunk_ptrs[*v as usize][*c as usize] = *bp;
+            freed.extend_from_slice(old.dvas());
+        }
+        let old_meta = s.meta_ptr;
+        freed.extend_from_slice(old_meta.dvas());
+        let mut deferred = s.deferred.clone();
+        if !freed.is_empty() {
+            deferred.push(DeferredFree {
+                txg,
+                dvas: freed.clone(),
+            });
+        }
+        let meta = PoolMeta {
+            name: inner.name.clone(),
+            guid: inner.guid,
+            txg,
+            tree: inner.tree_config.clone(),
+            props: s.props.to_pairs(),
+            volumes: s
+                .volumes
+                .values()
+                .map(|v| {
+                    let p = v.props.lock().unwrap();
+                    let t = v.tree.lock().unwrap();
+                    VolumeMeta {
+                        id: v.id,
+                        name: v.name.clone(),
+                        props: p.to_pairs(),
+                        volsize_bytes: p.volsize_bytes,
+                        volblocksize_bytes: p.volblocksize_bytes,
+                        root: t.root(),
+                        levels: t.levels(),
+                        used_bytes: v.used_bytes.load(Ordering::Relaxed),
+                    }
+                })
+                .collect(),
+            spacemaps: s
+                .alloc
+                .maps()
+                .iter()
+                .enumerate()
+                .map(|(v, m)| SpaceMapMeta {
+                    vdev: VdevId(v as u32),
+                    allocated_bytes: m.allocated_bytes(),
+                    chunks: s.chunk_ptrs[v].clone(),
+                })
+                .collect(),
+            deferred_frees: deferred,
+            next_volume_id: s.next_volume_id,
+        };
+        meta.encode()
+    };
+    let block = padded(&meta_block);
+    let meta_ptr = write_new_block(
+        inner,
+        &block,
+        meta_block.len() as u32,
+        meta_block.len() as u32,
+        BlockType::PoolMeta,
+        0,
+        META_COPIES,
+        oxpool_format::ChecksumType::Xxh3_128,
+        txg,
+        0,
+    )
+    .await?;
+    flush_all(inner).await?;
+    let ub = Uberblock {
+        txg,
+        timestamp_ns: now_ns(),
+        pool_guid: inner.guid,
+        root: meta_ptr,
+    };
+    let mut written = 0;
+    let mut last_err = None;
+    let leaves: Vec<_> = inner.vdevs.leaves().cloned().collect();
+    let futs: Vec<_> = leaves
+        .iter()
+        .map(|l| {
+            let ub = &ub;
+            async move { write_uberblock(l.backend.as_ref(), ub).await }
+        })
+        .collect();
+    for r in join_all(futs).await {
+        match r {
+            Ok(()) => written += 1,
+            Err(e) => last_err = Some(e),
+        }
+    }
+    if written == 0 {
+        return Err(last_err.unwrap_or_else(|| EngineError::invalid("no device to commit to")));
+    }
+    flush_all(inner).await?;
+    // Durable. Publish the new state.
+    {
+        let mut s = inner.state.lock().unwrap();
+        s.meta_ptr = meta_ptr;
+        if !freed.is_empty() {
+            s.deferred.push(DeferredFree { txg, dvas: freed });
+        }
+        let cache_blocks = (s.props.cache_max_bytes as usize / BlockTree::CACHED_BLOCK_BYTES).max(64);
+        let per_volume = (cache_blocks / volumes.len().max(1)).max(16);
+        for vol in &volumes {
+            vol.dirty.lock().unwrap().txgs.retain(|(t, _)| *t != txg);
+            vol.tree.lock().unwrap().evict(per_volume);
+        }
+    }
+    Ok(())
+}
+
+async fn flush_all(inner: &PoolInner) -> Result<()> {
+    let leaves: Vec<_> = inner.vdevs.leaves().cloned().collect();
+    let futs: Vec<_> = leaves.iter().map(|l| l.backend.flush()).collect();
+    let mut ok = 0;
+    let mut last_err = None;
+    for (l, r) in leaves.iter().zip(join_all(futs).await) {
+        match r {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                l.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                last_err = Some(EngineError::io(l.name(), e));
+            }
+        }
+    }
+    // A mirror child that fails its flush is counted; the commit needs every top-level vdev
+    // to have a flushed child, which the writes before already demanded per block.
+    match (ok, last_err) {
+        (0, Some(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Writes one volume's part of txg `txg`: frees, data blocks, indirect blocks. With
+/// `destroy`, frees everything the volume has.
+async fn sync_volume(
+    inner: &PoolInner,
+    vol: &VolumeInner,
+    txg: Txg,
+    destroy: bool,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    let what = vol.full_name.as_str();
+    let (props, nblocks) = {
+        let p = vol.props.lock().unwrap();
+        (p.clone(), p.volsize_bytes / p.volblocksize_bytes as u64)
+    };
+    let (frees, mut blocks): (Vec<(u64, u64)>, Vec<(u64, IoBuf)>) = {
+        let d = vol.dirty.lock().unwrap();
+        match d.txgs.iter().find(|(t, _)| *t == txg) {
+            Some((_, t)) => (
+                t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
+                t.blocks
+                    .iter()
+                    .map(|(&b, DirtyBlock::Data(buf))| (b, buf.clone()))
+                    .collect(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        }
+    };
+    let mut frees = frees;
+    if destroy {
+        frees = vec![(0, capacity(vol.tree.lock().unwrap().levels()))];
+        blocks.clear();
+    }
+    vol.tree.lock().unwrap().grow_for(nblocks);
+    let mut used_delta: i64 = 0;
+    // 1. Frees (applied before the txg's writes, which may land inside a freed range).
+    for (start, end) in frees {
+        let mut b = start;
+        // Bounded: each round moves past one level-1 block or one hole subtree.
+        while b < end {
+            match walk(&vol.tree, &inner.vdevs, b, 1, false, what).await? {
+                Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
+                Walk::Cached => {
+                    let mut removed = Vec::new();
+                    let next = (b / FANOUT + 1) * FANOUT;
+                    if vol.tree.lock().unwrap().clear_data_range(b, end.min(next), &mut removed) {
+                        for p in removed {
+                            used_delta -= p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                            freed.extend_from_slice(p.dvas());
+                        }
+                        b = next;
+                    }
+                }
+            }
+        }
+    }
+    // 2. Data blocks, written concurrently in bounded batches.
+    blocks.sort_unstable_by_key(|(b, _)| *b);
+    let bs = props.volblocksize_bytes;
+    for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+        let futs: Vec<_> = batch
+            .iter()
+            .map(|(_, buf)| async {
+                if buf.iter().all(|&x| x == 0) {
+                    // All zeros: a hole, as ZFS does with compression on.
+                    return Ok(BlockPtr::HOLE);
+                }
+                let data = if buf.len() as u64 % SECTOR_BYTES == 0 {
+                    buf.clone()
+                } else {
+                    padded(buf)
+                };
+                write_new_block(
+                    inner,
+                    &data,
+                    bs,
+                    bs,
+                    BlockType::Data,
+                    0,
+                    props.copies as usize,
+                    props.checksum,
+                    txg,
+                    1,
+                )
+                .await
+            })
+            .collect();
+        let ptrs = join_all(futs).await;
+        for ((b, _), ptr) in batch.iter().zip(ptrs) {
+            let ptr = ptr?;
+            walk(&vol.tree, &inner.vdevs, *b, 1, true, what).await?;
+            let old = vol
+                .tree
+                .lock()
+                .unwrap()
+                .set_data_ptr(*b, ptr)
+                .expect("level-1 block cached by the walk");
+            used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+            used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+            freed.extend_from_slice(old.dvas());
+        }
+    }
+    // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
+    let levels = vol.tree.lock().unwrap().levels();
+    let meta_copies = (props.copies as usize + 1).min(3);
+    for level in 1..=levels {
+        let dirty = vol.tree.lock().unwrap().dirty_at(level);
+        for batch in dirty.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+            let encoded: Vec<(u64, IoBuf, u64)> = {
+                let t = vol.tree.lock().unwrap();
+                batch
+                    .iter()
+                    .map(|&idx| {
+                        let mut buf = IoBuf::zeroed(INDIRECT_BLOCK_BYTES);
+                        let fill = t.encode_block(level, idx, &mut buf);
+                        (idx, buf, fill)
+                    })
+                    .collect()
+            };
+            let futs: Vec<_> = encoded
+                .iter()
+                .map(|(_, buf, fill)| async move {
+                    if *fill == 0 {
+                        return Ok(BlockPtr::HOLE);
+                    }
+                    write_new_block(
+                        inner,
+                        buf,
+                        INDIRECT_BLOCK_BYTES as u32,
+                        INDIRECT_BLOCK_BYTES as u32,
+                        BlockType::Indirect,
+                        level,
+                        meta_copies,
+                        oxpool_format::ChecksumType::Xxh3_128,
+                        txg,
+                        *fill,
+                    )
+                    .await
+                })
+                .collect();
+            let ptrs = join_all(futs).await;
+            for ((idx, _, _), ptr) in encoded.iter().zip(ptrs) {
+                let ptr = ptr?;
+                // The parent must be cached to take the pointer: load it if it was evicted.
+                let mut tries = 0;
+                let old = loop {
+                    let r = vol.tree.lock().unwrap().finish_block(level, *idx, ptr);
+                    match r {
+                        Ok(old) => break old,
+                        Err(()) => {
+                            tries += 1;
+                            if tries > 100 {
+                                return Err(EngineError::invalid(format!(
+                                    "{what}: parent of indirect block L{level}/{idx} kept being evicted"
+                                )));
+                            }
+                            let b = idx * crate::tree::capacity(level);
+                            walk(&vol.tree, &inner.vdevs, b, level + 1, true, what).await?;
+                        }
+                    }
+                };
+                used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                freed.extend_from_slice(old.dvas());
+            }
+        }
+    }
+    debug_assert!(!vol.tree.lock().unwrap().has_dirty());
+    let used = vol.used_bytes.load(Ordering::Relaxed) as i64 + used_delta;
+    debug_assert!(used >= 0);
+    vol.used_bytes.store(used.max(0) as u64, Ordering::Relaxed);
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! Typed, persisted properties of pools and volumes, read and written by name as in ZFS
+//! (`oxpool get/set`). A tunable is a property with a documented default, never an environment
+//! variable. On disk they are stored as (name, value) string pairs inside the pool's metadata,
+//! so a later version can add properties without a format change.
+
+use crate::{EngineError, Result};
+use oxpool_format::ChecksumType;
+
+/// Smallest `volblocksize`.
+pub const VOLBLOCKSIZE_MIN_BYTES: u32 = 512;
+/// Largest `volblocksize`.
+pub const VOLBLOCKSIZE_MAX_BYTES: u32 = 128 * 1024;
+/// Default `volblocksize` (as ZFS: small enough for 4 KiB random I/O, large enough to keep
+/// the block tree small).
+pub const VOLBLOCKSIZE_DEFAULT_BYTES: u32 = 16 * 1024;
+
+/// `sync` property: when writes must be durable before they are acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// FLUSH and FUA make writes durable; other writes become durable at the next txg.
+    Standard,
+    /// Every write is treated as FUA.
+    Always,
+    /// FLUSH and FUA are ignored; data is durable at the next txg sync (unsafe for clients
+    /// that rely on flushes).
+    Disabled,
+}
+
+impl SyncMode {
+    fn parse(v: &str) -> Result<SyncMode> {
+        match v {
+            "standard" => Ok(SyncMode::Standard),
+            "always" => Ok(SyncMode::Always),
+            "disabled" => Ok(SyncMode::Disabled),
+            _ => Err(EngineError::invalid(format!(
+                "bad value '{v}' for sync: expected standard, always or disabled"
+            ))),
+        }
+    }
+    fn as_str(self) -> &'static str {
+        match self {
+            SyncMode::Standard => "standard",
+            SyncMode::Always => "always",
+            SyncMode::Disabled => "disabled",
+        }
+    }
+}
+
+/// Pool properties.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolProps {
+    /// `txg_timeout`: seconds between transaction-group syncs when nothing else triggers one
+    /// (default 5, as ZFS: bounds the data a crash can lose without FLUSH).
+    pub txg_timeout_s: u64,
+    /// `dirty_max`: bytes of dirty data the pool holds before writers stop (default
+    /// min(10 % of RAM, 4 GiB), as ZFS's `zfs_dirty_data_max`). A sync starts at 20 % of it
+    /// and writers are delayed from 60 %.
+    pub dirty_max_bytes: u64,
+    /// `cache_max`: bytes of indirect blocks kept in memory (default 256 MiB).
+    pub cache_max_bytes: u64,
+}
+
+impl Default for PoolProps {
+    fn default() -> Self {
+        PoolProps {
+            txg_timeout_s: 5,
+            dirty_max_bytes: default_dirty_max_bytes(),
+            cache_max_bytes: 256 << 20,
+        }
+    }
+}
+
+fn default_dirty_max_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    let ram_bytes = if pages > 0 {
+        pages as u64 * 4096
+    } else {
+        4 << 30
+    };
+    (ram_bytes / 10).clamp(64 << 20, 4 << 30)
+}
+
+
+/// Names of the pool properties, for listing.
+pub const POOL_PROP_NAMES: &[&str] = &["txg_timeout", "dirty_max", "cache_max"];
+
+impl PoolProps {
+    /// Reads a property by name.
+    pub fn get(&self, name: &str) -> Result<String> {
+        Ok(match name {
+            "txg_timeout" => self.txg_timeout_s.to_string(),
+            "dirty_max" => self.dirty_max_bytes.to_string(),
+            "cache_max" => self.cache_max_bytes.to_string(),
+            _ => return Err(EngineError::invalid(format!("unknown pool property '{name}'"))),
+        })
+    }
+
+    /// Sets a property by name, validating the value.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        match name {
+            "txg_timeout" => {
+                let v = parse_u64(name, value)?;
+                if !(1..=3600).contains(&v) {
+                    return Err(EngineError::invalid("txg_timeout must be 1..=3600 seconds"));
+                }
+                self.txg_timeout_s = v;
+            }
+            "dirty_max" => {
+                let v = parse_size(name, value)?;
+                if v < (1 << 20) {
+                    return Err(EngineError::invalid("dirty_max must be at least 1M"));
+                }
+                self.dirty_max_bytes = v;
+            }
+            "cache_max" => {
+                let v = parse_size(name, value)?;
+                if v < (1 << 20) {
+                    return Err(EngineError::invalid("cache_max must be at least 1M"));
+                }
+                self.cache_max_bytes = v;
+            }
+            _ => return Err(EngineError::invalid(format!("unknown pool property '{name}'"))),
+        }
+        Ok(())
+    }
+
+    /// The persisted form.
+    pub fn to_pairs(&self) -> Vec<(String, String)> {
+        POOL_PROP_NAMES
+            .iter()
+            .map(|n| (n.to_string(), self.get(n).expect("known name")))
+            .collect()
+    }
+
+    /// Rebuilds from the persisted form; unknown names are an error (a newer writer).
+    pub fn from_pairs(pairs: &[(String, String)]) -> Result<PoolProps> {
+        let mut p = PoolProps::default();
+        for (k, v) in pairs {
+            p.set(k, v)?;
+        }
+        Ok(p)
+    }
+}
+
+/// Volume properties.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeProps {
+    /// `volsize`: the volume's size in bytes (a multiple of `volblocksize`).
+    pub volsize_bytes: u64,
+    /// `volblocksize`: the block size, a power of two from 512 B to 128 KiB, fixed at creation.
+    pub volblocksize_bytes: u32,
+    /// `checksum`: algorithm for new blocks (default xxh3-128).
+    pub checksum: ChecksumType,
+    /// `sync`: see [`SyncMode`].
+    pub sync: SyncMode,
+    /// `copies`: copies of each data block, 1 to 3 (metadata always gets one more, up to 3).
+    pub copies: u8,
+    /// `readonly`: the volume refuses writes.
+    pub readonly: bool,
+}
+
+/// Names of the volume properties, for listing.
+pub const VOLUME_PROP_NAMES: &[&str] =
+    &["volsize", "volblocksize", "checksum", "sync", "copies", "readonly"];
+
+impl VolumeProps {
+    /// Defaults for a volume of `volsize_bytes`.
+    pub fn new(volsize_bytes: u64) -> VolumeProps {
+        VolumeProps {
+            volsize_bytes,
+            volblocksize_bytes: VOLBLOCKSIZE_DEFAULT_BYTES,
+            checksum: ChecksumType::Xxh3_128,
+            sync: SyncMode::Standard,
+            copies: 1,
+            readonly: false,
+        }
+    }
+
+    /// Reads a property by name.
+    pub fn get(&self, name: &str) -> Result<String> {
+        Ok(match name {
+            "volsize" => self.volsize_bytes.to_string(),
+            "volblocksize" => self.volblocksize_bytes.to_string(),
+            "checksum" => self.checksum.to_string(),
+            "sync" => self.sync.as_str().to_string(),
+            "copies" => self.copies.to_string(),
+            "readonly" => if self.readonly { "on" } else { "off" }.to_string(),
+            _ => {
+                return Err(EngineError::invalid(format!(
+                    "unknown volume property '{name}'"
+                )))
+            }
+        })
+    }
+
+    /// Sets a property by name at creation time (everything may be set).
+    pub fn set_initial(&mut self, name: &str, value: &str) -> Result<()> {
+        match name {
+            "volblocksize" => {
+                let v = parse_size(name, value)?;
+                let ok = v.is_power_of_two()
+                    && (VOLBLOCKSIZE_MIN_BYTES as u64..=VOLBLOCKSIZE_MAX_BYTES as u64)
+                        .contains(&v);
+                if !ok {
+                    return Err(EngineError::invalid(
+                        "volblocksize must be a power of two from 512 to 128K",
+                    ));
+                }
+                self.volblocksize_bytes = v as u32;
+                Ok(())
+            }
+            _ => self.set(name, value),
+        }
+    }
+
+    /// Sets a property on an existing volume (`volblocksize` is fixed at creation).
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        match name {
+            "volsize" => self.volsize_bytes = parse_size(name, value)?,
+            "volblocksize" => {
+                return Err(EngineError::invalid(
+                    "volblocksize is fixed when the volume is created",
+                ))
+            }
+            "checksum" => {
+                self.checksum = value.parse().map_err(|_| {
+                    EngineError::invalid(format!(
+                        "bad value '{value}' for checksum: expected xxh3-128 or blake3"
+                    ))
+                })?
+            }
+            "sync" => self.sync = SyncMode::parse(value)?,
+            "copies" => {
+                let v = parse_u64(name, value)?;
+                if !(1..=3).contains(&v) {
+                    return Err(EngineError::invalid("copies must be 1, 2 or 3"));
+                }
+                self.copies = v as u8;
+            }
+            "readonly" => {
+                self.readonly = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(EngineError::invalid("readonly must be on or off")),
+                }
+            }
+            _ => {
+                return Err(EngineError::invalid(format!(
+                    "unknown volume property '{name}'"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize).
+    pub fn validate(&self) -> Result<()> {
+        let bs = self.volblocksize_bytes as u64;
+        if self.volsize_bytes == 0 || self.volsize_bytes % bs != 0 {
+            return Err(EngineError::invalid(format!(
+                "volsize {} must be a non-zero multiple of volblocksize {bs}",
+                self.volsize_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The persisted form (volsize and volblocksize are stored in their own fields).
+    pub fn to_pairs(&self) -> Vec<(String, String)> {
+        ["checksum", "sync", "copies", "readonly"]
+            .iter()
+            .map(|n| (n.to_string(), self.get(n).expect("known name")))
+            .collect()
+    }
+
+    /// Rebuilds from the persisted form.
+    pub fn from_parts(
+        volsize_bytes: u64,
+        volblocksize_bytes: u32,
+        pairs: &[(String, String)],
+    ) -> Result<VolumeProps> {
+        let mut p = VolumeProps::new(volsize_bytes);
+        p.volblocksize_bytes = volblocksize_bytes;
+        for (k, v) in pairs {
+            p.set(k, v)?;
+        }
+        Ok(p)
+    }
+}
+
+fn parse_u64(name: &str, value: &str) -> Result<u64> {
+    value
+        .parse()
+        .map_err(|_| EngineError::invalid(format!("bad value '{value}' for {name}: not a number")))
+}
+
+/// Parses a size with an optional binary suffix: `512`, `16K`, `64M`, `10G`, `1T`.
+pub fn parse_size(name: &str, value: &str) -> Result<u64> {
+    let v = value.trim();
+    let (digits, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&v[..v.len() - 1], 10),
+        Some('M') => (&v[..v.len() - 1], 20),
+        Some('G') => (&v[..v.len() - 1], 30),
+        Some('T') => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| EngineError::invalid(format!("bad size '{value}' for {name}")))?;
+    n.checked_shl(shift)
+        .filter(|r| r >> shift == n)
+        .ok_or_else(|| EngineError::invalid(format!("size '{value}' for {name} is too large")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_suffixes() {
+        assert_eq!(parse_size("x", "512").unwrap(), 512);
+        assert_eq!(parse_size("x", "16K").unwrap(), 16384);
+        assert_eq!(parse_size("x", "64m").unwrap(), 64 << 20);
+        assert!(parse_size("x", "12Q").is_err());
+        assert!(parse_size("x", "99999999999T").is_err());
+    }
+
+    #[test]
+    fn volume_props_round_trip_and_validate() {
+        let mut p = VolumeProps::new(1 << 20);
+        p.set_initial("volblocksize", "4K").unwrap();
+        p.set("sync", "always").unwrap();
+        p.set("checksum", "blake3").unwrap();
+        let q = VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs())
+            .unwrap();
+        assert_eq!(p, q);
+        assert!(p.set("volblocksize", "8K").is_err());
+        assert!(p.set_initial("volblocksize", "3000").is_err());
+        p.volsize_bytes = 1000;
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn pool_props_round_trip() {
+        let mut p = PoolProps::default();
+        p.set("txg_timeout", "2").unwrap();
+        p.set("dirty_max", "64M").unwrap();
+        assert_eq!(PoolProps::from_pairs(&p.to_pairs()).unwrap(), p);
+        assert!(p.set("bogus", "1").is_err());
+    }
+}

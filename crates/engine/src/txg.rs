@@ -1,0 +1,324 @@
+//! Transaction groups: open, quiescing, syncing.
+//!
+//! Writers take a hold on the open txg while they put their changes in its dirty sets. The
+//! sync thread closes the open txg (the next one opens at once), waits for the holds on the old
+//! one to drain (quiesce), and then writes it out (`pool::sync_txg`). A sync starts every
+//! `txg_timeout`, when a txg's dirty data passes 20 % of `dirty_max`, or when someone waits for
+//! durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
+//! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
+//! outright at `dirty_max`, so dirty memory stays bounded.
+
+use crate::{EngineError, Result};
+use oxpool_format::Txg;
+use std::future::poll_fn;
+use std::sync::{Condvar, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Share of `dirty_max` in one txg that starts a sync (percent).
+pub const DIRTY_SYNC_PERCENT: u64 = 20;
+/// Share of `dirty_max` above which writers are delayed (percent).
+pub const DELAY_MIN_DIRTY_PERCENT: u64 = 60;
+/// Delay scale: about 1e9 / the pool's write IOPS (ZFS's default, 500 us).
+pub const DELAY_SCALE_NS: u64 = 500_000;
+/// Longest delay one write is given.
+pub const DELAY_MAX_NS: u64 = 100_000_000;
+/// Bound on the waker list: a waiter re-registers on every poll, so duplicates are dropped.
+const WAITERS_MAX: usize = 1 << 16;
+
+pub(crate) struct TxgState {
+    pub open: Txg,
+    /// Holds per txg that may still have writers (open and quiescing).
+    holds: Vec<(Txg, u64)>,
+    /// The open txg has changes to write (data or configuration).
+    pub open_dirty: bool,
+    pub syncing: Option<Txg>,
+    pub synced: Txg,
+    /// Dirty bytes of all unsynced txgs, and per txg.
+    dirty_bytes: u64,
+    txg_dirty_bytes: Vec<(Txg, u64)>,
+    kick: bool,
+    pub stop: bool,
+    pub suspended: Option<String>,
+    waiters: Vec<Waker>,
+    last_sync: Instant,
+    pub dirty_max_bytes: u64,
+    pub timeout: Duration,
+}
+
+/// The txg state machine shared by writers and the sync thread.
+pub(crate) struct TxgControl {
+    pub state: Mutex<TxgState>,
+    /// Wakes the sync thread (kick, dirty threshold, hold drained, stop).
+    pub cv: Condvar,
+    pool_name: String,
+}
+
+/// A writer's hold on a txg; while any hold exists, that txg cannot start syncing.
+pub(crate) struct TxgHold<'a> {
+    ctl: &'a TxgControl,
+    txg: Txg,
+}
+
+impl TxgHold<'_> {
+    /// The txg this hold is on: the writer puts its changes there.
+    pub fn txg(&self) -> Txg {
+        self.txg
+    }
+
+    /// Records that this writer made `bytes` newly dirty (and that the txg has changes).
+    pub fn note_dirty(&self, bytes: u64) {
+        let mut s = self.ctl.state.lock().unwrap();
+        if self.txg == s.open {
+            s.open_dirty = true;
+        }
+        s.dirty_bytes += bytes;
+        let txg = self.txg;
+        let t = match s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
+            Some(i) => &mut s.txg_dirty_bytes[i].1,
+            None => {
+                s.txg_dirty_bytes.push((txg, 0));
+                &mut s.txg_dirty_bytes.last_mut().unwrap().1
+            }
+        };
+        *t += bytes;
+        let over = *t * 100 > s.dirty_max_bytes * DIRTY_SYNC_PERCENT;
+        if over {
+            s.kick = true;
+            self.ctl.cv.notify_all();
+        }
+    }
+}
+
+impl Drop for TxgHold<'_> {
+    fn drop(&mut self) {
+        let mut s = self.ctl.state.lock().unwrap();
+        let i = s
+            .holds
+            .iter()
+            .position(|(t, _)| *t == self.txg)
+            .expect("hold without a count");
+        s.holds[i].1 -= 1;
+        if s.holds[i].1 == 0 {
+            s.holds.swap_remove(i);
+            if self.txg < s.open {
+                self.ctl.cv.notify_all(); // quiesce may be waiting for this txg
+            }
+        }
+    }
+}
+
+fn register(waiters: &mut Vec<Waker>, w: &Waker) {
+    if !waiters.iter().any(|x| x.will_wake(w)) {
+        assert!(waiters.len() < WAITERS_MAX, "txg waiter list overflow");
+        waiters.push(w.clone());
+    }
+}
+
+impl TxgControl {
+    pub fn new(pool_name: &str, synced: Txg, dirty_max_bytes: u64, timeout: Duration) -> Self {
+        TxgControl {
+            state: Mutex::new(TxgState {
+                open: Txg(synced.0 + 1),
+                holds: Vec::new(),
+                open_dirty: false,
+                syncing: None,
+                synced,
+                dirty_bytes: 0,
+                txg_dirty_bytes: Vec::new(),
+                kick: false,
+                stop: false,
+                suspended: None,
+                waiters: Vec::new(),
+                last_sync: Instant::now(),
+                dirty_max_bytes,
+                timeout,
+            }),
+            cv: Condvar::new(),
+            pool_name: pool_name.to_string(),
+        }
+    }
+
+    fn suspended_error(&self, reason: &str) -> EngineError {
+        EngineError::Suspended {
+            pool: self.pool_name.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Takes a hold on the open txg for a writer about to dirty about `bytes`, after the write
+    /// throttle: waits while dirty data is at `dirty_max`, delays above 60 % of it.
+    pub async fn hold(&self, bytes: u64) -> Result<TxgHold<'_>> {
+        let delay_ns = poll_fn(|cx| {
+            let mut s = self.state.lock().unwrap();
+            if let Some(r) = &s.suspended {
+                return Poll::Ready(Err(self.suspended_error(r)));
+            }
+            let max = s.dirty_max_bytes;
+            if s.dirty_bytes > 0 && s.dirty_bytes + bytes > max {
+                s.kick = true;
+                self.cv.notify_all();
+                register(&mut s.waiters, cx.waker());
+                return Poll::Pending;
+            }
+            let min = max / 100 * DELAY_MIN_DIRTY_PERCENT;
+            let d = s.dirty_bytes;
+            let delay = if d > min {
+                (DELAY_SCALE_NS as u128 * (d - min) as u128 / (max - d).max(1) as u128)
+                    .min(DELAY_MAX_NS as u128) as u64
+            } else {
+                0
+            };
+            Poll::Ready(Ok(delay))
+        })
+        .await?;
+        if delay_ns > 0 {
+            oxpool_io::rt::sleep(Duration::from_nanos(delay_ns)).await;
+        }
+        let mut s = self.state.lock().unwrap();
+        if let Some(r) = &s.suspended {
+            return Err(self.suspended_error(r));
+        }
+        let txg = s.open;
+        match s.holds.iter_mut().find(|(t, _)| *t == txg) {
+            Some((_, n)) => *n += 1,
+            None => s.holds.push((txg, 1)),
+        }
+        Ok(TxgHold { ctl: self, txg })
+    }
+
+    /// Marks the open txg as having changes (configuration changes: volumes, properties).
+    pub fn mark_dirty(&self) {
+        self.state.lock().unwrap().open_dirty = true;
+    }
+
+    /// Waits until `txg` is durable; with `kick`, asks for a sync now.
+    pub async fn wait_synced(&self, txg: Txg, kick: bool) -> Result<()> {
+        poll_fn(|cx| {
+            let mut s = self.state.lock().unwrap();
+            if s.synced >= txg {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(r) = &s.suspended {
+                return Poll::Ready(Err(self.suspended_error(r)));
+            }
+            if kick && !s.kick {
+                s.kick = true;
+                self.cv.notify_all();
+            }
+            register(&mut s.waiters, cx.waker());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits until everything written before this call is durable (FLUSH). Returns at once
+    /// when nothing is waiting to be synced.
+    pub async fn flush_all(&self) -> Result<()> {
+        let target = {
+            let s = self.state.lock().unwrap();
+            if s.open_dirty {
+                s.open
+            } else if let Some(t) = s.syncing {
+                t
+            } else if s.holds.iter().any(|(t, _)| *t > s.synced) {
+                // A writer is between its hold and its note: its txg is the open one.
+                s.open
+            } else {
+                return Ok(());
+            }
+        };
+        self.wait_synced(target, true).await
+    }
+
+    /// The sync thread's wait: returns the txg to sync next (already closed and quiesced), or
+    /// None when asked to stop and nothing is left to write.
+    pub fn next_to_sync(&self) -> Option<Txg> {
+        let mut s = self.state.lock().unwrap();
+        loop {
+            let timed_out = s.last_sync.elapsed() >= s.timeout;
+            if s.open_dirty && (s.kick || s.stop || timed_out) {
+                break;
+            }
+            if s.stop || s.suspended.is_some() {
+                return None;
+            }
+            if !s.open_dirty {
+                // Nothing to write: a kick asks for nothing; restart the timeout.
+                s.kick = false;
+                s.last_sync = Instant::now();
+            }
+            let wait = s.timeout.saturating_sub(s.last_sync.elapsed());
+            s = self
+                .cv
+                .wait_timeout(s, wait.max(Duration::from_millis(1)))
+                .unwrap()
+                .0;
+        }
+        // Close the open txg; new writers go to the next one.
+        let txg = s.open;
+        s.open = Txg(txg.0 + 1);
+        s.open_dirty = false;
+        s.kick = false;
+        // Quiesce: wait for the writers still holding `txg`. Bounded by their critical
+        // sections, which never wait on the sync thread.
+        while s.holds.iter().any(|(t, _)| *t == txg) {
+            s = self.cv.wait(s).unwrap();
+        }
+        s.syncing = Some(txg);
+        Some(txg)
+    }
+
+    /// Records the end of a sync: success makes `txg` durable and releases its dirty bytes;
+    /// failure suspends the pool. Wakes every waiter.
+    pub fn finish_sync(&self, txg: Txg, result: &Result<()>) {
+        let waiters = {
+            let mut s = self.state.lock().unwrap();
+            s.syncing = None;
+            s.last_sync = Instant::now();
+            match result {
+                Ok(()) => {
+                    debug_assert!(txg > s.synced);
+                    s.synced = txg;
+                    if let Some(i) = s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
+                        let (_, b) = s.txg_dirty_bytes.swap_remove(i);
+                        s.dirty_bytes -= b;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(pool = self.pool_name, "txg {} sync failed: {e}", txg.0);
+                    s.suspended = Some(format!("txg {} failed to sync: {e}", txg.0));
+                }
+            }
+            std::mem::take(&mut s.waiters)
+        };
+        self.cv.notify_all();
+        for w in waiters {
+            w.wake();
+        }
+    }
+
+    /// Asks the sync thread to stop after writing what is dirty.
+    pub fn stop(&self) {
+        self.state.lock().unwrap().stop = true;
+        self.cv.notify_all();
+    }
+
+    /// The last durable txg.
+    pub fn synced(&self) -> Txg {
+        self.state.lock().unwrap().synced
+    }
+
+    /// Dirty bytes held in memory now.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.state.lock().unwrap().dirty_bytes
+    }
+
+    /// Changes the throttle limit and the sync interval (properties were set).
+    pub fn configure(&self, dirty_max_bytes: u64, timeout: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.dirty_max_bytes = dirty_max_bytes;
+        s.timeout = timeout;
+        self.cv.notify_all();
+    }
+}

@@ -1,0 +1,549 @@
+//! Volumes: block devices made of a block tree and the dirty data of the open transaction
+//! groups.
+//!
+//! Every read, write, trim and write-zeroes holds a range lock over what it touches, taken by
+//! the task serving the request (never the one that received it). Writes lock whole blocks,
+//! because a partial-block write is a read-modify-write of the block. A write lands in the
+//! open txg's dirty map; reads look at the dirty maps (newest txg first) and then the tree.
+//! The txg sync writes a txg's dirty blocks and swaps their pointers into the tree; until it
+//! has, the dirty copy stays readable, so a read never sees a block half-way.
+
+use crate::pipeline::read_block;
+use crate::pool::PoolInner;
+use crate::props::{SyncMode, VolumeProps};
+use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
+use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
+use crate::{EngineError, Result};
+use oxpool_format::{Txg, VolumeId};
+use oxpool_io::IoBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A block's content in one txg's dirty set.
+pub(crate) enum DirtyBlock {
+    /// New data, exactly one volume block long.
+    Data(IoBuf),
+}
+
+/// The changes of one txg to one volume.
+#[derive(Default)]
+pub(crate) struct TxgDirty {
+    /// Blocks written in this txg.
+    pub blocks: HashMap<u64, DirtyBlock>,
+    /// Block ranges freed (trim, write-zeroes, shrink) in this txg, applied before `blocks`:
+    /// start -> end (exclusive), merged.
+    pub frees: BTreeMap<u64, u64>,
+}
+
+impl TxgDirty {
+    fn freed(&self, b: u64) -> bool {
+        self.frees
+            .range(..=b)
+            .next_back()
+            .is_some_and(|(_, &end)| b < end)
+    }
+
+    fn add_free(&mut self, first: u64, last: u64) {
+        // Blocks written earlier in this txg inside the new range are gone; blocks outside it
+        // (even inside a range it merges with, written after that range was freed) stay.
+        self.blocks.retain(|&b, _| b < first || b >= last);
+        let (mut start, mut end) = (first, last);
+        // Merge with every range that touches [start, end): bounded by the ranges present.
+        let touching: Vec<(u64, u64)> = self
+            .frees
+            .range(..=end)
+            .rev()
+            .take_while(|(_, &e)| e >= start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in touching {
+            self.frees.remove(&s);
+            start = start.min(s);
+            end = end.max(e);
+        }
+        self.frees.insert(start, end);
+    }
+}
+
+/// The dirty sets of the txgs not yet synced (at most the syncing one and the open one).
+#[derive(Default)]
+pub(crate) struct VolDirty {
+    /// Ascending by txg.
+    pub txgs: Vec<(Txg, TxgDirty)>,
+}
+
+/// Where the current content of a block is.
+enum Source {
+    Dirty(IoBuf),
+    Zero,
+    Tree,
+}
+
+impl VolDirty {
+    /// Records a freed block range [first, end) in `txg`.
+    pub(crate) fn txgs_add_free(&mut self, txg: Txg, first: u64, end: u64) {
+        self.txg_mut(txg).add_free(first, end);
+    }
+
+    fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {
+        if let Some(i) = self.txgs.iter().position(|(t, _)| *t == txg) {
+            return &mut self.txgs[i].1;
+        }
+        debug_assert!(self.txgs.iter().all(|(t, _)| *t < txg), "txg went backwards");
+        debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
+        self.txgs.push((txg, TxgDirty::default()));
+        &mut self.txgs.last_mut().unwrap().1
+    }
+
+    /// Copies block `b`'s newest dirty content into `out` at `in_block`, or reports that the
+    /// tree has it. Returns true if served from dirty state.
+    fn read_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> bool {
+        for (_, d) in self.txgs.iter().rev() {
+            if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
+                out.copy_from_slice(&buf[in_block..in_block + out.len()]);
+                return true;
+            }
+            if d.freed(b) {
+                out.fill(0);
+                return true;
+            }
+        }
+        false
+    }
+
+    fn source(&self, b: u64) -> Source {
+        for (_, d) in self.txgs.iter().rev() {
+            if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
+                return Source::Dirty(buf.clone());
+            }
+            if d.freed(b) {
+                return Source::Zero;
+            }
+        }
+        Source::Tree
+    }
+
+    fn is_dirty_data(&self, b: u64) -> Option<bool> {
+        for (_, d) in self.txgs.iter().rev() {
+            if d.blocks.contains_key(&b) {
+                return Some(true);
+            }
+            if d.freed(b) {
+                return Some(false);
+            }
+        }
+        None
+    }
+}
+
+/// A volume's shared state.
+pub(crate) struct VolumeInner {
+    pub id: VolumeId,
+    /// Name inside the pool.
+    pub name: String,
+    /// `pool/volume`, for messages and NBD export names.
+    pub full_name: String,
+    pub props: Mutex<VolumeProps>,
+    pub dirty: Mutex<VolDirty>,
+    pub tree: Mutex<BlockTree>,
+    pub range_lock: RangeLock,
+    /// Bytes allocated to the volume's blocks as of the last sync.
+    pub used_bytes: AtomicU64,
+    pub destroyed: AtomicBool,
+}
+
+impl VolumeInner {
+    pub(crate) fn new(
+        id: VolumeId,
+        pool_name: &str,
+        name: &str,
+        props: VolumeProps,
+        tree: BlockTree,
+        used_bytes: u64,
+    ) -> VolumeInner {
+        VolumeInner {
+            id,
+            name: name.to_string(),
+            full_name: format!("{pool_name}/{name}"),
+            props: Mutex::new(props),
+            dirty: Mutex::new(VolDirty::default()),
+            tree: Mutex::new(tree),
+            range_lock: RangeLock::new(),
+            used_bytes: AtomicU64::new(used_bytes),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Whether a range of a volume holds data or reads as zeros without any (NBD block status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Allocated data (which may still happen to be zeros).
+    Data,
+    /// A hole: reads as zeros, no space allocated.
+    Hole,
+}
+
+/// A handle to a volume, for the data plane. Cheap to clone; usable from any thread.
+#[derive(Clone)]
+pub struct Volume {
+    pub(crate) pool: Arc<PoolInner>,
+    pub(crate) vol: Arc<VolumeInner>,
+}
+
+impl std::fmt::Debug for Volume {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Volume").field("name", &self.vol.full_name).finish()
+    }
+}
+
+impl Volume {
+    /// `pool/volume`.
+    pub fn full_name(&self) -> &str {
+        &self.vol.full_name
+    }
+
+    /// The volume's name inside its pool.
+    pub fn name(&self) -> &str {
+        &self.vol.name
+    }
+
+    /// Current size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.vol.props.lock().unwrap().volsize_bytes
+    }
+
+    /// Block size in bytes.
+    pub fn block_size_bytes(&self) -> u32 {
+        self.vol.props.lock().unwrap().volblocksize_bytes
+    }
+
+    /// Whether the volume refuses writes.
+    pub fn read_only(&self) -> bool {
+        self.vol.props.lock().unwrap().readonly
+    }
+
+    /// A copy of the volume's properties.
+    pub fn props(&self) -> VolumeProps {
+        self.vol.props.lock().unwrap().clone()
+    }
+
+    fn check_range(&self, offset_bytes: u64, length_bytes: u64, write: bool) -> Result<u32> {
+        if self.vol.destroyed.load(Ordering::Acquire) {
+            return Err(EngineError::NotFound(self.vol.full_name.clone()));
+        }
+        let p = self.vol.props.lock().unwrap();
+        if write && p.readonly {
+            return Err(EngineError::invalid(format!("{} is read-only", self.vol.full_name)));
+        }
+        let end = offset_bytes.checked_add(length_bytes);
+        if end.is_none_or(|e| e > p.volsize_bytes) {
+            return Err(EngineError::invalid(format!(
+                "{}: range {offset_bytes}+{length_bytes} is past the end ({} bytes)",
+                self.vol.full_name, p.volsize_bytes
+            )));
+        }
+        Ok(p.volblocksize_bytes)
+    }
+
+    /// Reads `out.len()` bytes at `offset_bytes`.
+    pub async fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+        let bs = self.check_range(offset_bytes, out.len() as u64, false)? as u64;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut node = pin!(RangeLockNode::new());
+        let _guard = self
+            .vol
+            .range_lock
+            .lock(node.as_mut(), offset_bytes, out.len() as u64, LockMode::Read)
+            .await;
+        let end = offset_bytes + out.len() as u64;
+        let mut pos = offset_bytes;
+        // Blocks that must come from the tree: (block, in-block offset, output range).
+        let mut from_tree: Vec<(u64, usize, std::ops::Range<usize>)> = Vec::new();
+        {
+            let d = self.vol.dirty.lock().unwrap();
+            while pos < end {
+                let b = pos / bs;
+                let in_block = (pos % bs) as usize;
+                let n = ((bs - pos % bs).min(end - pos)) as usize;
+                let o = (pos - offset_bytes) as usize;
+                if !d.read_into(b, in_block, &mut out[o..o + n]) {
+                    from_tree.push((b, in_block, o..o + n));
+                }
+                pos += n as u64;
+            }
+        }
+        // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
+        // is eight device reads in flight, not eight in a row.
+        let futs: Vec<_> = from_tree
+            .iter()
+            .map(|(b, _, _)| self.read_tree_block(*b))
+            .collect();
+        let bufs = oxpool_io::rt::join_all(futs).await;
+        for ((_, in_block, range), buf) in from_tree.into_iter().zip(bufs) {
+            match buf? {
+                Some(buf) => out[range.clone()].copy_from_slice(&buf[in_block..in_block + range.len()]),
+                None => out[range].fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads block `b` from the tree; None for a hole. Retries once if the checksum fails and
+    /// the pointer changed meanwhile (the block was rewritten and its old place reused).
+    async fn read_tree_block(&self, b: u64) -> Result<Option<IoBuf>> {
+        let vdevs = &self.pool.vdevs;
+        let what = &self.vol.full_name;
+        let mut bp = lookup(&self.vol.tree, vdevs, b, what).await?;
+        for attempt in 0..2 {
+            if bp.is_hole() {
+                return Ok(None);
+            }
+            match read_block(vdevs, &bp, &format!("{what} block {b}")).await {
+                Ok(buf) => return Ok(Some(buf)),
+                Err(e) => {
+                    let again = lookup(&self.vol.tree, vdevs, b, what).await?;
+                    if attempt == 1 || again == bp {
+                        return Err(e);
+                    }
+                    bp = again;
+                }
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// The current content of block `b` as a new buffer (for read-modify-write).
+    async fn block_content(&self, b: u64, bs: usize) -> Result<IoBuf> {
+        let src = self.vol.dirty.lock().unwrap().source(b);
+        match src {
+            Source::Dirty(buf) => Ok(buf),
+            Source::Zero => Ok(IoBuf::zeroed(bs)),
+            Source::Tree => match self.read_tree_block(b).await? {
+                None => Ok(IoBuf::zeroed(bs)),
+                Some(buf) if buf.len() == bs => Ok(buf),
+                Some(buf) => {
+                    let mut out = IoBuf::zeroed(bs);
+                    out.copy_from_slice(&buf[..bs]);
+                    Ok(out)
+                }
+            },
+        }
+    }
+
+    /// Writes `data` at `offset_bytes`. With `fua` (or `sync=always`) the data is durable when
+    /// this returns.
+    pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.modify(offset_bytes, data.len() as u64, Some(data), fua).await
+    }
+
+    /// Writes zeros over the range. Whole blocks become holes (no space used; they read as
+    /// zeros); partial blocks at the edges are zero-filled.
+    pub async fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> Result<()> {
+        self.modify(offset_bytes, length_bytes, None, fua).await
+    }
+
+    /// Frees the whole blocks inside the range (they read as zeros afterwards); partial blocks
+    /// at the edges are left as they are, as a trim is advisory.
+    pub async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> Result<()> {
+        let bs = self.check_range(offset_bytes, length_bytes, true)? as u64;
+        let first = offset_bytes.div_ceil(bs);
+        let end = (offset_bytes + length_bytes) / bs;
+        if first < end {
+            self.free_blocks(first, end).await?;
+        }
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn free_blocks(&self, first: u64, end: u64) -> Result<()> {
+        let bs = self.block_size_bytes() as u64;
+        let mut node = pin!(RangeLockNode::new());
+        let _guard = self
+            .vol
+            .range_lock
+            .lock(node.as_mut(), first * bs, (end - first) * bs, LockMode::Write)
+            .await;
+        let hold = self.pool.txg.hold(0).await?;
+        self.vol.dirty.lock().unwrap().txg_mut(hold.txg()).add_free(first, end);
+        hold.note_dirty(0);
+        Ok(())
+    }
+
+    /// Write (`data` Some) or write-zeroes (`data` None) over a range.
+    async fn modify(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        data: Option<&[u8]>,
+        fua: bool,
+    ) -> Result<()> {
+        let bs = self.check_range(offset_bytes, length_bytes, true)? as u64;
+        if length_bytes == 0 {
+            return Ok(());
+        }
+        let end = offset_bytes + length_bytes;
+        let first_b = offset_bytes / bs;
+        let last_b = (end - 1) / bs;
+        let mut node = pin!(RangeLockNode::new());
+        let _guard = self
+            .vol
+            .range_lock
+            .lock(
+                node.as_mut(),
+                first_b * bs,
+                (last_b + 1 - first_b) * bs,
+                LockMode::Write,
+            )
+            .await;
+        // Read-modify-write bases for the partial head and tail blocks, read before taking
+        // the txg hold so a slow read does not hold up the txg's quiesce.
+        let head_partial = offset_bytes % bs != 0 || (first_b == last_b && end % bs != 0);
+        let tail_partial = end % bs != 0 && last_b != first_b;
+        let head = if head_partial {
+            Some(self.block_content(first_b, bs as usize).await?)
+        } else {
+            None
+        };
+        let tail = if tail_partial {
+            Some(self.block_content(last_b, bs as usize).await?)
+        } else {
+            None
+        };
+        let mut newly_dirty_bytes = 0;
+        let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
+        {
+            let mut d = self.vol.dirty.lock().unwrap();
+            let t = d.txg_mut(hold.txg());
+            // Whole zero blocks become a free range (holes).
+            if data.is_none() {
+                let zfirst = offset_bytes.div_ceil(bs);
+                let zend = end / bs;
+                if zfirst < zend {
+                    t.add_free(zfirst, zend);
+                }
+            }
+            for b in first_b..=last_b {
+                let bstart = b * bs;
+                let lo = offset_bytes.max(bstart);
+                let hi = end.min(bstart + bs);
+                let full = lo == bstart && hi == bstart + bs;
+                if data.is_none() && full {
+                    continue; // freed above
+                }
+                let in_block = (lo - bstart) as usize;
+                let len = (hi - lo) as usize;
+                let src = data.map(|d| &d[(lo - offset_bytes) as usize..(hi - offset_bytes) as usize]);
+                match t.blocks.get_mut(&b) {
+                    Some(DirtyBlock::Data(buf)) => match src {
+                        Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
+                        None => buf[in_block..in_block + len].fill(0),
+                    },
+                    None => {
+                        let mut buf = if full {
+                            IoBuf::zeroed(bs as usize)
+                        } else if b == first_b && head.is_some() {
+                            head.clone().unwrap()
+                        } else {
+                            tail.clone().expect("partial tail block has a base")
+                        };
+                        match src {
+                            Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
+                            None => buf[in_block..in_block + len].fill(0),
+                        }
+                        t.blocks.insert(b, DirtyBlock::Data(buf));
+                        newly_dirty_bytes += bs;
+                    }
+                }
+            }
+        }
+        let txg = hold.txg();
+        hold.note_dirty(newly_dirty_bytes);
+        drop(hold);
+        let sync = self.vol.props.lock().unwrap().sync;
+        if sync == SyncMode::Always || (fua && sync == SyncMode::Standard) {
+            self.pool.txg.wait_synced(txg, true).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write completed before this call, on any volume of the pool, durable
+    /// (NBD FLUSH with multi-connection semantics). A no-op with `sync=disabled`.
+    pub async fn flush(&self) -> Result<()> {
+        if self.vol.props.lock().unwrap().sync == SyncMode::Disabled {
+            return Ok(());
+        }
+        self.pool.txg.flush_all().await
+    }
+
+    /// Allocation state of the blocks covering [offset, offset+length), as runs of
+    /// (length_bytes, state) that add up to the range.
+    pub async fn block_status(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<Vec<(u64, BlockState)>> {
+        let bs = self.check_range(offset_bytes, length_bytes, false)? as u64;
+        let end = offset_bytes + length_bytes;
+        let mut runs: Vec<(u64, BlockState)> = Vec::new();
+        let mut push = |len: u64, s: BlockState| match runs.last_mut() {
+            Some((l, last)) if *last == s => *l += len,
+            _ => runs.push((len, s)),
+        };
+        let mut pos = offset_bytes;
+        // Bounded by the blocks in the range; holes in the tree are skipped a subtree at a time.
+        while pos < end {
+            let b = pos / bs;
+            let dirty = self.vol.dirty.lock().unwrap().is_dirty_data(b);
+            let (state, next_b) = match dirty {
+                Some(true) => (BlockState::Data, b + 1),
+                Some(false) => (BlockState::Hole, b + 1),
+                None => {
+                    let walked =
+                        walk(&self.vol.tree, &self.pool.vdevs, b, 1, false, &self.vol.full_name)
+                            .await?;
+                    match walked {
+                        Walk::Hole { level } => (BlockState::Hole, skip_hole(b, level).max(b + 1)),
+                        Walk::Cached => {
+                            let bp = lookup(&self.vol.tree, &self.pool.vdevs, b, &self.vol.full_name)
+                                .await?;
+                            let s = if bp.is_hole() { BlockState::Hole } else { BlockState::Data };
+                            (s, b + 1)
+                        }
+                    }
+                }
+            };
+            // A skipped hole subtree may contain blocks dirty in memory: only skip past the
+            // next block if none of them is dirty (checked one by one would defeat the skip,
+            // so stop the skip at the first dirty block instead).
+            let next_b = if next_b > b + 1 {
+                let d = self.vol.dirty.lock().unwrap();
+                let first_dirty = d
+                    .txgs
+                    .iter()
+                    .flat_map(|(_, t)| t.blocks.keys().copied())
+                    .filter(|&x| x > b && x < next_b)
+                    .min();
+                first_dirty.unwrap_or(next_b)
+            } else {
+                next_b
+            };
+            let next_pos = (next_b * bs).min(end);
+            push(next_pos - pos, state);
+            pos = next_pos;
+        }
+        Ok(runs)
+    }
+
+    /// Bytes allocated to this volume's blocks as of the last txg sync.
+    pub fn used_bytes(&self) -> u64 {
+        self.vol.used_bytes.load(Ordering::Relaxed)
+    }
+}
+

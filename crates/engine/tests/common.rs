@@ -1,0 +1,67 @@
+//! Shared helpers for the engine's integration tests.
+#![allow(dead_code)]
+
+use oxpool_engine::{Pool, PoolProps, TopSpec};
+use oxpool_format::TopVdevKind;
+use oxpool_io::{Backend, MemoryBackend};
+use std::sync::Arc;
+
+/// Device size used by the tests: small, so each test stays fast.
+pub const DEVICE_BYTES: u64 = 64 << 20;
+
+/// Properties for tests: no timed syncs (txgs end only where the test says), a large dirty
+/// limit so no threshold sync happens by surprise.
+pub fn test_props() -> PoolProps {
+    let mut p = PoolProps::default();
+    p.set("txg_timeout", "3600").unwrap();
+    p.set("dirty_max", "256M").unwrap();
+    p
+}
+
+/// A pool of one top-level vdev over memory devices.
+pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>) {
+    let mems: Vec<MemoryBackend> = (0..devices)
+        .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
+        .collect();
+    let backends: Vec<Arc<dyn Backend>> = mems
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
+        .collect();
+    let tops = match kind {
+        TopVdevKind::Mirror => vec![TopSpec {
+            kind,
+            devices: backends,
+        }],
+        TopVdevKind::Single => backends
+            .into_iter()
+            .map(|b| TopSpec {
+                kind: TopVdevKind::Single,
+                devices: vec![b],
+            })
+            .collect(),
+    };
+    let pool = Pool::create("tank", tops, test_props(), false).unwrap();
+    (pool, mems)
+}
+
+/// Imports the pool from memory devices.
+pub fn reimport(mems: &[MemoryBackend]) -> Pool {
+    let backends: Vec<Arc<dyn Backend>> = mems
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
+        .collect();
+    Pool::import(backends, Some("tank")).unwrap()
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

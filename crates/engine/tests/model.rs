@@ -1,0 +1,168 @@
+//! Model-based test: random sequences of volume writes, trims, write-zeroes, reads, txg syncs
+//! and export/import against an in-memory model; the contents must always be equal.
+
+mod common;
+
+use common::{mem_pool, pattern, reimport};
+use oxpool_engine::Pool;
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::block_on;
+use proptest::prelude::*;
+
+/// Volumes of the test: (name, size, volblocksize): small and odd block sizes on purpose.
+const VOLUMES: [(&str, u64, u32); 3] = [
+    ("v512", 256 * 1024, 512),
+    ("v4k", 1 << 20, 4096),
+    ("v16k", 2 << 20, 16384),
+];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write { vol: usize, off: u64, len: u64, seed: u64 },
+    Trim { vol: usize, off: u64, len: u64 },
+    Zero { vol: usize, off: u64, len: u64 },
+    Read { vol: usize, off: u64, len: u64 },
+    Sync,
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0usize..VOLUMES.len(), 0.0f64..1.0, 1u64..70_000);
+    prop_oneof![
+        6 => (range.clone(), any::<u64>()).prop_map(|((vol, f, len), seed)| {
+            let (off, len) = place(vol, f, len);
+            Op::Write { vol, off, len, seed }
+        }),
+        1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Trim { vol, off, len } }),
+        1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Zero { vol, off, len } }),
+        3 => range.prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Read { vol, off, len } }),
+        1 => Just(Op::Sync),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+fn place(vol: usize, f: f64, len: u64) -> (u64, u64) {
+    let size = VOLUMES[vol].1;
+    let len = len.min(size);
+    let off = ((size - len) as f64 * f) as u64;
+    (off, len)
+}
+
+fn apply_model(model: &mut [Vec<u8>], op: &Op) {
+    match *op {
+        Op::Write { vol, off, len, seed } => {
+            model[vol][off as usize..(off + len) as usize].copy_from_slice(&pattern(seed, len as usize));
+        }
+        Op::Trim { vol, off, len } => {
+            // Only whole blocks inside the range are freed (and read as zeros).
+            let bs = VOLUMES[vol].2 as u64;
+            let first = off.div_ceil(bs) * bs;
+            let end = (off + len) / bs * bs;
+            if first < end {
+                model[vol][first as usize..end as usize].fill(0);
+            }
+        }
+        Op::Zero { vol, off, len } => model[vol][off as usize..(off + len) as usize].fill(0),
+        _ => {}
+    }
+}
+
+fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseError> {
+    let (pool, mems) = mem_pool(kind, devices);
+    let mut pool = Some(pool);
+    for (name, size, bs) in VOLUMES {
+        pool.as_ref()
+            .unwrap()
+            .create_volume(name, size, &[("volblocksize".into(), bs.to_string())])
+            .unwrap();
+    }
+    let mut model: Vec<Vec<u8>> = VOLUMES.iter().map(|v| vec![0u8; v.1 as usize]).collect();
+    for op in &ops {
+        let p: &Pool = pool.as_ref().unwrap();
+        match op {
+            Op::Write { vol, off, len, seed } => {
+                let v = p.volume(VOLUMES[*vol].0).unwrap();
+                block_on(v.write(*off, &pattern(*seed, *len as usize), false)).unwrap();
+            }
+            Op::Trim { vol, off, len } => {
+                let v = p.volume(VOLUMES[*vol].0).unwrap();
+                block_on(v.trim(*off, *len, false)).unwrap();
+            }
+            Op::Zero { vol, off, len } => {
+                let v = p.volume(VOLUMES[*vol].0).unwrap();
+                block_on(v.write_zeroes(*off, *len, false)).unwrap();
+            }
+            Op::Read { vol, off, len } => {
+                let v = p.volume(VOLUMES[*vol].0).unwrap();
+                let mut buf = vec![0u8; *len as usize];
+                block_on(v.read(*off, &mut buf)).unwrap();
+                prop_assert!(
+                    buf == model[*vol][*off as usize..(*off + *len) as usize],
+                    "read of {} at {off}+{len} differs from the model",
+                    VOLUMES[*vol].0
+                );
+            }
+            Op::Sync => p.sync().unwrap(),
+            Op::Reopen => {
+                pool.take().unwrap().export().unwrap();
+                pool = Some(reimport(&mems));
+            }
+        }
+        apply_model(&mut model, op);
+    }
+    // Everything, after a final export/import.
+    pool.take().unwrap().export().unwrap();
+    let p = reimport(&mems);
+    for (i, (name, size, _)) in VOLUMES.iter().enumerate() {
+        let v = p.volume(name).unwrap();
+        let mut buf = vec![0u8; *size as usize];
+        block_on(v.read(0, &mut buf)).unwrap();
+        prop_assert!(buf == model[i], "volume {name} differs from the model after reimport");
+    }
+    p.export().unwrap();
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn single_device_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run(ops, TopVdevKind::Single, 1)?;
+    }
+
+    #[test]
+    fn stripe_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops, TopVdevKind::Single, 2)?;
+    }
+
+    #[test]
+    fn mirror_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops, TopVdevKind::Mirror, 2)?;
+    }
+}
+
+/// Space is returned: writing, trimming everything and syncing past the deferral leaves the
+/// pool as empty as it was (only metadata allocated).
+#[test]
+fn trimmed_space_is_reused() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let v = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let base = pool.status().allocated_bytes;
+    block_on(v.write(0, &pattern(1, 8 << 20), false)).unwrap();
+    pool.sync().unwrap();
+    let full = pool.status().allocated_bytes;
+    assert!(full >= base + (8 << 20), "8 MiB written, allocated {base} -> {full}");
+    assert!(v.used_bytes() >= 8 << 20);
+    block_on(v.trim(0, 8 << 20, false)).unwrap();
+    for _ in 0..5 {
+        pool.sync().unwrap();
+    }
+    let after = pool.status().allocated_bytes;
+    assert!(after <= base + (64 << 10), "allocated {after} after trim, was {base} when empty");
+    assert_eq!(v.used_bytes(), 0);
+    pool.export().unwrap();
+}
