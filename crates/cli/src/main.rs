@@ -67,6 +67,11 @@ enum Command {
     },
     /// List pools with their size and health.
     List,
+    /// Read and verify every copy of every block, repairing bad copies from good ones.
+    Scrub {
+        /// Pool name.
+        pool: String,
+    },
     /// Show a pool's vdev tree with states and error counts.
     Status {
         /// Pool name (default: all).
@@ -210,6 +215,20 @@ fn run(cli: Cli) -> Result<()> {
                     Some(n) => bail!("pool '{n}' not found"),
                     None => println!("no pools"),
                 }
+            }
+            Ok(())
+        }
+        Command::Scrub { pool } => {
+            let (p, _locks) = open_pool(&cache, &pool)?;
+            let c = p.scrub()?;
+            println!(
+                "scrub of {pool}: {} copies checked, {} bad, {} repaired, {} blocks lost",
+                c.copies_checked, c.copies_bad, c.copies_repaired, c.blocks_lost
+            );
+            print_status(&p.status());
+            p.export()?;
+            if c.blocks_lost > 0 {
+                bail!("{} blocks have no good copy", c.blocks_lost);
             }
             Ok(())
         }
@@ -402,15 +421,31 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
             let (pool, v) = split_target(&name);
             let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
             let offset = parse_size("--offset", &offset)?;
-            let mut data = Vec::new();
-            if input == Path::new("-") {
-                std::io::stdin().read_to_end(&mut data)?;
+            let mut reader: Box<dyn Read> = if input == Path::new("-") {
+                Box::new(std::io::stdin().lock())
             } else {
-                data = std::fs::read(&input).with_context(|| input.display().to_string())?;
-            }
+                Box::new(std::fs::File::open(&input).with_context(|| input.display().to_string())?)
+            };
             let (p, _locks) = open_pool(cache, pool)?;
             let vol = p.volume(v)?;
-            oxpool_io::rt::block_on(vol.write(offset, &data, false))?;
+            // Streamed 1 MiB at a time: memory stays bounded by the pool's dirty_max.
+            let mut buf = vec![0u8; 1 << 20];
+            let mut pos = offset;
+            loop {
+                let mut n = 0;
+                while n < buf.len() {
+                    match reader.read(&mut buf[n..])? {
+                        0 => break,
+                        k => n += k,
+                    }
+                }
+                if n == 0 {
+                    break;
+                }
+                oxpool_io::rt::block_on(vol.write(pos, &buf[..n], false))?;
+                pos += n as u64;
+            }
+            drop(vol);
             p.export()?;
         }
         VolCommand::Read { name, offset, length, output } => {

@@ -20,6 +20,7 @@ pub mod vdev;
 pub mod volume;
 
 pub use error::{EngineError, Result};
+pub use pipeline::ScrubCounts;
 pub use pool::{Pool, PoolStatus, TopSpec, VdevStatus};
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use volume::{BlockState, Volume};

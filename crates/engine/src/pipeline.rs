@@ -102,7 +102,8 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
 /// the verified buffer fits every bad location. Errors here are counted, not returned: the
 /// read itself succeeded.
-async fn heal(bad: &[LeafIo], good: &IoBuf) {
+async fn heal(bad: &[LeafIo], good: &IoBuf) -> u64 {
+    let mut repaired = 0;
     for io in bad {
         match io.leaf.backend.write(io.offset_bytes, good.clone()).await {
             Ok(_) => {
@@ -110,6 +111,7 @@ async fn heal(bad: &[LeafIo], good: &IoBuf) {
                     .counters
                     .repaired_bytes
                     .fetch_add(good.len() as u64, Ordering::Relaxed);
+                repaired += 1;
             }
             Err(e) => {
                 io.leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
@@ -117,4 +119,66 @@ async fn heal(bad: &[LeafIo], good: &IoBuf) {
             }
         }
     }
+    repaired
+}
+
+/// What a scrub of one block found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubCounts {
+    /// Copies read (every child of every DVA).
+    pub copies_checked: u64,
+    /// Copies that failed to read or to verify.
+    pub copies_bad: u64,
+    /// Bad copies rewritten from a good one.
+    pub copies_repaired: u64,
+    /// Blocks with no good copy at all.
+    pub blocks_lost: u64,
+}
+
+impl std::ops::AddAssign for ScrubCounts {
+    fn add_assign(&mut self, o: ScrubCounts) {
+        self.copies_checked += o.copies_checked;
+        self.copies_bad += o.copies_bad;
+        self.copies_repaired += o.copies_repaired;
+        self.blocks_lost += o.blocks_lost;
+    }
+}
+
+/// Scrubs one block: reads every copy on every child, verifies each, rewrites the bad ones from
+/// a good one. Returns a verified copy (None if every copy is bad) and the counts.
+pub async fn scrub_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> (Option<IoBuf>, ScrubCounts) {
+    let mut counts = ScrubCounts::default();
+    let mut good: Option<IoBuf> = None;
+    let mut bad: Vec<LeafIo> = Vec::new();
+    for dva in bp.dvas() {
+        let Some(top) = vdevs.top(dva.vdev) else {
+            continue;
+        };
+        for io in top.plan_write(dva) {
+            counts.copies_checked += 1;
+            match io.leaf.backend.read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize)).await {
+                Ok(buf) if verify(bp, &buf) => {
+                    good.get_or_insert(buf);
+                }
+                Ok(_) => {
+                    io.leaf.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
+                    bad.push(io);
+                }
+                Err(e) => {
+                    io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(device = io.leaf.name(), what, "scrub: read failed: {e}");
+                    bad.push(io);
+                }
+            }
+        }
+    }
+    counts.copies_bad = bad.len() as u64;
+    match &good {
+        Some(buf) => {
+            counts.copies_repaired = heal(&bad, buf).await;
+        }
+        None => counts.blocks_lost = 1,
+    }
+    (good, counts)
 }

@@ -1,1 +1,59 @@
-//! placeholder
+//! The on-disk format of oxpool, version 1.
+//!
+//! This crate is pure: it defines the on-disk types, their byte encodings and the checksums,
+//! and does no I/O. Everything that reads bytes from a device goes through a decoder here, so
+//! the rules below are the pool's first line of defence against damaged media:
+//!
+//! - every decoder returns `Result<_, FormatError>` and never panics, whatever the input;
+//! - no length, offset or count read from disk is trusted: each is checked against the buffer
+//!   and against a documented maximum before it is used;
+//! - every stand-alone structure carries a magic, a format version and a checksum;
+//! - all integers are little-endian, at explicit byte offsets.
+//!
+//! Encoders take values the program built, so they panic on a broken invariant (for example a
+//! payload larger than its documented maximum): writing a structure that no decoder would
+//! accept is a bug that must not reach the disk.
+//!
+//! The byte-by-byte description of every structure is in `docs/format.md`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod blockptr;
+mod bytes;
+mod checksum;
+mod error;
+mod ids;
+mod indirect;
+mod label;
+mod layout;
+mod meta;
+mod pool_meta;
+mod uberblock;
+
+pub use blockptr::{
+    BlockPtr, BlockType, Compression, Dva, BLOCK_BYTES_MAX, BLOCK_LEVEL_MAX, BLOCK_PTR_BYTES,
+    BLOCK_PTR_VERSION, DVAS_MAX,
+};
+pub use checksum::{checksum, Checksum, ChecksumType, ParseNameError};
+pub use error::FormatError;
+pub use ids::{Guid, Txg, VdevId, VolumeId};
+pub use indirect::{
+    decode_indirect, encode_indirect, INDIRECT_BLOCK_BYTES, INDIRECT_FANOUT, INDIRECT_MAGIC,
+};
+pub use label::{
+    LabelConfig, LeafConfig, TopVdevConfig, TopVdevKind, VdevTreeConfig, LABEL_CONFIG_HEADER_BYTES,
+    LABEL_CONFIG_MAGIC, LABEL_CONFIG_PAYLOAD_BYTES_MAX,
+};
+pub use layout::{
+    check_device_bytes, data_end_bytes, label_offsets, uberblock_slot_offset, FormatVersion,
+    DATA_START_BYTES, FORMAT_VERSION, LABEL_BYTES, LABEL_CONFIG_BYTES, LABEL_COUNT,
+    MIN_DEVICE_BYTES, SECTOR_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES,
+};
+pub use meta::{
+    decode_meta_block, decode_spacemap_chunk, encode_meta_block, encode_spacemap_chunk,
+    meta_block_bytes, META_HEADER_BYTES, META_MAGIC, META_PAYLOAD_BYTES_MAX,
+    SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
+};
+pub use pool_meta::{DeferredFree, PoolMeta, SpaceMapMeta, VolumeMeta};
+pub use uberblock::{Uberblock, UBERBLOCK_MAGIC};

@@ -1,1 +1,66 @@
-//! placeholder
+//! oxpool I/O: the [`Backend`] trait (byte-offset read, write, flush, discard; asynchronous),
+//! its implementations (io_uring files and block devices, memory, fault injection), and the
+//! per-thread ring driver and executors that run them ([`rt`]).
+//!
+//! There is no general async runtime. Each thread that does I/O owns one io_uring ring
+//! (created lazily; SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN when the kernel accepts them).
+//! Backend futures submit operations to the current thread's ring; the thread's executor
+//! ([`rt::block_on`], [`rt::LocalExecutor`]) reaps completions and wakes the futures, so
+//! completion runs on the thread that submitted.
+
+#![warn(missing_docs)]
+
+mod buf;
+mod driver;
+mod executor;
+mod fault;
+mod file;
+mod future;
+mod memory;
+mod net;
+
+pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES};
+pub use fault::{FaultBackend, FaultStats, PowerLossReport};
+pub use file::FileBackend;
+pub use future::{IoFuture, IoResult};
+pub use memory::MemoryBackend;
+
+/// The storage trait: byte-offset I/O on one device. Small on purpose, so crash and fault
+/// backends are easy to write.
+///
+/// Operations return an [`IoFuture`] bound to the calling thread; drive it with [`rt::block_on`]
+/// or a [`rt::LocalExecutor`]. The buffer is moved in and handed back, so a future dropped
+/// mid-flight never leaves the kernel writing into freed memory.
+pub trait Backend: Send + Sync + 'static {
+    /// Path or label, used in error messages.
+    fn name(&self) -> &str;
+
+    /// Device size in bytes.
+    fn size_bytes(&self) -> u64;
+
+    /// Fills the whole `buf` from `offset_bytes`; a short read past the end of the device is
+    /// an `UnexpectedEof` error.
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
+
+    /// Writes the whole `buf` at `offset_bytes` and returns it.
+    fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
+
+    /// When it completes, every write completed before this call is durable.
+    fn flush(&self) -> IoFuture<()>;
+
+    /// Tells the device the range is unused. May be a no-op (later reads return either the
+    /// old data or zeros).
+    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> IoFuture<()>;
+}
+
+/// The ring driver's executors and async socket operations.
+pub mod rt {
+    pub use crate::driver::{ops_in_flight, OP_TABLE_CAPACITY};
+    pub use crate::executor::{block_on, join_all, sleep, spawn_local, LocalExecutor};
+
+    /// Async socket operations on the ring for the NBD server (TCP and unix stream sockets),
+    /// with owned buffers.
+    pub mod net {
+        pub use crate::net::{Listener, Stream};
+    }
+}

@@ -1,0 +1,201 @@
+//! The config half of a label, and the vdev tree it carries.
+
+use crate::bytes::{all_zero, check_reserved, get_u32, get_u64, need, put_bytes, put_u32, put_u64};
+use crate::checksum::{put_self_checksum, verify_self_checksum};
+use crate::{
+    Dva, FormatError, FormatVersion, Guid, Txg, VdevId, FORMAT_VERSION, LABEL_CONFIG_BYTES,
+};
+use serde::{Deserialize, Serialize};
+
+/// Magic of a label config: the ASCII bytes `oxpLABEL` at offset 0.
+pub const LABEL_CONFIG_MAGIC: u64 = u64::from_le_bytes(*b"oxpLABEL");
+/// Size of the fixed header before the postcard payload of a label config.
+pub const LABEL_CONFIG_HEADER_BYTES: usize = 64;
+/// Largest postcard payload of a label config: the rest of the config half.
+pub const LABEL_CONFIG_PAYLOAD_BYTES_MAX: usize =
+    LABEL_CONFIG_BYTES as usize - LABEL_CONFIG_HEADER_BYTES;
+
+const CONFIG_BYTES: usize = LABEL_CONFIG_BYTES as usize;
+const OFF_MAGIC: usize = 0;
+const OFF_VERSION: usize = 8;
+const OFF_PAYLOAD_LEN: usize = 12;
+const OFF_CHECKSUM: usize = 16;
+const OFF_RESERVED: usize = 32;
+
+/// How a top-level vdev stores its blocks on its children.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TopVdevKind {
+    /// One leaf; no redundancy.
+    Single,
+    /// Every block on every child.
+    Mirror,
+}
+
+/// A leaf device of the pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeafConfig {
+    /// The leaf's guid, also stored as `LabelConfig::leaf_guid` in the leaf's own labels.
+    pub guid: Guid,
+    /// The path the leaf was last opened at (a hint: import finds leaves by guid).
+    pub path: String,
+    /// Size of the device when it was added.
+    pub size_bytes: u64,
+}
+
+/// A top-level vdev: the unit that DVAs address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopVdevConfig {
+    /// Its index in `VdevTreeConfig::top`.
+    pub id: VdevId,
+    /// Layout over the children.
+    pub kind: TopVdevKind,
+    /// The leaves.
+    pub children: Vec<LeafConfig>,
+    /// Allocatable bytes: the size of the space that `Dva::offset_bytes` addresses.
+    pub asize_bytes: u64,
+}
+
+/// The pool's vdev tree.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VdevTreeConfig {
+    /// Top-level vdevs, indexed by `VdevId`.
+    pub top: Vec<TopVdevConfig>,
+}
+
+impl VdevTreeConfig {
+    /// The top-level vdev with id `id`, if the tree has it.
+    pub fn top_vdev(&self, id: VdevId) -> Option<&TopVdevConfig> {
+        // Ids are indices; the search is the fallback for a tree that breaks that rule.
+        match self.top.get(id.0 as usize) {
+            Some(top) if top.id == id => Some(top),
+            _ => self.top.iter().find(|top| top.id == id),
+        }
+    }
+
+    /// Checks a DVA against the tree: valid on its own, on an existing top-level vdev, and
+    /// inside its allocatable space. Use on every DVA read from disk before issuing I/O.
+    pub fn check_dva(&self, dva: &Dva) -> Result<(), FormatError> {
+        dva.validate()?;
+        let top = self.top_vdev(dva.vdev).ok_or(FormatError::BadField {
+            field: "dva.vdev",
+            value: u64::from(dva.vdev.0),
+        })?;
+        if dva.end_bytes() > top.asize_bytes {
+            return Err(FormatError::BadField {
+                field: "dva.offset_bytes",
+                value: dva.offset_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the tree's shape: `top[i].id == VdevId(i)`, a `Single` vdev has exactly one
+    /// child and a `Mirror` at least one. Decoders do not call this (a decoded tree is
+    /// returned as written); the engine does, when it builds or imports a pool.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        for (index, top) in self.top.iter().enumerate() {
+            if top.id.0 as usize != index {
+                return Err(FormatError::BadField {
+                    field: "top.id",
+                    value: u64::from(top.id.0),
+                });
+            }
+            let children_ok = match top.kind {
+                TopVdevKind::Single => top.children.len() == 1,
+                TopVdevKind::Mirror => !top.children.is_empty(),
+            };
+            if !children_ok {
+                return Err(FormatError::BadField {
+                    field: "top.children",
+                    value: top.children.len() as u64,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The first half of a label: which pool and which leaf this device is, and the vdev tree, so import can assemble the pool from devices alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelConfig {
+    /// The pool this device belongs to.
+    pub pool_guid: Guid,
+    /// The pool's name (a hint: the pool is identified by its guid).
+    pub pool_name: String,
+    /// This device's guid.
+    pub leaf_guid: Guid,
+    /// The top-level vdev this device is a child of.
+    pub top: VdevId,
+    /// The txg the pool was created in.
+    pub create_txg: Txg,
+    /// The vdev tree when the label was written.
+    pub tree: VdevTreeConfig,
+}
+
+impl LabelConfig {
+    /// Encodes into exactly `LABEL_CONFIG_BYTES` bytes: a 64-byte header (magic, version,
+    /// payload length, self-checksum over the whole 128 KiB) and the postcard payload, zero
+    /// padded.
+    ///
+    /// # Panics
+    /// If the payload exceeds `LABEL_CONFIG_PAYLOAD_BYTES_MAX` (~128 KiB). Callers keep names
+    /// and paths short (a tree of 100 leaves with 200-byte paths is ~25 KiB), so this is a bug.
+    pub fn encode(&self) -> Vec<u8> {
+        let payload =
+            postcard::to_allocvec(self).expect("postcard serializes a LabelConfig into a Vec");
+        assert!(
+            payload.len() <= LABEL_CONFIG_PAYLOAD_BYTES_MAX,
+            "label config payload of {} bytes exceeds {LABEL_CONFIG_PAYLOAD_BYTES_MAX}",
+            payload.len()
+        );
+        let mut out = vec![0u8; CONFIG_BYTES];
+        put_u64(&mut out, OFF_MAGIC, LABEL_CONFIG_MAGIC);
+        put_u32(&mut out, OFF_VERSION, FORMAT_VERSION);
+        put_u32(&mut out, OFF_PAYLOAD_LEN, payload.len() as u32);
+        put_bytes(&mut out, LABEL_CONFIG_HEADER_BYTES, &payload);
+        put_self_checksum(&mut out, OFF_CHECKSUM);
+        out
+    }
+
+    /// Decodes the first `LABEL_CONFIG_BYTES` bytes of `bytes` (trailing bytes are ignored).
+    /// All-zero -> `Empty`; wrong magic -> `BadMagic`; version != FORMAT_VERSION ->
+    /// `UnsupportedVersion`; checksum mismatch -> `BadChecksum`; a payload that is not
+    /// exactly one postcard `LabelConfig` -> `Payload`.
+    pub fn decode(bytes: &[u8]) -> Result<LabelConfig, FormatError> {
+        need(bytes, CONFIG_BYTES)?;
+        let bytes = &bytes[..CONFIG_BYTES];
+        if all_zero(bytes) {
+            return Err(FormatError::Empty);
+        }
+        let magic = get_u64(bytes, OFF_MAGIC)?;
+        if magic != LABEL_CONFIG_MAGIC {
+            return Err(FormatError::BadMagic {
+                expected: LABEL_CONFIG_MAGIC,
+                found: magic,
+            });
+        }
+        FormatVersion::try_from(get_u32(bytes, OFF_VERSION)?)?;
+        verify_self_checksum(bytes, OFF_CHECKSUM)?;
+        check_reserved(
+            bytes,
+            OFF_RESERVED,
+            LABEL_CONFIG_HEADER_BYTES,
+            "reserved (32..64)",
+        )?;
+        let payload_bytes = get_u32(bytes, OFF_PAYLOAD_LEN)? as usize;
+        if payload_bytes > LABEL_CONFIG_PAYLOAD_BYTES_MAX {
+            return Err(FormatError::BadField {
+                field: "payload_bytes",
+                value: payload_bytes as u64,
+            });
+        }
+        let payload = &bytes[LABEL_CONFIG_HEADER_BYTES..LABEL_CONFIG_HEADER_BYTES + payload_bytes];
+        check_reserved(
+            bytes,
+            LABEL_CONFIG_HEADER_BYTES + payload_bytes,
+            CONFIG_BYTES,
+            "padding",
+        )?;
+        crate::meta::postcard_exact(payload)
+    }
+}

@@ -1,0 +1,233 @@
+//! Every encoder's output decodes back to the value encoded.
+
+mod common;
+
+use common::*;
+use oxpool_format::*;
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn block_ptr_round_trips(ptr in arb_block_ptr()) {
+        let mut bytes = [0u8; BLOCK_PTR_BYTES];
+        ptr.encode(&mut bytes);
+        prop_assert_eq!(BlockPtr::decode(&bytes)?, ptr);
+        prop_assert_eq!(ptr.is_hole(), ptr.ndvas == 0);
+        prop_assert_eq!(ptr.dvas().len(), usize::from(ptr.ndvas));
+    }
+
+    #[test]
+    fn block_ptr_round_trips_through_postcard(ptr in arb_block_ptr()) {
+        let bytes = postcard::to_allocvec(&ptr).unwrap();
+        prop_assert_eq!(postcard::from_bytes::<BlockPtr>(&bytes).unwrap(), ptr);
+    }
+
+    #[test]
+    fn uberblock_round_trips(ub in arb_uberblock()) {
+        let bytes = ub.encode();
+        prop_assert_eq!(bytes.len() as u64, UBERBLOCK_SLOT_BYTES);
+        prop_assert_eq!(Uberblock::decode(&bytes)?, ub);
+    }
+
+    #[test]
+    fn label_config_round_trips(config in arb_label_config()) {
+        let bytes = config.encode();
+        prop_assert_eq!(bytes.len() as u64, LABEL_CONFIG_BYTES);
+        prop_assert_eq!(LabelConfig::decode(&bytes)?, config);
+    }
+
+    #[test]
+    fn indirect_round_trips(
+        (level, ptrs) in (1..=BLOCK_LEVEL_MAX).prop_flat_map(|level| {
+            let child = prop_oneof![1 => Just(BlockPtr::HOLE), 3 => arb_data_ptr(Some(level - 1))];
+            (Just(level), vec(child, 0..=INDIRECT_FANOUT))
+        })
+    ) {
+        let mut bytes = vec![0u8; INDIRECT_BLOCK_BYTES];
+        encode_indirect(level, &ptrs, &mut bytes);
+        let mut out = [BlockPtr::HOLE; INDIRECT_FANOUT];
+        prop_assert_eq!(decode_indirect(&bytes, &mut out)?, level);
+        prop_assert_eq!(&out[..ptrs.len()], &ptrs[..]);
+        prop_assert!(out[ptrs.len()..].iter().all(|p| *p == BlockPtr::HOLE));
+    }
+
+    #[test]
+    fn meta_block_round_trips(kind in arb_block_type(), payload in vec(any::<u8>(), 0..20_000)) {
+        let bytes = encode_meta_block(kind, &payload);
+        prop_assert_eq!(bytes.len(), meta_block_bytes(payload.len()));
+        prop_assert_eq!(bytes.len() as u64 % SECTOR_BYTES, 0);
+        prop_assert_eq!(decode_meta_block(kind, &bytes)?, &payload[..]);
+        // A caller may hand over a whole allocation, longer than the block.
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(&[0xAA; 4096]);
+        prop_assert_eq!(decode_meta_block(kind, &longer)?, &payload[..]);
+    }
+
+    #[test]
+    fn spacemap_chunk_round_trips(bitmap in vec(any::<u8>(), SPACEMAP_CHUNK_PAYLOAD_BYTES)) {
+        let bitmap: [u8; SPACEMAP_CHUNK_PAYLOAD_BYTES] = bitmap.try_into().unwrap();
+        let bytes = encode_spacemap_chunk(&bitmap);
+        prop_assert_eq!(bytes.len() as u64, SECTOR_BYTES);
+        prop_assert_eq!(decode_spacemap_chunk(&bytes)?, &bitmap);
+    }
+
+    #[test]
+    fn pool_meta_round_trips(meta in arb_pool_meta()) {
+        let bytes = meta.encode();
+        prop_assert_eq!(bytes.len() as u64 % SECTOR_BYTES, 0);
+        prop_assert_eq!(PoolMeta::decode(&bytes)?, meta);
+    }
+
+    #[test]
+    fn tree_check_dva(tree in arb_tree(), dva in arb_dva(1)) {
+        let fits = tree.top_vdev(dva.vdev).is_some_and(|top| dva.end_bytes() <= top.asize_bytes);
+        prop_assert_eq!(tree.check_dva(&dva).is_ok(), fits);
+        prop_assert!(tree.validate().is_ok());
+    }
+}
+
+#[test]
+fn hole_is_all_zero() {
+    let mut bytes = [0xFFu8; BLOCK_PTR_BYTES];
+    BlockPtr::HOLE.encode(&mut bytes);
+    assert_eq!(bytes, [0u8; BLOCK_PTR_BYTES]);
+    assert_eq!(BlockPtr::decode(&bytes), Ok(BlockPtr::HOLE));
+    assert!(BlockPtr::HOLE.is_hole());
+    assert!(BlockPtr::HOLE.dvas().is_empty());
+    assert_eq!(BlockPtr::default(), BlockPtr::HOLE);
+}
+
+#[test]
+fn empty_indirect_block_is_all_holes() {
+    let mut bytes = vec![0u8; INDIRECT_BLOCK_BYTES];
+    encode_indirect(1, &[], &mut bytes);
+    let mut out = [sample_ptr(); INDIRECT_FANOUT];
+    assert_eq!(decode_indirect(&bytes, &mut out), Ok(1));
+    assert!(out.iter().all(BlockPtr::is_hole));
+}
+
+/// Freezes the byte layout documented in docs/format.md: a change here is a format change.
+#[test]
+fn block_ptr_layout_matches_the_documentation() {
+    let ptr = sample_ptr();
+    let bytes = ptr.to_bytes();
+    assert_eq!(&bytes[0..8], &8192u64.to_le_bytes()); // dva[0].offset_bytes
+    assert_eq!(&bytes[8..12], &16384u32.to_le_bytes()); // dva[0].asize_bytes
+    assert_eq!(&bytes[12..16], &1u32.to_le_bytes()); // dva[0].vdev
+    assert_eq!(&bytes[16..24], &(4096u64 * 1000).to_le_bytes()); // dva[1].offset_bytes
+    assert_eq!(&bytes[28..32], &2u32.to_le_bytes()); // dva[1].vdev
+    assert_eq!(&bytes[32..48], &[0u8; 16]); // dva[2] unused
+    assert_eq!(bytes[48], 2); // ndvas
+    assert_eq!(bytes[49], 1); // checksum_type xxh3-128
+    assert_eq!(bytes[50], 0); // compression off
+    assert_eq!(bytes[51], 1); // block_type data
+    assert_eq!(bytes[52], 0); // level
+    assert_eq!(bytes[53], BLOCK_PTR_VERSION);
+    assert_eq!(&bytes[56..60], &16384u32.to_le_bytes()); // lsize
+    assert_eq!(&bytes[60..64], &16384u32.to_le_bytes()); // psize
+    assert_eq!(&bytes[64..72], &42u64.to_le_bytes()); // birth
+    assert_eq!(&bytes[72..80], &1u64.to_le_bytes()); // fill
+    assert_eq!(&bytes[80..112], &ptr.checksum.0); // checksum
+    assert_eq!(&bytes[112..128], &[0u8; 16]); // reserved
+}
+
+#[test]
+fn headers_match_the_documentation() {
+    let ub = Uberblock {
+        txg: Txg(7),
+        timestamp_ns: 99,
+        pool_guid: Guid(0xABCD),
+        root: sample_ptr(),
+    };
+    let bytes = ub.encode();
+    assert_eq!(&bytes[0..8], b"oxpUBERB");
+    assert_eq!(&bytes[8..12], &FORMAT_VERSION.to_le_bytes());
+    assert_eq!(&bytes[32..40], &7u64.to_le_bytes());
+    assert_eq!(&bytes[40..48], &99u64.to_le_bytes());
+    assert_eq!(&bytes[48..56], &0xABCDu64.to_le_bytes());
+    assert_eq!(&bytes[64..192], &sample_ptr().to_bytes());
+
+    let meta = encode_meta_block(BlockType::Log, b"hello");
+    assert_eq!(meta.len(), 4096);
+    assert_eq!(&meta[0..8], b"oxpMETAB");
+    assert_eq!(meta[12], BlockType::Log as u8);
+    assert_eq!(&meta[32..36], &5u32.to_le_bytes());
+    assert_eq!(&meta[64..69], b"hello");
+
+    let mut indirect = vec![0u8; INDIRECT_BLOCK_BYTES];
+    encode_indirect(1, &[sample_ptr()], &mut indirect);
+    assert_eq!(&indirect[0..8], b"oxpINDIR");
+    assert_eq!(indirect[12], 1);
+    assert_eq!(&indirect[128..256], &sample_ptr().to_bytes());
+
+    let label = LabelConfig {
+        pool_guid: Guid(1),
+        pool_name: "tank".into(),
+        leaf_guid: Guid(2),
+        top: VdevId(0),
+        create_txg: Txg(1),
+        tree: VdevTreeConfig { top: vec![] },
+    };
+    let bytes = label.encode();
+    assert_eq!(&bytes[0..8], b"oxpLABEL");
+    let payload_bytes = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    assert_eq!(
+        postcard::from_bytes::<LabelConfig>(&bytes[64..64 + payload_bytes]).unwrap(),
+        label
+    );
+}
+
+#[test]
+fn magics_match_the_documentation() {
+    assert_eq!(LABEL_CONFIG_MAGIC, 0x4c45_4241_4c70_786f);
+    assert_eq!(UBERBLOCK_MAGIC, 0x4252_4542_5570_786f);
+    assert_eq!(INDIRECT_MAGIC, 0x5249_444e_4970_786f);
+    assert_eq!(META_MAGIC, 0x4241_5445_4d70_786f);
+    assert_eq!(BLOCK_BYTES_MAX, 67_112_960);
+    assert_eq!(SPACEMAP_CHUNK_SECTORS, 32_256);
+    assert_eq!(LABEL_CONFIG_PAYLOAD_BYTES_MAX, 131_008);
+}
+
+#[test]
+fn magics_are_distinct() {
+    let magics = [
+        UBERBLOCK_MAGIC,
+        LABEL_CONFIG_MAGIC,
+        INDIRECT_MAGIC,
+        META_MAGIC,
+    ];
+    for (i, a) in magics.iter().enumerate() {
+        for b in &magics[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+}
+
+#[test]
+fn error_messages_are_one_line() {
+    let errors = [
+        FormatError::Empty,
+        FormatError::BadMagic {
+            expected: UBERBLOCK_MAGIC,
+            found: 0,
+        },
+        FormatError::UnsupportedVersion { found: 9 },
+        FormatError::BadChecksum,
+        FormatError::Truncated {
+            needed: 128,
+            got: 3,
+        },
+        FormatError::BadField {
+            field: "ndvas",
+            value: 4,
+        },
+        FormatError::Payload("unexpected end".into()),
+    ];
+    for err in errors {
+        let text = err.to_string();
+        assert!(!text.is_empty() && !text.contains('\n'), "{text:?}");
+    }
+}

@@ -1,0 +1,1065 @@
+//! The per-thread ring driver: one io_uring ring and one fixed-size op table per thread.
+//!
+//! Every thread that does I/O owns a [`Driver`] (created lazily in a thread-local). Futures
+//! ([`RingOp`]) push SQEs to it; the thread's executor calls [`turn`] to submit them, wait, and
+//! reap completions, which wake the futures. Completions therefore run on the thread that
+//! submitted, with no hand-off.
+//!
+//! The op table is a preallocated slab of [`OP_TABLE_CAPACITY`] slots whose index (plus a
+//! generation, so a stale cancel can never hit a reused slot) is the SQE `user_data`. A slot
+//! owns the operation's buffer and a reference to its file while the kernel may touch them, so
+//! dropping a future mid-flight only marks the slot orphaned; the slot, its buffer and its file
+//! reference are released when the CQE arrives. No allocation happens per operation.
+//!
+//! Cross-thread wake-ups: each thread has a [`Notifier`] (an eventfd). The driver keeps a read of
+//! that eventfd armed on the ring, so a waker called from another thread writes the eventfd and
+//! the ring wait returns. A waker called on the owning thread makes no system call: the owning
+//! thread is by definition not asleep in the ring, and its executor re-checks its run queue
+//! before it waits.
+
+use std::cell::{OnceCell, RefCell};
+use std::io;
+use std::marker::PhantomData;
+use std::mem;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use crate::buf::IoBuf;
+use crate::IoResult;
+
+/// Slots in each thread's op table: the most operations one thread can have in the kernel.
+/// When all are taken, a new operation waits for a completion (back-pressure).
+pub const OP_TABLE_CAPACITY: usize = 4096;
+
+/// Submission queue entries. Smaller than the op table: SQEs are handed to the kernel at every
+/// executor turn, and a full SQ is flushed with a submit on the spot.
+const SQ_ENTRIES: u32 = 256;
+
+/// Completion queue entries: room for a CQE from every slot plus a cancel CQE for every slot
+/// plus the doorbell, so the CQ cannot overflow in normal operation (the kernel's NODROP
+/// overflow list backs us up anyway).
+const CQ_ENTRIES: u32 = 4 * OP_TABLE_CAPACITY as u32;
+
+/// Bound on futures waiting for a free slot that are remembered individually. Beyond it, a
+/// waiting future is woken at the next turn to retry (it spins, but nothing is lost).
+const SLOT_WAITERS_MAX: usize = 16 * OP_TABLE_CAPACITY;
+
+/// `user_data` of the doorbell read on the thread's eventfd.
+const USER_DATA_DOORBELL: u64 = u64::MAX;
+/// `user_data` of cancel requests, whose CQEs carry nothing we need.
+const USER_DATA_CANCEL: u64 = u64::MAX - 1;
+
+/// Largest single read/write handed to the kernel (the SQE length is 32 bits); larger
+/// transfers are split by [`RingOp`].
+const SUBMISSION_BYTES_MAX: usize = 1 << 30;
+
+/// Retries of an operation that failed with EINTR or EAGAIN before the error is returned.
+const TRANSIENT_RETRIES_MAX: u8 = 16;
+
+/// Retries of `io_uring_enter` after EBUSY/EAGAIN within one turn.
+const ENTER_RETRIES_MAX: usize = 8;
+
+/// At thread exit, how long the driver waits for operations still in the kernel before it
+/// leaks their buffers instead of freeing memory the kernel may still write.
+const DROP_WAIT_ROUNDS: usize = 100;
+const DROP_WAIT_ROUND: Duration = Duration::from_millis(100);
+
+thread_local! {
+    /// This thread's driver, created on first use.
+    static DRIVER: RefCell<Option<Driver>> = const { RefCell::new(None) };
+    /// This thread's notifier (eventfd), shared with every waker created on this thread.
+    static NOTIFIER: OnceCell<Arc<Notifier>> = const { OnceCell::new() };
+    /// Its address identifies the thread cheaply (no `Thread` handle clone).
+    static THREAD_TOKEN: u8 = const { 0 };
+}
+
+/// A cheap identity of the calling thread, unique among live threads.
+pub(crate) fn thread_token() -> usize {
+    THREAD_TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// Wakes a thread that may be asleep in its ring: an eventfd whose read is kept armed on the
+/// thread's ring. Shared (via `Arc`) by every waker of that thread, so the fd stays open as
+/// long as any waker may write it.
+pub(crate) struct Notifier {
+    eventfd: OwnedFd,
+    owner_token: usize,
+}
+
+impl Notifier {
+    /// Makes the owning thread's ring wait return. No system call when called on the owning
+    /// thread: that thread is running (it is the caller), and its executor checks its run
+    /// queues before it waits.
+    pub(crate) fn notify(&self) {
+        if thread_token() == self.owner_token {
+            return;
+        }
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to an eventfd we own. The eventfd is blocking
+        // only when its counter would overflow (2^64 - 2), which these writes cannot reach
+        // before the owner reads it.
+        let written = unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&one as *const u64).cast(),
+                mem::size_of::<u64>(),
+            )
+        };
+        debug_assert_eq!(
+            written,
+            8,
+            "eventfd write failed: {}",
+            io::Error::last_os_error()
+        );
+    }
+
+    fn raw_fd(&self) -> RawFd {
+        self.eventfd.as_raw_fd()
+    }
+}
+
+/// The calling thread's notifier, created on first use.
+pub(crate) fn thread_notifier() -> Arc<Notifier> {
+    NOTIFIER.with(|cell| {
+        cell.get_or_init(|| {
+            // SAFETY: plain syscall; the result is checked below. Blocking mode on purpose:
+            // io_uring returns EAGAIN for reads of O_NONBLOCK files instead of waiting.
+            let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            if raw < 0 {
+                panic!("oxpool-io: eventfd failed: {}", io::Error::last_os_error());
+            }
+            // SAFETY: `raw` is a fresh fd owned by nobody else.
+            let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+            Arc::new(Notifier {
+                eventfd,
+                owner_token: thread_token(),
+            })
+        })
+        .clone()
+    })
+}
+
+/// Runs `f` on this thread's driver, creating it on first use.
+///
+/// Panics if the ring cannot be created (io_uring disabled) or on re-entrant use, which would
+/// be a bug in this crate: the driver never calls out to user code while borrowed.
+pub(crate) fn with_driver<R>(f: impl FnOnce(&mut Driver) -> R) -> R {
+    DRIVER.with(|cell| {
+        let mut guard = cell.borrow_mut();
+        if guard.is_none() {
+            let driver = Driver::new().unwrap_or_else(|err| {
+                panic!("oxpool-io: cannot set up this thread's io_uring ring: {err}")
+            });
+            *guard = Some(driver);
+        }
+        f(guard.as_mut().expect("driver was just created"))
+    })
+}
+
+/// Runs `f` on this thread's driver if it exists and is still alive (not torn down at thread
+/// exit). Used on drop paths, which must not create a ring.
+fn with_existing_driver<R>(f: impl FnOnce(&mut Driver) -> R) -> Option<R> {
+    DRIVER
+        .try_with(|cell| cell.borrow_mut().as_mut().map(f))
+        .ok()
+        .flatten()
+}
+
+/// Operations this thread has in the kernel (in flight or orphaned), or 0 if it has no ring.
+/// For tests and diagnostics.
+pub fn ops_in_flight() -> usize {
+    with_existing_driver(|d| d.in_kernel).unwrap_or(0)
+}
+
+/// Submits queued SQEs, waits for a completion if `block` (and nothing is runnable yet), reaps
+/// completions and wakes their futures. Called by the executors between polls.
+pub(crate) fn turn(block: bool) {
+    let mut wakers = with_driver(|d| d.turn(block));
+    // Woken outside the driver borrow: a waker is user code and may, in principle, poll.
+    for waker in wakers.drain(..) {
+        waker.wake();
+    }
+    with_driver(|d| d.return_wake_buf(wakers));
+}
+
+/// Where an operation is in its life; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotState {
+    /// On the free list.
+    Free,
+    /// Submitted (or queued in the SQ); its future is alive.
+    InFlight,
+    /// The CQE arrived; result and buffer wait for the future to take them.
+    Completed,
+    /// The future was dropped while the kernel still owns the op; freed when its CQE arrives.
+    Orphaned,
+}
+
+/// One entry of the op table.
+struct Slot {
+    state: SlotState,
+    /// Bumped on every free, so `user_data` of a former occupant never matches.
+    generation: u32,
+    /// CQE result (negative errno on failure).
+    result: i32,
+    /// The op's result is a new fd (accept) that must be closed if nobody takes it.
+    result_is_fd: bool,
+    waker: Option<Waker>,
+    /// The buffer the kernel reads or writes, owned here while the op is in the kernel.
+    buf: Option<IoBuf>,
+    /// Keeps the fd open (and its number unreused) until the op has completed.
+    fd: Option<Arc<OwnedFd>>,
+    /// Timeout ops point the kernel at this; it lives as long as the slot.
+    timespec: types::Timespec,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            state: SlotState::Free,
+            generation: 0,
+            result: 0,
+            result_is_fd: false,
+            waker: None,
+            buf: None,
+            fd: None,
+            timespec: types::Timespec::new(),
+        }
+    }
+}
+
+/// Names one occupied slot: index and generation (together, the SQE `user_data`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OpHandle {
+    index: u32,
+    generation: u32,
+}
+
+impl OpHandle {
+    fn user_data(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+}
+
+/// One operation to put on the ring. Buffer ranges refer to the buffer handed to
+/// [`Driver::start`]; the fd to the `Arc<OwnedFd>` handed with it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OpDesc {
+    /// `pread` into `buf[start..start + len]`.
+    Read {
+        offset_bytes: u64,
+        start: usize,
+        len: usize,
+    },
+    /// `pwrite` from `buf[start..start + len]`.
+    Write {
+        offset_bytes: u64,
+        start: usize,
+        len: usize,
+    },
+    /// `fdatasync`.
+    Fdatasync,
+    /// Completes after `duration`.
+    Timeout { duration: Duration },
+    /// `recv` into `buf[start..start + len]`.
+    Recv { start: usize, len: usize },
+    /// `send(MSG_NOSIGNAL)` from `buf[start..start + len]`.
+    Send { start: usize, len: usize },
+    /// `accept4(SOCK_CLOEXEC)`; the result is the new fd.
+    Accept,
+}
+
+/// A thread's ring and op table. See the module docs.
+pub(crate) struct Driver {
+    ring: IoUring,
+    slots: Box<[Slot]>,
+    /// Stack of free slot indices; preallocated to the table size.
+    free_slots: Vec<u32>,
+    /// Slots in state InFlight or Orphaned: ops whose CQE has not arrived.
+    in_kernel: usize,
+    /// Futures waiting for a free slot or SQ room (bounded by [`SLOT_WAITERS_MAX`]).
+    slot_waiters: Vec<Waker>,
+    /// Wakers to wake at the end of this turn; taken out and handed back to avoid allocating.
+    wake_buf: Vec<Waker>,
+    notifier: Arc<Notifier>,
+    /// Target of the armed doorbell read. Boxed so its address is stable.
+    doorbell_buf: Box<u64>,
+    doorbell_armed: bool,
+}
+
+impl Driver {
+    fn new() -> io::Result<Driver> {
+        let ring = build_ring()?;
+        let slots: Box<[Slot]> = (0..OP_TABLE_CAPACITY).map(|_| Slot::new()).collect();
+        // Reversed so that low indices are used first (easier to read in traces).
+        let free_slots: Vec<u32> = (0..OP_TABLE_CAPACITY as u32).rev().collect();
+        Ok(Driver {
+            ring,
+            slots,
+            free_slots,
+            in_kernel: 0,
+            slot_waiters: Vec::with_capacity(64),
+            wake_buf: Vec::with_capacity(OP_TABLE_CAPACITY),
+            notifier: thread_notifier(),
+            doorbell_buf: Box::new(0),
+            doorbell_armed: false,
+        })
+    }
+
+    /// Puts an operation on the ring if a slot and SQ room are free; otherwise remembers
+    /// `waker` and returns `None` (the caller retries when woken). On success the slot takes
+    /// `buf` and a reference to `fd` until the op's CQE has arrived.
+    pub(crate) fn start(
+        &mut self,
+        desc: OpDesc,
+        buf: &mut Option<IoBuf>,
+        fd: Option<&Arc<OwnedFd>>,
+        waker: &Waker,
+    ) -> Option<OpHandle> {
+        if self.free_slots.is_empty() || !self.make_sq_room() {
+            self.wait_for_resources(waker);
+            return None;
+        }
+        let index = self.free_slots.pop().expect("checked non-empty");
+        let slot = &mut self.slots[index as usize];
+        debug_assert_eq!(slot.state, SlotState::Free);
+        debug_assert!(slot.buf.is_none() && slot.fd.is_none() && slot.waker.is_none());
+        slot.state = SlotState::InFlight;
+        slot.result = 0;
+        slot.result_is_fd = matches!(desc, OpDesc::Accept);
+        slot.buf = buf.take();
+        slot.fd = fd.cloned();
+        slot.waker = Some(waker.clone());
+        let handle = OpHandle {
+            index,
+            generation: slot.generation,
+        };
+        let entry = build_entry(desc, slot).user_data(handle.user_data());
+        // SAFETY: every pointer in the entry targets memory owned by the slot (the buffer's
+        // heap allocation, the slot's timespec) or kept alive by it (the fd), and the slot
+        // keeps them until the CQE for this user_data has been reaped; orphaning does not
+        // release them early. The table is a boxed slice that never reallocates.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        pushed.expect("make_sq_room guaranteed a free SQ entry");
+        self.in_kernel += 1;
+        debug_assert!(self.in_kernel <= OP_TABLE_CAPACITY);
+        Some(handle)
+    }
+
+    /// The op's result and buffer if its CQE has arrived (the slot is freed), else records
+    /// `waker` and returns `Pending`.
+    pub(crate) fn poll_completion(
+        &mut self,
+        handle: OpHandle,
+        waker: &Waker,
+    ) -> Poll<(i32, Option<IoBuf>)> {
+        let slot = &mut self.slots[handle.index as usize];
+        assert_eq!(slot.generation, handle.generation, "stale op handle");
+        match slot.state {
+            SlotState::Completed => {
+                let result = slot.result;
+                let buf = slot.buf.take();
+                self.free_slot(handle.index);
+                Poll::Ready((result, buf))
+            }
+            SlotState::InFlight => {
+                if !slot.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    slot.waker = Some(waker.clone());
+                }
+                Poll::Pending
+            }
+            state => panic!("op handle polled in slot state {state:?}"),
+        }
+    }
+
+    /// The op's future is gone. If the CQE is in, free now; otherwise mark the slot orphaned
+    /// (freed, with its buffer, at the CQE) and, for ops that may never complete on their own
+    /// (sockets, timers), ask the kernel to cancel it.
+    pub(crate) fn orphan(&mut self, handle: OpHandle, cancel: bool) {
+        let slot = &mut self.slots[handle.index as usize];
+        debug_assert_eq!(slot.generation, handle.generation);
+        if slot.generation != handle.generation {
+            return;
+        }
+        match slot.state {
+            SlotState::Completed => {
+                close_unclaimed_fd(slot);
+                self.free_slot(handle.index);
+            }
+            SlotState::InFlight => {
+                slot.state = SlotState::Orphaned;
+                slot.waker = None;
+                if cancel && self.make_sq_room() {
+                    let entry = opcode::AsyncCancel::new(handle.user_data())
+                        .build()
+                        .user_data(USER_DATA_CANCEL);
+                    // SAFETY: a cancel request references no memory.
+                    let pushed = unsafe { self.ring.submission().push(&entry) };
+                    debug_assert!(pushed.is_ok());
+                }
+                // Without SQ room the cancel is skipped: the op still completes when its
+                // socket does; the slot is merely held longer.
+            }
+            state => debug_assert!(false, "orphaning slot in state {state:?}"),
+        }
+    }
+
+    /// One executor turn; returns the wakers to wake (the caller wakes them outside the borrow
+    /// and hands the vector back through [`Driver::return_wake_buf`]).
+    fn turn(&mut self, block: bool) -> Vec<Waker> {
+        self.arm_doorbell();
+        let runnable_now = !self.wake_buf.is_empty()
+            || (!self.slot_waiters.is_empty() && self.has_resources())
+            || !self.ring.completion().is_empty();
+        // Block only with the doorbell armed, or a cross-thread wake could be missed.
+        let want = usize::from(block && self.doorbell_armed && !runnable_now);
+        let (sq_len, taskrun) = {
+            let sq = self.ring.submission();
+            (sq.len(), sq.taskrun())
+        };
+        // With DEFER_TASKRUN, completions are only posted by an enter with GETEVENTS; the
+        // TASKRUN flag says some are pending. Otherwise an idle turn needs no syscall.
+        if want > 0 || sq_len > 0 || taskrun {
+            self.enter(want);
+        }
+        self.reap();
+        if !self.slot_waiters.is_empty() && self.has_resources() {
+            // Wake all: a woken waiter may have been dropped, and waking one at a time would
+            // then lose the wake-up. Losers re-register.
+            self.wake_buf.append(&mut self.slot_waiters);
+        }
+        mem::take(&mut self.wake_buf)
+    }
+
+    fn return_wake_buf(&mut self, wakers: Vec<Waker>) {
+        debug_assert!(wakers.is_empty());
+        if self.wake_buf.is_empty() {
+            // Keep the allocation; anything pushed meanwhile lives in the other vector.
+            self.wake_buf = wakers;
+        }
+    }
+
+    fn has_resources(&mut self) -> bool {
+        !self.free_slots.is_empty() && !self.ring.submission().is_full()
+    }
+
+    fn wait_for_resources(&mut self, waker: &Waker) {
+        if self.slot_waiters.len() < SLOT_WAITERS_MAX {
+            self.slot_waiters.push(waker.clone());
+        } else {
+            // Over the bound: retry after the next turn instead of being remembered.
+            self.wake_buf.push(waker.clone());
+        }
+    }
+
+    /// Ensures the SQ has a free entry, submitting queued SQEs if it is full.
+    fn make_sq_room(&mut self) -> bool {
+        if !self.ring.submission().is_full() {
+            return true;
+        }
+        match self.ring.submit() {
+            Ok(_) => {}
+            Err(err) if is_transient_enter_error(&err) => {}
+            Err(err) => panic!("oxpool-io: io_uring submit failed: {err}"),
+        }
+        !self.ring.submission().is_full()
+    }
+
+    fn enter(&mut self, mut want: usize) {
+        for _ in 0..ENTER_RETRIES_MAX {
+            match self.ring.submit_and_wait(want) {
+                Ok(_) => return,
+                // A signal interrupted the wait: the executor loop re-checks and waits again.
+                Err(err) if err.raw_os_error() == Some(libc::EINTR) => return,
+                Err(err) if is_transient_enter_error(&err) => {
+                    // CQ overflow backlog or kernel short of memory: drain, retry without
+                    // waiting (we may now have completions to run).
+                    self.reap();
+                    want = 0;
+                }
+                Err(err) => panic!("oxpool-io: io_uring_enter failed: {err}"),
+            }
+        }
+    }
+
+    /// Keeps a read of this thread's eventfd on the ring (see the module docs).
+    fn arm_doorbell(&mut self) {
+        if self.doorbell_armed || !self.make_sq_room() {
+            return;
+        }
+        let target: *mut u64 = &mut *self.doorbell_buf;
+        let entry = opcode::Read::new(
+            types::Fd(self.notifier.raw_fd()),
+            target.cast(),
+            mem::size_of::<u64>() as u32,
+        )
+        .build()
+        .user_data(USER_DATA_DOORBELL);
+        // SAFETY: `doorbell_buf` is a heap cell owned by the driver; the driver outlives the
+        // read (drop waits for it or leaks the cell) and `notifier` keeps the fd open.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        debug_assert!(pushed.is_ok());
+        self.doorbell_armed = true;
+    }
+
+    /// Moves every available CQE into its slot and collects the wakers to wake.
+    fn reap(&mut self) {
+        let Driver {
+            ring,
+            slots,
+            free_slots,
+            in_kernel,
+            wake_buf,
+            doorbell_armed,
+            ..
+        } = self;
+        // Bounded by the CQ size: the iterator stops at the tail it loaded.
+        for cqe in ring.completion() {
+            let user_data = cqe.user_data();
+            match user_data {
+                USER_DATA_DOORBELL => {
+                    // The counter was read (and reset) by the op itself; the wakers that rang
+                    // already queued their tasks. Re-armed at the next turn.
+                    *doorbell_armed = false;
+                }
+                USER_DATA_CANCEL => {}
+                _ => {
+                    let index = (user_data & u64::from(u32::MAX)) as u32;
+                    let generation = (user_data >> 32) as u32;
+                    let slot = &mut slots[index as usize];
+                    assert_eq!(slot.generation, generation, "CQE for a reused slot");
+                    *in_kernel -= 1;
+                    match slot.state {
+                        SlotState::InFlight => {
+                            slot.state = SlotState::Completed;
+                            slot.result = cqe.result();
+                            if let Some(waker) = slot.waker.take() {
+                                wake_buf.push(waker);
+                            }
+                        }
+                        SlotState::Orphaned => {
+                            slot.result = cqe.result();
+                            close_unclaimed_fd(slot);
+                            free_slot_in(slots, free_slots, index);
+                        }
+                        state => panic!("CQE for slot {index} in state {state:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    fn free_slot(&mut self, index: u32) {
+        free_slot_in(&mut self.slots, &mut self.free_slots, index);
+    }
+}
+
+fn free_slot_in(slots: &mut [Slot], free_slots: &mut Vec<u32>, index: u32) {
+    let slot = &mut slots[index as usize];
+    slot.state = SlotState::Free;
+    slot.generation = slot.generation.wrapping_add(1);
+    slot.waker = None;
+    slot.buf = None;
+    slot.fd = None;
+    slot.result_is_fd = false;
+    debug_assert!(free_slots.len() < OP_TABLE_CAPACITY);
+    free_slots.push(index);
+}
+
+/// An accepted connection nobody will take must still be closed.
+fn close_unclaimed_fd(slot: &mut Slot) {
+    if slot.result_is_fd && slot.result >= 0 {
+        // SAFETY: the kernel handed us this fd as the op's result and nobody else saw it.
+        drop(unsafe { OwnedFd::from_raw_fd(slot.result) });
+        slot.result_is_fd = false;
+    }
+}
+
+fn is_transient_enter_error(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EBUSY) | Some(libc::EAGAIN) | Some(libc::EINTR)
+    )
+}
+
+fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
+    let fd = types::Fd(slot.fd.as_ref().map_or(-1, |fd| fd.as_raw_fd()));
+    let mut buf_range = |start: usize, len: usize| -> *mut u8 {
+        let buf = slot.buf.as_mut().expect("this op needs a buffer");
+        assert!(
+            start <= buf.len() && len <= buf.len() - start,
+            "op range outside buffer"
+        );
+        debug_assert!(len <= SUBMISSION_BYTES_MAX);
+        // SAFETY: in bounds (checked above).
+        unsafe { buf.as_mut_ptr().add(start) }
+    };
+    match desc {
+        OpDesc::Read {
+            offset_bytes,
+            start,
+            len,
+        } => opcode::Read::new(fd, buf_range(start, len), len as u32)
+            .offset(offset_bytes)
+            .build(),
+        OpDesc::Write {
+            offset_bytes,
+            start,
+            len,
+        } => opcode::Write::new(fd, buf_range(start, len), len as u32)
+            .offset(offset_bytes)
+            .build(),
+        OpDesc::Fdatasync => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        OpDesc::Recv { start, len } => {
+            opcode::Recv::new(fd, buf_range(start, len), len as u32).build()
+        }
+        OpDesc::Send { start, len } => opcode::Send::new(fd, buf_range(start, len), len as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build(),
+        OpDesc::Accept => opcode::Accept::new(fd, std::ptr::null_mut(), std::ptr::null_mut())
+            .flags(libc::SOCK_CLOEXEC)
+            .build(),
+        OpDesc::Timeout { duration } => {
+            slot.timespec = types::Timespec::from(duration);
+            opcode::Timeout::new(&slot.timespec).build()
+        }
+    }
+}
+
+/// Creates a ring with SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN (the owner submits and reaps,
+/// with no task-work interrupts), falling back to COOP_TASKRUN only, then to a plain ring, on
+/// kernels that refuse the flags.
+fn build_ring() -> io::Result<IoUring> {
+    let mut last_err = None;
+    for flags_level in 0..3 {
+        let mut builder = IoUring::builder();
+        builder.setup_cqsize(CQ_ENTRIES).setup_clamp();
+        if flags_level == 0 {
+            builder
+                .setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_coop_taskrun()
+                .setup_taskrun_flag();
+        } else if flags_level == 1 {
+            builder.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        match builder.build(SQ_ENTRIES) {
+            Ok(ring) => {
+                if flags_level > 0 {
+                    tracing::debug!(flags_level, "io_uring: preferred setup flags refused");
+                }
+                return Ok(ring);
+            }
+            Err(err) if err.raw_os_error() == Some(libc::EINVAL) => last_err = Some(err),
+            Err(err) => return Err(err),
+        }
+    }
+    Err(last_err.expect("at least one attempt failed"))
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if self.in_kernel == 0 && !self.doorbell_armed {
+            return;
+        }
+        // Thread exit with ops in the kernel: cancel what can be cancelled (sockets, timers,
+        // the doorbell); disk I/O finishes on its own. Wait, bounded, before freeing buffers.
+        if self.make_sq_room() {
+            let entry = opcode::AsyncCancel2::new(types::CancelBuilder::any())
+                .build()
+                .user_data(USER_DATA_CANCEL);
+            // SAFETY: a cancel request references no memory.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            debug_assert!(pushed.is_ok());
+        }
+        let timeout = types::Timespec::from(DROP_WAIT_ROUND);
+        for _ in 0..DROP_WAIT_ROUNDS {
+            if self.in_kernel == 0 && !self.doorbell_armed {
+                break;
+            }
+            let args = types::SubmitArgs::new().timespec(&timeout);
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(err)
+                    if matches!(
+                        err.raw_os_error(),
+                        Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                    ) => {}
+                Err(_) => break,
+            }
+            self.reap();
+            // Nobody is left to run the woken futures.
+            self.wake_buf.clear();
+        }
+        if self.in_kernel > 0 || self.doorbell_armed {
+            // The kernel may still write into these: leaking is the only sound choice.
+            tracing::warn!(
+                in_kernel = self.in_kernel,
+                "oxpool-io: thread exits with I/O still in the kernel; leaking its buffers"
+            );
+            for slot in self.slots.iter_mut() {
+                if matches!(slot.state, SlotState::InFlight | SlotState::Orphaned) {
+                    mem::forget(slot.buf.take());
+                    mem::forget(slot.fd.take());
+                }
+            }
+            mem::forget(mem::replace(&mut self.doorbell_buf, Box::new(0)));
+        }
+    }
+}
+
+/// What a [`RingOp`] does, with its progress for transfers that may complete in pieces.
+#[derive(Debug)]
+enum RingOpKind {
+    /// Fill the whole buffer from `offset_bytes`; a read of 0 bytes before that is EOF.
+    ReadExact {
+        offset_bytes: u64,
+        done_bytes: usize,
+    },
+    /// Write the whole buffer at `offset_bytes`.
+    WriteAll {
+        offset_bytes: u64,
+        done_bytes: usize,
+    },
+    Fdatasync,
+    Timeout {
+        duration: Duration,
+    },
+    /// One `recv` into `buf[start..]`.
+    Recv {
+        start: usize,
+    },
+    /// Send `buf[..len]`, looping on short sends.
+    SendAll {
+        len: usize,
+        done_bytes: usize,
+    },
+    Accept,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RingOpState {
+    /// Not on the ring (not yet submitted, or between pieces of a transfer).
+    Idle,
+    InFlight(OpHandle),
+    Done,
+}
+
+/// What a finished [`RingOp`] hands back.
+#[derive(Debug)]
+pub(crate) struct RingOutput {
+    /// The buffer the op was given, if any.
+    pub(crate) buf: Option<IoBuf>,
+    /// Op-specific value: bytes received (recv), the new fd (accept), else 0.
+    pub(crate) value: u32,
+}
+
+/// A future for one logical operation on the current thread's ring. It is submitted at its
+/// first poll (so `join_all` of many ops shares one `io_uring_enter`), and it re-submits the
+/// rest of a short transfer. Not `Send`: its slot lives in this thread's op table.
+pub(crate) struct RingOp {
+    kind: RingOpKind,
+    fd: Option<Arc<OwnedFd>>,
+    buf: Option<IoBuf>,
+    state: RingOpState,
+    /// Device name for error messages (file ops).
+    context: Option<Arc<str>>,
+    transient_retries: u8,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl RingOp {
+    fn new(kind: RingOpKind, fd: Option<Arc<OwnedFd>>, buf: Option<IoBuf>) -> RingOp {
+        RingOp {
+            kind,
+            fd,
+            buf,
+            state: RingOpState::Idle,
+            context: None,
+            transient_retries: 0,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset_bytes`; a short read at EOF is `UnexpectedEof`.
+    pub(crate) fn read_exact(
+        fd: Arc<OwnedFd>,
+        offset_bytes: u64,
+        buf: IoBuf,
+        context: Arc<str>,
+    ) -> RingOp {
+        let mut op = RingOp::new(
+            RingOpKind::ReadExact {
+                offset_bytes,
+                done_bytes: 0,
+            },
+            Some(fd),
+            Some(buf),
+        );
+        op.context = Some(context);
+        op
+    }
+
+    /// Writes all of `buf` at `offset_bytes`.
+    pub(crate) fn write_all(
+        fd: Arc<OwnedFd>,
+        offset_bytes: u64,
+        buf: IoBuf,
+        context: Arc<str>,
+    ) -> RingOp {
+        let mut op = RingOp::new(
+            RingOpKind::WriteAll {
+                offset_bytes,
+                done_bytes: 0,
+            },
+            Some(fd),
+            Some(buf),
+        );
+        op.context = Some(context);
+        op
+    }
+
+    /// `fdatasync`.
+    pub(crate) fn fdatasync(fd: Arc<OwnedFd>, context: Arc<str>) -> RingOp {
+        let mut op = RingOp::new(RingOpKind::Fdatasync, Some(fd), None);
+        op.context = Some(context);
+        op
+    }
+
+    /// Completes after `duration`.
+    pub(crate) fn timeout(duration: Duration) -> RingOp {
+        RingOp::new(RingOpKind::Timeout { duration }, None, None)
+    }
+
+    /// One `recv` into `buf[start..]`; the output value is the byte count (0 = EOF).
+    pub(crate) fn recv(fd: Arc<OwnedFd>, buf: IoBuf, start: usize) -> RingOp {
+        debug_assert!(start < buf.len());
+        RingOp::new(RingOpKind::Recv { start }, Some(fd), Some(buf))
+    }
+
+    /// Sends `buf[..len]`.
+    pub(crate) fn send_all(fd: Arc<OwnedFd>, buf: IoBuf, len: usize) -> RingOp {
+        debug_assert!(len <= buf.len());
+        RingOp::new(
+            RingOpKind::SendAll { len, done_bytes: 0 },
+            Some(fd),
+            Some(buf),
+        )
+    }
+
+    /// Accepts a connection; the output value is the new fd.
+    pub(crate) fn accept(fd: Arc<OwnedFd>) -> RingOp {
+        RingOp::new(RingOpKind::Accept, Some(fd), None)
+    }
+
+    fn buf_len(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    /// The next SQE to submit for this op.
+    fn next_desc(&self) -> OpDesc {
+        let buf_len = self.buf_len();
+        match self.kind {
+            RingOpKind::ReadExact {
+                offset_bytes,
+                done_bytes,
+            } => OpDesc::Read {
+                offset_bytes: offset_bytes + done_bytes as u64,
+                start: done_bytes,
+                len: (buf_len - done_bytes).min(SUBMISSION_BYTES_MAX),
+            },
+            RingOpKind::WriteAll {
+                offset_bytes,
+                done_bytes,
+            } => OpDesc::Write {
+                offset_bytes: offset_bytes + done_bytes as u64,
+                start: done_bytes,
+                len: (buf_len - done_bytes).min(SUBMISSION_BYTES_MAX),
+            },
+            RingOpKind::Fdatasync => OpDesc::Fdatasync,
+            RingOpKind::Timeout { duration } => OpDesc::Timeout { duration },
+            RingOpKind::Recv { start } => OpDesc::Recv {
+                start,
+                len: (buf_len - start).min(SUBMISSION_BYTES_MAX),
+            },
+            RingOpKind::SendAll { len, done_bytes } => OpDesc::Send {
+                start: done_bytes,
+                len: (len - done_bytes).min(SUBMISSION_BYTES_MAX),
+            },
+            RingOpKind::Accept => OpDesc::Accept,
+        }
+    }
+
+    /// Sockets and timers may never complete on their own, so a dropped op is cancelled.
+    fn cancel_on_drop(&self) -> bool {
+        matches!(
+            self.kind,
+            RingOpKind::Timeout { .. }
+                | RingOpKind::Recv { .. }
+                | RingOpKind::SendAll { .. }
+                | RingOpKind::Accept
+        )
+    }
+
+    /// The output once the op is complete.
+    fn output(&mut self, value: u32) -> IoResult<RingOutput> {
+        Ok(RingOutput {
+            buf: self.buf.take(),
+            value,
+        })
+    }
+
+    fn error(&self, err: io::Error) -> io::Error {
+        let Some(name) = &self.context else {
+            return err;
+        };
+        let what = match self.kind {
+            RingOpKind::ReadExact {
+                offset_bytes,
+                done_bytes,
+            } => {
+                format!(
+                    "read of {} bytes at offset {}",
+                    self.buf_len() - done_bytes,
+                    offset_bytes + done_bytes as u64
+                )
+            }
+            RingOpKind::WriteAll {
+                offset_bytes,
+                done_bytes,
+            } => {
+                format!(
+                    "write of {} bytes at offset {}",
+                    self.buf_len() - done_bytes,
+                    offset_bytes + done_bytes as u64
+                )
+            }
+            RingOpKind::Fdatasync => "fdatasync".to_string(),
+            _ => "I/O".to_string(),
+        };
+        io::Error::new(err.kind(), format!("{name}: {what}: {err}"))
+    }
+
+    /// Applies a CQE result: `Some(output)` when the op is finished, `None` to submit again.
+    fn on_completion(&mut self, result: i32) -> Option<IoResult<RingOutput>> {
+        if result < 0 {
+            let errno = -result;
+            let transient = errno == libc::EINTR || errno == libc::EAGAIN;
+            if transient && self.transient_retries < TRANSIENT_RETRIES_MAX {
+                self.transient_retries += 1;
+                return None;
+            }
+            if matches!(self.kind, RingOpKind::Timeout { .. }) {
+                // ETIME is the normal end of a timeout; ECANCELED only happens at teardown.
+                return Some(self.output(0));
+            }
+            return Some(Err(self.error(io::Error::from_raw_os_error(errno))));
+        }
+        let count = result as usize;
+        let buf_len = self.buf_len();
+        match &mut self.kind {
+            RingOpKind::ReadExact { done_bytes, .. } => {
+                if count == 0 {
+                    let err = io::Error::new(io::ErrorKind::UnexpectedEof, "end of device");
+                    return Some(Err(self.error(err)));
+                }
+                *done_bytes += count;
+                debug_assert!(*done_bytes <= buf_len);
+                if *done_bytes < buf_len {
+                    return None;
+                }
+                Some(self.output(0))
+            }
+            RingOpKind::WriteAll { done_bytes, .. } => {
+                if count == 0 {
+                    let err = io::Error::new(io::ErrorKind::WriteZero, "device accepted 0 bytes");
+                    return Some(Err(self.error(err)));
+                }
+                *done_bytes += count;
+                debug_assert!(*done_bytes <= buf_len);
+                if *done_bytes < buf_len {
+                    return None;
+                }
+                Some(self.output(0))
+            }
+            RingOpKind::SendAll { len, done_bytes } => {
+                if count == 0 {
+                    let err = io::Error::new(io::ErrorKind::WriteZero, "socket accepted 0 bytes");
+                    return Some(Err(err));
+                }
+                *done_bytes += count;
+                debug_assert!(*done_bytes <= *len);
+                if *done_bytes < *len {
+                    return None;
+                }
+                Some(self.output(0))
+            }
+            RingOpKind::Recv { .. } | RingOpKind::Accept => Some(self.output(result as u32)),
+            RingOpKind::Fdatasync | RingOpKind::Timeout { .. } => Some(self.output(0)),
+        }
+    }
+}
+
+impl std::future::Future for RingOp {
+    type Output = IoResult<RingOutput>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<IoResult<RingOutput>> {
+        let this = self.get_mut();
+        // At most two iterations: a completion that needs another piece goes back to Idle,
+        // and Idle always returns.
+        loop {
+            match this.state {
+                RingOpState::Idle => {
+                    let desc = this.next_desc();
+                    let (buf, fd) = (&mut this.buf, this.fd.as_ref());
+                    if let Some(handle) = with_driver(|d| d.start(desc, buf, fd, cx.waker())) {
+                        this.state = RingOpState::InFlight(handle);
+                    }
+                    // Either way the CQE cannot be here yet: the SQE is submitted at the
+                    // executor's next turn, which wakes us.
+                    return Poll::Pending;
+                }
+                RingOpState::InFlight(handle) => {
+                    let (result, buf) = match with_driver(|d| d.poll_completion(handle, cx.waker()))
+                    {
+                        Poll::Ready(done) => done,
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    this.state = RingOpState::Idle;
+                    this.buf = buf;
+                    if let Some(output) = this.on_completion(result) {
+                        this.state = RingOpState::Done;
+                        return Poll::Ready(output);
+                    }
+                }
+                RingOpState::Done => panic!("oxpool-io: I/O future polled after completion"),
+            }
+        }
+    }
+}
+
+impl Drop for RingOp {
+    fn drop(&mut self) {
+        if let RingOpState::InFlight(handle) = self.state {
+            let cancel = self.cancel_on_drop();
+            // If the driver is already gone (thread exit), its drop dealt with the slot.
+            with_existing_driver(|d| d.orphan(handle, cancel));
+        }
+    }
+}
+
+impl std::fmt::Debug for RingOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingOp")
+            .field("kind", &self.kind)
+            .field("state", &self.state)
+            .finish()
+    }
+}

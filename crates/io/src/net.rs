@@ -1,0 +1,115 @@
+//! Async socket operations on the current thread's ring, for the NBD server (TCP and unix
+//! stream sockets). Buffers are owned ([`IoBuf`]) so a dropped future is safe.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use crate::buf::IoBuf;
+use crate::driver::RingOp;
+use crate::IoResult;
+
+/// A listening socket whose `accept` runs on the ring (no need for non-blocking mode).
+#[derive(Debug)]
+pub struct Listener {
+    fd: Arc<OwnedFd>,
+}
+
+impl Listener {
+    /// Wraps a TCP listener.
+    pub fn tcp(l: std::net::TcpListener) -> Self {
+        // io_uring reports EAGAIN instead of waiting on O_NONBLOCK sockets.
+        if let Err(err) = l.set_nonblocking(false) {
+            tracing::warn!(%err, "oxpool-io: cannot make TCP listener blocking");
+        }
+        Listener {
+            fd: Arc::new(OwnedFd::from(l)),
+        }
+    }
+
+    /// Wraps a unix-domain stream listener.
+    pub fn unix(l: std::os::unix::net::UnixListener) -> Self {
+        if let Err(err) = l.set_nonblocking(false) {
+            tracing::warn!(%err, "oxpool-io: cannot make unix listener blocking");
+        }
+        Listener {
+            fd: Arc::new(OwnedFd::from(l)),
+        }
+    }
+
+    /// Waits for and accepts one connection.
+    pub async fn accept(&self) -> IoResult<Stream> {
+        let out = RingOp::accept(self.fd.clone()).await?;
+        // SAFETY: the kernel returned a new fd for the accepted connection; nobody else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(out.value as i32) };
+        Ok(Stream { fd: Arc::new(fd) })
+    }
+}
+
+/// A connected stream socket; owns the fd (closed when the `Stream` and every op using it are
+/// gone).
+#[derive(Debug)]
+pub struct Stream {
+    fd: Arc<OwnedFd>,
+}
+
+impl Stream {
+    /// Wraps a connected TCP stream (e.g. a client in tests).
+    pub fn from_tcp(s: std::net::TcpStream) -> Self {
+        if let Err(err) = s.set_nonblocking(false) {
+            tracing::warn!(%err, "oxpool-io: cannot make TCP stream blocking");
+        }
+        Stream {
+            fd: Arc::new(OwnedFd::from(s)),
+        }
+    }
+
+    /// Wraps a connected unix-domain stream.
+    pub fn from_unix(s: std::os::unix::net::UnixStream) -> Self {
+        if let Err(err) = s.set_nonblocking(false) {
+            tracing::warn!(%err, "oxpool-io: cannot make unix stream blocking");
+        }
+        Stream {
+            fd: Arc::new(OwnedFd::from(s)),
+        }
+    }
+
+    /// Receives into `buf[offset..]` and returns the buffer and the byte count (0 = EOF).
+    pub async fn recv(&self, buf: IoBuf, offset: usize) -> IoResult<(IoBuf, usize)> {
+        if offset >= buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "recv offset {offset} leaves no room in a {}-byte buffer",
+                    buf.len()
+                ),
+            ));
+        }
+        let out = RingOp::recv(self.fd.clone(), buf, offset).await?;
+        let buf = out.buf.expect("recv returns its buffer");
+        let count = out.value as usize;
+        debug_assert!(count <= buf.len() - offset);
+        Ok((buf, count))
+    }
+
+    /// Sends `buf[..len]` entirely (looping on short sends) and returns the buffer.
+    pub async fn send_all(&self, buf: IoBuf, len: usize) -> IoResult<IoBuf> {
+        if len > buf.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("send of {len} bytes from a {}-byte buffer", buf.len()),
+            ));
+        }
+        if len == 0 {
+            return Ok(buf);
+        }
+        let out = RingOp::send_all(self.fd.clone(), buf, len).await?;
+        Ok(out.buf.expect("send returns its buffer"))
+    }
+
+    /// Shuts down both directions (a pending `recv` on the peer sees EOF). Synchronous.
+    pub fn shutdown(&self) {
+        // SAFETY: plain syscall on an fd we own; failure (e.g. ENOTCONN) needs no handling.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}

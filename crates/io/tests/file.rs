@@ -1,0 +1,242 @@
+//! FileBackend: O_DIRECT on ext4, buffered fallback, tmpfs, unaligned requests, bounds,
+//! flush, discard, and many reads in flight.
+
+use std::path::Path;
+
+use oxpool_io::rt::{block_on, join_all};
+use oxpool_io::{Backend, FileBackend, IoBuf};
+
+fn pattern(len: usize, seed: u64) -> IoBuf {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    IoBuf::from_slice(&data)
+}
+
+/// A directory on a disk filesystem (ext4 here), where O_DIRECT works.
+fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in("/var/tmp").expect("tempdir in /var/tmp")
+}
+
+fn round_trip(dev: &FileBackend) {
+    let blocks = [(0u64, 4096usize), (8192, 64 * 1024), (1 << 20, 128 * 1024)];
+    for (i, &(offset, len)) in blocks.iter().enumerate() {
+        let data = pattern(len, i as u64 + 1);
+        let back = block_on(dev.write(offset, data.clone())).unwrap();
+        assert_eq!(back, data);
+    }
+    block_on(dev.flush()).unwrap();
+    for (i, &(offset, len)) in blocks.iter().enumerate() {
+        let back = block_on(dev.read(offset, IoBuf::zeroed(len))).unwrap();
+        assert_eq!(back, pattern(len, i as u64 + 1), "block at {offset}");
+    }
+}
+
+#[test]
+fn direct_io_on_disk_filesystem() {
+    let dir = disk_dir();
+    let path = dir.path().join("dev0");
+    let dev = FileBackend::open(&path, Some(8 << 20)).unwrap();
+    assert!(dev.is_direct(), "ext4 supports O_DIRECT");
+    assert!(!dev.is_block_device());
+    assert_eq!(dev.size_bytes(), 8 << 20);
+    assert_eq!(dev.name(), path.display().to_string());
+    round_trip(&dev);
+    // The file was created sparse.
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.len(), 8 << 20);
+}
+
+#[test]
+fn reopen_keeps_size_and_data() {
+    let dir = disk_dir();
+    let path = dir.path().join("dev1");
+    {
+        let dev = FileBackend::open(&path, Some(4 << 20)).unwrap();
+        block_on(dev.write(4096, pattern(4096, 77))).unwrap();
+        block_on(dev.flush()).unwrap();
+    }
+    // A different create size must not resize an existing file.
+    let dev = FileBackend::open(&path, Some(1 << 20)).unwrap();
+    assert_eq!(dev.size_bytes(), 4 << 20);
+    assert_eq!(
+        block_on(dev.read(4096, IoBuf::zeroed(4096))).unwrap(),
+        pattern(4096, 77)
+    );
+}
+
+#[test]
+fn missing_file_without_create_is_an_error() {
+    let dir = disk_dir();
+    let err = FileBackend::open(&dir.path().join("nope"), None).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
+#[test]
+fn buffered_fallback_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = FileBackend::open_buffered(&dir.path().join("buffered"), Some(4 << 20)).unwrap();
+    assert!(!dev.is_direct());
+    round_trip(&dev);
+}
+
+#[test]
+fn tmpfs_works_direct_or_not() {
+    // tmpfs refuses O_DIRECT on older kernels (then open falls back) and accepts it on newer.
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let dev = FileBackend::open(&dir.path().join("shm-dev"), Some(4 << 20)).unwrap();
+    round_trip(&dev);
+}
+
+#[test]
+fn tmp_dir_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = FileBackend::open(&dir.path().join("tmp-dev"), Some(4 << 20)).unwrap();
+    round_trip(&dev);
+}
+
+#[test]
+fn unaligned_requests_on_direct_device() {
+    let dir = disk_dir();
+    let dev = FileBackend::open(&dir.path().join("unaligned"), Some(1 << 20)).unwrap();
+    assert!(dev.is_direct());
+    // Aligned background, then unaligned overwrite in the middle.
+    block_on(dev.write(0, pattern(16384, 1))).unwrap();
+    block_on(dev.write(1000, pattern(3000, 2))).unwrap();
+    block_on(dev.write(5000, pattern(512, 3))).unwrap();
+    block_on(dev.flush()).unwrap();
+    // A direct (aligned) read sees the buffered writes.
+    let back = block_on(dev.read(0, IoBuf::zeroed(16384))).unwrap();
+    let mut want = pattern(16384, 1).to_vec();
+    want[1000..4000].copy_from_slice(&pattern(3000, 2));
+    want[5000..5512].copy_from_slice(&pattern(512, 3));
+    assert_eq!(&back[..], &want[..]);
+    let odd = block_on(dev.read(999, IoBuf::zeroed(3002))).unwrap();
+    assert_eq!(&odd[..], &want[999..4001]);
+}
+
+#[test]
+fn reads_past_the_end_fail() {
+    let dir = disk_dir();
+    let dev = FileBackend::open(&dir.path().join("eof"), Some(64 * 1024)).unwrap();
+    let err = block_on(dev.read(60 * 1024, IoBuf::zeroed(8192))).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    let err = block_on(dev.write(64 * 1024, IoBuf::zeroed(4096))).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    // Zero-length I/O at the end is fine.
+    block_on(dev.read(64 * 1024, IoBuf::zeroed(0))).unwrap();
+}
+
+#[test]
+fn discard_punches_a_hole() {
+    let dir = disk_dir();
+    let dev = FileBackend::open(&dir.path().join("trim"), Some(1 << 20)).unwrap();
+    block_on(dev.write(0, pattern(256 * 1024, 4))).unwrap();
+    block_on(dev.discard(64 * 1024, 128 * 1024)).unwrap();
+    let back = block_on(dev.read(0, IoBuf::zeroed(256 * 1024))).unwrap();
+    let want = pattern(256 * 1024, 4);
+    assert_eq!(&back[..64 * 1024], &want[..64 * 1024]);
+    assert!(back[64 * 1024..192 * 1024].iter().all(|&b| b == 0));
+    assert_eq!(&back[192 * 1024..], &want[192 * 1024..]);
+}
+
+#[test]
+fn sixty_four_reads_in_flight() {
+    let dir = disk_dir();
+    let dev = FileBackend::open(&dir.path().join("qd64"), Some(4 << 20)).unwrap();
+    let block_bytes = 16 * 1024;
+    let writes: Vec<_> = (0..64)
+        .map(|i| dev.write(i * block_bytes as u64, pattern(block_bytes, i)))
+        .collect();
+    for result in block_on(join_all(writes)) {
+        result.unwrap();
+    }
+    block_on(dev.flush()).unwrap();
+    let reads: Vec<_> = (0..64)
+        .map(|i| dev.read(i * block_bytes as u64, IoBuf::zeroed(block_bytes)))
+        .collect();
+    let results = block_on(join_all(reads));
+    assert_eq!(results.len(), 64);
+    for (i, result) in results.into_iter().enumerate() {
+        assert_eq!(result.unwrap(), pattern(block_bytes, i as u64), "block {i}");
+    }
+}
+
+#[test]
+fn more_ops_than_the_op_table_holds() {
+    // 5000 > OP_TABLE_CAPACITY: submission waits for completions (back-pressure).
+    let dir = disk_dir();
+    let dev = FileBackend::open(&dir.path().join("many"), Some(4 << 20)).unwrap();
+    block_on(dev.write(0, pattern(4 << 20, 9))).unwrap();
+    let want = pattern(4 << 20, 9);
+    let count = oxpool_io::rt::OP_TABLE_CAPACITY + 904;
+    let reads: Vec<_> = (0..count)
+        .map(|i| dev.read((i % 1024) as u64 * 4096, IoBuf::zeroed(4096)))
+        .collect();
+    for (i, result) in block_on(join_all(reads)).into_iter().enumerate() {
+        let offset = (i % 1024) * 4096;
+        assert_eq!(&result.unwrap()[..], &want[offset..offset + 4096]);
+    }
+    assert_eq!(oxpool_io::rt::ops_in_flight(), 0);
+}
+
+#[test]
+fn backends_are_usable_from_many_threads() {
+    let dir = disk_dir();
+    let dev =
+        std::sync::Arc::new(FileBackend::open(&dir.path().join("mt"), Some(4 << 20)).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let dev = dev.clone();
+            std::thread::spawn(move || {
+                for i in 0..16u64 {
+                    let offset = (t * 16 + i) * 4096;
+                    block_on(dev.write(offset, pattern(4096, offset))).unwrap();
+                    let back = block_on(dev.read(offset, IoBuf::zeroed(4096))).unwrap();
+                    assert_eq!(back, pattern(4096, offset));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+}
+
+/// Runs only when `OXPOOL_TEST_BLOCK_DEVICE` names a scratch block device (its contents are
+/// destroyed), e.g. a loop device: `losetup -f --show /var/tmp/scratch.img`.
+#[test]
+fn scratch_block_device() {
+    let Ok(path) = std::env::var("OXPOOL_TEST_BLOCK_DEVICE") else {
+        return;
+    };
+    let dev = FileBackend::open(Path::new(&path), None).unwrap();
+    assert!(dev.is_block_device());
+    assert!(dev.size_bytes() >= 2 << 20, "device too small");
+    eprintln!(
+        "{path}: {} bytes, direct {}, dio align {}",
+        dev.size_bytes(),
+        dev.is_direct(),
+        dev.dio_align_bytes()
+    );
+    round_trip(&dev);
+    block_on(dev.write(0, pattern(64 * 1024, 5))).unwrap();
+    block_on(dev.discard(0, 64 * 1024)).unwrap();
+    block_on(dev.write(512, pattern(512, 6))).unwrap();
+    let back = block_on(dev.read(512, IoBuf::zeroed(512))).unwrap();
+    assert_eq!(back, pattern(512, 6));
+    let end = dev.size_bytes();
+    block_on(dev.write(end - 4096, pattern(4096, 7))).unwrap();
+    assert!(block_on(dev.read(end - 4096, IoBuf::zeroed(8192))).is_err());
+}

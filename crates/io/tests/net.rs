@@ -1,0 +1,155 @@
+//! Sockets on the ring: echo over unix and TCP, cancellation of a dropped recv.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::Duration;
+
+use oxpool_io::rt::net::{Listener, Stream};
+use oxpool_io::rt::{block_on, ops_in_flight, sleep, spawn_local, LocalExecutor};
+use oxpool_io::IoBuf;
+
+/// Echoes everything until EOF.
+async fn echo(stream: Stream) {
+    let mut buf = IoBuf::zeroed(64 * 1024);
+    for _ in 0..1_000_000 {
+        let (back, n) = stream.recv(buf, 0).await.unwrap();
+        if n == 0 {
+            stream.shutdown();
+            return;
+        }
+        buf = stream.send_all(back, n).await.unwrap();
+    }
+    panic!("echo loop bound reached");
+}
+
+/// Sends `total` bytes and checks they come back, from a plain blocking client.
+fn client(
+    mut conn: impl Read + Write + Send + 'static,
+    total: usize,
+    seed: u8,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let data: Vec<u8> = (0..total).map(|i| (i as u8).wrapping_add(seed)).collect();
+        let mut back = vec![0u8; total];
+        let mut sent = 0;
+        let mut got = 0;
+        // Interleave sends and receives so neither side's socket buffer fills up.
+        while got < total {
+            if sent < total {
+                let n = (total - sent).min(10_000);
+                conn.write_all(&data[sent..sent + n]).unwrap();
+                sent += n;
+            }
+            let n = conn.read(&mut back[got..sent]).unwrap();
+            assert!(n > 0, "early EOF");
+            got += n;
+        }
+        assert_eq!(back, data);
+    })
+}
+
+#[test]
+fn unix_echo() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("echo.sock");
+    let listener = Listener::unix(UnixListener::bind(&path).unwrap());
+    let clients: Vec<_> = (0..3u8)
+        .map(|i| {
+            client(
+                UnixStream::connect(&path).unwrap(),
+                300_000 + i as usize * 777,
+                i,
+            )
+        })
+        .collect();
+    let exec = LocalExecutor::new();
+    exec.run_until(async {
+        let mut tasks = Vec::new();
+        for _ in 0..3 {
+            let stream = listener.accept().await.unwrap();
+            let done = Rc::new(std::cell::Cell::new(false));
+            let flag = done.clone();
+            spawn_local(async move {
+                echo(stream).await;
+                flag.set(true);
+            });
+            tasks.push(done);
+        }
+        while !tasks.iter().all(|t| t.get()) {
+            sleep(Duration::from_millis(1)).await;
+        }
+    });
+    for c in clients {
+        c.join().unwrap();
+    }
+}
+
+#[test]
+fn tcp_echo() {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let listener = Listener::tcp(std_listener);
+    let c = client(std::net::TcpStream::connect(addr).unwrap(), 1 << 20, 9);
+    block_on(async {
+        let stream = listener.accept().await.unwrap();
+        echo(stream).await;
+    });
+    c.join().unwrap();
+}
+
+#[test]
+fn recv_and_send_argument_checks() {
+    let (a, _b) = UnixStream::pair().unwrap();
+    let stream = Stream::from_unix(a);
+    block_on(async {
+        assert!(stream.recv(IoBuf::zeroed(16), 16).await.is_err());
+        assert!(stream.send_all(IoBuf::zeroed(16), 17).await.is_err());
+        assert_eq!(
+            stream.send_all(IoBuf::zeroed(16), 0).await.unwrap().len(),
+            16
+        );
+    });
+}
+
+#[test]
+fn dropped_recv_is_cancelled() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let stream = Stream::from_unix(a);
+    block_on(async {
+        {
+            // Nobody sends: this recv would wait forever.
+            let mut recv = Box::pin(stream.recv(IoBuf::zeroed(4096), 0));
+            let polled = std::future::poll_fn(|cx| {
+                Poll::Ready(Pin::new(&mut recv).as_mut().poll(cx).is_ready())
+            })
+            .await;
+            assert!(!polled);
+            sleep(Duration::from_millis(1)).await;
+            assert_eq!(ops_in_flight(), 1);
+        }
+        for _ in 0..10_000 {
+            if ops_in_flight() == 0 {
+                break;
+            }
+            sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(ops_in_flight(), 0);
+        // The stream still works: the cancelled recv consumed nothing.
+        b.write_all(b"hello").unwrap();
+        let (buf, n) = stream.recv(IoBuf::zeroed(16), 3).await.unwrap();
+        assert_eq!(&buf[3..3 + n], b"hello");
+    });
+}
+
+#[test]
+fn peer_close_is_eof() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let stream = Stream::from_unix(a);
+    drop(b);
+    let (_, n) = block_on(stream.recv(IoBuf::zeroed(16), 0)).unwrap();
+    assert_eq!(n, 0);
+}
