@@ -268,12 +268,21 @@ pub(crate) fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         .find(|p| p.name == name)
         .ok_or_else(|| anyhow!("pool '{name}' not found (not in {}; try `oxpool import`)", cache.display()))?;
     let mut devs = Devices::default();
+    let mut missing = Vec::new();
     for path in &entry.devices {
-        // A missing mirror side is tolerated; import decides whether enough is present.
-        match open_device(path, None) {
-            Ok(d) => devs.push(d),
-            Err(e) => eprintln!("oxpool: warning: {e:#}"),
+        // A missing device is tolerated (a mirror can run degraded; import decides whether
+        // enough is present); one that exists but cannot be opened or is in use is an error.
+        if path.exists() {
+            devs.push(open_device(path, None)?);
+        } else {
+            missing.push(path.display().to_string());
         }
+    }
+    if devs.backends().is_empty() {
+        bail!("pool '{name}': none of its devices exists ({})", missing.join(", "));
+    }
+    for m in &missing {
+        tracing::warn!("pool '{name}': device {m} is missing");
     }
     let pool = Pool::import(devs.backends(), Some(name)).with_context(|| format!("cannot open pool '{name}'"))?;
     Ok((pool, devs))
