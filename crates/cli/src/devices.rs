@@ -49,7 +49,10 @@ pub fn default_cache_file() -> PathBuf {
 /// and locks it (flock, exclusive, non-blocking).
 pub fn open_device(path: &Path, create_size_bytes: Option<u64>) -> Result<Device> {
     if !path.exists() && create_size_bytes.is_none() {
-        return Err(anyhow!("{}: no such file (give --size to create it)", path.display()));
+        return Err(anyhow!(
+            "{}: no such file (give --size to create it)",
+            path.display()
+        ));
     }
     let backend = FileBackend::open(path, create_size_bytes)
         .with_context(|| format!("cannot open {}", path.display()))?;

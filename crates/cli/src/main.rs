@@ -19,7 +19,11 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(name = "oxpool", version, about = "A user-space storage pool with ZFS's guarantees, served over NBD")]
+#[command(
+    name = "oxpool",
+    version,
+    about = "A user-space storage pool with ZFS's guarantees, served over NBD"
+)]
 struct Cli {
     /// Pool cache file: the pools this machine knows.
     #[arg(long, global = true, value_name = "PATH")]
@@ -185,7 +189,10 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::List => {
-            println!("{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}", "NAME", "SIZE", "ALLOC", "FREE", "HEALTH", "TXG");
+            println!(
+                "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
+                "NAME", "SIZE", "ALLOC", "FREE", "HEALTH", "TXG"
+            );
             for_each_pool(&cache, |p| {
                 let s = p.status();
                 println!(
@@ -266,7 +273,12 @@ pub(crate) fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     let entry = cachefile::read(cache)?
         .into_iter()
         .find(|p| p.name == name)
-        .ok_or_else(|| anyhow!("pool '{name}' not found (not in {}; try `oxpool import`)", cache.display()))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "pool '{name}' not found (not in {}; try `oxpool import`)",
+                cache.display()
+            )
+        })?;
     let mut devs = Devices::default();
     let mut missing = Vec::new();
     for path in &entry.devices {
@@ -279,12 +291,16 @@ pub(crate) fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         }
     }
     if devs.backends().is_empty() {
-        bail!("pool '{name}': none of its devices exists ({})", missing.join(", "));
+        bail!(
+            "pool '{name}': none of its devices exists ({})",
+            missing.join(", ")
+        );
     }
     for m in &missing {
         tracing::warn!("pool '{name}': device {m} is missing");
     }
-    let pool = Pool::import(devs.backends(), Some(name)).with_context(|| format!("cannot open pool '{name}'"))?;
+    let pool = Pool::import(devs.backends(), Some(name))
+        .with_context(|| format!("cannot open pool '{name}'"))?;
     Ok((pool, devs))
 }
 
@@ -298,7 +314,14 @@ fn for_each_pool(cache: &Path, mut f: impl FnMut(&Pool) -> Result<()>) -> Result
     Ok(())
 }
 
-fn create(cache: &Path, name: &str, vdevs: &[String], size: Option<&str>, props: &[String], force: bool) -> Result<()> {
+fn create(
+    cache: &Path,
+    name: &str,
+    vdevs: &[String],
+    size: Option<&str>,
+    props: &[String],
+    force: bool,
+) -> Result<()> {
     if cachefile::read(cache)?.iter().any(|p| p.name == name) {
         bail!("pool '{name}' already exists");
     }
@@ -324,11 +347,17 @@ fn create(cache: &Path, name: &str, vdevs: &[String], size: Option<&str>, props:
                 group.push(d.backend());
                 devs.push(d);
             }
-            tops.push(TopSpec { kind: TopVdevKind::Mirror, devices: group });
+            tops.push(TopSpec {
+                kind: TopVdevKind::Mirror,
+                devices: group,
+            });
             i = end;
         } else {
             let d = open_device(Path::new(&vdevs[i]), create_size)?;
-            tops.push(TopSpec { kind: TopVdevKind::Single, devices: vec![d.backend()] });
+            tops.push(TopSpec {
+                kind: TopVdevKind::Single,
+                devices: vec![d.backend()],
+            });
             devs.push(d);
             i += 1;
         }
@@ -345,7 +374,14 @@ pub(crate) fn remember(cache: &Path, pool: &Pool) -> Result<()> {
         .into_iter()
         .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(p)))
         .collect();
-    cachefile::upsert(cache, CachedPool { name: pool.name().to_string(), guid: pool.guid().0, devices })?;
+    cachefile::upsert(
+        cache,
+        CachedPool {
+            name: pool.name().to_string(),
+            guid: pool.guid().0,
+            devices,
+        },
+    )?;
     Ok(())
 }
 
@@ -402,7 +438,10 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
             p.export()?;
         }
         VolCommand::List { pool } => {
-            println!("{:<32} {:>10} {:>10} {:>12}", "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE");
+            println!(
+                "{:<32} {:>10} {:>10} {:>12}",
+                "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE"
+            );
             for_each_pool(cache, |p| {
                 if pool.as_deref().is_some_and(|n| n != p.name()) {
                     return Ok(());
@@ -426,7 +465,11 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
             p.destroy_volume(v)?;
             p.export()?;
         }
-        VolCommand::Write { name, offset, input } => {
+        VolCommand::Write {
+            name,
+            offset,
+            input,
+        } => {
             let (pool, v) = split_target(&name);
             let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
             let offset = parse_size("--offset", &offset)?;
@@ -457,7 +500,12 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
             drop(vol);
             p.export()?;
         }
-        VolCommand::Read { name, offset, length, output } => {
+        VolCommand::Read {
+            name,
+            offset,
+            length,
+            output,
+        } => {
             let (pool, v) = split_target(&name);
             let v = v.ok_or_else(|| anyhow!("expected POOL/VOL, got '{name}'"))?;
             let offset = parse_size("--offset", &offset)?;
@@ -470,7 +518,9 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
             let mut out: Box<dyn Write> = if output == Path::new("-") {
                 Box::new(std::io::stdout().lock())
             } else {
-                Box::new(std::fs::File::create(&output).with_context(|| output.display().to_string())?)
+                Box::new(
+                    std::fs::File::create(&output).with_context(|| output.display().to_string())?,
+                )
             };
             // Bounded memory: 1 MiB at a time.
             let mut buf = vec![0u8; 1 << 20];
@@ -492,17 +542,25 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
 fn get(cache: &Path, prop: &str, target: &str) -> Result<()> {
     let (pool, vol) = split_target(target);
     let (p, _locks) = open_pool(cache, pool)?;
-    println!("{:<32} {:<14} {}", "NAME", "PROPERTY", "VALUE");
+    println!("{:<32} {:<14} VALUE", "NAME", "PROPERTY");
     match vol {
         Some(v) => {
             let props = p.volume(v)?.props();
-            let names: Vec<&str> = if prop == "all" { VOLUME_PROP_NAMES.to_vec() } else { vec![prop] };
+            let names: Vec<&str> = if prop == "all" {
+                VOLUME_PROP_NAMES.to_vec()
+            } else {
+                vec![prop]
+            };
             for n in names {
                 println!("{:<32} {:<14} {}", target, n, props.get(n)?);
             }
         }
         None => {
-            let names: Vec<&str> = if prop == "all" { POOL_PROP_NAMES.to_vec() } else { vec![prop] };
+            let names: Vec<&str> = if prop == "all" {
+                POOL_PROP_NAMES.to_vec()
+            } else {
+                vec![prop]
+            };
             for n in names {
                 println!("{:<32} {:<14} {}", target, n, p.get_prop(n)?);
             }
@@ -535,7 +593,10 @@ pub(crate) fn print_status(s: &PoolStatus) {
     println!(" state: {}", s.state);
     println!("   txg: {}", s.txg);
     println!("config:\n");
-    println!("\t{:<40} {:<9} {:>5} {:>5} {:>5}", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+    println!(
+        "\t{:<40} {:<9} {:>5} {:>5} {:>5}",
+        "NAME", "STATE", "READ", "WRITE", "CKSUM"
+    );
     println!("\t{:<40} {:<9} {:>5} {:>5} {:>5}", s.name, s.state, 0, 0, 0);
     fn line(v: &VdevStatus, depth: usize) {
         let name = format!("{}{}", "  ".repeat(depth), v.name);
@@ -544,7 +605,11 @@ pub(crate) fn print_status(s: &PoolStatus) {
             name, v.state, v.read_errors, v.write_errors, v.checksum_errors
         );
         if v.repaired_bytes > 0 {
-            println!("\t{}  (repaired {} bytes)", "  ".repeat(depth), v.repaired_bytes);
+            println!(
+                "\t{}  (repaired {} bytes)",
+                "  ".repeat(depth),
+                v.repaired_bytes
+            );
         }
         for c in &v.children {
             line(c, depth + 1);
@@ -554,7 +619,14 @@ pub(crate) fn print_status(s: &PoolStatus) {
         line(v, 1);
     }
     println!();
-    println!("errors: {}", if s.vdevs.iter().any(has_errors) { "see the counts above" } else { "No known data errors" });
+    println!(
+        "errors: {}",
+        if s.vdevs.iter().any(has_errors) {
+            "see the counts above"
+        } else {
+            "No known data errors"
+        }
+    );
 }
 
 fn has_errors(v: &VdevStatus) -> bool {

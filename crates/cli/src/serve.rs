@@ -49,7 +49,10 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
     let dev = open_device(&file, Some(DEFAULT_POOL_FILE_BYTES))?;
     let pool = Pool::create(
         "oxpool",
-        vec![TopSpec { kind: TopVdevKind::Single, devices: vec![dev.backend()] }],
+        vec![TopSpec {
+            kind: TopVdevKind::Single,
+            devices: vec![dev.backend()],
+        }],
         PoolProps::default(),
         false,
     )?;
@@ -69,7 +72,10 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
 pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     let mut names = args.pools.clone();
     if names.is_empty() {
-        names = cachefile::read(cache)?.into_iter().map(|p| p.name).collect();
+        names = cachefile::read(cache)?
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
     }
     if names.is_empty() {
         default_pool(cache, &args.data_dir)?;

@@ -40,7 +40,11 @@ impl Env {
         let o = self.run(args);
         assert!(!o.status.success(), "oxpool {args:?} should have failed");
         let e = String::from_utf8(o.stderr).unwrap();
-        assert_eq!(e.trim_end().lines().count(), 1, "error is not one line: {e}");
+        assert_eq!(
+            e.trim_end().lines().count(),
+            1,
+            "error is not one line: {e}"
+        );
         e
     }
 }
@@ -57,21 +61,55 @@ fn pool_and_volume_lifecycle() {
     let list = env.ok(&["list"]);
     assert!(list.contains("tank") && list.contains("ONLINE"), "{list}");
     let status = env.ok(&["status", "tank"]);
-    assert!(status.contains("mirror-0") && status.contains("a.img") && status.contains("b.img"), "{status}");
+    assert!(
+        status.contains("mirror-0") && status.contains("a.img") && status.contains("b.img"),
+        "{status}"
+    );
 
-    env.ok(&["vol", "create", "tank/vol0", "--size", "64M", "-o", "volblocksize=4K"]);
+    env.ok(&[
+        "vol",
+        "create",
+        "tank/vol0",
+        "--size",
+        "64M",
+        "-o",
+        "volblocksize=4K",
+    ]);
     let vols = env.ok(&["vol", "list"]);
     assert!(vols.contains("tank/vol0") && vols.contains("64M"), "{vols}");
 
     // Write a file in, read it back, through separate processes.
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(env.path("in.bin"), &data).unwrap();
-    env.ok(&["vol", "write", "tank/vol0", "--offset", "12345", p(&env.path("in.bin"))]);
-    env.ok(&["vol", "read", "tank/vol0", "--offset", "12345", "--length", &data.len().to_string(), p(&env.path("out.bin"))]);
-    assert!(std::fs::read(env.path("out.bin")).unwrap() == data, "read back differs");
+    env.ok(&[
+        "vol",
+        "write",
+        "tank/vol0",
+        "--offset",
+        "12345",
+        p(&env.path("in.bin")),
+    ]);
+    env.ok(&[
+        "vol",
+        "read",
+        "tank/vol0",
+        "--offset",
+        "12345",
+        "--length",
+        &data.len().to_string(),
+        p(&env.path("out.bin")),
+    ]);
+    assert!(
+        std::fs::read(env.path("out.bin")).unwrap() == data,
+        "read back differs"
+    );
 
     // Properties.
-    assert!(env.ok(&["get", "volblocksize", "tank/vol0"]).contains("4096"));
+    assert!(env
+        .ok(&["get", "volblocksize", "tank/vol0"])
+        .contains("4096"));
     env.ok(&["set", "sync=always", "tank/vol0"]);
     assert!(env.ok(&["get", "all", "tank/vol0"]).contains("always"));
     env.ok(&["set", "txg_timeout=2", "tank"]);
@@ -93,8 +131,20 @@ fn pool_and_volume_lifecycle() {
     let found = env.ok(&["import", "-d", p(env.dir.path())]);
     assert!(found.contains("pool: tank"), "{found}");
     env.ok(&["import", "-d", p(env.dir.path()), "tank"]);
-    env.ok(&["vol", "read", "tank/vol0", "--offset", "12345", "--length", &data.len().to_string(), p(&env.path("out2.bin"))]);
-    assert!(std::fs::read(env.path("out2.bin")).unwrap() == data, "data lost across export/import");
+    env.ok(&[
+        "vol",
+        "read",
+        "tank/vol0",
+        "--offset",
+        "12345",
+        "--length",
+        &data.len().to_string(),
+        p(&env.path("out2.bin")),
+    ]);
+    assert!(
+        std::fs::read(env.path("out2.bin")).unwrap() == data,
+        "data lost across export/import"
+    );
 
     // Destroying a volume and the pool.
     env.ok(&["vol", "destroy", "tank/vol0"]);
@@ -112,7 +162,10 @@ fn refuses_a_device_of_another_pool_unless_forced() {
     env.ok(&["create", "one", p(&a), "--size", "64M"]);
     env.ok(&["export", "one"]);
     let e = env.fails(&["create", "two", p(&a)]);
-    assert!(e.contains("belongs to pool 'one'") && e.contains("-f"), "{e}");
+    assert!(
+        e.contains("belongs to pool 'one'") && e.contains("-f"),
+        "{e}"
+    );
     env.ok(&["create", "-f", "two", p(&a)]);
     assert!(env.ok(&["list"]).contains("two"));
 }
@@ -130,7 +183,10 @@ fn errors_are_one_clear_line() {
     let e = env.fails(&["import", "-d", p(env.dir.path()), "tank"]);
     assert!(e.contains("junk.img"), "{e}");
     // Every verb has --help.
-    for verb in ["create", "import", "export", "destroy", "list", "status", "vol", "get", "set", "serve", "scrub"] {
+    for verb in [
+        "create", "import", "export", "destroy", "list", "status", "vol", "get", "set", "serve",
+        "scrub",
+    ] {
         let o = env.run(&[verb, "--help"]);
         assert!(o.status.success(), "{verb} --help");
     }

@@ -103,7 +103,7 @@ impl SpaceMap {
                 return None;
             }
             // Skip whole allocated words quickly.
-            if start % 64 == 0 && self.words[(start / 64) as usize] == u64::MAX {
+            if start.is_multiple_of(64) && self.words[(start / 64) as usize] == u64::MAX {
                 start += 64;
                 continue;
             }
@@ -137,7 +137,10 @@ impl SpaceMap {
     /// means the block tree and the map disagree.
     pub fn free(&mut self, dva: &Dva) {
         let (start, count) = self.run(dva);
-        debug_assert!((start..start + count).all(|s| self.bit(s)), "double free of {dva:?}");
+        debug_assert!(
+            (start..start + count).all(|s| self.bit(s)),
+            "double free of {dva:?}"
+        );
         self.set_run(start, count, false);
     }
 
@@ -151,7 +154,10 @@ impl SpaceMap {
         debug_assert_eq!(dva.vdev, self.vdev);
         let start = dva.offset_bytes / SECTOR_BYTES;
         let count = (dva.asize_bytes as u64).div_ceil(SECTOR_BYTES);
-        assert!(start + count <= self.sectors, "dva {dva:?} past the end of the vdev");
+        assert!(
+            start + count <= self.sectors,
+            "dva {dva:?} past the end of the vdev"
+        );
         (start, count)
     }
 

@@ -34,7 +34,11 @@ pub fn read(path: &Path) -> Result<Vec<CachedPool>> {
         }
         let mut f = line.split('\t');
         let bad = || {
-            EngineError::invalid(format!("{}: line {}: malformed entry", path.display(), n + 1))
+            EngineError::invalid(format!(
+                "{}: line {}: malformed entry",
+                path.display(),
+                n + 1
+            ))
         };
         let name = f.next().ok_or_else(bad)?.to_string();
         let guid = u64::from_str_radix(f.next().ok_or_else(bad)?, 16).map_err(|_| bad())?;
@@ -61,7 +65,11 @@ pub fn write(path: &Path, pools: &[CachedPool]) -> Result<()> {
     }
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    writeln!(f, "# oxpool pool cache: name, guid, devices (tab-separated)").map_err(io)?;
+    writeln!(
+        f,
+        "# oxpool pool cache: name, guid, devices (tab-separated)"
+    )
+    .map_err(io)?;
     for p in pools {
         let devs: Vec<String> = p.devices.iter().map(|d| d.display().to_string()).collect();
         writeln!(f, "{}\t{:x}\t{}", p.name, p.guid, devs.join("\t")).map_err(io)?;
@@ -100,7 +108,14 @@ mod tests {
             devices: vec!["/a".into(), "/b".into()],
         };
         upsert(&path, p.clone()).unwrap();
-        upsert(&path, CachedPool { name: "t2".into(), ..p.clone() }).unwrap();
+        upsert(
+            &path,
+            CachedPool {
+                name: "t2".into(),
+                ..p.clone()
+            },
+        )
+        .unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
         remove(&path, "tank").unwrap();
         assert_eq!(read(&path).unwrap()[0].name, "t2");

@@ -40,7 +40,9 @@ pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
     for r in join_all(futs).await {
         r.map_err(|e| EngineError::io(dev.name(), e))?;
     }
-    dev.flush().await.map_err(|e| EngineError::io(dev.name(), e))
+    dev.flush()
+        .await
+        .map_err(|e| EngineError::io(dev.name(), e))
 }
 
 /// Reads the labels' configuration. Returns the first label that verifies; if none does, the
@@ -59,7 +61,10 @@ pub async fn read_label(dev: &dyn Backend) -> Result<LabelConfig> {
     }
     let mut first_err = None;
     for (i, off) in label_offsets(size).into_iter().enumerate() {
-        let buf = match dev.read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize)).await {
+        let buf = match dev
+            .read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize))
+            .await
+        {
             Ok(b) => b,
             Err(e) => {
                 first_err.get_or_insert(EngineError::io(dev.name(), e));
@@ -108,7 +113,10 @@ pub async fn write_uberblock(dev: &dyn Backend, ub: &Uberblock) -> Result<()> {
 pub async fn read_uberblocks(dev: &dyn Backend) -> Vec<Uberblock> {
     let ring_bytes = (UBERBLOCK_SLOTS * UBERBLOCK_SLOT_BYTES) as usize;
     let mut out = Vec::new();
-    for off in label_offsets(dev.size_bytes()).into_iter().take(LABEL_COUNT) {
+    for off in label_offsets(dev.size_bytes())
+        .into_iter()
+        .take(LABEL_COUNT)
+    {
         let ring = match dev
             .read(uberblock_slot_offset(off, 0), IoBuf::zeroed(ring_bytes))
             .await

@@ -33,8 +33,15 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
         match r {
             Ok(_) => ok[*i] = true,
             Err(e) => {
-                io.leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(device = io.leaf.name(), offset = io.offset_bytes, "write failed: {e}");
+                io.leaf
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    device = io.leaf.name(),
+                    offset = io.offset_bytes,
+                    "write failed: {e}"
+                );
                 last_err = Some(EngineError::io(io.leaf.name(), e));
             }
         }
@@ -75,7 +82,10 @@ pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<I
                         heal(&bad, &buf).await;
                         return Ok(buf);
                     }
-                    io.leaf.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    io.leaf
+                        .counters
+                        .checksum_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), what, "checksum mismatch");
                     checksum_failures += 1;
                     bad.push(io);
@@ -114,7 +124,10 @@ async fn heal(bad: &[LeafIo], good: &IoBuf) -> u64 {
                 repaired += 1;
             }
             Err(e) => {
-                io.leaf.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                io.leaf
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(device = io.leaf.name(), "self-heal write failed: {e}");
             }
         }
@@ -146,7 +159,11 @@ impl std::ops::AddAssign for ScrubCounts {
 
 /// Scrubs one block: reads every copy on every child, verifies each, rewrites the bad ones from
 /// a good one. Returns a verified copy (None if every copy is bad) and the counts.
-pub async fn scrub_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> (Option<IoBuf>, ScrubCounts) {
+pub async fn scrub_block(
+    vdevs: &VdevTree,
+    bp: &BlockPtr,
+    what: &str,
+) -> (Option<IoBuf>, ScrubCounts) {
     let mut counts = ScrubCounts::default();
     let mut good: Option<IoBuf> = None;
     let mut bad: Vec<LeafIo> = Vec::new();
@@ -156,12 +173,20 @@ pub async fn scrub_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> (Option
         };
         for io in top.plan_write(dva) {
             counts.copies_checked += 1;
-            match io.leaf.backend.read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize)).await {
+            match io
+                .leaf
+                .backend
+                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .await
+            {
                 Ok(buf) if verify(bp, &buf) => {
                     good.get_or_insert(buf);
                 }
                 Ok(_) => {
-                    io.leaf.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    io.leaf
+                        .counters
+                        .checksum_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
                     bad.push(io);
                 }

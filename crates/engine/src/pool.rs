@@ -6,6 +6,7 @@
 //! 3. flush every device;
 //! 4. write the uberblock for N into slot N % 32 of every label of every device;
 //! 5. flush every device. N is durable; its frees become reusable after N + DEFER_TXGS.
+//!
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, DEFER_TXGS};
@@ -201,9 +202,8 @@ impl Pool {
                         )));
                     }
                 }
-                asize = asize.min(
-                    (data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES,
-                );
+                asize = asize
+                    .min((data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES);
                 let guid = random_guid();
                 child_cfg.push(LeafConfig {
                     guid,
@@ -243,7 +243,11 @@ impl Pool {
                 chunk_ptrs: asizes
                     .iter()
                     .map(|&a| {
-                        vec![BlockPtr::HOLE; a.div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS) as usize]
+                        vec![
+                            BlockPtr::HOLE;
+                            a.div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
+                                as usize
+                        ]
                     })
                     .collect(),
                 alloc: Allocator::new(&asizes),
@@ -314,7 +318,9 @@ impl Pool {
             guids.dedup();
             match guids.len() {
                 0 => {
-                    let what = name.map(|n| format!("pool '{n}'")).unwrap_or("a pool".into());
+                    let what = name
+                        .map(|n| format!("pool '{n}'"))
+                        .unwrap_or("a pool".into());
                     let why = if rejected.is_empty() {
                         "no devices given".to_string()
                     } else {
@@ -417,7 +423,12 @@ impl Pool {
     }
 
     /// Creates a volume of `size_bytes` with `props` (name=value) set at creation.
-    pub fn create_volume(&self, name: &str, size_bytes: u64, props: &[(String, String)]) -> Result<Volume> {
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        props: &[(String, String)],
+    ) -> Result<Volume> {
         check_name("volume", name)?;
         let mut p = VolumeProps::new(size_bytes);
         for (k, v) in props {
@@ -560,8 +571,14 @@ impl Pool {
                     total += counts;
                     if bp.block_type == BlockType::Indirect {
                         if let Some(buf) = buf {
-                            let mut ptrs = Box::new([BlockPtr::HOLE; oxpool_format::INDIRECT_FANOUT]);
-                            if oxpool_format::decode_indirect(&buf[..bp.psize_bytes as usize], &mut ptrs).is_ok() {
+                            let mut ptrs =
+                                Box::new([BlockPtr::HOLE; oxpool_format::INDIRECT_FANOUT]);
+                            if oxpool_format::decode_indirect(
+                                &buf[..bp.psize_bytes as usize],
+                                &mut ptrs,
+                            )
+                            .is_ok()
+                            {
                                 stack.extend(ptrs.iter().filter(|p| !p.is_hole()));
                             }
                         }
@@ -721,7 +738,12 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
                 paths.join(", ")
             )));
         }
-        tops.push(TopVdev::new(tcfg.id, tcfg.kind.clone(), children, tcfg.asize_bytes));
+        tops.push(TopVdev::new(
+            tcfg.id,
+            tcfg.kind.clone(),
+            children,
+            tcfg.asize_bytes,
+        ));
     }
     let vdevs = VdevTree { tops };
     // The newest uberblock whose pool metadata reads and verifies.
@@ -730,7 +752,7 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
         ubs.extend(read_uberblocks(leaf.backend.as_ref()).await);
     }
     ubs.retain(|u| u.pool_guid == cfg0.pool_guid);
-    ubs.sort_by(|a, b| b.txg.cmp(&a.txg));
+    ubs.sort_by_key(|u| std::cmp::Reverse(u.txg));
     ubs.dedup();
     let mut last_err = None;
     let mut chosen = None;
@@ -741,7 +763,11 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
                 break;
             }
             Err(e) => {
-                tracing::warn!(pool = pool_name, "uberblock of txg {} unusable: {e}", ub.txg.0);
+                tracing::warn!(
+                    pool = pool_name,
+                    "uberblock of txg {} unusable: {e}",
+                    ub.txg.0
+                );
                 last_err = Some(e);
             }
         }
@@ -782,7 +808,10 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
                     source: e,
                 })?;
             if bits.len() != SPACEMAP_CHUNK_PAYLOAD_BYTES {
-                return Err(EngineError::invalid(format!("{what}: wrong size {}", bits.len())));
+                return Err(EngineError::invalid(format!(
+                    "{what}: wrong size {}",
+                    bits.len()
+                )));
             }
             map.load_chunk_bits(c as u64, bits);
         }
@@ -835,7 +864,9 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
 
 async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMeta> {
     if bp.is_hole() || bp.block_type != BlockType::PoolMeta {
-        return Err(EngineError::invalid(format!("pool '{pool}': uberblock root is not pool metadata")));
+        return Err(EngineError::invalid(format!(
+            "pool '{pool}': uberblock root is not pool metadata"
+        )));
     }
     let buf = read_block(vdevs, bp, &format!("{pool} pool metadata")).await?;
     PoolMeta::decode(&buf[..bp.psize_bytes as usize]).map_err(|e| EngineError::Corrupt {
@@ -848,25 +879,27 @@ async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMe
 fn sync_thread(pool: std::sync::Weak<PoolInner>) {
     loop {
         let Some(inner) = pool.upgrade() else { return };
-        let Some(txg) = inner.txg.next_to_sync() else { return };
+        let Some(txg) = inner.txg.next_to_sync() else {
+            return;
+        };
         let r = block_on(sync_txg(&inner, txg));
         inner.txg.finish_sync(txg, &r);
     }
 }
 
-/// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
-async fn write_new_block(
-    inner: &PoolInner,
-    data: &IoBuf,
+/// What a new block is, for [`write_new_block`].
+struct NewBlock {
     psize_bytes: u32,
-    lsize_bytes: u32,
     block_type: BlockType,
     level: u8,
     copies: usize,
     checksum_type: oxpool_format::ChecksumType,
     txg: Txg,
     fill: u64,
-) -> Result<BlockPtr> {
+}
+
+/// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
+async fn write_new_block(inner: &PoolInner, data: &IoBuf, nb: NewBlock) -> Result<BlockPtr> {
     let asize = data.len() as u64;
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
     let dvas = inner
@@ -874,21 +907,21 @@ async fn write_new_block(
         .lock()
         .unwrap()
         .alloc
-        .alloc(asize, copies)
+        .alloc(asize, nb.copies)
         .ok_or_else(|| EngineError::NoSpace {
             pool: inner.name.clone(),
         })?;
     let mut bp = BlockPtr {
         ndvas: dvas.len() as u8,
-        lsize_bytes,
-        psize_bytes,
-        checksum_type,
+        lsize_bytes: nb.psize_bytes,
+        psize_bytes: nb.psize_bytes,
+        checksum_type: nb.checksum_type,
         compression: Compression::Off,
-        block_type,
-        level,
-        birth: txg,
-        fill,
-        checksum: checksum(checksum_type, &data[..psize_bytes as usize]),
+        block_type: nb.block_type,
+        level: nb.level,
+        birth: nb.txg,
+        fill: nb.fill,
+        checksum: checksum(nb.checksum_type, &data[..nb.psize_bytes as usize]),
         ..BlockPtr::HOLE
     };
     bp.dvas[..dvas.len()].copy_from_slice(&dvas);
@@ -945,13 +978,14 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             for v in 0..nvdevs {
                 let dirty = s.alloc.map_mut(VdevId(v as u32)).take_dirty_chunks();
                 for c in dirty {
-                    if let std::collections::btree_map::Entry::Vacant(e) = pending.entry((v as u32, c)) {
-                        let dvas = s
-                            .alloc
-                            .alloc(SECTOR_BYTES, META_COPIES)
-                            .ok_or_else(|| EngineError::NoSpace {
+                    if let std::collections::btree_map::Entry::Vacant(e) =
+                        pending.entry((v as u32, c))
+                    {
+                        let dvas = s.alloc.alloc(SECTOR_BYTES, META_COPIES).ok_or_else(|| {
+                            EngineError::NoSpace {
                                 pool: inner.name.clone(),
-                            })?;
+                            }
+                        })?;
                         e.insert(dvas);
                         added = true;
                     }
@@ -1057,14 +1091,15 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     let meta_ptr = write_new_block(
         inner,
         &block,
-        meta_block.len() as u32,
-        meta_block.len() as u32,
-        BlockType::PoolMeta,
-        0,
-        META_COPIES,
-        oxpool_format::ChecksumType::Xxh3_128,
-        txg,
-        0,
+        NewBlock {
+            psize_bytes: meta_block.len() as u32,
+            block_type: BlockType::PoolMeta,
+            level: 0,
+            copies: META_COPIES,
+            checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+            txg,
+            fill: 0,
+        },
     )
     .await?;
     flush_all(inner).await?;
@@ -1101,7 +1136,8 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
         if !freed.is_empty() {
             s.deferred.push(DeferredFree { txg, dvas: freed });
         }
-        let cache_blocks = (s.props.cache_max_bytes as usize / BlockTree::CACHED_BLOCK_BYTES).max(64);
+        let cache_blocks =
+            (s.props.cache_max_bytes as usize / BlockTree::CACHED_BLOCK_BYTES).max(64);
         let per_volume = (cache_blocks / volumes.len().max(1)).max(16);
         for vol in &volumes {
             vol.dirty.lock().unwrap().txgs.retain(|(t, _)| *t != txg);
@@ -1155,7 +1191,8 @@ async fn sync_volume(
         let p = vol.props.lock().unwrap();
         (p.clone(), p.volsize_bytes / p.volblocksize_bytes as u64)
     };
-    let (frees, mut blocks): (Vec<(u64, u64)>, Vec<(u64, IoBuf)>) = {
+    type Frees = Vec<(u64, u64)>;
+    let (frees, mut blocks): (Frees, Vec<(u64, Arc<IoBuf>)>) = {
         let d = vol.dirty.lock().unwrap();
         match d.txgs.iter().find(|(t, _)| *t == txg) {
             Some((_, t)) => (
@@ -1185,9 +1222,15 @@ async fn sync_volume(
                 Walk::Cached => {
                     let mut removed = Vec::new();
                     let next = (b / FANOUT + 1) * FANOUT;
-                    if vol.tree.lock().unwrap().clear_data_range(b, end.min(next), &mut removed) {
+                    if vol
+                        .tree
+                        .lock()
+                        .unwrap()
+                        .clear_data_range(b, end.min(next), &mut removed)
+                    {
                         for p in removed {
-                            used_delta -= p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                            used_delta -=
+                                p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
                             freed.extend_from_slice(p.dvas());
                         }
                         b = next;
@@ -1207,22 +1250,25 @@ async fn sync_volume(
                     // All zeros: a hole, as ZFS does with compression on.
                     return Ok(BlockPtr::HOLE);
                 }
-                let data = if buf.len() as u64 % SECTOR_BYTES == 0 {
-                    buf.clone()
+                let padded_copy;
+                let data: &IoBuf = if (buf.len() as u64).is_multiple_of(SECTOR_BYTES) {
+                    buf
                 } else {
-                    padded(buf)
+                    padded_copy = padded(buf);
+                    &padded_copy
                 };
                 write_new_block(
                     inner,
-                    &data,
-                    bs,
-                    bs,
-                    BlockType::Data,
-                    0,
-                    props.copies as usize,
-                    props.checksum,
-                    txg,
-                    1,
+                    data,
+                    NewBlock {
+                        psize_bytes: bs,
+                        block_type: BlockType::Data,
+                        level: 0,
+                        copies: props.copies as usize,
+                        checksum_type: props.checksum,
+                        txg,
+                        fill: 1,
+                    },
                 )
                 .await
             })
@@ -1268,14 +1314,15 @@ async fn sync_volume(
                     write_new_block(
                         inner,
                         buf,
-                        INDIRECT_BLOCK_BYTES as u32,
-                        INDIRECT_BLOCK_BYTES as u32,
-                        BlockType::Indirect,
-                        level,
-                        meta_copies,
-                        oxpool_format::ChecksumType::Xxh3_128,
-                        txg,
-                        *fill,
+                        NewBlock {
+                            psize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                            block_type: BlockType::Indirect,
+                            level,
+                            copies: meta_copies,
+                            checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+                            txg,
+                            fill: *fill,
+                        },
                     )
                     .await
                 })

@@ -81,7 +81,6 @@ fn default_dirty_max_bytes() -> u64 {
     (ram_bytes / 10).clamp(64 << 20, 4 << 30)
 }
 
-
 /// Names of the pool properties, for listing.
 pub const POOL_PROP_NAMES: &[&str] = &["txg_timeout", "dirty_max", "cache_max"];
 
@@ -92,7 +91,11 @@ impl PoolProps {
             "txg_timeout" => self.txg_timeout_s.to_string(),
             "dirty_max" => self.dirty_max_bytes.to_string(),
             "cache_max" => self.cache_max_bytes.to_string(),
-            _ => return Err(EngineError::invalid(format!("unknown pool property '{name}'"))),
+            _ => {
+                return Err(EngineError::invalid(format!(
+                    "unknown pool property '{name}'"
+                )))
+            }
         })
     }
 
@@ -120,7 +123,11 @@ impl PoolProps {
                 }
                 self.cache_max_bytes = v;
             }
-            _ => return Err(EngineError::invalid(format!("unknown pool property '{name}'"))),
+            _ => {
+                return Err(EngineError::invalid(format!(
+                    "unknown pool property '{name}'"
+                )))
+            }
         }
         Ok(())
     }
@@ -161,8 +168,14 @@ pub struct VolumeProps {
 }
 
 /// Names of the volume properties, for listing.
-pub const VOLUME_PROP_NAMES: &[&str] =
-    &["volsize", "volblocksize", "checksum", "sync", "copies", "readonly"];
+pub const VOLUME_PROP_NAMES: &[&str] = &[
+    "volsize",
+    "volblocksize",
+    "checksum",
+    "sync",
+    "copies",
+    "readonly",
+];
 
 impl VolumeProps {
     /// Defaults for a volume of `volsize_bytes`.
@@ -200,8 +213,7 @@ impl VolumeProps {
             "volblocksize" => {
                 let v = parse_size(name, value)?;
                 let ok = v.is_power_of_two()
-                    && (VOLBLOCKSIZE_MIN_BYTES as u64..=VOLBLOCKSIZE_MAX_BYTES as u64)
-                        .contains(&v);
+                    && (VOLBLOCKSIZE_MIN_BYTES as u64..=VOLBLOCKSIZE_MAX_BYTES as u64).contains(&v);
                 if !ok {
                     return Err(EngineError::invalid(
                         "volblocksize must be a power of two from 512 to 128K",
@@ -257,7 +269,7 @@ impl VolumeProps {
     /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize).
     pub fn validate(&self) -> Result<()> {
         let bs = self.volblocksize_bytes as u64;
-        if self.volsize_bytes == 0 || self.volsize_bytes % bs != 0 {
+        if self.volsize_bytes == 0 || !self.volsize_bytes.is_multiple_of(bs) {
             return Err(EngineError::invalid(format!(
                 "volsize {} must be a non-zero multiple of volblocksize {bs}",
                 self.volsize_bytes
@@ -332,8 +344,8 @@ mod tests {
         p.set_initial("volblocksize", "4K").unwrap();
         p.set("sync", "always").unwrap();
         p.set("checksum", "blake3").unwrap();
-        let q = VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs())
-            .unwrap();
+        let q =
+            VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs()).unwrap();
         assert_eq!(p, q);
         assert!(p.set("volblocksize", "8K").is_err());
         assert!(p.set_initial("volblocksize", "3000").is_err());

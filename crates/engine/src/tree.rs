@@ -63,6 +63,18 @@ pub struct BlockTree {
     tick: u64,
 }
 
+/// One step of a walk.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Done(Walk),
+    Load {
+        level: u8,
+        idx: u64,
+        ptr: BlockPtr,
+        generation: u64,
+    },
+}
+
 /// What a walk found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Walk {
@@ -148,17 +160,11 @@ impl BlockTree {
             .map(|c| c.ptrs[(idx % FANOUT) as usize])
     }
 
-    /// One step of a walk toward block `b` at `stop_level`: Ok(Ok(walk)) if done, Ok(Err(..))
-    /// with the block to load from disk and the generation to check on insert.
-    #[allow(clippy::type_complexity)]
-    fn step(
-        &mut self,
-        b: u64,
-        stop_level: u8,
-        create: bool,
-    ) -> std::result::Result<Walk, (u8, u64, BlockPtr, u64)> {
+    /// One step of a walk toward block `b` at `stop_level`: done, or the block to load from
+    /// disk (with the generation to check when it is inserted).
+    fn step(&mut self, b: u64, stop_level: u8, create: bool) -> Step {
         if b >= capacity(self.levels) {
-            return Ok(Walk::Hole {
+            return Step::Done(Walk::Hole {
                 level: self.levels + 1,
             });
         }
@@ -169,14 +175,14 @@ impl BlockTree {
             if let Some(c) = self.cache.get_mut(&(level, idx)) {
                 c.last_use = self.tick;
                 if level == stop_level {
-                    return Ok(Walk::Cached);
+                    return Step::Done(Walk::Cached);
                 }
                 ptr = c.ptrs[slot];
                 continue;
             }
             if ptr.is_hole() {
                 if !create {
-                    return Ok(Walk::Hole { level });
+                    return Step::Done(Walk::Hole { level });
                 }
                 // The sync thread is about to put something under a hole: start the block
                 // empty and dirty; write-back gives it a pointer in its parent.
@@ -190,12 +196,17 @@ impl BlockTree {
                 );
                 self.generation += 1;
                 if level == stop_level {
-                    return Ok(Walk::Cached);
+                    return Step::Done(Walk::Cached);
                 }
                 ptr = BlockPtr::HOLE;
                 continue;
             }
-            return Err((level, idx, ptr, self.generation));
+            return Step::Load {
+                level,
+                idx,
+                ptr,
+                generation: self.generation,
+            };
         }
         unreachable!("the loop returns at stop_level")
     }
@@ -245,7 +256,9 @@ impl BlockTree {
     /// Sets data block `b`'s pointer; its level-1 block must be cached. Returns the old one.
     pub fn set_data_ptr(&mut self, b: u64, ptr: BlockPtr) -> Option<BlockPtr> {
         let (idx, slot) = position(b, 1);
-        self.cache.contains_key(&(1, idx)).then(|| self.set_slot(1, idx, slot, ptr))
+        self.cache
+            .contains_key(&(1, idx))
+            .then(|| self.set_slot(1, idx, slot, ptr))
     }
 
     /// Clears the data pointers of blocks [b, end) inside one cached level-1 block, returning
@@ -356,18 +369,29 @@ pub async fn walk(
     for _ in 0..WALK_RETRIES_MAX {
         let step = tree.lock().unwrap().step(b, stop_level, create);
         let (level, idx, ptr, generation) = match step {
-            Ok(w) => return Ok(w),
-            Err(load) => load,
+            Step::Done(w) => return Ok(w),
+            Step::Load {
+                level,
+                idx,
+                ptr,
+                generation,
+            } => (level, idx, ptr, generation),
         };
-        let buf = read_block(vdevs, &ptr, &format!("{what} indirect block L{level}/{idx}")).await?;
+        let buf = read_block(
+            vdevs,
+            &ptr,
+            &format!("{what} indirect block L{level}/{idx}"),
+        )
+        .await?;
         let mut ptrs = Box::new([BlockPtr::HOLE; INDIRECT_FANOUT]);
-        let got_level = decode_indirect(&buf[..ptr.psize_bytes as usize], &mut ptrs).map_err(|e| {
-            EngineError::Corrupt {
-                device: what.to_string(),
-                what: format!("indirect block L{level}/{idx}"),
-                source: e,
-            }
-        })?;
+        let got_level =
+            decode_indirect(&buf[..ptr.psize_bytes as usize], &mut ptrs).map_err(|e| {
+                EngineError::Corrupt {
+                    device: what.to_string(),
+                    what: format!("indirect block L{level}/{idx}"),
+                    source: e,
+                }
+            })?;
         if got_level != level {
             return Err(EngineError::invalid(format!(
                 "{what}: indirect block L{level}/{idx} says it is level {got_level}"
@@ -429,8 +453,8 @@ mod tests {
     #[test]
     fn create_set_and_finish_marks_clean() {
         let mut t = BlockTree::new(2, BlockPtr::HOLE);
-        assert_eq!(t.step(600, 1, false), Ok(Walk::Hole { level: 2 }));
-        assert_eq!(t.step(600, 1, true), Ok(Walk::Cached));
+        assert_eq!(t.step(600, 1, false), Step::Done(Walk::Hole { level: 2 }));
+        assert_eq!(t.step(600, 1, true), Step::Done(Walk::Cached));
         assert_eq!(t.dirty_at(1), vec![2]);
         assert_eq!(t.dirty_at(2), vec![0]);
         let p = BlockPtr {

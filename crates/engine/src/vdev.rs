@@ -183,7 +183,9 @@ mod tests {
         };
         let w = top.plan_write(&dva);
         assert_eq!(w.len(), 2);
-        assert!(w.iter().all(|io| io.offset_bytes == DATA_START_BYTES + 8192));
+        assert!(w
+            .iter()
+            .all(|io| io.offset_bytes == DATA_START_BYTES + 8192));
         let firsts: Vec<_> = (0..6)
             .map(|_| top.plan_read(&dva)[0].leaf.name().to_string())
             .collect();

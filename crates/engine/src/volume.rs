@@ -23,8 +23,9 @@ use std::sync::{Arc, Mutex};
 
 /// A block's content in one txg's dirty set.
 pub(crate) enum DirtyBlock {
-    /// New data, exactly one volume block long.
-    Data(IoBuf),
+    /// New data, exactly one volume block long. Shared with the sync while it writes the
+    /// block out (no copy); a later write to the open txg's copy is copy-on-write.
+    Data(Arc<IoBuf>),
 }
 
 /// The changes of one txg to one volume.
@@ -91,7 +92,10 @@ impl VolDirty {
         if let Some(i) = self.txgs.iter().position(|(t, _)| *t == txg) {
             return &mut self.txgs[i].1;
         }
-        debug_assert!(self.txgs.iter().all(|(t, _)| *t < txg), "txg went backwards");
+        debug_assert!(
+            self.txgs.iter().all(|(t, _)| *t < txg),
+            "txg went backwards"
+        );
         debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
         self.txgs.push((txg, TxgDirty::default()));
         &mut self.txgs.last_mut().unwrap().1
@@ -116,7 +120,7 @@ impl VolDirty {
     fn source(&self, b: u64) -> Source {
         for (_, d) in self.txgs.iter().rev() {
             if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
-                return Source::Dirty(buf.clone());
+                return Source::Dirty(IoBuf::clone(buf));
             }
             if d.freed(b) {
                 return Source::Zero;
@@ -195,7 +199,9 @@ pub struct Volume {
 
 impl std::fmt::Debug for Volume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Volume").field("name", &self.vol.full_name).finish()
+        f.debug_struct("Volume")
+            .field("name", &self.vol.full_name)
+            .finish()
     }
 }
 
@@ -236,7 +242,10 @@ impl Volume {
         }
         let p = self.vol.props.lock().unwrap();
         if write && p.readonly {
-            return Err(EngineError::invalid(format!("{} is read-only", self.vol.full_name)));
+            return Err(EngineError::invalid(format!(
+                "{} is read-only",
+                self.vol.full_name
+            )));
         }
         let end = offset_bytes.checked_add(length_bytes);
         if end.is_none_or(|e| e > p.volsize_bytes) {
@@ -258,7 +267,12 @@ impl Volume {
         let _guard = self
             .vol
             .range_lock
-            .lock(node.as_mut(), offset_bytes, out.len() as u64, LockMode::Read)
+            .lock(
+                node.as_mut(),
+                offset_bytes,
+                out.len() as u64,
+                LockMode::Read,
+            )
             .await;
         let end = offset_bytes + out.len() as u64;
         let mut pos = offset_bytes;
@@ -286,7 +300,9 @@ impl Volume {
         let bufs = oxpool_io::rt::join_all(futs).await;
         for ((_, in_block, range), buf) in from_tree.into_iter().zip(bufs) {
             match buf? {
-                Some(buf) => out[range.clone()].copy_from_slice(&buf[in_block..in_block + range.len()]),
+                Some(buf) => {
+                    out[range.clone()].copy_from_slice(&buf[in_block..in_block + range.len()])
+                }
                 None => out[range].fill(0),
             }
         }
@@ -338,12 +354,18 @@ impl Volume {
     /// Writes `data` at `offset_bytes`. With `fua` (or `sync=always`) the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.modify(offset_bytes, data.len() as u64, Some(data), fua).await
+        self.modify(offset_bytes, data.len() as u64, Some(data), fua)
+            .await
     }
 
     /// Writes zeros over the range. Whole blocks become holes (no space used; they read as
     /// zeros); partial blocks at the edges are zero-filled.
-    pub async fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> Result<()> {
+    pub async fn write_zeroes(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        fua: bool,
+    ) -> Result<()> {
         self.modify(offset_bytes, length_bytes, None, fua).await
     }
 
@@ -368,10 +390,20 @@ impl Volume {
         let _guard = self
             .vol
             .range_lock
-            .lock(node.as_mut(), first * bs, (end - first) * bs, LockMode::Write)
+            .lock(
+                node.as_mut(),
+                first * bs,
+                (end - first) * bs,
+                LockMode::Write,
+            )
             .await;
         let hold = self.pool.txg.hold(0).await?;
-        self.vol.dirty.lock().unwrap().txg_mut(hold.txg()).add_free(first, end);
+        self.vol
+            .dirty
+            .lock()
+            .unwrap()
+            .txg_mut(hold.txg())
+            .add_free(first, end);
         hold.note_dirty(0);
         Ok(())
     }
@@ -404,8 +436,9 @@ impl Volume {
             .await;
         // Read-modify-write bases for the partial head and tail blocks, read before taking
         // the txg hold so a slow read does not hold up the txg's quiesce.
-        let head_partial = offset_bytes % bs != 0 || (first_b == last_b && end % bs != 0);
-        let tail_partial = end % bs != 0 && last_b != first_b;
+        let head_partial =
+            !offset_bytes.is_multiple_of(bs) || (first_b == last_b && !end.is_multiple_of(bs));
+        let tail_partial = !end.is_multiple_of(bs) && last_b != first_b;
         let head = if head_partial {
             Some(self.block_content(first_b, bs as usize).await?)
         } else {
@@ -439,12 +472,18 @@ impl Volume {
                 }
                 let in_block = (lo - bstart) as usize;
                 let len = (hi - lo) as usize;
-                let src = data.map(|d| &d[(lo - offset_bytes) as usize..(hi - offset_bytes) as usize]);
+                let src =
+                    data.map(|d| &d[(lo - offset_bytes) as usize..(hi - offset_bytes) as usize]);
                 match t.blocks.get_mut(&b) {
-                    Some(DirtyBlock::Data(buf)) => match src {
-                        Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
-                        None => buf[in_block..in_block + len].fill(0),
-                    },
+                    Some(DirtyBlock::Data(buf)) => {
+                        // Unique unless a sync of this very txg holds it, which cannot happen
+                        // while we hold the txg: make_mut never copies in practice.
+                        let buf = Arc::make_mut(buf);
+                        match src {
+                            Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
+                            None => buf[in_block..in_block + len].fill(0),
+                        }
+                    }
                     None => {
                         let mut buf = if full {
                             IoBuf::zeroed(bs as usize)
@@ -457,7 +496,7 @@ impl Volume {
                             Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
                             None => buf[in_block..in_block + len].fill(0),
                         }
-                        t.blocks.insert(b, DirtyBlock::Data(buf));
+                        t.blocks.insert(b, DirtyBlock::Data(Arc::new(buf)));
                         newly_dirty_bytes += bs;
                     }
                 }
@@ -505,15 +544,26 @@ impl Volume {
                 Some(true) => (BlockState::Data, b + 1),
                 Some(false) => (BlockState::Hole, b + 1),
                 None => {
-                    let walked =
-                        walk(&self.vol.tree, &self.pool.vdevs, b, 1, false, &self.vol.full_name)
-                            .await?;
+                    let walked = walk(
+                        &self.vol.tree,
+                        &self.pool.vdevs,
+                        b,
+                        1,
+                        false,
+                        &self.vol.full_name,
+                    )
+                    .await?;
                     match walked {
                         Walk::Hole { level } => (BlockState::Hole, skip_hole(b, level).max(b + 1)),
                         Walk::Cached => {
-                            let bp = lookup(&self.vol.tree, &self.pool.vdevs, b, &self.vol.full_name)
-                                .await?;
-                            let s = if bp.is_hole() { BlockState::Hole } else { BlockState::Data };
+                            let bp =
+                                lookup(&self.vol.tree, &self.pool.vdevs, b, &self.vol.full_name)
+                                    .await?;
+                            let s = if bp.is_hole() {
+                                BlockState::Hole
+                            } else {
+                                BlockState::Data
+                            };
                             (s, b + 1)
                         }
                     }
@@ -546,4 +596,3 @@ impl Volume {
         self.vol.used_bytes.load(Ordering::Relaxed)
     }
 }
-

@@ -36,7 +36,10 @@ fn zeroed_labels_name_the_device() {
     }
     let e = import_err(vec![Arc::new(dev)]);
     assert!(e.contains("mem0"), "{e}");
-    assert!(e.to_lowercase().contains("empty") || e.contains("label"), "{e}");
+    assert!(
+        e.to_lowercase().contains("empty") || e.contains("label"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -76,7 +79,11 @@ fn corrupt_uberblocks_and_metadata_fail_cleanly() {
     let dev = healthy();
     // Destroy every uberblock ring: labels still say which pool this is.
     for off in label_offsets(dev.size_bytes()) {
-        write(&dev, off + LABEL_BYTES / 2, &vec![0xA5u8; (LABEL_BYTES / 2) as usize]);
+        write(
+            &dev,
+            off + LABEL_BYTES / 2,
+            &vec![0xA5u8; (LABEL_BYTES / 2) as usize],
+        );
     }
     let e = import_err(vec![Arc::new(dev)]);
     assert!(e.contains("uberblock"), "{e}");

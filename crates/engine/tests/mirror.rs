@@ -5,10 +5,10 @@
 mod common;
 
 use common::{mem_pool, pattern, reimport};
+use oxpool_engine::Pool;
 use oxpool_format::{TopVdevKind, DATA_START_BYTES};
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, FaultBackend, MemoryBackend};
-use oxpool_engine::Pool;
 use std::sync::Arc;
 
 const VOLUME_BYTES: u64 = 4 << 20;
@@ -34,14 +34,21 @@ fn mirror_serves_and_repairs_a_corrupted_side() {
     let s = pool.status();
     let side0 = &s.vdevs[0].children[0];
     let side1 = &s.vdevs[0].children[1];
-    assert!(side0.checksum_errors > 0, "corruption not counted: {side0:?}");
+    assert!(
+        side0.checksum_errors > 0,
+        "corruption not counted: {side0:?}"
+    );
     assert_eq!(side1.checksum_errors, 0);
     assert!(side0.repaired_bytes > 0, "nothing repaired: {side0:?}");
     // Reads repair what they touch; a scrub repairs every copy, read or not.
     let scrub = pool.scrub().unwrap();
     assert_eq!(scrub.blocks_lost, 0, "{scrub:?}");
     assert_eq!(scrub.copies_bad, scrub.copies_repaired, "{scrub:?}");
-    assert_eq!(pool.scrub().unwrap().copies_bad, 0, "second scrub still finds damage");
+    assert_eq!(
+        pool.scrub().unwrap().copies_bad,
+        0,
+        "second scrub still finds damage"
+    );
     drop(v);
     pool.export().unwrap();
 

@@ -18,10 +18,27 @@ const VOLUMES: [(&str, u64, u32); 3] = [
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { vol: usize, off: u64, len: u64, seed: u64 },
-    Trim { vol: usize, off: u64, len: u64 },
-    Zero { vol: usize, off: u64, len: u64 },
-    Read { vol: usize, off: u64, len: u64 },
+    Write {
+        vol: usize,
+        off: u64,
+        len: u64,
+        seed: u64,
+    },
+    Trim {
+        vol: usize,
+        off: u64,
+        len: u64,
+    },
+    Zero {
+        vol: usize,
+        off: u64,
+        len: u64,
+    },
+    Read {
+        vol: usize,
+        off: u64,
+        len: u64,
+    },
     Sync,
     Reopen,
 }
@@ -50,8 +67,14 @@ fn place(vol: usize, f: f64, len: u64) -> (u64, u64) {
 
 fn apply_model(model: &mut [Vec<u8>], op: &Op) {
     match *op {
-        Op::Write { vol, off, len, seed } => {
-            model[vol][off as usize..(off + len) as usize].copy_from_slice(&pattern(seed, len as usize));
+        Op::Write {
+            vol,
+            off,
+            len,
+            seed,
+        } => {
+            model[vol][off as usize..(off + len) as usize]
+                .copy_from_slice(&pattern(seed, len as usize));
         }
         Op::Trim { vol, off, len } => {
             // Only whole blocks inside the range are freed (and read as zeros).
@@ -80,7 +103,12 @@ fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseEr
     for op in &ops {
         let p: &Pool = pool.as_ref().unwrap();
         match op {
-            Op::Write { vol, off, len, seed } => {
+            Op::Write {
+                vol,
+                off,
+                len,
+                seed,
+            } => {
                 let v = p.volume(VOLUMES[*vol].0).unwrap();
                 block_on(v.write(*off, &pattern(*seed, *len as usize), false)).unwrap();
             }
@@ -117,7 +145,10 @@ fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseEr
         let v = p.volume(name).unwrap();
         let mut buf = vec![0u8; *size as usize];
         block_on(v.read(0, &mut buf)).unwrap();
-        prop_assert!(buf == model[i], "volume {name} differs from the model after reimport");
+        prop_assert!(
+            buf == model[i],
+            "volume {name} differs from the model after reimport"
+        );
     }
     p.export().unwrap();
     Ok(())
@@ -155,14 +186,20 @@ fn trimmed_space_is_reused() {
     block_on(v.write(0, &pattern(1, 8 << 20), false)).unwrap();
     pool.sync().unwrap();
     let full = pool.status().allocated_bytes;
-    assert!(full >= base + (8 << 20), "8 MiB written, allocated {base} -> {full}");
+    assert!(
+        full >= base + (8 << 20),
+        "8 MiB written, allocated {base} -> {full}"
+    );
     assert!(v.used_bytes() >= 8 << 20);
     block_on(v.trim(0, 8 << 20, false)).unwrap();
     for _ in 0..5 {
         pool.sync().unwrap();
     }
     let after = pool.status().allocated_bytes;
-    assert!(after <= base + (64 << 10), "allocated {after} after trim, was {base} when empty");
+    assert!(
+        after <= base + (64 << 10),
+        "allocated {after} after trim, was {base} when empty"
+    );
     assert_eq!(v.used_bytes(), 0);
     pool.export().unwrap();
 }

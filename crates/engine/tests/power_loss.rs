@@ -98,7 +98,10 @@ fn crash_case(seed: u64) -> Result<String, String> {
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            let f = Arc::new(FaultBackend::new(Arc::new(m.clone()), seed ^ (i as u64 + 1)));
+            let f = Arc::new(FaultBackend::new(
+                Arc::new(m.clone()),
+                seed ^ (i as u64 + 1),
+            ));
             group.members.lock().unwrap().push(f.clone());
             Arc::new(GroupDevice {
                 fault: f,
@@ -122,7 +125,11 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let pool = Pool::create("tank", tops, test_props(), false).map_err(|e| e.to_string())?;
     let bs = [512u32, 4096, 16384][rng.random_range(0..3)];
     let vol = pool
-        .create_volume("v", VOLUME_BYTES, &[("volblocksize".into(), bs.to_string())])
+        .create_volume(
+            "v",
+            VOLUME_BYTES,
+            &[("volblocksize".into(), bs.to_string())],
+        )
         .map_err(|e| e.to_string())?;
     pool.sync().map_err(|e| e.to_string())?;
     // From here on, the devices lose power at a seeded instant.
@@ -189,7 +196,10 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let mut report = String::new();
     for (i, m) in group.members.lock().unwrap().iter().enumerate() {
         let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
-        report += &format!("dev{i}: dropped {} kept {} torn {}; ", r.dropped, r.kept, r.torn);
+        report += &format!(
+            "dev{i}: dropped {} kept {} torn {}; ",
+            r.dropped, r.kept, r.torn
+        );
     }
     let pool = Pool::import(as_backends(&mems), Some("tank"))
         .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
@@ -255,6 +265,10 @@ fn power_loss_at_seeded_crash_points() {
     for (seed, e) in &failures {
         eprintln!("seed {seed}: {e}  (replay: OXPOOL_CRASH_SEED={seed} cargo test -p oxpool-engine --test power_loss)");
     }
-    assert!(failures.is_empty(), "{} of {cases} crash cases failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} crash cases failed",
+        failures.len()
+    );
     println!("{cases} crash cases passed");
 }

@@ -41,7 +41,10 @@ fn dirty_data_stays_under_dirty_max() {
         "dirty bytes reached {max_seen}, limit {}",
         4 << 20
     );
-    assert!(pool.synced_txg().0 > 10, "the threshold never started a sync");
+    assert!(
+        pool.synced_txg().0 > 10,
+        "the threshold never started a sync"
+    );
     let mut got = vec![0u8; write_bytes as usize];
     for i in 256..512u64 {
         let off = (i * write_bytes) % (64 << 20);
