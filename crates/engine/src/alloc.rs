@@ -274,6 +274,12 @@ impl Allocator {
         Some(out)
     }
 
+    /// Allocates one intent-log block. Log blocks are allocated outside the txg sync, at
+    /// commit time; they reach the persisted maps with the next sync like any allocation.
+    pub fn alloc_log(&mut self, size_bytes: u64) -> Option<Dva> {
+        self.alloc(size_bytes, 1).map(|v| v[0])
+    }
+
     /// Returns a block's space (only called when its deferral has passed).
     pub fn free(&mut self, dva: &Dva) {
         self.maps[dva.vdev.0 as usize].free(dva);

@@ -18,9 +18,11 @@ pub mod tree;
 pub mod txg;
 pub mod vdev;
 pub mod volume;
+mod zil;
 
 pub use error::{EngineError, Result};
 pub use pipeline::ScrubCounts;
 pub use pool::{Pool, PoolStatus, TopSpec, VdevStatus};
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use volume::{BlockState, Volume};
+pub use zil::{LogCounters, LogStats};

@@ -17,6 +17,7 @@ use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT
 use crate::txg::TxgControl;
 use crate::vdev::{Leaf, LeafCounters, TopVdev, VdevTree};
 use crate::volume::{DirtyBlock, VolumeInner};
+use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
     checksum, data_end_bytes, decode_meta_block, encode_meta_block, BlockPtr, BlockType,
@@ -69,6 +70,8 @@ pub(crate) struct PoolInner {
     pub tree_config: VdevTreeConfig,
     pub txg: TxgControl,
     pub state: Mutex<PoolState>,
+    /// Intent-log counters (all volumes).
+    pub log_counters: LogCounters,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -258,6 +261,7 @@ impl Pool {
                 next_volume_id: 1,
                 meta_ptr: BlockPtr::HOLE,
             }),
+            log_counters: LogCounters::default(),
         });
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
@@ -342,7 +346,65 @@ impl Pool {
             }
             import_devices(found).await
         })
-        .map(Pool::start)
+        .and_then(|(inner, replays)| {
+            let had_log = inner
+                .state
+                .lock()
+                .unwrap()
+                .volumes
+                .values()
+                .any(|v| !v.zil.reserved_on_import_is_empty());
+            let pool = Pool::start(inner);
+            pool.replay(replays)?;
+            if had_log {
+                // Commit the replayed changes and free the old chains before serving anything.
+                pool.sync()?;
+            }
+            Ok(pool)
+        })
+    }
+
+    /// Applies intent-log records found at import, in order, as ordinary changes.
+    fn replay(&self, replays: Replays) -> Result<()> {
+        for (name, records) in replays {
+            let vol = self.volume(&name)?;
+            let n = records.len();
+            block_on(async {
+                for r in records {
+                    match r {
+                        ReplayRecord::Write { offset_bytes, data } => {
+                            vol.write(offset_bytes, &data, false).await?
+                        }
+                        ReplayRecord::Indirect {
+                            offset_bytes,
+                            length_bytes,
+                            bp,
+                        } => {
+                            let buf =
+                                read_block(&self.inner.vdevs, &bp, "log indirect block").await?;
+                            let len = (length_bytes as usize).min(buf.len());
+                            vol.write(offset_bytes, &buf[..len], false).await?
+                        }
+                        ReplayRecord::Free {
+                            offset_bytes,
+                            length_bytes,
+                        } => vol.trim(offset_bytes, length_bytes, false).await?,
+                        ReplayRecord::Zero {
+                            offset_bytes,
+                            length_bytes,
+                        } => vol.write_zeroes(offset_bytes, length_bytes, false).await?,
+                    }
+                }
+                Ok::<(), EngineError>(())
+            })?;
+            tracing::info!(volume = vol.full_name(), records = n, "intent log replayed");
+        }
+        Ok(())
+    }
+
+    /// Intent-log counters since the pool was opened.
+    pub fn log_stats(&self) -> LogStats {
+        self.inner.log_counters.stats()
     }
 
     /// Writes everything dirty, stops the sync thread and closes the pool.
@@ -452,6 +514,7 @@ impl Pool {
             p,
             BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
             0,
+            Zil::new(self.inner.guid, id, 1, Vec::new()),
         ));
         s.volumes.insert(name.to_string(), vol.clone());
         self.inner.txg.mark_dirty();
@@ -703,7 +766,12 @@ impl Volume {
 }
 
 /// Assembles and loads a pool from devices whose labels name it.
-async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<Arc<PoolInner>> {
+/// Log records to replay, per volume name.
+type Replays = Vec<(String, Vec<ReplayRecord>)>;
+
+async fn import_devices(
+    found: Vec<(LabelConfig, Arc<dyn Backend>)>,
+) -> Result<(Arc<PoolInner>, Replays)> {
     let cfg0 = found[0].0.clone();
     let pool_name = cfg0.pool_name.clone();
     let config = found
@@ -823,8 +891,46 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
         alloc.map_mut(dva.vdev).claim(dva);
     }
     let mut volumes = BTreeMap::new();
+    let mut replays = Vec::new();
     for vm in &meta.volumes {
         let p = VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &vm.props)?;
+        // The intent log: records newer than the committed txg are replayed once the pool is
+        // up. Every place the log held (persisted list and the chain walked) is claimed now,
+        // before anything allocates, and freed by the replay's sync.
+        let mut log_blocks = vm.log_reserved.clone();
+        let mut next_seq = vm.log_first_seq.max(1);
+        if vm.log_first.asize_bytes > 0 {
+            let replay = read_chain(
+                &vdevs,
+                cfg0.pool_guid,
+                vm.id,
+                vm.log_first,
+                vm.log_first_seq,
+                meta.txg,
+            )
+            .await;
+            log_blocks.extend(replay.blocks.iter().copied());
+            next_seq = replay.end_seq;
+            if !replay.records.is_empty() {
+                replays.push((vm.name.clone(), replay.records));
+            }
+        }
+        log_blocks.sort_by_key(|d| (d.vdev, d.offset_bytes));
+        log_blocks.dedup();
+        for d in &log_blocks {
+            if vdevs
+                .top(d.vdev)
+                .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
+            {
+                alloc.map_mut(d.vdev).claim(d);
+            }
+        }
+        let zil = Zil::new(
+            cfg0.pool_guid,
+            vm.id,
+            next_seq + crate::zil::SEQ_RESTART_GAP,
+            log_blocks,
+        );
         volumes.insert(
             vm.name.clone(),
             Arc::new(VolumeInner::new(
@@ -834,11 +940,12 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
                 p,
                 BlockTree::new(vm.levels.max(1), vm.root),
                 vm.used_bytes,
+                zil,
             )),
         );
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
-    Ok(Arc::new(PoolInner {
+    let inner = Arc::new(PoolInner {
         name: pool_name.clone(),
         guid: cfg0.pool_guid,
         vdevs,
@@ -859,7 +966,9 @@ async fn import_devices(found: Vec<(LabelConfig, Arc<dyn Backend>)>) -> Result<A
             next_volume_id: meta.next_volume_id,
             meta_ptr: ub.root,
         }),
-    }))
+        log_counters: LogCounters::default(),
+    });
+    Ok((inner, replays))
 }
 
 async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMeta> {
@@ -1031,6 +1140,19 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             r?;
         }
     }
+    // The logs' places, taken after the space maps were encoded (so every log block allocated
+    // before then is either still held, and listed, or handed back here to free) and without
+    // the pool lock (committers allocate while holding their log's lock).
+    type LogHead = Option<(Dva, u64)>;
+    let mut log_info: BTreeMap<u64, (LogHead, Vec<Dva>)> = BTreeMap::new();
+    for vol in &volumes {
+        freed.extend(vol.zil.take_to_free());
+        log_info.insert(vol.id.0, (vol.zil.head(), vol.zil.reserved()));
+    }
+    for vol in &destroyed {
+        freed.extend(vol.zil.take_to_free());
+        freed.extend(vol.zil.reserved());
+    }
     // Build the pool metadata.
     let meta_block = {
         let mut s = inner.state.lock().unwrap();
@@ -1068,6 +1190,20 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
                         root: t.root(),
                         levels: t.levels(),
                         used_bytes: v.used_bytes.load(Ordering::Relaxed),
+                        log_first: log_info
+                            .get(&v.id.0)
+                            .and_then(|i| i.0)
+                            .map(|h| h.0)
+                            .unwrap_or_default(),
+                        log_first_seq: log_info
+                            .get(&v.id.0)
+                            .and_then(|i| i.0)
+                            .map(|h| h.1)
+                            .unwrap_or(0),
+                        log_reserved: log_info
+                            .get(&v.id.0)
+                            .map(|i| i.1.clone())
+                            .unwrap_or_default(),
                     }
                 })
                 .collect(),
@@ -1143,6 +1279,10 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             vol.dirty.lock().unwrap().txgs.retain(|(t, _)| *t != txg);
             vol.tree.lock().unwrap().evict(per_volume);
         }
+    }
+    for vol in &volumes {
+        vol.zil.txg_synced(txg);
+        vol.zil.restart_if_broken(inner);
     }
     Ok(())
 }

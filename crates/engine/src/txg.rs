@@ -212,35 +212,20 @@ impl TxgControl {
         .await
     }
 
-    /// Waits until everything written before this call is durable (FLUSH). Returns at once
-    /// when nothing is waiting to be synced.
-    pub async fn flush_all(&self) -> Result<()> {
-        let target = {
-            let s = self.state.lock().unwrap();
-            if s.open_dirty {
-                s.open
-            } else if let Some(t) = s.syncing {
-                t
-            } else if s.holds.iter().any(|(t, _)| *t > s.synced) {
-                // A writer is between its hold and its note: its txg is the open one.
-                s.open
-            } else {
-                return Ok(());
-            }
-        };
-        self.wait_synced(target, true).await
-    }
-
     /// The sync thread's wait: returns the txg to sync next (already closed and quiesced), or
     /// None when asked to stop and nothing is left to write.
     pub fn next_to_sync(&self) -> Option<Txg> {
         let mut s = self.state.lock().unwrap();
         loop {
+            // A suspended pool writes nothing more (a closed pool is a crashed process).
+            if s.suspended.is_some() {
+                return None;
+            }
             let timed_out = s.last_sync.elapsed() >= s.timeout;
             if s.open_dirty && (s.kick || s.stop || timed_out) {
                 break;
             }
-            if s.stop || s.suspended.is_some() {
+            if s.stop {
                 return None;
             }
             if !s.open_dirty {
@@ -260,12 +245,13 @@ impl TxgControl {
         s.open = Txg(txg.0 + 1);
         s.open_dirty = false;
         s.kick = false;
+        // From here a FLUSH must wait for `txg`, even while it is still quiescing.
+        s.syncing = Some(txg);
         // Quiesce: wait for the writers still holding `txg`. Bounded by their critical
         // sections, which never wait on the sync thread.
         while s.holds.iter().any(|(t, _)| *t == txg) {
             s = self.cv.wait(s).unwrap();
         }
-        s.syncing = Some(txg);
         Some(txg)
     }
 

@@ -13,6 +13,7 @@ use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
+use crate::zil::{ItxKind, Zil};
 use crate::{EngineError, Result};
 use oxpool_format::{Txg, VolumeId};
 use oxpool_io::IoBuf;
@@ -153,6 +154,8 @@ pub(crate) struct VolumeInner {
     pub dirty: Mutex<VolDirty>,
     pub tree: Mutex<BlockTree>,
     pub range_lock: RangeLock,
+    /// The volume's intent log.
+    pub zil: Zil,
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
@@ -166,6 +169,7 @@ impl VolumeInner {
         props: VolumeProps,
         tree: BlockTree,
         used_bytes: u64,
+        zil: Zil,
     ) -> VolumeInner {
         VolumeInner {
             id,
@@ -175,6 +179,7 @@ impl VolumeInner {
             dirty: Mutex::new(VolDirty::default()),
             tree: Mutex::new(tree),
             range_lock: RangeLock::new(),
+            zil,
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
         }
@@ -376,15 +381,24 @@ impl Volume {
         let first = offset_bytes.div_ceil(bs);
         let end = (offset_bytes + length_bytes) / bs;
         if first < end {
-            self.free_blocks(first, end).await?;
-        }
-        if fua {
-            self.flush().await?;
+            let itx = self.free_blocks(first, end, true).await?;
+            self.commit_if(itx, fua).await?;
         }
         Ok(())
     }
 
-    async fn free_blocks(&self, first: u64, end: u64) -> Result<()> {
+    /// Commits itx `itx` when the write asked for it (FUA) or the volume is `sync=always`.
+    async fn commit_if(&self, itx: Option<u64>, fua: bool) -> Result<()> {
+        let sync = self.vol.props.lock().unwrap().sync;
+        match itx {
+            Some(seq) if sync == SyncMode::Always || fua => self.zil_commit(seq).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Frees blocks [first, end) in the open txg; with `log`, records it in the intent log
+    /// (returns the itx).
+    pub(crate) async fn free_blocks(&self, first: u64, end: u64, log: bool) -> Result<Option<u64>> {
         let bs = self.block_size_bytes() as u64;
         let mut node = pin!(RangeLockNode::new());
         let _guard = self
@@ -404,8 +418,22 @@ impl Volume {
             .unwrap()
             .txg_mut(hold.txg())
             .add_free(first, end);
+        let itx = (log && self.logged()).then(|| {
+            self.vol.zil.append(
+                hold.txg(),
+                ItxKind::Free {
+                    offset_bytes: first * bs,
+                    length_bytes: (end - first) * bs,
+                },
+            )
+        });
         hold.note_dirty(0);
-        Ok(())
+        Ok(itx)
+    }
+
+    /// Whether changes go to the intent log (not with `sync=disabled`).
+    fn logged(&self) -> bool {
+        self.vol.props.lock().unwrap().sync != SyncMode::Disabled
     }
 
     /// Write (`data` Some) or write-zeroes (`data` None) over a range.
@@ -416,10 +444,30 @@ impl Volume {
         data: Option<&[u8]>,
         fua: bool,
     ) -> Result<()> {
-        let bs = self.check_range(offset_bytes, length_bytes, true)? as u64;
+        self.check_range(offset_bytes, length_bytes, true)?;
         if length_bytes == 0 {
             return Ok(());
         }
+        self.pool
+            .log_counters
+            .client_bytes
+            .fetch_add(length_bytes, Ordering::Relaxed);
+        let commit_now = fua || self.vol.props.lock().unwrap().sync == SyncMode::Always;
+        // The range lock is released before the commit: the commit reads logged ranges.
+        let itx = self
+            .modify_locked(offset_bytes, length_bytes, data, commit_now)
+            .await?;
+        self.commit_if(itx, fua).await
+    }
+
+    async fn modify_locked(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        data: Option<&[u8]>,
+        commit_now: bool,
+    ) -> Result<Option<u64>> {
+        let bs = self.block_size_bytes() as u64;
         let end = offset_bytes + length_bytes;
         let first_b = offset_bytes / bs;
         let last_b = (end - 1) / bs;
@@ -502,23 +550,36 @@ impl Volume {
                 }
             }
         }
-        let txg = hold.txg();
+        // Log the change under the range lock, so overlapping changes log in their order. A
+        // write committed right away carries its data; others are read at commit time, if a
+        // commit ever comes.
+        let itx = self.logged().then(|| {
+            let kind = match data {
+                Some(d) => ItxKind::Write {
+                    offset_bytes,
+                    length_bytes,
+                    data: commit_now.then(|| std::sync::Arc::from(d)),
+                },
+                None => ItxKind::Zero {
+                    offset_bytes,
+                    length_bytes,
+                },
+            };
+            self.vol.zil.append(hold.txg(), kind)
+        });
         hold.note_dirty(newly_dirty_bytes);
         drop(hold);
-        let sync = self.vol.props.lock().unwrap().sync;
-        if sync == SyncMode::Always || (fua && sync == SyncMode::Standard) {
-            self.pool.txg.wait_synced(txg, true).await?;
-        }
-        Ok(())
+        Ok(itx)
     }
 
-    /// Makes every write completed before this call, on any volume of the pool, durable
-    /// (NBD FLUSH with multi-connection semantics). A no-op with `sync=disabled`.
+    /// Makes every change to this volume completed before this call durable, whichever
+    /// connection made it (NBD FLUSH with multi-connection semantics), through the intent log.
+    /// A no-op with `sync=disabled`.
     pub async fn flush(&self) -> Result<()> {
-        if self.vol.props.lock().unwrap().sync == SyncMode::Disabled {
+        if !self.logged() {
             return Ok(());
         }
-        self.pool.txg.flush_all().await
+        self.zil_commit(self.vol.zil.last_itx()).await
     }
 
     /// Allocation state of the blocks covering [offset, offset+length), as runs of

@@ -20,7 +20,7 @@ pub const FORMAT_VERSION: u32 = FormatVersion::V1 as u32;
 pub enum FormatVersion {
     /// First version: labels with uberblock rings, 128-byte block pointers with up to three
     /// copies, 32 KiB indirect blocks, metadata blocks with postcard payloads, bitmap space
-    /// maps; checksums xxh3-128 and blake3; no compression.
+    /// maps, intent-log blocks; checksums xxh3-128 and blake3; no compression.
     V1 = 1,
 }
 

@@ -27,6 +27,7 @@ mod ids;
 mod indirect;
 mod label;
 mod layout;
+mod log;
 mod meta;
 mod pool_meta;
 mod uberblock;
@@ -49,6 +50,10 @@ pub use layout::{
     check_device_bytes, data_end_bytes, label_offsets, uberblock_slot_offset, FormatVersion,
     DATA_START_BYTES, FORMAT_VERSION, LABEL_BYTES, LABEL_CONFIG_BYTES, LABEL_COUNT,
     MIN_DEVICE_BYTES, SECTOR_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES,
+};
+pub use log::{
+    decode_log_block, log_records, LogBlockHeader, LogBlockWriter, LogRecord, LOG_BLOCK_BYTES_MAX,
+    LOG_BLOCK_MAGIC, LOG_HEADER_BYTES, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
 };
 pub use meta::{
     decode_meta_block, decode_spacemap_chunk, encode_meta_block, encode_spacemap_chunk,

@@ -51,6 +51,16 @@ pub struct VolumeMeta {
     pub levels: u8,
     /// Bytes allocated for this volume.
     pub used_bytes: u64,
+    /// Where the volume's intent log starts: the first log block that may hold records newer
+    /// than this txg (or the place the next block will be written when the log is empty).
+    /// An all-zero DVA means no log.
+    pub log_first: Dva,
+    /// Sequence number of the block at `log_first`.
+    pub log_first_seq: u64,
+    /// Every place the log had allocated when this was written (blocks in the chain, the
+    /// block being filled, the place of the next one). Import frees them after replay, so
+    /// a block allocated in advance and never written does not leak.
+    pub log_reserved: Vec<Dva>,
 }
 
 /// The space map of one top-level vdev: a list of bitmap chunks, chunk i covering sectors

@@ -306,6 +306,9 @@ fn pool_meta_checks_the_values_inside() {
         root: BlockPtr::HOLE,
         levels: BLOCK_LEVEL_MAX + 1,
         used_bytes: 0,
+        log_first: Dva::default(),
+        log_first_seq: 0,
+        log_reserved: vec![],
     };
     let meta = PoolMeta {
         name: "tank".into(),

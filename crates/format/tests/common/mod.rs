@@ -201,10 +201,19 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         any::<u32>(),
         arb_block_ptr(),
         0..=BLOCK_LEVEL_MAX,
-        any::<u64>(),
+        (any::<u64>(), any::<u64>()),
     )
         .prop_map(
-            |(id, name, props, volsize_bytes, volblocksize_bytes, root, levels, used_bytes)| {
+            |(
+                id,
+                name,
+                props,
+                volsize_bytes,
+                volblocksize_bytes,
+                root,
+                levels,
+                (used_bytes, seq),
+            )| {
                 VolumeMeta {
                     id: VolumeId(id),
                     name,
@@ -214,6 +223,9 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     root,
                     levels,
                     used_bytes,
+                    log_first: Dva::default(),
+                    log_first_seq: seq,
+                    log_reserved: vec![],
                 }
             },
         );

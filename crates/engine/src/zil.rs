@@ -1,0 +1,906 @@
+//! The intent log: synchronous writes durable in milliseconds, in parallel, with group commit.
+//!
+//! Every change to a volume (write, trim, write-zeroes) appends an in-memory record (an itx)
+//! tagged with its txg. A commit (FLUSH, FUA, `sync=always`) makes every itx up to a point
+//! durable by writing them into log blocks, a chain on disk: each block names the next one,
+//! whose place is allocated before the block is written. Replay at import applies the records
+//! newer than the last committed txg.
+//!
+//! Group commit, as OpenZFS's ZIL after PR 10163:
+//! - A committer that finds records not yet in a block becomes the builder: it moves every
+//!   pending record (its own and everyone else's) into the open block. Data of a record is
+//!   fetched at that moment (the volume's current content under a read range lock), so writes
+//!   that are never committed cost no copy.
+//! - A full block is issued at once. The last, partly filled block is issued at once when the
+//!   committer is alone (queue depth 1 never waits), and otherwise left open for a short window
+//!   (a tenth of the measured log-block latency, within 20 us..1 ms) so that concurrent
+//!   committers share its write and its flush.
+//! - Blocks are written outside the lock; several may be in flight. A block counts as durable
+//!   only when it and every block before it in the chain are written and flushed, because
+//!   replay stops at the first block missing.
+//! - Every committer waits asynchronously on the log's waker list; no thread is held.
+//! - On a log write error the committer falls back to waiting for the txg sync, and the next
+//!   txg sync starts a new chain.
+
+use crate::pool::PoolInner;
+use crate::vdev::Leaf;
+use crate::{EngineError, Result, Volume};
+use oxpool_format::{
+    BlockPtr, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VolumeId,
+    LOG_BLOCK_BYTES_MAX, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
+};
+use oxpool_io::IoBuf;
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Shortest and longest time the last block stays open for concurrent committers.
+const OPEN_WINDOW_MIN: Duration = Duration::from_micros(20);
+const OPEN_WINDOW_MAX: Duration = Duration::from_millis(1);
+/// Sequence numbers skipped when a chain restarts, so no block of an abandoned chain can ever
+/// be mistaken for one of the new chain.
+pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
+/// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
+const WAITERS_MAX: usize = 1 << 16;
+/// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
+const CHAIN_BLOCKS_MAX: usize = 1 << 20;
+
+/// What an itx records.
+#[derive(Clone, Debug)]
+pub(crate) enum ItxKind {
+    /// A write; data copied at write time (`Some`, for writes committed right away) or fetched
+    /// from the volume when the record is built (`None`).
+    Write {
+        offset_bytes: u64,
+        length_bytes: u64,
+        data: Option<Arc<[u8]>>,
+    },
+    /// A trim.
+    Free {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    /// A write of zeros.
+    Zero {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Itx {
+    seq: u64,
+    txg: Txg,
+    kind: ItxKind,
+}
+
+/// The block being filled.
+struct OpenBlock {
+    seq: u64,
+    addr: Dva,
+    /// Place of the next block, allocated before this one is written.
+    next: Dva,
+    buf: IoBuf,
+    writer: LogBlockWriter,
+    /// Lowest and highest itx seq with a record in this block.
+    itx_first: u64,
+    itx_last: u64,
+    max_txg: Txg,
+    /// When the block must be issued even if not full (set when committers are concurrent).
+    deadline: Option<Instant>,
+}
+
+/// A block written (or being written) since the persisted head.
+#[derive(Debug)]
+struct ChainBlock {
+    seq: u64,
+    addr: Dva,
+    itx_first: u64,
+    max_txg: Txg,
+    done: bool,
+}
+
+/// Counters of the intent log, pool-wide.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    /// Commit requests (FLUSH, FUA writes, sync=always writes).
+    pub commits: AtomicU64,
+    /// Log blocks written.
+    pub blocks_written: AtomicU64,
+    /// Bytes of log blocks written.
+    pub bytes_written: AtomicU64,
+    /// Device flushes issued by the log.
+    pub flushes: AtomicU64,
+    /// Bytes clients wrote (every write, logged or not).
+    pub client_bytes: AtomicU64,
+}
+
+/// A snapshot of [`LogCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Commit requests.
+    pub commits: u64,
+    /// Log blocks written.
+    pub blocks_written: u64,
+    /// Bytes of log blocks written.
+    pub bytes_written: u64,
+    /// Device flushes issued by the log.
+    pub flushes: u64,
+    /// Bytes clients wrote.
+    pub client_bytes: u64,
+}
+
+impl LogCounters {
+    /// A snapshot.
+    pub fn stats(&self) -> LogStats {
+        LogStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            blocks_written: self.blocks_written.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            client_bytes: self.client_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+struct ZilState {
+    pending: VecDeque<Itx>,
+    next_itx: u64,
+    /// Every itx with a smaller seq is durable (in a durable block, or its txg synced).
+    durable_itx: u64,
+    open: Option<OpenBlock>,
+    building: bool,
+    /// Lowest itx seq of the batch a builder took out of `pending` and has not placed yet.
+    building_first: Option<u64>,
+    chain: VecDeque<ChainBlock>,
+    /// Where the next block to open goes, and its seq. `None` until the first commit.
+    next_addr: Option<(Dva, u64)>,
+    /// Seq of the chain's first block, used when `next_addr` is first allocated.
+    first_seq: u64,
+    /// The txg whose sync persists the place of the chain's first block: no block may be
+    /// written before it is durable, or import would not find the chain.
+    anchor_txg: Txg,
+    waiters: Vec<Waker>,
+    latency_ewma_ns: u64,
+    committers: u32,
+    /// A log write failed: commits wait for txg syncs until the next sync restarts the chain.
+    broken: bool,
+    /// Blocks no longer needed, to free at the next txg sync.
+    to_free: Vec<Dva>,
+}
+
+/// One volume's intent log.
+pub(crate) struct Zil {
+    pool_guid: Guid,
+    volume: VolumeId,
+    state: Mutex<ZilState>,
+}
+
+impl Zil {
+    /// A new, empty log whose first block will have sequence number `first_seq`; `to_free`
+    /// are blocks of an older chain (replayed at import), freed by the next txg sync.
+    pub fn new(pool_guid: Guid, volume: VolumeId, first_seq: u64, to_free: Vec<Dva>) -> Zil {
+        Zil {
+            pool_guid,
+            volume,
+            state: Mutex::new(ZilState {
+                pending: VecDeque::new(),
+                next_itx: 1,
+                durable_itx: 1,
+                open: None,
+                building: false,
+                building_first: None,
+                chain: VecDeque::new(),
+                next_addr: None,
+                first_seq: first_seq.max(1),
+                anchor_txg: Txg(0),
+                waiters: Vec::new(),
+                latency_ewma_ns: 1_000_000,
+                committers: 0,
+                broken: false,
+                to_free,
+            }),
+        }
+    }
+
+    /// Records a change made in `txg`; returns its itx seq. Called with the change's range
+    /// lock held, so overlapping changes are logged in the order they were made.
+    pub fn append(&self, txg: Txg, kind: ItxKind) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        let seq = s.next_itx;
+        s.next_itx += 1;
+        s.pending.push_back(Itx { seq, txg, kind });
+        seq
+    }
+
+    /// The seq of the last itx appended (0 if none).
+    pub fn last_itx(&self) -> u64 {
+        self.state.lock().unwrap().next_itx - 1
+    }
+
+    /// Called by the txg sync after txg `synced` committed: itxs of that txg and older are
+    /// durable through the pool and leave the log; done blocks at the front of the chain whose
+    /// records all belong to such txgs are no longer needed and are freed by the next sync.
+    pub fn txg_synced(&self, synced: Txg) {
+        let mut s = self.state.lock().unwrap();
+        s.pending.retain(|i| i.txg > synced);
+        s.advance_durable();
+        // Bounded by the chain's length.
+        while let Some(front) = s.chain.front() {
+            if front.done && front.max_txg <= synced {
+                let b = s.chain.pop_front().unwrap();
+                s.to_free.push(b.addr);
+            } else {
+                break;
+            }
+        }
+        // Committers re-check: their txg may be durable now.
+        let waiters = std::mem::take(&mut s.waiters);
+        drop(s);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// Whether import handed this log an old chain to free (then a sync must follow).
+    pub fn reserved_on_import_is_empty(&self) -> bool {
+        self.state.lock().unwrap().to_free.is_empty()
+    }
+
+    /// Every place the log holds (to persist: import frees them after replay).
+    pub fn reserved(&self) -> Vec<Dva> {
+        let s = self.state.lock().unwrap();
+        let mut v: Vec<Dva> = s.chain.iter().map(|c| c.addr).collect();
+        v.extend(s.open.as_ref().map(|o| o.addr));
+        v.extend(s.next_addr.map(|(a, _)| a));
+        v
+    }
+
+    /// The head to persist in the volume's metadata: the first block still needed, else where
+    /// the next block goes.
+    pub fn head(&self) -> Option<(Dva, u64)> {
+        let s = self.state.lock().unwrap();
+        if let Some(c) = s.chain.front() {
+            return Some((c.addr, c.seq));
+        }
+        if let Some(o) = &s.open {
+            return Some((o.addr, o.seq));
+        }
+        s.next_addr
+    }
+
+    /// Blocks to free in the txg being synced (no longer reachable from the head it persists).
+    pub fn take_to_free(&self) -> Vec<Dva> {
+        std::mem::take(&mut self.state.lock().unwrap().to_free)
+    }
+
+    /// After a log error: abandon the chain (called by the txg sync, which makes every record
+    /// durable anyway). The next block starts a new chain at a fresh place.
+    pub fn restart_if_broken(&self, inner: &PoolInner) {
+        let mut s = self.state.lock().unwrap();
+        if !s.broken || s.building || s.open.is_some() || s.chain.iter().any(|c| !c.done) {
+            return;
+        }
+        let blocks: Vec<Dva> = s.chain.drain(..).map(|c| c.addr).collect();
+        s.to_free.extend(blocks);
+        if let Some((addr, seq)) = s.next_addr.take() {
+            s.to_free.push(addr);
+            s.first_seq = seq + SEQ_RESTART_GAP;
+        }
+        let _ = inner;
+        s.broken = false;
+    }
+}
+
+impl ZilState {
+    /// Moves the durable point up to the lowest itx that may still be lost: pending, being
+    /// built, in the open block, or in the first block not yet written. Everything below it is
+    /// in a written block or belongs to a synced txg.
+    fn advance_durable(&mut self) {
+        let mut c = self.next_itx;
+        if let Some(i) = self.pending.front() {
+            c = c.min(i.seq);
+        }
+        if let Some(b) = self.building_first {
+            c = c.min(b);
+        }
+        if let Some(o) = &self.open {
+            c = c.min(o.itx_first);
+        }
+        if let Some(u) = self.chain.iter().find(|b| !b.done) {
+            c = c.min(u.itx_first);
+        }
+        self.durable_itx = self.durable_itx.max(c);
+    }
+}
+
+fn register(waiters: &mut Vec<Waker>, w: &Waker) {
+    if !waiters.iter().any(|x| x.will_wake(w)) {
+        assert!(waiters.len() < WAITERS_MAX, "log waiter list overflow");
+        waiters.push(w.clone());
+    }
+}
+
+/// Allocates the place of one log block (one copy; on a mirror the mirror is the redundancy).
+pub(crate) fn alloc_log_block(inner: &PoolInner) -> Option<Dva> {
+    let mut st = inner.state.lock().unwrap();
+    st.alloc.alloc_log(LOG_BLOCK_BYTES_MAX as u64)
+}
+
+/// A record ready to go into a block.
+enum Built {
+    Write {
+        txg: Txg,
+        offset_bytes: u64,
+        data: Arc<[u8]>,
+    },
+    Free {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    Zero {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+impl Volume {
+    /// Makes every change of this volume logged up to itx `target` durable.
+    pub(crate) async fn zil_commit(&self, target: u64) -> Result<()> {
+        let inner = &self.pool;
+        let zil = &self.vol.zil;
+        inner.log_counters.commits.fetch_add(1, Ordering::Relaxed);
+        let target_txg = inner.txg.state.lock().unwrap().open;
+        zil.state.lock().unwrap().committers += 1;
+        struct Leave<'a>(&'a Zil);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.state.lock().unwrap().committers -= 1;
+            }
+        }
+        let _leave = Leave(zil);
+        // A chain with no place yet gets one, persisted by a txg sync before any block of it
+        // is written (as OpenZFS's zil_create).
+        let anchor = {
+            let mut s = zil.state.lock().unwrap();
+            if s.next_addr.is_none() && s.open.is_none() && s.chain.is_empty() {
+                let no_space = || EngineError::NoSpace {
+                    pool: inner.name.clone(),
+                };
+                let addr = alloc_log_block(inner).ok_or_else(no_space)?;
+                s.next_addr = Some((addr, s.first_seq));
+                // A txg whose sync has not begun: its metadata will name this place.
+                inner.txg.mark_dirty();
+                s.anchor_txg = inner.txg.state.lock().unwrap().open;
+            }
+            s.anchor_txg
+        };
+        if inner.txg.synced() < anchor {
+            inner.txg.wait_synced(anchor, true).await?;
+        }
+        // Bounded: each round builds, issues, or waits for an event that advances the log.
+        loop {
+            enum Next {
+                Done,
+                Build,
+                IssueAt(Instant),
+                FallBack,
+            }
+            let next = poll_fn(|cx| {
+                let mut s = zil.state.lock().unwrap();
+                if s.durable_itx > target || inner.txg.synced() >= target_txg {
+                    return Poll::Ready(Next::Done);
+                }
+                if s.broken {
+                    return Poll::Ready(Next::FallBack);
+                }
+                let ours_pending = s.pending.front().is_some_and(|i| i.seq <= target);
+                if !s.building && ours_pending {
+                    s.building = true;
+                    return Poll::Ready(Next::Build);
+                }
+                // Records waiting in the open block (ours, or that ours may be behind): issue
+                // it at its deadline, or decide now if it has none.
+                if !s.building {
+                    if let Some(o) = &s.open {
+                        match o.deadline {
+                            Some(d) => return Poll::Ready(Next::IssueAt(d)),
+                            None => {
+                                s.building = true;
+                                return Poll::Ready(Next::Build);
+                            }
+                        }
+                    }
+                }
+                register(&mut s.waiters, cx.waker());
+                Poll::Pending
+            })
+            .await;
+            match next {
+                Next::Done => return Ok(()),
+                Next::FallBack => return inner.txg.wait_synced(target_txg, true).await,
+                Next::Build => {
+                    let r = self.zil_build().await;
+                    let waiters = {
+                        let mut s = zil.state.lock().unwrap();
+                        s.building = false;
+                        std::mem::take(&mut s.waiters)
+                    };
+                    waiters.into_iter().for_each(Waker::wake);
+                    if let Err(e) = r {
+                        tracing::warn!(
+                            volume = self.vol.full_name,
+                            "log commit failed, waiting for the txg: {e}"
+                        );
+                        zil.state.lock().unwrap().broken = true;
+                    }
+                }
+                Next::IssueAt(deadline) => {
+                    let now = Instant::now();
+                    if deadline > now {
+                        oxpool_io::rt::sleep(deadline - now).await;
+                    }
+                    // Whoever gets here first after the deadline issues the block.
+                    let block = {
+                        let mut s = zil.state.lock().unwrap();
+                        let due = s
+                            .open
+                            .as_ref()
+                            .is_some_and(|o| o.deadline.is_some_and(|d| d <= Instant::now()));
+                        if due && !s.building {
+                            take_open(&mut s)
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some(b) = block {
+                        self.zil_issue(b).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves pending itxs into blocks, issuing full ones; then issues the last block now when
+    /// this committer is alone, or gives it a deadline when others are committing too.
+    async fn zil_build(&self) -> Result<()> {
+        let zil = &self.vol.zil;
+        let synced = self.pool.txg.synced();
+        // Bounded by the pending itxs, which only grow by concurrent writers; each round takes
+        // what is there now.
+        for _round in 0..64 {
+            let batch: Vec<Itx> = {
+                let mut s = zil.state.lock().unwrap();
+                let n = s.pending.len().min(256);
+                let batch: Vec<Itx> = s.pending.drain(..n).collect();
+                s.building_first = batch.first().map(|i| i.seq);
+                batch
+            };
+            if batch.is_empty() {
+                break;
+            }
+            let mut built = Vec::with_capacity(batch.len());
+            for itx in batch {
+                if itx.txg <= synced {
+                    built.push((itx.seq, None));
+                    continue;
+                }
+                let rec = match itx.kind {
+                    ItxKind::Write {
+                        offset_bytes,
+                        length_bytes,
+                        data,
+                    } => {
+                        let data = match data {
+                            Some(d) => d,
+                            None => {
+                                // The current content: anything newer that overlaps was
+                                // appended after this itx and replays after it.
+                                let mut buf = vec![0u8; length_bytes as usize];
+                                self.read(offset_bytes, &mut buf).await?;
+                                Arc::from(buf)
+                            }
+                        };
+                        Built::Write {
+                            txg: itx.txg,
+                            offset_bytes,
+                            data,
+                        }
+                    }
+                    ItxKind::Free {
+                        offset_bytes,
+                        length_bytes,
+                    } => Built::Free {
+                        txg: itx.txg,
+                        offset_bytes,
+                        length_bytes,
+                    },
+                    ItxKind::Zero {
+                        offset_bytes,
+                        length_bytes,
+                    } => Built::Zero {
+                        txg: itx.txg,
+                        offset_bytes,
+                        length_bytes,
+                    },
+                };
+                built.push((itx.seq, Some(rec)));
+            }
+            // Place the records; full blocks are collected and issued after the lock.
+            let mut full = Vec::new();
+            {
+                let mut s = zil.state.lock().unwrap();
+                for (seq, rec) in built {
+                    // An itx of a synced txg is durable already: it is simply dropped.
+                    let Some(rec) = rec else { continue };
+                    if let Err(e) = self.place(&mut s, seq, &rec, &mut full) {
+                        s.building_first = None;
+                        return Err(e);
+                    }
+                }
+                s.building_first = None;
+                s.advance_durable();
+            }
+            for b in full {
+                self.zil_issue(b).await;
+            }
+        }
+        // The last block: now, or after a short window if others are committing too.
+        let issue_now = {
+            let mut s = zil.state.lock().unwrap();
+            let concurrent = s.committers > 1;
+            let window = Duration::from_nanos(s.latency_ewma_ns / 10)
+                .clamp(OPEN_WINDOW_MIN, OPEN_WINDOW_MAX);
+            match s.open.as_mut() {
+                Some(o) if concurrent => {
+                    o.deadline.get_or_insert(Instant::now() + window);
+                    None
+                }
+                Some(_) => take_open(&mut s),
+                None => None,
+            }
+        };
+        if let Some(b) = issue_now {
+            self.zil_issue(b).await;
+        }
+        Ok(())
+    }
+
+    /// Puts one record into the open block (opening blocks as needed; a write larger than a
+    /// block's room is split into several records).
+    fn place(
+        &self,
+        s: &mut ZilState,
+        seq: u64,
+        rec: &Built,
+        full: &mut Vec<OpenBlock>,
+    ) -> Result<()> {
+        let mut done_bytes = 0usize;
+        // Bounded: each round places a non-empty piece or closes a block.
+        loop {
+            if s.open.is_none() {
+                s.open = Some(self.open_block(s)?);
+            }
+            let o = s.open.as_mut().unwrap();
+            let room = o.writer.free_bytes();
+            let fitted = match rec {
+                Built::Write {
+                    txg,
+                    offset_bytes,
+                    data,
+                } => {
+                    let left = data.len() - done_bytes;
+                    let piece = left
+                        .min(room.saturating_sub(LOG_RECORD_HEADER_BYTES + 8) / 8 * 8)
+                        .min(LOG_RECORD_DATA_BYTES_MAX);
+                    if piece == 0 && left > 0 {
+                        false
+                    } else {
+                        let r = LogRecord::Write {
+                            txg: *txg,
+                            offset_bytes: offset_bytes + done_bytes as u64,
+                            data: &data[done_bytes..done_bytes + piece],
+                        };
+                        let ok = o.writer.push(&mut o.buf, &r);
+                        debug_assert!(ok);
+                        done_bytes += piece;
+                        o.max_txg = o.max_txg.max(*txg);
+                        done_bytes == data.len()
+                    }
+                }
+                Built::Free {
+                    txg,
+                    offset_bytes,
+                    length_bytes,
+                } => {
+                    let r = LogRecord::Free {
+                        txg: *txg,
+                        offset_bytes: *offset_bytes,
+                        length_bytes: *length_bytes,
+                    };
+                    let ok = o.writer.push(&mut o.buf, &r);
+                    if ok {
+                        o.max_txg = o.max_txg.max(*txg);
+                    }
+                    ok
+                }
+                Built::Zero {
+                    txg,
+                    offset_bytes,
+                    length_bytes,
+                } => {
+                    let r = LogRecord::Zero {
+                        txg: *txg,
+                        offset_bytes: *offset_bytes,
+                        length_bytes: *length_bytes,
+                    };
+                    let ok = o.writer.push(&mut o.buf, &r);
+                    if ok {
+                        o.max_txg = o.max_txg.max(*txg);
+                    }
+                    ok
+                }
+            };
+            if fitted || done_bytes > 0 {
+                o.itx_first = o.itx_first.min(seq);
+                o.itx_last = o.itx_last.max(seq);
+            }
+            if fitted {
+                return Ok(());
+            }
+            // Full: close it and go on in a new block.
+            full.push(s.open.take().unwrap());
+        }
+    }
+
+    fn open_block(&self, s: &mut ZilState) -> Result<OpenBlock> {
+        let no_space = || EngineError::NoSpace {
+            pool: self.pool.name.clone(),
+        };
+        let (addr, seq) = match s.next_addr {
+            Some(a) => a,
+            None => (
+                alloc_log_block(&self.pool).ok_or_else(no_space)?,
+                s.first_seq,
+            ),
+        };
+        let next = alloc_log_block(&self.pool).ok_or_else(no_space)?;
+        s.next_addr = Some((next, seq + 1));
+        Ok(OpenBlock {
+            seq,
+            addr,
+            next,
+            buf: IoBuf::zeroed(LOG_BLOCK_BYTES_MAX),
+            writer: LogBlockWriter::new(),
+            itx_first: u64::MAX,
+            itx_last: 0,
+            max_txg: Txg(0),
+            deadline: None,
+        })
+    }
+
+    /// Writes a closed block and flushes its devices; then marks it done and advances the
+    /// durable point through every consecutive done block.
+    async fn zil_issue(&self, mut b: OpenBlock) {
+        let zil = &self.vol.zil;
+        let hdr = LogBlockHeader {
+            pool_guid: zil.pool_guid,
+            volume: zil.volume,
+            seq: b.seq,
+            next: b.next,
+        };
+        let len = b.writer.finish(&hdr, &mut b.buf);
+        {
+            let mut s = zil.state.lock().unwrap();
+            assert!(
+                s.chain.len() < CHAIN_BLOCKS_MAX,
+                "log chain not trimmed by txg syncs"
+            );
+            debug_assert!(s.chain.back().is_none_or(|c| c.seq + 1 == b.seq));
+            s.chain.push_back(ChainBlock {
+                seq: b.seq,
+                addr: b.addr,
+                itx_first: b.itx_first,
+                max_txg: b.max_txg,
+                done: false,
+            });
+        }
+        let start = Instant::now();
+        let mut data = IoBuf::zeroed(len);
+        data.copy_from_slice(&b.buf[..len]);
+        let r = write_and_flush(&self.pool, &b.addr, data).await;
+        let counters = &self.pool.log_counters;
+        counters.blocks_written.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_written
+            .fetch_add(len as u64, Ordering::Relaxed);
+        let waiters = {
+            let mut s = zil.state.lock().unwrap();
+            let ns = start.elapsed().as_nanos() as u64;
+            s.latency_ewma_ns = (s.latency_ewma_ns * 7 + ns) / 8;
+            match r {
+                Ok(()) => {
+                    if let Some(c) = s.chain.iter_mut().find(|c| c.seq == b.seq) {
+                        c.done = true;
+                    }
+                    s.advance_durable();
+                }
+                Err(e) => {
+                    tracing::warn!(volume = self.vol.full_name, "log block write failed: {e}");
+                    if let Some(c) = s.chain.iter_mut().find(|c| c.seq == b.seq) {
+                        c.done = true;
+                    }
+                    s.broken = true;
+                }
+            }
+            std::mem::take(&mut s.waiters)
+        };
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}
+
+fn take_open(s: &mut ZilState) -> Option<OpenBlock> {
+    debug_assert!(s.open.as_ref().is_none_or(|o| o.writer.record_count() > 0));
+    s.open.take()
+}
+
+/// Writes a log block (one copy, every child of its vdev) and flushes those devices.
+async fn write_and_flush(inner: &PoolInner, addr: &Dva, data: IoBuf) -> Result<()> {
+    // Only the used part (whole sectors) is written; the rest of the place stays as it was.
+    let written = Dva {
+        asize_bytes: data.len() as u32,
+        ..*addr
+    };
+    crate::pipeline::write_block(&inner.vdevs, &[written], &data).await?;
+    let top = inner
+        .vdevs
+        .top(addr.vdev)
+        .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
+    let leaves: Vec<Arc<Leaf>> = top.leaves().cloned().collect();
+    let futs: Vec<_> = leaves.iter().map(|l| l.backend.flush()).collect();
+    let mut ok = false;
+    let mut last = None;
+    for (l, r) in leaves.iter().zip(oxpool_io::rt::join_all(futs).await) {
+        inner.log_counters.flushes.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(()) => ok = true,
+            Err(e) => last = Some(EngineError::io(l.name(), e)),
+        }
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(last.unwrap_or_else(|| EngineError::invalid("log vdev has no device")))
+    }
+}
+
+/// Replay of one volume's log at import: the records newer than the committed txg, in order.
+pub(crate) struct Replay {
+    /// Records to apply (owned copies).
+    pub records: Vec<ReplayRecord>,
+    /// Blocks of the chain (claimed; freed after the replay's sync).
+    pub blocks: Vec<Dva>,
+    /// Seq after the last valid block.
+    pub end_seq: u64,
+}
+
+/// An owned log record.
+#[derive(Debug)]
+pub(crate) enum ReplayRecord {
+    Write {
+        offset_bytes: u64,
+        data: Vec<u8>,
+    },
+    Indirect {
+        offset_bytes: u64,
+        length_bytes: u64,
+        bp: BlockPtr,
+    },
+    Free {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    Zero {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+/// Walks a volume's chain from `first` and collects the records newer than `synced`.
+/// Stops at the first block that does not decode as the next of this chain.
+pub(crate) async fn read_chain(
+    vdevs: &crate::vdev::VdevTree,
+    pool_guid: Guid,
+    volume: VolumeId,
+    first: Dva,
+    first_seq: u64,
+    synced: Txg,
+) -> Replay {
+    let mut out = Replay {
+        records: Vec::new(),
+        blocks: Vec::new(),
+        end_seq: first_seq,
+    };
+    let mut addr = first;
+    let mut seq = first_seq;
+    for _ in 0..CHAIN_BLOCKS_MAX {
+        if addr.asize_bytes == 0
+            || vdevs
+                .top(addr.vdev)
+                .is_none_or(|t| addr.end_bytes() > t.asize_bytes)
+        {
+            break;
+        }
+        // Each child of a mirror holds a copy; a torn one fails its checksum, so try each.
+        let mut found = None;
+        for io in vdevs
+            .top(addr.vdev)
+            .map(|t| t.plan_read(&addr))
+            .unwrap_or_default()
+        {
+            let Ok(buf) = io
+                .leaf
+                .backend
+                .read(io.offset_bytes, IoBuf::zeroed(addr.asize_bytes as usize))
+                .await
+            else {
+                continue;
+            };
+            if oxpool_format::decode_log_block(&buf, pool_guid, volume, seq).is_ok() {
+                found = Some(buf);
+                break;
+            }
+        }
+        let Some(buf) = found else { break };
+        let (hdr, records) = oxpool_format::decode_log_block(&buf, pool_guid, volume, seq)
+            .expect("decoded just above");
+        for r in oxpool_format::log_records(records) {
+            let Ok(r) = r else { break };
+            if r.txg() <= synced {
+                continue;
+            }
+            out.records.push(match r {
+                LogRecord::Write {
+                    offset_bytes, data, ..
+                } => ReplayRecord::Write {
+                    offset_bytes,
+                    data: data.to_vec(),
+                },
+                LogRecord::Indirect {
+                    offset_bytes,
+                    length_bytes,
+                    bp,
+                    ..
+                } => ReplayRecord::Indirect {
+                    offset_bytes,
+                    length_bytes,
+                    bp,
+                },
+                LogRecord::Free {
+                    offset_bytes,
+                    length_bytes,
+                    ..
+                } => ReplayRecord::Free {
+                    offset_bytes,
+                    length_bytes,
+                },
+                LogRecord::Zero {
+                    offset_bytes,
+                    length_bytes,
+                    ..
+                } => ReplayRecord::Zero {
+                    offset_bytes,
+                    length_bytes,
+                },
+            });
+        }
+        out.blocks.push(addr);
+        addr = hdr.next;
+        seq += 1;
+        out.end_seq = seq;
+    }
+    out
+}
