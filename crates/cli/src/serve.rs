@@ -1,25 +1,33 @@
-//! `oxpool serve`: until the NBD server lands, this creates (or opens) the pools to serve and
-//! prints their status.
+//! `oxpool serve`: serves every volume of the named pools (default: every known pool, or the
+//! embedded default pool) over NBD until SIGINT or SIGTERM, then exports the pools cleanly.
 
 use crate::devices::open_device;
-use crate::{open_pool, print_status, remember};
-use anyhow::Result;
+use crate::{open_pool, remember};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use oxpool_engine::cachefile;
 use oxpool_engine::{Pool, PoolProps, TopSpec};
 use oxpool_format::TopVdevKind;
+use oxpool_io::rt::net::Listener;
+use oxpool_nbd::server::{Server, ServerConfig, ServerExport, ShutdownHandle};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+
+/// Default TCP address: loopback only; all interfaces only when asked.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 
 /// Arguments of `oxpool serve`.
 #[derive(Args)]
 pub struct ServeArgs {
     /// Pools to serve (default: every known pool, or the embedded default).
     pub pools: Vec<String>,
-    /// TCP address to listen on.
-    #[arg(long, default_value = "127.0.0.1:10809")]
-    pub listen: String,
-    /// Unix socket to listen on (instead of TCP).
-    #[arg(long)]
+    /// TCP address to listen on [default: 127.0.0.1:10809, unless --socket is given].
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Unix socket to listen on (instead of TCP, or as well with --listen).
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
     /// Volumes (POOL/VOL) to export read-only (repeatable).
     #[arg(long = "read-only", value_name = "POOL/VOL")]
@@ -27,6 +35,13 @@ pub struct ServeArgs {
     /// Data directory of the embedded default pool.
     #[arg(long, default_value = "oxpool-data")]
     pub data_dir: PathBuf,
+    /// Reactor threads serving connections [default: one per CPU].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub reactors: Option<u16>,
+    /// Requests in flight per connection (request slots).
+    #[arg(long, value_name = "N", default_value_t = 128,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub slots: u16,
 }
 
 /// Size of the embedded default pool's sparse file.
@@ -70,6 +85,10 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
 
 /// Runs the command.
 pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
+    // Before any thread exists (the pools' sync threads, the reactors): every thread inherits
+    // the mask, so SIGINT/SIGTERM reach only the thread that waits for them.
+    let signals = block_stop_signals()?;
+
     let mut names = args.pools.clone();
     if names.is_empty() {
         names = cachefile::read(cache)?
@@ -81,14 +100,204 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         default_pool(cache, &args.data_dir)?;
         names.push("oxpool".into());
     }
-    for n in &names {
-        let (p, _locks) = open_pool(cache, n)?;
-        print_status(&p.status());
-        for v in p.volumes() {
-            println!("volume {} ({} bytes)", v.full_name(), v.size_bytes());
-        }
-        p.export()?;
+    let mut pools = Vec::new();
+    for name in &names {
+        pools.push(open_pool(cache, name)?);
     }
-    println!("(the NBD server is not built yet: issue 4)");
+
+    let mut exports = Vec::new();
+    for (pool, _) in &pools {
+        for volume in pool.volumes() {
+            let name = volume.full_name().to_string();
+            let read_only = args.read_only.contains(&name);
+            exports.push(ServerExport {
+                name,
+                volume,
+                read_only,
+            });
+        }
+    }
+    for name in &args.read_only {
+        if !exports.iter().any(|e| &e.name == name) {
+            bail!("--read-only {name}: no such volume among the served pools");
+        }
+    }
+
+    let mut listeners = Vec::new();
+    let mut endpoints = Vec::new();
+    let listen = match (&args.listen, &args.socket) {
+        (Some(addr), _) => Some(addr.as_str()),
+        (None, None) => Some(DEFAULT_LISTEN),
+        (None, Some(_)) => None,
+    };
+    if let Some(listen) = listen {
+        let (listener, addr) = bind_tcp(listen)?;
+        listeners.push(Listener::tcp(listener));
+        endpoints.push(Endpoint::Tcp(addr));
+    }
+    let mut socket_created = None;
+    if let Some(path) = &args.socket {
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+        let listener = bind_unix(&path)?;
+        listeners.push(Listener::unix(listener));
+        socket_created = Some(path.clone());
+        endpoints.push(Endpoint::Unix(path));
+    }
+
+    let mut config = ServerConfig::default();
+    if let Some(reactors) = args.reactors {
+        config.reactors = usize::from(reactors);
+    }
+    config.slots_per_connection = usize::from(args.slots);
+    let reactors = config.reactors;
+    let server = Server::start(config, exports.clone(), listeners).context("start the server")?;
+    std::thread::Builder::new()
+        .name("oxpool-signals".into())
+        .spawn({
+            let handle = server.shutdown_handle();
+            move || wait_for_stop_signals(signals, handle)
+        })
+        .context("spawn the signal thread")?;
+
+    println!(
+        "serving {} export(s) of pool(s) {} with {reactors} reactor(s):",
+        exports.len(),
+        names.join(", ")
+    );
+    for export in &exports {
+        for endpoint in &endpoints {
+            let access = if export.read_only || export.volume.read_only() {
+                "read-only"
+            } else {
+                "read-write"
+            };
+            println!(
+                "  {}  ({}, {access})",
+                endpoint.uri(&export.name),
+                crate::human(export.volume.size_bytes())
+            );
+        }
+    }
+    println!("ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools");
+
+    let served = server.join();
+    drop(exports);
+    eprintln!("oxpool: server stopped; exporting the pools");
+    let mut failed = Vec::new();
+    for (pool, locks) in pools {
+        let name = pool.name().to_string();
+        if let Err(e) = pool.export() {
+            failed.push(format!("{name}: {e}"));
+        }
+        drop(locks);
+    }
+    if let Some(path) = socket_created {
+        let _ = std::fs::remove_file(path);
+    }
+    served.context("NBD server")?;
+    if !failed.is_empty() {
+        bail!("export failed: {}", failed.join("; "));
+    }
+    println!("exported {}", names.join(", "));
     Ok(())
+}
+
+/// Where clients connect.
+enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// The NBD URI of `export` here (the export name is the URI path without its slash).
+    fn uri(&self, export: &str) -> String {
+        match self {
+            Endpoint::Tcp(addr) => format!("nbd://{addr}/{export}"),
+            Endpoint::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+        }
+    }
+}
+
+fn bind_tcp(listen: &str) -> Result<(TcpListener, SocketAddr)> {
+    let addrs: Vec<SocketAddr> = listen
+        .to_socket_addrs()
+        .with_context(|| format!("--listen {listen}: not an ADDR:PORT"))?
+        .collect();
+    let mut last_err = None;
+    for addr in addrs {
+        match TcpListener::bind(addr) {
+            Ok(listener) => {
+                // The actual address: with port 0 the kernel picked one.
+                let bound = listener.local_addr()?;
+                return Ok((listener, bound));
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    Err(match last_err {
+        Some(e) => anyhow!("cannot listen on {listen}: {e}"),
+        None => anyhow!("--listen {listen}: resolves to no address"),
+    })
+}
+
+/// Binds a unix socket; a stale socket file (nobody listening) from a crashed server is
+/// replaced, anything else at the path is an error.
+fn bind_unix(path: &Path) -> Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            bail!("--socket {}: exists and is not a socket", path.display());
+        }
+        if UnixStream::connect(path).is_ok() {
+            bail!(
+                "--socket {}: another server is listening there",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path).with_context(|| format!("remove stale {}", path.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))
+}
+
+/// Blocks SIGINT and SIGTERM in the calling thread (and so in every thread it starts later).
+fn block_stop_signals() -> Result<libc::sigset_t> {
+    // SAFETY: sigset manipulation on a local, then pthread_sigmask with valid pointers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            bail!(
+                "cannot block SIGINT/SIGTERM: {}",
+                std::io::Error::from_raw_os_error(rc)
+            );
+        }
+        Ok(set)
+    }
+}
+
+/// The signal thread: the first SIGINT/SIGTERM starts a clean shutdown; a second one exits at
+/// once (what was flushed is durable; the pool imports without an export).
+fn wait_for_stop_signals(set: libc::sigset_t, handle: ShutdownHandle) {
+    let mut received = 0u32;
+    // Unbounded by design: lives until the process exits; each pass waits for a signal.
+    loop {
+        let mut signal: libc::c_int = 0;
+        // SAFETY: `set` is a valid signal set and `signal` a live out-parameter.
+        let rc = unsafe { libc::sigwait(&set, &mut signal) };
+        if rc != 0 {
+            continue;
+        }
+        received += 1;
+        if received == 1 {
+            eprintln!(
+                "oxpool: signal {signal}: stopping (finishing requests in flight; again to exit now)"
+            );
+            handle.shutdown();
+        } else {
+            eprintln!("oxpool: signal {signal} again: exiting without exporting");
+            std::process::exit(130);
+        }
+    }
 }

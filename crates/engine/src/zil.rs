@@ -100,7 +100,10 @@ struct ChainBlock {
     addr: Dva,
     itx_first: u64,
     max_txg: Txg,
+    /// Written and flushed.
     done: bool,
+    /// The write or flush failed: never durable, and the durable point never passes it.
+    failed: bool,
 }
 
 /// Counters of the intent log, pool-wide.
@@ -279,7 +282,7 @@ impl Zil {
     /// durable anyway). The next block starts a new chain at a fresh place.
     pub fn restart_if_broken(&self, inner: &PoolInner) {
         let mut s = self.state.lock().unwrap();
-        if !s.broken || s.building || s.open.is_some() || s.chain.iter().any(|c| !c.done) {
+        if !s.broken || s.building || s.open.is_some() || s.chain.iter().any(|c| !c.done && !c.failed) {
             return;
         }
         let blocks: Vec<Dva> = s.chain.drain(..).map(|c| c.addr).collect();
@@ -500,7 +503,10 @@ impl Volume {
                                 // The current content: anything newer that overlaps was
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
-                                self.read(offset_bytes, &mut buf).await?;
+                                if let Err(e) = self.read(offset_bytes, &mut buf).await {
+                                    zil.state.lock().unwrap().building_first = None;
+                                    return Err(e);
+                                }
                                 Arc::from(buf)
                             }
                         };
@@ -652,7 +658,8 @@ impl Volume {
                 return Ok(());
             }
             // Full: close it and go on in a new block.
-            full.push(s.open.take().unwrap());
+            let o = s.open.take().unwrap();
+            full.push(close(s, o));
         }
     }
 
@@ -693,21 +700,6 @@ impl Volume {
             next: b.next,
         };
         let len = b.writer.finish(&hdr, &mut b.buf);
-        {
-            let mut s = zil.state.lock().unwrap();
-            assert!(
-                s.chain.len() < CHAIN_BLOCKS_MAX,
-                "log chain not trimmed by txg syncs"
-            );
-            debug_assert!(s.chain.back().is_none_or(|c| c.seq + 1 == b.seq));
-            s.chain.push_back(ChainBlock {
-                seq: b.seq,
-                addr: b.addr,
-                itx_first: b.itx_first,
-                max_txg: b.max_txg,
-                done: false,
-            });
-        }
         let start = Instant::now();
         let mut data = IoBuf::zeroed(len);
         data.copy_from_slice(&b.buf[..len]);
@@ -729,9 +721,11 @@ impl Volume {
                     s.advance_durable();
                 }
                 Err(e) => {
+                    // Replay would stop at this block: nothing after it may count as durable.
+                    // Its committers, and all later ones, wait for the txg sync instead.
                     tracing::warn!(volume = self.vol.full_name, "log block write failed: {e}");
                     if let Some(c) = s.chain.iter_mut().find(|c| c.seq == b.seq) {
-                        c.done = true;
+                        c.failed = true;
                     }
                     s.broken = true;
                 }
@@ -742,9 +736,26 @@ impl Volume {
     }
 }
 
+/// Closes the open block: from this moment it is in the chain, not yet written, so the durable
+/// point cannot pass its records whatever block finishes first.
 fn take_open(s: &mut ZilState) -> Option<OpenBlock> {
-    debug_assert!(s.open.as_ref().is_none_or(|o| o.writer.record_count() > 0));
-    s.open.take()
+    let o = s.open.take()?;
+    Some(close(s, o))
+}
+
+fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
+    debug_assert!(o.writer.record_count() > 0);
+    assert!(s.chain.len() < CHAIN_BLOCKS_MAX, "log chain not trimmed by txg syncs");
+    debug_assert!(s.chain.back().is_none_or(|c| c.seq + 1 == o.seq));
+    s.chain.push_back(ChainBlock {
+        seq: o.seq,
+        addr: o.addr,
+        itx_first: o.itx_first,
+        max_txg: o.max_txg,
+        done: false,
+        failed: false,
+    });
+    o
 }
 
 /// Writes a log block (one copy, every child of its vdev) and flushes those devices.

@@ -732,9 +732,10 @@ enum RingOpKind {
     Timeout {
         duration: Duration,
     },
-    /// One `recv` into `buf[start..]`.
+    /// One `recv` into `buf[start..end]`.
     Recv {
         start: usize,
+        end: usize,
     },
     /// Send `buf[..len]`, looping on short sends.
     SendAll {
@@ -838,10 +839,10 @@ impl RingOp {
         RingOp::new(RingOpKind::Timeout { duration }, None, None)
     }
 
-    /// One `recv` into `buf[start..]`; the output value is the byte count (0 = EOF).
-    pub(crate) fn recv(fd: Arc<OwnedFd>, buf: IoBuf, start: usize) -> RingOp {
-        debug_assert!(start < buf.len());
-        RingOp::new(RingOpKind::Recv { start }, Some(fd), Some(buf))
+    /// One `recv` into `buf[start..end]`; the output value is the byte count (0 = EOF).
+    pub(crate) fn recv(fd: Arc<OwnedFd>, buf: IoBuf, start: usize, end: usize) -> RingOp {
+        debug_assert!(start < end && end <= buf.len());
+        RingOp::new(RingOpKind::Recv { start, end }, Some(fd), Some(buf))
     }
 
     /// Sends `buf[..len]`.
@@ -885,9 +886,9 @@ impl RingOp {
             },
             RingOpKind::Fdatasync => OpDesc::Fdatasync,
             RingOpKind::Timeout { duration } => OpDesc::Timeout { duration },
-            RingOpKind::Recv { start } => OpDesc::Recv {
+            RingOpKind::Recv { start, end } => OpDesc::Recv {
                 start,
-                len: (buf_len - start).min(SUBMISSION_BYTES_MAX),
+                len: (end.min(buf_len) - start).min(SUBMISSION_BYTES_MAX),
             },
             RingOpKind::SendAll { len, done_bytes } => OpDesc::Send {
                 start: done_bytes,

@@ -76,19 +76,32 @@ impl Stream {
 
     /// Receives into `buf[offset..]` and returns the buffer and the byte count (0 = EOF).
     pub async fn recv(&self, buf: IoBuf, offset: usize) -> IoResult<(IoBuf, usize)> {
-        if offset >= buf.len() {
+        let end = buf.len();
+        self.recv_range(buf, offset, end).await
+    }
+
+    /// Receives into `buf[start..end]` (never past `end`: the NBD server receives a WRITE
+    /// payload straight into a request buffer larger than the payload, and must not consume
+    /// the next request's header) and returns the buffer and the byte count (0 = EOF).
+    pub async fn recv_range(
+        &self,
+        buf: IoBuf,
+        start: usize,
+        end: usize,
+    ) -> IoResult<(IoBuf, usize)> {
+        if start >= end || end > buf.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
-                    "recv offset {offset} leaves no room in a {}-byte buffer",
+                    "recv into {start}..{end} leaves no room in a {}-byte buffer",
                     buf.len()
                 ),
             ));
         }
-        let out = RingOp::recv(self.fd.clone(), buf, offset).await?;
+        let out = RingOp::recv(self.fd.clone(), buf, start, end).await?;
         let buf = out.buf.expect("recv returns its buffer");
         let count = out.value as usize;
-        debug_assert!(count <= buf.len() - offset);
+        debug_assert!(count <= end - start);
         Ok((buf, count))
     }
 
@@ -111,5 +124,12 @@ impl Stream {
     pub fn shutdown(&self) {
         // SAFETY: plain syscall on an fd we own; failure (e.g. ENOTCONN) needs no handling.
         unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+impl AsRawFd for Stream {
+    /// The socket's fd, for socket options (e.g. TCP_NODELAY); it stays owned by the `Stream`.
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
     }
 }

@@ -1,0 +1,614 @@
+//! Server side of the fixed newstyle handshake, as a sans-I/O state machine.
+//!
+//! The caller owns the socket:
+//!
+//! 1. send [`Handshake::greeting`];
+//! 2. feed every received byte to [`Handshake::receive`], which appends replies to `out` and
+//!    says how many input bytes it used;
+//! 3. send `out` after each call, whatever the status;
+//! 4. on [`HandshakeStatus::Done`] switch to the transmission phase (input bytes after
+//!    `consumed_bytes` belong to it); on [`HandshakeStatus::Abort`] close after sending; on
+//!    `Err` close (a hard disconnect).
+//!
+//! Bounds: an option's data is buffered only up to [`MAX_OPTION_DATA_BYTES`] (larger options
+//! are skipped byte by byte and answered `NBD_REP_ERR_TOO_BIG`); a handshake takes at most
+//! [`MAX_OPTIONS_PER_HANDSHAKE`] options; the replies to one option are bounded by the size of
+//! the export list (LIST) or by a few dozen bytes (everything else).
+
+use super::error::ProtocolError;
+use super::types::{EnteredBy, ExportInfo, MetaContextId, Negotiated, TransmissionFlags};
+use super::types::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
+use super::wire;
+
+/// Size of the server greeting.
+pub const GREETING_BYTES: usize = 18;
+
+/// Largest option data the server buffers. Real clients send a few hundred bytes at most
+/// (an export name and a few meta context queries); anything larger is skipped unread.
+pub const MAX_OPTION_DATA_BYTES: u32 = 64 * 1024;
+
+/// Most options one handshake may send before the server hangs up. Generous enough for
+/// `nbdinfo --list` over many exports (a few options per export), small enough that a client
+/// cannot keep a connection in negotiation forever.
+pub const MAX_OPTIONS_PER_HANDSHAKE: u32 = 4096;
+
+/// Zero bytes that follow the EXPORT_NAME reply unless the client asked for NO_ZEROES.
+const EXPORT_NAME_PADDING_BYTES: usize = 124;
+
+/// Size of the client flags field.
+const CLIENT_FLAGS_BYTES: usize = 4;
+/// Size of an option header: magic (8), option (4), length (4).
+const OPTION_HEADER_BYTES: usize = 16;
+
+/// What the caller does after a [`Handshake::receive`] call (always after sending `out`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeStatus {
+    /// Negotiation goes on: read more bytes and call `receive` again.
+    Continue,
+    /// Negotiation succeeded (GO or EXPORT_NAME): enter the transmission phase.
+    Done(Negotiated),
+    /// The client sent `NBD_OPT_ABORT`: close the connection after sending `out`.
+    Abort,
+}
+
+/// Result of one [`Handshake::receive`] call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandshakeProgress {
+    /// Input bytes used. Less than the input only when the status is `Done` or `Abort`; the
+    /// rest then belongs to the transmission phase (or is to be dropped).
+    pub consumed_bytes: usize,
+    /// What to do next.
+    pub status: HandshakeStatus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Waiting for the 32-bit client flags.
+    ClientFlags,
+    /// Waiting for (the rest of) an option header.
+    OptionHeader,
+    /// Gathering `length_bytes` of option data into `Handshake::data`.
+    OptionData { option: u32, length_bytes: u32 },
+    /// Dropping the data of an oversized option; answered with ERR_TOO_BIG at the end.
+    SkipOption { option: u32, remaining_bytes: u32 },
+    /// GO, EXPORT_NAME, ABORT or an error happened: no more input is accepted.
+    Finished,
+}
+
+/// Server-side negotiation state machine (fixed newstyle, NO_ZEROES, no TLS).
+#[derive(Debug)]
+pub struct Handshake {
+    exports: Vec<ExportInfo>,
+    state: State,
+    /// Partial fixed-size field (client flags or option header) split across reads.
+    header: [u8; OPTION_HEADER_BYTES],
+    header_filled_bytes: usize,
+    /// Option data; never longer than `MAX_OPTION_DATA_BYTES`.
+    data: Vec<u8>,
+    no_zeroes: bool,
+    structured_replies: bool,
+    /// Export whose `base:allocation` the last SET_META_CONTEXT selected, if any.
+    meta_context_export: Option<usize>,
+    options_received: u32,
+}
+
+impl Handshake {
+    /// A handshake offering `exports`. An empty name in GO/INFO/EXPORT_NAME selects the
+    /// default export, which is the first one (unless an export is literally named "").
+    pub fn new(exports: Vec<ExportInfo>) -> Self {
+        for export in &exports {
+            debug_assert!(export.name.len() <= wire::MAX_STRING_BYTES);
+            debug_assert!(export.description.len() <= wire::MAX_STRING_BYTES);
+        }
+        Handshake {
+            exports,
+            state: State::ClientFlags,
+            header: [0; OPTION_HEADER_BYTES],
+            header_filled_bytes: 0,
+            data: Vec::new(),
+            no_zeroes: false,
+            structured_replies: false,
+            meta_context_export: None,
+            options_received: 0,
+        }
+    }
+
+    /// The exports this handshake offers (indexed by [`Negotiated::export_index`]).
+    pub fn exports(&self) -> &[ExportInfo] {
+        &self.exports
+    }
+
+    /// The bytes the server sends first: `NBDMAGIC`, `IHAVEOPT`, handshake flags
+    /// (FIXED_NEWSTYLE | NO_ZEROES).
+    pub fn greeting(&self) -> [u8; GREETING_BYTES] {
+        let mut greeting = [0u8; GREETING_BYTES];
+        greeting[0..8].copy_from_slice(&wire::NBDMAGIC.to_be_bytes());
+        greeting[8..16].copy_from_slice(&wire::IHAVEOPT.to_be_bytes());
+        let flags = wire::HANDSHAKE_FLAG_FIXED_NEWSTYLE | wire::HANDSHAKE_FLAG_NO_ZEROES;
+        greeting[16..18].copy_from_slice(&flags.to_be_bytes());
+        greeting
+    }
+
+    /// Feeds received bytes (any split, down to one byte at a time); appends the replies to
+    /// `out`.
+    ///
+    /// Processes every complete option in `input` until the input ends or the handshake
+    /// finishes. On `Err` the connection must be closed; `out` may hold replies to earlier
+    /// options of the same call, which the caller may send or drop.
+    pub fn receive(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<HandshakeProgress, ProtocolError> {
+        let result = self.receive_inner(input, out);
+        if result.is_err() {
+            self.state = State::Finished;
+        }
+        result
+    }
+
+    fn receive_inner(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<HandshakeProgress, ProtocolError> {
+        let mut position = 0usize;
+        // Every pass consumes input or moves to a state that needs input (a zero-length
+        // option is processed and moves on to the next header), so the loop ends.
+        loop {
+            match self.state {
+                State::Finished => return Err(ProtocolError::Finished),
+                State::ClientFlags => {
+                    if !self.fill_header(CLIENT_FLAGS_BYTES, input, &mut position) {
+                        break;
+                    }
+                    let flags = read_u32(&self.header, 0);
+                    self.header_filled_bytes = 0;
+                    let known = wire::CLIENT_FLAG_FIXED_NEWSTYLE | wire::CLIENT_FLAG_NO_ZEROES;
+                    if flags & !known != 0 {
+                        return Err(ProtocolError::UnknownClientFlags { flags });
+                    }
+                    // A client without FIXED_NEWSTYLE is served the same way: it only sends
+                    // options it knows, and the protocol lets servers honour fixed newstyle
+                    // from such clients.
+                    self.no_zeroes = flags & wire::CLIENT_FLAG_NO_ZEROES != 0;
+                    self.state = State::OptionHeader;
+                }
+                State::OptionHeader => {
+                    if !self.fill_header(OPTION_HEADER_BYTES, input, &mut position) {
+                        break;
+                    }
+                    self.header_filled_bytes = 0;
+                    self.start_option()?;
+                }
+                State::OptionData {
+                    option,
+                    length_bytes,
+                } => {
+                    let wanted = length_bytes as usize - self.data.len();
+                    let take = wanted.min(input.len() - position);
+                    self.data
+                        .extend_from_slice(&input[position..position + take]);
+                    position += take;
+                    if self.data.len() < length_bytes as usize {
+                        break;
+                    }
+                    self.state = State::OptionHeader;
+                    let status = self.process_option(option, out)?;
+                    if status != HandshakeStatus::Continue {
+                        self.state = State::Finished;
+                        self.data = Vec::new();
+                        return Ok(HandshakeProgress {
+                            consumed_bytes: position,
+                            status,
+                        });
+                    }
+                }
+                State::SkipOption {
+                    option,
+                    remaining_bytes,
+                } => {
+                    let available = u32::try_from(input.len() - position).unwrap_or(u32::MAX);
+                    let take = remaining_bytes.min(available);
+                    position += take as usize;
+                    let remaining_bytes = remaining_bytes - take;
+                    if remaining_bytes > 0 {
+                        self.state = State::SkipOption {
+                            option,
+                            remaining_bytes,
+                        };
+                        break;
+                    }
+                    put_option_reply(
+                        out,
+                        option,
+                        wire::REP_ERR_TOO_BIG,
+                        &[b"option data too large"],
+                    );
+                    self.state = State::OptionHeader;
+                }
+            }
+        }
+        debug_assert_eq!(position, input.len());
+        Ok(HandshakeProgress {
+            consumed_bytes: position,
+            status: HandshakeStatus::Continue,
+        })
+    }
+
+    /// Copies input into the partial header until it holds `wanted` bytes; false if the input
+    /// ran out first.
+    fn fill_header(&mut self, wanted: usize, input: &[u8], position: &mut usize) -> bool {
+        let take = (wanted - self.header_filled_bytes).min(input.len() - *position);
+        self.header[self.header_filled_bytes..self.header_filled_bytes + take]
+            .copy_from_slice(&input[*position..*position + take]);
+        self.header_filled_bytes += take;
+        *position += take;
+        self.header_filled_bytes == wanted
+    }
+
+    /// Decides what to do with the option whose header is in `self.header`.
+    fn start_option(&mut self) -> Result<(), ProtocolError> {
+        let magic = u64::from_be_bytes(self.header[0..8].try_into().expect("8 bytes"));
+        let option = read_u32(&self.header, 8);
+        let length_bytes = read_u32(&self.header, 12);
+        if magic != wire::IHAVEOPT {
+            return Err(ProtocolError::BadOptionMagic { found: magic });
+        }
+        self.options_received += 1;
+        if self.options_received > MAX_OPTIONS_PER_HANDSHAKE {
+            return Err(ProtocolError::TooManyOptions {
+                limit: MAX_OPTIONS_PER_HANDSHAKE,
+            });
+        }
+        if option == wire::OPT_EXPORT_NAME && length_bytes as usize > wire::MAX_STRING_BYTES {
+            // No error reply exists for EXPORT_NAME, and no export has such a name.
+            return Err(ProtocolError::ExportNameTooLong { length_bytes });
+        }
+        if length_bytes > MAX_OPTION_DATA_BYTES {
+            self.state = State::SkipOption {
+                option,
+                remaining_bytes: length_bytes,
+            };
+        } else {
+            self.data.clear();
+            // Bounded by the check above.
+            self.data.reserve(length_bytes as usize);
+            self.state = State::OptionData {
+                option,
+                length_bytes,
+            };
+        }
+        Ok(())
+    }
+
+    /// Answers a complete option whose data is in `self.data`.
+    fn process_option(
+        &mut self,
+        option: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<HandshakeStatus, ProtocolError> {
+        match option {
+            wire::OPT_EXPORT_NAME => self.export_name(out),
+            wire::OPT_ABORT => {
+                // The protocol asks servers to ignore data sent with ABORT.
+                put_option_reply(out, option, wire::REP_ACK, &[]);
+                Ok(HandshakeStatus::Abort)
+            }
+            wire::OPT_LIST => {
+                if self.data.is_empty() {
+                    for export in &self.exports {
+                        let name = export.name.as_bytes();
+                        let name_len = (name.len() as u32).to_be_bytes();
+                        let description = export.description.as_bytes();
+                        put_option_reply(
+                            out,
+                            option,
+                            wire::REP_SERVER,
+                            &[&name_len, name, description],
+                        );
+                    }
+                    put_option_reply(out, option, wire::REP_ACK, &[]);
+                } else {
+                    put_option_reply(
+                        out,
+                        option,
+                        wire::REP_ERR_INVALID,
+                        &[b"NBD_OPT_LIST takes no data"],
+                    );
+                }
+                Ok(HandshakeStatus::Continue)
+            }
+            wire::OPT_INFO | wire::OPT_GO => Ok(self.info_or_go(option, out)),
+            wire::OPT_STRUCTURED_REPLY => {
+                if self.data.is_empty() {
+                    // Idempotent: a repeated request changes nothing and is acknowledged.
+                    self.structured_replies = true;
+                    put_option_reply(out, option, wire::REP_ACK, &[]);
+                } else {
+                    put_option_reply(
+                        out,
+                        option,
+                        wire::REP_ERR_INVALID,
+                        &[b"NBD_OPT_STRUCTURED_REPLY takes no data"],
+                    );
+                }
+                Ok(HandshakeStatus::Continue)
+            }
+            wire::OPT_LIST_META_CONTEXT | wire::OPT_SET_META_CONTEXT => {
+                self.meta_context(option, out);
+                Ok(HandshakeStatus::Continue)
+            }
+            // STARTTLS (no TLS: NOTLS mode allows ERR_UNSUP), EXTENDED_HEADERS, the withdrawn
+            // PEEK_EXPORT and anything unknown: the protocol says reply ERR_UNSUP and go on.
+            _ => {
+                put_option_reply(out, option, wire::REP_ERR_UNSUP, &[b"unsupported option"]);
+                Ok(HandshakeStatus::Continue)
+            }
+        }
+    }
+
+    fn export_name(&mut self, out: &mut Vec<u8>) -> Result<HandshakeStatus, ProtocolError> {
+        let index = self
+            .find_export(&self.data)
+            .ok_or(ProtocolError::UnknownExport)?;
+        let export = &self.exports[index];
+        let flags = TransmissionFlags::for_export(export, self.structured_replies);
+        out.extend_from_slice(&export.size_bytes.to_be_bytes());
+        out.extend_from_slice(&flags.bits().to_be_bytes());
+        if !self.no_zeroes {
+            out.extend_from_slice(&[0u8; EXPORT_NAME_PADDING_BYTES]);
+        }
+        Ok(HandshakeStatus::Done(self.negotiated(
+            index,
+            flags,
+            EnteredBy::ExportName,
+        )))
+    }
+
+    fn info_or_go(&mut self, option: u32, out: &mut Vec<u8>) -> HandshakeStatus {
+        let Some(request) = parse_info_request(&self.data) else {
+            put_option_reply(
+                out,
+                option,
+                wire::REP_ERR_INVALID,
+                &[b"malformed NBD_OPT_INFO/NBD_OPT_GO"],
+            );
+            return HandshakeStatus::Continue;
+        };
+        let Some(index) = self.find_export(request.name) else {
+            put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
+            return HandshakeStatus::Continue;
+        };
+        let export = &self.exports[index];
+        let flags = TransmissionFlags::for_export(export, self.structured_replies);
+
+        let mut export_info = [0u8; 12];
+        export_info[0..2].copy_from_slice(&wire::INFO_EXPORT.to_be_bytes());
+        export_info[2..10].copy_from_slice(&export.size_bytes.to_be_bytes());
+        export_info[10..12].copy_from_slice(&flags.bits().to_be_bytes());
+        put_option_reply(out, option, wire::REP_INFO, &[&export_info]);
+
+        let mut wants_name = false;
+        let mut wants_description = false;
+        for item in request.items.chunks_exact(2) {
+            match u16::from_be_bytes([item[0], item[1]]) {
+                wire::INFO_NAME => wants_name = true,
+                wire::INFO_DESCRIPTION => wants_description = true,
+                // EXPORT and BLOCK_SIZE are always sent; unknown items are ignored as the
+                // protocol requires.
+                _ => {}
+            }
+        }
+        if wants_name {
+            let kind = wire::INFO_NAME.to_be_bytes();
+            put_option_reply(
+                out,
+                option,
+                wire::REP_INFO,
+                &[&kind, export.name.as_bytes()],
+            );
+        }
+        if wants_description && !export.description.is_empty() {
+            let kind = wire::INFO_DESCRIPTION.to_be_bytes();
+            let description = export.description.as_bytes();
+            put_option_reply(out, option, wire::REP_INFO, &[&kind, description]);
+        }
+        // Sent even when not requested (allowed): min 1 and max 32 MiB are what a portable
+        // client assumes anyway, and the preferred size helps it avoid read-modify-write.
+        let mut block_size = [0u8; 14];
+        block_size[0..2].copy_from_slice(&wire::INFO_BLOCK_SIZE.to_be_bytes());
+        block_size[2..6].copy_from_slice(&MIN_BLOCK_BYTES.to_be_bytes());
+        block_size[6..10].copy_from_slice(&export.advertised_preferred_block_bytes().to_be_bytes());
+        block_size[10..14].copy_from_slice(&MAX_BLOCK_BYTES.to_be_bytes());
+        put_option_reply(out, option, wire::REP_INFO, &[&block_size]);
+
+        put_option_reply(out, option, wire::REP_ACK, &[]);
+        if option == wire::OPT_GO {
+            HandshakeStatus::Done(self.negotiated(index, flags, EnteredBy::Go))
+        } else {
+            HandshakeStatus::Continue
+        }
+    }
+
+    fn meta_context(&mut self, option: u32, out: &mut Vec<u8>) {
+        let set = option == wire::OPT_SET_META_CONTEXT;
+        if set {
+            // SET replaces the previous selection even when it fails.
+            self.meta_context_export = None;
+            if !self.structured_replies {
+                put_option_reply(
+                    out,
+                    option,
+                    wire::REP_ERR_INVALID,
+                    &[b"negotiate structured replies first"],
+                );
+                return;
+            }
+        }
+        // LIST is served without structured replies too: it is harmless, and the protocol
+        // only says a server MAY refuse it.
+        let Some(request) = parse_meta_request(&self.data) else {
+            put_option_reply(
+                out,
+                option,
+                wire::REP_ERR_INVALID,
+                &[b"malformed meta context request"],
+            );
+            return;
+        };
+        let Some(index) = self.find_export(request.export_name) else {
+            put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
+            return;
+        };
+        let name = wire::BASE_ALLOCATION.as_bytes();
+        if set {
+            if request.selects_base_allocation {
+                let id = MetaContextId::BASE_ALLOCATION.0.to_be_bytes();
+                put_option_reply(out, option, wire::REP_META_CONTEXT, &[&id, name]);
+                self.meta_context_export = Some(index);
+            }
+        } else if request.query_count == 0 || request.lists_base_allocation {
+            // List replies carry the reserved id 0.
+            put_option_reply(out, option, wire::REP_META_CONTEXT, &[&[0u8; 4], name]);
+        }
+        put_option_reply(out, option, wire::REP_ACK, &[]);
+    }
+
+    fn negotiated(&self, index: usize, flags: TransmissionFlags, by: EnteredBy) -> Negotiated {
+        // BLOCK_STATUS is only valid when the last SET_META_CONTEXT named the export that
+        // was finally chosen.
+        let meta_context =
+            (self.meta_context_export == Some(index)).then_some(MetaContextId::BASE_ALLOCATION);
+        Negotiated {
+            export_index: index,
+            structured_replies: self.structured_replies,
+            meta_context,
+            transmission_flags: flags,
+            entered_by: by,
+        }
+    }
+
+    fn find_export(&self, name: &[u8]) -> Option<usize> {
+        if let Some(index) = self.exports.iter().position(|e| e.name.as_bytes() == name) {
+            return Some(index);
+        }
+        if name.is_empty() && !self.exports.is_empty() {
+            return Some(0);
+        }
+        None
+    }
+}
+
+/// The parsed data of NBD_OPT_INFO / NBD_OPT_GO, borrowing the option data.
+struct InfoRequest<'a> {
+    name: &'a [u8],
+    /// `2 * n` bytes of 16-bit information request codes.
+    items: &'a [u8],
+}
+
+/// Name length (32), name, item count (16), items (16 each); every length must add up.
+fn parse_info_request(data: &[u8]) -> Option<InfoRequest<'_>> {
+    let mut reader = Reader::new(data);
+    let name_len = reader.u32()? as usize;
+    let name = reader.bytes(name_len)?;
+    let count = reader.u16()? as usize;
+    let items = reader.bytes(count * 2)?;
+    reader.is_empty().then_some(InfoRequest { name, items })
+}
+
+/// The parsed data of LIST/SET_META_CONTEXT, reduced to what this server can answer.
+struct MetaRequest<'a> {
+    export_name: &'a [u8],
+    query_count: u32,
+    /// A query names `base:allocation` exactly (selects it in SET, lists it in LIST).
+    selects_base_allocation: bool,
+    /// A query names `base:allocation` or the `base:` wildcard (lists it in LIST).
+    lists_base_allocation: bool,
+}
+
+/// Export name length (32), name, query count (32), queries (length 32 + string each).
+///
+/// Queries in unknown namespaces, unknown `base:` leaves and strings without a colon are
+/// ignored, as the protocol requires (or allows) for each.
+fn parse_meta_request(data: &[u8]) -> Option<MetaRequest<'_>> {
+    let mut reader = Reader::new(data);
+    let name_len = reader.u32()? as usize;
+    let export_name = reader.bytes(name_len)?;
+    let query_count = reader.u32()?;
+    // Each query needs at least its 4-byte length: reject impossible counts before looping.
+    if query_count as usize > reader.remaining() / 4 {
+        return None;
+    }
+    let mut request = MetaRequest {
+        export_name,
+        query_count,
+        selects_base_allocation: false,
+        lists_base_allocation: false,
+    };
+    for _ in 0..query_count {
+        let query_len = reader.u32()? as usize;
+        let query = reader.bytes(query_len)?;
+        if query == wire::BASE_ALLOCATION.as_bytes() {
+            request.selects_base_allocation = true;
+            request.lists_base_allocation = true;
+        } else if query == b"base:" {
+            request.lists_base_allocation = true;
+        }
+    }
+    reader.is_empty().then_some(request)
+}
+
+/// Appends one option reply: magic, option, reply type, length, then the payload parts.
+fn put_option_reply(out: &mut Vec<u8>, option: u32, reply_type: u32, parts: &[&[u8]]) {
+    let length: usize = parts.iter().map(|part| part.len()).sum();
+    // Every payload here is built from bounded pieces (export names, fixed fields).
+    debug_assert!(length <= 2 * wire::MAX_STRING_BYTES + 8);
+    out.extend_from_slice(&wire::OPTION_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&reply_type.to_be_bytes());
+    out.extend_from_slice(&(length as u32).to_be_bytes());
+    for part in parts {
+        out.extend_from_slice(part);
+    }
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// Bounds-checked big-endian reader over untrusted option data.
+struct Reader<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Reader { rest: data }
+    }
+
+    fn remaining(&self) -> usize {
+        self.rest.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn bytes(&mut self, count: usize) -> Option<&'a [u8]> {
+        if count > self.rest.len() {
+            return None;
+        }
+        let (head, tail) = self.rest.split_at(count);
+        self.rest = tail;
+        Some(head)
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.bytes(2)?.try_into().ok()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.bytes(4)?.try_into().ok()?))
+    }
+}

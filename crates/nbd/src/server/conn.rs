@@ -1,0 +1,1204 @@
+//! One NBD connection on a reactor thread.
+//!
+//! - The connection task does the handshake, then becomes the **reader**: it receives into a
+//!   64 KiB inbox, decodes request headers, takes a free **slot** for each request (waiting when
+//!   none is free: back-pressure, nothing more is read), validates it, receives a WRITE payload
+//!   straight into the slot's buffer, and spawns one **request task**.
+//! - A request task runs the volume operation and leaves its reply in its slot (a small inline
+//!   array, or the slot's buffer for READ data and BLOCK_STATUS), then queues the slot.
+//! - The **writer** task sends queued replies in completion order (any order is allowed):
+//!   small replies are copied into one batch and sent together; large ones go straight from
+//!   the slot's buffer. A slot is free again once its reply is sent.
+//!
+//! Bounds: slots per connection (requests in flight); bytes of slot buffers per connection
+//! (a request that would exceed it waits for earlier ones; idle slots' buffers are dropped
+//! first); the inbox and the batch buffer are fixed. All state is on one thread (`Rc`,
+//! `RefCell`); no borrow is held across an await.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use oxpool_engine::{BlockState, Volume};
+use oxpool_io::rt::net::Stream;
+use oxpool_io::rt::{self, join_all};
+use oxpool_io::IoBuf;
+
+use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
+use super::{errno_for, ConnectionPermit, Limits, Shared};
+use crate::proto::reply::{
+    block_status_chunk_bytes, encode_block_status, encode_error_reply, encode_offset_data_header,
+    encode_offset_hole, encode_simple_reply, Done, ERROR_REPLY_MAX_BYTES, OFFSET_DATA_HEADER_BYTES,
+    OFFSET_HOLE_CHUNK_BYTES, SIMPLE_REPLY_BYTES,
+};
+use crate::proto::{
+    validate, BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, Errno,
+    ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated, ProtocolError, Request,
+    RequestDecoder, MAX_BLOCK_BYTES,
+};
+
+/// Receive buffer of the reader: request headers and small WRITE payloads arrive here, many
+/// per `recv`.
+const INBOX_BYTES: usize = 64 * 1024;
+
+/// A WRITE payload with at least this much still to come is received straight into its slot's
+/// buffer; a smaller rest comes through the inbox with the requests behind it (one `recv` for
+/// several small writes, at the cost of a copy).
+const DIRECT_RECV_MIN_BYTES: usize = 32 * 1024;
+
+/// The writer's batch buffer (also the handshake's send buffer).
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// Replies up to this size are copied into the batch; larger ones are sent from their slot.
+const BATCH_COPY_MAX_BYTES: usize = 16 * 1024;
+
+/// Room for a reply without payload: a simple reply (16) or an ERROR chunk without message (26).
+const INLINE_REPLY_BYTES: usize = 32;
+
+/// Smallest slot buffer allocated (then reused for every later request of the slot).
+const SLOT_BUFFER_MIN_BYTES: usize = 16 * 1024;
+
+/// Largest slot buffer: a maximal READ reply with its chunk headers (see `read_need_bytes`).
+const SLOT_BUFFER_MAX_BYTES: usize = MAX_BLOCK_BYTES as usize + 4096;
+
+/// BLOCK_STATUS looks at most this much of the volume per request; the protocol lets the reply
+/// cover a prefix of the range, and the client asks again for the rest.
+const BLOCK_STATUS_QUERY_MAX_BYTES: u64 = 1 << 30;
+
+/// Most extents in one BLOCK_STATUS reply (keeps the reply within the minimum slot buffer).
+const BLOCK_STATUS_DESCRIPTORS_MAX: usize = 1024;
+
+/// Hole runs shorter than this (only possible at the unaligned edges of a read) are sent as
+/// data: an OFFSET_HOLE chunk costs 32 bytes, more than the zeros it replaces. This is also
+/// what bounds a READ reply to `length + OFFSET_DATA_HEADER_BYTES` (see `read_structured`).
+const HOLE_CHUNK_MIN_BYTES: u64 = 64;
+
+/// The connections of one reactor, so that shutdown can stop them all.
+pub(crate) struct ReactorConns {
+    entries: RefCell<Vec<Option<Rc<Conn>>>>,
+    free: RefCell<Vec<usize>>,
+    live: Cell<usize>,
+    stopping: Cell<bool>,
+    drained: WakerCell,
+}
+
+impl ReactorConns {
+    pub(crate) fn new() -> Self {
+        ReactorConns {
+            entries: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            live: Cell::new(0),
+            stopping: Cell::new(false),
+            drained: WakerCell::default(),
+        }
+    }
+
+    /// Connections registered and not yet finished.
+    pub(crate) fn live(&self) -> usize {
+        self.live.get()
+    }
+
+    /// Woken each time a connection finishes.
+    pub(crate) fn drained_waker(&self) -> &WakerCell {
+        &self.drained
+    }
+
+    /// Tells every connection to stop reading requests; later registrations stop at once.
+    pub(crate) fn stop_all(&self) {
+        self.stopping.set(true);
+        let conns: Vec<Rc<Conn>> = self.entries.borrow().iter().flatten().cloned().collect();
+        for conn in conns {
+            conn.stop();
+        }
+    }
+
+    fn register(self: &Rc<Self>, conn: Rc<Conn>) -> Registration {
+        if self.stopping.get() {
+            conn.stop();
+        }
+        let mut entries = self.entries.borrow_mut();
+        let index = match self.free.borrow_mut().pop() {
+            Some(index) => {
+                entries[index] = Some(conn);
+                index
+            }
+            None => {
+                entries.push(Some(conn));
+                entries.len() - 1
+            }
+        };
+        self.live.set(self.live.get() + 1);
+        Registration {
+            conns: self.clone(),
+            index,
+        }
+    }
+}
+
+/// A connection's entry in [`ReactorConns`]; removed when dropped (also when unwinding).
+struct Registration {
+    conns: Rc<ReactorConns>,
+    index: usize,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.conns.entries.borrow_mut()[self.index] = None;
+        self.conns.free.borrow_mut().push(self.index);
+        self.conns.live.set(self.conns.live.get() - 1);
+        self.conns.drained.wake();
+    }
+}
+
+/// Where a finished request's reply is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReplyAt {
+    /// Not finished (or the slot is free).
+    Nowhere,
+    /// The first `n` bytes of the slot's inline array.
+    Inline(usize),
+    /// The first `n` bytes of the slot's buffer.
+    Buffer(usize),
+}
+
+/// One request slot: preallocated, reused for request after request.
+struct Slot {
+    /// WRITE payload in, READ / BLOCK_STATUS reply out. `None` until first needed, while a
+    /// request task or a socket operation holds it, or after it was dropped to make room.
+    buffer: Option<IoBuf>,
+    inline: [u8; INLINE_REPLY_BYTES],
+    reply: ReplyAt,
+}
+
+/// State of one connection, shared by its reader, writer and request tasks (one thread).
+struct Conn {
+    stream: Stream,
+    limits: Limits,
+    slots: RefCell<Vec<Slot>>,
+    /// Free slot indices (capacity: the slot count).
+    free_slots: RefCell<Vec<usize>>,
+    /// Slots whose reply waits for the writer (capacity: the slot count).
+    replies: RefCell<VecDeque<usize>>,
+    /// Bytes of every slot buffer, in its slot or lent to a task or an operation.
+    buffer_bytes: Cell<usize>,
+    /// Slots taken and not yet released.
+    in_flight: Cell<usize>,
+    /// Releases so far: a waiting reader sees progress by this changing.
+    releases: Cell<u64>,
+    /// Shutdown asked the reader to stop.
+    stopping: Cell<bool>,
+    /// The peer is gone or a task failed: stop reading, drop replies.
+    broken: Cell<bool>,
+    reader_done: Cell<bool>,
+    writer_done: Cell<bool>,
+    reader_waker: WakerCell,
+    writer_waker: WakerCell,
+}
+
+impl Conn {
+    fn new(stream: Stream, limits: Limits) -> Conn {
+        let slots = (0..limits.slots)
+            .map(|_| Slot {
+                buffer: None,
+                inline: [0; INLINE_REPLY_BYTES],
+                reply: ReplyAt::Nowhere,
+            })
+            .collect();
+        Conn {
+            stream,
+            limits,
+            slots: RefCell::new(slots),
+            // Reversed so slot 0 is used first (traces are easier to read).
+            free_slots: RefCell::new((0..limits.slots).rev().collect()),
+            replies: RefCell::new(VecDeque::with_capacity(limits.slots)),
+            buffer_bytes: Cell::new(0),
+            in_flight: Cell::new(0),
+            releases: Cell::new(0),
+            stopping: Cell::new(false),
+            broken: Cell::new(false),
+            reader_done: Cell::new(false),
+            writer_done: Cell::new(false),
+            reader_waker: WakerCell::default(),
+            writer_waker: WakerCell::default(),
+        }
+    }
+
+    fn stop(&self) {
+        self.stopping.set(true);
+        self.reader_waker.wake();
+    }
+
+    /// The reader should stop reading requests.
+    fn halted(&self) -> bool {
+        self.stopping.get() || self.broken.get()
+    }
+
+    /// The peer is gone (or a task failed): unblock the reader, drop the replies.
+    fn break_connection(&self) {
+        if !self.broken.replace(true) {
+            self.stream.shutdown();
+        }
+        self.reader_waker.wake();
+        self.writer_waker.wake();
+    }
+
+    /// Completes when the reader must stop (shutdown or a broken connection).
+    async fn halt(&self) {
+        wait_until(&self.reader_waker, || self.halted()).await;
+    }
+
+    fn try_acquire_slot(&self) -> Option<usize> {
+        let index = self.free_slots.borrow_mut().pop()?;
+        self.in_flight.set(self.in_flight.get() + 1);
+        Some(index)
+    }
+
+    /// A free slot, waiting for one (back-pressure); `None` when the reader must stop.
+    async fn acquire_slot(&self) -> Option<usize> {
+        wait_until(&self.reader_waker, || {
+            self.halted() || !self.free_slots.borrow().is_empty()
+        })
+        .await;
+        if self.halted() {
+            return None;
+        }
+        self.try_acquire_slot()
+    }
+
+    /// Frees a slot: its reply was sent or dropped.
+    fn release(&self, index: usize) {
+        self.slots.borrow_mut()[index].reply = ReplyAt::Nowhere;
+        self.free_slots.borrow_mut().push(index);
+        self.in_flight.set(self.in_flight.get() - 1);
+        self.releases.set(self.releases.get() + 1);
+        self.reader_waker.wake();
+        self.writer_waker.wake();
+    }
+
+    /// Takes slot `index`'s buffer, grown to at least `need_bytes` within the connection's
+    /// budget; waits for other requests to finish when the budget is spent. `None` when the
+    /// reader must stop.
+    async fn reserve(&self, index: usize, need_bytes: usize) -> Option<IoBuf> {
+        debug_assert!(need_bytes <= SLOT_BUFFER_MAX_BYTES);
+        // Each pass either returns or waits for a release; releases come from requests in
+        // flight, which finish on their own.
+        loop {
+            let current_bytes = self.slots.borrow()[index]
+                .buffer
+                .as_ref()
+                .map_or(0, |b| b.len());
+            if current_bytes >= need_bytes {
+                return self.slots.borrow_mut()[index].buffer.take();
+            }
+            let new_bytes = grown_buffer_bytes(need_bytes);
+            let extra_bytes = new_bytes - current_bytes;
+            if self.buffer_bytes.get() + extra_bytes > self.limits.buffer_bytes {
+                self.drop_idle_buffers(
+                    self.buffer_bytes.get() + extra_bytes - self.limits.buffer_bytes,
+                );
+            }
+            if self.buffer_bytes.get() + extra_bytes <= self.limits.buffer_bytes {
+                self.slots.borrow_mut()[index].buffer = None;
+                self.buffer_bytes.set(self.buffer_bytes.get() + extra_bytes);
+                return Some(IoBuf::zeroed(new_bytes));
+            }
+            let releases = self.releases.get();
+            wait_until(&self.reader_waker, || {
+                self.halted() || self.releases.get() != releases
+            })
+            .await;
+            if self.halted() {
+                return None;
+            }
+        }
+    }
+
+    /// Drops buffers of free slots until `wanted_bytes` are freed (or none is left).
+    fn drop_idle_buffers(&self, wanted_bytes: usize) {
+        let mut freed_bytes = 0;
+        let free = self.free_slots.borrow();
+        let mut slots = self.slots.borrow_mut();
+        for &index in free.iter() {
+            if freed_bytes >= wanted_bytes {
+                break;
+            }
+            if let Some(buffer) = slots[index].buffer.take() {
+                freed_bytes += buffer.len();
+            }
+        }
+        self.buffer_bytes.set(self.buffer_bytes.get() - freed_bytes);
+    }
+
+    /// A buffer lent out was lost (its socket operation was cancelled): forget its bytes.
+    fn forget_buffer(&self, bytes: usize) {
+        self.buffer_bytes.set(self.buffer_bytes.get() - bytes);
+    }
+
+    /// Stores a finished request's reply (and gives its buffer back), then queues it.
+    fn complete(&self, index: usize, reply: Reply, buffer: Option<IoBuf>) {
+        {
+            let mut slots = self.slots.borrow_mut();
+            let slot = &mut slots[index];
+            if buffer.is_some() {
+                slot.buffer = buffer;
+            }
+            slot.reply = match reply {
+                Reply::Inline { bytes, len } => {
+                    slot.inline[..len].copy_from_slice(&bytes[..len]);
+                    ReplyAt::Inline(len)
+                }
+                Reply::Buffer(len) => ReplyAt::Buffer(len),
+            };
+        }
+        self.replies.borrow_mut().push_back(index);
+        self.writer_waker.wake();
+    }
+}
+
+/// Size of a new slot buffer for a request needing `need_bytes`: powers of two, so a slot
+/// serving growing requests reallocates a few times only, capped at the largest request.
+fn grown_buffer_bytes(need_bytes: usize) -> usize {
+    need_bytes
+        .max(SLOT_BUFFER_MIN_BYTES)
+        .next_power_of_two()
+        .min(SLOT_BUFFER_MAX_BYTES.next_multiple_of(4096))
+        .max(need_bytes)
+}
+
+/// A finished request's reply.
+enum Reply {
+    Inline {
+        bytes: [u8; INLINE_REPLY_BYTES],
+        len: usize,
+    },
+    /// The first `n` bytes of the request's buffer.
+    Buffer(usize),
+}
+
+impl Reply {
+    fn ok(cookie: Cookie) -> Reply {
+        let mut bytes = [0u8; INLINE_REPLY_BYTES];
+        let header: &mut [u8; SIMPLE_REPLY_BYTES] = (&mut bytes[..SIMPLE_REPLY_BYTES])
+            .try_into()
+            .expect("16 bytes");
+        encode_simple_reply(cookie, None, header);
+        Reply::Inline {
+            bytes,
+            len: SIMPLE_REPLY_BYTES,
+        }
+    }
+
+    fn error(cookie: Cookie, errno: Errno, structured: bool) -> Reply {
+        let mut bytes = [0u8; INLINE_REPLY_BYTES];
+        let out: &mut [u8; ERROR_REPLY_MAX_BYTES] = (&mut bytes[..ERROR_REPLY_MAX_BYTES])
+            .try_into()
+            .expect("sized for the error reply");
+        let len = encode_error_reply(cookie, errno, structured, out);
+        Reply::Inline { bytes, len }
+    }
+}
+
+/// What a negotiated connection serves.
+struct Session {
+    volume: Volume,
+    export: ExportInfo,
+    negotiated: Negotiated,
+}
+
+impl Session {
+    fn structured(&self) -> bool {
+        self.negotiated.structured_replies
+    }
+}
+
+/// Starts serving an accepted connection on this reactor.
+pub(crate) fn spawn_connection(
+    stream: Stream,
+    permit: ConnectionPermit,
+    shared: Arc<Shared>,
+    conns: Rc<ReactorConns>,
+) {
+    rt::spawn_local(CatchUnwind::new(
+        "connection",
+        connection(stream, permit, shared, conns),
+    ));
+}
+
+async fn connection(
+    stream: Stream,
+    permit: ConnectionPermit,
+    shared: Arc<Shared>,
+    conns: Rc<ReactorConns>,
+) {
+    let _permit = permit;
+    set_no_delay(&stream);
+    let conn = Rc::new(Conn::new(stream, shared.limits));
+    let _registration = conns.register(conn.clone());
+    let mut inbox = Inbox::new();
+    let mut batch = Some(IoBuf::zeroed(BATCH_BYTES));
+    let Some(session) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
+        conn.stream.shutdown();
+        return;
+    };
+    let session = Rc::new(session);
+    rt::spawn_local(CatchUnwind::new(
+        "writer",
+        write_replies(conn.clone(), batch),
+    ));
+    let end = read_requests(&conn, &session, &mut inbox).await;
+    match &end {
+        End::RecvFailed(err) => {
+            tracing::debug!(export = %session.export.name, %err, "nbd: receive failed")
+        }
+        End::Protocol(err) => {
+            tracing::debug!(export = %session.export.name, %err, "nbd: protocol error")
+        }
+        other => tracing::debug!(export = %session.export.name, ?other, "nbd: stops reading"),
+    }
+    conn.reader_done.set(true);
+    conn.writer_waker.wake();
+    // Requests already read finish and their replies are sent (bounded by the reactor's
+    // shutdown grace period if the client stops reading).
+    wait_until(&conn.reader_waker, || conn.writer_done.get()).await;
+    conn.stream.shutdown();
+}
+
+/// Replies are small and latency matters more than packet count: the writer already batches.
+fn set_no_delay(stream: &Stream) {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket fd the stream owns, with a pointer to a live c_int.
+    // On a unix socket it fails with EOPNOTSUPP, which is fine.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Why a connection stopped reading.
+#[derive(Debug)]
+enum End {
+    /// NBD_CMD_DISC.
+    Disconnect,
+    /// The client closed the connection.
+    Closed,
+    /// Shutdown, or the writer found the peer gone.
+    Halted,
+    /// A receive failed.
+    RecvFailed(io::Error),
+    /// The client broke the protocol.
+    Protocol(ProtocolError),
+}
+
+/// The reader's receive buffer: unconsumed bytes are `buf[start..end]`.
+struct Inbox {
+    /// `None` once lost to a cancelled receive (the connection is ending then).
+    buf: Option<IoBuf>,
+    start: usize,
+    end: usize,
+}
+
+impl Inbox {
+    fn new() -> Inbox {
+        Inbox {
+            buf: Some(IoBuf::zeroed(INBOX_BYTES)),
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match &self.buf {
+            Some(buf) => &buf[self.start..self.end],
+            None => &[],
+        }
+    }
+
+    fn consume(&mut self, count: usize) {
+        debug_assert!(count <= self.end - self.start);
+        self.start += count;
+    }
+
+    /// Receives more bytes into the (empty) inbox.
+    async fn fill(&mut self, conn: &Conn) -> Result<(), End> {
+        debug_assert!(self.is_empty());
+        let Some(buf) = self.buf.take() else {
+            return Err(End::Halted);
+        };
+        self.start = 0;
+        self.end = 0;
+        match select(conn.stream.recv(buf, 0), conn.halt()).await {
+            Either::Left(Ok((buf, count))) => {
+                self.buf = Some(buf);
+                if count == 0 {
+                    return Err(End::Closed);
+                }
+                self.end = count;
+                Ok(())
+            }
+            Either::Left(Err(err)) => Err(End::RecvFailed(err)),
+            Either::Right(()) => Err(End::Halted),
+        }
+    }
+}
+
+/// Sends `data` through the batch buffer (or a one-off buffer when it does not fit: a LIST
+/// reply over many exports). Handshake only.
+async fn send_bytes(conn: &Conn, batch: &mut Option<IoBuf>, data: &[u8]) -> io::Result<()> {
+    let fits = batch.as_ref().is_some_and(|b| b.len() >= data.len());
+    let mut buf = if fits {
+        batch.take().expect("checked")
+    } else {
+        IoBuf::from_slice(data)
+    };
+    buf[..data.len()].copy_from_slice(data);
+    let buf = conn.stream.send_all(buf, data.len()).await?;
+    if fits {
+        *batch = Some(buf);
+    }
+    Ok(())
+}
+
+/// Negotiation; `None` when the connection ends in it (ABORT, error, shutdown, client gone).
+async fn handshake(
+    conn: &Conn,
+    shared: &Shared,
+    inbox: &mut Inbox,
+    batch: &mut Option<IoBuf>,
+) -> Option<Session> {
+    let mut handshake = Handshake::new(shared.exports.clone());
+    if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
+        tracing::debug!(%err, "nbd: client left before the greeting");
+        return None;
+    }
+    let mut out = Vec::new();
+    // Bounded by the codec: it ends the handshake after MAX_OPTIONS_PER_HANDSHAKE options,
+    // and every pass consumes input or ends.
+    loop {
+        if inbox.is_empty() {
+            if let Err(end) = inbox.fill(conn).await {
+                tracing::debug!(?end, "nbd: connection ended during the handshake");
+                return None;
+            }
+        }
+        out.clear();
+        let progress = handshake.receive(inbox.bytes(), &mut out);
+        let send = !out.is_empty();
+        match progress {
+            Ok(progress) => {
+                inbox.consume(progress.consumed_bytes);
+                if send {
+                    if let Err(err) = send_bytes(conn, batch, &out).await {
+                        // EPIPE right after ABORT is an ordinary close.
+                        tracing::debug!(%err, "nbd: client left during the handshake");
+                        return None;
+                    }
+                }
+                match progress.status {
+                    HandshakeStatus::Continue => {}
+                    HandshakeStatus::Abort => return None,
+                    HandshakeStatus::Done(negotiated) => {
+                        let index = negotiated.export_index;
+                        return Some(Session {
+                            volume: shared.volumes[index].clone(),
+                            export: shared.exports[index].clone(),
+                            negotiated,
+                        });
+                    }
+                }
+            }
+            Err(err) => {
+                if send {
+                    let _ = send_bytes(conn, batch, &out).await;
+                }
+                tracing::debug!(%err, "nbd: handshake failed");
+                return None;
+            }
+        }
+    }
+}
+
+/// Bytes of slot buffer a valid request needs (0: none).
+fn buffer_need_bytes(request: &Request, structured: bool) -> usize {
+    let length = request.length_bytes as usize;
+    match request.command {
+        Command::Write => length,
+        Command::Read if structured => read_need_bytes(length),
+        Command::Read => SIMPLE_REPLY_BYTES + length,
+        Command::BlockStatus => block_status_chunk_bytes(BLOCK_STATUS_DESCRIPTORS_MAX),
+        _ => 0,
+    }
+}
+
+/// A structured READ reply never exceeds `length + OFFSET_DATA_HEADER_BYTES` (proof at
+/// `read_structured`); a few bytes more for safety.
+fn read_need_bytes(length: usize) -> usize {
+    length + OFFSET_DATA_HEADER_BYTES + 4
+}
+
+/// The reader: decodes requests and starts them until the connection must stop.
+async fn read_requests(conn: &Rc<Conn>, session: &Rc<Session>, inbox: &mut Inbox) -> End {
+    let mut decoder = RequestDecoder::new();
+    // Unbounded by design: one request (or part of a header) per iteration for the
+    // connection's lifetime; every iteration consumes input or waits for it.
+    loop {
+        if conn.halted() {
+            return End::Halted;
+        }
+        if inbox.is_empty() {
+            if let Err(end) = inbox.fill(conn).await {
+                return end;
+            }
+        }
+        let (used, request) = match decoder.decode(inbox.bytes()) {
+            Ok(decoded) => decoded,
+            Err(err) => {
+                protocol_error_reply(conn, session, &err);
+                return End::Protocol(err);
+            }
+        };
+        inbox.consume(used);
+        let Some(request) = request else {
+            continue; // Part of a header: the decoder keeps it.
+        };
+        if request.command == Command::Disconnect {
+            return End::Disconnect;
+        }
+        let Some(index) = conn.acquire_slot().await else {
+            return End::Halted;
+        };
+        if let Err(errno) = validate(&request, &session.export, &session.negotiated) {
+            // A refused WRITE's payload is still on the wire (its length was checked by the
+            // decoder): drop it before the next header.
+            if let Err(end) = discard_payload(conn, &mut decoder, inbox).await {
+                conn.release(index);
+                return end;
+            }
+            conn.complete(
+                index,
+                Reply::error(request.cookie, errno, session.structured()),
+                None,
+            );
+            continue;
+        }
+        let need_bytes = buffer_need_bytes(&request, session.structured());
+        let mut buffer = None;
+        if need_bytes > 0 {
+            match conn.reserve(index, need_bytes).await {
+                Some(buf) => buffer = Some(buf),
+                None => {
+                    conn.release(index);
+                    return End::Halted;
+                }
+            }
+        }
+        if request.command == Command::Write {
+            let buf = buffer.take().expect("a write has a buffer");
+            let length = request.length_bytes as usize;
+            match receive_payload(conn, &mut decoder, inbox, buf, length).await {
+                Ok(buf) => buffer = Some(buf),
+                Err((end, buf)) => {
+                    conn.complete_aborted(index, buf);
+                    return end;
+                }
+            }
+        }
+        rt::spawn_local(CatchUnwind::new(
+            "request",
+            run_request(conn.clone(), session.clone(), index, request, buffer),
+        ));
+    }
+}
+
+impl Conn {
+    /// A request abandoned before it started: give back its buffer (if it came back from
+    /// the cancelled receive) and free its slot without a reply.
+    fn complete_aborted(&self, index: usize, buffer: Result<IoBuf, usize>) {
+        match buffer {
+            Ok(buf) => self.slots.borrow_mut()[index].buffer = Some(buf),
+            Err(lost_bytes) => self.forget_buffer(lost_bytes),
+        }
+        self.release(index);
+    }
+}
+
+/// The courtesy reply a protocol error allows before closing (an oversized WRITE), if a slot
+/// is free right now.
+fn protocol_error_reply(conn: &Conn, session: &Session, err: &ProtocolError) {
+    tracing::debug!(%err, "nbd: protocol error; closing the connection");
+    let Some((cookie, errno)) = err.reply_errno() else {
+        return;
+    };
+    if let Some(index) = conn.try_acquire_slot() {
+        conn.complete(
+            index,
+            Reply::error(cookie, errno, session.structured()),
+            None,
+        );
+    }
+}
+
+/// Drops the payload of a refused WRITE.
+async fn discard_payload(
+    conn: &Conn,
+    decoder: &mut RequestDecoder,
+    inbox: &mut Inbox,
+) -> Result<(), End> {
+    // Bounded: each pass consumes at least one payload byte or ends.
+    while decoder.payload_remaining_bytes() > 0 {
+        if inbox.is_empty() {
+            inbox.fill(conn).await?;
+        }
+        let taken = decoder.take_payload(inbox.bytes()).len();
+        inbox.consume(taken);
+    }
+    Ok(())
+}
+
+/// Receives a WRITE payload of `length` bytes into `buf[..length]`: first what the inbox
+/// already holds, then straight from the socket. On failure, the buffer if it came back (else
+/// its size, to forget).
+async fn receive_payload(
+    conn: &Conn,
+    decoder: &mut RequestDecoder,
+    inbox: &mut Inbox,
+    mut buf: IoBuf,
+    length: usize,
+) -> Result<IoBuf, (End, Result<IoBuf, usize>)> {
+    debug_assert!(buf.len() >= length);
+    debug_assert_eq!(decoder.payload_remaining_bytes() as usize, length);
+    let mut filled = 0;
+    // Bounded: each pass moves at least one byte or ends.
+    while filled < length {
+        if !inbox.is_empty() {
+            let taken = decoder.take_payload(inbox.bytes());
+            let count = taken.len();
+            buf[filled..filled + count].copy_from_slice(taken);
+            inbox.consume(count);
+            filled += count;
+            continue;
+        }
+        if length - filled < DIRECT_RECV_MIN_BYTES {
+            if let Err(end) = inbox.fill(conn).await {
+                return Err((end, Ok(buf)));
+            }
+            continue;
+        }
+        let buf_bytes = buf.len();
+        match select(conn.stream.recv_range(buf, filled, length), conn.halt()).await {
+            Either::Left(Ok((back, 0))) => return Err((End::Closed, Ok(back))),
+            Either::Left(Ok((back, count))) => {
+                buf = back;
+                filled += count;
+                // count <= length - filled <= MAX_BLOCK_BYTES, so it fits in u32.
+                decoder.payload_received(count as u32);
+            }
+            Either::Left(Err(err)) => return Err((End::RecvFailed(err), Err(buf_bytes))),
+            Either::Right(()) => return Err((End::Halted, Err(buf_bytes))),
+        }
+    }
+    Ok(buf)
+}
+
+/// Frees the slot if the request task ends without completing (it panicked): the connection
+/// is then broken, so nothing waits for a reply that will never come.
+struct SlotGuard<'a> {
+    conn: &'a Conn,
+    index: usize,
+    armed: bool,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.break_connection();
+            self.conn.release(self.index);
+        }
+    }
+}
+
+/// One request in flight: runs it and queues its reply.
+async fn run_request(
+    conn: Rc<Conn>,
+    session: Rc<Session>,
+    index: usize,
+    request: Request,
+    mut buffer: Option<IoBuf>,
+) {
+    let mut guard = SlotGuard {
+        conn: &conn,
+        index,
+        armed: true,
+    };
+    let reply = execute(&session, &request, buffer.as_mut()).await;
+    guard.armed = false;
+    conn.complete(index, reply, buffer);
+}
+
+async fn execute(session: &Session, request: &Request, buffer: Option<&mut IoBuf>) -> Reply {
+    let volume = &session.volume;
+    let cookie = request.cookie;
+    let offset_bytes = request.offset_bytes;
+    let length_bytes = u64::from(request.length_bytes);
+    let fua = request.flags.contains(CommandFlags::FUA);
+    let result = match (request.command, buffer) {
+        (Command::Read, Some(buf)) if session.structured() => {
+            read_structured(session, request, buf).await.map(Some)
+        }
+        (Command::Read, Some(buf)) => read_simple(volume, request, buf).await.map(Some),
+        (Command::Write, Some(buf)) => {
+            let data = &buf[..request.length_bytes as usize];
+            volume.write(offset_bytes, data, fua).await.map(|()| None)
+        }
+        (Command::BlockStatus, Some(buf)) => block_status(session, request, buf).await.map(Some),
+        (Command::Flush, _) => volume.flush().await.map(|()| None),
+        (Command::Trim, _) => volume
+            .trim(offset_bytes, length_bytes, fua)
+            .await
+            .map(|()| None),
+        // NO_HOLE asks for allocated zeros, which a copy-on-write pool does not have (the next
+        // write allocates anew anyway): whole blocks become holes either way, and reads are
+        // the same. FAST_ZERO: zeroing is always fast here (no data is written).
+        (Command::WriteZeroes, _) => volume
+            .write_zeroes(offset_bytes, length_bytes, fua)
+            .await
+            .map(|()| None),
+        // CACHE is advisory: the range was validated; the engine has no read-ahead to start.
+        (Command::Cache, _) => Ok(None),
+        (command, buffer) => {
+            // Unreachable after validation and buffer reservation; answered, not panicked.
+            tracing::error!(
+                ?command,
+                has_buffer = buffer.is_some(),
+                "nbd: request reached execution in an unexpected state"
+            );
+            return Reply::error(cookie, Errno::Io, session.structured());
+        }
+    };
+    match result {
+        Ok(Some(reply_bytes)) => Reply::Buffer(reply_bytes),
+        Ok(None) => Reply::ok(cookie),
+        Err(err) => {
+            let errno = errno_for(&err);
+            if errno == Errno::Io {
+                tracing::warn!(export = %session.export.name, %err, "nbd: request failed");
+            } else {
+                tracing::debug!(export = %session.export.name, %err, "nbd: request refused");
+            }
+            Reply::error(cookie, errno, session.structured())
+        }
+    }
+}
+
+/// READ without structured replies: simple header, then the data.
+async fn read_simple(
+    volume: &Volume,
+    request: &Request,
+    buf: &mut IoBuf,
+) -> oxpool_engine::Result<usize> {
+    let length = request.length_bytes as usize;
+    let end = SIMPLE_REPLY_BYTES + length;
+    volume
+        .read(request.offset_bytes, &mut buf[SIMPLE_REPLY_BYTES..end])
+        .await?;
+    let header: &mut [u8; SIMPLE_REPLY_BYTES] = (&mut buf[..SIMPLE_REPLY_BYTES])
+        .try_into()
+        .expect("16 bytes");
+    encode_simple_reply(request.cookie, None, header);
+    Ok(end)
+}
+
+/// READ with structured replies: one OFFSET_HOLE chunk per hole and one OFFSET_DATA chunk per
+/// run of data, in offset order, the last one flagged DONE; data is read straight into its
+/// place in the reply.
+///
+/// Size bound: after merging, holes and data alternate, so with H holes there are at most H+1
+/// data chunks, and the reply is `length + 28 * (H + 1) + sum over holes of (32 - hole)`, at
+/// most `length + 28` because every hole chunk replaces at least `HOLE_CHUNK_MIN_BYTES` (64)
+/// of zeros.
+async fn read_structured(
+    session: &Session,
+    request: &Request,
+    buf: &mut IoBuf,
+) -> oxpool_engine::Result<usize> {
+    let volume = &session.volume;
+    let offset_bytes = request.offset_bytes;
+    let length_bytes = u64::from(request.length_bytes);
+    let mut runs = volume.block_status(offset_bytes, length_bytes).await?;
+    normalise_runs(&mut runs);
+    let single_chunk = request.flags.contains(CommandFlags::DF) && runs.len() > 1;
+    let total_bytes = if single_chunk {
+        None
+    } else {
+        Some(
+            runs.iter()
+                .map(|&(len, state)| match state {
+                    BlockState::Hole => OFFSET_HOLE_CHUNK_BYTES as u64,
+                    BlockState::Data => OFFSET_DATA_HEADER_BYTES as u64 + len,
+                })
+                .sum::<u64>(),
+        )
+    };
+    if runs.is_empty() || single_chunk || total_bytes.is_none_or(|total| total > buf.len() as u64) {
+        // DF asked for one chunk (or, defensively, the layout would not fit): all as data.
+        runs.clear();
+        runs.push((length_bytes, BlockState::Data));
+    }
+
+    // Lay the chunks out; remember where each data run goes.
+    let mut reads: Vec<(u64, usize, usize)> = Vec::with_capacity(runs.len());
+    let mut position = 0usize;
+    let mut cursor_bytes = offset_bytes;
+    let last = runs.len() - 1;
+    for (i, &(len, state)) in runs.iter().enumerate() {
+        let done = if i == last { Done::Last } else { Done::More };
+        // Every run is within one request, so at most MAX_BLOCK_BYTES.
+        let len32 = u32::try_from(len).expect("a run fits the request length");
+        match state {
+            BlockState::Hole => {
+                let out: &mut [u8; OFFSET_HOLE_CHUNK_BYTES] = (&mut buf
+                    [position..position + OFFSET_HOLE_CHUNK_BYTES])
+                    .try_into()
+                    .expect("32 bytes");
+                encode_offset_hole(request.cookie, cursor_bytes, len32, done, out)
+                    .expect("a nonzero hole");
+                position += OFFSET_HOLE_CHUNK_BYTES;
+            }
+            BlockState::Data => {
+                let out: &mut [u8; OFFSET_DATA_HEADER_BYTES] = (&mut buf
+                    [position..position + OFFSET_DATA_HEADER_BYTES])
+                    .try_into()
+                    .expect("28 bytes");
+                encode_offset_data_header(request.cookie, cursor_bytes, len32, done, out)
+                    .expect("nonzero data within the chunk limit");
+                position += OFFSET_DATA_HEADER_BYTES;
+                reads.push((cursor_bytes, position, len as usize));
+                position += len as usize;
+            }
+        }
+        cursor_bytes += len;
+    }
+    debug_assert_eq!(cursor_bytes, offset_bytes + length_bytes);
+
+    // Read every data run concurrently into its disjoint part of the buffer.
+    let mut rest: &mut [u8] = &mut buf[..position];
+    let mut consumed = 0usize;
+    let mut futures = Vec::with_capacity(reads.len());
+    for &(volume_offset, start, len) in &reads {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(start - consumed);
+        let (target, tail) = tail.split_at_mut(len);
+        rest = tail;
+        consumed = start + len;
+        futures.push(volume.read(volume_offset, target));
+    }
+    for result in join_all(futures).await {
+        result?;
+    }
+    Ok(position)
+}
+
+/// Merges equal neighbours and turns holes too small for their own chunk into data.
+fn normalise_runs(runs: &mut Vec<(u64, BlockState)>) {
+    let mut merged = 0usize;
+    for i in 0..runs.len() {
+        let (len, mut state) = runs[i];
+        if len == 0 {
+            continue;
+        }
+        if state == BlockState::Hole && len < HOLE_CHUNK_MIN_BYTES {
+            state = BlockState::Data;
+        }
+        if merged > 0 && runs[merged - 1].1 == state {
+            runs[merged - 1].0 += len;
+        } else {
+            runs[merged] = (len, state);
+            merged += 1;
+        }
+    }
+    runs.truncate(merged);
+}
+
+/// BLOCK_STATUS for `base:allocation`: holes are HOLE|ZERO, data is 0. Covers a prefix of the
+/// range (at most `BLOCK_STATUS_QUERY_MAX_BYTES`, `BLOCK_STATUS_DESCRIPTORS_MAX` extents; one
+/// extent with REQ_ONE), as the protocol allows.
+async fn block_status(
+    session: &Session,
+    request: &Request,
+    buf: &mut IoBuf,
+) -> oxpool_engine::Result<usize> {
+    let query_bytes = u64::from(request.length_bytes).min(BLOCK_STATUS_QUERY_MAX_BYTES);
+    let runs = session
+        .volume
+        .block_status(request.offset_bytes, query_bytes)
+        .await?;
+    let max = if request.flags.contains(CommandFlags::REQ_ONE) {
+        1
+    } else {
+        BLOCK_STATUS_DESCRIPTORS_MAX
+    };
+    let descriptors: Vec<BlockStatusDescriptor> = runs
+        .iter()
+        .filter(|(len, _)| *len > 0)
+        .take(max)
+        .map(|&(len, state)| BlockStatusDescriptor {
+            // Runs add up to query_bytes <= request length, a u32.
+            length_bytes: u32::try_from(len).unwrap_or(u32::MAX),
+            flags: match state {
+                BlockState::Hole => BlockStatusFlags::HOLE_ZERO,
+                BlockState::Data => BlockStatusFlags::DATA,
+            },
+        })
+        .collect();
+    if descriptors.is_empty() {
+        return Err(oxpool_engine::EngineError::Invalid(
+            "block status returned no extent".into(),
+        ));
+    }
+    let context = session
+        .negotiated
+        .meta_context
+        .unwrap_or(MetaContextId::BASE_ALLOCATION);
+    encode_block_status(
+        request.cookie,
+        context,
+        &descriptors,
+        Done::Last,
+        &mut buf[..],
+    )
+    .map_err(|err| oxpool_engine::EngineError::Invalid(format!("block status reply: {err}")))
+}
+
+/// Marks the writer finished when dropped (also when unwinding), so the connection task never
+/// waits for a writer that is gone.
+struct WriterDone(Rc<Conn>);
+
+impl Drop for WriterDone {
+    fn drop(&mut self) {
+        self.0.writer_done.set(true);
+        self.0.reader_waker.wake();
+    }
+}
+
+/// The writer: sends queued replies until the reader is done and nothing is in flight.
+async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
+    let _done = WriterDone(conn.clone());
+    // Unbounded by design: one round per wake-up for the connection's lifetime.
+    loop {
+        wait_until(&conn.writer_waker, || {
+            !conn.replies.borrow().is_empty()
+                || (conn.reader_done.get() && conn.in_flight.get() == 0)
+        })
+        .await;
+        if conn.replies.borrow().is_empty() {
+            return; // The reader is done and every reply went out.
+        }
+        let mut batch_bytes = 0usize;
+        // Bounded: at most two rounds of the slot count per wake-up, then the batch goes out.
+        for _ in 0..2 * conn.limits.slots {
+            let Some(index) = conn.replies.borrow_mut().pop_front() else {
+                break;
+            };
+            if conn.broken.get() {
+                conn.release(index);
+                continue;
+            }
+            let reply = conn.slots.borrow()[index].reply;
+            let (len, inline) = match reply {
+                ReplyAt::Inline(len) => (len, true),
+                ReplyAt::Buffer(len) => (len, false),
+                ReplyAt::Nowhere => {
+                    debug_assert!(false, "queued slot without a reply");
+                    conn.release(index);
+                    continue;
+                }
+            };
+            if len <= BATCH_COPY_MAX_BYTES && batch.is_some() {
+                if batch_bytes + len > BATCH_BYTES {
+                    send_batch(&conn, &mut batch, batch_bytes).await;
+                    batch_bytes = 0;
+                }
+                if let Some(out) = batch.as_mut() {
+                    let slots = conn.slots.borrow();
+                    let slot = &slots[index];
+                    let source: &[u8] = if inline {
+                        &slot.inline[..len]
+                    } else {
+                        slot.buffer.as_deref().map_or(&[], |b| &b[..len])
+                    };
+                    debug_assert_eq!(source.len(), len);
+                    out[batch_bytes..batch_bytes + source.len()].copy_from_slice(source);
+                    batch_bytes += source.len();
+                }
+                conn.release(index);
+                continue;
+            }
+            if batch_bytes > 0 {
+                send_batch(&conn, &mut batch, batch_bytes).await;
+                batch_bytes = 0;
+            }
+            if inline {
+                // Only reachable without a batch buffer, i.e. after a failed send.
+                conn.release(index);
+                continue;
+            }
+            let buffer = conn.slots.borrow_mut()[index].buffer.take();
+            let Some(buffer) = buffer else {
+                debug_assert!(false, "buffered reply without its buffer");
+                conn.release(index);
+                continue;
+            };
+            let buffer_bytes = buffer.len();
+            match conn.stream.send_all(buffer, len).await {
+                Ok(buffer) => conn.slots.borrow_mut()[index].buffer = Some(buffer),
+                Err(err) => {
+                    conn.forget_buffer(buffer_bytes);
+                    send_failed(&conn, &err);
+                }
+            }
+            conn.release(index);
+        }
+        if batch_bytes > 0 {
+            send_batch(&conn, &mut batch, batch_bytes).await;
+        }
+    }
+}
+
+async fn send_batch(conn: &Conn, batch: &mut Option<IoBuf>, len: usize) {
+    let Some(buf) = batch.take() else {
+        return;
+    };
+    if conn.broken.get() {
+        *batch = Some(buf);
+        return;
+    }
+    match conn.stream.send_all(buf, len).await {
+        Ok(buf) => *batch = Some(buf),
+        Err(err) => send_failed(conn, &err),
+    }
+}
+
+fn send_failed(conn: &Conn, err: &io::Error) {
+    // A client that disconnects without reading its replies (or right after ABORT/DISC) makes
+    // sends fail with EPIPE or ECONNRESET: an ordinary close.
+    let ordinary = matches!(
+        err.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+    );
+    if ordinary {
+        tracing::debug!(%err, "nbd: client gone; dropping its replies");
+    } else {
+        tracing::warn!(%err, "nbd: send failed; closing the connection");
+    }
+    conn.break_connection();
+}

@@ -1,0 +1,316 @@
+//! The server in-process over a memory pool, with a raw client: back-pressure when requests
+//! outnumber the slots, the per-connection buffer budget with maximal requests, replies in any
+//! order, and shutdown (in-flight requests answered, idle and stuck clients closed, a client
+//! that stops reading dropped after the grace period).
+#![cfg(feature = "server")]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::net::Listener;
+use oxpool_io::{Backend, MemoryBackend};
+use oxpool_nbd::server::{Server, ServerConfig, ServerExport};
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const OPT_GO: u32 = 7;
+const REP_ACK: u32 = 1;
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_FLUSH: u16 = 3;
+
+const VOLUME_BYTES: u64 = 96 << 20;
+const MIB: usize = 1 << 20;
+
+/// A memory pool with one volume.
+fn pool() -> (Pool, Volume) {
+    let device: Arc<dyn Backend> = Arc::new(MemoryBackend::new("mem0", 256 << 20));
+    let mut props = PoolProps::default();
+    props.set("dirty_max", "128M").unwrap();
+    let pool = Pool::create(
+        "mem",
+        vec![TopSpec {
+            kind: TopVdevKind::Single,
+            devices: vec![device],
+        }],
+        props,
+        false,
+    )
+    .unwrap();
+    let volume = pool.create_volume("vol0", VOLUME_BYTES, &[]).unwrap();
+    (pool, volume)
+}
+
+/// Starts a server for `volume` on a free loopback port; returns it and its address.
+fn serve(volume: &Volume, config: ServerConfig) -> (Server, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let export = ServerExport {
+        name: "mem/vol0".into(),
+        volume: volume.clone(),
+        read_only: false,
+    };
+    let server = Server::start(config, vec![export], vec![Listener::tcp(listener)]).unwrap();
+    (server, addr)
+}
+
+fn config(slots: usize, grace: Duration) -> ServerConfig {
+    ServerConfig {
+        reactors: 2,
+        slots_per_connection: slots,
+        shutdown_grace: grace,
+        ..ServerConfig::default()
+    }
+}
+
+fn connect(addr: &str) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+}
+
+fn read_exact(stream: &mut TcpStream, len: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; len];
+    stream.read_exact(&mut buf).expect("read from the server");
+    buf
+}
+
+/// Handshake with NBD_OPT_GO (no structured replies): simple replies from then on.
+fn open(addr: &str) -> TcpStream {
+    let mut s = connect(addr);
+    let greeting = read_exact(&mut s, 18);
+    assert_eq!(
+        u64::from_be_bytes(greeting[..8].try_into().unwrap()),
+        NBDMAGIC
+    );
+    let name = b"mem/vol0";
+    let mut out = 3u32.to_be_bytes().to_vec();
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&OPT_GO.to_be_bytes());
+    out.extend_from_slice(&(4 + name.len() as u32 + 2).to_be_bytes());
+    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    out.extend_from_slice(name);
+    out.extend_from_slice(&0u16.to_be_bytes());
+    s.write_all(&out).unwrap();
+    for _ in 0..16 {
+        let header = read_exact(&mut s, 20);
+        let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+        read_exact(&mut s, len);
+        assert_eq!(reply_type >> 31, 0, "GO refused");
+        if reply_type == REP_ACK {
+            return s;
+        }
+    }
+    panic!("no ACK");
+}
+
+fn request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+    let mut out = REQUEST_MAGIC.to_be_bytes().to_vec();
+    out.extend_from_slice(&0u16.to_be_bytes());
+    out.extend_from_slice(&command.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&length.to_be_bytes());
+    out
+}
+
+/// One simple reply: (error, cookie).
+fn reply(s: &mut TcpStream) -> (u32, u64) {
+    let r = read_exact(s, 16);
+    assert_eq!(
+        u32::from_be_bytes(r[..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
+    (
+        u32::from_be_bytes(r[4..8].try_into().unwrap()),
+        u64::from_be_bytes(r[8..16].try_into().unwrap()),
+    )
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 / 7) % 251) as u8)
+        .collect()
+}
+
+/// Whether the peer closed the connection (EOF or reset) before sending anything more.
+fn closed(s: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => true,
+        _ => false,
+    }
+}
+
+#[test]
+fn requests_beyond_the_slots_wait_and_all_complete() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(4, Duration::from_secs(30)));
+    let mut s = open(&addr);
+    let count = 200u64;
+    let len = 4096usize;
+    // Writes and reads pipelined from another thread while this one reads replies: the
+    // server has only 4 slots, so most requests wait on the wire.
+    let mut writer = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for i in 0..count {
+            let mut out = request(CMD_WRITE, i, i * len as u64 * 3, len as u32);
+            out.extend_from_slice(&pattern(i, len));
+            writer.write_all(&out).unwrap();
+        }
+    });
+    let mut seen = vec![false; count as usize];
+    for _ in 0..count {
+        let (error, cookie) = reply(&mut s);
+        assert_eq!(error, 0);
+        assert!(
+            !std::mem::replace(&mut seen[cookie as usize], true),
+            "cookie {cookie} twice"
+        );
+    }
+    sender.join().unwrap();
+    let mut burst = Vec::new();
+    for i in 0..count {
+        burst.extend_from_slice(&request(CMD_READ, 1000 + i, i * len as u64 * 3, len as u32));
+    }
+    s.write_all(&burst).unwrap();
+    for _ in 0..count {
+        let (error, cookie) = reply(&mut s);
+        assert_eq!(error, 0);
+        let i = cookie - 1000;
+        assert_eq!(read_exact(&mut s, len), pattern(i, len), "read {i}");
+    }
+    server.shutdown_handle().shutdown();
+    assert!(closed(&mut s));
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
+
+#[test]
+fn maximal_requests_beyond_the_buffer_budget_wait_and_complete() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(128, Duration::from_secs(30)));
+    let mut s = open(&addr);
+    // Six 32 MiB writes (192 MiB) pipelined against a 64 MiB budget, then reads of each.
+    let len = 32 * MIB;
+    let mut writer = s.try_clone().unwrap();
+    let sender = std::thread::spawn(move || {
+        for i in 0..6u64 {
+            let offset = (i % 3) * len as u64;
+            writer
+                .write_all(&request(CMD_WRITE, i, offset, len as u32))
+                .unwrap();
+            writer.write_all(&pattern(i, len)).unwrap();
+        }
+        writer.write_all(&request(CMD_FLUSH, 99, 0, 0)).unwrap();
+    });
+    let mut cookies: Vec<u64> = (0..7)
+        .map(|_| reply(&mut s))
+        .map(|(e, c)| {
+            assert_eq!(e, 0);
+            c
+        })
+        .collect();
+    sender.join().unwrap();
+    cookies.sort_unstable();
+    assert_eq!(cookies, vec![0, 1, 2, 3, 4, 5, 99]);
+    for i in 0..3u64 {
+        s.write_all(&request(CMD_READ, 10 + i, i * len as u64, len as u32))
+            .unwrap();
+    }
+    for _ in 0..3 {
+        let (error, cookie) = reply(&mut s);
+        assert_eq!(error, 0);
+        let slot = cookie - 10;
+        // The later of the two writes to each third is what reads back (same connection,
+        // each write answered before the reads were sent).
+        assert!(
+            read_exact(&mut s, len) == pattern(slot + 3, len),
+            "read {slot}"
+        );
+    }
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
+
+#[test]
+fn shutdown_answers_what_was_read_and_closes_idle_and_silent_clients() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(128, Duration::from_secs(30)));
+    let mut busy = open(&addr);
+    let mut idle = open(&addr);
+    let mut silent = connect(&addr);
+    read_exact(&mut silent, 18); // Greeting, then nothing from the client.
+                                 // 64 reads and a FLUSH; once the first reply is here, shut down while others may still
+                                 // be in flight: every reply that comes is whole, then the connection closes.
+    let mut burst = Vec::new();
+    for i in 0..64u64 {
+        burst.extend_from_slice(&request(CMD_READ, i, i * 65536, 65536));
+    }
+    burst.extend_from_slice(&request(CMD_FLUSH, 64, 0, 0));
+    busy.write_all(&burst).unwrap();
+    let (error, cookie) = reply(&mut busy);
+    assert_eq!(error, 0);
+    if cookie < 64 {
+        read_exact(&mut busy, 65536);
+    }
+    server.shutdown_handle().shutdown();
+    // Bounded: at most the 64 remaining replies, then the close.
+    let mut buf = [0u8; 16];
+    for _ in 0..64 {
+        match busy.read_exact(&mut buf) {
+            Ok(()) => {
+                assert_eq!(
+                    u32::from_be_bytes(buf[..4].try_into().unwrap()),
+                    SIMPLE_REPLY_MAGIC
+                );
+                let cookie = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+                if cookie < 64 {
+                    read_exact(&mut busy, 65536);
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    assert!(closed(&mut busy));
+    assert!(closed(&mut idle));
+    assert!(closed(&mut silent));
+    server.join().unwrap();
+    // New connections are refused once the listener is closed.
+    assert!(TcpStream::connect(&addr).is_err());
+    drop(volume);
+    pool.export().unwrap();
+}
+
+#[test]
+fn a_client_that_stops_reading_is_dropped_after_the_grace_period() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(128, Duration::from_millis(300)));
+    let mut stuck = open(&addr);
+    // 1 GiB of read replies that are never read: the writer blocks on a full socket.
+    let mut burst = Vec::new();
+    for i in 0..1024u64 {
+        burst.extend_from_slice(&request(CMD_READ, i, (i % 96) * MIB as u64, MIB as u32));
+    }
+    stuck.write_all(&burst).unwrap();
+    // The server has read some of them and is blocked sending.
+    std::thread::sleep(Duration::from_millis(200));
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
+    drop(stuck);
+    drop(volume);
+    pool.export().unwrap();
+}
