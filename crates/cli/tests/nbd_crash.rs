@@ -4,7 +4,9 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{python, Env};
+use harness::{python, script, Env, PYTHON};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 #[test]
 fn kill_9_after_flush_loses_nothing_flushed() {
@@ -26,4 +28,65 @@ fn kill_9_after_flush_loses_nothing_flushed() {
         assert!(out.contains("durable: verified"), "{out}");
         server.kill9();
     }
+}
+
+/// kill -9 of the server while a real client (libnbd) is doing FUA writes and flushed writes,
+/// 20 times in a loop; after each restart, every write the server promised reads back.
+#[test]
+fn kill_9_under_a_writing_client_twenty_times() {
+    let env = Env::new();
+    env.tank(&[("vol0", "32M", &[])]);
+    let mut promised: Vec<(u64, Vec<String>)> = Vec::new();
+    for round in 0..20u64 {
+        let seed = 100 + round;
+        let server = env.serve(&["--listen", "127.0.0.1:0"]);
+        let uri = server.uri("tank/vol0");
+        // Every earlier round's promises held through every crash since.
+        if let Some((s, slots)) = promised.last() {
+            let mut args = vec!["verify".to_string(), uri.clone(), s.to_string()];
+            args.extend(slots.iter().cloned());
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = python("churn.py", &args);
+            assert!(out.contains("verified"), "round {round}: {out}");
+        }
+        let mut client = Command::new(PYTHON)
+            .arg(script("churn.py"))
+            .args(["write", &uri, &seed.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the client");
+        let mut lines = BufReader::new(client.stdout.take().unwrap()).lines();
+        // Kill after a round-dependent number of promises, mid-stream.
+        let kill_after = 3 + (round * 7) % 40;
+        let mut slots = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(s) = line.strip_prefix("durable ") {
+                slots.push(s.to_string());
+            }
+            if slots.len() as u64 >= kill_after || line == "done" {
+                break;
+            }
+        }
+        server.kill9();
+        // What the client printed before it noticed the death was promised too.
+        for line in lines.map_while(Result::ok) {
+            if let Some(s) = line.strip_prefix("durable ") {
+                slots.push(s.to_string());
+            }
+        }
+        let _ = client.wait();
+        assert!(!slots.is_empty(), "round {round}: the client was promised nothing");
+        promised.push((seed, slots));
+    }
+    // Last round's promises, after its crash.
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let (s, slots) = promised.last().unwrap();
+    let mut args = vec!["verify".to_string(), server.uri("tank/vol0"), s.to_string()];
+    args.extend(slots.iter().cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = python("churn.py", &args);
+    assert!(out.contains("verified"), "{out}");
+    server.kill9();
 }
