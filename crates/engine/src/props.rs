@@ -58,6 +58,10 @@ pub struct PoolProps {
     pub dirty_max_bytes: u64,
     /// `cache_max`: bytes of indirect blocks kept in memory (default 256 MiB).
     pub cache_max_bytes: u64,
+    /// `logcommit`: `group` (default) lets concurrent commits share log blocks and flushes;
+    /// `serial` runs one commit at a time, each with its own block and flush (the behaviour
+    /// before OpenZFS PR 10163, kept to measure what group commit gains).
+    pub log_group_commit: bool,
 }
 
 impl Default for PoolProps {
@@ -66,6 +70,7 @@ impl Default for PoolProps {
             txg_timeout_s: 5,
             dirty_max_bytes: default_dirty_max_bytes(),
             cache_max_bytes: 256 << 20,
+            log_group_commit: true,
         }
     }
 }
@@ -82,7 +87,7 @@ fn default_dirty_max_bytes() -> u64 {
 }
 
 /// Names of the pool properties, for listing.
-pub const POOL_PROP_NAMES: &[&str] = &["txg_timeout", "dirty_max", "cache_max"];
+pub const POOL_PROP_NAMES: &[&str] = &["txg_timeout", "dirty_max", "cache_max", "logcommit"];
 
 impl PoolProps {
     /// Reads a property by name.
@@ -91,6 +96,12 @@ impl PoolProps {
             "txg_timeout" => self.txg_timeout_s.to_string(),
             "dirty_max" => self.dirty_max_bytes.to_string(),
             "cache_max" => self.cache_max_bytes.to_string(),
+            "logcommit" => if self.log_group_commit {
+                "group"
+            } else {
+                "serial"
+            }
+            .to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown pool property '{name}'"
@@ -115,6 +126,13 @@ impl PoolProps {
                     return Err(EngineError::invalid("dirty_max must be at least 1M"));
                 }
                 self.dirty_max_bytes = v;
+            }
+            "logcommit" => {
+                self.log_group_commit = match value {
+                    "group" => true,
+                    "serial" => false,
+                    _ => return Err(EngineError::invalid("logcommit must be group or serial")),
+                }
             }
             "cache_max" => {
                 let v = parse_size(name, value)?;

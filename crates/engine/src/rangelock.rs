@@ -32,21 +32,24 @@
 //! # Structure and cost
 //!
 //! One `std::sync::Mutex` per lock guards a treap (a randomized balanced binary search tree) of
-//! all present requests, held and waiting, keyed by (start offset, arrival number), linked
-//! through the nodes themselves. Each tree node carries the maximum end offset of its subtree,
-//! over all requests and over writers only (an interval tree), so "which present requests
-//! overlap [a, b) (and are writers)" visits O(log n + k) nodes for k matches, expected, with no
-//! stack and no allocation. Each waiting request counts the earlier conflicting requests still
-//! present (its blockers); a release or cancel decrements the count of each later conflicting
-//! overlapping waiter and grants those that reach zero.
+//! all present requests, held and waiting, keyed by (start offset, arrival number) and linked
+//! through the nodes themselves. Each tree node also carries the maximum end offset of its
+//! subtree, over all requests and over writers only (an interval tree), so "which present
+//! requests overlap [a, b) (and are writers)" visits O(log n + k) nodes for k matches
+//! (expected), with no stack and no allocation. Each waiting request counts the earlier
+//! conflicting requests still present (its blockers); a release or cancel decrements the count
+//! of each later conflicting overlapping waiter and grants those that reach zero.
 //!
-//! - Uncontended `lock` + release: two short critical sections, each O(log n) expected (one on
-//!   an empty lock: a few stores). No allocation ever.
-//! - A request arriving behind k conflicting requests: O(log n + k). A release that affects k
-//!   waiters: O(log n + k).
-//! - Wakers are taken out under the mutex and woken after it is dropped, [`WAKE_BATCH_COUNT`]
-//!   at a time from an intrusive queue of granted-but-not-yet-woken nodes; no `Waker` is ever
-//!   dropped or woken with the mutex held (a waker may run arbitrary code, even re-enter).
+//! - Uncontended enter + exit: two short critical sections. Enter is one O(log n) descent that
+//!   finds the insertion point and proves nothing overlaps, then the insertion (expected < 2
+//!   rotations); exit is the removal (expected < 2 rotations) plus the subtree maxima on the way
+//!   up, and no search for waiters when none exist. On an empty lock each is a few stores; the
+//!   cost is the mutex's two atomic operations per section. No allocation, ever.
+//! - A request that overlaps present ones: O(log n + k) to count its k blockers. A release that
+//!   concerns k waiters: O(log n + k) to find and update them.
+//! - Wakers are taken out under the mutex and woken after it is dropped, 16 at a time from an
+//!   intrusive queue of granted-but-not-yet-woken nodes; no `Waker` is ever dropped or woken with
+//!   the mutex held (a waker may run arbitrary code, even re-enter the lock).
 //!
 //! # Leaks
 //!
@@ -56,10 +59,9 @@
 //! `Drop` aborts the process if it runs while still linked: that is the one case where neither
 //! unlinking (its lock may be gone) nor freeing (the tree points at it) is sound.
 
-// The unsafe here is concentrated in `State::node` (dereferencing a linked node) and in the
-// raw pointers the future and guard keep to their node; every unsafe operation is in an
-// explicit block with its justification.
-#![deny(unsafe_op_in_unsafe_fn)]
+// The unsafe code is concentrated in `State::node` (dereferencing a linked node), in
+// `link_pointers`/`mark_linked`/`unlink` (the raw pointers the future and guard keep to their
+// node), and in the Send/Sync impls; each block states why it is sound.
 
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -71,7 +73,7 @@ use std::ptr::NonNull;
 use std::task::{Context, Poll, Waker};
 
 /// How many wakers a release takes out of the mutex per round (a stack array of `Option<Waker>`).
-pub const WAKE_BATCH_COUNT: usize = 16;
+const WAKE_BATCH_COUNT: usize = 16;
 
 /// The mode of a range lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,19 +116,32 @@ mod sync {
             }
         }
 
+        /// Locks; panics if a panic (a failed assertion) inside a critical section poisoned
+        /// the mutex, since the state may be half-updated and going on could grant
+        /// overlapping writers.
         #[inline]
         pub(super) fn lock(&self) -> StateGuard<'_, T> {
+            self.lock_unless_poisoned()
+                .expect("range lock state poisoned by a panic")
+        }
+
+        /// Locks, or `None` if the mutex is poisoned. A poisoned state is never read again
+        /// (every other path panics), which is what lets a guard or future dropped during the
+        /// unwinding skip unlinking instead of aborting.
+        #[inline]
+        pub(super) fn lock_unless_poisoned(&self) -> Option<StateGuard<'_, T>> {
             #[cfg(feature = "shuttle")]
-            let schedule = shuttle::current::try_get_current_task()
-                .map(|_| self.schedule.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
-            // Poisoning means a panic (a failed assertion) inside a critical section, which may
-            // have left the tree half-updated; going on could grant overlapping writers.
-            let inner = self.inner.lock().expect("range lock state poisoned by a panic");
-            StateGuard {
+            let schedule = shuttle::current::try_get_current_task().map(|_| {
+                self.schedule
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+            });
+            let inner = self.inner.lock().ok()?;
+            Some(StateGuard {
                 inner,
                 #[cfg(feature = "shuttle")]
                 _schedule: schedule,
-            }
+            })
         }
     }
 
@@ -242,7 +257,11 @@ unsafe impl Sync for RangeLockNode {}
 impl RangeLockNode {
     /// A node, not linked into any lock.
     pub const fn new() -> Self {
-        Self { inner: UnsafeCell::new(NodeInner::new()), linked: false, _pinned: PhantomPinned }
+        Self {
+            inner: UnsafeCell::new(NodeInner::new()),
+            linked: false,
+            _pinned: PhantomPinned,
+        }
     }
 }
 
@@ -254,7 +273,9 @@ impl Default for RangeLockNode {
 
 impl fmt::Debug for RangeLockNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RangeLockNode").field("linked", &self.linked).finish_non_exhaustive()
+        f.debug_struct("RangeLockNode")
+            .field("linked", &self.linked)
+            .finish_non_exhaustive()
     }
 }
 
@@ -268,6 +289,13 @@ impl Drop for RangeLockNode {
             std::process::abort();
         }
     }
+}
+
+/// Where a new node goes in the tree: under `parent` (or at the root), on which side.
+#[derive(Clone, Copy)]
+struct Slot {
+    parent: Option<NodePtr>,
+    go_left: bool,
 }
 
 /// Everything the mutex guards.
@@ -293,7 +321,10 @@ struct WakeBatch {
 
 impl WakeBatch {
     fn new() -> Self {
-        Self { wakers: [const { None }; WAKE_BATCH_COUNT], len: 0 }
+        Self {
+            wakers: [const { None }; WAKE_BATCH_COUNT],
+            len: 0,
+        }
     }
 
     fn wake_all(&mut self) {
@@ -339,11 +370,13 @@ impl State {
 
     /// Borrows the fields of a linked node.
     ///
-    /// Module invariant: every `NodePtr` reachable from a `State` (root, tree links, wake queue),
-    /// and every pointer passed here, points to a live, pinned node linked into this state.
-    /// Nodes are linked from a `Pin<&'a mut RangeLockNode>` and unlinked by the guard or future
-    /// holding that borrow before it ends (a node dropped while linked aborts the process). The
-    /// borrow returned is tied to `&mut self`, so two `&mut NodeInner` never coexist.
+    /// Module invariant: every `NodePtr` reachable from a `State` (root, tree links, wake queue)
+    /// points to a live, pinned node linked into this state, and every pointer passed here is
+    /// one of those or the node being linked by `lock`/`try_lock` (which hold its borrow). Nodes
+    /// are linked from a `Pin<&'a mut RangeLockNode>` and unlinked by the guard or future holding
+    /// that borrow before it ends (a node dropped while linked aborts the process; a poisoned
+    /// state, whose links may be stale, is never read again). The borrow returned is tied to
+    /// `&mut self`, so two `&mut NodeInner` never coexist.
     #[inline(always)]
     fn node(&mut self, ptr: NodePtr) -> &mut NodeInner {
         // SAFETY: by the invariant above the node is alive and linked here, and `&mut self`
@@ -369,16 +402,21 @@ impl State {
         only_if_granted: bool,
     ) -> bool {
         // Every present request arrived earlier, so the blockers are all the present requests
-        // that overlap and conflict: any for a writer, only writers for a reader.
+        // that overlap and conflict: any for a writer, only writers for a reader. The descent
+        // to the insertion point tells whether anything overlaps at all; only then (contended,
+        // or readers sharing) are the conflicting ones counted.
+        let (slot, overlaps_any) = self.find_slot(start_bytes, end_bytes);
         let mut blockers_count = 0usize;
-        self.for_each_overlap(start_bytes, end_bytes, mode == LockMode::Read, |_, _| {
-            blockers_count += 1;
-            if only_if_granted {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
+        if overlaps_any {
+            self.for_each_overlap(start_bytes, end_bytes, mode == LockMode::Read, |_, _| {
+                blockers_count += 1;
+                if only_if_granted {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+        }
         let granted = blockers_count == 0;
         if !granted && only_if_granted {
             return false;
@@ -406,8 +444,11 @@ impl State {
             n.state = NodeState::Waiting;
             self.waiting_count += 1;
         }
-        self.tree_insert(x);
-        debug_assert!(!granted || self.no_granted_conflict(x), "granted over a conflicting lock");
+        self.tree_insert(x, slot);
+        debug_assert!(
+            !granted || self.no_granted_conflict(x),
+            "granted over a conflicting lock"
+        );
         granted
     }
 
@@ -431,27 +472,38 @@ impl State {
         self.tree_remove(x);
 
         // The requests that counted `x` as a blocker: later, overlapping, conflicting (every
-        // one for a departing writer, the writers for a departing reader).
+        // one for a departing writer, the writers for a departing reader). All are waiting.
         let mut granted_now_count = 0usize;
-        self.for_each_overlap(start_bytes, end_bytes, mode == LockMode::Read, |state, w| {
-            let wn = state.node(w);
-            if wn.seq < seq {
-                return ControlFlow::Continue(()); // Earlier: `x` was not in its way.
-            }
-            // A later conflicting request cannot have been granted while `x` was present.
-            debug_assert_eq!(wn.state, NodeState::Waiting);
-            debug_assert!(wn.blockers_count > 0);
-            wn.blockers_count -= 1;
-            if wn.blockers_count == 0 {
-                wn.state = NodeState::Granted;
-                state.waiting_count -= 1;
-                state.granted_count += 1;
-                state.wake_queue_push(w);
-                granted_now_count += 1;
-                debug_assert!(state.no_granted_conflict(w), "granted over a conflicting lock");
-            }
-            ControlFlow::Continue(())
-        });
+        if self.waiting_count == 0 {
+            return (own_waker, 0); // The uncontended case: no walk.
+        }
+        self.for_each_overlap(
+            start_bytes,
+            end_bytes,
+            mode == LockMode::Read,
+            |state, w| {
+                let wn = state.node(w);
+                if wn.seq < seq {
+                    return ControlFlow::Continue(()); // Earlier: `x` was not in its way.
+                }
+                // A later conflicting request cannot have been granted while `x` was present.
+                debug_assert_eq!(wn.state, NodeState::Waiting);
+                debug_assert!(wn.blockers_count > 0);
+                wn.blockers_count -= 1;
+                if wn.blockers_count == 0 {
+                    wn.state = NodeState::Granted;
+                    state.waiting_count -= 1;
+                    state.granted_count += 1;
+                    state.wake_queue_push(w);
+                    granted_now_count += 1;
+                    debug_assert!(
+                        state.no_granted_conflict(w),
+                        "granted over a conflicting lock"
+                    );
+                }
+                ControlFlow::Continue(())
+            },
+        );
         (own_waker, granted_now_count)
     }
 
@@ -556,14 +608,16 @@ impl State {
         let mut steps_left = 2 * self.linked_count() + 2;
         let mut cur = root;
         'enter: loop {
-            assert!(steps_left > 0, "range lock tree walk did not end: the tree is corrupt");
+            assert!(
+                steps_left > 0,
+                "range lock tree walk did not end: the tree is corrupt"
+            );
             steps_left -= 1;
             let n = self.node(cur);
             let (n_start, n_end, n_mode) = (n.start_bytes, n.end_bytes, n.mode);
             let (left, right) = (n.left, n.right);
             let overlaps = n_start < end_bytes && n_end > start_bytes;
-            if overlaps && (!writers_only || n_mode == LockMode::Write) && f(self, cur).is_break()
-            {
+            if overlaps && (!writers_only || n_mode == LockMode::Write) && f(self, cur).is_break() {
                 return;
             }
             if let Some(l) = left {
@@ -583,9 +637,14 @@ impl State {
             }
             // `cur`'s subtree is done: climb to the first ancestor whose right subtree is not.
             loop {
-                assert!(steps_left > 0, "range lock tree walk did not end: the tree is corrupt");
+                assert!(
+                    steps_left > 0,
+                    "range lock tree walk did not end: the tree is corrupt"
+                );
                 steps_left -= 1;
-                let Some(p) = self.node(cur).parent else { return };
+                let Some(p) = self.node(cur).parent else {
+                    return;
+                };
                 let pn = self.node(p);
                 if pn.left == Some(cur) && pn.start_bytes < end_bytes {
                     if let Some(r) = pn.right {
@@ -662,41 +721,94 @@ impl State {
         self.recompute_subtree_max(c);
     }
 
-    /// Inserts `x` (links cleared, maxima set to its own range) by key (start, seq).
-    fn tree_insert(&mut self, x: NodePtr) {
-        let n = self.node(x);
-        let (start_bytes, end_max, write_end_max) =
-            (n.start_bytes, n.subtree_end_bytes_max, n.subtree_write_end_bytes_max);
-        let mut parent = None;
-        let mut go_left = false;
+    /// Descends to where a request for `[start_bytes, end_bytes)` arriving now goes (key
+    /// (start, seq); equal starts go right, since the newcomer has the largest seq), and tells
+    /// whether any linked request overlaps the range. Every node is either on the path, in the
+    /// left subtree of a node the path leaves rightwards (all start <= `start_bytes`: they
+    /// overlap iff their subtree maximum ends after `start_bytes`), or in the right subtree of
+    /// a node the path leaves leftwards (they start at or after that node, which overlaps if it
+    /// starts before `end_bytes`). O(depth).
+    fn find_slot(&mut self, start_bytes: u64, end_bytes: u64) -> (Slot, bool) {
+        let mut slot = Slot {
+            parent: None,
+            go_left: false,
+        };
+        let mut overlaps_any = false;
         let mut cur = self.root;
         let mut steps_left = self.linked_count();
         while let Some(c) = cur {
-            assert!(steps_left > 0, "range lock tree descent did not end: the tree is corrupt");
+            assert!(
+                steps_left > 0,
+                "range lock tree descent did not end: the tree is corrupt"
+            );
             steps_left -= 1;
             let cn = self.node(c);
-            // Every ancestor's subtree gains `x`.
+            let (c_start, c_end, left, right) = (cn.start_bytes, cn.end_bytes, cn.left, cn.right);
+            slot = Slot {
+                parent: Some(c),
+                go_left: start_bytes < c_start,
+            };
+            if slot.go_left {
+                overlaps_any |= c_start < end_bytes;
+                cur = left;
+            } else {
+                overlaps_any |= c_end > start_bytes;
+                if let Some(l) = left {
+                    overlaps_any |= self.node(l).subtree_end_bytes_max > start_bytes;
+                }
+                cur = right;
+            }
+        }
+        (slot, overlaps_any)
+    }
+
+    /// Links `x` (links cleared, maxima set to its own range) at `slot`, found by `find_slot`
+    /// with no change to the tree since, then restores the heap order.
+    fn tree_insert(&mut self, x: NodePtr, slot: Slot) {
+        let n = self.node(x);
+        let (end_max, write_end_max, priority) = (
+            n.subtree_end_bytes_max,
+            n.subtree_write_end_bytes_max,
+            n.priority,
+        );
+        n.parent = slot.parent;
+        let Some(parent) = slot.parent else {
+            debug_assert!(self.root.is_none());
+            self.root = Some(x);
+            return;
+        };
+        if slot.go_left {
+            self.node(parent).left = Some(x);
+        } else {
+            self.node(parent).right = Some(x);
+        }
+        // Every ancestor's subtree gains `x`. Stop at the first that already covers it: its
+        // ancestors hold its subtree, so they cover it too.
+        let mut cur = Some(parent);
+        let mut steps_left = self.linked_count();
+        while let Some(c) = cur {
+            assert!(
+                steps_left > 0,
+                "range lock tree climb did not end: the tree is corrupt"
+            );
+            steps_left -= 1;
+            let cn = self.node(c);
+            if cn.subtree_end_bytes_max >= end_max
+                && cn.subtree_write_end_bytes_max >= write_end_max
+            {
+                break;
+            }
             cn.subtree_end_bytes_max = cn.subtree_end_bytes_max.max(end_max);
             cn.subtree_write_end_bytes_max = cn.subtree_write_end_bytes_max.max(write_end_max);
-            // Equal starts go right: `x` has the largest seq.
-            go_left = start_bytes < cn.start_bytes;
-            parent = Some(c);
-            cur = if go_left { cn.left } else { cn.right };
-        }
-        self.node(x).parent = parent;
-        match parent {
-            None => {
-                self.root = Some(x);
-                return;
-            }
-            Some(p) if go_left => self.node(p).left = Some(x),
-            Some(p) => self.node(p).right = Some(x),
+            cur = cn.parent;
         }
         // Restore the heap order on priorities.
-        let priority = self.node(x).priority;
         let mut steps_left = self.linked_count();
         while let Some(p) = self.node(x).parent {
-            assert!(steps_left > 0, "range lock tree rotation did not end: the tree is corrupt");
+            assert!(
+                steps_left > 0,
+                "range lock tree rotation did not end: the tree is corrupt"
+            );
             steps_left -= 1;
             if self.node(p).priority >= priority {
                 break;
@@ -710,11 +822,20 @@ impl State {
         // Rotate `x` down (its higher-priority child up) until it has at most one child.
         let mut steps_left = self.linked_count() + 1;
         loop {
-            assert!(steps_left > 0, "range lock tree rotation did not end: the tree is corrupt");
+            assert!(
+                steps_left > 0,
+                "range lock tree rotation did not end: the tree is corrupt"
+            );
             steps_left -= 1;
             let n = self.node(x);
-            let (Some(l), Some(r)) = (n.left, n.right) else { break };
-            let up = if self.node(l).priority > self.node(r).priority { l } else { r };
+            let (Some(l), Some(r)) = (n.left, n.right) else {
+                break;
+            };
+            let up = if self.node(l).priority > self.node(r).priority {
+                l
+            } else {
+                r
+            };
             self.rotate_up(up);
         }
         let n = self.node(x);
@@ -732,7 +853,10 @@ impl State {
         let mut cur = parent;
         let mut steps_left = self.linked_count() + 1;
         while let Some(c) = cur {
-            assert!(steps_left > 0, "range lock tree climb did not end: the tree is corrupt");
+            assert!(
+                steps_left > 0,
+                "range lock tree climb did not end: the tree is corrupt"
+            );
             steps_left -= 1;
             if !self.recompute_subtree_max(c) {
                 break;
@@ -746,13 +870,18 @@ impl State {
         let n = self.node(x);
         let (start_bytes, end_bytes, mode) = (n.start_bytes, n.end_bytes, n.mode);
         let mut ok = true;
-        self.for_each_overlap(start_bytes, end_bytes, mode == LockMode::Read, |state, other| {
-            if other != x && state.node(other).state == NodeState::Granted {
-                ok = false;
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        });
+        self.for_each_overlap(
+            start_bytes,
+            end_bytes,
+            mode == LockMode::Read,
+            |state, other| {
+                if other != x && state.node(other).state == NodeState::Granted {
+                    ok = false;
+                    return ControlFlow::Break(());
+                }
+                ControlFlow::Continue(())
+            },
+        );
         ok
     }
 
@@ -773,17 +902,25 @@ impl State {
             }
             let Some(c) = stack.pop() else { break };
             nodes.push(c);
-            assert!(nodes.len() <= self.linked_count(), "more tree nodes than linked requests");
+            assert!(
+                nodes.len() <= self.linked_count(),
+                "more tree nodes than linked requests"
+            );
             cur = self.node(c).right;
         }
         assert_eq!(nodes.len(), self.linked_count());
         let mut granted_count = 0;
         for (i, &x) in nodes.iter().enumerate() {
+            let wake_head = self.wake_head;
             let n = self.node(x);
-            let (left, right, priority, key) = (n.left, n.right, n.priority, (n.start_bytes, n.seq));
+            let (left, right, priority, key) =
+                (n.left, n.right, n.priority, (n.start_bytes, n.seq));
             assert!(n.start_bytes < n.end_bytes);
             assert_ne!(n.state, NodeState::Idle);
-            assert_eq!(n.in_wake_queue, n.wake_prev.is_some() || self.wake_head == Some(x));
+            assert_eq!(
+                n.in_wake_queue,
+                n.wake_prev.is_some() || wake_head == Some(x)
+            );
             if n.in_wake_queue {
                 assert_eq!(n.state, NodeState::Granted);
             }
@@ -803,8 +940,14 @@ impl State {
         // Blocker counts and the exclusion rule, against the definition.
         for &x in &nodes {
             let n = self.node(x);
-            let (s, e, m, seq, state, blockers) =
-                (n.start_bytes, n.end_bytes, n.mode, n.seq, n.state, n.blockers_count);
+            let (s, e, m, seq, state, blockers) = (
+                n.start_bytes,
+                n.end_bytes,
+                n.mode,
+                n.seq,
+                n.state,
+                n.blockers_count,
+            );
             let mut expected_blockers = 0;
             for &y in &nodes {
                 let o = self.node(y);
@@ -855,7 +998,9 @@ pub struct RangeLock {
 impl RangeLock {
     /// An empty lock.
     pub const fn new() -> Self {
-        Self { state: sync::StateMutex::new(State::new()) }
+        Self {
+            state: sync::StateMutex::new(State::new()),
+        }
     }
 
     /// How many locks are granted (held, or granted to a future not yet polled), for tests and
@@ -882,7 +1027,10 @@ impl RangeLock {
         let (start_bytes, end_bytes) = clamp_range(offset_bytes, length_bytes);
         let (node_ptr, inner) = link_pointers(node);
         let granted_at_arrival =
-            self.state.lock().arrive(inner, start_bytes, end_bytes, mode, false);
+            self.state
+                .lock()
+                .arrive(inner, start_bytes, end_bytes, mode, false);
+        mark_linked(node_ptr);
         LockFuture {
             lock: self,
             node: Some(node_ptr),
@@ -907,12 +1055,14 @@ impl RangeLock {
     ) -> Option<RangeGuard<'a>> {
         let (start_bytes, end_bytes) = clamp_range(offset_bytes, length_bytes);
         let (node_ptr, inner) = link_pointers(node);
-        let granted = self.state.lock().arrive(inner, start_bytes, end_bytes, mode, true);
-        if !granted {
-            // SAFETY: `node_ptr` comes from the `&'a mut` borrow we hold; the node is not linked.
-            unsafe { (*node_ptr.as_ptr()).linked = false };
+        if !self
+            .state
+            .lock()
+            .arrive(inner, start_bytes, end_bytes, mode, true)
+        {
             return None;
         }
+        mark_linked(node_ptr);
         Some(RangeGuard {
             lock: self,
             node: node_ptr,
@@ -927,21 +1077,26 @@ impl RangeLock {
     /// Unlinks a node (release of a guard, or cancel of a future) and wakes the waiters it
     /// unblocked.
     fn unlink(&self, node: NonNull<RangeLockNode>, inner: NodePtr) {
-        let mut state = self.state.lock();
+        let Some(mut state) = self.state.lock_unless_poisoned() else {
+            // The state will never be read again (see `lock_unless_poisoned`), so nothing can
+            // reach the node through it any more: forget the link rather than abort.
+            // SAFETY: `node` is borrowed (`&'a mut`) by the guard or future calling us.
+            unsafe { (*node.as_ptr()).linked = false };
+            return;
+        };
+        // Cleared before `depart`: if it panics, the state is poisoned and never read again,
+        // so the node may be freed during the unwinding.
+        // SAFETY: `node` is borrowed (`&'a mut`) by the guard or future calling us.
+        unsafe { (*node.as_ptr()).linked = false };
         let (own_waker, granted_now_count) = state.depart(inner);
         if granted_now_count == 0 {
             drop(state);
-            // SAFETY: `node` is borrowed (`&'a mut`) by the guard or future calling us, and is
-            // no longer linked.
-            unsafe { (*node.as_ptr()).linked = false };
             drop(own_waker);
             return;
         }
         let mut batch = WakeBatch::new();
         let popped_count = state.take_wakers(&mut batch);
         drop(state);
-        // SAFETY: as above.
-        unsafe { (*node.as_ptr()).linked = false };
         drop(own_waker);
         batch.wake_all();
         if popped_count < granted_now_count {
@@ -987,7 +1142,7 @@ impl fmt::Debug for RangeLock {
     }
 }
 
-/// Marks a node linked and returns the pointers the future or guard keeps to it for `'a`.
+/// The pointers the future or guard keeps to its node for `'a`.
 #[inline]
 fn link_pointers(node: Pin<&mut RangeLockNode>) -> (NonNull<RangeLockNode>, NodePtr) {
     // SAFETY: we never move out of the node; it stays pinned where it is, and the future or
@@ -997,11 +1152,24 @@ fn link_pointers(node: Pin<&mut RangeLockNode>) -> (NonNull<RangeLockNode>, Node
     // the same raw pointer, and no reference to the whole node is formed while they are in use,
     // so the lock's accesses to `inner` and the borrower's to `linked` do not alias.
     unsafe {
-        debug_assert!(!(*node_ptr).linked, "node is exclusively borrowed, so not linked");
-        (*node_ptr).linked = true;
+        debug_assert!(
+            !(*node_ptr).linked,
+            "node is exclusively borrowed, so not linked"
+        );
         let inner = UnsafeCell::raw_get(std::ptr::addr_of!((*node_ptr).inner));
-        (NonNull::new_unchecked(node_ptr), NonNull::new_unchecked(inner))
+        (
+            NonNull::new_unchecked(node_ptr),
+            NonNull::new_unchecked(inner),
+        )
     }
+}
+
+/// Records that the node is linked. Called only once `arrive` returned: if it panicked, the
+/// state is poisoned and never read again, so the node is not reachable and may be freed.
+#[inline]
+fn mark_linked(node: NonNull<RangeLockNode>) {
+    // SAFETY: `node` comes from `link_pointers` within the `'a` borrow held by the caller.
+    unsafe { (*node.as_ptr()).linked = true };
 }
 
 /// The future returned by [`RangeLock::lock`]: resolves to the [`RangeGuard`] once granted.
@@ -1034,7 +1202,8 @@ impl<'a> Future for LockFuture<'a> {
         let this = &mut *self;
         let node = this.node.expect("LockFuture polled after it resolved");
         if !this.granted_at_arrival {
-            let (granted, stale_waker) = this.lock.state.lock().poll_granted(this.inner, cx.waker());
+            let (granted, stale_waker) =
+                this.lock.state.lock().poll_granted(this.inner, cx.waker());
             // Dropped outside the mutex: a waker's drop may run arbitrary code.
             drop(stale_waker);
             if !granted {
@@ -1124,5 +1293,5 @@ impl fmt::Debug for RangeGuard<'_> {
     }
 }
 
-#[cfg(all(test, not(feature = "shuttle")))]
+#[cfg(test)]
 mod tests;

@@ -453,6 +453,11 @@ impl Volume {
             .client_bytes
             .fetch_add(length_bytes, Ordering::Relaxed);
         let commit_now = fua || self.vol.props.lock().unwrap().sync == SyncMode::Always;
+        let _serial = if commit_now {
+            self.serial_guard().await
+        } else {
+            None
+        };
         // The range lock is released before the commit: the commit reads logged ranges.
         let itx = self
             .modify_locked(offset_bytes, length_bytes, data, commit_now)
@@ -579,6 +584,7 @@ impl Volume {
         if !self.logged() {
             return Ok(());
         }
+        let _serial = self.serial_guard().await;
         self.zil_commit(self.vol.zil.last_itx()).await
     }
 

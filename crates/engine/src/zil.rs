@@ -171,6 +171,8 @@ struct ZilState {
     committers: u32,
     /// A log write failed: commits wait for txg syncs until the next sync restarts the chain.
     broken: bool,
+    /// `logcommit=serial`: a commit is running (one at a time).
+    serial_busy: bool,
     /// Blocks no longer needed, to free at the next txg sync.
     to_free: Vec<Dva>,
 }
@@ -204,6 +206,7 @@ impl Zil {
                 latency_ewma_ns: 1_000_000,
                 committers: 0,
                 broken: false,
+                serial_busy: false,
                 to_free,
             }),
         }
@@ -282,7 +285,11 @@ impl Zil {
     /// durable anyway). The next block starts a new chain at a fresh place.
     pub fn restart_if_broken(&self, inner: &PoolInner) {
         let mut s = self.state.lock().unwrap();
-        if !s.broken || s.building || s.open.is_some() || s.chain.iter().any(|c| !c.done && !c.failed) {
+        if !s.broken
+            || s.building
+            || s.open.is_some()
+            || s.chain.iter().any(|c| !c.done && !c.failed)
+        {
             return;
         }
         let blocks: Vec<Dva> = s.chain.drain(..).map(|c| c.addr).collect();
@@ -329,6 +336,20 @@ fn register(waiters: &mut Vec<Waker>, w: &Waker) {
 pub(crate) fn alloc_log_block(inner: &PoolInner) -> Option<Dva> {
     let mut st = inner.state.lock().unwrap();
     st.alloc.alloc_log(LOG_BLOCK_BYTES_MAX as u64)
+}
+
+/// Releases the serial lock of `logcommit=serial`.
+pub(crate) struct SerialGuard<'a>(&'a Zil);
+
+impl Drop for SerialGuard<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut s = self.0.state.lock().unwrap();
+            s.serial_busy = false;
+            std::mem::take(&mut s.waiters)
+        };
+        waiters.into_iter().for_each(Waker::wake);
+    }
 }
 
 /// A record ready to go into a block.
@@ -383,6 +404,10 @@ impl Volume {
         };
         if inner.txg.synced() < anchor {
             inner.txg.wait_synced(anchor, true).await?;
+        }
+        let serial = !inner.state.lock().unwrap().props.log_group_commit;
+        if serial {
+            return self.zil_commit_serial(target, target_txg).await;
         }
         // Bounded: each round builds, issues, or waits for an event that advances the log.
         loop {
@@ -467,9 +492,68 @@ impl Volume {
         }
     }
 
+    /// `logcommit=serial`: with the volume's serial lock held by the caller (see
+    /// [`Volume::serial_guard`]), writes the records up to `target` in blocks of their own.
+    async fn zil_commit_serial(&self, target: u64, target_txg: Txg) -> Result<()> {
+        let zil = &self.vol.zil;
+        let inner = &self.pool;
+        let done = |s: &ZilState| s.durable_itx > target || inner.txg.synced() >= target_txg;
+        {
+            let s = zil.state.lock().unwrap();
+            if done(&s) {
+                return Ok(());
+            }
+            if s.broken {
+                drop(s);
+                return inner.txg.wait_synced(target_txg, true).await;
+            }
+        }
+        zil.state.lock().unwrap().building = true;
+        let r = self.zil_build_upto(Some(target)).await;
+        zil.state.lock().unwrap().building = false;
+        if let Err(e) = r {
+            zil.state.lock().unwrap().broken = true;
+            tracing::warn!(
+                volume = self.vol.full_name,
+                "log commit failed, waiting for the txg: {e}"
+            );
+        }
+        if done(&zil.state.lock().unwrap()) {
+            Ok(())
+        } else {
+            inner.txg.wait_synced(target_txg, true).await
+        }
+    }
+
+    /// With `logcommit=serial`, a guard that lets one sync operation (a write and its commit, or
+    /// a flush) run at a time on this volume; None otherwise.
+    pub(crate) async fn serial_guard(&self) -> Option<SerialGuard<'_>> {
+        if self.pool.state.lock().unwrap().props.log_group_commit {
+            return None;
+        }
+        let zil = &self.vol.zil;
+        poll_fn(|cx| {
+            let mut s = zil.state.lock().unwrap();
+            if !s.serial_busy {
+                s.serial_busy = true;
+                return Poll::Ready(());
+            }
+            register(&mut s.waiters, cx.waker());
+            Poll::Pending
+        })
+        .await;
+        Some(SerialGuard(zil))
+    }
+
     /// Moves pending itxs into blocks, issuing full ones; then issues the last block now when
     /// this committer is alone, or gives it a deadline when others are committing too.
     async fn zil_build(&self) -> Result<()> {
+        self.zil_build_upto(None).await
+    }
+
+    /// [`Volume::zil_build`]; with `upto`, takes only itxs up to that seq and issues the last
+    /// block at once (serial commits).
+    async fn zil_build_upto(&self, upto: Option<u64>) -> Result<()> {
         let zil = &self.vol.zil;
         let synced = self.pool.txg.synced();
         // Bounded by the pending itxs, which only grow by concurrent writers; each round takes
@@ -477,7 +561,11 @@ impl Volume {
         for _round in 0..64 {
             let batch: Vec<Itx> = {
                 let mut s = zil.state.lock().unwrap();
-                let n = s.pending.len().min(256);
+                let eligible = match upto {
+                    Some(t) => s.pending.iter().take_while(|i| i.seq <= t).count(),
+                    None => s.pending.len(),
+                };
+                let n = eligible.min(256);
                 let batch: Vec<Itx> = s.pending.drain(..n).collect();
                 s.building_first = batch.first().map(|i| i.seq);
                 batch
@@ -557,7 +645,7 @@ impl Volume {
         // The last block: now, or after a short window if others are committing too.
         let issue_now = {
             let mut s = zil.state.lock().unwrap();
-            let concurrent = s.committers > 1;
+            let concurrent = s.committers > 1 && upto.is_none();
             let window = Duration::from_nanos(s.latency_ewma_ns / 10)
                 .clamp(OPEN_WINDOW_MIN, OPEN_WINDOW_MAX);
             match s.open.as_mut() {
@@ -745,7 +833,10 @@ fn take_open(s: &mut ZilState) -> Option<OpenBlock> {
 
 fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
     debug_assert!(o.writer.record_count() > 0);
-    assert!(s.chain.len() < CHAIN_BLOCKS_MAX, "log chain not trimmed by txg syncs");
+    assert!(
+        s.chain.len() < CHAIN_BLOCKS_MAX,
+        "log chain not trimmed by txg syncs"
+    );
     debug_assert!(s.chain.back().is_none_or(|c| c.seq + 1 == o.seq));
     s.chain.push_back(ChainBlock {
         seq: o.seq,

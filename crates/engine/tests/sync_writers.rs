@@ -43,7 +43,9 @@ fn concurrent_commits_share_blocks_and_flushes() {
     // Latency on every device op, so commits overlap as they would on a real disk.
     slow.set_latency(Duration::from_micros(300));
     let pool = pool_on(vec![slow]);
-    let vol = pool.create_volume("v", WRITERS * REGION_BYTES, &[]).unwrap();
+    let vol = pool
+        .create_volume("v", WRITERS * REGION_BYTES, &[])
+        .unwrap();
     block_on(vol.flush()).unwrap(); // anchors the log's chain
     let before = pool.log_stats();
     let writes_per_writer = 20u64;
@@ -54,7 +56,9 @@ fn concurrent_commits_share_blocks_and_flushes() {
                 async move {
                     for k in 0..writes_per_writer {
                         let off = (w % WRITERS) * REGION_BYTES + (k * 4096) % REGION_BYTES;
-                        vol.write(off, &pattern(w * 100 + k, 4096), true).await.unwrap();
+                        vol.write(off, &pattern(w * 100 + k, 4096), true)
+                            .await
+                            .unwrap();
                     }
                 }
             })
@@ -80,6 +84,45 @@ fn concurrent_commits_share_blocks_and_flushes() {
     let s = pool.log_stats();
     assert_eq!(s.blocks_written - before.blocks_written, 10);
     assert_eq!(s.flushes - before.flushes, 10);
+    drop(vol);
+    pool.export().unwrap();
+}
+
+#[test]
+fn serial_commits_take_one_block_each() {
+    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
+    let slow = Arc::new(FaultBackend::new(Arc::new(mem), 2));
+    slow.set_latency(Duration::from_micros(300));
+    let pool = pool_on(vec![slow]);
+    pool.set_prop("logcommit", "serial").unwrap();
+    let vol = pool
+        .create_volume("v", WRITERS * REGION_BYTES, &[])
+        .unwrap();
+    block_on(vol.flush()).unwrap();
+    let before = pool.log_stats();
+    block_on(join_all(
+        (0..8u64)
+            .map(|w| {
+                let vol = vol.clone();
+                async move {
+                    for k in 0..5u64 {
+                        let off = w * REGION_BYTES + k * 4096;
+                        vol.write(off, &pattern(w * 10 + k, 4096), true)
+                            .await
+                            .unwrap();
+                    }
+                }
+            })
+            .collect(),
+    ));
+    let s = pool.log_stats();
+    // No sharing: every commit that had anything to write wrote its own block and flush.
+    assert_eq!(s.commits - before.commits, 40);
+    assert!(
+        s.blocks_written - before.blocks_written >= 35,
+        "serial commits shared blocks: {:?} -> {s:?}",
+        before
+    );
     drop(vol);
     pool.export().unwrap();
 }
@@ -211,5 +254,9 @@ fn concurrent_sync_writers_survive_power_loss() {
     for (seed, e) in &failures {
         eprintln!("seed {seed}: {e}  (replay: OXPOOL_CRASH_SEED={seed} cargo test -p oxpool-engine --test sync_writers)");
     }
-    assert!(failures.is_empty(), "{} of {cases} crash cases failed", failures.len());
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} crash cases failed",
+        failures.len()
+    );
 }
