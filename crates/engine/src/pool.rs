@@ -27,7 +27,7 @@ use oxpool_format::{
 };
 use oxpool_io::rt::{block_on, join_all};
 use oxpool_io::{Backend, IoBuf};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -72,6 +72,9 @@ pub(crate) struct PoolInner {
     pub state: Mutex<PoolState>,
     /// Intent-log counters (all volumes).
     pub log_counters: LogCounters,
+    /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
+    /// trims the chains and frees their blocks).
+    pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -262,6 +265,7 @@ impl Pool {
                 meta_ptr: BlockPtr::HOLE,
             }),
             log_counters: LogCounters::default(),
+            log_alloc_bytes_since_sync: Default::default(),
         });
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
@@ -374,16 +378,6 @@ impl Pool {
                     match r {
                         ReplayRecord::Write { offset_bytes, data } => {
                             vol.write(offset_bytes, &data, false).await?
-                        }
-                        ReplayRecord::Indirect {
-                            offset_bytes,
-                            length_bytes,
-                            bp,
-                        } => {
-                            let buf =
-                                read_block(&self.inner.vdevs, &bp, "log indirect block").await?;
-                            let len = (length_bytes as usize).min(buf.len());
-                            vol.write(offset_bytes, &buf[..len], false).await?
                         }
                         ReplayRecord::Free {
                             offset_bytes,
@@ -910,6 +904,9 @@ async fn import_devices(
             )
             .await;
             log_blocks.extend(replay.blocks.iter().copied());
+            // Blocks written in place for records that are replayed: claimed like the log's
+            // own, freed after the replay copied their data.
+            log_blocks.extend(replay.indirect_blocks.iter().copied());
             next_seq = replay.end_seq;
             if !replay.records.is_empty() {
                 replays.push((vm.name.clone(), replay.records));
@@ -967,6 +964,7 @@ async fn import_devices(
             meta_ptr: ub.root,
         }),
         log_counters: LogCounters::default(),
+        log_alloc_bytes_since_sync: Default::default(),
     });
     Ok((inner, replays))
 }
@@ -997,18 +995,22 @@ fn sync_thread(pool: std::sync::Weak<PoolInner>) {
 }
 
 /// What a new block is, for [`write_new_block`].
-struct NewBlock {
-    psize_bytes: u32,
-    block_type: BlockType,
-    level: u8,
-    copies: usize,
-    checksum_type: oxpool_format::ChecksumType,
-    txg: Txg,
-    fill: u64,
+pub(crate) struct NewBlock {
+    pub psize_bytes: u32,
+    pub block_type: BlockType,
+    pub level: u8,
+    pub copies: usize,
+    pub checksum_type: oxpool_format::ChecksumType,
+    pub txg: Txg,
+    pub fill: u64,
 }
 
 /// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
-async fn write_new_block(inner: &PoolInner, data: &IoBuf, nb: NewBlock) -> Result<BlockPtr> {
+pub(crate) async fn write_new_block(
+    inner: &PoolInner,
+    data: &IoBuf,
+    nb: NewBlock,
+) -> Result<BlockPtr> {
     let asize = data.len() as u64;
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
     let dvas = inner
@@ -1038,7 +1040,7 @@ async fn write_new_block(inner: &PoolInner, data: &IoBuf, nb: NewBlock) -> Resul
     Ok(bp)
 }
 
-fn padded(data: &[u8]) -> IoBuf {
+pub(crate) fn padded(data: &[u8]) -> IoBuf {
     let len = (data.len() as u64).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
     let mut b = IoBuf::zeroed(len as usize);
     b[..data.len()].copy_from_slice(data);
@@ -1048,6 +1050,7 @@ fn padded(data: &[u8]) -> IoBuf {
 /// Writes txg `txg` out and commits it (see the module comment for the protocol).
 pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     let mut freed: Vec<Dva> = Vec::new();
+    inner.log_alloc_bytes_since_sync.store(0, Ordering::Relaxed);
     // Frees old enough are allocatable again from this txg on.
     {
         let mut s = inner.state.lock().unwrap();
@@ -1379,16 +1382,41 @@ async fn sync_volume(
             }
         }
     }
-    // 2. Data blocks, written concurrently in bounded batches.
+    // 2. Data blocks, written concurrently in bounded batches. A block the intent log already
+    // wrote in place with this very content is adopted, not written again; the log's other
+    // in-place blocks of this txg (or older) are freed.
     blocks.sort_unstable_by_key(|(b, _)| *b);
     let bs = props.volblocksize_bytes;
+    let mut overrides: HashMap<u64, BlockPtr> = HashMap::new();
+    {
+        let mut o = vol.overrides.lock().unwrap();
+        let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
+        for k in mine {
+            let bp = o.remove(&k).unwrap();
+            if k.0 == txg && !destroy {
+                overrides.insert(k.1, bp);
+            } else {
+                freed.extend_from_slice(bp.dvas());
+            }
+        }
+    }
+    let overrides = &overrides;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch
             .iter()
-            .map(|(_, buf)| async {
+            .map(|(b, buf)| async move {
                 if buf.iter().all(|&x| x == 0) {
                     // All zeros: a hole, as ZFS does with compression on.
-                    return Ok(BlockPtr::HOLE);
+                    return Ok((BlockPtr::HOLE, overrides.get(b).copied()));
+                }
+                if let Some(bp) = overrides.get(b) {
+                    if crate::pipeline::verify(bp, buf) {
+                        inner
+                            .log_counters
+                            .adopted_blocks
+                            .fetch_add(1, Ordering::Relaxed);
+                        return Ok((*bp, None));
+                    }
                 }
                 let padded_copy;
                 let data: &IoBuf = if (buf.len() as u64).is_multiple_of(SECTOR_BYTES) {
@@ -1411,11 +1439,15 @@ async fn sync_volume(
                     },
                 )
                 .await
+                .map(|p| (p, overrides.get(b).copied()))
             })
             .collect();
         let ptrs = join_all(futs).await;
         for ((b, _), ptr) in batch.iter().zip(ptrs) {
-            let ptr = ptr?;
+            let (ptr, unused) = ptr?;
+            if let Some(u) = unused {
+                freed.extend_from_slice(u.dvas());
+            }
             walk(&vol.tree, &inner.vdevs, *b, 1, true, what).await?;
             let old = vol
                 .tree
@@ -1426,6 +1458,11 @@ async fn sync_volume(
             used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
             used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
             freed.extend_from_slice(old.dvas());
+        }
+    }
+    for (b, bp) in overrides.iter() {
+        if blocks.binary_search_by_key(b, |(x, _)| *x).is_err() {
+            freed.extend_from_slice(bp.dvas());
         }
     }
     // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.

@@ -183,6 +183,16 @@ pub struct VolumeProps {
     pub copies: u8,
     /// `readonly`: the volume refuses writes.
     pub readonly: bool,
+    /// `logbias`: `latency` (default) copies small sync writes into the intent log;
+    /// `throughput` writes every whole block of a sync write in place and logs only its
+    /// pointer, so data is written once.
+    pub logbias_throughput: bool,
+    /// `log_copy_max`: largest sync write copied into the intent log under `logbias=latency`
+    /// when the pool has no log device (default 32K, as ZFS's zvol_immediate_write_sz). Up to
+    /// it, one sequential log write beats a block allocation and a random write; above it,
+    /// copying would write the data twice, so whole blocks are written in place once and the
+    /// txg sync adopts them.
+    pub log_copy_max_bytes: u64,
 }
 
 /// Names of the volume properties, for listing.
@@ -193,6 +203,8 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
     "sync",
     "copies",
     "readonly",
+    "logbias",
+    "log_copy_max",
 ];
 
 impl VolumeProps {
@@ -205,6 +217,8 @@ impl VolumeProps {
             sync: SyncMode::Standard,
             copies: 1,
             readonly: false,
+            logbias_throughput: false,
+            log_copy_max_bytes: 32 << 10,
         }
     }
 
@@ -217,6 +231,13 @@ impl VolumeProps {
             "sync" => self.sync.as_str().to_string(),
             "copies" => self.copies.to_string(),
             "readonly" => if self.readonly { "on" } else { "off" }.to_string(),
+            "logbias" => if self.logbias_throughput {
+                "throughput"
+            } else {
+                "latency"
+            }
+            .to_string(),
+            "log_copy_max" => self.log_copy_max_bytes.to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -275,6 +296,24 @@ impl VolumeProps {
                     _ => return Err(EngineError::invalid("readonly must be on or off")),
                 }
             }
+            "logbias" => {
+                self.logbias_throughput = match value {
+                    "latency" => false,
+                    "throughput" => true,
+                    _ => {
+                        return Err(EngineError::invalid(
+                            "logbias must be latency or throughput",
+                        ))
+                    }
+                }
+            }
+            "log_copy_max" => {
+                let v = parse_size(name, value)?;
+                if v > 1 << 20 {
+                    return Err(EngineError::invalid("log_copy_max must be at most 1M"));
+                }
+                self.log_copy_max_bytes = v;
+            }
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -298,10 +337,17 @@ impl VolumeProps {
 
     /// The persisted form (volsize and volblocksize are stored in their own fields).
     pub fn to_pairs(&self) -> Vec<(String, String)> {
-        ["checksum", "sync", "copies", "readonly"]
-            .iter()
-            .map(|n| (n.to_string(), self.get(n).expect("known name")))
-            .collect()
+        [
+            "checksum",
+            "sync",
+            "copies",
+            "readonly",
+            "logbias",
+            "log_copy_max",
+        ]
+        .iter()
+        .map(|n| (n.to_string(), self.get(n).expect("known name")))
+        .collect()
     }
 
     /// Rebuilds from the persisted form.

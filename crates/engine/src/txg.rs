@@ -187,6 +187,14 @@ impl TxgControl {
         Ok(TxgHold { ctl: self, txg })
     }
 
+    /// Asks for a sync of the open txg now (it is marked as having changes).
+    pub fn kick(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.open_dirty = true;
+        s.kick = true;
+        self.cv.notify_all();
+    }
+
     /// Marks the open txg as having changes (configuration changes: volumes, properties).
     pub fn mark_dirty(&self) {
         self.state.lock().unwrap().open_dirty = true;

@@ -15,7 +15,7 @@ use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
 use crate::zil::{ItxKind, Zil};
 use crate::{EngineError, Result};
-use oxpool_format::{Txg, VolumeId};
+use oxpool_format::{BlockPtr, Txg, VolumeId};
 use oxpool_io::IoBuf;
 use std::collections::{BTreeMap, HashMap};
 use std::pin::pin;
@@ -156,6 +156,10 @@ pub(crate) struct VolumeInner {
     pub range_lock: RangeLock,
     /// The volume's intent log.
     pub zil: Zil,
+    /// Blocks the intent log already wrote in place (logbias=throughput, large sync writes),
+    /// by (txg, block): the sync of that txg adopts one instead of writing the block again if
+    /// the block's dirty content is what was written.
+    pub overrides: Mutex<HashMap<(Txg, u64), BlockPtr>>,
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
@@ -180,6 +184,7 @@ impl VolumeInner {
             tree: Mutex::new(tree),
             range_lock: RangeLock::new(),
             zil,
+            overrides: Mutex::new(HashMap::new()),
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
         }

@@ -26,8 +26,8 @@ use crate::pool::PoolInner;
 use crate::vdev::Leaf;
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
-    BlockPtr, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VolumeId,
-    LOG_BLOCK_BYTES_MAX, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
+    BlockPtr, BlockType, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId,
+    VolumeId, LOG_BLOCK_BYTES_MAX, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
 };
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
@@ -91,6 +91,9 @@ struct OpenBlock {
     max_txg: Txg,
     /// When the block must be issued even if not full (set when committers are concurrent).
     deadline: Option<Instant>,
+    /// Vdevs holding blocks written in place for this block's indirect records: flushed with
+    /// the log block, so the records never point at data that is not durable.
+    flush_vdevs: Vec<VdevId>,
 }
 
 /// A block written (or being written) since the persisted head.
@@ -119,6 +122,10 @@ pub struct LogCounters {
     pub flushes: AtomicU64,
     /// Bytes clients wrote (every write, logged or not).
     pub client_bytes: AtomicU64,
+    /// Bytes of data blocks the log wrote in place (indirect records), adopted by txg syncs.
+    pub indirect_bytes: AtomicU64,
+    /// Blocks written in place that a txg sync adopted instead of writing them again.
+    pub adopted_blocks: AtomicU64,
 }
 
 /// A snapshot of [`LogCounters`].
@@ -134,6 +141,10 @@ pub struct LogStats {
     pub flushes: u64,
     /// Bytes clients wrote.
     pub client_bytes: u64,
+    /// Bytes of data blocks written in place by the log.
+    pub indirect_bytes: u64,
+    /// Blocks written in place that a txg sync adopted.
+    pub adopted_blocks: u64,
 }
 
 impl LogCounters {
@@ -145,6 +156,8 @@ impl LogCounters {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             client_bytes: self.client_bytes.load(Ordering::Relaxed),
+            indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
+            adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
         }
     }
 }
@@ -173,6 +186,8 @@ struct ZilState {
     broken: bool,
     /// `logcommit=serial`: a commit is running (one at a time).
     serial_busy: bool,
+    /// Bytes used by the last blocks closed (for the size of the next ones), newest last.
+    recent_used_bytes: VecDeque<u64>,
     /// Blocks no longer needed, to free at the next txg sync.
     to_free: Vec<Dva>,
 }
@@ -207,6 +222,7 @@ impl Zil {
                 committers: 0,
                 broken: false,
                 serial_busy: false,
+                recent_used_bytes: VecDeque::new(),
                 to_free,
             }),
         }
@@ -304,6 +320,17 @@ impl Zil {
 }
 
 impl ZilState {
+    /// Size for the next block's place, chosen before the block it follows is written: big
+    /// enough for the largest of the recent blocks' contents (commits come in similar bursts),
+    /// so a queue-depth-1 writer uses small blocks and a busy one large ones (as ZFS's
+    /// zil_lwb_predict, simplified).
+    fn predict_block_bytes(&self) -> u64 {
+        let recent = self.recent_used_bytes.iter().copied().max().unwrap_or(0);
+        recent
+            .next_multiple_of(oxpool_format::SECTOR_BYTES)
+            .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
+    }
+
     /// Moves the durable point up to the lowest itx that may still be lost: pending, being
     /// built, in the open block, or in the first block not yet written. Everything below it is
     /// in a written block or belongs to a synced txg.
@@ -332,10 +359,31 @@ fn register(waiters: &mut Vec<Waker>, w: &Waker) {
     }
 }
 
-/// Allocates the place of one log block (one copy; on a mirror the mirror is the redundancy).
-pub(crate) fn alloc_log_block(inner: &PoolInner) -> Option<Dva> {
-    let mut st = inner.state.lock().unwrap();
-    st.alloc.alloc_log(LOG_BLOCK_BYTES_MAX as u64)
+/// Smallest log block allocated.
+const LOG_BLOCK_BYTES_MIN: u64 = 8 << 10;
+
+/// Allocates the place of one log block of `size_bytes` (one copy; on a mirror the mirror is
+/// the redundancy). Log space piles up until a txg sync trims the chains, so a lot of it
+/// asks for a sync.
+pub(crate) fn alloc_log_block(inner: &PoolInner, size_bytes: u64) -> Option<Dva> {
+    let size = size_bytes.clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64);
+    let (dva, pool_bytes) = {
+        let mut st = inner.state.lock().unwrap();
+        let dva = st.alloc.alloc_log(size)?;
+        (dva, st.alloc.totals_bytes().0)
+    };
+    let since = inner
+        .log_alloc_bytes_since_sync
+        .fetch_add(size, Ordering::Relaxed)
+        + size;
+    // A quarter of dirty_max (log bytes are dirty data in all but name), and never more than
+    // a sixteenth of the pool, since freed log space comes back only DEFER_TXGS syncs later.
+    let dirty_max = inner.txg.state.lock().unwrap().dirty_max_bytes;
+    let limit = (dirty_max / 4).max(16 << 20).min(pool_bytes / 16);
+    if since > limit {
+        inner.txg.kick();
+    }
+    Some(dva)
 }
 
 /// Releases the serial lock of `logcommit=serial`.
@@ -358,6 +406,12 @@ enum Built {
         txg: Txg,
         offset_bytes: u64,
         data: Arc<[u8]>,
+    },
+    Indirect {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+        bp: BlockPtr,
     },
     Free {
         txg: Txg,
@@ -394,7 +448,8 @@ impl Volume {
                 let no_space = || EngineError::NoSpace {
                     pool: inner.name.clone(),
                 };
-                let addr = alloc_log_block(inner).ok_or_else(no_space)?;
+                let size = s.predict_block_bytes();
+                let addr = alloc_log_block(inner, size).ok_or_else(no_space)?;
                 s.next_addr = Some((addr, s.first_seq));
                 // A txg whose sync has not begun: its metadata will name this place.
                 inner.txg.mark_dirty();
@@ -498,15 +553,15 @@ impl Volume {
         let zil = &self.vol.zil;
         let inner = &self.pool;
         let done = |s: &ZilState| s.durable_itx > target || inner.txg.synced() >= target_txg;
-        {
+        let (is_done, broken) = {
             let s = zil.state.lock().unwrap();
-            if done(&s) {
-                return Ok(());
-            }
-            if s.broken {
-                drop(s);
-                return inner.txg.wait_synced(target_txg, true).await;
-            }
+            (done(&s), s.broken)
+        };
+        if is_done {
+            return Ok(());
+        }
+        if broken {
+            return inner.txg.wait_synced(target_txg, true).await;
         }
         zil.state.lock().unwrap().building = true;
         let r = self.zil_build_upto(Some(target)).await;
@@ -518,7 +573,8 @@ impl Volume {
                 "log commit failed, waiting for the txg: {e}"
             );
         }
-        if done(&zil.state.lock().unwrap()) {
+        let is_done = done(&zil.state.lock().unwrap());
+        if is_done {
             Ok(())
         } else {
             inner.txg.wait_synced(target_txg, true).await
@@ -574,6 +630,7 @@ impl Volume {
                 break;
             }
             let mut built = Vec::with_capacity(batch.len());
+            let props = self.vol.props.lock().unwrap().clone();
             for itx in batch {
                 if itx.txg <= synced {
                     built.push((itx.seq, None));
@@ -598,6 +655,23 @@ impl Volume {
                                 Arc::from(buf)
                             }
                         };
+                        let indirect =
+                            props.logbias_throughput || length_bytes > props.log_copy_max_bytes;
+                        if indirect {
+                            match self
+                                .write_in_place(itx.txg, offset_bytes, &data, &props)
+                                .await
+                            {
+                                Ok(recs) => {
+                                    built.extend(recs.into_iter().map(|r| (itx.seq, Some(r))));
+                                    continue;
+                                }
+                                Err(e) => {
+                                    zil.state.lock().unwrap().building_first = None;
+                                    return Err(e);
+                                }
+                            }
+                        }
                         Built::Write {
                             txg: itx.txg,
                             offset_bytes,
@@ -663,6 +737,109 @@ impl Volume {
         Ok(())
     }
 
+    /// Writes the whole volume blocks of a sync write in place now (data written once: the
+    /// txg sync adopts them) and returns its records: indirect ones for the whole blocks,
+    /// copied ones for the partial head and tail.
+    async fn write_in_place(
+        &self,
+        txg: Txg,
+        offset_bytes: u64,
+        data: &Arc<[u8]>,
+        props: &crate::props::VolumeProps,
+    ) -> Result<Vec<Built>> {
+        let bs = props.volblocksize_bytes as u64;
+        let end = offset_bytes + data.len() as u64;
+        let first_b = offset_bytes.div_ceil(bs);
+        let end_b = end / bs;
+        let mut out = Vec::new();
+        if first_b >= end_b {
+            out.push(Built::Write {
+                txg,
+                offset_bytes,
+                data: data.clone(),
+            });
+            return Ok(out);
+        }
+        let head = (first_b * bs - offset_bytes) as usize;
+        if head > 0 {
+            out.push(Built::Write {
+                txg,
+                offset_bytes,
+                data: Arc::from(&data[..head]),
+            });
+        }
+        let futs: Vec<_> = (first_b..end_b)
+            .map(|b| {
+                let at = (b * bs - offset_bytes) as usize;
+                let block = crate::pool::padded(&data[at..at + bs as usize]);
+                async move {
+                    let bp = crate::pool::write_new_block(
+                        &self.pool,
+                        &block,
+                        crate::pool::NewBlock {
+                            psize_bytes: bs as u32,
+                            block_type: BlockType::Data,
+                            level: 0,
+                            copies: props.copies as usize,
+                            checksum_type: props.checksum,
+                            txg,
+                            fill: 1,
+                        },
+                    )
+                    .await?;
+                    self.pool
+                        .log_counters
+                        .indirect_bytes
+                        .fetch_add(block.len() as u64, Ordering::Relaxed);
+                    Ok::<(u64, BlockPtr), EngineError>((b, bp))
+                }
+            })
+            .collect();
+        let mut written = Vec::new();
+        let mut err = None;
+        for r in oxpool_io::rt::join_all(futs).await {
+            match r {
+                Ok(x) => written.push(x),
+                Err(e) => err = Some(e),
+            }
+        }
+        {
+            // Register every block written, even on error: the sync frees what it cannot use.
+            let mut o = self.vol.overrides.lock().unwrap();
+            for (b, bp) in &written {
+                if let Some(old) = o.insert((txg, *b), *bp) {
+                    self.vol
+                        .zil
+                        .state
+                        .lock()
+                        .unwrap()
+                        .to_free
+                        .extend_from_slice(old.dvas());
+                }
+            }
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        for (b, bp) in written {
+            out.push(Built::Indirect {
+                txg,
+                offset_bytes: b * bs,
+                length_bytes: bs,
+                bp,
+            });
+        }
+        let tail_at = (end_b * bs - offset_bytes) as usize;
+        if tail_at < data.len() {
+            out.push(Built::Write {
+                txg,
+                offset_bytes: end_b * bs,
+                data: Arc::from(&data[tail_at..]),
+            });
+        }
+        Ok(out)
+    }
+
     /// Puts one record into the open block (opening blocks as needed; a write larger than a
     /// block's room is split into several records).
     fn place(
@@ -704,6 +881,29 @@ impl Volume {
                         o.max_txg = o.max_txg.max(*txg);
                         done_bytes == data.len()
                     }
+                }
+                Built::Indirect {
+                    txg,
+                    offset_bytes,
+                    length_bytes,
+                    bp,
+                } => {
+                    let r = LogRecord::Indirect {
+                        txg: *txg,
+                        offset_bytes: *offset_bytes,
+                        length_bytes: *length_bytes,
+                        bp: *bp,
+                    };
+                    let ok = o.writer.push(&mut o.buf, &r);
+                    if ok {
+                        o.max_txg = o.max_txg.max(*txg);
+                        for d in bp.dvas() {
+                            if !o.flush_vdevs.contains(&d.vdev) {
+                                o.flush_vdevs.push(d.vdev);
+                            }
+                        }
+                    }
+                    ok
                 }
                 Built::Free {
                     txg,
@@ -755,25 +955,27 @@ impl Volume {
         let no_space = || EngineError::NoSpace {
             pool: self.pool.name.clone(),
         };
+        let size = s.predict_block_bytes();
         let (addr, seq) = match s.next_addr {
             Some(a) => a,
             None => (
-                alloc_log_block(&self.pool).ok_or_else(no_space)?,
+                alloc_log_block(&self.pool, size).ok_or_else(no_space)?,
                 s.first_seq,
             ),
         };
-        let next = alloc_log_block(&self.pool).ok_or_else(no_space)?;
+        let next = alloc_log_block(&self.pool, size).ok_or_else(no_space)?;
         s.next_addr = Some((next, seq + 1));
         Ok(OpenBlock {
             seq,
             addr,
             next,
-            buf: IoBuf::zeroed(LOG_BLOCK_BYTES_MAX),
-            writer: LogBlockWriter::new(),
+            buf: IoBuf::zeroed(addr.asize_bytes as usize),
+            writer: LogBlockWriter::with_capacity(addr.asize_bytes as usize),
             itx_first: u64::MAX,
             itx_last: 0,
             max_txg: Txg(0),
             deadline: None,
+            flush_vdevs: Vec::new(),
         })
     }
 
@@ -791,7 +993,7 @@ impl Volume {
         let start = Instant::now();
         let mut data = IoBuf::zeroed(len);
         data.copy_from_slice(&b.buf[..len]);
-        let r = write_and_flush(&self.pool, &b.addr, data).await;
+        let r = write_and_flush(&self.pool, &b.addr, &b.flush_vdevs, data).await;
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
         counters
@@ -833,6 +1035,16 @@ fn take_open(s: &mut ZilState) -> Option<OpenBlock> {
 
 fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
     debug_assert!(o.writer.record_count() > 0);
+    // A full block means the burst was bigger than predicted: ask for the most next time.
+    let used = if o.writer.free_bytes() < LOG_RECORD_HEADER_BYTES + 8 {
+        LOG_BLOCK_BYTES_MAX as u64
+    } else {
+        o.writer.used_bytes() as u64
+    };
+    if s.recent_used_bytes.len() == 8 {
+        s.recent_used_bytes.pop_front();
+    }
+    s.recent_used_bytes.push_back(used);
     assert!(
         s.chain.len() < CHAIN_BLOCKS_MAX,
         "log chain not trimmed by txg syncs"
@@ -850,32 +1062,41 @@ fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
 }
 
 /// Writes a log block (one copy, every child of its vdev) and flushes those devices.
-async fn write_and_flush(inner: &PoolInner, addr: &Dva, data: IoBuf) -> Result<()> {
+async fn write_and_flush(
+    inner: &PoolInner,
+    addr: &Dva,
+    also_flush: &[VdevId],
+    data: IoBuf,
+) -> Result<()> {
     // Only the used part (whole sectors) is written; the rest of the place stays as it was.
     let written = Dva {
         asize_bytes: data.len() as u32,
         ..*addr
     };
     crate::pipeline::write_block(&inner.vdevs, &[written], &data).await?;
-    let top = inner
-        .vdevs
-        .top(addr.vdev)
-        .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
-    let leaves: Vec<Arc<Leaf>> = top.leaves().cloned().collect();
+    let mut vdevs = vec![addr.vdev];
+    vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
+    let mut leaves: Vec<Arc<Leaf>> = Vec::new();
+    for v in vdevs {
+        let top = inner
+            .vdevs
+            .top(v)
+            .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
+        leaves.extend(top.leaves().cloned());
+    }
     let futs: Vec<_> = leaves.iter().map(|l| l.backend.flush()).collect();
-    let mut ok = false;
+    // Every device involved must have flushed: the records and the blocks they point to live
+    // there. A failing device makes the log fall back to txg syncs, which tolerate it.
     let mut last = None;
     for (l, r) in leaves.iter().zip(oxpool_io::rt::join_all(futs).await) {
         inner.log_counters.flushes.fetch_add(1, Ordering::Relaxed);
-        match r {
-            Ok(()) => ok = true,
-            Err(e) => last = Some(EngineError::io(l.name(), e)),
+        if let Err(e) = r {
+            last = Some(EngineError::io(l.name(), e));
         }
     }
-    if ok {
-        Ok(())
-    } else {
-        Err(last.unwrap_or_else(|| EngineError::invalid("log vdev has no device")))
+    match last {
+        None => Ok(()),
+        Some(e) => Err(e),
     }
 }
 
@@ -887,6 +1108,8 @@ pub(crate) struct Replay {
     pub blocks: Vec<Dva>,
     /// Seq after the last valid block.
     pub end_seq: u64,
+    /// Blocks written in place for replayed records (claimed; freed after the replay).
+    pub indirect_blocks: Vec<Dva>,
 }
 
 /// An owned log record.
@@ -895,11 +1118,6 @@ pub(crate) enum ReplayRecord {
     Write {
         offset_bytes: u64,
         data: Vec<u8>,
-    },
-    Indirect {
-        offset_bytes: u64,
-        length_bytes: u64,
-        bp: BlockPtr,
     },
     Free {
         offset_bytes: u64,
@@ -925,6 +1143,7 @@ pub(crate) async fn read_chain(
         records: Vec::new(),
         blocks: Vec::new(),
         end_seq: first_seq,
+        indirect_blocks: Vec::new(),
     };
     let mut addr = first;
     let mut seq = first_seq;
@@ -976,11 +1195,28 @@ pub(crate) async fn read_chain(
                     length_bytes,
                     bp,
                     ..
-                } => ReplayRecord::Indirect {
-                    offset_bytes,
-                    length_bytes,
-                    bp,
-                },
+                } => {
+                    // A block that reached the media without its flush may point at data that
+                    // did not: that record was never acknowledged, and nothing after it was
+                    // (a block counts only once every block before it is flushed). The log
+                    // ends there.
+                    match crate::pipeline::read_block(vdevs, &bp, "log indirect block").await {
+                        Ok(buf) if (length_bytes as usize) <= buf.len() => {
+                            out.indirect_blocks.extend_from_slice(bp.dvas());
+                            ReplayRecord::Write {
+                                offset_bytes,
+                                data: buf[..length_bytes as usize].to_vec(),
+                            }
+                        }
+                        _ => {
+                            tracing::warn!(
+                                "log of volume {} ends at block {seq}: an in-place block of it is unreadable",
+                                volume.0
+                            );
+                            return out;
+                        }
+                    }
+                }
                 LogRecord::Free {
                     offset_bytes,
                     length_bytes,

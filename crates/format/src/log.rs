@@ -143,10 +143,11 @@ impl LogRecord<'_> {
     }
 }
 
-/// Builds a log block in a caller buffer of `LOG_BLOCK_BYTES_MAX` bytes.
+/// Builds a log block in a caller buffer of at least `capacity` bytes.
 pub struct LogBlockWriter {
     used_bytes: usize,
     count: u32,
+    capacity_bytes: usize,
 }
 
 impl Default for LogBlockWriter {
@@ -156,11 +157,24 @@ impl Default for LogBlockWriter {
 }
 
 impl LogBlockWriter {
-    /// An empty block.
+    /// An empty block of the largest size.
     pub fn new() -> Self {
+        Self::with_capacity(LOG_BLOCK_BYTES_MAX)
+    }
+
+    /// An empty block of `capacity_bytes` (its allocated size; at most `LOG_BLOCK_BYTES_MAX`).
+    ///
+    /// # Panics
+    /// If the capacity cannot hold a header and one record header, or is over the maximum.
+    pub fn with_capacity(capacity_bytes: usize) -> Self {
+        assert!(
+            (LOG_HEADER_BYTES + LOG_RECORD_HEADER_BYTES..=LOG_BLOCK_BYTES_MAX)
+                .contains(&capacity_bytes)
+        );
         LogBlockWriter {
             used_bytes: LOG_HEADER_BYTES,
             count: 0,
+            capacity_bytes,
         }
     }
 
@@ -176,15 +190,15 @@ impl LogBlockWriter {
 
     /// Room left for records.
     pub fn free_bytes(&self) -> usize {
-        LOG_BLOCK_BYTES_MAX - self.used_bytes
+        self.capacity_bytes - self.used_bytes
     }
 
     /// Appends `rec` to `buf` if it fits; returns false (and writes nothing) if not.
     ///
     /// # Panics
-    /// If `buf` is shorter than `LOG_BLOCK_BYTES_MAX` or an indirect record's pointer is a hole.
+    /// If `buf` is shorter than the capacity or an indirect record's pointer is a hole.
     pub fn push(&mut self, buf: &mut [u8], rec: &LogRecord<'_>) -> bool {
-        assert!(buf.len() >= LOG_BLOCK_BYTES_MAX);
+        assert!(buf.len() >= self.capacity_bytes);
         let n = rec.encoded_bytes();
         if n > self.free_bytes() {
             return false;
