@@ -6,6 +6,7 @@
 //! `oxpool serve` is serving.
 
 mod devices;
+mod iostat;
 mod serve;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -99,6 +100,14 @@ enum Command {
         assignment: String,
         /// POOL or POOL/VOL.
         target: String,
+    },
+    /// Counters of a served pool: sync writes, log blocks and bytes, device flushes.
+    Iostat {
+        /// Pool name.
+        pool: String,
+        /// Print the raw counters as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Serve volumes over NBD (with no pool known, creates a file-backed default pool).
     Serve(serve::ServeArgs),
@@ -252,6 +261,7 @@ fn run(cli: Cli) -> Result<()> {
             p.export()?;
             Ok(())
         }
+        Command::Iostat { pool, json } => iostat::print(&cache, &pool, json),
         Command::Serve(args) => serve::run(&cache, args),
     }
 }

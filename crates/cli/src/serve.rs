@@ -180,7 +180,31 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     println!("ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools");
 
+    // Live counters for `oxpool iostat`: written beside the cache file every second.
+    let stop_stats = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stats_thread = {
+        let counters: Vec<_> = pools.iter().map(|(p, _)| p.counters()).collect();
+        let cache = cache.to_path_buf();
+        let stop = stop_stats.clone();
+        std::thread::Builder::new()
+            .name("oxpool-stats".into())
+            .spawn(move || {
+                // Bounded by the server's life: it stops when the server does.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for c in &counters {
+                        crate::iostat::publish(&cache, c);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                for c in &counters {
+                    crate::iostat::unpublish(&cache, c.name());
+                }
+            })
+            .context("spawn the stats thread")?
+    };
     let served = server.join();
+    stop_stats.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = stats_thread.join();
     drop(exports);
     eprintln!("oxpool: server stopped; exporting the pools");
     let mut failed = Vec::new();

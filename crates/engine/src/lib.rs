@@ -22,7 +22,7 @@ mod zil;
 
 pub use error::{EngineError, Result};
 pub use pipeline::ScrubCounts;
-pub use pool::{Pool, PoolStatus, TopSpec, VdevStatus};
+pub use pool::{Pool, PoolCounters, PoolStatus, TopSpec, VdevStatus};
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use volume::{BlockState, Volume};
 pub use zil::{LogCounters, LogStats};

@@ -84,6 +84,29 @@ pub struct Pool {
     sync_thread: Option<JoinHandle<()>>,
 }
 
+/// Reads a pool's counters (see [`Pool::counters`]).
+#[derive(Clone)]
+pub struct PoolCounters {
+    inner: Arc<PoolInner>,
+}
+
+impl PoolCounters {
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Intent-log and flush counters.
+    pub fn log_stats(&self) -> LogStats {
+        self.inner.log_counters.stats()
+    }
+
+    /// The last durable txg.
+    pub fn synced_txg(&self) -> Txg {
+        self.inner.txg.synced()
+    }
+}
+
 /// One line of `oxpool status`.
 #[derive(Clone, Debug)]
 pub struct VdevStatus {
@@ -399,6 +422,13 @@ impl Pool {
     /// Intent-log counters since the pool was opened.
     pub fn log_stats(&self) -> LogStats {
         self.inner.log_counters.stats()
+    }
+
+    /// A handle that reads the pool's counters from another thread while the pool is served.
+    pub fn counters(&self) -> PoolCounters {
+        PoolCounters {
+            inner: self.inner.clone(),
+        }
     }
 
     /// Writes everything dirty, stops the sync thread and closes the pool.
@@ -1302,6 +1332,10 @@ async fn flush_all(inner: &PoolInner) -> Result<()> {
     let mut flushed = vec![false; inner.vdevs.tops.len()];
     let mut last_err = None;
     for ((top, l), r) in ios.iter().zip(join_all(futs).await) {
+        inner
+            .log_counters
+            .device_flushes
+            .fetch_add(1, Ordering::Relaxed);
         match r {
             Ok(()) => flushed[*top] = true,
             Err(e) => {

@@ -126,6 +126,8 @@ pub struct LogCounters {
     pub indirect_bytes: AtomicU64,
     /// Blocks written in place that a txg sync adopted instead of writing them again.
     pub adopted_blocks: AtomicU64,
+    /// Device flushes of any kind (log commits and txg commits), one per leaf flushed.
+    pub device_flushes: AtomicU64,
 }
 
 /// A snapshot of [`LogCounters`].
@@ -145,6 +147,25 @@ pub struct LogStats {
     pub indirect_bytes: u64,
     /// Blocks written in place that a txg sync adopted.
     pub adopted_blocks: u64,
+    /// Device flushes of any kind, one per leaf flushed.
+    pub device_flushes: u64,
+}
+
+impl LogStats {
+    /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"device_flushes\":{}}}",
+            self.commits,
+            self.blocks_written,
+            self.bytes_written,
+            self.flushes,
+            self.client_bytes,
+            self.indirect_bytes,
+            self.adopted_blocks,
+            self.device_flushes
+        )
+    }
 }
 
 impl LogCounters {
@@ -158,6 +179,7 @@ impl LogCounters {
             client_bytes: self.client_bytes.load(Ordering::Relaxed),
             indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
             adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
+            device_flushes: self.device_flushes.load(Ordering::Relaxed),
         }
     }
 }
@@ -1090,6 +1112,10 @@ async fn write_and_flush(
     let mut last = None;
     for (l, r) in leaves.iter().zip(oxpool_io::rt::join_all(futs).await) {
         inner.log_counters.flushes.fetch_add(1, Ordering::Relaxed);
+        inner
+            .log_counters
+            .device_flushes
+            .fetch_add(1, Ordering::Relaxed);
         if let Err(e) = r {
             last = Some(EngineError::io(l.name(), e));
         }
