@@ -147,6 +147,46 @@ pub struct PoolStatus {
     pub vdevs: Vec<VdevStatus>,
 }
 
+/// The dirty-data limit in force: `dirty_max`, but at most an eighth of the pool. A txg's
+/// space is allocated anew (copy-on-write) while the space it frees comes back only
+/// DEFER_TXGS txgs later, so a few txgs' worth of free space must always exist.
+pub(crate) fn effective_dirty_max(dirty_max_bytes: u64, pool_bytes: u64) -> u64 {
+    dirty_max_bytes.min((pool_bytes / 8).max(1 << 20))
+}
+
+/// Space kept free for txg syncs (their metadata, and the copy-on-write of what they change):
+/// writers wait for it, the sync never runs out (as ZFS's slop space).
+pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
+    (pool_bytes / 32).max(4 << 20)
+}
+
+/// Syncs a writer waits through for space before it gets ENOSPC (each returns deferred frees).
+const SPACE_WAIT_SYNCS_MAX: u32 = 2 * DEFER_TXGS as u32 + 4;
+
+impl PoolInner {
+    /// Waits until a change of `bytes` fits beside everything already pending (dirty data and
+    /// log space, counted twice for their copy-on-write and metadata) with the slop left over;
+    /// each round asks for a sync, which returns frees. ENOSPC after a bounded number of syncs.
+    pub(crate) async fn wait_for_space(&self, bytes: u64) -> Result<()> {
+        for _ in 0..SPACE_WAIT_SYNCS_MAX {
+            let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
+            let pending = 2
+                * (self.txg.dirty_bytes()
+                    + self.log_alloc_bytes_since_sync.load(Ordering::Relaxed))
+                + bytes;
+            if size.saturating_sub(allocated) > pending + slop_bytes(size) {
+                return Ok(());
+            }
+            let open = self.txg.state.lock().unwrap().open;
+            self.txg.kick();
+            self.txg.wait_synced(open, true).await?;
+        }
+        Err(EngineError::NoSpace {
+            pool: self.name.clone(),
+        })
+    }
+}
+
 /// Checks a pool or volume name: 1 to 64 characters of [A-Za-z0-9_.-], not starting with `-`.
 pub fn check_name(kind: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -265,7 +305,7 @@ impl Pool {
             txg: TxgControl::new(
                 name,
                 Txg(0),
-                props.dirty_max_bytes,
+                effective_dirty_max(props.dirty_max_bytes, asizes.iter().sum()),
                 Duration::from_secs(props.txg_timeout_s),
             ),
             state: Mutex::new(PoolState {
@@ -597,7 +637,7 @@ impl Pool {
         let mut s = self.inner.state.lock().unwrap();
         s.props.set(name, value)?;
         self.inner.txg.configure(
-            s.props.dirty_max_bytes,
+            effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
             Duration::from_secs(s.props.txg_timeout_s),
         );
         self.inner.txg.mark_dirty();
@@ -980,7 +1020,7 @@ async fn import_devices(
         txg: TxgControl::new(
             &pool_name,
             meta.txg,
-            props.dirty_max_bytes,
+            effective_dirty_max(props.dirty_max_bytes, asizes.iter().sum()),
             Duration::from_secs(props.txg_timeout_s),
         ),
         state: Mutex::new(PoolState {

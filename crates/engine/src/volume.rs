@@ -508,6 +508,7 @@ impl Volume {
             None
         };
         let mut newly_dirty_bytes = 0;
+        self.pool.wait_for_space(length_bytes.max(bs)).await?;
         let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
         {
             let mut d = self.vol.dirty.lock().unwrap();
