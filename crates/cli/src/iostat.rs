@@ -42,8 +42,11 @@ pub fn unpublish(cache: &Path, pool: &str) {
 /// The published counters' text, if the process that published them is alive (a server
 /// killed with -9 leaves its last file behind).
 fn live_text(cache: &Path, pool: &str) -> Result<String> {
-    let not_served =
-        || anyhow!("pool '{pool}' is not being served (its counters live in the `oxpool serve` process)");
+    let not_served = || {
+        anyhow!(
+            "pool '{pool}' is not being served (its counters live in the `oxpool serve` process)"
+        )
+    };
     let text = std::fs::read_to_string(stats_path(cache, pool)).map_err(|_| not_served())?;
     let pid = text
         .split("\"pid\":")

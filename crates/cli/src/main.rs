@@ -52,6 +52,20 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },
+    /// Add devices to a pool: `oxpool add tank log /fast/slog.img` (a separate intent log).
+    Add {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Size of device files to create where they do not exist.
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
+        /// Pool name.
+        pool: String,
+        /// `log [mirror] PATH...`.
+        #[arg(required = true, num_args = 1..)]
+        vdevs: Vec<String>,
+    },
     /// Import a pool from its devices.
     Import {
         /// Directory to search for devices (repeatable); default: the cache file's devices.
@@ -185,6 +199,23 @@ fn run(cli: Cli) -> Result<()> {
             vdevs,
         } => create(&cache, &pool, &vdevs, size.as_deref(), &props, force),
         Command::Import { dirs, pool } => import(&cache, &dirs, pool.as_deref()),
+        Command::Add {
+            force,
+            size,
+            pool,
+            vdevs,
+        } => {
+            if vdevs.first().map(String::as_str) != Some("log") {
+                bail!("only log devices can be added for now: oxpool add {pool} log PATH");
+            }
+            let create_size = size.map(|s| parse_size("--size", &s)).transpose()?;
+            let (p, mut locks) = open_pool(&cache, &pool)?;
+            let tops = parse_vdevs(&vdevs, create_size, &mut locks)?;
+            let p = p.add_vdevs(tops, force)?;
+            remember(&cache, &p)?;
+            p.export()?;
+            Ok(())
+        }
         Command::Export { pool } => {
             let (p, _locks) = open_pool(&cache, &pool)?;
             p.export()?;
@@ -306,9 +337,8 @@ pub(crate) fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
             missing.join(", ")
         );
     }
-    for m in &missing {
-        tracing::warn!("pool '{name}': device {m} is missing");
-    }
+    // Missing devices show as MISSING in `oxpool status`; import refuses the pool if what is
+    // missing is needed, naming it.
     let pool = Pool::import(devs.backends(), Some(name))
         .with_context(|| format!("cannot open pool '{name}'"))?;
     Ok((pool, devs))
@@ -342,40 +372,65 @@ fn create(
         pool_props.set(k, v)?;
     }
     let mut devs = Devices::default();
-    let mut tops = Vec::new();
-    let mut i = 0;
-    while i < vdevs.len() {
-        if vdevs[i] == "mirror" {
-            let start = i + 1;
-            let mut end = start;
-            while end < vdevs.len() && vdevs[end] != "mirror" {
-                end += 1;
-            }
-            let mut group = Vec::new();
-            for p in &vdevs[start..end] {
-                let d = open_device(Path::new(p), create_size)?;
-                group.push(d.backend());
-                devs.push(d);
-            }
-            tops.push(TopSpec {
-                kind: TopVdevKind::Mirror,
-                devices: group,
-            });
-            i = end;
-        } else {
-            let d = open_device(Path::new(&vdevs[i]), create_size)?;
-            tops.push(TopSpec {
-                kind: TopVdevKind::Single,
-                devices: vec![d.backend()],
-            });
-            devs.push(d);
-            i += 1;
-        }
-    }
+    let tops = parse_vdevs(vdevs, create_size, &mut devs)?;
     let pool = Pool::create(name, tops, pool_props, force)?;
     remember(cache, &pool)?;
     pool.export()?;
     Ok(())
+}
+
+/// Parses `[mirror] PATH... [mirror PATH...] [log [mirror] PATH...]` into top-level vdevs,
+/// opening (and with `create_size`, creating) the devices.
+fn parse_vdevs(
+    words: &[String],
+    create_size: Option<u64>,
+    devs: &mut Devices,
+) -> Result<Vec<TopSpec>> {
+    let mut tops = Vec::new();
+    let mut log = false;
+    let mut i = 0;
+    // Bounded: every round consumes at least one word.
+    while i < words.len() {
+        match words[i].as_str() {
+            "log" => {
+                log = true;
+                i += 1;
+            }
+            "mirror" => {
+                let start = i + 1;
+                let mut end = start;
+                while end < words.len() && words[end] != "mirror" && words[end] != "log" {
+                    end += 1;
+                }
+                if end - start < 2 {
+                    bail!("a mirror needs at least two devices");
+                }
+                let mut group = Vec::new();
+                for p in &words[start..end] {
+                    let d = open_device(Path::new(p), create_size)?;
+                    group.push(d.backend());
+                    devs.push(d);
+                }
+                tops.push(TopSpec {
+                    log,
+                    kind: TopVdevKind::Mirror,
+                    devices: group,
+                });
+                i = end;
+            }
+            path => {
+                let d = open_device(Path::new(path), create_size)?;
+                tops.push(TopSpec {
+                    log,
+                    kind: TopVdevKind::Single,
+                    devices: vec![d.backend()],
+                });
+                devs.push(d);
+                i += 1;
+            }
+        }
+    }
+    Ok(tops)
 }
 
 pub(crate) fn remember(cache: &Path, pool: &Pool) -> Result<()> {

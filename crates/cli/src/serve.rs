@@ -65,6 +65,7 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
     let pool = Pool::create(
         "oxpool",
         vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Single,
             devices: vec![dev.backend()],
         }],

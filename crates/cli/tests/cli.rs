@@ -210,3 +210,22 @@ extern "C" {
     #[link_name = "flock"]
     fn libc_flock(fd: i32, op: i32) -> i32;
 }
+
+#[test]
+fn log_devices_at_create_and_added_later() {
+    let env = Env::new();
+    let (a, l1, l2) = (env.path("a.img"), env.path("l1.img"), env.path("l2.img"));
+    env.ok(&["create", "tank", p(&a), "log", p(&l1), "--size", "64M"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains("l1.img"), "{status}");
+    env.ok(&["vol", "create", "tank/v", "--size", "16M"]);
+    env.ok(&["create", "two", p(&env.path("b.img")), "--size", "64M"]);
+    env.ok(&["add", "two", "log", p(&l2), "--size", "64M"]);
+    assert!(env.ok(&["status", "two"]).contains("l2.img"));
+    let e = env.fails(&["add", "two", p(&env.path("c.img"))]);
+    assert!(e.contains("only log devices"), "{e}");
+    // The log device gone: the pool is refused by name, not opened without its log.
+    std::fs::remove_file(&l2).unwrap();
+    let e = env.fails(&["status", "two"]);
+    assert!(e.contains("log") && e.contains("l2.img"), "{e}");
+}

@@ -77,7 +77,10 @@ fn kill_9_under_a_writing_client_twenty_times() {
             }
         }
         let _ = client.wait();
-        assert!(!slots.is_empty(), "round {round}: the client was promised nothing");
+        assert!(
+            !slots.is_empty(),
+            "round {round}: the client was promised nothing"
+        );
         promised.push((seed, slots));
     }
     // Last round's promises, after its crash.

@@ -8,7 +8,10 @@ use harness::{python, Env};
 
 fn counter(json: &str, name: &str) -> u64 {
     let key = format!("\"{name}\":");
-    let at = json.find(&key).unwrap_or_else(|| panic!("no {name} in {json}")) + key.len();
+    let at = json
+        .find(&key)
+        .unwrap_or_else(|| panic!("no {name} in {json}"))
+        + key.len();
     json[at..]
         .chars()
         .take_while(|c| c.is_ascii_digit())

@@ -207,21 +207,43 @@ impl SpaceMap {
 #[derive(Debug)]
 pub struct Allocator {
     maps: Vec<SpaceMap>,
+    /// Per vdev: a separate log device (log blocks only).
+    log: Vec<bool>,
     /// Rotor over top-level vdevs for data blocks (stripe).
     rotor: usize,
 }
 
 impl Allocator {
-    /// One map per top-level vdev, sized by its allocatable bytes.
+    /// One map per top-level vdev, sized by its allocatable bytes; none is a log device.
     pub fn new(asizes_bytes: &[u64]) -> Allocator {
+        Self::with_log_devices(asizes_bytes, &vec![false; asizes_bytes.len()])
+    }
+
+    /// One map per top-level vdev; `log[i]` marks separate intent-log devices, which pool data
+    /// never uses.
+    pub fn with_log_devices(asizes_bytes: &[u64], log: &[bool]) -> Allocator {
+        debug_assert_eq!(asizes_bytes.len(), log.len());
         Allocator {
             maps: asizes_bytes
                 .iter()
                 .enumerate()
                 .map(|(i, &a)| SpaceMap::new(VdevId(i as u32), a))
                 .collect(),
+            log: log.to_vec(),
             rotor: 0,
         }
+    }
+
+    /// Adds a top-level vdev (its id is the next index).
+    pub fn add_vdev(&mut self, asize_bytes: u64, log: bool) {
+        let id = VdevId(self.maps.len() as u32);
+        self.maps.push(SpaceMap::new(id, asize_bytes));
+        self.log.push(log);
+    }
+
+    /// Whether the pool has a separate log device.
+    pub fn has_log_device(&self) -> bool {
+        self.log.iter().any(|&l| l)
     }
 
     /// The map of one vdev.
@@ -245,15 +267,20 @@ impl Allocator {
     pub fn alloc(&mut self, size_bytes: u64, copies: usize) -> Option<Vec<Dva>> {
         debug_assert!((1..=3).contains(&copies));
         let n = self.maps.len();
+        let normal = self.log.iter().filter(|&&l| !l).count();
         let first = self.rotor % n;
         self.rotor = self.rotor.wrapping_add(1);
         let mut out = Vec::with_capacity(copies);
-        // Try each vdev once per copy, starting at the rotor, preferring vdevs not yet used.
+        // Try each vdev once per copy, starting at the rotor, preferring vdevs not yet used;
+        // log devices hold log blocks only.
         for c in 0..copies {
             let mut got = None;
             for k in 0..n {
                 let v = (first + c + k) % n;
-                if n >= copies && out.iter().any(|d: &Dva| d.vdev.0 as usize == v) {
+                if self.log[v] {
+                    continue;
+                }
+                if normal >= copies && out.iter().any(|d: &Dva| d.vdev.0 as usize == v) {
                     continue;
                 }
                 if let Some(d) = self.maps[v].alloc(size_bytes) {
@@ -277,6 +304,18 @@ impl Allocator {
     /// Allocates one intent-log block. Log blocks are allocated outside the txg sync, at
     /// commit time; they reach the persisted maps with the next sync like any allocation.
     pub fn alloc_log(&mut self, size_bytes: u64) -> Option<Dva> {
+        // A separate log device first (round-robin over several), then the pool.
+        let n = self.maps.len();
+        let first = self.rotor % n;
+        self.rotor = self.rotor.wrapping_add(1);
+        for k in 0..n {
+            let v = (first + k) % n;
+            if self.log[v] {
+                if let Some(d) = self.maps[v].alloc(size_bytes) {
+                    return Some(d);
+                }
+            }
+        }
         self.alloc(size_bytes, 1).map(|v| v[0])
     }
 
@@ -285,11 +324,15 @@ impl Allocator {
         self.maps[dva.vdev.0 as usize].free(dva);
     }
 
-    /// Total allocatable and allocated bytes.
+    /// Total allocatable and allocated bytes of the pool's data vdevs (log devices apart).
     pub fn totals_bytes(&self) -> (u64, u64) {
-        self.maps.iter().fold((0, 0), |(s, a), m| {
-            (s + m.size_bytes(), a + m.allocated_bytes())
-        })
+        self.maps
+            .iter()
+            .zip(&self.log)
+            .filter(|(_, &l)| !l)
+            .fold((0, 0), |(s, a), (m, _)| {
+                (s + m.size_bytes(), a + m.allocated_bytes())
+            })
     }
 }
 

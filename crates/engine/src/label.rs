@@ -30,6 +30,25 @@ pub async fn write_labels(dev: &dyn Backend, cfg: &LabelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Rewrites only the configuration half of the labels (the vdev tree changed), the even
+/// labels first and flushed, then the odd ones: a crash leaves at least two readable labels,
+/// and the uberblock rings are never touched.
+pub async fn update_label_config(dev: &dyn Backend, cfg: &LabelConfig) -> Result<()> {
+    let encoded = IoBuf::from_slice(&cfg.encode());
+    let offs = label_offsets(dev.size_bytes());
+    for half in [[offs[0], offs[2]], [offs[1], offs[3]]] {
+        for off in half {
+            dev.write(off, encoded.clone())
+                .await
+                .map_err(|e| EngineError::io(dev.name(), e))?;
+        }
+        dev.flush()
+            .await
+            .map_err(|e| EngineError::io(dev.name(), e))?;
+    }
+    Ok(())
+}
+
 /// Zeroes all four labels (pool destroy): the device no longer belongs to any pool.
 pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
     let zeros = IoBuf::zeroed(LABEL_BYTES as usize);

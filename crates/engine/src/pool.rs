@@ -44,6 +44,8 @@ pub struct TopSpec {
     pub kind: TopVdevKind,
     /// The devices.
     pub devices: Vec<Arc<dyn Backend>>,
+    /// A separate intent-log device (holds log blocks only).
+    pub log: bool,
 }
 
 /// The pool's mutable state, under one lock (control plane and the sync thread; never held
@@ -290,13 +292,20 @@ impl Pool {
                 kind: spec.kind.clone(),
                 children: child_cfg,
                 asize_bytes: asize,
+                log: spec.log,
             });
             for (c, cfg) in children.iter().zip(&config.top[i].children) {
                 leaves_to_label.push((c.clone().unwrap(), cfg.guid, id));
             }
-            vdev_tops.push(TopVdev::new(id, spec.kind, children, asize));
+            vdev_tops.push(TopVdev::new(id, spec.kind, children, asize, spec.log));
         }
         let asizes: Vec<u64> = vdev_tops.iter().map(|t| t.asize_bytes).collect();
+        let logs: Vec<bool> = vdev_tops.iter().map(|t| t.log).collect();
+        if logs.iter().all(|&l| l) {
+            return Err(EngineError::invalid(
+                "a pool needs a data vdev besides its log devices",
+            ));
+        }
         let inner = Arc::new(PoolInner {
             name: name.to_string(),
             guid: pool_guid,
@@ -319,7 +328,7 @@ impl Pool {
                         ]
                     })
                     .collect(),
-                alloc: Allocator::new(&asizes),
+                alloc: Allocator::with_log_devices(&asizes, &logs),
                 props,
                 volumes: BTreeMap::new(),
                 destroyed: Vec::new(),
@@ -502,6 +511,158 @@ impl Pool {
             }
             Ok(())
         })
+    }
+
+    /// Adds top-level vdevs, e.g. a separate log device (`oxpool add POOL log PATH`). Needs
+    /// every volume handle closed. The new devices get labels with the new tree, a txg commits
+    /// the new tree inside the pool, and only then do the old devices' labels learn it.
+    pub fn add_vdevs(mut self, specs: Vec<TopSpec>, force: bool) -> Result<Pool> {
+        if specs.is_empty() {
+            return Ok(self);
+        }
+        self.sync()?;
+        self.stop_sync_thread();
+        if Arc::strong_count(&self.inner) != 1 {
+            let inner = self.inner.clone();
+            let pool = Pool::start(inner);
+            drop(pool);
+            return Err(EngineError::invalid(
+                "close every volume handle of the pool before adding devices",
+            ));
+        }
+        let old = &self.inner;
+        let mut config = old.tree_config.clone();
+        let mut tops: Vec<TopVdev> = old
+            .vdevs
+            .tops
+            .iter()
+            .map(|t| {
+                TopVdev::new(
+                    t.id,
+                    t.kind.clone(),
+                    t.children.clone(),
+                    t.asize_bytes,
+                    t.log,
+                )
+            })
+            .collect();
+        let mut new_leaves = Vec::new();
+        for spec in specs {
+            let id = VdevId(tops.len() as u32);
+            let mut asize = u64::MAX;
+            let mut children = Vec::new();
+            let mut child_cfg = Vec::new();
+            for dev in spec.devices {
+                if !force {
+                    if let Ok(cfg) = block_on(read_label(dev.as_ref())) {
+                        return Err(EngineError::invalid(format!(
+                            "{} belongs to pool '{}'; use -f to overwrite it",
+                            dev.name(),
+                            cfg.pool_name
+                        )));
+                    }
+                }
+                let size = dev.size_bytes();
+                asize = asize
+                    .min((data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES);
+                let guid = random_guid();
+                child_cfg.push(LeafConfig {
+                    guid,
+                    path: dev.name().to_string(),
+                    size_bytes: size,
+                });
+                let leaf = Arc::new(Leaf {
+                    guid,
+                    backend: dev,
+                    counters: LeafCounters::default(),
+                });
+                new_leaves.push((leaf.clone(), guid, id));
+                children.push(Some(leaf));
+            }
+            config.top.push(TopVdevConfig {
+                id,
+                kind: spec.kind.clone(),
+                children: child_cfg,
+                asize_bytes: asize,
+                log: spec.log,
+            });
+            tops.push(TopVdev::new(id, spec.kind, children, asize, spec.log));
+        }
+        // Move the state into a pool with the new tree.
+        let state = {
+            let mut s = old.state.lock().unwrap();
+            let mut alloc = std::mem::replace(&mut s.alloc, Allocator::new(&[]));
+            let mut chunk_ptrs = std::mem::take(&mut s.chunk_ptrs);
+            for t in &tops[chunk_ptrs.len()..] {
+                alloc.add_vdev(t.asize_bytes, t.log);
+                chunk_ptrs.push(vec![
+                    BlockPtr::HOLE;
+                    t.asize_bytes
+                        .div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
+                        as usize
+                ]);
+            }
+            PoolState {
+                props: s.props.clone(),
+                volumes: std::mem::take(&mut s.volumes),
+                destroyed: std::mem::take(&mut s.destroyed),
+                alloc,
+                chunk_ptrs,
+                deferred: std::mem::take(&mut s.deferred),
+                next_volume_id: s.next_volume_id,
+                meta_ptr: s.meta_ptr,
+            }
+        };
+        let synced = old.txg.synced();
+        let inner = Arc::new(PoolInner {
+            name: old.name.clone(),
+            guid: old.guid,
+            vdevs: VdevTree { tops },
+            tree_config: config.clone(),
+            txg: TxgControl::new(
+                &old.name,
+                synced,
+                effective_dirty_max(state.props.dirty_max_bytes, state.alloc.totals_bytes().0),
+                Duration::from_secs(state.props.txg_timeout_s),
+            ),
+            state: Mutex::new(state),
+            log_counters: LogCounters::default(),
+            log_alloc_bytes_since_sync: Default::default(),
+        });
+        let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
+            pool_guid: inner.guid,
+            pool_name: inner.name.clone(),
+            leaf_guid,
+            top,
+            create_txg: Txg(synced.0 + 1),
+            tree: config.clone(),
+        };
+        block_on(async {
+            for (leaf, guid, top) in &new_leaves {
+                write_labels(leaf.backend.as_ref(), &label(*guid, *top)).await?;
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        let txg = inner.txg.next_after_create();
+        let r = block_on(sync_txg(&inner, txg));
+        inner.txg.finish_sync(txg, &r);
+        r?;
+        block_on(async {
+            for (t, tcfg) in inner.vdevs.tops.iter().zip(&config.top) {
+                for (leaf, lcfg) in t.children.iter().zip(&tcfg.children) {
+                    if let Some(leaf) = leaf {
+                        if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
+                            let cfg = label(lcfg.guid, t.id);
+                            crate::label::update_label_config(leaf.backend.as_ref(), &cfg).await?;
+                        }
+                    }
+                }
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        // The old, now empty, pool has no sync thread left to stop.
+        self.sync_thread = None;
+        Ok(Pool::start(inner))
     }
 
     /// Pool name.
@@ -865,7 +1026,8 @@ async fn import_devices(
         if children.iter().all(|c| c.is_none()) {
             let paths: Vec<&str> = tcfg.children.iter().map(|c| c.path.as_str()).collect();
             return Err(EngineError::NotFound(format!(
-                "pool '{pool_name}': vdev {} has no device present (expected {})",
+                "pool '{pool_name}': {}vdev {} has no device present (expected {})",
+                if tcfg.log { "log " } else { "" },
                 tcfg.id.0,
                 paths.join(", ")
             )));
@@ -875,6 +1037,7 @@ async fn import_devices(
             tcfg.kind.clone(),
             children,
             tcfg.asize_bytes,
+            tcfg.log,
         ));
     }
     let vdevs = VdevTree { tops };
@@ -915,8 +1078,33 @@ async fn import_devices(
         });
     };
     let props = PoolProps::from_pairs(&meta.props)?;
+    // The pool's own record of its vdevs is the truth; labels only help find devices. A vdev
+    // the labels found no trace of (a log device added later, then lost) cannot be skipped:
+    // its log blocks may hold acknowledged writes.
+    if meta.tree.top.len() > vdevs.tops.len() {
+        let missing: Vec<String> = meta.tree.top[vdevs.tops.len()..]
+            .iter()
+            .map(|t| {
+                let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
+                format!(
+                    "{}vdev {} ({})",
+                    if t.log { "log " } else { "" },
+                    t.id.0,
+                    paths.join(", ")
+                )
+            })
+            .collect();
+        return Err(EngineError::NotFound(format!(
+            "pool '{pool_name}': missing {}",
+            missing.join("; ")
+        )));
+    }
+    // A vdev whose labels were written but whose addition never committed is not part of it.
+    let mut vdevs = vdevs;
+    vdevs.tops.truncate(meta.tree.top.len());
     let asizes: Vec<u64> = vdevs.tops.iter().map(|t| t.asize_bytes).collect();
-    let mut alloc = Allocator::new(&asizes);
+    let logs: Vec<bool> = vdevs.tops.iter().map(|t| t.log).collect();
+    let mut alloc = Allocator::with_log_devices(&asizes, &logs);
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
         let map = alloc.map_mut(VdevId(v as u32));

@@ -4,7 +4,7 @@
 //! devices to write and in which order to try reads. The pipeline (`pipeline.rs`) executes the
 //! plans; that keeps this logic pure and testable without devices.
 
-use oxpool_format::{Dva, Guid, TopVdevConfig, TopVdevKind, VdevId, DATA_START_BYTES};
+use oxpool_format::{Dva, Guid, TopVdevKind, VdevId, DATA_START_BYTES};
 use oxpool_io::Backend;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -59,6 +59,8 @@ pub struct TopVdev {
     pub children: Vec<Option<Arc<Leaf>>>,
     /// Allocatable bytes (the same on every child).
     pub asize_bytes: u64,
+    /// A separate intent-log device (holds log blocks only).
+    pub log: bool,
     /// Rotor that spreads mirror reads over the children.
     read_rotor: AtomicUsize,
 }
@@ -79,6 +81,7 @@ impl TopVdev {
         kind: TopVdevKind,
         children: Vec<Option<Arc<Leaf>>>,
         asize_bytes: u64,
+        log: bool,
     ) -> TopVdev {
         debug_assert!(!children.is_empty());
         debug_assert!(kind == TopVdevKind::Mirror || children.len() == 1);
@@ -87,6 +90,7 @@ impl TopVdev {
             kind,
             children,
             asize_bytes,
+            log,
             read_rotor: AtomicUsize::new(0),
         }
     }
@@ -120,21 +124,7 @@ impl TopVdev {
             .map(|leaf| LeafIo { leaf, offset_bytes })
             .collect()
     }
-
-    /// The configuration persisted for this vdev.
-    pub fn config(&self, paths: &[LeafConfigRef]) -> TopVdevConfig {
-        TopVdevConfig {
-            id: self.id,
-            kind: self.kind.clone(),
-            children: paths.iter().map(|p| p.0.clone()).collect(),
-            asize_bytes: self.asize_bytes,
-        }
-    }
 }
-
-/// A leaf's persisted configuration, carried through to [`TopVdev::config`].
-#[derive(Clone, Debug)]
-pub struct LeafConfigRef(pub oxpool_format::LeafConfig);
 
 /// The pool's vdevs.
 #[derive(Debug)]
@@ -175,6 +165,7 @@ mod tests {
             TopVdevKind::Mirror,
             vec![leaf("a", 1), None, leaf("c", 3)],
             1 << 20,
+            false,
         );
         let dva = Dva {
             vdev: VdevId(0),

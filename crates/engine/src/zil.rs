@@ -653,6 +653,9 @@ impl Volume {
             }
             let mut built = Vec::with_capacity(batch.len());
             let props = self.vol.props.lock().unwrap().clone();
+            // With a separate log device, logbias=latency copies everything into it (fast,
+            // and the pool's devices see no extra random writes), as ZFS with a slog.
+            let has_slog = self.pool.state.lock().unwrap().alloc.has_log_device();
             for itx in batch {
                 if itx.txg <= synced {
                     built.push((itx.seq, None));
@@ -677,8 +680,8 @@ impl Volume {
                                 Arc::from(buf)
                             }
                         };
-                        let indirect =
-                            props.logbias_throughput || length_bytes > props.log_copy_max_bytes;
+                        let indirect = props.logbias_throughput
+                            || (length_bytes > props.log_copy_max_bytes && !has_slog);
                         if indirect {
                             match self
                                 .write_in_place(itx.txg, offset_bytes, &data, &props)

@@ -29,12 +29,14 @@ pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>)
         .collect();
     let tops = match kind {
         TopVdevKind::Mirror => vec![TopSpec {
+            log: false,
             kind,
             devices: backends,
         }],
         TopVdevKind::Single => backends
             .into_iter()
             .map(|b| TopSpec {
+                log: false,
                 kind: TopVdevKind::Single,
                 devices: vec![b],
             })

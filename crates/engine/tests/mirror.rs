@@ -77,6 +77,7 @@ fn transient_bit_flips_on_read_are_caught() {
     let pool = Pool::create(
         "tank",
         vec![oxpool_engine::TopSpec {
+            log: false,
             kind: TopVdevKind::Mirror,
             devices,
         }],

@@ -7,6 +7,8 @@
 //! and the pool must keep working (its space maps are sound: new writes never overwrite live
 //! data).
 //!
+//! Layouts by seed: a single device, a mirror, a stripe, and a device with a separate log device.
+//!
 //! `OXPOOL_CRASH_CASES=N` runs N seeds (default 2000); `OXPOOL_CRASH_SEED=S` replays one seed.
 
 mod common;
@@ -87,7 +89,7 @@ fn read_all(pool: &Pool) -> Result<Vec<u8>, String> {
 /// One crash case; Err describes the failure.
 fn crash_case(seed: u64) -> Result<String, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let layout = seed % 3; // 0 single, 1 mirror, 2 stripe
+    let layout = seed % 4; // 0 single, 1 mirror, 2 stripe, 3 single + separate log device
     let ndev = if layout == 0 { 1 } else { 2 };
     let mems: Vec<MemoryBackend> = (0..ndev)
         .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
@@ -113,12 +115,15 @@ fn crash_case(seed: u64) -> Result<String, String> {
         .collect();
     let tops = match layout {
         1 => vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Mirror,
             devices: devices.clone(),
         }],
         _ => devices
             .iter()
-            .map(|d| TopSpec {
+            .enumerate()
+            .map(|(i, d)| TopSpec {
+                log: layout == 3 && i == 1,
                 kind: TopVdevKind::Single,
                 devices: vec![d.clone()],
             })

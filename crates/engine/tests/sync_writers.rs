@@ -27,6 +27,7 @@ fn pool_on(devices: Vec<Arc<dyn Backend>>) -> Pool {
     Pool::create(
         "tank",
         vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Single,
             devices,
         }],

@@ -20,6 +20,7 @@ fn dirty_data_stays_under_dirty_max() {
     let pool = Pool::create(
         "tank",
         vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Single,
             devices: vec![Arc::new(dev.clone()) as Arc<dyn Backend>],
         }],
@@ -67,6 +68,7 @@ fn random_writes_on_a_small_pool_never_suspend_it() {
     let pool = Pool::create(
         "tank",
         vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Single,
             devices: vec![Arc::new(dev) as Arc<dyn Backend>],
         }],

@@ -53,6 +53,8 @@ pub struct TopVdevConfig {
     pub children: Vec<LeafConfig>,
     /// Allocatable bytes: the size of the space that `Dva::offset_bytes` addresses.
     pub asize_bytes: u64,
+    /// A separate intent-log device: it holds log blocks only, never pool data.
+    pub log: bool,
 }
 
 /// The pool's vdev tree.

@@ -36,6 +36,7 @@ fn pool() -> (Pool, Volume) {
     let pool = Pool::create(
         "mem",
         vec![TopSpec {
+            log: false,
             kind: TopVdevKind::Single,
             devices: vec![device],
         }],

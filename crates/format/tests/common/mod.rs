@@ -150,6 +150,7 @@ pub fn arb_tree() -> impl Strategy<Value = VdevTreeConfig> {
                     kind,
                     children,
                     asize_bytes,
+                    log: i % 3 == 2,
                 }
             })
             .collect(),

@@ -1,0 +1,113 @@
+//! A separate log device: sync writes commit to it alone (the pool's devices see no flush
+//! until a txg sync), the records survive a crash and replay from it, and a pool whose log
+//! device is missing is refused by name rather than opened without its acknowledged writes.
+
+mod common;
+
+use common::{pattern, test_props};
+use oxpool_engine::{Pool, TopSpec};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::block_on;
+use oxpool_io::{Backend, FaultBackend, MemoryBackend};
+use std::sync::Arc;
+
+fn spec(dev: Arc<dyn Backend>, log: bool) -> TopSpec {
+    TopSpec {
+        log,
+        kind: TopVdevKind::Single,
+        devices: vec![dev],
+    }
+}
+
+#[test]
+fn commits_go_to_the_log_device_and_replay_from_it() {
+    let data_mem = MemoryBackend::new("data0", 64 << 20);
+    let log_mem = MemoryBackend::new("slog0", 32 << 20);
+    let data = Arc::new(FaultBackend::new(Arc::new(data_mem.clone()), 1));
+    let log = Arc::new(FaultBackend::new(Arc::new(log_mem.clone()), 2));
+    let pool = Pool::create(
+        "tank",
+        vec![spec(data.clone(), false), spec(log.clone(), true)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    block_on(vol.flush()).unwrap(); // anchors the chain (one txg sync)
+    let (d0, l0) = (data.stats(), log.stats());
+    let mut expect = vec![0u8; 8 << 20];
+    for k in 0..20u64 {
+        // 64 KiB writes: above log_copy_max, but with a log device they are copied into it.
+        let buf = pattern(k, 65536);
+        block_on(vol.write(k * 65536, &buf, true)).unwrap();
+        expect[(k * 65536) as usize..((k + 1) * 65536) as usize].copy_from_slice(&buf);
+    }
+    let (d1, l1) = (data.stats(), log.stats());
+    assert!(
+        l1.flushes - l0.flushes >= 20,
+        "log device flushes {l0:?} -> {l1:?}"
+    );
+    assert!(
+        l1.writes - l0.writes >= 20,
+        "log device writes {l0:?} -> {l1:?}"
+    );
+    assert_eq!(
+        d1.flushes, d0.flushes,
+        "the data device was flushed by commits"
+    );
+    assert_eq!(d1.writes, d0.writes, "commits wrote to the data device");
+    assert_eq!(pool.log_stats().indirect_bytes, 0);
+    // A crash: nothing of the 20 writes reached the data device; the log has them.
+    drop(vol);
+    drop(pool);
+    let devices: Vec<Arc<dyn Backend>> =
+        vec![Arc::new(data_mem.clone()), Arc::new(log_mem.clone())];
+    let pool = Pool::import(devices, Some("tank")).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let mut got = vec![0u8; 8 << 20];
+    block_on(vol.read(0, &mut got)).unwrap();
+    assert!(
+        got == expect,
+        "writes committed to the log device were lost"
+    );
+    drop(vol);
+    pool.export().unwrap();
+    // Without its log device the pool is refused, naming what is missing.
+    let e = Pool::import(vec![Arc::new(data_mem.clone())], Some("tank"))
+        .err()
+        .expect("imported without its log device")
+        .to_string();
+    assert!(e.contains("log") && e.contains("slog0"), "{e}");
+}
+
+#[test]
+fn a_log_device_can_be_added() {
+    let data_mem = MemoryBackend::new("data0", 64 << 20);
+    let log_mem = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![spec(Arc::new(data_mem.clone()), false)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    block_on(vol.write(0, &pattern(1, 4096), false)).unwrap();
+    drop(vol);
+    let pool = pool
+        .add_vdevs(vec![spec(Arc::new(log_mem.clone()), true)], false)
+        .unwrap();
+    let vol = pool.volume("v").unwrap();
+    block_on(vol.write(4096, &pattern(2, 4096), true)).unwrap();
+    drop(vol);
+    drop(pool); // crash
+    let devices: Vec<Arc<dyn Backend>> = vec![Arc::new(data_mem), Arc::new(log_mem)];
+    let pool = Pool::import(devices, Some("tank")).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let mut got = vec![0u8; 8192];
+    block_on(vol.read(0, &mut got)).unwrap();
+    assert!(got[..4096] == pattern(1, 4096)[..] && got[4096..] == pattern(2, 4096)[..]);
+    assert_eq!(pool.status().vdevs.len(), 2);
+    drop(vol);
+    pool.export().unwrap();
+}
