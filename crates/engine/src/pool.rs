@@ -189,6 +189,79 @@ impl PoolInner {
     }
 }
 
+/// The leaves of a new top-level vdev, with their guids.
+type NewLeaves = Vec<(Arc<Leaf>, Guid)>;
+
+/// Checks the devices of one new top-level vdev (layout, size, not another pool's unless
+/// `force`) and gives them identities.
+fn prepare_top(
+    id: VdevId,
+    spec: TopSpec,
+    force: bool,
+) -> Result<(TopVdev, TopVdevConfig, NewLeaves)> {
+    match (&spec.kind, spec.devices.len()) {
+        (_, 0) => return Err(EngineError::invalid("a vdev needs a device")),
+        (TopVdevKind::Single, 1) => {}
+        (TopVdevKind::Mirror, n) if n >= 2 => {}
+        (TopVdevKind::Single, _) => {
+            return Err(EngineError::invalid("a single vdev has exactly one device"))
+        }
+        (TopVdevKind::Mirror, _) => {
+            return Err(EngineError::invalid("a mirror needs at least two devices"))
+        }
+    }
+    let mut asize = u64::MAX;
+    let mut children = Vec::new();
+    let mut child_cfg = Vec::new();
+    let mut leaves = Vec::new();
+    for dev in spec.devices {
+        let size = dev.size_bytes();
+        if size < oxpool_format::MIN_DEVICE_BYTES {
+            return Err(EngineError::invalid(format!(
+                "{}: {size} bytes is smaller than the minimum {} bytes",
+                dev.name(),
+                oxpool_format::MIN_DEVICE_BYTES
+            )));
+        }
+        if !force {
+            if let Ok(cfg) = block_on(read_label(dev.as_ref())) {
+                return Err(EngineError::invalid(format!(
+                    "{} belongs to pool '{}' (guid {:x}); use -f to overwrite it",
+                    dev.name(),
+                    cfg.pool_name,
+                    cfg.pool_guid.0
+                )));
+            }
+        }
+        asize = asize.min((data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES);
+        let guid = random_guid();
+        child_cfg.push(LeafConfig {
+            guid,
+            path: dev.name().to_string(),
+            size_bytes: size,
+        });
+        let leaf = Arc::new(Leaf {
+            guid,
+            backend: dev,
+            counters: LeafCounters::default(),
+        });
+        leaves.push((leaf.clone(), guid));
+        children.push(Some(leaf));
+    }
+    let cfg = TopVdevConfig {
+        id,
+        kind: spec.kind.clone(),
+        children: child_cfg,
+        asize_bytes: asize,
+        log: spec.log,
+    };
+    Ok((
+        TopVdev::new(id, spec.kind, children, asize, spec.log),
+        cfg,
+        leaves,
+    ))
+}
+
 /// Checks a pool or volume name: 1 to 64 characters of [A-Za-z0-9_.-], not starting with `-`.
 pub fn check_name(kind: &str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -239,65 +312,10 @@ impl Pool {
         let mut vdev_tops = Vec::new();
         let mut leaves_to_label = Vec::new();
         for (i, spec) in tops.into_iter().enumerate() {
-            let id = VdevId(i as u32);
-            match (&spec.kind, spec.devices.len()) {
-                (_, 0) => return Err(EngineError::invalid("a vdev needs a device")),
-                (TopVdevKind::Single, 1) => {}
-                (TopVdevKind::Mirror, n) if n >= 2 => {}
-                (TopVdevKind::Single, _) => {
-                    return Err(EngineError::invalid("a single vdev has exactly one device"))
-                }
-                (TopVdevKind::Mirror, _) => {
-                    return Err(EngineError::invalid("a mirror needs at least two devices"))
-                }
-            }
-            let mut asize = u64::MAX;
-            let mut children = Vec::new();
-            let mut child_cfg = Vec::new();
-            for dev in spec.devices {
-                let size = dev.size_bytes();
-                if size < oxpool_format::MIN_DEVICE_BYTES {
-                    return Err(EngineError::invalid(format!(
-                        "{}: {size} bytes is smaller than the minimum {} bytes",
-                        dev.name(),
-                        oxpool_format::MIN_DEVICE_BYTES
-                    )));
-                }
-                if !force {
-                    if let Ok(cfg) = block_on(read_label(dev.as_ref())) {
-                        return Err(EngineError::invalid(format!(
-                            "{} belongs to pool '{}' (guid {:x}); use -f to overwrite it",
-                            dev.name(),
-                            cfg.pool_name,
-                            cfg.pool_guid.0
-                        )));
-                    }
-                }
-                asize = asize
-                    .min((data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES);
-                let guid = random_guid();
-                child_cfg.push(LeafConfig {
-                    guid,
-                    path: dev.name().to_string(),
-                    size_bytes: size,
-                });
-                children.push(Some(Arc::new(Leaf {
-                    guid,
-                    backend: dev,
-                    counters: LeafCounters::default(),
-                })));
-            }
-            config.top.push(TopVdevConfig {
-                id,
-                kind: spec.kind.clone(),
-                children: child_cfg,
-                asize_bytes: asize,
-                log: spec.log,
-            });
-            for (c, cfg) in children.iter().zip(&config.top[i].children) {
-                leaves_to_label.push((c.clone().unwrap(), cfg.guid, id));
-            }
-            vdev_tops.push(TopVdev::new(id, spec.kind, children, asize, spec.log));
+            let (top, cfg, leaves) = prepare_top(VdevId(i as u32), spec, force)?;
+            leaves_to_label.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
+            config.top.push(cfg);
+            vdev_tops.push(top);
         }
         let asizes: Vec<u64> = vdev_tops.iter().map(|t| t.asize_bytes).collect();
         let logs: Vec<bool> = vdev_tops.iter().map(|t| t.log).collect();
@@ -548,45 +566,10 @@ impl Pool {
             .collect();
         let mut new_leaves = Vec::new();
         for spec in specs {
-            let id = VdevId(tops.len() as u32);
-            let mut asize = u64::MAX;
-            let mut children = Vec::new();
-            let mut child_cfg = Vec::new();
-            for dev in spec.devices {
-                if !force {
-                    if let Ok(cfg) = block_on(read_label(dev.as_ref())) {
-                        return Err(EngineError::invalid(format!(
-                            "{} belongs to pool '{}'; use -f to overwrite it",
-                            dev.name(),
-                            cfg.pool_name
-                        )));
-                    }
-                }
-                let size = dev.size_bytes();
-                asize = asize
-                    .min((data_end_bytes(size) - DATA_START_BYTES) / SECTOR_BYTES * SECTOR_BYTES);
-                let guid = random_guid();
-                child_cfg.push(LeafConfig {
-                    guid,
-                    path: dev.name().to_string(),
-                    size_bytes: size,
-                });
-                let leaf = Arc::new(Leaf {
-                    guid,
-                    backend: dev,
-                    counters: LeafCounters::default(),
-                });
-                new_leaves.push((leaf.clone(), guid, id));
-                children.push(Some(leaf));
-            }
-            config.top.push(TopVdevConfig {
-                id,
-                kind: spec.kind.clone(),
-                children: child_cfg,
-                asize_bytes: asize,
-                log: spec.log,
-            });
-            tops.push(TopVdev::new(id, spec.kind, children, asize, spec.log));
+            let (top, cfg, leaves) = prepare_top(VdevId(tops.len() as u32), spec, force)?;
+            new_leaves.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
+            config.top.push(cfg);
+            tops.push(top);
         }
         // Move the state into a pool with the new tree.
         let state = {

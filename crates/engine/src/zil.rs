@@ -447,6 +447,52 @@ enum Built {
     },
 }
 
+impl Built {
+    /// The record as it goes into a block (a write's data is split by `place`, not here).
+    fn record(&self) -> LogRecord<'_> {
+        match *self {
+            Built::Write {
+                txg,
+                offset_bytes,
+                ref data,
+            } => LogRecord::Write {
+                txg,
+                offset_bytes,
+                data,
+            },
+            Built::Indirect {
+                txg,
+                offset_bytes,
+                length_bytes,
+                bp,
+            } => LogRecord::Indirect {
+                txg,
+                offset_bytes,
+                length_bytes,
+                bp,
+            },
+            Built::Free {
+                txg,
+                offset_bytes,
+                length_bytes,
+            } => LogRecord::Free {
+                txg,
+                offset_bytes,
+                length_bytes,
+            },
+            Built::Zero {
+                txg,
+                offset_bytes,
+                length_bytes,
+            } => LogRecord::Zero {
+                txg,
+                offset_bytes,
+                length_bytes,
+            },
+        }
+    }
+}
+
 impl Volume {
     /// Makes every change of this volume logged up to itx `target` durable.
     pub(crate) async fn zil_commit(&self, target: u64) -> Result<()> {
@@ -907,58 +953,18 @@ impl Volume {
                         done_bytes == data.len()
                     }
                 }
-                Built::Indirect {
-                    txg,
-                    offset_bytes,
-                    length_bytes,
-                    bp,
-                } => {
-                    let r = LogRecord::Indirect {
-                        txg: *txg,
-                        offset_bytes: *offset_bytes,
-                        length_bytes: *length_bytes,
-                        bp: *bp,
-                    };
+                other => {
+                    let r = other.record();
                     let ok = o.writer.push(&mut o.buf, &r);
                     if ok {
-                        o.max_txg = o.max_txg.max(*txg);
-                        for d in bp.dvas() {
-                            if !o.flush_vdevs.contains(&d.vdev) {
-                                o.flush_vdevs.push(d.vdev);
+                        o.max_txg = o.max_txg.max(r.txg());
+                        if let LogRecord::Indirect { bp, .. } = &r {
+                            for d in bp.dvas() {
+                                if !o.flush_vdevs.contains(&d.vdev) {
+                                    o.flush_vdevs.push(d.vdev);
+                                }
                             }
                         }
-                    }
-                    ok
-                }
-                Built::Free {
-                    txg,
-                    offset_bytes,
-                    length_bytes,
-                } => {
-                    let r = LogRecord::Free {
-                        txg: *txg,
-                        offset_bytes: *offset_bytes,
-                        length_bytes: *length_bytes,
-                    };
-                    let ok = o.writer.push(&mut o.buf, &r);
-                    if ok {
-                        o.max_txg = o.max_txg.max(*txg);
-                    }
-                    ok
-                }
-                Built::Zero {
-                    txg,
-                    offset_bytes,
-                    length_bytes,
-                } => {
-                    let r = LogRecord::Zero {
-                        txg: *txg,
-                        offset_bytes: *offset_bytes,
-                        length_bytes: *length_bytes,
-                    };
-                    let ok = o.writer.push(&mut o.buf, &r);
-                    if ok {
-                        o.max_txg = o.max_txg.max(*txg);
                     }
                     ok
                 }
