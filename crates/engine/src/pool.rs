@@ -463,20 +463,31 @@ impl Pool {
         for (name, records) in replays {
             let vol = self.volume(&name)?;
             let n = records.len();
+            // A record past the end belongs to a write the volume's shrink overtook: what lies
+            // beyond the size is gone with it.
+            let size = vol.size_bytes();
+            let clip = |off: u64, len: u64| (off.min(size), len.min(size.saturating_sub(off)));
             block_on(async {
                 for r in records {
                     match r {
                         ReplayRecord::Write { offset_bytes, data } => {
-                            vol.write(offset_bytes, &data, false).await?
+                            let (off, len) = clip(offset_bytes, data.len() as u64);
+                            vol.write(off, &data[..len as usize], false).await?
                         }
                         ReplayRecord::Free {
                             offset_bytes,
                             length_bytes,
-                        } => vol.trim(offset_bytes, length_bytes, false).await?,
+                        } => {
+                            let (off, len) = clip(offset_bytes, length_bytes);
+                            vol.trim(off, len, false).await?
+                        }
                         ReplayRecord::Zero {
                             offset_bytes,
                             length_bytes,
-                        } => vol.write_zeroes(offset_bytes, length_bytes, false).await?,
+                        } => {
+                            let (off, len) = clip(offset_bytes, length_bytes);
+                            vol.write_zeroes(off, len, false).await?
+                        }
                     }
                 }
                 Ok::<(), EngineError>(())
@@ -1133,6 +1144,7 @@ async fn import_devices(
         // up. Every place the log held (persisted list and the chain walked) is claimed now,
         // before anything allocates, and freed by the replay's sync.
         let mut log_blocks = vm.log_reserved.clone();
+        let mut claimed_indirect: Vec<Dva> = Vec::new();
         let mut next_seq = vm.log_first_seq.max(1);
         if vm.log_first.asize_bytes > 0 {
             let replay = read_chain(
@@ -1147,7 +1159,19 @@ async fn import_devices(
             log_blocks.extend(replay.blocks.iter().copied());
             // Blocks written in place for records that are replayed: claimed like the log's
             // own, freed after the replay copied their data.
-            log_blocks.extend(replay.indirect_blocks.iter().copied());
+            // In-place blocks of replayed records: freed after the replay only if the
+            // committed maps show them free (claimed here). One the maps hold allocated is
+            // covered by a deferred free or by the tree already; freeing it again would be a
+            // double free (at worst it leaks).
+            for d in &replay.indirect_blocks {
+                if vdevs
+                    .top(d.vdev)
+                    .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
+                    && alloc.map_mut(d.vdev).claim(d)
+                {
+                    claimed_indirect.push(*d);
+                }
+            }
             next_seq = replay.end_seq;
             if !replay.records.is_empty() {
                 replays.push((vm.name.clone(), replay.records));
@@ -1163,6 +1187,7 @@ async fn import_devices(
                 alloc.map_mut(d.vdev).claim(d);
             }
         }
+        log_blocks.extend(claimed_indirect);
         let zil = Zil::new(
             cfg0.pool_guid,
             vm.id,
@@ -1645,6 +1670,14 @@ async fn sync_volume(
             }
         }
     }
+    vol.override_garbage.lock().unwrap().retain(|(t, bp)| {
+        if *t <= txg {
+            freed.extend_from_slice(bp.dvas());
+            false
+        } else {
+            true
+        }
+    });
     let overrides = &overrides;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch

@@ -160,6 +160,9 @@ pub(crate) struct VolumeInner {
     /// by (txg, block): the sync of that txg adopts one instead of writing the block again if
     /// the block's dirty content is what was written.
     pub overrides: Mutex<HashMap<(Txg, u64), BlockPtr>>,
+    /// In-place blocks replaced by a newer one for the same (txg, block): freed by that txg's
+    /// sync.
+    pub override_garbage: Mutex<Vec<(Txg, BlockPtr)>>,
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
@@ -185,6 +188,7 @@ impl VolumeInner {
             range_lock: RangeLock::new(),
             zil,
             overrides: Mutex::new(HashMap::new()),
+            override_garbage: Mutex::new(Vec::new()),
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
         }
@@ -386,6 +390,12 @@ impl Volume {
         let first = offset_bytes.div_ceil(bs);
         let end = (offset_bytes + length_bytes) / bs;
         if first < end {
+            let commit_now = fua || self.vol.props.lock().unwrap().sync == SyncMode::Always;
+            let _serial = if commit_now {
+                self.serial_guard().await
+            } else {
+                None
+            };
             let itx = self.free_blocks(first, end, true).await?;
             self.commit_if(itx, fua).await?;
         }

@@ -193,6 +193,10 @@ struct ZilState {
     building: bool,
     /// Lowest itx seq of the batch a builder took out of `pending` and has not placed yet.
     building_first: Option<u64>,
+    /// A build failed after taking records out of `pending`: those records are in no block,
+    /// so the durable point stays below the lowest of them until the txg holding the newest
+    /// of them has synced (then the pool has them).
+    lost_floor: Option<(u64, Txg)>,
     chain: VecDeque<ChainBlock>,
     /// Where the next block to open goes, and its seq. `None` until the first commit.
     next_addr: Option<(Dva, u64)>,
@@ -235,6 +239,7 @@ impl Zil {
                 open: None,
                 building: false,
                 building_first: None,
+                lost_floor: None,
                 chain: VecDeque::new(),
                 next_addr: None,
                 first_seq: first_seq.max(1),
@@ -271,6 +276,9 @@ impl Zil {
     pub fn txg_synced(&self, synced: Txg) {
         let mut s = self.state.lock().unwrap();
         s.pending.retain(|i| i.txg > synced);
+        if s.lost_floor.is_some_and(|(_, t)| t <= synced) {
+            s.lost_floor = None;
+        }
         s.advance_durable();
         // Bounded by the chain's length.
         while let Some(front) = s.chain.front() {
@@ -353,6 +361,17 @@ impl ZilState {
             .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
     }
 
+    /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
+    /// and in no block: the durable point must not pass them, and commits fall back to the txg.
+    fn fail_batch(&mut self, first: u64, max_txg: Txg) {
+        self.building_first = None;
+        self.broken = true;
+        self.lost_floor = Some(match self.lost_floor {
+            Some((s, t)) => (s.min(first), t.max(max_txg)),
+            None => (first, max_txg),
+        });
+    }
+
     /// Moves the durable point up to the lowest itx that may still be lost: pending, being
     /// built, in the open block, or in the first block not yet written. Everything below it is
     /// in a written block or belongs to a synced txg.
@@ -363,6 +382,9 @@ impl ZilState {
         }
         if let Some(b) = self.building_first {
             c = c.min(b);
+        }
+        if let Some((seq, _)) = self.lost_floor {
+            c = c.min(seq);
         }
         if let Some(o) = &self.open {
             c = c.min(o.itx_first);
@@ -508,26 +530,7 @@ impl Volume {
             }
         }
         let _leave = Leave(zil);
-        // A chain with no place yet gets one, persisted by a txg sync before any block of it
-        // is written (as OpenZFS's zil_create).
-        let anchor = {
-            let mut s = zil.state.lock().unwrap();
-            if s.next_addr.is_none() && s.open.is_none() && s.chain.is_empty() {
-                let no_space = || EngineError::NoSpace {
-                    pool: inner.name.clone(),
-                };
-                let size = s.predict_block_bytes();
-                let addr = alloc_log_block(inner, size).ok_or_else(no_space)?;
-                s.next_addr = Some((addr, s.first_seq));
-                // A txg whose sync has not begun: its metadata will name this place.
-                inner.txg.mark_dirty();
-                s.anchor_txg = inner.txg.state.lock().unwrap().open;
-            }
-            s.anchor_txg
-        };
-        if inner.txg.synced() < anchor {
-            inner.txg.wait_synced(anchor, true).await?;
-        }
+        self.zil_anchor().await?;
         let serial = !inner.state.lock().unwrap().props.log_group_commit;
         if serial {
             return self.zil_commit_serial(target, target_txg).await;
@@ -535,6 +538,7 @@ impl Volume {
         // Bounded: each round builds, issues, or waits for an event that advances the log.
         loop {
             enum Next {
+                Anchor,
                 Done,
                 Build,
                 IssueAt(Instant),
@@ -542,11 +546,21 @@ impl Volume {
             }
             let next = poll_fn(|cx| {
                 let mut s = zil.state.lock().unwrap();
-                if s.durable_itx > target || inner.txg.synced() >= target_txg {
+                if inner.txg.synced() >= target_txg {
                     return Poll::Ready(Next::Done);
                 }
+                // A broken log may have lost records: only the txg vouches for them.
                 if s.broken {
                     return Poll::Ready(Next::FallBack);
+                }
+                if s.durable_itx > target {
+                    return Poll::Ready(Next::Done);
+                }
+                // The chain restarted since this commit anchored: anchor again first.
+                if (s.next_addr.is_none() && s.open.is_none() && s.chain.is_empty())
+                    || inner.txg.synced() < s.anchor_txg
+                {
+                    return Poll::Ready(Next::Anchor);
                 }
                 let ours_pending = s.pending.front().is_some_and(|i| i.seq <= target);
                 if !s.building && ours_pending {
@@ -571,6 +585,7 @@ impl Volume {
             })
             .await;
             match next {
+                Next::Anchor => self.zil_anchor().await?,
                 Next::Done => return Ok(()),
                 Next::FallBack => return inner.txg.wait_synced(target_txg, true).await,
                 Next::Build => {
@@ -613,6 +628,32 @@ impl Volume {
                 }
             }
         }
+    }
+
+    /// A chain with no place yet gets one, persisted by a txg sync before any block of it is
+    /// written (as OpenZFS's zil_create); every committer waits for that sync.
+    async fn zil_anchor(&self) -> Result<()> {
+        let inner = &self.pool;
+        let zil = &self.vol.zil;
+        let anchor = {
+            let mut s = zil.state.lock().unwrap();
+            if s.next_addr.is_none() && s.open.is_none() && s.chain.is_empty() {
+                let no_space = || EngineError::NoSpace {
+                    pool: inner.name.clone(),
+                };
+                let size = s.predict_block_bytes();
+                let addr = alloc_log_block(inner, size).ok_or_else(no_space)?;
+                s.next_addr = Some((addr, s.first_seq));
+                // A txg whose sync has not begun: its metadata will name this place.
+                inner.txg.mark_dirty();
+                s.anchor_txg = inner.txg.state.lock().unwrap().open;
+            }
+            s.anchor_txg
+        };
+        if inner.txg.synced() < anchor {
+            inner.txg.wait_synced(anchor, true).await?;
+        }
+        Ok(())
     }
 
     /// `logcommit=serial`: with the volume's serial lock held by the caller (see
@@ -694,6 +735,11 @@ impl Volume {
                 s.building_first = batch.first().map(|i| i.seq);
                 batch
             };
+            let (batch_first, batch_max_txg) = {
+                let first = batch.first().map(|i| i.seq).unwrap_or(0);
+                let max_txg = batch.iter().map(|i| i.txg).max().unwrap_or(Txg(0));
+                (first, max_txg)
+            };
             if batch.is_empty() {
                 break;
             }
@@ -720,7 +766,10 @@ impl Volume {
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
                                 if let Err(e) = self.read(offset_bytes, &mut buf).await {
-                                    zil.state.lock().unwrap().building_first = None;
+                                    zil.state
+                                        .lock()
+                                        .unwrap()
+                                        .fail_batch(batch_first, batch_max_txg);
                                     return Err(e);
                                 }
                                 Arc::from(buf)
@@ -738,7 +787,10 @@ impl Volume {
                                     continue;
                                 }
                                 Err(e) => {
-                                    zil.state.lock().unwrap().building_first = None;
+                                    zil.state
+                                        .lock()
+                                        .unwrap()
+                                        .fail_batch(batch_first, batch_max_txg);
                                     return Err(e);
                                 }
                             }
@@ -776,7 +828,7 @@ impl Volume {
                     // An itx of a synced txg is durable already: it is simply dropped.
                     let Some(rec) = rec else { continue };
                     if let Err(e) = self.place(&mut s, seq, &rec, &mut full) {
-                        s.building_first = None;
+                        s.fail_batch(batch_first, batch_max_txg);
                         return Err(e);
                     }
                 }
@@ -879,13 +931,9 @@ impl Volume {
             let mut o = self.vol.overrides.lock().unwrap();
             for (b, bp) in &written {
                 if let Some(old) = o.insert((txg, *b), *bp) {
-                    self.vol
-                        .zil
-                        .state
-                        .lock()
-                        .unwrap()
-                        .to_free
-                        .extend_from_slice(old.dvas());
+                    // Freed by the sync of its own txg (so the space maps that sync writes
+                    // hold it allocated), never by whichever sync happens to run next.
+                    self.vol.override_garbage.lock().unwrap().push((txg, old));
                 }
             }
         }
