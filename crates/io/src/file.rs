@@ -168,24 +168,7 @@ impl FileBackend {
     }
 
     fn check_range(&self, offset_bytes: u64, len: u64, what: &str) -> IoResult<()> {
-        if offset_bytes
-            .checked_add(len)
-            .is_some_and(|end| end <= self.size_bytes)
-        {
-            return Ok(());
-        }
-        let kind = if what == "read" {
-            io::ErrorKind::UnexpectedEof
-        } else {
-            io::ErrorKind::InvalidInput
-        };
-        Err(io::Error::new(
-            kind,
-            format!(
-                "{}: {what} of {len} bytes at offset {offset_bytes} beyond end of device ({} bytes)",
-                self.name, self.size_bytes
-            ),
-        ))
+        crate::check_range(&self.name, self.size_bytes, offset_bytes, len, what)
     }
 
     fn discard_now(&self, offset_bytes: u64, length_bytes: u64) -> IoResult<()> {

@@ -25,6 +25,34 @@ pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};
 pub use memory::MemoryBackend;
 
+/// Whether `len` bytes at `offset_bytes` fit in a device of `size_bytes`; the error names the
+/// device (`UnexpectedEof` for reads, `InvalidInput` otherwise). Shared by the backends.
+pub(crate) fn check_range(
+    name: &str,
+    size_bytes: u64,
+    offset_bytes: u64,
+    len: u64,
+    what: &str,
+) -> IoResult<()> {
+    if offset_bytes
+        .checked_add(len)
+        .is_some_and(|end| end <= size_bytes)
+    {
+        return Ok(());
+    }
+    let kind = if what == "read" {
+        std::io::ErrorKind::UnexpectedEof
+    } else {
+        std::io::ErrorKind::InvalidInput
+    };
+    Err(std::io::Error::new(
+        kind,
+        format!(
+            "{name}: {what} of {len} bytes at offset {offset_bytes} beyond end of device ({size_bytes} bytes)"
+        ),
+    ))
+}
+
 /// The storage trait: byte-offset I/O on one device. Small on purpose, so crash and fault
 /// backends are easy to write.
 ///

@@ -83,24 +83,7 @@ impl MemoryBackend {
     }
 
     fn check_range(&self, offset_bytes: u64, len: usize, what: &str) -> IoResult<()> {
-        let fits = offset_bytes
-            .checked_add(len as u64)
-            .is_some_and(|end| end <= self.size_bytes);
-        if fits {
-            return Ok(());
-        }
-        let kind = if what == "read" {
-            io::ErrorKind::UnexpectedEof
-        } else {
-            io::ErrorKind::InvalidInput
-        };
-        Err(io::Error::new(
-            kind,
-            format!(
-                "{}: {what} of {len} bytes at offset {offset_bytes} beyond end of device ({} bytes)",
-                self.name, self.size_bytes
-            ),
-        ))
+        crate::check_range(&self.name, self.size_bytes, offset_bytes, len as u64, what)
     }
 
     fn copy_out(&self, offset_bytes: u64, out: &mut [u8]) {
