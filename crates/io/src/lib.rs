@@ -11,6 +11,7 @@
 #![warn(missing_docs)]
 
 mod buf;
+pub mod completion;
 mod driver;
 mod executor;
 mod fault;
