@@ -8,6 +8,7 @@
 
 pub mod alloc;
 pub mod cachefile;
+pub mod completion;
 mod error;
 pub mod label;
 pub mod pipeline;

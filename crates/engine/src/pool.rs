@@ -327,7 +327,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: name.to_string(),
             guid: pool_guid,
-            vdevs: VdevTree { tops: vdev_tops },
+            vdevs: VdevTree::new(vdev_tops, props.completion),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 name,
@@ -611,7 +611,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: old.name.clone(),
             guid: old.guid,
-            vdevs: VdevTree { tops },
+            vdevs: VdevTree::new(tops, state.props.completion),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 &old.name,
@@ -791,6 +791,7 @@ impl Pool {
     pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
         let mut s = self.inner.state.lock().unwrap();
         s.props.set(name, value)?;
+        self.inner.vdevs.completion.set(s.props.completion);
         self.inner.txg.configure(
             effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
             Duration::from_secs(s.props.txg_timeout_s),
@@ -1034,7 +1035,8 @@ async fn import_devices(
             tcfg.log,
         ));
     }
-    let vdevs = VdevTree { tops };
+    // The completion policy is a property, known once the metadata is read (set below).
+    let vdevs = VdevTree::new(tops, crate::completion::CompletionPolicy::default());
     // The newest uberblock whose pool metadata reads and verifies.
     let mut ubs = Vec::new();
     for leaf in vdevs.leaves() {
@@ -1072,6 +1074,7 @@ async fn import_devices(
         });
     };
     let props = PoolProps::from_pairs(&meta.props)?;
+    vdevs.completion.set(props.completion);
     // The pool's own record of its vdevs is the truth; labels only help find devices. A vdev
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
     // its log blocks may hold acknowledged writes.

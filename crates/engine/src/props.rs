@@ -3,6 +3,7 @@
 //! variable. On disk they are stored as (name, value) string pairs inside the pool's metadata,
 //! so a later version can add properties without a format change.
 
+use crate::completion::CompletionPolicy;
 use crate::{EngineError, Result};
 use oxpool_format::ChecksumType;
 
@@ -62,6 +63,9 @@ pub struct PoolProps {
     /// `serial` runs one commit at a time, each with its own block and flush (the behaviour
     /// before OpenZFS PR 10163, kept to measure what group commit gains).
     pub log_group_commit: bool,
+    /// `completion`: where device completions are finished (`auto`, `inline`, `worker`,
+    /// `batched`; see the `completion` module). Default `auto`.
+    pub completion: CompletionPolicy,
 }
 
 impl Default for PoolProps {
@@ -71,6 +75,7 @@ impl Default for PoolProps {
             dirty_max_bytes: default_dirty_max_bytes(),
             cache_max_bytes: 256 << 20,
             log_group_commit: true,
+            completion: CompletionPolicy::Auto,
         }
     }
 }
@@ -87,7 +92,13 @@ fn default_dirty_max_bytes() -> u64 {
 }
 
 /// Names of the pool properties, for listing.
-pub const POOL_PROP_NAMES: &[&str] = &["txg_timeout", "dirty_max", "cache_max", "logcommit"];
+pub const POOL_PROP_NAMES: &[&str] = &[
+    "txg_timeout",
+    "dirty_max",
+    "cache_max",
+    "logcommit",
+    "completion",
+];
 
 impl PoolProps {
     /// Reads a property by name.
@@ -96,6 +107,7 @@ impl PoolProps {
             "txg_timeout" => self.txg_timeout_s.to_string(),
             "dirty_max" => self.dirty_max_bytes.to_string(),
             "cache_max" => self.cache_max_bytes.to_string(),
+            "completion" => self.completion.as_str().to_string(),
             "logcommit" => if self.log_group_commit {
                 "group"
             } else {
@@ -133,6 +145,13 @@ impl PoolProps {
                     "serial" => false,
                     _ => return Err(EngineError::invalid("logcommit must be group or serial")),
                 }
+            }
+            "completion" => {
+                self.completion = CompletionPolicy::parse(value).ok_or_else(|| {
+                    EngineError::invalid(format!(
+                        "bad value '{value}' for completion: expected auto, inline, worker or batched"
+                    ))
+                })?;
             }
             "cache_max" => {
                 let v = parse_size(name, value)?;
