@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod cachefile;
 pub mod completion;
+pub mod data_cache;
 mod error;
 pub mod label;
 pub mod pipeline;

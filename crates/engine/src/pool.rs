@@ -77,6 +77,8 @@ pub(crate) struct PoolInner {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
+    /// Verified data blocks kept after reads (`data_cache_max`).
+    pub data_cache: crate::data_cache::DataCache,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -106,6 +108,11 @@ impl PoolCounters {
     /// The last durable txg.
     pub fn synced_txg(&self) -> Txg {
         self.inner.txg.synced()
+    }
+
+    /// Hits, misses and size of the data-block cache.
+    pub fn data_cache_stats(&self) -> crate::data_cache::DataCacheStats {
+        self.inner.data_cache.stats()
     }
 }
 
@@ -356,7 +363,12 @@ impl Pool {
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            // Sized from the properties once they are in place (below).
+            data_cache: crate::data_cache::DataCache::new(0),
         });
+        inner
+            .data_cache
+            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
@@ -622,7 +634,12 @@ impl Pool {
             state: Mutex::new(state),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            // Sized from the properties once they are in place (below).
+            data_cache: crate::data_cache::DataCache::new(0),
         });
+        inner
+            .data_cache
+            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: inner.guid,
             pool_name: inner.name.clone(),
@@ -791,6 +808,9 @@ impl Pool {
     pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
         let mut s = self.inner.state.lock().unwrap();
         s.props.set(name, value)?;
+        self.inner
+            .data_cache
+            .set_max_bytes(s.props.data_cache_max_bytes);
         self.inner.vdevs.completion.set(s.props.completion);
         self.inner.txg.configure(
             effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
@@ -1234,7 +1254,12 @@ async fn import_devices(
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
+        // Sized from the properties once they are in place (below).
+        data_cache: crate::data_cache::DataCache::new(0),
     });
+    inner
+        .data_cache
+        .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
     Ok((inner, replays))
 }
 

@@ -63,6 +63,10 @@ pub struct PoolProps {
     /// `serial` runs one commit at a time, each with its own block and flush (the behaviour
     /// before OpenZFS PR 10163, kept to measure what group commit gains).
     pub log_group_commit: bool,
+    /// `data_cache_max`: bytes of data blocks kept in memory after reads (default 1/8 of RAM,
+    /// at most 16 GiB; 0 turns the cache off). Like ZFS's ARC for data: a read of a cached
+    /// block is a copy, not a device I/O.
+    pub data_cache_max_bytes: u64,
     /// `completion`: where device completions are finished (`auto`, `inline`, `worker`,
     /// `batched`; see the `completion` module). Default `auto`.
     pub completion: CompletionPolicy,
@@ -75,20 +79,28 @@ impl Default for PoolProps {
             dirty_max_bytes: default_dirty_max_bytes(),
             cache_max_bytes: 256 << 20,
             log_group_commit: true,
+            data_cache_max_bytes: default_data_cache_max_bytes(),
             completion: CompletionPolicy::Auto,
         }
     }
 }
 
-fn default_dirty_max_bytes() -> u64 {
+fn ram_bytes() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    let ram_bytes = if pages > 0 {
+    if pages > 0 {
         pages as u64 * 4096
     } else {
         4 << 30
-    };
-    (ram_bytes / 10).clamp(64 << 20, 4 << 30)
+    }
+}
+
+fn default_dirty_max_bytes() -> u64 {
+    (ram_bytes() / 10).clamp(64 << 20, 4 << 30)
+}
+
+fn default_data_cache_max_bytes() -> u64 {
+    (ram_bytes() / 8).clamp(64 << 20, 16 << 30)
 }
 
 /// Names of the pool properties, for listing.
@@ -98,6 +110,7 @@ pub const POOL_PROP_NAMES: &[&str] = &[
     "cache_max",
     "logcommit",
     "completion",
+    "data_cache_max",
 ];
 
 impl PoolProps {
@@ -108,6 +121,7 @@ impl PoolProps {
             "dirty_max" => self.dirty_max_bytes.to_string(),
             "cache_max" => self.cache_max_bytes.to_string(),
             "completion" => self.completion.as_str().to_string(),
+            "data_cache_max" => self.data_cache_max_bytes.to_string(),
             "logcommit" => if self.log_group_commit {
                 "group"
             } else {
@@ -145,6 +159,9 @@ impl PoolProps {
                     "serial" => false,
                     _ => return Err(EngineError::invalid("logcommit must be group or serial")),
                 }
+            }
+            "data_cache_max" => {
+                self.data_cache_max_bytes = parse_size(name, value)?;
             }
             "completion" => {
                 self.completion = CompletionPolicy::parse(value).ok_or_else(|| {
