@@ -37,6 +37,10 @@ pub struct CompletionCounters {
     pub waits: AtomicU64,
     /// Ring waits that asked for more than one completion (batching waits).
     pub batch_waits: AtomicU64,
+    /// Spins before a sleep (a busy reactor polls briefly for its next event).
+    pub spins: AtomicU64,
+    /// Spins that saw an event arrive, each a sleep and a wake-up saved.
+    pub spin_hits: AtomicU64,
 }
 
 /// A point-in-time copy of [`CompletionCounters`].
@@ -52,6 +56,10 @@ pub struct CompletionSnapshot {
     pub waits: u64,
     /// See [`CompletionCounters::batch_waits`].
     pub batch_waits: u64,
+    /// See [`CompletionCounters::spins`].
+    pub spins: u64,
+    /// See [`CompletionCounters::spin_hits`].
+    pub spin_hits: u64,
 }
 
 /// The process's completion counters.
@@ -61,6 +69,8 @@ pub static COMPLETIONS: CompletionCounters = CompletionCounters {
     offloaded: AtomicU64::new(0),
     waits: AtomicU64::new(0),
     batch_waits: AtomicU64::new(0),
+    spins: AtomicU64::new(0),
+    spin_hits: AtomicU64::new(0),
 };
 
 impl CompletionCounters {
@@ -72,6 +82,8 @@ impl CompletionCounters {
             offloaded: self.offloaded.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             batch_waits: self.batch_waits.load(Ordering::Relaxed),
+            spins: self.spins.load(Ordering::Relaxed),
+            spin_hits: self.spin_hits.load(Ordering::Relaxed),
         }
     }
 }

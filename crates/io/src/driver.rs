@@ -295,6 +295,35 @@ pub(crate) struct Driver {
     /// Target of the armed doorbell read. Boxed so its address is stable.
     doorbell_buf: Box<u64>,
     doorbell_armed: bool,
+    /// Whether and when to spin before sleeping.
+    spin: SpinState,
+}
+
+/// Longest a reactor spins for a completion before it sleeps in the ring. Below the cost of
+/// the wake-up it saves (74-131 us across the development machine's vCPUs): spinning longer
+/// than a wake-up costs can never pay.
+const SPIN_MAX: Duration = Duration::from_micros(50);
+
+/// A thread spins only if it reaped a completion this recently: a busy reactor's next event
+/// is usually microseconds away; an idle one sleeps at once (idle means idle).
+const SPIN_ACTIVE_WITHIN: Duration = Duration::from_millis(1);
+
+/// Spins judged together: if fewer than [`SPIN_HITS_MIN`] of them saw an event arrive, the
+/// thread stops spinning for [`SPIN_BACKOFF_WAITS`] sleeps, then tries again.
+const SPIN_WINDOW: u32 = 64;
+const SPIN_HITS_MIN: u32 = 16;
+const SPIN_BACKOFF_WAITS: u32 = 1024;
+
+/// The adaptive spin of one thread; see [`Driver::spin_for_event`].
+#[derive(Debug)]
+struct SpinState {
+    /// When this thread last reaped a completion.
+    last_active: Option<Instant>,
+    /// Spins in the current window and how many of them saw an event.
+    tries: u32,
+    hits: u32,
+    /// Sleeps left before spinning is tried again after a window of misses.
+    backoff_waits: u32,
 }
 
 impl Driver {
@@ -313,6 +342,12 @@ impl Driver {
             notifier: thread_notifier(),
             doorbell_buf: Box::new(0),
             doorbell_armed: false,
+            spin: SpinState {
+                last_active: None,
+                tries: 0,
+                hits: 0,
+                backoff_waits: 0,
+            },
         })
     }
 
@@ -439,6 +474,10 @@ impl Driver {
         // With DEFER_TASKRUN, completions are only posted by an enter with GETEVENTS; the
         // TASKRUN flag says some are pending. Otherwise an idle turn needs no syscall.
         let mut waited = Duration::ZERO;
+        let mut want = want;
+        if want == 1 && batch_wait.is_none() && self.spin_for_event() {
+            want = 0;
+        }
         if want > 0 {
             let started = Instant::now();
             match batch_wait {
@@ -454,7 +493,7 @@ impl Driver {
                     .batch_waits
                     .fetch_add(1, Ordering::Relaxed);
             }
-        } else if sq_len > 0 || taskrun {
+        } else if sq_len > 0 || taskrun || sleep {
             self.enter(0);
         }
         let device_completions = self.reap();
@@ -499,6 +538,60 @@ impl Driver {
             Err(err) => panic!("oxpool-io: io_uring submit failed: {err}"),
         }
         !self.ring.submission().is_full()
+    }
+
+    /// Before a sleep: submits what is queued and, if this thread is active and spinning has
+    /// been paying, polls the ring's shared flags for up to [`SPIN_MAX`]. True if an event
+    /// (a completion, deferred task work, a cross-thread wake) arrived: the caller then reaps
+    /// without sleeping, saving a sleep and a wake-up.
+    fn spin_for_event(&mut self) -> bool {
+        let now = Instant::now();
+        let active = self
+            .spin
+            .last_active
+            .is_some_and(|t| now.saturating_duration_since(t) < SPIN_ACTIVE_WITHIN);
+        if !active {
+            return false;
+        }
+        if self.spin.backoff_waits > 0 {
+            self.spin.backoff_waits -= 1;
+            return false;
+        }
+        // Put queued operations in the kernel first: what we spin for may be their result.
+        if !self.ring.submission().is_empty() {
+            self.enter(0);
+        }
+        completion::COMPLETIONS
+            .spins
+            .fetch_add(1, Ordering::Relaxed);
+        let deadline = now + SPIN_MAX;
+        let mut hit = false;
+        // Bounded by the deadline; the flags are shared memory the kernel updates.
+        loop {
+            if !self.ring.completion().is_empty() || self.ring.submission().taskrun() {
+                hit = true;
+                break;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.spin.tries += 1;
+        if hit {
+            self.spin.hits += 1;
+            completion::COMPLETIONS
+                .spin_hits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if self.spin.tries == SPIN_WINDOW {
+            if self.spin.hits < SPIN_HITS_MIN {
+                self.spin.backoff_waits = SPIN_BACKOFF_WAITS;
+            }
+            self.spin.tries = 0;
+            self.spin.hits = 0;
+        }
+        hit
     }
 
     /// Waits for `want` completions or `timeout`, whichever comes first (a batching wait).
@@ -567,9 +660,13 @@ impl Driver {
             in_kernel,
             wake_buf,
             doorbell_armed,
+            spin,
             ..
         } = self;
         let mut device_completions = 0;
+        if !ring.completion().is_empty() {
+            spin.last_active = Some(Instant::now());
+        }
         // Bounded by the CQ size: the iterator stops at the tail it loaded.
         for cqe in ring.completion() {
             let user_data = cqe.user_data();
