@@ -8,6 +8,7 @@ use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
+use std::fmt::Display;
 use std::sync::atomic::Ordering;
 
 /// Writes `data` (already padded to the allocated size) to every copy in `dvas`. Succeeds when
@@ -20,7 +21,7 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
         let top = vdevs
             .top(dva.vdev)
             .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
-        ios.extend(top.plan_write(dva).into_iter().map(|io| (i, io)));
+        ios.extend(top.plan_write(dva).map(|io| (i, io)));
     }
     let futs: Vec<_> = ios
         .iter()
@@ -56,8 +57,15 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
 }
 
 /// Reads the block `bp` points to and verifies it. Returns a buffer of the allocated size
-/// whose first `psize_bytes` are the verified block. `what` names the block in errors.
-pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<IoBuf> {
+/// whose first `psize_bytes` are the verified block. `what` names the block in errors; it is
+/// only formatted on an error path, so a caller can pass `&format_args!(..)` and a read that
+/// succeeds allocates nothing (the buffer comes from the I/O buffer pool, and `bad` stays
+/// empty).
+pub async fn read_block(
+    vdevs: &VdevTree,
+    bp: &BlockPtr,
+    what: &(impl Display + ?Sized),
+) -> Result<IoBuf> {
     debug_assert!(!bp.is_hole());
     let mut bad: Vec<LeafIo> = Vec::new();
     let mut last_io_err = None;
@@ -81,7 +89,7 @@ pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<I
             match read {
                 Err(e) => {
                     io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = io.leaf.name(), what, "read failed: {e}");
+                    tracing::warn!(device = io.leaf.name(), %what, "read failed: {e}");
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
                     bad.push(io);
                 }
@@ -94,7 +102,7 @@ pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<I
                         .counters
                         .checksum_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = io.leaf.name(), what, "checksum mismatch");
+                    tracing::warn!(device = io.leaf.name(), %what, "checksum mismatch");
                     checksum_failures += 1;
                     bad.push(io);
                 }

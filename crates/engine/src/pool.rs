@@ -1573,7 +1573,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             (s.props.cache_max_bytes as usize / BlockTree::CACHED_BLOCK_BYTES).max(64);
         let per_volume = (cache_blocks / volumes.len().max(1)).max(16);
         for vol in &volumes {
-            vol.dirty.lock().unwrap().txgs.retain(|(t, _)| *t != txg);
+            vol.dirty.lock().unwrap().retire(txg);
             vol.tree.lock().unwrap().evict(per_volume);
         }
     }

@@ -102,28 +102,27 @@ impl TopVdev {
     }
 
     /// Leaf I/Os that write the block at `dva`: one per present child (a mirror writes all).
-    pub fn plan_write(&self, dva: &Dva) -> Vec<LeafIo> {
+    /// An iterator, not a collection: planning allocates nothing.
+    pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        self.leaves()
-            .map(|leaf| LeafIo {
-                leaf: leaf.clone(),
-                offset_bytes,
-            })
-            .collect()
+        self.leaves().map(move |leaf| LeafIo {
+            leaf: leaf.clone(),
+            offset_bytes,
+        })
     }
 
     /// Leaf I/Os that can read the block at `dva`, in the order to try them: each read goes to
-    /// one side, and the others are the fallbacks on an error or a checksum mismatch.
-    pub fn plan_read(&self, dva: &Dva) -> Vec<LeafIo> {
+    /// one side, and the others are the fallbacks on an error or a checksum mismatch. An
+    /// iterator, not a collection: planning allocates nothing.
+    pub fn plan_read(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
         let n = self.children.len();
         let first = self.read_rotor.fetch_add(1, Ordering::Relaxed) % n;
         (0..n)
-            .filter_map(|k| self.children[(first + k) % n].clone())
-            .map(|leaf| LeafIo { leaf, offset_bytes })
-            .collect()
+            .filter_map(move |k| self.children[(first + k) % n].clone())
+            .map(move |leaf| LeafIo { leaf, offset_bytes })
     }
 }
 
@@ -183,15 +182,15 @@ mod tests {
             offset_bytes: 8192,
             asize_bytes: 4096,
         };
-        let w = top.plan_write(&dva);
+        let w: Vec<LeafIo> = top.plan_write(&dva).collect();
         assert_eq!(w.len(), 2);
         assert!(w
             .iter()
             .all(|io| io.offset_bytes == DATA_START_BYTES + 8192));
         let firsts: Vec<_> = (0..6)
-            .map(|_| top.plan_read(&dva)[0].leaf.name().to_string())
+            .map(|_| top.plan_read(&dva).next().unwrap().leaf.name().to_string())
             .collect();
         assert!(firsts.contains(&"a".to_string()) && firsts.contains(&"c".to_string()));
-        assert!(top.plan_read(&dva).len() == 2);
+        assert!(top.plan_read(&dva).count() == 2);
     }
 }

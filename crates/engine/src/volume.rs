@@ -70,18 +70,113 @@ impl TxgDirty {
     }
 }
 
+/// Most empty dirty-block shells (`Arc`s whose buffer went back to the I/O buffer pool) a
+/// volume keeps for reuse: the new dirty blocks of one txg of steady-state writing make no
+/// allocation up to this many. About 48 bytes each.
+const SPARE_SHELLS_MAX: usize = 4096;
+
+/// Most emptied block maps a volume keeps: one per txg that can be dirty at once (open,
+/// quiescing, syncing).
+const SPARE_MAPS_MAX: usize = 3;
+
+/// Largest block map (in entries it has room for) a volume keeps for the next txgs; a larger
+/// one, left by an unusually big txg, is freed rather than held. About 17 bytes an entry.
+const SPARE_MAP_CAPACITY_MAX: usize = SPARE_SHELLS_MAX;
+
 /// The dirty sets of the txgs not yet synced (at most the syncing one and the open one).
 #[derive(Default)]
 pub(crate) struct VolDirty {
     /// Ascending by txg.
     pub txgs: Vec<(Txg, TxgDirty)>,
+    /// What retired txgs leave for the next ones, so that steady-state writes do not allocate.
+    spares: DirtySpares,
+}
+
+/// Allocations of synced txgs kept for reuse. Bounded: `SPARE_SHELLS_MAX` shells and
+/// `SPARE_MAPS_MAX` maps of at most `SPARE_MAP_CAPACITY_MAX` entries (under 0.5 MiB a volume).
+#[derive(Default)]
+struct DirtySpares {
+    /// `Arc`s that held a dirty block, now holding an empty buffer; unique.
+    shells: Vec<Arc<IoBuf>>,
+    /// Emptied block maps, each with room for `blocks_high_water` entries.
+    maps: Vec<HashMap<u64, DirtyBlock>>,
+    /// Most blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
+    blocks_high_water: usize,
+}
+
+impl DirtySpares {
+    /// A new dirty block holding `buf`, in a recycled `Arc` if there is one.
+    fn dirty_block(&mut self, buf: IoBuf) -> DirtyBlock {
+        let Some(mut shell) = self.shells.pop() else {
+            return DirtyBlock::Data(Arc::new(buf));
+        };
+        let slot = Arc::get_mut(&mut shell).expect("spare shells are unique");
+        debug_assert!(slot.is_empty(), "a spare shell still holds data");
+        *slot = buf;
+        DirtyBlock::Data(shell)
+    }
+
+    /// Keeps what it can of a synced txg's dirty set: blocks nobody else holds become shells
+    /// (their data goes back to the I/O buffer pool), the emptied map is kept for a next txg.
+    /// Runs on the sync thread, which also grows the kept map to the largest txg seen, so that
+    /// a txg that happened to be small does not leave a map that a writer must grow.
+    fn recycle(&mut self, mut retired: TxgDirty) {
+        self.blocks_high_water = self
+            .blocks_high_water
+            .max(retired.blocks.len())
+            .min(SPARE_MAP_CAPACITY_MAX);
+        for (_, DirtyBlock::Data(mut block)) in retired.blocks.drain() {
+            if self.shells.len() >= SPARE_SHELLS_MAX {
+                break; // The rest is freed with the map's drain.
+            }
+            if let Some(buf) = Arc::get_mut(&mut block) {
+                drop(std::mem::replace(buf, IoBuf::zeroed(0)));
+                if self.shells.capacity() == 0 {
+                    // Once, at the bound: pushing never reallocates afterwards.
+                    self.shells.reserve_exact(SPARE_SHELLS_MAX);
+                }
+                self.shells.push(block);
+            }
+        }
+        let mut map = retired.blocks;
+        debug_assert!(map.is_empty());
+        if self.maps.len() < SPARE_MAPS_MAX && map.capacity() <= SPARE_MAP_CAPACITY_MAX {
+            map.reserve(self.blocks_high_water);
+            if self.maps.capacity() == 0 {
+                self.maps.reserve_exact(SPARE_MAPS_MAX);
+            }
+            self.maps.push(map);
+        }
+    }
 }
 
 /// Where the current content of a block is.
 enum Source {
-    Dirty(IoBuf),
+    /// Dirty in some txg: shared, copied only if the writer needs its own copy.
+    Dirty(Arc<IoBuf>),
     Zero,
     Tree,
+}
+
+/// The content a partial-block write starts from (read-modify-write).
+enum BlockBase {
+    /// The block's dirty data in some txg, shared.
+    Dirty(Arc<IoBuf>),
+    /// Read from the tree; at least one volume block long (the allocated size may be larger).
+    Read(IoBuf),
+    /// A hole or a freed block.
+    Zero,
+}
+
+impl BlockBase {
+    /// A new buffer of `bs` bytes holding the base (from the I/O buffer pool).
+    fn to_block(&self, bs: usize) -> IoBuf {
+        match self {
+            BlockBase::Dirty(buf) => IoBuf::from_slice(&buf[..bs]),
+            BlockBase::Read(buf) => IoBuf::from_slice(&buf[..bs]),
+            BlockBase::Zero => IoBuf::zeroed(bs),
+        }
+    }
 }
 
 impl VolDirty {
@@ -91,16 +186,41 @@ impl VolDirty {
     }
 
     fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {
+        self.txg_and_spares(txg).0
+    }
+
+    /// The dirty set of `txg` (created if needed) and the spares to build new blocks from.
+    fn txg_and_spares(&mut self, txg: Txg) -> (&mut TxgDirty, &mut DirtySpares) {
+        let i = match self.txgs.iter().position(|(t, _)| *t == txg) {
+            Some(i) => i,
+            None => {
+                debug_assert!(
+                    self.txgs.iter().all(|(t, _)| *t < txg),
+                    "txg went backwards"
+                );
+                debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
+                let blocks = self.spares.maps.pop().unwrap_or_default();
+                debug_assert!(blocks.is_empty());
+                self.txgs.push((
+                    txg,
+                    TxgDirty {
+                        blocks,
+                        frees: BTreeMap::new(),
+                    },
+                ));
+                self.txgs.len() - 1
+            }
+        };
+        (&mut self.txgs[i].1, &mut self.spares)
+    }
+
+    /// Drops txg `txg`'s dirty set (the sync made it durable), keeping its allocations for
+    /// the next txgs.
+    pub(crate) fn retire(&mut self, txg: Txg) {
         if let Some(i) = self.txgs.iter().position(|(t, _)| *t == txg) {
-            return &mut self.txgs[i].1;
+            let (_, retired) = self.txgs.remove(i);
+            self.spares.recycle(retired);
         }
-        debug_assert!(
-            self.txgs.iter().all(|(t, _)| *t < txg),
-            "txg went backwards"
-        );
-        debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
-        self.txgs.push((txg, TxgDirty::default()));
-        &mut self.txgs.last_mut().unwrap().1
     }
 
     /// Copies block `b`'s newest dirty content into `out` at `in_block`, or reports that the
@@ -122,7 +242,7 @@ impl VolDirty {
     fn source(&self, b: u64) -> Source {
         for (_, d) in self.txgs.iter().rev() {
             if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
-                return Source::Dirty(IoBuf::clone(buf));
+                return Source::Dirty(Arc::clone(buf));
             }
             if d.freed(b) {
                 return Source::Zero;
@@ -291,7 +411,9 @@ impl Volume {
             .await;
         let end = offset_bytes + out.len() as u64;
         let mut pos = offset_bytes;
-        // Blocks that must come from the tree: (block, in-block offset, output range).
+        // Blocks that must come from the tree: (block, in-block offset, output range). The
+        // first apart, so that a read within one block (most small reads) builds no list.
+        let mut first_from_tree: Option<(u64, usize, std::ops::Range<usize>)> = None;
         let mut from_tree: Vec<(u64, usize, std::ops::Range<usize>)> = Vec::new();
         {
             let d = self.vol.dirty.lock().unwrap();
@@ -301,11 +423,23 @@ impl Volume {
                 let n = ((bs - pos % bs).min(end - pos)) as usize;
                 let o = (pos - offset_bytes) as usize;
                 if !d.read_into(b, in_block, &mut out[o..o + n]) {
-                    from_tree.push((b, in_block, o..o + n));
+                    if first_from_tree.is_none() {
+                        first_from_tree = Some((b, in_block, o..o + n));
+                    } else {
+                        from_tree.push((b, in_block, o..o + n));
+                    }
                 }
                 pos += n as u64;
             }
         }
+        let Some(first) = first_from_tree else {
+            return Ok(());
+        };
+        if from_tree.is_empty() {
+            let (b, in_block, range) = first;
+            return self.read_tree_into(b, in_block, &mut out[range]).await;
+        }
+        from_tree.insert(0, first);
         // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
         // is eight device reads in flight, not eight in a row. The output ranges are disjoint
         // and increasing, so each read gets its own slice of `out`.
@@ -341,7 +475,7 @@ impl Volume {
             if self.pool.data_cache.read_into(&key, in_block, out) {
                 return Ok(());
             }
-            match read_block(vdevs, &bp, &format!("{what} block {b}")).await {
+            match read_block(vdevs, &bp, &format_args!("{what} block {b}")).await {
                 Ok(buf) => {
                     out.copy_from_slice(&buf[in_block..in_block + out.len()]);
                     self.pool.data_cache.insert(key, buf);
@@ -379,7 +513,9 @@ impl Volume {
             {
                 return Ok(Some(cached));
             }
-            match read_block(vdevs, &bp, &format!("{what} block {b}")).await {
+            drop(cached);
+            // The name is formatted only if the read fails.
+            match read_block(vdevs, &bp, &format_args!("{what} block {b}")).await {
                 Ok(buf) => return Ok(Some(buf)),
                 Err(e) => {
                     let again = lookup(&self.vol.tree, vdevs, b, what).await?;
@@ -393,19 +529,21 @@ impl Volume {
         unreachable!("the loop returns")
     }
 
-    /// The current content of block `b` as a new buffer (for read-modify-write).
-    async fn block_content(&self, b: u64, bs: usize) -> Result<IoBuf> {
+    /// The current content of block `b` (for read-modify-write): not copied yet, as a write
+    /// to a block already dirty in its txg needs no copy at all.
+    async fn block_content(&self, b: u64, bs: usize) -> Result<BlockBase> {
         let src = self.vol.dirty.lock().unwrap().source(b);
         match src {
-            Source::Dirty(buf) => Ok(buf),
-            Source::Zero => Ok(IoBuf::zeroed(bs)),
+            Source::Dirty(buf) => Ok(BlockBase::Dirty(buf)),
+            Source::Zero => Ok(BlockBase::Zero),
             Source::Tree => match self.read_tree_block(b).await? {
-                None => Ok(IoBuf::zeroed(bs)),
-                Some(buf) if buf.len() == bs => Ok(buf),
+                None => Ok(BlockBase::Zero),
                 Some(buf) => {
-                    let mut out = IoBuf::zeroed(bs);
-                    out.copy_from_slice(&buf[..bs]);
-                    Ok(out)
+                    debug_assert!(
+                        buf.len() >= bs,
+                        "a data block shorter than the volume block"
+                    );
+                    Ok(BlockBase::Read(buf))
                 }
             },
         }
@@ -553,12 +691,12 @@ impl Volume {
         let head_partial =
             !offset_bytes.is_multiple_of(bs) || (first_b == last_b && !end.is_multiple_of(bs));
         let tail_partial = !end.is_multiple_of(bs) && last_b != first_b;
-        let head = if head_partial {
+        let mut head = if head_partial {
             Some(self.block_content(first_b, bs as usize).await?)
         } else {
             None
         };
-        let tail = if tail_partial {
+        let mut tail = if tail_partial {
             Some(self.block_content(last_b, bs as usize).await?)
         } else {
             None
@@ -568,7 +706,7 @@ impl Volume {
         let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
         {
             let mut d = self.vol.dirty.lock().unwrap();
-            let t = d.txg_mut(hold.txg());
+            let (t, spares) = d.txg_and_spares(hold.txg());
             // Whole zero blocks become a free range (holes).
             if data.is_none() {
                 let zfirst = offset_bytes.div_ceil(bs);
@@ -591,6 +729,14 @@ impl Volume {
                     data.map(|d| &d[(lo - offset_bytes) as usize..(hi - offset_bytes) as usize]);
                 match t.blocks.get_mut(&b) {
                     Some(DirtyBlock::Data(buf)) => {
+                        // This block's base, if one was taken, may be this very buffer; it is
+                        // not needed (the block is changed in place), and holding it would
+                        // make make_mut copy.
+                        if b == first_b {
+                            head = None;
+                        } else if b == last_b {
+                            tail = None;
+                        }
                         // Unique unless a sync of this very txg holds it, which cannot happen
                         // while we hold the txg: make_mut never copies in practice.
                         let buf = Arc::make_mut(buf);
@@ -602,16 +748,17 @@ impl Volume {
                     None => {
                         let mut buf = if full {
                             IoBuf::zeroed(bs as usize)
-                        } else if b == first_b && head.is_some() {
-                            head.clone().unwrap()
+                        } else if let (true, Some(base)) = (b == first_b, &head) {
+                            base.to_block(bs as usize)
                         } else {
-                            tail.clone().expect("partial tail block has a base")
+                            let base = tail.as_ref().expect("partial tail block has a base");
+                            base.to_block(bs as usize)
                         };
                         match src {
                             Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
                             None => buf[in_block..in_block + len].fill(0),
                         }
-                        t.blocks.insert(b, DirtyBlock::Data(Arc::new(buf)));
+                        t.blocks.insert(b, spares.dirty_block(buf));
                         newly_dirty_bytes += bs;
                     }
                 }

@@ -1242,8 +1242,8 @@ pub(crate) async fn read_chain(
         let mut found = None;
         for io in vdevs
             .top(addr.vdev)
-            .map(|t| t.plan_read(&addr))
-            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|t| t.plan_read(&addr))
         {
             let Ok(buf) = io
                 .leaf

@@ -1,13 +1,67 @@
 //! [`IoBuf`]: the owned, page-aligned buffer every I/O moves in and out of.
+//!
+//! Allocations of block-sized buffers are recycled through a process-wide free list (the
+//! pool): a dropped buffer of a pooled length goes back to the pool, and the next buffer of
+//! that length comes from it, so steady-state I/O makes no heap allocation. The pool is shared
+//! by every thread because buffers often die on another thread than the one that made them (a
+//! dirty block is made by the writer and dropped by the txg sync).
 
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Alignment of every [`IoBuf`] allocation. 4096 covers O_DIRECT on every filesystem and block
 /// device we target (`statx` reports 512 or 4096 as `dio_mem_align`).
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
+
+/// Most bytes of free buffers the pool keeps, all lengths together. A buffer dropped while the
+/// pool is full is freed. Part of the process's fixed memory (docs/memory.md).
+pub const IO_BUF_POOL_BYTES_MAX: usize = 16 << 20;
+
+/// Pooled lengths are multiples of this (the sector size, which every block size is).
+const POOL_CLASS_BYTES: usize = 512;
+
+/// Longest pooled buffer: the largest block (128 KiB). Longer buffers are rare and large, and
+/// get lazily-zeroed pages from the system allocator instead.
+const POOLED_LEN_MAX_BYTES: usize = 128 * 1024;
+
+/// One free list per pooled length.
+const POOL_CLASS_COUNT: usize = POOLED_LEN_MAX_BYTES / POOL_CLASS_BYTES;
+
+/// A free allocation held by the pool.
+struct FreeAllocation(NonNull<u8>);
+
+// SAFETY: the pool owns the allocation exclusively; nothing else points to it.
+unsafe impl Send for FreeAllocation {}
+
+/// Free lists by length class (`len / POOL_CLASS_BYTES - 1`). Each holds allocations of exactly
+/// that length. A list only grows when the pool reaches a new high-water mark, so in steady
+/// state pushing allocates nothing; all lists together hold at most `IO_BUF_POOL_BYTES_MAX`.
+static POOL: [Mutex<Vec<FreeAllocation>>; POOL_CLASS_COUNT] =
+    [const { Mutex::new(Vec::new()) }; POOL_CLASS_COUNT];
+
+/// Bytes of free allocations in `POOL` (at most `IO_BUF_POOL_BYTES_MAX`).
+static POOLED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The pool's free list for buffers of `len` bytes, if that length is pooled.
+fn pool_class(len: usize) -> Option<&'static Mutex<Vec<FreeAllocation>>> {
+    if len == 0 || len > POOLED_LEN_MAX_BYTES || !len.is_multiple_of(POOL_CLASS_BYTES) {
+        return None;
+    }
+    Some(&POOL[len / POOL_CLASS_BYTES - 1])
+}
+
+fn lock_class(
+    class: &Mutex<Vec<FreeAllocation>>,
+) -> std::sync::MutexGuard<'_, Vec<FreeAllocation>> {
+    // A panic while holding this lock cannot leave the list inconsistent (push and pop only).
+    class
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// Heap buffer aligned to 4096 bytes (O_DIRECT), fixed length, zero-initialised. `Send + Sync`.
 ///
@@ -27,11 +81,50 @@ unsafe impl Send for IoBuf {}
 unsafe impl Sync for IoBuf {}
 
 impl IoBuf {
-    /// Allocates a zero-filled buffer of `len` bytes, aligned to [`IO_BUF_ALIGN_BYTES`].
+    /// A zero-filled buffer of `len` bytes, aligned to [`IO_BUF_ALIGN_BYTES`]: a recycled one
+    /// from the pool (zeroed here) when there is one of that length, else a new allocation.
     ///
     /// Large buffers come from `calloc`-style zeroed pages, so a big zeroed buffer costs little
     /// until it is touched. Panics (via `handle_alloc_error`) if the allocation fails.
     pub fn zeroed(len: usize) -> IoBuf {
+        if let Some(mut buf) = IoBuf::from_pool(len) {
+            buf.fill(0);
+            return buf;
+        }
+        IoBuf::allocate_zeroed(len)
+    }
+
+    /// Bytes of free buffers the pool holds now (at most [`IO_BUF_POOL_BYTES_MAX`]).
+    pub fn pooled_bytes() -> usize {
+        POOLED_BYTES.load(Ordering::Relaxed)
+    }
+
+    /// A recycled buffer of exactly `len` bytes, holding whatever its last user left in it.
+    fn from_pool(len: usize) -> Option<IoBuf> {
+        let class = pool_class(len)?;
+        let FreeAllocation(ptr) = lock_class(class).pop()?;
+        POOLED_BYTES.fetch_sub(len, Ordering::Relaxed);
+        Some(IoBuf { ptr, len })
+    }
+
+    /// Gives the allocation to the pool if its length is pooled and the pool has room; false
+    /// if the caller must free it.
+    fn return_to_pool(&self) -> bool {
+        let Some(class) = pool_class(self.len) else {
+            return false;
+        };
+        let reserved = POOLED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| {
+            (bytes + self.len <= IO_BUF_POOL_BYTES_MAX).then_some(bytes + self.len)
+        });
+        if reserved.is_err() {
+            return false;
+        }
+        lock_class(class).push(FreeAllocation(self.ptr));
+        true
+    }
+
+    /// A new zero-filled allocation (not from the pool).
+    fn allocate_zeroed(len: usize) -> IoBuf {
         if len == 0 {
             return IoBuf {
                 ptr: Self::dangling(),
@@ -48,7 +141,8 @@ impl IoBuf {
         IoBuf { ptr, len }
     }
 
-    /// Allocates an aligned buffer holding a copy of `data`.
+    /// An aligned buffer holding a copy of `data` (from the pool when it has one of that
+    /// length).
     pub fn from_slice(data: &[u8]) -> IoBuf {
         let mut buf = IoBuf::uninit_for_copy(data.len());
         buf.copy_from_slice(data);
@@ -75,10 +169,11 @@ impl IoBuf {
         self.ptr.as_ptr()
     }
 
-    /// An allocation whose contents are about to be overwritten entirely. Zeroed anyway: the
-    /// cost is small next to the copy, and it keeps `IoBuf` free of uninitialised bytes.
+    /// A buffer whose contents are about to be overwritten entirely: a recycled one as it is
+    /// (its bytes are initialised, by its last user), or a new zeroed one (the cost is small
+    /// next to the copy, and it keeps `IoBuf` free of uninitialised bytes).
     fn uninit_for_copy(len: usize) -> IoBuf {
-        IoBuf::zeroed(len)
+        IoBuf::from_pool(len).unwrap_or_else(|| IoBuf::allocate_zeroed(len))
     }
 
     fn layout(len: usize) -> Layout {
@@ -94,8 +189,9 @@ impl IoBuf {
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        if self.len != 0 {
-            // SAFETY: allocated in `zeroed` with exactly this layout and not freed before.
+        if self.len != 0 && !self.return_to_pool() {
+            // SAFETY: allocated in `allocate_zeroed` with exactly this layout, not freed before,
+            // and not handed to the pool.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
         }
     }
@@ -162,5 +258,32 @@ mod tests {
         copy[0] ^= 0xff;
         assert_ne!(buf, copy);
         assert_eq!(format!("{buf:?}"), "IoBuf { len: 10000 }");
+    }
+
+    #[test]
+    fn dropped_buffers_are_recycled_zeroed() {
+        // A length no other test of this crate uses, so concurrent tests do not take it.
+        let len = 3 * 1024 + 512;
+        let mut buf = IoBuf::zeroed(len);
+        buf.fill(0xa5);
+        let ptr = buf.as_ptr();
+        drop(buf);
+        let again = IoBuf::zeroed(len);
+        assert_eq!(again.as_ptr(), ptr, "the freed allocation was not reused");
+        assert!(again.iter().all(|&b| b == 0));
+        drop(again);
+        let copy = IoBuf::from_slice(&[7u8; 3 * 1024 + 512]);
+        assert_eq!(copy.as_ptr(), ptr);
+        assert!(copy.iter().all(|&b| b == 7));
+        assert!(IoBuf::pooled_bytes() <= IO_BUF_POOL_BYTES_MAX);
+    }
+
+    #[test]
+    fn unpooled_lengths_are_not_kept() {
+        assert!(pool_class(0).is_none());
+        assert!(pool_class(1000).is_none());
+        assert!(pool_class(POOLED_LEN_MAX_BYTES + POOL_CLASS_BYTES).is_none());
+        assert!(pool_class(POOLED_LEN_MAX_BYTES).is_some());
+        assert!(pool_class(POOL_CLASS_BYTES).is_some());
     }
 }

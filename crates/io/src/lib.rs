@@ -20,7 +20,7 @@ mod future;
 mod memory;
 mod net;
 
-pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES};
+pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use fault::{FaultBackend, FaultStats, PowerLossReport};
 pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};

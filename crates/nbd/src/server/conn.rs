@@ -3,9 +3,11 @@
 //! - The connection task does the handshake, then becomes the **reader**: it receives into a
 //!   64 KiB inbox, decodes request headers, takes a free **slot** for each request (waiting when
 //!   none is free: back-pressure, nothing more is read), validates it, receives a WRITE payload
-//!   straight into the slot's buffer, and spawns one **request task**.
-//! - A request task runs the volume operation and leaves its reply in its slot (a small inline
-//!   array, or the slot's buffer for READ data and BLOCK_STATUS), then queues the slot.
+//!   straight into the slot's buffer, and hands the request to the slot's **request task**.
+//! - Each slot has one request task for the connection's life (spawned after the handshake,
+//!   so that serving a request allocates nothing: no task box, no waker per request). It runs
+//!   the volume operation and leaves its reply in its slot (a small inline array, or the
+//!   slot's buffer for READ data and BLOCK_STATUS), queues the slot, and waits for the next.
 //! - The **writer** task sends queued replies in completion order (any order is allowed):
 //!   small replies are copied into one batch and sent together; large ones go straight from
 //!   the slot's buffer. A slot is free again once its reply is sent.
@@ -169,6 +171,10 @@ struct Slot {
     /// WRITE payload in, READ / BLOCK_STATUS reply out. `None` until first needed, while a
     /// request task or a socket operation holds it, or after it was dropped to make room.
     buffer: Option<IoBuf>,
+    /// A request handed to the slot's task and not yet taken by it, with its buffer.
+    pending: Option<(Request, Option<IoBuf>)>,
+    /// The slot's request task has ended (it panicked, or the connection is over).
+    task_gone: bool,
     inline: [u8; INLINE_REPLY_BYTES],
     reply: ReplyAt,
 }
@@ -196,6 +202,8 @@ struct Conn {
     writer_done: Cell<bool>,
     reader_waker: WakerCell,
     writer_waker: WakerCell,
+    /// Per slot: where its request task waits for a request.
+    slot_wakers: Vec<WakerCell>,
 }
 
 impl Conn {
@@ -203,6 +211,8 @@ impl Conn {
         let slots = (0..limits.slots)
             .map(|_| Slot {
                 buffer: None,
+                pending: None,
+                task_gone: false,
                 inline: [0; INLINE_REPLY_BYTES],
                 reply: ReplyAt::Nowhere,
             })
@@ -223,6 +233,35 @@ impl Conn {
             writer_done: Cell::new(false),
             reader_waker: WakerCell::default(),
             writer_waker: WakerCell::default(),
+            slot_wakers: (0..limits.slots).map(|_| WakerCell::default()).collect(),
+        }
+    }
+
+    /// Hands a validated request (and its buffer) to slot `index`'s request task.
+    fn start_request(&self, index: usize, request: Request, buffer: Option<IoBuf>) {
+        {
+            let mut slots = self.slots.borrow_mut();
+            let slot = &mut slots[index];
+            debug_assert!(slot.pending.is_none(), "a slot holds two requests");
+            if !slot.task_gone {
+                slot.pending = Some((request, buffer));
+                drop(slots);
+                self.slot_wakers[index].wake();
+                return;
+            }
+            // Only after a request task panicked, which broke the connection: nothing will
+            // answer, so give the slot back at once.
+            if buffer.is_some() {
+                slot.buffer = buffer;
+            }
+        }
+        self.release(index);
+    }
+
+    /// Wakes every request task (the reader is done: idle ones end).
+    fn wake_request_tasks(&self) {
+        for waker in &self.slot_wakers {
+            waker.wake();
         }
     }
 
@@ -448,6 +487,12 @@ async fn connection(
         "writer",
         write_replies(conn.clone(), batch),
     ));
+    for index in 0..conn.limits.slots {
+        rt::spawn_local(CatchUnwind::new(
+            "request",
+            request_task(conn.clone(), session.clone(), index),
+        ));
+    }
     let end = read_requests(&conn, &session, &mut inbox).await;
     match &end {
         End::RecvFailed(err) => {
@@ -459,6 +504,7 @@ async fn connection(
         other => tracing::debug!(export = %session.export.name, ?other, "nbd: stops reading"),
     }
     conn.reader_done.set(true);
+    conn.wake_request_tasks();
     conn.writer_waker.wake();
     // Requests already read finish and their replies are sent (bounded by the reactor's
     // shutdown grace period if the client stops reading).
@@ -714,10 +760,7 @@ async fn read_requests(conn: &Rc<Conn>, session: &Rc<Session>, inbox: &mut Inbox
                 }
             }
         }
-        rt::spawn_local(CatchUnwind::new(
-            "request",
-            run_request(conn.clone(), session.clone(), index, request, buffer),
-        ));
+        conn.start_request(index, request, buffer);
     }
 }
 
@@ -825,6 +868,48 @@ impl Drop for SlotGuard<'_> {
             self.conn.break_connection();
             self.conn.release(self.index);
         }
+    }
+}
+
+/// Marks a slot's request task gone when it ends (also when unwinding), and frees the slot of
+/// a request it will never take.
+struct RequestTaskGone<'a> {
+    conn: &'a Conn,
+    index: usize,
+}
+
+impl Drop for RequestTaskGone<'_> {
+    fn drop(&mut self) {
+        let orphan = {
+            let mut slots = self.conn.slots.borrow_mut();
+            let slot = &mut slots[self.index];
+            slot.task_gone = true;
+            slot.pending.take()
+        };
+        if let Some((_, buffer)) = orphan {
+            if buffer.is_some() {
+                self.conn.slots.borrow_mut()[self.index].buffer = buffer;
+            }
+            self.conn.release(self.index);
+        }
+    }
+}
+
+/// Slot `index`'s request task: runs the requests the reader hands to the slot, one at a time
+/// (a slot holds one request until its reply is sent), until the reader is done.
+async fn request_task(conn: Rc<Conn>, session: Rc<Session>, index: usize) {
+    let _gone = RequestTaskGone { conn: &conn, index };
+    // Unbounded by design: one request per iteration for the connection's lifetime.
+    loop {
+        wait_until(&conn.slot_wakers[index], || {
+            conn.slots.borrow()[index].pending.is_some() || conn.reader_done.get()
+        })
+        .await;
+        let pending = conn.slots.borrow_mut()[index].pending.take();
+        let Some((request, buffer)) = pending else {
+            return; // The reader is done and handed nothing more.
+        };
+        run_request(conn.clone(), session.clone(), index, request, buffer).await;
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! # Per connection
 //!
-//! See `conn`: a reader task, a fixed array of request slots, one task per request in flight,
+//! See `conn`: a reader task, a fixed array of request slots each with its own request task,
 //! a writer task. Nothing is shared between connections but the volume.
 //!
 //! # Shutdown

@@ -1,0 +1,318 @@
+//! No heap allocation per I/O in steady state: 4 KiB reads of synced data whose indirect blocks
+//! are cached, 4 KiB overwrites of blocks already dirty in the open txg, and 4 KiB writes that
+//! dirty a new block once the buffer pools are warm. On a file-backed pool (the io_uring
+//! backend), single device and two-way mirror.
+//!
+//! Counted by this binary's global allocator on the thread that serves the I/O (this test's
+//! thread: `block_on` runs the volume operation and its device I/O on the caller's ring). The
+//! txg sync thread is not counted: its allocations are per txg, not per I/O, and it is not on
+//! the path of a request. Counting is also off while the test itself waits for a sync.
+//!
+//! The tests of this binary run one at a time: the I/O buffer pool is process-wide, and
+//! another test draining it would make this one allocate. `OXPOOL_ALLOC_BACKTRACE=1` prints a
+//! backtrace of every counted allocation, to find one that was reintroduced.
+
+use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::block_on;
+use oxpool_io::{Backend, FileBackend};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+struct CountingAllocator;
+
+thread_local! {
+    /// Allocations made by this thread while counting is on.
+    static ALLOC_COUNT: Cell<u64> = const { Cell::new(0) };
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `OXPOOL_ALLOC_BACKTRACE` was set (read before counting starts: reading it allocates).
+static PRINT_BACKTRACES: AtomicBool = AtomicBool::new(false);
+
+fn note_allocation() {
+    // `try_with`: the allocator may be called while thread locals are being torn down.
+    let counting = COUNTING.try_with(Cell::get).unwrap_or(false);
+    if counting {
+        let _ = ALLOC_COUNT.try_with(|c| c.set(c.get() + 1));
+        if PRINT_BACKTRACES.load(Ordering::Relaxed) {
+            // Not counted (and not recursing): counting is off while the backtrace is taken.
+            COUNTING.with(|c| c.set(false));
+            eprintln!(
+                "counted allocation at\n{}",
+                std::backtrace::Backtrace::force_capture()
+            );
+            COUNTING.with(|c| c.set(true));
+        }
+    }
+}
+
+// SAFETY: forwards to the system allocator; the counting touches only const-initialized thread
+// locals, which do not allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// Serialises the tests of this binary (see the module docs); also reads the environment.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    PRINT_BACKTRACES.store(
+        std::env::var_os("OXPOOL_ALLOC_BACKTRACE").is_some(),
+        Ordering::Relaxed,
+    );
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `f` and returns how many allocations this thread made meanwhile.
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    ALLOC_COUNT.with(|c| c.set(0));
+    COUNTING.with(|c| c.set(true));
+    f();
+    COUNTING.with(|c| c.set(false));
+    ALLOC_COUNT.with(Cell::get)
+}
+
+const KIB: u64 = 1024;
+const IO_BYTES: usize = 4 * KIB as usize;
+/// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
+/// syncs on its own in the middle of a measurement.
+const DEVICE_BYTES: u64 = 1 << 30;
+const VOLUME_BYTES: u64 = 16 << 20;
+/// The part of the volume the I/Os touch: 256 blocks of the default 16 KiB.
+const REGION_BYTES: u64 = 4 << 20;
+const WARM_UP_IO_COUNT: usize = 2000;
+const MEASURED_IO_COUNT: usize = 2000;
+
+/// A pool of one top-level vdev (single, or a mirror of two) over files in `dir`.
+fn file_pool(dir: &std::path::Path, kind: TopVdevKind) -> Pool {
+    let device_count = if kind == TopVdevKind::Mirror { 2 } else { 1 };
+    let devices: Vec<Arc<dyn Backend>> = (0..device_count)
+        .map(|i| {
+            let path = dir.join(format!("dev{i}"));
+            Arc::new(FileBackend::open(&path, Some(DEVICE_BYTES)).unwrap()) as Arc<dyn Backend>
+        })
+        .collect();
+    let mut props = PoolProps::default();
+    // Txgs end only where the test syncs.
+    props.set("txg_timeout", "3600").unwrap();
+    props.set("dirty_max", "256M").unwrap();
+    Pool::create(
+        "tank",
+        vec![TopSpec {
+            kind,
+            devices,
+            log: false,
+        }],
+        props,
+        false,
+    )
+    .unwrap()
+}
+
+/// The offset of the `i`th I/O: 4 KiB-aligned, spread over the region in a fixed order.
+fn io_offset(i: usize) -> u64 {
+    let slots = REGION_BYTES / IO_BYTES as u64;
+    (i as u64).wrapping_mul(0x9E37_79B9) % slots * IO_BYTES as u64
+}
+
+fn fill_region(vol: &Volume, seed: u8) {
+    let data = vec![seed; REGION_BYTES as usize];
+    block_on(vol.write(0, &data, false)).unwrap();
+}
+
+fn reads(vol: &Volume, buf: &mut [u8], first: usize, count: usize) {
+    for i in first..first + count {
+        block_on(vol.read(io_offset(i), buf)).unwrap();
+    }
+}
+
+fn writes(vol: &Volume, data: &[u8], first: usize, count: usize) {
+    for i in first..first + count {
+        block_on(vol.write(io_offset(i), data, false)).unwrap();
+    }
+}
+
+/// Reads of synced data with every indirect block cached; with `data_cache` off every read
+/// goes to the device (read, verify, copy), with it on the warm-up fills the cache and every
+/// measured read is a hit.
+fn synced_reads_allocate_nothing(kind: TopVdevKind, data_cache: bool) {
+    synced_reads_allocate_nothing_with(kind, data_cache, "auto");
+}
+
+fn synced_reads_allocate_nothing_with(kind: TopVdevKind, data_cache: bool, completion: &str) {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = file_pool(dir.path(), kind.clone());
+    pool.set_prop("completion", completion).unwrap();
+    if !data_cache {
+        pool.set_prop("data_cache_max", "0").unwrap();
+    }
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    fill_region(&vol, 0x5a);
+    pool.sync().unwrap();
+    let mut buf = vec![0u8; IO_BYTES];
+    reads(&vol, &mut buf, 0, WARM_UP_IO_COUNT);
+    let allocation_count =
+        allocations_during(|| reads(&vol, &mut buf, WARM_UP_IO_COUNT, MEASURED_IO_COUNT));
+    assert!(buf.iter().all(|&b| b == 0x5a), "read the wrong data");
+    assert_eq!(
+        allocation_count, 0,
+        "{allocation_count} allocations in {MEASURED_IO_COUNT} reads ({kind:?}, data cache {data_cache})"
+    );
+    let hits = pool.counters().data_cache_stats().hits;
+    if data_cache {
+        assert!(
+            hits >= MEASURED_IO_COUNT as u64,
+            "the reads were not cache hits"
+        );
+    } else {
+        assert_eq!(hits, 0, "the cache was meant to be off");
+    }
+    drop(vol);
+    pool.export().unwrap();
+}
+
+#[test]
+fn synced_reads_allocate_nothing_single() {
+    synced_reads_allocate_nothing(TopVdevKind::Single, false);
+}
+
+#[test]
+fn synced_reads_allocate_nothing_mirror() {
+    synced_reads_allocate_nothing(TopVdevKind::Mirror, false);
+}
+
+/// Every completion policy: batching hints, completion-thread job slots and the offload
+/// hand-off are all preallocated.
+#[test]
+fn uncached_reads_allocate_nothing_under_each_completion_policy() {
+    for completion in ["inline", "worker", "batched", "auto"] {
+        synced_reads_allocate_nothing_with(TopVdevKind::Single, false, completion);
+    }
+}
+
+#[test]
+fn cached_reads_allocate_nothing() {
+    synced_reads_allocate_nothing(TopVdevKind::Single, true);
+}
+
+/// Overwrites of blocks already dirty in the open txg.
+///
+/// Warm-up includes one sync: each write appends one record to the intent log's list of the
+/// txg's changes, which keeps its capacity when a sync empties it. A txg of as many writes as
+/// the previous one then appends without growing it (amortised per txg, not per I/O).
+#[test]
+fn overwrites_of_dirty_blocks_allocate_nothing() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = file_pool(dir.path(), TopVdevKind::Single);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    let data = vec![0xc3u8; IO_BYTES];
+    fill_region(&vol, 1);
+    writes(&vol, &data, 0, WARM_UP_IO_COUNT + MEASURED_IO_COUNT);
+    pool.sync().unwrap();
+    // Every block of the region dirty again in the open txg; then overwrites only.
+    fill_region(&vol, 2);
+    writes(&vol, &data, 0, WARM_UP_IO_COUNT);
+    let allocation_count =
+        allocations_during(|| writes(&vol, &data, WARM_UP_IO_COUNT, MEASURED_IO_COUNT));
+    assert_eq!(
+        allocation_count, 0,
+        "{allocation_count} allocations in {MEASURED_IO_COUNT} overwrites"
+    );
+    let mut back = vec![0u8; IO_BYTES];
+    block_on(vol.read(io_offset(WARM_UP_IO_COUNT), &mut back)).unwrap();
+    assert_eq!(back, data);
+    drop(vol);
+    pool.export().unwrap();
+}
+
+/// 4 KiB writes that each make a new block dirty (a read-modify-write of a synced 16 KiB
+/// block), once the I/O buffer pool and the volume's spare dirty blocks are warm: one write
+/// per block of the region per txg, a sync between txgs (not counted).
+#[test]
+fn writes_that_dirty_a_new_block_allocate_nothing_when_warm() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = file_pool(dir.path(), TopVdevKind::Single);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    let block_bytes = u64::from(vol.block_size_bytes());
+    let block_count = (REGION_BYTES / block_bytes) as usize;
+    let data = vec![0x3cu8; IO_BYTES];
+    fill_region(&vol, 3);
+    pool.sync().unwrap();
+    let one_txg = |round: u64| {
+        for k in 0..block_count as u64 {
+            // A different 4 KiB of each block every round.
+            let offset_bytes = k * block_bytes + (round % (block_bytes / IO_BYTES as u64)) * 4096;
+            block_on(vol.write(offset_bytes, &data, false)).unwrap();
+        }
+    };
+    const WARM_UP_TXG_COUNT: u64 = 3;
+    for round in 0..WARM_UP_TXG_COUNT {
+        one_txg(round);
+        pool.sync().unwrap();
+    }
+    let mut allocation_count = 0;
+    let mut measured_count = 0;
+    let mut round = WARM_UP_TXG_COUNT;
+    while measured_count < MEASURED_IO_COUNT {
+        allocation_count += allocations_during(|| one_txg(round));
+        measured_count += block_count;
+        pool.sync().unwrap();
+        round += 1;
+    }
+    assert_eq!(
+        allocation_count, 0,
+        "{allocation_count} allocations in {measured_count} writes that dirty a new block"
+    );
+    drop(vol);
+    pool.export().unwrap();
+}
+
+/// The counter itself works: an allocation reintroduced on the path is seen.
+#[test]
+fn counter_sees_an_allocation_per_read() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = file_pool(dir.path(), TopVdevKind::Single);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    fill_region(&vol, 4);
+    pool.sync().unwrap();
+    let mut buf = vec![0u8; IO_BYTES];
+    reads(&vol, &mut buf, 0, WARM_UP_IO_COUNT);
+    let allocation_count = allocations_during(|| {
+        for i in 0..MEASURED_IO_COUNT {
+            let mut scratch = vec![0u8; IO_BYTES];
+            block_on(vol.read(io_offset(i), &mut scratch)).unwrap();
+        }
+    });
+    assert_eq!(allocation_count, MEASURED_IO_COUNT as u64);
+    drop(vol);
+    pool.export().unwrap();
+}

@@ -1,0 +1,356 @@
+//! No heap allocation per request through the NBD server in steady state: 4 KiB READs of
+//! synced data whose indirect blocks are cached, and 4 KiB WRITEs to blocks already dirty in
+//! the open txg or (once the buffer pools are warm) that dirty a new block. An in-process
+//! server over a file-backed pool on a loopback port, and a raw client (this test's thread)
+//! that sends one request at a time from preallocated buffers, simple replies.
+//!
+//! Counted by this binary's global allocator on the threads that serve the requests: the
+//! server's reactor threads (named `nbd-reactor-N`, where the request tasks and their device
+//! I/O run) and the client thread. The txg sync thread is not counted: its allocations are per
+//! txg, not per request, and no request waits for it here. Counting is off while the test
+//! itself waits for a sync.
+#![cfg(feature = "server")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::net::Listener;
+use oxpool_io::{Backend, FileBackend};
+use oxpool_nbd::server::{Server, ServerConfig, ServerExport};
+
+struct CountingAllocator;
+
+/// Whether a thread's allocations are counted: not decided yet, yes, no.
+const ROLE_UNKNOWN: u8 = 0;
+const ROLE_SERVING: u8 = 1;
+const ROLE_OTHER: u8 = 2;
+
+thread_local! {
+    static ROLE: Cell<u8> = const { Cell::new(ROLE_UNKNOWN) };
+}
+
+/// Counting is on (the measured window).
+static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Allocations on serving threads while counting.
+static ALLOC_COUNT: AtomicU64 = AtomicU64::new(0);
+
+/// Whether this thread serves requests. Decided once per thread, by its name; the thread is
+/// marked `ROLE_OTHER` while deciding, so an allocation made meanwhile is neither counted nor
+/// recursive.
+fn serving_thread() -> bool {
+    ROLE.try_with(|role| match role.get() {
+        ROLE_SERVING => true,
+        ROLE_OTHER => false,
+        _ => {
+            role.set(ROLE_OTHER);
+            let serving = std::thread::current()
+                .name()
+                .is_some_and(|name| name.starts_with("nbd-reactor-"));
+            role.set(if serving { ROLE_SERVING } else { ROLE_OTHER });
+            serving
+        }
+    })
+    .unwrap_or(false)
+}
+
+fn note_allocation() {
+    if COUNTING.load(Ordering::Relaxed) && serving_thread() {
+        ALLOC_COUNT.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: forwards to the system allocator; the counting touches atomics and a
+// const-initialized thread local, which do not allocate.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note_allocation();
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+/// Runs `f` and returns how many allocations the serving threads made meanwhile.
+fn allocations_during(f: impl FnOnce()) -> u64 {
+    ALLOC_COUNT.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::SeqCst);
+    f();
+    COUNTING.store(false, Ordering::SeqCst);
+    ALLOC_COUNT.load(Ordering::Relaxed)
+}
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const OPT_GO: u32 = 7;
+const REP_ACK: u32 = 1;
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const REQUEST_HEADER_BYTES: usize = 28;
+const SIMPLE_REPLY_BYTES: usize = 16;
+
+const IO_BYTES: usize = 4096;
+/// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
+/// syncs on its own in the middle of a measurement.
+const DEVICE_BYTES: u64 = 1 << 30;
+const VOLUME_BYTES: u64 = 16 << 20;
+/// The part of the volume the requests touch: 256 blocks of the default 16 KiB.
+const REGION_BYTES: u64 = 4 << 20;
+const WARM_UP_IO_COUNT: usize = 2000;
+const MEASURED_IO_COUNT: usize = 2000;
+const EXPORT_NAME: &[u8] = b"tank/v";
+
+fn file_pool(dir: &std::path::Path) -> (Pool, Volume) {
+    let device: Arc<dyn Backend> =
+        Arc::new(FileBackend::open(&dir.join("dev0"), Some(DEVICE_BYTES)).unwrap());
+    let mut props = PoolProps::default();
+    // Txgs end only where the test syncs.
+    props.set("txg_timeout", "3600").unwrap();
+    props.set("dirty_max", "256M").unwrap();
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec {
+            log: false,
+            kind: TopVdevKind::Single,
+            devices: vec![device],
+        }],
+        props,
+        false,
+    )
+    .unwrap();
+    let volume = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    (pool, volume)
+}
+
+fn serve(volume: &Volume) -> (Server, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let export = ServerExport {
+        name: String::from_utf8(EXPORT_NAME.to_vec()).unwrap(),
+        volume: volume.clone(),
+        read_only: false,
+    };
+    let config = ServerConfig {
+        reactors: 1,
+        ..ServerConfig::default()
+    };
+    let server = Server::start(config, vec![export], vec![Listener::tcp(listener)]).unwrap();
+    (server, addr)
+}
+
+/// A raw client with simple replies; every buffer it uses in a request is allocated here.
+struct Client {
+    stream: TcpStream,
+    request: [u8; REQUEST_HEADER_BYTES + IO_BYTES],
+    reply: [u8; SIMPLE_REPLY_BYTES + IO_BYTES],
+    next_cookie: u64,
+}
+
+impl Client {
+    /// Connects and negotiates with NBD_OPT_GO (no structured replies).
+    fn open(addr: &str) -> Client {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        let mut greeting = [0u8; 18];
+        stream.read_exact(&mut greeting).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(greeting[..8].try_into().unwrap()),
+            NBDMAGIC
+        );
+        let mut out = 3u32.to_be_bytes().to_vec();
+        out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+        out.extend_from_slice(&OPT_GO.to_be_bytes());
+        out.extend_from_slice(&(4 + EXPORT_NAME.len() as u32 + 2).to_be_bytes());
+        out.extend_from_slice(&(EXPORT_NAME.len() as u32).to_be_bytes());
+        out.extend_from_slice(EXPORT_NAME);
+        out.extend_from_slice(&0u16.to_be_bytes());
+        stream.write_all(&out).unwrap();
+        for _ in 0..16 {
+            let mut header = [0u8; 20];
+            stream.read_exact(&mut header).unwrap();
+            let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
+            let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+            let mut payload = vec![0u8; len];
+            stream.read_exact(&mut payload).unwrap();
+            assert_eq!(reply_type >> 31, 0, "GO refused");
+            if reply_type == REP_ACK {
+                return Client {
+                    stream,
+                    request: [0; REQUEST_HEADER_BYTES + IO_BYTES],
+                    reply: [0; SIMPLE_REPLY_BYTES + IO_BYTES],
+                    next_cookie: 1,
+                };
+            }
+        }
+        panic!("no ACK");
+    }
+
+    fn header(&mut self, command: u16, offset_bytes: u64) -> u64 {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let h = &mut self.request[..REQUEST_HEADER_BYTES];
+        h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        h[4..6].copy_from_slice(&0u16.to_be_bytes());
+        h[6..8].copy_from_slice(&command.to_be_bytes());
+        h[8..16].copy_from_slice(&cookie.to_be_bytes());
+        h[16..24].copy_from_slice(&offset_bytes.to_be_bytes());
+        h[24..28].copy_from_slice(&(IO_BYTES as u32).to_be_bytes());
+        cookie
+    }
+
+    fn check_reply(&self, cookie: u64) {
+        let r = &self.reply[..SIMPLE_REPLY_BYTES];
+        assert_eq!(
+            u32::from_be_bytes(r[..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 0, "error");
+        assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
+    }
+
+    /// READ of 4 KiB; the data is in `self.reply[SIMPLE_REPLY_BYTES..]`.
+    fn read(&mut self, offset_bytes: u64) {
+        let cookie = self.header(CMD_READ, offset_bytes);
+        self.stream
+            .write_all(&self.request[..REQUEST_HEADER_BYTES])
+            .unwrap();
+        self.stream.read_exact(&mut self.reply).unwrap();
+        self.check_reply(cookie);
+    }
+
+    /// WRITE of 4 KiB of `byte`.
+    fn write(&mut self, offset_bytes: u64, byte: u8) {
+        let cookie = self.header(CMD_WRITE, offset_bytes);
+        self.request[REQUEST_HEADER_BYTES..].fill(byte);
+        self.stream.write_all(&self.request).unwrap();
+        self.stream
+            .read_exact(&mut self.reply[..SIMPLE_REPLY_BYTES])
+            .unwrap();
+        self.check_reply(cookie);
+    }
+}
+
+/// The offset of the `i`th request: 4 KiB-aligned, spread over the region in a fixed order.
+fn io_offset(i: usize) -> u64 {
+    let slots = REGION_BYTES / IO_BYTES as u64;
+    (i as u64).wrapping_mul(0x9E37_79B9) % slots * IO_BYTES as u64
+}
+
+fn fill_region(client: &mut Client, byte: u8) {
+    for k in 0..REGION_BYTES / IO_BYTES as u64 {
+        client.write(k * IO_BYTES as u64, byte);
+    }
+}
+
+/// All cases in one test: the allocator counts every serving thread, so nothing else may run
+/// in this binary at the same time.
+#[test]
+fn requests_allocate_nothing_in_steady_state() {
+    ROLE.with(|role| role.set(ROLE_SERVING)); // The client thread.
+    let dir = tempfile::tempdir().unwrap();
+    let (pool, volume) = file_pool(dir.path());
+    let (server, addr) = serve(&volume);
+    let mut client = Client::open(&addr);
+
+    // 1. READs of synced data.
+    fill_region(&mut client, 0x5a);
+    pool.sync().unwrap();
+    for i in 0..WARM_UP_IO_COUNT {
+        client.read(io_offset(i));
+    }
+    let read_allocations = allocations_during(|| {
+        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+            client.read(io_offset(i));
+        }
+    });
+    assert!(client.reply[SIMPLE_REPLY_BYTES..]
+        .iter()
+        .all(|&b| b == 0x5a));
+
+    // 2. WRITEs to blocks dirty in the open txg (after a txg of as many writes, so that the
+    // intent log's list of the txg's changes has the capacity: see the engine's test).
+    fill_region(&mut client, 1);
+    for i in 0..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+        client.write(io_offset(i), 0xc3);
+    }
+    pool.sync().unwrap();
+    fill_region(&mut client, 2);
+    for i in 0..WARM_UP_IO_COUNT {
+        client.write(io_offset(i), 0xc3);
+    }
+    let overwrite_allocations = allocations_during(|| {
+        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+            client.write(io_offset(i), 0xc3);
+        }
+    });
+
+    // 3. WRITEs that each dirty a new block (read-modify-write of a synced block), a txg of
+    // one per block of the region at a time, once the pools are warm.
+    pool.sync().unwrap();
+    let block_bytes = u64::from(volume.block_size_bytes());
+    let block_count = REGION_BYTES / block_bytes;
+    let mut one_txg = |round: u64| {
+        for k in 0..block_count {
+            let offset_bytes = k * block_bytes + (round % (block_bytes / IO_BYTES as u64)) * 4096;
+            client.write(offset_bytes, round as u8);
+        }
+    };
+    const WARM_UP_TXG_COUNT: u64 = 3;
+    for round in 0..WARM_UP_TXG_COUNT {
+        one_txg(round);
+        pool.sync().unwrap();
+    }
+    let mut new_block_allocations = 0;
+    let mut new_block_writes = 0;
+    let mut round = WARM_UP_TXG_COUNT;
+    while new_block_writes < MEASURED_IO_COUNT as u64 {
+        new_block_allocations += allocations_during(|| one_txg(round));
+        new_block_writes += block_count;
+        pool.sync().unwrap();
+        round += 1;
+    }
+
+    assert_eq!(
+        (
+            read_allocations,
+            overwrite_allocations,
+            new_block_allocations
+        ),
+        (0, 0, 0),
+        "allocations in {MEASURED_IO_COUNT} reads, {MEASURED_IO_COUNT} overwrites, \
+         {new_block_writes} writes that dirty a new block"
+    );
+
+    server.shutdown_handle().shutdown();
+    drop(client);
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
