@@ -1551,7 +1551,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     }
     for vol in &volumes {
         vol.zil.txg_synced(txg);
-        vol.zil.restart_if_broken(inner);
+        vol.zil.restart_if_broken(txg);
     }
     Ok(())
 }
