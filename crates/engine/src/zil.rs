@@ -976,7 +976,9 @@ impl Volume {
                 let at = (b * bs - offset_bytes) as usize;
                 let block = crate::pool::padded(&data[at..at + bs as usize]);
                 async move {
-                    let bp = crate::pool::write_new_block(
+                    // Held from its allocation on, so every txg sync accounts for it (see
+                    // `VolumeInner::inplace_held`).
+                    let bp = crate::pool::alloc_new_block(
                         &self.pool,
                         &block,
                         crate::pool::NewBlock {
@@ -988,8 +990,16 @@ impl Volume {
                             txg,
                             fill: 1,
                         },
-                    )
-                    .await?;
+                        Some(&self.vol.inplace_held),
+                    )?;
+                    if let Err(e) =
+                        crate::pipeline::write_block(&self.pool.vdevs, bp.dvas(), &block).await
+                    {
+                        // No record points at it: freed by the sync of its txg, as a
+                        // replaced block.
+                        self.vol.override_garbage.lock().unwrap().push((txg, bp));
+                        return Err(e);
+                    }
                     self.pool
                         .log_counters
                         .indirect_bytes

@@ -7,6 +7,8 @@
 //!   the failed build left a closed block that was never written.
 //! - Records a failed build took out of the pending list are in no block: a later commit
 //!   must not be answered before their txg has synced, even after the log restarted.
+//! - In-place blocks allocated while a txg syncs, whose records belong to the next txg, are
+//!   freed once after a crash and import: the space comes back.
 //!
 //! `OXPOOL_CRASH_CASES` and `OXPOOL_CRASH_SEED` as in power_loss.rs (for the EIO cases).
 
@@ -499,4 +501,77 @@ async fn futures_join<A: std::future::Future, B: std::future::Future>(
     })
     .await;
     (ra.unwrap(), rb.unwrap())
+}
+
+/// In-place blocks of a FUA write made while a txg syncs: allocated before that sync wrote its
+/// space maps, so the maps it commits hold them allocated, but their records belong to the
+/// next txg, so neither its tree nor its deferred frees reach them. After a crash right after
+/// that sync, import replays the records and must free those blocks: the pool's allocated
+/// space comes back to what it was before.
+#[test]
+fn in_place_blocks_of_the_next_txg_do_not_leak_across_a_crash() {
+    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
+    let dev = Arc::new(FaultBackend::new(Arc::new(mem.clone()), 4));
+    let pool = Pool::create(
+        "tank",
+        vec![single(vec![dev.clone() as Arc<dyn Backend>], false)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool
+        .create_volume(
+            "v",
+            16 << 20,
+            &[
+                ("volblocksize".into(), "64K".into()),
+                ("logbias".into(), "throughput".into()),
+            ],
+        )
+        .unwrap();
+    let region_bytes = 4usize << 20;
+    block_on(vol.write(0, &pattern(1, region_bytes), false)).unwrap();
+    block_on(vol.flush()).unwrap(); // anchors the chain
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let base = pool.status().allocated_bytes;
+    // Dirty data for a slow sync.
+    block_on(vol.write(8 << 20, &pattern(2, 1 << 20), false)).unwrap();
+    dev.enable_power_loss();
+    dev.set_latency(Duration::from_millis(20));
+    let rewrite = pattern(3, region_bytes);
+    let writes_before = dev.stats().writes;
+    std::thread::scope(|s| {
+        let syncer = s.spawn(|| pool.sync());
+        block_on(async {
+            wait_until("the sync writes", || dev.stats().writes > writes_before).await;
+            // Whole blocks: written in place at once, logged by pointer.
+            vol.write(0, &rewrite, true).await.unwrap();
+        });
+        syncer.join().unwrap().unwrap();
+    });
+    let in_place = pool.log_stats().indirect_bytes;
+    assert!(in_place >= region_bytes as u64, "not written in place");
+    dev.crash_after_ops(0);
+    drop(vol);
+    drop(pool);
+    dev.apply_power_loss(6);
+    let pool = Pool::import(vec![Arc::new(mem)], Some("tank")).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let mut got = vec![0u8; region_bytes];
+    block_on(vol.read(0, &mut got)).unwrap();
+    assert!(got == rewrite, "the FUA write was lost");
+    // Past the deferral of every free.
+    for _ in 0..5 {
+        pool.sync().unwrap();
+    }
+    let after = pool.status().allocated_bytes;
+    // The slow sync's 1 MiB is new; a leak would add the 4 MiB written in place.
+    assert!(
+        after <= base + (1 << 20) + (256 << 10),
+        "allocated {after} bytes after the crash, {base} before: in-place blocks leaked"
+    );
+    drop(vol);
+    pool.export().unwrap();
 }
