@@ -27,7 +27,7 @@ use oxpool_format::{
 };
 use oxpool_io::rt::{block_on, join_all};
 use oxpool_io::{Backend, IoBuf};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -1183,9 +1183,10 @@ async fn import_devices(
             // Blocks written in place for records that are replayed: claimed like the log's
             // own, freed after the replay copied their data.
             // In-place blocks of replayed records: freed after the replay only if the
-            // committed maps show them free (claimed here). One the maps hold allocated is
-            // covered by a deferred free or by the tree already; freeing it again would be a
-            // double free (at worst it leaks).
+            // committed maps show them free (claimed here) or `log_reserved` lists them (the
+            // sync allocated them in its maps but neither adopted nor freed them). Any other
+            // one the maps hold allocated is covered by a deferred free or by the tree
+            // already; freeing it again would be a double free.
             for d in &replay.indirect_blocks {
                 if vdevs
                     .top(d.vdev)
@@ -1200,6 +1201,8 @@ async fn import_devices(
                 replays.push((vm.name.clone(), replay.records));
             }
         }
+        // An in-place block both listed and claimed above is freed once.
+        log_blocks.extend(claimed_indirect);
         log_blocks.sort_by_key(|d| (d.vdev, d.offset_bytes));
         log_blocks.dedup();
         for d in &log_blocks {
@@ -1210,7 +1213,6 @@ async fn import_devices(
                 alloc.map_mut(d.vdev).claim(d);
             }
         }
-        log_blocks.extend(claimed_indirect);
         let zil = Zil::new(
             cfg0.pool_guid,
             vm.id,
@@ -1305,17 +1307,35 @@ pub(crate) async fn write_new_block(
     data: &IoBuf,
     nb: NewBlock,
 ) -> Result<BlockPtr> {
+    let bp = alloc_new_block(inner, data, nb, None)?;
+    write_block(&inner.vdevs, bp.dvas(), data).await?;
+    Ok(bp)
+}
+
+/// Allocates the places of a new block of `data` and returns its pointer; nothing is written.
+/// With `held`, the places are recorded there under the pool's state lock, in the same step as
+/// the allocation: a txg sync whose space maps include the allocation finds them there.
+pub(crate) fn alloc_new_block(
+    inner: &PoolInner,
+    data: &IoBuf,
+    nb: NewBlock,
+    held: Option<&Mutex<HashSet<Dva>>>,
+) -> Result<BlockPtr> {
     let asize = data.len() as u64;
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
-    let dvas = inner
-        .state
-        .lock()
-        .unwrap()
-        .alloc
-        .alloc(asize, nb.copies)
-        .ok_or_else(|| EngineError::NoSpace {
-            pool: inner.name.clone(),
-        })?;
+    let dvas = {
+        let mut s = inner.state.lock().unwrap();
+        let dvas = s
+            .alloc
+            .alloc(asize, nb.copies)
+            .ok_or_else(|| EngineError::NoSpace {
+                pool: inner.name.clone(),
+            })?;
+        if let Some(h) = held {
+            h.lock().unwrap().extend(dvas.iter().copied());
+        }
+        dvas
+    };
     let mut bp = BlockPtr {
         ndvas: dvas.len() as u8,
         lsize_bytes: nb.psize_bytes,
@@ -1330,7 +1350,6 @@ pub(crate) async fn write_new_block(
         ..BlockPtr::HOLE
     };
     bp.dvas[..dvas.len()].copy_from_slice(&dvas);
-    write_block(&inner.vdevs, bp.dvas(), data).await?;
     Ok(bp)
 }
 
@@ -1444,7 +1463,9 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     let mut log_info: BTreeMap<u64, (LogHead, Vec<Dva>)> = BTreeMap::new();
     for vol in &volumes {
         freed.extend(vol.zil.take_to_free());
-        log_info.insert(vol.id.0, (vol.zil.head(), vol.zil.reserved()));
+        let mut reserved = vol.zil.reserved();
+        reserved.extend(vol.inplace_held.lock().unwrap().iter().copied());
+        log_info.insert(vol.id.0, (vol.zil.head(), reserved));
     }
     for vol in &destroyed {
         freed.extend(vol.zil.take_to_free());
@@ -1579,7 +1600,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     }
     for vol in &volumes {
         vol.zil.txg_synced(txg);
-        vol.zil.restart_if_broken(inner);
+        vol.zil.restart_if_broken(txg);
     }
     Ok(())
 }
@@ -1686,26 +1707,34 @@ async fn sync_volume(
     blocks.sort_unstable_by_key(|(b, _)| *b);
     let bs = props.volblocksize_bytes;
     let mut overrides: HashMap<u64, BlockPtr> = HashMap::new();
+    // Every in-place block taken here is adopted or freed by this txg: no longer held.
     {
         let mut o = vol.overrides.lock().unwrap();
+        let mut held = vol.inplace_held.lock().unwrap();
         let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
         for k in mine {
             let bp = o.remove(&k).unwrap();
+            bp.dvas().iter().for_each(|d| {
+                held.remove(d);
+            });
             if k.0 == txg && !destroy {
                 overrides.insert(k.1, bp);
             } else {
                 freed.extend_from_slice(bp.dvas());
             }
         }
+        vol.override_garbage.lock().unwrap().retain(|(t, bp)| {
+            if *t <= txg {
+                bp.dvas().iter().for_each(|d| {
+                    held.remove(d);
+                });
+                freed.extend_from_slice(bp.dvas());
+                false
+            } else {
+                true
+            }
+        });
     }
-    vol.override_garbage.lock().unwrap().retain(|(t, bp)| {
-        if *t <= txg {
-            freed.extend_from_slice(bp.dvas());
-            false
-        } else {
-            true
-        }
-    });
     let overrides = &overrides;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch

@@ -16,9 +16,9 @@ use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
 use crate::zil::{ItxKind, Zil};
 use crate::{EngineError, Result};
-use oxpool_format::{BlockPtr, Txg, VolumeId};
+use oxpool_format::{BlockPtr, Dva, Txg, VolumeId};
 use oxpool_io::IoBuf;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -284,6 +284,12 @@ pub(crate) struct VolumeInner {
     /// In-place blocks replaced by a newer one for the same (txg, block): freed by that txg's
     /// sync.
     pub override_garbage: Mutex<Vec<(Txg, BlockPtr)>>,
+    /// Places of every in-place block from its allocation until a txg sync adopts or frees it
+    /// (in `overrides`, `override_garbage`, or still being written). Each sync lists them in
+    /// the volume's `log_reserved`: the space maps it persists may hold them allocated while
+    /// neither its tree nor its deferred frees reach them, and import frees them after the
+    /// replay. Inserted under the pool's state lock, with the allocation.
+    pub inplace_held: Mutex<HashSet<Dva>>,
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
@@ -310,6 +316,7 @@ impl VolumeInner {
             zil,
             overrides: Mutex::new(HashMap::new()),
             override_garbage: Mutex::new(Vec::new()),
+            inplace_held: Mutex::new(HashSet::new()),
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
         }

@@ -216,6 +216,9 @@ struct ZilState {
     recent_used_bytes: VecDeque<u64>,
     /// Blocks no longer needed, to free at the next txg sync.
     to_free: Vec<Dva>,
+    /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
+    /// further one fails as if the pool were full.
+    alloc_ok_left: Option<u64>,
 }
 
 /// One volume's intent log.
@@ -251,6 +254,7 @@ impl Zil {
                 serial_busy: false,
                 recent_used_bytes: VecDeque::new(),
                 to_free,
+                alloc_ok_left: None,
             }),
         }
     }
@@ -327,25 +331,47 @@ impl Zil {
         std::mem::take(&mut self.state.lock().unwrap().to_free)
     }
 
-    /// After a log error: abandon the chain (called by the txg sync, which makes every record
-    /// durable anyway). The next block starts a new chain at a fresh place.
-    pub fn restart_if_broken(&self, inner: &PoolInner) {
+    /// After a log error: abandon the chain (called by the txg sync that just committed
+    /// `synced`). The next commit anchors a new chain at a fresh place, and that anchor's txg
+    /// sync makes every record of the old chain redundant. Blocks that will never be written
+    /// (the open block, whose committers all fall back to the txg, and blocks closed by a build
+    /// that failed) are dropped with the rest; their records of txgs not yet synced set the
+    /// lost floor, so the durable point cannot pass them before their txg has synced.
+    /// Waits (does nothing) while a block is still being written or built.
+    pub fn restart_if_broken(&self, synced: Txg) {
         let mut s = self.state.lock().unwrap();
-        if !s.broken
-            || s.building
-            || s.open.is_some()
-            || s.chain.iter().any(|c| !c.done && !c.failed)
-        {
+        if !s.broken || s.building || s.chain.iter().any(|c| !c.done && !c.failed) {
             return;
         }
-        let blocks: Vec<Dva> = s.chain.drain(..).map(|c| c.addr).collect();
-        s.to_free.extend(blocks);
+        let mut dropped: Vec<(u64, Txg)> = Vec::new();
+        if let Some(o) = s.open.take() {
+            dropped.push((o.itx_first, o.max_txg));
+            s.to_free.push(o.addr);
+        }
+        // Replay stops at the first block not written: from there on, written or not, no
+        // block's records are durable through this chain.
+        let blocks: Vec<ChainBlock> = s.chain.drain(..).collect();
+        let mut reachable = true;
+        for c in blocks {
+            reachable &= c.done;
+            if !reachable {
+                dropped.push((c.itx_first, c.max_txg));
+            }
+            s.to_free.push(c.addr);
+        }
+        for (first, max_txg) in dropped {
+            if max_txg > synced {
+                s.lose_records(first, max_txg);
+            }
+        }
         if let Some((addr, seq)) = s.next_addr.take() {
             s.to_free.push(addr);
             s.first_seq = seq + SEQ_RESTART_GAP;
         }
-        let _ = inner;
         s.broken = false;
+        let waiters = std::mem::take(&mut s.waiters);
+        drop(s);
+        waiters.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -362,14 +388,45 @@ impl ZilState {
     }
 
     /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
-    /// and in no block: the durable point must not pass them, and commits fall back to the txg.
-    fn fail_batch(&mut self, first: u64, max_txg: Txg) {
+    /// and in no block that will be written: the durable point must not pass them, and
+    /// commits fall back to the txg. `unissued` are blocks the build closed and will not issue:
+    /// marked failed, so the txg sync can restart the chain (see
+    /// [`Zil::restart_if_broken`]) instead of waiting forever for them to be written.
+    fn fail_batch(&mut self, first: u64, max_txg: Txg, unissued: &[OpenBlock]) {
         self.building_first = None;
         self.broken = true;
+        for b in unissued {
+            if let Some(c) = self.chain.iter_mut().find(|c| c.seq == b.seq) {
+                c.failed = true;
+            }
+        }
+        self.lose_records(first, max_txg);
+    }
+
+    /// Records of seqs >= `first` (txgs up to `max_txg`) are in no block that will be written:
+    /// only the sync of `max_txg` makes them durable.
+    fn lose_records(&mut self, first: u64, max_txg: Txg) {
         self.lost_floor = Some(match self.lost_floor {
             Some((s, t)) => (s.min(first), t.max(max_txg)),
             None => (first, max_txg),
         });
+    }
+
+    /// Whether a commit up to itx `target` must wait for the txg: the log is broken, or some
+    /// record at or below `target` is in no block that will be written.
+    fn needs_txg(&self, target: u64) -> bool {
+        self.broken || self.lost_floor.is_some_and(|(seq, _)| seq <= target)
+    }
+
+    /// Allocates the place of a log block (see [`alloc_log_block`]), unless the test hook says
+    /// the pool is full.
+    fn alloc_block(&mut self, inner: &PoolInner, size_bytes: u64) -> Option<Dva> {
+        match self.alloc_ok_left {
+            Some(0) => return None,
+            Some(n) => self.alloc_ok_left = Some(n - 1),
+            None => {}
+        }
+        alloc_log_block(inner, size_bytes)
     }
 
     /// Moves the durable point up to the lowest itx that may still be lost: pending, being
@@ -516,6 +573,14 @@ impl Built {
 }
 
 impl Volume {
+    /// Test hook: after `ok_count` more log-block allocations of this volume, every one fails
+    /// as if the pool were full (`None`: never). A real full pool cannot be arranged to fail
+    /// exactly in the middle of a build; this fails the same code path.
+    #[doc(hidden)]
+    pub fn set_log_alloc_fault(&self, ok_count: Option<u64>) {
+        self.vol.zil.state.lock().unwrap().alloc_ok_left = ok_count;
+    }
+
     /// Makes every change of this volume logged up to itx `target` durable.
     pub(crate) async fn zil_commit(&self, target: u64) -> Result<()> {
         let inner = &self.pool;
@@ -550,7 +615,7 @@ impl Volume {
                     return Poll::Ready(Next::Done);
                 }
                 // A broken log may have lost records: only the txg vouches for them.
-                if s.broken {
+                if s.needs_txg(target) {
                     return Poll::Ready(Next::FallBack);
                 }
                 if s.durable_itx > target {
@@ -587,7 +652,7 @@ impl Volume {
             match next {
                 Next::Anchor => self.zil_anchor().await?,
                 Next::Done => return Ok(()),
-                Next::FallBack => return inner.txg.wait_synced(target_txg, true).await,
+                Next::FallBack => return self.zil_wait_txg(target_txg).await,
                 Next::Build => {
                     let r = self.zil_build().await;
                     let waiters = {
@@ -630,6 +695,19 @@ impl Volume {
         }
     }
 
+    /// A commit that the log cannot answer waits for the sync of `txg`, the open txg when it
+    /// began. Its records may all belong to an older txg (synced meanwhile), leaving `txg`
+    /// empty: it is marked dirty so that it syncs anyway instead of waiting for the timeout.
+    async fn zil_wait_txg(&self, txg: Txg) -> Result<()> {
+        {
+            let mut t = self.pool.txg.state.lock().unwrap();
+            if t.open == txg {
+                t.open_dirty = true;
+            }
+        }
+        self.pool.txg.wait_synced(txg, true).await
+    }
+
     /// A chain with no place yet gets one, persisted by a txg sync before any block of it is
     /// written (as OpenZFS's zil_create); every committer waits for that sync.
     async fn zil_anchor(&self) -> Result<()> {
@@ -642,7 +720,7 @@ impl Volume {
                     pool: inner.name.clone(),
                 };
                 let size = s.predict_block_bytes();
-                let addr = alloc_log_block(inner, size).ok_or_else(no_space)?;
+                let addr = s.alloc_block(inner, size).ok_or_else(no_space)?;
                 s.next_addr = Some((addr, s.first_seq));
                 // A txg whose sync has not begun: its metadata will name this place.
                 inner.txg.mark_dirty();
@@ -664,13 +742,13 @@ impl Volume {
         let done = |s: &ZilState| s.durable_itx > target || inner.txg.synced() >= target_txg;
         let (is_done, broken) = {
             let s = zil.state.lock().unwrap();
-            (done(&s), s.broken)
+            (done(&s), s.needs_txg(target))
         };
         if is_done {
             return Ok(());
         }
         if broken {
-            return inner.txg.wait_synced(target_txg, true).await;
+            return self.zil_wait_txg(target_txg).await;
         }
         zil.state.lock().unwrap().building = true;
         let r = self.zil_build_upto(Some(target)).await;
@@ -686,7 +764,7 @@ impl Volume {
         if is_done {
             Ok(())
         } else {
-            inner.txg.wait_synced(target_txg, true).await
+            self.zil_wait_txg(target_txg).await
         }
     }
 
@@ -766,10 +844,11 @@ impl Volume {
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
                                 if let Err(e) = self.read(offset_bytes, &mut buf).await {
-                                    zil.state
-                                        .lock()
-                                        .unwrap()
-                                        .fail_batch(batch_first, batch_max_txg);
+                                    zil.state.lock().unwrap().fail_batch(
+                                        batch_first,
+                                        batch_max_txg,
+                                        &[],
+                                    );
                                     return Err(e);
                                 }
                                 Arc::from(buf)
@@ -787,10 +866,11 @@ impl Volume {
                                     continue;
                                 }
                                 Err(e) => {
-                                    zil.state
-                                        .lock()
-                                        .unwrap()
-                                        .fail_batch(batch_first, batch_max_txg);
+                                    zil.state.lock().unwrap().fail_batch(
+                                        batch_first,
+                                        batch_max_txg,
+                                        &[],
+                                    );
                                     return Err(e);
                                 }
                             }
@@ -828,7 +908,7 @@ impl Volume {
                     // An itx of a synced txg is durable already: it is simply dropped.
                     let Some(rec) = rec else { continue };
                     if let Err(e) = self.place(&mut s, seq, &rec, &mut full) {
-                        s.fail_batch(batch_first, batch_max_txg);
+                        s.fail_batch(batch_first, batch_max_txg, &full);
                         return Err(e);
                     }
                 }
@@ -896,7 +976,9 @@ impl Volume {
                 let at = (b * bs - offset_bytes) as usize;
                 let block = crate::pool::padded(&data[at..at + bs as usize]);
                 async move {
-                    let bp = crate::pool::write_new_block(
+                    // Held from its allocation on, so every txg sync accounts for it (see
+                    // `VolumeInner::inplace_held`).
+                    let bp = crate::pool::alloc_new_block(
                         &self.pool,
                         &block,
                         crate::pool::NewBlock {
@@ -908,8 +990,16 @@ impl Volume {
                             txg,
                             fill: 1,
                         },
-                    )
-                    .await?;
+                        Some(&self.vol.inplace_held),
+                    )?;
+                    if let Err(e) =
+                        crate::pipeline::write_block(&self.pool.vdevs, bp.dvas(), &block).await
+                    {
+                        // No record points at it: freed by the sync of its txg, as a
+                        // replaced block.
+                        self.vol.override_garbage.lock().unwrap().push((txg, bp));
+                        return Err(e);
+                    }
                     self.pool
                         .log_counters
                         .indirect_bytes
@@ -1038,11 +1128,11 @@ impl Volume {
         let (addr, seq) = match s.next_addr {
             Some(a) => a,
             None => (
-                alloc_log_block(&self.pool, size).ok_or_else(no_space)?,
+                s.alloc_block(&self.pool, size).ok_or_else(no_space)?,
                 s.first_seq,
             ),
         };
-        let next = alloc_log_block(&self.pool, size).ok_or_else(no_space)?;
+        let next = s.alloc_block(&self.pool, size).ok_or_else(no_space)?;
         s.next_addr = Some((next, seq + 1));
         Ok(OpenBlock {
             seq,
@@ -1324,4 +1414,46 @@ pub(crate) async fn read_chain(
         out.end_seq = seq;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lost floor: records a failed build took out of `pending` are in no block, so the
+    /// durable point must not pass them, neither when a later block of the chain is written
+    /// (it chains past them) nor when an older txg syncs; only the sync of their own txg may.
+    #[test]
+    fn durable_point_stays_below_records_of_a_failed_build() {
+        let zil = Zil::new(Guid(1), VolumeId(1), 1, Vec::new());
+        let kind = || ItxKind::Free {
+            offset_bytes: 0,
+            length_bytes: 4096,
+        };
+        let lost = zil.append(Txg(5), kind());
+        zil.append(Txg(6), kind());
+        let later = zil.append(Txg(6), kind());
+        {
+            let mut s = zil.state.lock().unwrap();
+            // A build takes the first two and fails before they are in a block.
+            s.pending.drain(..2);
+            s.fail_batch(lost, Txg(6), &[]);
+            // The next record goes into a block that is written.
+            s.pending.pop_front();
+            s.chain.push_back(ChainBlock {
+                seq: 1,
+                addr: Dva::default(),
+                itx_first: later,
+                max_txg: Txg(6),
+                done: true,
+                failed: false,
+            });
+            s.advance_durable();
+            assert_eq!(s.durable_itx, lost, "passed records that are in no block");
+        }
+        zil.txg_synced(Txg(5));
+        assert_eq!(zil.state.lock().unwrap().durable_itx, lost);
+        zil.txg_synced(Txg(6));
+        assert_eq!(zil.state.lock().unwrap().durable_itx, later + 1);
+    }
 }
