@@ -9,7 +9,9 @@
 pub mod alloc;
 pub mod cachefile;
 mod error;
+pub mod iostats;
 pub mod label;
+mod leaf_io;
 pub mod pipeline;
 pub mod pool;
 pub mod props;
@@ -17,6 +19,7 @@ pub mod rangelock;
 pub mod tree;
 pub mod txg;
 pub mod vdev;
+pub mod vdev_queue;
 pub mod volume;
 mod zil;
 

@@ -4,16 +4,23 @@
 //! rewrites the copies that were bad (self-healing), counting every error on its leaf.
 
 use crate::vdev::{LeafIo, VdevTree};
+use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
 use std::sync::atomic::Ordering;
 
-/// Writes `data` (already padded to the allocated size) to every copy in `dvas`. Succeeds when
+/// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
+/// `class`. Succeeds when
 /// each DVA has at least one good leaf write; failed leaves are counted. Fails if any DVA could
 /// not be written at all.
-pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result<()> {
+pub async fn write_block(
+    vdevs: &VdevTree,
+    class: IoClass,
+    dvas: &[Dva],
+    data: &IoBuf,
+) -> Result<()> {
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
     for (i, dva) in dvas.iter().enumerate() {
         debug_assert_eq!(dva.asize_bytes as usize, data.len());
@@ -24,7 +31,7 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
     }
     let futs: Vec<_> = ios
         .iter()
-        .map(|(_, io)| io.leaf.backend.write(io.offset_bytes, data.clone()))
+        .map(|(_, io)| io.leaf.write(class, io.offset_bytes, data.clone()))
         .collect();
     let results = join_all(futs).await;
     let mut ok = vec![false; dvas.len()];
@@ -53,9 +60,14 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
     }
 }
 
-/// Reads the block `bp` points to and verifies it. Returns a buffer of the allocated size
+/// Reads the block `bp` points to, as I/Os of `class`, and verifies it. Returns a buffer of the allocated size
 /// whose first `psize_bytes` are the verified block. `what` names the block in errors.
-pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<IoBuf> {
+pub async fn read_block(
+    vdevs: &VdevTree,
+    class: IoClass,
+    bp: &BlockPtr,
+    what: &str,
+) -> Result<IoBuf> {
     debug_assert!(!bp.is_hole());
     let mut bad: Vec<LeafIo> = Vec::new();
     let mut last_io_err = None;
@@ -67,8 +79,11 @@ pub async fn read_block(vdevs: &VdevTree, bp: &BlockPtr, what: &str) -> Result<I
         for io in top.plan_read(dva) {
             match io
                 .leaf
-                .backend
-                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .read(
+                    class,
+                    io.offset_bytes,
+                    IoBuf::zeroed(dva.asize_bytes as usize),
+                )
                 .await
             {
                 Err(e) => {
@@ -111,11 +126,15 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
 /// the verified buffer fits every bad location. Errors here are counted, not returned: the
-/// read itself succeeded.
+/// read itself succeeded. Async writes: nobody waits for a repair.
 async fn heal(bad: &[LeafIo], good: &IoBuf) -> u64 {
     let mut repaired = 0;
     for io in bad {
-        match io.leaf.backend.write(io.offset_bytes, good.clone()).await {
+        match io
+            .leaf
+            .write(IoClass::AsyncWrite, io.offset_bytes, good.clone())
+            .await
+        {
             Ok(_) => {
                 io.leaf
                     .counters
@@ -175,8 +194,11 @@ pub async fn scrub_block(
             counts.copies_checked += 1;
             match io
                 .leaf
-                .backend
-                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .read(
+                    IoClass::Scrub,
+                    io.offset_bytes,
+                    IoBuf::zeroed(dva.asize_bytes as usize),
+                )
                 .await
             {
                 Ok(buf) if verify(bp, &buf) => {

@@ -8,11 +8,13 @@
 //! The txg sync writes a txg's dirty blocks and swaps their pointers into the tree; until it
 //! has, the dirty copy stays readable, so a read never sees a block half-way.
 
+use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::pipeline::read_block;
 use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
+use crate::vdev_queue::IoClass;
 use crate::zil::{ItxKind, Zil};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, Txg, VolumeId};
@@ -166,6 +168,8 @@ pub(crate) struct VolumeInner {
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
+    /// Calls of the data-plane API, for `oxpool iostat`.
+    pub io_stats: VolumeIoStats,
 }
 
 impl VolumeInner {
@@ -191,6 +195,7 @@ impl VolumeInner {
             override_garbage: Mutex::new(Vec::new()),
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
+            io_stats: VolumeIoStats::default(),
         }
     }
 }
@@ -273,6 +278,7 @@ impl Volume {
 
     /// Reads `out.len()` bytes at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Read, out.len() as u64);
         let bs = self.check_range(offset_bytes, out.len() as u64, false)? as u64;
         if out.is_empty() {
             return Ok(());
@@ -328,15 +334,15 @@ impl Volume {
     async fn read_tree_block(&self, b: u64) -> Result<Option<IoBuf>> {
         let vdevs = &self.pool.vdevs;
         let what = &self.vol.full_name;
-        let mut bp = lookup(&self.vol.tree, vdevs, b, what).await?;
+        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
             }
-            match read_block(vdevs, &bp, &format!("{what} block {b}")).await {
+            match read_block(vdevs, IoClass::SyncRead, &bp, &format!("{what} block {b}")).await {
                 Ok(buf) => return Ok(Some(buf)),
                 Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, b, what).await?;
+                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
                         return Err(e);
                     }
@@ -368,6 +374,7 @@ impl Volume {
     /// Writes `data` at `offset_bytes`. With `fua` (or `sync=always`) the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, data.len() as u64);
         self.modify(offset_bytes, data.len() as u64, Some(data), fua)
             .await
     }
@@ -380,12 +387,14 @@ impl Volume {
         length_bytes: u64,
         fua: bool,
     ) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
         self.modify(offset_bytes, length_bytes, None, fua).await
     }
 
     /// Frees the whole blocks inside the range (they read as zeros afterwards); partial blocks
     /// at the edges are left as they are, as a trim is advisory.
     pub async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
         let bs = self.check_range(offset_bytes, length_bytes, true)? as u64;
         let first = offset_bytes.div_ceil(bs);
         let end = (offset_bytes + length_bytes) / bs;
@@ -597,6 +606,7 @@ impl Volume {
     /// connection made it (NBD FLUSH with multi-connection semantics), through the intent log.
     /// A no-op with `sync=disabled`.
     pub async fn flush(&self) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Flush, 0);
         if !self.logged() {
             return Ok(());
         }
@@ -630,6 +640,7 @@ impl Volume {
                     let walked = walk(
                         &self.vol.tree,
                         &self.pool.vdevs,
+                        IoClass::SyncRead,
                         b,
                         1,
                         false,
@@ -639,9 +650,14 @@ impl Volume {
                     match walked {
                         Walk::Hole { level } => (BlockState::Hole, skip_hole(b, level).max(b + 1)),
                         Walk::Cached => {
-                            let bp =
-                                lookup(&self.vol.tree, &self.pool.vdevs, b, &self.vol.full_name)
-                                    .await?;
+                            let bp = lookup(
+                                &self.vol.tree,
+                                &self.pool.vdevs,
+                                IoClass::SyncRead,
+                                b,
+                                &self.vol.full_name,
+                            )
+                            .await?;
                             let s = if bp.is_hole() {
                                 BlockState::Hole
                             } else {
