@@ -388,6 +388,9 @@ impl Pool {
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
         });
+        // Before the first I/O (an import's first reads run in `auto`: the properties are
+        // on disk).
+        apply_scheduler(&inner);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
