@@ -1356,9 +1356,11 @@ pub(crate) struct NewBlock {
     pub fill: u64,
 }
 
-/// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
+/// Allocates and writes one block as I/Os of `class`; returns its pointer. `data` is padded
+/// to whole sectors.
 pub(crate) async fn write_new_block(
     inner: &PoolInner,
+    class: IoClass,
     data: &IoBuf,
     nb: NewBlock,
 ) -> Result<BlockPtr> {
@@ -1387,7 +1389,7 @@ pub(crate) async fn write_new_block(
         ..BlockPtr::HOLE
     };
     bp.dvas[..dvas.len()].copy_from_slice(&dvas);
-    write_block(&inner.vdevs, IoClass::AsyncWrite, bp.dvas(), data).await?;
+    write_block(&inner.vdevs, class, bp.dvas(), data).await?;
     Ok(bp)
 }
 
@@ -1582,6 +1584,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     let block = padded(&meta_block);
     let meta_ptr = write_new_block(
         inner,
+        IoClass::AsyncWrite,
         &block,
         NewBlock {
             psize_bytes: meta_block.len() as u32,
@@ -1810,6 +1813,7 @@ async fn sync_volume(
                 };
                 write_new_block(
                     inner,
+                    IoClass::AsyncWrite,
                     data,
                     NewBlock {
                         psize_bytes: bs,
@@ -1882,6 +1886,7 @@ async fn sync_volume(
                     }
                     write_new_block(
                         inner,
+                        IoClass::AsyncWrite,
                         buf,
                         NewBlock {
                             psize_bytes: INDIRECT_BLOCK_BYTES as u32,

@@ -897,8 +897,10 @@ impl Volume {
                 let at = (b * bs - offset_bytes) as usize;
                 let block = crate::pool::padded(&data[at..at + bs as usize]);
                 async move {
+                    // A sync write's blocks: the client waits for them.
                     let bp = crate::pool::write_new_block(
                         &self.pool,
+                        IoClass::SyncWrite,
                         &block,
                         crate::pool::NewBlock {
                             psize_bytes: bs as u32,
