@@ -8,6 +8,8 @@
 
 pub mod alloc;
 pub mod cachefile;
+pub mod completion;
+pub mod data_cache;
 mod error;
 pub mod iostats;
 pub mod label;

@@ -33,7 +33,9 @@ pub async fn write_block(
         .iter()
         .map(|(_, io)| io.leaf.write(class, io.offset_bytes, data.clone()))
         .collect();
+    let batch = vdevs.completion.batch_guard();
     let results = join_all(futs).await;
+    drop(batch);
     let mut ok = vec![false; dvas.len()];
     let mut last_err = None;
     for ((i, io), r) in ios.iter().zip(results) {
@@ -77,23 +79,29 @@ pub async fn read_block(
             continue;
         };
         for io in top.plan_read(dva) {
-            match io
+            let batch = vdevs.completion.batch_guard();
+            let read = io
                 .leaf
                 .read(
                     class,
                     io.offset_bytes,
                     IoBuf::zeroed(dva.asize_bytes as usize),
                 )
-                .await
-            {
+                .await;
+            drop(batch);
+            let read = match read {
+                Ok(buf) => Ok(vdevs.completion.verify(bp, buf).await),
+                Err(e) => Err(e),
+            };
+            match read {
                 Err(e) => {
                     io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), what, "read failed: {e}");
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
                     bad.push(io);
                 }
-                Ok(buf) => {
-                    if verify(bp, &buf) {
+                Ok((buf, verified)) => {
+                    if verified {
                         heal(&bad, &buf).await;
                         return Ok(buf);
                     }

@@ -79,6 +79,8 @@ pub(crate) struct PoolInner {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
+    /// Verified data blocks kept after reads (`data_cache_max`).
+    pub data_cache: crate::data_cache::DataCache,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -141,6 +143,11 @@ impl PoolCounters {
                 io: v.io_stats.snapshot(),
             })
             .collect()
+    }
+
+    /// Hits, misses and size of the data-block cache.
+    pub fn data_cache_stats(&self) -> crate::data_cache::DataCacheStats {
+        self.inner.data_cache.stats()
     }
 }
 
@@ -358,7 +365,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: name.to_string(),
             guid: pool_guid,
-            vdevs: VdevTree { tops: vdev_tops },
+            vdevs: VdevTree::new(vdev_tops, props.completion),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 name,
@@ -387,10 +394,15 @@ impl Pool {
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            // Sized from the properties once they are in place (below).
+            data_cache: crate::data_cache::DataCache::new(0),
         });
         // Before the first I/O (an import's first reads run in `auto`: the properties are
         // on disk).
         apply_scheduler(&inner);
+        inner
+            .data_cache
+            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
@@ -646,7 +658,7 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: old.name.clone(),
             guid: old.guid,
-            vdevs: VdevTree { tops },
+            vdevs: VdevTree::new(tops, state.props.completion),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 &old.name,
@@ -657,7 +669,12 @@ impl Pool {
             state: Mutex::new(state),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            // Sized from the properties once they are in place (below).
+            data_cache: crate::data_cache::DataCache::new(0),
         });
+        inner
+            .data_cache
+            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: inner.guid,
             pool_name: inner.name.clone(),
@@ -826,6 +843,10 @@ impl Pool {
     pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
         let mut s = self.inner.state.lock().unwrap();
         s.props.set(name, value)?;
+        self.inner
+            .data_cache
+            .set_max_bytes(s.props.data_cache_max_bytes);
+        self.inner.vdevs.completion.set(s.props.completion);
         self.inner.txg.configure(
             effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
             Duration::from_secs(s.props.txg_timeout_s),
@@ -1113,7 +1134,8 @@ async fn import_devices(
             tcfg.log,
         ));
     }
-    let vdevs = VdevTree { tops };
+    // The completion policy is a property, known once the metadata is read (set below).
+    let vdevs = VdevTree::new(tops, crate::completion::CompletionPolicy::default());
     // The newest uberblock whose pool metadata reads and verifies.
     let mut ubs = Vec::new();
     for leaf in vdevs.leaves() {
@@ -1151,6 +1173,7 @@ async fn import_devices(
         });
     };
     let props = PoolProps::from_pairs(&meta.props)?;
+    vdevs.completion.set(props.completion);
     // The pool's own record of its vdevs is the truth; labels only help find devices. A vdev
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
     // its log blocks may hold acknowledged writes.
@@ -1310,7 +1333,12 @@ async fn import_devices(
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
+        // Sized from the properties once they are in place (below).
+        data_cache: crate::data_cache::DataCache::new(0),
     });
+    inner
+        .data_cache
+        .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
     Ok((inner, replays))
 }
 

@@ -3,6 +3,7 @@
 //! variable. On disk they are stored as (name, value) string pairs inside the pool's metadata,
 //! so a later version can add properties without a format change.
 
+use crate::completion::CompletionPolicy;
 use crate::vdev_queue::SchedulerMode;
 use crate::{EngineError, Result};
 use oxpool_format::{ChecksumType, Guid};
@@ -70,6 +71,13 @@ pub struct PoolProps {
     pub scheduler: SchedulerMode,
     /// Per-device `scheduler` settings, by device guid; persisted as `scheduler@<guid>`.
     pub scheduler_by_device: BTreeMap<Guid, SchedulerMode>,
+    /// `data_cache_max`: bytes of data blocks kept in memory after reads (default 1/8 of RAM,
+    /// at most 16 GiB; 0 turns the cache off). Like ZFS's ARC for data: a read of a cached
+    /// block is a copy, not a device I/O.
+    pub data_cache_max_bytes: u64,
+    /// `completion`: where device completions are finished (`auto`, `inline`, `worker`,
+    /// `batched`; see the `completion` module). Default `auto`.
+    pub completion: CompletionPolicy,
 }
 
 /// Prefix of a per-device property's persisted name: `scheduler@<guid in hex>`.
@@ -82,21 +90,30 @@ impl Default for PoolProps {
             dirty_max_bytes: default_dirty_max_bytes(),
             cache_max_bytes: 256 << 20,
             log_group_commit: true,
+            data_cache_max_bytes: default_data_cache_max_bytes(),
+            completion: CompletionPolicy::Auto,
             scheduler: SchedulerMode::Auto,
             scheduler_by_device: BTreeMap::new(),
         }
     }
 }
 
-fn default_dirty_max_bytes() -> u64 {
+fn ram_bytes() -> u64 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    let ram_bytes = if pages > 0 {
+    if pages > 0 {
         pages as u64 * 4096
     } else {
         4 << 30
-    };
-    (ram_bytes / 10).clamp(64 << 20, 4 << 30)
+    }
+}
+
+fn default_dirty_max_bytes() -> u64 {
+    (ram_bytes() / 10).clamp(64 << 20, 4 << 30)
+}
+
+fn default_data_cache_max_bytes() -> u64 {
+    (ram_bytes() / 8).clamp(64 << 20, 16 << 30)
 }
 
 /// Names of the pool properties, for listing.
@@ -105,6 +122,8 @@ pub const POOL_PROP_NAMES: &[&str] = &[
     "dirty_max",
     "cache_max",
     "logcommit",
+    "completion",
+    "data_cache_max",
     "scheduler",
 ];
 
@@ -126,6 +145,8 @@ impl PoolProps {
             "txg_timeout" => self.txg_timeout_s.to_string(),
             "dirty_max" => self.dirty_max_bytes.to_string(),
             "cache_max" => self.cache_max_bytes.to_string(),
+            "completion" => self.completion.as_str().to_string(),
+            "data_cache_max" => self.data_cache_max_bytes.to_string(),
             "logcommit" => if self.log_group_commit {
                 "group"
             } else {
@@ -189,6 +210,16 @@ impl PoolProps {
                     "serial" => false,
                     _ => return Err(EngineError::invalid("logcommit must be group or serial")),
                 }
+            }
+            "data_cache_max" => {
+                self.data_cache_max_bytes = parse_size(name, value)?;
+            }
+            "completion" => {
+                self.completion = CompletionPolicy::parse(value).ok_or_else(|| {
+                    EngineError::invalid(format!(
+                        "bad value '{value}' for completion: expected auto, inline, worker or batched"
+                    ))
+                })?;
             }
             "cache_max" => {
                 let v = parse_size(name, value)?;

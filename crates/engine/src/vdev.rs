@@ -4,6 +4,7 @@
 //! devices to write and in which order to try reads. The pipeline (`pipeline.rs`) executes the
 //! plans; that keeps this logic pure and testable without devices.
 
+use crate::completion::{CompletionControl, CompletionPolicy};
 use crate::iostats::LeafIoStats;
 use crate::vdev_queue::VdevQueue;
 use oxpool_format::{Dva, Guid, TopVdevKind, VdevId, DATA_START_BYTES};
@@ -149,9 +150,19 @@ impl TopVdev {
 pub struct VdevTree {
     /// Top-level vdevs, striped.
     pub tops: Vec<TopVdev>,
+    /// Where completions of this pool's leaf I/Os run (the `completion` property).
+    pub completion: CompletionControl,
 }
 
 impl VdevTree {
+    /// A tree of `tops` whose completions follow `policy`.
+    pub fn new(tops: Vec<TopVdev>, policy: CompletionPolicy) -> VdevTree {
+        VdevTree {
+            tops,
+            completion: CompletionControl::new(policy),
+        }
+    }
+
     /// The top-level vdev a DVA names, if it exists.
     pub fn top(&self, vdev: VdevId) -> Option<&TopVdev> {
         self.tops.get(vdev.0 as usize)

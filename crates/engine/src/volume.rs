@@ -8,6 +8,7 @@
 //! The txg sync writes a txg's dirty blocks and swaps their pointers into the tree; until it
 //! has, the dirty copy stays readable, so a read never sees a block half-way.
 
+use crate::data_cache::CacheKey;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::pipeline::read_block;
 use crate::pool::PoolInner;
@@ -312,21 +313,56 @@ impl Volume {
             }
         }
         // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
-        // is eight device reads in flight, not eight in a row.
-        let futs: Vec<_> = from_tree
-            .iter()
-            .map(|(b, _, _)| self.read_tree_block(*b))
-            .collect();
-        let bufs = oxpool_io::rt::join_all(futs).await;
-        for ((_, in_block, range), buf) in from_tree.into_iter().zip(bufs) {
-            match buf? {
-                Some(buf) => {
-                    out[range.clone()].copy_from_slice(&buf[in_block..in_block + range.len()])
-                }
-                None => out[range].fill(0),
-            }
+        // is eight device reads in flight, not eight in a row. The output ranges are disjoint
+        // and increasing, so each read gets its own slice of `out`.
+        let mut futs = Vec::with_capacity(from_tree.len());
+        let mut rest: &mut [u8] = out;
+        let mut rest_start = 0;
+        for (b, in_block, range) in &from_tree {
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - rest_start);
+            let (mine, tail) = tail.split_at_mut(range.len());
+            rest = tail;
+            rest_start = range.end;
+            futs.push(self.read_tree_into(*b, *in_block, mine));
+        }
+        for result in oxpool_io::rt::join_all(futs).await {
+            result?;
         }
         Ok(())
+    }
+
+    /// Copies `out.len()` bytes from `in_block` of block `b` in the tree into `out` (zeros for
+    /// a hole), through the pool's data cache: a hit is a copy; a miss reads and verifies the
+    /// block and leaves it in the cache. Retries once as [`Self::read_tree_block`] does.
+    async fn read_tree_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> Result<()> {
+        let vdevs = &self.pool.vdevs;
+        let what = &self.vol.full_name;
+        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+        for attempt in 0..2 {
+            if bp.is_hole() {
+                out.fill(0);
+                return Ok(());
+            }
+            let key = CacheKey::of(&bp);
+            if self.pool.data_cache.read_into(&key, in_block, out) {
+                return Ok(());
+            }
+            match read_block(vdevs, IoClass::SyncRead, &bp, &format!("{what} block {b}")).await {
+                Ok(buf) => {
+                    out.copy_from_slice(&buf[in_block..in_block + out.len()]);
+                    self.pool.data_cache.insert(key, buf);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+                    if attempt == 1 || again == bp {
+                        return Err(e);
+                    }
+                    bp = again;
+                }
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Reads block `b` from the tree; None for a hole. Retries once if the checksum fails and
@@ -338,6 +374,16 @@ impl Volume {
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
+            }
+            // A cached copy saves the device read; the caller modifies the buffer, so a miss
+            // is not cached (its old content is about to be replaced).
+            let mut cached = IoBuf::zeroed(bp.psize_bytes as usize);
+            if self
+                .pool
+                .data_cache
+                .read_into(&CacheKey::of(&bp), 0, &mut cached)
+            {
+                return Ok(Some(cached));
             }
             match read_block(vdevs, IoClass::SyncRead, &bp, &format!("{what} block {b}")).await {
                 Ok(buf) => return Ok(Some(buf)),

@@ -91,7 +91,22 @@ fn apply_model(model: &mut [Vec<u8>], op: &Op) {
 }
 
 fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseError> {
+    run_with(ops, kind, devices, None)
+}
+
+/// Runs `ops` against the model; `completion` sets the pool's completion policy (it persists,
+/// so the reimports keep it).
+fn run_with(
+    ops: Vec<Op>,
+    kind: TopVdevKind,
+    devices: usize,
+    completion: Option<&str>,
+) -> Result<(), TestCaseError> {
     let (pool, mems) = mem_pool(kind, devices);
+    if let Some(policy) = completion {
+        pool.set_prop("completion", policy).unwrap();
+        pool.sync().unwrap();
+    }
     let mut pool = Some(pool);
     for (name, size, bs) in VOLUMES {
         pool.as_ref()
@@ -150,6 +165,9 @@ fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseEr
             "volume {name} differs from the model after reimport"
         );
     }
+    if let Some(policy) = completion {
+        prop_assert_eq!(p.get_prop("completion").unwrap(), policy);
+    }
     p.export().unwrap();
     Ok(())
 }
@@ -170,6 +188,32 @@ proptest! {
     #[test]
     fn mirror_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
         run(ops, TopVdevKind::Mirror, 2)?;
+    }
+}
+
+// The same model under each completion policy (issue 5): where a completion runs must never
+// change what a read returns. A mirror, so verification failures and fallbacks are possible.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn completion_inline_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_with(ops, TopVdevKind::Mirror, 2, Some("inline"))?;
+    }
+
+    #[test]
+    fn completion_worker_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_with(ops, TopVdevKind::Mirror, 2, Some("worker"))?;
+    }
+
+    #[test]
+    fn completion_batched_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_with(ops, TopVdevKind::Mirror, 2, Some("batched"))?;
+    }
+
+    #[test]
+    fn completion_auto_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_with(ops, TopVdevKind::Mirror, 2, Some("auto"))?;
     }
 }
 

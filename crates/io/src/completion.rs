@@ -13,7 +13,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest a batching ring wait delays a completion that has already arrived. Measured: a
 /// cross-vCPU wake-up on the development machine costs 74-131 us, a 4 KiB device read about
@@ -37,6 +37,10 @@ pub struct CompletionCounters {
     pub waits: AtomicU64,
     /// Ring waits that asked for more than one completion (batching waits).
     pub batch_waits: AtomicU64,
+    /// Spins before a sleep (a busy reactor polls briefly for its next event).
+    pub spins: AtomicU64,
+    /// Spins that saw an event arrive, each a sleep and a wake-up saved.
+    pub spin_hits: AtomicU64,
 }
 
 /// A point-in-time copy of [`CompletionCounters`].
@@ -52,6 +56,10 @@ pub struct CompletionSnapshot {
     pub waits: u64,
     /// See [`CompletionCounters::batch_waits`].
     pub batch_waits: u64,
+    /// See [`CompletionCounters::spins`].
+    pub spins: u64,
+    /// See [`CompletionCounters::spin_hits`].
+    pub spin_hits: u64,
 }
 
 /// The process's completion counters.
@@ -61,6 +69,8 @@ pub static COMPLETIONS: CompletionCounters = CompletionCounters {
     offloaded: AtomicU64::new(0),
     waits: AtomicU64::new(0),
     batch_waits: AtomicU64::new(0),
+    spins: AtomicU64::new(0),
+    spin_hits: AtomicU64::new(0),
 };
 
 impl CompletionCounters {
@@ -72,46 +82,168 @@ impl CompletionCounters {
             offloaded: self.offloaded.load(Ordering::Relaxed),
             waits: self.waits.load(Ordering::Relaxed),
             batch_waits: self.batch_waits.load(Ordering::Relaxed),
+            spins: self.spins.load(Ordering::Relaxed),
+            spin_hits: self.spin_hits.load(Ordering::Relaxed),
         }
     }
 }
 
-thread_local! {
-    /// Device I/Os of this thread in flight whose completion may be batched.
-    static BATCHABLE_IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+/// How a device I/O's completion may be batched: see [`BatchGuard`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchMode {
+    /// Always wait for company (`completion=batched`): a ring wait with such an I/O in flight
+    /// asks for at least two completions, even at queue depth 1, and takes up to
+    /// [`BATCH_WAIT_MAX`] to get them. The classic "delay every completion a little" shape,
+    /// kept as a baseline.
+    Always,
+    /// Wait for company only under load (`completion=auto`): when at least two such I/Os are
+    /// in flight on this thread and its device completion rate is at least
+    /// [`AUTO_BATCH_RATE_PER_S`], so a second completion is expected within the wait.
+    Auto,
 }
 
-/// Device I/Os of this thread whose completion may wait for company.
-pub(crate) fn batchable_in_flight() -> usize {
-    BATCHABLE_IN_FLIGHT.with(Cell::get)
+/// Device completions per second on one reactor above which `auto` batches: one completion
+/// per [`BATCH_WAIT_MAX`]. Below it, a batching wait would usually time out with one
+/// completion, having added delay and saved no wake-up.
+pub const AUTO_BATCH_RATE_PER_S: u64 = 1_000_000 / BATCH_WAIT_MAX.as_micros() as u64;
+
+/// Length of the window over which a reactor measures its completion rate and busy fraction.
+const WINDOW: Duration = Duration::from_millis(10);
+
+/// Per-thread state of the batching decision and of the reactor's load.
+struct ThreadLoad {
+    /// In-flight device I/Os in [`BatchMode::Always`].
+    always_in_flight: Cell<usize>,
+    /// In-flight device I/Os in [`BatchMode::Auto`].
+    auto_in_flight: Cell<usize>,
+    /// Start of the current measurement window (None before the first measurement).
+    window_start: Cell<Option<Instant>>,
+    /// Device completions reaped in the current window.
+    window_completions: Cell<u64>,
+    /// Nanoseconds spent asleep in ring waits in the current window.
+    window_wait_ns: Cell<u64>,
+    /// Device completions per second over the last full window.
+    rate_per_s: Cell<u64>,
+    /// Busy fraction of the last full window, in per mille (1000 = never waited).
+    busy_per_mille: Cell<u32>,
+}
+
+thread_local! {
+    static LOAD: ThreadLoad = const {
+        ThreadLoad {
+            always_in_flight: Cell::new(0),
+            auto_in_flight: Cell::new(0),
+            window_start: Cell::new(None),
+            window_completions: Cell::new(0),
+            window_wait_ns: Cell::new(0),
+            rate_per_s: Cell::new(0),
+            busy_per_mille: Cell::new(0),
+        }
+    };
+}
+
+/// What the next blocking ring wait of this thread should ask for: the number of completions
+/// and, when more than one, the longest it may wait for them.
+pub(crate) fn wait_target() -> (usize, Option<Duration>) {
+    LOAD.with(|l| {
+        let always = l.always_in_flight.get();
+        let auto = l.auto_in_flight.get();
+        if always > 0 {
+            // Baseline batching: wait for company even when nothing else is in flight.
+            let want = (always + auto).clamp(2, BATCH_COMPLETIONS_MAX);
+            return (want, Some(BATCH_WAIT_MAX));
+        }
+        let rate = l.rate_per_s.get();
+        if auto >= 2 && rate >= AUTO_BATCH_RATE_PER_S {
+            // Ask for as many as are expected within the wait, so the wait rarely times out.
+            let expected = (rate * BATCH_WAIT_MAX.as_micros() as u64 / 1_000_000) as usize;
+            let want = expected.clamp(2, auto.min(BATCH_COMPLETIONS_MAX));
+            return (want, Some(BATCH_WAIT_MAX));
+        }
+        (1, None)
+    })
+}
+
+/// Records a ring wait that slept `waited` and the device completions reaped after it.
+pub(crate) fn record_turn(waited: Duration, device_completions: u64, batching_wait: bool) {
+    if device_completions > 0 {
+        let counter = if batching_wait {
+            &COMPLETIONS.batched
+        } else {
+            &COMPLETIONS.inline
+        };
+        counter.fetch_add(device_completions, Ordering::Relaxed);
+    }
+    LOAD.with(|l| {
+        l.window_completions
+            .set(l.window_completions.get() + device_completions);
+        l.window_wait_ns
+            .set(l.window_wait_ns.get() + waited.as_nanos() as u64);
+        let now = Instant::now();
+        let Some(start) = l.window_start.get() else {
+            l.window_start.set(Some(now));
+            return;
+        };
+        let elapsed = now.saturating_duration_since(start);
+        if elapsed < WINDOW {
+            return;
+        }
+        let elapsed_ns = elapsed.as_nanos().max(1) as u64;
+        l.rate_per_s
+            .set(l.window_completions.get() * 1_000_000_000 / elapsed_ns);
+        let waited_ns = l.window_wait_ns.get().min(elapsed_ns);
+        l.busy_per_mille
+            .set((1000 - waited_ns * 1000 / elapsed_ns) as u32);
+        l.window_start.set(Some(now));
+        l.window_completions.set(0);
+        l.window_wait_ns.set(0);
+    })
+}
+
+/// This thread's device completions per second over the last measurement window (0 before
+/// the first full window, or on a thread with no ring waits).
+pub fn thread_completion_rate_per_s() -> u64 {
+    LOAD.with(|l| l.rate_per_s.get())
+}
+
+/// This thread's busy fraction (time not asleep in its ring) over the last window, in per
+/// mille. A reactor at 1000 is the bottleneck: work handed elsewhere would run sooner.
+pub fn thread_busy_per_mille() -> u32 {
+    LOAD.with(|l| l.busy_per_mille.get())
 }
 
 /// Marks one device I/O of this thread as batchable while it lives. Create it before the I/O
 /// is awaited and drop it when the I/O's result is in; not `Send` (the count is per thread).
 #[derive(Debug)]
 pub struct BatchGuard {
+    mode: BatchMode,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl BatchGuard {
     /// Counts one batchable device I/O on this thread.
-    pub fn new() -> BatchGuard {
-        BATCHABLE_IN_FLIGHT.with(|c| c.set(c.get() + 1));
+    pub fn new(mode: BatchMode) -> BatchGuard {
+        LOAD.with(|l| {
+            let c = match mode {
+                BatchMode::Always => &l.always_in_flight,
+                BatchMode::Auto => &l.auto_in_flight,
+            };
+            c.set(c.get() + 1);
+        });
         BatchGuard {
+            mode,
             _not_send: std::marker::PhantomData,
         }
     }
 }
 
-impl Default for BatchGuard {
-    fn default() -> Self {
-        BatchGuard::new()
-    }
-}
-
 impl Drop for BatchGuard {
     fn drop(&mut self) {
-        BATCHABLE_IN_FLIGHT.with(|c| {
+        LOAD.with(|l| {
+            let c = match self.mode {
+                BatchMode::Always => &l.always_in_flight,
+                BatchMode::Auto => &l.auto_in_flight,
+            };
             debug_assert!(c.get() > 0);
             c.set(c.get().saturating_sub(1));
         });

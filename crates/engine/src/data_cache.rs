@@ -1,0 +1,311 @@
+//! The data-block cache: verified data blocks kept in memory after a read, so a read of a
+//! recently read block is a copy, not a device I/O (the "cache hit -> copy" of the read path;
+//! ZFS's ARC for data). Bounded by the pool property `data_cache_max`.
+//!
+//! Keyed by content: (physical size, checksum type, checksum). A block pointer's checksum
+//! identifies the bytes it points to as surely as the verification of a device read does, so
+//! a hit is exactly what a verified read would return, wherever the block lives and whatever
+//! happened to its old location since (copy-on-write never changes a block in place; a block
+//! freed and reallocated has a new checksum, or the same bytes). No invalidation is needed:
+//! entries of freed blocks simply age out.
+//!
+//! Sharded by the checksum's first bytes (already uniformly distributed: no hashing). Each
+//! shard is a short mutex section over a hash map and a CLOCK ring (second chance): a hit sets
+//! the entry's reference bit; eviction walks the ring, clearing bits, and drops the first entry
+//! not referenced since its last visit. Hits copy out under the shard lock and allocate
+//! nothing; an insert reuses the buffer the device read produced, so a miss adds no copy.
+
+use oxpool_format::BlockPtr;
+use oxpool_io::IoBuf;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Shards of the cache: enough that reactor threads rarely meet on one lock.
+const SHARDS: usize = 16;
+
+/// A cached block's identity: its content's checksum, type and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CacheKey {
+    psize_bytes: u32,
+    checksum_type: u8,
+    checksum: [u8; 32],
+}
+
+impl CacheKey {
+    /// The key of the block `bp` points to (not for holes).
+    pub fn of(bp: &BlockPtr) -> CacheKey {
+        debug_assert!(!bp.is_hole());
+        CacheKey {
+            psize_bytes: bp.psize_bytes,
+            checksum_type: bp.checksum_type as u8,
+            checksum: bp.checksum.0,
+        }
+    }
+
+    fn shard(&self) -> usize {
+        self.checksum[0] as usize % SHARDS
+    }
+}
+
+/// Uses 8 bytes of the checksum as the hash: they are already uniform.
+#[derive(Default)]
+struct ChecksumHasher(u64);
+
+impl Hasher for ChecksumHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // The derived Hash feeds psize, type, then the 32 checksum bytes (after a length
+        // prefix); folding every write keeps this correct whatever the order.
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(word);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.0 = self.0.rotate_left(8) ^ u64::from(i);
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.0 = self.0.rotate_left(32) ^ u64::from(i);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.0 = self.0.rotate_left(13) ^ i as u64;
+    }
+}
+
+struct Entry {
+    buf: IoBuf,
+    referenced: bool,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<CacheKey, Entry, BuildHasherDefault<ChecksumHasher>>,
+    /// CLOCK order: every key of `map` exactly once.
+    ring: VecDeque<CacheKey>,
+    bytes: u64,
+}
+
+/// Hit, miss and eviction counts of a [`DataCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataCacheStats {
+    /// Reads served from the cache.
+    pub hits: u64,
+    /// Reads that went to the device.
+    pub misses: u64,
+    /// Blocks evicted to stay within the bound.
+    pub evictions: u64,
+    /// Bytes cached now.
+    pub bytes: u64,
+}
+
+/// The cache; see the module docs.
+pub struct DataCache {
+    shards: Box<[Mutex<Shard>]>,
+    /// Bound of each shard: `data_cache_max` / [`SHARDS`].
+    shard_max_bytes: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl std::fmt::Debug for DataCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataCache")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl DataCache {
+    /// An empty cache holding at most `max_bytes` of blocks (0: caches nothing).
+    pub fn new(max_bytes: u64) -> DataCache {
+        DataCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_max_bytes: AtomicU64::new(max_bytes / SHARDS as u64),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Changes the bound; a smaller one evicts at once.
+    pub fn set_max_bytes(&self, max_bytes: u64) {
+        let shard_max = max_bytes / SHARDS as u64;
+        self.shard_max_bytes.store(shard_max, Ordering::Relaxed);
+        for shard in self.shards.iter() {
+            let mut s = shard.lock().unwrap();
+            self.evict_to(&mut s, shard_max);
+        }
+    }
+
+    /// Copies `out.len()` bytes from `in_block` of the cached block `key` into `out`; false
+    /// (and `out` untouched) on a miss.
+    pub fn read_into(&self, key: &CacheKey, in_block: usize, out: &mut [u8]) -> bool {
+        let mut s = self.shards[key.shard()].lock().unwrap();
+        match s.map.get_mut(key) {
+            Some(e) if in_block + out.len() <= e.buf.len() => {
+                e.referenced = true;
+                out.copy_from_slice(&e.buf[in_block..in_block + out.len()]);
+                drop(s);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            _ => {
+                drop(s);
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Keeps `buf`, a verified copy of the block `key` names (its first `psize` bytes are the
+    /// block), evicting others as needed.
+    pub fn insert(&self, key: CacheKey, buf: IoBuf) {
+        let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
+        let len = buf.len() as u64;
+        debug_assert!(buf.len() >= key.psize_bytes as usize);
+        if len > shard_max {
+            return;
+        }
+        let mut s = self.shards[key.shard()].lock().unwrap();
+        if s.map.contains_key(&key) {
+            return;
+        }
+        self.evict_to(&mut s, shard_max - len);
+        s.map.insert(
+            key,
+            Entry {
+                buf,
+                referenced: false,
+            },
+        );
+        s.ring.push_back(key);
+        s.bytes += len;
+        debug_assert_eq!(s.map.len(), s.ring.len());
+    }
+
+    /// Evicts from `s` until it holds at most `target` bytes.
+    fn evict_to(&self, s: &mut Shard, target: u64) {
+        // Each entry is visited at most twice (once to clear its bit, once to evict), so the
+        // walk is bounded by twice the ring's length.
+        let mut steps = 2 * s.ring.len();
+        while s.bytes > target && steps > 0 {
+            steps -= 1;
+            let Some(key) = s.ring.pop_front() else {
+                break;
+            };
+            let entry = s
+                .map
+                .get_mut(&key)
+                .expect("ring and map hold the same keys");
+            if entry.referenced {
+                entry.referenced = false;
+                s.ring.push_back(key);
+                continue;
+            }
+            let entry = s.map.remove(&key).expect("present");
+            s.bytes -= entry.buf.len() as u64;
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts and size.
+    pub fn stats(&self) -> DataCacheStats {
+        DataCacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            bytes: self.shards.iter().map(|s| s.lock().unwrap().bytes).sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxpool_format::{checksum, ChecksumType};
+
+    fn block(seed: u32, len: usize) -> (BlockPtr, IoBuf) {
+        let mut buf = IoBuf::zeroed(len);
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) as u8;
+        }
+        buf[0..4].copy_from_slice(&seed.to_le_bytes());
+        let bp = BlockPtr {
+            ndvas: 1,
+            psize_bytes: len as u32,
+            lsize_bytes: len as u32,
+            checksum: checksum(ChecksumType::Xxh3_128, &buf),
+            ..BlockPtr::HOLE
+        };
+        (bp, buf)
+    }
+
+    #[test]
+    fn hit_copies_the_requested_range() {
+        let cache = DataCache::new(1 << 20);
+        let (bp, buf) = block(1, 4096);
+        let expected = buf.clone();
+        let key = CacheKey::of(&bp);
+        let mut out = [0u8; 100];
+        assert!(!cache.read_into(&key, 10, &mut out));
+        cache.insert(key, buf);
+        assert!(cache.read_into(&key, 10, &mut out));
+        assert_eq!(&out[..], &expected[10..110]);
+        let st = cache.stats();
+        assert_eq!((st.hits, st.misses, st.bytes), (1, 1, 4096));
+    }
+
+    #[test]
+    fn bound_holds_and_referenced_blocks_survive() {
+        // One shard's worth: 16 blocks of 4 KiB per shard bound.
+        let cache = DataCache::new(SHARDS as u64 * 16 * 4096);
+        let mut hot = Vec::new();
+        for seed in 0..4000u32 {
+            let (bp, buf) = block(seed, 4096);
+            let key = CacheKey::of(&bp);
+            cache.insert(key, buf);
+            if seed < 8 {
+                hot.push(key);
+            }
+            // Touch the hot blocks often: CLOCK must keep them.
+            let mut out = [0u8; 1];
+            for k in &hot {
+                assert!(cache.read_into(k, 0, &mut out), "hot block evicted");
+            }
+            assert!(cache.stats().bytes <= SHARDS as u64 * 16 * 4096);
+        }
+        assert!(cache.stats().evictions > 0);
+    }
+
+    #[test]
+    fn zero_bound_caches_nothing_and_shrinking_evicts() {
+        let cache = DataCache::new(0);
+        let (bp, buf) = block(3, 4096);
+        cache.insert(CacheKey::of(&bp), buf);
+        assert_eq!(cache.stats().bytes, 0);
+        let cache = DataCache::new(1 << 30);
+        for seed in 0..100 {
+            let (bp, buf) = block(seed, 8192);
+            cache.insert(CacheKey::of(&bp), buf);
+        }
+        assert_eq!(cache.stats().bytes, 100 * 8192);
+        cache.set_max_bytes(0);
+        assert_eq!(cache.stats().bytes, 0);
+    }
+
+    #[test]
+    fn different_content_never_hits() {
+        let cache = DataCache::new(1 << 20);
+        let (bp1, buf1) = block(1, 4096);
+        let (bp2, _) = block(2, 4096);
+        cache.insert(CacheKey::of(&bp1), buf1);
+        let mut out = [0u8; 8];
+        assert!(!cache.read_into(&CacheKey::of(&bp2), 0, &mut out));
+    }
+}

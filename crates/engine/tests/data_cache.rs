@@ -1,0 +1,85 @@
+//! The data-block cache: repeated reads are served from memory, within `data_cache_max`, and
+//! a hit returns exactly what a verified device read would.
+
+mod common;
+
+use common::{mem_pool, pattern, reimport};
+use oxpool_format::{TopVdevKind, DATA_START_BYTES};
+use oxpool_io::rt::block_on;
+use oxpool_io::{Backend, IoBuf};
+
+const DATA_BYTES: usize = 1 << 20;
+const BLOCK_BYTES: u64 = 16 * 1024;
+
+fn read_all(pool: &oxpool_engine::Pool) -> oxpool_engine::Result<Vec<u8>> {
+    let v = pool.volume("vol").unwrap();
+    let mut out = vec![0u8; DATA_BYTES];
+    // Unaligned pieces, so hits copy out of the middle of cached blocks too.
+    let mut pos = 0;
+    for len in [5000usize, 16384, 100, 70000].iter().cycle() {
+        if pos == DATA_BYTES {
+            break;
+        }
+        let len = (*len).min(DATA_BYTES - pos);
+        block_on(v.read(pos as u64, &mut out[pos..pos + len]))?;
+        pos += len;
+    }
+    Ok(out)
+}
+
+#[test]
+fn repeated_reads_hit_stay_bounded_and_need_no_device() {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    pool.create_volume(
+        "vol",
+        4 << 20,
+        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
+    )
+    .unwrap();
+    let data = pattern(42, DATA_BYTES);
+    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
+    pool.export().unwrap();
+    let pool = reimport(&mems);
+    let blocks = DATA_BYTES as u64 / BLOCK_BYTES;
+
+    // Cold: every block is a miss, and is kept.
+    let cold = pool.counters().data_cache_stats();
+    assert_eq!(read_all(&pool).unwrap(), data);
+    let warm = pool.counters().data_cache_stats();
+    // Each block misses once: the pieces that straddle a block a previous piece read hit.
+    assert_eq!(
+        warm.misses,
+        cold.misses + blocks,
+        "each block read from the device once"
+    );
+    assert_eq!(warm.bytes, DATA_BYTES as u64);
+
+    // Warm: the same reads are all hits.
+    assert_eq!(read_all(&pool).unwrap(), data);
+    let hot = pool.counters().data_cache_stats();
+    assert_eq!(hot.misses, warm.misses, "a warm cache missed");
+    assert!(hot.hits > warm.hits + blocks);
+
+    // A small bound is honoured (16 shards of 16 KiB each at least: 256 KiB).
+    pool.set_prop("data_cache_max", "256K").unwrap();
+    assert!(pool.counters().data_cache_stats().bytes <= 256 << 10);
+    assert_eq!(read_all(&pool).unwrap(), data);
+    assert!(pool.counters().data_cache_stats().bytes <= 256 << 10);
+
+    // Warm the whole volume again, then destroy the data on the device: hits need no device
+    // I/O, so the reads still return the data. With the cache off, the damage shows.
+    pool.set_prop("data_cache_max", "64M").unwrap();
+    assert_eq!(read_all(&pool).unwrap(), data);
+    let garbage = IoBuf::from_slice(&pattern(7, 8 << 20));
+    block_on(mems[0].write(DATA_START_BYTES, garbage)).unwrap();
+    assert_eq!(
+        read_all(&pool).unwrap(),
+        data,
+        "cached reads touched the device"
+    );
+    pool.set_prop("data_cache_max", "0").unwrap();
+    assert_eq!(pool.counters().data_cache_stats().bytes, 0);
+    let err = read_all(&pool).expect_err("reads of destroyed blocks must fail their checksum");
+    assert!(err.to_string().contains("checksum"), "{err}");
+    drop(pool);
+}
