@@ -213,6 +213,8 @@ struct Slot {
     result_is_fd: bool,
     /// A device operation (read, write, fdatasync), counted by the completion accounting.
     device: bool,
+    /// An fdatasync: the kernel runs it on a worker thread (see [`Driver::spin_for_event`]).
+    fsync: bool,
     waker: Option<Waker>,
     /// The buffer the kernel reads or writes, owned here while the op is in the kernel.
     buf: Option<IoBuf>,
@@ -230,6 +232,7 @@ impl Slot {
             result: 0,
             result_is_fd: false,
             device: false,
+            fsync: false,
             waker: None,
             buf: None,
             fd: None,
@@ -297,6 +300,8 @@ pub(crate) struct Driver {
     doorbell_armed: bool,
     /// Whether and when to spin before sleeping.
     spin: SpinState,
+    /// fdatasyncs submitted whose CQE has not arrived.
+    fsyncs_in_kernel: usize,
 }
 
 /// Longest a reactor spins for a completion before it sleeps in the ring. Below the cost of
@@ -348,6 +353,7 @@ impl Driver {
                 hits: 0,
                 backoff_waits: 0,
             },
+            fsyncs_in_kernel: 0,
         })
     }
 
@@ -376,6 +382,8 @@ impl Driver {
             desc,
             OpDesc::Read { .. } | OpDesc::Write { .. } | OpDesc::Fdatasync
         );
+        slot.fsync = matches!(desc, OpDesc::Fdatasync);
+        self.fsyncs_in_kernel += usize::from(slot.fsync);
         slot.buf = buf.take();
         slot.fd = fd.cloned();
         slot.waker = Some(waker.clone());
@@ -557,6 +565,11 @@ impl Driver {
             self.spin.backoff_waits -= 1;
             return false;
         }
+        // io_uring runs an fdatasync on a kernel worker thread for tens of microseconds; on a
+        // small machine a spinning reactor would take the CPU that worker needs.
+        if self.fsyncs_in_kernel > 0 {
+            return false;
+        }
         // Put queued operations in the kernel first: what we spin for may be their result.
         if !self.ring.submission().is_empty() {
             self.enter(0);
@@ -661,6 +674,7 @@ impl Driver {
             wake_buf,
             doorbell_armed,
             spin,
+            fsyncs_in_kernel,
             ..
         } = self;
         let mut device_completions = 0;
@@ -684,6 +698,7 @@ impl Driver {
                     assert_eq!(slot.generation, generation, "CQE for a reused slot");
                     *in_kernel -= 1;
                     device_completions += u64::from(slot.device);
+                    *fsyncs_in_kernel -= usize::from(slot.fsync);
                     match slot.state {
                         SlotState::InFlight => {
                             slot.state = SlotState::Completed;
