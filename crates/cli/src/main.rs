@@ -13,7 +13,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use devices::{default_cache_file, open_device, scan_dir, Devices};
 use oxpool_engine::cachefile::{self, CachedPool};
-use oxpool_engine::props::{parse_size, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
+use oxpool_engine::props::{parse_size, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
 use oxpool_engine::{Pool, PoolProps, PoolStatus, TopSpec, VdevStatus};
 use oxpool_format::TopVdevKind;
 use std::io::{Read, Write};
@@ -101,27 +101,48 @@ enum Command {
         #[command(subcommand)]
         command: VolCommand,
     },
-    /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`.
+    /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`,
+    /// `oxpool get scheduler tank /dev/sdb` (a device's).
     Get {
         /// Property name, or `all`.
         prop: String,
         /// POOL or POOL/VOL.
         target: String,
+        /// A device of POOL (its path): read the device's property.
+        device: Option<String>,
     },
-    /// Set a property: `oxpool set sync=always tank/vol0`.
+    /// Set a property: `oxpool set sync=always tank/vol0`, `oxpool set scheduler=off tank`
+    /// (every device), `oxpool set scheduler=on tank /dev/sdb` (one device; `inherit` to
+    /// follow the pool's again).
     Set {
         /// name=value.
         assignment: String,
         /// POOL or POOL/VOL.
         target: String,
+        /// A device of POOL (its path): set the device's property.
+        device: Option<String>,
     },
-    /// Counters of a served pool: sync writes, log blocks and bytes, device flushes.
+    /// I/O statistics of a served pool: operations, bandwidth and latency per pool, device and
+    /// volume; CPU time, context switches and completions per I/O; the vdev queues; the
+    /// intent log. The first report covers the time since the server started, each later one
+    /// the last INTERVAL seconds.
     Iostat {
-        /// Pool name.
-        pool: String,
-        /// Print the raw counters as JSON.
+        /// Average latencies: total (queue included) and disk time per device, call time per
+        /// volume.
+        #[arg(short = 'l')]
+        latency: bool,
+        /// Latency histograms per device and volume.
+        #[arg(short = 'w')]
+        histograms: bool,
+        /// Print the raw counters as JSON (one object per report).
         #[arg(long)]
         json: bool,
+        /// Pool name.
+        pool: String,
+        /// Seconds between reports (fractions allowed); without it, one report.
+        interval: Option<f64>,
+        /// Number of reports (default: until the server stops).
+        count: Option<u64>,
     },
     /// Serve volumes over NBD (with no pool known, creates a file-backed default pool).
     Serve(serve::ServeArgs),
@@ -280,19 +301,46 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Vol { command } => vol(&cache, command),
-        Command::Get { prop, target } => get(&cache, &prop, &target),
-        Command::Set { assignment, target } => {
+        Command::Get {
+            prop,
+            target,
+            device,
+        } => get(&cache, &prop, &target, device.as_deref()),
+        Command::Set {
+            assignment,
+            target,
+            device,
+        } => {
             let (k, v) = split_assignment(&assignment)?;
             let (pool, vol) = split_target(&target);
             let (p, _locks) = open_pool(&cache, pool)?;
-            match vol {
-                Some(v2) => p.set_volume_prop(v2, k, v)?,
-                None => p.set_prop(k, v)?,
+            match (vol, device) {
+                (Some(_), Some(_)) => bail!("a device belongs to a pool, not to a volume"),
+                (Some(v2), None) => p.set_volume_prop(v2, k, v)?,
+                (None, Some(d)) => p.set_device_prop(&d, k, v)?,
+                (None, None) => p.set_prop(k, v)?,
             }
             p.export()?;
             Ok(())
         }
-        Command::Iostat { pool, json } => iostat::print(&cache, &pool, json),
+        Command::Iostat {
+            latency,
+            histograms,
+            json,
+            pool,
+            interval,
+            count,
+        } => iostat::print(
+            &cache,
+            &pool,
+            iostat::Options {
+                json,
+                latency,
+                histograms,
+                interval_s: interval,
+                count,
+            },
+        ),
         Command::Serve(args) => serve::run(&cache, args),
     }
 }
@@ -604,9 +652,26 @@ fn vol(cache: &Path, cmd: VolCommand) -> Result<()> {
     Ok(())
 }
 
-fn get(cache: &Path, prop: &str, target: &str) -> Result<()> {
+fn get(cache: &Path, prop: &str, target: &str, device: Option<&str>) -> Result<()> {
     let (pool, vol) = split_target(target);
     let (p, _locks) = open_pool(cache, pool)?;
+    if let Some(d) = device {
+        if vol.is_some() {
+            bail!("a device belongs to a pool, not to a volume");
+        }
+        println!("{:<32} {:<14} {:<10} SOURCE", "NAME", "PROPERTY", "VALUE");
+        let names: Vec<&str> = if prop == "all" {
+            DEVICE_PROP_NAMES.to_vec()
+        } else {
+            vec![prop]
+        };
+        for n in names {
+            let (value, source) = p.get_device_prop(d, n)?;
+            println!("{:<32} {:<14} {:<10} {source}", d, n, value);
+        }
+        p.export()?;
+        return Ok(());
+    }
     println!("{:<32} {:<14} VALUE", "NAME", "PROPERTY");
     match vol {
         Some(v) => {

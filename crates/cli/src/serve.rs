@@ -181,7 +181,8 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     println!("ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools");
 
-    // Live counters for `oxpool iostat`: written beside the cache file every second.
+    // Live counters for `oxpool iostat`: written beside the cache file five times a second.
+    let started_ms = crate::iostat::now_ms();
     let stop_stats = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stats_thread = {
         let counters: Vec<_> = pools.iter().map(|(p, _)| p.counters()).collect();
@@ -192,8 +193,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             .spawn(move || {
                 // Bounded by the server's life: it stops when the server does.
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let process = crate::iostat::ProcessCounters::now(started_ms);
                     for c in &counters {
-                        crate::iostat::publish(&cache, c);
+                        crate::iostat::publish(&cache, c, &process);
                     }
                     std::thread::sleep(std::time::Duration::from_millis(200));
                 }

@@ -121,6 +121,24 @@ fn pool_and_volume_lifecycle() {
     let e = env.fails(&["set", "bogus=1", "tank"]);
     assert!(e.contains("unknown"), "{e}");
 
+    // The vdev queue's scheduler: pool-wide, then one device's own setting, then back.
+    assert!(env.ok(&["get", "scheduler", "tank"]).contains("auto"));
+    env.ok(&["set", "scheduler=on", "tank"]);
+    env.ok(&["set", "scheduler=off", "tank", p(&b)]);
+    let dev = env.ok(&["get", "scheduler", "tank", p(&b)]);
+    assert!(dev.contains("off") && dev.contains("local"), "{dev}");
+    let dev = env.ok(&["get", "all", "tank", p(&a)]);
+    assert!(dev.contains(" on ") && dev.contains("default"), "{dev}");
+    env.ok(&["set", "scheduler=inherit", "tank", p(&b)]);
+    assert!(env
+        .ok(&["get", "scheduler", "tank", p(&b)])
+        .contains(" on "));
+    let e = env.fails(&["set", "scheduler=fast", "tank"]);
+    assert!(e.contains("auto, on or off"), "{e}");
+    let e = env.fails(&["set", "scheduler=on", "tank", "/no/such.img"]);
+    assert!(e.contains("no/such.img"), "{e}");
+    env.ok(&["set", "scheduler=auto", "tank"]);
+
     // Scrub finds nothing wrong on a healthy pool.
     let s = env.ok(&["scrub", "tank"]);
     assert!(s.contains("0 bad"), "{s}");

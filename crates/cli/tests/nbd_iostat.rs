@@ -1,5 +1,6 @@
-//! `oxpool iostat` shows the live counters of a served pool: sync writes (commits), log blocks
-//! and bytes, device flushes, and the ratios the design is judged by.
+//! `oxpool iostat` shows the live counters of a served pool: operations, bandwidth and latency
+//! histograms per device and volume, the per-I/O counters (CPU, context switches,
+//! completions), the vdev queues, sync writes (commits), log blocks and bytes, device flushes.
 
 #[path = "nbd/harness.rs"]
 mod harness;
@@ -46,6 +47,87 @@ fn iostat_reports_sync_writes_and_flushes_of_a_served_pool() {
     assert!(counter(&json, "client_bytes") > 0, "{json}");
     let table = env.ok(&["iostat", "tank"]);
     assert!(table.contains("device flushes per sync write"), "{table}");
+
+    // The I/O statistics: the client's operations reached the volume and the devices, with
+    // latencies in the histograms, and the per-I/O counters are published.
+    let stats: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for key in [
+        "cpu_us",
+        "ctx_switches",
+        "completions_inline",
+        "completions_batched",
+        "completions_offloaded",
+        "ring_waits",
+    ] {
+        assert!(stats[key].is_u64(), "no {key} in {json}");
+    }
+    assert!(counter(&json, "writes") >= 5, "{json}");
+    assert!(counter(&json, "flushes") >= 1, "{json}");
+    let histogram_count = |h: &serde_json::Value| -> u64 {
+        h["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .sum()
+    };
+    let vol = &stats["volumes"][0];
+    assert_eq!(vol["name"], "vol0", "{json}");
+    assert!(vol["io"]["write"]["ops"].as_u64().unwrap() >= 5, "{json}");
+    assert!(
+        histogram_count(&vol["io"]["write"]["latency"]) >= 5,
+        "{json}"
+    );
+    let dev = &stats["devices"][0];
+    let dev_writes = dev["io"]["write"]["ops"].as_u64().unwrap();
+    assert!(dev_writes > 0, "{json}");
+    assert_eq!(
+        histogram_count(&dev["io"]["write"]["total_wait"]),
+        dev_writes
+    );
+    assert_eq!(
+        histogram_count(&dev["io"]["write"]["disk_wait"]),
+        dev_writes
+    );
+    let queued: u64 = ["queued", "bypassed"]
+        .iter()
+        .flat_map(|k| dev["queue"][k].as_array().unwrap().clone())
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(
+        queued >= dev_writes,
+        "every device write went through the queue or around it"
+    );
+
+    assert!(table.contains("context switches") && table.contains("completions: inline"));
+    assert!(
+        table.contains("vdev queue") && table.contains("auto"),
+        "{table}"
+    );
+    let lat = env.ok(&["iostat", "-l", "tank"]);
+    assert!(
+        lat.contains("total_wait") && lat.contains("disk_wait"),
+        "{lat}"
+    );
+    assert!(
+        lat.contains("vol0") && lat.lines().all(|l| l.len() <= 100),
+        "{lat}"
+    );
+    let hist = env.ok(&["iostat", "-w", "tank"]);
+    assert!(
+        hist.contains("latency histograms") && hist.contains("volume vol0"),
+        "{hist}"
+    );
+    assert!(
+        hist.contains("total write") && hist.contains("us "),
+        "{hist}"
+    );
+    // An interval and a count: the first report since the start, then one per interval.
+    let two = env.ok(&["iostat", "tank", "0.2", "2"]);
+    assert!(
+        two.contains("since the server started") && two.contains("(last "),
+        "{two}"
+    );
     server.kill9();
     // A pool nobody serves has no live counters: a clear error.
     let mut cmd = env.oxpool_command();

@@ -11,7 +11,9 @@ pub mod cachefile;
 pub mod completion;
 pub mod data_cache;
 mod error;
+pub mod iostats;
 pub mod label;
+mod leaf_io;
 pub mod pipeline;
 pub mod pool;
 pub mod props;
@@ -19,6 +21,7 @@ pub mod rangelock;
 pub mod tree;
 pub mod txg;
 pub mod vdev;
+pub mod vdev_queue;
 pub mod volume;
 mod zil;
 

@@ -4,6 +4,7 @@
 //! rewrites the copies that were bad (self-healing), counting every error on its leaf.
 
 use crate::vdev::{LeafIo, VdevTree};
+use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
 use oxpool_io::rt::join_all;
@@ -11,10 +12,16 @@ use oxpool_io::IoBuf;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
 
-/// Writes `data` (already padded to the allocated size) to every copy in `dvas`. Succeeds when
+/// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
+/// `class`. Succeeds when
 /// each DVA has at least one good leaf write; failed leaves are counted. Fails if any DVA could
 /// not be written at all.
-pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result<()> {
+pub async fn write_block(
+    vdevs: &VdevTree,
+    class: IoClass,
+    dvas: &[Dva],
+    data: &IoBuf,
+) -> Result<()> {
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
     for (i, dva) in dvas.iter().enumerate() {
         debug_assert_eq!(dva.asize_bytes as usize, data.len());
@@ -25,7 +32,7 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
     }
     let futs: Vec<_> = ios
         .iter()
-        .map(|(_, io)| io.leaf.backend.write(io.offset_bytes, data.clone()))
+        .map(|(_, io)| io.leaf.write(class, io.offset_bytes, data.clone()))
         .collect();
     let batch = vdevs.completion.batch_guard();
     let results = join_all(futs).await;
@@ -56,13 +63,14 @@ pub async fn write_block(vdevs: &VdevTree, dvas: &[Dva], data: &IoBuf) -> Result
     }
 }
 
-/// Reads the block `bp` points to and verifies it. Returns a buffer of the allocated size
-/// whose first `psize_bytes` are the verified block. `what` names the block in errors; it is
-/// only formatted on an error path, so a caller can pass `&format_args!(..)` and a read that
-/// succeeds allocates nothing (the buffer comes from the I/O buffer pool, and `bad` stays
-/// empty).
+/// Reads the block `bp` points to, as I/Os of `class`, and verifies it. Returns a buffer of
+/// the allocated size whose first `psize_bytes` are the verified block. `what` names the block
+/// in errors; it is only formatted on an error path, so a caller can pass `&format_args!(..)`
+/// and a read that succeeds allocates nothing (the buffer comes from the I/O buffer pool, and
+/// `bad` stays empty).
 pub async fn read_block(
     vdevs: &VdevTree,
+    class: IoClass,
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
@@ -78,8 +86,11 @@ pub async fn read_block(
             let batch = vdevs.completion.batch_guard();
             let read = io
                 .leaf
-                .backend
-                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .read(
+                    class,
+                    io.offset_bytes,
+                    IoBuf::zeroed(dva.asize_bytes as usize),
+                )
                 .await;
             drop(batch);
             let read = match read {
@@ -127,11 +138,15 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
 /// the verified buffer fits every bad location. Errors here are counted, not returned: the
-/// read itself succeeded.
+/// read itself succeeded. Async writes: nobody waits for a repair.
 async fn heal(bad: &[LeafIo], good: &IoBuf) -> u64 {
     let mut repaired = 0;
     for io in bad {
-        match io.leaf.backend.write(io.offset_bytes, good.clone()).await {
+        match io
+            .leaf
+            .write(IoClass::AsyncWrite, io.offset_bytes, good.clone())
+            .await
+        {
             Ok(_) => {
                 io.leaf
                     .counters
@@ -191,8 +206,11 @@ pub async fn scrub_block(
             counts.copies_checked += 1;
             match io
                 .leaf
-                .backend
-                .read(io.offset_bytes, IoBuf::zeroed(dva.asize_bytes as usize))
+                .read(
+                    IoClass::Scrub,
+                    io.offset_bytes,
+                    IoBuf::zeroed(dva.asize_bytes as usize),
+                )
                 .await
             {
                 Ok(buf) if verify(bp, &buf) => {

@@ -10,12 +10,14 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, DEFER_TXGS};
+use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
 use crate::pipeline::{read_block, scrub_block, write_block, ScrubCounts};
 use crate::props::{PoolProps, VolumeProps};
 use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
 use crate::txg::TxgControl;
-use crate::vdev::{Leaf, LeafCounters, TopVdev, VdevTree};
+use crate::vdev::{Leaf, TopVdev, VdevTree};
+use crate::vdev_queue::IoClass;
 use crate::volume::{DirtyBlock, VolumeInner};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
 use crate::{EngineError, Result, Volume};
@@ -108,6 +110,39 @@ impl PoolCounters {
     /// The last durable txg.
     pub fn synced_txg(&self) -> Txg {
         self.inner.txg.synced()
+    }
+
+    /// I/O statistics of every present leaf device, in vdev tree order.
+    pub fn device_stats(&self) -> Vec<DeviceStats> {
+        let mut out = Vec::new();
+        for top in &self.inner.vdevs.tops {
+            for leaf in top.leaves() {
+                let vdev = match top.kind {
+                    TopVdevKind::Mirror => format!("mirror-{}", top.id.0),
+                    _ => leaf.name().to_string(),
+                };
+                out.push(DeviceStats {
+                    name: leaf.name().to_string(),
+                    vdev,
+                    scheduler: leaf.queue.mode().as_str().to_string(),
+                    io: leaf.io_stats.snapshot(),
+                    queue: leaf.queue.snapshot(),
+                });
+            }
+        }
+        out
+    }
+
+    /// I/O statistics of every volume, by name.
+    pub fn volume_stats(&self) -> Vec<VolumeStats> {
+        let s = self.inner.state.lock().unwrap();
+        s.volumes
+            .values()
+            .map(|v| VolumeStats {
+                name: v.name.clone(),
+                io: v.io_stats.snapshot(),
+            })
+            .collect()
     }
 
     /// Hits, misses and size of the data-block cache.
@@ -247,11 +282,7 @@ fn prepare_top(
             path: dev.name().to_string(),
             size_bytes: size,
         });
-        let leaf = Arc::new(Leaf {
-            guid,
-            backend: dev,
-            counters: LeafCounters::default(),
-        });
+        let leaf = Arc::new(Leaf::new(guid, dev));
         leaves.push((leaf.clone(), guid));
         children.push(Some(leaf));
     }
@@ -366,6 +397,9 @@ impl Pool {
             // Sized from the properties once they are in place (below).
             data_cache: crate::data_cache::DataCache::new(0),
         });
+        // Before the first I/O (an import's first reads run in `auto`: the properties are
+        // on disk).
+        apply_scheduler(&inner);
         inner
             .data_cache
             .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
@@ -392,6 +426,7 @@ impl Pool {
     }
 
     fn start(inner: Arc<PoolInner>) -> Pool {
+        apply_scheduler(&inner);
         let weak = Arc::downgrade(&inner);
         let thread = std::thread::Builder::new()
             .name(format!("txg-sync-{}", inner.name))
@@ -817,6 +852,56 @@ impl Pool {
             Duration::from_secs(s.props.txg_timeout_s),
         );
         self.inner.txg.mark_dirty();
+        drop(s);
+        apply_scheduler(&self.inner);
+        Ok(())
+    }
+
+    /// The present leaf named `device` (its path, or its guid in hex).
+    fn leaf_named(&self, device: &str) -> Result<Arc<Leaf>> {
+        self.inner
+            .vdevs
+            .leaves()
+            .find(|l| l.name() == device || format!("{:x}", l.guid.0) == device)
+            .cloned()
+            .ok_or_else(|| {
+                EngineError::NotFound(format!("device '{device}' in pool '{}'", self.inner.name))
+            })
+    }
+
+    /// Reads a device property (`scheduler`): the device's effective value and whether it is
+    /// the device's own setting (`local`) or the pool's (`default`).
+    pub fn get_device_prop(&self, device: &str, name: &str) -> Result<(String, &'static str)> {
+        let leaf = self.leaf_named(device)?;
+        if name != "scheduler" {
+            return Err(EngineError::invalid(format!(
+                "unknown device property '{name}' (device properties: scheduler)"
+            )));
+        }
+        let s = self.inner.state.lock().unwrap();
+        let source = if s.props.scheduler_by_device.contains_key(&leaf.guid) {
+            "local"
+        } else {
+            "default"
+        };
+        Ok((
+            s.props.device_scheduler(leaf.guid).as_str().to_string(),
+            source,
+        ))
+    }
+
+    /// Sets a device property (`scheduler=auto|on|off|inherit`; persisted by the next sync,
+    /// effective at once).
+    pub fn set_device_prop(&self, device: &str, name: &str, value: &str) -> Result<()> {
+        let leaf = self.leaf_named(device)?;
+        self.inner
+            .state
+            .lock()
+            .unwrap()
+            .props
+            .set_device(leaf.guid, name, value)?;
+        self.inner.txg.mark_dirty();
+        apply_scheduler(&self.inner);
         Ok(())
     }
 
@@ -1029,13 +1114,7 @@ async fn import_devices(
                 found
                     .iter()
                     .find(|(c, _)| c.leaf_guid == lc.guid)
-                    .map(|(_, dev)| {
-                        Arc::new(Leaf {
-                            guid: lc.guid,
-                            backend: dev.clone(),
-                            counters: LeafCounters::default(),
-                        })
-                    })
+                    .map(|(_, dev)| Arc::new(Leaf::new(lc.guid, dev.clone())))
             })
             .collect();
         if children.iter().all(|c| c.is_none()) {
@@ -1137,7 +1216,7 @@ async fn import_devices(
                 continue;
             }
             let what = format!("{pool_name} space map {v}/{c}");
-            let buf = read_block(&vdevs, bp, &what).await?;
+            let buf = read_block(&vdevs, IoClass::SyncRead, bp, &what).await?;
             let bits = decode_meta_block(BlockType::SpaceMap, &buf[..bp.psize_bytes as usize])
                 .map_err(|e| EngineError::Corrupt {
                     device: pool_name.clone(),
@@ -1271,7 +1350,13 @@ async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMe
             "pool '{pool}': uberblock root is not pool metadata"
         )));
     }
-    let buf = read_block(vdevs, bp, &format!("{pool} pool metadata")).await?;
+    let buf = read_block(
+        vdevs,
+        IoClass::SyncRead,
+        bp,
+        &format!("{pool} pool metadata"),
+    )
+    .await?;
     PoolMeta::decode(&buf[..bp.psize_bytes as usize]).map_err(|e| EngineError::Corrupt {
         device: pool.to_string(),
         what: "pool metadata".into(),
@@ -1301,14 +1386,16 @@ pub(crate) struct NewBlock {
     pub fill: u64,
 }
 
-/// Allocates and writes one block; returns its pointer. `data` is padded to whole sectors.
+/// Allocates and writes one block as I/Os of `class`; returns its pointer. `data` is padded
+/// to whole sectors.
 pub(crate) async fn write_new_block(
     inner: &PoolInner,
+    class: IoClass,
     data: &IoBuf,
     nb: NewBlock,
 ) -> Result<BlockPtr> {
     let bp = alloc_new_block(inner, data, nb, None)?;
-    write_block(&inner.vdevs, bp.dvas(), data).await?;
+    write_block(&inner.vdevs, class, bp.dvas(), data).await?;
     Ok(bp)
 }
 
@@ -1450,7 +1537,9 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     for batch in chunk_writes.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch
             .iter()
-            .map(|(_, _, bp, block, _)| write_block(&inner.vdevs, bp.dvas(), block))
+            .map(|(_, _, bp, block, _)| {
+                write_block(&inner.vdevs, IoClass::AsyncWrite, bp.dvas(), block)
+            })
             .collect();
         for r in join_all(futs).await {
             r?;
@@ -1544,6 +1633,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     let block = padded(&meta_block);
     let meta_ptr = write_new_block(
         inner,
+        IoClass::AsyncWrite,
         &block,
         NewBlock {
             psize_bytes: meta_block.len() as u32,
@@ -1605,6 +1695,14 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     Ok(())
 }
 
+/// Sets every leaf's vdev queue mode from the pool's properties.
+fn apply_scheduler(inner: &PoolInner) {
+    let s = inner.state.lock().unwrap();
+    for leaf in inner.vdevs.leaves() {
+        leaf.queue.set_mode(s.props.device_scheduler(leaf.guid));
+    }
+}
+
 async fn flush_all(inner: &PoolInner) -> Result<()> {
     let ios: Vec<(usize, Arc<Leaf>)> = inner
         .vdevs
@@ -1613,7 +1711,7 @@ async fn flush_all(inner: &PoolInner) -> Result<()> {
         .enumerate()
         .flat_map(|(i, t)| t.leaves().map(move |l| (i, l.clone())))
         .collect();
-    let futs: Vec<_> = ios.iter().map(|(_, l)| l.backend.flush()).collect();
+    let futs: Vec<_> = ios.iter().map(|(_, l)| l.flush()).collect();
     let mut flushed = vec![false; inner.vdevs.tops.len()];
     let mut last_err = None;
     for ((top, l), r) in ios.iter().zip(join_all(futs).await) {
@@ -1679,7 +1777,17 @@ async fn sync_volume(
         let mut b = start;
         // Bounded: each round moves past one level-1 block or one hole subtree.
         while b < end {
-            match walk(&vol.tree, &inner.vdevs, b, 1, false, what).await? {
+            match walk(
+                &vol.tree,
+                &inner.vdevs,
+                IoClass::AsyncRead,
+                b,
+                1,
+                false,
+                what,
+            )
+            .await?
+            {
                 Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
                 Walk::Cached => {
                     let mut removed = Vec::new();
@@ -1762,6 +1870,7 @@ async fn sync_volume(
                 };
                 write_new_block(
                     inner,
+                    IoClass::AsyncWrite,
                     data,
                     NewBlock {
                         psize_bytes: bs,
@@ -1783,7 +1892,16 @@ async fn sync_volume(
             if let Some(u) = unused {
                 freed.extend_from_slice(u.dvas());
             }
-            walk(&vol.tree, &inner.vdevs, *b, 1, true, what).await?;
+            walk(
+                &vol.tree,
+                &inner.vdevs,
+                IoClass::AsyncRead,
+                *b,
+                1,
+                true,
+                what,
+            )
+            .await?;
             let old = vol
                 .tree
                 .lock()
@@ -1825,6 +1943,7 @@ async fn sync_volume(
                     }
                     write_new_block(
                         inner,
+                        IoClass::AsyncWrite,
                         buf,
                         NewBlock {
                             psize_bytes: INDIRECT_BLOCK_BYTES as u32,
@@ -1856,7 +1975,16 @@ async fn sync_volume(
                                 )));
                             }
                             let b = idx * crate::tree::capacity(level);
-                            walk(&vol.tree, &inner.vdevs, b, level + 1, true, what).await?;
+                            walk(
+                                &vol.tree,
+                                &inner.vdevs,
+                                IoClass::AsyncRead,
+                                b,
+                                level + 1,
+                                true,
+                                what,
+                            )
+                            .await?;
                         }
                     }
                 };

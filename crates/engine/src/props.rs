@@ -4,8 +4,10 @@
 //! so a later version can add properties without a format change.
 
 use crate::completion::CompletionPolicy;
+use crate::vdev_queue::SchedulerMode;
 use crate::{EngineError, Result};
-use oxpool_format::ChecksumType;
+use oxpool_format::{ChecksumType, Guid};
+use std::collections::BTreeMap;
 
 /// Smallest `volblocksize`.
 pub const VOLBLOCKSIZE_MIN_BYTES: u32 = 512;
@@ -63,6 +65,12 @@ pub struct PoolProps {
     /// `serial` runs one commit at a time, each with its own block and flush (the behaviour
     /// before OpenZFS PR 10163, kept to measure what group commit gains).
     pub log_group_commit: bool,
+    /// `scheduler`: the vdev queue mode of every device without its own setting: `auto`
+    /// (default) bypasses the queue while the device keeps up, `on` always queues, `off`
+    /// never does (see `vdev_queue.rs` for the rule).
+    pub scheduler: SchedulerMode,
+    /// Per-device `scheduler` settings, by device guid; persisted as `scheduler@<guid>`.
+    pub scheduler_by_device: BTreeMap<Guid, SchedulerMode>,
     /// `data_cache_max`: bytes of data blocks kept in memory after reads (default 1/8 of RAM,
     /// at most 16 GiB; 0 turns the cache off). Like ZFS's ARC for data: a read of a cached
     /// block is a copy, not a device I/O.
@@ -71,6 +79,9 @@ pub struct PoolProps {
     /// `batched`; see the `completion` module). Default `auto`.
     pub completion: CompletionPolicy,
 }
+
+/// Prefix of a per-device property's persisted name: `scheduler@<guid in hex>`.
+const SCHEDULER_DEVICE_PREFIX: &str = "scheduler@";
 
 impl Default for PoolProps {
     fn default() -> Self {
@@ -81,6 +92,8 @@ impl Default for PoolProps {
             log_group_commit: true,
             data_cache_max_bytes: default_data_cache_max_bytes(),
             completion: CompletionPolicy::Auto,
+            scheduler: SchedulerMode::Auto,
+            scheduler_by_device: BTreeMap::new(),
         }
     }
 }
@@ -111,7 +124,19 @@ pub const POOL_PROP_NAMES: &[&str] = &[
     "logcommit",
     "completion",
     "data_cache_max",
+    "scheduler",
 ];
+
+/// Names of the per-device properties, for listing.
+pub const DEVICE_PROP_NAMES: &[&str] = &["scheduler"];
+
+fn parse_scheduler(value: &str) -> Result<SchedulerMode> {
+    SchedulerMode::parse(value).ok_or_else(|| {
+        EngineError::invalid(format!(
+            "bad value '{value}' for scheduler: expected auto, on or off"
+        ))
+    })
+}
 
 impl PoolProps {
     /// Reads a property by name.
@@ -128,12 +153,38 @@ impl PoolProps {
                 "serial"
             }
             .to_string(),
+            "scheduler" => self.scheduler.as_str().to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown pool property '{name}'"
                 )))
             }
         })
+    }
+
+    /// The `scheduler` mode of the device `guid`: its own setting, else the pool's.
+    pub fn device_scheduler(&self, guid: Guid) -> SchedulerMode {
+        self.scheduler_by_device
+            .get(&guid)
+            .copied()
+            .unwrap_or(self.scheduler)
+    }
+
+    /// Sets a per-device property (only `scheduler`); the value `inherit` removes the
+    /// device's own setting so it follows the pool's again.
+    pub fn set_device(&mut self, guid: Guid, name: &str, value: &str) -> Result<()> {
+        if name != "scheduler" {
+            return Err(EngineError::invalid(format!(
+                "unknown device property '{name}' (device properties: scheduler)"
+            )));
+        }
+        if value == "inherit" {
+            self.scheduler_by_device.remove(&guid);
+        } else {
+            self.scheduler_by_device
+                .insert(guid, parse_scheduler(value)?);
+        }
+        Ok(())
     }
 
     /// Sets a property by name, validating the value.
@@ -177,6 +228,14 @@ impl PoolProps {
                 }
                 self.cache_max_bytes = v;
             }
+            "scheduler" => self.scheduler = parse_scheduler(value)?,
+            _ if name.starts_with(SCHEDULER_DEVICE_PREFIX) => {
+                let hex = &name[SCHEDULER_DEVICE_PREFIX.len()..];
+                let guid = u64::from_str_radix(hex, 16).map_err(|_| {
+                    EngineError::invalid(format!("bad device guid in property '{name}'"))
+                })?;
+                self.set_device(Guid(guid), "scheduler", value)?;
+            }
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown pool property '{name}'"
@@ -188,10 +247,17 @@ impl PoolProps {
 
     /// The persisted form.
     pub fn to_pairs(&self) -> Vec<(String, String)> {
-        POOL_PROP_NAMES
+        let mut pairs: Vec<(String, String)> = POOL_PROP_NAMES
             .iter()
             .map(|n| (n.to_string(), self.get(n).expect("known name")))
-            .collect()
+            .collect();
+        for (guid, mode) in &self.scheduler_by_device {
+            pairs.push((
+                format!("{SCHEDULER_DEVICE_PREFIX}{:x}", guid.0),
+                mode.as_str().to_string(),
+            ));
+        }
+        pairs
     }
 
     /// Rebuilds from the persisted form; unknown names are an error (a newer writer).
@@ -458,7 +524,15 @@ mod tests {
         let mut p = PoolProps::default();
         p.set("txg_timeout", "2").unwrap();
         p.set("dirty_max", "64M").unwrap();
+        p.set("scheduler", "on").unwrap();
+        p.set_device(Guid(0xabc), "scheduler", "off").unwrap();
         assert_eq!(PoolProps::from_pairs(&p.to_pairs()).unwrap(), p);
+        assert_eq!(p.device_scheduler(Guid(0xabc)), SchedulerMode::Off);
+        assert_eq!(p.device_scheduler(Guid(1)), SchedulerMode::On);
+        p.set_device(Guid(0xabc), "scheduler", "inherit").unwrap();
+        assert_eq!(p.device_scheduler(Guid(0xabc)), SchedulerMode::On);
+        assert!(p.set("scheduler", "fast").is_err());
+        assert!(p.set_device(Guid(1), "sync", "on").is_err());
         assert!(p.set("bogus", "1").is_err());
     }
 }

@@ -10,6 +10,7 @@
 
 use crate::pipeline::read_block;
 use crate::vdev::VdevTree;
+use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
 use std::collections::HashMap;
@@ -356,11 +357,12 @@ impl BlockTree {
 }
 
 /// Walks toward data block `b` until the level-`stop_level` block on its path is cached,
-/// loading missing blocks from disk. With `create`, missing blocks under holes are created
+/// loading missing blocks from disk as I/Os of `class`. With `create`, missing blocks under holes are created
 /// empty (sync thread only).
 pub async fn walk(
     tree: &Mutex<BlockTree>,
     vdevs: &VdevTree,
+    class: IoClass,
     b: u64,
     stop_level: u8,
     create: bool,
@@ -379,6 +381,7 @@ pub async fn walk(
         };
         let buf = read_block(
             vdevs,
+            class,
             &ptr,
             &format!("{what} indirect block L{level}/{idx}"),
         )
@@ -406,10 +409,11 @@ pub async fn walk(
     )))
 }
 
-/// The pointer of data block `b` (a hole if nothing was written there).
+/// The pointer of data block `b` (a hole if nothing was written there), read as I/Os of `class`.
 pub async fn lookup(
     tree: &Mutex<BlockTree>,
     vdevs: &VdevTree,
+    class: IoClass,
     b: u64,
     what: &str,
 ) -> Result<BlockPtr> {
@@ -417,7 +421,7 @@ pub async fn lookup(
         if let Some(p) = tree.lock().unwrap().cached_data_ptr(b) {
             return Ok(p);
         }
-        match walk(tree, vdevs, b, 1, false, what).await? {
+        match walk(tree, vdevs, class, b, 1, false, what).await? {
             Walk::Hole { .. } => return Ok(BlockPtr::HOLE),
             Walk::Cached => continue,
         }

@@ -5,6 +5,8 @@
 //! plans; that keeps this logic pure and testable without devices.
 
 use crate::completion::{CompletionControl, CompletionPolicy};
+use crate::iostats::LeafIoStats;
+use crate::vdev_queue::VdevQueue;
 use oxpool_format::{Dva, Guid, TopVdevKind, VdevId, DATA_START_BYTES};
 use oxpool_io::Backend;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +25,8 @@ pub struct LeafCounters {
     pub repaired_bytes: AtomicU64,
 }
 
-/// One device of the pool.
+/// One device of the pool. Its I/O goes through [`Leaf::read`], [`Leaf::write`] and
+/// [`Leaf::flush`] (`leaf_io.rs`), never to `backend` directly (labels aside).
 pub struct Leaf {
     /// Identity written in the device's labels.
     pub guid: Guid,
@@ -31,6 +34,10 @@ pub struct Leaf {
     pub backend: Arc<dyn Backend>,
     /// Error counters.
     pub counters: LeafCounters,
+    /// The I/O scheduler (and its `scheduler` mode).
+    pub queue: VdevQueue,
+    /// Operations, bytes and latencies, for `oxpool iostat`.
+    pub io_stats: LeafIoStats,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -43,6 +50,17 @@ impl std::fmt::Debug for Leaf {
 }
 
 impl Leaf {
+    /// A leaf over `backend`, with `scheduler=auto` until the pool's properties are applied.
+    pub fn new(guid: Guid, backend: Arc<dyn Backend>) -> Leaf {
+        Leaf {
+            guid,
+            backend,
+            counters: LeafCounters::default(),
+            queue: VdevQueue::new(),
+            io_stats: LeafIoStats::default(),
+        }
+    }
+
     /// The device's name (its path).
     pub fn name(&self) -> &str {
         self.backend.name()
@@ -161,11 +179,10 @@ mod tests {
     use oxpool_io::MemoryBackend;
 
     fn leaf(name: &str, guid: u64) -> Option<Arc<Leaf>> {
-        Some(Arc::new(Leaf {
-            guid: Guid(guid),
-            backend: Arc::new(MemoryBackend::new(name, 64 << 20)),
-            counters: LeafCounters::default(),
-        }))
+        Some(Arc::new(Leaf::new(
+            Guid(guid),
+            Arc::new(MemoryBackend::new(name, 64 << 20)),
+        )))
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! has, the dirty copy stays readable, so a read never sees a block half-way.
 
 use crate::data_cache::CacheKey;
+use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::pipeline::read_block;
 use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
+use crate::vdev_queue::IoClass;
 use crate::zil::{ItxKind, Zil};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, Dva, Txg, VolumeId};
@@ -293,6 +295,8 @@ pub(crate) struct VolumeInner {
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
     pub destroyed: AtomicBool,
+    /// Calls of the data-plane API, for `oxpool iostat`.
+    pub io_stats: VolumeIoStats,
 }
 
 impl VolumeInner {
@@ -319,6 +323,7 @@ impl VolumeInner {
             inplace_held: Mutex::new(HashSet::new()),
             used_bytes: AtomicU64::new(used_bytes),
             destroyed: AtomicBool::new(false),
+            io_stats: VolumeIoStats::default(),
         }
     }
 }
@@ -401,6 +406,7 @@ impl Volume {
 
     /// Reads `out.len()` bytes at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Read, out.len() as u64);
         let bs = self.check_range(offset_bytes, out.len() as u64, false)? as u64;
         if out.is_empty() {
             return Ok(());
@@ -472,7 +478,7 @@ impl Volume {
     async fn read_tree_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> Result<()> {
         let vdevs = &self.pool.vdevs;
         let what = &self.vol.full_name;
-        let mut bp = lookup(&self.vol.tree, vdevs, b, what).await?;
+        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
                 out.fill(0);
@@ -482,14 +488,21 @@ impl Volume {
             if self.pool.data_cache.read_into(&key, in_block, out) {
                 return Ok(());
             }
-            match read_block(vdevs, &bp, &format_args!("{what} block {b}")).await {
+            match read_block(
+                vdevs,
+                IoClass::SyncRead,
+                &bp,
+                &format_args!("{what} block {b}"),
+            )
+            .await
+            {
                 Ok(buf) => {
                     out.copy_from_slice(&buf[in_block..in_block + out.len()]);
                     self.pool.data_cache.insert(key, buf);
                     return Ok(());
                 }
                 Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, b, what).await?;
+                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
                         return Err(e);
                     }
@@ -505,7 +518,7 @@ impl Volume {
     async fn read_tree_block(&self, b: u64) -> Result<Option<IoBuf>> {
         let vdevs = &self.pool.vdevs;
         let what = &self.vol.full_name;
-        let mut bp = lookup(&self.vol.tree, vdevs, b, what).await?;
+        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
@@ -522,10 +535,17 @@ impl Volume {
             }
             drop(cached);
             // The name is formatted only if the read fails.
-            match read_block(vdevs, &bp, &format_args!("{what} block {b}")).await {
+            match read_block(
+                vdevs,
+                IoClass::SyncRead,
+                &bp,
+                &format_args!("{what} block {b}"),
+            )
+            .await
+            {
                 Ok(buf) => return Ok(Some(buf)),
                 Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, b, what).await?;
+                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
                         return Err(e);
                     }
@@ -559,6 +579,7 @@ impl Volume {
     /// Writes `data` at `offset_bytes`. With `fua` (or `sync=always`) the data is durable when
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, data.len() as u64);
         self.modify(offset_bytes, data.len() as u64, Some(data), fua)
             .await
     }
@@ -571,12 +592,14 @@ impl Volume {
         length_bytes: u64,
         fua: bool,
     ) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
         self.modify(offset_bytes, length_bytes, None, fua).await
     }
 
     /// Frees the whole blocks inside the range (they read as zeros afterwards); partial blocks
     /// at the edges are left as they are, as a trim is advisory.
     pub async fn trim(&self, offset_bytes: u64, length_bytes: u64, fua: bool) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
         let bs = self.check_range(offset_bytes, length_bytes, true)? as u64;
         let first = offset_bytes.div_ceil(bs);
         let end = (offset_bytes + length_bytes) / bs;
@@ -797,6 +820,7 @@ impl Volume {
     /// connection made it (NBD FLUSH with multi-connection semantics), through the intent log.
     /// A no-op with `sync=disabled`.
     pub async fn flush(&self) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Flush, 0);
         if !self.logged() {
             return Ok(());
         }
@@ -830,6 +854,7 @@ impl Volume {
                     let walked = walk(
                         &self.vol.tree,
                         &self.pool.vdevs,
+                        IoClass::SyncRead,
                         b,
                         1,
                         false,
@@ -839,9 +864,14 @@ impl Volume {
                     match walked {
                         Walk::Hole { level } => (BlockState::Hole, skip_hole(b, level).max(b + 1)),
                         Walk::Cached => {
-                            let bp =
-                                lookup(&self.vol.tree, &self.pool.vdevs, b, &self.vol.full_name)
-                                    .await?;
+                            let bp = lookup(
+                                &self.vol.tree,
+                                &self.pool.vdevs,
+                                IoClass::SyncRead,
+                                b,
+                                &self.vol.full_name,
+                            )
+                            .await?;
                             let s = if bp.is_hole() {
                                 BlockState::Hole
                             } else {

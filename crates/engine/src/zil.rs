@@ -24,6 +24,7 @@
 
 use crate::pool::PoolInner;
 use crate::vdev::Leaf;
+use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
     BlockPtr, BlockType, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId,
@@ -992,8 +993,14 @@ impl Volume {
                         },
                         Some(&self.vol.inplace_held),
                     )?;
-                    if let Err(e) =
-                        crate::pipeline::write_block(&self.pool.vdevs, bp.dvas(), &block).await
+                    // A sync write's blocks: the client waits for them.
+                    if let Err(e) = crate::pipeline::write_block(
+                        &self.pool.vdevs,
+                        IoClass::SyncWrite,
+                        bp.dvas(),
+                        &block,
+                    )
+                    .await
                     {
                         // No record points at it: freed by the sync of its txg, as a
                         // replaced block.
@@ -1242,7 +1249,7 @@ async fn write_and_flush(
         asize_bytes: data.len() as u32,
         ..*addr
     };
-    crate::pipeline::write_block(&inner.vdevs, &[written], &data).await?;
+    crate::pipeline::write_block(&inner.vdevs, IoClass::SyncWrite, &[written], &data).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
     let mut leaves: Vec<Arc<Leaf>> = Vec::new();
@@ -1253,7 +1260,7 @@ async fn write_and_flush(
             .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
         leaves.extend(top.leaves().cloned());
     }
-    let futs: Vec<_> = leaves.iter().map(|l| l.backend.flush()).collect();
+    let futs: Vec<_> = leaves.iter().map(|l| l.flush()).collect();
     // Every device involved must have flushed: the records and the blocks they point to live
     // there. A failing device makes the log fall back to txg syncs, which tolerate it.
     let mut last = None;
@@ -1373,7 +1380,9 @@ pub(crate) async fn read_chain(
                     // did not: that record was never acknowledged, and nothing after it was
                     // (a block counts only once every block before it is flushed). The log
                     // ends there.
-                    match crate::pipeline::read_block(vdevs, &bp, "log indirect block").await {
+                    match crate::pipeline::read_block(vdevs, IoClass::SyncRead, &bp, "log indirect block")
+                        .await
+                    {
                         Ok(buf) if (length_bytes as usize) <= buf.len() => {
                             out.indirect_blocks.extend_from_slice(bp.dvas());
                             ReplayRecord::Write {
