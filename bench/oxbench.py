@@ -505,10 +505,17 @@ class Oxpool(Server):
         try:
             r = subprocess.run(self.subst(c), capture_output=True, text=True, timeout=30)
             data = json.loads(r.stdout)
-            return {k: v for k, v in data.items() if isinstance(v, (int, float))}
+            return {k: v for k, v in data.items()
+                    if isinstance(v, (int, float)) and k not in NOT_COUNTERS}
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             self.notes.append(f"counters command failed: {e}")
             return None
+
+
+# Keys of `oxpool iostat --json` that are not cumulative counters worth a per-I/O row: ids,
+# clocks, levels, and what the harness measures itself (CPU, context switches, I/O counts).
+NOT_COUNTERS = {"pid", "txg", "time_ms", "started_ms", "data_cache_bytes", "cpu_us",
+                "ctx_switches", "reads", "writes", "flushes", "read_bytes", "write_bytes"}
 
 
 def load_variants(path: Path, wanted: str | None) -> list[dict]:

@@ -86,6 +86,18 @@ struct Stats {
     completions_offloaded: u64,
     ring_waits: u64,
     ring_batch_waits: u64,
+    /// Reactor spins before a sleep, and those that saw an event (a sleep saved).
+    #[serde(default)]
+    ring_spins: u64,
+    #[serde(default)]
+    ring_spin_hits: u64,
+    /// Data-block cache: reads served from memory, reads that went to a device, bytes held.
+    #[serde(default)]
+    data_cache_hits: u64,
+    #[serde(default)]
+    data_cache_misses: u64,
+    #[serde(default)]
+    data_cache_bytes: u64,
     /// Volume operations and bytes, all volumes.
     reads: u64,
     writes: u64,
@@ -105,6 +117,7 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
     let log: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&c.log_stats().to_json()).unwrap_or_default();
     let completions = oxpool_io::completion::COMPLETIONS.snapshot();
+    let cache = c.data_cache_stats();
     let volumes = c.volume_stats();
     let sum = |f: &dyn Fn(&VolumeIoSnapshot) -> u64| volumes.iter().map(|v| f(&v.io)).sum();
     let stats = Stats {
@@ -119,6 +132,11 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
         completions_offloaded: completions.offloaded,
         ring_waits: completions.waits,
         ring_batch_waits: completions.batch_waits,
+        ring_spins: completions.spins,
+        ring_spin_hits: completions.spin_hits,
+        data_cache_hits: cache.hits,
+        data_cache_misses: cache.misses,
+        data_cache_bytes: cache.bytes,
         reads: sum(&|v| v.read.ops),
         writes: sum(&|v| v.write.ops),
         flushes: sum(&|v| v.flush.ops),
@@ -565,9 +583,25 @@ fn footer(span: &Span) {
         per(span.delta(|s| s.completions_offloaded), ios),
     );
     println!(
-        "  ring waits: {} ({} of them batching)",
+        "  ring waits: {} ({} of them batching)  spins: {} ({} saw an event)",
         per(span.delta(|s| s.ring_waits), ios),
         per(span.delta(|s| s.ring_batch_waits), ios),
+        per(span.delta(|s| s.ring_spins), ios),
+        per(span.delta(|s| s.ring_spin_hits), ios),
+    );
+    let (hits, misses) = (
+        span.delta(|s| s.data_cache_hits),
+        span.delta(|s| s.data_cache_misses),
+    );
+    println!(
+        "  data cache: {} hits, {} misses ({} hit), {} cached",
+        count_str(hits as f64),
+        count_str(misses as f64),
+        match hits + misses {
+            0 => "-".to_string(),
+            n => format!("{:.0}%", 100.0 * hits as f64 / n as f64),
+        },
+        bytes_str(span.cur.data_cache_bytes as f64),
     );
     println!();
     println!(
