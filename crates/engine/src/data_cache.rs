@@ -44,6 +44,11 @@ impl CacheKey {
         }
     }
 
+    /// The block's physical size.
+    pub fn psize_bytes(&self) -> u32 {
+        self.psize_bytes
+    }
+
     fn shard(&self) -> usize {
         self.checksum[0] as usize % SHARDS
     }
@@ -187,6 +192,23 @@ impl DataCache {
         s.ring.push_back(key);
         s.bytes += len;
         debug_assert_eq!(s.map.len(), s.ring.len());
+    }
+
+    /// Keeps a copy of `data`, a block just written as `key` (as ZFS's ARC keeps written
+    /// blocks: the next read-modify-write or read of it needs no device read). Copies only if
+    /// the block would be kept.
+    pub fn insert_copy(&self, key: CacheKey, data: &IoBuf) {
+        let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
+        if data.len() as u64 > shard_max
+            || self.shards[key.shard()]
+                .lock()
+                .unwrap()
+                .map
+                .contains_key(&key)
+        {
+            return;
+        }
+        self.insert(key, data.clone());
     }
 
     /// Evicts from `s` until it holds at most `target` bytes.

@@ -474,48 +474,48 @@ impl Volume {
 
     /// Copies `out.len()` bytes from `in_block` of block `b` in the tree into `out` (zeros for
     /// a hole), through the pool's data cache: a hit is a copy; a miss reads and verifies the
-    /// block and leaves it in the cache. Retries once as [`Self::read_tree_block`] does.
+    /// block and leaves it in the cache.
     async fn read_tree_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> Result<()> {
-        let vdevs = &self.pool.vdevs;
-        let what = &self.vol.full_name;
-        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
-        for attempt in 0..2 {
-            if bp.is_hole() {
-                out.fill(0);
-                return Ok(());
-            }
-            let key = CacheKey::of(&bp);
-            if self.pool.data_cache.read_into(&key, in_block, out) {
-                return Ok(());
-            }
-            match read_block(
-                vdevs,
-                IoClass::SyncRead,
-                &bp,
-                &format_args!("{what} block {b}"),
-            )
-            .await
-            {
-                Ok(buf) => {
+        let cache = &self.pool.data_cache;
+        let found = self
+            .read_tree(b, |found| match found {
+                TreeRead::Cached(key) => cache.read_into(key, in_block, out).then_some(()),
+                TreeRead::Read(key, buf) => {
                     out.copy_from_slice(&buf[in_block..in_block + out.len()]);
-                    self.pool.data_cache.insert(key, buf);
-                    return Ok(());
+                    cache.insert(key, buf);
+                    Some(())
                 }
-                Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
-                    if attempt == 1 || again == bp {
-                        return Err(e);
-                    }
-                    bp = again;
-                }
-            }
+            })
+            .await?;
+        if found.is_none() {
+            out.fill(0);
         }
-        unreachable!("the loop returns")
+        Ok(())
     }
 
-    /// Reads block `b` from the tree; None for a hole. Retries once if the checksum fails and
-    /// the pointer changed meanwhile (the block was rewritten and its old place reused).
+    /// Reads block `b` from the tree as a buffer of its own; None for a hole. A miss is not
+    /// cached: the caller modifies the buffer (its old content is about to be replaced).
     async fn read_tree_block(&self, b: u64) -> Result<Option<IoBuf>> {
+        let cache = &self.pool.data_cache;
+        self.read_tree(b, |found| match found {
+            TreeRead::Cached(key) => {
+                let mut copy = IoBuf::zeroed(key.psize_bytes() as usize);
+                cache.read_into(key, 0, &mut copy).then_some(copy)
+            }
+            TreeRead::Read(_, buf) => Some(buf),
+        })
+        .await
+    }
+
+    /// Looks up block `b` and hands it to `take`: first as a cache key (`take` returns `Some`
+    /// on a hit), else as the verified block read from the devices (`take` must return
+    /// `Some`). None for a hole. Retries once if the read fails and the pointer changed
+    /// meanwhile (the block was rewritten and its old place reused).
+    async fn read_tree<T>(
+        &self,
+        b: u64,
+        mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
+    ) -> Result<Option<T>> {
         let vdevs = &self.pool.vdevs;
         let what = &self.vol.full_name;
         let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
@@ -523,27 +523,24 @@ impl Volume {
             if bp.is_hole() {
                 return Ok(None);
             }
-            // A cached copy saves the device read; the caller modifies the buffer, so a miss
-            // is not cached (its old content is about to be replaced).
-            let mut cached = IoBuf::zeroed(bp.psize_bytes as usize);
-            if self
-                .pool
-                .data_cache
-                .read_into(&CacheKey::of(&bp), 0, &mut cached)
-            {
-                return Ok(Some(cached));
+            let key = CacheKey::of(&bp);
+            if let Some(v) = take(TreeRead::Cached(&key)) {
+                return Ok(Some(v));
             }
-            drop(cached);
             // The name is formatted only if the read fails.
-            match read_block(
+            let read = read_block(
                 vdevs,
                 IoClass::SyncRead,
                 &bp,
                 &format_args!("{what} block {b}"),
             )
-            .await
-            {
-                Ok(buf) => return Ok(Some(buf)),
+            .await;
+            match read {
+                Ok(buf) => {
+                    let v = take(TreeRead::Read(key, buf));
+                    debug_assert!(v.is_some(), "a read block must be taken");
+                    return Ok(v);
+                }
                 Err(e) => {
                     let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
@@ -908,4 +905,11 @@ impl Volume {
     pub fn used_bytes(&self) -> u64 {
         self.vol.used_bytes.load(Ordering::Relaxed)
     }
+}
+
+/// What [`Volume::read_tree`] found for a block: its cache key (to try the data cache) or the
+/// verified block read from the devices.
+enum TreeRead<'a> {
+    Cached(&'a CacheKey),
+    Read(CacheKey, IoBuf),
 }

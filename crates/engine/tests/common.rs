@@ -3,8 +3,10 @@
 
 use oxpool_engine::{Pool, PoolProps, TopSpec};
 use oxpool_format::TopVdevKind;
-use oxpool_io::{Backend, MemoryBackend};
+use oxpool_io::{Backend, FaultBackend, IoBuf, IoFuture, MemoryBackend};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 /// Device size used by the tests: small, so each test stays fast.
 pub const DEVICE_BYTES: u64 = 64 << 20;
@@ -66,4 +68,57 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// All devices of a pool lose power at the same instant: a shared countdown over every
+/// operation of every device.
+pub struct CrashGroup {
+    /// Operations left before the power fails.
+    pub remaining: AtomicU64,
+    /// The devices that lose power together.
+    pub members: Mutex<Vec<Arc<FaultBackend>>>,
+}
+
+impl CrashGroup {
+    /// Counts one operation; the last one cuts the power of every member.
+    pub fn tick(&self) {
+        let before = self.remaining.fetch_sub(1, Ordering::SeqCst);
+        if before == 1 {
+            for m in self.members.lock().unwrap().iter() {
+                m.crash_after_ops(0);
+            }
+        }
+    }
+}
+
+/// A device of a [`CrashGroup`]: every read, write and flush counts down the group's power.
+pub struct GroupDevice {
+    /// The device.
+    pub fault: Arc<FaultBackend>,
+    /// Its group.
+    pub group: Arc<CrashGroup>,
+}
+
+impl Backend for GroupDevice {
+    fn name(&self) -> &str {
+        self.fault.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.fault.size_bytes()
+    }
+    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        self.group.tick();
+        self.fault.read(offset_bytes, buf)
+    }
+    fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        self.group.tick();
+        self.fault.write(offset_bytes, buf)
+    }
+    fn flush(&self) -> IoFuture<()> {
+        self.group.tick();
+        self.fault.flush()
+    }
+    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> IoFuture<()> {
+        self.fault.discard(offset_bytes, length_bytes)
+    }
 }

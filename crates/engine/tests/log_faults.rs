@@ -14,11 +14,11 @@
 
 mod common;
 
-use common::{pattern, test_props};
+use common::{pattern, test_props, CrashGroup, GroupDevice};
 use oxpool_engine::{Pool, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::{block_on, join_all, sleep};
-use oxpool_io::{Backend, FaultBackend, IoBuf, IoFuture, MemoryBackend};
+use oxpool_io::{Backend, FaultBackend, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
@@ -36,52 +36,6 @@ fn single(devices: Vec<Arc<dyn Backend>>, log: bool) -> TopSpec {
         log,
         kind: TopVdevKind::Single,
         devices,
-    }
-}
-
-/// Every device of a pool loses power at the same instant: one countdown over the operations
-/// of all of them (as in power_loss.rs).
-struct CrashGroup {
-    remaining: AtomicU64,
-    members: Mutex<Vec<Arc<FaultBackend>>>,
-}
-
-impl CrashGroup {
-    fn tick(&self) {
-        if self.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
-            for m in self.members.lock().unwrap().iter() {
-                m.crash_after_ops(0);
-            }
-        }
-    }
-}
-
-struct GroupDevice {
-    fault: Arc<FaultBackend>,
-    group: Arc<CrashGroup>,
-}
-
-impl Backend for GroupDevice {
-    fn name(&self) -> &str {
-        self.fault.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.fault.size_bytes()
-    }
-    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        self.group.tick();
-        self.fault.read(offset_bytes, buf)
-    }
-    fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        self.group.tick();
-        self.fault.write(offset_bytes, buf)
-    }
-    fn flush(&self) -> IoFuture<()> {
-        self.group.tick();
-        self.fault.flush()
-    }
-    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> IoFuture<()> {
-        self.fault.discard(offset_bytes, length_bytes)
     }
 }
 

@@ -13,11 +13,11 @@
 
 mod common;
 
-use common::{pattern, test_props};
+use common::{pattern, test_props, CrashGroup, GroupDevice};
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, FaultBackend, IoBuf, IoFuture, MemoryBackend};
+use oxpool_io::{Backend, FaultBackend, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,53 +25,6 @@ use std::sync::{Arc, Mutex};
 
 const DEVICE_BYTES: u64 = 32 << 20;
 const VOLUME_BYTES: u64 = 512 << 10;
-
-/// All devices of a pool lose power at the same instant: a shared countdown over every
-/// operation of every device.
-struct CrashGroup {
-    remaining: AtomicU64,
-    members: Mutex<Vec<Arc<FaultBackend>>>,
-}
-
-impl CrashGroup {
-    fn tick(&self) {
-        let before = self.remaining.fetch_sub(1, Ordering::SeqCst);
-        if before == 1 {
-            for m in self.members.lock().unwrap().iter() {
-                m.crash_after_ops(0);
-            }
-        }
-    }
-}
-
-struct GroupDevice {
-    fault: Arc<FaultBackend>,
-    group: Arc<CrashGroup>,
-}
-
-impl Backend for GroupDevice {
-    fn name(&self) -> &str {
-        self.fault.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.fault.size_bytes()
-    }
-    fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        self.group.tick();
-        self.fault.read(offset_bytes, buf)
-    }
-    fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        self.group.tick();
-        self.fault.write(offset_bytes, buf)
-    }
-    fn flush(&self) -> IoFuture<()> {
-        self.group.tick();
-        self.fault.flush()
-    }
-    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> IoFuture<()> {
-        self.fault.discard(offset_bytes, length_bytes)
-    }
-}
 
 fn as_backends(mems: &[MemoryBackend]) -> Vec<Arc<dyn Backend>> {
     mems.iter()
