@@ -11,6 +11,7 @@ pub mod cachefile;
 pub mod completion;
 pub mod data_cache;
 mod error;
+mod idhash;
 pub mod iostats;
 pub mod label;
 mod leaf_io;

@@ -8,12 +8,12 @@
 //! only if the generation did not move while it was read, so a reader can never cache a
 //! stale copy of a block the sync thread just rewrote.
 
+use crate::idhash::IdMap;
 use crate::pipeline::read_block;
 use crate::vdev::VdevTree;
 use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// Pointers per indirect block.
@@ -59,7 +59,7 @@ struct Cached {
 pub struct BlockTree {
     levels: u8,
     root: BlockPtr,
-    cache: HashMap<(u8, u64), Cached>,
+    cache: IdMap<(u8, u64), Cached>,
     generation: u64,
     tick: u64,
 }
@@ -95,7 +95,7 @@ impl BlockTree {
         BlockTree {
             levels,
             root,
-            cache: HashMap::new(),
+            cache: IdMap::default(),
             generation: 0,
             tick: 0,
         }

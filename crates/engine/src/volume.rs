@@ -9,6 +9,7 @@
 //! has, the dirty copy stays readable, so a read never sees a block half-way.
 
 use crate::data_cache::CacheKey;
+use crate::idhash::IdMap;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::pipeline::read_block;
 use crate::pool::PoolInner;
@@ -36,7 +37,7 @@ pub(crate) enum DirtyBlock {
 #[derive(Default)]
 pub(crate) struct TxgDirty {
     /// Blocks written in this txg.
-    pub blocks: HashMap<u64, DirtyBlock>,
+    pub blocks: IdMap<u64, DirtyBlock>,
     /// Block ranges freed (trim, write-zeroes, shrink) in this txg, applied before `blocks`:
     /// start -> end (exclusive), merged.
     pub frees: BTreeMap<u64, u64>,
@@ -101,7 +102,7 @@ struct DirtySpares {
     /// `Arc`s that held a dirty block, now holding an empty buffer; unique.
     shells: Vec<Arc<IoBuf>>,
     /// Emptied block maps, each with room for `blocks_high_water` entries.
-    maps: Vec<HashMap<u64, DirtyBlock>>,
+    maps: Vec<IdMap<u64, DirtyBlock>>,
     /// Most blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
     blocks_high_water: usize,
 }
