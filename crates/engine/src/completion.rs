@@ -134,15 +134,15 @@ impl CompletionControl {
     /// Verifies `buf` against `bp`, on this thread or on a completion thread as the policy
     /// says. Returns the buffer and whether it holds the block.
     pub async fn verify(&self, bp: &BlockPtr, buf: IoBuf) -> (IoBuf, bool) {
-        if self.offload(bp) {
-            if let Some(job) = VerifyJob::start(bp, buf) {
-                return job.await;
+        let buf = if self.offload(bp) {
+            match VerifyJob::start(bp, buf) {
+                Ok(job) => return job.await,
+                // No free job slot: the buffer comes back and is verified here.
+                Err(buf) => buf,
             }
-            // No free job slot: the buffer comes back and is verified here.
-            let buf = VERIFY_FALLBACK.with(|f| f.take()).expect("set by start");
-            let ok = crate::pipeline::verify(bp, &buf);
-            return (buf, ok);
-        }
+        } else {
+            buf
+        };
         let ok = crate::pipeline::verify(bp, &buf);
         (buf, ok)
     }
@@ -161,12 +161,6 @@ impl CompletionControl {
             CompletionPolicy::Inline | CompletionPolicy::Batched => false,
         }
     }
-}
-
-thread_local! {
-    /// Hands the buffer back from a [`VerifyJob::start`] that found no free slot (the buffer
-    /// was moved in; returning it through a cell keeps `start`'s signature simple).
-    static VERIFY_FALLBACK: std::cell::Cell<Option<IoBuf>> = const { std::cell::Cell::new(None) };
 }
 
 /// One job slot of the completion threads.
@@ -284,12 +278,11 @@ struct VerifyJob {
 }
 
 impl VerifyJob {
-    /// Hands the job over; `None` (with the buffer in [`VERIFY_FALLBACK`]) if no slot is free.
-    fn start(bp: &BlockPtr, buf: IoBuf) -> Option<VerifyJob> {
+    /// Hands the job over; gives the buffer back if no slot is free.
+    fn start(bp: &BlockPtr, buf: IoBuf) -> Result<VerifyJob, IoBuf> {
         let w = workers();
         let Some(index) = w.free.lock().unwrap().pop() else {
-            VERIFY_FALLBACK.with(|f| f.set(Some(buf)));
-            return None;
+            return Err(buf);
         };
         {
             let mut slot = w.slots[index as usize].lock().unwrap();
@@ -304,7 +297,7 @@ impl VerifyJob {
         q.push_back(index);
         drop(q);
         w.queued.notify_one();
-        Some(VerifyJob {
+        Ok(VerifyJob {
             index,
             finished: false,
         })
@@ -421,7 +414,7 @@ mod tests {
         for i in 0..(2 * WORKER_JOB_SLOTS) {
             let (bp, buf) = block(4096, i as u8);
             let job = VerifyJob::start(&bp, buf);
-            started += usize::from(job.is_some());
+            started += usize::from(job.is_ok());
             drop(job);
         }
         assert!(started > 0);
