@@ -2,12 +2,14 @@
 //! recently read block is a copy, not a device I/O (the "cache hit -> copy" of the read path;
 //! ZFS's ARC for data). Bounded by the pool property `data_cache_max`.
 //!
-//! Keyed by content: (physical size, checksum type, checksum). A block pointer's checksum
-//! identifies the bytes it points to as surely as the verification of a device read does, so
-//! a hit is exactly what a verified read would return, wherever the block lives and whatever
-//! happened to its old location since (copy-on-write never changes a block in place; a block
-//! freed and reallocated has a new checksum, or the same bytes). No invalidation is needed:
-//! entries of freed blocks simply age out.
+//! Keyed by the block's place and birth, as ZFS's ARC is: (vdev and offset of its first copy,
+//! birth txg), plus its size and checksum. Copy-on-write never changes a block in place, and a
+//! freed place is not reused for `DEFER_TXGS` txgs, so (place, birth) names one block for as
+//! long as it can be read; the checksum in the key is a second check, so an entry can only
+//! ever serve the exact block pointer it was read or written for. Not keyed by content alone:
+//! the default checksum (xxh3-128) is not collision-resistant, and a client able to forge a
+//! collision must not be able to plant data in another volume's reads. No invalidation is
+//! needed: entries of freed blocks age out.
 //!
 //! Sharded by the checksum's first bytes (already uniformly distributed: no hashing). Each
 //! shard is a short mutex section over a hash map and a CLOCK ring (second chance): a hit sets
@@ -28,6 +30,9 @@ const SHARDS: usize = 16;
 /// A cached block's identity: its content's checksum, type and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {
+    vdev: u32,
+    offset_bytes: u64,
+    birth: u64,
     psize_bytes: u32,
     checksum_type: u8,
     checksum: [u8; 32],
@@ -37,7 +42,11 @@ impl CacheKey {
     /// The key of the block `bp` points to (not for holes).
     pub fn of(bp: &BlockPtr) -> CacheKey {
         debug_assert!(!bp.is_hole());
+        let first = bp.dvas[0];
         CacheKey {
+            vdev: first.vdev.0,
+            offset_bytes: first.offset_bytes,
+            birth: bp.birth.0,
             psize_bytes: bp.psize_bytes,
             checksum_type: bp.checksum_type as u8,
             checksum: bp.checksum.0,
@@ -171,14 +180,13 @@ impl DataCache {
     /// Keeps `buf`, a verified copy of the block `key` names (its first `psize` bytes are the
     /// block), evicting others as needed.
     pub fn insert(&self, key: CacheKey, buf: IoBuf) {
-        let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
         let len = buf.len() as u64;
         debug_assert!(buf.len() >= key.psize_bytes as usize);
-        if len > shard_max {
-            return;
-        }
         let mut s = self.shards[key.shard()].lock().unwrap();
-        if s.map.contains_key(&key) {
+        // Read under the shard lock: `set_max_bytes` stores the bound, then evicts each shard
+        // under its lock, so an insert cannot slip in above a bound that was just lowered.
+        let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
+        if len > shard_max || s.map.contains_key(&key) {
             return;
         }
         self.evict_to(&mut s, shard_max - len);
@@ -250,7 +258,7 @@ impl DataCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oxpool_format::{checksum, ChecksumType};
+    use oxpool_format::{checksum, ChecksumType, Dva, Txg, VdevId};
 
     fn block(seed: u32, len: usize) -> (BlockPtr, IoBuf) {
         let mut buf = IoBuf::zeroed(len);
@@ -258,14 +266,37 @@ mod tests {
             *b = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) as u8;
         }
         buf[0..4].copy_from_slice(&seed.to_le_bytes());
-        let bp = BlockPtr {
+        let mut bp = BlockPtr {
             ndvas: 1,
             psize_bytes: len as u32,
             lsize_bytes: len as u32,
             checksum: checksum(ChecksumType::Xxh3_128, &buf),
+            birth: Txg(7),
             ..BlockPtr::HOLE
         };
+        bp.dvas[0] = Dva {
+            vdev: VdevId(0),
+            offset_bytes: u64::from(seed) * len as u64,
+            asize_bytes: len as u32,
+        };
         (bp, buf)
+    }
+
+    #[test]
+    fn the_same_bytes_in_another_block_never_hit() {
+        // A block whose checksum equals a cached one (the same bytes, or a forged collision)
+        // but which lives elsewhere, or was born in another txg, is not served from the entry.
+        let cache = DataCache::new(1 << 20);
+        let (bp, buf) = block(1, 4096);
+        cache.insert(CacheKey::of(&bp), buf);
+        let mut elsewhere = bp;
+        elsewhere.dvas[0].offset_bytes += 4096;
+        let mut reborn = bp;
+        reborn.birth = Txg(8);
+        let mut out = [0u8; 8];
+        assert!(cache.read_into(&CacheKey::of(&bp), 0, &mut out));
+        assert!(!cache.read_into(&CacheKey::of(&elsewhere), 0, &mut out));
+        assert!(!cache.read_into(&CacheKey::of(&reborn), 0, &mut out));
     }
 
     #[test]

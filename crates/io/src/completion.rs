@@ -142,25 +142,40 @@ thread_local! {
     };
 }
 
-/// What the next blocking ring wait of this thread should ask for: the number of completions
-/// and, when more than one, the longest it may wait for them.
-pub(crate) fn wait_target() -> (usize, Option<Duration>) {
+/// What the next blocking ring wait of this thread should ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitTarget {
+    /// One completion, as long as it takes.
+    One,
+    /// `want` completions or [`BATCH_WAIT_MAX`], whichever comes first. `always`: the
+    /// baseline batching of [`BatchMode::Always`], which waits for company even when no other
+    /// device I/O is in the kernel; otherwise the caller caps `want` at the device I/Os in its
+    /// ring's kernel queue (only those can complete there) and waits for one if that leaves
+    /// fewer than two.
+    Batch { want: usize, always: bool },
+}
+
+/// What the next blocking ring wait of this thread should ask for.
+pub(crate) fn wait_target() -> WaitTarget {
     LOAD.with(|l| {
         let always = l.always_in_flight.get();
         let auto = l.auto_in_flight.get();
         if always > 0 {
             // Baseline batching: wait for company even when nothing else is in flight.
             let want = (always + auto).clamp(2, BATCH_COMPLETIONS_MAX);
-            return (want, Some(BATCH_WAIT_MAX));
+            return WaitTarget::Batch { want, always: true };
         }
         let rate = l.rate_per_s.get();
         if auto >= 2 && rate >= AUTO_BATCH_RATE_PER_S {
             // Ask for as many as are expected within the wait, so the wait rarely times out.
             let expected = (rate * BATCH_WAIT_MAX.as_micros() as u64 / 1_000_000) as usize;
             let want = expected.clamp(2, auto.min(BATCH_COMPLETIONS_MAX));
-            return (want, Some(BATCH_WAIT_MAX));
+            return WaitTarget::Batch {
+                want,
+                always: false,
+            };
         }
-        (1, None)
+        WaitTarget::One
     })
 }
 

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::buf::IoBuf;
-use crate::completion;
+use crate::completion::{self, WaitTarget};
 use crate::IoResult;
 
 /// Slots in each thread's op table: the most operations one thread can have in the kernel.
@@ -302,6 +302,12 @@ pub(crate) struct Driver {
     spin: SpinState,
     /// fdatasyncs submitted whose CQE has not arrived.
     fsyncs_in_kernel: usize,
+    /// Device operations (read, write, fdatasync) submitted whose CQE has not arrived: a
+    /// batching wait never asks for more completions than these can produce.
+    device_in_kernel: usize,
+    /// The kernel takes a timeout with the wait (IORING_FEAT_EXT_ARG, Linux 5.11): without
+    /// it there are no batching waits.
+    can_batch: bool,
 }
 
 /// Longest a reactor spins for a completion before it sleeps in the ring. Below the cost of
@@ -334,6 +340,7 @@ struct SpinState {
 impl Driver {
     fn new() -> io::Result<Driver> {
         let ring = build_ring()?;
+        let can_batch = ring.params().is_feature_ext_arg();
         let slots: Box<[Slot]> = (0..OP_TABLE_CAPACITY).map(|_| Slot::new()).collect();
         // Reversed so that low indices are used first (easier to read in traces).
         let free_slots: Vec<u32> = (0..OP_TABLE_CAPACITY as u32).rev().collect();
@@ -354,6 +361,8 @@ impl Driver {
                 backoff_waits: 0,
             },
             fsyncs_in_kernel: 0,
+            device_in_kernel: 0,
+            can_batch,
         })
     }
 
@@ -384,6 +393,7 @@ impl Driver {
         );
         slot.fsync = matches!(desc, OpDesc::Fdatasync);
         self.fsyncs_in_kernel += usize::from(slot.fsync);
+        self.device_in_kernel += usize::from(slot.device);
         slot.buf = buf.take();
         slot.fd = fd.cloned();
         slot.waker = Some(waker.clone());
@@ -471,7 +481,23 @@ impl Driver {
         // Block only with the doorbell armed, or a cross-thread wake could be missed.
         let sleep = block && self.doorbell_armed && !runnable_now;
         let (want, batch_wait) = if sleep {
-            completion::wait_target()
+            match completion::wait_target() {
+                _ if !self.can_batch => (1, None),
+                WaitTarget::Batch { want, always: true } => {
+                    (want, Some(completion::BATCH_WAIT_MAX))
+                }
+                // Device I/Os still queued elsewhere (a vdev queue, a completion thread)
+                // cannot complete on this ring: ask only for what is in its kernel queue,
+                // and do not wait for company that cannot come.
+                WaitTarget::Batch {
+                    want,
+                    always: false,
+                } if self.device_in_kernel >= 2 => (
+                    want.min(self.device_in_kernel),
+                    Some(completion::BATCH_WAIT_MAX),
+                ),
+                _ => (1, None),
+            }
         } else {
             (0, None)
         };
@@ -675,6 +701,7 @@ impl Driver {
             doorbell_armed,
             spin,
             fsyncs_in_kernel,
+            device_in_kernel,
             ..
         } = self;
         let mut device_completions = 0;
@@ -699,6 +726,7 @@ impl Driver {
                     *in_kernel -= 1;
                     device_completions += u64::from(slot.device);
                     *fsyncs_in_kernel -= usize::from(slot.fsync);
+                    *device_in_kernel -= usize::from(slot.device);
                     match slot.state {
                         SlotState::InFlight => {
                             slot.state = SlotState::Completed;
