@@ -202,23 +202,6 @@ impl DataCache {
         debug_assert_eq!(s.map.len(), s.ring.len());
     }
 
-    /// Keeps a copy of `data`, a block just written as `key` (as ZFS's ARC keeps written
-    /// blocks: the next read-modify-write or read of it needs no device read). Copies only if
-    /// the block would be kept.
-    pub fn insert_copy(&self, key: CacheKey, data: &IoBuf) {
-        let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
-        if data.len() as u64 > shard_max
-            || self.shards[key.shard()]
-                .lock()
-                .unwrap()
-                .map
-                .contains_key(&key)
-        {
-            return;
-        }
-        self.insert(key, data.clone());
-    }
-
     /// Evicts from `s` until it holds at most `target` bytes.
     fn evict_to(&self, s: &mut Shard, target: u64) {
         // Each entry is visited at most twice (once to clear its bit, once to evict), so the

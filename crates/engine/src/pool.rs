@@ -10,7 +10,6 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, DEFER_TXGS};
-use crate::data_cache::CacheKey;
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
 use crate::pipeline::{read_block, scrub_block, write_block, ScrubCounts};
@@ -1884,10 +1883,7 @@ async fn sync_volume(
                     },
                 )
                 .await
-                .map(|p| {
-                    inner.data_cache.insert_copy(CacheKey::of(&p), data);
-                    (p, overrides.get(b).copied())
-                })
+                .map(|p| (p, overrides.get(b).copied()))
             })
             .collect();
         let ptrs = join_all(futs).await;

@@ -260,9 +260,9 @@ fn writes_that_dirty_a_new_block_allocate_nothing_when_warm() {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pool = file_pool(dir.path(), TopVdevKind::Single);
-    // A cache smaller than the blocks each txg writes, so it is in its steady state (every
-    // block a sync keeps evicts an older one, whose buffer goes back to the I/O buffer pool)
-    // from the first measured txg on, as a long-running server's is once the cache is full.
+    // A cache smaller than the region, so it is in its steady state (each block kept evicts
+    // an older one, whose buffer goes back to the I/O buffer pool) from the start, as a
+    // long-running server's is once the cache is full.
     pool.set_prop("data_cache_max", "1M").unwrap();
     let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
     let block_bytes = u64::from(vol.block_size_bytes());

@@ -83,39 +83,3 @@ fn repeated_reads_hit_stay_bounded_and_need_no_device() {
     assert!(err.to_string().contains("checksum"), "{err}");
     drop(pool);
 }
-
-/// A txg sync leaves the blocks it wrote in the cache (as ZFS's ARC keeps written blocks):
-/// reading freshly synced data, or modifying part of a block, needs no device read.
-#[test]
-fn synced_blocks_are_cached() {
-    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
-    pool.create_volume(
-        "vol",
-        4 << 20,
-        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
-    )
-    .unwrap();
-    let data = pattern(9, DATA_BYTES);
-    let v = pool.volume("vol").unwrap();
-    block_on(v.write(0, &data, false)).unwrap();
-    pool.sync().unwrap();
-    let blocks = DATA_BYTES as u64 / BLOCK_BYTES;
-    let before = pool.counters().data_cache_stats();
-    assert_eq!(
-        before.bytes, DATA_BYTES as u64,
-        "the sync cached what it wrote"
-    );
-    assert_eq!(read_all(&pool).unwrap(), data);
-    // A 4 KiB write into each block: the read-modify-write finds the old block cached.
-    for b in 0..blocks {
-        block_on(v.write(b * BLOCK_BYTES + 100, &[7u8; 4096], false)).unwrap();
-    }
-    let after = pool.counters().data_cache_stats();
-    assert_eq!(
-        after.misses, before.misses,
-        "a synced block was read from the device"
-    );
-    assert!(after.hits >= before.hits + 2 * blocks);
-    drop(v);
-    pool.export().unwrap();
-}

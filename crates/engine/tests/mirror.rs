@@ -89,7 +89,7 @@ fn transient_bit_flips_on_read_are_caught() {
     let data = pattern(3, 1 << 20);
     block_on(v.write(0, &data, false)).unwrap();
     pool.sync().unwrap();
-    // Every read must reach the devices: the sync left the blocks in the data cache.
+    // Every read must reach the devices, not the data cache.
     pool.set_prop("data_cache_max", "0").unwrap();
     flaky.set_read_bit_flip_probability(0.5);
     for round in 0..4 {

@@ -131,9 +131,9 @@ fn file_pool(dir: &std::path::Path) -> (Pool, Volume) {
     // Txgs end only where the test syncs.
     props.set("txg_timeout", "3600").unwrap();
     props.set("dirty_max", "256M").unwrap();
-    // A data cache smaller than what each txg of the test writes, so it is in its steady state
-    // (each block a sync keeps evicts an older one, whose buffer returns to the I/O buffer
-    // pool) as a long-running server's is once full; the reads of step 1 still hit it.
+    // A data cache smaller than the region, so it is in its steady state (each block kept
+    // evicts an older one, whose buffer returns to the I/O buffer pool) as a long-running
+    // server's is once full.
     props.set("data_cache_max", "1M").unwrap();
     let pool = Pool::create(
         "tank",
