@@ -11,16 +11,41 @@
 //! None of these allocate: the futures are plain `async fn` state machines that hold the
 //! backend's future, the queue admission and two timestamps.
 
+use crate::iostats::LeafOpStats;
 use crate::vdev::Leaf;
 use crate::vdev_queue::IoClass;
-use oxpool_io::{IoBuf, IoResult};
+use oxpool_io::{IoBuf, IoFuture, IoResult};
 use std::time::Instant;
 
 impl Leaf {
     /// Reads `buf.len()` bytes at `offset_bytes` as an I/O of `class`.
     pub async fn read(&self, class: IoClass, offset_bytes: u64, buf: IoBuf) -> IoResult<IoBuf> {
-        let started = Instant::now();
         let len_bytes = buf.len() as u64;
+        self.queued(class, len_bytes, &self.io_stats.read, || {
+            self.backend.read(offset_bytes, buf)
+        })
+        .await
+    }
+
+    /// Writes `buf` at `offset_bytes` as an I/O of `class`; hands the buffer back.
+    pub async fn write(&self, class: IoClass, offset_bytes: u64, buf: IoBuf) -> IoResult<IoBuf> {
+        let len_bytes = buf.len() as u64;
+        self.queued(class, len_bytes, &self.io_stats.write, || {
+            self.backend.write(offset_bytes, buf)
+        })
+        .await
+    }
+
+    /// Passes the queue with `class`, then starts the I/O `start` makes (only then: the
+    /// backend submits at the first poll) and records its total and device time in `stats`.
+    async fn queued(
+        &self,
+        class: IoClass,
+        len_bytes: u64,
+        stats: &LeafOpStats,
+        start: impl FnOnce() -> IoFuture<IoBuf>,
+    ) -> IoResult<IoBuf> {
+        let started = Instant::now();
         let admission = self.queue.admit(class).await;
         // A bypassed or at-once admission waited nothing: skip a second clock read.
         let issued = if admission.waited() {
@@ -28,34 +53,12 @@ impl Leaf {
         } else {
             started
         };
-        let result = self.backend.read(offset_bytes, buf).await;
+        let result = start().await;
         let done = Instant::now();
         // The slot first, so the next waiter is issued before we account.
         drop(admission);
         self.queue.note_disk_wait(done - issued);
-        self.io_stats
-            .read
-            .record(len_bytes, done - started, done - issued);
-        result
-    }
-
-    /// Writes `buf` at `offset_bytes` as an I/O of `class`; hands the buffer back.
-    pub async fn write(&self, class: IoClass, offset_bytes: u64, buf: IoBuf) -> IoResult<IoBuf> {
-        let started = Instant::now();
-        let len_bytes = buf.len() as u64;
-        let admission = self.queue.admit(class).await;
-        let issued = if admission.waited() {
-            Instant::now()
-        } else {
-            started
-        };
-        let result = self.backend.write(offset_bytes, buf).await;
-        let done = Instant::now();
-        drop(admission);
-        self.queue.note_disk_wait(done - issued);
-        self.io_stats
-            .write
-            .record(len_bytes, done - started, done - issued);
+        stats.record(len_bytes, done - started, done - issued);
         result
     }
 
