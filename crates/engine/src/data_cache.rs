@@ -11,16 +11,16 @@
 //! collision must not be able to plant data in another volume's reads. No invalidation is
 //! needed: entries of freed blocks age out.
 //!
-//! Sharded by the checksum's first bytes (already uniformly distributed: no hashing). Each
-//! shard is a short mutex section over a hash map and a CLOCK ring (second chance): a hit sets
+//! Sharded by the checksum's first bytes (already uniformly distributed). Each shard is a
+//! short mutex section over a hash map (the integer hasher of `idhash.rs`) and a CLOCK ring (second chance): a hit sets
 //! the entry's reference bit; eviction walks the ring, clearing bits, and drops the first entry
 //! not referenced since its last visit. Hits copy out under the shard lock and allocate
 //! nothing; an insert reuses the buffer the device read produced, so a miss adds no copy.
 
+use crate::idhash::IdMap;
 use oxpool_format::BlockPtr;
 use oxpool_io::IoBuf;
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -63,34 +63,6 @@ impl CacheKey {
     }
 }
 
-/// Uses 8 bytes of the checksum as the hash: they are already uniform.
-#[derive(Default)]
-struct ChecksumHasher(u64);
-
-impl Hasher for ChecksumHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // The derived Hash feeds psize, type, then the 32 checksum bytes (after a length
-        // prefix); folding every write keeps this correct whatever the order.
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 = self.0.rotate_left(17) ^ u64::from_le_bytes(word);
-        }
-    }
-    fn write_u8(&mut self, i: u8) {
-        self.0 = self.0.rotate_left(8) ^ u64::from(i);
-    }
-    fn write_u32(&mut self, i: u32) {
-        self.0 = self.0.rotate_left(32) ^ u64::from(i);
-    }
-    fn write_usize(&mut self, i: usize) {
-        self.0 = self.0.rotate_left(13) ^ i as u64;
-    }
-}
-
 struct Entry {
     buf: IoBuf,
     referenced: bool,
@@ -98,7 +70,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<CacheKey, Entry, BuildHasherDefault<ChecksumHasher>>,
+    map: IdMap<CacheKey, Entry>,
     /// CLOCK order: every key of `map` exactly once.
     ring: VecDeque<CacheKey>,
     bytes: u64,

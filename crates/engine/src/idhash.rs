@@ -1,5 +1,6 @@
 //! A fast hasher for the maps the read and write paths consult on every I/O, keyed by block
-//! numbers and small integer tuples (the dirty-block maps, the indirect-block cache).
+//! numbers and small integer tuples (the dirty-block maps, the indirect-block cache, the
+//! data-block cache).
 //!
 //! The standard SipHash costs tens of nanoseconds per key and showed as 8 % of a cached 4 KiB
 //! read's CPU (perf, randread at iodepth 32). These keys are block indexes inside a volume of

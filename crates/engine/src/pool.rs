@@ -10,6 +10,7 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, DEFER_TXGS};
+use crate::data_cache::DataCache;
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
 use crate::pipeline::{read_block, scrub_block, write_block, ScrubCounts};
@@ -80,7 +81,7 @@ pub(crate) struct PoolInner {
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
     /// Verified data blocks kept after reads (`data_cache_max`).
-    pub data_cache: crate::data_cache::DataCache,
+    pub data_cache: DataCache,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -366,6 +367,7 @@ impl Pool {
             name: name.to_string(),
             guid: pool_guid,
             vdevs: VdevTree::new(vdev_tops, props.completion),
+            data_cache: DataCache::new(props.data_cache_max_bytes),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 name,
@@ -394,15 +396,10 @@ impl Pool {
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
-            // Sized from the properties once they are in place (below).
-            data_cache: crate::data_cache::DataCache::new(0),
         });
         // Before the first I/O (an import's first reads run in `auto`: the properties are
         // on disk).
         apply_scheduler(&inner);
-        inner
-            .data_cache
-            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
@@ -659,6 +656,7 @@ impl Pool {
             name: old.name.clone(),
             guid: old.guid,
             vdevs: VdevTree::new(tops, state.props.completion),
+            data_cache: DataCache::new(state.props.data_cache_max_bytes),
             tree_config: config.clone(),
             txg: TxgControl::new(
                 &old.name,
@@ -669,12 +667,7 @@ impl Pool {
             state: Mutex::new(state),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
-            // Sized from the properties once they are in place (below).
-            data_cache: crate::data_cache::DataCache::new(0),
         });
-        inner
-            .data_cache
-            .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: inner.guid,
             pool_name: inner.name.clone(),
@@ -1316,6 +1309,7 @@ async fn import_devices(
         name: pool_name.clone(),
         guid: cfg0.pool_guid,
         vdevs,
+        data_cache: DataCache::new(props.data_cache_max_bytes),
         tree_config: meta.tree.clone(),
         txg: TxgControl::new(
             &pool_name,
@@ -1335,12 +1329,7 @@ async fn import_devices(
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
-        // Sized from the properties once they are in place (below).
-        data_cache: crate::data_cache::DataCache::new(0),
     });
-    inner
-        .data_cache
-        .set_max_bytes(inner.state.lock().unwrap().props.data_cache_max_bytes);
     Ok((inner, replays))
 }
 
