@@ -27,6 +27,9 @@ use std::sync::Mutex;
 /// Shards of the cache: enough that reactor threads rarely meet on one lock.
 const SHARDS: usize = 16;
 
+/// Keys of taken entries a shard's ring may hold beyond its live ones before it is compacted.
+const RING_SLACK: usize = 64;
+
 /// A cached block's identity: its content's checksum, type and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheKey {
@@ -71,7 +74,8 @@ struct Entry {
 #[derive(Default)]
 struct Shard {
     map: IdMap<CacheKey, Entry>,
-    /// CLOCK order: every key of `map` exactly once.
+    /// CLOCK order: every key of `map`, plus keys taken out of it since the last compaction
+    /// (skipped when met; at most `map.len() + RING_SLACK` keys in all).
     ring: VecDeque<CacheKey>,
     bytes: u64,
 }
@@ -149,6 +153,26 @@ impl DataCache {
         }
     }
 
+    /// Takes the cached block `key` out of the cache (counted as a hit): for a caller about to
+    /// replace the block, which makes it its new version without a copy.
+    pub fn take(&self, key: &CacheKey) -> Option<IoBuf> {
+        let mut s = self.shards[key.shard()].lock().unwrap();
+        let Some(entry) = s.map.remove(key) else {
+            drop(s);
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        s.bytes -= entry.buf.len() as u64;
+        // The key stays in the ring until met or compacted; bounded by the compaction.
+        if s.ring.len() > s.map.len() + s.map.len() + RING_SLACK {
+            let Shard { map, ring, .. } = &mut *s;
+            ring.retain(|k| map.contains_key(k));
+        }
+        drop(s);
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(entry.buf)
+    }
+
     /// Keeps `buf`, a verified copy of the block `key` names (its first `psize` bytes are the
     /// block), evicting others as needed.
     pub fn insert(&self, key: CacheKey, buf: IoBuf) {
@@ -171,7 +195,7 @@ impl DataCache {
         );
         s.ring.push_back(key);
         s.bytes += len;
-        debug_assert_eq!(s.map.len(), s.ring.len());
+        debug_assert!(s.map.len() <= s.ring.len());
     }
 
     /// Evicts from `s` until it holds at most `target` bytes.
@@ -184,10 +208,9 @@ impl DataCache {
             let Some(key) = s.ring.pop_front() else {
                 break;
             };
-            let entry = s
-                .map
-                .get_mut(&key)
-                .expect("ring and map hold the same keys");
+            let Some(entry) = s.map.get_mut(&key) else {
+                continue; // taken
+            };
             if entry.referenced {
                 entry.referenced = false;
                 s.ring.push_back(key);
@@ -267,6 +290,48 @@ mod tests {
         assert_eq!(&out[..], &expected[10..110]);
         let st = cache.stats();
         assert_eq!((st.hits, st.misses, st.bytes), (1, 1, 4096));
+    }
+
+    #[test]
+    fn take_removes_and_the_ring_stays_bounded() {
+        let cache = DataCache::new(1 << 30);
+        let (bp, buf) = block(1, 4096);
+        let key = CacheKey::of(&bp);
+        let expected = buf.clone();
+        cache.insert(key, buf);
+        assert_eq!(cache.take(&key).as_deref(), Some(&expected[..]));
+        assert!(cache.take(&key).is_none(), "taken twice");
+        let mut out = [0u8; 8];
+        assert!(
+            !cache.read_into(&key, 0, &mut out),
+            "a taken block still hits"
+        );
+        assert_eq!(cache.stats().bytes, 0);
+        // Insert-and-take cycles (a block rewritten over and over) leave no ring behind.
+        for seed in 2..20_000u32 {
+            let (bp, buf) = block(seed, 512);
+            cache.insert(CacheKey::of(&bp), buf);
+            assert!(cache.take(&CacheKey::of(&bp)).is_some());
+        }
+        for shard in cache.shards.iter() {
+            let s = shard.lock().unwrap();
+            assert!(s.map.is_empty());
+            assert!(
+                s.ring.len() <= RING_SLACK + 1,
+                "ring of {} keys",
+                s.ring.len()
+            );
+        }
+        // Eviction steps over taken keys.
+        let small = DataCache::new(SHARDS as u64 * 4 * 512);
+        for seed in 0..2000u32 {
+            let (bp, buf) = block(seed, 512);
+            small.insert(CacheKey::of(&bp), buf);
+            if seed % 3 == 0 {
+                small.take(&CacheKey::of(&bp));
+            }
+        }
+        assert!(small.stats().bytes <= SHARDS as u64 * 4 * 512);
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod pipeline;
 pub mod pool;
 pub mod props;
 pub mod rangelock;
+mod sector_mask;
 pub mod tree;
 pub mod txg;
 pub mod vdev;

@@ -13,15 +13,28 @@ use std::fmt::Display;
 use std::sync::atomic::Ordering;
 
 /// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
-/// `class`. Succeeds when
-/// each DVA has at least one good leaf write; failed leaves are counted. Fails if any DVA could
-/// not be written at all.
+/// `class`. Succeeds when each DVA has at least one good leaf write; failed leaves are counted.
+/// Fails if any DVA could not be written at all. Copies `data` once for each I/O: a caller
+/// that owns its buffer uses [`write_block_owned`], which saves one copy.
 pub async fn write_block(
     vdevs: &VdevTree,
     class: IoClass,
     dvas: &[Dva],
     data: &IoBuf,
 ) -> Result<()> {
+    write_block_owned(vdevs, class, dvas, data.clone())
+        .await
+        .map(drop)
+}
+
+/// As [`write_block`], with a buffer the caller gives up: the first I/O writes it as it is
+/// (the others write copies), and it comes back when the writes are done.
+pub async fn write_block_owned(
+    vdevs: &VdevTree,
+    class: IoClass,
+    dvas: &[Dva],
+    data: IoBuf,
+) -> Result<IoBuf> {
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
     for (i, dva) in dvas.iter().enumerate() {
         debug_assert_eq!(dva.asize_bytes as usize, data.len());
@@ -30,18 +43,31 @@ pub async fn write_block(
             .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
         ios.extend(top.plan_write(dva).map(|io| (i, io)));
     }
+    let mut data = Some(data);
     let futs: Vec<_> = ios
         .iter()
-        .map(|(_, io)| io.leaf.write(class, io.offset_bytes, data.clone()))
+        .enumerate()
+        .map(|(n, (_, io))| {
+            let buf = if n + 1 == ios.len() {
+                data.take().expect("the last I/O takes the buffer")
+            } else {
+                data.as_ref().expect("not taken yet").clone()
+            };
+            io.leaf.write(class, io.offset_bytes, buf)
+        })
         .collect();
     let batch = vdevs.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
     let mut ok = vec![false; dvas.len()];
     let mut last_err = None;
+    let mut back = None;
     for ((i, io), r) in ios.iter().zip(results) {
         match r {
-            Ok(_) => ok[*i] = true,
+            Ok(buf) => {
+                ok[*i] = true;
+                back = Some(buf);
+            }
             Err(e) => {
                 io.leaf
                     .counters
@@ -56,10 +82,11 @@ pub async fn write_block(
             }
         }
     }
-    if ok.iter().all(|&b| b) {
-        Ok(())
-    } else {
-        Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
+    match back.or(data) {
+        Some(buf) if ok.iter().all(|&b| b) => Ok(buf),
+        _ => {
+            Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
+        }
     }
 }
 

@@ -10,16 +10,17 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, DEFER_TXGS};
-use crate::data_cache::DataCache;
+use crate::data_cache::{CacheKey, DataCache};
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
-use crate::pipeline::{read_block, scrub_block, write_block, ScrubCounts};
+use crate::pipeline::{read_block, scrub_block, write_block, write_block_owned, ScrubCounts};
 use crate::props::{PoolProps, VolumeProps};
+use crate::sector_mask::SectorMask;
 use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
 use crate::txg::TxgControl;
 use crate::vdev::{Leaf, TopVdev, VdevTree};
 use crate::vdev_queue::IoClass;
-use crate::volume::{DirtyBlock, VolumeInner};
+use crate::volume::{merge_partial, DirtyBlock, VolumeInner};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
@@ -1388,6 +1389,19 @@ pub(crate) async fn write_new_block(
     Ok(bp)
 }
 
+/// As [`write_new_block`], with a buffer the caller gives up (one copy fewer); it comes back
+/// with the pointer.
+pub(crate) async fn write_new_block_owned(
+    inner: &PoolInner,
+    class: IoClass,
+    data: IoBuf,
+    nb: NewBlock,
+) -> Result<(BlockPtr, IoBuf)> {
+    let bp = alloc_new_block(inner, &data, nb, None)?;
+    let data = write_block_owned(&inner.vdevs, class, bp.dvas(), data).await?;
+    Ok((bp, data))
+}
+
 /// Allocates the places of a new block of `data` and returns its pointer; nothing is written.
 /// With `held`, the places are recorded there under the pool's state lock, in the same step as
 /// the allocation: a txg sync whose space maps include the allocation finds them there.
@@ -1741,14 +1755,22 @@ async fn sync_volume(
         (p.clone(), p.volsize_bytes / p.volblocksize_bytes as u64)
     };
     type Frees = Vec<(u64, u64)>;
-    let (frees, mut blocks): (Frees, Vec<(u64, Arc<IoBuf>)>) = {
+    // (block, dirty buffer, sectors written if the block is partial)
+    type Blocks = Vec<(u64, Arc<IoBuf>, Option<SectorMask>)>;
+    let (frees, mut blocks): (Frees, Blocks) = {
         let d = vol.dirty.lock().unwrap();
         match d.txgs.iter().find(|(t, _)| *t == txg) {
             Some((_, t)) => (
                 t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
                 t.blocks
                     .iter()
-                    .map(|(&b, DirtyBlock::Data(buf))| (b, buf.clone()))
+                    .map(|(&b, block)| {
+                        let written = match block {
+                            DirtyBlock::Data(_) => None,
+                            DirtyBlock::Partial(_, m) => Some(*m),
+                        };
+                        (b, Arc::clone(block.buf()), written)
+                    })
                     .collect(),
             ),
             None => (Vec::new(), Vec::new()),
@@ -1801,7 +1823,7 @@ async fn sync_volume(
     // 2. Data blocks, written concurrently in bounded batches. A block the intent log already
     // wrote in place with this very content is adopted, not written again; the log's other
     // in-place blocks of this txg (or older) are freed.
-    blocks.sort_unstable_by_key(|(b, _)| *b);
+    blocks.sort_unstable_by_key(|(b, _, _)| *b);
     let bs = props.volblocksize_bytes;
     let mut overrides: HashMap<u64, BlockPtr> = HashMap::new();
     // Every in-place block taken here is adopted or freed by this txg: no longer held.
@@ -1836,7 +1858,14 @@ async fn sync_volume(
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch
             .iter()
-            .map(|(b, buf)| async move {
+            .map(|(b, buf, written)| async move {
+                // A partial block is merged with its old content first (reads it): frees of
+                // this txg, applied above, never cover a partial block of this txg.
+                let merged = match written {
+                    None => None,
+                    Some(w) => Some(merge_partial(inner, vol, txg, *b, buf, w, bs as usize).await?),
+                };
+                let buf: &IoBuf = merged.as_ref().unwrap_or(buf);
                 if buf.iter().all(|&x| x == 0) {
                     // All zeros: a hole, as ZFS does with compression on.
                     return Ok((BlockPtr::HOLE, overrides.get(b).copied()));
@@ -1850,33 +1879,38 @@ async fn sync_volume(
                         return Ok((*bp, None));
                     }
                 }
-                let padded_copy;
-                let data: &IoBuf = if (buf.len() as u64).is_multiple_of(SECTOR_BYTES) {
-                    buf
-                } else {
-                    padded_copy = padded(buf);
-                    &padded_copy
+                // The buffer the write owns: a merged block is the sync's own; a whole dirty
+                // block is shared with readers until the txg retires, so the write gets a copy.
+                let sector_multiple = (buf.len() as u64).is_multiple_of(SECTOR_BYTES);
+                let cache_it = merged.is_some() && sector_multiple;
+                let data = match merged {
+                    Some(m) if sector_multiple => m,
+                    _ if !sector_multiple => padded(buf),
+                    _ => buf.clone(),
                 };
-                write_new_block(
-                    inner,
-                    IoClass::AsyncWrite,
-                    data,
-                    NewBlock {
-                        psize_bytes: bs,
-                        block_type: BlockType::Data,
-                        level: 0,
-                        copies: props.copies as usize,
-                        checksum_type: props.checksum,
-                        txg,
-                        fill: 1,
-                    },
-                )
-                .await
-                .map(|p| (p, overrides.get(b).copied()))
+                let nb = NewBlock {
+                    psize_bytes: bs,
+                    block_type: BlockType::Data,
+                    level: 0,
+                    copies: props.copies as usize,
+                    checksum_type: props.checksum,
+                    txg,
+                    fill: 1,
+                };
+                let (p, written_buf) =
+                    write_new_block_owned(inner, IoClass::AsyncWrite, data, nb).await?;
+                if cache_it {
+                    // The merged block goes to the data cache as it is (no copy), so the next
+                    // partial write to the block merges from memory. A whole dirty block is
+                    // not cached: seldom merged again, it would only crowd out what reads
+                    // brought in.
+                    inner.data_cache.insert(CacheKey::of(&p), written_buf);
+                }
+                Ok((p, overrides.get(b).copied()))
             })
             .collect();
         let ptrs = join_all(futs).await;
-        for ((b, _), ptr) in batch.iter().zip(ptrs) {
+        for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
             let (ptr, unused) = ptr?;
             if let Some(u) = unused {
                 freed.extend_from_slice(u.dvas());
@@ -1903,7 +1937,7 @@ async fn sync_volume(
         }
     }
     for (b, bp) in overrides.iter() {
-        if blocks.binary_search_by_key(b, |(x, _)| *x).is_err() {
+        if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {
             freed.extend_from_slice(bp.dvas());
         }
     }

@@ -3,10 +3,15 @@
 //!
 //! Every read, write, trim and write-zeroes holds a range lock over what it touches, taken by
 //! the task serving the request (never the one that received it). Writes lock whole blocks,
-//! because a partial-block write is a read-modify-write of the block. A write lands in the
-//! open txg's dirty map; reads look at the dirty maps (newest txg first) and then the tree.
-//! The txg sync writes a txg's dirty blocks and swaps their pointers into the tree; until it
-//! has, the dirty copy stays readable, so a read never sees a block half-way.
+//! because a write that is not sector-aligned is a read-modify-write of the block. A write
+//! lands in the open txg's dirty map; reads look at the dirty maps (newest txg first) and then
+//! the tree. The txg sync writes a txg's dirty blocks and swaps their pointers into the tree;
+//! until it has, the dirty copy stays readable, so a read never sees a block half-way.
+//!
+//! A sector-aligned write to part of a block whose content is not in memory does not read the
+//! block: it records the sectors it wrote ([`DirtyBlock::Partial`]), and the txg sync reads
+//! the block once, merges, and writes it (off every client's path, many blocks at once).
+//! Reads of such a block take the recorded sectors from memory and the rest from the tree.
 
 use crate::data_cache::CacheKey;
 use crate::idhash::IdMap;
@@ -15,6 +20,7 @@ use crate::pipeline::read_block;
 use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
+use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
 use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
 use crate::vdev_queue::IoClass;
 use crate::zil::{ItxKind, Zil};
@@ -31,6 +37,27 @@ pub(crate) enum DirtyBlock {
     /// New data, exactly one volume block long. Shared with the sync while it writes the
     /// block out (no copy); a later write to the open txg's copy is copy-on-write.
     Data(Arc<IoBuf>),
+    /// The sectors in the mask were written in this txg (the buffer, one volume block long,
+    /// holds them; its other bytes mean nothing); the other sectors are the block's content at
+    /// the end of the previous txg. That is exactly what the tree holds when this txg syncs
+    /// (txgs sync in order, and a block freed in this txg is never partial), so the sync
+    /// reads the block from the tree and merges.
+    Partial(Arc<IoBuf>, SectorMask),
+}
+
+impl DirtyBlock {
+    /// The block's buffer, whichever kind.
+    pub(crate) fn buf(&self) -> &Arc<IoBuf> {
+        match self {
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
+        }
+    }
+
+    fn into_buf(self) -> Arc<IoBuf> {
+        match self {
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
+        }
+    }
 }
 
 /// The changes of one txg to one volume.
@@ -108,15 +135,15 @@ struct DirtySpares {
 }
 
 impl DirtySpares {
-    /// A new dirty block holding `buf`, in a recycled `Arc` if there is one.
-    fn dirty_block(&mut self, buf: IoBuf) -> DirtyBlock {
+    /// `buf` shared, in a recycled `Arc` if there is one.
+    fn shell(&mut self, buf: IoBuf) -> Arc<IoBuf> {
         let Some(mut shell) = self.shells.pop() else {
-            return DirtyBlock::Data(Arc::new(buf));
+            return Arc::new(buf);
         };
         let slot = Arc::get_mut(&mut shell).expect("spare shells are unique");
         debug_assert!(slot.is_empty(), "a spare shell still holds data");
         *slot = buf;
-        DirtyBlock::Data(shell)
+        shell
     }
 
     /// Keeps what it can of a synced txg's dirty set: blocks nobody else holds become shells
@@ -128,7 +155,8 @@ impl DirtySpares {
             .blocks_high_water
             .max(retired.blocks.len())
             .min(SPARE_MAP_CAPACITY_MAX);
-        for (_, DirtyBlock::Data(mut block)) in retired.blocks.drain() {
+        for (_, block) in retired.blocks.drain() {
+            let mut block = block.into_buf();
             if self.shells.len() >= SPARE_SHELLS_MAX {
                 break; // The rest is freed with the map's drain.
             }
@@ -153,31 +181,32 @@ impl DirtySpares {
     }
 }
 
-/// Where the current content of a block is.
+/// Where the current content of a block is, by its newest dirty state.
 enum Source {
-    /// Dirty in some txg: shared, copied only if the writer needs its own copy.
+    /// All of it dirty in some txg: shared, copied only if the writer needs its own copy.
     Dirty(Arc<IoBuf>),
+    /// Freed (reads as zeros).
     Zero,
+    /// Some sectors dirty, the rest in older txgs or the tree.
+    Partial,
+    /// Not dirty: the tree has it.
     Tree,
 }
 
-/// The content a partial-block write starts from (read-modify-write).
+/// The content a write that is not sector-aligned starts from (read-modify-write).
 enum BlockBase {
     /// The block's dirty data in some txg, shared.
-    Dirty(Arc<IoBuf>),
-    /// Read from the tree; at least one volume block long (the allocated size may be larger).
-    Read(IoBuf),
-    /// A hole or a freed block.
-    Zero,
+    Shared(Arc<IoBuf>),
+    /// The block's whole current content, one volume block long.
+    Owned(IoBuf),
 }
 
 impl BlockBase {
     /// A new buffer of `bs` bytes holding the base (from the I/O buffer pool).
     fn to_block(&self, bs: usize) -> IoBuf {
         match self {
-            BlockBase::Dirty(buf) => IoBuf::from_slice(&buf[..bs]),
-            BlockBase::Read(buf) => IoBuf::from_slice(&buf[..bs]),
-            BlockBase::Zero => IoBuf::zeroed(bs),
+            BlockBase::Shared(buf) => IoBuf::from_slice(&buf[..bs]),
+            BlockBase::Owned(buf) => IoBuf::from_slice(&buf[..bs]),
         }
     }
 }
@@ -226,26 +255,42 @@ impl VolDirty {
         }
     }
 
-    /// Copies block `b`'s newest dirty content into `out` at `in_block`, or reports that the
-    /// tree has it. Returns true if served from dirty state.
-    fn read_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> bool {
+    /// Copies what the dirty sets hold of bytes [in_block, in_block + out.len()) of block `b`
+    /// into `out` (newest txg first). Returns the sectors of that range still to be read from
+    /// the tree (empty when the dirty sets had it all).
+    fn read_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> SectorMask {
+        let mut need = SectorMask::touching(in_block, in_block + out.len());
+        // Bounded: at most three txgs are dirty.
         for (_, d) in self.txgs.iter().rev() {
-            if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
-                out.copy_from_slice(&buf[in_block..in_block + out.len()]);
-                return true;
+            match d.blocks.get(&b) {
+                Some(DirtyBlock::Data(buf)) => {
+                    copy_runs(&need, buf, in_block, out);
+                    return SectorMask::EMPTY;
+                }
+                Some(DirtyBlock::Partial(buf, written)) => {
+                    copy_runs(&need.intersect(written), buf, in_block, out);
+                    need = need.minus(written);
+                    if need.is_empty() {
+                        return need;
+                    }
+                }
+                None => {}
             }
+            // A txg's frees come before its writes.
             if d.freed(b) {
-                out.fill(0);
-                return true;
+                zero_runs(&need, in_block, out);
+                return SectorMask::EMPTY;
             }
         }
-        false
+        need
     }
 
     fn source(&self, b: u64) -> Source {
         for (_, d) in self.txgs.iter().rev() {
-            if let Some(DirtyBlock::Data(buf)) = d.blocks.get(&b) {
-                return Source::Dirty(Arc::clone(buf));
+            match d.blocks.get(&b) {
+                Some(DirtyBlock::Data(buf)) => return Source::Dirty(Arc::clone(buf)),
+                Some(DirtyBlock::Partial(..)) => return Source::Partial,
+                None => {}
             }
             if d.freed(b) {
                 return Source::Zero;
@@ -265,6 +310,65 @@ impl VolDirty {
         }
         None
     }
+}
+
+/// The whole content of a block that txg `txg` left partial (`written` sectors in `buf`):
+/// the block as the tree holds it, which is its content at the end of the previous txg since
+/// the txg being synced is the oldest not in the tree, with the written sectors laid over it.
+/// Called by the sync of `txg` before it replaces the block's pointer. The block's old copy
+/// comes out of the data cache if it is there (no copy), else from the devices; either way
+/// its buffer becomes the merged block, which the sync caches under its new place.
+///
+/// If every copy of the old block fails its checksum, its unwritten sectors were already lost:
+/// they become zeros and the loss is logged with the block's name (a failed sync would
+/// suspend the whole pool for one bad block). An I/O error fails the sync, as any read of it.
+pub(crate) async fn merge_partial(
+    inner: &PoolInner,
+    vol: &VolumeInner,
+    txg: Txg,
+    b: u64,
+    buf: &IoBuf,
+    written: &SectorMask,
+    bs: usize,
+) -> Result<IoBuf> {
+    let what = &vol.full_name;
+    // Sync reads: the txg sync waits on them, as a writer waited on its read-modify-write
+    // read (the async-read class, three in flight per device, is for reads nobody waits on).
+    let bp = lookup(&vol.tree, &inner.vdevs, IoClass::SyncRead, b, what).await?;
+    let mut merged = if bp.is_hole() {
+        IoBuf::zeroed(bs)
+    } else {
+        // The old block's cached copy becomes the new block: its place is freed by this sync,
+        // so nobody can hit it afterwards anyway (a reader that misses meanwhile reads the old
+        // place, which stays allocated until the sync's frees are deferred past).
+        let key = CacheKey::of(&bp);
+        match inner.data_cache.take(&key) {
+            Some(old) => old,
+            None => {
+                let name = format_args!("{what} block {b}");
+                match read_block(&inner.vdevs, IoClass::SyncRead, &bp, &name).await {
+                    Ok(old) => old,
+                    Err(e @ EngineError::Checksum { .. }) => {
+                        tracing::error!(
+                            volume = what.as_str(),
+                            block = b,
+                            txg = txg.0,
+                            "{e}: the sectors of the block not written in this txg are lost \
+                             and become zeros"
+                        );
+                        IoBuf::zeroed(bs)
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    };
+    if merged.len() != bs {
+        // Allocated larger than the block (padding): the block alone.
+        merged = IoBuf::from_slice(&merged[..bs]);
+    }
+    copy_runs(written, buf, 0, &mut merged);
+    Ok(merged)
 }
 
 /// A volume's shared state.
@@ -423,24 +527,33 @@ impl Volume {
                 LockMode::Read,
             )
             .await;
+        self.read_locked(offset_bytes, out, bs).await
+    }
+
+    /// Reads `out.len()` bytes at `offset_bytes` under a range lock the caller holds.
+    async fn read_locked(&self, offset_bytes: u64, out: &mut [u8], bs: u64) -> Result<()> {
         let end = offset_bytes + out.len() as u64;
         let mut pos = offset_bytes;
-        // Blocks that must come from the tree: (block, in-block offset, output range). The
-        // first apart, so that a read within one block (most small reads) builds no list.
-        let mut first_from_tree: Option<(u64, usize, std::ops::Range<usize>)> = None;
-        let mut from_tree: Vec<(u64, usize, std::ops::Range<usize>)> = Vec::new();
+        // Blocks that must come from the tree: (block, in-block offset, output range, sectors
+        // needed). The first apart, so that a read within one block (most small reads) builds
+        // no list.
+        type FromTree = (u64, usize, std::ops::Range<usize>, SectorMask);
+        let mut first_from_tree: Option<FromTree> = None;
+        let mut from_tree: Vec<FromTree> = Vec::new();
         {
             let d = self.vol.dirty.lock().unwrap();
+            // Bounded by the blocks of the request.
             while pos < end {
                 let b = pos / bs;
                 let in_block = (pos % bs) as usize;
                 let n = ((bs - pos % bs).min(end - pos)) as usize;
                 let o = (pos - offset_bytes) as usize;
-                if !d.read_into(b, in_block, &mut out[o..o + n]) {
+                let need = d.read_into(b, in_block, &mut out[o..o + n]);
+                if !need.is_empty() {
                     if first_from_tree.is_none() {
-                        first_from_tree = Some((b, in_block, o..o + n));
+                        first_from_tree = Some((b, in_block, o..o + n, need));
                     } else {
-                        from_tree.push((b, in_block, o..o + n));
+                        from_tree.push((b, in_block, o..o + n, need));
                     }
                 }
                 pos += n as u64;
@@ -450,8 +563,10 @@ impl Volume {
             return Ok(());
         };
         if from_tree.is_empty() {
-            let (b, in_block, range) = first;
-            return self.read_tree_into(b, in_block, &mut out[range]).await;
+            let (b, in_block, range, need) = first;
+            return self
+                .read_tree_into(b, in_block, &mut out[range], &need)
+                .await;
         }
         from_tree.insert(0, first);
         // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
@@ -460,12 +575,12 @@ impl Volume {
         let mut futs = Vec::with_capacity(from_tree.len());
         let mut rest: &mut [u8] = out;
         let mut rest_start = 0;
-        for (b, in_block, range) in &from_tree {
+        for (b, in_block, range, need) in &from_tree {
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - rest_start);
             let (mine, tail) = tail.split_at_mut(range.len());
             rest = tail;
             rest_start = range.end;
-            futs.push(self.read_tree_into(*b, *in_block, mine));
+            futs.push(self.read_tree_into(*b, *in_block, mine, need));
         }
         for result in oxpool_io::rt::join_all(futs).await {
             result?;
@@ -473,39 +588,44 @@ impl Volume {
         Ok(())
     }
 
-    /// Copies `out.len()` bytes from `in_block` of block `b` in the tree into `out` (zeros for
-    /// a hole), through the pool's data cache: a hit is a copy; a miss reads and verifies the
-    /// block and leaves it in the cache.
-    async fn read_tree_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> Result<()> {
+    /// Copies the `need` sectors of bytes [in_block, in_block + out.len()) of block `b` in the
+    /// tree into `out` (zeros for a hole), through the pool's data cache: a hit is a copy; a
+    /// miss reads and verifies the block and leaves it in the cache. The other bytes of `out`
+    /// (the dirty sets had them) are left alone.
+    async fn read_tree_into(
+        &self,
+        b: u64,
+        in_block: usize,
+        out: &mut [u8],
+        need: &SectorMask,
+    ) -> Result<()> {
         let cache = &self.pool.data_cache;
+        let hi = in_block + out.len();
+        let all = need.contains(&SectorMask::touching(in_block, hi));
         let found = self
             .read_tree(b, |found| match found {
-                TreeRead::Cached(key) => cache.read_into(key, in_block, out).then_some(()),
+                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(()),
+                TreeRead::Cached(key) => {
+                    // Bounded by the sectors of the range.
+                    for (lo, run_hi) in need.byte_runs(in_block, hi) {
+                        let dst = &mut out[lo - in_block..run_hi - in_block];
+                        if !cache.read_into(key, lo, dst) {
+                            return None;
+                        }
+                    }
+                    Some(())
+                }
                 TreeRead::Read(key, buf) => {
-                    out.copy_from_slice(&buf[in_block..in_block + out.len()]);
+                    copy_runs(need, &buf, in_block, out);
                     cache.insert(key, buf);
                     Some(())
                 }
             })
             .await?;
         if found.is_none() {
-            out.fill(0);
+            zero_runs(need, in_block, out);
         }
         Ok(())
-    }
-
-    /// Reads block `b` from the tree as a buffer of its own; None for a hole. A miss is not
-    /// cached: the caller modifies the buffer (its old content is about to be replaced).
-    async fn read_tree_block(&self, b: u64) -> Result<Option<IoBuf>> {
-        let cache = &self.pool.data_cache;
-        self.read_tree(b, |found| match found {
-            TreeRead::Cached(key) => {
-                let mut copy = IoBuf::zeroed(key.psize_bytes() as usize);
-                cache.read_into(key, 0, &mut copy).then_some(copy)
-            }
-            TreeRead::Read(_, buf) => Some(buf),
-        })
-        .await
     }
 
     /// Looks up block `b` and hands it to `take`: first as a cache key (`take` returns `Some`
@@ -554,23 +674,19 @@ impl Volume {
         unreachable!("the loop returns")
     }
 
-    /// The current content of block `b` (for read-modify-write): not copied yet, as a write
-    /// to a block already dirty in its txg needs no copy at all.
+    /// The current content of block `b` (for read-modify-write), under the write range lock
+    /// the caller holds on the block: when the newest dirty state holds all of it, shared, not
+    /// copied (a write to a block already dirty in its txg needs no copy at all).
     async fn block_content(&self, b: u64, bs: usize) -> Result<BlockBase> {
         let src = self.vol.dirty.lock().unwrap().source(b);
         match src {
-            Source::Dirty(buf) => Ok(BlockBase::Dirty(buf)),
-            Source::Zero => Ok(BlockBase::Zero),
-            Source::Tree => match self.read_tree_block(b).await? {
-                None => Ok(BlockBase::Zero),
-                Some(buf) => {
-                    debug_assert!(
-                        buf.len() >= bs,
-                        "a data block shorter than the volume block"
-                    );
-                    Ok(BlockBase::Read(buf))
-                }
-            },
+            Source::Dirty(buf) => Ok(BlockBase::Shared(buf)),
+            Source::Zero => Ok(BlockBase::Owned(IoBuf::zeroed(bs))),
+            Source::Partial | Source::Tree => {
+                let mut buf = IoBuf::zeroed(bs);
+                self.read_locked(b * bs as u64, &mut buf, bs as u64).await?;
+                Ok(BlockBase::Owned(buf))
+            }
         }
     }
 
@@ -714,17 +830,20 @@ impl Volume {
                 LockMode::Write,
             )
             .await;
-        // Read-modify-write bases for the partial head and tail blocks, read before taking
-        // the txg hold so a slow read does not hold up the txg's quiesce.
-        let head_partial =
-            !offset_bytes.is_multiple_of(bs) || (first_b == last_b && !end.is_multiple_of(bs));
-        let tail_partial = !end.is_multiple_of(bs) && last_b != first_b;
-        let mut head = if head_partial {
+        // A partial head or tail block that is not sector-aligned needs the block's content
+        // (read-modify-write), read before taking the txg hold so a slow read does not hold
+        // up the txg's quiesce. A sector-aligned one needs none (a partial dirty block).
+        let head_lo = (offset_bytes - first_b * bs) as usize;
+        let head_hi = (end.min((first_b + 1) * bs) - first_b * bs) as usize;
+        let tail_hi = (end - last_b * bs) as usize;
+        let head_partial = head_lo != 0 || head_hi != bs as usize;
+        let tail_partial = last_b != first_b && tail_hi != bs as usize;
+        let mut head = if head_partial && !SectorMask::aligned(head_lo, head_hi) {
             Some(self.block_content(first_b, bs as usize).await?)
         } else {
             None
         };
-        let mut tail = if tail_partial {
+        let mut tail = if tail_partial && !SectorMask::aligned(0, tail_hi) {
             Some(self.block_content(last_b, bs as usize).await?)
         } else {
             None
@@ -734,6 +853,17 @@ impl Volume {
         let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
         {
             let mut d = self.vol.dirty.lock().unwrap();
+            // The newest state of the partial blocks new to this txg, which start from it,
+            // taken before this txg's set is borrowed (this txg is the newest dirty one). Not
+            // for blocks this txg has: their buffer would be shared and make_mut would copy.
+            let txg = hold.txg();
+            let new_here = |d: &VolDirty, b: u64| {
+                !d.txgs
+                    .iter()
+                    .any(|(x, t)| *x == txg && t.blocks.contains_key(&b))
+            };
+            let head_src = (head_partial && new_here(&d, first_b)).then(|| d.source(first_b));
+            let tail_src = (tail_partial && new_here(&d, last_b)).then(|| d.source(last_b));
             let (t, spares) = d.txg_and_spares(hold.txg());
             // Whole zero blocks become a free range (holes).
             if data.is_none() {
@@ -743,6 +873,8 @@ impl Volume {
                     t.add_free(zfirst, zend);
                 }
             }
+            let whole = SectorMask::whole(bs as usize);
+            // Bounded by the blocks of the request.
             for b in first_b..=last_b {
                 let bstart = b * bs;
                 let lo = offset_bytes.max(bstart);
@@ -755,38 +887,78 @@ impl Volume {
                 let len = (hi - lo) as usize;
                 let src =
                     data.map(|d| &d[(lo - offset_bytes) as usize..(hi - offset_bytes) as usize]);
+                let put = |buf: &mut [u8]| match src {
+                    Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
+                    None => buf[in_block..in_block + len].fill(0),
+                };
+                let written = SectorMask::touching(in_block, in_block + len);
+                let aligned = SectorMask::aligned(in_block, in_block + len);
+                // The read-modify-write base of this block, if one was taken.
+                let base = if b == first_b {
+                    head.take()
+                } else if b == last_b {
+                    tail.take()
+                } else {
+                    None
+                };
                 match t.blocks.get_mut(&b) {
                     Some(DirtyBlock::Data(buf)) => {
-                        // This block's base, if one was taken, may be this very buffer; it is
-                        // not needed (the block is changed in place), and holding it would
-                        // make make_mut copy.
-                        if b == first_b {
-                            head = None;
-                        } else if b == last_b {
-                            tail = None;
-                        }
                         // Unique unless a sync of this very txg holds it, which cannot happen
-                        // while we hold the txg: make_mut never copies in practice.
-                        let buf = Arc::make_mut(buf);
-                        match src {
-                            Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
-                            None => buf[in_block..in_block + len].fill(0),
+                        // while we hold the txg: make_mut never copies in practice. (The
+                        // base, if any, may be this very buffer: dropped above, so that
+                        // make_mut does not copy.)
+                        drop(base);
+                        put(&mut Arc::make_mut(buf)[..]);
+                    }
+                    Some(DirtyBlock::Partial(buf, have)) if aligned => {
+                        put(&mut Arc::make_mut(buf)[..]);
+                        *have = have.union(&written);
+                        if have.contains(&whole) {
+                            let buf = Arc::clone(buf);
+                            t.blocks.insert(b, DirtyBlock::Data(buf));
                         }
                     }
+                    Some(DirtyBlock::Partial(..)) => {
+                        // Not sector-aligned: the base is the block's whole current content,
+                        // this txg's sectors included (read under the range lock).
+                        let base = base.expect("an unaligned partial block has a base");
+                        let mut buf = base.to_block(bs as usize);
+                        put(&mut buf);
+                        t.blocks.insert(b, DirtyBlock::Data(spares.shell(buf)));
+                    }
                     None => {
-                        let mut buf = if full {
-                            IoBuf::zeroed(bs as usize)
-                        } else if let (true, Some(base)) = (b == first_b, &head) {
-                            base.to_block(bs as usize)
+                        let block = if full {
+                            let mut buf = IoBuf::zeroed(bs as usize);
+                            put(&mut buf);
+                            DirtyBlock::Data(spares.shell(buf))
+                        } else if let Some(base) = base {
+                            let mut buf = base.to_block(bs as usize);
+                            put(&mut buf);
+                            DirtyBlock::Data(spares.shell(buf))
                         } else {
-                            let base = tail.as_ref().expect("partial tail block has a base");
-                            base.to_block(bs as usize)
+                            let source = if b == first_b { &head_src } else { &tail_src };
+                            match source.as_ref().expect("a partial block has a source") {
+                                // Its content is in memory: a whole block, no read needed.
+                                Source::Dirty(older) => {
+                                    let mut buf = IoBuf::from_slice(&older[..bs as usize]);
+                                    put(&mut buf);
+                                    DirtyBlock::Data(spares.shell(buf))
+                                }
+                                Source::Zero => {
+                                    let mut buf = IoBuf::zeroed(bs as usize);
+                                    put(&mut buf);
+                                    DirtyBlock::Data(spares.shell(buf))
+                                }
+                                // The rest of it is on the devices (or in an older partial
+                                // block): the sync of this txg reads it once.
+                                Source::Partial | Source::Tree => {
+                                    let mut buf = IoBuf::zeroed(bs as usize);
+                                    put(&mut buf);
+                                    DirtyBlock::Partial(spares.shell(buf), written)
+                                }
+                            }
                         };
-                        match src {
-                            Some(s) => buf[in_block..in_block + len].copy_from_slice(s),
-                            None => buf[in_block..in_block + len].fill(0),
-                        }
-                        t.blocks.insert(b, spares.dirty_block(buf));
+                        t.blocks.insert(b, block);
                         newly_dirty_bytes += bs;
                     }
                 }

@@ -1249,7 +1249,7 @@ async fn write_and_flush(
         asize_bytes: data.len() as u32,
         ..*addr
     };
-    crate::pipeline::write_block(&inner.vdevs, IoClass::SyncWrite, &[written], &data).await?;
+    crate::pipeline::write_block_owned(&inner.vdevs, IoClass::SyncWrite, &[written], data).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
     let mut leaves: Vec<Arc<Leaf>> = Vec::new();

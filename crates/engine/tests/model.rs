@@ -46,12 +46,15 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let range = (0usize..VOLUMES.len(), 0.0f64..1.0, 1u64..70_000);
     prop_oneof![
-        6 => (range.clone(), any::<u64>()).prop_map(|((vol, f, len), seed)| {
-            let (off, len) = place(vol, f, len);
+        6 => (range.clone(), any::<u64>(), any::<bool>()).prop_map(|((vol, f, len), seed, aligned)| {
+            let (off, len) = place_maybe_aligned(vol, f, len, aligned);
             Op::Write { vol, off, len, seed }
         }),
         1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Trim { vol, off, len } }),
-        1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Zero { vol, off, len } }),
+        1 => (range.clone(), any::<bool>()).prop_map(|((vol, f, len), aligned)| {
+            let (off, len) = place_maybe_aligned(vol, f, len, aligned);
+            Op::Zero { vol, off, len }
+        }),
         3 => range.prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Read { vol, off, len } }),
         1 => Just(Op::Sync),
         1 => Just(Op::Reopen),
@@ -63,6 +66,18 @@ fn place(vol: usize, f: f64, len: u64) -> (u64, u64) {
     let len = len.min(size);
     let off = ((size - len) as f64 * f) as u64;
     (off, len)
+}
+
+/// As `place`, or with `aligned` on 512-byte sectors and mostly shorter than a block of the
+/// 16K volume: writes to part of a block that are recorded by sector without a read.
+fn place_maybe_aligned(vol: usize, f: f64, len: u64, aligned: bool) -> (u64, u64) {
+    if !aligned {
+        return place(vol, f, len);
+    }
+    let (off, len) = place(vol, f, len % 20_000 + 1);
+    let off = off / 512 * 512;
+    let len = len.div_ceil(512) * 512;
+    (off, len.min(VOLUMES[vol].1 - off))
 }
 
 fn apply_model(model: &mut [Vec<u8>], op: &Op) {
@@ -91,20 +106,22 @@ fn apply_model(model: &mut [Vec<u8>], op: &Op) {
 }
 
 fn run(ops: Vec<Op>, kind: TopVdevKind, devices: usize) -> Result<(), TestCaseError> {
-    run_with(ops, kind, devices, None)
+    run_with(ops, kind, devices, &[])
 }
 
-/// Runs `ops` against the model; `completion` sets the pool's completion policy (it persists,
-/// so the reimports keep it).
+/// Runs `ops` against the model on a pool with properties `props` set (they persist, so the
+/// reimports keep them).
 fn run_with(
     ops: Vec<Op>,
     kind: TopVdevKind,
     devices: usize,
-    completion: Option<&str>,
+    props: &[(&str, &str)],
 ) -> Result<(), TestCaseError> {
     let (pool, mems) = mem_pool(kind, devices);
-    if let Some(policy) = completion {
-        pool.set_prop("completion", policy).unwrap();
+    for (name, value) in props {
+        pool.set_prop(name, value).unwrap();
+    }
+    if !props.is_empty() {
         pool.sync().unwrap();
     }
     let mut pool = Some(pool);
@@ -165,8 +182,8 @@ fn run_with(
             "volume {name} differs from the model after reimport"
         );
     }
-    if let Some(policy) = completion {
-        prop_assert_eq!(p.get_prop("completion").unwrap(), policy);
+    for (name, value) in props {
+        prop_assert_eq!(&p.get_prop(name).unwrap(), value);
     }
     p.export().unwrap();
     Ok(())
@@ -189,6 +206,14 @@ proptest! {
     fn mirror_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
         run(ops, TopVdevKind::Mirror, 2)?;
     }
+
+    /// With the smallest `dirty_max` a txg syncs every ~200 KiB written, in the background
+    /// while the next txg takes writes: a block written in part in one txg is written in part
+    /// again in the next one while the first is merged and synced.
+    #[test]
+    fn background_syncs_match_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run_with(ops, TopVdevKind::Single, 1, &[("dirty_max", "1048576")])?;
+    }
 }
 
 // The same model under each completion policy (issue 5): where a completion runs must never
@@ -198,22 +223,22 @@ proptest! {
 
     #[test]
     fn completion_inline_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run_with(ops, TopVdevKind::Mirror, 2, Some("inline"))?;
+        run_with(ops, TopVdevKind::Mirror, 2, &[("completion", "inline")])?;
     }
 
     #[test]
     fn completion_worker_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run_with(ops, TopVdevKind::Mirror, 2, Some("worker"))?;
+        run_with(ops, TopVdevKind::Mirror, 2, &[("completion", "worker")])?;
     }
 
     #[test]
     fn completion_batched_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run_with(ops, TopVdevKind::Mirror, 2, Some("batched"))?;
+        run_with(ops, TopVdevKind::Mirror, 2, &[("completion", "batched")])?;
     }
 
     #[test]
     fn completion_auto_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
-        run_with(ops, TopVdevKind::Mirror, 2, Some("auto"))?;
+        run_with(ops, TopVdevKind::Mirror, 2, &[("completion", "auto")])?;
     }
 }
 
