@@ -91,6 +91,11 @@ struct Stats {
     ring_spins: u64,
     #[serde(default)]
     ring_spin_hits: u64,
+    /// fdatasyncs run on the calling reactor, and handed to the ring's kernel workers.
+    #[serde(default)]
+    fsyncs_inline: u64,
+    #[serde(default)]
+    fsyncs_ring: u64,
     /// Data-block cache: reads served from memory, reads that went to a device, bytes held.
     #[serde(default)]
     data_cache_hits: u64,
@@ -134,6 +139,8 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
         ring_batch_waits: completions.batch_waits,
         ring_spins: completions.spins,
         ring_spin_hits: completions.spin_hits,
+        fsyncs_inline: completions.fsyncs_inline,
+        fsyncs_ring: completions.fsyncs_ring,
         data_cache_hits: cache.hits,
         data_cache_misses: cache.misses,
         data_cache_bytes: cache.bytes,
@@ -588,6 +595,11 @@ fn footer(span: &Span) {
         per(span.delta(|s| s.ring_batch_waits), ios),
         per(span.delta(|s| s.ring_spins), ios),
         per(span.delta(|s| s.ring_spin_hits), ios),
+    );
+    println!(
+        "  fdatasyncs: on the reactor {}  by kernel workers {}",
+        per(span.delta(|s| s.fsyncs_inline), ios),
+        per(span.delta(|s| s.fsyncs_ring), ios),
     );
     let (hits, misses) = (
         span.delta(|s| s.data_cache_hits),

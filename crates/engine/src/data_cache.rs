@@ -75,7 +75,7 @@ struct Entry {
 struct Shard {
     map: IdMap<CacheKey, Entry>,
     /// CLOCK order: every key of `map`, plus keys taken out of it since the last compaction
-    /// (skipped when met; at most `map.len() + RING_SLACK` keys in all).
+    /// (skipped when met; at most `2 * map.len() + RING_SLACK` keys in all).
     ring: VecDeque<CacheKey>,
     bytes: u64,
 }

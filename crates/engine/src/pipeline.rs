@@ -27,8 +27,9 @@ pub async fn write_block(
         .map(drop)
 }
 
-/// As [`write_block`], with a buffer the caller gives up: the first I/O writes it as it is
-/// (the others write copies), and it comes back when the writes are done.
+/// As [`write_block`], with a buffer the caller gives up: the last I/O writes it as it is
+/// (the others write copies), and it (or a copy with the same bytes) comes back when the
+/// writes are done.
 pub async fn write_block_owned(
     vdevs: &VdevTree,
     class: IoClass,
@@ -101,6 +102,22 @@ pub async fn read_block(
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
+    let (buf, bad) = read_block_unhealed(vdevs, class, bp, what).await?;
+    heal(&bad, &buf).await;
+    Ok(buf)
+}
+
+/// As [`read_block`], without rewriting the copies that were bad: returns them with the
+/// block, for [`heal_copies`]. For a reader whose block pointer may stop being current while
+/// it reads (the txg sync may replace the block and free its places): healing then must wait
+/// until the caller has checked that the pointer is still current, or it could write the
+/// old block over a place already reused.
+pub async fn read_block_unhealed(
+    vdevs: &VdevTree,
+    class: IoClass,
+    bp: &BlockPtr,
+    what: &(impl Display + ?Sized),
+) -> Result<(IoBuf, Vec<LeafIo>)> {
     debug_assert!(!bp.is_hole());
     let mut bad: Vec<LeafIo> = Vec::new();
     let mut last_io_err = None;
@@ -133,8 +150,7 @@ pub async fn read_block(
                 }
                 Ok((buf, verified)) => {
                     if verified {
-                        heal(&bad, &buf).await;
-                        return Ok(buf);
+                        return Ok((buf, bad));
                     }
                     io.leaf
                         .counters
@@ -161,6 +177,14 @@ pub async fn read_block(
 pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
     let psize = bp.psize_bytes as usize;
     psize <= buf.len() && checksum(bp.checksum_type, &buf[..psize]) == bp.checksum
+}
+
+/// Rewrites `good`, a verified block, over its copies in `bad` (from
+/// [`read_block_unhealed`]); the caller has checked that the block is still current.
+pub async fn heal_copies(bad: &[LeafIo], good: &IoBuf) {
+    if !bad.is_empty() {
+        heal(bad, good).await;
+    }
 }
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so

@@ -16,7 +16,7 @@
 use crate::data_cache::CacheKey;
 use crate::idhash::IdMap;
 use crate::iostats::{VolumeIoStats, VolumeOp};
-use crate::pipeline::read_block;
+use crate::pipeline::{heal_copies, read_block, read_block_unhealed};
 use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
@@ -312,6 +312,9 @@ impl VolDirty {
     }
 }
 
+/// Reads of every copy of an old block the txg sync tries before it gives up on merging.
+const MERGE_READ_ATTEMPTS: u32 = 3;
+
 /// The whole content of a block that txg `txg` left partial (`written` sectors in `buf`):
 /// the block as the tree holds it, which is its content at the end of the previous txg since
 /// the txg being synced is the oldest not in the tree, with the written sectors laid over it.
@@ -319,9 +322,13 @@ impl VolDirty {
 /// comes out of the data cache if it is there (no copy), else from the devices; either way
 /// its buffer becomes the merged block, which the sync caches under its new place.
 ///
-/// If every copy of the old block fails its checksum, its unwritten sectors were already lost:
-/// they become zeros and the loss is logged with the block's name (a failed sync would
-/// suspend the whole pool for one bad block). An I/O error fails the sync, as any read of it.
+/// A failed read of the old block is retried ([`MERGE_READ_ATTEMPTS`] reads of every copy in
+/// all), so a passing fault costs nothing. If every copy still fails its checksum, the old
+/// block's content is gone: its unwritten sectors become zeros and the loss is logged with the
+/// block's name (failing the sync instead would suspend the pool, and the log replay at the
+/// next import would fail the same way: the pool could never be imported again). A lasting
+/// I/O error fails the sync, as any read of the sync does: the pool suspends with the data in
+/// the intent log, nothing lost.
 pub(crate) async fn merge_partial(
     inner: &PoolInner,
     vol: &VolumeInner,
@@ -346,19 +353,25 @@ pub(crate) async fn merge_partial(
             Some(old) => old,
             None => {
                 let name = format_args!("{what} block {b}");
-                match read_block(&inner.vdevs, IoClass::SyncRead, &bp, &name).await {
-                    Ok(old) => old,
-                    Err(e @ EngineError::Checksum { .. }) => {
-                        tracing::error!(
-                            volume = what.as_str(),
-                            block = b,
-                            txg = txg.0,
-                            "{e}: the sectors of the block not written in this txg are lost \
-                             and become zeros"
-                        );
-                        IoBuf::zeroed(bs)
+                let mut attempt = 1;
+                // Bounded: MERGE_READ_ATTEMPTS reads of every copy.
+                loop {
+                    let read = read_block(&inner.vdevs, IoClass::SyncRead, &bp, &name).await;
+                    match read {
+                        Ok(old) => break old,
+                        Err(_) if attempt < MERGE_READ_ATTEMPTS => attempt += 1,
+                        Err(e @ EngineError::Checksum { .. }) => {
+                            tracing::error!(
+                                volume = what.as_str(),
+                                block = b,
+                                txg = txg.0,
+                                "{e} ({MERGE_READ_ATTEMPTS} attempts): the sectors of the \
+                                 block not written in this txg are lost and become zeros"
+                            );
+                            break IoBuf::zeroed(bs);
+                        }
+                        Err(e) => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
             }
         }
@@ -649,7 +662,7 @@ impl Volume {
                 return Ok(Some(v));
             }
             // The name is formatted only if the read fails.
-            let read = read_block(
+            let read = read_block_unhealed(
                 vdevs,
                 IoClass::SyncRead,
                 &bp,
@@ -657,7 +670,16 @@ impl Volume {
             )
             .await;
             match read {
-                Ok(buf) => {
+                Ok((buf, bad)) => {
+                    // Bad copies are rewritten only if the block is still current: a block
+                    // partial in a syncing txg may have been replaced while this read ran,
+                    // its places freed and reused, and healing would then write the old
+                    // block over another one.
+                    if !bad.is_empty()
+                        && lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await? == bp
+                    {
+                        heal_copies(&bad, &buf).await;
+                    }
                     let v = take(TreeRead::Read(key, buf));
                     debug_assert!(v.is_some(), "a read block must be taken");
                     return Ok(v);

@@ -198,7 +198,12 @@ struct ZilState {
     /// so the durable point stays below the lowest of them until the txg holding the newest
     /// of them has synced (then the pool has them).
     lost_floor: Option<(u64, Txg)>,
+    /// Blocks of consecutive seqs, oldest first.
     chain: VecDeque<ChainBlock>,
+    /// No block of the chain below this seq is still unwritten: where the search for the
+    /// first unwritten block resumes, so advancing the durable point is O(1) amortised, not a
+    /// walk over a chain of tens of thousands of blocks at every commit.
+    chain_done_below_seq: u64,
     /// Where the next block to open goes, and its seq. `None` until the first commit.
     next_addr: Option<(Dva, u64)>,
     /// Seq of the chain's first block, used when `next_addr` is first allocated.
@@ -245,6 +250,7 @@ impl Zil {
                 building_first: None,
                 lost_floor: None,
                 chain: VecDeque::new(),
+                chain_done_below_seq: 0,
                 next_addr: None,
                 first_seq: first_seq.max(1),
                 anchor_txg: Txg(0),
@@ -397,7 +403,7 @@ impl ZilState {
         self.building_first = None;
         self.broken = true;
         for b in unissued {
-            if let Some(c) = self.chain.iter_mut().find(|c| c.seq == b.seq) {
+            if let Some(c) = self.chain_block_mut(b.seq) {
                 c.failed = true;
             }
         }
@@ -447,10 +453,36 @@ impl ZilState {
         if let Some(o) = &self.open {
             c = c.min(o.itx_first);
         }
-        if let Some(u) = self.chain.iter().find(|b| !b.done) {
+        if let Some(u) = self.first_unwritten() {
             c = c.min(u.itx_first);
         }
         self.durable_itx = self.durable_itx.max(c);
+    }
+
+    /// The chain's block of sequence number `seq` (the chain's seqs are consecutive).
+    fn chain_block_mut(&mut self, seq: u64) -> Option<&mut ChainBlock> {
+        let first = self.chain.front()?.seq;
+        let b = self
+            .chain
+            .get_mut(usize::try_from(seq.checked_sub(first)?).ok()?)?;
+        debug_assert_eq!(b.seq, seq, "chain seqs are consecutive");
+        Some(b)
+    }
+
+    /// The chain's first block not written yet.
+    fn first_unwritten(&mut self) -> Option<&ChainBlock> {
+        let first = self.chain.front()?.seq;
+        let mut seq = self.chain_done_below_seq.max(first);
+        // Bounded by the chain's length; each block is passed once over its life.
+        while self
+            .chain
+            .get((seq - first) as usize)
+            .is_some_and(|b| b.done)
+        {
+            seq += 1;
+        }
+        self.chain_done_below_seq = seq;
+        self.chain.get((seq - first) as usize)
     }
 }
 
@@ -1181,7 +1213,7 @@ impl Volume {
             s.latency_ewma_ns = (s.latency_ewma_ns * 7 + ns) / 8;
             match r {
                 Ok(()) => {
-                    if let Some(c) = s.chain.iter_mut().find(|c| c.seq == b.seq) {
+                    if let Some(c) = s.chain_block_mut(b.seq) {
                         c.done = true;
                     }
                     s.advance_durable();
@@ -1190,7 +1222,7 @@ impl Volume {
                     // Replay would stop at this block: nothing after it may count as durable.
                     // Its committers, and all later ones, wait for the txg sync instead.
                     tracing::warn!(volume = self.vol.full_name, "log block write failed: {e}");
-                    if let Some(c) = s.chain.iter_mut().find(|c| c.seq == b.seq) {
+                    if let Some(c) = s.chain_block_mut(b.seq) {
                         c.failed = true;
                     }
                     s.broken = true;

@@ -41,6 +41,10 @@ pub struct CompletionCounters {
     pub spins: AtomicU64,
     /// Spins that saw an event arrive, each a sleep and a wake-up saved.
     pub spin_hits: AtomicU64,
+    /// fdatasyncs run on the calling thread (queue depth 1, fast device).
+    pub fsyncs_inline: AtomicU64,
+    /// fdatasyncs handed to the ring (run by a kernel worker thread).
+    pub fsyncs_ring: AtomicU64,
 }
 
 /// A point-in-time copy of [`CompletionCounters`].
@@ -60,6 +64,10 @@ pub struct CompletionSnapshot {
     pub spins: u64,
     /// See [`CompletionCounters::spin_hits`].
     pub spin_hits: u64,
+    /// See [`CompletionCounters::fsyncs_inline`].
+    pub fsyncs_inline: u64,
+    /// See [`CompletionCounters::fsyncs_ring`].
+    pub fsyncs_ring: u64,
 }
 
 /// The process's completion counters.
@@ -71,6 +79,8 @@ pub static COMPLETIONS: CompletionCounters = CompletionCounters {
     batch_waits: AtomicU64::new(0),
     spins: AtomicU64::new(0),
     spin_hits: AtomicU64::new(0),
+    fsyncs_inline: AtomicU64::new(0),
+    fsyncs_ring: AtomicU64::new(0),
 };
 
 impl CompletionCounters {
@@ -84,6 +94,8 @@ impl CompletionCounters {
             batch_waits: self.batch_waits.load(Ordering::Relaxed),
             spins: self.spins.load(Ordering::Relaxed),
             spin_hits: self.spin_hits.load(Ordering::Relaxed),
+            fsyncs_inline: self.fsyncs_inline.load(Ordering::Relaxed),
+            fsyncs_ring: self.fsyncs_ring.load(Ordering::Relaxed),
         }
     }
 }
@@ -126,6 +138,8 @@ struct ThreadLoad {
     rate_per_s: Cell<u64>,
     /// Busy fraction of the last full window, in per mille (1000 = never waited).
     busy_per_mille: Cell<u32>,
+    /// Client requests being served on this thread ([`RequestGuard`]).
+    requests_in_flight: Cell<usize>,
 }
 
 thread_local! {
@@ -138,8 +152,44 @@ thread_local! {
             window_wait_ns: Cell::new(0),
             rate_per_s: Cell::new(0),
             busy_per_mille: Cell::new(0),
+            requests_in_flight: Cell::new(0),
         }
     };
+}
+
+/// Marks one client request as being served on this thread while it lives (the NBD server
+/// holds one per request from its arrival to its reply). The driver runs an fdatasync on the
+/// calling thread only when at most one request is in flight here: with more, the others
+/// would wait behind the blocking call. Not `Send` (the count is per thread).
+#[derive(Debug)]
+pub struct RequestGuard {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl RequestGuard {
+    /// Counts one request on this thread.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> RequestGuard {
+        LOAD.with(|l| l.requests_in_flight.set(l.requests_in_flight.get() + 1));
+        RequestGuard {
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        LOAD.with(|l| {
+            let n = l.requests_in_flight.get();
+            debug_assert!(n > 0, "request count underflow");
+            l.requests_in_flight.set(n.saturating_sub(1));
+        });
+    }
+}
+
+/// Client requests being served on this thread (see [`RequestGuard`]).
+pub(crate) fn requests_in_flight() -> usize {
+    LOAD.with(|l| l.requests_in_flight.get())
 }
 
 /// What the next blocking ring wait of this thread should ask for.

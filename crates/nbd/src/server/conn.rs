@@ -926,6 +926,7 @@ async fn run_request(
         index,
         armed: true,
     };
+    let _in_flight = oxpool_io::completion::RequestGuard::new();
     let reply = execute(&session, &request, buffer.as_mut()).await;
     guard.armed = false;
     conn.complete(index, reply, buffer);
