@@ -525,6 +525,12 @@ impl Volume {
     /// Reads `out.len()` bytes at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
         let _timer = self.vol.io_stats.start(VolumeOp::Read, out.len() as u64);
+        self.read_uncounted(offset_bytes, out).await
+    }
+
+    /// As [`Volume::read`], not counted as a client read (the intent log reading back what it
+    /// commits).
+    pub(crate) async fn read_uncounted(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
         let bs = self.check_range(offset_bytes, out.len() as u64, false)? as u64;
         if out.is_empty() {
             return Ok(());

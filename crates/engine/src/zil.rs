@@ -876,7 +876,7 @@ impl Volume {
                                 // The current content: anything newer that overlaps was
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
-                                if let Err(e) = self.read(offset_bytes, &mut buf).await {
+                                if let Err(e) = self.read_uncounted(offset_bytes, &mut buf).await {
                                     zil.state.lock().unwrap().fail_batch(
                                         batch_first,
                                         batch_max_txg,
