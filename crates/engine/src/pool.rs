@@ -1376,6 +1376,21 @@ pub(crate) struct NewBlock {
     pub fill: u64,
 }
 
+impl NewBlock {
+    /// A data block of a volume with properties `props`, born in `txg`.
+    pub(crate) fn data(props: &VolumeProps, txg: Txg) -> NewBlock {
+        NewBlock {
+            psize_bytes: props.volblocksize_bytes,
+            block_type: BlockType::Data,
+            level: 0,
+            copies: props.copies as usize,
+            checksum_type: props.checksum,
+            txg,
+            fill: 1,
+        }
+    }
+}
+
 /// Allocates and writes one block as I/Os of `class`; returns its pointer. `data` is padded
 /// to whole sectors.
 pub(crate) async fn write_new_block(
@@ -1855,6 +1870,7 @@ async fn sync_volume(
         });
     }
     let overrides = &overrides;
+    let data_props = &props;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         let futs: Vec<_> = batch
             .iter()
@@ -1888,15 +1904,7 @@ async fn sync_volume(
                     _ if !sector_multiple => padded(buf),
                     _ => buf.clone(),
                 };
-                let nb = NewBlock {
-                    psize_bytes: bs,
-                    block_type: BlockType::Data,
-                    level: 0,
-                    copies: props.copies as usize,
-                    checksum_type: props.checksum,
-                    txg,
-                    fill: 1,
-                };
+                let nb = NewBlock::data(data_props, txg);
                 let (p, written_buf) =
                     write_new_block_owned(inner, IoClass::AsyncWrite, data, nb).await?;
                 if cache_it {

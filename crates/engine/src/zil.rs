@@ -27,8 +27,8 @@ use crate::vdev::Leaf;
 use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
-    BlockPtr, BlockType, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId,
-    VolumeId, LOG_BLOCK_BYTES_MAX, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
+    BlockPtr, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId, VolumeId,
+    LOG_BLOCK_BYTES_MAX, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
 };
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
@@ -1014,15 +1014,7 @@ impl Volume {
                     let bp = crate::pool::alloc_new_block(
                         &self.pool,
                         &block,
-                        crate::pool::NewBlock {
-                            psize_bytes: bs as u32,
-                            block_type: BlockType::Data,
-                            level: 0,
-                            copies: props.copies as usize,
-                            checksum_type: props.checksum,
-                            txg,
-                            fill: 1,
-                        },
+                        crate::pool::NewBlock::data(props, txg),
                         Some(&self.vol.inplace_held),
                     )?;
                     // A sync write's blocks: the client waits for them.
