@@ -15,6 +15,7 @@ use crate::iostats::LeafOpStats;
 use crate::vdev::Leaf;
 use crate::vdev_queue::IoClass;
 use oxpool_io::{IoBuf, IoFuture, IoResult};
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Leaf {
@@ -36,15 +37,45 @@ impl Leaf {
         .await
     }
 
+    /// Writes `buf`, which others share read-only (see [`oxpool_io::Backend::write_shared`]),
+    /// at `offset_bytes` as an I/O of `class`.
+    pub async fn write_shared(
+        &self,
+        class: IoClass,
+        offset_bytes: u64,
+        buf: Arc<IoBuf>,
+    ) -> IoResult<()> {
+        let len_bytes = buf.len() as u64;
+        self.queued(class, len_bytes, &self.io_stats.write, || {
+            self.backend.write_shared(offset_bytes, buf)
+        })
+        .await
+    }
+
+    /// Writes `bufs` back to back from `offset_bytes` as one I/O of `class` (see
+    /// [`oxpool_io::Backend::write_gather`]): adjacent blocks aggregated into one write.
+    pub async fn write_gather(
+        &self,
+        class: IoClass,
+        offset_bytes: u64,
+        bufs: Vec<Arc<IoBuf>>,
+    ) -> IoResult<()> {
+        let len_bytes = bufs.iter().map(|b| b.len() as u64).sum();
+        self.queued(class, len_bytes, &self.io_stats.write, || {
+            self.backend.write_gather(offset_bytes, bufs)
+        })
+        .await
+    }
+
     /// Passes the queue with `class`, then starts the I/O `start` makes (only then: the
     /// backend submits at the first poll) and records its total and device time in `stats`.
-    async fn queued(
+    async fn queued<T>(
         &self,
         class: IoClass,
         len_bytes: u64,
         stats: &LeafOpStats,
-        start: impl FnOnce() -> IoFuture<IoBuf>,
-    ) -> IoResult<IoBuf> {
+        start: impl FnOnce() -> IoFuture<T>,
+    ) -> IoResult<T> {
         let started = Instant::now();
         let admission = self.queue.admit(class).await;
         // A bypassed or at-once admission waited nothing: skip a second clock read.

@@ -11,39 +11,146 @@ use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
 /// `class`. Succeeds when each DVA has at least one good leaf write; failed leaves are counted.
-/// Fails if any DVA could not be written at all. Copies `data` once for each I/O: a caller
-/// that owns its buffer uses [`write_block_owned`], which saves one copy.
-pub async fn write_block(
+/// Fails if any DVA could not be written at all. Every I/O writes from `data` itself, which
+/// stays readable by others meanwhile: no copy, however many copies the block has.
+pub async fn write_block_shared(
     vdevs: &VdevTree,
     class: IoClass,
     dvas: &[Dva],
-    data: &IoBuf,
+    data: &Arc<IoBuf>,
 ) -> Result<()> {
-    write_block_owned(vdevs, class, dvas, data.clone())
-        .await
-        .map(drop)
+    let ios = plan_writes(vdevs, dvas, data.len())?;
+    let futs: Vec<_> = ios
+        .iter()
+        .map(|(_, io)| {
+            io.leaf
+                .write_shared(class, io.offset_bytes, Arc::clone(data))
+        })
+        .collect();
+    let batch = vdevs.completion.batch_guard();
+    let results = join_all(futs).await;
+    drop(batch);
+    tally_writes(&ios, dvas.len(), results).map(drop)
 }
 
-/// As [`write_block`], with a buffer the caller gives up: the last I/O writes it as it is
-/// (the others write copies), and it (or a copy with the same bytes) comes back when the
-/// writes are done.
+/// Most bytes one aggregated write carries: ZFS's `zfs_vdev_aggregation_limit` (1 MiB), large
+/// enough that the per-request cost (a submission, a request in the device) vanishes beside
+/// the transfer, small enough not to hold a slow device's queue for long.
+pub const AGGREGATE_BYTES_MAX: usize = 1 << 20;
+
+/// Writes many blocks, each `(dvas, data)` to every copy as [`write_block_shared`] does, and
+/// aggregates the writes to adjacent places of one leaf into one vectored write (at most
+/// [`AGGREGATE_BYTES_MAX`] and [`oxpool_io::GATHER_BUFS_MAX`] blocks). A txg writes its blocks
+/// to places the allocator handed out one after another (next-fit), so a batch of them
+/// becomes a few large writes instead of one submission and one device request per block.
+/// One result per block: an error unless each of its DVAs has a good leaf write; a failed
+/// aggregated write fails every block in it and counts one error on its leaf.
+pub async fn write_blocks_shared(
+    vdevs: &VdevTree,
+    class: IoClass,
+    blocks: &[(&[Dva], &Arc<IoBuf>)],
+) -> Vec<Result<()>> {
+    // Every leaf write as (block index, DVA index, leaf I/O), sorted by place.
+    let mut pieces: Vec<(usize, usize, LeafIo)> = Vec::with_capacity(blocks.len() * 2);
+    let mut results: Vec<Result<()>> = Vec::with_capacity(blocks.len());
+    for (bi, (dvas, data)) in blocks.iter().enumerate() {
+        results.push(Ok(()));
+        for (di, dva) in dvas.iter().enumerate() {
+            debug_assert_eq!(dva.asize_bytes as usize, data.len());
+            match vdevs.top(dva.vdev) {
+                Some(top) => pieces.extend(top.plan_write(dva).map(|io| (bi, di, io))),
+                None => {
+                    results[bi] = Err(EngineError::invalid(format!(
+                        "write to missing vdev {:?}",
+                        dva.vdev
+                    )))
+                }
+            }
+        }
+    }
+    pieces.sort_unstable_by_key(|(_, _, io)| (Arc::as_ptr(&io.leaf) as usize, io.offset_bytes));
+    let piece_len = |p: &(usize, usize, LeafIo)| blocks[p.0].1.len();
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut start = 0;
+    while start < pieces.len() {
+        let (mut end, mut bytes) = (start + 1, piece_len(&pieces[start]));
+        while end < pieces.len()
+            && end - start < oxpool_io::GATHER_BUFS_MAX
+            && Arc::ptr_eq(&pieces[end].2.leaf, &pieces[start].2.leaf)
+            && pieces[end].2.offset_bytes == pieces[start].2.offset_bytes + bytes as u64
+            && bytes + piece_len(&pieces[end]) <= AGGREGATE_BYTES_MAX
+        {
+            bytes += piece_len(&pieces[end]);
+            end += 1;
+        }
+        runs.push(start..end);
+        start = end;
+    }
+    let futs: Vec<_> = runs
+        .iter()
+        .map(|run| {
+            let first = &pieces[run.start].2;
+            let bufs = pieces[run.clone()]
+                .iter()
+                .map(|(bi, _, _)| Arc::clone(blocks[*bi].1))
+                .collect();
+            first.leaf.write_gather(class, first.offset_bytes, bufs)
+        })
+        .collect();
+    let batch = vdevs.completion.batch_guard();
+    let written = join_all(futs).await;
+    drop(batch);
+    // A DVA is written when one of its leaf writes is (a mirror child may fail).
+    let mut dva_ok: Vec<Vec<bool>> = blocks.iter().map(|(d, _)| vec![false; d.len()]).collect();
+    let mut block_err: Vec<Option<EngineError>> = (0..blocks.len()).map(|_| None).collect();
+    for (run, r) in runs.iter().zip(written) {
+        match r {
+            Ok(()) => pieces[run.clone()]
+                .iter()
+                .for_each(|(bi, di, _)| dva_ok[*bi][*di] = true),
+            Err(e) => {
+                let io = &pieces[run.start].2;
+                io.leaf
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    device = io.leaf.name(),
+                    offset = io.offset_bytes,
+                    blocks = run.len(),
+                    "write failed: {e}"
+                );
+                for (bi, _, _) in &pieces[run.clone()] {
+                    let copy = std::io::Error::new(e.kind(), e.to_string());
+                    block_err[*bi] = Some(EngineError::io(io.leaf.name(), copy));
+                }
+            }
+        }
+    }
+    for (bi, result) in results.iter_mut().enumerate() {
+        if result.is_ok() && !dva_ok[bi].iter().all(|&ok| ok) {
+            *result = Err(block_err[bi]
+                .take()
+                .unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")));
+        }
+    }
+    results
+}
+
+/// As [`write_block_shared`], with a buffer the caller gives up and gets back when the writes
+/// are done (the last I/O writes it as it is, the others write copies): for a buffer that
+/// goes on being used as the caller's own.
 pub async fn write_block_owned(
     vdevs: &VdevTree,
     class: IoClass,
     dvas: &[Dva],
     data: IoBuf,
 ) -> Result<IoBuf> {
-    let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
-    for (i, dva) in dvas.iter().enumerate() {
-        debug_assert_eq!(dva.asize_bytes as usize, data.len());
-        let top = vdevs
-            .top(dva.vdev)
-            .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
-        ios.extend(top.plan_write(dva).map(|io| (i, io)));
-    }
+    let ios = plan_writes(vdevs, dvas, data.len())?;
     let mut data = Some(data);
     let futs: Vec<_> = ios
         .iter()
@@ -60,14 +167,42 @@ pub async fn write_block_owned(
     let batch = vdevs.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
-    let mut ok = vec![false; dvas.len()];
+    match tally_writes(&ios, dvas.len(), results)? {
+        Some(buf) => Ok(buf),
+        // No leaf I/O at all (no DVA): nothing took the buffer.
+        None => data.ok_or_else(|| EngineError::invalid("block has a DVA with no device")),
+    }
+}
+
+/// The leaf writes of a block of `len_bytes` at every copy in `dvas`, each tagged with the
+/// index of its DVA.
+fn plan_writes(vdevs: &VdevTree, dvas: &[Dva], len_bytes: usize) -> Result<Vec<(usize, LeafIo)>> {
+    let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
+    for (i, dva) in dvas.iter().enumerate() {
+        debug_assert_eq!(dva.asize_bytes as usize, len_bytes);
+        let top = vdevs
+            .top(dva.vdev)
+            .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
+        ios.extend(top.plan_write(dva).map(|io| (i, io)));
+    }
+    Ok(ios)
+}
+
+/// Counts and logs the failed leaf writes of `ios`; an error unless every one of the
+/// `dva_count` DVAs has a good write. Returns the last result's value (a buffer handed back).
+fn tally_writes<T>(
+    ios: &[(usize, LeafIo)],
+    dva_count: usize,
+    results: Vec<oxpool_io::IoResult<T>>,
+) -> Result<Option<T>> {
+    let mut ok = vec![false; dva_count];
     let mut last_err = None;
     let mut back = None;
     for ((i, io), r) in ios.iter().zip(results) {
         match r {
-            Ok(buf) => {
+            Ok(value) => {
                 ok[*i] = true;
-                back = Some(buf);
+                back = Some(value);
             }
             Err(e) => {
                 io.leaf
@@ -83,12 +218,10 @@ pub async fn write_block_owned(
             }
         }
     }
-    match back.or(data) {
-        Some(buf) if ok.iter().all(|&b| b) => Ok(buf),
-        _ => {
-            Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
-        }
+    if ok.iter().all(|&b| b) {
+        return Ok(back);
     }
+    Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
 }
 
 /// Reads the block `bp` points to, as I/Os of `class`, and verifies it. Returns a buffer of

@@ -13,7 +13,9 @@ use crate::alloc::{Allocator, DEFER_TXGS};
 use crate::data_cache::{CacheKey, DataCache};
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
-use crate::pipeline::{read_block, scrub_block, write_block, write_block_owned, ScrubCounts};
+use crate::pipeline::{
+    read_block, scrub_block, write_block_shared, write_blocks_shared, ScrubCounts,
+};
 use crate::props::{PoolProps, VolumeProps};
 use crate::sector_mask::SectorMask;
 use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
@@ -37,8 +39,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Data blocks written concurrently by one sync (bounds the memory of in-flight copies).
-const SYNC_WRITES_IN_FLIGHT_MAX: usize = 64;
+/// Blocks one sync handles as a batch: merged (their reads in flight together), given
+/// adjacent places, written (aggregated into writes of up to 1 MiB, so a few writes in
+/// flight), before the next batch. Bounds the memory of merged blocks in flight (4 MiB of
+/// 16 KiB blocks) and keeps the device's queue a few large writes deep, as ZFS's async-write
+/// limits do with aggregated I/Os.
+const SYNC_WRITES_IN_FLIGHT_MAX: usize = 256;
 /// Copies of the pool's own metadata (PoolMeta, space maps): as ZFS's MOS, the most.
 const META_COPIES: usize = 3;
 
@@ -1366,6 +1372,7 @@ fn sync_thread(pool: std::sync::Weak<PoolInner>) {
 }
 
 /// What a new block is, for [`write_new_block`].
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct NewBlock {
     pub psize_bytes: u32,
     pub block_type: BlockType,
@@ -1392,29 +1399,38 @@ impl NewBlock {
 }
 
 /// Allocates and writes one block as I/Os of `class`; returns its pointer. `data` is padded
-/// to whole sectors.
+/// to whole sectors; every copy is written from it (no copy of the bytes).
 pub(crate) async fn write_new_block(
     inner: &PoolInner,
     class: IoClass,
-    data: &IoBuf,
+    data: &Arc<IoBuf>,
     nb: NewBlock,
 ) -> Result<BlockPtr> {
     let bp = alloc_new_block(inner, data, nb, None)?;
-    write_block(&inner.vdevs, class, bp.dvas(), data).await?;
+    write_block_shared(&inner.vdevs, class, bp.dvas(), data).await?;
     Ok(bp)
 }
 
-/// As [`write_new_block`], with a buffer the caller gives up (one copy fewer); it comes back
-/// with the pointer.
-pub(crate) async fn write_new_block_owned(
+/// Allocates and writes many blocks as I/Os of `class` (see [`write_blocks_shared`]: places
+/// taken in order, so adjacent writes aggregate); returns their pointers in order.
+pub(crate) async fn write_new_blocks(
     inner: &PoolInner,
     class: IoClass,
-    data: IoBuf,
-    nb: NewBlock,
-) -> Result<(BlockPtr, IoBuf)> {
-    let bp = alloc_new_block(inner, &data, nb, None)?;
-    let data = write_block_owned(&inner.vdevs, class, bp.dvas(), data).await?;
-    Ok((bp, data))
+    blocks: &[(&Arc<IoBuf>, NewBlock)],
+) -> Result<Vec<BlockPtr>> {
+    let mut ptrs = Vec::with_capacity(blocks.len());
+    for (data, nb) in blocks {
+        ptrs.push(alloc_new_block(inner, data, *nb, None)?);
+    }
+    let list: Vec<(&[Dva], &Arc<IoBuf>)> = ptrs
+        .iter()
+        .zip(blocks)
+        .map(|(bp, (data, _))| (bp.dvas(), *data))
+        .collect();
+    for r in write_blocks_shared(&inner.vdevs, class, &list).await {
+        r?;
+    }
+    Ok(ptrs)
 }
 
 /// Allocates the places of a new block of `data` and returns its pointer; nothing is written.
@@ -1463,6 +1479,18 @@ pub(crate) fn padded(data: &[u8]) -> IoBuf {
     let mut b = IoBuf::zeroed(len as usize);
     b[..data.len()].copy_from_slice(data);
     b
+}
+
+/// What the sync does with one dirty data block.
+// Lives only in one batch's vector (at most SYNC_WRITES_IN_FLIGHT_MAX): boxing the pointers
+// would cost an allocation per block to save a few KiB for a moment.
+#[allow(clippy::large_enum_variant)]
+enum DataWrite {
+    /// Nothing to write: the block's pointer (a hole, or the block the log wrote in place),
+    /// and the log's block to free if it is not that one.
+    Done(BlockPtr, Option<BlockPtr>),
+    /// Write this buffer to a new place; cache it afterwards if `true` (a merged block).
+    Write(Arc<IoBuf>, bool),
 }
 
 /// Writes txg `txg` out and commits it (see the module comment for the protocol).
@@ -1549,17 +1577,15 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             };
             bp.dvas[..dvas.len()].copy_from_slice(dvas);
             let old = s.chunk_ptrs[*v as usize][*c as usize];
-            chunk_writes.push((*v, *c, bp, block, old));
+            chunk_writes.push((*v, *c, bp, Arc::new(block), old));
         }
     }
     for batch in chunk_writes.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
-        let futs: Vec<_> = batch
+        let list: Vec<(&[Dva], &Arc<IoBuf>)> = batch
             .iter()
-            .map(|(_, _, bp, block, _)| {
-                write_block(&inner.vdevs, IoClass::AsyncWrite, bp.dvas(), block)
-            })
+            .map(|(_, _, bp, block, _)| (bp.dvas(), block))
             .collect();
-        for r in join_all(futs).await {
+        for r in write_blocks_shared(&inner.vdevs, IoClass::AsyncWrite, &list).await {
             r?;
         }
     }
@@ -1648,7 +1674,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
         };
         meta.encode()
     };
-    let block = padded(&meta_block);
+    let block = Arc::new(padded(&meta_block));
     let meta_ptr = write_new_block(
         inner,
         IoClass::AsyncWrite,
@@ -1872,52 +1898,75 @@ async fn sync_volume(
     let overrides = &overrides;
     let data_props = &props;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
-        let futs: Vec<_> = batch
-            .iter()
-            .map(|(b, buf, written)| async move {
-                // A partial block is merged with its old content first (reads it): frees of
-                // this txg, applied above, never cover a partial block of this txg.
-                let merged = match written {
-                    None => None,
-                    Some(w) => Some(merge_partial(inner, vol, txg, *b, buf, w, bs as usize).await?),
-                };
-                let buf: &IoBuf = merged.as_ref().unwrap_or(buf);
-                if buf.iter().all(|&x| x == 0) {
-                    // All zeros: a hole, as ZFS does with compression on.
-                    return Ok((BlockPtr::HOLE, overrides.get(b).copied()));
+        // Merge partial blocks with their old content (reads it: frees of this txg, applied
+        // above, never cover a partial block of this txg); find holes and the blocks the log
+        // already wrote with this content.
+        let prepare = batch.iter().map(|(b, dirty_buf, written)| async move {
+            let merged = match written {
+                None => None,
+                Some(w) => {
+                    Some(merge_partial(inner, vol, txg, *b, dirty_buf, w, bs as usize).await?)
                 }
-                if let Some(bp) = overrides.get(b) {
-                    if crate::pipeline::verify(bp, buf) {
-                        inner
-                            .log_counters
-                            .adopted_blocks
-                            .fetch_add(1, Ordering::Relaxed);
-                        return Ok((*bp, None));
-                    }
+            };
+            let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
+            if oxpool_format::all_zero(buf) {
+                // All zeros: a hole, as ZFS does with compression on.
+                return Ok(DataWrite::Done(BlockPtr::HOLE, overrides.get(b).copied()));
+            }
+            if let Some(bp) = overrides.get(b) {
+                if crate::pipeline::verify(bp, buf) {
+                    inner
+                        .log_counters
+                        .adopted_blocks
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(DataWrite::Done(*bp, None));
                 }
-                // The buffer the write owns: a merged block is the sync's own; a whole dirty
-                // block is shared with readers until the txg retires, so the write gets a copy.
-                let sector_multiple = (buf.len() as u64).is_multiple_of(SECTOR_BYTES);
-                let cache_it = merged.is_some() && sector_multiple;
-                let data = match merged {
-                    Some(m) if sector_multiple => m,
-                    _ if !sector_multiple => padded(buf),
-                    _ => buf.clone(),
-                };
-                let nb = NewBlock::data(data_props, txg);
-                let (p, written_buf) =
-                    write_new_block_owned(inner, IoClass::AsyncWrite, data, nb).await?;
-                if cache_it {
-                    // The merged block goes to the data cache as it is (no copy), so the next
-                    // partial write to the block merges from memory. A whole dirty block is
-                    // not cached: seldom merged again, it would only crowd out what reads
-                    // brought in.
-                    inner.data_cache.insert(CacheKey::of(&p), written_buf);
-                }
-                Ok((p, overrides.get(b).copied()))
+            }
+            Ok(if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) {
+                // A block smaller than a sector is written padded (a copy).
+                DataWrite::Write(Arc::new(padded(buf)), false)
+            } else if let Some(merged) = merged {
+                // The merged block is the sync's own: once written it goes to the data cache
+                // (no copy), so the next partial write to the block merges from memory.
+                DataWrite::Write(Arc::new(merged), true)
+            } else {
+                // A whole dirty block is written from the buffer readers share until the
+                // txg retires (no copy). It is not cached: seldom merged again, it would only
+                // crowd out what reads brought in.
+                DataWrite::Write(Arc::clone(dirty_buf), false)
             })
+        });
+        let prepared: Vec<Result<DataWrite>> = join_all(prepare.collect::<Vec<_>>()).await;
+        // Places in block order, so that next-fit hands out adjacent ones and the writes of
+        // the batch aggregate into a few large I/Os.
+        let mut ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>> = Vec::with_capacity(batch.len());
+        let mut writes: Vec<(usize, BlockPtr, Arc<IoBuf>, bool)> = Vec::new();
+        for (i, (p, (b, _, _))) in prepared.into_iter().zip(batch).enumerate() {
+            match p? {
+                DataWrite::Done(bp, unused) => ptrs.push(Ok((bp, unused))),
+                DataWrite::Write(data, cache) => {
+                    let bp = alloc_new_block(inner, &data, NewBlock::data(data_props, txg), None)?;
+                    ptrs.push(Ok((bp, overrides.get(b).copied())));
+                    writes.push((i, bp, data, cache));
+                }
+            }
+        }
+        let list: Vec<(&[Dva], &Arc<IoBuf>)> = writes
+            .iter()
+            .map(|(_, bp, data, _)| (bp.dvas(), data))
             .collect();
-        let ptrs = join_all(futs).await;
+        let written = write_blocks_shared(&inner.vdevs, IoClass::AsyncWrite, &list).await;
+        drop(list);
+        for ((i, bp, data, cache), r) in writes.into_iter().zip(written) {
+            if let Err(e) = r {
+                ptrs[i] = Err(e);
+                continue;
+            }
+            // The write gave its references back: the merged buffer is ours again.
+            if let (true, Ok(buf)) = (cache, Arc::try_unwrap(data)) {
+                inner.data_cache.insert(CacheKey::of(&bp), buf);
+            }
+        }
         for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
             let (ptr, unused) = ptr?;
             if let Some(u) = unused {
@@ -1955,42 +2004,43 @@ async fn sync_volume(
     for level in 1..=levels {
         let dirty = vol.tree.lock().unwrap().dirty_at(level);
         for batch in dirty.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
-            let encoded: Vec<(u64, IoBuf, u64)> = {
+            let encoded: Vec<(u64, Arc<IoBuf>, u64)> = {
                 let t = vol.tree.lock().unwrap();
                 batch
                     .iter()
                     .map(|&idx| {
                         let mut buf = IoBuf::zeroed(INDIRECT_BLOCK_BYTES);
                         let fill = t.encode_block(level, idx, &mut buf);
-                        (idx, buf, fill)
+                        (idx, Arc::new(buf), fill)
                     })
                     .collect()
             };
-            let futs: Vec<_> = encoded
+            let to_write: Vec<(&Arc<IoBuf>, NewBlock)> = encoded
                 .iter()
-                .map(|(_, buf, fill)| async move {
-                    if *fill == 0 {
-                        return Ok(BlockPtr::HOLE);
-                    }
-                    write_new_block(
-                        inner,
-                        IoClass::AsyncWrite,
-                        buf,
-                        NewBlock {
-                            psize_bytes: INDIRECT_BLOCK_BYTES as u32,
-                            block_type: BlockType::Indirect,
-                            level,
-                            copies: meta_copies,
-                            checksum_type: oxpool_format::ChecksumType::Xxh3_128,
-                            txg,
-                            fill: *fill,
-                        },
-                    )
-                    .await
+                .filter(|(_, _, fill)| *fill != 0)
+                .map(|(_, buf, fill)| {
+                    let nb = NewBlock {
+                        psize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                        block_type: BlockType::Indirect,
+                        level,
+                        copies: meta_copies,
+                        checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+                        txg,
+                        fill: *fill,
+                    };
+                    (buf, nb)
                 })
                 .collect();
-            let ptrs = join_all(futs).await;
-            for ((idx, _, _), ptr) in encoded.iter().zip(ptrs) {
+            let mut written = write_new_blocks(inner, IoClass::AsyncWrite, &to_write)
+                .await?
+                .into_iter();
+            let ptrs = encoded.iter().map(|(_, _, fill)| -> Result<BlockPtr> {
+                Ok(match fill {
+                    0 => BlockPtr::HOLE,
+                    _ => written.next().expect("one pointer per block written"),
+                })
+            });
+            for ((idx, _, _), ptr) in encoded.iter().zip(ptrs.collect::<Vec<_>>()) {
                 let ptr = ptr?;
                 // The parent must be cached to take the pointer: load it if it was evicted.
                 let mut tries = 0;

@@ -1007,7 +1007,7 @@ impl Volume {
         let futs: Vec<_> = (first_b..end_b)
             .map(|b| {
                 let at = (b * bs - offset_bytes) as usize;
-                let block = crate::pool::padded(&data[at..at + bs as usize]);
+                let block = Arc::new(crate::pool::padded(&data[at..at + bs as usize]));
                 async move {
                     // Held from its allocation on, so every txg sync accounts for it (see
                     // `VolumeInner::inplace_held`).
@@ -1018,7 +1018,7 @@ impl Volume {
                         Some(&self.vol.inplace_held),
                     )?;
                     // A sync write's blocks: the client waits for them.
-                    if let Err(e) = crate::pipeline::write_block(
+                    if let Err(e) = crate::pipeline::write_block_shared(
                         &self.pool.vdevs,
                         IoClass::SyncWrite,
                         bp.dvas(),

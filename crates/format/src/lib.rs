@@ -36,6 +36,7 @@ pub use blockptr::{
     BlockPtr, BlockType, Compression, Dva, BLOCK_BYTES_MAX, BLOCK_LEVEL_MAX, BLOCK_PTR_BYTES,
     BLOCK_PTR_VERSION, DVAS_MAX,
 };
+pub use bytes::all_zero;
 pub use checksum::{checksum, Checksum, ChecksumType, ParseNameError};
 pub use error::FormatError;
 pub use ids::{Guid, Txg, VdevId, VolumeId};

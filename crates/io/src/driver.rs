@@ -216,8 +216,8 @@ struct Slot {
     /// An fdatasync: the kernel runs it on a worker thread (see [`Driver::spin_for_event`]).
     fsync: bool,
     waker: Option<Waker>,
-    /// The buffer the kernel reads or writes, owned here while the op is in the kernel.
-    buf: Option<IoBuf>,
+    /// The buffer the kernel reads or writes, held here while the op is in the kernel.
+    buf: Option<OpBuf>,
     /// Keeps the fd open (and its number unreused) until the op has completed.
     fd: Option<Arc<OwnedFd>>,
     /// Timeout ops point the kernel at this; it lives as long as the slot.
@@ -407,7 +407,7 @@ impl Driver {
     pub(crate) fn start(
         &mut self,
         desc: OpDesc,
-        buf: &mut Option<IoBuf>,
+        buf: &mut Option<OpBuf>,
         fd: Option<&Arc<OwnedFd>>,
         waker: &Waker,
     ) -> Option<OpHandle> {
@@ -484,7 +484,7 @@ impl Driver {
         &mut self,
         handle: OpHandle,
         waker: &Waker,
-    ) -> Poll<(i32, Option<IoBuf>)> {
+    ) -> Poll<(i32, Option<OpBuf>)> {
         let slot = &mut self.slots[handle.index as usize];
         assert_eq!(slot.generation, handle.generation, "stale op handle");
         match slot.state {
@@ -877,40 +877,68 @@ fn is_transient_enter_error(err: &io::Error) -> bool {
 
 fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
     let fd = types::Fd(slot.fd.as_ref().map_or(-1, |fd| fd.as_raw_fd()));
-    let mut buf_range = |start: usize, len: usize| -> *mut u8 {
-        let buf = slot.buf.as_mut().expect("this op needs a buffer");
+    // Checks the range and gives the kernel a pointer into the slot's buffer: a mutable one
+    // (reads, receives) needs a buffer the op owns; a shared one is only ever read from.
+    let range = |buf: &Option<OpBuf>, start: usize, len: usize| {
+        let buf = buf.as_ref().expect("this op needs a buffer");
         assert!(
             start <= buf.len() && len <= buf.len() - start,
             "op range outside buffer"
         );
         debug_assert!(len <= SUBMISSION_BYTES_MAX);
+    };
+    let into_range = |buf: &mut Option<OpBuf>, start: usize, len: usize| -> *mut u8 {
+        range(buf, start, len);
+        let ptr = buf
+            .as_mut()
+            .and_then(OpBuf::as_mut_ptr)
+            .expect("the kernel writes only into a buffer the op owns");
         // SAFETY: in bounds (checked above).
-        unsafe { buf.as_mut_ptr().add(start) }
+        unsafe { ptr.add(start) }
+    };
+    let from_range = |buf: &Option<OpBuf>, start: usize, len: usize| -> *const u8 {
+        range(buf, start, len);
+        let ptr = buf
+            .as_ref()
+            .and_then(OpBuf::as_ptr)
+            .expect("a single buffer");
+        // SAFETY: in bounds (checked above).
+        unsafe { ptr.add(start) }
     };
     match desc {
         OpDesc::Read {
             offset_bytes,
             start,
             len,
-        } => opcode::Read::new(fd, buf_range(start, len), len as u32)
+        } => opcode::Read::new(fd, into_range(&mut slot.buf, start, len), len as u32)
             .offset(offset_bytes)
             .build(),
         OpDesc::Write {
             offset_bytes,
             start,
             len,
-        } => opcode::Write::new(fd, buf_range(start, len), len as u32)
-            .offset(offset_bytes)
-            .build(),
+        } => {
+            if let Some(OpBuf::Gather(gather)) = slot.buf.as_mut() {
+                let (iovecs, count) = gather.iovecs_for(start, len);
+                return opcode::Writev::new(fd, iovecs, count)
+                    .offset(offset_bytes)
+                    .build();
+            }
+            opcode::Write::new(fd, from_range(&slot.buf, start, len), len as u32)
+                .offset(offset_bytes)
+                .build()
+        }
         OpDesc::Fdatasync => opcode::Fsync::new(fd)
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
         OpDesc::Recv { start, len } => {
-            opcode::Recv::new(fd, buf_range(start, len), len as u32).build()
+            opcode::Recv::new(fd, into_range(&mut slot.buf, start, len), len as u32).build()
         }
-        OpDesc::Send { start, len } => opcode::Send::new(fd, buf_range(start, len), len as u32)
-            .flags(libc::MSG_NOSIGNAL)
-            .build(),
+        OpDesc::Send { start, len } => {
+            opcode::Send::new(fd, from_range(&slot.buf, start, len), len as u32)
+                .flags(libc::MSG_NOSIGNAL)
+                .build()
+        }
         OpDesc::Accept => opcode::Accept::new(fd, std::ptr::null_mut(), std::ptr::null_mut())
             .flags(libc::SOCK_CLOEXEC)
             .build(),
@@ -1041,11 +1069,114 @@ enum RingOpState {
     Done,
 }
 
+/// Most buffers one gathered write takes (far under the kernel's IOV_MAX of 1024).
+pub const GATHER_BUFS_MAX: usize = 256;
+
+/// The memory of an op's transfer, held by the op (and by its slot while the kernel uses it):
+/// a buffer the op owns; one it shares read-only with others, which only writes and sends
+/// take (the kernel reads it; nobody can write through an `Arc` the slot also holds); or
+/// several shared buffers written back to back by one vectored write.
+#[derive(Debug)]
+pub(crate) enum OpBuf {
+    Owned(IoBuf),
+    Shared(Arc<IoBuf>),
+    Gather(Gather),
+}
+
+/// Shared buffers written as one contiguous range, with the `iovec` array the kernel reads
+/// (rebuilt for each submission, since a short write resumes in the middle of it).
+#[derive(Debug)]
+pub(crate) struct Gather {
+    bufs: Vec<Arc<IoBuf>>,
+    len: usize,
+    iovecs: Vec<libc::iovec>,
+}
+
+impl Gather {
+    /// Gathers `bufs` (at most [`GATHER_BUFS_MAX`]).
+    pub(crate) fn new(bufs: Vec<Arc<IoBuf>>) -> Gather {
+        assert!(
+            bufs.len() <= GATHER_BUFS_MAX,
+            "too many buffers for one write"
+        );
+        let len = bufs.iter().map(|b| b.len()).sum();
+        Gather {
+            iovecs: Vec::with_capacity(bufs.len()),
+            bufs,
+            len,
+        }
+    }
+
+    /// Points the `iovec`s at bytes `[start, start + len)` of the concatenated buffers and
+    /// returns the array for the kernel.
+    fn iovecs_for(&mut self, start: usize, len: usize) -> (*const libc::iovec, u32) {
+        debug_assert!(start + len <= self.len);
+        self.iovecs.clear();
+        let (mut skip, mut left) = (start, len);
+        for buf in &self.bufs {
+            if left == 0 {
+                break;
+            }
+            if skip >= buf.len() {
+                skip -= buf.len();
+                continue;
+            }
+            let take = (buf.len() - skip).min(left);
+            self.iovecs.push(libc::iovec {
+                // SAFETY: `skip < buf.len()`: in bounds. The kernel only reads through it.
+                iov_base: unsafe { buf.as_ptr().add(skip) } as *mut libc::c_void,
+                iov_len: take,
+            });
+            left -= take;
+            skip = 0;
+        }
+        debug_assert_eq!(left, 0);
+        (self.iovecs.as_ptr(), self.iovecs.len() as u32)
+    }
+}
+
+impl OpBuf {
+    fn len(&self) -> usize {
+        match self {
+            OpBuf::Owned(b) => b.len(),
+            OpBuf::Shared(b) => b.len(),
+            OpBuf::Gather(g) => g.len,
+        }
+    }
+
+    /// The start of a single buffer (a gather has none).
+    fn as_ptr(&self) -> Option<*const u8> {
+        match self {
+            OpBuf::Owned(b) => Some(b.as_ptr()),
+            OpBuf::Shared(b) => Some(b.as_ptr()),
+            OpBuf::Gather(_) => None,
+        }
+    }
+
+    /// A pointer the kernel may write through: only into a buffer the op owns.
+    fn as_mut_ptr(&mut self) -> Option<*mut u8> {
+        match self {
+            OpBuf::Owned(b) => Some(b.as_mut_ptr()),
+            OpBuf::Shared(_) | OpBuf::Gather(_) => None,
+        }
+    }
+
+    /// The owned buffer back (reads, receives and owned writes and sends give one).
+    pub(crate) fn into_owned(self) -> IoBuf {
+        match self {
+            OpBuf::Owned(b) => b,
+            OpBuf::Shared(_) | OpBuf::Gather(_) => {
+                panic!("a shared buffer has no owner to return to")
+            }
+        }
+    }
+}
+
 /// What a finished [`RingOp`] hands back.
 #[derive(Debug)]
 pub(crate) struct RingOutput {
     /// The buffer the op was given, if any.
-    pub(crate) buf: Option<IoBuf>,
+    pub(crate) buf: Option<OpBuf>,
     /// Op-specific value: bytes received (recv), the new fd (accept), else 0.
     pub(crate) value: u32,
 }
@@ -1056,7 +1187,7 @@ pub(crate) struct RingOutput {
 pub(crate) struct RingOp {
     kind: RingOpKind,
     fd: Option<Arc<OwnedFd>>,
-    buf: Option<IoBuf>,
+    buf: Option<OpBuf>,
     state: RingOpState,
     /// Device name for error messages (file ops).
     context: Option<Arc<str>>,
@@ -1065,7 +1196,7 @@ pub(crate) struct RingOp {
 }
 
 impl RingOp {
-    fn new(kind: RingOpKind, fd: Option<Arc<OwnedFd>>, buf: Option<IoBuf>) -> RingOp {
+    fn new(kind: RingOpKind, fd: Option<Arc<OwnedFd>>, buf: Option<OpBuf>) -> RingOp {
         RingOp {
             kind,
             fd,
@@ -1090,17 +1221,17 @@ impl RingOp {
                 done_bytes: 0,
             },
             Some(fd),
-            Some(buf),
+            Some(OpBuf::Owned(buf)),
         );
         op.context = Some(context);
         op
     }
 
-    /// Writes all of `buf` at `offset_bytes`.
+    /// Writes all of `buf` (owned or shared) at `offset_bytes`.
     pub(crate) fn write_all(
         fd: Arc<OwnedFd>,
         offset_bytes: u64,
-        buf: IoBuf,
+        buf: OpBuf,
         context: Arc<str>,
     ) -> RingOp {
         let mut op = RingOp::new(
@@ -1130,7 +1261,11 @@ impl RingOp {
     /// One `recv` into `buf[start..end]`; the output value is the byte count (0 = EOF).
     pub(crate) fn recv(fd: Arc<OwnedFd>, buf: IoBuf, start: usize, end: usize) -> RingOp {
         debug_assert!(start < end && end <= buf.len());
-        RingOp::new(RingOpKind::Recv { start, end }, Some(fd), Some(buf))
+        RingOp::new(
+            RingOpKind::Recv { start, end },
+            Some(fd),
+            Some(OpBuf::Owned(buf)),
+        )
     }
 
     /// Sends `buf[..len]`.
@@ -1139,7 +1274,7 @@ impl RingOp {
         RingOp::new(
             RingOpKind::SendAll { len, done_bytes: 0 },
             Some(fd),
-            Some(buf),
+            Some(OpBuf::Owned(buf)),
         )
     }
 
@@ -1354,5 +1489,47 @@ impl std::fmt::Debug for RingOp {
             .field("kind", &self.kind)
             .field("state", &self.state)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gathered write resumed after a short write points its iovecs at exactly the bytes
+    /// left, wherever the resume point falls (inside a buffer, at a boundary).
+    #[test]
+    fn gather_iovecs_cover_exactly_the_range() {
+        let lens = [4096usize, 512, 8192, 4096];
+        let bufs: Vec<Arc<IoBuf>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Arc::new(IoBuf::from_slice(&vec![i as u8 + 1; len])))
+            .collect();
+        let whole: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+        let mut gather = Gather::new(bufs);
+        assert_eq!(gather.len, whole.len());
+        for (start, len) in [
+            (0, whole.len()),
+            (100, whole.len() - 100),
+            (4096, 512),
+            (4096 + 512, 8192 + 4096),
+            (5000, 1),
+            (0, 4096),
+            (whole.len() - 1, 1),
+        ] {
+            let (ptr, count) = gather.iovecs_for(start, len);
+            // SAFETY: the array lives in `gather` until the next call.
+            let iovecs = unsafe { std::slice::from_raw_parts(ptr, count as usize) };
+            let mut got = Vec::new();
+            for v in iovecs {
+                assert!(v.iov_len > 0, "no empty iovec");
+                // SAFETY: points into a live buffer of `gather`, for iov_len bytes.
+                got.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            assert_eq!(got, whole[start..start + len], "range {start}+{len}");
+        }
     }
 }

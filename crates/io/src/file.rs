@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IO_BUF_ALIGN_BYTES};
-use crate::driver::{RingOp, RingOutput};
+use crate::driver::{Gather, OpBuf, RingOp, RingOutput, GATHER_BUFS_MAX};
 use crate::{Backend, IoFuture, IoResult};
 
 /// `_IOR(0x12, 114, size_t)`: size of a block device in bytes.
@@ -158,7 +158,11 @@ impl FileBackend {
     /// The descriptor for a request: the direct one if it is aligned, else the buffered one.
     fn fd_for(&self, offset_bytes: u64, len: usize) -> &Arc<OwnedFd> {
         let align = u64::from(self.dio_align_bytes);
-        let aligned = offset_bytes.is_multiple_of(align) && (len as u64).is_multiple_of(align);
+        self.fd_if(offset_bytes.is_multiple_of(align) && (len as u64).is_multiple_of(align))
+    }
+
+    /// The direct descriptor if the request is `aligned`, else the buffered one.
+    fn fd_if(&self, aligned: bool) -> &Arc<OwnedFd> {
         // IoBuf memory is always 4096-aligned, which covers every dio_mem_align we know
         // (`dio_alignment` forces the buffered path otherwise).
         match &self.buffered_fd {
@@ -205,7 +209,9 @@ impl FileBackend {
 }
 
 fn take_buf(out: RingOutput) -> IoBuf {
-    out.buf.expect("read and write ops return their buffer")
+    out.buf
+        .expect("read and write ops return their buffer")
+        .into_owned()
 }
 
 fn unit(_: RingOutput) {}
@@ -242,8 +248,54 @@ impl Backend for FileBackend {
         }
         let fd = self.fd_for(offset_bytes, buf.len()).clone();
         IoFuture::ring(
-            RingOp::write_all(fd, offset_bytes, buf, self.name.clone()),
+            RingOp::write_all(fd, offset_bytes, OpBuf::Owned(buf), self.name.clone()),
             take_buf,
+        )
+    }
+
+    fn write_shared(&self, offset_bytes: u64, buf: Arc<IoBuf>) -> IoFuture<()> {
+        if let Err(err) = self.check_range(offset_bytes, buf.len() as u64, "write") {
+            return IoFuture::ready(Err(err));
+        }
+        if buf.is_empty() {
+            return IoFuture::ready(Ok(()));
+        }
+        let fd = self.fd_for(offset_bytes, buf.len()).clone();
+        IoFuture::ring(
+            RingOp::write_all(fd, offset_bytes, OpBuf::Shared(buf), self.name.clone()),
+            unit,
+        )
+    }
+
+    fn write_gather(&self, offset_bytes: u64, bufs: Vec<Arc<IoBuf>>) -> IoFuture<()> {
+        assert!(
+            bufs.len() <= GATHER_BUFS_MAX,
+            "too many buffers for one write"
+        );
+        let len: usize = bufs.iter().map(|b| b.len()).sum();
+        if let Err(err) = self.check_range(offset_bytes, len as u64, "write") {
+            return IoFuture::ready(Err(err));
+        }
+        if len == 0 {
+            return IoFuture::ready(Ok(()));
+        }
+        if bufs.len() == 1 {
+            let buf = bufs.into_iter().next().expect("one buffer");
+            return self.write_shared(offset_bytes, buf);
+        }
+        // O_DIRECT needs every piece aligned, not just the whole.
+        let align = self.dio_align_bytes as usize;
+        let aligned = offset_bytes.is_multiple_of(align as u64)
+            && bufs.iter().all(|b| b.len().is_multiple_of(align));
+        let fd = self.fd_if(aligned).clone();
+        IoFuture::ring(
+            RingOp::write_all(
+                fd,
+                offset_bytes,
+                OpBuf::Gather(Gather::new(bufs)),
+                self.name.clone(),
+            ),
+            unit,
         )
     }
 

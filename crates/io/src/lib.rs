@@ -21,6 +21,7 @@ mod memory;
 mod net;
 
 pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
+pub use driver::GATHER_BUFS_MAX;
 pub use fault::{FaultBackend, FaultStats, PowerLossReport};
 pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};
@@ -73,6 +74,45 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Writes the whole `buf` at `offset_bytes` and returns it.
     fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
+
+    /// Writes the whole `buf`, which others may be reading at the same time, at
+    /// `offset_bytes`; the write holds its reference until the device is done with the bytes.
+    /// It saves the copy `write` would need of a buffer the caller cannot give up (a block
+    /// still visible to readers, one buffer written to several devices). This default copies;
+    /// backends that can write from shared memory override it.
+    fn write_shared(&self, offset_bytes: u64, buf: std::sync::Arc<IoBuf>) -> IoFuture<()> {
+        let write = self.write(offset_bytes, IoBuf::from_slice(&buf));
+        IoFuture::boxed(async move { write.await.map(drop) })
+    }
+
+    /// Writes `bufs` back to back from `offset_bytes` (each shared as in `write_shared`): the
+    /// device sees one write where it can (a vectored one), which is what aggregating
+    /// adjacent block writes saves: one submission, one request in the device, instead of
+    /// one per block. At most [`GATHER_BUFS_MAX`] buffers. This default writes each buffer on
+    /// its own.
+    fn write_gather(&self, offset_bytes: u64, bufs: Vec<std::sync::Arc<IoBuf>>) -> IoFuture<()> {
+        assert!(
+            bufs.len() <= GATHER_BUFS_MAX,
+            "too many buffers for one write"
+        );
+        let mut at = offset_bytes;
+        let writes: Vec<IoFuture<()>> = bufs
+            .into_iter()
+            .map(|buf| {
+                let len = buf.len() as u64;
+                let write = self.write_shared(at, buf);
+                at += len;
+                write
+            })
+            .collect();
+        IoFuture::boxed(async move {
+            rt::join_all(writes)
+                .await
+                .into_iter()
+                .collect::<IoResult<Vec<()>>>()
+                .map(drop)
+        })
+    }
 
     /// When it completes, every write completed before this call is durable.
     fn flush(&self) -> IoFuture<()>;

@@ -193,6 +193,14 @@ impl Backend for MemoryBackend {
         IoFuture::ready(Ok(buf))
     }
 
+    fn write_shared(&self, offset_bytes: u64, buf: Arc<IoBuf>) -> IoFuture<()> {
+        if let Err(err) = self.check_range(offset_bytes, buf.len(), "write") {
+            return IoFuture::ready(Err(err));
+        }
+        self.copy_in(offset_bytes, &buf);
+        IoFuture::ready(Ok(()))
+    }
+
     fn flush(&self) -> IoFuture<()> {
         IoFuture::ready(Ok(()))
     }

@@ -99,7 +99,7 @@ impl Stream {
             ));
         }
         let out = RingOp::recv(self.fd.clone(), buf, start, end).await?;
-        let buf = out.buf.expect("recv returns its buffer");
+        let buf = out.buf.expect("recv returns its buffer").into_owned();
         let count = out.value as usize;
         debug_assert!(count <= end - start);
         Ok((buf, count))
@@ -117,7 +117,7 @@ impl Stream {
             return Ok(buf);
         }
         let out = RingOp::send_all(self.fd.clone(), buf, len).await?;
-        Ok(out.buf.expect("send returns its buffer"))
+        Ok(out.buf.expect("send returns its buffer").into_owned())
     }
 
     /// Shuts down both directions (a pending `recv` on the peer sees EOF). Synchronous.
