@@ -514,8 +514,9 @@ impl Pool {
         for (name, records) in replays {
             let vol = self.volume(&name)?;
             let n = records.len();
-            // A record past the end belongs to a write the volume's shrink overtook: what lies
-            // beyond the size is gone with it.
+            // A record past the end belongs to a write a shrink overtook: what lies beyond the
+            // size is gone with it. (Size changes are durable before they return, and a grow
+            // before its space is used, so no acknowledged write is clipped here.)
             let size = vol.size_bytes();
             let clip = |off: u64, len: u64| (off.min(size), len.min(size.saturating_sub(off)));
             block_on(async {
@@ -905,23 +906,29 @@ impl Pool {
         Ok(())
     }
 
-    /// Sets a volume property. Shrinking `volsize` frees the blocks past the new end.
+    /// Sets a volume property. A `volsize` change is durable when this returns (a txg sync);
+    /// a shrink frees the blocks past the new end, after every request in flight there is
+    /// done (see `Volume::resize`).
     pub fn set_volume_prop(&self, volume: &str, name: &str, value: &str) -> Result<()> {
         let vol = self.volume(volume)?;
-        let (old_size, bs, new_props) = {
-            let p = vol.vol.props.lock().unwrap();
+        if name == "volsize" {
+            let _one_at_a_time = vol.vol.resizing.lock().unwrap();
+            let new_size = {
+                let mut q = vol.vol.props.lock().unwrap().clone();
+                q.set(name, value)?;
+                q.validate()?;
+                q.volsize_bytes
+            };
+            return block_on(vol.resize(new_size));
+        }
+        {
+            // Checked and stored in one step: a concurrent change is not undone.
+            let mut p = vol.vol.props.lock().unwrap();
             let mut q = p.clone();
             q.set(name, value)?;
             q.validate()?;
-            (p.volsize_bytes, p.volblocksize_bytes as u64, q)
-        };
-        let new_size = new_props.volsize_bytes;
-        if new_size < old_size {
-            // Free the tail before the size shrinks, so no write can land there in between.
-            let v = vol.clone();
-            block_on(async move { v.free_tail(new_size / bs, old_size / bs).await })?;
+            *p = q;
         }
-        *vol.vol.props.lock().unwrap() = new_props;
         self.inner.txg.mark_dirty();
         Ok(())
     }
@@ -1073,20 +1080,6 @@ impl TxgControl {
         s.open = Txg(t.0 + 1);
         s.syncing = Some(t);
         t
-    }
-}
-
-impl Volume {
-    /// Frees blocks [first, end) in the open txg (volume shrink).
-    pub(crate) async fn free_tail(&self, first: u64, end: u64) -> Result<()> {
-        let hold = self.pool.txg.hold(0).await?;
-        self.vol
-            .dirty
-            .lock()
-            .unwrap()
-            .txgs_add_free(hold.txg(), first, end);
-        hold.note_dirty(0);
-        Ok(())
     }
 }
 
@@ -1636,7 +1629,8 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
                         id: v.id,
                         name: v.name.clone(),
                         props: p.to_pairs(),
-                        volsize_bytes: p.volsize_bytes,
+                        // Not `p`'s: a resize in the open txg goes with its frees.
+                        volsize_bytes: v.tree_size_bytes.load(Ordering::Relaxed),
                         volblocksize_bytes: p.volblocksize_bytes,
                         root: t.root(),
                         levels: t.levels(),
@@ -1801,19 +1795,24 @@ async fn sync_volume(
     let (frees, mut blocks): (Frees, Blocks) = {
         let d = vol.dirty.lock().unwrap();
         match d.txgs.iter().find(|(t, _)| *t == txg) {
-            Some((_, t)) => (
-                t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
-                t.blocks
-                    .iter()
-                    .map(|(&b, block)| {
-                        let written = match block {
-                            DirtyBlock::Data(_) => None,
-                            DirtyBlock::Partial(_, m) => Some(*m),
-                        };
-                        (b, Arc::clone(block.buf()), written)
-                    })
-                    .collect(),
-            ),
+            Some((_, t)) => {
+                if let Some(size) = t.size_bytes {
+                    vol.tree_size_bytes.store(size, Ordering::Relaxed);
+                }
+                (
+                    t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
+                    t.blocks
+                        .iter()
+                        .map(|(&b, block)| {
+                            let written = match block {
+                                DirtyBlock::Data(_) => None,
+                                DirtyBlock::Partial(_, m) => Some(*m),
+                            };
+                            (b, Arc::clone(block.buf()), written)
+                        })
+                        .collect(),
+                )
+            }
             None => (Vec::new(), Vec::new()),
         }
     };

@@ -68,6 +68,8 @@ pub(crate) struct TxgDirty {
     /// Block ranges freed (trim, write-zeroes, shrink) in this txg, applied before `blocks`:
     /// start -> end (exclusive), merged.
     pub frees: BTreeMap<u64, u64>,
+    /// The volume's new size, if this txg changed it ([`Volume::resize`]).
+    pub size_bytes: Option<u64>,
 }
 
 impl TxgDirty {
@@ -212,11 +214,6 @@ impl BlockBase {
 }
 
 impl VolDirty {
-    /// Records a freed block range [first, end) in `txg`.
-    pub(crate) fn txgs_add_free(&mut self, txg: Txg, first: u64, end: u64) {
-        self.txg_mut(txg).add_free(first, end);
-    }
-
     fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {
         self.txg_and_spares(txg).0
     }
@@ -238,6 +235,7 @@ impl VolDirty {
                     TxgDirty {
                         blocks,
                         frees: BTreeMap::new(),
+                        size_bytes: None,
                     },
                 ));
                 self.txgs.len() - 1
@@ -395,6 +393,12 @@ pub(crate) struct VolumeInner {
     pub dirty: Mutex<VolDirty>,
     pub tree: Mutex<BlockTree>,
     pub range_lock: RangeLock,
+    /// The size that goes with the tree the txg sync persists: the size as of the txg being
+    /// synced, or of the last one synced. `props` may hold a newer one (a resize in the open
+    /// txg, whose frees the tree does not have yet).
+    pub tree_size_bytes: AtomicU64,
+    /// Held across a size change ([`Volume::resize`]): one at a time.
+    pub resizing: Mutex<()>,
     /// The volume's intent log.
     pub zil: Zil,
     /// Blocks the intent log already wrote in place (logbias=throughput, large sync writes),
@@ -427,6 +431,7 @@ impl VolumeInner {
         used_bytes: u64,
         zil: Zil,
     ) -> VolumeInner {
+        let size_bytes = props.volsize_bytes;
         VolumeInner {
             id,
             name: name.to_string(),
@@ -435,6 +440,8 @@ impl VolumeInner {
             dirty: Mutex::new(VolDirty::default()),
             tree: Mutex::new(tree),
             range_lock: RangeLock::new(),
+            tree_size_bytes: AtomicU64::new(size_bytes),
+            resizing: Mutex::new(()),
             zil,
             overrides: Mutex::new(HashMap::new()),
             override_garbage: Mutex::new(Vec::new()),
@@ -514,12 +521,28 @@ impl Volume {
         }
         let end = offset_bytes.checked_add(length_bytes);
         if end.is_none_or(|e| e > p.volsize_bytes) {
-            return Err(EngineError::invalid(format!(
-                "{}: range {offset_bytes}+{length_bytes} is past the end ({} bytes)",
-                self.vol.full_name, p.volsize_bytes
-            )));
+            return Err(self.past_end(offset_bytes, length_bytes, p.volsize_bytes));
         }
         Ok(p.volblocksize_bytes)
+    }
+
+    fn past_end(&self, offset_bytes: u64, length_bytes: u64, size_bytes: u64) -> EngineError {
+        EngineError::invalid(format!(
+            "{}: range {offset_bytes}+{length_bytes} is past the end ({size_bytes} bytes)",
+            self.vol.full_name
+        ))
+    }
+
+    /// [`Volume::check_range`]'s size check again, once the request holds its range lock: a
+    /// shrink may have cut the range off while the request waited for the lock. Under the
+    /// lock the answer holds until the request is done: a shrink takes a write lock over
+    /// everything past the new end before it changes the size (see [`Volume::resize`]).
+    fn check_still_in_range(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {
+        let size = self.size_bytes();
+        if offset_bytes + length_bytes > size {
+            return Err(self.past_end(offset_bytes, length_bytes, size));
+        }
+        Ok(())
     }
 
     /// Reads `out.len()` bytes at `offset_bytes`.
@@ -546,6 +569,7 @@ impl Volume {
                 LockMode::Read,
             )
             .await;
+        self.check_still_in_range(offset_bytes, out.len() as u64)?;
         self.read_locked(offset_bytes, out, bs).await
     }
 
@@ -782,6 +806,7 @@ impl Volume {
                 LockMode::Write,
             )
             .await;
+        self.check_still_in_range(first * bs, (end - first) * bs)?;
         let hold = self.pool.txg.hold(0).await?;
         self.vol
             .dirty
@@ -800,6 +825,59 @@ impl Volume {
         });
         hold.note_dirty(0);
         Ok(itx)
+    }
+
+    /// Sets the volume's size to `new_size_bytes` (validated: a non-zero multiple of the block
+    /// size). The caller holds [`VolumeInner::resizing`], so the size it starts from is the
+    /// size it changes. Returns once the change is durable: the txg holding it has synced.
+    ///
+    /// The change is made under a write range lock over everything past the smaller of the
+    /// two sizes, taken as writes take theirs (range lock, then txg hold) and kept until the
+    /// sync:
+    /// - A shrink waits for every request in flight past the new end. A read-modify-write
+    ///   holds its lock from reading the block's old content until the new content is in the
+    ///   txg, so none can put the old content back after the free; a request that waited for
+    ///   a lock past the new end finds the new size once it has it, and fails as out of range.
+    ///   So the free is the last change to the blocks cut off in its txg (a block freed in a
+    ///   txg is never partial in it), and they read as zeros after a regrow.
+    /// - Every intent-log record past the new end belongs to the shrink's txg or an older one,
+    ///   which replay skips once that txg has synced: a crash after the shrink returned
+    ///   brings back neither the old size nor the data cut off. (A commit that reads such a
+    ///   record's data waits for the lock, i.e. for that sync, and then drops the record.)
+    /// - A grow is durable before any request can use the new space (the lock covers it until
+    ///   the sync), so replay, which clips records to the size it finds, never drops an
+    ///   acknowledged write past the old end.
+    pub(crate) async fn resize(&self, new_size_bytes: u64) -> Result<()> {
+        let (old_size, bs) = {
+            let p = self.vol.props.lock().unwrap();
+            (p.volsize_bytes, p.volblocksize_bytes as u64)
+        };
+        if new_size_bytes == old_size {
+            return Ok(());
+        }
+        let from = new_size_bytes.min(old_size);
+        let mut node = pin!(RangeLockNode::new());
+        let _guard = self
+            .vol
+            .range_lock
+            .lock(node.as_mut(), from, u64::MAX - from, LockMode::Write)
+            .await;
+        let hold = self.pool.txg.hold(0).await?;
+        let txg = hold.txg();
+        {
+            // The size is persisted by the sync of this txg, with the free (not by a sync of
+            // an older txg still running, whose tree still has the blocks).
+            let mut d = self.vol.dirty.lock().unwrap();
+            let t = d.txg_mut(txg);
+            if new_size_bytes < old_size {
+                t.add_free(new_size_bytes / bs, old_size / bs);
+            }
+            t.size_bytes = Some(new_size_bytes);
+        }
+        self.vol.props.lock().unwrap().volsize_bytes = new_size_bytes;
+        hold.note_dirty(0);
+        drop(hold);
+        self.pool.txg.wait_synced(txg, true).await
     }
 
     /// Whether changes go to the intent log (not with `sync=disabled`).
@@ -858,6 +936,7 @@ impl Volume {
                 LockMode::Write,
             )
             .await;
+        self.check_still_in_range(offset_bytes, length_bytes)?;
         // A partial head or tail block that is not sector-aligned needs the block's content
         // (read-modify-write), read before taking the txg hold so a slow read does not hold
         // up the txg's quiesce. A sector-aligned one needs none (a partial dirty block).

@@ -877,6 +877,13 @@ impl Volume {
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
                                 if let Err(e) = self.read_uncounted(offset_bytes, &mut buf).await {
+                                    // The read may have waited (for a shrink that cut the
+                                    // range off, say) until the record's txg synced: then it
+                                    // is durable already, and what it wrote may be gone.
+                                    if itx.txg <= self.pool.txg.synced() {
+                                        built.push((itx.seq, None));
+                                        continue;
+                                    }
                                     zil.state.lock().unwrap().fail_batch(
                                         batch_first,
                                         batch_max_txg,
