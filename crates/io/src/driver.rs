@@ -23,7 +23,7 @@ use std::marker::PhantomData;
 use std::mem;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -332,9 +332,21 @@ const SPIN_HITS_MIN: u32 = 16;
 const SPIN_BACKOFF_WAITS: u32 = 1024;
 
 /// Longest an fdatasync may take, on average, to keep being run on the calling thread (see
-/// [`Driver::fsync_here`]): about the cost of one of the two wake-ups it saves, so that a
-/// slow device flush never holds a reactor longer than handing it off would have cost.
-const FSYNC_HERE_MAX: Duration = Duration::from_micros(100);
+/// [`Driver::fsync_here`]), by default: about the cost of one of the two wake-ups it saves,
+/// so that a slow device flush never holds a reactor longer than handing it off would have
+/// cost.
+pub const FSYNC_HERE_MAX_DEFAULT: Duration = Duration::from_micros(100);
+
+/// The limit in force (nanoseconds): [`FSYNC_HERE_MAX_DEFAULT`] unless set.
+static FSYNC_HERE_MAX_NS: AtomicU64 = AtomicU64::new(FSYNC_HERE_MAX_DEFAULT.as_nanos() as u64);
+
+/// Sets the longest average fdatasync latency at which fdatasyncs keep running on the calling
+/// thread when it is alone (every thread of the process; [`FSYNC_HERE_MAX_DEFAULT`] by
+/// default). Zero hands every fdatasync after a first slow one to the ring (but for probes).
+pub fn set_fsync_here_max(max: Duration) {
+    let ns = max.as_nanos().min(u128::from(u64::MAX)) as u64;
+    FSYNC_HERE_MAX_NS.store(ns, Ordering::Relaxed);
+}
 
 /// After fdatasyncs on the calling thread turned slow, one eligible call in this many is
 /// still run there, to measure again.
@@ -653,7 +665,7 @@ impl Driver {
             return false;
         }
         let f = &mut self.fsync_inline;
-        if f.ewma_ns <= FSYNC_HERE_MAX.as_nanos() as u64 {
+        if f.ewma_ns <= FSYNC_HERE_MAX_NS.load(Ordering::Relaxed) {
             return true;
         }
         f.skipped += 1;
