@@ -1,10 +1,31 @@
-//! Space allocation: one bitmap of sectors per top-level vdev.
+//! Space allocation: one bitmap of sectors per top-level vdev, placed by size class in slabs.
 //!
 //! The bitmap is persisted as space-map chunks (each a small metadata block covering
 //! [`SPACEMAP_CHUNK_SECTORS`] sectors); only the chunks a txg changed are rewritten. Frees are
 //! never applied at once: the txg sync hands them to [`Allocator::free`] only once the txg that
 //! freed them has been durable for [`DEFER_TXGS`] more txgs, so a crash, or a rewind to a
 //! recent uberblock, never finds a block it references overwritten by a newer one.
+//!
+//! # Slabs and size classes
+//!
+//! Blocks are contiguous: a 32 KiB indirect block needs 8 free sectors in a row. Placed next
+//! fit anywhere, random 4 KiB rewrites leave free space as single-sector holes all over the
+//! device, and a pool half empty can then hold no indirect block at all: the txg sync fails
+//! and the pool suspends (the bench found exactly that). So the map is cut into slabs of
+//! [`SLAB_SECTORS`] sectors (one word of the bitmap, 256 KiB), and a block of `n` sectors
+//! belongs to size class `k`, the smallest with `2^k >= n`. A slab is either empty or holds
+//! blocks of one class only, each in an aligned slot of `2^k` sectors; a class takes an empty
+//! slab only when none of its slabs has a free slot. Then:
+//! - a block of any class fits whenever an empty slab exists, however fragmented the rest is;
+//! - free space is exactly: empty slabs, plus free slots of each class (usable by that class);
+//!   [`Allocator::fits`] answers, from those counters, whether a given set of blocks is sure to
+//!   fit, which is what the write throttle asks before it lets a writer dirty more
+//!   (`pool::PoolInner::wait_for_space`).
+//!
+//! The class of a slab is not persisted. After import a non-empty slab gets the largest class
+//! whose aligned slots its bits are a union of (a full slab is decided at its first free): any
+//! class is safe, since a slot is free only when all its bits are clear; the guess only decides
+//! which blocks reuse the slab's holes.
 
 use oxpool_format::{Dva, VdevId, SECTOR_BYTES, SPACEMAP_CHUNK_SECTORS};
 use std::collections::BTreeSet;
@@ -13,30 +34,252 @@ use std::collections::BTreeSet;
 /// become allocatable when txg T + DEFER_TXGS has synced.
 pub const DEFER_TXGS: u64 = 2;
 
+/// Sectors in a slab: one word of the bitmap.
+pub const SLAB_SECTORS: u64 = 64;
+/// Bytes in a slab, and the largest block the allocator places.
+pub const SLAB_BYTES: u64 = SLAB_SECTORS * SECTOR_BYTES;
+/// Size classes: class `k` is `2^k` sectors, `k < CLASSES` (4 KiB to 256 KiB).
+pub const CLASSES: usize = 7;
+
+/// A slab with no class: every sector free.
+const EMPTY: u8 = u8::MAX;
+/// A full slab found at import: its class is decided by the first free in it.
+const UNDECIDED: u8 = u8::MAX - 1;
+
+/// Per class `k`: a bit at the start of every aligned slot of `2^k` sectors in a word.
+const SLOT_STARTS: [u64; CLASSES] = [
+    u64::MAX,
+    0x5555_5555_5555_5555,
+    0x1111_1111_1111_1111,
+    0x0101_0101_0101_0101,
+    0x0001_0001_0001_0001,
+    0x0000_0001_0000_0001,
+    1,
+];
+
+/// The size class of a block of `sectors` (1..=SLAB_SECTORS).
+pub fn class_of_sectors(sectors: u64) -> usize {
+    sectors.max(1).next_power_of_two().trailing_zeros() as usize
+}
+
+/// The size class of a block of `size_bytes`, None if it is larger than a slab.
+pub fn class_of(size_bytes: u64) -> Option<usize> {
+    let sectors = size_bytes.div_ceil(SECTOR_BYTES).max(1);
+    (sectors <= SLAB_SECTORS).then(|| class_of_sectors(sectors))
+}
+
+/// Bit `i` set when sectors `i..i + 2^k` of the word `w` are all set and `i` starts a slot.
+fn slots_all_set(w: u64, k: usize) -> u64 {
+    let mut m = w;
+    let mut span = 1;
+    while span < (1u32 << k) {
+        m &= m >> span;
+        span <<= 1;
+    }
+    m & SLOT_STARTS[k]
+}
+
+/// Bit `i` set when slot `i` of class `k` in the word `w` is free.
+fn free_slots(w: u64, k: usize) -> u64 {
+    slots_all_set(!w, k)
+}
+
+/// The largest class (below a whole slab) whose aligned slots are each all free or all
+/// allocated in `w`: the class a slab written by this allocator had (see the module docs).
+fn infer_class(w: u64) -> u8 {
+    (0..CLASSES - 1)
+        .rev()
+        .find(|&k| (slots_all_set(w, k) | free_slots(w, k)) == SLOT_STARTS[k])
+        .unwrap_or(0) as u8
+}
+
+/// Bytes by size class: what a set of blocks needs (each block counted at its slot size), or
+/// the free slots a map has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassBytes(pub [u64; CLASSES]);
+
+impl ClassBytes {
+    /// Adds `count` blocks of `size_bytes` (at most a slab), each in `copies` copies.
+    pub fn add_blocks(&mut self, size_bytes: u64, copies: u64, count: u64) {
+        let k = class_of(size_bytes).expect("a block is at most a slab");
+        self.0[k] += (SECTOR_BYTES << k) * copies * count;
+    }
+
+    /// The sum over classes.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Whether nothing is counted.
+    pub fn is_zero(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+}
+
+impl std::ops::AddAssign for ClassBytes {
+    fn add_assign(&mut self, o: ClassBytes) {
+        for (a, b) in self.0.iter_mut().zip(o.0) {
+            *a += b;
+        }
+    }
+}
+
+impl std::ops::SubAssign for ClassBytes {
+    fn sub_assign(&mut self, o: ClassBytes) {
+        for (a, b) in self.0.iter_mut().zip(o.0) {
+            *a = a.checked_sub(b).expect("space released twice");
+        }
+    }
+}
+
+impl std::ops::Add for ClassBytes {
+    type Output = ClassBytes;
+    fn add(mut self, o: ClassBytes) -> ClassBytes {
+        self += o;
+        self
+    }
+}
+
+/// Free space of a pool's data vdevs, as the allocator sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Space {
+    /// Allocatable bytes in all.
+    pub size_bytes: u64,
+    /// Free bytes in all (in empty slabs, free slots, and holes no slot can use).
+    pub free_bytes: u64,
+    /// Bytes of empty slabs: usable by blocks of any class.
+    pub empty_bytes: u64,
+    /// Bytes of the free slots of each class: usable by blocks of that class.
+    pub free_slots: ClassBytes,
+}
+
+impl Space {
+    /// [`Allocator::fits`], on this snapshot of the counters.
+    pub fn fits(&self, need: &ClassBytes, reserve: u64) -> bool {
+        let from_empty: u64 = need
+            .0
+            .iter()
+            .zip(self.free_slots.0)
+            .map(|(&n, f)| n.saturating_sub(f))
+            .sum();
+        from_empty.saturating_add(reserve) <= self.empty_bytes
+    }
+
+    /// Whether the empty slabs alone hold `need` (every class in whole slabs, as if no free
+    /// slot existed) with `reserve` left over. While they do, a block may take an empty slab
+    /// rather than a free slot of its class ([`Allocator::alloc_with`]): whatever it takes,
+    /// everything still to come fits in what is left, so [`Space::fits`]'s promise holds.
+    pub fn holds_all(&self, need: &ClassBytes, reserve: u64) -> bool {
+        let in_slabs: u64 = need
+            .0
+            .iter()
+            .map(|&n| n.div_ceil(SLAB_BYTES) * SLAB_BYTES)
+            .sum();
+        in_slabs.saturating_add(reserve).saturating_add(SLAB_BYTES) <= self.empty_bytes
+    }
+}
+
+#[cfg(test)]
+fn bit_get(bits: &[u64], i: u64) -> bool {
+    bits[(i / 64) as usize] >> (i % 64) & 1 == 1
+}
+
+fn bit_set(bits: &mut [u64], i: u64, value: bool) {
+    let w = &mut bits[(i / 64) as usize];
+    if value {
+        *w |= 1 << (i % 64);
+    } else {
+        *w &= !(1 << (i % 64));
+    }
+}
+
+/// The first set bit at or after `from` (below `n`), else the first one before it: next fit.
+/// Bounded by the bitset's words.
+fn next_set(bits: &[u64], from: u64, n: u64) -> Option<u64> {
+    if n == 0 {
+        return None;
+    }
+    let from = if from >= n { 0 } else { from };
+    let first_word = (from / 64) as usize;
+    let head = bits[first_word] & (u64::MAX << (from % 64));
+    if head != 0 {
+        return Some(first_word as u64 * 64 + u64::from(head.trailing_zeros()));
+    }
+    let words = bits.len();
+    for j in 1..=words {
+        let wi = (first_word + j) % words;
+        let mut w = bits[wi];
+        if wi == first_word {
+            w &= !(u64::MAX << (from % 64));
+        }
+        if w != 0 {
+            let i = wi as u64 * 64 + u64::from(w.trailing_zeros());
+            return (i < n).then_some(i);
+        }
+    }
+    None
+}
+
 /// The allocation bitmap of one top-level vdev.
 #[derive(Debug)]
 pub struct SpaceMap {
     vdev: VdevId,
     sectors: u64,
+    /// One bit per sector, set when allocated; one word per slab. Bits past the last sector
+    /// (in the last word) are set and never counted: that slab is never empty.
     words: Vec<u64>,
     allocated_sectors: u64,
-    /// Next sector to try; allocation is next-fit so writes of one txg land close together.
-    cursor_sector: u64,
     dirty_chunks: BTreeSet<u64>,
+    /// Per slab: its class, EMPTY or UNDECIDED.
+    class: Vec<u8>,
+    /// Bitset over slabs: every sector free.
+    empty: Vec<u64>,
+    empty_slabs: u64,
+    /// Per class, bitset over slabs of that class with a free slot.
+    open: [Vec<u64>; CLASSES],
+    /// Per class, sectors in free slots.
+    free_slot_sectors: [u64; CLASSES],
+    /// Per class, the slab to look at first (next fit: blocks of one txg land close together).
+    cursor: [u64; CLASSES],
+    /// Per class, the slab it last took empty (u64::MAX: none): filled slot after slot, so
+    /// blocks placed one after another there are adjacent (see [`SpaceMap::alloc_placed`]).
+    fresh: [u64; CLASSES],
 }
 
 impl SpaceMap {
     /// An empty map over `asize_bytes` of allocatable space.
     pub fn new(vdev: VdevId, asize_bytes: u64) -> SpaceMap {
         let sectors = asize_bytes / SECTOR_BYTES;
-        SpaceMap {
+        let slabs = sectors.div_ceil(SLAB_SECTORS);
+        let bitset = || vec![0u64; slabs.div_ceil(64) as usize];
+        let mut m = SpaceMap {
             vdev,
             sectors,
-            words: vec![0; sectors.div_ceil(64) as usize],
+            words: vec![0; slabs as usize],
             allocated_sectors: 0,
-            cursor_sector: 0,
             dirty_chunks: BTreeSet::new(),
+            class: vec![EMPTY; slabs as usize],
+            empty: bitset(),
+            empty_slabs: 0,
+            open: std::array::from_fn(|_| bitset()),
+            free_slot_sectors: [0; CLASSES],
+            cursor: [0; CLASSES],
+            fresh: [u64::MAX; CLASSES],
+        };
+        for slab in 0..slabs {
+            bit_set(&mut m.empty, slab, true);
+            m.empty_slabs += 1;
         }
+        let tail = sectors % SLAB_SECTORS;
+        if tail != 0 {
+            // The last slab is short: its missing sectors are set, and it takes 4 KiB blocks.
+            let last = slabs - 1;
+            m.unaccount(last);
+            m.words[last as usize] = u64::MAX << tail;
+            m.class[last as usize] = 0;
+            m.account(last);
+        }
+        m
     }
 
     /// Number of space-map chunks that cover this vdev.
@@ -54,23 +297,95 @@ impl SpaceMap {
         self.sectors * SECTOR_BYTES
     }
 
+    /// Bytes in empty slabs.
+    pub fn empty_bytes(&self) -> u64 {
+        self.empty_slabs * SLAB_BYTES
+    }
+
+    /// Bytes in the free slots of each class.
+    pub fn free_slot_bytes(&self) -> ClassBytes {
+        ClassBytes(self.free_slot_sectors.map(|s| s * SECTOR_BYTES))
+    }
+
     fn bit(&self, sector: u64) -> bool {
         self.words[(sector / 64) as usize] >> (sector % 64) & 1 == 1
     }
 
-    fn set_run(&mut self, start: u64, count: u64, value: bool) {
-        for s in start..start + count {
-            let w = &mut self.words[(s / 64) as usize];
-            let mask = 1u64 << (s % 64);
-            debug_assert_eq!(*w & mask != 0, !value, "sector {s} already in that state");
-            if value {
-                *w |= mask;
-            } else {
-                *w &= !mask;
+    /// Takes a slab out of the indexes (before its word changes; [`SpaceMap::account`] puts
+    /// it back).
+    fn unaccount(&mut self, slab: u64) {
+        let w = self.words[slab as usize];
+        match self.class[slab as usize] {
+            EMPTY => {
+                debug_assert_eq!(w, 0);
+                bit_set(&mut self.empty, slab, false);
+                self.empty_slabs -= 1;
+            }
+            UNDECIDED => {}
+            k => {
+                let k = k as usize;
+                let f = free_slots(w, k);
+                bit_set(&mut self.open[k], slab, false);
+                self.free_slot_sectors[k] -= u64::from(f.count_ones()) << k;
             }
         }
+    }
+
+    /// Puts a slab back into the indexes after its word changed: an empty slab loses its class;
+    /// a slab that had none (filled by a claim or a load) gets one (see the module docs).
+    fn account(&mut self, slab: u64) {
+        let i = slab as usize;
+        let w = self.words[i];
+        if w == 0 {
+            self.class[i] = EMPTY;
+            bit_set(&mut self.empty, slab, true);
+            self.empty_slabs += 1;
+            return;
+        }
+        if self.class[i] == EMPTY || self.class[i] == UNDECIDED {
+            self.class[i] = if w == u64::MAX {
+                UNDECIDED
+            } else {
+                infer_class(w)
+            };
+        }
+        if self.class[i] == UNDECIDED {
+            return;
+        }
+        let k = self.class[i] as usize;
+        let f = free_slots(w, k);
+        if f != 0 {
+            bit_set(&mut self.open[k], slab, true);
+            self.free_slot_sectors[k] += u64::from(f.count_ones()) << k;
+        }
+    }
+
+    fn set_run(&mut self, start: u64, count: u64, value: bool) {
+        let end = start + count;
+        let mut s = start;
+        // Bounded by the run: one word per round.
+        while s < end {
+            let slab = s / SLAB_SECTORS;
+            let lo = s % SLAB_SECTORS;
+            let n = (end - s).min(SLAB_SECTORS - lo);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << lo
+            };
+            let w = self.words[slab as usize];
+            if value {
+                debug_assert_eq!(w & mask, 0, "sectors {s}..{} already allocated", s + n);
+            } else {
+                debug_assert_eq!(w & mask, mask, "sectors {s}..{} already free", s + n);
+            }
+            self.unaccount(slab);
+            self.words[slab as usize] = if value { w | mask } else { w & !mask };
+            self.account(slab);
+            s += n;
+        }
         let first = start / SPACEMAP_CHUNK_SECTORS;
-        let last = (start + count - 1) / SPACEMAP_CHUNK_SECTORS;
+        let last = (end - 1) / SPACEMAP_CHUNK_SECTORS;
         for c in first..=last {
             self.dirty_chunks.insert(c);
         }
@@ -81,45 +396,76 @@ impl SpaceMap {
         }
     }
 
-    /// Allocates `size_bytes` (rounded up to whole sectors) contiguously; None if no run fits.
+    /// Allocates `size_bytes` (rounded up to whole sectors, at most a slab) contiguously, in a
+    /// free slot of its class or else in an empty slab; None if neither exists.
     pub fn alloc(&mut self, size_bytes: u64) -> Option<Dva> {
+        self.alloc_placed(size_bytes, false)
+    }
+
+    /// As [`SpaceMap::alloc`]; with `sequential`, the block goes into the slab its class last
+    /// took empty while that has a free slot, else into a new empty slab, and only without
+    /// any empty slab into another free slot of its class. Blocks placed one after another
+    /// are then adjacent, and the txg sync writes them as one aggregated write, where free
+    /// slots scattered by random rewrites would scatter the writes. The caller decides when
+    /// empty slabs are plentiful enough to spend them so ([`Allocator::alloc_with`]).
+    pub fn alloc_placed(&mut self, size_bytes: u64, sequential: bool) -> Option<Dva> {
         let count = size_bytes.div_ceil(SECTOR_BYTES).max(1);
-        if count > self.sectors - self.allocated_sectors {
-            return None;
+        let k = class_of(size_bytes)?;
+        let slabs = self.words.len() as u64;
+        let fresh = self.fresh[k];
+        // Still fresh while filled from its start without a gap (allocated sectors are a
+        // prefix: no free inside yet), so its next slot follows the last block placed there.
+        let fresh_open = fresh != u64::MAX && {
+            let w = self.words[fresh as usize];
+            self.class[fresh as usize] as usize == k
+                && w & w.wrapping_add(1) == 0
+                && free_slots(w, k) != 0
+        };
+        let slab = if sequential && fresh_open {
+            fresh
+        } else if sequential && self.empty_slabs > 0 {
+            next_set(&self.empty, self.cursor[k], slabs)?
+        } else {
+            // The counters say whether a search can succeed, so a full class or a full map
+            // costs no scan of its bitset.
+            let open = (self.free_slot_sectors[k] > 0)
+                .then(|| next_set(&self.open[k], self.cursor[k], slabs))
+                .flatten();
+            match open {
+                Some(slab) => slab,
+                None if self.empty_slabs > 0 => next_set(&self.empty, self.cursor[k], slabs)?,
+                None => return None,
+            }
+        };
+        if self.class[slab as usize] == EMPTY {
+            self.fresh[k] = slab;
         }
-        // Next-fit over at most two passes (cursor..end, then 0..cursor): bounded by the map.
-        let mut start = self.cursor_sector.min(self.sectors);
-        let mut wrapped = false;
-        loop {
-            if start + count > self.sectors {
-                if wrapped {
-                    return None;
-                }
-                wrapped = true;
-                start = 0;
-                continue;
-            }
-            if wrapped && start >= self.cursor_sector {
-                return None;
-            }
-            // Skip whole allocated words quickly.
-            if start.is_multiple_of(64) && self.words[(start / 64) as usize] == u64::MAX {
-                start += 64;
-                continue;
-            }
-            match (start..start + count).find(|&s| self.bit(s)) {
-                None => {
-                    self.set_run(start, count, true);
-                    self.cursor_sector = start + count;
-                    return Some(Dva {
-                        vdev: self.vdev,
-                        offset_bytes: start * SECTOR_BYTES,
-                        asize_bytes: (count * SECTOR_BYTES) as u32,
-                    });
-                }
-                Some(used) => start = used + 1,
-            }
+        self.cursor[k] = slab;
+        let w = self.words[slab as usize];
+        let slot = u64::from(free_slots(w, k).trailing_zeros());
+        debug_assert!(slot + count <= SLAB_SECTORS);
+        let start = slab * SLAB_SECTORS + slot;
+        self.unaccount(slab);
+        if self.class[slab as usize] == EMPTY {
+            // The slab becomes one of class k as the block goes in.
+            self.class[slab as usize] = k as u8;
         }
+        debug_assert_eq!(self.class[slab as usize] as usize, k);
+        let mask = if count == SLAB_SECTORS {
+            u64::MAX
+        } else {
+            ((1u64 << count) - 1) << slot
+        };
+        debug_assert_eq!(w & mask, 0);
+        self.words[slab as usize] = w | mask;
+        self.account(slab);
+        self.allocated_sectors += count;
+        self.dirty_chunks.insert(start / SPACEMAP_CHUNK_SECTORS);
+        Some(Dva {
+            vdev: self.vdev,
+            offset_bytes: start * SECTOR_BYTES,
+            asize_bytes: (count * SECTOR_BYTES) as u32,
+        })
     }
 
     /// Marks a run allocated (import: blocks referenced but not yet in the persisted map).
@@ -137,10 +483,6 @@ impl SpaceMap {
     /// means the block tree and the map disagree.
     pub fn free(&mut self, dva: &Dva) {
         let (start, count) = self.run(dva);
-        debug_assert!(
-            (start..start + count).all(|s| self.bit(s)),
-            "double free of {dva:?}"
-        );
         self.set_run(start, count, false);
     }
 
@@ -193,13 +535,54 @@ impl SpaceMap {
     pub fn load_chunk_bits(&mut self, chunk: u64, bits: &[u8]) {
         let first = chunk * SPACEMAP_CHUNK_SECTORS;
         let end = (first + SPACEMAP_CHUNK_SECTORS).min(self.sectors);
-        for s in first..end {
-            let i = (s - first) as usize;
-            if bits[i / 8] >> (i % 8) & 1 == 1 && !self.bit(s) {
-                self.words[(s / 64) as usize] |= 1 << (s % 64);
-                self.allocated_sectors += 1;
+        // A chunk is a whole number of slabs (SPACEMAP_CHUNK_SECTORS is a multiple of 64).
+        let mut s = first;
+        while s < end {
+            let slab = s / SLAB_SECTORS;
+            let mut add = 0u64;
+            for j in 0..(end - s).min(SLAB_SECTORS) {
+                let i = (s + j - first) as usize;
+                if bits[i / 8] >> (i % 8) & 1 == 1 {
+                    add |= 1 << j;
+                }
+            }
+            let w = self.words[slab as usize];
+            let new = add & !w;
+            if new != 0 {
+                self.unaccount(slab);
+                self.words[slab as usize] = w | new;
+                self.allocated_sectors += u64::from(new.count_ones());
+                self.account(slab);
+            }
+            s += SLAB_SECTORS;
+        }
+    }
+
+    /// Checks the indexes against the bitmap (tests).
+    #[cfg(test)]
+    fn check_indexes(&self) {
+        let mut empty = 0;
+        let mut free = [0u64; CLASSES];
+        for (i, &w) in self.words.iter().enumerate() {
+            let slab = i as u64;
+            assert_eq!(w == 0, self.class[i] == EMPTY, "slab {i}");
+            assert_eq!(bit_get(&self.empty, slab), w == 0);
+            empty += u64::from(w == 0);
+            for (k, f) in free.iter_mut().enumerate() {
+                let mine = self.class[i] as usize == k;
+                let slots = if mine { free_slots(w, k) } else { 0 };
+                assert_eq!(
+                    bit_get(&self.open[k], slab),
+                    slots != 0,
+                    "slab {i} class {k}"
+                );
+                *f += u64::from(slots.count_ones()) << k;
             }
         }
+        assert_eq!(empty, self.empty_slabs);
+        assert_eq!(free, self.free_slot_sectors);
+        let real: u64 = (0..self.sectors).filter(|&s| self.bit(s)).count() as u64;
+        assert_eq!(real, self.allocated_sectors);
     }
 }
 
@@ -261,31 +644,45 @@ impl Allocator {
         &self.maps
     }
 
-    /// Allocates `copies` copies of `size_bytes`, each on a different top-level vdev when there
-    /// are enough, else spread over the same one. Returns the DVAs or None (out of space; any
-    /// partial allocation is undone).
+    /// Allocates `copies` copies of `size_bytes` (at most [`SLAB_BYTES`]), each on a
+    /// different top-level vdev when there are enough and they have room, else on the same one.
+    /// Returns the DVAs or None (out of space; any partial allocation is undone).
     pub fn alloc(&mut self, size_bytes: u64, copies: usize) -> Option<Vec<Dva>> {
+        self.alloc_with(size_bytes, copies, false)
+    }
+
+    /// As [`Allocator::alloc`], placing each copy as [`SpaceMap::alloc_placed`] does with
+    /// `sequential`. Spending empty slabs on blocks that free slots of their class could hold
+    /// is safe only while the empty slabs left could hold everything still to be allocated;
+    /// the caller checks that ([`Space::holds_all`]).
+    pub fn alloc_with(
+        &mut self,
+        size_bytes: u64,
+        copies: usize,
+        sequential: bool,
+    ) -> Option<Vec<Dva>> {
         debug_assert!((1..=3).contains(&copies));
+        debug_assert!(size_bytes <= SLAB_BYTES, "{size_bytes} bytes in one block");
         let n = self.maps.len();
-        let normal = self.log.iter().filter(|&&l| !l).count();
         let first = self.rotor % n;
         self.rotor = self.rotor.wrapping_add(1);
         let mut out = Vec::with_capacity(copies);
-        // Try each vdev once per copy, starting at the rotor, preferring vdevs not yet used;
-        // log devices hold log blocks only.
+        // Try each vdev per copy, starting at the rotor, first those not used yet, then any
+        // (the space check counts free space pool-wide, so a copy may not fail only because
+        // the other vdevs are full); log devices hold log blocks only.
         for c in 0..copies {
             let mut got = None;
-            for k in 0..n {
-                let v = (first + c + k) % n;
-                if self.log[v] {
-                    continue;
-                }
-                if normal >= copies && out.iter().any(|d: &Dva| d.vdev.0 as usize == v) {
-                    continue;
-                }
-                if let Some(d) = self.maps[v].alloc(size_bytes) {
-                    got = Some(d);
-                    break;
+            'passes: for distinct in [true, false] {
+                for k in 0..n {
+                    let v = (first + c + k) % n;
+                    if self.log[v] || (distinct && out.iter().any(|d: &Dva| d.vdev.0 as usize == v))
+                    {
+                        continue;
+                    }
+                    if let Some(d) = self.maps[v].alloc_placed(size_bytes, sequential) {
+                        got = Some(d);
+                        break 'passes;
+                    }
                 }
             }
             match got {
@@ -301,10 +698,11 @@ impl Allocator {
         Some(out)
     }
 
-    /// Allocates one intent-log block. Log blocks are allocated outside the txg sync, at
-    /// commit time; they reach the persisted maps with the next sync like any allocation.
-    pub fn alloc_log(&mut self, size_bytes: u64) -> Option<Dva> {
-        // A separate log device first (round-robin over several), then the pool.
+    /// Allocates one intent-log block: on a separate log device if there is one with room
+    /// (round-robin over several), else on the pool's data vdevs if `data_ok`. Log blocks are
+    /// allocated outside the txg sync, at commit time; they reach the persisted maps with the
+    /// next sync like any allocation.
+    pub fn alloc_log(&mut self, size_bytes: u64, data_ok: bool) -> Option<Dva> {
         let n = self.maps.len();
         let first = self.rotor % n;
         self.rotor = self.rotor.wrapping_add(1);
@@ -316,12 +714,42 @@ impl Allocator {
                 }
             }
         }
+        if !data_ok {
+            return None;
+        }
         self.alloc(size_bytes, 1).map(|v| v[0])
     }
 
     /// Returns a block's space (only called when its deferral has passed).
     pub fn free(&mut self, dva: &Dva) {
         self.maps[dva.vdev.0 as usize].free(dva);
+    }
+
+    /// Free space of the pool's data vdevs (log devices apart), by slab and class.
+    pub fn space(&self) -> Space {
+        let mut out = Space::default();
+        for (m, _) in self.maps.iter().zip(&self.log).filter(|(_, &l)| !l) {
+            out.size_bytes += m.size_bytes();
+            out.free_bytes += m.size_bytes() - m.allocated_bytes();
+            out.empty_bytes += m.empty_bytes();
+            out.free_slots += m.free_slot_bytes();
+        }
+        out
+    }
+
+    /// Number of data vdevs (log devices apart).
+    pub fn data_vdevs(&self) -> usize {
+        self.log.iter().filter(|&&l| !l).count()
+    }
+
+    /// Whether blocks needing `need` (bytes of slots per class, every copy counted) are sure
+    /// to fit in the data vdevs with `reserve` bytes of empty slabs left over: each class
+    /// first takes its own free slots, and what they cannot hold takes empty slabs. Sure, not
+    /// just likely: an empty slab holds a block of any class wherever it is (see the module
+    /// docs). The part of a slab a class takes and leaves partly empty becomes free slots of
+    /// that class; the reserve must cover one such slab per class and vdev.
+    pub fn fits(&self, need: &ClassBytes, reserve: u64) -> bool {
+        self.space().fits(need, reserve)
     }
 
     /// Total allocatable and allocated bytes of the pool's data vdevs (log devices apart).
@@ -341,9 +769,56 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Sequential placement: with free slots scattered by frees, blocks placed one after
+    /// another still land adjacent (in fresh slabs); without it they fill the scattered
+    /// slots; with no empty slab left, sequential falls back to the slots.
+    #[test]
+    fn sequential_placement_keeps_blocks_adjacent() {
+        let block = 4 * SECTOR_BYTES; // 16 KiB: 16 slots in a slab
+        let mut m = SpaceMap::new(VdevId(0), 8 * SLAB_BYTES);
+        let first: Vec<Dva> = (0..32).map(|_| m.alloc(block).unwrap()).collect();
+        for d in first.iter().step_by(3) {
+            m.free(d); // scattered free slots in the two full slabs
+        }
+        let seq: Vec<Dva> = (0..20)
+            .map(|_| m.alloc_placed(block, true).unwrap())
+            .collect();
+        for pair in seq.windows(2) {
+            assert_eq!(
+                pair[0].offset_bytes + block,
+                pair[1].offset_bytes,
+                "{pair:?}"
+            );
+        }
+        assert!(
+            seq[0].offset_bytes >= 2 * SLAB_BYTES,
+            "not in the scattered slots"
+        );
+        let empty = m.empty_bytes();
+        m.alloc_placed(block, false).unwrap();
+        assert_eq!(
+            m.empty_bytes(),
+            empty,
+            "free slots first without sequential"
+        );
+        m.check_indexes();
+        // Use up every empty slab: sequential then takes the remaining slots.
+        while m.empty_bytes() > 0 {
+            m.alloc_placed(SLAB_BYTES, true).unwrap();
+        }
+        let mut n = 0;
+        while let Some(d) = m.alloc_placed(block, true) {
+            assert!(d.offset_bytes < 4 * SLAB_BYTES);
+            n += 1;
+            assert!(n <= 64, "bounded");
+        }
+        assert!(n > 0);
+        m.check_indexes();
+    }
+
     #[test]
     fn alloc_free_accounting() {
-        let mut m = SpaceMap::new(VdevId(0), 64 * SECTOR_BYTES);
+        let mut m = SpaceMap::new(VdevId(0), 2 * SLAB_BYTES);
         let a = m.alloc(10_000).unwrap();
         assert_eq!(a.asize_bytes as u64, 3 * SECTOR_BYTES);
         assert_eq!(m.allocated_bytes(), 3 * SECTOR_BYTES);
@@ -353,18 +828,123 @@ mod tests {
         assert_eq!(m.allocated_bytes(), SECTOR_BYTES);
         assert!(m.is_allocated(&b));
         assert!(!m.claim(&b));
+        // Two classes, two slabs: the first is empty again, the second holds `b`.
+        assert_eq!(m.empty_bytes(), SLAB_BYTES);
+        m.check_indexes();
     }
 
     #[test]
-    fn full_map_refuses_and_wraps() {
+    fn full_map_refuses_then_reuses_holes() {
+        // One short slab of 8 sectors: it takes 4 KiB blocks only.
         let mut m = SpaceMap::new(VdevId(0), 8 * SECTOR_BYTES);
         let all: Vec<_> = (0..8).map(|_| m.alloc(SECTOR_BYTES).unwrap()).collect();
         assert!(m.alloc(SECTOR_BYTES).is_none());
         m.free(&all[2]);
-        m.free(&all[3]);
-        // The cursor is at the end: the allocation must wrap and find the hole.
-        let d = m.alloc(2 * SECTOR_BYTES).unwrap();
+        let d = m.alloc(SECTOR_BYTES).unwrap();
         assert_eq!(d.offset_bytes, 2 * SECTOR_BYTES);
+        m.free(&all[4]);
+        m.free(&all[5]);
+        assert!(
+            m.alloc(2 * SECTOR_BYTES).is_none(),
+            "a hole of a 4 KiB slab"
+        );
+        m.check_indexes();
+    }
+
+    /// Random 4 KiB rewrites leave free space in single sectors everywhere; blocks of other
+    /// classes still find room in empty slabs, and `fits` tells in advance whether they will.
+    #[test]
+    fn small_holes_never_starve_larger_blocks() {
+        let slabs = 64;
+        let mut a = Allocator::new(&[slabs * SLAB_BYTES]);
+        let mut live: Vec<Dva> = Vec::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Half the map in 4 KiB blocks, then rewrite them at random many times over, with an
+        // 8-sector block (an indirect block) now and then.
+        for _ in 0..slabs * SLAB_SECTORS / 2 {
+            live.push(a.alloc(SECTOR_BYTES, 1).unwrap()[0]);
+        }
+        let mut big: Vec<Dva> = Vec::new();
+        for round in 0..20_000 {
+            let i = rand() as usize % live.len();
+            a.free(&live.swap_remove(i));
+            live.push(a.alloc(SECTOR_BYTES, 1).unwrap()[0]);
+            if round % 64 == 0 {
+                let mut need = ClassBytes::default();
+                need.add_blocks(8 * SECTOR_BYTES, 1, 1);
+                assert!(a.fits(&need, 0), "round {round}: half the map is free");
+                big.push(a.alloc(8 * SECTOR_BYTES, 1).expect("fits said yes")[0]);
+                if big.len() > 16 {
+                    a.free(&big.remove(0));
+                }
+            }
+        }
+        a.maps[0].check_indexes();
+        // Fill the empty slabs: then `fits` says no, and it is right.
+        let mut need = ClassBytes::default();
+        need.add_blocks(8 * SECTOR_BYTES, 1, 1);
+        while a.fits(&need, 0) {
+            a.alloc(8 * SECTOR_BYTES, 1).unwrap();
+        }
+        let before = a.space();
+        while a.alloc(8 * SECTOR_BYTES, 1).is_some() {}
+        assert_eq!(before.free_slots.0[3], 0, "no class-8 slot was left");
+        a.maps[0].check_indexes();
+    }
+
+    #[test]
+    fn import_guesses_classes_from_the_bits() {
+        let mut m = SpaceMap::new(VdevId(0), 8 * SLAB_BYTES);
+        let mut ind = Vec::new();
+        for _ in 0..SLAB_SECTORS / 8 {
+            ind.push(m.alloc(8 * SECTOR_BYTES).unwrap());
+        }
+        let small = m.alloc(SECTOR_BYTES).unwrap();
+        let log = m.alloc(17 * SECTOR_BYTES).unwrap();
+        m.free(&ind[3]);
+        let mut n = SpaceMap::new(VdevId(0), m.size_bytes());
+        let mut bits = vec![0u8; oxpool_format::SPACEMAP_CHUNK_PAYLOAD_BYTES];
+        m.chunk_bits(0, &mut bits);
+        n.load_chunk_bits(0, &bits);
+        n.check_indexes();
+        let slab = |d: &Dva| (d.offset_bytes / SLAB_BYTES) as usize;
+        assert_eq!(n.class[slab(&ind[0])], 3, "a slab of 8-sector blocks");
+        assert_eq!(n.class[slab(&small)], 0);
+        assert_eq!(
+            n.class[slab(&log)],
+            0,
+            "a 17-sector block in a 32-sector slot"
+        );
+        // A full slab is decided by its first free.
+        let mut full = SpaceMap::new(VdevId(0), 2 * SLAB_BYTES);
+        let blocks: Vec<_> = (0..4)
+            .map(|_| full.alloc(16 * SECTOR_BYTES).unwrap())
+            .collect();
+        full.chunk_bits(0, &mut bits);
+        let mut f = SpaceMap::new(VdevId(0), full.size_bytes());
+        f.load_chunk_bits(0, &bits);
+        assert_eq!(f.class[0], UNDECIDED);
+        f.free(&blocks[1]);
+        assert_eq!(f.class[0], 4);
+        f.check_indexes();
+        assert_eq!(f.alloc(16 * SECTOR_BYTES).unwrap(), blocks[1]);
+    }
+
+    #[test]
+    fn copies_fall_back_to_one_vdev_when_the_others_are_full() {
+        let mut a = Allocator::new(&[SLAB_BYTES, 4 * SLAB_BYTES]);
+        // Fill vdev 0.
+        while a.maps[0].alloc(SLAB_BYTES).is_some() {}
+        for _ in 0..8 {
+            let d = a.alloc(8 * SECTOR_BYTES, 2).unwrap();
+            assert!(d.iter().all(|x| x.vdev.0 == 1));
+        }
     }
 
     #[test]
@@ -383,6 +963,7 @@ mod tests {
         }
         assert_eq!(n.allocated_bytes(), m.allocated_bytes());
         assert_eq!(n.words, m.words);
+        n.check_indexes();
     }
 
     #[test]
@@ -402,8 +983,8 @@ mod tests {
     proptest! {
         /// The map agrees with a model set of sectors under random alloc/free.
         #[test]
-        fn map_matches_model(ops in proptest::collection::vec((any::<bool>(), 1u64..5), 1..200)) {
-            let mut m = SpaceMap::new(VdevId(0), 128 * SECTOR_BYTES);
+        fn map_matches_model(ops in proptest::collection::vec((any::<bool>(), 1u64..=64), 1..300)) {
+            let mut m = SpaceMap::new(VdevId(0), 300 * SECTOR_BYTES);
             let mut live: Vec<Dva> = Vec::new();
             for (is_alloc, n) in ops {
                 if is_alloc || live.is_empty() {
@@ -422,6 +1003,7 @@ mod tests {
                 let model: u64 = live.iter().map(|d| d.asize_bytes as u64).sum();
                 prop_assert_eq!(m.allocated_bytes(), model);
             }
+            m.check_indexes();
         }
     }
 }

@@ -8,7 +8,7 @@
 //! bounded by the volume and a multiplicative mix spreads sequential and strided indexes over
 //! the table, so hash flooding is not a concern worth SipHash's cost here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Odd constant from the golden ratio: multiplying by it spreads nearby integers apart.
@@ -56,6 +56,9 @@ impl Hasher for IdHasher {
 
 /// A `HashMap` with [`IdHasher`].
 pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// A `HashSet` with [`IdHasher`].
+pub type IdSet<K> = HashSet<K, BuildHasherDefault<IdHasher>>;
 
 #[cfg(test)]
 mod tests {

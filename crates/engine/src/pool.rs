@@ -9,7 +9,7 @@
 //!
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
-use crate::alloc::{Allocator, DEFER_TXGS};
+use crate::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
 use crate::data_cache::{CacheKey, DataCache};
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
@@ -26,10 +26,11 @@ use crate::volume::{merge_partial, DirtyBlock, VolumeInner};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
-    checksum, data_end_bytes, decode_meta_block, encode_meta_block, BlockPtr, BlockType,
-    Compression, DeferredFree, Dva, Guid, LabelConfig, LeafConfig, PoolMeta, SpaceMapMeta,
-    TopVdevConfig, TopVdevKind, Txg, Uberblock, VdevId, VdevTreeConfig, VolumeId, VolumeMeta,
-    DATA_START_BYTES, INDIRECT_BLOCK_BYTES, SECTOR_BYTES, SPACEMAP_CHUNK_PAYLOAD_BYTES,
+    checksum, data_end_bytes, decode_meta_block, decode_meta_index, encode_meta_block,
+    encode_meta_index, BlockPtr, BlockType, Compression, DeferredFree, Dva, Guid, LabelConfig,
+    LeafConfig, PoolMeta, SpaceMapMeta, TopVdevConfig, TopVdevKind, Txg, Uberblock, VdevId,
+    VdevTreeConfig, VolumeId, VolumeMeta, DATA_START_BYTES, INDIRECT_BLOCK_BYTES,
+    META_PIECE_BYTES_MAX, SECTOR_BYTES, SPACEMAP_CHUNK_PAYLOAD_BYTES,
 };
 use oxpool_io::rt::{block_on, join_all};
 use oxpool_io::{Backend, IoBuf};
@@ -71,8 +72,11 @@ pub(crate) struct PoolState {
     /// Frees waiting for their txg to be DEFER_TXGS txgs old.
     pub deferred: Vec<DeferredFree>,
     pub next_volume_id: u64,
-    /// The PoolMeta block of the last synced txg.
+    /// The PoolMeta block of the last synced txg (or the index of its pieces).
     pub meta_ptr: BlockPtr,
+    /// Every place that PoolMeta occupies (its block, or its index and pieces): freed when
+    /// the next one replaces it.
+    pub meta_places: Vec<Dva>,
 }
 
 pub(crate) struct PoolInner {
@@ -206,8 +210,10 @@ pub(crate) fn effective_dirty_max(dirty_max_bytes: u64, pool_bytes: u64) -> u64 
     dirty_max_bytes.min((pool_bytes / 8).max(1 << 20))
 }
 
-/// Space kept free for txg syncs (their metadata, and the copy-on-write of what they change):
-/// writers wait for it, the sync never runs out (as ZFS's slop space).
+/// Space kept for txg syncs beyond what writers charge to their txgs (see
+/// [`PoolInner::wait_for_space`]): the space maps, the pool metadata (whose list of deferred
+/// frees grows with what recent txgs freed), a tree growing a level. Writers may not use it;
+/// the sync may (as ZFS's slop space). Frees may use half of it: they give space back.
 pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
     (pool_bytes / 32).max(4 << 20)
 }
@@ -215,19 +221,67 @@ pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
 /// Syncs a writer waits through for space before it gets ENOSPC (each returns deferred frees).
 const SPACE_WAIT_SYNCS_MAX: u32 = 2 * DEFER_TXGS as u32 + 4;
 
+/// A writer's place in the space check, from [`PoolInner::wait_for_space`] until its change is
+/// charged to its txg ([`crate::txg::TxgHold::note_dirty`]): while it lives, the worst case of
+/// the change counts as needed, so concurrent writers cannot all pass the check on the same
+/// free space. Drop it after `note_dirty`.
+pub(crate) struct SpaceAdmission<'a> {
+    inner: &'a PoolInner,
+    bytes: ClassBytes,
+}
+
+impl Drop for SpaceAdmission<'_> {
+    fn drop(&mut self) {
+        self.inner.txg.state.lock().unwrap().space_admitting -= self.bytes;
+    }
+}
+
 impl PoolInner {
-    /// Waits until a change of `bytes` fits beside everything already pending (dirty data and
-    /// log space, counted twice for their copy-on-write and metadata) with the slop left over;
-    /// each round asks for a sync, which returns frees. ENOSPC after a bounded number of syncs.
-    pub(crate) async fn wait_for_space(&self, bytes: u64) -> Result<()> {
+    /// Empty-slab space that must stay free beside what the pending syncs need: the slop
+    /// (half of it for `frees`), and one slab per size class and data vdev that a sync may
+    /// leave partly filled (see [`Allocator::fits`]).
+    fn sync_reserve(alloc: &Allocator, space: &Space, frees: bool) -> u64 {
+        let slop = slop_bytes(space.size_bytes);
+        let slop = if frees { slop / 2 } else { slop };
+        slop + CLASSES as u64 * SLAB_BYTES * alloc.data_vdevs() as u64
+    }
+
+    /// Whether `need` fits with the reserve left over (see [`Allocator::fits`]).
+    fn fits(alloc: &Allocator, need: &ClassBytes, frees: bool) -> bool {
+        let space = alloc.space();
+        space.fits(need, Self::sync_reserve(alloc, &space, frees))
+    }
+
+    /// Whether something outside the txg sync (the intent log) may allocate `extra` now: it
+    /// must leave the pending syncs everything they may need and the slop. Called with the
+    /// pool's state locked (the allocator) and allocating under the same lock.
+    pub(crate) fn may_allocate_outside_sync(&self, alloc: &Allocator, extra: ClassBytes) -> bool {
+        let need = self.txg.state.lock().unwrap().space_needed() + extra;
+        Self::fits(alloc, &need, false)
+    }
+
+    /// The write throttle's space check. A change whose txg sync may allocate up to `bytes`
+    /// (by size class, every copy) waits until it fits beside what every unsynced txg's sync
+    /// may allocate, with the reserve left over ([`Allocator::fits`]: sure to fit, not just
+    /// in total bytes but in places the blocks can go). Each round asks for a sync, which
+    /// releases its txg's charge and returns deferred frees; ENOSPC after a bounded number.
+    /// This is what makes a sync never run out of space: everything it allocates was charged
+    /// and checked here first (the intent log's allocations are checked the same way, see
+    /// [`PoolInner::may_allocate_outside_sync`]).
+    pub(crate) async fn wait_for_space(
+        &self,
+        bytes: ClassBytes,
+        frees: bool,
+    ) -> Result<SpaceAdmission<'_>> {
         for _ in 0..SPACE_WAIT_SYNCS_MAX {
-            let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
-            let pending = 2
-                * (self.txg.dirty_bytes()
-                    + self.log_alloc_bytes_since_sync.load(Ordering::Relaxed))
-                + bytes;
-            if size.saturating_sub(allocated) > pending + slop_bytes(size) {
-                return Ok(());
+            {
+                let s = self.state.lock().unwrap();
+                let mut t = self.txg.state.lock().unwrap();
+                let need = t.space_needed() + bytes;
+                if Self::fits(&s.alloc, &need, frees) {
+                    t.space_admitting += bytes;
+                    return Ok(SpaceAdmission { inner: self, bytes });
+                }
             }
             let open = self.txg.state.lock().unwrap().open;
             self.txg.kick();
@@ -400,6 +454,7 @@ impl Pool {
                 deferred: Vec::new(),
                 next_volume_id: 1,
                 meta_ptr: BlockPtr::HOLE,
+                meta_places: Vec::new(),
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
@@ -657,6 +712,7 @@ impl Pool {
                 deferred: std::mem::take(&mut s.deferred),
                 next_volume_id: s.next_volume_id,
                 meta_ptr: s.meta_ptr,
+                meta_places: std::mem::take(&mut s.meta_places),
             }
         };
         let synced = old.txg.synced();
@@ -951,7 +1007,15 @@ impl Pool {
         block_on(async {
             let vdevs = &self.inner.vdevs;
             let mut total = ScrubCounts::default();
-            total += scrub_block(vdevs, &meta_ptr, "pool metadata").await.1;
+            let (index, counts) = scrub_block(vdevs, &meta_ptr, "pool metadata").await;
+            total += counts;
+            if meta_ptr.block_type == BlockType::MetaIndex {
+                let pieces = index
+                    .and_then(|buf| decode_meta_index(&buf[..meta_ptr.psize_bytes as usize]).ok());
+                for p in pieces.unwrap_or_default() {
+                    total += scrub_block(vdevs, &p, "pool metadata").await.1;
+                }
+            }
             for c in chunks.iter().filter(|c| !c.is_hole()) {
                 total += scrub_block(vdevs, c, "space map").await.1;
             }
@@ -1155,7 +1219,7 @@ async fn import_devices(
             }
         }
     }
-    let Some((ub, meta)) = chosen else {
+    let Some((ub, (meta, meta_places))) = chosen else {
         let devs: Vec<&str> = vdevs.leaves().map(|l| l.name()).collect();
         return Err(match last_err {
             Some(e) => e,
@@ -1227,9 +1291,15 @@ async fn import_devices(
         map.take_dirty_chunks();
         chunk_ptrs.push(sm.chunks.clone());
     }
-    // The PoolMeta block itself is allocated after the space maps it describes were written.
-    for dva in ub.root.dvas() {
-        alloc.map_mut(dva.vdev).claim(dva);
+    // The PoolMeta block (or its index and pieces) is allocated after the space maps it
+    // describes were written.
+    for dva in &meta_places {
+        if vdevs
+            .top(dva.vdev)
+            .is_some_and(|t| dva.end_bytes() <= t.asize_bytes)
+        {
+            alloc.map_mut(dva.vdev).claim(dva);
+        }
     }
     let mut volumes = BTreeMap::new();
     let mut replays = Vec::new();
@@ -1326,6 +1396,7 @@ async fn import_devices(
             deferred: meta.deferred_frees.clone(),
             next_volume_id: meta.next_volume_id,
             meta_ptr: ub.root,
+            meta_places,
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
@@ -1333,24 +1404,99 @@ async fn import_devices(
     Ok((inner, replays))
 }
 
-async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<PoolMeta> {
-    if bp.is_hole() || bp.block_type != BlockType::PoolMeta {
-        return Err(EngineError::invalid(format!(
-            "pool '{pool}': uberblock root is not pool metadata"
-        )));
-    }
-    let buf = read_block(
-        vdevs,
-        IoClass::SyncRead,
-        bp,
-        &format!("{pool} pool metadata"),
-    )
-    .await?;
-    PoolMeta::decode(&buf[..bp.psize_bytes as usize]).map_err(|e| EngineError::Corrupt {
+/// Reads the pool metadata the uberblock's root points at: one block, or the index of its
+/// pieces (see [`write_pool_meta`]). Returns it with every place it occupies.
+async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<(PoolMeta, Vec<Dva>)> {
+    let corrupt = |what: &str, e| EngineError::Corrupt {
         device: pool.to_string(),
-        what: "pool metadata".into(),
+        what: what.into(),
         source: e,
-    })
+    };
+    let what = format!("{pool} pool metadata");
+    let mut places = bp.dvas().to_vec();
+    let whole = match (bp.is_hole(), bp.block_type) {
+        (false, BlockType::PoolMeta) => {
+            let buf = read_block(vdevs, IoClass::SyncRead, bp, &what).await?;
+            buf[..bp.psize_bytes as usize].to_vec()
+        }
+        (false, BlockType::MetaIndex) => {
+            let buf = read_block(vdevs, IoClass::SyncRead, bp, &what).await?;
+            let pieces = decode_meta_index(&buf[..bp.psize_bytes as usize])
+                .map_err(|e| corrupt("pool metadata index", e))?;
+            let mut whole = Vec::new();
+            // Bounded by META_INDEX_PIECES_MAX.
+            for p in &pieces {
+                if p.block_type != BlockType::PoolMeta {
+                    return Err(corrupt(
+                        "pool metadata index",
+                        oxpool_format::FormatError::BadField {
+                            field: "meta index piece type",
+                            value: p.block_type as u64,
+                        },
+                    ));
+                }
+                let buf = read_block(vdevs, IoClass::SyncRead, p, &what).await?;
+                whole.extend_from_slice(&buf[..p.psize_bytes as usize]);
+                places.extend_from_slice(p.dvas());
+            }
+            whole
+        }
+        _ => {
+            return Err(EngineError::invalid(format!(
+                "pool '{pool}': uberblock root is not pool metadata"
+            )))
+        }
+    };
+    let meta = PoolMeta::decode(&whole).map_err(|e| corrupt("pool metadata", e))?;
+    Ok((meta, places))
+}
+
+/// Writes txg `txg`'s encoded PoolMeta block: as one block when it fits in one allocation,
+/// else as pieces of at most META_PIECE_BYTES_MAX named by a metadata index. Its list of
+/// deferred frees grows with what recent txgs freed (hundreds of KiB under random writes), and
+/// the allocator places no block larger than a slab: one that size may find no room at all in
+/// a pool whose free space is in small holes, while pieces always do (see `alloc`). Returns the
+/// uberblock's root pointer and every place written.
+async fn write_pool_meta(
+    inner: &PoolInner,
+    txg: Txg,
+    meta_block: &[u8],
+) -> Result<(BlockPtr, Vec<Dva>)> {
+    let nb = |psize_bytes: usize, block_type| NewBlock {
+        psize_bytes: psize_bytes as u32,
+        block_type,
+        level: 0,
+        copies: META_COPIES,
+        checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+        txg,
+        fill: 0,
+    };
+    if meta_block.len() <= META_PIECE_BYTES_MAX {
+        let block = Arc::new(padded(meta_block));
+        let nb = nb(meta_block.len(), BlockType::PoolMeta);
+        let bp = write_new_block(inner, IoClass::AsyncWrite, &block, nb).await?;
+        return Ok((bp, bp.dvas().to_vec()));
+    }
+    let futs: Vec<_> = meta_block
+        .chunks(META_PIECE_BYTES_MAX)
+        .map(|piece| async move {
+            let block = Arc::new(padded(piece));
+            let nb = nb(piece.len(), BlockType::PoolMeta);
+            write_new_block(inner, IoClass::AsyncWrite, &block, nb).await
+        })
+        .collect();
+    let mut pieces = Vec::new();
+    let mut places = Vec::new();
+    for r in join_all(futs).await {
+        let bp = r?;
+        places.extend_from_slice(bp.dvas());
+        pieces.push(bp);
+    }
+    let index = encode_meta_index(&pieces);
+    let nb = nb(index.len(), BlockType::MetaIndex);
+    let bp = write_new_block(inner, IoClass::AsyncWrite, &Arc::new(padded(&index)), nb).await?;
+    places.extend_from_slice(bp.dvas());
+    Ok((bp, places))
 }
 
 fn sync_thread(pool: std::sync::Weak<PoolInner>) {
@@ -1427,8 +1573,11 @@ pub(crate) async fn write_new_blocks(
 }
 
 /// Allocates the places of a new block of `data` and returns its pointer; nothing is written.
-/// With `held`, the places are recorded there under the pool's state lock, in the same step as
-/// the allocation: a txg sync whose space maps include the allocation finds them there.
+/// With `held` (the intent log's blocks written in place, outside any txg sync), the places
+/// are recorded there under the pool's state lock, in the same step as the allocation, so a
+/// txg sync whose space maps include the allocation finds them there; and the allocation must
+/// leave the pending syncs the space they may need, or it fails with NoSpace (the log then
+/// falls back to waiting for the txg).
 pub(crate) fn alloc_new_block(
     inner: &PoolInner,
     data: &IoBuf,
@@ -1437,14 +1586,30 @@ pub(crate) fn alloc_new_block(
 ) -> Result<BlockPtr> {
     let asize = data.len() as u64;
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
+    let no_space = || EngineError::NoSpace {
+        pool: inner.name.clone(),
+    };
     let dvas = {
         let mut s = inner.state.lock().unwrap();
+        if held.is_some() {
+            let mut extra = ClassBytes::default();
+            extra.add_blocks(asize, nb.copies as u64, 1);
+            if !inner.may_allocate_outside_sync(&s.alloc, extra) {
+                return Err(no_space());
+            }
+        }
+        // The sync's blocks go to adjacent places (one aggregated write) while empty space is
+        // plentiful: while the empty slabs alone hold everything pending syncs may still
+        // allocate, with the reserve, spending them cannot make a later block not fit.
+        let sequential = held.is_none() && {
+            let space = s.alloc.space();
+            let need = inner.txg.state.lock().unwrap().space_needed();
+            space.holds_all(&need, PoolInner::sync_reserve(&s.alloc, &space, false))
+        };
         let dvas = s
             .alloc
-            .alloc(asize, nb.copies)
-            .ok_or_else(|| EngineError::NoSpace {
-                pool: inner.name.clone(),
-            })?;
+            .alloc_with(asize, nb.copies, sequential)
+            .ok_or_else(no_space)?;
         if let Some(h) = held {
             h.lock().unwrap().extend(dvas.iter().copied());
         }
@@ -1604,8 +1769,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             s.chunk_ptrs[*v as usize][*c as usize] = *bp;
             freed.extend_from_slice(old.dvas());
         }
-        let old_meta = s.meta_ptr;
-        freed.extend_from_slice(old_meta.dvas());
+        freed.extend_from_slice(&s.meta_places);
         let mut deferred = s.deferred.clone();
         if !freed.is_empty() {
             deferred.push(DeferredFree {
@@ -1668,22 +1832,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
         };
         meta.encode()
     };
-    let block = Arc::new(padded(&meta_block));
-    let meta_ptr = write_new_block(
-        inner,
-        IoClass::AsyncWrite,
-        &block,
-        NewBlock {
-            psize_bytes: meta_block.len() as u32,
-            block_type: BlockType::PoolMeta,
-            level: 0,
-            copies: META_COPIES,
-            checksum_type: oxpool_format::ChecksumType::Xxh3_128,
-            txg,
-            fill: 0,
-        },
-    )
-    .await?;
+    let (meta_ptr, meta_places) = write_pool_meta(inner, txg, &meta_block).await?;
     flush_all(inner).await?;
     let ub = Uberblock {
         txg,
@@ -1715,6 +1864,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     {
         let mut s = inner.state.lock().unwrap();
         s.meta_ptr = meta_ptr;
+        s.meta_places = meta_places;
         if !freed.is_empty() {
             s.deferred.push(DeferredFree { txg, dvas: freed });
         }
@@ -1999,7 +2149,7 @@ async fn sync_volume(
     }
     // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
     let levels = vol.tree.lock().unwrap().levels();
-    let meta_copies = (props.copies as usize + 1).min(3);
+    let meta_copies = crate::volume::indirect_copies(&props);
     for level in 1..=levels {
         let dirty = vol.tree.lock().unwrap().dirty_at(level);
         for batch in dirty.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {

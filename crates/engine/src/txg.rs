@@ -8,6 +8,7 @@
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
+use crate::alloc::ClassBytes;
 use crate::{EngineError, Result};
 use oxpool_format::Txg;
 use std::future::poll_fn;
@@ -37,6 +38,14 @@ pub(crate) struct TxgState {
     /// Dirty bytes of all unsynced txgs, and per txg.
     dirty_bytes: u64,
     txg_dirty_bytes: Vec<(Txg, u64)>,
+    /// Space the syncs of all unsynced txgs may allocate (their blocks' slots, every copy),
+    /// and per txg: charged as writers dirty blocks, released when the txg is durable (what
+    /// it allocated is then in the allocator's counts). See `pool::PoolInner::wait_for_space`.
+    space: ClassBytes,
+    txg_space: Vec<(Txg, ClassBytes)>,
+    /// Worst-case space of the writers that passed the space check and have not charged
+    /// their txg yet (see `pool::SpaceAdmission`): counted until they have.
+    pub space_admitting: ClassBytes,
     kick: bool,
     pub stop: bool,
     pub suspended: Option<String>,
@@ -44,6 +53,14 @@ pub(crate) struct TxgState {
     last_sync: Instant,
     pub dirty_max_bytes: u64,
     pub timeout: Duration,
+}
+
+impl TxgState {
+    /// Space the syncs of the unsynced txgs may still allocate, with what writers admitted
+    /// but not yet charged.
+    pub fn space_needed(&self) -> ClassBytes {
+        self.space + self.space_admitting
+    }
 }
 
 /// The txg state machine shared by writers and the sync thread.
@@ -66,14 +83,22 @@ impl TxgHold<'_> {
         self.txg
     }
 
-    /// Records that this writer made `bytes` newly dirty (and that the txg has changes).
-    pub fn note_dirty(&self, bytes: u64) {
+    /// Records that this writer made `bytes` newly dirty (and that the txg has changes), and
+    /// that the txg's sync will allocate `space` more for it.
+    pub fn note_dirty(&self, bytes: u64, space: ClassBytes) {
         let mut s = self.ctl.state.lock().unwrap();
         if self.txg == s.open {
             s.open_dirty = true;
         }
         s.dirty_bytes += bytes;
         let txg = self.txg;
+        if !space.is_zero() {
+            s.space += space;
+            match s.txg_space.iter_mut().find(|(t, _)| *t == txg) {
+                Some((_, c)) => *c += space,
+                None => s.txg_space.push((txg, space)),
+            }
+        }
         let t = match s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
             Some(i) => &mut s.txg_dirty_bytes[i].1,
             None => {
@@ -126,6 +151,9 @@ impl TxgControl {
                 synced,
                 dirty_bytes: 0,
                 txg_dirty_bytes: Vec::new(),
+                space: ClassBytes::default(),
+                txg_space: Vec::new(),
+                space_admitting: ClassBytes::default(),
                 kick: false,
                 stop: false,
                 suspended: None,
@@ -277,6 +305,10 @@ impl TxgControl {
                     if let Some(i) = s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
                         let (_, b) = s.txg_dirty_bytes.swap_remove(i);
                         s.dirty_bytes -= b;
+                    }
+                    if let Some(i) = s.txg_space.iter().position(|(t, _)| *t == txg) {
+                        let (_, c) = s.txg_space.swap_remove(i);
+                        s.space -= c;
                     }
                 }
                 Err(e) => {

@@ -13,8 +13,9 @@
 //! the block once, merges, and writes it (off every client's path, many blocks at once).
 //! Reads of such a block take the recorded sectors from memory and the rest from the tree.
 
+use crate::alloc::ClassBytes;
 use crate::data_cache::CacheKey;
-use crate::idhash::IdMap;
+use crate::idhash::{IdMap, IdSet};
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::pipeline::{heal_copies, read_block, read_block_unhealed};
 use crate::pool::PoolInner;
@@ -70,9 +71,104 @@ pub(crate) struct TxgDirty {
     pub frees: BTreeMap<u64, u64>,
     /// The volume's new size, if this txg changed it ([`Volume::resize`]).
     pub size_bytes: Option<u64>,
+    /// Indirect blocks this txg's sync will rewrite, as `level << 56 | index`: each is charged
+    /// to the txg's space once (see [`SpaceCosts`]).
+    pub indirect: IdSet<u64>,
+}
+
+/// What the txg sync allocates for one block of a volume, by size class and with every copy:
+/// the space a writer charges to its txg before the sync can run out of it (see
+/// `pool::PoolInner::wait_for_space`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SpaceCosts {
+    /// One data block.
+    pub data: ClassBytes,
+    /// One indirect block.
+    pub indirect: ClassBytes,
+    /// Levels of indirect blocks above the data.
+    pub levels: u8,
+}
+
+impl SpaceCosts {
+    /// The costs for a volume with `props` and a tree of `levels` levels.
+    pub(crate) fn new(props: &VolumeProps, levels: u8) -> SpaceCosts {
+        let mut data = ClassBytes::default();
+        data.add_blocks(
+            u64::from(props.volblocksize_bytes),
+            u64::from(props.copies),
+            1,
+        );
+        let mut indirect = ClassBytes::default();
+        indirect.add_blocks(
+            oxpool_format::INDIRECT_BLOCK_BYTES as u64,
+            indirect_copies(props) as u64,
+            1,
+        );
+        SpaceCosts {
+            data,
+            indirect,
+            levels,
+        }
+    }
+
+    /// The most a change of blocks `first..=last` can cost: every block new to its txg, and
+    /// every indirect block above them too.
+    pub(crate) fn worst(&self, first: u64, last: u64) -> ClassBytes {
+        let mut out = ClassBytes::default();
+        for (c, n) in self.data.0.iter().zip(out.0.iter_mut()) {
+            *n = c * (last - first + 1);
+        }
+        let mut span = 1u64;
+        for _ in 1..=self.levels {
+            span = span.saturating_mul(crate::tree::FANOUT);
+            let count = last / span - first / span + 1;
+            for (c, n) in self.indirect.0.iter().zip(out.0.iter_mut()) {
+                *n += c * count;
+            }
+        }
+        out
+    }
+
+    /// The most a free of a block range can cost: the indirect blocks above its two ends.
+    pub(crate) fn worst_free(&self) -> ClassBytes {
+        let mut out = ClassBytes::default();
+        for _ in 0..2 * u32::from(self.levels) {
+            out += self.indirect;
+        }
+        out
+    }
+}
+
+/// Copies of a volume's indirect blocks: one more than its data, at most three (as ZFS's
+/// metadata ditto blocks).
+pub(crate) fn indirect_copies(props: &VolumeProps) -> usize {
+    (props.copies as usize + 1).min(3)
 }
 
 impl TxgDirty {
+    /// Marks the indirect blocks above data block `b` as rewritten by this txg's sync and
+    /// charges `space` for those that were not yet. Bounded by the levels; stops at the first
+    /// one already marked (its ancestors were marked with it).
+    fn charge_indirect(&mut self, b: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
+        let mut idx = b;
+        for level in 1..=costs.levels {
+            idx /= crate::tree::FANOUT;
+            if !self.indirect.insert(u64::from(level) << 56 | idx) {
+                break;
+            }
+            *space += costs.indirect;
+        }
+    }
+
+    /// Frees blocks [first, end) and charges `space` for the indirect blocks the sync then
+    /// rewrites: those at the range's two ends at each level (one inside the range loses all
+    /// its data and becomes a hole, which allocates nothing).
+    fn free_charged(&mut self, first: u64, end: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
+        self.add_free(first, end);
+        self.charge_indirect(first, costs, space);
+        self.charge_indirect(end - 1, costs, space);
+    }
+
     fn freed(&self, b: u64) -> bool {
         self.frees
             .range(..=b)
@@ -134,6 +230,10 @@ struct DirtySpares {
     maps: Vec<IdMap<u64, DirtyBlock>>,
     /// Most blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
     blocks_high_water: usize,
+    /// Emptied sets of indirect blocks, each with room for `indirect_high_water` entries.
+    sets: Vec<IdSet<u64>>,
+    /// Most indirect blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
+    indirect_high_water: usize,
 }
 
 impl DirtySpares {
@@ -170,6 +270,19 @@ impl DirtySpares {
                 }
                 self.shells.push(block);
             }
+        }
+        self.indirect_high_water = self
+            .indirect_high_water
+            .max(retired.indirect.len())
+            .min(SPARE_MAP_CAPACITY_MAX);
+        let mut set = retired.indirect;
+        set.clear();
+        if self.sets.len() < SPARE_MAPS_MAX && set.capacity() <= SPARE_MAP_CAPACITY_MAX {
+            set.reserve(self.indirect_high_water);
+            if self.sets.capacity() == 0 {
+                self.sets.reserve_exact(SPARE_MAPS_MAX);
+            }
+            self.sets.push(set);
         }
         let mut map = retired.blocks;
         debug_assert!(map.is_empty());
@@ -214,6 +327,21 @@ impl BlockBase {
 }
 
 impl VolDirty {
+    /// Records a freed block range [first, end) in `txg`; returns the space its sync will
+    /// allocate for it.
+    pub(crate) fn txgs_add_free(
+        &mut self,
+        txg: Txg,
+        first: u64,
+        end: u64,
+        costs: &SpaceCosts,
+    ) -> ClassBytes {
+        let mut space = ClassBytes::default();
+        self.txg_mut(txg)
+            .free_charged(first, end, costs, &mut space);
+        space
+    }
+
     fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {
         self.txg_and_spares(txg).0
     }
@@ -230,12 +358,15 @@ impl VolDirty {
                 debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
                 let blocks = self.spares.maps.pop().unwrap_or_default();
                 debug_assert!(blocks.is_empty());
+                let indirect = self.spares.sets.pop().unwrap_or_default();
+                debug_assert!(indirect.is_empty());
                 self.txgs.push((
                     txg,
                     TxgDirty {
                         blocks,
                         frees: BTreeMap::new(),
                         size_bytes: None,
+                        indirect,
                     },
                 ));
                 self.txgs.len() - 1
@@ -807,13 +938,17 @@ impl Volume {
             )
             .await;
         self.check_still_in_range(first * bs, (end - first) * bs)?;
+        // A free allocates too: the indirect blocks at its ends are rewritten. It may use half
+        // of the slop, as it gives space back once synced.
+        let costs = self.space_costs();
+        let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
         let hold = self.pool.txg.hold(0).await?;
-        self.vol
+        let space = self
+            .vol
             .dirty
             .lock()
             .unwrap()
-            .txg_mut(hold.txg())
-            .add_free(first, end);
+            .txgs_add_free(hold.txg(), first, end, &costs);
         let itx = (log && self.logged()).then(|| {
             self.vol.zil.append(
                 hold.txg(),
@@ -823,7 +958,7 @@ impl Volume {
                 },
             )
         });
-        hold.note_dirty(0);
+        hold.note_dirty(0, space);
         Ok(itx)
     }
 
@@ -862,22 +997,32 @@ impl Volume {
             .range_lock
             .lock(node.as_mut(), from, u64::MAX - from, LockMode::Write)
             .await;
+        // A shrink's free allocates too: the indirect blocks at its ends are rewritten.
+        let costs = self.space_costs();
+        let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
         let hold = self.pool.txg.hold(0).await?;
         let txg = hold.txg();
+        let mut space = ClassBytes::default();
         {
             // The size is persisted by the sync of this txg, with the free (not by a sync of
             // an older txg still running, whose tree still has the blocks).
             let mut d = self.vol.dirty.lock().unwrap();
             let t = d.txg_mut(txg);
             if new_size_bytes < old_size {
-                t.add_free(new_size_bytes / bs, old_size / bs);
+                t.free_charged(new_size_bytes / bs, old_size / bs, &costs, &mut space);
             }
             t.size_bytes = Some(new_size_bytes);
         }
         self.vol.props.lock().unwrap().volsize_bytes = new_size_bytes;
-        hold.note_dirty(0);
+        hold.note_dirty(0, space);
         drop(hold);
         self.pool.txg.wait_synced(txg, true).await
+    }
+
+    /// What the sync allocates for this volume's blocks (see [`SpaceCosts`]).
+    pub(crate) fn space_costs(&self) -> SpaceCosts {
+        let levels = self.vol.tree.lock().unwrap().levels();
+        SpaceCosts::new(&self.vol.props.lock().unwrap(), levels)
     }
 
     /// Whether changes go to the intent log (not with `sync=disabled`).
@@ -956,7 +1101,14 @@ impl Volume {
             None
         };
         let mut newly_dirty_bytes = 0;
-        self.pool.wait_for_space(length_bytes.max(bs)).await?;
+        // The space its txg's sync will need, charged below for what is new to the txg; the
+        // writer waits (or gets ENOSPC) if the worst case does not fit.
+        let costs = self.space_costs();
+        let mut space = ClassBytes::default();
+        let _admission = self
+            .pool
+            .wait_for_space(costs.worst(first_b, last_b), false)
+            .await?;
         let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
         {
             let mut d = self.vol.dirty.lock().unwrap();
@@ -977,7 +1129,7 @@ impl Volume {
                 let zfirst = offset_bytes.div_ceil(bs);
                 let zend = end / bs;
                 if zfirst < zend {
-                    t.add_free(zfirst, zend);
+                    t.free_charged(zfirst, zend, &costs, &mut space);
                 }
             }
             let whole = SectorMask::whole(bs as usize);
@@ -1067,6 +1219,8 @@ impl Volume {
                         };
                         t.blocks.insert(b, block);
                         newly_dirty_bytes += bs;
+                        space += costs.data;
+                        t.charge_indirect(b, &costs, &mut space);
                     }
                 }
             }
@@ -1088,7 +1242,7 @@ impl Volume {
             };
             self.vol.zil.append(hold.txg(), kind)
         });
-        hold.note_dirty(newly_dirty_bytes);
+        hold.note_dirty(newly_dirty_bytes, space);
         drop(hold);
         Ok(itx)
     }

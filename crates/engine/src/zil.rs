@@ -498,12 +498,17 @@ const LOG_BLOCK_BYTES_MIN: u64 = 8 << 10;
 
 /// Allocates the place of one log block of `size_bytes` (one copy; on a mirror the mirror is
 /// the redundancy). Log space piles up until a txg sync trims the chains, so a lot of it
-/// asks for a sync.
+/// asks for a sync. On the pool's data vdevs the block must leave the pending txg syncs the
+/// space they may need ([`PoolInner::may_allocate_outside_sync`]): else None, and the commit
+/// waits for the txg instead (as ZFS's ZIL when the pool is nearly full).
 pub(crate) fn alloc_log_block(inner: &PoolInner, size_bytes: u64) -> Option<Dva> {
     let size = size_bytes.clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64);
     let (dva, pool_bytes) = {
         let mut st = inner.state.lock().unwrap();
-        let dva = st.alloc.alloc_log(size)?;
+        let mut extra = crate::alloc::ClassBytes::default();
+        extra.add_blocks(size, 1, 1);
+        let data_ok = inner.may_allocate_outside_sync(&st.alloc, extra);
+        let dva = st.alloc.alloc_log(size, data_ok)?;
         (dva, st.alloc.totals_bytes().0)
     };
     let since = inner

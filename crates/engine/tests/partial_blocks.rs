@@ -273,13 +273,25 @@ fn stale_reader_heals_old_content_over_a_reused_place() {
     let other = 1 - first;
     pool.sync().unwrap(); // merges block 0 into a new place; X is freed (deferred)
 
+    // Fill much of the pool: while empty slabs are plentiful the sync places blocks in them
+    // (adjacent, for aggregated writes) and leaves freed places like X alone; with few left
+    // it reuses freed places of the block's size, X among them.
+    const FILLER_BYTES: u64 = 16 << 20;
+    let filler = pool.create_volume("filler", FILLER_BYTES, &[]).unwrap();
+    for at in (0..FILLER_BYTES).step_by(1 << 20) {
+        block_on(filler.write(at, &pattern(23 + at, 1 << 20), false)).unwrap();
+        pool.sync().unwrap();
+    }
+
     // The other side misses writes for a while (degraded mirror); the pool goes on, and
     // syncs until X holds a new, committed block.
     faults[other].set_write_error_probability(1.0);
     let mut model = vec![0u8; 4 << 20];
     let mut staged = false;
     for round in 0..20_000u64 {
-        let at = ((round * BS as u64) % (4 << 20)) as usize;
+        // Scattered over `big`, so its slabs seldom empty out whole: empty slabs run out,
+        // and freed places get reused.
+        let at = ((round.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) * BS as u64) as usize;
         let data = pattern(1000 + round, BS);
         block_on(big.write(at as u64, &data, false)).unwrap();
         model[at..at + data.len()].copy_from_slice(&data);

@@ -100,6 +100,9 @@ pub enum BlockType {
     SpaceMap = 4,
     /// An intent log block.
     Log = 5,
+    /// The index of a metadata block too large for one allocation, stored in pieces: a
+    /// metadata block whose payload is the pieces' block pointers, in order.
+    MetaIndex = 6,
 }
 
 impl BlockType {
@@ -111,6 +114,7 @@ impl BlockType {
             BlockType::PoolMeta => "pool-meta",
             BlockType::SpaceMap => "space-map",
             BlockType::Log => "log",
+            BlockType::MetaIndex => "meta-index",
         }
     }
 }
@@ -125,6 +129,7 @@ impl TryFrom<u8> for BlockType {
             3 => Ok(BlockType::PoolMeta),
             4 => Ok(BlockType::SpaceMap),
             5 => Ok(BlockType::Log),
+            6 => Ok(BlockType::MetaIndex),
             _ => Err(FormatError::BadField {
                 field: "block_type",
                 value: u64::from(value),

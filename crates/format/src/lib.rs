@@ -57,8 +57,9 @@ pub use log::{
     LOG_BLOCK_MAGIC, LOG_HEADER_BYTES, LOG_RECORD_DATA_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
 };
 pub use meta::{
-    decode_meta_block, decode_spacemap_chunk, encode_meta_block, encode_spacemap_chunk,
-    meta_block_bytes, META_HEADER_BYTES, META_MAGIC, META_PAYLOAD_BYTES_MAX,
+    decode_meta_block, decode_meta_index, decode_spacemap_chunk, encode_meta_block,
+    encode_meta_index, encode_spacemap_chunk, meta_block_bytes, META_HEADER_BYTES,
+    META_INDEX_PIECES_MAX, META_MAGIC, META_PAYLOAD_BYTES_MAX, META_PIECE_BYTES_MAX,
     SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
 };
 pub use pool_meta::{DeferredFree, PoolMeta, SpaceMapMeta, VolumeMeta};

@@ -5,7 +5,9 @@ use crate::bytes::{
     round_up,
 };
 use crate::checksum::{put_self_checksum, verify_self_checksum};
-use crate::{BlockType, FormatError, FormatVersion, FORMAT_VERSION, SECTOR_BYTES};
+use crate::{
+    BlockPtr, BlockType, FormatError, FormatVersion, BLOCK_PTR_BYTES, FORMAT_VERSION, SECTOR_BYTES,
+};
 use serde::de::DeserializeOwned;
 
 /// Size of the header of a metadata block.
@@ -103,6 +105,70 @@ pub fn decode_meta_block(kind: BlockType, bytes: &[u8]) -> Result<&[u8], FormatE
         });
     }
     Ok(&covered[META_HEADER_BYTES..])
+}
+
+/// Largest piece of a metadata block stored in pieces (the largest block the engine's
+/// allocator places in one run: 256 KiB).
+pub const META_PIECE_BYTES_MAX: usize = 256 * 1024;
+/// Most pieces a metadata index names: enough for the largest metadata block.
+pub const META_INDEX_PIECES_MAX: usize =
+    meta_block_bytes(META_PAYLOAD_BYTES_MAX).div_ceil(META_PIECE_BYTES_MAX);
+
+/// Encodes a metadata index: a metadata block of kind `MetaIndex` whose payload is the
+/// 128-byte block pointers of `pieces`, the consecutive byte ranges of one metadata block too
+/// large to be stored in one piece. Reading them in order and concatenating their
+/// `psize_bytes` gives back the block.
+///
+/// # Panics
+/// If there are more than `META_INDEX_PIECES_MAX` pieces, or a piece is a hole, an index, or
+/// larger than `META_PIECE_BYTES_MAX`.
+pub fn encode_meta_index(pieces: &[BlockPtr]) -> Vec<u8> {
+    assert!(pieces.len() <= META_INDEX_PIECES_MAX, "too many pieces");
+    let mut payload = vec![0u8; pieces.len() * BLOCK_PTR_BYTES];
+    for (p, out) in pieces.iter().zip(payload.chunks_exact_mut(BLOCK_PTR_BYTES)) {
+        assert!(
+            !p.is_hole()
+                && p.block_type != BlockType::MetaIndex
+                && p.psize_bytes as usize <= META_PIECE_BYTES_MAX,
+            "invalid piece {p:?}"
+        );
+        p.encode(out.try_into().expect("a 128-byte chunk"));
+    }
+    encode_meta_block(BlockType::MetaIndex, &payload)
+}
+
+/// Decodes a metadata index (see [`encode_meta_index`]): checks the metadata block, that the
+/// payload is a whole number of block pointers, at least one and at most
+/// `META_INDEX_PIECES_MAX`, and that each decodes and is a piece (not a hole, not an index,
+/// at most `META_PIECE_BYTES_MAX`). The caller checks the pieces' block type.
+pub fn decode_meta_index(bytes: &[u8]) -> Result<Vec<BlockPtr>, FormatError> {
+    let payload = decode_meta_block(BlockType::MetaIndex, bytes)?;
+    let count = payload.len() / BLOCK_PTR_BYTES;
+    if payload.len() % BLOCK_PTR_BYTES != 0 || count == 0 || count > META_INDEX_PIECES_MAX {
+        return Err(FormatError::BadField {
+            field: "meta index length",
+            value: payload.len() as u64,
+        });
+    }
+    payload
+        .chunks_exact(BLOCK_PTR_BYTES)
+        .map(|chunk| {
+            let p = BlockPtr::decode(chunk)?;
+            if p.is_hole() || p.block_type == BlockType::MetaIndex {
+                return Err(FormatError::BadField {
+                    field: "meta index piece type",
+                    value: if p.is_hole() { 0 } else { p.block_type as u64 },
+                });
+            }
+            if p.psize_bytes as usize > META_PIECE_BYTES_MAX {
+                return Err(FormatError::BadField {
+                    field: "meta index piece size",
+                    value: u64::from(p.psize_bytes),
+                });
+            }
+            Ok(p)
+        })
+        .collect()
 }
 
 /// Encodes a space map chunk: a metadata block of kind `SpaceMap`, exactly `SECTOR_BYTES`.

@@ -395,10 +395,10 @@ fn block_ptr_field_checks() {
         })
     );
     assert_eq!(
-        bad(51, 6),
+        bad(51, 7),
         Err(FormatError::BadField {
             field: "block_type",
-            value: 6
+            value: 7
         })
     );
     assert!(matches!(

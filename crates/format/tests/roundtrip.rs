@@ -20,6 +20,21 @@ proptest! {
     }
 
     #[test]
+    fn meta_index_round_trips(pieces in vec(arb_data_ptr(Some(0)), 1..40)) {
+        let pieces: Vec<BlockPtr> = pieces
+            .into_iter()
+            .map(|mut p| {
+                p.block_type = BlockType::PoolMeta;
+                p.psize_bytes = p.psize_bytes.min(META_PIECE_BYTES_MAX as u32);
+                p.lsize_bytes = p.psize_bytes;
+                p
+            })
+            .collect();
+        let bytes = encode_meta_index(&pieces);
+        prop_assert_eq!(decode_meta_index(&bytes)?, pieces);
+    }
+
+    #[test]
     fn block_ptr_round_trips_through_postcard(ptr in arb_block_ptr()) {
         let bytes = postcard::to_allocvec(&ptr).unwrap();
         prop_assert_eq!(postcard::from_bytes::<BlockPtr>(&bytes).unwrap(), ptr);

@@ -16,6 +16,7 @@ pub fn arb_block_type() -> impl Strategy<Value = BlockType> {
         Just(BlockType::PoolMeta),
         Just(BlockType::SpaceMap),
         Just(BlockType::Log),
+        Just(BlockType::MetaIndex),
     ]
 }
 
