@@ -114,16 +114,7 @@ pub async fn write_blocks_shared(
                 .for_each(|(bi, di, _)| dva_ok[*bi][*di] = true),
             Err(e) => {
                 let io = &pieces[run.start].2;
-                io.leaf
-                    .counters
-                    .write_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    device = io.leaf.name(),
-                    offset = io.offset_bytes,
-                    blocks = run.len(),
-                    "write failed: {e}"
-                );
+                count_write_failure(io, run.len(), &e);
                 for (bi, _, _) in &pieces[run.clone()] {
                     let copy = std::io::Error::new(e.kind(), e.to_string());
                     block_err[*bi] = Some(EngineError::io(io.leaf.name(), copy));
@@ -174,6 +165,20 @@ pub async fn write_block_owned(
     }
 }
 
+/// Counts a failed leaf write (of `blocks` blocks, aggregated) on its device and logs it.
+fn count_write_failure(io: &LeafIo, blocks: usize, e: &std::io::Error) {
+    io.leaf
+        .counters
+        .write_errors
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        device = io.leaf.name(),
+        offset = io.offset_bytes,
+        blocks,
+        "write failed: {e}"
+    );
+}
+
 /// The leaf writes of a block of `len_bytes` at every copy in `dvas`, each tagged with the
 /// index of its DVA.
 fn plan_writes(vdevs: &VdevTree, dvas: &[Dva], len_bytes: usize) -> Result<Vec<(usize, LeafIo)>> {
@@ -205,15 +210,7 @@ fn tally_writes<T>(
                 back = Some(value);
             }
             Err(e) => {
-                io.leaf
-                    .counters
-                    .write_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    device = io.leaf.name(),
-                    offset = io.offset_bytes,
-                    "write failed: {e}"
-                );
+                count_write_failure(io, 1, &e);
                 last_err = Some(EngineError::io(io.leaf.name(), e));
             }
         }

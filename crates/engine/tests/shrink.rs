@@ -154,12 +154,8 @@ fn assert_zeros(v: &Volume, from: u64, to: u64, when: &str) {
     }
 }
 
-/// An unaligned write to the last block holds the block's range lock while it reads the
-/// block's old content from the device (held there by the gate). A shrink that comes now
-/// must not free the block under it: either the write completes first and the shrink then
-/// frees its result, or the write fails. The cut-off region reads zeros after a regrow.
-#[test]
-fn shrink_waits_for_a_read_modify_write_of_the_tail() {
+/// A pool on a memory device whose reads the gate can hold, with the test volume.
+fn gated_volume() -> (MemoryBackend, Arc<Gate>, Pool, Volume) {
     let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
     let gate = Arc::new(Gate::default());
     let pool = pool_over(Arc::new(GateDev {
@@ -167,6 +163,16 @@ fn shrink_waits_for_a_read_modify_write_of_the_tail() {
         gate: gate.clone(),
     }));
     let v = new_volume(&pool);
+    (mem, gate, pool, v)
+}
+
+/// An unaligned write to the last block holds the block's range lock while it reads the
+/// block's old content from the device (held there by the gate). A shrink that comes now
+/// must not free the block under it: either the write completes first and the shrink then
+/// frees its result, or the write fails. The cut-off region reads zeros after a regrow.
+#[test]
+fn shrink_waits_for_a_read_modify_write_of_the_tail() {
+    let (mem, gate, pool, v) = gated_volume();
     block_on(v.write(CUT, &pattern(1, (SIZE - CUT) as usize), false)).unwrap();
     pool.sync().unwrap();
 
@@ -317,13 +323,7 @@ fn tail_writes_racing_a_shrink_never_come_back() {
 /// still has the tail, which a regrow would expose.
 #[test]
 fn a_crash_during_a_shrink_keeps_the_size_with_the_tree() {
-    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
-    let gate = Arc::new(Gate::default());
-    let pool = pool_over(Arc::new(GateDev {
-        inner: mem.clone(),
-        gate: gate.clone(),
-    }));
-    let v = new_volume(&pool);
+    let (mem, gate, pool, v) = gated_volume();
     let old = pattern(2, (SIZE - CUT) as usize);
     block_on(v.write(CUT, &old, false)).unwrap();
     pool.sync().unwrap();
