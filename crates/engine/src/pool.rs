@@ -1500,6 +1500,8 @@ async fn write_pool_meta(
 }
 
 fn sync_thread(pool: std::sync::Weak<PoolInner>) {
+    // Nobody waits on this thread's I/O completions within microseconds: sleep, don't spin.
+    oxpool_io::rt::set_spin(false);
     loop {
         let Some(inner) = pool.upgrade() else { return };
         let Some(txg) = inner.txg.next_to_sync() else {

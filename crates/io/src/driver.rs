@@ -172,6 +172,14 @@ fn with_existing_driver<R>(f: impl FnOnce(&mut Driver) -> R) -> Option<R> {
         .flatten()
 }
 
+/// Whether the calling thread may spin before it sleeps in its ring (default: yes). A thread
+/// whose waits nobody is waiting on (the txg sync: background writes, milliseconds each)
+/// turns it off: on a small machine its spinning would take the CPU the threads that serve
+/// clients need.
+pub fn set_spin(enabled: bool) {
+    with_driver(|d| d.spin.enabled = enabled);
+}
+
 /// Operations this thread has in the kernel (in flight or orphaned), or 0 if it has no ring.
 /// For tests and diagnostics.
 pub fn ops_in_flight() -> usize {
@@ -374,6 +382,8 @@ impl FsyncInline {
 /// The adaptive spin of one thread; see [`Driver::spin_for_event`].
 #[derive(Debug)]
 struct SpinState {
+    /// Whether this thread spins at all ([`set_spin`]).
+    enabled: bool,
     /// When this thread last reaped a completion.
     last_active: Option<Instant>,
     /// Spins in the current window and how many of them saw an event.
@@ -401,6 +411,7 @@ impl Driver {
             doorbell_buf: Box::new(0),
             doorbell_armed: false,
             spin: SpinState {
+                enabled: true,
                 last_active: None,
                 tries: 0,
                 hits: 0,
@@ -681,6 +692,9 @@ impl Driver {
     /// (a completion, deferred task work, a cross-thread wake) arrived: the caller then reaps
     /// without sleeping, saving a sleep and a wake-up.
     fn spin_for_event(&mut self) -> bool {
+        if !self.spin.enabled {
+            return false;
+        }
         let now = Instant::now();
         let active = self
             .spin
