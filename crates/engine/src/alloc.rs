@@ -169,13 +169,17 @@ impl Space {
     /// slot existed) with `reserve` left over. While they do, a block may take an empty slab
     /// rather than a free slot of its class ([`Allocator::alloc_with`]): whatever it takes,
     /// everything still to come fits in what is left, so [`Space::fits`]'s promise holds.
-    pub fn holds_all(&self, need: &ClassBytes, reserve: u64) -> bool {
+    /// `copies` is the block about to be placed: each copy may take an empty slab.
+    pub fn holds_all(&self, need: &ClassBytes, reserve: u64, copies: usize) -> bool {
         let in_slabs: u64 = need
             .0
             .iter()
             .map(|&n| n.div_ceil(SLAB_BYTES) * SLAB_BYTES)
             .sum();
-        in_slabs.saturating_add(reserve).saturating_add(SLAB_BYTES) <= self.empty_bytes
+        in_slabs
+            .saturating_add(reserve)
+            .saturating_add(copies as u64 * SLAB_BYTES)
+            <= self.empty_bytes
     }
 }
 
@@ -218,6 +222,18 @@ fn next_set(bits: &[u64], from: u64, n: u64) -> Option<u64> {
         }
     }
     None
+}
+
+/// Where [`SpaceMap::alloc_placed`] puts a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// A free slot of its class only (none: no allocation).
+    SlotOnly,
+    /// A free slot of its class, else an empty slab: what [`Allocator::fits`] assumes.
+    SlotFirst,
+    /// Adjacent to the last block of its class (its fresh slab), else a new empty slab, else
+    /// a free slot: only while empty slabs hold everything pending ([`Space::holds_all`]).
+    Sequential,
 }
 
 /// The allocation bitmap of one top-level vdev.
@@ -399,7 +415,7 @@ impl SpaceMap {
     /// Allocates `size_bytes` (rounded up to whole sectors, at most a slab) contiguously, in a
     /// free slot of its class or else in an empty slab; None if neither exists.
     pub fn alloc(&mut self, size_bytes: u64) -> Option<Dva> {
-        self.alloc_placed(size_bytes, false)
+        self.alloc_placed(size_bytes, Placement::SlotFirst)
     }
 
     /// As [`SpaceMap::alloc`]; with `sequential`, the block goes into the slab its class last
@@ -408,7 +424,8 @@ impl SpaceMap {
     /// are then adjacent, and the txg sync writes them as one aggregated write, where free
     /// slots scattered by random rewrites would scatter the writes. The caller decides when
     /// empty slabs are plentiful enough to spend them so ([`Allocator::alloc_with`]).
-    pub fn alloc_placed(&mut self, size_bytes: u64, sequential: bool) -> Option<Dva> {
+    pub fn alloc_placed(&mut self, size_bytes: u64, placement: Placement) -> Option<Dva> {
+        let sequential = placement == Placement::Sequential;
         let count = size_bytes.div_ceil(SECTOR_BYTES).max(1);
         let k = class_of(size_bytes)?;
         let slabs = self.words.len() as u64;
@@ -433,7 +450,9 @@ impl SpaceMap {
                 .flatten();
             match open {
                 Some(slab) => slab,
-                None if self.empty_slabs > 0 => next_set(&self.empty, self.cursor[k], slabs)?,
+                None if self.empty_slabs > 0 && placement != Placement::SlotOnly => {
+                    next_set(&self.empty, self.cursor[k], slabs)?
+                }
                 None => return None,
             }
         };
@@ -670,16 +689,39 @@ impl Allocator {
         // Try each vdev per copy, starting at the rotor, first those not used yet, then any
         // (the space check counts free space pool-wide, so a copy may not fail only because
         // the other vdevs are full); log devices hold log blocks only.
+        // A block's first copy takes a free slot of its class on any vdev before an empty
+        // slab (unless sequential): `fits` counts free slots pool-wide, so an empty slab taken
+        // on one vdev while another has a free slot would spend room the promise counted on.
+        // Further copies (ditto blocks) prefer vdevs not used yet, slot or empty slab, as ZFS
+        // does: a copy on another device is what they are for. What that may spend beyond
+        // the promise is bounded by those copies (docs/space.md, "Limits").
+        const FIRST: &[(bool, Placement)] =
+            &[(false, Placement::SlotOnly), (false, Placement::SlotFirst)];
+        const DITTO: &[(bool, Placement)] = &[
+            (true, Placement::SlotOnly),
+            (true, Placement::SlotFirst),
+            (false, Placement::SlotOnly),
+            (false, Placement::SlotFirst),
+        ];
+        const SEQUENTIAL: &[(bool, Placement)] = &[
+            (true, Placement::Sequential),
+            (false, Placement::Sequential),
+        ];
         for c in 0..copies {
+            let passes = match (sequential, c) {
+                (true, _) => SEQUENTIAL,
+                (false, 0) => FIRST,
+                (false, _) => DITTO,
+            };
             let mut got = None;
-            'passes: for distinct in [true, false] {
+            'passes: for &(distinct, placement) in passes {
                 for k in 0..n {
                     let v = (first + c + k) % n;
                     if self.log[v] || (distinct && out.iter().any(|d: &Dva| d.vdev.0 as usize == v))
                     {
                         continue;
                     }
-                    if let Some(d) = self.maps[v].alloc_placed(size_bytes, sequential) {
+                    if let Some(d) = self.maps[v].alloc_placed(size_bytes, placement) {
                         got = Some(d);
                         break 'passes;
                     }
@@ -781,7 +823,7 @@ mod tests {
             m.free(d); // scattered free slots in the two full slabs
         }
         let seq: Vec<Dva> = (0..20)
-            .map(|_| m.alloc_placed(block, true).unwrap())
+            .map(|_| m.alloc_placed(block, Placement::Sequential).unwrap())
             .collect();
         for pair in seq.windows(2) {
             assert_eq!(
@@ -795,7 +837,7 @@ mod tests {
             "not in the scattered slots"
         );
         let empty = m.empty_bytes();
-        m.alloc_placed(block, false).unwrap();
+        m.alloc_placed(block, Placement::SlotFirst).unwrap();
         assert_eq!(
             m.empty_bytes(),
             empty,
@@ -804,16 +846,46 @@ mod tests {
         m.check_indexes();
         // Use up every empty slab: sequential then takes the remaining slots.
         while m.empty_bytes() > 0 {
-            m.alloc_placed(SLAB_BYTES, true).unwrap();
+            m.alloc_placed(SLAB_BYTES, Placement::Sequential).unwrap();
         }
         let mut n = 0;
-        while let Some(d) = m.alloc_placed(block, true) {
+        while let Some(d) = m.alloc_placed(block, Placement::Sequential) {
             assert!(d.offset_bytes < 4 * SLAB_BYTES);
             n += 1;
             assert!(n <= 64, "bounded");
         }
         assert!(n > 0);
         m.check_indexes();
+    }
+
+    /// `fits` counts free slots pool-wide: a block of a class takes a free slot of its class
+    /// on any vdev before an empty slab on another, or the empty slabs `fits` kept for other
+    /// classes would go to it.
+    #[test]
+    fn free_slots_on_any_vdev_come_before_empty_slabs() {
+        let mut a = Allocator::new(&[2 * SLAB_BYTES, 2 * SLAB_BYTES]);
+        let small = SECTOR_BYTES;
+        let on_a: Vec<Dva> = (0..2 * SLAB_SECTORS)
+            .map(|_| a.map_mut(VdevId(0)).alloc(small).unwrap())
+            .collect();
+        for d in on_a.iter().step_by(2) {
+            a.free(d);
+        }
+        assert_eq!(a.map(VdevId(0)).empty_bytes(), 0);
+        assert_eq!(a.map(VdevId(1)).empty_bytes(), 2 * SLAB_BYTES);
+        let before = a.space();
+        assert_eq!(before.free_slots.0[0], SLAB_SECTORS * SECTOR_BYTES);
+        for _ in 0..SLAB_SECTORS {
+            let d = a.alloc(small, 1).unwrap();
+            assert_eq!(
+                d[0].vdev,
+                VdevId(0),
+                "an empty slab taken while slots were free"
+            );
+        }
+        // The empty slabs are all still there for the classes that need them.
+        assert_eq!(a.space().empty_bytes, before.empty_bytes);
+        assert!(a.alloc(4 * SLAB_SECTORS * SECTOR_BYTES / 4, 1).is_some());
     }
 
     #[test]

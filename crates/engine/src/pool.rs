@@ -1606,7 +1606,8 @@ pub(crate) fn alloc_new_block(
         let sequential = held.is_none() && {
             let space = s.alloc.space();
             let need = inner.txg.state.lock().unwrap().space_needed();
-            space.holds_all(&need, PoolInner::sync_reserve(&s.alloc, &space, false))
+            let reserve = PoolInner::sync_reserve(&s.alloc, &space, false);
+            space.holds_all(&need, reserve, nb.copies)
         };
         let dvas = s
             .alloc
