@@ -2,7 +2,8 @@
 //! synced data whose indirect blocks are cached, and 4 KiB WRITEs to blocks already dirty in
 //! the open txg or (once the buffer pools are warm) that dirty a new block. An in-process
 //! server over a file-backed pool on a loopback port, and a raw client (this test's thread)
-//! that sends one request at a time from preallocated buffers, simple replies.
+//! that sends one request at a time from preallocated buffers; READs both with simple replies
+//! and with structured replies (what libnbd, qemu and fio negotiate).
 //!
 //! Counted by this binary's global allocator on the threads that serve the requests: the
 //! server's reactor threads (named `nbd-reactor-N`, where the request tasks and their device
@@ -107,6 +108,10 @@ const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 const OPT_GO: u32 = 7;
+const OPT_STRUCTURED_REPLY: u32 = 8;
+const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+const OFFSET_DATA_HEADER_BYTES: usize = 28;
 const REP_ACK: u32 = 1;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
@@ -166,17 +171,30 @@ fn serve(volume: &Volume) -> (Server, String) {
     (server, addr)
 }
 
-/// A raw client with simple replies; every buffer it uses in a request is allocated here.
+/// A raw client; every buffer it uses in a request is allocated here.
 struct Client {
     stream: TcpStream,
     request: [u8; REQUEST_HEADER_BYTES + IO_BYTES],
-    reply: [u8; SIMPLE_REPLY_BYTES + IO_BYTES],
+    reply: [u8; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
     next_cookie: u64,
+    structured: bool,
+}
+
+/// Reads one option reply; true if it is the final ACK.
+fn option_reply(stream: &mut TcpStream) -> bool {
+    let mut header = [0u8; 20];
+    stream.read_exact(&mut header).unwrap();
+    let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
+    let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+    let mut payload = vec![0u8; len];
+    stream.read_exact(&mut payload).unwrap();
+    assert_eq!(reply_type >> 31, 0, "option refused");
+    reply_type == REP_ACK
 }
 
 impl Client {
-    /// Connects and negotiates with NBD_OPT_GO (no structured replies).
-    fn open(addr: &str) -> Client {
+    /// Connects and negotiates with NBD_OPT_GO, after NBD_OPT_STRUCTURED_REPLY if `structured`.
+    fn open(addr: &str, structured: bool) -> Client {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(60)))
@@ -189,6 +207,14 @@ impl Client {
             NBDMAGIC
         );
         let mut out = 3u32.to_be_bytes().to_vec();
+        if structured {
+            out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+            out.extend_from_slice(&OPT_STRUCTURED_REPLY.to_be_bytes());
+            out.extend_from_slice(&0u32.to_be_bytes());
+            stream.write_all(&out).unwrap();
+            assert!(option_reply(&mut stream), "structured replies refused");
+            out.clear();
+        }
         out.extend_from_slice(&IHAVEOPT.to_be_bytes());
         out.extend_from_slice(&OPT_GO.to_be_bytes());
         out.extend_from_slice(&(4 + EXPORT_NAME.len() as u32 + 2).to_be_bytes());
@@ -197,19 +223,13 @@ impl Client {
         out.extend_from_slice(&0u16.to_be_bytes());
         stream.write_all(&out).unwrap();
         for _ in 0..16 {
-            let mut header = [0u8; 20];
-            stream.read_exact(&mut header).unwrap();
-            let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
-            let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-            let mut payload = vec![0u8; len];
-            stream.read_exact(&mut payload).unwrap();
-            assert_eq!(reply_type >> 31, 0, "GO refused");
-            if reply_type == REP_ACK {
+            if option_reply(&mut stream) {
                 return Client {
                     stream,
                     request: [0; REQUEST_HEADER_BYTES + IO_BYTES],
-                    reply: [0; SIMPLE_REPLY_BYTES + IO_BYTES],
+                    reply: [0; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
                     next_cookie: 1,
+                    structured,
                 };
             }
         }
@@ -239,14 +259,41 @@ impl Client {
         assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
     }
 
-    /// READ of 4 KiB; the data is in `self.reply[SIMPLE_REPLY_BYTES..]`.
-    fn read(&mut self, offset_bytes: u64) {
+    /// READ of 4 KiB of data (not zeros); returns the data.
+    fn read(&mut self, offset_bytes: u64) -> &[u8] {
         let cookie = self.header(CMD_READ, offset_bytes);
         self.stream
             .write_all(&self.request[..REQUEST_HEADER_BYTES])
             .unwrap();
+        if !self.structured {
+            self.stream
+                .read_exact(&mut self.reply[..SIMPLE_REPLY_BYTES + IO_BYTES])
+                .unwrap();
+            self.check_reply(cookie);
+            return &self.reply[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + IO_BYTES];
+        }
+        // One OFFSET_DATA chunk, flagged DONE, with all the data.
         self.stream.read_exact(&mut self.reply).unwrap();
-        self.check_reply(cookie);
+        let r = &self.reply;
+        assert_eq!(
+            u32::from_be_bytes(r[..4].try_into().unwrap()),
+            STRUCTURED_REPLY_MAGIC
+        );
+        assert_eq!(u16::from_be_bytes(r[4..6].try_into().unwrap()), 1, "DONE");
+        assert_eq!(
+            u16::from_be_bytes(r[6..8].try_into().unwrap()),
+            REPLY_TYPE_OFFSET_DATA
+        );
+        assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
+        assert_eq!(
+            u32::from_be_bytes(r[16..20].try_into().unwrap()) as usize,
+            8 + IO_BYTES
+        );
+        assert_eq!(
+            u64::from_be_bytes(r[20..28].try_into().unwrap()),
+            offset_bytes
+        );
+        &self.reply[OFFSET_DATA_HEADER_BYTES..]
     }
 
     /// WRITE of 4 KiB of `byte`.
@@ -281,7 +328,8 @@ fn requests_allocate_nothing_in_steady_state() {
     let dir = tempfile::tempdir().unwrap();
     let (pool, volume) = file_pool(dir.path());
     let (server, addr) = serve(&volume);
-    let mut client = Client::open(&addr);
+    let mut client = Client::open(&addr, false);
+    let mut structured_client = Client::open(&addr, true);
 
     // 1. READs of synced data.
     fill_region(&mut client, 0x5a);
@@ -294,9 +342,16 @@ fn requests_allocate_nothing_in_steady_state() {
             client.read(io_offset(i));
         }
     });
-    assert!(client.reply[SIMPLE_REPLY_BYTES..]
-        .iter()
-        .all(|&b| b == 0x5a));
+    assert!(client.read(0).iter().all(|&b| b == 0x5a));
+    for i in 0..WARM_UP_IO_COUNT {
+        structured_client.read(io_offset(i));
+    }
+    let structured_read_allocations = allocations_during(|| {
+        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+            structured_client.read(io_offset(i));
+        }
+    });
+    assert!(structured_client.read(0).iter().all(|&b| b == 0x5a));
 
     // 2. WRITEs to blocks dirty in the open txg (after a txg of as many writes, so that the
     // intent log's list of the txg's changes has the capacity: see the engine's test).
@@ -344,16 +399,19 @@ fn requests_allocate_nothing_in_steady_state() {
     assert_eq!(
         (
             read_allocations,
+            structured_read_allocations,
             overwrite_allocations,
             new_block_allocations
         ),
-        (0, 0, 0),
-        "allocations in {MEASURED_IO_COUNT} reads, {MEASURED_IO_COUNT} overwrites, \
-         {new_block_writes} writes that dirty a new block"
+        (0, 0, 0, 0),
+        "allocations in {MEASURED_IO_COUNT} reads (simple replies), {MEASURED_IO_COUNT} reads \
+         (structured replies), {MEASURED_IO_COUNT} overwrites, {new_block_writes} writes that \
+         dirty a new block"
     );
 
     server.shutdown_handle().shutdown();
     drop(client);
+    drop(structured_client);
     server.join().unwrap();
     drop(volume);
     pool.export().unwrap();
