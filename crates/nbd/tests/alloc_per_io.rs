@@ -314,6 +314,20 @@ fn io_offset(i: usize) -> u64 {
     (i as u64).wrapping_mul(0x9E37_79B9) % slots * IO_BYTES as u64
 }
 
+/// Allocations of `MEASURED_IO_COUNT` READs after as many to warm up; checks the data is `byte`.
+fn count_read_allocations(client: &mut Client, byte: u8) -> u64 {
+    for i in 0..WARM_UP_IO_COUNT {
+        client.read(io_offset(i));
+    }
+    let allocations = allocations_during(|| {
+        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+            client.read(io_offset(i));
+        }
+    });
+    assert!(client.read(0).iter().all(|&b| b == byte));
+    allocations
+}
+
 fn fill_region(client: &mut Client, byte: u8) {
     for k in 0..REGION_BYTES / IO_BYTES as u64 {
         client.write(k * IO_BYTES as u64, byte);
@@ -334,24 +348,8 @@ fn requests_allocate_nothing_in_steady_state() {
     // 1. READs of synced data.
     fill_region(&mut client, 0x5a);
     pool.sync().unwrap();
-    for i in 0..WARM_UP_IO_COUNT {
-        client.read(io_offset(i));
-    }
-    let read_allocations = allocations_during(|| {
-        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
-            client.read(io_offset(i));
-        }
-    });
-    assert!(client.read(0).iter().all(|&b| b == 0x5a));
-    for i in 0..WARM_UP_IO_COUNT {
-        structured_client.read(io_offset(i));
-    }
-    let structured_read_allocations = allocations_during(|| {
-        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
-            structured_client.read(io_offset(i));
-        }
-    });
-    assert!(structured_client.read(0).iter().all(|&b| b == 0x5a));
+    let read_allocations = count_read_allocations(&mut client, 0x5a);
+    let structured_read_allocations = count_read_allocations(&mut structured_client, 0x5a);
 
     // 2. WRITEs to blocks dirty in the open txg (after a txg of as many writes, so that the
     // intent log's list of the txg's changes has the capacity: see the engine's test).
