@@ -1187,8 +1187,11 @@ impl Volume {
                     }
                     None => {
                         let block = if full {
-                            let mut buf = IoBuf::zeroed(bs as usize);
-                            put(&mut buf);
+                            // The client's bytes, copied once (not zeroed first).
+                            let buf = match src {
+                                Some(s) => IoBuf::from_slice(s),
+                                None => IoBuf::zeroed(bs as usize),
+                            };
                             DirtyBlock::Data(spares.shell(buf))
                         } else if let Some(base) = base {
                             let mut buf = base.to_block(bs as usize);

@@ -142,11 +142,30 @@ impl IoBuf {
     }
 
     /// An aligned buffer holding a copy of `data` (from the pool when it has one of that
-    /// length).
+    /// length). A new allocation is not zeroed first: the copy is its first write (zeroing
+    /// 128 KiB before copying over it was 8 % of a sequential-write server's CPU).
     pub fn from_slice(data: &[u8]) -> IoBuf {
-        let mut buf = IoBuf::uninit_for_copy(data.len());
-        buf.copy_from_slice(data);
-        buf
+        if let Some(mut buf) = IoBuf::from_pool(data.len()) {
+            buf.copy_from_slice(data);
+            return buf;
+        }
+        if data.is_empty() {
+            return IoBuf::allocate_zeroed(0);
+        }
+        let layout = Self::layout(data.len());
+        // SAFETY: `layout` has a non-zero size (checked above).
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: the new allocation is valid for `data.len()` bytes and cannot overlap
+        // `data`; after the copy every byte is initialised, before any slice of it exists.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len()) };
+        debug_assert_eq!(ptr.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
+        IoBuf {
+            ptr,
+            len: data.len(),
+        }
     }
 
     /// Length in bytes.
@@ -167,13 +186,6 @@ impl IoBuf {
     /// Mutable pointer to the first byte (aligned to [`IO_BUF_ALIGN_BYTES`]).
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
-    }
-
-    /// A buffer whose contents are about to be overwritten entirely: a recycled one as it is
-    /// (its bytes are initialised, by its last user), or a new zeroed one (the cost is small
-    /// next to the copy, and it keeps `IoBuf` free of uninitialised bytes).
-    fn uninit_for_copy(len: usize) -> IoBuf {
-        IoBuf::from_pool(len).unwrap_or_else(|| IoBuf::allocate_zeroed(len))
     }
 
     fn layout(len: usize) -> Layout {
