@@ -433,11 +433,39 @@ class Nbdkit(Server):
         return f"nbd://{HOST}:{port}/"
 
 
+class NbdkitNull(Server):
+    """nbdkit's null plugin: answers every request without storing anything. Not a peer (no
+    ratio is taken against it): it shows what a server that does no storage work at all gets
+    through this client on this machine in this run. Where it is no faster than the best peer,
+    the cell is bound by the client (fio and the loopback copies), not by the servers, and no
+    server can be much faster than that peer there; the "client CPU" row tells the same."""
+
+    kind = "reference"
+
+    def __init__(self, workdir: Path, size: int):
+        super().__init__("nbdkit-null", "null plugin: no storage (reference, not a peer)", workdir, size)
+
+    def data_files(self):
+        return []
+
+    def prepare(self):
+        pass
+
+    def command(self, port):
+        return ["nbdkit", "--foreground", "--exit-with-parent", f"--ipaddr={HOST}", f"--port={port}",
+                "null", f"size={self.size}"]
+
+    def uri(self, port):
+        return f"nbd://{HOST}:{port}/"
+
+
 PEERS = {
     "qemu-nbd": lambda wd, size: QemuNbd(wd, size),
     "nbdkit": lambda wd, size: Nbdkit(wd, size),
     # Not run by default: nbdkit with its page-cache avoidance on (closer to O_DIRECT servers).
     "nbdkit-nocache": lambda wd, size: Nbdkit(wd, size, "nbdkit-nocache", ["cache=none"]),
+    # The reference column (kind "reference": never the best peer).
+    "nbdkit-null": lambda wd, size: NbdkitNull(wd, size),
 }
 
 
@@ -730,6 +758,8 @@ ROWS = [
     ("cpu_us_per_io", "server CPU (us/IO)", "min"),
     ("cpu_pct", "server CPU (% of one core)", None),
     ("ctx_per_io", "server context switches/IO", "min"),
+    # fio's own CPU: near 100 % the client, not the server, bounds the cell.
+    ("fio_cpu_pct", "client (fio) CPU (% of one core)", None),
     # No ratio: nbdkit's page cache defers its writes past the window (it shows < 1).
     ("write_amp", "server bytes written / client bytes", None),
     ("flush_p50_us", "flush p50 latency (us)", "min"),
@@ -823,10 +853,12 @@ def workload_table(w: Workload, servers: list[Server], cells: dict, repeat: int)
 def summary_table(workloads, servers, results) -> list[str]:
     peers = [s for s in servers if s.kind == "peer"]
     oxs = ratio_cols(servers)
+    refs = [s for s in servers if s.kind == "reference"]
     head = ["workload"] + [f"{s.name} IOPS" for s in servers]
     if peers:
         for o in oxs:
             head += [f"{o.name}/best IOPS", f"{o.name}/best p99"]
+        head += [f"{r.name}/best IOPS" for r in refs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for w in workloads:
         med = {s.name: median_metrics(results[w.name].get(s.name, [])) for s in servers}
@@ -840,6 +872,10 @@ def summary_table(workloads, servers, results) -> list[str]:
                     bp = best_peer(med, peers, key, better)
                     v = med[o.name].get(key) if med[o.name] else None
                     row.append(f"{v / bp:.2f}" if v is not None and bp else "n/a")
+            bp = best_peer(med, peers, "iops", "max")
+            for r in refs:
+                v = med[r.name].get("iops") if med[r.name] else None
+                row.append(f"{v / bp:.2f}" if v is not None and bp else "n/a")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -900,7 +936,9 @@ def write_report(path: Path, link_prefix: str, ctx: dict) -> None:
         L.append(f"| {s.name} | {s.desc} | `{cmdl}` |")
     L += ["", "Ratios are oxpool / best peer of the same row: for IOPS and MB/s the best peer is the "
           "fastest (ratio > 1: oxpool is ahead); for latency, CPU, context switches and flushes it "
-          "is the lowest (ratio < 1: oxpool is ahead). See bench/README.md for every row."]
+          "is the lowest (ratio < 1: oxpool is ahead). nbdkit-null (if run) is a reference, not a "
+          "peer: nbdkit's null plugin stores nothing, so `nbdkit-null/best IOPS` near 1 marks a cell "
+          "the client bounds (see the client CPU row). See bench/README.md for every row."]
     problems = [(s, s.error) for s in all_servers if s.error]
     notes = [(s, n) for s in all_servers for n in s.notes]
     if problems or notes or ctx.get("notes"):
@@ -1038,7 +1076,7 @@ def parse_args(argv):
     ap.add_argument("--workloads", help="comma-separated names or globs, e.g. 'randread-*,syncwrite-4k-qd1'")
     ap.add_argument("--variants", help="oxpool variants from bench/variants.toml, comma-separated; "
                                        "'all', 'none' (default: the enabled ones)")
-    ap.add_argument("--peers", default="qemu-nbd,nbdkit",
+    ap.add_argument("--peers", default="qemu-nbd,nbdkit,nbdkit-null",
                     help=f"peer servers, comma-separated, or 'none' (available: {', '.join(PEERS)})")
     ap.add_argument("--dir", default="/var/tmp/oxpool-bench",
                     help="directory for the data files, on the disk under test (default %(default)s)")
