@@ -638,9 +638,11 @@ fn footer(span: &Span) {
     let commits = span.log("commits");
     let client = span.log("client_bytes");
     println!(
-        "intent log: {commits} commits, {} log bytes, {} device flushes",
+        "intent log: {commits} commits, {} log bytes, {} device flushes ({} of them durable \
+         log-block writes)",
         span.log("log_bytes"),
-        span.log("device_flushes")
+        span.log("device_flushes"),
+        span.log("log_durable_writes")
     );
     println!(
         "  device flushes per sync write: {}    log bytes per client byte: {}",

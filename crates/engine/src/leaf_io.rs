@@ -37,6 +37,21 @@ impl Leaf {
         .await
     }
 
+    /// Writes `buf` at `offset_bytes` as an I/O of `class`, completing only once the bytes
+    /// are durable (see [`oxpool_io::Backend::write_durable`]); hands the buffer back.
+    pub async fn write_durable(
+        &self,
+        class: IoClass,
+        offset_bytes: u64,
+        buf: IoBuf,
+    ) -> IoResult<IoBuf> {
+        let len_bytes = buf.len() as u64;
+        self.queued(class, len_bytes, &self.io_stats.write, || {
+            self.backend.write_durable(offset_bytes, buf)
+        })
+        .await
+    }
+
     /// Writes `buf`, which others share read-only (see [`oxpool_io::Backend::write_shared`]),
     /// at `offset_bytes` as an I/O of `class`.
     pub async fn write_shared(

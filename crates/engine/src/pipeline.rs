@@ -134,12 +134,14 @@ pub async fn write_blocks_shared(
 
 /// As [`write_block_shared`], with a buffer the caller gives up and gets back when the writes
 /// are done (the last I/O writes it as it is, the others write copies): for a buffer that
-/// goes on being used as the caller's own.
+/// goes on being used as the caller's own. With `durable`, every leaf write is a durable
+/// (FUA) write: when this returns Ok, the block is durable on every copy it reports written.
 pub async fn write_block_owned(
     vdevs: &VdevTree,
     class: IoClass,
     dvas: &[Dva],
     data: IoBuf,
+    durable: bool,
 ) -> Result<IoBuf> {
     let ios = plan_writes(vdevs, dvas, data.len())?;
     let mut data = Some(data);
@@ -152,7 +154,14 @@ pub async fn write_block_owned(
             } else {
                 data.as_ref().expect("not taken yet").clone()
             };
-            io.leaf.write(class, io.offset_bytes, buf)
+            let leaf = &io.leaf;
+            async move {
+                if durable {
+                    leaf.write_durable(class, io.offset_bytes, buf).await
+                } else {
+                    leaf.write(class, io.offset_bytes, buf).await
+                }
+            }
         })
         .collect();
     let batch = vdevs.completion.batch_guard();

@@ -114,6 +114,12 @@ impl Backend for GroupDevice {
         self.group.tick();
         self.fault.write(offset_bytes, buf)
     }
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        // The fault backend's own FUA model (only this write durable), not the default
+        // write-then-flush, which would hide a commit that relies on FUA for other writes.
+        self.group.tick();
+        self.fault.write_durable(offset_bytes, buf)
+    }
     fn flush(&self) -> IoFuture<()> {
         self.group.tick();
         self.fault.flush()

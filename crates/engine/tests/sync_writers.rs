@@ -128,6 +128,34 @@ fn serial_commits_take_one_block_each() {
     pool.export().unwrap();
 }
 
+/// A commit whose records all carry their data needs only its log block durable: it writes
+/// the block durably (FUA) and flushes nothing. One whose records point at blocks written in
+/// place flushes, since FUA makes no other write durable.
+#[test]
+fn commits_flush_only_for_blocks_written_in_place() {
+    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
+    let dev = Arc::new(FaultBackend::new(Arc::new(mem), 3));
+    let pool = pool_on(vec![dev.clone() as Arc<dyn Backend>]);
+    let vol = pool
+        .create_volume("v", WRITERS * REGION_BYTES, &[])
+        .unwrap();
+    block_on(vol.flush()).unwrap(); // anchors the chain (a txg sync, which flushes)
+    let d0 = dev.stats();
+    for k in 0..10u64 {
+        block_on(vol.write(k * 4096, &pattern(k, 4096), true)).unwrap();
+    }
+    let d1 = dev.stats();
+    assert_eq!(d1.flushes, d0.flushes, "copied records flushed the device");
+    assert!(d1.durable_writes - d0.durable_writes >= 10, "{d0:?} -> {d1:?}");
+    // Above log_copy_max the whole blocks are written in place, then the log block: flushed.
+    block_on(vol.write(256 << 10, &pattern(77, 256 << 10), true)).unwrap();
+    let d2 = dev.stats();
+    assert!(pool.log_stats().indirect_bytes > 0);
+    assert!(d2.flushes > d1.flushes, "in-place blocks were not flushed");
+    drop(vol);
+    pool.export().unwrap();
+}
+
 #[test]
 fn throughput_bias_writes_data_once() {
     let mem = MemoryBackend::new("mem0", DEVICE_BYTES);

@@ -272,11 +272,13 @@ pub(crate) enum OpDesc {
         start: usize,
         len: usize,
     },
-    /// `pwrite` from `buf[start..start + len]`.
+    /// `pwrite` from `buf[start..start + len]`; with `durable`, `RWF_DSYNC` (a FUA write:
+    /// complete only once the bytes are durable).
     Write {
         offset_bytes: u64,
         start: usize,
         len: usize,
+        durable: bool,
     },
     /// `fdatasync`.
     Fdatasync,
@@ -943,15 +945,19 @@ fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
             offset_bytes,
             start,
             len,
+            durable,
         } => {
+            let rw_flags: i32 = if durable { libc::RWF_DSYNC } else { 0 };
             if let Some(OpBuf::Gather(gather)) = slot.buf.as_mut() {
                 let (iovecs, count) = gather.iovecs_for(start, len);
                 return opcode::Writev::new(fd, iovecs, count)
                     .offset(offset_bytes)
+                    .rw_flags(rw_flags)
                     .build();
             }
             opcode::Write::new(fd, from_range(&slot.buf, start, len), len as u32)
                 .offset(offset_bytes)
+                .rw_flags(rw_flags)
                 .build()
         }
         OpDesc::Fdatasync => opcode::Fsync::new(fd)
@@ -1065,10 +1071,11 @@ enum RingOpKind {
         offset_bytes: u64,
         done_bytes: usize,
     },
-    /// Write the whole buffer at `offset_bytes`.
+    /// Write the whole buffer at `offset_bytes`; each piece with `RWF_DSYNC` if `durable`.
     WriteAll {
         offset_bytes: u64,
         done_bytes: usize,
+        durable: bool,
     },
     Fdatasync,
     Timeout {
@@ -1253,17 +1260,20 @@ impl RingOp {
         op
     }
 
-    /// Writes all of `buf` (owned or shared) at `offset_bytes`.
+    /// Writes all of `buf` (owned or shared) at `offset_bytes`; with `durable`, every piece
+    /// as a FUA write (`RWF_DSYNC`), so the op completes only once all of it is durable.
     pub(crate) fn write_all(
         fd: Arc<OwnedFd>,
         offset_bytes: u64,
         buf: OpBuf,
+        durable: bool,
         context: Arc<str>,
     ) -> RingOp {
         let mut op = RingOp::new(
             RingOpKind::WriteAll {
                 offset_bytes,
                 done_bytes: 0,
+                durable,
             },
             Some(fd),
             Some(buf),
@@ -1328,10 +1338,12 @@ impl RingOp {
             RingOpKind::WriteAll {
                 offset_bytes,
                 done_bytes,
+                durable,
             } => OpDesc::Write {
                 offset_bytes: offset_bytes + done_bytes as u64,
                 start: done_bytes,
                 len: (buf_len - done_bytes).min(SUBMISSION_BYTES_MAX),
+                durable,
             },
             RingOpKind::Fdatasync => OpDesc::Fdatasync,
             RingOpKind::Timeout { duration } => OpDesc::Timeout { duration },
@@ -1384,9 +1396,11 @@ impl RingOp {
             RingOpKind::WriteAll {
                 offset_bytes,
                 done_bytes,
+                durable,
             } => {
                 format!(
-                    "write of {} bytes at offset {}",
+                    "{}write of {} bytes at offset {}",
+                    if durable { "durable " } else { "" },
                     self.buf_len() - done_bytes,
                     offset_bytes + done_bytes as u64
                 )

@@ -6,6 +6,11 @@
 //! reach `inner` only when a covering flush runs. A crash leaves the overlay as it is;
 //! [`FaultBackend::apply_power_loss`] then decides, per volatile write and reproducibly from a
 //! seed, whether it was lost, persisted, or torn (a prefix of whole 512-byte sectors persisted).
+//!
+//! A durable write ([`Backend::write_durable`], FUA) that completed persists whole, whatever
+//! the seed, and after every write that completed before it (so an older volatile write to the
+//! same sectors never lands over it); it makes no other write durable. One in flight when the
+//! power fails is volatile like any write.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -52,8 +57,11 @@ pub struct FaultStats {
     pub ops_failed_after_power_loss: u64,
     /// Flushes that moved volatile writes to `inner` (power-loss tracking only).
     pub flushes_applied: u64,
-    /// Writes currently volatile (not yet covered by a completed flush).
+    /// Writes currently volatile (not yet covered by a completed flush; durable writes are
+    /// not counted).
     pub volatile_writes: u64,
+    /// Durable (FUA) writes issued.
+    pub durable_writes: u64,
 }
 
 /// What [`FaultBackend::apply_power_loss`] did with the volatile writes.
@@ -73,6 +81,10 @@ struct VolatileWrite {
     seq: u64,
     offset_bytes: u64,
     data: Arc<[u8]>,
+    /// A completed durable (FUA) write: it survives a power loss whole. Kept in the list
+    /// (rather than written to `inner` at once) so that it lands in completion order: an
+    /// older volatile write that survives is applied before it, never over it.
+    durable: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -232,6 +244,10 @@ impl FaultBackend {
         for write in &volatile {
             let sectors = write.data.len().div_ceil(SECTOR_BYTES);
             let persisted_bytes = match rng.random_range(0..3u32) {
+                _ if write.durable => {
+                    report.kept += 1;
+                    write.data.len()
+                }
                 0 => {
                     report.dropped += 1;
                     0
@@ -267,7 +283,7 @@ impl FaultBackend {
     pub fn stats(&self) -> FaultStats {
         let state = lock(&self.shared.state);
         let mut stats = state.stats;
-        stats.volatile_writes = state.volatile.len() as u64;
+        stats.volatile_writes = state.volatile.iter().filter(|w| !w.durable).count() as u64;
         stats
     }
 
@@ -297,6 +313,63 @@ impl FaultBackend {
         Ok(())
     }
 
+    /// A write, durable (FUA) or not; see the module docs for the model.
+    fn write_kind(&self, offset_bytes: u64, buf: IoBuf, durable: bool) -> IoFuture<IoBuf> {
+        let (latency, inject_error, tracking) = {
+            let mut state = lock(&self.shared.state);
+            if let Err(err) = Self::admit(&mut state, OpClass::Write) {
+                return IoFuture::ready(Err(err));
+            }
+            state.stats.durable_writes += u64::from(durable);
+            let p_error = state.write_error_probability;
+            let inject_error = draw(&mut state.rng, p_error);
+            if inject_error {
+                state.stats.write_errors_injected += 1;
+            }
+            (state.latency, inject_error, state.power_loss_tracking)
+        };
+        if tracking {
+            // The overlay would accept anything; the device would not.
+            if let Err(err) = self.check_range(offset_bytes, buf.len()) {
+                return IoFuture::ready(Err(err));
+            }
+        }
+        if latency.is_zero() && !inject_error && !tracking {
+            return write_to(&*self.shared.inner, offset_bytes, buf, durable);
+        }
+        let shared = self.shared.clone();
+        IoFuture::boxed(async move {
+            if !latency.is_zero() {
+                sleep(latency).await;
+            }
+            if inject_error {
+                return Err(eio());
+            }
+            if !tracking {
+                return write_to(&*shared.inner, offset_bytes, buf, durable).await;
+            }
+            let data: Arc<[u8]> = Arc::from(&buf[..]);
+            let mut state = lock(&shared.state);
+            let seq = state.next_write_seq;
+            state.next_write_seq += 1;
+            let dead = state.dead;
+            // A write in flight when the power failed may or may not have reached the media:
+            // it joins the volatile set, for `apply_power_loss` to decide, but is not acked
+            // (so a durable one is durable only if it completed).
+            state.volatile.push_back(VolatileWrite {
+                seq,
+                offset_bytes,
+                data,
+                durable: durable && !dead,
+            });
+            if state.dead {
+                state.stats.ops_failed_after_power_loss += 1;
+                return Err(eio());
+            }
+            Ok(buf)
+        })
+    }
+
     fn check_range(&self, offset_bytes: u64, len: usize) -> IoResult<()> {
         let size_bytes = self.shared.inner.size_bytes();
         if offset_bytes
@@ -312,6 +385,15 @@ impl FaultBackend {
                 self.shared.inner.name()
             ),
         ))
+    }
+}
+
+/// `inner`'s durable or plain write.
+fn write_to(inner: &dyn Backend, offset_bytes: u64, buf: IoBuf, durable: bool) -> IoFuture<IoBuf> {
+    if durable {
+        inner.write_durable(offset_bytes, buf)
+    } else {
+        inner.write(offset_bytes, buf)
     }
 }
 
@@ -407,55 +489,11 @@ impl Backend for FaultBackend {
     }
 
     fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        let (latency, inject_error, tracking) = {
-            let mut state = lock(&self.shared.state);
-            if let Err(err) = Self::admit(&mut state, OpClass::Write) {
-                return IoFuture::ready(Err(err));
-            }
-            let p_error = state.write_error_probability;
-            let inject_error = draw(&mut state.rng, p_error);
-            if inject_error {
-                state.stats.write_errors_injected += 1;
-            }
-            (state.latency, inject_error, state.power_loss_tracking)
-        };
-        if tracking {
-            // The overlay would accept anything; the device would not.
-            if let Err(err) = self.check_range(offset_bytes, buf.len()) {
-                return IoFuture::ready(Err(err));
-            }
-        }
-        if latency.is_zero() && !inject_error && !tracking {
-            return self.shared.inner.write(offset_bytes, buf);
-        }
-        let shared = self.shared.clone();
-        IoFuture::boxed(async move {
-            if !latency.is_zero() {
-                sleep(latency).await;
-            }
-            if inject_error {
-                return Err(eio());
-            }
-            if !tracking {
-                return shared.inner.write(offset_bytes, buf).await;
-            }
-            let data: Arc<[u8]> = Arc::from(&buf[..]);
-            let mut state = lock(&shared.state);
-            let seq = state.next_write_seq;
-            state.next_write_seq += 1;
-            // A write in flight when the power failed may or may not have reached the media:
-            // it joins the volatile set, for `apply_power_loss` to decide, but is not acked.
-            state.volatile.push_back(VolatileWrite {
-                seq,
-                offset_bytes,
-                data,
-            });
-            if state.dead {
-                state.stats.ops_failed_after_power_loss += 1;
-                return Err(eio());
-            }
-            Ok(buf)
-        })
+        self.write_kind(offset_bytes, buf, false)
+    }
+
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        self.write_kind(offset_bytes, buf, true)
     }
 
     fn flush(&self) -> IoFuture<()> {

@@ -248,7 +248,31 @@ impl Backend for FileBackend {
         }
         let fd = self.fd_for(offset_bytes, buf.len()).clone();
         IoFuture::ring(
-            RingOp::write_all(fd, offset_bytes, OpBuf::Owned(buf), self.name.clone()),
+            RingOp::write_all(
+                fd,
+                offset_bytes,
+                OpBuf::Owned(buf),
+                false,
+                self.name.clone(),
+            ),
+            take_buf,
+        )
+    }
+
+    /// `RWF_DSYNC` on the write itself: the kernel makes the bytes durable before the
+    /// completion (a FUA write where the device has FUA, else a cache flush after the write,
+    /// both issued from the I/O's own completion; for a file, the filesystem's fdatasync of
+    /// the range), so no separate fdatasync has to wait for a kernel worker thread.
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        if let Err(err) = self.check_range(offset_bytes, buf.len() as u64, "write") {
+            return IoFuture::ready(Err(err));
+        }
+        if buf.is_empty() {
+            return IoFuture::ready(Ok(buf));
+        }
+        let fd = self.fd_for(offset_bytes, buf.len()).clone();
+        IoFuture::ring(
+            RingOp::write_all(fd, offset_bytes, OpBuf::Owned(buf), true, self.name.clone()),
             take_buf,
         )
     }
@@ -262,7 +286,13 @@ impl Backend for FileBackend {
         }
         let fd = self.fd_for(offset_bytes, buf.len()).clone();
         IoFuture::ring(
-            RingOp::write_all(fd, offset_bytes, OpBuf::Shared(buf), self.name.clone()),
+            RingOp::write_all(
+                fd,
+                offset_bytes,
+                OpBuf::Shared(buf),
+                false,
+                self.name.clone(),
+            ),
             unit,
         )
     }
@@ -293,6 +323,7 @@ impl Backend for FileBackend {
                 fd,
                 offset_bytes,
                 OpBuf::Gather(Gather::new(bufs)),
+                false,
                 self.name.clone(),
             ),
             unit,

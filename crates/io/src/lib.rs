@@ -114,6 +114,22 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Writes the whole `buf` at `offset_bytes` and completes only once these bytes are
+    /// durable (a FUA write: `RWF_DSYNC` on files and block devices). It says nothing about
+    /// any other write: one that completed before it may still be in a volatile cache. The
+    /// intent log writes a block this way when the block is all its commit needs, saving the
+    /// separate flush (an fdatasync, which io_uring runs on a kernel worker thread). This
+    /// default writes, then flushes the whole device: stronger than needed, never weaker.
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        let write = self.write(offset_bytes, buf);
+        let flush = self.flush();
+        IoFuture::boxed(async move {
+            let buf = write.await?;
+            flush.await?;
+            Ok(buf)
+        })
+    }
+
     /// When it completes, every write completed before this call is durable.
     fn flush(&self) -> IoFuture<()>;
 
