@@ -146,7 +146,10 @@ fn commits_flush_only_for_blocks_written_in_place() {
     }
     let d1 = dev.stats();
     assert_eq!(d1.flushes, d0.flushes, "copied records flushed the device");
-    assert!(d1.durable_writes - d0.durable_writes >= 10, "{d0:?} -> {d1:?}");
+    assert!(
+        d1.durable_writes - d0.durable_writes >= 10,
+        "{d0:?} -> {d1:?}"
+    );
     // Above log_copy_max the whole blocks are written in place, then the log block: flushed.
     block_on(vol.write(256 << 10, &pattern(77, 256 << 10), true)).unwrap();
     let d2 = dev.stats();

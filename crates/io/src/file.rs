@@ -171,6 +171,25 @@ impl FileBackend {
         }
     }
 
+    /// Writes all of an owned `buf` at `offset_bytes`, durably (`RWF_DSYNC`) or not.
+    fn write_owned(&self, offset_bytes: u64, buf: IoBuf, durable: bool) -> IoFuture<IoBuf> {
+        if let Err(err) = self.check_range(offset_bytes, buf.len() as u64, "write") {
+            return IoFuture::ready(Err(err));
+        }
+        if buf.is_empty() {
+            return IoFuture::ready(Ok(buf));
+        }
+        let fd = self.fd_for(offset_bytes, buf.len()).clone();
+        let op = RingOp::write_all(
+            fd,
+            offset_bytes,
+            OpBuf::Owned(buf),
+            durable,
+            self.name.clone(),
+        );
+        IoFuture::ring(op, take_buf)
+    }
+
     fn check_range(&self, offset_bytes: u64, len: u64, what: &str) -> IoResult<()> {
         crate::check_range(&self.name, self.size_bytes, offset_bytes, len, what)
     }
@@ -240,23 +259,7 @@ impl Backend for FileBackend {
     }
 
     fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        if let Err(err) = self.check_range(offset_bytes, buf.len() as u64, "write") {
-            return IoFuture::ready(Err(err));
-        }
-        if buf.is_empty() {
-            return IoFuture::ready(Ok(buf));
-        }
-        let fd = self.fd_for(offset_bytes, buf.len()).clone();
-        IoFuture::ring(
-            RingOp::write_all(
-                fd,
-                offset_bytes,
-                OpBuf::Owned(buf),
-                false,
-                self.name.clone(),
-            ),
-            take_buf,
-        )
+        self.write_owned(offset_bytes, buf, false)
     }
 
     /// `RWF_DSYNC` on the write itself: the kernel makes the bytes durable before the
@@ -264,17 +267,7 @@ impl Backend for FileBackend {
     /// both issued from the I/O's own completion; for a file, the filesystem's fdatasync of
     /// the range), so no separate fdatasync has to wait for a kernel worker thread.
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        if let Err(err) = self.check_range(offset_bytes, buf.len() as u64, "write") {
-            return IoFuture::ready(Err(err));
-        }
-        if buf.is_empty() {
-            return IoFuture::ready(Ok(buf));
-        }
-        let fd = self.fd_for(offset_bytes, buf.len()).clone();
-        IoFuture::ring(
-            RingOp::write_all(fd, offset_bytes, OpBuf::Owned(buf), true, self.name.clone()),
-            take_buf,
-        )
+        self.write_owned(offset_bytes, buf, true)
     }
 
     fn write_shared(&self, offset_bytes: u64, buf: Arc<IoBuf>) -> IoFuture<()> {
