@@ -167,6 +167,13 @@ impl Backend for GateDev {
     ) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
         self.inner.write(offset_bytes, buf)
     }
+    fn write_durable(
+        &self,
+        offset_bytes: u64,
+        buf: oxpool_io::IoBuf,
+    ) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
+        self.inner.write_durable(offset_bytes, buf)
+    }
     fn flush(&self) -> oxpool_io::IoFuture<()> {
         self.inner.flush()
     }

