@@ -57,6 +57,18 @@ const SLOT_STARTS: [u64; CLASSES] = [
     1,
 ];
 
+/// Fill buckets of the slabs of a class with a free slot (a quarter of the slots each):
+/// coarse, so the indexes cost 4 bits per slab and class rather than one per free-slot count.
+const OPEN_BUCKETS: usize = 4;
+
+/// The bucket of a slab of class `k` with `free` free slots (1..=slots): 0 for the fullest
+/// quarter.
+fn open_bucket(k: usize, free: usize) -> usize {
+    let slots = (SLAB_SECTORS >> k) as usize;
+    debug_assert!((1..=slots).contains(&free));
+    (free - 1) * OPEN_BUCKETS / slots
+}
+
 /// The size class of a block of `sectors` (1..=SLAB_SECTORS).
 pub fn class_of_sectors(sectors: u64) -> usize {
     sectors.max(1).next_power_of_two().trailing_zeros() as usize
@@ -251,8 +263,13 @@ pub struct SpaceMap {
     /// Bitset over slabs: every sector free.
     empty: Vec<u64>,
     empty_slabs: u64,
-    /// Per class, bitset over slabs of that class with a free slot.
-    open: [Vec<u64>; CLASSES],
+    /// Per class `k` and fill bucket (`open_bucket`), bitset over the slabs of class `k`
+    /// with a free slot in that bucket: a free slot is taken from the fullest bucket first
+    /// (see [`SpaceMap::fullest_open`]).
+    open: [[Vec<u64>; OPEN_BUCKETS]; CLASSES],
+    /// Per class and bucket, how many slabs that bitset holds (so a search skips the empty
+    /// ones without scanning them).
+    open_slabs: [[u64; OPEN_BUCKETS]; CLASSES],
     /// Per class, sectors in free slots.
     free_slot_sectors: [u64; CLASSES],
     /// Per class, the slab to look at first (next fit: blocks of one txg land close together).
@@ -277,7 +294,8 @@ impl SpaceMap {
             class: vec![EMPTY; slabs as usize],
             empty: bitset(),
             empty_slabs: 0,
-            open: std::array::from_fn(|_| bitset()),
+            open: std::array::from_fn(|_| std::array::from_fn(|_| bitset())),
+            open_slabs: [[0; OPEN_BUCKETS]; CLASSES],
             free_slot_sectors: [0; CLASSES],
             cursor: [0; CLASSES],
             fresh: [u64::MAX; CLASSES],
@@ -340,9 +358,13 @@ impl SpaceMap {
             UNDECIDED => {}
             k => {
                 let k = k as usize;
-                let f = free_slots(w, k);
-                bit_set(&mut self.open[k], slab, false);
-                self.free_slot_sectors[k] -= u64::from(f.count_ones()) << k;
+                let n = free_slots(w, k).count_ones() as usize;
+                if n > 0 {
+                    let b = open_bucket(k, n);
+                    bit_set(&mut self.open[k][b], slab, false);
+                    self.open_slabs[k][b] -= 1;
+                }
+                self.free_slot_sectors[k] -= (n as u64) << k;
             }
         }
     }
@@ -369,10 +391,12 @@ impl SpaceMap {
             return;
         }
         let k = self.class[i] as usize;
-        let f = free_slots(w, k);
-        if f != 0 {
-            bit_set(&mut self.open[k], slab, true);
-            self.free_slot_sectors[k] += u64::from(f.count_ones()) << k;
+        let n = free_slots(w, k).count_ones() as usize;
+        if n > 0 {
+            let b = open_bucket(k, n);
+            bit_set(&mut self.open[k][b], slab, true);
+            self.open_slabs[k][b] += 1;
+            self.free_slot_sectors[k] += (n as u64) << k;
         }
     }
 
@@ -446,7 +470,7 @@ impl SpaceMap {
             // The counters say whether a search can succeed, so a full class or a full map
             // costs no scan of its bitset.
             let open = (self.free_slot_sectors[k] > 0)
-                .then(|| next_set(&self.open[k], self.cursor[k], slabs))
+                .then(|| self.fullest_open(k))
                 .flatten();
             match open {
                 Some(slab) => slab,
@@ -485,6 +509,19 @@ impl SpaceMap {
             offset_bytes: start * SECTOR_BYTES,
             asize_bytes: (count * SECTOR_BYTES) as u32,
         })
+    }
+
+    /// A slab of class `k` with a free slot from the fullest bucket that has one, the first
+    /// from the class's cursor in that bucket (next fit within it, so a txg's blocks still
+    /// land close together). Fullest first, so that sparse slabs are not refilled and
+    /// drain as copy-on-write frees their blocks, until they are empty and any class can take
+    /// them: with next fit over every slab with a free slot, random rewrites left each slab a
+    /// class ever took with a few live blocks, and the other classes (indirect blocks, log
+    /// blocks) found only the reserve's empty slabs (docs/space.md, "Small pools").
+    fn fullest_open(&self, k: usize) -> Option<u64> {
+        let slabs = self.words.len() as u64;
+        let b = self.open_slabs[k].iter().position(|&c| c > 0)?;
+        next_set(&self.open[k][b], self.cursor[k], slabs)
     }
 
     /// Marks a run allocated (import: blocks referenced but not yet in the persisted map).
@@ -590,16 +627,27 @@ impl SpaceMap {
             for (k, f) in free.iter_mut().enumerate() {
                 let mine = self.class[i] as usize == k;
                 let slots = if mine { free_slots(w, k) } else { 0 };
-                assert_eq!(
-                    bit_get(&self.open[k], slab),
-                    slots != 0,
-                    "slab {i} class {k}"
-                );
+                let n = slots.count_ones() as usize;
+                for (b, bits) in self.open[k].iter().enumerate() {
+                    assert_eq!(
+                        bit_get(bits, slab),
+                        n > 0 && open_bucket(k, n) == b,
+                        "slab {i} class {k} bucket {b}"
+                    );
+                }
                 *f += u64::from(slots.count_ones()) << k;
             }
         }
         assert_eq!(empty, self.empty_slabs);
         assert_eq!(free, self.free_slot_sectors);
+        for k in 0..CLASSES {
+            for (b, bits) in self.open[k].iter().enumerate() {
+                let count = (0..self.words.len() as u64)
+                    .filter(|&slab| bit_get(bits, slab))
+                    .count() as u64;
+                assert_eq!(count, self.open_slabs[k][b], "class {k} bucket {b}");
+            }
+        }
         let real: u64 = (0..self.sectors).filter(|&s| self.bit(s)).count() as u64;
         assert_eq!(real, self.allocated_sectors);
     }
@@ -921,6 +969,46 @@ mod tests {
             "a hole of a 4 KiB slab"
         );
         m.check_indexes();
+    }
+
+    /// A class whose blocks were spread over many slabs (the txg sync places blocks
+    /// sequentially in empty slabs while they are plentiful) gives slabs back under random
+    /// rewrites: free slots are taken from the fullest slabs, so the sparse ones drain until
+    /// they are empty and any class can take them. With next fit over every slab with a free
+    /// slot, the empty slabs stayed at none (docs/space.md, "Small pools").
+    #[test]
+    fn rewrites_give_a_spread_class_slabs_back() {
+        let slabs = 256u64;
+        let mut m = SpaceMap::new(VdevId(0), slabs * SLAB_BYTES);
+        let block = 4 * SECTOR_BYTES; // 16 KiB: 16 slots a slab
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut live: Vec<Dva> = (0..slabs * 16).map(|_| m.alloc(block).unwrap()).collect();
+        assert_eq!(m.empty_bytes(), 0);
+        // Keep 40 % of the blocks, scattered over every slab.
+        while live.len() as u64 > slabs * 16 * 2 / 5 {
+            let i = rand() as usize % live.len();
+            m.free(&live.swap_remove(i));
+        }
+        let empty_before = m.empty_bytes() / SLAB_BYTES;
+        // Rewrite each live block about eight times over, copy-on-write: new place, old freed.
+        for _ in 0..live.len() * 8 {
+            let i = rand() as usize % live.len();
+            let new = m.alloc(block).unwrap();
+            m.free(&std::mem::replace(&mut live[i], new));
+        }
+        m.check_indexes();
+        let empty_after = m.empty_bytes() / SLAB_BYTES;
+        // 40 % of the space is live: most of the other 60 % should be whole empty slabs.
+        assert!(
+            empty_after >= slabs * 2 / 5,
+            "{empty_after} of {slabs} slabs empty after the rewrites ({empty_before} before)"
+        );
     }
 
     /// Random 4 KiB rewrites leave free space in single sectors everywhere; blocks of other
