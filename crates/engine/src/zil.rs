@@ -1209,8 +1209,7 @@ impl Volume {
         };
         let len = b.writer.finish(&hdr, &mut b.buf);
         let start = Instant::now();
-        let mut data = IoBuf::zeroed(len);
-        data.copy_from_slice(&b.buf[..len]);
+        let data = IoBuf::from_slice(&b.buf[..len]);
         let r = write_durably(&self.pool, &b.addr, &b.flush_vdevs, data).await;
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
