@@ -512,8 +512,11 @@ impl SpaceMap {
     }
 
     /// A slab of class `k` with a free slot from the fullest bucket that has one, the first
-    /// from the class's cursor in that bucket (next fit within it, so a txg's blocks still
-    /// land close together). Fullest first, so that sparse slabs are not refilled and
+    /// from the class's cursor in that bucket (next fit within it; the fullest slabs' holes are
+    /// scattered, so a txg's blocks land less close together than with next fit over all, and
+    /// a search may scan more of the bucket's bitset: measured by a reviewer on 16 GiB at 40 %
+    /// live, 111 against 81 ns per rewrite in batches of 1000 as a txg sync allocates).
+    /// Fullest first, so that sparse slabs are not refilled and
     /// drain as copy-on-write frees their blocks, until they are empty and any class can take
     /// them: with next fit over every slab with a free slot, random rewrites left each slab a
     /// class ever took with a few live blocks, and the other classes (indirect blocks, log
@@ -975,7 +978,7 @@ mod tests {
     /// sequentially in empty slabs while they are plentiful) gives slabs back under random
     /// rewrites: free slots are taken from the fullest slabs, so the sparse ones drain until
     /// they are empty and any class can take them. With next fit over every slab with a free
-    /// slot, the empty slabs stayed at none (docs/space.md, "Small pools").
+    /// slot, about 50 of the 256 slabs ended empty (docs/space.md, "Small pools").
     #[test]
     fn rewrites_give_a_spread_class_slabs_back() {
         let slabs = 256u64;
@@ -1162,8 +1165,9 @@ mod tests {
                 }
                 let model: u64 = live.iter().map(|d| d.asize_bytes as u64).sum();
                 prop_assert_eq!(m.allocated_bytes(), model);
+                // The indexes (empty slabs, fill buckets, free-slot counts) after every step.
+                m.check_indexes();
             }
-            m.check_indexes();
         }
     }
 }
