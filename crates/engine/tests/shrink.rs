@@ -50,6 +50,17 @@ impl Gate {
     }
 
     /// Holds the calling thread if the gate is armed for `op`.
+    /// Counts one flush against `flushes_left`; the power is lost once none is left.
+    fn take_flush(&self) -> std::io::Result<()> {
+        let mut left = self.flushes_left.lock().unwrap();
+        match *left {
+            Some(0) => return Err(std::io::Error::other("power lost")),
+            Some(n) => *left = Some(n - 1),
+            None => {}
+        }
+        Ok(())
+    }
+
     fn pass(&self, op: Op) {
         let mut s = self.state.lock().unwrap();
         if s.0 == Some(op) {
@@ -99,23 +110,15 @@ impl Backend for GateDev {
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
         // A durable write is a write and a flush: both gates apply.
         self.gate.pass(Op::Write);
-        let mut left = self.gate.flushes_left.lock().unwrap();
-        match *left {
-            Some(0) => return IoFuture::ready(Err(std::io::Error::other("power lost"))),
-            Some(n) => *left = Some(n - 1),
-            None => {}
+        if let Err(e) = self.gate.take_flush() {
+            return IoFuture::ready(Err(e));
         }
-        drop(left);
         self.inner.write_durable(offset_bytes, buf)
     }
     fn flush(&self) -> IoFuture<()> {
-        let mut left = self.gate.flushes_left.lock().unwrap();
-        match *left {
-            Some(0) => return IoFuture::ready(Err(std::io::Error::other("power lost"))),
-            Some(n) => *left = Some(n - 1),
-            None => {}
+        if let Err(e) = self.gate.take_flush() {
+            return IoFuture::ready(Err(e));
         }
-        drop(left);
         self.inner.flush()
     }
     fn discard(&self, offset_bytes: u64, length_bytes: u64) -> IoFuture<()> {
