@@ -339,12 +339,7 @@ impl FaultBackend {
         }
         let shared = self.shared.clone();
         IoFuture::boxed(async move {
-            if !latency.is_zero() {
-                sleep(latency).await;
-            }
-            if inject_error {
-                return Err(eio());
-            }
+            delay_or_fail(latency, inject_error).await?;
             if !tracking {
                 return write_to(&*shared.inner, offset_bytes, buf, durable).await;
             }
@@ -386,6 +381,17 @@ impl FaultBackend {
             ),
         ))
     }
+}
+
+/// The injected part of an operation: its added latency, then its injected EIO if drawn.
+async fn delay_or_fail(latency: Duration, inject_error: bool) -> IoResult<()> {
+    if !latency.is_zero() {
+        sleep(latency).await;
+    }
+    if inject_error {
+        return Err(eio());
+    }
+    Ok(())
 }
 
 /// `inner`'s durable or plain write.
@@ -469,12 +475,7 @@ impl Backend for FaultBackend {
         }
         let shared = self.shared.clone();
         IoFuture::boxed(async move {
-            if !latency.is_zero() {
-                sleep(latency).await;
-            }
-            if inject_error {
-                return Err(eio());
-            }
+            delay_or_fail(latency, inject_error).await?;
             let overlay = overlay_for(&lock(&shared.state), offset_bytes, buf.len());
             let mut buf = shared.inner.read(offset_bytes, buf).await?;
             apply_overlay(&mut buf, offset_bytes, &overlay);
