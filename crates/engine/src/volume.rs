@@ -1187,11 +1187,9 @@ impl Volume {
                     }
                     None => {
                         let block = if full {
-                            // The client's bytes, copied once (not zeroed first).
-                            let buf = match src {
-                                Some(s) => IoBuf::from_slice(s),
-                                None => IoBuf::zeroed(bs as usize),
-                            };
+                            // The client's bytes, copied once (not zeroed first). A whole
+                            // block of zeros has no source: it was freed above.
+                            let buf = IoBuf::from_slice(src.expect("a whole block written"));
                             DirtyBlock::Data(spares.shell(buf))
                         } else if let Some(base) = base {
                             let mut buf = base.to_block(bs as usize);
