@@ -649,4 +649,8 @@ fn footer(span: &Span) {
         per(span.log("device_flushes"), commits),
         per(span.log("log_bytes"), client)
     );
+    println!(
+        "  log block write to durable: {} us on average",
+        per(span.log("log_write_us"), span.log("log_blocks"))
+    );
 }

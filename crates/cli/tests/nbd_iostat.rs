@@ -45,8 +45,12 @@ fn iostat_reports_sync_writes_and_flushes_of_a_served_pool() {
     assert!(counter(&json, "device_flushes") >= 1, "{json}");
     assert!(counter(&json, "log_bytes") > 0, "{json}");
     assert!(counter(&json, "client_bytes") > 0, "{json}");
+    // Log blocks take device time to become durable: the sum is counted per block.
+    assert!(counter(&json, "log_blocks") >= 1, "{json}");
+    assert!(counter(&json, "log_write_us") > 0, "{json}");
     let table = env.ok(&["iostat", "tank"]);
     assert!(table.contains("device flushes per sync write"), "{table}");
+    assert!(table.contains("log block write to durable"), "{table}");
 
     // The I/O statistics: the client's operations reached the volume and the devices, with
     // latencies in the histograms, and the per-I/O counters are published.

@@ -44,6 +44,10 @@ const OPEN_WINDOW_MAX: Duration = Duration::from_millis(1);
 /// Sequence numbers skipped when a chain restarts, so no block of an abandoned chain can ever
 /// be mistaken for one of the new chain.
 pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
+/// Closed log blocks one build collects before it stops taking records (128 KiB each at
+/// most): enough for every request a connection can have in flight, and a bound on what one
+/// builder holds in memory.
+const BUILD_CLOSED_BLOCKS_MAX: usize = 16;
 /// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
 const WAITERS_MAX: usize = 1 << 16;
 /// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
@@ -123,6 +127,10 @@ pub struct LogCounters {
     pub flushes: AtomicU64,
     /// Log-block copies written durably (FUA) instead of written and flushed.
     pub durable_writes: AtomicU64,
+    /// Microseconds log blocks took from their write's issue to durable (flush included),
+    /// summed over [`LogCounters::blocks_written`]: the log's device latency, which bounds
+    /// how fast a commit can be answered.
+    pub write_us_total: AtomicU64,
     /// Bytes clients wrote (every write, logged or not).
     pub client_bytes: AtomicU64,
     /// Bytes of data blocks the log wrote in place (indirect records), adopted by txg syncs.
@@ -146,6 +154,8 @@ pub struct LogStats {
     pub flushes: u64,
     /// Log-block copies written durably (FUA) instead of written and flushed.
     pub durable_writes: u64,
+    /// Microseconds from log-block write issue to durable, summed.
+    pub write_us_total: u64,
     /// Bytes clients wrote.
     pub client_bytes: u64,
     /// Bytes of data blocks written in place by the log.
@@ -160,12 +170,13 @@ impl LogStats {
     /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"device_flushes\":{}}}",
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"device_flushes\":{}}}",
             self.commits,
             self.blocks_written,
             self.bytes_written,
             self.flushes,
             self.durable_writes,
+            self.write_us_total,
             self.client_bytes,
             self.indirect_bytes,
             self.adopted_blocks,
@@ -183,6 +194,7 @@ impl LogCounters {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             durable_writes: self.durable_writes.load(Ordering::Relaxed),
+            write_us_total: self.write_us_total.load(Ordering::Relaxed),
             client_bytes: self.client_bytes.load(Ordering::Relaxed),
             indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
             adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
@@ -698,13 +710,16 @@ impl Volume {
                 Next::Done => return Ok(()),
                 Next::FallBack => return self.zil_wait_txg(target_txg).await,
                 Next::Build => {
-                    let r = self.zil_build().await;
+                    let (closed, r) = self.zil_build().await;
                     let waiters = {
                         let mut s = zil.state.lock().unwrap();
                         s.building = false;
                         std::mem::take(&mut s.waiters)
                     };
                     waiters.into_iter().for_each(Waker::wake);
+                    // Written after the build is given up, so the next committer builds and
+                    // issues its own block while these are in flight.
+                    self.zil_issue_all(closed).await;
                     if let Err(e) = r {
                         tracing::warn!(
                             volume = self.vol.full_name,
@@ -795,8 +810,9 @@ impl Volume {
             return self.zil_wait_txg(target_txg).await;
         }
         zil.state.lock().unwrap().building = true;
-        let r = self.zil_build_upto(Some(target)).await;
+        let (closed, r) = self.zil_build_upto(Some(target)).await;
         zil.state.lock().unwrap().building = false;
+        self.zil_issue_all(closed).await;
         if let Err(e) = r {
             zil.state.lock().unwrap().broken = true;
             tracing::warn!(
@@ -832,20 +848,48 @@ impl Volume {
         Some(SerialGuard(zil))
     }
 
-    /// Moves pending itxs into blocks, issuing full ones; then issues the last block now when
-    /// this committer is alone, or gives it a deadline when others are committing too.
-    async fn zil_build(&self) -> Result<()> {
+    /// Moves pending itxs into blocks; returns the blocks to write now, in chain order: the full
+    /// ones, and the last one when this committer is alone (others committing too give it a
+    /// deadline instead). The caller writes them after it has given up the build, so that
+    /// nothing a new committer needs is held across a device write; an error comes with the
+    /// blocks closed before it, whose records are sound.
+    async fn zil_build(&self) -> (Vec<OpenBlock>, Result<()>) {
         self.zil_build_upto(None).await
     }
 
-    /// [`Volume::zil_build`]; with `upto`, takes only itxs up to that seq and issues the last
+    /// Writes closed blocks concurrently (several log blocks may be in flight; each counts as
+    /// durable only with every block before it).
+    async fn zil_issue_all(&self, closed: Vec<OpenBlock>) {
+        match closed.len() {
+            0 => {}
+            1 => self.zil_issue(closed.into_iter().next().unwrap()).await,
+            _ => {
+                let futs: Vec<_> = closed.into_iter().map(|b| self.zil_issue(b)).collect();
+                oxpool_io::rt::join_all(futs).await;
+            }
+        }
+    }
+
+    /// [`Volume::zil_build`]; with `upto`, takes only itxs up to that seq and closes the last
     /// block at once (serial commits).
-    async fn zil_build_upto(&self, upto: Option<u64>) -> Result<()> {
+    async fn zil_build_upto(&self, upto: Option<u64>) -> (Vec<OpenBlock>, Result<()>) {
+        let mut closed = Vec::new();
+        let r = self.zil_build_into(upto, &mut closed).await;
+        (closed, r)
+    }
+
+    /// The body of [`Volume::zil_build_upto`]: closed blocks go to `closed`. Stops taking
+    /// records once [`BUILD_CLOSED_BLOCKS_MAX`] blocks wait to be written (the rest stays
+    /// pending for the next builder), which bounds the memory one build holds.
+    async fn zil_build_into(&self, upto: Option<u64>, closed: &mut Vec<OpenBlock>) -> Result<()> {
         let zil = &self.vol.zil;
         let synced = self.pool.txg.synced();
         // Bounded by the pending itxs, which only grow by concurrent writers; each round takes
         // what is there now.
         for _round in 0..64 {
+            if closed.len() >= BUILD_CLOSED_BLOCKS_MAX {
+                break;
+            }
             let batch: Vec<Itx> = {
                 let mut s = zil.state.lock().unwrap();
                 let eligible = match upto {
@@ -966,9 +1010,7 @@ impl Volume {
                 s.building_first = None;
                 s.advance_durable();
             }
-            for b in full {
-                self.zil_issue(b).await;
-            }
+            closed.append(&mut full);
         }
         // The last block: now, or after a short window if others are committing too.
         let issue_now = {
@@ -985,9 +1027,7 @@ impl Volume {
                 None => None,
             }
         };
-        if let Some(b) = issue_now {
-            self.zil_issue(b).await;
-        }
+        closed.extend(issue_now);
         Ok(())
     }
 
@@ -1216,9 +1256,12 @@ impl Volume {
         counters
             .bytes_written
             .fetch_add(len as u64, Ordering::Relaxed);
+        let ns = start.elapsed().as_nanos() as u64;
+        counters
+            .write_us_total
+            .fetch_add(ns / 1000, Ordering::Relaxed);
         let waiters = {
             let mut s = zil.state.lock().unwrap();
-            let ns = start.elapsed().as_nanos() as u64;
             s.latency_ewma_ns = (s.latency_ewma_ns * 7 + ns) / 8;
             match r {
                 Ok(()) => {
