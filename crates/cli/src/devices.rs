@@ -1,4 +1,4 @@
-//! Opening device files for the CLI: creating sparse files, locking them against a second
+//! Opening device files for the CLI: creating them (allocated, or sparse), locking them against a second
 //! process, scanning directories for import.
 
 use anyhow::{anyhow, Context, Result};
@@ -45,16 +45,39 @@ pub fn default_cache_file() -> PathBuf {
     base.join("oxpool/pools.cache")
 }
 
-/// Opens `path` as a device, creating a sparse file of `create_size_bytes` if it is missing,
-/// and locks it (flock, exclusive, non-blocking).
-pub fn open_device(path: &Path, create_size_bytes: Option<u64>) -> Result<Device> {
-    if !path.exists() && create_size_bytes.is_none() {
-        return Err(anyhow!(
-            "{}: no such file (give --size to create it)",
-            path.display()
-        ));
+/// How device files that do not exist yet are made.
+#[derive(Clone, Copy, Debug)]
+pub struct NewFiles {
+    /// Size of each new file.
+    pub size_bytes: u64,
+    /// Sparse (instant, no space reserved; the first write to each region costs the host
+    /// filesystem an allocation) instead of allocated and zero-written at creation (see
+    /// [`oxpool_io::create_preallocated`] for why that is the default).
+    pub sparse: bool,
+}
+
+/// Opens `path` as a device, creating it as `create` says if it is missing, and locks it
+/// (flock, exclusive, non-blocking).
+pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
+    if !path.exists() {
+        let Some(new) = create else {
+            return Err(anyhow!(
+                "{}: no such file (give --size to create it)",
+                path.display()
+            ));
+        };
+        if !new.sparse {
+            oxpool_io::create_preallocated(path, new.size_bytes).with_context(|| {
+                format!(
+                    "cannot create {} ({} allocated and zero-written; --sparse skips that)",
+                    path.display(),
+                    crate::human(new.size_bytes)
+                )
+            })?;
+        }
     }
-    let backend = FileBackend::open(path, create_size_bytes)
+    let create_sparse = create.filter(|n| n.sparse).map(|n| n.size_bytes);
+    let backend = FileBackend::open(path, create_sparse)
         .with_context(|| format!("cannot open {}", path.display()))?;
     let lock = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     // SAFETY: flock on a valid, owned file descriptor.

@@ -11,7 +11,7 @@ mod serve;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use devices::{default_cache_file, open_device, scan_dir, Devices};
+use devices::{default_cache_file, open_device, scan_dir, Devices, NewFiles};
 use oxpool_engine::cachefile::{self, CachedPool};
 use oxpool_engine::props::{parse_size, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
 use oxpool_engine::{Pool, PoolProps, PoolStatus, TopSpec, VdevStatus};
@@ -40,9 +40,16 @@ enum Command {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Size of device files to create where they do not exist (e.g. 10G).
+        /// Size of device files to create where they do not exist (e.g. 10G). They are
+        /// allocated and zero-written at creation (about 1 s per GiB on a fast disk), so that
+        /// no write of the pool pays the host filesystem's first-write cost later.
         #[arg(long, value_name = "SIZE")]
         size: Option<String>,
+        /// Create missing device files sparse instead: instant and taking no space up front,
+        /// but the first write to each region is slower and the host filesystem may run out
+        /// of space under the pool.
+        #[arg(long)]
+        sparse: bool,
         /// Pool property, name=value (repeatable).
         #[arg(short = 'o', value_name = "PROP=VALUE")]
         props: Vec<String>,
@@ -57,9 +64,13 @@ enum Command {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
         force: bool,
-        /// Size of device files to create where they do not exist.
+        /// Size of device files to create where they do not exist (allocated and
+        /// zero-written, as for `create`).
         #[arg(long, value_name = "SIZE")]
         size: Option<String>,
+        /// Create missing device files sparse instead (see `create --sparse`).
+        #[arg(long)]
+        sparse: bool,
         /// Pool name.
         pool: String,
         /// `log [mirror] PATH...`.
@@ -215,23 +226,33 @@ fn run(cli: Cli) -> Result<()> {
         Command::Create {
             force,
             size,
+            sparse,
             props,
             pool,
             vdevs,
-        } => create(&cache, &pool, &vdevs, size.as_deref(), &props, force),
+        } => create(
+            &cache,
+            &pool,
+            &vdevs,
+            size.as_deref(),
+            sparse,
+            &props,
+            force,
+        ),
         Command::Import { dirs, pool } => import(&cache, &dirs, pool.as_deref()),
         Command::Add {
             force,
             size,
+            sparse,
             pool,
             vdevs,
         } => {
             if vdevs.first().map(String::as_str) != Some("log") {
                 bail!("only log devices can be added for now: oxpool add {pool} log PATH");
             }
-            let create_size = size.map(|s| parse_size("--size", &s)).transpose()?;
+            let create = new_files(size.as_deref(), sparse)?;
             let (p, mut locks) = open_pool(&cache, &pool)?;
-            let tops = parse_vdevs(&vdevs, create_size, &mut locks)?;
+            let tops = parse_vdevs(&vdevs, create, &mut locks)?;
             let p = p.add_vdevs(tops, force)?;
             remember(&cache, &p)?;
             p.export()?;
@@ -407,31 +428,44 @@ fn create(
     name: &str,
     vdevs: &[String],
     size: Option<&str>,
+    sparse: bool,
     props: &[String],
     force: bool,
 ) -> Result<()> {
     if cachefile::read(cache)?.iter().any(|p| p.name == name) {
         bail!("pool '{name}' already exists");
     }
-    let create_size = size.map(|s| parse_size("--size", s)).transpose()?;
+    let create = new_files(size, sparse)?;
     let mut pool_props = PoolProps::default();
     for a in props {
         let (k, v) = split_assignment(a)?;
         pool_props.set(k, v)?;
     }
     let mut devs = Devices::default();
-    let tops = parse_vdevs(vdevs, create_size, &mut devs)?;
+    let tops = parse_vdevs(vdevs, create, &mut devs)?;
     let pool = Pool::create(name, tops, pool_props, force)?;
     remember(cache, &pool)?;
     pool.export()?;
     Ok(())
 }
 
+/// How `--size` and `--sparse` say missing device files are made.
+fn new_files(size: Option<&str>, sparse: bool) -> Result<Option<NewFiles>> {
+    Ok(match size {
+        Some(s) => Some(NewFiles {
+            size_bytes: parse_size("--size", s)?,
+            sparse,
+        }),
+        None if sparse => bail!("--sparse needs --size: it says how missing files are created"),
+        None => None,
+    })
+}
+
 /// Parses `[mirror] PATH... [mirror PATH...] [log [mirror] PATH...]` into top-level vdevs,
-/// opening (and with `create_size`, creating) the devices.
+/// opening (and with `create`, creating) the devices.
 fn parse_vdevs(
     words: &[String],
-    create_size: Option<u64>,
+    create: Option<NewFiles>,
     devs: &mut Devices,
 ) -> Result<Vec<TopSpec>> {
     let mut tops = Vec::new();
@@ -455,7 +489,7 @@ fn parse_vdevs(
                 }
                 let mut group = Vec::new();
                 for p in &words[start..end] {
-                    let d = open_device(Path::new(p), create_size)?;
+                    let d = open_device(Path::new(p), create)?;
                     group.push(d.backend());
                     devs.push(d);
                 }
@@ -467,7 +501,7 @@ fn parse_vdevs(
                 i = end;
             }
             path => {
-                let d = open_device(Path::new(path), create_size)?;
+                let d = open_device(Path::new(path), create)?;
                 tops.push(TopSpec {
                     log,
                     kind: TopVdevKind::Single,

@@ -1,7 +1,7 @@
 //! `oxpool serve`: serves every volume of the named pools (default: every known pool, or the
 //! embedded default pool) over NBD until SIGINT or SIGTERM, then exports the pools cleanly.
 
-use crate::devices::open_device;
+use crate::devices::{open_device, NewFiles};
 use crate::{open_pool, remember};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -61,7 +61,14 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(data_dir)?;
-    let dev = open_device(&file, Some(DEFAULT_POOL_FILE_BYTES))?;
+    // Sparse: the quick start should start in a moment and take no space it does not use.
+    let dev = open_device(
+        &file,
+        Some(NewFiles {
+            size_bytes: DEFAULT_POOL_FILE_BYTES,
+            sparse: true,
+        }),
+    )?;
     let pool = Pool::create(
         "oxpool",
         vec![TopSpec {

@@ -174,6 +174,43 @@ fn pool_and_volume_lifecycle() {
 }
 
 #[test]
+fn creates_device_files_allocated_unless_asked_for_sparse() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    let (a, b, l) = (env.path("a.img"), env.path("b.img"), env.path("l.img"));
+    env.ok(&["create", "thick", p(&a), "--size", "64M"]);
+    env.ok(&["create", "thin", p(&b), "--size", "64M", "--sparse"]);
+    env.ok(&["add", "thick", "log", p(&l), "--size", "32M"]);
+    // st_blocks counts 512-byte units: a thick file has a block under every byte, a sparse
+    // one only under what the pool wrote (labels, metadata: far less than half).
+    let allocated = |f: &std::path::Path| std::fs::metadata(f).unwrap().blocks() * 512;
+    assert_eq!(std::fs::metadata(&a).unwrap().len(), 64 << 20);
+    assert!(
+        allocated(&a) >= 64 << 20,
+        "{} bytes allocated",
+        allocated(&a)
+    );
+    assert!(
+        allocated(&l) >= 32 << 20,
+        "{} bytes allocated",
+        allocated(&l)
+    );
+    assert_eq!(std::fs::metadata(&b).unwrap().len(), 64 << 20);
+    assert!(
+        allocated(&b) < 32 << 20,
+        "{} bytes allocated",
+        allocated(&b)
+    );
+    // Both pools work alike.
+    for pool in ["thick", "thin"] {
+        env.ok(&["vol", "create", &format!("{pool}/v"), "--size", "8M"]);
+        assert!(env.ok(&["status", pool]).contains(pool));
+    }
+    let e = env.fails(&["create", "x", p(&env.path("x.img")), "--sparse"]);
+    assert!(e.contains("--size"), "{e}");
+}
+
+#[test]
 fn refuses_a_device_of_another_pool_unless_forced() {
     let env = Env::new();
     let a = env.path("a.img");

@@ -19,6 +19,7 @@ mod file;
 mod future;
 mod memory;
 mod net;
+mod prealloc;
 
 pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use driver::GATHER_BUFS_MAX;
@@ -26,6 +27,7 @@ pub use fault::{FaultBackend, FaultStats, PowerLossReport};
 pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};
 pub use memory::MemoryBackend;
+pub use prealloc::create_preallocated;
 
 /// Whether `len` bytes at `offset_bytes` fit in a device of `size_bytes`; the error names the
 /// device (`UnexpectedEof` for reads, `InvalidInput` otherwise). Shared by the backends.
