@@ -176,6 +176,53 @@ def _die_with_parent() -> None:
     _libc.prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
+def flush_probe_ms(probe: Path) -> float:
+    """One 4 KiB write + fdatasync of a small file next to the data: what a flush costs the
+    disk right now."""
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        t0 = time.monotonic()
+        os.pwrite(fd, os.urandom(4096), 0)
+        os.fdatasync(fd)
+        return (time.monotonic() - t0) * 1e3
+    finally:
+        os.close(fd)
+
+
+def probe_median_ms(probe: Path, n: int) -> float:
+    return statistics.median(flush_probe_ms(probe) for _ in range(n))
+
+
+# Longest wait for the disk to settle after writing the data files.
+SETTLE_WAIT_S_MAX = 120
+
+
+def wait_for_quiet_disk(probe: Path, baseline_ms: float, what: str) -> str:
+    """Waits until a flush costs about what it cost before the run wrote anything (median of 5
+    probes within 2x the baseline, or 0.2 ms above it), at most SETTLE_WAIT_S_MAX seconds.
+    Creating and preconditioning the data files writes gigabytes; on a virtual disk the host
+    writes them back afterwards, and until it has, every guest flush waits for it (measured:
+    4-5x slower flushes for over 10 s after 12 GiB, with spikes of 175 ms), which would land
+    on whichever cells run first."""
+    limit = max(2 * baseline_ms, baseline_ms + 0.2)
+    t0 = time.monotonic()
+    os.sync()
+    # Bounded: one round per second, SETTLE_WAIT_S_MAX seconds at most.
+    while True:
+        now = probe_median_ms(probe, 5)
+        waited = time.monotonic() - t0
+        if now <= limit:
+            msg = f"disk settled after {what} in {waited:.0f} s (flush {now:.2f} ms, baseline {baseline_ms:.2f} ms)"
+            break
+        if waited >= SETTLE_WAIT_S_MAX:
+            msg = (f"disk NOT settled {waited:.0f} s after {what} (flush {now:.2f} ms, baseline "
+                   f"{baseline_ms:.2f} ms): measuring anyway")
+            break
+        time.sleep(1)
+    log(msg)
+    return msg
+
+
 def drop_page_cache(paths: list[Path]) -> None:
     """Write back and evict the data files from the page cache (only these files: no global
     drop_caches on a shared machine), so every cell starts cold and without another server's
@@ -504,18 +551,26 @@ class Oxpool(Server):
 
     def prepare(self):
         ox = [str(self.binary), "--cache-file", str(self.cache_file)]
-        self.run_cli(ox + ["create", POOL, str(self.pool_file), "--size", str(self.pool_size),
-                           *self.variant.get("create_args", [])], "oxpool create")
+        if self.pool_file.exists():
+            # A new pool over the old file (-f: it holds the old pool's labels). The file stays
+            # allocated and written: deleting and recreating it would make the host discard
+            # and then zero-write 6 GiB before every workload, and the host's writeback of
+            # that slowed the guest's flushes five-fold for tens of seconds.
+            create = ["create", "-f", POOL, str(self.pool_file)]
+        else:
+            # `oxpool create` allocates and zero-writes the file (its default), as the peers'
+            # raw files are fully written by preconditioning.
+            create = ["create", POOL, str(self.pool_file), "--size", str(self.pool_size)]
+        self.run_cli(ox + create + self.variant.get("create_args", []), "oxpool create")
         self.run_cli(ox + ["vol", "create", f"{POOL}/vol0", "--size", str(self.size),
                            *self.variant.get("vol_args", [])], "oxpool vol create")
         for c in self.variant.get("setup", []):
             self.run_cli(self.subst(c), "variant setup")
 
     def reset(self):
-        """A new pool in place of the old one (as prepare made it)."""
+        """A new pool in place of the old one (as prepare made it), on the same file."""
         assert not self.alive()
-        for f in (self.pool_file, self.cache_file):
-            f.unlink(missing_ok=True)
+        self.cache_file.unlink(missing_ok=True)
         with open(self.log_path, "a") as logf:
             logf.write("\n==== new pool for the next workload\n")
         self.prepare()
@@ -1161,6 +1216,9 @@ def main(argv) -> int:
     try:
         log(f"servers: {', '.join(s.name for s in servers)}; workloads: {', '.join(w.name for w in workloads)}")
         log(f"data in {workdir}, results in {outdir}")
+        probe = workdir / "flush-probe"
+        baseline_ms = probe_median_ms(probe, 9)
+        notes.append(f"flush probe (4 KiB write + fdatasync in the data directory) before any data was written: {baseline_ms:.2f} ms")
         # Prepare and precondition every server once. A failure here is for the whole run.
         for s in servers:
             if s.error:
@@ -1174,6 +1232,7 @@ def main(argv) -> int:
                 s.error = str(e)
                 s.stop()
                 log(f"{s.name}: unusable: {str(e).splitlines()[0]}")
+        notes.append(wait_for_quiet_disk(probe, baseline_ms, "preparing the servers"))
         for i, w in enumerate(workloads):
             skip: set[str] = set()  # servers out of this workload (failed to start)
             if i > 0 and not args.age:
@@ -1194,6 +1253,7 @@ def main(argv) -> int:
                         skip.add(s.name)
                         results[w.name].setdefault(s.name, []).append(f"fresh pool setup failed: {e}")
                         log(f"{w.name} {s.name}: fresh pool setup failed: {str(e).splitlines()[0]}")
+                notes.append(wait_for_quiet_disk(probe, baseline_ms, f"the new pools for {w.name}"))
             for rep in range(args.repeat):
                 k = rep % len(servers) if servers else 0
                 for s in servers[k:] + servers[:k]:  # rotate the order each repeat
