@@ -11,6 +11,8 @@ use std::sync::Arc;
 pub struct Device {
     backend: Arc<FileBackend>,
     _lock: std::fs::File,
+    /// The file, if this command created it.
+    created: Option<PathBuf>,
 }
 
 impl Device {
@@ -33,6 +35,19 @@ impl Devices {
     /// All as backends.
     pub fn backends(&self) -> Vec<Arc<dyn Backend>> {
         self.0.iter().map(|d| d.backend()).collect()
+    }
+
+    /// Removes the files this command created (it failed: it should leave nothing behind, and
+    /// a created file may be gigabytes of zeros).
+    pub fn remove_created(&self) {
+        for path in self.0.iter().filter_map(|d| d.created.as_ref()) {
+            if let Err(e) = std::fs::remove_file(path) {
+                eprintln!(
+                    "oxpool: could not remove {} it created: {e}",
+                    path.display()
+                );
+            }
+        }
     }
 }
 
@@ -59,6 +74,7 @@ pub struct NewFiles {
 /// Opens `path` as a device, creating it as `create` says if it is missing, and locks it
 /// (flock, exclusive, non-blocking).
 pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
+    let mut created = None;
     if !path.exists() {
         let Some(new) = create else {
             return Err(anyhow!(
@@ -69,12 +85,13 @@ pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
         if !new.sparse {
             oxpool_io::create_preallocated(path, new.size_bytes).with_context(|| {
                 format!(
-                    "cannot create {} ({} allocated and zero-written; --sparse skips that)",
+                    "cannot create {} (allocating and zero-writing {}; --sparse skips that)",
                     path.display(),
                     crate::human(new.size_bytes)
                 )
             })?;
         }
+        created = Some(path.to_path_buf());
     }
     let create_sparse = create.filter(|n| n.sparse).map(|n| n.size_bytes);
     let backend = FileBackend::open(path, create_sparse)
@@ -91,6 +108,7 @@ pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
     Ok(Device {
         backend: Arc::new(backend),
         _lock: lock,
+        created,
     })
 }
 

@@ -252,8 +252,17 @@ fn run(cli: Cli) -> Result<()> {
             }
             let create = new_files(size.as_deref(), sparse)?;
             let (p, mut locks) = open_pool(&cache, &pool)?;
-            let tops = parse_vdevs(&vdevs, create, &mut locks)?;
-            let p = p.add_vdevs(tops, force)?;
+            // As in create: until the pool holds the new devices, a failure removes the files
+            // this command made.
+            let made = parse_vdevs(&vdevs, create, &mut locks)
+                .and_then(|tops| Ok(p.add_vdevs(tops, force)?));
+            let p = match made {
+                Ok(p) => p,
+                Err(e) => {
+                    locks.remove_created();
+                    return Err(e);
+                }
+            };
             remember(&cache, &p)?;
             p.export()?;
             Ok(())
@@ -442,8 +451,17 @@ fn create(
         pool_props.set(k, v)?;
     }
     let mut devs = Devices::default();
-    let tops = parse_vdevs(vdevs, create, &mut devs)?;
-    let pool = Pool::create(name, tops, pool_props, force)?;
+    // Until the pool exists, a failure removes the files this command made (once it exists,
+    // they are the pool's: `import` finds it).
+    let made = parse_vdevs(vdevs, create, &mut devs)
+        .and_then(|tops| Ok(Pool::create(name, tops, pool_props, force)?));
+    let pool = match made {
+        Ok(pool) => pool,
+        Err(e) => {
+            devs.remove_created();
+            return Err(e);
+        }
+    };
     remember(cache, &pool)?;
     pool.export()?;
     Ok(())
@@ -452,10 +470,13 @@ fn create(
 /// How `--size` and `--sparse` say missing device files are made.
 fn new_files(size: Option<&str>, sparse: bool) -> Result<Option<NewFiles>> {
     Ok(match size {
-        Some(s) => Some(NewFiles {
-            size_bytes: parse_size("--size", s)?,
-            sparse,
-        }),
+        Some(s) => {
+            let size_bytes = parse_size("--size", s)?;
+            if size_bytes == 0 {
+                bail!("--size must be more than 0");
+            }
+            Some(NewFiles { size_bytes, sparse })
+        }
         None if sparse => bail!("--sparse needs --size: it says how missing files are created"),
         None => None,
     })

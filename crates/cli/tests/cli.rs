@@ -208,6 +208,27 @@ fn creates_device_files_allocated_unless_asked_for_sparse() {
     }
     let e = env.fails(&["create", "x", p(&env.path("x.img")), "--sparse"]);
     assert!(e.contains("--size"), "{e}");
+    let e = env.fails(&["create", "x", p(&env.path("x.img")), "--size", "0"]);
+    assert!(e.contains("--size"), "{e}");
+    // A create that fails after making a file removes it: a directory is no device.
+    let (c, not_a_device) = (env.path("c.img"), env.path("adir"));
+    std::fs::create_dir(&not_a_device).unwrap();
+    let e = env.fails(&["create", "y", p(&c), p(&not_a_device), "--size", "64M"]);
+    assert!(e.contains("adir"), "{e}");
+    assert!(!c.exists(), "the failed create left {} behind", c.display());
+    // So does an add.
+    let e = env.fails(&[
+        "add",
+        "thick",
+        "log",
+        p(&c),
+        p(&not_a_device),
+        "--size",
+        "8M",
+    ]);
+    assert!(e.contains("adir"), "{e}");
+    assert!(!c.exists(), "the failed add left {} behind", c.display());
+    assert!(env.ok(&["status", "thick"]).contains("thick"));
 }
 
 #[test]

@@ -127,10 +127,11 @@ pub struct LogCounters {
     pub flushes: AtomicU64,
     /// Log-block copies written durably (FUA) instead of written and flushed.
     pub durable_writes: AtomicU64,
-    /// Microseconds log blocks took from their write's issue to durable (flush included),
-    /// summed over [`LogCounters::blocks_written`]: the log's device latency, which bounds
-    /// how fast a commit can be answered.
-    pub write_us_total: AtomicU64,
+    /// Nanoseconds log blocks took from their write's start (the block's copy and the device
+    /// queue included) to durable (flush included), summed over
+    /// [`LogCounters::blocks_written`]: the log's device latency, which bounds how fast a
+    /// commit can be answered.
+    pub write_ns_total: AtomicU64,
     /// Bytes clients wrote (every write, logged or not).
     pub client_bytes: AtomicU64,
     /// Bytes of data blocks the log wrote in place (indirect records), adopted by txg syncs.
@@ -154,8 +155,8 @@ pub struct LogStats {
     pub flushes: u64,
     /// Log-block copies written durably (FUA) instead of written and flushed.
     pub durable_writes: u64,
-    /// Microseconds from log-block write issue to durable, summed.
-    pub write_us_total: u64,
+    /// Nanoseconds from log-block write start to durable, summed.
+    pub write_ns_total: u64,
     /// Bytes clients wrote.
     pub client_bytes: u64,
     /// Bytes of data blocks written in place by the log.
@@ -176,7 +177,7 @@ impl LogStats {
             self.bytes_written,
             self.flushes,
             self.durable_writes,
-            self.write_us_total,
+            self.write_ns_total / 1000,
             self.client_bytes,
             self.indirect_bytes,
             self.adopted_blocks,
@@ -194,7 +195,7 @@ impl LogCounters {
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
             durable_writes: self.durable_writes.load(Ordering::Relaxed),
-            write_us_total: self.write_us_total.load(Ordering::Relaxed),
+            write_ns_total: self.write_ns_total.load(Ordering::Relaxed),
             client_bytes: self.client_bytes.load(Ordering::Relaxed),
             indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
             adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
@@ -857,15 +858,21 @@ impl Volume {
         self.zil_build_upto(None).await
     }
 
-    /// Writes closed blocks concurrently (several log blocks may be in flight; each counts as
-    /// durable only with every block before it).
+    /// Writes closed blocks, in chain order, at most [`BUILD_CLOSED_BLOCKS_MAX`] at a time
+    /// (several log blocks may be in flight; each counts as durable only with every block
+    /// before it).
     async fn zil_issue_all(&self, closed: Vec<OpenBlock>) {
-        match closed.len() {
-            0 => {}
-            1 => self.zil_issue(closed.into_iter().next().unwrap()).await,
-            _ => {
-                let futs: Vec<_> = closed.into_iter().map(|b| self.zil_issue(b)).collect();
-                oxpool_io::rt::join_all(futs).await;
+        let mut closed = closed.into_iter();
+        // Bounded: every round writes at least one block.
+        loop {
+            let window: Vec<OpenBlock> = closed.by_ref().take(BUILD_CLOSED_BLOCKS_MAX).collect();
+            match window.len() {
+                0 => return,
+                1 => self.zil_issue(window.into_iter().next().unwrap()).await,
+                _ => {
+                    let futs: Vec<_> = window.into_iter().map(|b| self.zil_issue(b)).collect();
+                    oxpool_io::rt::join_all(futs).await;
+                }
             }
         }
     }
@@ -878,16 +885,19 @@ impl Volume {
         (closed, r)
     }
 
-    /// The body of [`Volume::zil_build_upto`]: closed blocks go to `closed`. Stops taking
-    /// records once [`BUILD_CLOSED_BLOCKS_MAX`] blocks wait to be written (the rest stays
-    /// pending for the next builder), which bounds the memory one build holds.
+    /// The body of [`Volume::zil_build_upto`]: closed blocks go to `closed`. A group build
+    /// stops taking records once [`BUILD_CLOSED_BLOCKS_MAX`] blocks wait to be written (the
+    /// rest stays pending for the next builder), so one build holds at most one round of
+    /// records (256) beyond that, as the build did before blocks were written after it.
     async fn zil_build_into(&self, upto: Option<u64>, closed: &mut Vec<OpenBlock>) -> Result<()> {
         let zil = &self.vol.zil;
         let synced = self.pool.txg.synced();
         // Bounded by the pending itxs, which only grow by concurrent writers; each round takes
         // what is there now.
         for _round in 0..64 {
-            if closed.len() >= BUILD_CLOSED_BLOCKS_MAX {
+            // A serial commit must place every record up to its target (else it falls back to
+            // a txg sync): only group builds stop early, the next builder takes the rest.
+            if upto.is_none() && closed.len() >= BUILD_CLOSED_BLOCKS_MAX {
                 break;
             }
             let batch: Vec<Itx> = {
@@ -1257,9 +1267,7 @@ impl Volume {
             .bytes_written
             .fetch_add(len as u64, Ordering::Relaxed);
         let ns = start.elapsed().as_nanos() as u64;
-        counters
-            .write_us_total
-            .fetch_add(ns / 1000, Ordering::Relaxed);
+        counters.write_ns_total.fetch_add(ns, Ordering::Relaxed);
         let waiters = {
             let mut s = zil.state.lock().unwrap();
             s.latency_ewma_ns = (s.latency_ewma_ns * 7 + ns) / 8;

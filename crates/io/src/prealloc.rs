@@ -44,7 +44,7 @@ pub fn create_preallocated(path: &Path, size_bytes: u64) -> io::Result<bool> {
     }
     // SAFETY: a fresh fd owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    match fill(&cpath, &fd, size_bytes) {
+    match fill(&fd, size_bytes) {
         Ok(()) => Ok(true),
         Err(err) => {
             drop(fd);
@@ -57,11 +57,12 @@ pub fn create_preallocated(path: &Path, size_bytes: u64) -> io::Result<bool> {
 
 /// Reserves `size_bytes` (fallocate, so a full filesystem fails now and the blocks are
 /// contiguous where it can), then writes zeros over all of it and makes that durable.
-fn fill(cpath: &CString, fd: &OwnedFd, size_bytes: u64) -> io::Result<()> {
+fn fill(fd: &OwnedFd, size_bytes: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(size_bytes)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
+    let raw = fd.as_raw_fd();
     // SAFETY: plain syscalls on an fd we own; results are checked.
-    if unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } != 0 {
+    if unsafe { libc::fallocate(raw, 0, 0, len) } != 0 {
         let err = io::Error::last_os_error();
         // Filesystems without fallocate (some network and FUSE ones): size it and write.
         if !matches!(
@@ -70,36 +71,31 @@ fn fill(cpath: &CString, fd: &OwnedFd, size_bytes: u64) -> io::Result<()> {
         ) {
             return Err(err);
         }
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+        if unsafe { libc::ftruncate(raw, len) } != 0 {
             return Err(io::Error::last_os_error());
         }
     }
-    // Direct I/O keeps gigabytes of zeros out of the page cache; where it is refused, the
-    // buffered descriptor writes them (and the final fdatasync flushes them).
-    let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_DIRECT;
-    // SAFETY: valid NUL-terminated path; the result is checked.
-    let raw = unsafe { libc::open(cpath.as_ptr(), flags) };
-    let direct = if raw >= 0 {
-        // SAFETY: a fresh fd owned by nobody else.
-        Some(unsafe { OwnedFd::from_raw_fd(raw) })
-    } else {
-        None
-    };
+    // Direct I/O keeps gigabytes of zeros out of the page cache. It is switched on for this
+    // descriptor where the filesystem takes it, and off again for any write it refuses
+    // (EINVAL: an alignment this device does not take) and for an unaligned tail; the final
+    // fdatasync makes buffered writes durable too.
+    let mut direct = set_direct(raw, true).is_ok();
     let zeros = IoBuf::zeroed(FILL_CHUNK_BYTES);
     let mut offset_bytes = 0u64;
-    // Bounded: every round advances by at least one byte or returns an error.
+    // Bounded: every round advances by at least one byte, switches direct I/O off (once), or
+    // returns an error.
     while offset_bytes < size_bytes {
         let want = (size_bytes - offset_bytes).min(FILL_CHUNK_BYTES as u64) as usize;
-        // Direct I/O needs aligned lengths: an unaligned tail goes through the buffered fd.
-        let aligned = want.is_multiple_of(IO_BUF_ALIGN_BYTES);
-        let target = match &direct {
-            Some(d) if aligned => d.as_raw_fd(),
-            _ => fd.as_raw_fd(),
-        };
+        let aligned = want.is_multiple_of(IO_BUF_ALIGN_BYTES)
+            && offset_bytes.is_multiple_of(IO_BUF_ALIGN_BYTES as u64);
+        if direct && !aligned {
+            set_direct(raw, false)?;
+            direct = false;
+        }
         // SAFETY: `zeros` holds at least `want` bytes; the fd is open; the result is checked.
         let n = unsafe {
             libc::pwrite(
-                target,
+                raw,
                 zeros.as_ptr().cast(),
                 want,
                 offset_bytes as libc::off_t,
@@ -107,10 +103,15 @@ fn fill(cpath: &CString, fd: &OwnedFd, size_bytes: u64) -> io::Result<()> {
         };
         if n < 0 {
             let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EINVAL) if direct => {
+                    set_direct(raw, false)?;
+                    direct = false;
+                    continue;
+                }
+                _ => return Err(err),
             }
-            return Err(err);
         }
         if n == 0 {
             return Err(io::Error::new(
@@ -121,7 +122,25 @@ fn fill(cpath: &CString, fd: &OwnedFd, size_bytes: u64) -> io::Result<()> {
         offset_bytes += n as u64;
     }
     // SAFETY: plain syscall on an fd we own; the result is checked.
-    if unsafe { libc::fdatasync(fd.as_raw_fd()) } != 0 {
+    if unsafe { libc::fdatasync(raw) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Switches O_DIRECT on or off for `fd`.
+fn set_direct(fd: libc::c_int, on: bool) -> io::Result<()> {
+    // SAFETY: plain fcntl calls on an open fd; results are checked.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = if on {
+        flags | libc::O_DIRECT
+    } else {
+        flags & !libc::O_DIRECT
+    };
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -154,8 +173,10 @@ mod tests {
     fn a_failed_fill_leaves_no_file_behind() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("huge.img");
-        // More than any filesystem here holds: fallocate (or the writes) fail.
-        let err = create_preallocated(&path, 1 << 62).unwrap_err();
+        // No file can be that large: the fill fails after the file was created, at once and
+        // without writing anything (a merely huge size could fill the disk on a filesystem
+        // without fallocate).
+        let err = create_preallocated(&path, u64::MAX).unwrap_err();
         assert!(!path.exists(), "left a partial file behind: {err}");
     }
 }
