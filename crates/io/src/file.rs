@@ -349,22 +349,29 @@ fn open_fd(path: &CString, extra_flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
-/// Creates the file sparse with `size_bytes` if it does not exist (O_EXCL, so an existing
-/// file is never truncated or resized).
-fn create_sparse_if_missing(path: &CString, size_bytes: u64) -> io::Result<()> {
+/// Creates the file if it does not exist (O_EXCL: an existing file is never truncated or
+/// resized) and returns its descriptor; None if it existed.
+pub(crate) fn create_exclusive(path: &CString) -> io::Result<Option<OwnedFd>> {
     let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_CREAT | libc::O_EXCL;
     // SAFETY: valid NUL-terminated path; mode is a plain integer; the result is checked.
     let raw = unsafe { libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint) };
     if raw < 0 {
         let err = io::Error::last_os_error();
         return if err.raw_os_error() == Some(libc::EEXIST) {
-            Ok(())
+            Ok(None)
         } else {
             Err(err)
         };
     }
     // SAFETY: a fresh fd owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(raw) }))
+}
+
+/// Creates the file sparse with `size_bytes` if it does not exist.
+fn create_sparse_if_missing(path: &CString, size_bytes: u64) -> io::Result<()> {
+    let Some(fd) = create_exclusive(path)? else {
+        return Ok(());
+    };
     // SAFETY: plain syscall on an fd we own.
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size_bytes as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());

@@ -15,7 +15,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -31,19 +31,9 @@ const FILL_CHUNK_BYTES: usize = 8 << 20;
 pub fn create_preallocated(path: &Path, size_bytes: u64) -> io::Result<bool> {
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_CREAT | libc::O_EXCL;
-    // SAFETY: valid NUL-terminated path; mode is a plain integer; the result is checked.
-    let raw = unsafe { libc::open(cpath.as_ptr(), flags, 0o644 as libc::c_uint) };
-    if raw < 0 {
-        let err = io::Error::last_os_error();
-        return if err.raw_os_error() == Some(libc::EEXIST) {
-            Ok(false)
-        } else {
-            Err(err)
-        };
-    }
-    // SAFETY: a fresh fd owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let Some(fd) = crate::file::create_exclusive(&cpath)? else {
+        return Ok(false);
+    };
     match fill(&fd, size_bytes) {
         Ok(()) => Ok(true),
         Err(err) => {
