@@ -29,6 +29,7 @@ use oxpool_io::rt;
 use oxpool_io::rt::net::Stream;
 use oxpool_io::IoBuf;
 
+use super::exports::{ExportId, ReactorCommand};
 use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
 use super::{errno_for, ConnectionPermit, Limits, Shared};
 use crate::proto::reply::{
@@ -114,6 +115,25 @@ impl ReactorConns {
         let conns: Vec<Rc<Conn>> = self.entries.borrow().iter().flatten().cloned().collect();
         for conn in conns {
             conn.stop();
+        }
+    }
+
+    /// Applies an administrator's command to the connections of its export.
+    pub(crate) fn apply(&self, command: ReactorCommand) {
+        let (ReactorCommand::Stop(id) | ReactorCommand::Break(id)) = command;
+        let conns: Vec<Rc<Conn>> = self
+            .entries
+            .borrow()
+            .iter()
+            .flatten()
+            .filter(|c| c.export.get() == Some(id))
+            .cloned()
+            .collect();
+        for conn in conns {
+            match command {
+                ReactorCommand::Stop(_) => conn.stop(),
+                ReactorCommand::Break(_) => conn.break_connection(),
+            }
         }
     }
 
@@ -204,6 +224,8 @@ struct Conn {
     writer_waker: WakerCell,
     /// Per slot: where its request task waits for a request.
     slot_wakers: Vec<WakerCell>,
+    /// The export it negotiated (set once registered in the export table).
+    export: Cell<Option<ExportId>>,
 }
 
 impl Conn {
@@ -234,6 +256,7 @@ impl Conn {
             reader_waker: WakerCell::default(),
             writer_waker: WakerCell::default(),
             slot_wakers: (0..limits.slots).map(|_| WakerCell::default()).collect(),
+            export: Cell::new(None),
         }
     }
 
@@ -478,10 +501,22 @@ async fn connection(
     let _registration = conns.register(conn.clone());
     let mut inbox = Inbox::new();
     let mut batch = Some(IoBuf::zeroed(BATCH_BYTES));
-    let Some(session) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
+    let Some((session, export)) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
         conn.stream.shutdown();
         return;
     };
+    // Counted on its export (so that the administrator sees it and can stop it), unless the
+    // export was removed since the handshake offered it.
+    if !shared.exports.register(export) {
+        tracing::debug!(export = %session.export.name, "nbd: export removed during the handshake");
+        conn.stream.shutdown();
+        return;
+    }
+    let _export_registration = ExportRegistration {
+        shared: &shared,
+        id: export,
+    };
+    conn.export.set(Some(export));
     let session = Rc::new(session);
     rt::spawn_local(CatchUnwind::new(
         "writer",
@@ -510,6 +545,19 @@ async fn connection(
     // shutdown grace period if the client stops reading).
     wait_until(&conn.reader_waker, || conn.writer_done.get()).await;
     conn.stream.shutdown();
+}
+
+/// A connection's place in its export's count; removed when the connection ends (also when
+/// unwinding).
+struct ExportRegistration<'a> {
+    shared: &'a Shared,
+    id: ExportId,
+}
+
+impl Drop for ExportRegistration<'_> {
+    fn drop(&mut self) {
+        self.shared.exports.unregister(self.id);
+    }
 }
 
 /// Replies are small and latency matters more than packet count: the writer already batches.
@@ -617,13 +665,15 @@ async fn send_bytes(conn: &Conn, batch: &mut Option<IoBuf>, data: &[u8]) -> io::
 }
 
 /// Negotiation; `None` when the connection ends in it (ABORT, error, shutdown, client gone).
+/// The exports offered are the table's at the start of the handshake.
 async fn handshake(
     conn: &Conn,
     shared: &Shared,
     inbox: &mut Inbox,
     batch: &mut Option<IoBuf>,
-) -> Option<Session> {
-    let mut handshake = Handshake::new(shared.exports.clone());
+) -> Option<(Session, ExportId)> {
+    let offer = shared.exports.offer();
+    let mut handshake = Handshake::new(offer.infos);
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");
         return None;
@@ -656,11 +706,16 @@ async fn handshake(
                     HandshakeStatus::Abort => return None,
                     HandshakeStatus::Done(negotiated) => {
                         let index = negotiated.export_index;
-                        return Some(Session {
-                            volume: shared.volumes[index].clone(),
-                            export: shared.exports[index].clone(),
-                            negotiated,
-                        });
+                        let (id, volume) = offer.targets.get(index)?.clone();
+                        let export = handshake.exports().get(index)?.clone();
+                        return Some((
+                            Session {
+                                volume,
+                                export,
+                                negotiated,
+                            },
+                            id,
+                        ));
                     }
                 }
             }
