@@ -119,7 +119,10 @@ fn bad_headers_are_named() {
         Err(DecodeError::TooLarge(u32::MAX))
     );
     let e = read_message(&mut std::io::Cursor::new(&huge[..FRAME_HEADER_BYTES])).unwrap_err();
-    assert!(matches!(e, ReadError::Decode(DecodeError::TooLarge(_))), "{e}");
+    assert!(
+        matches!(e, ReadError::Decode(DecodeError::TooLarge(_))),
+        "{e}"
+    );
     let mut just_over = frame(16, &[]);
     just_over[8..12].copy_from_slice(&(PAYLOAD_BYTES_MAX as u32 + 1).to_le_bytes());
     assert!(matches!(decode(&just_over), Err(DecodeError::TooLarge(_))));
@@ -131,9 +134,15 @@ fn lying_payloads_are_malformed() {
     let mut p = 3u32.to_le_bytes().to_vec();
     p.extend_from_slice(&1u32.to_le_bytes());
     p.push(b'x');
-    assert!(matches!(decode(&frame(1, &p)), Err(DecodeError::Malformed(_))));
+    assert!(matches!(
+        decode(&frame(1, &p)),
+        Err(DecodeError::Malformed(_))
+    ));
     let p = (ARGS_MAX as u32 + 1).to_le_bytes();
-    assert!(matches!(decode(&frame(1, &p)), Err(DecodeError::Malformed(_))));
+    assert!(matches!(
+        decode(&frame(1, &p)),
+        Err(DecodeError::Malformed(_))
+    ));
     // A string length past the payload; a non-UTF-8 string; trailing bytes; a bad flag.
     assert!(matches!(
         decode(&frame(16, &100u32.to_le_bytes())),
@@ -143,12 +152,21 @@ fn lying_payloads_are_malformed() {
     p.extend_from_slice(&2u32.to_le_bytes());
     p.extend_from_slice(&[0xff, 0xfe]);
     p.push(0);
-    assert!(matches!(decode(&frame(1, &p)), Err(DecodeError::Malformed(_))));
-    assert!(matches!(decode(&frame(3, &[0])), Err(DecodeError::Malformed(_))));
+    assert!(matches!(
+        decode(&frame(1, &p)),
+        Err(DecodeError::Malformed(_))
+    ));
+    assert!(matches!(
+        decode(&frame(3, &[0])),
+        Err(DecodeError::Malformed(_))
+    ));
     let mut p = 0u32.to_le_bytes().to_vec();
     p.extend_from_slice(&0u32.to_le_bytes());
     p.push(7);
-    assert!(matches!(decode(&frame(1, &p)), Err(DecodeError::Malformed(_))));
+    assert!(matches!(
+        decode(&frame(1, &p)),
+        Err(DecodeError::Malformed(_))
+    ));
     // A frame cut short on the stream.
     let whole = frame(17, &[1, 0, 0, 0, b'!']);
     let e = read_message(&mut std::io::Cursor::new(&whole[..whole.len() - 1])).unwrap_err();
