@@ -32,17 +32,23 @@ impl Devices {
         self.0.push(d);
     }
 
+    /// Takes over `more`'s devices (and their locks).
+    pub fn extend(&mut self, more: Devices) {
+        self.0.extend(more.0);
+    }
+
     /// All as backends.
     pub fn backends(&self) -> Vec<Arc<dyn Backend>> {
         self.0.iter().map(|d| d.backend()).collect()
     }
 
     /// Removes the files this command created (it failed: it should leave nothing behind, and
-    /// a created file may be gigabytes of zeros).
-    pub fn remove_created(&self) {
+    /// a created file may be gigabytes of zeros); says on `warnings` what it could not remove.
+    pub fn remove_created(&self, warnings: &mut dyn std::io::Write) {
         for path in self.0.iter().filter_map(|d| d.created.as_ref()) {
             if let Err(e) = std::fs::remove_file(path) {
-                eprintln!(
+                let _ = writeln!(
+                    warnings,
                     "oxpool: could not remove {} it created: {e}",
                     path.display()
                 );

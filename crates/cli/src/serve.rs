@@ -1,19 +1,26 @@
 //! `oxpool serve`: serves every volume of the named pools (default: every known pool, or the
 //! embedded default pool) over NBD until SIGINT or SIGTERM, then exports the pools cleanly.
+//! While it runs, `oxpool` commands that name its pools go through its control socket and
+//! run here, on the live pools (`control/`, `served.rs`).
 
+use crate::control::runtime::RuntimeDir;
+use crate::control::server::ControlServer;
 use crate::devices::{open_device, NewFiles};
-use crate::{open_pool, remember};
+use crate::host::{open_pool, remember};
+use crate::served::Served;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use oxpool_engine::cachefile;
 use oxpool_engine::{Pool, PoolProps, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
-use oxpool_nbd::server::{Server, ServerConfig, ServerExport, ShutdownHandle};
+use oxpool_nbd::server::{Server, ServerConfig, ShutdownHandle};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Default TCP address: loopback only; all interfaces only when asked.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
@@ -93,9 +100,15 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
 
 /// Runs the command.
 pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
-    // Before any thread exists (the pools' sync threads, the reactors): every thread inherits
-    // the mask, so SIGINT/SIGTERM reach only the thread that waits for them.
+    // Before any thread exists (the pools' sync threads, the reactors, the control socket):
+    // every thread inherits the mask, so SIGINT/SIGTERM reach only the thread that waits for
+    // them.
     let signals = block_stop_signals()?;
+
+    let runtime = RuntimeDir::of_cache(cache);
+    let pid = std::process::id();
+    runtime.create(pid)?;
+    runtime.clean_stale();
 
     let mut names = args.pools.clone();
     if names.is_empty() {
@@ -112,21 +125,11 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     for name in &names {
         pools.push(open_pool(cache, name)?);
     }
-
-    let mut exports = Vec::new();
-    for (pool, _) in &pools {
-        for volume in pool.volumes() {
-            let name = volume.full_name().to_string();
-            let read_only = args.read_only.contains(&name);
-            exports.push(ServerExport {
-                name,
-                volume,
-                read_only,
-            });
-        }
-    }
     for name in &args.read_only {
-        if !exports.iter().any(|e| &e.name == name) {
+        let known = pools
+            .iter()
+            .any(|(p, _)| p.volumes().iter().any(|v| v.full_name() == name));
+        if !known {
             bail!("--read-only {name}: no such volume among the served pools");
         }
     }
@@ -158,7 +161,31 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     config.slots_per_connection = usize::from(args.slots);
     let reactors = config.reactors;
-    let server = Server::start(config, exports.clone(), listeners).context("start the server")?;
+    let server = Server::start(config, Vec::new(), listeners).context("start the server")?;
+    let control_socket = runtime.socket_path(pid);
+    let served = Arc::new(Served::new(
+        cache,
+        runtime,
+        control_socket.clone(),
+        server.exports(),
+        args.read_only.clone(),
+        endpoints,
+    ));
+    println!(
+        "serving pool(s) {} with {reactors} reactor(s):",
+        names.join(", ")
+    );
+    {
+        let _one = served.membership();
+        for (pool, devices) in pools {
+            served.adopt(pool, devices)?;
+        }
+    }
+    let control = ControlServer::start(served.clone(), &control_socket)?;
+    println!(
+        "control socket: {} (oxpool commands on these pools go through it)",
+        control.socket().display()
+    );
     std::thread::Builder::new()
         .name("oxpool-signals".into())
         .spawn({
@@ -166,85 +193,72 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             move || wait_for_stop_signals(signals, handle)
         })
         .context("spawn the signal thread")?;
-
-    println!(
-        "serving {} export(s) of pool(s) {} with {reactors} reactor(s):",
-        exports.len(),
-        names.join(", ")
-    );
-    for export in &exports {
-        for endpoint in &endpoints {
-            let access = if export.read_only || export.volume.read_only() {
-                "read-only"
-            } else {
-                "read-write"
-            };
-            println!(
-                "  {}  ({}, {access})",
-                endpoint.uri(&export.name),
-                crate::human(export.volume.size_bytes())
-            );
-        }
-    }
     println!("ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools");
 
     // Live counters for `oxpool iostat`: written beside the cache file five times a second.
     let started_ms = crate::iostat::now_ms();
-    let stop_stats = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_stats = Arc::new(AtomicBool::new(false));
     let stats_thread = {
-        let counters: Vec<_> = pools.iter().map(|(p, _)| p.counters()).collect();
+        let served = served.clone();
         let cache = cache.to_path_buf();
         let stop = stop_stats.clone();
         std::thread::Builder::new()
             .name("oxpool-stats".into())
-            .spawn(move || {
-                // Bounded by the server's life: it stops when the server does.
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let process = crate::iostat::ProcessCounters::now(started_ms);
-                    for c in &counters {
-                        crate::iostat::publish(&cache, c, &process);
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(200));
-                }
-                for c in &counters {
-                    crate::iostat::unpublish(&cache, c.name());
-                }
-            })
+            .spawn(move || publish_stats(&cache, &served, &stop, started_ms))
             .context("spawn the stats thread")?
     };
-    let served = server.join();
-    stop_stats.store(true, std::sync::atomic::Ordering::Relaxed);
+    let served_result = server.join();
+    control.stop();
+    stop_stats.store(true, Ordering::Relaxed);
     let _ = stats_thread.join();
-    drop(exports);
     eprintln!("oxpool: server stopped; exporting the pools");
-    let mut failed = Vec::new();
-    for (pool, locks) in pools {
-        let name = pool.name().to_string();
-        if let Err(e) = pool.export() {
-            failed.push(format!("{name}: {e}"));
-        }
-        drop(locks);
-    }
+    let (exported, failed) = served.shutdown();
     if let Some(path) = socket_created {
         let _ = std::fs::remove_file(path);
     }
-    served.context("NBD server")?;
+    served_result.context("NBD server")?;
     if !failed.is_empty() {
         bail!("export failed: {}", failed.join("; "));
     }
-    println!("exported {}", names.join(", "));
+    println!("exported {}", exported.join(", "));
     Ok(())
 }
 
+/// The stats thread: publishes every served pool's counters (pools come and go), and
+/// withdraws those of pools no longer served.
+fn publish_stats(cache: &Path, served: &Served, stop: &AtomicBool, started_ms: u64) {
+    let mut published: Vec<String> = Vec::new();
+    // Bounded by the server's life: it stops when the server does.
+    while !stop.load(Ordering::Relaxed) {
+        let process = crate::iostat::ProcessCounters::now(started_ms);
+        let counters = served.counters();
+        for gone in published
+            .iter()
+            .filter(|n| !counters.iter().any(|c| c.name() == *n))
+        {
+            crate::iostat::unpublish(cache, gone);
+        }
+        published = counters.iter().map(|c| c.name().to_string()).collect();
+        for c in &counters {
+            crate::iostat::publish(cache, c, &process);
+        }
+        drop(counters);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for name in &published {
+        crate::iostat::unpublish(cache, name);
+    }
+}
+
 /// Where clients connect.
-enum Endpoint {
+pub enum Endpoint {
     Tcp(SocketAddr),
     Unix(PathBuf),
 }
 
 impl Endpoint {
     /// The NBD URI of `export` here (the export name is the URI path without its slash).
-    fn uri(&self, export: &str) -> String {
+    pub fn uri(&self, export: &str) -> String {
         match self {
             Endpoint::Tcp(addr) => format!("nbd://{addr}/{export}"),
             Endpoint::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),

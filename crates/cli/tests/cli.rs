@@ -298,8 +298,18 @@ fn log_devices_at_create_and_added_later() {
     env.ok(&["create", "two", p(&env.path("b.img")), "--size", "64M"]);
     env.ok(&["add", "two", "log", p(&l2), "--size", "64M"]);
     assert!(env.ok(&["status", "two"]).contains("l2.img"));
-    let e = env.fails(&["add", "two", p(&env.path("c.img"))]);
-    assert!(e.contains("only log devices"), "{e}");
+    // A data vdev too: the pool grows, striped, and new data may land there.
+    let before = env.ok(&["list", "-H", "-p", "two"]);
+    let size = |line: &str| line.split('\t').nth(1).unwrap().parse::<u64>().unwrap();
+    env.ok(&["add", "two", p(&env.path("c.img")), "--size", "64M"]);
+    let after = env.ok(&["list", "-H", "-p", "two"]);
+    assert!(
+        size(&after) > size(&before) + (32 << 20),
+        "{before} -> {after}"
+    );
+    assert!(env.ok(&["status", "two"]).contains("c.img"));
+    let e = env.fails(&["add", "two", p(&env.path("nosuch.img"))]);
+    assert!(e.contains("nosuch.img") && e.contains("--size"), "{e}");
     // The log device gone: the pool is refused by name, not opened without its log.
     std::fs::remove_file(&l2).unwrap();
     let e = env.fails(&["status", "two"]);

@@ -760,6 +760,11 @@ impl Pool {
             for id in added {
                 s.alloc.activate(id);
             }
+            // More data space: a larger share of it may be dirty.
+            inner.txg.configure(
+                effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
+                Duration::from_secs(s.props.txg_timeout_s),
+            );
         }
         block_on(async {
             for top in inner.vdevs.tops() {

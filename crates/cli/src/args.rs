@@ -1,0 +1,232 @@
+//! The command line of `oxpool`: verbs and flags, in the zpool/zfs manner.
+
+use crate::serve::ServeArgs;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "oxpool",
+    version,
+    about = "A user-space storage pool with ZFS's guarantees, served over NBD"
+)]
+pub struct Cli {
+    /// Pool cache file: the pools this machine knows.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub cache_file: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`.
+    Create {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Size of device files to create where they do not exist (e.g. 10G). They are
+        /// allocated and zero-written at creation (about 1 s per GiB on a fast disk), so that
+        /// no write of the pool pays the host filesystem's first-write cost later.
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
+        /// Create missing device files sparse instead: instant and taking no space up front,
+        /// but the first write to each region is slower and the host filesystem may run out
+        /// of space under the pool.
+        #[arg(long)]
+        sparse: bool,
+        /// Pool property, name=value (repeatable).
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
+        /// Pool name.
+        pool: String,
+        /// Vdevs: device paths, each group optionally preceded by `mirror`.
+        #[arg(required = true, num_args = 1..)]
+        vdevs: Vec<String>,
+    },
+    /// Add devices to a pool: `oxpool add tank log /fast/slog.img` (a separate intent log),
+    /// `oxpool add tank mirror c.img d.img` (more space, striped). Works on a served pool.
+    Add {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Size of device files to create where they do not exist (allocated and
+        /// zero-written, as for `create`).
+        #[arg(long, value_name = "SIZE")]
+        size: Option<String>,
+        /// Create missing device files sparse instead (see `create --sparse`).
+        #[arg(long)]
+        sparse: bool,
+        /// Pool name.
+        pool: String,
+        /// `[mirror] PATH...`, `log [mirror] PATH...`.
+        #[arg(required = true, num_args = 1..)]
+        vdevs: Vec<String>,
+    },
+    /// Import a pool from its devices.
+    Import {
+        /// Directory to search for devices (repeatable); default: the cache file's devices.
+        #[arg(short = 'd', value_name = "DIR")]
+        dirs: Vec<PathBuf>,
+        /// Pool to import; without it, list the pools found.
+        pool: Option<String>,
+    },
+    /// Export a pool: write everything and forget it. A served pool's clients are
+    /// disconnected (their requests in flight are answered first) and the server stops
+    /// serving it.
+    Export {
+        /// Pool name.
+        pool: String,
+    },
+    /// Destroy a pool: clear its devices' labels. Refused while NBD clients use a served
+    /// pool, unless -f.
+    Destroy {
+        /// Disconnect the NBD clients of a served pool first.
+        #[arg(short, long)]
+        force: bool,
+        /// Pool name.
+        pool: String,
+    },
+    /// List pools with their size and health.
+    List {
+        /// Without the header (how a listing over several servers is assembled).
+        #[arg(long, hide = true)]
+        no_header: bool,
+        /// Scripted mode: no header, fields separated by one tab.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers (bytes) instead of human sizes.
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Pools (default: every pool the cache file knows).
+        pools: Vec<String>,
+    },
+    /// Read and verify every copy of every block, repairing bad copies from good ones. On a
+    /// served pool the scrub runs in the server's background (Ctrl-C of `-w` leaves it
+    /// running); with no server, this command runs it and waits.
+    Scrub {
+        /// Wait until the scrub is done (with a progress bar on a terminal).
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Stop the running scrub.
+        #[arg(short = 's', conflicts_with = "wait")]
+        stop: bool,
+        /// Pool name.
+        pool: String,
+    },
+    /// Show pools' vdev trees with states and error counts, and their latest scrub.
+    Status {
+        /// Pools (default: all).
+        pools: Vec<String>,
+    },
+    /// Volumes: create, list, destroy, read, write.
+    Vol {
+        #[command(subcommand)]
+        command: VolCommand,
+    },
+    /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`,
+    /// `oxpool get scheduler tank /dev/sdb` (a device's).
+    Get {
+        /// Property name, or `all`.
+        prop: String,
+        /// POOL or POOL/VOL.
+        target: String,
+        /// A device of POOL (its path): read the device's property.
+        device: Option<String>,
+    },
+    /// Set a property: `oxpool set sync=always tank/vol0`, `oxpool set scheduler=off tank`
+    /// (every device), `oxpool set scheduler=on tank /dev/sdb` (one device; `inherit` to
+    /// follow the pool's again).
+    Set {
+        /// name=value.
+        assignment: String,
+        /// POOL or POOL/VOL.
+        target: String,
+        /// A device of POOL (its path): set the device's property.
+        device: Option<String>,
+    },
+    /// I/O statistics of a served pool: operations, bandwidth and latency per pool, device and
+    /// volume; CPU time, context switches and completions per I/O; the vdev queues; the
+    /// intent log. The first report covers the time since the server started, each later one
+    /// the last INTERVAL seconds.
+    Iostat {
+        /// Average latencies: total (queue included) and disk time per device, call time per
+        /// volume.
+        #[arg(short = 'l')]
+        latency: bool,
+        /// Latency histograms per device and volume.
+        #[arg(short = 'w')]
+        histograms: bool,
+        /// Print the raw counters as JSON (one object per report).
+        #[arg(long)]
+        json: bool,
+        /// Pool name.
+        pool: String,
+        /// Seconds between reports (fractions allowed); without it, one report.
+        interval: Option<f64>,
+        /// Number of reports (default: until the server stops).
+        count: Option<u64>,
+    },
+    /// Serve volumes over NBD (with no pool known, creates a file-backed default pool).
+    Serve(ServeArgs),
+}
+
+#[derive(Subcommand)]
+pub enum VolCommand {
+    /// Create a volume.
+    Create {
+        /// POOL/VOL.
+        name: String,
+        /// Volume size (e.g. 1G).
+        #[arg(long, value_name = "SIZE")]
+        size: String,
+        /// Volume property, name=value (repeatable), e.g. volblocksize=4K.
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
+    },
+    /// List volumes.
+    List {
+        /// Without the header (how a listing over several servers is assembled).
+        #[arg(long, hide = true)]
+        no_header: bool,
+        /// Scripted mode: no header, fields separated by one tab.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Exact numbers (bytes) instead of human sizes.
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Only these pools' (default: every pool the cache file knows).
+        pools: Vec<String>,
+    },
+    /// Destroy a volume. Refused while NBD clients have it open, unless -f.
+    Destroy {
+        /// Disconnect the volume's NBD clients first.
+        #[arg(short, long)]
+        force: bool,
+        /// POOL/VOL.
+        name: String,
+    },
+    /// Write a file (or stdin with `-`) into a volume at an offset.
+    Write {
+        /// POOL/VOL.
+        name: String,
+        /// Byte offset.
+        #[arg(long, default_value = "0")]
+        offset: String,
+        /// Input file, or `-` for stdin.
+        input: PathBuf,
+    },
+    /// Read from a volume into a file (or stdout with `-`).
+    Read {
+        /// POOL/VOL.
+        name: String,
+        /// Byte offset.
+        #[arg(long, default_value = "0")]
+        offset: String,
+        /// Bytes to read (default: to the end).
+        #[arg(long)]
+        length: Option<String>,
+        /// Output file, or `-` for stdout.
+        output: PathBuf,
+    },
+}

@@ -1,0 +1,83 @@
+//! Where a command's output goes and its input comes from: this process's own terminal, or,
+//! for a command a server runs on a client's behalf, the client's over the control socket.
+//! Verbs print through a [`Console`] only, so what a served pool's command prints is byte for
+//! byte what the same command prints on an exported pool.
+
+use crate::progress::Bar;
+use std::io::{IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// A command's terminal.
+pub trait Console {
+    /// Standard output.
+    fn out(&mut self) -> &mut dyn Write;
+    /// Standard error (warnings; the final error is the caller's to print).
+    fn err(&mut self) -> &mut dyn Write;
+    /// Standard input.
+    fn input(&mut self) -> &mut dyn Read;
+    /// How far a long operation has come: a bar on a terminal's standard error, nothing
+    /// elsewhere.
+    fn progress(&mut self, label: &str, done: u64, total: u64);
+    /// The long operation is over: the bar goes away.
+    fn progress_end(&mut self);
+    /// Whether whoever asked is gone (a client that disconnected or was interrupted): wait
+    /// loops stop waiting, and the operation goes on without them.
+    fn gone(&self) -> bool;
+    /// The directory relative paths on the command line are relative to.
+    fn cwd(&self) -> &Path;
+
+    /// A path from the command line, as its user meant it.
+    fn path(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.cwd().join(p)
+        }
+    }
+}
+
+/// This process's standard streams.
+pub struct LocalConsole {
+    out: std::io::Stdout,
+    err: std::io::Stderr,
+    input: std::io::Stdin,
+    bar: Bar,
+    cwd: PathBuf,
+}
+
+impl LocalConsole {
+    /// The process's own streams and working directory.
+    pub fn new() -> LocalConsole {
+        LocalConsole {
+            out: std::io::stdout(),
+            err: std::io::stderr(),
+            input: std::io::stdin(),
+            bar: Bar::new(std::io::stderr().is_terminal()),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        }
+    }
+}
+
+impl Console for LocalConsole {
+    fn out(&mut self) -> &mut dyn Write {
+        &mut self.out
+    }
+    fn err(&mut self) -> &mut dyn Write {
+        &mut self.err
+    }
+    fn input(&mut self) -> &mut dyn Read {
+        &mut self.input
+    }
+    fn progress(&mut self, label: &str, done: u64, total: u64) {
+        self.bar.draw(&mut self.err, label, done, total);
+    }
+    fn progress_end(&mut self) {
+        self.bar.clear(&mut self.err);
+    }
+    fn gone(&self) -> bool {
+        false
+    }
+    fn cwd(&self) -> &Path {
+        &self.cwd
+    }
+}

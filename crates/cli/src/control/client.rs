@@ -1,0 +1,98 @@
+//! The client side of the control socket: sends a command line to the server that owns the
+//! pool, and plays back what the command prints, its progress (a bar on a terminal) and its
+//! exit status, feeding it standard input if it asks.
+
+use crate::progress::Bar;
+use anyhow::{anyhow, Result};
+use oxpool_control::{read_message, write_message, Message, Request, PAYLOAD_BYTES_MAX};
+use std::io::{IsTerminal, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// Bytes of standard input per frame.
+const STDIN_CHUNK_BYTES: usize = 256 * 1024;
+const _: () = assert!(STDIN_CHUNK_BYTES + 64 <= PAYLOAD_BYTES_MAX);
+
+/// Runs `args` (the command line after the program name) in the server at the other end of
+/// `stream` (connected to `socket`); returns the command's exit status. Interrupting this
+/// process leaves the command running in the server.
+pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<i32> {
+    let cwd = std::env::current_dir()?;
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| anyhow!("the working directory is not UTF-8"))?
+        .to_string();
+    let stderr_is_terminal = std::io::stderr().is_terminal();
+    let lost = |e: &dyn std::fmt::Display| {
+        anyhow!(
+            "lost the connection to the server at {} ({e}); the command may still run there",
+            socket.display()
+        )
+    };
+    write_message(
+        &mut stream,
+        &Message::Request(Request {
+            args,
+            cwd,
+            stderr_is_terminal,
+        }),
+    )
+    .map_err(|e| lost(&e))?;
+    let mut bar = Bar::new(stderr_is_terminal);
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr();
+    let mut pump = None;
+    // Bounded by the command: the server sends a finite stream ending with Exit.
+    loop {
+        let message = read_message(&mut stream).map_err(|e| lost(&e))?;
+        match message {
+            Some(Message::Stdout(data)) => {
+                bar.clear(&mut stderr);
+                stdout.write_all(&data)?;
+            }
+            Some(Message::Stderr(data)) => {
+                bar.clear(&mut stderr);
+                stdout.flush()?;
+                stderr.write_all(&data)?;
+            }
+            Some(Message::Progress { label, done, total }) => {
+                stdout.flush()?;
+                bar.draw(&mut stderr, &label, done, total);
+            }
+            Some(Message::StdinWanted) => {
+                if pump.is_none() {
+                    let writer = stream.try_clone()?;
+                    pump = Some(std::thread::spawn(move || pump_stdin(writer)));
+                }
+            }
+            Some(Message::Exit { code, error }) => {
+                bar.clear(&mut stderr);
+                stdout.flush()?;
+                if !error.is_empty() {
+                    eprintln!("oxpool: {error}");
+                }
+                return Ok(code);
+            }
+            Some(other) => return Err(lost(&format!("unexpected {other:?}"))),
+            None => return Err(lost(&"it closed the connection")),
+        }
+    }
+}
+
+/// Sends standard input to the server, then its end.
+fn pump_stdin(mut stream: UnixStream) {
+    let mut input = std::io::stdin().lock();
+    let mut buf = vec![0u8; STDIN_CHUNK_BYTES];
+    // Bounded by the input's length.
+    loop {
+        match input.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if write_message(&mut stream, &Message::Stdin(buf[..n].to_vec())).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = write_message(&mut stream, &Message::StdinEnd);
+}

@@ -1,0 +1,124 @@
+//! Where a command finds its pools: opened by the command itself (no server owns them), or,
+//! for a command a server runs on a client's behalf, the server's live pools.
+
+use crate::devices::{open_device, Devices};
+use crate::served::Served;
+use anyhow::{anyhow, bail, Context, Result};
+use oxpool_engine::cachefile;
+use oxpool_engine::Pool;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The pools a command works on.
+#[derive(Clone)]
+pub enum Host {
+    /// Pools no server owns: the command imports each one it needs and exports it after.
+    Local {
+        /// The pool cache file.
+        cache: PathBuf,
+    },
+    /// The pools of the running server (the command runs inside it).
+    Live(Arc<Served>),
+}
+
+impl Host {
+    /// The pool cache file.
+    pub fn cache(&self) -> &Path {
+        match self {
+            Host::Local { cache } => cache,
+            Host::Live(served) => served.cache(),
+        }
+    }
+
+    /// Runs `f`, which only reads, on pool `name`.
+    pub fn with_pool<T>(&self, name: &str, f: impl FnOnce(&Pool) -> Result<T>) -> Result<T> {
+        match self {
+            Host::Local { cache } => with_local_pool(cache, name, f),
+            Host::Live(served) => f(&served.pool(name)?.pool),
+        }
+    }
+
+    /// Runs `f`, which changes pool `name`, one change of the pool at a time.
+    pub fn change_pool<T>(&self, name: &str, f: impl FnOnce(&Pool) -> Result<T>) -> Result<T> {
+        match self {
+            Host::Local { cache } => with_local_pool(cache, name, f),
+            Host::Live(served) => {
+                let pool = served.pool(name)?;
+                let _one_change = pool.admin();
+                f(&pool.pool)
+            }
+        }
+    }
+
+    /// The pools a command over "every pool" visits: those the cache file knows.
+    pub fn known_pools(&self) -> Result<Vec<String>> {
+        Ok(cachefile::read(self.cache())?
+            .into_iter()
+            .map(|p| p.name)
+            .collect())
+    }
+}
+
+/// Imports pool `name` for `f` and exports it after, whatever `f` returned (a pool dropped
+/// without export loses what was not synced yet).
+fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<T>) -> Result<T> {
+    let (pool, _locks) = open_pool(cache, name)?;
+    let result = f(&pool);
+    let exported = pool.export();
+    let value = result?;
+    exported?;
+    Ok(value)
+}
+
+/// Opens (imports) a pool the cache file knows; the returned locks keep its devices ours.
+pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
+    let entry = cachefile::read(cache)?
+        .into_iter()
+        .find(|p| p.name == name)
+        .ok_or_else(|| {
+            anyhow!(
+                "pool '{name}' not found (not in {}; try `oxpool import`)",
+                cache.display()
+            )
+        })?;
+    let mut devs = Devices::default();
+    let mut missing = Vec::new();
+    for path in &entry.devices {
+        // A missing device is tolerated (a mirror can run degraded; import decides whether
+        // enough is present); one that exists but cannot be opened or is in use is an error.
+        if path.exists() {
+            devs.push(open_device(path, None)?);
+        } else {
+            missing.push(path.display().to_string());
+        }
+    }
+    if devs.backends().is_empty() {
+        bail!(
+            "pool '{name}': none of its devices exists ({})",
+            missing.join(", ")
+        );
+    }
+    // Missing devices show as MISSING in `oxpool status`; import refuses the pool if what is
+    // missing is needed, naming it.
+    let pool = Pool::import(devs.backends(), Some(name))
+        .with_context(|| format!("cannot open pool '{name}'"))?;
+    Ok((pool, devs))
+}
+
+/// Records the pool and its devices in the cache file.
+pub fn remember(cache: &Path, pool: &Pool) -> Result<()> {
+    let devices = pool
+        .device_paths()
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(p)))
+        .collect();
+    cachefile::upsert(
+        cache,
+        cachefile::CachedPool {
+            name: pool.name().to_string(),
+            guid: pool.guid().0,
+            devices,
+        },
+    )?;
+    Ok(())
+}

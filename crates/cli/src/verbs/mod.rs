@@ -1,0 +1,107 @@
+//! What each verb does, written once for both places a command runs: in the `oxpool` process
+//! on pools it opens itself, and inside `oxpool serve` on the pools it serves (for a client
+//! of its control socket). Verbs print through a [`Console`] and find pools through a
+//! [`Host`]; where serving changes what a verb must do (a new volume becomes an export, an
+//! export disconnects clients), the verb says so where it matters.
+
+pub mod pool;
+mod props;
+pub mod volume;
+
+use crate::args::Command;
+use crate::console::Console;
+use crate::host::Host;
+use anyhow::{anyhow, bail, Result};
+
+/// Runs `command` on `host`'s pools, printing on `con`.
+pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
+    match command {
+        Command::Create {
+            force,
+            size,
+            sparse,
+            props,
+            pool,
+            vdevs,
+        } => pool::create(
+            host,
+            con,
+            &pool,
+            &vdevs,
+            size.as_deref(),
+            sparse,
+            &props,
+            force,
+        ),
+        Command::Import { dirs, pool } => pool::import(host, con, &dirs, pool.as_deref()),
+        Command::Add {
+            force,
+            size,
+            sparse,
+            pool,
+            vdevs,
+        } => pool::add(host, con, &pool, &vdevs, size.as_deref(), sparse, force),
+        Command::Export { pool } => pool::export(host, &pool),
+        Command::Destroy { force, pool } => pool::destroy(host, &pool, force),
+        Command::List {
+            scripted,
+            parsable,
+            no_header,
+            pools,
+        } => pool::list(host, con, scripted, parsable, no_header, &pools),
+        Command::Status { pools } => pool::status(host, con, &pools),
+        Command::Scrub { wait, stop, pool } => pool::scrub(host, con, &pool, wait, stop),
+        Command::Vol { command } => volume::run(host, con, command),
+        Command::Get {
+            prop,
+            target,
+            device,
+        } => props::get(host, con, &prop, &target, device.as_deref()),
+        Command::Set {
+            assignment,
+            target,
+            device,
+        } => props::set(host, &assignment, &target, device.as_deref()),
+        Command::Iostat {
+            latency,
+            histograms,
+            json,
+            pool,
+            interval,
+            count,
+        } => crate::iostat::print(
+            host.cache(),
+            &pool,
+            crate::iostat::Options {
+                json,
+                latency,
+                histograms,
+                interval_s: interval,
+                count,
+            },
+        ),
+        Command::Serve(_) => bail!("`serve` cannot run inside a server"),
+    }
+}
+
+/// `name=value`.
+pub fn split_assignment(a: &str) -> Result<(&str, &str)> {
+    a.split_once('=')
+        .ok_or_else(|| anyhow!("expected PROP=VALUE, got '{a}'"))
+}
+
+/// `POOL` or `POOL/VOL`.
+pub fn split_target(t: &str) -> (&str, Option<&str>) {
+    match t.split_once('/') {
+        Some((p, v)) => (p, Some(v)),
+        None => (t, None),
+    }
+}
+
+/// `POOL/VOL`, required.
+pub fn volume_target(t: &str) -> Result<(&str, &str)> {
+    match split_target(t) {
+        (p, Some(v)) => Ok((p, v)),
+        _ => Err(anyhow!("expected POOL/VOL, got '{t}'")),
+    }
+}

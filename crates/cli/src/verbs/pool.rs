@@ -1,0 +1,403 @@
+//! The pool verbs: create, import, export, destroy, add, list, status, scrub.
+
+use crate::console::Console;
+use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles};
+use crate::display::{print_status, size};
+use crate::host::{open_pool, remember, Host};
+use anyhow::{bail, Result};
+use oxpool_engine::cachefile;
+use oxpool_engine::props::parse_size;
+use oxpool_engine::{Pool, PoolProps, ScanState, TopSpec};
+use oxpool_format::TopVdevKind;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How often `scrub -w` redraws its progress.
+const SCRUB_PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// `oxpool create`. In a server, the new pool is served at once.
+#[allow(clippy::too_many_arguments)]
+pub fn create(
+    host: &Host,
+    con: &mut dyn Console,
+    name: &str,
+    vdevs: &[String],
+    size: Option<&str>,
+    sparse: bool,
+    props: &[String],
+    force: bool,
+) -> Result<()> {
+    let _one = match host {
+        Host::Live(served) => Some(served.membership()),
+        Host::Local { .. } => None,
+    };
+    let cache = host.cache();
+    if cachefile::read(cache)?.iter().any(|p| p.name == name) {
+        bail!("pool '{name}' already exists");
+    }
+    let create = new_files(size, sparse)?;
+    let mut pool_props = PoolProps::default();
+    for a in props {
+        let (k, v) = super::split_assignment(a)?;
+        pool_props.set(k, v)?;
+    }
+    let mut devs = Devices::default();
+    // Until the pool exists, a failure removes the files this command made (once it exists,
+    // they are the pool's: `import` finds it).
+    let made = parse_vdevs(con, vdevs, create, &mut devs)
+        .and_then(|tops| Ok(Pool::create(name, tops, pool_props, force)?));
+    let pool = match made {
+        Ok(pool) => pool,
+        Err(e) => {
+            devs.remove_created(con.err());
+            return Err(e);
+        }
+    };
+    remember(cache, &pool)?;
+    match host {
+        Host::Local { .. } => pool.export()?,
+        Host::Live(served) => {
+            served.adopt(pool, devs)?;
+        }
+    }
+    Ok(())
+}
+
+/// `oxpool import [-d DIR]... [POOL]`. In a server, the imported pool is served at once.
+pub fn import(
+    host: &Host,
+    con: &mut dyn Console,
+    dirs: &[PathBuf],
+    name: Option<&str>,
+) -> Result<()> {
+    let _one = match (host, name) {
+        (Host::Live(served), Some(_)) => Some(served.membership()),
+        _ => None,
+    };
+    if let (Host::Live(served), Some(n)) = (host, name) {
+        if served.serves(n) {
+            bail!("pool '{n}' is imported already (this server serves it)");
+        }
+    }
+    let cache = host.cache();
+    let mut paths: Vec<PathBuf> = Vec::new();
+    if dirs.is_empty() {
+        for p in cachefile::read(cache)? {
+            paths.extend(p.devices);
+        }
+    }
+    for d in dirs {
+        paths.extend(scan_dir(&con.path(d))?);
+    }
+    let mut devs = Devices::default();
+    for p in &paths {
+        // Devices of pools open elsewhere (or in this server) are locked: not candidates.
+        if let Ok(d) = open_device(p, None) {
+            devs.push(d);
+        }
+    }
+    match name {
+        Some(n) => {
+            let pool = Pool::import(devs.backends(), Some(n))?;
+            remember(cache, &pool)?;
+            match host {
+                Host::Local { .. } => pool.export()?,
+                Host::Live(served) => {
+                    served.adopt(pool, devs)?;
+                }
+            }
+            writeln!(con.out(), "imported pool '{n}'")?;
+        }
+        None => {
+            // List what could be imported: one line per pool found in the labels.
+            let found = probe_labels(&devs);
+            if found.is_empty() {
+                writeln!(con.out(), "no pools available to import")?;
+            }
+            for (pool, guid, paths) in found {
+                writeln!(
+                    con.out(),
+                    "pool: {pool}  id: {guid:x}  devices: {}",
+                    paths.join(" ")
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `oxpool export POOL`. A served pool's clients are disconnected (after their requests in
+/// flight are answered) and the server stops serving it.
+pub fn export(host: &Host, name: &str) -> Result<()> {
+    match host {
+        Host::Local { cache } => {
+            let (pool, _locks) = open_pool(cache, name)?;
+            pool.export()?;
+        }
+        Host::Live(served) => {
+            let _one = served.membership();
+            let (pool, devices) = served.release(name, false)?;
+            pool.export()?;
+            drop(devices);
+        }
+    }
+    cachefile::remove(host.cache(), name)?;
+    Ok(())
+}
+
+/// `oxpool destroy [-f] POOL`.
+pub fn destroy(host: &Host, name: &str, force: bool) -> Result<()> {
+    match host {
+        Host::Local { cache } => {
+            let (pool, _locks) = open_pool(cache, name)?;
+            pool.destroy()?;
+        }
+        Host::Live(served) => {
+            let _one = served.membership();
+            let (pool, devices) = served.release(name, !force)?;
+            pool.destroy()?;
+            drop(devices);
+        }
+    }
+    cachefile::remove(host.cache(), name)?;
+    Ok(())
+}
+
+/// `oxpool add POOL [log] [mirror] PATH...`: in place, while the pool serves.
+pub fn add(
+    host: &Host,
+    con: &mut dyn Console,
+    name: &str,
+    vdevs: &[String],
+    size: Option<&str>,
+    sparse: bool,
+    force: bool,
+) -> Result<()> {
+    let create = new_files(size, sparse)?;
+    host.change_pool(name, |pool| {
+        let mut devs = Devices::default();
+        // As in create: until the pool holds the new devices, a failure removes the files
+        // this command made.
+        let made = parse_vdevs(con, vdevs, create, &mut devs)
+            .and_then(|tops| Ok(pool.add_vdevs(tops, force)?));
+        if let Err(e) = made {
+            devs.remove_created(con.err());
+            return Err(e);
+        }
+        remember(host.cache(), pool)?;
+        if let Host::Live(served) = host {
+            served.pool(name)?.keep_devices(devs);
+        }
+        Ok(())
+    })
+}
+
+/// The pools a listing covers: those named, or every pool the cache file knows.
+pub fn listed(host: &Host, named: &[String]) -> Result<Vec<String>> {
+    if named.is_empty() {
+        host.known_pools()
+    } else {
+        Ok(named.to_vec())
+    }
+}
+
+/// The header of `oxpool list`.
+pub fn list_header(con: &mut dyn Console) -> Result<()> {
+    writeln!(
+        con.out(),
+        "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
+        "NAME",
+        "SIZE",
+        "ALLOC",
+        "FREE",
+        "HEALTH",
+        "TXG"
+    )?;
+    Ok(())
+}
+
+/// `oxpool list [-H] [-p] [POOL...]`.
+pub fn list(
+    host: &Host,
+    con: &mut dyn Console,
+    scripted: bool,
+    exact: bool,
+    no_header: bool,
+    named: &[String],
+) -> Result<()> {
+    if !scripted && !no_header {
+        list_header(con)?;
+    }
+    for name in listed(host, named)? {
+        let s = host.with_pool(&name, |p| Ok(p.status()))?;
+        let fields = [
+            s.name.clone(),
+            size(s.size_bytes, exact),
+            size(s.allocated_bytes, exact),
+            size(s.size_bytes - s.allocated_bytes, exact),
+            s.state.clone(),
+            s.txg.to_string(),
+        ];
+        if scripted {
+            writeln!(con.out(), "{}", fields.join("\t"))?;
+        } else {
+            writeln!(
+                con.out(),
+                "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
+                fields[0],
+                fields[1],
+                fields[2],
+                fields[3],
+                fields[4],
+                fields[5]
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `oxpool status [POOL...]`.
+pub fn status(host: &Host, con: &mut dyn Console, named: &[String]) -> Result<()> {
+    let names = listed(host, named)?;
+    if names.is_empty() {
+        writeln!(con.out(), "no pools")?;
+    }
+    for name in names {
+        let s = host.with_pool(&name, |p| Ok(p.status()))?;
+        print_status(con.out(), &s)?;
+    }
+    Ok(())
+}
+
+/// `oxpool scrub [-w | -s] POOL`.
+pub fn scrub(host: &Host, con: &mut dyn Console, name: &str, wait: bool, stop: bool) -> Result<()> {
+    match host {
+        Host::Local { .. } if stop => {
+            bail!("no scrub of pool '{name}' is running (no server serves it)")
+        }
+        // No server to carry it on: this command runs the scrub to its end.
+        Host::Local { .. } => host.change_pool(name, |pool| {
+            pool.scrub_start()?;
+            wait_for_scrub(con, pool)
+        }),
+        Host::Live(_) if stop => host.change_pool(name, |pool| Ok(pool.scrub_cancel()?)),
+        Host::Live(served) => {
+            host.change_pool(name, |pool| Ok(pool.scrub_start()?))?;
+            if !wait {
+                return Ok(());
+            }
+            // Not under the pool's lock: waiting must not hold up other changes.
+            let pool = served.pool(name)?;
+            wait_for_scrub(con, &pool.pool)
+        }
+    }
+}
+
+/// Shows the running scrub's progress until it ends (or whoever asked is gone: it goes on),
+/// then what it found.
+fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
+    let label = format!("scrub {}", pool.name());
+    // Bounded: the scrub ends, or the client leaves.
+    let status = loop {
+        let Some(s) = pool.scan_wait(SCRUB_PROGRESS_INTERVAL) else {
+            bail!("no scrub of pool '{}'", pool.name());
+        };
+        if s.state != ScanState::Scanning {
+            break s;
+        }
+        con.progress(&label, s.examined_bytes, s.total_bytes);
+        if con.gone() {
+            return Ok(());
+        }
+    };
+    con.progress_end();
+    let c = status.counts;
+    writeln!(
+        con.out(),
+        "scrub of {}: {} copies checked, {} bad, {} repaired, {} blocks lost",
+        pool.name(),
+        c.copies_checked,
+        c.copies_bad,
+        c.copies_repaired,
+        c.blocks_lost
+    )?;
+    print_status(con.out(), &pool.status())?;
+    match (status.state, status.error) {
+        (ScanState::Canceled, Some(e)) => bail!("scrub of {} stopped: {e}", pool.name()),
+        (ScanState::Canceled, None) => bail!("scrub of {} was canceled", pool.name()),
+        _ if c.blocks_lost > 0 => bail!("{} blocks have no good copy", c.blocks_lost),
+        _ => Ok(()),
+    }
+}
+
+/// How `--size` and `--sparse` say missing device files are made.
+fn new_files(size: Option<&str>, sparse: bool) -> Result<Option<NewFiles>> {
+    Ok(match size {
+        Some(s) => {
+            let size_bytes = parse_size("--size", s)?;
+            if size_bytes == 0 {
+                bail!("--size must be more than 0");
+            }
+            Some(NewFiles { size_bytes, sparse })
+        }
+        None if sparse => bail!("--sparse needs --size: it says how missing files are created"),
+        None => None,
+    })
+}
+
+/// Parses `[mirror] PATH... [mirror PATH...] [log [mirror] PATH...]` into top-level vdevs,
+/// opening (and with `create`, creating) the devices.
+fn parse_vdevs(
+    con: &dyn Console,
+    words: &[String],
+    create: Option<NewFiles>,
+    devs: &mut Devices,
+) -> Result<Vec<TopSpec>> {
+    let mut tops = Vec::new();
+    let mut log = false;
+    let mut i = 0;
+    let open = |p: &str, devs: &mut Devices| -> Result<_> {
+        let d = open_device(&con.path(Path::new(p)), create)?;
+        let backend = d.backend();
+        devs.push(d);
+        Ok(backend)
+    };
+    // Bounded: every round consumes at least one word.
+    while i < words.len() {
+        match words[i].as_str() {
+            "log" => {
+                log = true;
+                i += 1;
+            }
+            "mirror" => {
+                let start = i + 1;
+                let mut end = start;
+                while end < words.len() && words[end] != "mirror" && words[end] != "log" {
+                    end += 1;
+                }
+                if end - start < 2 {
+                    bail!("a mirror needs at least two devices");
+                }
+                let mut group = Vec::new();
+                for p in &words[start..end] {
+                    group.push(open(p, devs)?);
+                }
+                tops.push(TopSpec {
+                    log,
+                    kind: TopVdevKind::Mirror,
+                    devices: group,
+                });
+                i = end;
+            }
+            path => {
+                tops.push(TopSpec {
+                    log,
+                    kind: TopVdevKind::Single,
+                    devices: vec![open(path, devs)?],
+                });
+                i += 1;
+            }
+        }
+    }
+    Ok(tops)
+}

@@ -1,0 +1,194 @@
+//! The volume verbs: `oxpool vol create | list | destroy | write | read`.
+
+use super::{split_assignment, volume_target};
+use crate::args::VolCommand;
+use crate::console::Console;
+use crate::display::size;
+use crate::host::Host;
+use anyhow::{Context, Result};
+use oxpool_engine::props::parse_size;
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// Bytes `vol read` and `vol write` move per step: memory stays bounded (the pool's
+/// `dirty_max` bounds what is dirty).
+const COPY_CHUNK_BYTES: usize = 1 << 20;
+
+/// Runs one `oxpool vol` verb.
+pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
+    match cmd {
+        VolCommand::Create { name, size, props } => {
+            let (pool, v) = volume_target(&name)?;
+            let size = parse_size("--size", &size)?;
+            let mut pairs = Vec::new();
+            for a in &props {
+                let (k, val) = split_assignment(a)?;
+                pairs.push((k.to_string(), val.to_string()));
+            }
+            host.change_pool(pool, |p| {
+                let volume = p.create_volume(v, size, &pairs)?;
+                if let Host::Live(served) = host {
+                    // Listed by `nbdinfo --list` from now on.
+                    served.export_volume(volume)?;
+                }
+                Ok(())
+            })
+        }
+        VolCommand::List {
+            scripted,
+            parsable,
+            no_header,
+            pools,
+        } => list(host, con, scripted, parsable, no_header, &pools),
+        VolCommand::Destroy { name, force } => {
+            let (pool, v) = volume_target(&name)?;
+            host.change_pool(pool, |p| {
+                let volume = p.volume(v)?;
+                if let Host::Live(served) = host {
+                    // Out of the export table first (refused while open, unless -f): no
+                    // client can open it between the check and the destroy.
+                    served.unexport_volume(&name, force)?;
+                    if let Err(e) = p.destroy_volume(v) {
+                        served.export_volume(volume)?;
+                        return Err(e.into());
+                    }
+                    return Ok(());
+                }
+                drop(volume);
+                Ok(p.destroy_volume(v)?)
+            })
+        }
+        VolCommand::Write {
+            name,
+            offset,
+            input,
+        } => {
+            let (pool, v) = volume_target(&name)?;
+            let offset = parse_size("--offset", &offset)?;
+            let mut file = None;
+            if input != Path::new("-") {
+                let path = con.path(&input);
+                file =
+                    Some(std::fs::File::open(&path).with_context(|| path.display().to_string())?);
+            }
+            host.with_pool(pool, |p| {
+                let vol = p.volume(v)?;
+                let reader: &mut dyn Read = match file.as_mut() {
+                    Some(f) => f,
+                    None => con.input(),
+                };
+                let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+                let mut pos = offset;
+                // Bounded by the input's length: each pass consumes a chunk or ends.
+                loop {
+                    let mut n = 0;
+                    while n < buf.len() {
+                        match reader.read(&mut buf[n..])? {
+                            0 => break,
+                            k => n += k,
+                        }
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                    oxpool_io::rt::block_on(vol.write(pos, &buf[..n], false))?;
+                    pos += n as u64;
+                }
+                Ok(())
+            })
+        }
+        VolCommand::Read {
+            name,
+            offset,
+            length,
+            output,
+        } => {
+            let (pool, v) = volume_target(&name)?;
+            let offset = parse_size("--offset", &offset)?;
+            let mut file = None;
+            if output != Path::new("-") {
+                let path = con.path(&output);
+                file =
+                    Some(std::fs::File::create(&path).with_context(|| path.display().to_string())?);
+            }
+            host.with_pool(pool, |p| {
+                let vol = p.volume(v)?;
+                let len = match &length {
+                    Some(l) => parse_size("--length", l)?,
+                    None => vol.size_bytes().saturating_sub(offset),
+                };
+                let out: &mut dyn Write = match file.as_mut() {
+                    Some(f) => f,
+                    None => con.out(),
+                };
+                let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+                let mut pos = offset;
+                while pos < offset + len {
+                    let n = ((offset + len - pos) as usize).min(buf.len());
+                    oxpool_io::rt::block_on(vol.read(pos, &mut buf[..n]))?;
+                    out.write_all(&buf[..n])?;
+                    pos += n as u64;
+                }
+                out.flush()?;
+                Ok(())
+            })
+        }
+    }
+}
+
+/// The header of `oxpool vol list`.
+pub fn list_header(con: &mut dyn Console) -> Result<()> {
+    writeln!(
+        con.out(),
+        "{:<32} {:>10} {:>10} {:>12}",
+        "NAME",
+        "VOLSIZE",
+        "USED",
+        "VOLBLOCKSIZE"
+    )?;
+    Ok(())
+}
+
+/// `oxpool vol list [-H] [-p] [POOL...]`.
+fn list(
+    host: &Host,
+    con: &mut dyn Console,
+    scripted: bool,
+    exact: bool,
+    no_header: bool,
+    named: &[String],
+) -> Result<()> {
+    if !scripted && !no_header {
+        list_header(con)?;
+    }
+    for name in super::pool::listed(host, named)? {
+        let rows: Vec<[String; 4]> = host.with_pool(&name, |p| {
+            Ok(p.volumes()
+                .iter()
+                .map(|v| {
+                    [
+                        v.full_name().to_string(),
+                        size(v.size_bytes(), exact),
+                        size(v.used_bytes(), exact),
+                        size(u64::from(v.block_size_bytes()), exact),
+                    ]
+                })
+                .collect())
+        })?;
+        for r in rows {
+            if scripted {
+                writeln!(con.out(), "{}", r.join("\t"))?;
+            } else {
+                writeln!(
+                    con.out(),
+                    "{:<32} {:>10} {:>10} {:>12}",
+                    r[0],
+                    r[1],
+                    r[2],
+                    r[3]
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
