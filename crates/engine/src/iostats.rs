@@ -213,6 +213,22 @@ pub struct DeviceStats {
     pub io: LeafIoSnapshot,
     /// Its vdev queue's counters.
     pub queue: crate::vdev_queue::QueueSnapshot,
+    /// Its error counters, as `oxpool status` shows them.
+    #[serde(default)]
+    pub errors: DeviceErrors,
+}
+
+/// A leaf's error counters (`oxpool status`'s READ, WRITE, CKSUM columns).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceErrors {
+    /// Reads that failed.
+    pub read: u64,
+    /// Writes that failed.
+    pub write: u64,
+    /// Reads whose data failed its checksum.
+    pub checksum: u64,
+    /// Bytes rewritten by self-healing.
+    pub repaired_bytes: u64,
 }
 
 /// One volume's statistics.

@@ -29,22 +29,27 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
             socket.display()
         )
     };
-    write_message(
+    // A server that refuses (another user's, one too busy) answers and closes without
+    // reading: the request's write may fail, and the answer is still there to read.
+    let sent = write_message(
         &mut stream,
         &Message::Request(Request {
             args,
             cwd,
             stderr_is_terminal,
         }),
-    )
-    .map_err(|e| lost(&e))?;
+    );
     let mut bar = Bar::new(stderr_is_terminal);
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr();
     let mut pump = None;
     // Bounded by the command: the server sends a finite stream ending with Exit.
     loop {
-        let message = read_message(&mut stream).map_err(|e| lost(&e))?;
+        let message = match (read_message(&mut stream), &sent) {
+            (Ok(m), _) => m,
+            (Err(_), Err(e)) => return Err(lost(e)),
+            (Err(e), Ok(())) => return Err(lost(&e)),
+        };
         match message {
             Some(Message::Stdout(data)) => {
                 bar.clear(&mut stderr);
@@ -74,7 +79,10 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
                 return Ok(code);
             }
             Some(other) => return Err(lost(&format!("unexpected {other:?}"))),
-            None => return Err(lost(&"it closed the connection")),
+            None => match &sent {
+                Err(e) => return Err(lost(e)),
+                Ok(()) => return Err(lost(&"it closed the connection")),
+            },
         }
     }
 }

@@ -93,6 +93,25 @@ impl Env {
         command.arg("serve").args(args);
         ServerProcess::start(command)
     }
+
+    /// Runs an `oxpool` command that may fail; returns its output.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let mut command = self.oxpool_command();
+        command.args(args);
+        run_unchecked(command, &format!("oxpool {args:?}"))
+    }
+
+    /// Runs an `oxpool` command that must fail; returns its stderr, which must be one line.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            !output.status.success(),
+            "oxpool {args:?} should have failed"
+        );
+        let err = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+        err
+    }
 }
 
 /// A running `oxpool serve`, killed (SIGKILL, by PID) when dropped unless stopped before.
@@ -107,7 +126,8 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(mut command: Command) -> ServerProcess {
+    /// Starts `command` (an `oxpool serve`) and waits until it is ready.
+    pub fn start(mut command: Command) -> ServerProcess {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -184,6 +204,16 @@ impl ServerProcess {
             .find(|u| u.ends_with(&suffix) || u.contains(&format!("{suffix}?")))
             .unwrap_or_else(|| panic!("no URI for {export} in {:?}", self.uris))
             .clone()
+    }
+
+    /// The control socket it printed.
+    pub fn control_socket(&self) -> PathBuf {
+        let out = self.stdout.lock().unwrap();
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix("control socket: "))
+            .unwrap_or_else(|| panic!("no control socket in:\n{out}"));
+        PathBuf::from(line.split(" (").next().unwrap())
     }
 
     /// `host:port` of the TCP listener.

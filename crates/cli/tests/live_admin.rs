@@ -1,0 +1,581 @@
+//! Administering pools that `oxpool serve` is serving: every verb goes through the server's
+//! control socket and works on the live pool while clients keep using it; bad input on the
+//! socket harms nobody; only the serving user may administer.
+
+#[path = "nbd/harness.rs"]
+mod harness;
+
+use harness::{python, run, script, tool, Env, ServerProcess, PYTHON};
+use oxpool_control::{decode, encode, Message, Request};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// One fio run of the verify loop.
+struct FioRun {
+    ok: bool,
+    /// Largest completion latency of any I/O, in microseconds.
+    clat_us_max: u64,
+    output: String,
+}
+
+/// fio writing and verifying one volume over and over (each run writes 16 MiB at random,
+/// checks every block as it goes and at the end) until stopped.
+struct FioLoop {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Vec<FioRun>>,
+}
+
+impl FioLoop {
+    fn start(uri: &str) -> FioLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, uri) = (stop.clone(), uri.to_string());
+            std::thread::spawn(move || {
+                let mut runs = Vec::new();
+                // Bounded by `stop`, and by a run count far above what the verbs take.
+                while !stop.load(Ordering::Relaxed) && runs.len() < 10_000 {
+                    runs.push(fio_once(&uri, runs.len() as u64 + 1));
+                }
+                runs
+            })
+        };
+        FioLoop { stop, thread }
+    }
+
+    /// Stops after the current run; returns every run.
+    fn finish(self) -> Vec<FioRun> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the fio loop panicked")
+    }
+}
+
+fn fio_once(uri: &str, seed: u64) -> FioRun {
+    let mut command = Command::new("fio");
+    command.args([
+        "--name=verify",
+        "--ioengine=nbd",
+        &format!("--uri={uri}"),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=8",
+        "--size=16M",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_backlog=256",
+        "--verify_fatal=1",
+        "--verify_state_save=0",
+        &format!("--randseed={seed}"),
+        "--output-format=json",
+    ]);
+    let output = harness::run_unchecked(command, "fio verify");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let json: Option<serde_json::Value> = text
+        .find('{')
+        .and_then(|start| serde_json::from_str(&text[start..]).ok());
+    let job = json.as_ref().map(|j| &j["jobs"][0]);
+    let error = job.and_then(|j| j["error"].as_i64()).unwrap_or(-1);
+    let clat = |dir: &str| {
+        job.and_then(|j| j[dir]["clat_ns"]["max"].as_u64())
+            .unwrap_or(0)
+    };
+    FioRun {
+        ok: output.status.success() && error == 0,
+        clat_us_max: clat("write").max(clat("read")) / 1000,
+        output: format!("{text}{}", String::from_utf8_lossy(&output.stderr)),
+    }
+}
+
+/// A second pool `tank2` with volume `w0` in the same directory.
+fn tank2(env: &Env) {
+    let file = env.path("tank2.img");
+    env.ok(&[
+        "create",
+        "tank2",
+        file.to_str().unwrap(),
+        "--size",
+        "256M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank2/w0", "--size", "16M"]);
+}
+
+fn exports(server: &ServerProcess) -> String {
+    tool(
+        "nbdinfo",
+        &["--list", &format!("nbd://{}", server.tcp_addr())],
+    )
+}
+
+/// `hold.py` on `uri`, once it has the export open.
+fn hold(uri: &str) -> Child {
+    let mut child = Command::new(PYTHON)
+        .arg(script("hold.py"))
+        .arg(uri)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start hold.py");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "open", "hold.py did not open {uri}");
+    child
+}
+
+/// Lets `hold.py` try a read; returns what it says.
+fn release(mut child: Child) -> String {
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut rest)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "hold.py failed: {rest}");
+    rest.trim().to_string()
+}
+
+#[test]
+fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
+    let env = Env::new();
+    env.tank(&[("vol0", "64M", &["volblocksize=4K"]), ("v1", "32M", &[])]);
+    tank2(&env);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let fio = FioLoop::start(&server.uri("tank/vol0"));
+
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains("tank.img") && status.contains("ONLINE"),
+        "{status}"
+    );
+    let list = env.ok(&["list"]);
+    assert!(list.contains("tank ") && list.contains("tank2"), "{list}");
+    assert!(env.ok(&["get", "all", "tank/v1"]).contains("volsize"));
+    env.ok(&["set", "sync=always", "tank/v1"]);
+    assert!(env.ok(&["get", "sync", "tank/v1"]).contains("always"));
+    env.ok(&["set", "txg_timeout=3", "tank"]);
+    assert!(env.ok(&["get", "txg_timeout", "tank"]).contains(" 3"));
+
+    // A new volume is an export at once; a resize is seen by the next connection.
+    env.ok(&["vol", "create", "tank/v2", "--size", "8M"]);
+    assert!(exports(&server).contains("tank/v2"));
+    env.ok(&["set", "volsize=48M", "tank/v1"]);
+    let size = tool("nbdinfo", &["--size", &server.uri("tank/v1")]);
+    assert_eq!(size.trim(), (48u64 << 20).to_string());
+    env.ok(&["vol", "destroy", "tank/v2"]);
+    assert!(!exports(&server).contains("tank/v2"));
+    assert!(!env.ok(&["vol", "list"]).contains("tank/v2"));
+
+    // A scrub in the background, then one waited for.
+    env.ok(&["scrub", "tank"]);
+    let waited = loop_until_scrub_can_start(&env);
+    assert!(waited.contains("scrub of tank:"), "{waited}");
+    assert!(waited.contains("scan: scrub repaired 0B"), "{waited}");
+    let e = env.fails(&["scrub", "-s", "tank"]);
+    assert!(e.contains("no scrub"), "{e}");
+
+    // A log device added live; the next sync writes go there.
+    env.ok(&[
+        "add",
+        "tank",
+        "log",
+        env.path("slog.img").to_str().unwrap(),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    assert!(env.ok(&["status", "tank"]).contains("slog.img"));
+    let iostat = env.ok(&["iostat", "tank"]);
+    assert!(iostat.contains("tank"), "{iostat}");
+
+    // The other pool leaves the server and comes back.
+    env.ok(&["export", "tank2"]);
+    assert!(!env.ok(&["list"]).contains("tank2"));
+    assert!(!exports(&server).contains("tank2/w0"));
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    assert!(env
+        .ok(&["import", "-d", &dir, "tank2"])
+        .contains("imported pool 'tank2'"));
+    assert!(exports(&server).contains("tank2/w0"));
+    assert!(env.ok(&["vol", "list", "tank2"]).contains("tank2/w0"));
+
+    let runs = fio.finish();
+    let worst = runs.iter().map(|r| r.clat_us_max).max().unwrap_or(0);
+    println!(
+        "fio verify runs during the verbs: {}, largest I/O latency {worst} us (txg_timeout 5 s, then 3 s)",
+        runs.len()
+    );
+    assert!(!runs.is_empty());
+    for run in &runs {
+        assert!(run.ok, "fio saw an error:\n{}", run.output);
+    }
+    let (status, out) = server.stop();
+    assert!(status.success(), "{out}");
+    assert!(out.contains("exported"), "{out}");
+}
+
+/// `scrub -w` on a pool whose background scrub may still run: waits for that one to end
+/// (a start is refused while one runs), then waits for its own.
+fn loop_until_scrub_can_start(env: &Env) -> String {
+    // Bounded: the background scrub of a small pool ends within moments.
+    for _ in 0..600 {
+        let output = env.run(&["scrub", "-w", "tank"]);
+        if output.status.success() {
+            return String::from_utf8_lossy(&output.stdout).into_owned();
+        }
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert!(err.contains("scrubbed already"), "{err}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the background scrub never ended");
+}
+
+/// One device line of `oxpool status`: (READ, WRITE, CKSUM).
+fn status_counts(status: &str, device: &str) -> (u64, u64, u64) {
+    let line = status
+        .lines()
+        .find(|l| l.contains(device))
+        .unwrap_or_else(|| panic!("no {device} in {status}"));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let n = |i: usize| f[f.len() - i].parse::<u64>().unwrap();
+    (n(3), n(2), n(1))
+}
+
+#[test]
+fn status_of_a_served_pool_shows_the_servers_own_counters() {
+    let env = Env::new();
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--size",
+        "256M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "16M"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let data = harness::random_bytes(3, 16 << 20);
+    std::fs::write(env.path("in.bin"), &data).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", "in.bin"]);
+    env.ok(&["set", "txg_timeout=1", "tank"]); // the written data reaches the devices
+    std::thread::sleep(Duration::from_secs(3));
+    // Damage side b under the running server (its reads are O_DIRECT: they see it).
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&b).unwrap();
+        for k in 0..200u64 {
+            f.write_all_at(&[0xA5; 512], (4 << 20) + k * 65_536)
+                .unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let scrub = env.ok(&["scrub", "-w", "tank"]);
+    assert!(scrub.contains("scrub of tank"), "{scrub}");
+    let status = env.ok(&["status", "tank"]);
+    let (_, _, cksum_b) = status_counts(&status, "b.img");
+    assert!(cksum_b > 0, "damage not counted:\n{status}");
+    assert_eq!(status_counts(&status, "a.img"), (0, 0, 0), "{status}");
+    // The server's own counters, as it publishes them for iostat, are the same.
+    std::thread::sleep(Duration::from_millis(500));
+    let json = env.ok(&["iostat", "--json", "tank"]);
+    let stats: serde_json::Value = serde_json::from_str(json.trim()).unwrap();
+    for dev in stats["devices"].as_array().unwrap() {
+        let name = dev["name"].as_str().unwrap();
+        let file = Path::new(name).file_name().unwrap().to_str().unwrap();
+        let (r, w, c) = status_counts(&status, file);
+        let e = &dev["errors"];
+        assert_eq!(
+            (r, w, c),
+            (
+                e["read"].as_u64().unwrap(),
+                e["write"].as_u64().unwrap(),
+                e["checksum"].as_u64().unwrap()
+            ),
+            "{name}: status and the server's counters differ"
+        );
+    }
+    let mut back = vec![0u8; data.len()];
+    let out = env.path("out.bin");
+    env.ok(&["vol", "read", "tank/vol0", out.to_str().unwrap()]);
+    back.copy_from_slice(&std::fs::read(&out).unwrap());
+    assert!(back == data, "read back differs");
+    let (ok, _) = server.stop();
+    assert!(ok.success());
+    // Exported: the counts lived in the server; a fresh open starts from zero.
+    assert_eq!(
+        status_counts(&env.ok(&["status", "tank"]), "b.img"),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn sync_always_set_live_makes_the_next_write_durable_and_standard_does_not() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    // No timed txg sync: only the intent log can make a write durable before the kill.
+    env.ok(&["set", "txg_timeout=3600", "tank"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    env.ok(&["set", "sync=always", "tank/vol0"]);
+    let out = python("unflushed.py", &["write", &server.uri("tank/vol0"), "7"]);
+    assert!(out.contains("written"), "{out}");
+    server.kill9();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "7"]).trim(),
+        "present"
+    );
+    env.ok(&["set", "sync=standard", "tank/vol0"]);
+    let out = python("unflushed.py", &["write", &uri, "8"]);
+    assert!(out.contains("written"), "{out}");
+    server.kill9();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    // Neither FUA nor FLUSH nor sync=always: the write was never promised, and is gone.
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "8"]).trim(),
+        "absent"
+    );
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "7"]).trim(),
+        "present"
+    );
+    server.kill9();
+}
+
+#[test]
+fn vol_create_is_listed_and_vol_destroy_refuses_an_open_export_unless_forced() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    env.ok(&["vol", "create", "tank/v9", "--size", "8M"]);
+    assert!(exports(&server).contains("tank/v9"));
+    let client = hold(&format!("nbd://{}/tank/v9", server.tcp_addr()));
+    let e = env.fails(&["vol", "destroy", "tank/v9"]);
+    assert!(
+        e.contains("tank/v9") && e.contains("open by 1 NBD client") && e.contains("-f"),
+        "{e}"
+    );
+    // Refused means unchanged: still listed, still served, the client still reads.
+    assert!(env.ok(&["vol", "list"]).contains("tank/v9"));
+    assert!(exports(&server).contains("tank/v9"));
+    let other = hold(&server.uri("tank/vol0"));
+    env.ok(&["vol", "destroy", "-f", "tank/v9"]);
+    let said = release(client);
+    assert!(said.starts_with("disconnected"), "{said}");
+    assert_eq!(release(other), "still connected");
+    assert!(!exports(&server).contains("tank/v9"));
+    assert!(!env.ok(&["vol", "list"]).contains("tank/v9"));
+    let e = env.fails(&["vol", "destroy", "tank/v9"]);
+    assert!(e.contains("tank/v9"), "{e}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn export_of_one_of_two_pools_disconnects_only_its_clients() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    tank2(&env);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let on_tank = hold(&server.uri("tank/vol0"));
+    let on_tank2 = hold(&server.uri("tank2/w0"));
+    env.ok(&["export", "tank2"]);
+    let said = release(on_tank2);
+    assert!(said.starts_with("disconnected"), "{said}");
+    assert_eq!(release(on_tank), "still connected");
+    assert!(env.ok(&["status", "tank"]).contains("ONLINE"));
+    // Exported cleanly: it imports elsewhere (another cache file, no server there) with
+    // what its client wrote and flushed.
+    let elsewhere = env.path("elsewhere.cache");
+    let other = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oxpool"));
+        command.arg("--cache-file").arg(&elsewhere).args(args);
+        String::from_utf8_lossy(&run(command, &format!("{args:?}")).stdout).into_owned()
+    };
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    other(&["import", "-d", &dir, "tank2"]);
+    let out = env.path("w0.bin");
+    other(&[
+        "vol",
+        "read",
+        "tank2/w0",
+        "--length",
+        "4096",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read(&out).unwrap(), vec![0x5a; 4096]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+/// Sends `bytes` on a new connection to the control socket, closes the writing side, and
+/// returns the first message the server answers with (None: it just closed).
+fn exchange(socket: &Path, bytes: &[u8]) -> Option<Message> {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let _ = s.write_all(bytes);
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    decode(&got).ok().flatten().map(|(m, _)| m)
+}
+
+fn request(args: &[&str]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode(
+        &Message::Request(Request {
+            args: args.iter().map(|a| a.to_string()).collect(),
+            cwd: "/".into(),
+            stderr_is_terminal: false,
+        }),
+        &mut out,
+    );
+    out
+}
+
+fn exit_error(m: Option<Message>) -> String {
+    match m {
+        Some(Message::Exit { code, error }) if code != 0 => error,
+        other => panic!("expected a failed exit, got {other:?}"),
+    }
+}
+
+#[test]
+fn malformed_control_messages_end_that_connection_only() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let socket = server.control_socket();
+    let e = exit_error(exchange(&socket, b"GET / HTTP/1.1\r\n\r\n"));
+    assert!(
+        e.contains("bad control request") && e.contains("magic"),
+        "{e}"
+    );
+    let mut huge = request(&["status"]);
+    huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    let e = exit_error(exchange(&socket, &huge[..12]));
+    assert!(e.contains("larger than the limit"), "{e}");
+    let whole = request(&["status", "tank"]);
+    let e = exit_error(exchange(&socket, &whole[..whole.len() - 3]));
+    assert!(e.contains("ended in the middle"), "{e}");
+    let mut flipped = whole.clone();
+    flipped[20] ^= 0x10;
+    let e = exit_error(exchange(&socket, &flipped));
+    assert!(e.contains("checksum"), "{e}");
+    let mut v2 = whole.clone();
+    v2[4] = 2;
+    let e = exit_error(exchange(&socket, &v2));
+    assert!(e.contains("version"), "{e}");
+    let e = exit_error(exchange(&socket, &request(&["frobnicate", "tank"])));
+    assert!(e.contains("frobnicate"), "{e}");
+    let e = exit_error(exchange(&socket, &request(&["serve"])));
+    assert!(e.contains("cannot run inside a server"), "{e}");
+    let mut stdout_first = Vec::new();
+    encode(&Message::Stdout(b"hi".to_vec()), &mut stdout_first);
+    let e = exit_error(exchange(&socket, &stdout_first));
+    assert!(e.contains("expected a command request"), "{e}");
+    // A client that connects and leaves, or leaves mid-request, changes nothing.
+    drop(UnixStream::connect(&socket).unwrap());
+    {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.write_all(&whole[..7]).unwrap();
+    }
+    // One that leaves right after asking for a long command: the command goes on.
+    {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.write_all(&request(&["scrub", "-w", "tank"])).unwrap();
+    }
+    let mut finished = false;
+    // Bounded: the scrub of a small pool ends within moments.
+    for _ in 0..600 {
+        if env.ok(&["status", "tank"]).contains("scan: scrub repaired") {
+            finished = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(finished, "the scrub did not run to its end");
+    // The server serves on: NBD and the control socket alike.
+    let size = tool("nbdinfo", &["--size", &server.uri("tank/vol0")]);
+    assert_eq!(size.trim(), (16u64 << 20).to_string());
+    match exchange(&socket, &request(&["get", "volsize", "tank/vol0"])) {
+        Some(Message::Stdout(out)) => {
+            assert!(String::from_utf8_lossy(&out).contains("16777216"))
+        }
+        other => panic!("get through the socket: {other:?}"),
+    }
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+/// uid and gid of `nobody`.
+const NOBODY: u32 = 65534;
+
+#[test]
+fn only_the_serving_user_may_administer() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!(
+            "this test switches users (uid {NOBODY}) and needs root; CI runs it as root. \
+             Not run here: nothing was checked"
+        );
+    }
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    // Let another user find the cache file and the runtime directory (not the socket).
+    std::fs::set_permissions(env.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        env.path("pools.cache"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let socket = server.control_socket();
+    let mut as_nobody = env.oxpool_command();
+    as_nobody.args(["status", "tank"]).uid(NOBODY).gid(NOBODY);
+    let out = harness::run_unchecked(as_nobody, "oxpool status as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("permission denied") && err.contains(socket.to_str().unwrap()),
+        "{err}"
+    );
+    let (ok, _) = server.stop();
+    assert!(ok.success());
+
+    // The other way round: a server run by nobody refuses root, which the socket's mode
+    // does not stop.
+    for entry in std::fs::read_dir(env.dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        std::os::unix::fs::lchown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::os::unix::fs::chown(env.dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+    let mut command = env.oxpool_command();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .uid(NOBODY)
+        .gid(NOBODY);
+    let server = ServerProcess::start(command);
+    let e = env.fails(&["status", "tank"]);
+    assert!(
+        e.contains("permission denied") && e.contains("uid 0"),
+        "{e}"
+    );
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
