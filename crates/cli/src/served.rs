@@ -186,43 +186,50 @@ impl Served {
     }
 
     /// Stops serving pool `name` (the caller holds `membership`) and hands it back, to be
-    /// exported or destroyed: its exports go (clients disconnected, after their requests in
-    /// flight are answered; with `refuse_if_open`, refused instead while any is connected),
-    /// changes in progress finish, commands still reading it get [`READERS_WAIT`].
+    /// exported or destroyed. In order: changes of the pool in progress finish (its `admin`
+    /// lock, held from here on, so none starts and none adds an export behind this); with
+    /// `refuse_if_open`, any NBD client connected refuses it, changing nothing; it leaves the
+    /// map (new commands do not find it) and the runtime directory; its exports go (clients
+    /// disconnected after their requests in flight are answered); a scrub stops; commands
+    /// still reading it get [`READERS_WAIT`].
     pub fn release(&self, name: &str, refuse_if_open: bool) -> Result<(Pool, Devices)> {
         let served = self.pool(name)?;
-        let prefix = format!("{name}/");
-        let exports: Vec<String> = self
-            .exports
-            .names()
-            .into_iter()
-            .filter(|e| e.starts_with(&prefix))
-            .collect();
-        if refuse_if_open {
-            let open: Vec<String> = exports
-                .iter()
-                .filter(|e| self.clients(e) > 0)
-                .map(|e| format!("{e} ({} client(s))", self.clients(e)))
+        {
+            let _no_change = served.admin();
+            let prefix = format!("{name}/");
+            let exports: Vec<String> = self
+                .exports
+                .names()
+                .into_iter()
+                .filter(|e| e.starts_with(&prefix))
                 .collect();
-            if !open.is_empty() {
-                bail!(
-                    "pool '{name}' is in use: {} (-f disconnects the clients)",
-                    open.join(", ")
-                );
+            if refuse_if_open {
+                let open: Vec<String> = exports
+                    .iter()
+                    .filter(|e| self.clients(e) > 0)
+                    .map(|e| format!("{e} ({} client(s))", self.clients(e)))
+                    .collect();
+                if !open.is_empty() {
+                    bail!(
+                        "pool '{name}' is in use: {} (-f disconnects the clients)",
+                        open.join(", ")
+                    );
+                }
             }
-        }
-        self.map().remove(name);
-        self.runtime.release(name, &self.socket);
-        let mut stuck = Vec::new();
-        for export in &exports {
-            if let Err(e) = self.exports.remove(export, Disconnect::Force) {
-                stuck.push(e.to_string());
+            self.map().remove(name);
+            self.runtime.release(name, &self.socket);
+            let mut stuck = Vec::new();
+            for export in &exports {
+                if let Err(e) = self.exports.remove(export, Disconnect::Force) {
+                    stuck.push(e.to_string());
+                }
             }
+            if !stuck.is_empty() {
+                tracing::warn!(pool = name, "{}", stuck.join("; "));
+            }
+            // A `scrub -w` waiting on it ends now rather than holding it.
+            let _ = served.pool.scrub_cancel();
         }
-        if !stuck.is_empty() {
-            tracing::warn!(pool = name, "{}", stuck.join("; "));
-        }
-        drop(served.admin());
         let deadline = Instant::now() + READERS_WAIT;
         let mut served = served;
         // Bounded by the deadline; commands that only read a pool hold it for moments.
@@ -233,7 +240,19 @@ impl Served {
                     served = again;
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                Err(_) => bail!("pool '{name}' is still in use by another command"),
+                Err(again) => {
+                    // Served again as it was (its clients may reconnect): a pool dropped
+                    // later without an export would lose what is not synced.
+                    for volume in again.pool.volumes() {
+                        self.export_volume(volume)?;
+                    }
+                    self.map().insert(name.to_string(), again);
+                    self.runtime.claim(name, &self.socket)?;
+                    bail!(
+                        "pool '{name}' is in use by another command (a long `vol read`?); \
+                         it is still served; try again"
+                    )
+                }
             }
         };
         let devices = served

@@ -579,3 +579,172 @@ fn only_the_serving_user_may_administer() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+#[test]
+fn several_admin_commands_at_once_all_take_effect() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let env = Arc::new(env);
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let env = env.clone();
+            std::thread::spawn(move || {
+                let name = format!("tank/c{i}");
+                env.ok(&["vol", "create", &name, "--size", "4M"]);
+                env.ok(&["set", &format!("volsize={}M", 8 + i), &name]);
+                env.ok(&[
+                    "set",
+                    if i % 2 == 0 {
+                        "sync=always"
+                    } else {
+                        "sync=disabled"
+                    },
+                    &name,
+                ]);
+                env.ok(&["status", "tank"]);
+                env.ok(&["list"]);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a command failed");
+    }
+    let list = env.ok(&["vol", "list", "-H", "-p", "tank"]);
+    let listed = exports(&server);
+    for i in 0..8u64 {
+        let name = format!("tank/c{i}");
+        let line = list
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}\t")))
+            .unwrap_or_else(|| panic!("{name} missing:\n{list}"));
+        assert_eq!(
+            line.split('\t').nth(1).unwrap(),
+            ((8 + i) << 20).to_string()
+        );
+        let sync = env.ok(&["get", "sync", &name]);
+        assert!(
+            sync.contains(if i % 2 == 0 { "always" } else { "disabled" }),
+            "{sync}"
+        );
+        assert!(listed.contains(&name), "{name} not exported:\n{listed}");
+    }
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn a_pool_created_into_a_server_is_served_and_a_served_pool_is_destroyed_only_when_unused() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let file = env.path("tank3.img");
+    // With a server running, create goes to it: the new pool is served at once.
+    env.ok(&["create", "tank3", "tank3.img", "--size", "128M", "--sparse"]);
+    assert!(file.exists());
+    env.ok(&["vol", "create", "tank3/x", "--size", "8M"]);
+    assert!(exports(&server).contains("tank3/x"));
+    // Standard input streams through the socket into a served volume, and back out.
+    let data = harness::random_bytes(11, 3 << 20);
+    let mut write = env.oxpool_command();
+    write
+        .args(["vol", "write", "tank3/x", "--offset", "4096", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = write.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(&data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut read = env.oxpool_command();
+    read.args([
+        "vol",
+        "read",
+        "tank3/x",
+        "--offset",
+        "4096",
+        "--length",
+        &data.len().to_string(),
+        "-",
+    ]);
+    let out = run(read, "vol read to stdout");
+    assert!(out.stdout == data, "read back through the server differs");
+
+    let client = hold(&format!("nbd://{}/tank3/x", server.tcp_addr()));
+    let e = env.fails(&["destroy", "tank3"]);
+    assert!(
+        e.contains("in use") && e.contains("tank3/x") && e.contains("-f"),
+        "{e}"
+    );
+    assert!(env.ok(&["list"]).contains("tank3"));
+    env.ok(&["destroy", "-f", "tank3"]);
+    assert!(release(client).starts_with("disconnected"));
+    assert!(!env.ok(&["list"]).contains("tank3"));
+    assert!(!exports(&server).contains("tank3"));
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn scrub_w_reports_progress_through_the_channel_and_status_shows_the_scan() {
+    let env = Env::new();
+    env.tank(&[("vol0", "64M", &["volblocksize=4K"])]);
+    std::fs::write(env.path("in.bin"), harness::random_bytes(5, 48 << 20)).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", "in.bin"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let mut s = UnixStream::connect(server.control_socket()).unwrap();
+    s.write_all(&request(&["scrub", "-w", "tank"])).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    let mut messages = Vec::new();
+    let mut at = 0;
+    // Bounded by the bytes received: each pass consumes one frame.
+    while let Some((m, used)) = decode(&got[at..]).unwrap() {
+        messages.push(m);
+        at += used;
+    }
+    let progress: Vec<(u64, u64)> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Progress { label, done, total } => {
+                assert_eq!(label, "scrub tank");
+                Some((*done, *total))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(!progress.is_empty(), "no progress: {messages:?}");
+    assert!(
+        progress.windows(2).all(|w| w[0].0 <= w[1].0),
+        "{progress:?}"
+    );
+    assert!(
+        progress.iter().all(|(_, total)| *total >= 48 << 20),
+        "{progress:?}"
+    );
+    let stdout: Vec<u8> = messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Stdout(b) => Some(b.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let stdout = String::from_utf8(stdout).unwrap();
+    assert!(
+        stdout.contains("scrub of tank:") && stdout.contains("0 bad"),
+        "{stdout}"
+    );
+    assert!(matches!(
+        messages.last(),
+        Some(Message::Exit { code: 0, .. })
+    ));
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains("scan: scrub repaired 0B in "), "{status}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}

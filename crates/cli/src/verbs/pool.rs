@@ -299,7 +299,7 @@ fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
     let label = format!("scrub {}", pool.name());
     // Bounded: the scrub ends, or the client leaves.
     let status = loop {
-        let Some(s) = pool.scan_wait(SCRUB_PROGRESS_INTERVAL) else {
+        let Some(s) = pool.scan_status() else {
             bail!("no scrub of pool '{}'", pool.name());
         };
         if s.state != ScanState::Scanning {
@@ -309,6 +309,7 @@ fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
         if con.gone() {
             return Ok(());
         }
+        pool.scan_wait(SCRUB_PROGRESS_INTERVAL);
     };
     con.progress_end();
     let c = status.counts;
