@@ -10,6 +10,7 @@ pub mod alloc;
 pub mod cachefile;
 pub mod completion;
 pub mod data_cache;
+pub mod dsl;
 mod error;
 mod idhash;
 pub mod iostats;
