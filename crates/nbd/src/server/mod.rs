@@ -24,6 +24,8 @@
 
 mod conn;
 mod task;
+pub mod tls;
+mod tls_session;
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -40,6 +42,7 @@ use oxpool_io::rt::net::{Listener, Stream};
 use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
+pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 use conn::ReactorConns;
 use task::{select, CatchUnwind, Either};
 
@@ -84,6 +87,8 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests and their replies before dropping the
     /// connections that are left.
     pub shutdown_grace: Duration,
+    /// TLS: off by default.
+    pub tls: TlsConfig,
 }
 
 impl Default for ServerConfig {
@@ -96,6 +101,7 @@ impl Default for ServerConfig {
             connection_buffer_bytes: 64 << 20,
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(30),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -128,6 +134,11 @@ impl Server {
         exports: Vec<ServerExport>,
         listeners: Vec<Listener>,
     ) -> io::Result<Server> {
+        config
+            .tls
+            .validate()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        let tls = config.tls.clone();
         let config = Limits::from_config(&config);
         let infos = exports.iter().map(export_info).collect();
         let volumes = exports.into_iter().map(|e| e.volume).collect();
@@ -141,6 +152,7 @@ impl Server {
             next_reactor: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             limits: config,
+            tls,
             exports: infos,
             volumes,
         });
@@ -247,6 +259,7 @@ struct Shared {
     /// Connections accepted and not yet closed, over all reactors.
     connections: AtomicUsize,
     limits: Limits,
+    tls: TlsConfig,
     exports: Vec<ExportInfo>,
     volumes: Vec<Volume>,
 }
