@@ -8,6 +8,7 @@
 mod devices;
 mod iostat;
 mod serve;
+mod tls;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};

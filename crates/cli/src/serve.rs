@@ -42,6 +42,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 128,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub slots: u16,
+    /// TLS options (see docs/tls.md).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Size of the embedded default pool's sparse file.
@@ -133,6 +136,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
 
     let mut listeners = Vec::new();
     let mut endpoints = Vec::new();
+    let mut tcp_addr = None;
     let listen = match (&args.listen, &args.socket) {
         (Some(addr), _) => Some(addr.as_str()),
         (None, None) => Some(DEFAULT_LISTEN),
@@ -142,6 +146,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         let (listener, addr) = bind_tcp(listen)?;
         listeners.push(Listener::tcp(listener));
         endpoints.push(Endpoint::Tcp(addr));
+        tcp_addr = Some(addr);
     }
     let mut socket_created = None;
     if let Some(path) = &args.socket {
@@ -157,6 +162,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         config.reactors = usize::from(reactors);
     }
     config.slots_per_connection = usize::from(args.slots);
+    config.tls = crate::tls::server_tls(&args.tls, tcp_addr)?;
+    let tls = config.tls.policy != oxpool_nbd::TlsPolicy::Off;
+    let tls_line = crate::tls::describe(&config.tls);
     let reactors = config.reactors;
     let server = Server::start(config, exports.clone(), listeners).context("start the server")?;
     std::thread::Builder::new()
@@ -172,6 +180,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         exports.len(),
         names.join(", ")
     );
+    println!("{tls_line}");
     for export in &exports {
         for endpoint in &endpoints {
             let access = if export.read_only || export.volume.read_only() {
@@ -181,7 +190,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             };
             println!(
                 "  {}  ({}, {access})",
-                endpoint.uri(&export.name),
+                endpoint.uri(&export.name, tls),
                 crate::human(export.volume.size_bytes())
             );
         }
@@ -243,11 +252,15 @@ enum Endpoint {
 }
 
 impl Endpoint {
-    /// The NBD URI of `export` here (the export name is the URI path without its slash).
-    fn uri(&self, export: &str) -> String {
+    /// The NBD URI of `export` here (the export name is the URI path without its slash);
+    /// `nbds` when TLS is on.
+    fn uri(&self, export: &str, tls: bool) -> String {
+        let scheme = if tls { "nbds" } else { "nbd" };
         match self {
-            Endpoint::Tcp(addr) => format!("nbd://{addr}/{export}"),
-            Endpoint::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+            Endpoint::Tcp(addr) => format!("{scheme}://{addr}/{export}"),
+            Endpoint::Unix(path) => {
+                format!("{scheme}+unix:///{export}?socket={}", path.display())
+            }
         }
     }
 }
