@@ -99,6 +99,8 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     // Before any thread exists (the pools' sync threads, the reactors): every thread inherits
     // the mask, so SIGINT/SIGTERM reach only the thread that waits for them.
     let signals = block_stop_signals()?;
+    // TLS options are checked before any pool is opened: a mistake there changes nothing.
+    let tls_config = crate::tls::server_tls(&args.tls, tls_listen_addr(&args))?;
 
     let mut names = args.pools.clone();
     if names.is_empty() {
@@ -136,7 +138,6 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
 
     let mut listeners = Vec::new();
     let mut endpoints = Vec::new();
-    let mut tcp_addr = None;
     let listen = match (&args.listen, &args.socket) {
         (Some(addr), _) => Some(addr.as_str()),
         (None, None) => Some(DEFAULT_LISTEN),
@@ -146,7 +147,6 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         let (listener, addr) = bind_tcp(listen)?;
         listeners.push(Listener::tcp(listener));
         endpoints.push(Endpoint::Tcp(addr));
-        tcp_addr = Some(addr);
     }
     let mut socket_created = None;
     if let Some(path) = &args.socket {
@@ -162,7 +162,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         config.reactors = usize::from(reactors);
     }
     config.slots_per_connection = usize::from(args.slots);
-    config.tls = crate::tls::server_tls(&args.tls, tcp_addr)?;
+    config.tls = tls_config;
     let tls = config.tls.policy != oxpool_nbd::TlsPolicy::Off;
     let tls_line = crate::tls::describe(&config.tls);
     let reactors = config.reactors;
@@ -243,6 +243,16 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     println!("exported {}", names.join(", "));
     Ok(())
+}
+
+/// The TCP address `serve` will listen on (its first resolution), for the TLS default.
+fn tls_listen_addr(args: &ServeArgs) -> Option<SocketAddr> {
+    let listen = match (&args.listen, &args.socket) {
+        (Some(addr), _) => addr.as_str(),
+        (None, None) => DEFAULT_LISTEN,
+        (None, Some(_)) => return None,
+    };
+    listen.to_socket_addrs().ok()?.next()
 }
 
 /// Where clients connect.

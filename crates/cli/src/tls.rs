@@ -52,17 +52,23 @@ fn default_certificate_dir() -> PathBuf {
     }
 }
 
+/// `--tls` when not given: `require` when another host can reach the TCP address (it is not
+/// a loopback address) or credentials were given, else `off`.
+fn default_mode(tcp: Option<SocketAddr>, credentials_given: bool) -> TlsArg {
+    let exposed = tcp.is_some_and(|addr| !addr.ip().is_loopback());
+    if exposed || credentials_given {
+        TlsArg::Require
+    } else {
+        TlsArg::Off
+    }
+}
+
 /// The server's TLS configuration from the options and the TCP address it listens on.
 pub fn server_tls(args: &TlsArgs, tcp: Option<SocketAddr>) -> Result<TlsConfig> {
     let credentials_given = args.tls_certificates.is_some() || args.tls_psk.is_some();
-    let exposed = tcp.is_some_and(|addr| !addr.ip().is_loopback());
-    let mode = match args.tls {
-        Some(mode) => mode,
-        // Another host can reach a non-loopback address: never serve it in clear text
-        // unless told to.
-        None if exposed || credentials_given => TlsArg::Require,
-        None => TlsArg::Off,
-    };
+    let mode = args
+        .tls
+        .unwrap_or_else(|| default_mode(tcp, credentials_given));
     if mode == TlsArg::Off {
         if credentials_given || args.tls_verify_peer {
             bail!("--tls off: the TLS credentials given would not be used");
@@ -119,4 +125,49 @@ pub fn describe(config: &TlsConfig) -> String {
         None => "no credentials".to_string(),
     };
     format!("TLS: {policy}; {credentials}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> TlsArgs {
+        TlsArgs {
+            tls: None,
+            tls_certificates: None,
+            tls_verify_peer: false,
+            tls_psk: None,
+        }
+    }
+
+    #[test]
+    fn tls_is_required_by_default_off_loopback() {
+        let addr = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+        assert_eq!(default_mode(addr("127.0.0.1:10809"), false), TlsArg::Off);
+        assert_eq!(default_mode(addr("[::1]:10809"), false), TlsArg::Off);
+        assert_eq!(default_mode(None, false), TlsArg::Off);
+        assert_eq!(default_mode(addr("0.0.0.0:10809"), false), TlsArg::Require);
+        assert_eq!(default_mode(addr("[::]:10809"), false), TlsArg::Require);
+        assert_eq!(default_mode(addr("192.0.2.7:10809"), false), TlsArg::Require);
+        assert_eq!(default_mode(addr("127.0.0.1:10809"), true), TlsArg::Require);
+        let config = server_tls(&args(), addr("127.0.0.1:1")).unwrap();
+        assert_eq!(config.policy, TlsPolicy::Off);
+    }
+
+    #[test]
+    fn contradictory_options_are_refused() {
+        let mut off_with_keys = args();
+        off_with_keys.tls = Some(TlsArg::Off);
+        off_with_keys.tls_psk = Some("/nonexistent".into());
+        assert!(server_tls(&off_with_keys, None).is_err());
+        let mut verify_psk = args();
+        verify_psk.tls_psk = Some("/nonexistent".into());
+        verify_psk.tls_verify_peer = true;
+        let err = server_tls(&verify_psk, None).unwrap_err().to_string();
+        assert!(err.contains("--tls-verify-peer"), "{err}");
+        let mut missing = args();
+        missing.tls_certificates = Some("/nonexistent-dir".into());
+        let err = server_tls(&missing, None).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent-dir/ca-cert.pem"), "{err}");
+    }
 }

@@ -107,7 +107,7 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    fn start(mut command: Command) -> ServerProcess {
+    pub fn start(mut command: Command) -> ServerProcess {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
