@@ -752,6 +752,7 @@ async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> 
         Ok((session, identity)) => {
             tracing::debug!(
                 identity = identity.as_ref().map(|id| id.to_string()),
+                session = session.describe(),
                 "nbd: TLS on"
             );
             let _ = conn.tls.set(session);

@@ -29,7 +29,7 @@ use super::tls::{TlsCredentials, TlsIdentity};
 const RX_BYTES: usize = 128 * 1024;
 
 /// Each of the two ciphertext send buffers.
-const TX_BYTES: usize = 128 * 1024;
+const TX_BYTES: usize = 256 * 1024;
 
 /// Largest plain text in one TLS record.
 const RECORD_PLAINTEXT_MAX_BYTES: usize = 16 * 1024;
@@ -363,6 +363,14 @@ impl TlsSession {
         }
         self.flush(stream, Side::Writer).await?;
         Ok(buf)
+    }
+
+    /// The protocol version and suite agreed, for the log (`TLSv1.3 TLS_AES_128_GCM_SHA256`).
+    pub(crate) fn describe(&self) -> String {
+        let ssl = self.ssl.borrow();
+        let ssl = ssl.ssl();
+        let cipher = ssl.current_cipher().map_or("none", |c| c.name());
+        format!("{} {cipher}", ssl.version_str())
     }
 
     /// Sends close_notify (best effort) before the connection closes.
