@@ -13,9 +13,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use oxpool_nbd::proto::wire::{
-    CLIENT_FLAG_FIXED_NEWSTYLE, CLIENT_FLAG_NO_ZEROES, OPTION_REPLY_MAGIC, OPT_ABORT,
-    OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR_INVALID, REP_ERR_TLS_REQD,
-    REP_ERR_TOO_BIG, REP_SERVER,
+    CLIENT_FLAG_FIXED_NEWSTYLE, CLIENT_FLAG_NO_ZEROES, OPTION_REPLY_MAGIC, OPT_ABORT, OPT_STARTTLS,
+    OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR_INVALID, REP_ERR_TLS_REQD, REP_ERR_TOO_BIG, REP_SERVER,
 };
 use oxpool_nbd::proto::{
     ExportAccess, ExportCaps, ExportInfo, Handshake, HandshakeStatus, ProtocolError, TlsPolicy,
@@ -170,7 +169,10 @@ fn replies(mut out: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
 fn check_tls_rules(outcome: &Outcome, tls: Tls) {
     let names = ["vol0", "ro"];
     // Refused exports are never listed.
-    for (out, bits) in [(&outcome.plain_out, tls.before), (&outcome.tls_out, tls.after)] {
+    for (out, bits) in [
+        (&outcome.plain_out, tls.before),
+        (&outcome.tls_out, tls.after),
+    ] {
         let access = access(bits);
         for (_, kind, data) in replies(out) {
             if kind != REP_SERVER || data.len() < 4 {
@@ -181,7 +183,11 @@ fn check_tls_rules(outcome: &Outcome, tls: Tls) {
                 continue;
             };
             if let Some(index) = names.iter().position(|n| n.as_bytes() == name) {
-                assert_eq!(access[index], ExportAccess::Allowed, "listed a refused export");
+                assert_eq!(
+                    access[index],
+                    ExportAccess::Allowed,
+                    "listed a refused export"
+                );
             }
         }
     }
@@ -195,7 +201,10 @@ fn check_tls_rules(outcome: &Outcome, tls: Tls) {
             assert!(allowed, "option {option} answered {kind:#x} before TLS");
         }
         if let Ok(HandshakeStatus::Done(_)) = outcome.result {
-            assert!(outcome.tls_started, "transmission without TLS in required mode");
+            assert!(
+                outcome.tls_started,
+                "transmission without TLS in required mode"
+            );
         }
     }
     // Nothing negotiated in plain text survives: structured replies after TLS were

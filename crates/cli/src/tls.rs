@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(default_mode(None, false), TlsArg::Off);
         assert_eq!(default_mode(addr("0.0.0.0:10809"), false), TlsArg::Require);
         assert_eq!(default_mode(addr("[::]:10809"), false), TlsArg::Require);
-        assert_eq!(default_mode(addr("192.0.2.7:10809"), false), TlsArg::Require);
+        assert_eq!(
+            default_mode(addr("192.0.2.7:10809"), false),
+            TlsArg::Require
+        );
         assert_eq!(default_mode(addr("127.0.0.1:10809"), true), TlsArg::Require);
         let config = server_tls(&args(), addr("127.0.0.1:1")).unwrap();
         assert_eq!(config.policy, TlsPolicy::Off);

@@ -61,7 +61,11 @@ fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
         "--tls-certificates",
         pki.server.to_str().unwrap(),
     ]);
-    assert!(server.uris.iter().all(|u| u.starts_with("nbds://")), "{:?}", server.uris);
+    assert!(
+        server.uris.iter().all(|u| u.starts_with("nbds://")),
+        "{:?}",
+        server.uris
+    );
     let addr = tcp_addr(&server.uris);
     let (host, port) = addr.split_once(':').unwrap();
     let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
@@ -86,10 +90,18 @@ fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
     std::fs::write(&source, &image).unwrap();
     tool(
         "nbdcopy",
-        &["--connections=4", "--requests=16", source.to_str().unwrap(), &uri],
+        &[
+            "--connections=4",
+            "--requests=16",
+            source.to_str().unwrap(),
+            &uri,
+        ],
     );
     let back = env.path("back2.raw");
-    tool("nbdcopy", &["--connections=4", &uri, back.to_str().unwrap()]);
+    tool(
+        "nbdcopy",
+        &["--connections=4", &uri, back.to_str().unwrap()],
+    );
     assert!(
         std::fs::read(&back).unwrap() == image,
         "bytes differ after nbdcopy through TLS"
@@ -114,7 +126,11 @@ fn client_certificates_are_verified_and_nbd_allow_names_them() {
         pki.server.to_str().unwrap(),
         "--tls-verify-peer",
     ]);
-    assert!(server.output().contains("client certificates verified"), "{}", server.output());
+    assert!(
+        server.output().contains("client certificates verified"),
+        "{}",
+        server.output()
+    );
     let addr = tcp_addr(&server.uris);
 
     // client1 sees and opens both.
@@ -137,7 +153,10 @@ fn client_certificates_are_verified_and_nbd_allow_names_them() {
         // In TLS 1.3 the client's certificate is judged after the client finished its
         // handshake, so GnuTLS may see the alert in its first record read instead.
         assert!(err.contains("TLS fatal alert"), "{err}");
-        assert!(!err.contains("server replied"), "refused in TLS, before any option: {err}");
+        assert!(
+            !err.contains("server replied"),
+            "refused in TLS, before any option: {err}"
+        );
     }
     // The server goes on serving.
     tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
@@ -148,7 +167,10 @@ fn client_certificates_are_verified_and_nbd_allow_names_them() {
 #[test]
 fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     let env = Env::new();
-    env.tank(&[("vol0", "16M", &[]), ("alices", "16M", &["nbd_allow=alice"])]);
+    env.tank(&[
+        ("vol0", "16M", &[]),
+        ("alices", "16M", &["nbd_allow=alice"]),
+    ]);
     let pki = make_pki(&env, &[]);
     let server = env.serve(&[
         "--listen",
@@ -156,11 +178,18 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
         "--tls-psk",
         pki.psk_server.to_str().unwrap(),
     ]);
-    assert!(server.output().contains("TLS: required; pre-shared keys"), "{}", server.output());
+    assert!(
+        server.output().contains("TLS: required; pre-shared keys"),
+        "{}",
+        server.output()
+    );
     let addr = tcp_addr(&server.uris);
     let (host, port) = addr.split_once(':').unwrap();
 
-    let info = tool("nbdinfo", &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)]);
+    let info = tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)],
+    );
     assert!(info.contains("newstyle-fixed with TLS"), "{info}");
 
     let image = random_bytes(23, 16 * MIB);
@@ -174,10 +203,16 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     );
 
     // bob: vol0 yes; alice's volume neither listed nor opened.
-    let list = tool("nbdinfo", &["--list", &psk_uri(&addr, "", "bob", &pki.psk_bob)]);
+    let list = tool(
+        "nbdinfo",
+        &["--list", &psk_uri(&addr, "", "bob", &pki.psk_bob)],
+    );
     assert!(list.contains("export=\"tank/vol0\""), "{list}");
     assert!(!list.contains("tank/alices"), "{list}");
-    let err = refused("nbdinfo", &[&psk_uri(&addr, "tank/alices", "bob", &pki.psk_bob)]);
+    let err = refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/alices", "bob", &pki.psk_bob)],
+    );
     assert!(err.contains(POLICY_MESSAGE), "{err}");
     let bob = qemu_psk(host, port, "tank/alices", "bob", &pki.psk_bob);
     let mut args = vec!["info"];
@@ -185,14 +220,23 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     refused("qemu-img", &args);
 
     // A wrong key, an unknown identity: the TLS handshake fails.
-    refused("nbdinfo", &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_wrong)]);
-    refused("nbdinfo", &[&psk_uri(&addr, "tank/vol0", "carol", &pki.psk_unknown)]);
+    refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_wrong)],
+    );
+    refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "carol", &pki.psk_unknown)],
+    );
     let wrong = qemu_psk(host, port, "tank/vol0", "alice", &pki.psk_wrong);
     let mut args = vec!["info"];
     args.extend(wrong.iter().map(String::as_str));
     refused("qemu-img", &args);
 
-    tool("nbdinfo", &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)]);
+    tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)],
+    );
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
 }
@@ -214,9 +258,15 @@ fn plain_text_clients_get_tls_reqd_when_tls_is_required() {
 
     let mut client = RawClient::connect(&addr);
     client.send(&RawClient::option_bytes(OPT_LIST, &[]));
-    assert_eq!(client.reply().map(|r| (r.0, r.1)), Some((OPT_LIST, REP_ERR_TLS_REQD)));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_LIST, REP_ERR_TLS_REQD))
+    );
     client.send(&RawClient::option_bytes(OPT_GO, &go_data("tank/vol0")));
-    assert_eq!(client.reply().map(|r| (r.0, r.1)), Some((OPT_GO, REP_ERR_TLS_REQD)));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_GO, REP_ERR_TLS_REQD))
+    );
     client.send(&RawClient::option_bytes(OPT_STRUCTURED_REPLY, &[]));
     assert_eq!(
         client.reply().map(|r| (r.0, r.1)),
@@ -237,7 +287,10 @@ fn plain_text_clients_get_tls_reqd_when_tls_is_required() {
 #[test]
 fn optional_tls_serves_plain_clients_but_not_volumes_with_an_allow_list() {
     let env = Env::new();
-    env.tank(&[("vol0", "16M", &[]), ("secret", "16M", &["nbd_allow=alice"])]);
+    env.tank(&[
+        ("vol0", "16M", &[]),
+        ("secret", "16M", &["nbd_allow=alice"]),
+    ]);
     let pki = make_pki(&env, &[]);
     let server = env.serve(&[
         "--listen",
@@ -254,9 +307,15 @@ fn optional_tls_serves_plain_clients_but_not_volumes_with_an_allow_list() {
     assert!(!list.contains("tank/secret"), "{list}");
     let mut client = RawClient::connect(&addr);
     client.send(&RawClient::option_bytes(OPT_GO, &go_data("tank/secret")));
-    assert_eq!(client.reply().map(|r| (r.0, r.1)), Some((OPT_GO, REP_ERR_TLS_REQD)));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_GO, REP_ERR_TLS_REQD))
+    );
     client.send(&RawClient::option_bytes(OPT_ABORT, &[]));
-    let info = tool("nbdinfo", &[&psk_uri(&addr, "tank/secret", "alice", &pki.psk_alice)]);
+    let info = tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/secret", "alice", &pki.psk_alice)],
+    );
     assert!(info.contains("with TLS"), "{info}");
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
@@ -298,7 +357,10 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     // verifying client is served meanwhile, on the same (single) reactor.
     let mut stalled = RawClient::connect(&addr);
     stalled.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
-    assert_eq!(stalled.reply().map(|r| (r.0, r.1)), Some((OPT_STARTTLS, REP_ACK)));
+    assert_eq!(
+        stalled.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
     stalled.send(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]);
     let info = tool("nbdinfo", &[&uri]);
     assert!(info.contains("with TLS"), "{info}");
@@ -309,7 +371,10 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     // Not TLS at all after the ACK: that connection ends too.
     let mut garbage = RawClient::connect(&addr);
     garbage.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
-    assert_eq!(garbage.reply().map(|r| (r.0, r.1)), Some((OPT_STARTTLS, REP_ACK)));
+    assert_eq!(
+        garbage.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
     garbage.send(b"GET / HTTP/1.1\r\nHost: oxpool\r\n\r\n");
     assert!(garbage.closed_by_server());
 

@@ -72,7 +72,16 @@ impl TwoHosts {
         }
         // Interface names are at most 15 bytes.
         let (veth_server, veth_client) = (format!("oxt{id}s"), format!("oxt{id}c"));
-        ip(&["link", "add", &veth_server, "type", "veth", "peer", "name", &veth_client])?;
+        ip(&[
+            "link",
+            "add",
+            &veth_server,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &veth_client,
+        ])?;
         // Moved into the namespaces at once, so deleting them deletes the pair.
         ip(&["link", "set", &veth_server, "netns", &server])?;
         ip(&["link", "set", &veth_client, "netns", &client])?;
@@ -116,7 +125,12 @@ impl TwoHosts {
     fn serve_command(&self, env: &Env, args: &[&str]) -> Command {
         let mut command = Command::new("ip");
         command
-            .args(["netns", "exec", &self.server_ns, env!("CARGO_BIN_EXE_oxpool")])
+            .args([
+                "netns",
+                "exec",
+                &self.server_ns,
+                env!("CARGO_BIN_EXE_oxpool"),
+            ])
             .arg("--cache-file")
             .arg(env.path("pools.cache"))
             .arg("serve")
@@ -158,7 +172,11 @@ fn across_hosts_tls_is_required_by_default_on_a_non_loopback_address() {
         );
     } else {
         let server = ServerProcess::start(hosts.serve_command(&env, &["--listen", &listen]));
-        assert!(server.output().contains("TLS: required"), "{}", server.output());
+        assert!(
+            server.output().contains("TLS: required"),
+            "{}",
+            server.output()
+        );
         let (status, output) = server.stop();
         assert!(status.success(), "{output}");
     }
@@ -166,9 +184,18 @@ fn across_hosts_tls_is_required_by_default_on_a_non_loopback_address() {
     // Certificates, still no --tls: required.
     let server = ServerProcess::start(hosts.serve_command(
         &env,
-        &["--listen", &listen, "--tls-certificates", pki.server.to_str().unwrap()],
+        &[
+            "--listen",
+            &listen,
+            "--tls-certificates",
+            pki.server.to_str().unwrap(),
+        ],
     ));
-    assert!(server.output().contains("TLS: required"), "{}", server.output());
+    assert!(
+        server.output().contains("TLS: required"),
+        "{}",
+        server.output()
+    );
     assert_eq!(
         server.uris,
         vec![format!("nbds://{listen}/tank/vol0")],
@@ -192,22 +219,39 @@ fn across_hosts_tls_is_required_by_default_on_a_non_loopback_address() {
     std::fs::write(&source, &image).unwrap();
     let creds = qemu_x509(SERVER_IP, PORT, "tank/vol0", &pki.client1);
     let mut args = vec!["convert", "-n", "-f", "raw", source.to_str().unwrap()];
-    args.extend([creds[0].as_str(), creds[1].as_str(), "--target-image-opts", &creds[3]]);
+    args.extend([
+        creds[0].as_str(),
+        creds[1].as_str(),
+        "--target-image-opts",
+        &creds[3],
+    ]);
     hosts.client("qemu-img", &args);
     let back = env.path("back.raw");
     let mut args: Vec<&str> = vec!["convert"];
     args.extend(creds.iter().map(String::as_str));
     args.extend(["-O", "raw", back.to_str().unwrap()]);
     hosts.client("qemu-img", &args);
-    assert!(std::fs::read(&back).unwrap() == image, "bytes differ after qemu-img");
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "bytes differ after qemu-img"
+    );
 
     // nbdcopy with several connections across the link.
     let image = random_bytes(32, 32 * MIB);
     std::fs::write(&source, &image).unwrap();
-    hosts.client("nbdcopy", &["--connections=4", source.to_str().unwrap(), &uri]);
+    hosts.client(
+        "nbdcopy",
+        &["--connections=4", source.to_str().unwrap(), &uri],
+    );
     let back = env.path("back2.raw");
-    hosts.client("nbdcopy", &["--connections=4", &uri, back.to_str().unwrap()]);
-    assert!(std::fs::read(&back).unwrap() == image, "bytes differ after nbdcopy");
+    hosts.client(
+        "nbdcopy",
+        &["--connections=4", &uri, back.to_str().unwrap()],
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "bytes differ after nbdcopy"
+    );
 
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");

@@ -584,7 +584,11 @@ mod tests {
         for bad in ["", "a,,b", "a,*", " , "] {
             assert!(p.set("nbd_allow", bad).is_err(), "{bad:?}");
         }
-        assert_eq!(p.nbd_allow, Some(vec!["alice".to_string()]), "a refused value changes nothing");
+        assert_eq!(
+            p.nbd_allow,
+            Some(vec!["alice".to_string()]),
+            "a refused value changes nothing"
+        );
         p.set("nbd_allow", "*").unwrap();
         assert_eq!(p.nbd_allow, None);
     }

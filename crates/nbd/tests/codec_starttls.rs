@@ -218,7 +218,10 @@ fn negotiation_in_plain_text_is_forgotten_after_tls() {
     let (_, result) = feed(&mut handshake, &input);
     let negotiated = done(result);
     assert!(negotiated.structured_replies);
-    assert_eq!(negotiated.meta_context, Some(MetaContextId::BASE_ALLOCATION));
+    assert_eq!(
+        negotiated.meta_context,
+        Some(MetaContextId::BASE_ALLOCATION)
+    );
 }
 
 #[test]
@@ -264,8 +267,15 @@ fn optional_tls_serves_plain_clients_except_tls_only_exports() {
     assert_eq!(listed(&out), vec!["open"]);
     let all = kinds(&out);
     assert!(all.contains(&(OPT_INFO, REP_ERR_TLS_REQD)), "{all:?}");
-    assert!(all.contains(&(OPT_SET_META_CONTEXT, REP_ERR_TLS_REQD)), "{all:?}");
-    assert_eq!(done(result).export_index, 0, "the default export is the open one");
+    assert!(
+        all.contains(&(OPT_SET_META_CONTEXT, REP_ERR_TLS_REQD)),
+        "{all:?}"
+    );
+    assert_eq!(
+        done(result).export_index,
+        0,
+        "the default export is the open one"
+    );
 }
 
 #[test]
@@ -286,7 +296,12 @@ fn denied_exports_are_hidden_and_refused_with_policy() {
     let (out, result) = feed(&mut handshake, &input);
     assert_eq!(listed(&out), vec!["open", "alice-only"]);
     let all = kinds(&out);
-    for code in [OPT_INFO, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_GO] {
+    for code in [
+        OPT_INFO,
+        OPT_LIST_META_CONTEXT,
+        OPT_SET_META_CONTEXT,
+        OPT_GO,
+    ] {
         assert!(all.contains(&(code, REP_ERR_POLICY)), "{code}: {all:?}");
     }
     assert_eq!(done(result).export_index, 1);

@@ -93,18 +93,9 @@ fn make_ca(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
 }
 
 /// A certificate signed by the CA: `(key_out, cert_out)`.
-fn make_cert(
-    ca: &(PathBuf, PathBuf),
-    key_out: &Path,
-    cert_out: &Path,
-    template_lines: &[String],
-) {
+fn make_cert(ca: &(PathBuf, PathBuf), key_out: &Path, cert_out: &Path, template_lines: &[String]) {
     private_key(key_out);
-    let info = template(
-        key_out.parent().unwrap(),
-        "cert.info",
-        template_lines,
-    );
+    let info = template(key_out.parent().unwrap(), "cert.info", template_lines);
     certtool(
         &[
             "--generate-certificate",
@@ -366,7 +357,10 @@ fn read_or_closed(stream: &mut TcpStream, buf: &mut [u8]) -> Option<()> {
     match stream.read_exact(buf) {
         Ok(()) => Some(()),
         Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
-            panic!("no answer from the server within {:?}", Duration::from_secs(120))
+            panic!(
+                "no answer from the server within {:?}",
+                Duration::from_secs(120)
+            )
         }
         Err(_) => None,
     }

@@ -673,7 +673,8 @@ impl Handshake {
         if name.is_empty() && !self.exports.is_empty() {
             // The default export: the first one this client may open (else the first one,
             // which is then refused with the reason).
-            let visible = (0..self.exports.len()).find(|&i| self.access(i) == ExportAccess::Allowed);
+            let visible =
+                (0..self.exports.len()).find(|&i| self.access(i) == ExportAccess::Allowed);
             return Some(visible.unwrap_or(0));
         }
         None

@@ -40,8 +40,8 @@ use crate::proto::reply::{
 };
 use crate::proto::{
     validate, BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, Errno,
-    ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated,
-    ProtocolError, Request, RequestDecoder, MAX_BLOCK_BYTES,
+    ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated, ProtocolError,
+    Request, RequestDecoder, MAX_BLOCK_BYTES,
 };
 
 /// Receive buffer of the reader: request headers and small WRITE payloads arrive here, many

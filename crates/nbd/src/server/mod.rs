@@ -42,9 +42,9 @@ use oxpool_io::rt::net::{Listener, Stream};
 use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
-pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 use conn::ReactorConns;
 use task::{select, CatchUnwind, Either};
+pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 
 /// Connections waiting in one reactor's mailbox before new ones are refused. Reached only if
 /// a reactor stops taking connections (it is stuck): the acceptor then closes new ones rather

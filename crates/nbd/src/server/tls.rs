@@ -45,7 +45,8 @@ pub const PSK_IDENTITIES_MAX: usize = 65536;
 
 /// TLS 1.3 suites in the server's order: AES-128-GCM first (fastest with AES-NI, and the
 /// one the SHA-256 hash of an external PSK allows), then the others.
-const TLS13_SUITES: &str = "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+const TLS13_SUITES: &str =
+    "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
 
 /// TLS 1.2 PSK suites: ephemeral ECDH only (forward secrecy); GnuTLS clients offer them
 /// first (`+ECDHE-PSK`).
@@ -136,9 +137,8 @@ impl TlsCredentials {
     pub fn from_certificate_dir(dir: &Path, verify_peer: bool) -> Result<Self, TlsSetupError> {
         let file = |name: &str| -> Result<PathBuf, TlsSetupError> {
             let path = dir.join(name);
-            std::fs::metadata(&path).map_err(|err| {
-                TlsSetupError::new(format!("{}: {err}", path.display()))
-            })?;
+            std::fs::metadata(&path)
+                .map_err(|err| TlsSetupError::new(format!("{}: {err}", path.display())))?;
             Ok(path)
         };
         let ca = file(CA_CERT_FILE)?;
@@ -163,7 +163,8 @@ impl TlsCredentials {
             .map_err(|e| openssl_error(&ca.display().to_string(), e))?;
         if verify_peer {
             // Tell clients which CA to pick a certificate for.
-            let pem = std::fs::read(&ca).map_err(|e| openssl_error(&ca.display().to_string(), e))?;
+            let pem =
+                std::fs::read(&ca).map_err(|e| openssl_error(&ca.display().to_string(), e))?;
             for ca_cert in X509::stack_from_pem(&pem)
                 .map_err(|e| openssl_error(&ca.display().to_string(), e))?
             {
@@ -202,8 +203,8 @@ impl TlsCredentials {
                 .map_err(|e| TlsSetupError::new(format!("{}: {e}", path.display())))?,
         );
         let index = Ssl::new_ex_index::<String>().map_err(|e| openssl_error("TLS context", e))?;
-        let mut builder =
-            SslContextBuilder::new(SslMethod::tls_server()).map_err(|e| openssl_error("TLS context", e))?;
+        let mut builder = SslContextBuilder::new(SslMethod::tls_server())
+            .map_err(|e| openssl_error("TLS context", e))?;
         builder
             .set_cipher_list(TLS12_PSK_CIPHERS)
             .map_err(|e| openssl_error("TLS 1.2 PSK ciphers", e))?;
@@ -314,7 +315,9 @@ pub fn parse_psk_file(text: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
             ));
         }
         if keys.iter().any(|(name, _)| name == identity) {
-            return Err(format!("line {number}: identity '{identity}' appears twice"));
+            return Err(format!(
+                "line {number}: identity '{identity}' appears twice"
+            ));
         }
         if keys.len() == PSK_IDENTITIES_MAX {
             return Err(format!("more than {PSK_IDENTITIES_MAX} identities"));
@@ -409,9 +412,15 @@ mod tests {
         let keys = parse_psk_file("alice:0a0B\n\n# c\nbob:ff\n").unwrap();
         assert_eq!(
             keys,
-            vec![("alice".into(), vec![0x0a, 0x0b]), ("bob".into(), vec![0xff])]
+            vec![
+                ("alice".into(), vec![0x0a, 0x0b]),
+                ("bob".into(), vec![0xff])
+            ]
         );
-        assert_eq!(parse_psk_file("alice:abc").unwrap_err(), "line 1: the key is not an even number of hexadecimal digits");
+        assert_eq!(
+            parse_psk_file("alice:abc").unwrap_err(),
+            "line 1: the key is not an even number of hexadecimal digits"
+        );
         assert!(parse_psk_file("x:zz").is_err());
         assert!(parse_psk_file("nokey").unwrap_err().contains("line 1"));
         assert!(parse_psk_file(":00").is_err());
@@ -422,7 +431,13 @@ mod tests {
 
     #[test]
     fn access_follows_lists_tls_and_identity() {
-        let lists = || vec![None, Some(vec!["alice".to_string()]), Some(vec!["bob".to_string()])];
+        let lists = || {
+            vec![
+                None,
+                Some(vec!["alice".to_string()]),
+                Some(vec!["bob".to_string()]),
+            ]
+        };
         use ExportAccess::*;
         assert_eq!(
             export_access(lists(), TlsPolicy::Optional, false, None),

@@ -254,7 +254,10 @@ impl TlsSession {
             let (full, len) = {
                 let mut ssl = self.ssl.borrow_mut();
                 let io = ssl.get_mut();
-                let full = io.tx.replace(spare).expect("the filling buffer is always present");
+                let full = io
+                    .tx
+                    .replace(spare)
+                    .expect("the filling buffer is always present");
                 (full, std::mem::replace(&mut io.tx_len, 0))
             };
             self.sending.set(true);
@@ -287,7 +290,10 @@ impl TlsSession {
         if start >= end || end > buf.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("TLS recv into {start}..{end} of a {}-byte buffer", buf.len()),
+                format!(
+                    "TLS recv into {start}..{end} of a {}-byte buffer",
+                    buf.len()
+                ),
             ));
         }
         // Bounded by the stream: each pass returns, or receives ciphertext (which OpenSSL
@@ -326,7 +332,12 @@ impl TlsSession {
     }
 
     /// Encrypts and sends `buf[..len]`; returns the buffer once every record is on the wire.
-    pub(crate) async fn send_all(&self, stream: &Stream, buf: IoBuf, len: usize) -> IoResult<IoBuf> {
+    pub(crate) async fn send_all(
+        &self,
+        stream: &Stream,
+        buf: IoBuf,
+        len: usize,
+    ) -> IoResult<IoBuf> {
         if len > buf.len() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
