@@ -257,13 +257,10 @@ fn run(cli: Cli) -> Result<()> {
             // this command made.
             let made = parse_vdevs(&vdevs, create, &mut locks)
                 .and_then(|tops| Ok(p.add_vdevs(tops, force)?));
-            let p = match made {
-                Ok(p) => p,
-                Err(e) => {
-                    locks.remove_created();
-                    return Err(e);
-                }
-            };
+            if let Err(e) = made {
+                locks.remove_created();
+                return Err(e);
+            }
             remember(&cache, &p)?;
             p.export()?;
             Ok(())

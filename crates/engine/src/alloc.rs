@@ -656,12 +656,28 @@ impl SpaceMap {
     }
 }
 
+/// What the allocator may place on a top-level vdev.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VdevRole {
+    /// Pool data (and log blocks when no log device has room).
+    Data,
+    /// A separate intent-log device: log blocks only.
+    Log,
+    /// Added, but not yet in a durable txg's configuration: nothing may be placed on it (a
+    /// block there would be unreachable after a crash), and its space is not counted. Becomes
+    /// `Data` or `Log` ([`Allocator::activate`]) once the txg that records it is durable.
+    Pending {
+        /// A log device once active.
+        log: bool,
+    },
+}
+
 /// All top-level vdevs' maps, with the policy that spreads blocks over them.
 #[derive(Debug)]
 pub struct Allocator {
     maps: Vec<SpaceMap>,
-    /// Per vdev: a separate log device (log blocks only).
-    log: Vec<bool>,
+    /// Per vdev: what may be placed there.
+    role: Vec<VdevRole>,
     /// Rotor over top-level vdevs for data blocks (stripe).
     rotor: usize,
 }
@@ -682,21 +698,40 @@ impl Allocator {
                 .enumerate()
                 .map(|(i, &a)| SpaceMap::new(VdevId(i as u32), a))
                 .collect(),
-            log: log.to_vec(),
+            role: log
+                .iter()
+                .map(|&l| if l { VdevRole::Log } else { VdevRole::Data })
+                .collect(),
             rotor: 0,
         }
     }
 
-    /// Adds a top-level vdev (its id is the next index).
-    pub fn add_vdev(&mut self, asize_bytes: u64, log: bool) {
+    /// Adds a top-level vdev (its id is the next index), [`VdevRole::Pending`] until
+    /// [`Allocator::activate`].
+    pub fn add_vdev(&mut self, asize_bytes: u64, log: bool) -> VdevId {
         let id = VdevId(self.maps.len() as u32);
         self.maps.push(SpaceMap::new(id, asize_bytes));
-        self.log.push(log);
+        self.role.push(VdevRole::Pending { log });
+        id
+    }
+
+    /// Lets blocks be placed on a vdev added by [`Allocator::add_vdev`] (the txg recording
+    /// it is durable).
+    pub fn activate(&mut self, vdev: VdevId) {
+        let role = &mut self.role[vdev.0 as usize];
+        if let VdevRole::Pending { log } = *role {
+            *role = if log { VdevRole::Log } else { VdevRole::Data };
+        }
+    }
+
+    /// What may be placed on each vdev.
+    pub fn roles(&self) -> &[VdevRole] {
+        &self.role
     }
 
     /// Whether the pool has a separate log device.
     pub fn has_log_device(&self) -> bool {
-        self.log.iter().any(|&l| l)
+        self.role.contains(&VdevRole::Log)
     }
 
     /// The map of one vdev.
@@ -768,7 +803,8 @@ impl Allocator {
             'passes: for &(distinct, placement) in passes {
                 for k in 0..n {
                     let v = (first + c + k) % n;
-                    if self.log[v] || (distinct && out.iter().any(|d: &Dva| d.vdev.0 as usize == v))
+                    if self.role[v] != VdevRole::Data
+                        || (distinct && out.iter().any(|d: &Dva| d.vdev.0 as usize == v))
                     {
                         continue;
                     }
@@ -801,7 +837,7 @@ impl Allocator {
         self.rotor = self.rotor.wrapping_add(1);
         for k in 0..n {
             let v = (first + k) % n;
-            if self.log[v] {
+            if self.role[v] == VdevRole::Log {
                 if let Some(d) = self.maps[v].alloc(size_bytes) {
                     return Some(d);
                 }
@@ -821,7 +857,12 @@ impl Allocator {
     /// Free space of the pool's data vdevs (log devices apart), by slab and class.
     pub fn space(&self) -> Space {
         let mut out = Space::default();
-        for (m, _) in self.maps.iter().zip(&self.log).filter(|(_, &l)| !l) {
+        for (m, _) in self
+            .maps
+            .iter()
+            .zip(&self.role)
+            .filter(|(_, &r)| r == VdevRole::Data)
+        {
             out.size_bytes += m.size_bytes();
             out.free_bytes += m.size_bytes() - m.allocated_bytes();
             out.empty_bytes += m.empty_bytes();
@@ -832,7 +873,7 @@ impl Allocator {
 
     /// Number of data vdevs (log devices apart).
     pub fn data_vdevs(&self) -> usize {
-        self.log.iter().filter(|&&l| !l).count()
+        self.role.iter().filter(|&&r| r == VdevRole::Data).count()
     }
 
     /// Whether blocks needing `need` (bytes of slots per class, every copy counted) are sure
@@ -849,8 +890,8 @@ impl Allocator {
     pub fn totals_bytes(&self) -> (u64, u64) {
         self.maps
             .iter()
-            .zip(&self.log)
-            .filter(|(_, &l)| !l)
+            .zip(&self.role)
+            .filter(|(_, &r)| r == VdevRole::Data)
             .fold((0, 0), |(s, a), (m, _)| {
                 (s + m.size_bytes(), a + m.allocated_bytes())
             })

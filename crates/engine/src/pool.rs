@@ -13,14 +13,12 @@ use crate::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES
 use crate::data_cache::{CacheKey, DataCache};
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
-use crate::pipeline::{
-    read_block, scrub_block, write_block_shared, write_blocks_shared, ScrubCounts,
-};
+use crate::pipeline::{read_block, write_block_shared, write_blocks_shared};
 use crate::props::{PoolProps, VolumeProps};
 use crate::sector_mask::SectorMask;
 use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
 use crate::txg::TxgControl;
-use crate::vdev::{Leaf, TopVdev, VdevTree};
+use crate::vdev::{Leaf, TopVdev, VdevTree, TOP_VDEVS_MAX};
 use crate::vdev_queue::IoClass;
 use crate::volume::{merge_partial, DirtyBlock, VolumeInner};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
@@ -77,13 +75,15 @@ pub(crate) struct PoolState {
     /// Every place that PoolMeta occupies (its block, or its index and pieces): freed when
     /// the next one replaces it.
     pub meta_places: Vec<Dva>,
+    /// While a scrub reads a batch of blocks: no deferred free of a txg after this one is
+    /// released (see `scan.rs`).
+    pub scan_pin: Option<Txg>,
 }
 
 pub(crate) struct PoolInner {
     pub name: String,
     pub guid: Guid,
     pub vdevs: VdevTree,
-    pub tree_config: VdevTreeConfig,
     pub txg: TxgControl,
     pub state: Mutex<PoolState>,
     /// Intent-log counters (all volumes).
@@ -93,12 +93,16 @@ pub(crate) struct PoolInner {
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
     /// Verified data blocks kept after reads (`data_cache_max`).
     pub data_cache: DataCache,
+    /// Held across a change of the vdev tree (`oxpool add`): one at a time.
+    pub config_change: Mutex<()>,
+    /// The scrub, if one ran.
+    pub scan: crate::scan::Scan,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
 pub struct Pool {
-    inner: Arc<PoolInner>,
+    pub(crate) inner: Arc<PoolInner>,
     sync_thread: Option<JoinHandle<()>>,
 }
 
@@ -127,7 +131,7 @@ impl PoolCounters {
     /// I/O statistics of every present leaf device, in vdev tree order.
     pub fn device_stats(&self) -> Vec<DeviceStats> {
         let mut out = Vec::new();
-        for top in &self.inner.vdevs.tops {
+        for top in self.inner.vdevs.tops() {
             for leaf in top.leaves() {
                 let vdev = match top.kind {
                     TopVdevKind::Mirror => format!("mirror-{}", top.id.0),
@@ -201,6 +205,8 @@ pub struct PoolStatus {
     pub dirty_bytes: u64,
     /// Top-level vdevs.
     pub vdevs: Vec<VdevStatus>,
+    /// The latest scrub since the pool was opened.
+    pub scan: Option<crate::ScanStatus>,
 }
 
 /// The dirty-data limit in force: `dirty_max`, but at most an eighth of the pool. A txg's
@@ -274,7 +280,7 @@ impl PoolInner {
         frees: bool,
     ) -> Result<SpaceAdmission<'_>> {
         for _ in 0..SPACE_WAIT_SYNCS_MAX {
-            {
+            let pinned = {
                 let s = self.state.lock().unwrap();
                 let mut t = self.txg.state.lock().unwrap();
                 let need = t.space_needed() + bytes;
@@ -282,6 +288,12 @@ impl PoolInner {
                     t.space_admitting += bytes;
                     return Ok(SpaceAdmission { inner: self, bytes });
                 }
+                s.scan_pin
+            };
+            // A scrub batch holds frees back: the syncs below give them back only once it
+            // is done. Not a round of its own: one batch's reads, then the sync.
+            if let Some(pin) = pinned {
+                crate::scan::wait_pin_moved(self, pin).await;
             }
             let open = self.txg.state.lock().unwrap().open;
             self.txg.kick();
@@ -355,11 +367,7 @@ fn prepare_top(
         asize_bytes: asize,
         log: spec.log,
     };
-    Ok((
-        TopVdev::new(id, spec.kind, children, asize, spec.log),
-        cfg,
-        leaves,
-    ))
+    Ok((TopVdev::new(&cfg, children), cfg, leaves))
 }
 
 /// Checks a pool or volume name: 1 to 64 characters of [A-Za-z0-9_.-], not starting with `-`.
@@ -407,6 +415,12 @@ impl Pool {
         if tops.is_empty() {
             return Err(EngineError::invalid("a pool needs at least one device"));
         }
+        if tops.len() > TOP_VDEVS_MAX {
+            return Err(EngineError::invalid(format!(
+                "{} top-level vdevs: a pool has at most {TOP_VDEVS_MAX}",
+                tops.len()
+            )));
+        }
         let pool_guid = random_guid();
         let mut config = VdevTreeConfig { top: Vec::new() };
         let mut vdev_tops = Vec::new();
@@ -429,7 +443,8 @@ impl Pool {
             guid: pool_guid,
             vdevs: VdevTree::new(vdev_tops, props.completion),
             data_cache: DataCache::new(props.data_cache_max_bytes),
-            tree_config: config.clone(),
+            config_change: Mutex::new(()),
+            scan: Default::default(),
             txg: TxgControl::new(
                 name,
                 Txg(0),
@@ -455,6 +470,7 @@ impl Pool {
                 next_volume_id: 1,
                 meta_ptr: BlockPtr::HOLE,
                 meta_places: Vec::new(),
+                scan_pin: None,
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
@@ -630,6 +646,8 @@ impl Pool {
     }
 
     fn stop_sync_thread(&mut self) {
+        // The scrub first: it waits on syncs of its own, and a closed pool has none.
+        self.inner.scan.stop();
         self.inner.txg.stop();
         if let Some(t) = self.sync_thread.take() {
             let _ = t.join();
@@ -649,89 +667,58 @@ impl Pool {
         })
     }
 
-    /// Adds top-level vdevs, e.g. a separate log device (`oxpool add POOL log PATH`). Needs
-    /// every volume handle closed. The new devices get labels with the new tree, a txg commits
-    /// the new tree inside the pool, and only then do the old devices' labels learn it.
-    pub fn add_vdevs(mut self, specs: Vec<TopSpec>, force: bool) -> Result<Pool> {
+    /// Adds top-level vdevs, e.g. a separate log device (`oxpool add POOL log PATH`), to the
+    /// pool as it runs: volumes keep serving throughout. In order, so that a crash at any
+    /// point leaves a pool that imports with or without the new vdevs, never with a block on
+    /// a vdev its configuration lacks:
+    /// 1. the new devices get labels naming the tree with them (import finds them, and
+    ///    ignores vdevs the pool's metadata does not list);
+    /// 2. the vdevs join the tree and the allocator, which places nothing on them yet
+    ///    ([`crate::alloc::VdevRole::Pending`]): not even an intent-log block, which would be lost with
+    ///    the acknowledged writes it holds if the pool crashed before step 3;
+    /// 3. a txg records the new tree in the pool's metadata; once durable, the allocator may
+    ///    use them;
+    /// 4. the old devices' labels learn the new tree.
+    pub fn add_vdevs(&self, specs: Vec<TopSpec>, force: bool) -> Result<()> {
         if specs.is_empty() {
-            return Ok(self);
+            return Ok(());
         }
-        self.sync()?;
-        self.stop_sync_thread();
-        if Arc::strong_count(&self.inner) != 1 {
-            let inner = self.inner.clone();
-            let pool = Pool::start(inner);
-            drop(pool);
-            return Err(EngineError::invalid(
-                "close every volume handle of the pool before adding devices",
-            ));
+        let inner = &self.inner;
+        let _one_change = inner.config_change.lock().unwrap();
+        let base = inner.vdevs.top_count();
+        if base + specs.len() > TOP_VDEVS_MAX {
+            return Err(EngineError::invalid(format!(
+                "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}",
+                inner.name,
+                base + specs.len()
+            )));
         }
-        let old = &self.inner;
-        let mut config = old.tree_config.clone();
-        let mut tops: Vec<TopVdev> = old
-            .vdevs
-            .tops
-            .iter()
-            .map(|t| {
-                TopVdev::new(
-                    t.id,
-                    t.kind.clone(),
-                    t.children.clone(),
-                    t.asize_bytes,
-                    t.log,
-                )
-            })
-            .collect();
+        let mut new_tops = Vec::new();
         let mut new_leaves = Vec::new();
-        for spec in specs {
-            let (top, cfg, leaves) = prepare_top(VdevId(tops.len() as u32), spec, force)?;
+        let mut config = inner.vdevs.config();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let (top, cfg, leaves) = prepare_top(VdevId((base + i) as u32), spec, force)?;
             new_leaves.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
             config.top.push(cfg);
-            tops.push(top);
+            new_tops.push(top);
         }
-        // Move the state into a pool with the new tree.
-        let state = {
-            let mut s = old.state.lock().unwrap();
-            let mut alloc = std::mem::replace(&mut s.alloc, Allocator::new(&[]));
-            let mut chunk_ptrs = std::mem::take(&mut s.chunk_ptrs);
-            for t in &tops[chunk_ptrs.len()..] {
-                alloc.add_vdev(t.asize_bytes, t.log);
-                chunk_ptrs.push(vec![
-                    BlockPtr::HOLE;
-                    t.asize_bytes
-                        .div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
-                        as usize
-                ]);
+        // A device named twice, or already in the pool, would be two vdevs on one disk.
+        for (leaf, _, _) in &new_leaves {
+            let name = leaf.name();
+            let twice = new_leaves
+                .iter()
+                .filter(|(l, _, _)| l.name() == name)
+                .count()
+                > 1;
+            if twice || inner.vdevs.leaves().any(|l| l.name() == name) {
+                return Err(EngineError::invalid(format!(
+                    "{name} is named twice or already in pool '{}'",
+                    inner.name
+                )));
             }
-            PoolState {
-                props: s.props.clone(),
-                volumes: std::mem::take(&mut s.volumes),
-                destroyed: std::mem::take(&mut s.destroyed),
-                alloc,
-                chunk_ptrs,
-                deferred: std::mem::take(&mut s.deferred),
-                next_volume_id: s.next_volume_id,
-                meta_ptr: s.meta_ptr,
-                meta_places: std::mem::take(&mut s.meta_places),
-            }
-        };
-        let synced = old.txg.synced();
-        let inner = Arc::new(PoolInner {
-            name: old.name.clone(),
-            guid: old.guid,
-            vdevs: VdevTree::new(tops, state.props.completion),
-            data_cache: DataCache::new(state.props.data_cache_max_bytes),
-            tree_config: config.clone(),
-            txg: TxgControl::new(
-                &old.name,
-                synced,
-                effective_dirty_max(state.props.dirty_max_bytes, state.alloc.totals_bytes().0),
-                Duration::from_secs(state.props.txg_timeout_s),
-            ),
-            state: Mutex::new(state),
-            log_counters: LogCounters::default(),
-            log_alloc_bytes_since_sync: Default::default(),
-        });
+        }
+        self.sync()?;
+        let synced = inner.txg.synced();
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: inner.guid,
             pool_name: inner.name.clone(),
@@ -746,26 +733,47 @@ impl Pool {
             }
             Ok::<(), EngineError>(())
         })?;
-        let txg = inner.txg.next_after_create();
-        let r = block_on(sync_txg(&inner, txg));
-        inner.txg.finish_sync(txg, &r);
-        r?;
+        let mut added = Vec::new();
+        {
+            // Tree, allocator and space-map chunks change together: a sync sees all or none.
+            let mut s = inner.state.lock().unwrap();
+            for top in new_tops {
+                let chunks = top
+                    .asize_bytes
+                    .div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
+                    as usize;
+                let id = s.alloc.add_vdev(top.asize_bytes, top.log);
+                debug_assert_eq!(id, top.id);
+                s.chunk_ptrs.push(vec![BlockPtr::HOLE; chunks]);
+                inner
+                    .vdevs
+                    .push(top)
+                    .map_err(|_| EngineError::invalid("the vdev tree is full"))?;
+                added.push(id);
+            }
+        }
+        apply_scheduler(inner);
+        inner.txg.mark_dirty();
+        self.sync()?;
+        {
+            let mut s = inner.state.lock().unwrap();
+            for id in added {
+                s.alloc.activate(id);
+            }
+        }
         block_on(async {
-            for (t, tcfg) in inner.vdevs.tops.iter().zip(&config.top) {
-                for (leaf, lcfg) in t.children.iter().zip(&tcfg.children) {
+            for top in inner.vdevs.tops() {
+                for (leaf, lcfg) in top.children.iter().zip(&top.leaf_configs) {
                     if let Some(leaf) = leaf {
                         if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
-                            let cfg = label(lcfg.guid, t.id);
+                            let cfg = label(lcfg.guid, top.id);
                             crate::label::update_label_config(leaf.backend.as_ref(), &cfg).await?;
                         }
                     }
                 }
             }
             Ok::<(), EngineError>(())
-        })?;
-        // The old, now empty, pool has no sync thread left to stop.
-        self.sync_thread = None;
-        Ok(Pool::start(inner))
+        })
     }
 
     /// Pool name.
@@ -781,10 +789,9 @@ impl Pool {
     /// Paths of the pool's devices as configured (for the cache file).
     pub fn device_paths(&self) -> Vec<String> {
         self.inner
-            .tree_config
-            .top
-            .iter()
-            .flat_map(|t| t.children.iter().map(|c| c.path.clone()))
+            .vdevs
+            .tops()
+            .flat_map(|t| t.leaf_configs.iter().map(|c| c.path.clone()))
             .collect()
     }
 
@@ -989,65 +996,6 @@ impl Pool {
         Ok(())
     }
 
-    /// Scrubs the pool: syncs, then reads every copy of every block reachable from the last
-    /// committed state (pool metadata, space maps, every volume's tree and data) on every
-    /// device, verifies it against its parent's checksum and rewrites bad copies from good
-    /// ones. Meant for a quiet pool: blocks freed by syncs during the scrub may be reported.
-    pub fn scrub(&self) -> Result<ScrubCounts> {
-        self.sync()?;
-        let (meta_ptr, chunks, roots) = {
-            let s = self.inner.state.lock().unwrap();
-            let roots: Vec<(String, BlockPtr)> = s
-                .volumes
-                .values()
-                .map(|v| (v.full_name.clone(), v.tree.lock().unwrap().root()))
-                .collect();
-            (s.meta_ptr, s.chunk_ptrs.concat(), roots)
-        };
-        block_on(async {
-            let vdevs = &self.inner.vdevs;
-            let mut total = ScrubCounts::default();
-            let (index, counts) = scrub_block(vdevs, &meta_ptr, "pool metadata").await;
-            total += counts;
-            if meta_ptr.block_type == BlockType::MetaIndex {
-                let pieces = index
-                    .and_then(|buf| decode_meta_index(&buf[..meta_ptr.psize_bytes as usize]).ok());
-                for p in pieces.unwrap_or_default() {
-                    total += scrub_block(vdevs, &p, "pool metadata").await.1;
-                }
-            }
-            for c in chunks.iter().filter(|c| !c.is_hole()) {
-                total += scrub_block(vdevs, c, "space map").await.1;
-            }
-            for (name, root) in roots {
-                // Depth-first over the tree; the stack holds at most levels * FANOUT pointers.
-                let mut stack = vec![root];
-                while let Some(bp) = stack.pop() {
-                    if bp.is_hole() {
-                        continue;
-                    }
-                    let (buf, counts) = scrub_block(vdevs, &bp, &name).await;
-                    total += counts;
-                    if bp.block_type == BlockType::Indirect {
-                        if let Some(buf) = buf {
-                            let mut ptrs =
-                                Box::new([BlockPtr::HOLE; oxpool_format::INDIRECT_FANOUT]);
-                            if oxpool_format::decode_indirect(
-                                &buf[..bp.psize_bytes as usize],
-                                &mut ptrs,
-                            )
-                            .is_ok()
-                            {
-                                stack.extend(ptrs.iter().filter(|p| !p.is_hole()));
-                            }
-                        }
-                    }
-                }
-            }
-            Ok(total)
-        })
-    }
-
     /// Status of the pool and its devices.
     pub fn status(&self) -> PoolStatus {
         let (size, allocated) = self.inner.state.lock().unwrap().alloc.totals_bytes();
@@ -1076,14 +1024,12 @@ impl Pool {
         let vdevs = self
             .inner
             .vdevs
-            .tops
-            .iter()
-            .zip(&self.inner.tree_config.top)
-            .map(|(t, cfg)| {
+            .tops()
+            .map(|t| {
                 let kids: Vec<VdevStatus> = t
                     .children
                     .iter()
-                    .zip(&cfg.children)
+                    .zip(&t.leaf_configs)
                     .map(|(l, c)| leaf_status(l, c))
                     .collect();
                 let missing = kids.iter().any(|k| k.state != "ONLINE");
@@ -1118,6 +1064,7 @@ impl Pool {
             txg: self.inner.txg.synced().0,
             dirty_bytes: self.inner.txg.dirty_bytes(),
             vdevs,
+            scan: self.scan_status(),
         }
     }
 }
@@ -1183,13 +1130,7 @@ async fn import_devices(
                 paths.join(", ")
             )));
         }
-        tops.push(TopVdev::new(
-            tcfg.id,
-            tcfg.kind.clone(),
-            children,
-            tcfg.asize_bytes,
-            tcfg.log,
-        ));
+        tops.push(TopVdev::new(tcfg, children));
     }
     // The completion policy is a property, known once the metadata is read (set below).
     let vdevs = VdevTree::new(tops, crate::completion::CompletionPolicy::default());
@@ -1234,8 +1175,8 @@ async fn import_devices(
     // The pool's own record of its vdevs is the truth; labels only help find devices. A vdev
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
     // its log blocks may hold acknowledged writes.
-    if meta.tree.top.len() > vdevs.tops.len() {
-        let missing: Vec<String> = meta.tree.top[vdevs.tops.len()..]
+    if meta.tree.top.len() > vdevs.top_count() {
+        let missing: Vec<String> = meta.tree.top[vdevs.top_count()..]
             .iter()
             .map(|t| {
                 let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
@@ -1254,9 +1195,10 @@ async fn import_devices(
     }
     // A vdev whose labels were written but whose addition never committed is not part of it.
     let mut vdevs = vdevs;
-    vdevs.tops.truncate(meta.tree.top.len());
-    let asizes: Vec<u64> = vdevs.tops.iter().map(|t| t.asize_bytes).collect();
-    let logs: Vec<bool> = vdevs.tops.iter().map(|t| t.log).collect();
+    vdevs.truncate(meta.tree.top.len());
+    vdevs.set_leaf_configs(&meta.tree);
+    let asizes: Vec<u64> = vdevs.tops().map(|t| t.asize_bytes).collect();
+    let logs: Vec<bool> = vdevs.tops().map(|t| t.log).collect();
     let mut alloc = Allocator::with_log_devices(&asizes, &logs);
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
@@ -1380,7 +1322,8 @@ async fn import_devices(
         guid: cfg0.pool_guid,
         vdevs,
         data_cache: DataCache::new(props.data_cache_max_bytes),
-        tree_config: meta.tree.clone(),
+        config_change: Mutex::new(()),
+        scan: Default::default(),
         txg: TxgControl::new(
             &pool_name,
             meta.txg,
@@ -1397,6 +1340,7 @@ async fn import_devices(
             next_volume_id: meta.next_volume_id,
             meta_ptr: ub.root,
             meta_places,
+            scan_pin: None,
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
@@ -1661,9 +1605,10 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     // Frees old enough are allocatable again from this txg on.
     {
         let mut s = inner.state.lock().unwrap();
+        let pin = s.scan_pin;
         let (ready, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.deferred)
             .into_iter()
-            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0);
+            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0 && pin.is_none_or(|p| d.txg <= p));
         s.deferred = keep;
         for d in ready {
             for dva in &d.dvas {
@@ -1784,7 +1729,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             name: inner.name.clone(),
             guid: inner.guid,
             txg,
-            tree: inner.tree_config.clone(),
+            tree: inner.vdevs.config(),
             props: s.props.to_pairs(),
             volumes: s
                 .volumes
@@ -1895,15 +1840,15 @@ fn apply_scheduler(inner: &PoolInner) {
 }
 
 async fn flush_all(inner: &PoolInner) -> Result<()> {
-    let ios: Vec<(usize, Arc<Leaf>)> = inner
-        .vdevs
-        .tops
+    // One snapshot of the tree: a vdev added meanwhile is not in this txg's configuration.
+    let tops: Vec<&TopVdev> = inner.vdevs.tops().collect();
+    let ios: Vec<(usize, Arc<Leaf>)> = tops
         .iter()
         .enumerate()
         .flat_map(|(i, t)| t.leaves().map(move |l| (i, l.clone())))
         .collect();
     let futs: Vec<_> = ios.iter().map(|(_, l)| l.flush()).collect();
-    let mut flushed = vec![false; inner.vdevs.tops.len()];
+    let mut flushed = vec![false; tops.len()];
     let mut last_err = None;
     for ((top, l), r) in ios.iter().zip(join_all(futs).await) {
         inner
@@ -2227,7 +2172,11 @@ async fn sync_volume(
             }
         }
     }
-    debug_assert!(!vol.tree.lock().unwrap().has_dirty());
+    {
+        let t = vol.tree.lock().unwrap();
+        debug_assert!(!t.has_dirty());
+        *vol.written_root.lock().unwrap() = (t.root(), t.levels());
+    }
     let used = vol.used_bytes.load(Ordering::Relaxed) as i64 + used_delta;
     debug_assert!(used >= 0);
     vol.used_bytes.store(used.max(0) as u64, Ordering::Relaxed);

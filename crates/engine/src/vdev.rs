@@ -7,10 +7,16 @@
 use crate::completion::{CompletionControl, CompletionPolicy};
 use crate::iostats::LeafIoStats;
 use crate::vdev_queue::VdevQueue;
-use oxpool_format::{Dva, Guid, TopVdevKind, VdevId, DATA_START_BYTES};
+use oxpool_format::{
+    Dva, Guid, LeafConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig, DATA_START_BYTES,
+};
 use oxpool_io::Backend;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// Most top-level vdevs a pool can have (the bound of the append-only list; a pool's labels
+/// could not describe many more).
+pub const TOP_VDEVS_MAX: usize = 256;
 
 /// Error counters of one leaf, shown by `oxpool status`.
 #[derive(Debug, Default)]
@@ -80,6 +86,9 @@ pub struct TopVdev {
     pub asize_bytes: u64,
     /// A separate intent-log device (holds log blocks only).
     pub log: bool,
+    /// The children as configured (guid, path, size), present or not: with the fields above,
+    /// what the pool's metadata and labels record of this vdev.
+    pub leaf_configs: Vec<LeafConfig>,
     /// Rotor that spreads mirror reads over the children.
     read_rotor: AtomicUsize,
 }
@@ -94,23 +103,31 @@ pub struct LeafIo {
 }
 
 impl TopVdev {
-    /// A top-level vdev over `children`.
-    pub fn new(
-        id: VdevId,
-        kind: TopVdevKind,
-        children: Vec<Option<Arc<Leaf>>>,
-        asize_bytes: u64,
-        log: bool,
-    ) -> TopVdev {
+    /// The top-level vdev `config` describes, over `children` (in the order of its children's
+    /// configurations; `None` where a device is missing).
+    pub fn new(config: &TopVdevConfig, children: Vec<Option<Arc<Leaf>>>) -> TopVdev {
         debug_assert!(!children.is_empty());
-        debug_assert!(kind == TopVdevKind::Mirror || children.len() == 1);
+        debug_assert_eq!(children.len(), config.children.len());
+        debug_assert!(config.kind == TopVdevKind::Mirror || children.len() == 1);
         TopVdev {
-            id,
-            kind,
+            id: config.id,
+            kind: config.kind.clone(),
             children,
-            asize_bytes,
-            log,
+            asize_bytes: config.asize_bytes,
+            log: config.log,
+            leaf_configs: config.children.clone(),
             read_rotor: AtomicUsize::new(0),
+        }
+    }
+
+    /// What the pool's metadata records of this vdev.
+    pub fn config(&self) -> TopVdevConfig {
+        TopVdevConfig {
+            id: self.id,
+            kind: self.kind.clone(),
+            children: self.leaf_configs.clone(),
+            asize_bytes: self.asize_bytes,
+            log: self.log,
         }
     }
 
@@ -144,32 +161,129 @@ impl TopVdev {
     }
 }
 
+/// Top-level vdevs in id order. Appended to while the pool serves (`oxpool add`), never
+/// shrunk or reordered once shared, so a `&TopVdev` stays valid as long as the tree: readers
+/// on the I/O path pay one atomic load, no lock.
+struct TopList {
+    slots: Box<[OnceLock<TopVdev>]>,
+    /// Slots set, all of them below this; published with Release after the slot is set.
+    len: AtomicUsize,
+}
+
+impl std::fmt::Debug for TopList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl TopList {
+    fn iter(&self) -> impl Iterator<Item = &TopVdev> {
+        let len = self.len.load(Ordering::Acquire);
+        self.slots[..len]
+            .iter()
+            .map(|s| s.get().expect("slots below len are set"))
+    }
+}
+
 /// The pool's vdevs.
 #[derive(Debug)]
 pub struct VdevTree {
-    /// Top-level vdevs, striped.
-    pub tops: Vec<TopVdev>,
+    tops: TopList,
     /// Where completions of this pool's leaf I/Os run (the `completion` property).
     pub completion: CompletionControl,
 }
 
 impl VdevTree {
-    /// A tree of `tops` whose completions follow `policy`.
+    /// A tree of `tops` (ids 0, 1, ... in order) whose completions follow `policy`.
     pub fn new(tops: Vec<TopVdev>, policy: CompletionPolicy) -> VdevTree {
-        VdevTree {
-            tops,
+        assert!(
+            tops.len() <= TOP_VDEVS_MAX,
+            "{} top-level vdevs",
+            tops.len()
+        );
+        let tree = VdevTree {
+            tops: TopList {
+                slots: (0..TOP_VDEVS_MAX).map(|_| OnceLock::new()).collect(),
+                len: AtomicUsize::new(0),
+            },
             completion: CompletionControl::new(policy),
+        };
+        for top in tops {
+            tree.push(top).expect("within TOP_VDEVS_MAX");
         }
+        tree
+    }
+
+    /// Appends a top-level vdev (its id must be the next one). The caller serializes
+    /// appends (one configuration change at a time); readers see the vdev from now on.
+    /// Gives it back if the tree is full.
+    pub fn push(&self, top: TopVdev) -> Result<(), TopVdev> {
+        let len = self.tops.len.load(Ordering::Acquire);
+        if len >= TOP_VDEVS_MAX {
+            return Err(top);
+        }
+        assert_eq!(
+            top.id.0 as usize, len,
+            "top-level vdevs are appended in id order"
+        );
+        self.tops.slots[len].set(top)?;
+        self.tops.len.store(len + 1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Keeps the first `len` top-level vdevs (at import, before the tree is shared: vdevs the
+    /// labels know but the pool's metadata does not were never committed).
+    pub fn truncate(&mut self, len: usize) {
+        let old = *self.tops.len.get_mut();
+        for slot in &mut self.tops.slots[len.min(old)..old] {
+            slot.take();
+        }
+        *self.tops.len.get_mut() = len.min(old);
+    }
+
+    /// Replaces the recorded children's configurations of each top-level vdev (at import:
+    /// the pool's metadata is the truth; labels only helped find the devices).
+    pub fn set_leaf_configs(&mut self, config: &VdevTreeConfig) {
+        let len = *self.tops.len.get_mut();
+        for (slot, cfg) in self.tops.slots[..len].iter_mut().zip(&config.top) {
+            if let Some(top) = slot.get_mut() {
+                if top.leaf_configs.len() == cfg.children.len() {
+                    top.leaf_configs = cfg.children.clone();
+                }
+            }
+        }
+    }
+
+    /// Top-level vdevs, in id order.
+    pub fn tops(&self) -> impl Iterator<Item = &TopVdev> {
+        self.tops.iter()
+    }
+
+    /// Number of top-level vdevs.
+    pub fn top_count(&self) -> usize {
+        self.tops.len.load(Ordering::Acquire)
     }
 
     /// The top-level vdev a DVA names, if it exists.
     pub fn top(&self, vdev: VdevId) -> Option<&TopVdev> {
-        self.tops.get(vdev.0 as usize)
+        let i = vdev.0 as usize;
+        if i < self.tops.len.load(Ordering::Acquire) {
+            self.tops.slots[i].get()
+        } else {
+            None
+        }
     }
 
     /// Every present leaf.
     pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
-        self.tops.iter().flat_map(|t| t.leaves())
+        self.tops().flat_map(|t| t.leaves())
+    }
+
+    /// The tree as the pool's metadata and labels record it.
+    pub fn config(&self) -> VdevTreeConfig {
+        VdevTreeConfig {
+            top: self.tops().map(TopVdev::config).collect(),
+        }
     }
 }
 
@@ -187,13 +301,19 @@ mod tests {
 
     #[test]
     fn mirror_writes_every_present_child_and_rotates_reads() {
-        let top = TopVdev::new(
-            VdevId(0),
-            TopVdevKind::Mirror,
-            vec![leaf("a", 1), None, leaf("c", 3)],
-            1 << 20,
-            false,
-        );
+        let child = |guid: u64| LeafConfig {
+            guid: Guid(guid),
+            path: format!("dev{guid}"),
+            size_bytes: 64 << 20,
+        };
+        let config = TopVdevConfig {
+            id: VdevId(0),
+            kind: TopVdevKind::Mirror,
+            children: vec![child(1), child(2), child(3)],
+            asize_bytes: 1 << 20,
+            log: false,
+        };
+        let top = TopVdev::new(&config, vec![leaf("a", 1), None, leaf("c", 3)]);
         let dva = Dva {
             vdev: VdevId(0),
             offset_bytes: 8192,
@@ -209,5 +329,41 @@ mod tests {
             .collect();
         assert!(firsts.contains(&"a".to_string()) && firsts.contains(&"c".to_string()));
         assert!(top.plan_read(&dva).count() == 2);
+        assert_eq!(top.config(), config);
+    }
+
+    #[test]
+    fn tops_are_appended_in_order_and_bounded() {
+        let cfg = |id: u32| TopVdevConfig {
+            id: VdevId(id),
+            kind: TopVdevKind::Single,
+            children: vec![LeafConfig {
+                guid: Guid(u64::from(id) + 1),
+                path: format!("d{id}"),
+                size_bytes: 64 << 20,
+            }],
+            asize_bytes: 1 << 20,
+            log: false,
+        };
+        let mut tree = VdevTree::new(
+            vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)])],
+            CompletionPolicy::default(),
+        );
+        let first: *const TopVdev = tree.top(VdevId(0)).unwrap();
+        for id in 1..TOP_VDEVS_MAX as u32 {
+            tree.push(TopVdev::new(&cfg(id), vec![leaf("d", 9)]))
+                .unwrap();
+        }
+        // Appending never moved the first one (references to it stay valid).
+        assert!(std::ptr::eq(first, tree.top(VdevId(0)).unwrap()));
+        assert_eq!(tree.top_count(), TOP_VDEVS_MAX);
+        assert!(tree
+            .push(TopVdev::new(&cfg(TOP_VDEVS_MAX as u32), vec![leaf("x", 1)]))
+            .is_err());
+        assert!(tree.top(VdevId(TOP_VDEVS_MAX as u32)).is_none());
+        tree.truncate(2);
+        assert_eq!(tree.top_count(), 2);
+        assert_eq!(tree.config().top, vec![cfg(0), cfg(1)]);
+        assert!(tree.top(VdevId(2)).is_none());
     }
 }

@@ -547,6 +547,10 @@ pub(crate) struct VolumeInner {
     pub inplace_held: Mutex<HashSet<Dva>>,
     /// Bytes allocated to the volume's blocks as of the last sync.
     pub used_bytes: AtomicU64,
+    /// The tree's root and levels as the last sync left them: every block below is written
+    /// (though not durable before that txg's uberblock). What a scrub walks; unlike
+    /// `tree.root()`, valid while a sync is changing the tree.
+    pub written_root: Mutex<(BlockPtr, u8)>,
     pub destroyed: AtomicBool,
     /// Calls of the data-plane API, for `oxpool iostat`.
     pub io_stats: VolumeIoStats,
@@ -563,6 +567,7 @@ impl VolumeInner {
         zil: Zil,
     ) -> VolumeInner {
         let size_bytes = props.volsize_bytes;
+        let written_root = Mutex::new((tree.root(), tree.levels()));
         VolumeInner {
             id,
             name: name.to_string(),
@@ -578,6 +583,7 @@ impl VolumeInner {
             override_garbage: Mutex::new(Vec::new()),
             inplace_held: Mutex::new(HashSet::new()),
             used_bytes: AtomicU64::new(used_bytes),
+            written_root,
             destroyed: AtomicBool::new(false),
             io_stats: VolumeIoStats::default(),
         }

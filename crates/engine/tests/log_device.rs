@@ -94,20 +94,61 @@ fn a_log_device_can_be_added() {
     .unwrap();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.write(0, &pattern(1, 4096), false)).unwrap();
-    drop(vol);
-    let pool = pool
-        .add_vdevs(vec![spec(Arc::new(log_mem.clone()), true)], false)
+    // Added while the volume is open and a writer commits sync writes, which keep going.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let vol = vol.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 100_000 {
+                let off = 8192 + (n % 256) * 4096;
+                block_on(vol.write(off, &pattern(100 + n % 256, 4096), true)).unwrap();
+                n += 1;
+            }
+            n
+        })
+    };
+    pool.add_vdevs(vec![spec(Arc::new(log_mem.clone()), true)], false)
         .unwrap();
-    let vol = pool.volume("v").unwrap();
-    block_on(vol.write(4096, &pattern(2, 4096), true)).unwrap();
+    let log_writes = || {
+        pool.counters()
+            .device_stats()
+            .iter()
+            .find(|d| d.name == "slog0")
+            .map_or(0, |d| d.io.write.ops)
+    };
+    let before = log_writes();
+    // The first commits may still use a log block the chain allocated on the data device
+    // before the add (each block names the next, allocated in advance); later ones do not.
+    for _ in 0..8 {
+        block_on(vol.write(4096, &pattern(2, 4096), true)).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert!(writes > 0);
+    // Once the txg recording it was durable, the log device took the log blocks.
+    assert!(
+        log_writes() > before,
+        "sync writes after the add missed the log device"
+    );
+    let status = pool.status();
+    assert_eq!(status.vdevs.len(), 2);
     drop(vol);
-    drop(pool); // crash
+    drop(pool); // crash: the FUA writes live in the log, on the new device
     let devices: Vec<Arc<dyn Backend>> = vec![Arc::new(data_mem), Arc::new(log_mem)];
     let pool = Pool::import(devices, Some("tank")).unwrap();
     let vol = pool.volume("v").unwrap();
     let mut got = vec![0u8; 8192];
     block_on(vol.read(0, &mut got)).unwrap();
     assert!(got[..4096] == pattern(1, 4096)[..] && got[4096..] == pattern(2, 4096)[..]);
+    // Each of the 256 slots holds the last write to it (slot k: write n with n % 256 == k).
+    for k in 0..256u64.min(writes) {
+        let last = (0..writes).filter(|n| n % 256 == k).max().unwrap();
+        let mut buf = vec![0u8; 4096];
+        block_on(vol.read(8192 + k * 4096, &mut buf)).unwrap();
+        assert!(buf == pattern(100 + last % 256, 4096), "slot {k}");
+    }
     assert_eq!(pool.status().vdevs.len(), 2);
     drop(vol);
     pool.export().unwrap();

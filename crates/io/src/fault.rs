@@ -101,6 +101,8 @@ struct FaultState {
     write_error_probability: f64,
     read_bit_flip_probability: f64,
     latency: Duration,
+    /// Added to reads only, on top of `latency`.
+    read_latency: Duration,
     power_loss_tracking: bool,
     /// Operations (reads, writes, flushes) left before the power fails.
     crash_countdown: Option<u64>,
@@ -156,6 +158,7 @@ impl FaultBackend {
             write_error_probability: 0.0,
             read_bit_flip_probability: 0.0,
             latency: Duration::ZERO,
+            read_latency: Duration::ZERO,
             power_loss_tracking: false,
             crash_countdown: None,
             dead: false,
@@ -199,6 +202,12 @@ impl FaultBackend {
     /// Latency added to every read, write and flush (an io_uring timeout on the caller's ring).
     pub fn set_latency(&self, latency: Duration) {
         lock(&self.shared.state).latency = latency;
+    }
+
+    /// Latency added to every read only (on top of [`FaultBackend::set_latency`]'s): slow
+    /// reads beside fast writes and flushes, e.g. a scan racing the syncs.
+    pub fn set_read_latency(&self, latency: Duration) {
+        lock(&self.shared.state).read_latency = latency;
     }
 
     /// Power-loss tracking: from now on a completed write is volatile until a flush that was
@@ -464,11 +473,12 @@ impl Backend for FaultBackend {
             if inject_error {
                 state.stats.read_errors_injected += 1;
             }
-            let pass_through = state.latency.is_zero()
+            let latency = state.latency + state.read_latency;
+            let pass_through = latency.is_zero()
                 && !inject_error
                 && flip_seed.is_none()
                 && state.volatile.is_empty();
-            (state.latency, inject_error, flip_seed, pass_through)
+            (latency, inject_error, flip_seed, pass_through)
         };
         if pass_through {
             return self.shared.inner.read(offset_bytes, buf);

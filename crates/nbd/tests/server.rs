@@ -13,7 +13,7 @@ use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
 use oxpool_io::{Backend, MemoryBackend};
-use oxpool_nbd::server::{Server, ServerConfig, ServerExport};
+use oxpool_nbd::server::{Disconnect, ExportError, Server, ServerConfig, ServerExport};
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
@@ -21,6 +21,9 @@ const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
 const OPT_GO: u32 = 7;
 const REP_ACK: u32 = 1;
+const REP_INFO: u32 = 3;
+/// NBD_REP_ERR_UNKNOWN: the export does not exist.
+const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_FLUSH: u16 = 3;
@@ -86,13 +89,18 @@ fn read_exact(stream: &mut TcpStream, len: usize) -> Vec<u8> {
 
 /// Handshake with NBD_OPT_GO (no structured replies): simple replies from then on.
 fn open(addr: &str) -> TcpStream {
+    open_export(addr, "mem/vol0").expect("GO refused").0
+}
+
+/// NBD_OPT_GO for export `name`: the stream and the export's size, or the error reply type.
+fn open_export(addr: &str, name: &str) -> Result<(TcpStream, u64), u32> {
     let mut s = connect(addr);
     let greeting = read_exact(&mut s, 18);
     assert_eq!(
         u64::from_be_bytes(greeting[..8].try_into().unwrap()),
         NBDMAGIC
     );
-    let name = b"mem/vol0";
+    let name = name.as_bytes();
     let mut out = 3u32.to_be_bytes().to_vec();
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
     out.extend_from_slice(&OPT_GO.to_be_bytes());
@@ -101,14 +109,21 @@ fn open(addr: &str) -> TcpStream {
     out.extend_from_slice(name);
     out.extend_from_slice(&0u16.to_be_bytes());
     s.write_all(&out).unwrap();
+    let mut size = None;
     for _ in 0..16 {
         let header = read_exact(&mut s, 20);
         let reply_type = u32::from_be_bytes(header[12..16].try_into().unwrap());
         let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-        read_exact(&mut s, len);
-        assert_eq!(reply_type >> 31, 0, "GO refused");
+        let payload = read_exact(&mut s, len);
+        if reply_type >> 31 != 0 {
+            return Err(reply_type);
+        }
+        // NBD_REP_INFO with NBD_INFO_EXPORT: u16 type 0, u64 size, u16 flags.
+        if reply_type == REP_INFO && payload.len() == 12 && payload[..2] == [0, 0] {
+            size = Some(u64::from_be_bytes(payload[2..10].try_into().unwrap()));
+        }
         if reply_type == REP_ACK {
-            return s;
+            return Ok((s, size.expect("GO gave no NBD_INFO_EXPORT")));
         }
     }
     panic!("no ACK");
@@ -312,6 +327,123 @@ fn a_client_that_stops_reading_is_dropped_after_the_grace_period() {
     server.shutdown_handle().shutdown();
     server.join().unwrap();
     drop(stuck);
+    drop(volume);
+    pool.export().unwrap();
+}
+
+#[test]
+fn exports_are_added_and_removed_while_serving() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(16, Duration::from_secs(30)));
+    let exports = server.exports();
+    assert_eq!(open_export(&addr, "mem/vol1").err(), Some(REP_ERR_UNKNOWN));
+
+    // A volume created while serving is offered to the next connection.
+    let vol1 = pool.create_volume("vol1", 8 << 20, &[]).unwrap();
+    exports
+        .add(ServerExport {
+            name: "mem/vol1".into(),
+            volume: vol1.clone(),
+            read_only: false,
+        })
+        .unwrap();
+    assert_eq!(exports.names(), vec!["mem/vol0", "mem/vol1"]);
+    let err = exports.add(ServerExport {
+        name: "mem/vol1".into(),
+        volume: vol1.clone(),
+        read_only: false,
+    });
+    assert_eq!(err.unwrap_err(), ExportError::Exists("mem/vol1".into()));
+    let (mut client, size) = open_export(&addr, "mem/vol1").unwrap();
+    assert_eq!(size, 8 << 20);
+    let mut out = request(CMD_WRITE, 1, 0, 4096);
+    out.extend_from_slice(&pattern(1, 4096));
+    client.write_all(&out).unwrap();
+    assert_eq!(reply(&mut client), (0, 1));
+    assert_eq!(exports.clients("mem/vol1"), Some(1));
+
+    // Removal is refused while a client has it open, and changes nothing.
+    let refused = exports.remove("mem/vol1", Disconnect::Refuse).unwrap_err();
+    assert_eq!(
+        refused,
+        ExportError::InUse {
+            name: "mem/vol1".into(),
+            clients: 1
+        }
+    );
+    assert!(refused.to_string().contains("-f"), "{refused}");
+    client.write_all(&request(CMD_READ, 2, 0, 4096)).unwrap();
+    assert_eq!(reply(&mut client), (0, 2));
+    assert_eq!(read_exact(&mut client, 4096), pattern(1, 4096));
+
+    // Forced: reads already sent are answered, then the connection closes; the export is no
+    // longer offered, and the other export's client is untouched.
+    let mut other = open(&addr);
+    let mut burst = Vec::new();
+    for i in 0..32u64 {
+        burst.extend_from_slice(&request(CMD_READ, 100 + i, i * 4096, 4096));
+    }
+    client.write_all(&burst).unwrap();
+    let removed = exports.remove("mem/vol1", Disconnect::Force).unwrap();
+    assert_eq!(removed.name, "mem/vol1");
+    let mut answered = 0;
+    let mut buf = [0u8; 16];
+    // Bounded: at most the 32 replies, then the close.
+    while client.read_exact(&mut buf).is_ok() {
+        assert_eq!(
+            u32::from_be_bytes(buf[..4].try_into().unwrap()),
+            SIMPLE_REPLY_MAGIC
+        );
+        read_exact(&mut client, 4096);
+        answered += 1;
+    }
+    assert!(answered <= 32);
+    assert_eq!(exports.clients("mem/vol1"), None);
+    assert_eq!(open_export(&addr, "mem/vol1").err(), Some(REP_ERR_UNKNOWN));
+    other.write_all(&request(CMD_READ, 7, 0, 4096)).unwrap();
+    assert_eq!(reply(&mut other), (0, 7));
+    read_exact(&mut other, 4096);
+    assert_eq!(
+        exports.remove("mem/vol1", Disconnect::Force).unwrap_err(),
+        ExportError::NotFound("mem/vol1".into())
+    );
+
+    // A resize is seen by the next connection.
+    pool.set_volume_prop("vol0", "volsize", "64M").unwrap();
+    assert_eq!(open_export(&addr, "mem/vol0").unwrap().1, 64 << 20);
+
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
+    drop((volume, vol1, removed));
+    pool.export().unwrap();
+}
+
+#[test]
+fn a_forced_removal_shuts_down_a_client_that_stops_reading() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(128, Duration::from_millis(300)));
+    let mut stuck = open(&addr);
+    // Large reads whose replies it never reads: the server's sends stall once the socket
+    // buffers are full, so a stop alone cannot finish the connection.
+    let mut burst = Vec::new();
+    for i in 0..64u64 {
+        burst.extend_from_slice(&request(
+            CMD_READ,
+            i,
+            (i % 8) * 4 * MIB as u64,
+            4 * MIB as u32,
+        ));
+    }
+    stuck.write_all(&burst).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let removed = server
+        .exports()
+        .remove("mem/vol0", Disconnect::Force)
+        .unwrap();
+    assert_eq!(server.exports().clients("mem/vol0"), None);
+    drop(removed);
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
     drop(volume);
     pool.export().unwrap();
 }

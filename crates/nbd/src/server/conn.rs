@@ -29,6 +29,7 @@ use oxpool_io::rt;
 use oxpool_io::rt::net::Stream;
 use oxpool_io::IoBuf;
 
+use super::exports::{ExportId, ReactorCommand};
 use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
 use super::tls::{self, TlsIdentity};
 use super::tls_session::TlsSession;
@@ -116,6 +117,25 @@ impl ReactorConns {
         let conns: Vec<Rc<Conn>> = self.entries.borrow().iter().flatten().cloned().collect();
         for conn in conns {
             conn.stop();
+        }
+    }
+
+    /// Applies an administrator's command to the connections of its export.
+    pub(crate) fn apply(&self, command: ReactorCommand) {
+        let (ReactorCommand::Stop(id) | ReactorCommand::Break(id)) = command;
+        let conns: Vec<Rc<Conn>> = self
+            .entries
+            .borrow()
+            .iter()
+            .flatten()
+            .filter(|c| c.export.get() == Some(id))
+            .cloned()
+            .collect();
+        for conn in conns {
+            match command {
+                ReactorCommand::Stop(_) => conn.stop(),
+                ReactorCommand::Break(_) => conn.break_connection(),
+            }
         }
     }
 
@@ -208,6 +228,8 @@ struct Conn {
     writer_waker: WakerCell,
     /// Per slot: where its request task waits for a request.
     slot_wakers: Vec<WakerCell>,
+    /// The export it negotiated (set once registered in the export table).
+    export: Cell<Option<ExportId>>,
 }
 
 impl Conn {
@@ -239,6 +261,7 @@ impl Conn {
             reader_waker: WakerCell::default(),
             writer_waker: WakerCell::default(),
             slot_wakers: (0..limits.slots).map(|_| WakerCell::default()).collect(),
+            export: Cell::new(None),
         }
     }
 
@@ -505,10 +528,22 @@ async fn connection(
     let _registration = conns.register(conn.clone());
     let mut inbox = Inbox::new();
     let mut batch = Some(IoBuf::zeroed(BATCH_BYTES));
-    let Some(session) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
+    let Some((session, export)) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
         close(&conn).await;
         return;
     };
+    // Counted on its export (so that the administrator sees it and can stop it), unless the
+    // export was removed since the handshake offered it.
+    if !shared.exports.register(export) {
+        tracing::debug!(export = %session.export.name, "nbd: export removed during the handshake");
+        close(&conn).await;
+        return;
+    }
+    let _export_registration = ExportRegistration {
+        shared: &shared,
+        id: export,
+    };
+    conn.export.set(Some(export));
     let session = Rc::new(session);
     rt::spawn_local(CatchUnwind::new(
         "writer",
@@ -548,6 +583,19 @@ async fn close(conn: &Conn) {
         }
     }
     conn.stream.shutdown();
+}
+
+/// A connection's place in its export's count; removed when the connection ends (also when
+/// unwinding).
+struct ExportRegistration<'a> {
+    shared: &'a Shared,
+    id: ExportId,
+}
+
+impl Drop for ExportRegistration<'_> {
+    fn drop(&mut self) {
+        self.shared.exports.unregister(self.id);
+    }
 }
 
 /// Replies are small and latency matters more than packet count: the writer already batches.
@@ -656,14 +704,16 @@ async fn send_bytes(conn: &Conn, batch: &mut Option<IoBuf>, data: &[u8]) -> io::
 }
 
 /// Negotiation; `None` when the connection ends in it (ABORT, error, shutdown, client gone).
+/// The exports offered are the table's at the start of the handshake.
 async fn handshake(
     conn: &Conn,
     shared: &Shared,
     inbox: &mut Inbox,
     batch: &mut Option<IoBuf>,
-) -> Option<Session> {
-    let mut handshake = Handshake::with_tls(shared.exports.clone(), shared.tls.policy);
-    handshake.set_access(export_access(shared, false, None));
+) -> Option<(Session, ExportId)> {
+    let offer = shared.exports.offer();
+    let mut handshake = Handshake::with_tls(offer.infos, shared.tls.policy);
+    handshake.set_access(export_access(shared, &offer.targets, false, None));
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");
         return None;
@@ -699,7 +749,7 @@ async fn handshake(
                         // inbox holds nothing else.
                         debug_assert!(inbox.is_empty());
                         let identity = start_tls(conn, shared).await?;
-                        let access = export_access(shared, true, identity.as_ref());
+                        let access = export_access(shared, &offer.targets, true, identity.as_ref());
                         if let Err(err) = handshake.tls_established(access) {
                             tracing::debug!(%err, "nbd: handshake failed after TLS");
                             return None;
@@ -707,11 +757,16 @@ async fn handshake(
                     }
                     HandshakeStatus::Done(negotiated) => {
                         let index = negotiated.export_index;
-                        return Some(Session {
-                            volume: shared.volumes[index].clone(),
-                            export: shared.exports[index].clone(),
-                            negotiated,
-                        });
+                        let (id, volume) = offer.targets.get(index)?.clone();
+                        let export = handshake.exports().get(index)?.clone();
+                        return Some((
+                            Session {
+                                volume,
+                                export,
+                                negotiated,
+                            },
+                            id,
+                        ));
                     }
                 }
             }
@@ -726,14 +781,15 @@ async fn handshake(
     }
 }
 
-/// This client's access to each export: a hook point for the server's export list (the
-/// allow lists are read now, so a change applies to the next connection).
+/// This client's access to each export offered (`targets`, in the handshake's order). The
+/// allow lists are read now, so a change applies to the next connection.
 fn export_access(
     shared: &Shared,
+    targets: &[(ExportId, Volume)],
     tls_active: bool,
     identity: Option<&TlsIdentity>,
 ) -> Vec<ExportAccess> {
-    let allow_lists = shared.volumes.iter().map(|volume| volume.props().nbd_allow);
+    let allow_lists = targets.iter().map(|(_, volume)| volume.props().nbd_allow);
     tls::export_access(allow_lists, shared.tls.policy, tls_active, identity)
 }
 

@@ -23,6 +23,7 @@
 //! reading its replies) is dropped.
 
 mod conn;
+mod exports;
 mod task;
 pub mod tls;
 mod tls_session;
@@ -43,6 +44,8 @@ use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
 use conn::ReactorConns;
+pub use exports::{Disconnect, ExportError, Exports, EXPORTS_MAX};
+use exports::{ExportTable, ReactorCommand};
 use task::{select, CatchUnwind, Either};
 pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 
@@ -50,6 +53,10 @@ pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 /// a reactor stops taking connections (it is stuck): the acceptor then closes new ones rather
 /// than queueing without bound.
 const MAILBOX_CAPACITY: usize = 256;
+
+/// Commands waiting in one reactor's mailbox (export removals, a few at a time: the
+/// administrator's calls are serialized per export and each waits for its command's effect).
+const MAILBOX_COMMANDS_MAX: usize = 1024;
 
 /// Pause after an accept error such as EMFILE before trying again, so that a persistent error
 /// does not spin the reactor.
@@ -128,7 +135,8 @@ impl ShutdownHandle {
 }
 
 impl Server {
-    /// Starts the reactor threads serving `exports` to clients of `listeners`.
+    /// Starts the reactor threads serving `exports` to clients of `listeners`. Exports can be
+    /// added and removed while it serves, through [`Server::exports`].
     pub fn start(
         config: ServerConfig,
         exports: Vec<ServerExport>,
@@ -140,8 +148,8 @@ impl Server {
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
         let tls = config.tls.clone();
         let config = Limits::from_config(&config);
-        let infos = exports.iter().map(export_info).collect();
-        let volumes = exports.into_iter().map(|e| e.volume).collect();
+        let exports = ExportTable::new(exports)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let mailboxes = (0..config.reactors)
             .map(|_| Mailbox::default())
             .collect::<Vec<_>>();
@@ -153,8 +161,7 @@ impl Server {
             connections: AtomicUsize::new(0),
             limits: config,
             tls,
-            exports: infos,
-            volumes,
+            exports,
         });
         let mut threads = Vec::with_capacity(config.reactors);
         let mut listeners = Some(listeners);
@@ -180,6 +187,13 @@ impl Server {
             }
         }
         Ok(Server { shared, threads })
+    }
+
+    /// A handle that adds and removes exports while the server runs.
+    pub fn exports(&self) -> Exports {
+        Exports {
+            shared: self.shared.clone(),
+        }
     }
 
     /// A handle that stops this server.
@@ -210,7 +224,7 @@ impl Server {
 /// What the protocol layer says about a served volume: everything the codec supports, and
 /// multi-connection consistency, which the engine gives (`Volume::flush` makes every change
 /// to the volume completed before it durable, whichever connection made it).
-fn export_info(export: &ServerExport) -> ExportInfo {
+pub(crate) fn export_info(export: &ServerExport) -> ExportInfo {
     ExportInfo {
         name: export.name.clone(),
         description: format!("oxpool volume {}", export.volume.full_name()),
@@ -250,7 +264,7 @@ impl Limits {
 
 /// State every reactor thread and the shutdown handle share.
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     stopping: AtomicBool,
     mailboxes: Vec<Mailbox>,
     /// The parked waker of each listener's accept loop (indexed by listener).
@@ -260,8 +274,7 @@ struct Shared {
     connections: AtomicUsize,
     limits: Limits,
     tls: TlsConfig,
-    exports: Vec<ExportInfo>,
-    volumes: Vec<Volume>,
+    exports: ExportTable,
 }
 
 impl Shared {
@@ -282,6 +295,15 @@ impl Shared {
         }
         for mailbox in &self.mailboxes {
             mailbox.wake();
+        }
+    }
+
+    /// Gives `command` to every reactor (each applies it to its own connections).
+    fn post(&self, command: ReactorCommand) {
+        for (index, mailbox) in self.mailboxes.iter().enumerate() {
+            if !mailbox.command(command) {
+                tracing::error!(reactor = index, ?command, "nbd: reactor command queue full");
+            }
         }
     }
 
@@ -329,7 +351,14 @@ struct Mailbox {
 #[derive(Debug, Default)]
 struct MailboxState {
     queue: VecDeque<(Stream, ConnectionPermit)>,
+    commands: VecDeque<ReactorCommand>,
     waker: Option<Waker>,
+}
+
+/// What a reactor takes from its mailbox.
+enum Delivery {
+    Connection(Stream, ConnectionPermit),
+    Command(ReactorCommand),
 }
 
 impl Mailbox {
@@ -342,6 +371,22 @@ impl Mailbox {
                 return false;
             }
             state.queue.push_back((stream, permit));
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+        true
+    }
+
+    /// Queues a command and wakes the reactor; false when the queue is full.
+    fn command(&self, command: ReactorCommand) -> bool {
+        let waker = {
+            let mut state = lock(&self.state);
+            if state.commands.len() >= MAILBOX_COMMANDS_MAX {
+                return false;
+            }
+            state.commands.push_back(command);
             state.waker.take()
         };
         if let Some(waker) = waker {
@@ -390,8 +435,11 @@ async fn reactor_main(index: usize, shared: Arc<Shared>, listeners: Vec<Listener
     loop {
         let next = poll_fn(|cx| {
             let mut state = lock(&mailbox.state);
-            if let Some(item) = state.queue.pop_front() {
-                return Poll::Ready(Some(item));
+            if let Some(command) = state.commands.pop_front() {
+                return Poll::Ready(Some(Delivery::Command(command)));
+            }
+            if let Some((stream, permit)) = state.queue.pop_front() {
+                return Poll::Ready(Some(Delivery::Connection(stream, permit)));
             }
             // Registered under the lock that `push` and `wake` take: no wake-up is lost.
             state.waker = Some(cx.waker().clone());
@@ -401,10 +449,13 @@ async fn reactor_main(index: usize, shared: Arc<Shared>, listeners: Vec<Listener
             Poll::Pending
         })
         .await;
-        let Some((stream, permit)) = next else {
-            break;
-        };
-        conn::spawn_connection(stream, permit, shared.clone(), conns.clone());
+        match next {
+            None => break,
+            Some(Delivery::Connection(stream, permit)) => {
+                conn::spawn_connection(stream, permit, shared.clone(), conns.clone())
+            }
+            Some(Delivery::Command(command)) => conns.apply(command),
+        }
     }
     // Connections still queued were never started: close them.
     lock(&mailbox.state).queue.clear();

@@ -1,0 +1,328 @@
+//! The exports a running server offers, changed while it serves.
+//!
+//! The table is read once per connection (its handshake offers what the table holds at that
+//! moment, with each volume's size as it is then, so a client that reconnects after a resize
+//! sees the new size) and written by the administrator (`oxpool vol create`, `vol destroy`,
+//! `import`, `export` on a served pool). Nothing here is on the request path: a connection
+//! looks at the table at its handshake and at its end, never per request.
+//!
+//! Removing an export is ordered so that no client can slip in between the check and the
+//! removal: the export leaves the table and is marked revoked under the table's lock (a
+//! handshake that chose it before then fails to register and closes), then the connections
+//! already registered are told to stop. A stopped connection finishes the requests it has
+//! read, sends their replies and closes; one that does not finish within the server's grace
+//! period (a client that stopped reading) has its socket shut down.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use oxpool_engine::Volume;
+
+use super::{export_info, ServerExport, Shared};
+use crate::proto::ExportInfo;
+
+/// Exports one server may offer at once: a bound on the table (and on a LIST reply).
+pub const EXPORTS_MAX: usize = 4096;
+
+/// How long [`Exports::remove`] waits, after shutting down the sockets of clients that did not
+/// finish within the grace period, for their connections to end.
+const BREAK_WAIT: Duration = Duration::from_secs(10);
+
+/// Identity of one export for its whole life in the table (a name may come back later as a
+/// new export; an id never does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ExportId(pub(crate) u64);
+
+/// What a change of the export table can fail with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportError {
+    /// An export of that name exists.
+    Exists(String),
+    /// No export of that name.
+    NotFound(String),
+    /// Clients have the export open and the removal was not forced.
+    InUse {
+        /// Export name.
+        name: String,
+        /// Connections that have it open.
+        clients: usize,
+    },
+    /// The table holds [`EXPORTS_MAX`] exports.
+    Full,
+    /// Forced off, some clients' connections had still not ended after their sockets were
+    /// shut down (the export is removed all the same: they can no longer reach it).
+    Stuck {
+        /// Export name.
+        name: String,
+        /// Connections still open.
+        clients: usize,
+    },
+}
+
+impl fmt::Display for ExportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExportError::Exists(name) => write!(f, "export '{name}' exists"),
+            ExportError::NotFound(name) => write!(f, "no export '{name}'"),
+            ExportError::InUse { name, clients } => write!(
+                f,
+                "'{name}' is open by {clients} NBD client connection(s) (-f disconnects them)"
+            ),
+            ExportError::Full => write!(f, "the server offers {EXPORTS_MAX} exports already"),
+            ExportError::Stuck { name, clients } => write!(
+                f,
+                "'{name}': {clients} client connection(s) did not close after being disconnected"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExportError {}
+
+/// Whether [`Exports::remove`] disconnects clients that have the export open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disconnect {
+    /// Refuse with [`ExportError::InUse`] while any client has it open.
+    Refuse,
+    /// Stop those clients' connections (their requests in flight are answered first).
+    Force,
+}
+
+struct Entry {
+    id: ExportId,
+    export: ServerExport,
+}
+
+struct TableState {
+    /// In the order they were added (the first is the default export: an empty name in the
+    /// handshake selects it).
+    entries: Vec<Entry>,
+    /// Registered connections per export, including exports removed whose connections have
+    /// not ended yet.
+    connections: HashMap<ExportId, usize>,
+    next_id: u64,
+}
+
+/// The export table, shared by the reactors and the administrator.
+pub(crate) struct ExportTable {
+    state: Mutex<TableState>,
+    /// Signalled whenever a connection ends.
+    connection_ended: Condvar,
+}
+
+impl fmt::Debug for ExportTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("ExportTable")
+            .field("exports", &state.entries.len())
+            .finish()
+    }
+}
+
+/// What one handshake offers: the exports' descriptions as of now, and the volume and id
+/// behind each (same indices).
+pub(crate) struct Offer {
+    pub(crate) infos: Vec<ExportInfo>,
+    pub(crate) targets: Vec<(ExportId, Volume)>,
+}
+
+impl ExportTable {
+    pub(crate) fn new(exports: Vec<ServerExport>) -> Result<ExportTable, ExportError> {
+        let table = ExportTable {
+            state: Mutex::new(TableState {
+                entries: Vec::new(),
+                connections: HashMap::new(),
+                next_id: 1,
+            }),
+            connection_ended: Condvar::new(),
+        };
+        for export in exports {
+            table.add(export)?;
+        }
+        Ok(table)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TableState> {
+        // The table's invariants hold between statements; a panic elsewhere cannot break them.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn add(&self, export: ServerExport) -> Result<(), ExportError> {
+        let mut state = self.lock();
+        if state.entries.iter().any(|e| e.export.name == export.name) {
+            return Err(ExportError::Exists(export.name));
+        }
+        if state.entries.len() >= EXPORTS_MAX {
+            return Err(ExportError::Full);
+        }
+        let id = ExportId(state.next_id);
+        state.next_id += 1;
+        state.entries.push(Entry { id, export });
+        Ok(())
+    }
+
+    /// The exports as a handshake offers them now.
+    pub(crate) fn offer(&self) -> Offer {
+        let state = self.lock();
+        Offer {
+            infos: state
+                .entries
+                .iter()
+                .map(|e| export_info(&e.export))
+                .collect(),
+            targets: state
+                .entries
+                .iter()
+                .map(|e| (e.id, e.export.volume.clone()))
+                .collect(),
+        }
+    }
+
+    /// Counts a connection that negotiated export `id`; false if the export left the table
+    /// since the handshake read it (the connection must close).
+    pub(crate) fn register(&self, id: ExportId) -> bool {
+        let mut state = self.lock();
+        if !state.entries.iter().any(|e| e.id == id) {
+            return false;
+        }
+        *state.connections.entry(id).or_insert(0) += 1;
+        true
+    }
+
+    /// A registered connection ended.
+    pub(crate) fn unregister(&self, id: ExportId) {
+        let mut state = self.lock();
+        if let Some(n) = state.connections.get_mut(&id) {
+            debug_assert!(*n > 0);
+            *n -= 1;
+            if *n == 0 {
+                state.connections.remove(&id);
+            }
+        }
+        drop(state);
+        self.connection_ended.notify_all();
+    }
+
+    /// Connections registered on `id` now.
+    fn connections(state: &TableState, id: ExportId) -> usize {
+        state.connections.get(&id).copied().unwrap_or(0)
+    }
+
+    /// Waits until no connection of `id` is left, or `limit` has passed; returns how many are.
+    fn wait_closed(&self, id: ExportId, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        let mut state = self.lock();
+        // Bounded by the deadline: each pass waits for a connection to end or for the time left.
+        loop {
+            let open = Self::connections(&state, id);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if open == 0 || left.is_zero() {
+                return open;
+            }
+            state = self
+                .connection_ended
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The administrator's handle on a running server's exports. Cheap to clone; usable from any
+/// thread but a reactor's (its calls block).
+#[derive(Clone)]
+pub struct Exports {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Exports {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Exports").finish()
+    }
+}
+
+impl Exports {
+    fn table(&self) -> &ExportTable {
+        &self.shared.exports
+    }
+
+    /// Offers a new export from now on (`nbdinfo --list` shows it at once).
+    pub fn add(&self, export: ServerExport) -> Result<(), ExportError> {
+        self.table().add(export)
+    }
+
+    /// The names of the exports offered now, in order.
+    pub fn names(&self) -> Vec<String> {
+        let state = self.table().lock();
+        state
+            .entries
+            .iter()
+            .map(|e| e.export.name.clone())
+            .collect()
+    }
+
+    /// Client connections that have export `name` open now (`None`: no such export).
+    pub fn clients(&self, name: &str) -> Option<usize> {
+        let state = self.table().lock();
+        let entry = state.entries.iter().find(|e| e.export.name == name)?;
+        Some(ExportTable::connections(&state, entry.id))
+    }
+
+    /// Stops offering export `name`. With [`Disconnect::Refuse`] it fails while a client has
+    /// it open; with [`Disconnect::Force`] the clients' connections are stopped (requests
+    /// they sent are answered first) and this returns once they are closed. Returns the
+    /// export (its volume handle), removed in either case of success.
+    pub fn remove(&self, name: &str, mode: Disconnect) -> Result<ServerExport, ExportError> {
+        let table = self.table();
+        let (id, export) = {
+            let mut state = table.lock();
+            let index = state
+                .entries
+                .iter()
+                .position(|e| e.export.name == name)
+                .ok_or_else(|| ExportError::NotFound(name.to_string()))?;
+            let id = state.entries[index].id;
+            let clients = ExportTable::connections(&state, id);
+            if clients > 0 && mode == Disconnect::Refuse {
+                return Err(ExportError::InUse {
+                    name: name.to_string(),
+                    clients,
+                });
+            }
+            // Out of the table under the lock: from here no handshake can register on it.
+            let entry = state.entries.remove(index);
+            (id, entry.export)
+        };
+        if table.wait_closed(id, Duration::ZERO) == 0 {
+            return Ok(export);
+        }
+        self.shared.post(ReactorCommand::Stop(id));
+        let grace = self.shared.limits.shutdown_grace;
+        if table.wait_closed(id, grace) == 0 {
+            return Ok(export);
+        }
+        tracing::warn!(
+            export = name,
+            "nbd: clients did not finish within the grace period; shutting their sockets down"
+        );
+        self.shared.post(ReactorCommand::Break(id));
+        match table.wait_closed(id, BREAK_WAIT) {
+            0 => Ok(export),
+            clients => Err(ExportError::Stuck {
+                name: name.to_string(),
+                clients,
+            }),
+        }
+    }
+}
+
+/// What the administrator asks every reactor to do to the connections of one export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReactorCommand {
+    /// Stop reading requests; answer those read; close.
+    Stop(ExportId),
+    /// Shut the socket down now (after [`ReactorCommand::Stop`] did not end them in time).
+    Break(ExportId),
+}
