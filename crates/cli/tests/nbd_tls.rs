@@ -162,6 +162,21 @@ fn client_certificates_are_verified_and_nbd_allow_names_them() {
     tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
+
+    // With ca-crl.pem in the directory, a revoked certificate is refused; others are not.
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server_crl.to_str().unwrap(),
+        "--tls-verify-peer",
+    ]);
+    let addr = tcp_addr(&server.uris);
+    let err = refused("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.revoked)]);
+    assert!(err.contains("TLS fatal alert"), "{err}");
+    tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
 }
 
 #[test]

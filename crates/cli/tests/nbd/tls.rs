@@ -24,6 +24,10 @@ pub struct Pki {
     pub foreign: PathBuf,
     /// A client trusting the server's CA, with no certificate.
     pub anonymous: PathBuf,
+    /// A client of the CA (common name `revoked`) whose certificate `server_crl` revokes.
+    pub revoked: PathBuf,
+    /// The server's files plus `ca-crl.pem` revoking `revoked`'s certificate.
+    pub server_crl: PathBuf,
     /// The server's key file: identities `alice` and `bob`.
     pub psk_server: PathBuf,
     /// Client key directories (each holds `keys.psk`, as qemu's `tls-creds-psk` wants):
@@ -74,6 +78,9 @@ fn make_ca(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
             format!("cn = {name}"),
             "ca".into(),
             "cert_signing_key".into(),
+            // Without it OpenSSL rejects the CA's CRLs ("key usage does not include CRL
+            // signing"), and with a CRL every client.
+            "crl_signing_key".into(),
             "expiration_days = 30".into(),
         ],
     );
@@ -182,6 +189,34 @@ pub fn make_pki(env: &Env, server_ips: &[&str]) -> Pki {
     client_dir(&foreign, &ca.1, Some((&other_ca, "client1")));
     let anonymous = root.join("anonymous");
     client_dir(&anonymous, &ca.1, None);
+    let revoked = root.join("revoked");
+    client_dir(&revoked, &ca.1, Some((&ca, "revoked")));
+    let server_crl = root.join("server-crl");
+    std::fs::create_dir_all(&server_crl).unwrap();
+    for name in ["ca-cert.pem", "server-cert.pem", "server-key.pem"] {
+        std::fs::copy(server.join(name), server_crl.join(name)).unwrap();
+    }
+    let crl_info = template(
+        &root,
+        "crl.info",
+        &["crl_next_update = 30".into(), "crl_number = 1".into()],
+    );
+    certtool(
+        &[
+            "--generate-crl",
+            "--load-ca-privkey",
+            ca.0.to_str().unwrap(),
+            "--load-ca-certificate",
+            ca.1.to_str().unwrap(),
+            "--load-certificate",
+            revoked.join("client-cert.pem").to_str().unwrap(),
+            "--template",
+            crl_info.to_str().unwrap(),
+            "--outfile",
+            server_crl.join("ca-crl.pem").to_str().unwrap(),
+        ],
+        "CRL",
+    );
 
     // psktool makes the server's file, as a user would.
     let psk_server = root.join("server.psk");
@@ -215,6 +250,8 @@ pub fn make_pki(env: &Env, server_ips: &[&str]) -> Pki {
         client2,
         foreign,
         anonymous,
+        revoked,
+        server_crl,
         psk_server,
     }
 }
