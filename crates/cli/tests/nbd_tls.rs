@@ -85,6 +85,14 @@ fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
         "bytes differ after qemu-img through TLS"
     );
 
+    // TLS 1.2 (GnuTLS told not to offer 1.3) works too.
+    let mut tls12 = creds.clone();
+    tls12[1].push_str(",priority=NORMAL:-VERS-TLS1.3");
+    let mut args = vec!["info"];
+    args.extend(tls12.iter().map(String::as_str));
+    let info = tool("qemu-img", &args);
+    assert!(info.contains("33554432"), "{info}");
+
     // nbdcopy with several connections, each its own TLS session.
     let image = random_bytes(22, 32 * MIB);
     std::fs::write(&source, &image).unwrap();
@@ -216,6 +224,14 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
         std::fs::read(env.path("back.raw")).unwrap() == image,
         "bytes differ after qemu-img with a pre-shared key"
     );
+
+    // TLS 1.2 PSK suites, as GnuTLS offers them without TLS 1.3.
+    let mut tls12 = qemu_psk(host, port, "tank/vol0", "alice", &pki.psk_alice);
+    tls12[1].push_str(",priority=NORMAL:-VERS-TLS1.3:+ECDHE-PSK:+DHE-PSK:+PSK");
+    let mut args = vec!["info"];
+    args.extend(tls12.iter().map(String::as_str));
+    let info = tool("qemu-img", &args);
+    assert!(info.contains("16777216"), "{info}");
 
     // bob: vol0 yes; alice's volume neither listed nor opened.
     let list = tool(
