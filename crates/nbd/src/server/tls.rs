@@ -268,7 +268,7 @@ impl TlsCredentials {
 
 /// Settings for both kinds: TLS 1.2 at least (the protocol's minimum), the server's suite
 /// order, no session tickets (NBD clients do not resume, and a ticket is work and bytes for
-/// nothing), no renegotiation.
+/// nothing), no renegotiation, read-ahead.
 fn common_settings(builder: &mut SslContextBuilder) -> Result<(), TlsSetupError> {
     builder
         .set_min_proto_version(Some(SslVersion::TLS1_2))
@@ -285,6 +285,9 @@ fn common_settings(builder: &mut SslContextBuilder) -> Result<(), TlsSetupError>
     builder
         .set_num_tickets(0)
         .map_err(|e| openssl_error("TLS session tickets", e))?;
+    // OpenSSL takes all the ciphertext it has room for in one BIO read (our BIO is memory),
+    // rather than a record header and then its body: half the calls for small records.
+    builder.set_read_ahead(true);
     Ok(())
 }
 
