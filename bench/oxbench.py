@@ -40,6 +40,12 @@ REPO = BENCH.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.1"
 POOL = "oxbench"
+
+# The environment of the NBD clients (fio, nbdinfo). With TLS servers in the run, HOME points
+# at a directory whose .pki/libnbd/ca-cert.pem is the run's CA: fio's nbd engine cannot pass
+# `tls-certificates=` in its URI (libnbd allows local file access only when the program asks),
+# and libnbd looks in $HOME/.pki/libnbd when it is not told.
+CLIENT_ENV: dict | None = None
 PERCENTILES = ["50", "90", "99", "99.9"]
 
 
@@ -402,7 +408,7 @@ class Server:
                 raise StartError(f"{self.name} exited with status {rc} before serving; log:\n"
                                  + log_digest(self.log_path, self.log_mark))
             probe = subprocess.run(["nbdinfo", "--size", uri], capture_output=True, text=True,
-                                   timeout=30)
+                                   timeout=30, env=CLIENT_ENV)
             if probe.returncode == 0:
                 got = int(probe.stdout.strip() or 0)
                 if got != self.size:
@@ -438,6 +444,46 @@ class Server:
         return self.proc is not None and self.proc.poll() is None
 
 
+_TLS_PKI: dict[str, Path] = {}
+
+
+def tls_pki(workdir: Path) -> dict[str, Path]:
+    """The run's TLS files, made once with certtool (gnutls-bin) as docs/tls.md shows: a CA,
+    a server certificate for localhost/127.0.0.1 in `server` (ca-cert.pem, server-cert.pem,
+    server-key.pem: the directory layout of oxpool, nbdkit and qemu), and `home`, a HOME whose
+    .pki/libnbd/ca-cert.pem makes libnbd (fio, nbdinfo) trust that CA. Every TLS server of the
+    run uses the same certificates."""
+    if _TLS_PKI:
+        return _TLS_PKI
+    root = workdir / "tls"
+    server = root / "server"
+    libnbd = root / "home" / ".pki" / "libnbd"
+    server.mkdir(parents=True)
+    libnbd.mkdir(parents=True)
+
+    def certtool(*args: str) -> None:
+        r = subprocess.run(["certtool", *args], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise BenchError(f"certtool {' '.join(args)} failed: {r.stderr.strip()[-400:]}")
+
+    (root / "ca.info").write_text("cn = oxbench CA\nca\ncert_signing_key\nexpiration_days = 30\n")
+    (root / "server.info").write_text(
+        "organization = oxbench\ncn = localhost\ndns_name = localhost\n"
+        f"ip_address = {HOST}\ntls_www_server\nencryption_key\nsigning_key\n"
+        "expiration_days = 30\n")
+    certtool("--generate-privkey", "--bits", "2048", "--outfile", str(root / "ca-key.pem"))
+    certtool("--generate-self-signed", "--load-privkey", str(root / "ca-key.pem"),
+             "--template", str(root / "ca.info"), "--outfile", str(server / "ca-cert.pem"))
+    certtool("--generate-privkey", "--bits", "2048", "--outfile", str(server / "server-key.pem"))
+    certtool("--generate-certificate", "--load-ca-certificate", str(server / "ca-cert.pem"),
+             "--load-ca-privkey", str(root / "ca-key.pem"),
+             "--load-privkey", str(server / "server-key.pem"),
+             "--template", str(root / "server.info"), "--outfile", str(server / "server-cert.pem"))
+    shutil.copy(server / "ca-cert.pem", libnbd / "ca-cert.pem")
+    _TLS_PKI.update(server=server, home=root / "home")
+    return _TLS_PKI
+
+
 class QemuNbd(Server):
     def __init__(self, workdir: Path, size: int):
         super().__init__("qemu-nbd", "raw file, --cache=none --aio=io_uring", workdir, size)
@@ -459,25 +505,33 @@ class QemuNbd(Server):
 
 
 class Nbdkit(Server):
-    def __init__(self, workdir: Path, size: int, name="nbdkit", extra=()):
+    def __init__(self, workdir: Path, size: int, name="nbdkit", extra=(), tls=False):
         desc = "file plugin" + (", " + " ".join(extra) if extra else " (defaults: page cache)")
+        if tls:
+            desc += ", --tls=require (X.509, the oxpool-tls certificates)"
         super().__init__(name, desc, workdir, size)
         self.file = workdir / f"{name}.raw"
         self.extra = list(extra)
+        self.tls = tls
 
     def data_files(self):
         return [self.file]
 
     def prepare(self):
+        if self.tls:
+            tls_pki(self.workdir)
         with open(self.file, "wb") as f:
             f.truncate(self.size)
 
     def command(self, port):
+        tls = []
+        if self.tls:
+            tls = ["--tls=require", f"--tls-certificates={tls_pki(self.workdir)['server']}"]
         return ["nbdkit", "--foreground", "--exit-with-parent", f"--ipaddr={HOST}", f"--port={port}",
-                "file", f"file={self.file}", *self.extra]
+                *tls, "file", f"file={self.file}", *self.extra]
 
     def uri(self, port):
-        return f"nbd://{HOST}:{port}/"
+        return f"{'nbds' if self.tls else 'nbd'}://{HOST}:{port}/"
 
 
 class NbdkitNull(Server):
@@ -513,6 +567,9 @@ PEERS = {
     "nbdkit-nocache": lambda wd, size: Nbdkit(wd, size, "nbdkit-nocache", ["cache=none"]),
     # The reference column (kind "reference": never the best peer).
     "nbdkit-null": lambda wd, size: NbdkitNull(wd, size),
+    # Not run by default: nbdkit over TLS (--tls=require) with the certificates the oxpool-tls
+    # variant uses, for issue #21's cells (`--peers nbdkit-tls,nbdkit`).
+    "nbdkit-tls": lambda wd, size: Nbdkit(wd, size, "nbdkit-tls", tls=True),
 }
 
 
@@ -550,6 +607,8 @@ class Oxpool(Server):
         return [self.pool_file]
 
     def prepare(self):
+        if self.variant.get("tls"):
+            tls_pki(self.workdir)
         ox = [str(self.binary), "--cache-file", str(self.cache_file)]
         if self.pool_file.exists():
             # A new pool over the old file (-f: it holds the old pool's labels). The file stays
@@ -576,11 +635,15 @@ class Oxpool(Server):
         self.prepare()
 
     def command(self, port):
+        tls = []
+        if self.variant.get("tls"):
+            tls = ["--tls", "require", "--tls-certificates", str(tls_pki(self.workdir)["server"])]
         return [str(self.binary), "--cache-file", str(self.cache_file), "serve", POOL,
-                "--listen", f"{HOST}:{port}", *self.variant.get("serve_args", [])]
+                "--listen", f"{HOST}:{port}", *tls, *self.variant.get("serve_args", [])]
 
     def uri(self, port):
-        return f"nbd://{HOST}:{port}/{POOL}/vol0"
+        scheme = "nbds" if self.variant.get("tls") else "nbd"
+        return f"{scheme}://{HOST}:{port}/{POOL}/vol0"
 
     def counters(self):
         c = self.variant.get("counters")
@@ -660,7 +723,7 @@ def fio_cmd(w: Workload, uri: str, runtime: float, out: Path) -> list[str]:
 
 def run_fio(cmd: list[str], out: Path, timeout: float) -> dict:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=CLIENT_ENV)
     except subprocess.TimeoutExpired:
         raise BenchError(f"fio did not finish within {timeout:.0f} s")
     try:
@@ -1203,6 +1266,12 @@ def main(argv) -> int:
                                      args.pool_size_bytes) for v in variants]
     servers += [PEERS[p](workdir, args.size_bytes) for p in peer_names]
     all_files = [f for s in servers for f in s.data_files()]
+    if any(getattr(s, "tls", False) or getattr(s, "variant", {}).get("tls") for s in servers):
+        global CLIENT_ENV
+        try:
+            CLIENT_ENV = dict(os.environ, HOME=str(tls_pki(workdir)["home"]))
+        except BenchError as e:
+            raise SystemExit(f"cannot make the TLS certificates: {e}")
     results: dict[str, dict[str, list]] = {w.name: {} for w in workloads}
     ctx = {"args": args, "servers": servers, "workloads": workloads, "results": results,
            "notes": notes, "precondition": {},

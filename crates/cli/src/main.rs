@@ -17,6 +17,7 @@ mod iostat;
 mod progress;
 mod serve;
 mod served;
+mod tls;
 mod verbs;
 
 use anyhow::{anyhow, bail, Result};

@@ -49,6 +49,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 128,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub slots: u16,
+    /// TLS options (see docs/tls.md).
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Size of the embedded default pool's sparse file.
@@ -104,6 +107,8 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     // every thread inherits the mask, so SIGINT/SIGTERM reach only the thread that waits for
     // them.
     let signals = block_stop_signals()?;
+    // TLS options are checked before any pool is opened: a mistake there changes nothing.
+    let tls_config = crate::tls::server_tls(&args.tls, tls_listen_addr(&args))?;
 
     let runtime = RuntimeDir::of_cache(cache);
     let pid = std::process::id();
@@ -160,6 +165,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         config.reactors = usize::from(reactors);
     }
     config.slots_per_connection = usize::from(args.slots);
+    config.tls = tls_config;
+    let tls = config.tls.policy != oxpool_nbd::TlsPolicy::Off;
+    let tls_line = crate::tls::describe(&config.tls);
     let reactors = config.reactors;
     let server = Server::start(config, Vec::new(), listeners).context("start the server")?;
     let control_socket = runtime.socket_path(pid);
@@ -170,11 +178,13 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         server.exports(),
         args.read_only.clone(),
         endpoints,
+        tls,
     ));
     println!(
         "serving pool(s) {} with {reactors} reactor(s):",
         names.join(", ")
     );
+    println!("{tls_line}");
     {
         let _one = served.membership();
         for (pool, devices) in pools {
@@ -250,6 +260,16 @@ fn publish_stats(cache: &Path, served: &Served, stop: &AtomicBool, started_ms: u
     }
 }
 
+/// The TCP address `serve` will listen on (its first resolution), for the TLS default.
+fn tls_listen_addr(args: &ServeArgs) -> Option<SocketAddr> {
+    let listen = match (&args.listen, &args.socket) {
+        (Some(addr), _) => addr.as_str(),
+        (None, None) => DEFAULT_LISTEN,
+        (None, Some(_)) => return None,
+    };
+    listen.to_socket_addrs().ok()?.next()
+}
+
 /// Where clients connect.
 pub enum Endpoint {
     Tcp(SocketAddr),
@@ -257,11 +277,15 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// The NBD URI of `export` here (the export name is the URI path without its slash).
-    pub fn uri(&self, export: &str) -> String {
+    /// The NBD URI of `export` here (the export name is the URI path without its slash);
+    /// `nbds` when TLS is on.
+    pub fn uri(&self, export: &str, tls: bool) -> String {
+        let scheme = if tls { "nbds" } else { "nbd" };
         match self {
-            Endpoint::Tcp(addr) => format!("nbd://{addr}/{export}"),
-            Endpoint::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+            Endpoint::Tcp(addr) => format!("{scheme}://{addr}/{export}"),
+            Endpoint::Unix(path) => {
+                format!("{scheme}+unix:///{export}?socket={}", path.display())
+            }
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct Served {
     exports: Exports,
     read_only: Vec<String>,
     endpoints: Vec<Endpoint>,
+    /// Whether clients connect with TLS (the URIs say `nbds`).
+    tls: bool,
     membership: Mutex<()>,
     pools: Mutex<BTreeMap<String, Arc<ServedPool>>>,
 }
@@ -68,6 +70,7 @@ impl Served {
         exports: Exports,
         read_only: Vec<String>,
         endpoints: Vec<Endpoint>,
+        tls: bool,
     ) -> Served {
         Served {
             cache: cache.to_path_buf(),
@@ -76,6 +79,7 @@ impl Served {
             exports,
             read_only,
             endpoints,
+            tls,
             membership: Mutex::new(()),
             pools: Mutex::new(BTreeMap::new()),
         }
@@ -159,7 +163,7 @@ impl Served {
             })
             .map_err(|e| anyhow!("{e}"))?;
         for endpoint in &self.endpoints {
-            println!("  {}  ({size}, {access})", endpoint.uri(&name));
+            println!("  {}  ({size}, {access})", endpoint.uri(&name, self.tls));
         }
         Ok(())
     }

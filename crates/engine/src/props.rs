@@ -295,6 +295,46 @@ pub struct VolumeProps {
     /// copying would write the data twice, so whole blocks are written in place once and the
     /// txg sync adopts them.
     pub log_copy_max_bytes: u64,
+    /// `nbd_allow`: who may open the volume over NBD: `*` (default) is every client that can
+    /// connect; otherwise a comma-separated list of client identities, each the common name
+    /// of a verified client certificate or a PSK identity (only clients that came in over
+    /// TLS have one). Others get `NBD_REP_ERR_POLICY` and do not see the export listed.
+    pub nbd_allow: Option<Vec<String>>,
+}
+
+/// Longest identity in `nbd_allow` (OpenSSL's PSK identity limit; a certificate's common
+/// name is at most 64 characters).
+pub const NBD_ALLOW_NAME_MAX_BYTES: usize = 255;
+/// Most identities in one `nbd_allow` list (the property is stored in the pool's metadata).
+pub const NBD_ALLOW_NAMES_MAX: usize = 64;
+
+/// Parses `nbd_allow`: `*`, or comma-separated identities (spaces around them ignored).
+fn parse_nbd_allow(value: &str) -> Result<Option<Vec<String>>> {
+    if value.trim() == "*" {
+        return Ok(None);
+    }
+    let names: Vec<String> = value.split(',').map(|n| n.trim().to_string()).collect();
+    if names.iter().any(|n| n.is_empty()) {
+        return Err(EngineError::invalid(
+            "nbd_allow: expected * or a comma-separated list of identities, none empty",
+        ));
+    }
+    if names.len() > NBD_ALLOW_NAMES_MAX {
+        return Err(EngineError::invalid(format!(
+            "nbd_allow: at most {NBD_ALLOW_NAMES_MAX} identities"
+        )));
+    }
+    if let Some(long) = names.iter().find(|n| n.len() > NBD_ALLOW_NAME_MAX_BYTES) {
+        return Err(EngineError::invalid(format!(
+            "nbd_allow: identity '{long}' is longer than {NBD_ALLOW_NAME_MAX_BYTES} bytes"
+        )));
+    }
+    if names.iter().any(|n| n == "*") {
+        return Err(EngineError::invalid(
+            "nbd_allow: * stands alone (everyone); it cannot be part of a list",
+        ));
+    }
+    Ok(Some(names))
 }
 
 /// Names of the volume properties, for listing.
@@ -307,6 +347,7 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
     "readonly",
     "logbias",
     "log_copy_max",
+    "nbd_allow",
 ];
 
 impl VolumeProps {
@@ -321,6 +362,7 @@ impl VolumeProps {
             readonly: false,
             logbias_throughput: false,
             log_copy_max_bytes: 32 << 10,
+            nbd_allow: None,
         }
     }
 
@@ -340,6 +382,10 @@ impl VolumeProps {
             }
             .to_string(),
             "log_copy_max" => self.log_copy_max_bytes.to_string(),
+            "nbd_allow" => match &self.nbd_allow {
+                None => "*".to_string(),
+                Some(names) => names.join(","),
+            },
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -416,6 +462,7 @@ impl VolumeProps {
                 }
                 self.log_copy_max_bytes = v;
             }
+            "nbd_allow" => self.nbd_allow = parse_nbd_allow(value)?,
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -438,18 +485,24 @@ impl VolumeProps {
     }
 
     /// The persisted form (volsize and volblocksize are stored in their own fields).
+    /// `nbd_allow` only when set, so that a pool that does not use it stays readable by a
+    /// version without it.
     pub fn to_pairs(&self) -> Vec<(String, String)> {
-        [
+        let mut names = vec![
             "checksum",
             "sync",
             "copies",
             "readonly",
             "logbias",
             "log_copy_max",
-        ]
-        .iter()
-        .map(|n| (n.to_string(), self.get(n).expect("known name")))
-        .collect()
+        ];
+        if self.nbd_allow.is_some() {
+            names.push("nbd_allow");
+        }
+        names
+            .iter()
+            .map(|n| (n.to_string(), self.get(n).expect("known name")))
+            .collect()
     }
 
     /// Rebuilds from the persisted form.
@@ -510,6 +563,8 @@ mod tests {
         p.set_initial("volblocksize", "4K").unwrap();
         p.set("sync", "always").unwrap();
         p.set("checksum", "blake3").unwrap();
+        p.set("nbd_allow", " client1 , alice").unwrap();
+        assert_eq!(p.get("nbd_allow").unwrap(), "client1,alice");
         let q =
             VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs()).unwrap();
         assert_eq!(p, q);
@@ -517,6 +572,25 @@ mod tests {
         assert!(p.set_initial("volblocksize", "3000").is_err());
         p.volsize_bytes = 1000;
         assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn nbd_allow_parses_lists_and_refuses_empty_names() {
+        let mut p = VolumeProps::new(1 << 20);
+        assert_eq!(p.get("nbd_allow").unwrap(), "*");
+        assert!(!p.to_pairs().iter().any(|(k, _)| k == "nbd_allow"));
+        p.set("nbd_allow", "alice").unwrap();
+        assert_eq!(p.nbd_allow, Some(vec!["alice".to_string()]));
+        for bad in ["", "a,,b", "a,*", " , "] {
+            assert!(p.set("nbd_allow", bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            p.nbd_allow,
+            Some(vec!["alice".to_string()]),
+            "a refused value changes nothing"
+        );
+        p.set("nbd_allow", "*").unwrap();
+        assert_eq!(p.nbd_allow, None);
     }
 
     #[test]

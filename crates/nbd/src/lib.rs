@@ -14,9 +14,9 @@ pub mod proto;
 pub mod server;
 
 pub use proto::{
-    validate, Command, CommandFlags, Cookie, Errno, ExportCaps, ExportInfo, Handshake,
-    HandshakeProgress, HandshakeStatus, MetaContextId, Negotiated, ProtocolError, Request,
-    RequestDecoder,
+    validate, Command, CommandFlags, Cookie, Errno, ExportAccess, ExportCaps, ExportInfo,
+    Handshake, HandshakeProgress, HandshakeStatus, MetaContextId, Negotiated, ProtocolError,
+    Request, RequestDecoder, TlsPolicy,
 };
 #[cfg(feature = "server")]
 pub use server::{Server, ServerConfig, ServerExport, ShutdownHandle};

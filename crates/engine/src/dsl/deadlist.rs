@@ -193,7 +193,7 @@ mod tests {
     /// sums equal the model's.
     #[derive(Debug, Clone)]
     enum Op {
-        Write(u8),
+        Write,
         Kill(u8),
         Snapshot,
         Destroy(u8),
@@ -201,7 +201,7 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            4 => any::<u8>().prop_map(Op::Write),
+            4 => Just(Op::Write),
             4 => any::<u8>().prop_map(Op::Kill),
             2 => Just(Op::Snapshot),
             1 => any::<u8>().prop_map(Op::Destroy),
@@ -226,7 +226,7 @@ mod tests {
             for op in ops {
                 txg += 1;
                 match op {
-                    Op::Write(_) => {
+                    Op::Write => {
                         head.push(bp(txg, next_offset));
                         next_offset += 1;
                     }

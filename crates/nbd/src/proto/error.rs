@@ -60,6 +60,18 @@ pub enum ProtocolError {
         /// The length the client claimed.
         length_bytes: u32,
     },
+    /// `NBD_OPT_EXPORT_NAME` before `NBD_OPT_STARTTLS` while TLS is required: that option
+    /// cannot carry an error, so the protocol says drop the connection.
+    #[error("NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS while TLS is required")]
+    TlsRequired,
+    /// Bytes arrived after `NBD_OPT_STARTTLS` before the TLS handshake: plain text injected
+    /// ahead of TLS (nbdkit CVE-2021-3716), never to be taken as options.
+    #[error("plain-text bytes after NBD_OPT_STARTTLS")]
+    DataAfterStartTls,
+    /// `NBD_OPT_EXPORT_NAME` named an export this client may not open; that option has no
+    /// error reply.
+    #[error("NBD_OPT_EXPORT_NAME asked for an export this client may not open")]
+    ExportRefused,
     /// The state machine already finished (after GO, EXPORT_NAME, ABORT or an earlier error)
     /// and was fed again: a bug in the caller, reported rather than panicking.
     #[error("the state machine already finished")]

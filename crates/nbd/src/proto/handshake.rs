@@ -10,13 +10,30 @@
 //!    `consumed_bytes` belong to it); on [`HandshakeStatus::Abort`] close after sending; on
 //!    `Err` close (a hard disconnect).
 //!
+//! TLS (`NBD_OPT_STARTTLS`): with a [`TlsPolicy`] other than `Off`, STARTTLS is answered
+//! `NBD_REP_ACK` and `receive` returns [`HandshakeStatus::StartTls`]; the caller sends the ACK,
+//! runs the TLS handshake as a server on the same socket, and calls
+//! [`Handshake::tls_established`], which forgets everything negotiated in plain text (the
+//! protocol's rule since nbdkit's CVE-2021-3716). Bytes that follow the STARTTLS option in the
+//! same input are plain text injected before the TLS handshake: an error that ends the
+//! connection. Under `TlsPolicy::Required` every option before STARTTLS but ABORT is answered
+//! `NBD_REP_ERR_TLS_REQD` (its data read first, so the stream stays in step), and
+//! `NBD_OPT_EXPORT_NAME`, which has no error reply, ends the connection.
+//!
+//! Access: [`Handshake::set_access`] says per export whether this client may open it
+//! ([`ExportAccess`]); exports it may not open are not listed, and GO, INFO and the meta
+//! context options naming them are refused (`NBD_REP_ERR_POLICY`, or `NBD_REP_ERR_TLS_REQD`
+//! when TLS would allow them).
+//!
 //! Bounds: an option's data is buffered only up to [`MAX_OPTION_DATA_BYTES`] (larger options
 //! are skipped byte by byte and answered `NBD_REP_ERR_TOO_BIG`); a handshake takes at most
 //! [`MAX_OPTIONS_PER_HANDSHAKE`] options; the replies to one option are bounded by the size of
 //! the export list (LIST) or by a few dozen bytes (everything else).
 
 use super::error::ProtocolError;
-use super::types::{EnteredBy, ExportInfo, MetaContextId, Negotiated, TransmissionFlags};
+use super::types::{
+    EnteredBy, ExportAccess, ExportInfo, MetaContextId, Negotiated, TlsPolicy, TransmissionFlags,
+};
 use super::types::{MAX_BLOCK_BYTES, MIN_BLOCK_BYTES};
 use super::wire;
 
@@ -49,6 +66,10 @@ pub enum HandshakeStatus {
     Done(Negotiated),
     /// The client sent `NBD_OPT_ABORT`: close the connection after sending `out`.
     Abort,
+    /// The client sent `NBD_OPT_STARTTLS` and `out` holds its ACK: send it, run the TLS
+    /// handshake (server side) on the connection, then call [`Handshake::tls_established`]
+    /// and go on receiving, now through TLS. If the TLS handshake fails, close.
+    StartTls,
 }
 
 /// Result of one [`Handshake::receive`] call.
@@ -71,14 +92,22 @@ enum State {
     OptionData { option: u32, length_bytes: u32 },
     /// Dropping the data of an oversized option; answered with ERR_TOO_BIG at the end.
     SkipOption { option: u32, remaining_bytes: u32 },
+    /// STARTTLS was acknowledged: no input is accepted until [`Handshake::tls_established`]
+    /// (any byte now would be plain text sent before the TLS handshake).
+    AwaitingTls,
     /// GO, EXPORT_NAME, ABORT or an error happened: no more input is accepted.
     Finished,
 }
 
-/// Server-side negotiation state machine (fixed newstyle, NO_ZEROES, no TLS).
+/// Server-side negotiation state machine (fixed newstyle, NO_ZEROES, STARTTLS).
 #[derive(Debug)]
 pub struct Handshake {
     exports: Vec<ExportInfo>,
+    /// Per export (same indices), whether this client may open it; empty: every export.
+    access: Vec<ExportAccess>,
+    tls_policy: TlsPolicy,
+    /// The TLS handshake succeeded: options now arrive through TLS.
+    tls_active: bool,
     state: State,
     /// Partial fixed-size field (client flags or option header) split across reads.
     header: [u8; OPTION_HEADER_BYTES],
@@ -93,15 +122,24 @@ pub struct Handshake {
 }
 
 impl Handshake {
-    /// A handshake offering `exports`. An empty name in GO/INFO/EXPORT_NAME selects the
-    /// default export, which is the first one (unless an export is literally named "").
+    /// A handshake offering `exports`, without TLS (STARTTLS is answered
+    /// `NBD_REP_ERR_UNSUP`). An empty name in GO/INFO/EXPORT_NAME selects the default export,
+    /// which is the first one this client may open (unless an export is literally named "").
     pub fn new(exports: Vec<ExportInfo>) -> Self {
+        Handshake::with_tls(exports, TlsPolicy::Off)
+    }
+
+    /// A handshake offering `exports` under `tls_policy`.
+    pub fn with_tls(exports: Vec<ExportInfo>, tls_policy: TlsPolicy) -> Self {
         for export in &exports {
             debug_assert!(export.name.len() <= wire::MAX_STRING_BYTES);
             debug_assert!(export.description.len() <= wire::MAX_STRING_BYTES);
         }
         Handshake {
             exports,
+            access: Vec::new(),
+            tls_policy,
+            tls_active: false,
             state: State::ClientFlags,
             header: [0; OPTION_HEADER_BYTES],
             header_filled_bytes: 0,
@@ -116,6 +154,43 @@ impl Handshake {
     /// The exports this handshake offers (indexed by [`Negotiated::export_index`]).
     pub fn exports(&self) -> &[ExportInfo] {
         &self.exports
+    }
+
+    /// Says which exports this client may open, one entry per export (same order); applies
+    /// to the options that follow. A list of another length is a caller bug: every export is
+    /// then refused (`Denied`), which fails safe.
+    pub fn set_access(&mut self, access: Vec<ExportAccess>) {
+        debug_assert_eq!(access.len(), self.exports.len());
+        self.access = if access.len() == self.exports.len() {
+            access
+        } else {
+            vec![ExportAccess::Denied; self.exports.len()]
+        };
+    }
+
+    /// Whether the TLS handshake has succeeded on this connection.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// The TLS handshake that followed [`HandshakeStatus::StartTls`] succeeded: negotiation
+    /// starts over through TLS, with nothing kept from the plain-text options (structured
+    /// replies, meta contexts), and with `access` for this client (now that its identity is
+    /// known). The client flags and the option count are kept: they are not options, and the
+    /// count bounds the whole handshake. Called in any other state, the handshake is over.
+    pub fn tls_established(&mut self, access: Vec<ExportAccess>) -> Result<(), ProtocolError> {
+        if self.state != State::AwaitingTls {
+            self.state = State::Finished;
+            return Err(ProtocolError::Finished);
+        }
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.meta_context_export = None;
+        self.data = Vec::new();
+        self.header_filled_bytes = 0;
+        self.set_access(access);
+        self.state = State::OptionHeader;
+        Ok(())
     }
 
     /// The bytes the server sends first: `NBDMAGIC`, `IHAVEOPT`, handshake flags
@@ -158,6 +233,7 @@ impl Handshake {
         loop {
             match self.state {
                 State::Finished => return Err(ProtocolError::Finished),
+                State::AwaitingTls => return Err(ProtocolError::DataAfterStartTls),
                 State::ClientFlags => {
                     if !self.fill_header(CLIENT_FLAGS_BYTES, input, &mut position) {
                         break;
@@ -195,6 +271,20 @@ impl Handshake {
                     }
                     self.state = State::OptionHeader;
                     let status = self.process_option(option, out)?;
+                    if status == HandshakeStatus::StartTls {
+                        self.state = State::AwaitingTls;
+                        self.data = Vec::new();
+                        if position < input.len() {
+                            // A correct client sends its ClientHello only after reading the
+                            // ACK: bytes already here are plain text slipped in before TLS.
+                            self.state = State::Finished;
+                            return Err(ProtocolError::DataAfterStartTls);
+                        }
+                        return Ok(HandshakeProgress {
+                            consumed_bytes: position,
+                            status,
+                        });
+                    }
                     if status != HandshakeStatus::Continue {
                         self.state = State::Finished;
                         self.data = Vec::new();
@@ -261,6 +351,11 @@ impl Handshake {
                 limit: MAX_OPTIONS_PER_HANDSHAKE,
             });
         }
+        if option == wire::OPT_EXPORT_NAME && self.tls_still_required() {
+            // The protocol: a server that requires TLS must drop a client that sends
+            // EXPORT_NAME first, since that option cannot carry an error.
+            return Err(ProtocolError::TlsRequired);
+        }
         if option == wire::OPT_EXPORT_NAME && length_bytes as usize > wire::MAX_STRING_BYTES {
             // No error reply exists for EXPORT_NAME, and no export has such a name.
             return Err(ProtocolError::ExportNameTooLong { length_bytes });
@@ -282,12 +377,30 @@ impl Handshake {
         Ok(())
     }
 
+    /// TLS is required and not yet established.
+    fn tls_still_required(&self) -> bool {
+        self.tls_policy == TlsPolicy::Required && !self.tls_active
+    }
+
     /// Answers a complete option whose data is in `self.data`.
     fn process_option(
         &mut self,
         option: u32,
         out: &mut Vec<u8>,
     ) -> Result<HandshakeStatus, ProtocolError> {
+        if option == wire::OPT_STARTTLS {
+            return Ok(self.start_tls(out));
+        }
+        if self.tls_still_required() && option != wire::OPT_ABORT {
+            // Its data was read in full first, so the next option header is in step.
+            put_option_reply(
+                out,
+                option,
+                wire::REP_ERR_TLS_REQD,
+                &[b"TLS is required: send NBD_OPT_STARTTLS first"],
+            );
+            return Ok(HandshakeStatus::Continue);
+        }
         match option {
             wire::OPT_EXPORT_NAME => self.export_name(out),
             wire::OPT_ABORT => {
@@ -297,7 +410,11 @@ impl Handshake {
             }
             wire::OPT_LIST => {
                 if self.data.is_empty() {
-                    for export in &self.exports {
+                    for (index, export) in self.exports.iter().enumerate() {
+                        if self.access(index) != ExportAccess::Allowed {
+                            // Not listed: this client may not open it (here, or yet).
+                            continue;
+                        }
                         let name = export.name.as_bytes();
                         let name_len = (name.len() as u32).to_be_bytes();
                         let description = export.description.as_bytes();
@@ -339,8 +456,8 @@ impl Handshake {
                 self.meta_context(option, out);
                 Ok(HandshakeStatus::Continue)
             }
-            // STARTTLS (no TLS: NOTLS mode allows ERR_UNSUP), EXTENDED_HEADERS, the withdrawn
-            // PEEK_EXPORT and anything unknown: the protocol says reply ERR_UNSUP and go on.
+            // EXTENDED_HEADERS, the withdrawn PEEK_EXPORT and anything unknown: the protocol
+            // says reply ERR_UNSUP and go on.
             _ => {
                 put_option_reply(out, option, wire::REP_ERR_UNSUP, &[b"unsupported option"]);
                 Ok(HandshakeStatus::Continue)
@@ -348,10 +465,62 @@ impl Handshake {
         }
     }
 
+    /// NBD_OPT_STARTTLS: ACK and hand over to the caller's TLS handshake, or refuse.
+    fn start_tls(&mut self, out: &mut Vec<u8>) -> HandshakeStatus {
+        let option = wire::OPT_STARTTLS;
+        if self.tls_policy == TlsPolicy::Off {
+            // The protocol's NOTLS mode: ERR_UNSUP (or ERR_POLICY).
+            put_option_reply(out, option, wire::REP_ERR_UNSUP, &[b"TLS is not enabled"]);
+            return HandshakeStatus::Continue;
+        }
+        if self.tls_active {
+            put_option_reply(out, option, wire::REP_ERR_INVALID, &[b"TLS is already on"]);
+            return HandshakeStatus::Continue;
+        }
+        if !self.data.is_empty() {
+            put_option_reply(
+                out,
+                option,
+                wire::REP_ERR_INVALID,
+                &[b"NBD_OPT_STARTTLS takes no data"],
+            );
+            return HandshakeStatus::Continue;
+        }
+        put_option_reply(out, option, wire::REP_ACK, &[]);
+        HandshakeStatus::StartTls
+    }
+
+    /// This client's access to export `index`.
+    fn access(&self, index: usize) -> ExportAccess {
+        self.access
+            .get(index)
+            .copied()
+            .unwrap_or(ExportAccess::Allowed)
+    }
+
+    /// For GO/INFO/meta context on export `index`: the refusal to send, if any.
+    fn refusal(&self, index: usize) -> Option<(u32, &'static [u8])> {
+        match self.access(index) {
+            ExportAccess::Allowed => None,
+            ExportAccess::TlsRequired => Some((
+                wire::REP_ERR_TLS_REQD,
+                b"this export needs TLS: send NBD_OPT_STARTTLS first",
+            )),
+            ExportAccess::Denied => Some((
+                wire::REP_ERR_POLICY,
+                b"this client may not open this export",
+            )),
+        }
+    }
+
     fn export_name(&mut self, out: &mut Vec<u8>) -> Result<HandshakeStatus, ProtocolError> {
         let index = self
             .find_export(&self.data)
             .ok_or(ProtocolError::UnknownExport)?;
+        if self.refusal(index).is_some() {
+            // No error reply exists for EXPORT_NAME.
+            return Err(ProtocolError::ExportRefused);
+        }
         let export = &self.exports[index];
         let flags = TransmissionFlags::for_export(export, self.structured_replies);
         out.extend_from_slice(&export.size_bytes.to_be_bytes());
@@ -380,6 +549,10 @@ impl Handshake {
             put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
             return HandshakeStatus::Continue;
         };
+        if let Some((reply_type, message)) = self.refusal(index) {
+            put_option_reply(out, option, reply_type, &[message]);
+            return HandshakeStatus::Continue;
+        }
         let export = &self.exports[index];
         let flags = TransmissionFlags::for_export(export, self.structured_replies);
 
@@ -461,6 +634,10 @@ impl Handshake {
             put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
             return;
         };
+        if let Some((reply_type, message)) = self.refusal(index) {
+            put_option_reply(out, option, reply_type, &[message]);
+            return;
+        }
         let name = wire::BASE_ALLOCATION.as_bytes();
         if set {
             if request.selects_base_allocation {
@@ -494,7 +671,11 @@ impl Handshake {
             return Some(index);
         }
         if name.is_empty() && !self.exports.is_empty() {
-            return Some(0);
+            // The default export: the first one this client may open (else the first one,
+            // which is then refused with the reason).
+            let visible =
+                (0..self.exports.len()).find(|&i| self.access(i) == ExportAccess::Allowed);
+            return Some(visible.unwrap_or(0));
         }
         None
     }

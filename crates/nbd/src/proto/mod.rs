@@ -9,8 +9,11 @@
 //! Errors come in two kinds: a [`ProtocolError`] ends the connection; an [`Errno`] from
 //! [`validate`] goes into the reply of one request and the connection goes on.
 //!
-//! Not supported: TLS (STARTTLS is answered ERR_UNSUP), extended headers (ERR_UNSUP), the
-//! oldstyle handshake, and meta contexts other than `base:allocation`.
+//! TLS: the codec does STARTTLS's negotiation rules ([`TlsPolicy`], [`ExportAccess`]); the
+//! TLS session itself is the server's (`server::tls`).
+//!
+//! Not supported: extended headers (ERR_UNSUP), the oldstyle handshake, and meta contexts
+//! other than `base:allocation`.
 //!
 //! # Driving the codec
 //!
@@ -90,6 +93,6 @@ pub use handshake::{
 pub use request::{validate, Request, RequestDecoder, REQUEST_HEADER_BYTES};
 pub use types::{
     BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, EnteredBy, Errno,
-    ExportCaps, ExportInfo, MetaContextId, Negotiated, TransmissionFlags, MAX_BLOCK_BYTES,
-    MIN_BLOCK_BYTES,
+    ExportAccess, ExportCaps, ExportInfo, MetaContextId, Negotiated, TlsPolicy, TransmissionFlags,
+    MAX_BLOCK_BYTES, MIN_BLOCK_BYTES,
 };

@@ -261,6 +261,32 @@ impl Default for ExportCaps {
     }
 }
 
+/// How a server treats TLS during negotiation: the protocol's NOTLS, SELECTIVETLS and
+/// FORCEDTLS modes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TlsPolicy {
+    /// No TLS: `NBD_OPT_STARTTLS` is answered `NBD_REP_ERR_UNSUP`.
+    #[default]
+    Off,
+    /// TLS if the client asks for it; exports marked [`ExportAccess::TlsRequired`] only
+    /// through TLS.
+    Optional,
+    /// Every option before `NBD_OPT_STARTTLS` but ABORT is refused with
+    /// `NBD_REP_ERR_TLS_REQD`.
+    Required,
+}
+
+/// Whether one client may open one export, as the server decides per connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ExportAccess {
+    /// Listed, and GO/INFO/meta context succeed.
+    Allowed,
+    /// Not listed; refused with `NBD_REP_ERR_TLS_REQD` (TLS may allow it: SELECTIVETLS).
+    TlsRequired,
+    /// Not listed; refused with `NBD_REP_ERR_POLICY`.
+    Denied,
+}
+
 /// What the server says about one export.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportInfo {

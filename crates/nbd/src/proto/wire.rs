@@ -34,7 +34,8 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// `NBD_OPT_LIST`: list exports.
 pub const OPT_LIST: u32 = 3;
-/// `NBD_OPT_STARTTLS` (not supported: answered with `NBD_REP_ERR_UNSUP`).
+/// `NBD_OPT_STARTTLS`: upgrade the connection to TLS (answered `NBD_REP_ERR_UNSUP` when the
+/// server has no TLS).
 pub const OPT_STARTTLS: u32 = 5;
 /// `NBD_OPT_INFO`: describe an export without entering transmission.
 pub const OPT_INFO: u32 = 6;

@@ -17,7 +17,7 @@
 //! first); the inbox and the batch buffer are fixed. All state is on one thread (`Rc`,
 //! `RefCell`); no borrow is held across an await.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -31,6 +31,8 @@ use oxpool_io::IoBuf;
 
 use super::exports::{ExportId, ReactorCommand};
 use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
+use super::tls::{self, TlsIdentity};
+use super::tls_session::TlsSession;
 use super::{errno_for, ConnectionPermit, Limits, Shared};
 use crate::proto::reply::{
     block_status_chunk_bytes, encode_block_status, encode_error_reply, encode_offset_data_header,
@@ -39,8 +41,8 @@ use crate::proto::reply::{
 };
 use crate::proto::{
     validate, BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, Errno,
-    ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated, ProtocolError, Request,
-    RequestDecoder, MAX_BLOCK_BYTES,
+    ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated, ProtocolError,
+    Request, RequestDecoder, MAX_BLOCK_BYTES,
 };
 
 /// Receive buffer of the reader: request headers and small WRITE payloads arrive here, many
@@ -202,6 +204,8 @@ struct Slot {
 /// State of one connection, shared by its reader, writer and request tasks (one thread).
 struct Conn {
     stream: Stream,
+    /// Set once STARTTLS succeeded: every later byte goes through it.
+    tls: OnceCell<TlsSession>,
     limits: Limits,
     slots: RefCell<Vec<Slot>>,
     /// Free slot indices (capacity: the slot count).
@@ -241,6 +245,7 @@ impl Conn {
             .collect();
         Conn {
             stream,
+            tls: OnceCell::new(),
             limits,
             slots: RefCell::new(slots),
             // Reversed so slot 0 is used first (traces are easier to read).
@@ -257,6 +262,28 @@ impl Conn {
             writer_waker: WakerCell::default(),
             slot_wakers: (0..limits.slots).map(|_| WakerCell::default()).collect(),
             export: Cell::new(None),
+        }
+    }
+
+    /// Receives into `buf[start..end]` (plain text, through TLS once it is on); the buffer
+    /// and the count (0: the client closed).
+    async fn recv_range(
+        &self,
+        buf: IoBuf,
+        start: usize,
+        end: usize,
+    ) -> oxpool_io::IoResult<(IoBuf, usize)> {
+        match self.tls.get() {
+            None => self.stream.recv_range(buf, start, end).await,
+            Some(tls) => tls.recv(&self.stream, buf, start, end).await,
+        }
+    }
+
+    /// Sends `buf[..len]` entirely (through TLS once it is on) and returns the buffer.
+    async fn send_all(&self, buf: IoBuf, len: usize) -> oxpool_io::IoResult<IoBuf> {
+        match self.tls.get() {
+            None => self.stream.send_all(buf, len).await,
+            Some(tls) => tls.send_all(&self.stream, buf, len).await,
         }
     }
 
@@ -502,14 +529,14 @@ async fn connection(
     let mut inbox = Inbox::new();
     let mut batch = Some(IoBuf::zeroed(BATCH_BYTES));
     let Some((session, export)) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
-        conn.stream.shutdown();
+        close(&conn).await;
         return;
     };
     // Counted on its export (so that the administrator sees it and can stop it), unless the
     // export was removed since the handshake offered it.
     if !shared.exports.register(export) {
         tracing::debug!(export = %session.export.name, "nbd: export removed during the handshake");
-        conn.stream.shutdown();
+        close(&conn).await;
         return;
     }
     let _export_registration = ExportRegistration {
@@ -544,6 +571,17 @@ async fn connection(
     // Requests already read finish and their replies are sent (bounded by the reactor's
     // shutdown grace period if the client stops reading).
     wait_until(&conn.reader_waker, || conn.writer_done.get()).await;
+    close(&conn).await;
+}
+
+/// Ends the connection: TLS's close_notify if TLS is on (best effort, and not when the
+/// connection broke), then a TCP shutdown.
+async fn close(conn: &Conn) {
+    if let Some(tls) = conn.tls.get() {
+        if !conn.broken.get() {
+            tls.close(&conn.stream).await;
+        }
+    }
     conn.stream.shutdown();
 }
 
@@ -632,7 +670,8 @@ impl Inbox {
         };
         self.start = 0;
         self.end = 0;
-        match select(conn.stream.recv(buf, 0), conn.halt()).await {
+        let end = buf.len();
+        match select(conn.recv_range(buf, 0, end), conn.halt()).await {
             Either::Left(Ok((buf, count))) => {
                 self.buf = Some(buf);
                 if count == 0 {
@@ -657,7 +696,7 @@ async fn send_bytes(conn: &Conn, batch: &mut Option<IoBuf>, data: &[u8]) -> io::
         IoBuf::from_slice(data)
     };
     buf[..data.len()].copy_from_slice(data);
-    let buf = conn.stream.send_all(buf, data.len()).await?;
+    let buf = conn.send_all(buf, data.len()).await?;
     if fits {
         *batch = Some(buf);
     }
@@ -673,7 +712,8 @@ async fn handshake(
     batch: &mut Option<IoBuf>,
 ) -> Option<(Session, ExportId)> {
     let offer = shared.exports.offer();
-    let mut handshake = Handshake::new(offer.infos);
+    let mut handshake = Handshake::with_tls(offer.infos, shared.tls.policy);
+    handshake.set_access(export_access(shared, &offer.targets, false, None));
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");
         return None;
@@ -704,6 +744,17 @@ async fn handshake(
                 match progress.status {
                     HandshakeStatus::Continue => {}
                     HandshakeStatus::Abort => return None,
+                    HandshakeStatus::StartTls => {
+                        // The codec refused bytes after STARTTLS in what it was given; the
+                        // inbox holds nothing else.
+                        debug_assert!(inbox.is_empty());
+                        let identity = start_tls(conn, shared).await?;
+                        let access = export_access(shared, &offer.targets, true, identity.as_ref());
+                        if let Err(err) = handshake.tls_established(access) {
+                            tracing::debug!(%err, "nbd: handshake failed after TLS");
+                            return None;
+                        }
+                    }
                     HandshakeStatus::Done(negotiated) => {
                         let index = negotiated.export_index;
                         let (id, volume) = offer.targets.get(index)?.clone();
@@ -726,6 +777,46 @@ async fn handshake(
                 tracing::debug!(%err, "nbd: handshake failed");
                 return None;
             }
+        }
+    }
+}
+
+/// This client's access to each export offered (`targets`, in the handshake's order). The
+/// allow lists are read now, so a change applies to the next connection.
+fn export_access(
+    shared: &Shared,
+    targets: &[(ExportId, Volume)],
+    tls_active: bool,
+    identity: Option<&TlsIdentity>,
+) -> Vec<ExportAccess> {
+    let allow_lists = targets.iter().map(|(_, volume)| volume.props().nbd_allow);
+    tls::export_access(allow_lists, shared.tls.policy, tls_active, identity)
+}
+
+/// The TLS handshake after STARTTLS's ACK; the client's identity, or `None` if the
+/// connection must end (a failed handshake, shutdown, the client gone).
+async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> {
+    let Some(credentials) = shared.tls.credentials.as_ref() else {
+        debug_assert!(false, "STARTTLS acknowledged without credentials");
+        return None;
+    };
+    let accepted = match select(TlsSession::accept(&conn.stream, credentials), conn.halt()).await {
+        Either::Left(accepted) => accepted,
+        Either::Right(()) => return None,
+    };
+    match accepted {
+        Ok((session, identity)) => {
+            tracing::debug!(
+                identity = identity.as_ref().map(|id| id.to_string()),
+                session = session.describe(),
+                "nbd: TLS on"
+            );
+            let _ = conn.tls.set(session);
+            Some(identity)
+        }
+        Err(err) => {
+            tracing::debug!(%err, "nbd: TLS handshake failed; closing the connection");
+            None
         }
     }
 }
@@ -894,7 +985,7 @@ async fn receive_payload(
             continue;
         }
         let buf_bytes = buf.len();
-        match select(conn.stream.recv_range(buf, filled, length), conn.halt()).await {
+        match select(conn.recv_range(buf, filled, length), conn.halt()).await {
             Either::Left(Ok((back, 0))) => return Err((End::Closed, Ok(back))),
             Either::Left(Ok((back, count))) => {
                 buf = back;
@@ -1311,7 +1402,7 @@ async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
                 continue;
             };
             let buffer_bytes = buffer.len();
-            match conn.stream.send_all(buffer, len).await {
+            match conn.send_all(buffer, len).await {
                 Ok(buffer) => conn.slots.borrow_mut()[index].buffer = Some(buffer),
                 Err(err) => {
                     conn.forget_buffer(buffer_bytes);
@@ -1334,7 +1425,7 @@ async fn send_batch(conn: &Conn, batch: &mut Option<IoBuf>, len: usize) {
         *batch = Some(buf);
         return;
     }
-    match conn.stream.send_all(buf, len).await {
+    match conn.send_all(buf, len).await {
         Ok(buf) => *batch = Some(buf),
         Err(err) => send_failed(conn, &err),
     }

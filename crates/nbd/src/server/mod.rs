@@ -25,6 +25,8 @@
 mod conn;
 mod exports;
 mod task;
+pub mod tls;
+mod tls_session;
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -45,6 +47,7 @@ use conn::ReactorConns;
 pub use exports::{Disconnect, ExportError, Exports, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
 use task::{select, CatchUnwind, Either};
+pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 
 /// Connections waiting in one reactor's mailbox before new ones are refused. Reached only if
 /// a reactor stops taking connections (it is stuck): the acceptor then closes new ones rather
@@ -91,6 +94,8 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests and their replies before dropping the
     /// connections that are left.
     pub shutdown_grace: Duration,
+    /// TLS: off by default.
+    pub tls: TlsConfig,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +108,7 @@ impl Default for ServerConfig {
             connection_buffer_bytes: 64 << 20,
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(30),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -136,6 +142,11 @@ impl Server {
         exports: Vec<ServerExport>,
         listeners: Vec<Listener>,
     ) -> io::Result<Server> {
+        config
+            .tls
+            .validate()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        let tls = config.tls.clone();
         let config = Limits::from_config(&config);
         let exports = ExportTable::new(exports)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -149,6 +160,7 @@ impl Server {
             next_reactor: AtomicUsize::new(0),
             connections: AtomicUsize::new(0),
             limits: config,
+            tls,
             exports,
         });
         let mut threads = Vec::with_capacity(config.reactors);
@@ -261,6 +273,7 @@ pub(crate) struct Shared {
     /// Connections accepted and not yet closed, over all reactors.
     connections: AtomicUsize,
     limits: Limits,
+    tls: TlsConfig,
     exports: ExportTable,
 }
 

@@ -1,0 +1,422 @@
+//! `oxpool serve` over TLS with the real clients, unmodified: nbdinfo, nbdcopy (libnbd,
+//! GnuTLS) and qemu-img (GnuTLS), with X.509 certificates (with and without client
+//! certificates) and pre-shared keys; the protocol's refusals checked byte by byte with a raw
+//! client; and the `nbd_allow` volume property.
+
+#[path = "nbd/harness.rs"]
+mod harness;
+#[path = "nbd/tls.rs"]
+mod tls;
+
+use harness::{random_bytes, run_unchecked, tool, Env};
+use std::process::Command;
+use tls::*;
+
+const MIB: usize = 1 << 20;
+
+/// The message oxpool sends with NBD_REP_ERR_POLICY. libnbd reports ERR_POLICY and
+/// ERR_TLS_REQD alike (ENOTSUP), but its debug log shows the server's message.
+const POLICY_MESSAGE: &str = "this client may not open this export";
+
+/// Runs a client that must fail (with libnbd's debug log on); returns its stderr.
+fn refused(program: &str, args: &[&str]) -> String {
+    let mut command = Command::new(program);
+    command.args(args).env("LIBNBD_DEBUG", "1");
+    let output = run_unchecked(command, &format!("{program} {args:?}"));
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "{program} {args:?} should have been refused:\n{}{stderr}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    stderr
+}
+
+/// `qemu-img convert` of `source` (a raw file) into the export, then back into `back`.
+fn qemu_round_trip(env: &Env, creds: &[String; 4], source: &std::path::Path, back: &str) {
+    let mut args: Vec<String> = vec!["convert".into(), "-n".into(), "-f".into(), "raw".into()];
+    args.push(source.to_str().unwrap().into());
+    args.extend_from_slice(&creds[..2]);
+    args.push("--target-image-opts".into());
+    args.push(creds[3].clone());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    tool("qemu-img", &args);
+    let back = env.path(back);
+    let mut args: Vec<&str> = vec!["convert"];
+    args.extend(creds.iter().map(String::as_str));
+    args.extend(["-O", "raw", back.to_str().unwrap()]);
+    tool("qemu-img", &args);
+}
+
+#[test]
+fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
+    let env = Env::new();
+    env.tank(&[("vol0", "32M", &[])]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+    ]);
+    assert!(
+        server.uris.iter().all(|u| u.starts_with("nbds://")),
+        "{:?}",
+        server.uris
+    );
+    let addr = tcp_addr(&server.uris);
+    let (host, port) = addr.split_once(':').unwrap();
+    let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
+
+    let info = tool("nbdinfo", &[&uri]);
+    assert!(info.contains("newstyle-fixed with TLS"), "{info}");
+    assert!(info.contains("export-size: 33554432"), "{info}");
+
+    // qemu-img in and out.
+    let image = random_bytes(21, 32 * MIB);
+    let source = env.path("source.raw");
+    std::fs::write(&source, &image).unwrap();
+    let creds = qemu_x509(host, port, "tank/vol0", &pki.client1);
+    qemu_round_trip(&env, &creds, &source, "back.raw");
+    assert!(
+        std::fs::read(env.path("back.raw")).unwrap() == image,
+        "bytes differ after qemu-img through TLS"
+    );
+
+    // TLS 1.2 (GnuTLS told not to offer 1.3) works too.
+    let mut tls12 = creds.clone();
+    tls12[1].push_str(",priority=NORMAL:-VERS-TLS1.3");
+    let mut args = vec!["info"];
+    args.extend(tls12.iter().map(String::as_str));
+    let info = tool("qemu-img", &args);
+    assert!(info.contains("33554432"), "{info}");
+
+    // nbdcopy with several connections, each its own TLS session.
+    let image = random_bytes(22, 32 * MIB);
+    std::fs::write(&source, &image).unwrap();
+    tool(
+        "nbdcopy",
+        &[
+            "--connections=4",
+            "--requests=16",
+            source.to_str().unwrap(),
+            &uri,
+        ],
+    );
+    let back = env.path("back2.raw");
+    tool(
+        "nbdcopy",
+        &["--connections=4", &uri, back.to_str().unwrap()],
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "bytes differ after nbdcopy through TLS"
+    );
+
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
+#[test]
+fn client_certificates_are_verified_and_nbd_allow_names_them() {
+    let env = Env::new();
+    env.tank(&[
+        ("vol0", "16M", &[]),
+        ("secret", "16M", &["nbd_allow=client1"]),
+    ]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+        "--tls-verify-peer",
+    ]);
+    assert!(
+        server.output().contains("client certificates verified"),
+        "{}",
+        server.output()
+    );
+    let addr = tcp_addr(&server.uris);
+
+    // client1 sees and opens both.
+    let list = tool("nbdinfo", &["--list", &x509_uri(&addr, "", &pki.client1)]);
+    assert!(list.contains("export=\"tank/secret\""), "{list}");
+    assert!(list.contains("export=\"tank/vol0\""), "{list}");
+    let info = tool("nbdinfo", &[&x509_uri(&addr, "tank/secret", &pki.client1)]);
+    assert!(info.contains("with TLS"), "{info}");
+
+    // client2 (same CA) opens vol0, but neither sees nor opens secret.
+    let list = tool("nbdinfo", &["--list", &x509_uri(&addr, "", &pki.client2)]);
+    assert!(list.contains("export=\"tank/vol0\""), "{list}");
+    assert!(!list.contains("tank/secret"), "{list}");
+    let err = refused("nbdinfo", &[&x509_uri(&addr, "tank/secret", &pki.client2)]);
+    assert!(err.contains(POLICY_MESSAGE), "{err}");
+
+    // Without a certificate, or with one from another CA: refused in the TLS handshake.
+    for dir in [&pki.anonymous, &pki.foreign] {
+        let err = refused("nbdinfo", &[&x509_uri(&addr, "tank/vol0", dir)]);
+        // In TLS 1.3 the client's certificate is judged after the client finished its
+        // handshake, so GnuTLS may see the alert in its first record read instead.
+        assert!(err.contains("TLS fatal alert"), "{err}");
+        assert!(
+            !err.contains("server replied"),
+            "refused in TLS, before any option: {err}"
+        );
+    }
+    // The server goes on serving.
+    tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+
+    // With ca-crl.pem in the directory, a revoked certificate is refused; others are not.
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server_crl.to_str().unwrap(),
+        "--tls-verify-peer",
+    ]);
+    let addr = tcp_addr(&server.uris);
+    let err = refused("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.revoked)]);
+    assert!(err.contains("TLS fatal alert"), "{err}");
+    tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
+#[test]
+fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
+    let env = Env::new();
+    env.tank(&[
+        ("vol0", "16M", &[]),
+        ("alices", "16M", &["nbd_allow=alice"]),
+    ]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-psk",
+        pki.psk_server.to_str().unwrap(),
+    ]);
+    assert!(
+        server.output().contains("TLS: required; pre-shared keys"),
+        "{}",
+        server.output()
+    );
+    let addr = tcp_addr(&server.uris);
+    let (host, port) = addr.split_once(':').unwrap();
+
+    let info = tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)],
+    );
+    assert!(info.contains("newstyle-fixed with TLS"), "{info}");
+
+    let image = random_bytes(23, 16 * MIB);
+    let source = env.path("source.raw");
+    std::fs::write(&source, &image).unwrap();
+    let creds = qemu_psk(host, port, "tank/alices", "alice", &pki.psk_alice);
+    qemu_round_trip(&env, &creds, &source, "back.raw");
+    assert!(
+        std::fs::read(env.path("back.raw")).unwrap() == image,
+        "bytes differ after qemu-img with a pre-shared key"
+    );
+
+    // TLS 1.2 PSK suites, as GnuTLS offers them without TLS 1.3.
+    let mut tls12 = qemu_psk(host, port, "tank/vol0", "alice", &pki.psk_alice);
+    tls12[1].push_str(",priority=NORMAL:-VERS-TLS1.3:+ECDHE-PSK:+DHE-PSK:+PSK");
+    let mut args = vec!["info"];
+    args.extend(tls12.iter().map(String::as_str));
+    let info = tool("qemu-img", &args);
+    assert!(info.contains("16777216"), "{info}");
+
+    // bob: vol0 yes; alice's volume neither listed nor opened.
+    let list = tool(
+        "nbdinfo",
+        &["--list", &psk_uri(&addr, "", "bob", &pki.psk_bob)],
+    );
+    assert!(list.contains("export=\"tank/vol0\""), "{list}");
+    assert!(!list.contains("tank/alices"), "{list}");
+    let err = refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/alices", "bob", &pki.psk_bob)],
+    );
+    assert!(err.contains(POLICY_MESSAGE), "{err}");
+    let bob = qemu_psk(host, port, "tank/alices", "bob", &pki.psk_bob);
+    let mut args = vec!["info"];
+    args.extend(bob.iter().map(String::as_str));
+    refused("qemu-img", &args);
+
+    // A wrong key, an unknown identity: the TLS handshake fails.
+    refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_wrong)],
+    );
+    refused(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "carol", &pki.psk_unknown)],
+    );
+    let wrong = qemu_psk(host, port, "tank/vol0", "alice", &pki.psk_wrong);
+    let mut args = vec!["info"];
+    args.extend(wrong.iter().map(String::as_str));
+    refused("qemu-img", &args);
+
+    tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)],
+    );
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
+#[test]
+fn plain_text_clients_get_tls_reqd_when_tls_is_required() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "require",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+    ]);
+    let addr = tcp_addr(&server.uris);
+
+    let mut client = RawClient::connect(&addr);
+    client.send(&RawClient::option_bytes(OPT_LIST, &[]));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_LIST, REP_ERR_TLS_REQD))
+    );
+    client.send(&RawClient::option_bytes(OPT_GO, &go_data("tank/vol0")));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_GO, REP_ERR_TLS_REQD))
+    );
+    client.send(&RawClient::option_bytes(OPT_STRUCTURED_REPLY, &[]));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STRUCTURED_REPLY, REP_ERR_TLS_REQD))
+    );
+    // EXPORT_NAME cannot carry the error: the server hangs up.
+    client.send(&RawClient::option_bytes(OPT_EXPORT_NAME, b"tank/vol0"));
+    assert!(client.closed_by_server());
+
+    // The real client without TLS is refused too; with TLS it works.
+    refused("nbdinfo", &[&format!("nbd://{addr}/tank/vol0")]);
+    let info = tool("nbdinfo", &[&x509_uri(&addr, "tank/vol0", &pki.client1)]);
+    assert!(info.contains("with TLS"), "{info}");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
+#[test]
+fn optional_tls_serves_plain_clients_but_not_volumes_with_an_allow_list() {
+    let env = Env::new();
+    env.tank(&[
+        ("vol0", "16M", &[]),
+        ("secret", "16M", &["nbd_allow=alice"]),
+    ]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls",
+        "on",
+        "--tls-psk",
+        pki.psk_server.to_str().unwrap(),
+    ]);
+    let addr = tcp_addr(&server.uris);
+    let plain = tool("nbdinfo", &[&format!("nbd://{addr}/tank/vol0")]);
+    assert!(plain.contains("without TLS"), "{plain}");
+    let list = tool("nbdinfo", &["--list", &format!("nbd://{addr}/")]);
+    assert!(!list.contains("tank/secret"), "{list}");
+    let mut client = RawClient::connect(&addr);
+    client.send(&RawClient::option_bytes(OPT_GO, &go_data("tank/secret")));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_GO, REP_ERR_TLS_REQD))
+    );
+    client.send(&RawClient::option_bytes(OPT_ABORT, &[]));
+    let info = tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/secret", "alice", &pki.psk_alice)],
+    );
+    assert!(info.contains("with TLS"), "{info}");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
+#[test]
+fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_connection() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+        "--reactors",
+        "1",
+    ]);
+    let addr = tcp_addr(&server.uris);
+    let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
+
+    // An option injected right behind STARTTLS, before any TLS (CVE-2021-3716): at most the
+    // ACK comes back, then the connection ends; the injected option is never answered.
+    let mut injected = RawClient::connect(&addr);
+    let mut bytes = RawClient::option_bytes(OPT_STARTTLS, &[]);
+    bytes.extend(RawClient::option_bytes(OPT_STRUCTURED_REPLY, &[]));
+    injected.send(&bytes);
+    // Bounded: the server sends at most the ACK before closing.
+    for _ in 0..2 {
+        match injected.reply() {
+            Some((OPT_STARTTLS, REP_ACK, _)) => continue,
+            Some(other) => panic!("answered after STARTTLS in plain text: {other:?}"),
+            None => break,
+        }
+    }
+    assert!(injected.closed_by_server());
+
+    // A client that stops halfway through a TLS record holds only its own connection: a
+    // verifying client is served meanwhile, on the same (single) reactor.
+    let mut stalled = RawClient::connect(&addr);
+    stalled.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
+    assert_eq!(
+        stalled.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
+    stalled.send(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]);
+    let info = tool("nbdinfo", &[&uri]);
+    assert!(info.contains("with TLS"), "{info}");
+    // Then garbage instead of the rest of its ClientHello: that connection ends.
+    stalled.send(&[0x5a; 600]);
+    assert!(stalled.closed_by_server());
+
+    // Not TLS at all after the ACK: that connection ends too.
+    let mut garbage = RawClient::connect(&addr);
+    garbage.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
+    assert_eq!(
+        garbage.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
+    garbage.send(b"GET / HTTP/1.1\r\nHost: oxpool\r\n\r\n");
+    assert!(garbage.closed_by_server());
+
+    // And the server still serves, bytes intact.
+    let image = random_bytes(24, 4 * MIB);
+    let source = env.path("source.raw");
+    std::fs::write(&source, &image).unwrap();
+    tool("nbdcopy", &[source.to_str().unwrap(), &uri]);
+    let back = env.path("back.raw");
+    tool("nbdcopy", &[&uri, back.to_str().unwrap()]);
+    assert!(std::fs::read(&back).unwrap()[..4 * MIB] == image[..]);
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
