@@ -32,6 +32,12 @@ impl Devices {
         self.0.push(d);
     }
 
+    /// Keeps only the devices named in `names` (the others are closed and unlocked).
+    pub fn retain_named(&mut self, names: &[String]) {
+        self.0
+            .retain(|d| names.iter().any(|n| n == d.backend.name()));
+    }
+
     /// Takes over `more`'s devices (and their locks).
     pub fn extend(&mut self, more: Devices) {
         self.0.extend(more.0);
@@ -45,7 +51,17 @@ impl Devices {
     /// Removes the files this command created (it failed: it should leave nothing behind, and
     /// a created file may be gigabytes of zeros); says on `warnings` what it could not remove.
     pub fn remove_created(&self, warnings: &mut dyn std::io::Write) {
-        for path in self.0.iter().filter_map(|d| d.created.as_ref()) {
+        self.remove_created_except(&[], warnings)
+    }
+
+    /// As [`Devices::remove_created`], keeping the devices named in `keep` (a pool holds them).
+    pub fn remove_created_except(&self, keep: &[String], warnings: &mut dyn std::io::Write) {
+        let created = self
+            .0
+            .iter()
+            .filter(|d| !keep.iter().any(|k| k == d.backend.name()))
+            .filter_map(|d| d.created.as_ref());
+        for path in created {
             if let Err(e) = std::fs::remove_file(path) {
                 let _ = writeln!(
                     warnings,

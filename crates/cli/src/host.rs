@@ -2,7 +2,7 @@
 //! for a command a server runs on a client's behalf, the server's live pools.
 
 use crate::devices::{open_device, Devices};
-use crate::served::Served;
+use crate::served::{Served, ServedPool};
 use anyhow::{anyhow, bail, Context, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::Pool;
@@ -38,14 +38,27 @@ impl Host {
         }
     }
 
-    /// Runs `f`, which changes pool `name`, one change of the pool at a time.
+    /// Runs `f`, which changes pool `name`, one change of the pool at a time; the change is
+    /// durable when this returns (a served pool syncs, as `zfs set` waits for its txg; an
+    /// opened one is exported).
     pub fn change_pool<T>(&self, name: &str, f: impl FnOnce(&Pool) -> Result<T>) -> Result<T> {
+        self.change_served_pool(name, |pool, _| f(pool))
+    }
+
+    /// As [`Host::change_pool`], also giving `f` the served pool (in a server).
+    pub fn change_served_pool<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Pool, Option<&ServedPool>) -> Result<T>,
+    ) -> Result<T> {
         match self {
-            Host::Local { cache } => with_local_pool(cache, name, f),
+            Host::Local { cache } => with_local_pool(cache, name, |pool| f(pool, None)),
             Host::Live(served) => {
                 let pool = served.pool(name)?;
                 let _one_change = pool.admin();
-                f(&pool.pool)
+                let value = f(&pool.pool, Some(&pool))?;
+                pool.pool.sync()?;
+                Ok(value)
             }
         }
     }

@@ -161,6 +161,7 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
     if let (Some(header), false) = (header, scripted) {
         header(&mut con)?;
     }
+    let mut failed = 0;
     for name in names {
         // One pool's part, without the header: the same verb with -H and that pool.
         let one = match &command {
@@ -190,16 +191,25 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             },
             _ => unreachable!(),
         };
-        if let Found::Server(socket, stream) = runtime.server_of(&name)? {
-            let code = control::client::forward(stream, &socket, command_line(&one))?;
-            if code != 0 {
-                return Ok(code);
+        // A pool that cannot be listed is reported, and the others are listed still.
+        let done = match runtime.server_of(&name) {
+            Ok(Found::Server(socket, stream)) => {
+                control::client::forward(stream, &socket, command_line(&one)).map(|code| code == 0)
             }
-        } else {
-            verbs::run(one, local, &mut con)?;
+            Ok(Found::None) => verbs::run(one, local, &mut con).map(|()| true),
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(true) => {}
+            // The server printed why.
+            Ok(false) => failed += 1,
+            Err(e) => {
+                eprintln!("oxpool: {e:#}");
+                failed += 1;
+            }
         }
     }
-    Ok(0)
+    Ok(if failed > 0 { 1 } else { 0 })
 }
 
 /// The command line of one pool's part of a listing.

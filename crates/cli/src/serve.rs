@@ -185,13 +185,15 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         names.join(", ")
     );
     println!("{tls_line}");
+    // The socket first: a pool's record in the runtime directory always names a socket
+    // that answers.
+    let control = ControlServer::start(served.clone(), &control_socket)?;
     {
         let _one = served.membership();
         for (pool, devices) in pools {
             served.adopt(pool, devices)?;
         }
     }
-    let control = ControlServer::start(served.clone(), &control_socket)?;
     println!(
         "control socket: {} (oxpool commands on these pools go through it)",
         control.socket().display()

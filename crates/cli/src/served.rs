@@ -15,12 +15,13 @@ use oxpool_engine::{Pool, PoolCounters};
 use oxpool_nbd::server::{Disconnect, Exports, ServerExport};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long a pool leaving the server waits for commands still reading it (status, get) to
-/// finish before it is exported anyway.
-const READERS_WAIT: Duration = Duration::from_secs(60);
+/// How long a pool leaving the server waits for the commands running on it to finish; if
+/// one still runs then, the pool stays and the export fails, having changed nothing.
+const COMMANDS_WAIT: Duration = Duration::from_secs(60);
 
 /// One served pool.
 pub struct ServedPool {
@@ -30,6 +31,8 @@ pub struct ServedPool {
     devices: Mutex<Devices>,
     /// Held by every command that changes the pool.
     admin: Mutex<()>,
+    /// Leaving the server (export, destroy): no command may start on it.
+    leaving: AtomicBool,
 }
 
 impl ServedPool {
@@ -99,11 +102,17 @@ impl Served {
         self.membership.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The served pool `name`.
+    /// The served pool `name`, for a command to run on. Refused once the pool is leaving:
+    /// the check comes after the clone, and `release` marks the pool before it counts the
+    /// clones, so either this command sees the mark or `release` waits for it.
     pub fn pool(&self, name: &str) -> Result<Arc<ServedPool>> {
-        self.map().get(name).cloned().ok_or_else(|| {
+        let pool = self.map().get(name).cloned().ok_or_else(|| {
             anyhow!("pool '{name}' is not served here (it was exported or destroyed)")
-        })
+        })?;
+        if pool.leaving.load(Ordering::SeqCst) {
+            bail!("pool '{name}' is being exported or destroyed");
+        }
+        Ok(pool)
     }
 
     /// Whether pool `name` is served here.
@@ -133,6 +142,7 @@ impl Served {
             pool,
             devices: Mutex::new(devices),
             admin: Mutex::new(()),
+            leaving: AtomicBool::new(false),
         });
         let mut added = Vec::new();
         for volume in served.pool.volumes() {
@@ -184,78 +194,95 @@ impl Served {
         }
     }
 
-    /// NBD clients that have `full_name` open.
-    pub fn clients(&self, full_name: &str) -> usize {
-        self.exports.clients(full_name).unwrap_or(0)
-    }
-
     /// Stops serving pool `name` (the caller holds `membership`) and hands it back, to be
-    /// exported or destroyed. In order: changes of the pool in progress finish (its `admin`
-    /// lock, held from here on, so none starts and none adds an export behind this); with
-    /// `refuse_if_open`, any NBD client connected refuses it, changing nothing; it leaves the
-    /// map (new commands do not find it) and the runtime directory; its exports go (clients
-    /// disconnected after their requests in flight are answered); a scrub stops; commands
-    /// still reading it get [`READERS_WAIT`].
+    /// exported or destroyed. In order, so that a failure at any step leaves the pool served
+    /// as it was:
+    /// 1. it is marked leaving: no command starts on it;
+    /// 2. the commands running on it finish (at most [`COMMANDS_WAIT`]; a command still
+    ///    running then fails the release, and the mark goes);
+    /// 3. its exports leave the NBD server in one step: with `refuse_if_open`, refused as a
+    ///    whole while any client is connected; otherwise the clients are disconnected after
+    ///    their requests in flight are answered. A connection that does not end even after
+    ///    its socket is shut down may still have requests inside the engine: the exports come
+    ///    back and the release fails (the pool must not be exported under them);
+    /// 4. it leaves the table of pools and the runtime directory; a running scrub stops.
     pub fn release(&self, name: &str, refuse_if_open: bool) -> Result<(Pool, Devices)> {
         let served = self.pool(name)?;
-        {
-            let _no_change = served.admin();
-            let prefix = format!("{name}/");
-            let exports: Vec<String> = self
-                .exports
-                .names()
-                .into_iter()
-                .filter(|e| e.starts_with(&prefix))
-                .collect();
-            if refuse_if_open {
-                let open: Vec<String> = exports
-                    .iter()
-                    .filter(|e| self.clients(e) > 0)
-                    .map(|e| format!("{e} ({} client(s))", self.clients(e)))
-                    .collect();
-                if !open.is_empty() {
-                    bail!(
-                        "pool '{name}' is in use: {} (-f disconnects the clients)",
-                        open.join(", ")
-                    );
-                }
+        served.leaving.store(true, Ordering::SeqCst);
+        let fail = |why: anyhow::Error| {
+            served.leaving.store(false, Ordering::SeqCst);
+            Err(why)
+        };
+        // The map's reference and ours; every other is a command running on the pool.
+        let deadline = Instant::now() + COMMANDS_WAIT;
+        // Bounded by the deadline.
+        while Arc::strong_count(&served) > 2 {
+            if Instant::now() >= deadline {
+                return fail(anyhow!(
+                    "pool '{name}' is in use by another command (a long `vol read`?); nothing \
+                     was changed; try again"
+                ));
             }
-            self.map().remove(name);
-            self.runtime.release(name, &self.socket);
-            let mut stuck = Vec::new();
-            for export in &exports {
-                if let Err(e) = self.exports.remove(export, Disconnect::Force) {
-                    stuck.push(e.to_string());
-                }
-            }
-            if !stuck.is_empty() {
-                tracing::warn!(pool = name, "{}", stuck.join("; "));
-            }
-            // A `scrub -w` waiting on it ends now rather than holding it.
-            let _ = served.pool.scrub_cancel();
+            std::thread::sleep(Duration::from_millis(10));
         }
-        let deadline = Instant::now() + READERS_WAIT;
+        let mode = if refuse_if_open {
+            Disconnect::Refuse
+        } else {
+            Disconnect::Force
+        };
+        let removed = match self.exports.remove_all(&format!("{name}/"), mode) {
+            Ok(removed) => removed,
+            Err(oxpool_nbd::server::ExportError::InUse {
+                name: export,
+                clients,
+            }) => {
+                return fail(anyhow!(
+                    "pool '{name}' is in use: {export} is open by {clients} NBD client \
+                     connection(s) (-f disconnects them)"
+                ))
+            }
+            Err(e) => return fail(anyhow!("{e}")),
+        };
+        if !removed.stuck.is_empty() {
+            for export in removed.exports {
+                let _ = self.exports.add(export);
+            }
+            let stuck: Vec<String> = removed
+                .stuck
+                .iter()
+                .map(|(e, n)| format!("{e} ({n})"))
+                .collect();
+            return fail(anyhow!(
+                "pool '{name}': client connections of {} did not end even after their sockets \
+                 were shut down; it stays served",
+                stuck.join(", ")
+            ));
+        }
+        drop(removed);
+        self.map().remove(name);
+        self.runtime.release(name, &self.socket);
+        let _ = served.pool.scrub_cancel();
+        // Only `pool()` calls that are about to see the mark may hold a clone for a moment.
         let mut served = served;
-        // Bounded by the deadline; commands that only read a pool hold it for moments.
+        let mut tries = 0;
+        // Bounded: 10 s of tries for clones that live a few instructions.
         let served = loop {
             match Arc::try_unwrap(served) {
                 Ok(s) => break s,
-                Err(again) if Instant::now() < deadline => {
+                Err(again) if tries < 10_000 => {
                     served = again;
-                    std::thread::sleep(Duration::from_millis(10));
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 Err(again) => {
-                    // Served again as it was (its clients may reconnect): a pool dropped
-                    // later without an export would lose what is not synced.
+                    // Never dropped without an export: served again.
+                    again.leaving.store(false, Ordering::SeqCst);
                     for volume in again.pool.volumes() {
                         self.export_volume(volume)?;
                     }
                     self.map().insert(name.to_string(), again);
                     self.runtime.claim(name, &self.socket)?;
-                    bail!(
-                        "pool '{name}' is in use by another command (a long `vol read`?); \
-                         it is still served; try again"
-                    )
+                    bail!("pool '{name}' is still referenced by another command; it stays served");
                 }
             }
         };
@@ -266,14 +293,22 @@ impl Served {
         Ok((served.pool, devices))
     }
 
-    /// Exports every pool (the server is stopping; its NBD server has stopped). Returns the
-    /// names exported and the failures.
+    /// Exports every pool (the server is stopping; its NBD server has stopped, and commands
+    /// still running see their client gone). Returns the names exported and the failures.
     pub fn shutdown(&self) -> (Vec<String>, Vec<String>) {
         let _one = self.membership();
         let mut done = Vec::new();
         let mut failed = Vec::new();
         for name in self.names() {
-            match self.release(&name, false) {
+            // A command still running gets a few waits before the pool is left unexported.
+            let mut released = self.release(&name, false);
+            for _ in 0..4 {
+                if released.is_ok() {
+                    break;
+                }
+                released = self.release(&name, false);
+            }
+            match released {
                 Ok((pool, devices)) => {
                     match pool.export() {
                         Ok(()) => done.push(name),

@@ -194,6 +194,21 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
         "--sparse",
     ]);
     assert!(env.ok(&["status", "tank"]).contains("slog.img"));
+    // And a data vdev: the pool grows while it serves.
+    let size = |env: &Env| -> u64 {
+        let line = env.ok(&["list", "-H", "-p", "tank"]);
+        line.split('\t').nth(1).unwrap().parse().unwrap()
+    };
+    let before = size(&env);
+    env.ok(&[
+        "add",
+        "tank",
+        env.path("more.img").to_str().unwrap(),
+        "--size",
+        "256M",
+        "--sparse",
+    ]);
+    assert!(size(&env) > before + (128 << 20));
     let iostat = env.ok(&["iostat", "tank"]);
     assert!(iostat.contains("tank"), "{iostat}");
 
@@ -442,7 +457,8 @@ fn request(args: &[&str]) -> Vec<u8> {
             stderr_is_terminal: false,
         }),
         &mut out,
-    );
+    )
+    .unwrap();
     out
 }
 
@@ -484,9 +500,37 @@ fn malformed_control_messages_end_that_connection_only() {
     let e = exit_error(exchange(&socket, &request(&["serve"])));
     assert!(e.contains("cannot run inside a server"), "{e}");
     let mut stdout_first = Vec::new();
-    encode(&Message::Stdout(b"hi".to_vec()), &mut stdout_first);
+    encode(&Message::Stdout(b"hi".to_vec()), &mut stdout_first).unwrap();
     let e = exit_error(exchange(&socket, &stdout_first));
     assert!(e.contains("expected a command request"), "{e}");
+    // An argument so long that the error quoting it would not fit a frame: a clear error,
+    // and not a command slot lost (more of them than the server runs at once).
+    let huge_arg = "x".repeat(1_048_000);
+    for _ in 0..3 {
+        let e = exit_error(exchange(&socket, &request(&[&huge_arg])));
+        assert!(
+            e.len() <= 4100 && e.contains("xxx"),
+            "{}",
+            &e[..80.min(e.len())]
+        );
+    }
+    for _ in 0..70 {
+        exit_error(exchange(&socket, &request(&["get", "bogus", "tank"])));
+    }
+    assert!(env
+        .ok(&["get", "volsize", "tank/vol0"])
+        .contains("16777216"));
+    // The client refuses a command line too long for one frame (the OS takes 128 KiB per
+    // argument: ten long properties), at once.
+    let prop = format!("comment={}", "y".repeat(120_000));
+    let mut args = vec!["vol", "create", "tank/v7", "--size", "1M"];
+    for _ in 0..10 {
+        args.extend(["-o", prop.as_str()]);
+    }
+    let out = env.run(&args);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(e.contains("too long"), "{}", &e[..200.min(e.len())]);
     // A client that connects and leaves, or leaves mid-request, changes nothing.
     drop(UnixStream::connect(&socket).unwrap());
     {
@@ -745,6 +789,109 @@ fn scrub_w_reports_progress_through_the_channel_and_status_shows_the_scan() {
     ));
     let status = env.ok(&["status", "tank"]);
     assert!(status.contains("scan: scrub repaired 0B in "), "{status}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn a_property_set_live_is_durable_when_the_command_returns() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    env.ok(&["set", "txg_timeout=3600", "tank"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    env.ok(&["set", "sync=always", "tank/vol0"]);
+    env.ok(&["set", "scheduler=off", "tank"]);
+    env.ok(&["vol", "create", "tank/v2", "--size", "8M"]);
+    // No write, no flush, no timed sync: only the commands' own syncs can have kept these.
+    server.kill9();
+    assert!(env.ok(&["get", "sync", "tank/vol0"]).contains("always"));
+    assert!(env.ok(&["get", "scheduler", "tank"]).contains("off"));
+    assert!(env.ok(&["vol", "list"]).contains("tank/v2"));
+}
+
+#[test]
+fn changes_racing_an_export_never_leave_an_export_behind() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    tank2(&env);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let env = Arc::new(env);
+    // A long change of tank2 (an add that zero-writes a new 1 GiB file), a second change
+    // queued behind it, then the export: the export waits for both (or they are refused);
+    // neither may run after it and leave an export of an exported pool.
+    let add = {
+        let env = env.clone();
+        std::thread::spawn(move || {
+            let big = env.path("big.img");
+            env.run(&["add", "tank2", big.to_str().unwrap(), "--size", "1G"])
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let create = {
+        let env = env.clone();
+        std::thread::spawn(move || env.run(&["vol", "create", "tank2/late", "--size", "1M"]))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    env.ok(&["export", "tank2"]);
+    let (add, create) = (add.join().unwrap(), create.join().unwrap());
+    let listed = exports(&server);
+    assert!(
+        !listed.contains("tank2/"),
+        "an export of the exported pool:\n{listed}"
+    );
+    assert!(listed.contains("tank/vol0"));
+    // Exported cleanly, with whatever the changes that ran did: another process imports it.
+    let elsewhere = env.path("elsewhere.cache");
+    let mut import = Command::new(env!("CARGO_BIN_EXE_oxpool"));
+    import.arg("--cache-file").arg(&elsewhere).args([
+        "import",
+        "-d",
+        env.dir.path().to_str().unwrap(),
+        "tank2",
+    ]);
+    run(import, "import elsewhere");
+    let mut vols = Command::new(env!("CARGO_BIN_EXE_oxpool"));
+    vols.arg("--cache-file")
+        .arg(&elsewhere)
+        .args(["vol", "list", "tank2"]);
+    let vols = String::from_utf8_lossy(&run(vols, "vol list").stdout).into_owned();
+    assert_eq!(
+        vols.contains("tank2/late"),
+        create.status.success(),
+        "the volume exists exactly if its command said so:\n{vols}"
+    );
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn importing_into_a_server_locks_only_the_imported_pools_devices() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    tank2(&env);
+    let file3 = env.path("tank3.img");
+    env.ok(&[
+        "create",
+        "tank3",
+        file3.to_str().unwrap(),
+        "--size",
+        "128M",
+        "--sparse",
+    ]);
+    env.ok(&["export", "tank2"]);
+    env.ok(&["export", "tank3"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    env.ok(&["import", "-d", &dir, "tank2"]);
+    // tank3's device was a candidate of the first import; it must be free for the second.
+    env.ok(&["import", "-d", &dir, "tank3"]);
+    let list = env.ok(&["list"]);
+    assert!(list.contains("tank2") && list.contains("tank3"), "{list}");
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }

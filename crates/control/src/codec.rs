@@ -49,9 +49,15 @@ pub enum DecodeError {
     Malformed(&'static str),
 }
 
-/// Encodes `message` as one frame appended to `out`. Panics only on a caller's bug: a payload
-/// over [`PAYLOAD_BYTES_MAX`] (callers chunk output and input).
-pub fn encode(message: &Message, out: &mut Vec<u8>) {
+/// A message too large for one frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("control message of {0} bytes is larger than the limit of {PAYLOAD_BYTES_MAX}")]
+pub struct TooLarge(pub usize);
+
+/// Encodes `message` as one frame appended to `out`; a payload over [`PAYLOAD_BYTES_MAX`]
+/// appends nothing and is an error (output and input travel in chunks; a command line or an
+/// error text that large is refused).
+pub fn encode(message: &Message, out: &mut Vec<u8>) -> Result<(), TooLarge> {
     let start = out.len();
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&(ProtocolVersion::CURRENT as u16).to_le_bytes());
@@ -80,13 +86,14 @@ pub fn encode(message: &Message, out: &mut Vec<u8>) {
         }
     }
     let payload_bytes = out.len() - payload_start;
-    assert!(
-        payload_bytes <= PAYLOAD_BYTES_MAX,
-        "control message of {payload_bytes} bytes: callers must chunk"
-    );
+    if payload_bytes > PAYLOAD_BYTES_MAX {
+        out.truncate(start);
+        return Err(TooLarge(payload_bytes));
+    }
     out[start + 8..start + 12].copy_from_slice(&(payload_bytes as u32).to_le_bytes());
     let crc = crc32c::crc32c(&out[start..]);
     out.extend_from_slice(&crc.to_le_bytes());
+    Ok(())
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -293,9 +300,10 @@ pub fn read_message(stream: &mut impl Read) -> Result<Option<Message>, ReadError
     }
 }
 
-/// Writes one message as one frame.
+/// Writes one message as one frame (a message too large for one is `InvalidInput`).
 pub fn write_message(stream: &mut impl Write, message: &Message) -> std::io::Result<()> {
     let mut out = Vec::new();
-    encode(message, &mut out);
+    encode(message, &mut out)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     stream.write_all(&out)
 }

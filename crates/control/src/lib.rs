@@ -15,7 +15,7 @@ mod codec;
 mod message;
 
 pub use codec::{
-    decode, encode, read_message, write_message, DecodeError, ReadError, FRAME_HEADER_BYTES,
-    FRAME_TRAILER_BYTES, MAGIC, PAYLOAD_BYTES_MAX,
+    decode, encode, read_message, write_message, DecodeError, ReadError, TooLarge,
+    FRAME_HEADER_BYTES, FRAME_TRAILER_BYTES, MAGIC, PAYLOAD_BYTES_MAX,
 };
 pub use message::{Message, ProtocolVersion, Request, ARGS_MAX};

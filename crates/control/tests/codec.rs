@@ -34,10 +34,10 @@ proptest! {
     #[test]
     fn messages_round_trip_whole_and_streamed(m in message(), extra in 0usize..3) {
         let mut buf = Vec::new();
-        encode(&m, &mut buf);
+        encode(&m, &mut buf).unwrap();
         let frame_len = buf.len();
         for _ in 0..extra {
-            encode(&Message::StdinEnd, &mut buf);
+            encode(&Message::StdinEnd, &mut buf).unwrap();
         }
         let (back, used) = decode(&buf).unwrap().unwrap();
         prop_assert_eq!(&back, &m);
@@ -53,7 +53,7 @@ proptest! {
     #[test]
     fn any_flipped_byte_is_rejected(m in message(), pos in any::<prop::sample::Index>(), bit in 0u8..8) {
         let mut buf = Vec::new();
-        encode(&m, &mut buf);
+        encode(&m, &mut buf).unwrap();
         let i = pos.index(buf.len());
         buf[i] ^= 1 << bit;
         // A flip in the length may make the frame look incomplete; otherwise it is an error.
@@ -126,6 +126,20 @@ fn bad_headers_are_named() {
     let mut just_over = frame(16, &[]);
     just_over[8..12].copy_from_slice(&(PAYLOAD_BYTES_MAX as u32 + 1).to_le_bytes());
     assert!(matches!(decode(&just_over), Err(DecodeError::TooLarge(_))));
+}
+
+#[test]
+fn a_message_too_large_for_a_frame_is_an_error_and_writes_nothing() {
+    let mut out = b"before".to_vec();
+    let big = Message::Exit {
+        code: 1,
+        error: "x".repeat(PAYLOAD_BYTES_MAX),
+    };
+    assert!(encode(&big, &mut out).is_err());
+    assert_eq!(out, b"before");
+    let fits = Message::Stdout(vec![7; PAYLOAD_BYTES_MAX - 4]);
+    encode(&fits, &mut out).unwrap();
+    assert_eq!(decode(&out[6..]).unwrap().unwrap().0, fits);
 }
 
 #[test]

@@ -903,6 +903,36 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A vdev added and not yet active takes nothing (data, ditto copies, log blocks) and
+    /// counts for no space; once active it does.
+    #[test]
+    fn a_pending_vdev_takes_no_block_until_active() {
+        let mut a = Allocator::with_log_devices(&[64 * SLAB_BYTES], &[false]);
+        let data = a.add_vdev(64 * SLAB_BYTES, false);
+        let log = a.add_vdev(64 * SLAB_BYTES, true);
+        let size_before = a.totals_bytes().0;
+        assert_eq!(a.data_vdevs(), 1);
+        assert!(!a.has_log_device());
+        for _ in 0..50 {
+            for d in a.alloc(4 * SECTOR_BYTES, 3).unwrap() {
+                assert_eq!(d.vdev, VdevId(0), "a block on a pending vdev");
+            }
+            let l = a.alloc_log(32 * SECTOR_BYTES, true).unwrap();
+            assert_eq!(l.vdev, VdevId(0), "a log block on a pending vdev");
+        }
+        assert_eq!(a.alloc_log(SECTOR_BYTES, false), None);
+        a.activate(data);
+        a.activate(log);
+        assert!(a.totals_bytes().0 > size_before);
+        assert!(a.has_log_device());
+        assert_eq!(a.alloc_log(SECTOR_BYTES, false).unwrap().vdev, log);
+        let used: std::collections::HashSet<VdevId> = (0..64)
+            .flat_map(|_| a.alloc(4 * SECTOR_BYTES, 1).unwrap())
+            .map(|d| d.vdev)
+            .collect();
+        assert!(used.contains(&data), "the active vdev is never used");
+    }
+
     /// Sequential placement: with free slots scattered by frees, blocks placed one after
     /// another still land adjacent (in fresh slabs); without it they fill the scattered
     /// slots; with no empty slab left, sequential falls back to the slots.

@@ -286,7 +286,7 @@ impl PoolInner {
         frees: bool,
     ) -> Result<SpaceAdmission<'_>> {
         for _ in 0..SPACE_WAIT_SYNCS_MAX {
-            let pinned = {
+            let held_back = {
                 let s = self.state.lock().unwrap();
                 let mut t = self.txg.state.lock().unwrap();
                 let need = t.space_needed() + bytes;
@@ -294,12 +294,13 @@ impl PoolInner {
                     t.space_admitting += bytes;
                     return Ok(SpaceAdmission { inner: self, bytes });
                 }
-                s.scan_pin
+                let batch = crate::scan::batches_done(self);
+                crate::scan::pin_holds_frees(&s, t.open).then_some(batch)
             };
-            // A scrub batch holds frees back: the syncs below give them back only once it
-            // is done. Not a round of its own: one batch's reads, then the sync.
-            if let Some(pin) = pinned {
-                crate::scan::wait_pin_moved(self, pin).await;
+            // A scrub batch holds back frees the next sync would give back: they come back
+            // only once it is done. Not a round of its own: one batch's reads, then the sync.
+            if let Some(batch) = held_back {
+                crate::scan::wait_batch_done(self, batch).await;
             }
             let open = self.txg.state.lock().unwrap().open;
             self.txg.kick();
@@ -638,17 +639,21 @@ impl Pool {
         }
     }
 
-    /// Writes everything dirty, stops the sync thread and closes the pool.
+    /// Writes everything dirty, stops the sync thread and closes the pool. A volume handle
+    /// that outlives it gets errors from then on: nothing more is written to the devices,
+    /// which another process may own next.
     pub fn export(mut self) -> Result<()> {
         self.stop_sync_thread();
-        let s = self.inner.txg.state.lock().unwrap();
-        match &s.suspended {
+        let mut s = self.inner.txg.state.lock().unwrap();
+        let result = match &s.suspended {
             Some(r) => Err(EngineError::Suspended {
                 pool: self.inner.name.clone(),
                 reason: r.clone(),
             }),
             None => Ok(()),
-        }
+        };
+        s.suspended.get_or_insert_with(|| "exported".into());
+        result
     }
 
     fn stop_sync_thread(&mut self) {
@@ -697,6 +702,21 @@ impl Pool {
                 "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}",
                 inner.name,
                 base + specs.len()
+            )));
+        }
+        // As `zpool add`: a single device beside mirrors would leave data with no redundancy.
+        let mirrored = inner
+            .vdevs
+            .tops()
+            .any(|t| !t.log && t.kind == TopVdevKind::Mirror);
+        let single_data = specs
+            .iter()
+            .any(|s| !s.log && s.kind == TopVdevKind::Single);
+        if mirrored && single_data && !force {
+            return Err(EngineError::invalid(format!(
+                "mismatched replication level: pool '{}' has mirrors and a single device would \
+                 have no redundancy (-f adds it anyway)",
+                inner.name
             )));
         }
         let mut new_tops = Vec::new();
@@ -795,6 +815,15 @@ impl Pool {
     /// Pool guid.
     pub fn guid(&self) -> Guid {
         self.inner.guid
+    }
+
+    /// Names (paths as opened) of the devices the pool has open.
+    pub fn open_device_names(&self) -> Vec<String> {
+        self.inner
+            .vdevs
+            .leaves()
+            .map(|l| l.name().to_string())
+            .collect()
     }
 
     /// Paths of the pool's devices as configured (for the cache file).

@@ -27,7 +27,7 @@ use oxpool_format::{
 };
 use oxpool_io::rt::{block_on, join_all};
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Poll, Waker};
 use std::thread::JoinHandle;
@@ -89,8 +89,10 @@ const PIN_WAITERS_MAX: usize = 1 << 16;
 #[derive(Default)]
 pub(crate) struct Scan {
     status: Mutex<Option<ScanStatus>>,
-    /// Writers short of space while a pin holds frees back (see [`wait_pin_moved`]).
+    /// Writers short of space while a pin holds frees back (see [`wait_batch_done`]).
     pin_waiters: Mutex<Vec<Waker>>,
+    /// Batches done (pins released) so far.
+    batches_done: AtomicU64,
     /// Signalled when a scan ends.
     ended: Condvar,
     cancel: AtomicBool,
@@ -139,6 +141,7 @@ impl<'a> Pin<'a> {
 impl Drop for Pin<'_> {
     fn drop(&mut self) {
         self.inner.state.lock().unwrap().scan_pin = None;
+        self.inner.scan.batches_done.fetch_add(1, Ordering::SeqCst);
         let waiters = std::mem::take(&mut *self.inner.scan.pin_waiters.lock().unwrap());
         for w in waiters {
             w.wake();
@@ -146,10 +149,25 @@ impl Drop for Pin<'_> {
     }
 }
 
-/// Waits until the scan's pin is no longer `pin` (its batch is done): a writer short of space
-/// while a scrub batch holds frees back waits for that batch (its reads) rather than for
-/// syncs that cannot give the space back.
-pub(crate) async fn wait_pin_moved(inner: &PoolInner, pin: Txg) {
+/// The number of scan batches done so far (to wait for the next with [`wait_batch_done`]).
+pub(crate) fn batches_done(inner: &PoolInner) -> u64 {
+    inner.scan.batches_done.load(Ordering::SeqCst)
+}
+
+/// Whether the scan's pin holds back a deferred free that the sync of txg `next` would
+/// otherwise release (called with the pool's state locked).
+pub(crate) fn pin_holds_frees(s: &crate::pool::PoolState, next: Txg) -> bool {
+    s.scan_pin.is_some_and(|pin| {
+        s.deferred
+            .iter()
+            .any(|d| d.txg > pin && d.txg.0 + crate::alloc::DEFER_TXGS < next.0)
+    })
+}
+
+/// Waits until the scan batch running when [`batches_done`] returned `seen` is done: a
+/// writer short of space whose frees a batch holds back waits for that batch (its reads)
+/// rather than for syncs that cannot give the space back.
+pub(crate) async fn wait_batch_done(inner: &PoolInner, seen: u64) {
     poll_fn(|cx| {
         // Registered before the check, which Pin::drop's wake follows: no wake-up is lost.
         {
@@ -159,7 +177,7 @@ pub(crate) async fn wait_pin_moved(inner: &PoolInner, pin: Txg) {
                 waiters.push(cx.waker().clone());
             }
         }
-        if inner.state.lock().unwrap().scan_pin == Some(pin) {
+        if batches_done(inner) == seen && inner.state.lock().unwrap().scan_pin.is_some() {
             Poll::Pending
         } else {
             Poll::Ready(())

@@ -215,6 +215,15 @@ impl TxgControl {
         Ok(TxgHold { ctl: self, txg })
     }
 
+    /// Fails if the pool takes no more changes (suspended after a failed commit, or
+    /// exported): what would write outside a txg (the intent log) checks this first.
+    pub fn check_writable(&self) -> Result<()> {
+        match &self.state.lock().unwrap().suspended {
+            Some(r) => Err(self.suspended_error(r)),
+            None => Ok(()),
+        }
+    }
+
     /// Asks for a sync of the open txg now (it is marked as having changes).
     pub fn kick(&self) {
         let mut s = self.state.lock().unwrap();

@@ -642,6 +642,8 @@ impl Volume {
     pub(crate) async fn zil_commit(&self, target: u64) -> Result<()> {
         let inner = &self.pool;
         let zil = &self.vol.zil;
+        // An exported (or suspended) pool writes no log block.
+        inner.txg.check_writable()?;
         inner.log_counters.commits.fetch_add(1, Ordering::Relaxed);
         let target_txg = inner.txg.state.lock().unwrap().open;
         zil.state.lock().unwrap().committers += 1;

@@ -284,6 +284,9 @@ fn stale_reader_heals_old_content_over_a_reused_place() {
     // (adjacent, for aggregated writes) and leaves freed places like X alone; with few left
     // (here about the slop and reserve of this 32 MiB pool, ~6 MiB) it reuses freed places of
     // the block's size, X among them. 20 MiB of filler leaves fewer than that.
+    // The other side misses writes from now on (degraded mirror), so that whenever X is
+    // reused (while filling, or after) the other side still holds the old block there.
+    faults[other].set_write_error_probability(1.0);
     const FILLER_BYTES: u64 = 20 << 20;
     let filler = pool.create_volume("filler", FILLER_BYTES, &[]).unwrap();
     for at in (0..FILLER_BYTES).step_by(1 << 20) {
@@ -291,9 +294,7 @@ fn stale_reader_heals_old_content_over_a_reused_place() {
         pool.sync().unwrap();
     }
 
-    // The other side misses writes for a while (degraded mirror); the pool goes on, and
-    // syncs until X holds a new, committed block.
-    faults[other].set_write_error_probability(1.0);
+    // The pool goes on, and syncs until X holds a new, committed block.
     let mut model = vec![0u8; 4 << 20];
     let mut staged = false;
     for round in 0..20_000u64 {

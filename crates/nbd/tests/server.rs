@@ -384,20 +384,37 @@ fn exports_are_added_and_removed_while_serving() {
         burst.extend_from_slice(&request(CMD_READ, 100 + i, i * 4096, 4096));
     }
     client.write_all(&burst).unwrap();
+    // The server has read requests of the burst (one is answered) before the removal.
+    let (error, cookie) = reply(&mut client);
+    assert_eq!(error, 0);
+    assert!((100..132).contains(&cookie));
+    let first_data = read_exact(&mut client, 4096);
     let removed = exports.remove("mem/vol1", Disconnect::Force).unwrap();
     assert_eq!(removed.name, "mem/vol1");
-    let mut answered = 0;
+    // Every reply that comes is whole and right; then the connection closes cleanly.
+    let mut answered = vec![cookie];
+    let expected = |cookie: u64| {
+        if cookie == 100 {
+            pattern(1, 4096)
+        } else {
+            vec![0u8; 4096]
+        }
+    };
+    assert_eq!(first_data, expected(cookie));
     let mut buf = [0u8; 16];
-    // Bounded: at most the 32 replies, then the close.
+    // Bounded: at most the 31 other replies, then the close.
     while client.read_exact(&mut buf).is_ok() {
         assert_eq!(
             u32::from_be_bytes(buf[..4].try_into().unwrap()),
             SIMPLE_REPLY_MAGIC
         );
-        read_exact(&mut client, 4096);
-        answered += 1;
+        let cookie = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+        assert_eq!(read_exact(&mut client, 4096), expected(cookie), "{cookie}");
+        answered.push(cookie);
     }
-    assert!(answered <= 32);
+    answered.sort_unstable();
+    answered.dedup();
+    assert!(!answered.is_empty() && answered.len() <= 32);
     assert_eq!(exports.clients("mem/vol1"), None);
     assert_eq!(open_export(&addr, "mem/vol1").err(), Some(REP_ERR_UNKNOWN));
     other.write_all(&request(CMD_READ, 7, 0, 4096)).unwrap();
@@ -445,5 +462,39 @@ fn a_forced_removal_shuts_down_a_client_that_stops_reading() {
     server.shutdown_handle().shutdown();
     server.join().unwrap();
     drop(volume);
+    pool.export().unwrap();
+}
+
+#[test]
+fn the_default_export_never_moves_to_another_volume() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(16, Duration::from_secs(30)));
+    let exports = server.exports();
+    let vol1 = pool.create_volume("vol1", 8 << 20, &[]).unwrap();
+    exports
+        .add(ServerExport {
+            name: "mem/vol1".into(),
+            volume: vol1.clone(),
+            read_only: false,
+        })
+        .unwrap();
+    // An empty name selects the first export, by size here.
+    assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
+    drop(exports.remove("mem/vol0", Disconnect::Force).unwrap());
+    // Gone: an empty name selects nothing, never mem/vol1 in its place.
+    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
+    assert_eq!(open_export(&addr, "mem/vol1").unwrap().1, 8 << 20);
+    // Not even once it is back under the same name: it is another export now.
+    exports
+        .add(ServerExport {
+            name: "mem/vol0".into(),
+            volume: volume.clone(),
+            read_only: false,
+        })
+        .unwrap();
+    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
+    drop((volume, vol1));
     pool.export().unwrap();
 }

@@ -39,6 +39,13 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
             stderr_is_terminal,
         }),
     );
+    if let Err(e) = &sent {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            return Err(anyhow!(
+                "the command line is too long to send to the server: {e}"
+            ));
+        }
+    }
     let mut bar = Bar::new(stderr_is_terminal);
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr();
@@ -87,18 +94,26 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
     }
 }
 
-/// Sends standard input to the server, then its end.
+/// Sends standard input to the server, then its end. If reading it fails, the end is not
+/// sent: the connection's writing side is shut instead, so the command sees its input cut
+/// short and fails rather than taking a truncated input for the whole.
 fn pump_stdin(mut stream: UnixStream) {
     let mut input = std::io::stdin().lock();
     let mut buf = vec![0u8; STDIN_CHUNK_BYTES];
     // Bounded by the input's length.
     loop {
         match input.read(&mut buf) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => {
                 if write_message(&mut stream, &Message::Stdin(buf[..n].to_vec())).is_err() {
                     return;
                 }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!("oxpool: cannot read standard input: {e}");
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                return;
             }
         }
     }

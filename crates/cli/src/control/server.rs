@@ -33,8 +33,12 @@ const COMMANDS_MAX: usize = 64;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a write to a client may block (one that stopped reading is dropped).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a command may wait for each piece of the client's standard input.
+const STDIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Output buffered before it is sent as one frame.
 const OUTPUT_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest error text sent (a longer one, e.g. quoting a huge argument, is cut).
+const ERROR_TEXT_BYTES_MAX: usize = 4096;
 
 /// The running control socket.
 pub struct ControlServer {
@@ -93,6 +97,16 @@ impl ControlServer {
     }
 }
 
+/// One running command's place in the count; given back when dropped, also when its thread
+/// unwinds.
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 fn accept_loop(listener: UnixListener, served: Arc<Served>, stopping: Arc<AtomicBool>) {
     let running = Arc::new(AtomicUsize::new(0));
     // Unbounded by design: one connection per iteration for the server's life.
@@ -101,25 +115,42 @@ fn accept_loop(listener: UnixListener, served: Arc<Served>, stopping: Arc<Atomic
             break;
         }
         let Ok(stream) = stream else { continue };
-        if running.fetch_add(1, Ordering::AcqRel) >= COMMANDS_MAX {
-            running.fetch_sub(1, Ordering::AcqRel);
+        let busy = running.fetch_add(1, Ordering::AcqRel) >= COMMANDS_MAX;
+        let slot = Running(running.clone());
+        if busy {
+            drop(slot);
             refuse(
                 stream,
                 "the server runs too many commands at once; try again",
             );
             continue;
         }
-        let (served, stopping, done) = (served.clone(), stopping.clone(), running.clone());
-        let spawned = std::thread::Builder::new()
+        let (served, stopping) = (served.clone(), stopping.clone());
+        let _ = std::thread::Builder::new()
             .name("oxpool-command".into())
             .spawn(move || {
-                serve_connection(stream, served, stopping);
-                done.fetch_sub(1, Ordering::AcqRel);
+                let _slot = slot;
+                // A bug in one command ends that command only.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    serve_connection(stream, served, stopping)
+                }));
+                if run.is_err() {
+                    tracing::error!("control: a command panicked; its connection ends");
+                }
             });
-        if spawned.is_err() {
-            running.fetch_sub(1, Ordering::AcqRel);
-        }
     }
+}
+
+/// `text`, cut to at most [`ERROR_TEXT_BYTES_MAX`] bytes (at a character boundary).
+fn bounded(text: &str) -> String {
+    if text.len() <= ERROR_TEXT_BYTES_MAX {
+        return text.to_string();
+    }
+    let mut end = ERROR_TEXT_BYTES_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
 }
 
 /// Answers with an error and closes.
@@ -129,9 +160,32 @@ fn refuse(mut stream: UnixStream, why: &str) {
         &mut stream,
         &Message::Exit {
             code: 1,
-            error: why.to_string(),
+            error: bounded(why),
         },
     );
+}
+
+/// A reader that gives up once a deadline has passed, however the bytes trickle in: a
+/// client cannot hold a command thread by sending its request a byte at a time.
+struct Deadline<'a> {
+    inner: &'a mut UnixStream,
+    until: std::time::Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the request took too long to arrive",
+            ));
+        }
+        self.inner.set_read_timeout(Some(left))?;
+        self.inner.read(buf)
+    }
 }
 
 /// The uid of the process at the other end.
@@ -174,13 +228,16 @@ fn serve_connection(stream: UnixStream, served: Arc<Served>, stopping: Arc<Atomi
         }
         Err(e) => return refuse(stream, &format!("cannot identify the client: {e}")),
     }
-    let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
     let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
     let mut reader = match stream.try_clone() {
         Ok(r) => r,
         Err(_) => return,
     };
-    let request = match read_message(&mut reader) {
+    let mut within = Deadline {
+        inner: &mut reader,
+        until: std::time::Instant::now() + REQUEST_TIMEOUT,
+    };
+    let request = match read_message(&mut within) {
         Ok(Some(Message::Request(r))) => r,
         // Connected and left: a probe for a live server.
         Ok(None) => return,
@@ -204,8 +261,9 @@ fn serve_connection(stream: UnixStream, served: Arc<Served>, stopping: Arc<Atomi
     if let Err(e) = check_cwd(&request.cwd) {
         return refuse(stream, &e.to_string());
     }
-    // Long commands read nothing more unless they ask for standard input.
-    let _ = reader.set_read_timeout(None);
+    // Long commands read nothing more unless they ask for standard input; then each piece of
+    // it must come within STDIN_TIMEOUT.
+    let _ = reader.set_read_timeout(Some(STDIN_TIMEOUT));
     let cli = match Cli::try_parse_from(
         std::iter::once("oxpool".to_string()).chain(request.args.iter().cloned()),
     ) {
@@ -251,6 +309,8 @@ struct Channel {
     buf_is_stdout: bool,
     /// A write failed: the client is gone; everything more is dropped.
     gone: bool,
+    /// The server is stopping: output fails, so a command streaming out ends.
+    stopping: Arc<AtomicBool>,
 }
 
 impl Channel {
@@ -274,10 +334,10 @@ impl Channel {
     }
 
     fn write(&mut self, stdout: bool, data: &[u8]) -> std::io::Result<()> {
-        if self.gone {
+        if self.gone || self.stopping.load(Ordering::Acquire) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
-                "the client is gone",
+                "the client is gone, or the server is stopping",
             ));
         }
         if self.buf_is_stdout != stdout {
@@ -382,6 +442,7 @@ impl RemoteConsole {
             buf: Vec::new(),
             buf_is_stdout: true,
             gone: false,
+            stopping: stopping.clone(),
         }));
         RemoteConsole {
             out: Stream {
@@ -417,7 +478,7 @@ impl RemoteConsole {
             },
             Err(e) => Message::Exit {
                 code: 1,
-                error: format!("{e:#}"),
+                error: bounded(&format!("{e:#}")),
             },
         };
         chan.send(&exit);

@@ -99,6 +99,8 @@ pub fn import(
     match name {
         Some(n) => {
             let pool = Pool::import(devs.backends(), Some(n))?;
+            // The candidates that are not this pool's are unlocked (another import needs them).
+            devs.retain_named(&pool.open_device_names());
             remember(cache, &pool)?;
             match host {
                 Host::Local { .. } => pool.export()?,
@@ -174,20 +176,23 @@ pub fn add(
     force: bool,
 ) -> Result<()> {
     let create = new_files(size, sparse)?;
-    host.change_pool(name, |pool| {
+    host.change_served_pool(name, |pool, served| {
         let mut devs = Devices::default();
         // As in create: until the pool holds the new devices, a failure removes the files
         // this command made.
         let made = parse_vdevs(con, vdevs, create, &mut devs)
             .and_then(|tops| Ok(pool.add_vdevs(tops, force)?));
         if let Err(e) = made {
-            devs.remove_created(con.err());
+            // Once the pool holds a new device (its commit failed half way, say), its file is
+            // the pool's: removing it could leave a pool that no longer imports.
+            let ours = pool.open_device_names();
+            devs.remove_created_except(&ours, con.err());
             return Err(e);
         }
-        remember(host.cache(), pool)?;
-        if let Host::Live(served) = host {
-            served.pool(name)?.keep_devices(devs);
+        if let Some(served) = served {
+            served.keep_devices(devs);
         }
+        remember(host.cache(), pool)?;
         Ok(())
     })
 }

@@ -94,6 +94,8 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     oxpool_io::rt::block_on(vol.write(pos, &buf[..n], false))?;
                     pos += n as u64;
                 }
+                // Durable when the command returns, served pool or not.
+                oxpool_io::rt::block_on(vol.flush())?;
                 Ok(())
             })
         }

@@ -119,6 +119,18 @@ pub struct Handshake {
     /// Export whose `base:allocation` the last SET_META_CONTEXT selected, if any.
     meta_context_export: Option<usize>,
     options_received: u32,
+    /// What an empty export name selects.
+    default_export: DefaultExport,
+}
+
+/// What an empty export name in GO, INFO or EXPORT_NAME selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DefaultExport {
+    /// The first export this client may open (a fixed list of exports).
+    FirstAllowed,
+    /// This export, or none: a server whose exports change pins its default, so that a
+    /// client reconnecting without a name never lands on another volume.
+    Fixed(Option<usize>),
 }
 
 impl Handshake {
@@ -148,7 +160,15 @@ impl Handshake {
             structured_replies: false,
             meta_context_export: None,
             options_received: 0,
+            default_export: DefaultExport::FirstAllowed,
         }
+    }
+
+    /// Pins what an empty export name selects: export `index` (refused with the reason if
+    /// this client may not open it), or with `None` nothing (`NBD_REP_ERR_UNKNOWN`).
+    pub fn set_default_export(&mut self, index: Option<usize>) {
+        debug_assert!(index.is_none_or(|i| i < self.exports.len()));
+        self.default_export = DefaultExport::Fixed(index.filter(|&i| i < self.exports.len()));
     }
 
     /// The exports this handshake offers (indexed by [`Negotiated::export_index`]).
@@ -671,11 +691,16 @@ impl Handshake {
             return Some(index);
         }
         if name.is_empty() && !self.exports.is_empty() {
-            // The default export: the first one this client may open (else the first one,
-            // which is then refused with the reason).
-            let visible =
-                (0..self.exports.len()).find(|&i| self.access(i) == ExportAccess::Allowed);
-            return Some(visible.unwrap_or(0));
+            return match self.default_export {
+                // The first one this client may open (else the first one, which is then
+                // refused with the reason).
+                DefaultExport::FirstAllowed => Some(
+                    (0..self.exports.len())
+                        .find(|&i| self.access(i) == ExportAccess::Allowed)
+                        .unwrap_or(0),
+                ),
+                DefaultExport::Fixed(index) => index,
+            };
         }
         None
     }

@@ -713,6 +713,7 @@ async fn handshake(
 ) -> Option<(Session, ExportId)> {
     let offer = shared.exports.offer();
     let mut handshake = Handshake::with_tls(offer.infos, shared.tls.policy);
+    handshake.set_default_export(offer.default_index);
     handshake.set_access(export_access(shared, &offer.targets, false, None));
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");

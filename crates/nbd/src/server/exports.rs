@@ -103,6 +103,10 @@ struct TableState {
     /// not ended yet.
     connections: HashMap<ExportId, usize>,
     next_id: u64,
+    /// The export an empty name selects: the first one the table ever held, for good (a
+    /// client reconnecting without a name must never land on another volume; once it is
+    /// removed, an empty name selects nothing).
+    default: Option<ExportId>,
 }
 
 /// The export table, shared by the reactors and the administrator.
@@ -126,6 +130,8 @@ impl fmt::Debug for ExportTable {
 pub(crate) struct Offer {
     pub(crate) infos: Vec<ExportInfo>,
     pub(crate) targets: Vec<(ExportId, Volume)>,
+    /// Index of the default export, if it is still offered.
+    pub(crate) default_index: Option<usize>,
 }
 
 impl ExportTable {
@@ -135,6 +141,7 @@ impl ExportTable {
                 entries: Vec::new(),
                 connections: HashMap::new(),
                 next_id: 1,
+                default: None,
             }),
             connection_ended: Condvar::new(),
         };
@@ -159,6 +166,7 @@ impl ExportTable {
         }
         let id = ExportId(state.next_id);
         state.next_id += 1;
+        state.default.get_or_insert(id);
         state.entries.push(Entry { id, export });
         Ok(())
     }
@@ -177,6 +185,9 @@ impl ExportTable {
                 .iter()
                 .map(|e| (e.id, e.export.volume.clone()))
                 .collect(),
+            default_index: state
+                .default
+                .and_then(|d| state.entries.iter().position(|e| e.id == d)),
         }
     }
 
@@ -275,47 +286,101 @@ impl Exports {
     /// they sent are answered first) and this returns once they are closed. Returns the
     /// export (its volume handle), removed in either case of success.
     pub fn remove(&self, name: &str, mode: Disconnect) -> Result<ServerExport, ExportError> {
-        let table = self.table();
-        let (id, export) = {
-            let mut state = table.lock();
-            let index = state
-                .entries
-                .iter()
-                .position(|e| e.export.name == name)
-                .ok_or_else(|| ExportError::NotFound(name.to_string()))?;
-            let id = state.entries[index].id;
-            let clients = ExportTable::connections(&state, id);
-            if clients > 0 && mode == Disconnect::Refuse {
-                return Err(ExportError::InUse {
-                    name: name.to_string(),
-                    clients,
-                });
-            }
-            // Out of the table under the lock: from here no handshake can register on it.
-            let entry = state.entries.remove(index);
-            (id, entry.export)
+        let removed = self.remove_where(|n| n == name, mode)?;
+        let Some(export) = removed.exports.into_iter().next() else {
+            return Err(ExportError::NotFound(name.to_string()));
         };
-        if table.wait_closed(id, Duration::ZERO) == 0 {
-            return Ok(export);
-        }
-        self.shared.post(ReactorCommand::Stop(id));
-        let grace = self.shared.limits.shutdown_grace;
-        if table.wait_closed(id, grace) == 0 {
-            return Ok(export);
-        }
-        tracing::warn!(
-            export = name,
-            "nbd: clients did not finish within the grace period; shutting their sockets down"
-        );
-        self.shared.post(ReactorCommand::Break(id));
-        match table.wait_closed(id, BREAK_WAIT) {
-            0 => Ok(export),
-            clients => Err(ExportError::Stuck {
-                name: name.to_string(),
-                clients,
-            }),
+        match removed.stuck.into_iter().next() {
+            None => Ok(export),
+            Some((name, clients)) => Err(ExportError::Stuck { name, clients }),
         }
     }
+
+    /// Stops offering every export whose name starts with `prefix` (a pool's: `pool/`), in
+    /// one step: with [`Disconnect::Refuse`] none is removed if a client has any open; with
+    /// [`Disconnect::Force`] all are removed and their clients disconnected (as
+    /// [`Exports::remove`]). Returns what was removed and the connections that had not
+    /// closed even after their sockets were shut down.
+    pub fn remove_all(&self, prefix: &str, mode: Disconnect) -> Result<Removed, ExportError> {
+        self.remove_where(|n| n.starts_with(prefix), mode)
+    }
+
+    fn remove_where(
+        &self,
+        matches: impl Fn(&str) -> bool,
+        mode: Disconnect,
+    ) -> Result<Removed, ExportError> {
+        let table = self.table();
+        let removed: Vec<(ExportId, ServerExport)> = {
+            let mut state = table.lock();
+            if mode == Disconnect::Refuse {
+                let busy = state.entries.iter().find_map(|e| {
+                    let clients = ExportTable::connections(&state, e.id);
+                    (matches(&e.export.name) && clients > 0).then(|| ExportError::InUse {
+                        name: e.export.name.clone(),
+                        clients,
+                    })
+                });
+                if let Some(busy) = busy {
+                    return Err(busy);
+                }
+            }
+            // Out of the table under the lock: from here no handshake can register on them.
+            let (gone, kept) = std::mem::take(&mut state.entries)
+                .into_iter()
+                .partition(|e| matches(&e.export.name));
+            state.entries = kept;
+            gone.into_iter().map(|e: Entry| (e.id, e.export)).collect()
+        };
+        let open = |ids: &[ExportId], limit: Duration| -> Vec<ExportId> {
+            let deadline = Instant::now() + limit;
+            ids.iter()
+                .copied()
+                .filter(|&id| {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    table.wait_closed(id, left) > 0
+                })
+                .collect()
+        };
+        let ids: Vec<ExportId> = removed.iter().map(|(id, _)| *id).collect();
+        let mut still = open(&ids, Duration::ZERO);
+        for &id in &still {
+            self.shared.post(ReactorCommand::Stop(id));
+        }
+        still = open(&still, self.shared.limits.shutdown_grace);
+        if !still.is_empty() {
+            tracing::warn!(
+                exports = still.len(),
+                "nbd: clients did not finish within the grace period; shutting their sockets down"
+            );
+            for &id in &still {
+                self.shared.post(ReactorCommand::Break(id));
+            }
+            still = open(&still, BREAK_WAIT);
+        }
+        let stuck = {
+            let state = table.lock();
+            removed
+                .iter()
+                .filter(|(id, _)| still.contains(id))
+                .map(|(id, e)| (e.name.clone(), ExportTable::connections(&state, *id)))
+                .collect()
+        };
+        Ok(Removed {
+            exports: removed.into_iter().map(|(_, e)| e).collect(),
+            stuck,
+        })
+    }
+}
+
+/// What [`Exports::remove_all`] did.
+#[derive(Debug)]
+pub struct Removed {
+    /// The exports removed (their volume handles).
+    pub exports: Vec<ServerExport>,
+    /// Exports whose client connections had still not ended after their sockets were shut
+    /// down, with how many: their requests may still be inside the engine.
+    pub stuck: Vec<(String, usize)>,
 }
 
 /// What the administrator asks every reactor to do to the connections of one export.

@@ -44,7 +44,7 @@ use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
 use conn::ReactorConns;
-pub use exports::{Disconnect, ExportError, Exports, EXPORTS_MAX};
+pub use exports::{Disconnect, ExportError, Exports, Removed, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
 use task::{select, CatchUnwind, Either};
 pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
