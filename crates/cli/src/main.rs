@@ -13,7 +13,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
 use devices::{default_cache_file, open_device, scan_dir, Devices, NewFiles};
 use oxpool_engine::cachefile::{self, CachedPool};
-use oxpool_engine::props::{parse_size, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
+use oxpool_engine::props::{
+    parse_size, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES, VOLUME_STAT_NAMES,
+};
 use oxpool_engine::{Pool, PoolProps, PoolStatus, TopSpec, VdevStatus};
 use oxpool_format::TopVdevKind;
 use std::io::{Read, Write};
@@ -730,14 +732,18 @@ fn get(cache: &Path, prop: &str, target: &str, device: Option<&str>) -> Result<(
     println!("{:<32} {:<14} VALUE", "NAME", "PROPERTY");
     match vol {
         Some(v) => {
-            let props = p.volume(v)?.props();
+            let vol = p.volume(v)?;
             let names: Vec<&str> = if prop == "all" {
-                VOLUME_PROP_NAMES.to_vec()
+                VOLUME_PROP_NAMES
+                    .iter()
+                    .chain(VOLUME_STAT_NAMES)
+                    .copied()
+                    .collect()
             } else {
                 vec![prop]
             };
             for n in names {
-                println!("{:<32} {:<14} {}", target, n, props.get(n)?);
+                println!("{:<32} {:<14} {}", target, n, vol.get_prop(n)?);
             }
         }
         None => {

@@ -6,7 +6,7 @@
 use crate::completion::CompletionPolicy;
 use crate::vdev_queue::SchedulerMode;
 use crate::{EngineError, Result};
-use oxpool_format::{ChecksumType, Guid};
+use oxpool_format::{ChecksumType, CompressionSetting, Guid};
 use std::collections::BTreeMap;
 
 /// Smallest `volblocksize`.
@@ -295,6 +295,11 @@ pub struct VolumeProps {
     /// copying would write the data twice, so whole blocks are written in place once and the
     /// txg sync adopts them.
     pub log_copy_max_bytes: u64,
+    /// `compression`: how data blocks written from now on are stored: `off`, `lz4`
+    /// (default, as ZFS), `zstd` (level 3), `zstd-1` .. `zstd-19`, `zle`. A block is stored
+    /// compressed only if that saves an eighth of it and a whole sector; an all-zero block
+    /// becomes a hole unless this is `off`. Blocks already written keep their form.
+    pub compression: CompressionSetting,
 }
 
 /// Names of the volume properties, for listing.
@@ -307,7 +312,15 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
     "readonly",
     "logbias",
     "log_copy_max",
+    "compression",
 ];
+
+/// Names of the volumes' read-only properties (statistics, as of the last txg sync), for
+/// listing: `used` (bytes allocated, every copy, indirect blocks included), `logicalused` and
+/// `logicalreferenced` (the data blocks' logical size: what they hold before compression,
+/// one copy; the same for a volume without snapshots), `compressratio` (`logicalused` over
+/// what the data blocks take as stored, one copy, as `1.53x`).
+pub const VOLUME_STAT_NAMES: &[&str] = &["used", "logicalused", "logicalreferenced", "compressratio"];
 
 impl VolumeProps {
     /// Defaults for a volume of `volsize_bytes`.
@@ -321,6 +334,7 @@ impl VolumeProps {
             readonly: false,
             logbias_throughput: false,
             log_copy_max_bytes: 32 << 10,
+            compression: CompressionSetting::default(),
         }
     }
 
@@ -340,6 +354,7 @@ impl VolumeProps {
             }
             .to_string(),
             "log_copy_max" => self.log_copy_max_bytes.to_string(),
+            "compression" => self.compression.to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -416,6 +431,19 @@ impl VolumeProps {
                 }
                 self.log_copy_max_bytes = v;
             }
+            "compression" => {
+                self.compression = value.parse().map_err(|_| {
+                    EngineError::invalid(format!(
+                        "bad value '{value}' for compression: expected off, lz4, zstd, \
+                         zstd-1 .. zstd-19 or zle"
+                    ))
+                })?
+            }
+            _ if VOLUME_STAT_NAMES.contains(&name) => {
+                return Err(EngineError::invalid(format!(
+                    "property '{name}' is read-only"
+                )))
+            }
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -446,6 +474,7 @@ impl VolumeProps {
             "readonly",
             "logbias",
             "log_copy_max",
+            "compression",
         ]
         .iter()
         .map(|n| (n.to_string(), self.get(n).expect("known name")))
@@ -510,9 +539,14 @@ mod tests {
         p.set_initial("volblocksize", "4K").unwrap();
         p.set("sync", "always").unwrap();
         p.set("checksum", "blake3").unwrap();
+        assert_eq!(p.get("compression").unwrap(), "lz4", "the default");
+        p.set("compression", "zstd-7").unwrap();
+        assert!(p.set("compression", "zstd-20").is_err());
+        assert!(p.set("compressratio", "2").is_err(), "read-only");
         let q =
             VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs()).unwrap();
         assert_eq!(p, q);
+        assert_eq!(q.get("compression").unwrap(), "zstd-7");
         assert!(p.set("volblocksize", "8K").is_err());
         assert!(p.set_initial("volblocksize", "3000").is_err());
         p.volsize_bytes = 1000;
