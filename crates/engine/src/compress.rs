@@ -22,8 +22,8 @@
 
 use crate::pipeline::verify;
 use oxpool_format::{
-    all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr,
-    Checksum, Compression, CompressionSetting, Txg, SECTOR_BYTES,
+    all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, Checksum,
+    Compression, CompressionSetting, Txg, SECTOR_BYTES,
 };
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
@@ -124,19 +124,24 @@ pub enum Verdict {
 /// Verifies `stored` (a copy read from a device, at least `psize_bytes` long) against `bp`,
 /// then, with `decode_to` (the logical size the reader expects) and a compressed `bp`,
 /// decompresses it into a new buffer of exactly that size. `decode_to` is the reader's size,
-/// not `bp.lsize_bytes`: a pointer that claims another size is refused, so no length read from
-/// the pool ever sizes a buffer. An uncompressed block is never copied: its content is
-/// `stored` itself (`Good(None)`).
+/// not `bp.lsize_bytes`: a pointer that claims another size is refused (compressed or not), so
+/// no length read from the pool ever sizes a buffer. An uncompressed block is never copied:
+/// its content is `stored` itself (`Good(None)`).
 pub fn verify_and_decode(bp: &BlockPtr, stored: &IoBuf, decode_to: Option<usize>) -> Verdict {
     if !verify(bp, stored) {
         return Verdict::BadChecksum;
     }
-    let Some(lsize) = decode_to.filter(|_| bp.compression != Compression::Off) else {
+    let Some(lsize) = decode_to else {
         return Verdict::Good(None);
     };
     let psize = bp.psize_bytes as usize;
     if bp.lsize_bytes as usize != lsize || psize > stored.len() {
         return Verdict::Undecodable;
+    }
+    if bp.compression == Compression::Off {
+        // The stored bytes are the content (`psize == lsize`, checked by the pointer's
+        // decoder; the read buffer is the allocation, at least that long).
+        return Verdict::Good(None);
     }
     let mut out = IoBuf::zeroed(lsize);
     match decompress_block(bp.compression, &stored[..psize], &mut out) {
@@ -293,11 +298,20 @@ mod tests {
     #[test]
     fn stored_forms_follow_the_setting() {
         let zeros = IoBuf::zeroed(16384);
-        assert!(matches!(store_as(CompressionSetting::OFF, &zeros), StoreAs::AsIs));
-        assert!(matches!(store_as(CompressionSetting::LZ4, &zeros), StoreAs::Hole));
+        assert!(matches!(
+            store_as(CompressionSetting::OFF, &zeros),
+            StoreAs::AsIs
+        ));
+        assert!(matches!(
+            store_as(CompressionSetting::LZ4, &zeros),
+            StoreAs::Hole
+        ));
         // A block of one sector can never save one.
         let small = half_zero(4096);
-        assert!(matches!(store_as(CompressionSetting::LZ4, &small), StoreAs::AsIs));
+        assert!(matches!(
+            store_as(CompressionSetting::LZ4, &small),
+            StoreAs::AsIs
+        ));
         let data = half_zero(131072);
         for s in ["lz4", "zstd", "zstd-19", "zle"] {
             let setting: CompressionSetting = s.parse().unwrap();
@@ -307,8 +321,7 @@ mod tests {
             assert_eq!(c.buf.len() as u64 % SECTOR_BYTES, 0);
             assert!(c.buf.len() <= compressed_bytes_max(data.len()));
             let bp = pointer_for(&c, data.len());
-            let Verdict::Good(Some(back)) = verify_and_decode(&bp, &c.buf, Some(data.len()))
-            else {
+            let Verdict::Good(Some(back)) = verify_and_decode(&bp, &c.buf, Some(data.len())) else {
                 panic!("{s}: did not decode");
             };
             assert_eq!(&back[..], &data[..]);

@@ -843,7 +843,6 @@ impl Pool {
             p,
             BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
             0,
-            0,
             Zil::new(self.inner.guid, id, 1, Vec::new()),
         ));
         s.volumes.insert(name.to_string(), vol.clone());
@@ -1363,19 +1362,18 @@ async fn import_devices(
             next_seq + crate::zil::SEQ_RESTART_GAP,
             log_blocks,
         );
-        volumes.insert(
-            vm.name.clone(),
-            Arc::new(VolumeInner::new(
-                vm.id,
-                &pool_name,
-                &vm.name,
-                p,
-                BlockTree::new(vm.levels.max(1), vm.root),
-                vm.used_bytes,
-                vm.compressed_bytes,
-                zil,
-            )),
+        let vol = VolumeInner::new(
+            vm.id,
+            &pool_name,
+            &vm.name,
+            p,
+            BlockTree::new(vm.levels.max(1), vm.root),
+            vm.used_bytes,
+            zil,
         );
+        vol.compressed_bytes
+            .store(vm.compressed_bytes, Ordering::Relaxed);
+        volumes.insert(vm.name.clone(), Arc::new(vol));
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
     let inner = Arc::new(PoolInner {

@@ -320,7 +320,8 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
 /// `logicalreferenced` (the data blocks' logical size: what they hold before compression,
 /// one copy; the same for a volume without snapshots), `compressratio` (`logicalused` over
 /// what the data blocks take as stored, one copy, as `1.53x`).
-pub const VOLUME_STAT_NAMES: &[&str] = &["used", "logicalused", "logicalreferenced", "compressratio"];
+pub const VOLUME_STAT_NAMES: &[&str] =
+    &["used", "logicalused", "logicalreferenced", "compressratio"];
 
 impl VolumeProps {
     /// Defaults for a volume of `volsize_bytes`.

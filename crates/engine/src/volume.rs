@@ -565,7 +565,6 @@ impl VolumeInner {
         props: VolumeProps,
         tree: BlockTree,
         used_bytes: u64,
-        compressed_bytes: u64,
         zil: Zil,
     ) -> VolumeInner {
         let size_bytes = props.volsize_bytes;
@@ -584,7 +583,7 @@ impl VolumeInner {
             override_garbage: Mutex::new(Vec::new()),
             inplace_held: Mutex::new(HashSet::new()),
             used_bytes: AtomicU64::new(used_bytes),
-            compressed_bytes: AtomicU64::new(compressed_bytes),
+            compressed_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             io_stats: VolumeIoStats::default(),
         }
@@ -1357,6 +1356,22 @@ impl Volume {
     pub fn logical_bytes(&self) -> u64 {
         let fill = self.vol.tree.lock().unwrap().root().fill;
         fill.saturating_mul(u64::from(self.block_size_bytes()))
+    }
+
+    /// The pointer of data block `b` as the tree holds it now (a hole for a block never
+    /// written, freed, or stored as a hole): how and where the block is stored, for tools and
+    /// tests. Dirty data not yet synced is not in it.
+    pub async fn block_pointer(&self, b: u64) -> Result<oxpool_format::BlockPtr> {
+        let bs = u64::from(self.block_size_bytes());
+        self.check_range(b.saturating_mul(bs), bs, false)?;
+        lookup(
+            &self.vol.tree,
+            &self.pool.vdevs,
+            IoClass::SyncRead,
+            b,
+            &self.vol.full_name,
+        )
+        .await
     }
 
     /// What the volume's data blocks take as stored, one copy each, as of the last txg sync.
