@@ -2118,16 +2118,29 @@ async fn sync_volume(
             }
             Ok(Prepared::Content(merged))
         });
-        let prepared: Vec<Result<Prepared>> = join_all(prepare.collect::<Vec<_>>()).await;
+        let prepared = join_all(prepare.collect::<Vec<_>>())
+            .await
+            .into_iter()
+            .collect::<Result<Vec<Prepared>>>()?;
         // How each block is stored (compressed, as is, or a hole): CPU work, done here
-        // between the merge reads and the writes.
+        // between the merge reads and the writes, on every core (`store_all`).
+        let contents: Vec<&[u8]> = prepared
+            .iter()
+            .zip(batch)
+            .filter_map(|(p, (_, dirty_buf, _))| match p {
+                Prepared::Done(..) => None,
+                Prepared::Content(merged) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
+            })
+            .collect();
+        let mut stored_forms = crate::compress::store_all(compression, &contents).into_iter();
+        drop(contents);
         let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
         for (p, (b, dirty_buf, _)) in prepared.into_iter().zip(batch) {
-            to_write.push(match p? {
+            to_write.push(match p {
                 Prepared::Done(bp, unused) => DataWrite::Done(bp, unused),
                 Prepared::Content(merged) => {
                     let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
-                    let stored = crate::compress::store_as(compression, buf);
+                    let stored = stored_forms.next().expect("one stored form per content");
                     crate::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
                     let nb = NewBlock::data(data_props, txg);
                     match stored {
