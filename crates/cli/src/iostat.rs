@@ -639,8 +639,8 @@ fn footer(span: &Span) {
         span.delta(|s| s.compress_stored_bytes),
     );
     println!(
-        "  compression: {} of data written as {} ({}), {} blocks compressed, {} zero blocks \
-         as holes; {} decompressed",
+        "  compression: {} of data written as {} ({}), {} blocks compressed, {} zero \
+         blocks as holes",
         bytes_str(logical as f64),
         bytes_str(stored as f64),
         match stored {
@@ -649,7 +649,10 @@ fn footer(span: &Span) {
         },
         count_str(span.delta(|s| s.compressed_blocks) as f64),
         count_str(span.delta(|s| s.zero_blocks) as f64),
-        bytes_str(span.delta(|s| s.decompressed_bytes) as f64),
+    );
+    println!(
+        "  decompressed after reads: {}",
+        bytes_str(span.delta(|s| s.decompressed_bytes) as f64)
     );
     println!();
     println!(
