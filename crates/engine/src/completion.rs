@@ -446,6 +446,53 @@ mod tests {
         }
     }
 
+    /// Verification and decompression in one completion: every policy returns the content of
+    /// a good compressed block, and refuses a flipped one before decompressing it.
+    #[test]
+    fn every_policy_decompresses_what_verifies() {
+        let mut content = IoBuf::zeroed(131072);
+        for (i, chunk) in content.chunks_mut(512).enumerate() {
+            chunk[..200].fill(i as u8);
+        }
+        let setting: oxpool_format::CompressionSetting = "zstd".parse().unwrap();
+        let mut stored = vec![0u8; oxpool_format::compressed_bytes_max(content.len())];
+        let n = oxpool_format::compress_block(setting, &content, &mut stored).unwrap();
+        let mut buf = IoBuf::zeroed(n.div_ceil(4096) * 4096);
+        buf[..n].copy_from_slice(&stored[..n]);
+        let mut bp = BlockPtr {
+            ndvas: 1,
+            psize_bytes: n as u32,
+            lsize_bytes: content.len() as u32,
+            compression: Compression::Zstd,
+            checksum_type: ChecksumType::Xxh3_128,
+            checksum: checksum(ChecksumType::Xxh3_128, &buf[..n]),
+            ..BlockPtr::HOLE
+        };
+        bp.dvas[0] = Dva {
+            vdev: VdevId(0),
+            offset_bytes: 0,
+            asize_bytes: buf.len() as u32,
+        };
+        for policy in ["auto", "inline", "worker", "batched"] {
+            let control = CompletionControl::new(CompletionPolicy::parse(policy).unwrap());
+            let before = COMPLETIONS.snapshot().offloaded;
+            let (back, verdict) =
+                block_on(control.verify_decode(&bp, buf.clone(), Some(content.len())));
+            let Verdict::Good(Some(decoded)) = verdict else {
+                panic!("{policy}: good block not decoded");
+            };
+            assert!(decoded[..] == content[..], "{policy}: wrong content");
+            assert_eq!(back.len(), buf.len());
+            let mut bad = back;
+            bad[7] ^= 1;
+            let (_, verdict) = block_on(control.verify_decode(&bp, bad, Some(content.len())));
+            assert!(matches!(verdict, Verdict::BadChecksum), "{policy}");
+            if policy == "worker" {
+                assert!(COMPLETIONS.snapshot().offloaded >= before + 2);
+            }
+        }
+    }
+
     #[test]
     fn dropped_jobs_free_their_slots() {
         // More abandoned jobs than slots: if a dropped job leaked its slot, the later ones
