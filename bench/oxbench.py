@@ -73,6 +73,14 @@ class Workload:
     # Part of the iodepth sweep only: run by default in full mode, in --quick mode only when
     # named by --workloads.
     sweep: bool = False
+    # fio's buffer_compress_percentage (with refill_buffers: new data for every I/O): None
+    # leaves fio's default buffers. A read workload with it first writes the whole device
+    # with such data (so the reads meet blocks stored compressed).
+    compress_pct: int | None = None
+    # fio's end_fsync: the job ends with a flush, timed in.
+    end_fsync: bool = False
+    # Run only when named by --workloads (cells made for some variants: compression, issue 20).
+    on_demand: bool = False
 
     @property
     def reads(self) -> bool:
@@ -95,12 +103,24 @@ WORKLOADS = [
     Workload("randread-4k-1x64", "4k random read, 1 connection at iodepth 64", "randread", "4k", 64),
     Workload("randread-4k-4x16", "4k random read, 4 connections at iodepth 16 each (numjobs=4)",
              "randread", "4k", 16, numjobs=4),
+    # Compression (issue 20), on demand: with the oxpool-c128k-* variants (bench/README.md).
+    Workload("seqwrite-128k-flush-c0", "128k sequential write, iodepth 8, final flush timed in, "
+             "incompressible data (buffer_compress_percentage=0)", "write", "128k", 8,
+             compress_pct=0, end_fsync=True, on_demand=True),
+    Workload("seqwrite-128k-flush-c50", "128k sequential write, iodepth 8, final flush timed in, "
+             "50 % compressible data (buffer_compress_percentage=50)", "write", "128k", 8,
+             compress_pct=50, end_fsync=True, on_demand=True),
+    Workload("seqread-128k-c50-2x16", "128k sequential read of 50 % compressible data, "
+             "2 connections at iodepth 16 (reactors saturated)", "read", "128k", 16, numjobs=2,
+             compress_pct=50, on_demand=True),
+    Workload("seqread-128k-c50-qd1", "128k sequential read of 50 % compressible data, "
+             "1 connection at iodepth 1", "read", "128k", 1, compress_pct=50, on_demand=True),
 ]
 
 
 def select_workloads(patterns: str | None, quick: bool) -> list[Workload]:
     if not patterns:
-        return [w for w in WORKLOADS if not (quick and w.sweep)]
+        return [w for w in WORKLOADS if not (quick and w.sweep) and not w.on_demand]
     pats = [p.strip() for p in patterns.split(",") if p.strip()]
     chosen = [w for w in WORKLOADS if any(fnmatch.fnmatchcase(w.name, p) for p in pats)]
     if not chosen:
@@ -718,7 +738,30 @@ def fio_cmd(w: Workload, uri: str, runtime: float, out: Path) -> list[str]:
            "--output-format=json", f"--output={out}"]
     if w.fsync:
         cmd.append(f"--fsync={w.fsync}")
+    if w.end_fsync:
+        cmd.append("--end_fsync=1")
+    cmd += compress_args(w.compress_pct)
     return cmd
+
+
+def compress_args(pct: int | None) -> list[str]:
+    """fio's data for a compressibility: each 512-byte chunk (buffer_compress_chunk) is
+    (100 - pct) % random bytes then zeros, new for every I/O."""
+    if pct is None:
+        return []
+    return [f"--buffer_compress_percentage={pct}", "--refill_buffers=1"]
+
+
+def prewrite(server: "Server", uri: str, tmp: Path, tag: str, pct: int) -> None:
+    """Writes the whole device with data of compressibility `pct` (for a read workload that
+    must meet it), sequentially, 1M at a time, with a final flush."""
+    out = tmp / f"prewrite-{tag}.json"
+    cmd = ["fio", "--name=prewrite", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1M",
+           "--iodepth=8", "--end_fsync=1", "--output-format=json", f"--output={out}",
+           *compress_args(pct)]
+    job = run_fio(cmd, out, timeout=max(600, server.size / (2 << 20)))
+    if job["write"]["io_bytes"] < server.size:
+        raise BenchError(f"the prewrite wrote {job['write']['io_bytes']} of {server.size} bytes")
 
 
 def run_fio(cmd: list[str], out: Path, timeout: float) -> dict:
@@ -837,6 +880,8 @@ def fill(server: Server, uri: str, tmp: Path, tag: str) -> None:
 
 
 def measure(server: Server, w: Workload, args, tmp: Path, disk: str | None, tag: str, uri: str) -> dict:
+    if w.reads and w.compress_pct is not None:
+        prewrite(server, uri, tmp, tag, w.compress_pct)
     if w.reads and not args.no_fill:
         fill(server, uri, tmp, tag)
     if args.ramp > 0:

@@ -103,6 +103,19 @@ struct Stats {
     data_cache_misses: u64,
     #[serde(default)]
     data_cache_bytes: u64,
+    /// Compression: content bytes of the data blocks written, the bytes they took as stored
+    /// (one copy), blocks stored compressed, all-zero blocks stored as holes, and content
+    /// bytes decompressed after reads (process-wide).
+    #[serde(default)]
+    compress_logical_bytes: u64,
+    #[serde(default)]
+    compress_stored_bytes: u64,
+    #[serde(default)]
+    compressed_blocks: u64,
+    #[serde(default)]
+    zero_blocks: u64,
+    #[serde(default)]
+    decompressed_bytes: u64,
     /// Volume operations and bytes, all volumes.
     reads: u64,
     writes: u64,
@@ -123,6 +136,7 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
         serde_json::from_str(&c.log_stats().to_json()).unwrap_or_default();
     let completions = oxpool_io::completion::COMPLETIONS.snapshot();
     let cache = c.data_cache_stats();
+    let compress = oxpool_engine::compress::COMPRESS_COUNTERS.snapshot();
     let volumes = c.volume_stats();
     let sum = |f: &dyn Fn(&VolumeIoSnapshot) -> u64| volumes.iter().map(|v| f(&v.io)).sum();
     let stats = Stats {
@@ -144,6 +158,11 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
         data_cache_hits: cache.hits,
         data_cache_misses: cache.misses,
         data_cache_bytes: cache.bytes,
+        compress_logical_bytes: compress.logical_bytes,
+        compress_stored_bytes: compress.stored_bytes,
+        compressed_blocks: compress.compressed_blocks,
+        zero_blocks: compress.zero_blocks,
+        decompressed_bytes: compress.decompressed_bytes,
         reads: sum(&|v| v.read.ops),
         writes: sum(&|v| v.write.ops),
         flushes: sum(&|v| v.flush.ops),
@@ -614,6 +633,26 @@ fn footer(span: &Span) {
             n => format!("{:.0}%", 100.0 * hits as f64 / n as f64),
         },
         bytes_str(span.cur.data_cache_bytes as f64),
+    );
+    let (logical, stored) = (
+        span.delta(|s| s.compress_logical_bytes),
+        span.delta(|s| s.compress_stored_bytes),
+    );
+    println!(
+        "  compression: {} of data written as {} ({}), {} blocks compressed, {} zero \
+         blocks as holes",
+        bytes_str(logical as f64),
+        bytes_str(stored as f64),
+        match stored {
+            0 => "-".to_string(),
+            n => format!("{:.2}x", logical as f64 / n as f64),
+        },
+        count_str(span.delta(|s| s.compressed_blocks) as f64),
+        count_str(span.delta(|s| s.zero_blocks) as f64),
+    );
+    println!(
+        "  decompressed after reads: {}",
+        bytes_str(span.delta(|s| s.decompressed_bytes) as f64)
     );
     println!();
     println!(

@@ -315,3 +315,80 @@ fn log_devices_at_create_and_added_later() {
     let e = env.fails(&["status", "two"]);
     assert!(e.contains("log") && e.contains("l2.img"), "{e}");
 }
+
+/// `compression` is a volume property (default lz4) that `oxpool set` changes for what is
+/// written afterwards; `compressratio`, `logicalused`, `logicalreferenced` and `used` are
+/// read-only statistics shown by `oxpool get`.
+#[test]
+fn compression_property_and_its_statistics() {
+    let env = Env::new();
+    let a = env.path("a.img");
+    env.ok(&["create", "tank", p(&a), "--size", "256M", "--sparse"]);
+    env.ok(&[
+        "vol",
+        "create",
+        "tank/vol0",
+        "--size",
+        "8M",
+        "-o",
+        "volblocksize=64K",
+    ]);
+    let all = env.ok(&["get", "all", "tank/vol0"]);
+    for (name, value) in [
+        ("compression", "lz4"),
+        ("compressratio", "1.00x"),
+        ("logicalused", "0"),
+        ("logicalreferenced", "0"),
+        ("used", "0"),
+    ] {
+        assert!(
+            all.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["tank/vol0", name, value]),
+            "no {name} = {value} in:\n{all}"
+        );
+    }
+    env.ok(&["set", "compression=zstd-3", "tank/vol0"]);
+    assert!(env
+        .ok(&["get", "compression", "tank/vol0"])
+        .contains("zstd-3"));
+    // 4 MiB of text: zstd stores it in well under half.
+    let text: String = (0..200_000)
+        .map(|i| format!("line {i}: the quick brown fox\n"))
+        .collect();
+    let input = env.path("text.txt");
+    std::fs::write(&input, &text.as_bytes()[..4 << 20]).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", "--offset", "0", p(&input)]);
+    let get = |name: &str| -> String {
+        let out = env.ok(&["get", name, "tank/vol0"]);
+        out.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap_or_else(|| panic!("no value in {out}"))
+            .to_string()
+    };
+    assert_eq!(get("logicalused"), (4u64 << 20).to_string());
+    assert_eq!(get("logicalreferenced"), (4u64 << 20).to_string());
+    let ratio: f64 = get("compressratio").trim_end_matches('x').parse().unwrap();
+    assert!(ratio > 2.0, "compressratio {ratio}");
+    let used: u64 = get("used").parse().unwrap();
+    assert!(used < 2 << 20, "used {used}");
+    let back = env.path("back.txt");
+    env.ok(&[
+        "vol",
+        "read",
+        "tank/vol0",
+        "--offset",
+        "0",
+        "--length",
+        "4M",
+        p(&back),
+    ]);
+    assert!(
+        std::fs::read(&back).unwrap() == text.as_bytes()[..4 << 20],
+        "read back differs"
+    );
+    let err = env.fails(&["set", "compressratio=2", "tank/vol0"]);
+    assert!(err.contains("read-only"), "{err}");
+    let err = env.fails(&["set", "compression=gzip", "tank/vol0"]);
+    assert!(err.contains("compression"), "{err}");
+}

@@ -7,8 +7,9 @@
 //! completion taskq costs a sleep and a wake-up per I/O. The other policies exist because each
 //! wins somewhere:
 //!
-//! - `worker` hands checksum verification of every block read to a pool of completion threads
-//!   (ZFS's interrupt taskq shape). It pays only when the reactor's CPU is the bottleneck and
+//! - `worker` hands checksum verification (and the decompression of a compressed data block,
+//!   in the same hand-off) of every block read to a pool of completion threads (ZFS's interrupt
+//!   taskq shape). It pays only when the reactor's CPU is the bottleneck and
 //!   another core is idle; on 2 vCPUs a cross-CPU wake-up costs 74-131 us.
 //! - `batched` makes every ring wait with a device I/O in flight ask for two or more
 //!   completions and wait up to [`BATCH_WAIT_MAX`] for them, so many completions share one
@@ -17,11 +18,13 @@
 //! - `auto` (default) is inline, plus: a batching wait only while this reactor has two or more
 //!   device I/Os in flight and completes at least [`AUTO_BATCH_RATE_PER_S`] per second (so a
 //!   second completion is expected within the wait; never at queue depth 1); and verification
-//!   on a completion thread only when the reactor was busy at least
+//!   (with decompression) on a completion thread only when the reactor was busy at least
 //!   [`AUTO_OFFLOAD_BUSY_PER_MILLE`] of its last window and the block is large enough that its
-//!   checksum costs more than the hand-off ([`AUTO_OFFLOAD_MIN_BYTES`]).
+//!   checksum ([`AUTO_OFFLOAD_MIN_BYTES`]) or its decompression
+//!   ([`auto_offload_decode_min_bytes`]) costs more than the hand-off.
 
-use oxpool_format::{BlockPtr, ChecksumType};
+use crate::compress::{verify_and_decode, Verdict};
+use oxpool_format::{BlockPtr, ChecksumType, Compression};
 use oxpool_io::completion::{BatchGuard, BatchMode, COMPLETIONS};
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
@@ -42,6 +45,19 @@ pub const AUTO_OFFLOAD_BUSY_PER_MILLE: u32 = 950;
 /// waking the reactor back costs when both threads are running; blake3 (about 4x slower) pays
 /// from 32 KiB. Smaller blocks are always verified inline.
 pub const AUTO_OFFLOAD_MIN_BYTES: u32 = 128 * 1024;
+
+/// Smallest compressed block (by logical size) whose decompression `auto` may offload, as the
+/// checksum rule above: where decompressing costs about the hand-off and the wake-up back
+/// (~13 us). Measured per core on the development machine (docs/compression.md): liblz4
+/// decompresses 1.5-2 GB/s of text and ~8 GB/s of half-zero data, so 32 KiB costs ~4-20 us;
+/// zstd 0.5-1 GB/s of text, so from 16 KiB; zle runs at memcpy speed and is never worth it.
+pub const fn auto_offload_decode_min_bytes(compression: Compression) -> u32 {
+    match compression {
+        Compression::Lz4 => 32 * 1024,
+        Compression::Zstd => 16 * 1024,
+        Compression::Off | Compression::Zle => u32::MAX,
+    }
+}
 
 /// Slots of the completion-thread job table: the most verifications handed over at once. When
 /// all are taken, a completion is verified inline (it never waits for a slot).
@@ -134,20 +150,35 @@ impl CompletionControl {
     /// Verifies `buf` against `bp`, on this thread or on a completion thread as the policy
     /// says. Returns the buffer and whether it holds the block.
     pub async fn verify(&self, bp: &BlockPtr, buf: IoBuf) -> (IoBuf, bool) {
-        let buf = if self.offload(bp) {
-            match VerifyJob::start(bp, buf) {
+        let (buf, verdict) = self.verify_decode(bp, buf, None).await;
+        (buf, matches!(verdict, Verdict::Good(_)))
+    }
+
+    /// [`verify_and_decode`] (verify `buf` against `bp`, then, with `decode_to`, decompress a
+    /// compressed block into a buffer of that size), on this thread or on a completion thread
+    /// as the policy says: both steps in one hand-off. Returns the stored bytes and the
+    /// verdict.
+    pub async fn verify_decode(
+        &self,
+        bp: &BlockPtr,
+        buf: IoBuf,
+        decode_to: Option<usize>,
+    ) -> (IoBuf, Verdict) {
+        let decode = decode_to.is_some() && bp.compression != Compression::Off;
+        let buf = if self.offload(bp, decode) {
+            match VerifyJob::start(bp, buf, decode_to) {
                 Ok(job) => return job.await,
-                // No free job slot: the buffer comes back and is verified here.
+                // No free job slot: the buffer comes back and is checked here.
                 Err(buf) => buf,
             }
         } else {
             buf
         };
-        let ok = crate::pipeline::verify(bp, &buf);
-        (buf, ok)
+        let verdict = verify_and_decode(bp, &buf, decode_to);
+        (buf, verdict)
     }
 
-    fn offload(&self, bp: &BlockPtr) -> bool {
+    fn offload(&self, bp: &BlockPtr, decode: bool) -> bool {
         match self.policy() {
             CompletionPolicy::Worker => true,
             CompletionPolicy::Auto => {
@@ -155,7 +186,9 @@ impl CompletionControl {
                     ChecksumType::Blake3 => AUTO_OFFLOAD_MIN_BYTES / 4,
                     _ => AUTO_OFFLOAD_MIN_BYTES,
                 };
-                bp.psize_bytes >= min_bytes
+                let heavy = bp.psize_bytes >= min_bytes
+                    || (decode && bp.lsize_bytes >= auto_offload_decode_min_bytes(bp.compression));
+                heavy
                     && oxpool_io::completion::thread_busy_per_mille() >= AUTO_OFFLOAD_BUSY_PER_MILLE
             }
             CompletionPolicy::Inline | CompletionPolicy::Batched => false,
@@ -167,8 +200,10 @@ impl CompletionControl {
 struct JobSlot {
     bp: Option<BlockPtr>,
     buf: Option<IoBuf>,
+    /// The logical size to decompress a compressed block to, if its content is wanted.
+    decode_to: Option<usize>,
     state: JobState,
-    ok: bool,
+    verdict: Option<Verdict>,
     waker: Option<Waker>,
 }
 
@@ -199,8 +234,9 @@ fn workers() -> &'static Workers {
                     Mutex::new(JobSlot {
                         bp: None,
                         buf: None,
+                        decode_to: None,
                         state: JobState::Free,
-                        ok: false,
+                        verdict: None,
                         waker: None,
                     })
                 })
@@ -233,22 +269,22 @@ impl Workers {
                     q = self.queued.wait(q).unwrap();
                 }
             };
-            let (bp, buf) = {
+            let (bp, buf, decode_to) = {
                 let mut slot = self.slots[index as usize].lock().unwrap();
-                (slot.bp.take(), slot.buf.take())
+                (slot.bp.take(), slot.buf.take(), slot.decode_to.take())
             };
             let (Some(bp), Some(buf)) = (bp, buf) else {
                 debug_assert!(false, "queued job without its block");
                 continue;
             };
-            let ok = crate::pipeline::verify(&bp, &buf);
+            let verdict = verify_and_decode(&bp, &buf, decode_to);
             COMPLETIONS.offloaded.fetch_add(1, Ordering::Relaxed);
             let waker = {
                 let mut slot = self.slots[index as usize].lock().unwrap();
                 match slot.state {
                     JobState::Queued => {
                         slot.state = JobState::Done;
-                        slot.ok = ok;
+                        slot.verdict = Some(verdict);
                         slot.buf = Some(buf);
                         slot.waker.take()
                     }
@@ -271,7 +307,8 @@ impl Workers {
     }
 }
 
-/// A verification running on a completion thread; resolves to the buffer and the verdict.
+/// A verification (and decompression) running on a completion thread; resolves to the
+/// buffer and the verdict.
 struct VerifyJob {
     index: u32,
     finished: bool,
@@ -279,7 +316,7 @@ struct VerifyJob {
 
 impl VerifyJob {
     /// Hands the job over; gives the buffer back if no slot is free.
-    fn start(bp: &BlockPtr, buf: IoBuf) -> Result<VerifyJob, IoBuf> {
+    fn start(bp: &BlockPtr, buf: IoBuf, decode_to: Option<usize>) -> Result<VerifyJob, IoBuf> {
         let w = workers();
         let Some(index) = w.free.lock().unwrap().pop() else {
             return Err(buf);
@@ -289,6 +326,8 @@ impl VerifyJob {
             debug_assert_eq!(slot.state, JobState::Free);
             slot.bp = Some(*bp);
             slot.buf = Some(buf);
+            slot.decode_to = decode_to;
+            slot.verdict = None;
             slot.state = JobState::Queued;
             slot.waker = None;
         }
@@ -305,20 +344,20 @@ impl VerifyJob {
 }
 
 impl Future for VerifyJob {
-    type Output = (IoBuf, bool);
+    type Output = (IoBuf, Verdict);
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(IoBuf, bool)> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(IoBuf, Verdict)> {
         let w = workers();
         let mut slot = w.slots[self.index as usize].lock().unwrap();
         match slot.state {
             JobState::Done => {
                 let buf = slot.buf.take().expect("done job has its buffer");
-                let ok = slot.ok;
+                let verdict = slot.verdict.take().expect("done job has its verdict");
                 slot.state = JobState::Free;
                 drop(slot);
                 w.free.lock().unwrap().push(self.index);
                 self.finished = true;
-                Poll::Ready((buf, ok))
+                Poll::Ready((buf, verdict))
             }
             JobState::Queued => {
                 if !slot.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker())) {
@@ -346,6 +385,7 @@ impl Drop for VerifyJob {
             }
             JobState::Done => {
                 slot.buf = None;
+                slot.verdict = None;
                 slot.state = JobState::Free;
                 drop(slot);
                 w.free.lock().unwrap().push(self.index);
@@ -406,6 +446,53 @@ mod tests {
         }
     }
 
+    /// Verification and decompression in one completion: every policy returns the content of
+    /// a good compressed block, and refuses a flipped one before decompressing it.
+    #[test]
+    fn every_policy_decompresses_what_verifies() {
+        let mut content = IoBuf::zeroed(131072);
+        for (i, chunk) in content.chunks_mut(512).enumerate() {
+            chunk[..200].fill(i as u8);
+        }
+        let setting: oxpool_format::CompressionSetting = "zstd".parse().unwrap();
+        let mut stored = vec![0u8; oxpool_format::compressed_bytes_max(content.len())];
+        let n = oxpool_format::compress_block(setting, &content, &mut stored).unwrap();
+        let mut buf = IoBuf::zeroed(n.div_ceil(4096) * 4096);
+        buf[..n].copy_from_slice(&stored[..n]);
+        let mut bp = BlockPtr {
+            ndvas: 1,
+            psize_bytes: n as u32,
+            lsize_bytes: content.len() as u32,
+            compression: Compression::Zstd,
+            checksum_type: ChecksumType::Xxh3_128,
+            checksum: checksum(ChecksumType::Xxh3_128, &buf[..n]),
+            ..BlockPtr::HOLE
+        };
+        bp.dvas[0] = Dva {
+            vdev: VdevId(0),
+            offset_bytes: 0,
+            asize_bytes: buf.len() as u32,
+        };
+        for policy in ["auto", "inline", "worker", "batched"] {
+            let control = CompletionControl::new(CompletionPolicy::parse(policy).unwrap());
+            let before = COMPLETIONS.snapshot().offloaded;
+            let (back, verdict) =
+                block_on(control.verify_decode(&bp, buf.clone(), Some(content.len())));
+            let Verdict::Good(Some(decoded)) = verdict else {
+                panic!("{policy}: good block not decoded");
+            };
+            assert!(decoded[..] == content[..], "{policy}: wrong content");
+            assert_eq!(back.len(), buf.len());
+            let mut bad = back;
+            bad[7] ^= 1;
+            let (_, verdict) = block_on(control.verify_decode(&bp, bad, Some(content.len())));
+            assert!(matches!(verdict, Verdict::BadChecksum), "{policy}");
+            if policy == "worker" {
+                assert!(COMPLETIONS.snapshot().offloaded >= before + 2);
+            }
+        }
+    }
+
     #[test]
     fn dropped_jobs_free_their_slots() {
         // More abandoned jobs than slots: if a dropped job leaked its slot, the later ones
@@ -413,7 +500,7 @@ mod tests {
         let mut started = 0;
         for i in 0..(2 * WORKER_JOB_SLOTS) {
             let (bp, buf) = block(4096, i as u8);
-            let job = VerifyJob::start(&bp, buf);
+            let job = VerifyJob::start(&bp, buf, None);
             started += usize::from(job.is_ok());
             drop(job);
         }

@@ -9,6 +9,7 @@
 pub mod alloc;
 pub mod cachefile;
 pub mod completion;
+pub mod compress;
 pub mod data_cache;
 pub mod dsl;
 mod error;

@@ -3,6 +3,7 @@
 //! parent block pointer, falls back to the other copies on an error or a mismatch, and
 //! rewrites the copies that were bad (self-healing), counting every error on its leaf.
 
+use crate::compress::Verdict;
 use crate::vdev::{LeafIo, VdevTree};
 use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result};
@@ -257,6 +258,66 @@ pub async fn read_block_unhealed(
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<(IoBuf, Vec<LeafIo>)> {
+    let (block, bad) = read_copies(vdevs, class, bp, None, what).await?;
+    Ok((block.content, bad))
+}
+
+/// A data block read from the devices and verified.
+pub struct DataBlock {
+    /// Its content: for a compressed block, exactly the logical size the reader asked for;
+    /// for a block stored as is, the stored bytes (the allocated size, content first).
+    pub content: IoBuf,
+    /// The stored bytes of a compressed block (what bad copies are rewritten with); None
+    /// when they are `content`.
+    pub stored: Option<IoBuf>,
+}
+
+impl DataBlock {
+    /// The bytes as stored on the devices.
+    pub fn stored(&self) -> &IoBuf {
+        self.stored.as_ref().unwrap_or(&self.content)
+    }
+}
+
+/// As [`read_block_unhealed`], for a data block whose content the caller wants: a compressed
+/// block is verified (its stored bytes, against the pointer's checksum) and then decompressed
+/// into exactly `lsize_bytes`, the reader's block size, in the same completion (see
+/// `CompletionControl::verify_decode`). A copy that verifies but does not decompress to that
+/// size counts as a checksum error of its device, like a copy that does not verify.
+pub async fn read_data_block_unhealed(
+    vdevs: &VdevTree,
+    class: IoClass,
+    bp: &BlockPtr,
+    lsize_bytes: usize,
+    what: &(impl Display + ?Sized),
+) -> Result<(DataBlock, Vec<LeafIo>)> {
+    read_copies(vdevs, class, bp, Some(lsize_bytes), what).await
+}
+
+/// As [`read_data_block_unhealed`], rewriting the bad copies at once (for a reader whose
+/// pointer cannot change under it, see [`read_block_unhealed`]).
+pub async fn read_data_block(
+    vdevs: &VdevTree,
+    class: IoClass,
+    bp: &BlockPtr,
+    lsize_bytes: usize,
+    what: &(impl Display + ?Sized),
+) -> Result<DataBlock> {
+    let (block, bad) = read_data_block_unhealed(vdevs, class, bp, lsize_bytes, what).await?;
+    heal_copies(&bad, block.stored()).await;
+    Ok(block)
+}
+
+/// Reads and verifies one copy after the other until one is good (decompressed to
+/// `decode_to` if it is compressed and that is given); returns it with the copies that were
+/// bad.
+async fn read_copies(
+    vdevs: &VdevTree,
+    class: IoClass,
+    bp: &BlockPtr,
+    decode_to: Option<usize>,
+    what: &(impl Display + ?Sized),
+) -> Result<(DataBlock, Vec<LeafIo>)> {
     debug_assert!(!bp.is_hole());
     let mut bad: Vec<LeafIo> = Vec::new();
     let mut last_io_err = None;
@@ -277,7 +338,7 @@ pub async fn read_block_unhealed(
                 .await;
             drop(batch);
             let read = match read {
-                Ok(buf) => Ok(vdevs.completion.verify(bp, buf).await),
+                Ok(buf) => Ok(vdevs.completion.verify_decode(bp, buf, decode_to).await),
                 Err(e) => Err(e),
             };
             match read {
@@ -287,15 +348,30 @@ pub async fn read_block_unhealed(
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
                     bad.push(io);
                 }
-                Ok((buf, verified)) => {
-                    if verified {
-                        return Ok((buf, bad));
-                    }
+                Ok((buf, verdict)) => {
+                    let why = match verdict {
+                        Verdict::Good(None) => {
+                            let block = DataBlock {
+                                content: buf,
+                                stored: None,
+                            };
+                            return Ok((block, bad));
+                        }
+                        Verdict::Good(Some(content)) => {
+                            let block = DataBlock {
+                                content,
+                                stored: Some(buf),
+                            };
+                            return Ok((block, bad));
+                        }
+                        Verdict::BadChecksum => "checksum mismatch",
+                        Verdict::Undecodable => "verified but does not decompress to its size",
+                    };
                     io.leaf
                         .counters
                         .checksum_errors
                         .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = io.leaf.name(), %what, "checksum mismatch");
+                    tracing::warn!(device = io.leaf.name(), %what, "{why}");
                     checksum_failures += 1;
                     bad.push(io);
                 }

@@ -10,6 +10,7 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 use crate::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
+use crate::compress::stored_bytes;
 use crate::data_cache::{CacheKey, DataCache};
 use crate::iostats::{DeviceStats, VolumeStats};
 use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
@@ -1343,18 +1344,18 @@ async fn import_devices(
             next_seq + crate::zil::SEQ_RESTART_GAP,
             log_blocks,
         );
-        volumes.insert(
-            vm.name.clone(),
-            Arc::new(VolumeInner::new(
-                vm.id,
-                &pool_name,
-                &vm.name,
-                p,
-                BlockTree::new(vm.levels.max(1), vm.root),
-                vm.used_bytes,
-                zil,
-            )),
+        let vol = VolumeInner::new(
+            vm.id,
+            &pool_name,
+            &vm.name,
+            p,
+            BlockTree::new(vm.levels.max(1), vm.root),
+            vm.used_bytes,
+            zil,
         );
+        vol.compressed_bytes
+            .store(vm.compressed_bytes, Ordering::Relaxed);
+        volumes.insert(vm.name.clone(), Arc::new(vol));
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
     let inner = Arc::new(PoolInner {
@@ -1448,6 +1449,8 @@ async fn write_pool_meta(
 ) -> Result<(BlockPtr, Vec<Dva>)> {
     let nb = |psize_bytes: usize, block_type| NewBlock {
         psize_bytes: psize_bytes as u32,
+        lsize_bytes: psize_bytes as u32,
+        compression: Compression::Off,
         block_type,
         level: 0,
         copies: META_COPIES,
@@ -1500,6 +1503,10 @@ fn sync_thread(pool: std::sync::Weak<PoolInner>) {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct NewBlock {
     pub psize_bytes: u32,
+    /// The content's size: `psize_bytes` unless compressed.
+    pub lsize_bytes: u32,
+    /// How the stored bytes are compressed.
+    pub compression: Compression,
     pub block_type: BlockType,
     pub level: u8,
     pub copies: usize,
@@ -1513,12 +1520,24 @@ impl NewBlock {
     pub(crate) fn data(props: &VolumeProps, txg: Txg) -> NewBlock {
         NewBlock {
             psize_bytes: props.volblocksize_bytes,
+            lsize_bytes: props.volblocksize_bytes,
+            compression: Compression::Off,
             block_type: BlockType::Data,
             level: 0,
             copies: props.copies as usize,
             checksum_type: props.checksum,
             txg,
             fill: 1,
+        }
+    }
+
+    /// This block stored compressed as `c` (its content stays `lsize_bytes`).
+    pub(crate) fn compressed(self, c: &crate::compress::CompressedBlock) -> NewBlock {
+        debug_assert!(c.psize_bytes < self.lsize_bytes);
+        NewBlock {
+            psize_bytes: c.psize_bytes,
+            compression: c.compression,
+            ..self
         }
     }
 }
@@ -1604,10 +1623,10 @@ pub(crate) fn alloc_new_block(
     };
     let mut bp = BlockPtr {
         ndvas: dvas.len() as u8,
-        lsize_bytes: nb.psize_bytes,
+        lsize_bytes: nb.lsize_bytes,
         psize_bytes: nb.psize_bytes,
         checksum_type: nb.checksum_type,
-        compression: Compression::Off,
+        compression: nb.compression,
         block_type: nb.block_type,
         level: nb.level,
         birth: nb.txg,
@@ -1626,16 +1645,38 @@ pub(crate) fn padded(data: &[u8]) -> IoBuf {
     b
 }
 
-/// What the sync does with one dirty data block.
+/// A dirty data block once the sync has its whole content.
 // Lives only in one batch's vector (at most SYNC_WRITES_IN_FLIGHT_MAX): boxing the pointers
 // would cost an allocation per block to save a few KiB for a moment.
+#[allow(clippy::large_enum_variant)]
+enum Prepared {
+    /// Nothing to write: the block the log wrote in place with this content.
+    Done(BlockPtr, Option<BlockPtr>),
+    /// The content: the merged block for a partial one, else the dirty buffer.
+    Content(Option<IoBuf>),
+}
+
+/// What the sync does with one dirty data block.
 #[allow(clippy::large_enum_variant)]
 enum DataWrite {
     /// Nothing to write: the block's pointer (a hole, or the block the log wrote in place),
     /// and the log's block to free if it is not that one.
     Done(BlockPtr, Option<BlockPtr>),
-    /// Write this buffer to a new place; cache it afterwards if `true` (a merged block).
-    Write(Arc<IoBuf>, bool),
+    /// Write `data` (the stored bytes, whole sectors) to a new place as `nb`.
+    Write {
+        nb: NewBlock,
+        data: Arc<IoBuf>,
+        cache: CacheAfter,
+    },
+}
+
+/// What goes to the data cache once a block is written (the cache holds content).
+enum CacheAfter {
+    Nothing,
+    /// The buffer written, which is the content (a merged block stored as is).
+    Written,
+    /// This content (a merged block stored compressed).
+    Content(IoBuf),
 }
 
 /// Writes txg `txg` out and commits it (see the module comment for the protocol).
@@ -1801,6 +1842,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
                             .get(&v.id.0)
                             .map(|i| i.1.clone())
                             .unwrap_or_default(),
+                        compressed_bytes: v.compressed_bytes.load(Ordering::Relaxed),
                     }
                 })
                 .collect(),
@@ -1961,6 +2003,8 @@ async fn sync_volume(
     }
     vol.tree.lock().unwrap().grow_for(nblocks);
     let mut used_delta: i64 = 0;
+    // The change of the data blocks' stored bytes (one copy each), for `compressratio`.
+    let mut compressed_delta: i64 = 0;
     // 1. Frees (applied before the txg's writes, which may land inside a freed range).
     for (start, end) in frees {
         let mut b = start;
@@ -1990,6 +2034,7 @@ async fn sync_volume(
                         for p in removed {
                             used_delta -=
                                 p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                            compressed_delta -= stored_bytes(&p);
                             freed.extend_from_slice(p.dvas());
                         }
                         b = next;
@@ -2003,21 +2048,21 @@ async fn sync_volume(
     // in-place blocks of this txg (or older) are freed.
     blocks.sort_unstable_by_key(|(b, _, _)| *b);
     let bs = props.volblocksize_bytes;
-    let mut overrides: HashMap<u64, BlockPtr> = HashMap::new();
+    let mut overrides: HashMap<u64, crate::compress::InPlaceBlock> = HashMap::new();
     // Every in-place block taken here is adopted or freed by this txg: no longer held.
     {
         let mut o = vol.overrides.lock().unwrap();
         let mut held = vol.inplace_held.lock().unwrap();
         let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
         for k in mine {
-            let bp = o.remove(&k).unwrap();
-            bp.dvas().iter().for_each(|d| {
+            let block = o.remove(&k).unwrap();
+            block.bp.dvas().iter().for_each(|d| {
                 held.remove(d);
             });
             if k.0 == txg && !destroy {
-                overrides.insert(k.1, bp);
+                overrides.insert(k.1, block);
             } else {
-                freed.extend_from_slice(bp.dvas());
+                freed.extend_from_slice(block.bp.dvas());
             }
         }
         vol.override_garbage.lock().unwrap().retain(|(t, bp)| {
@@ -2034,10 +2079,11 @@ async fn sync_volume(
     }
     let overrides = &overrides;
     let data_props = &props;
+    let compression = props.compression;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         // Merge partial blocks with their old content (reads it: frees of this txg, applied
-        // above, never cover a partial block of this txg); find holes and the blocks the log
-        // already wrote with this content.
+        // above, never cover a partial block of this txg); find the blocks the log already
+        // wrote with this content.
         let prepare = batch.iter().map(|(b, dirty_buf, written)| async move {
             let merged = match written {
                 None => None,
@@ -2046,44 +2092,96 @@ async fn sync_volume(
                 }
             };
             let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
-            if oxpool_format::all_zero(buf) {
-                // All zeros: a hole, as ZFS does with compression on.
-                return Ok(DataWrite::Done(BlockPtr::HOLE, overrides.get(b).copied()));
-            }
-            if let Some(bp) = overrides.get(b) {
-                if crate::pipeline::verify(bp, buf) {
+            if let Some(o) = overrides.get(b) {
+                if o.holds(buf) {
                     inner
                         .log_counters
                         .adopted_blocks
                         .fetch_add(1, Ordering::Relaxed);
-                    return Ok(DataWrite::Done(*bp, None));
+                    return Ok(Prepared::Done(o.bp, None));
                 }
             }
-            Ok(if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) {
-                // A block smaller than a sector is written padded (a copy).
-                DataWrite::Write(Arc::new(padded(buf)), false)
-            } else if let Some(merged) = merged {
-                // The merged block is the sync's own: once written it goes to the data cache
-                // (no copy), so the next partial write to the block merges from memory.
-                DataWrite::Write(Arc::new(merged), true)
-            } else {
-                // A whole dirty block is written from the buffer readers share until the
-                // txg retires (no copy). It is not cached: seldom merged again, it would only
-                // crowd out what reads brought in.
-                DataWrite::Write(Arc::clone(dirty_buf), false)
-            })
+            Ok(Prepared::Content(merged))
         });
-        let prepared: Vec<Result<DataWrite>> = join_all(prepare.collect::<Vec<_>>()).await;
+        let prepared = join_all(prepare.collect::<Vec<_>>())
+            .await
+            .into_iter()
+            .collect::<Result<Vec<Prepared>>>()?;
+        // How each block is stored (compressed, as is, or a hole): CPU work, done here
+        // between the merge reads and the writes, on every core (`store_all`).
+        let contents: Vec<&[u8]> = prepared
+            .iter()
+            .zip(batch)
+            .filter_map(|(p, (_, dirty_buf, _))| match p {
+                Prepared::Done(..) => None,
+                Prepared::Content(merged) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
+            })
+            .collect();
+        let mut stored_forms = crate::compress::store_all(compression, &contents).into_iter();
+        drop(contents);
+        let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
+        for (p, (b, dirty_buf, _)) in prepared.into_iter().zip(batch) {
+            to_write.push(match p {
+                Prepared::Done(bp, unused) => DataWrite::Done(bp, unused),
+                Prepared::Content(merged) => {
+                    let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
+                    let stored = stored_forms.next().expect("one stored form per content");
+                    crate::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
+                    let nb = NewBlock::data(data_props, txg);
+                    match stored {
+                        // All zeros, compression on: a hole, as ZFS does.
+                        crate::compress::StoreAs::Hole => DataWrite::Done(
+                            crate::compress::zero_hole(txg),
+                            overrides.get(b).map(|o| o.bp),
+                        ),
+                        crate::compress::StoreAs::Compressed(c) => DataWrite::Write {
+                            nb: nb.compressed(&c),
+                            data: Arc::new(c.buf),
+                            // The merged block goes to the data cache as its content.
+                            cache: merged.map_or(CacheAfter::Nothing, CacheAfter::Content),
+                        },
+                        crate::compress::StoreAs::AsIs
+                            if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) =>
+                        {
+                            // A block smaller than a sector is written padded (a copy).
+                            DataWrite::Write {
+                                nb,
+                                data: Arc::new(padded(buf)),
+                                cache: CacheAfter::Nothing,
+                            }
+                        }
+                        crate::compress::StoreAs::AsIs => match merged {
+                            // The merged block is the sync's own: once written it goes to the
+                            // data cache (no copy), so the next partial write to the block
+                            // merges from memory.
+                            Some(merged) => DataWrite::Write {
+                                nb,
+                                data: Arc::new(merged),
+                                cache: CacheAfter::Written,
+                            },
+                            // A whole dirty block is written from the buffer readers share
+                            // until the txg retires (no copy). It is not cached: seldom merged
+                            // again, it would only crowd out what reads brought in.
+                            None => DataWrite::Write {
+                                nb,
+                                data: Arc::clone(dirty_buf),
+                                cache: CacheAfter::Nothing,
+                            },
+                        },
+                    }
+                }
+            });
+        }
         // Places in block order, so that next-fit hands out adjacent ones and the writes of
         // the batch aggregate into a few large I/Os.
         let mut ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>> = Vec::with_capacity(batch.len());
-        let mut writes: Vec<(usize, BlockPtr, Arc<IoBuf>, bool)> = Vec::new();
-        for (i, (p, (b, _, _))) in prepared.into_iter().zip(batch).enumerate() {
-            match p? {
+        let mut writes: Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)> = Vec::new();
+        for (i, (w, (b, _, _))) in to_write.into_iter().zip(batch).enumerate() {
+            match w {
                 DataWrite::Done(bp, unused) => ptrs.push(Ok((bp, unused))),
-                DataWrite::Write(data, cache) => {
-                    let bp = alloc_new_block(inner, &data, NewBlock::data(data_props, txg), None)?;
-                    ptrs.push(Ok((bp, overrides.get(b).copied())));
+                DataWrite::Write { nb, data, cache } => {
+                    let bp = alloc_new_block(inner, &data, nb, None)?;
+                    ptrs.push(Ok((bp, overrides.get(b).map(|o| o.bp))));
                     writes.push((i, bp, data, cache));
                 }
             }
@@ -2099,9 +2197,15 @@ async fn sync_volume(
                 ptrs[i] = Err(e);
                 continue;
             }
-            // The write gave its references back: the merged buffer is ours again.
-            if let (true, Ok(buf)) = (cache, Arc::try_unwrap(data)) {
-                inner.data_cache.insert(CacheKey::of(&bp), buf);
+            match cache {
+                CacheAfter::Nothing => {}
+                // The write gave its references back: the merged buffer is ours again.
+                CacheAfter::Written => {
+                    if let Ok(buf) = Arc::try_unwrap(data) {
+                        inner.data_cache.insert(CacheKey::of(&bp), buf);
+                    }
+                }
+                CacheAfter::Content(buf) => inner.data_cache.insert(CacheKey::of(&bp), buf),
             }
         }
         for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
@@ -2127,12 +2231,13 @@ async fn sync_volume(
                 .expect("level-1 block cached by the walk");
             used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
             used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+            compressed_delta += stored_bytes(&ptr) - stored_bytes(&old);
             freed.extend_from_slice(old.dvas());
         }
     }
-    for (b, bp) in overrides.iter() {
+    for (b, o) in overrides.iter() {
         if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {
-            freed.extend_from_slice(bp.dvas());
+            freed.extend_from_slice(o.bp.dvas());
         }
     }
     // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
@@ -2158,6 +2263,8 @@ async fn sync_volume(
                 .map(|(_, buf, fill)| {
                     let nb = NewBlock {
                         psize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                        lsize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                        compression: Compression::Off,
                         block_type: BlockType::Indirect,
                         level,
                         copies: meta_copies,
@@ -2220,5 +2327,9 @@ async fn sync_volume(
     let used = vol.used_bytes.load(Ordering::Relaxed) as i64 + used_delta;
     debug_assert!(used >= 0);
     vol.used_bytes.store(used.max(0) as u64, Ordering::Relaxed);
+    let stored = vol.compressed_bytes.load(Ordering::Relaxed) as i64 + compressed_delta;
+    debug_assert!(stored >= 0);
+    vol.compressed_bytes
+        .store(stored.max(0) as u64, Ordering::Relaxed);
     Ok(())
 }

@@ -6,7 +6,7 @@
 use crate::completion::CompletionPolicy;
 use crate::vdev_queue::SchedulerMode;
 use crate::{EngineError, Result};
-use oxpool_format::{ChecksumType, Guid};
+use oxpool_format::{ChecksumType, CompressionSetting, Guid};
 use std::collections::BTreeMap;
 
 /// Smallest `volblocksize`.
@@ -300,6 +300,11 @@ pub struct VolumeProps {
     /// of a verified client certificate or a PSK identity (only clients that came in over
     /// TLS have one). Others get `NBD_REP_ERR_POLICY` and do not see the export listed.
     pub nbd_allow: Option<Vec<String>>,
+    /// `compression`: how data blocks written from now on are stored: `off`, `lz4`
+    /// (default, as ZFS), `zstd` (level 3), `zstd-1` .. `zstd-19`, `zle`. A block is stored
+    /// compressed only if that saves an eighth of it and a whole sector; an all-zero block
+    /// becomes a hole unless this is `off`. Blocks already written keep their form.
+    pub compression: CompressionSetting,
 }
 
 /// Longest identity in `nbd_allow` (OpenSSL's PSK identity limit; a certificate's common
@@ -348,7 +353,16 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
     "logbias",
     "log_copy_max",
     "nbd_allow",
+    "compression",
 ];
+
+/// Names of the volumes' read-only properties (statistics, as of the last txg sync), for
+/// listing: `used` (bytes allocated, every copy, indirect blocks included), `logicalused` and
+/// `logicalreferenced` (the data blocks' logical size: what they hold before compression,
+/// one copy; the same for a volume without snapshots), `compressratio` (`logicalused` over
+/// what the data blocks take as stored, one copy, as `1.53x`).
+pub const VOLUME_STAT_NAMES: &[&str] =
+    &["used", "logicalused", "logicalreferenced", "compressratio"];
 
 impl VolumeProps {
     /// Defaults for a volume of `volsize_bytes`.
@@ -363,6 +377,7 @@ impl VolumeProps {
             logbias_throughput: false,
             log_copy_max_bytes: 32 << 10,
             nbd_allow: None,
+            compression: CompressionSetting::default(),
         }
     }
 
@@ -386,6 +401,7 @@ impl VolumeProps {
                 None => "*".to_string(),
                 Some(names) => names.join(","),
             },
+            "compression" => self.compression.to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -463,6 +479,19 @@ impl VolumeProps {
                 self.log_copy_max_bytes = v;
             }
             "nbd_allow" => self.nbd_allow = parse_nbd_allow(value)?,
+            "compression" => {
+                self.compression = value.parse().map_err(|_| {
+                    EngineError::invalid(format!(
+                        "bad value '{value}' for compression: expected off, lz4, zstd, \
+                         zstd-1 .. zstd-19 or zle"
+                    ))
+                })?
+            }
+            _ if VOLUME_STAT_NAMES.contains(&name) => {
+                return Err(EngineError::invalid(format!(
+                    "property '{name}' is read-only"
+                )))
+            }
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -495,6 +524,7 @@ impl VolumeProps {
             "readonly",
             "logbias",
             "log_copy_max",
+            "compression",
         ];
         if self.nbd_allow.is_some() {
             names.push("nbd_allow");
@@ -565,9 +595,14 @@ mod tests {
         p.set("checksum", "blake3").unwrap();
         p.set("nbd_allow", " client1 , alice").unwrap();
         assert_eq!(p.get("nbd_allow").unwrap(), "client1,alice");
+        assert_eq!(p.get("compression").unwrap(), "lz4", "the default");
+        p.set("compression", "zstd-7").unwrap();
+        assert!(p.set("compression", "zstd-20").is_err());
+        assert!(p.set("compressratio", "2").is_err(), "read-only");
         let q =
             VolumeProps::from_parts(p.volsize_bytes, p.volblocksize_bytes, &p.to_pairs()).unwrap();
         assert_eq!(p, q);
+        assert_eq!(q.get("compression").unwrap(), "zstd-7");
         assert!(p.set("volblocksize", "8K").is_err());
         assert!(p.set_initial("volblocksize", "3000").is_err());
         p.volsize_bytes = 1000;

@@ -17,7 +17,7 @@ use crate::alloc::ClassBytes;
 use crate::data_cache::CacheKey;
 use crate::idhash::{IdMap, IdSet};
 use crate::iostats::{VolumeIoStats, VolumeOp};
-use crate::pipeline::{heal_copies, read_block, read_block_unhealed};
+use crate::pipeline::{heal_copies, read_data_block, read_data_block_unhealed};
 use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
 use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
@@ -485,9 +485,10 @@ pub(crate) async fn merge_partial(
                 let mut attempt = 1;
                 // Bounded: MERGE_READ_ATTEMPTS reads of every copy.
                 loop {
-                    let read = read_block(&inner.vdevs, IoClass::SyncRead, &bp, &name).await;
+                    let read =
+                        read_data_block(&inner.vdevs, IoClass::SyncRead, &bp, bs, &name).await;
                     match read {
-                        Ok(old) => break old,
+                        Ok(old) => break old.content,
                         Err(_) if attempt < MERGE_READ_ATTEMPTS => attempt += 1,
                         Err(e @ EngineError::Checksum { .. }) => {
                             tracing::error!(
@@ -534,8 +535,9 @@ pub(crate) struct VolumeInner {
     pub zil: Zil,
     /// Blocks the intent log already wrote in place (logbias=throughput, large sync writes),
     /// by (txg, block): the sync of that txg adopts one instead of writing the block again if
-    /// the block's dirty content is what was written.
-    pub overrides: Mutex<HashMap<(Txg, u64), BlockPtr>>,
+    /// the block's dirty content is what was written (compared by the content's checksum: a
+    /// compressed block's pointer checksums its stored bytes).
+    pub overrides: Mutex<HashMap<(Txg, u64), crate::compress::InPlaceBlock>>,
     /// In-place blocks replaced by a newer one for the same (txg, block): freed by that txg's
     /// sync.
     pub override_garbage: Mutex<Vec<(Txg, BlockPtr)>>,
@@ -551,6 +553,9 @@ pub(crate) struct VolumeInner {
     /// (though not durable before that txg's uberblock). What a scrub walks; unlike
     /// `tree.root()`, valid while a sync is changing the tree.
     pub written_root: Mutex<(BlockPtr, u8)>,
+    /// Bytes its data blocks take as stored, one copy each, as of the last sync (for
+    /// `compressratio`; persisted as `VolumeMeta::compressed_bytes`).
+    pub compressed_bytes: AtomicU64,
     pub destroyed: AtomicBool,
     /// Calls of the data-plane API, for `oxpool iostat`.
     pub io_stats: VolumeIoStats,
@@ -584,6 +589,7 @@ impl VolumeInner {
             inplace_held: Mutex::new(HashSet::new()),
             used_bytes: AtomicU64::new(used_bytes),
             written_root,
+            compressed_bytes: AtomicU64::new(0),
             destroyed: AtomicBool::new(false),
             io_stats: VolumeIoStats::default(),
         }
@@ -819,6 +825,7 @@ impl Volume {
     ) -> Result<Option<T>> {
         let vdevs = &self.pool.vdevs;
         let what = &self.vol.full_name;
+        let bs = self.vol.props.lock().unwrap().volblocksize_bytes as usize;
         let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
@@ -828,16 +835,18 @@ impl Volume {
             if let Some(v) = take(TreeRead::Cached(&key)) {
                 return Ok(Some(v));
             }
-            // The name is formatted only if the read fails.
-            let read = read_block_unhealed(
+            // The name is formatted only if the read fails. A compressed block comes back
+            // decompressed (the cache holds content).
+            let read = read_data_block_unhealed(
                 vdevs,
                 IoClass::SyncRead,
                 &bp,
+                bs,
                 &format_args!("{what} block {b}"),
             )
             .await;
             match read {
-                Ok((buf, bad)) => {
+                Ok((block, bad)) => {
                     // Bad copies are rewritten only if the block is still current: a block
                     // partial in a syncing txg may have been replaced while this read ran,
                     // its places freed and reused, and healing would then write the old
@@ -845,9 +854,9 @@ impl Volume {
                     if !bad.is_empty()
                         && lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await? == bp
                     {
-                        heal_copies(&bad, &buf).await;
+                        heal_copies(&bad, block.stored()).await;
                     }
-                    let v = take(TreeRead::Read(key, buf));
+                    let v = take(TreeRead::Read(key, block.content));
                     debug_assert!(v.is_some(), "a read block must be taken");
                     return Ok(v);
                 }
@@ -1345,6 +1354,55 @@ impl Volume {
     /// Bytes allocated to this volume's blocks as of the last txg sync.
     pub fn used_bytes(&self) -> u64 {
         self.vol.used_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The logical size of the volume's data blocks as of the last txg sync: what they hold
+    /// before compression, one copy, holes not counted (`logicalused`). Every data block holds
+    /// `volblocksize` bytes, and the tree's root counts the data blocks below it (`fill`).
+    pub fn logical_bytes(&self) -> u64 {
+        let fill = self.vol.tree.lock().unwrap().root().fill;
+        fill.saturating_mul(u64::from(self.block_size_bytes()))
+    }
+
+    /// The pointer of data block `b` as the tree holds it now (a hole for a block never
+    /// written, freed, or stored as a hole): how and where the block is stored, for tools and
+    /// tests. Dirty data not yet synced is not in it.
+    pub async fn block_pointer(&self, b: u64) -> Result<oxpool_format::BlockPtr> {
+        let bs = u64::from(self.block_size_bytes());
+        self.check_range(b.saturating_mul(bs), bs, false)?;
+        lookup(
+            &self.vol.tree,
+            &self.pool.vdevs,
+            IoClass::SyncRead,
+            b,
+            &self.vol.full_name,
+        )
+        .await
+    }
+
+    /// What the volume's data blocks take as stored, one copy each, as of the last txg sync.
+    pub fn compressed_bytes(&self) -> u64 {
+        self.vol.compressed_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Reads a volume property: a settable one (see [`VolumeProps`]) or a statistic
+    /// ([`crate::props::VOLUME_STAT_NAMES`]), as `oxpool get` shows it.
+    pub fn get_prop(&self, name: &str) -> Result<String> {
+        Ok(match name {
+            "used" => self.used_bytes().to_string(),
+            "logicalused" | "logicalreferenced" => self.logical_bytes().to_string(),
+            "compressratio" => {
+                let (logical, stored) = (self.logical_bytes(), self.compressed_bytes());
+                // As ZFS: 1.00x for a volume with no data.
+                let ratio = if logical == 0 || stored == 0 {
+                    1.0
+                } else {
+                    logical as f64 / stored as f64
+                };
+                format!("{ratio:.2}x")
+            }
+            _ => return self.props().get(name),
+        })
     }
 }
 

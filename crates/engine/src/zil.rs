@@ -1074,17 +1074,37 @@ impl Volume {
                 data: Arc::from(&data[..head]),
             });
         }
+        // How each block is stored (compressed, as is, or a hole) is decided here, on the
+        // committer's thread, with the volume's `compression` as it is now: the block is
+        // written now, as the txg sync would have written it.
         let futs: Vec<_> = (first_b..end_b)
             .map(|b| {
                 let at = (b * bs - offset_bytes) as usize;
-                let block = Arc::new(crate::pool::padded(&data[at..at + bs as usize]));
+                let content = &data[at..at + bs as usize];
+                let stored = crate::compress::store_as(props.compression, content);
                 async move {
+                    crate::compress::COMPRESS_COUNTERS.note_written(content.len(), &stored);
+                    let nb = crate::pool::NewBlock::data(props, txg);
+                    let (block, nb) = match stored {
+                        // All zeros with compression on: the sync makes it a hole, so the
+                        // log records a zeroing (replayed as write-zeroes: a hole too).
+                        crate::compress::StoreAs::Hole => {
+                            return Ok::<_, EngineError>(InPlace::Zeros(b));
+                        }
+                        crate::compress::StoreAs::AsIs => {
+                            (Arc::new(crate::pool::padded(content)), nb)
+                        }
+                        crate::compress::StoreAs::Compressed(c) => {
+                            let nb = nb.compressed(&c);
+                            (Arc::new(c.buf), nb)
+                        }
+                    };
                     // Held from its allocation on, so every txg sync accounts for it (see
                     // `VolumeInner::inplace_held`).
                     let bp = crate::pool::alloc_new_block(
                         &self.pool,
                         &block,
-                        crate::pool::NewBlock::data(props, txg),
+                        nb,
                         Some(&self.vol.inplace_held),
                     )?;
                     // A sync write's blocks: the client waits for them.
@@ -1105,7 +1125,10 @@ impl Volume {
                         .log_counters
                         .indirect_bytes
                         .fetch_add(block.len() as u64, Ordering::Relaxed);
-                    Ok::<(u64, BlockPtr), EngineError>((b, bp))
+                    Ok(InPlace::Written(
+                        b,
+                        crate::compress::InPlaceBlock::new(bp, content),
+                    ))
                 }
             })
             .collect();
@@ -1120,23 +1143,38 @@ impl Volume {
         {
             // Register every block written, even on error: the sync frees what it cannot use.
             let mut o = self.vol.overrides.lock().unwrap();
-            for (b, bp) in &written {
-                if let Some(old) = o.insert((txg, *b), *bp) {
+            for w in &written {
+                let InPlace::Written(b, block) = w else {
+                    continue;
+                };
+                if let Some(old) = o.insert((txg, *b), *block) {
                     // Freed by the sync of its own txg (so the space maps that sync writes
                     // hold it allocated), never by whichever sync happens to run next.
-                    self.vol.override_garbage.lock().unwrap().push((txg, old));
+                    self.vol
+                        .override_garbage
+                        .lock()
+                        .unwrap()
+                        .push((txg, old.bp));
                 }
             }
         }
         if let Some(e) = err {
             return Err(e);
         }
-        for (b, bp) in written {
-            out.push(Built::Indirect {
-                txg,
-                offset_bytes: b * bs,
-                length_bytes: bs,
-                bp,
+        // In block order (join_all keeps it), so replay applies them as the write did.
+        for w in written {
+            out.push(match w {
+                InPlace::Written(b, block) => Built::Indirect {
+                    txg,
+                    offset_bytes: b * bs,
+                    length_bytes: bs,
+                    bp: block.bp,
+                },
+                InPlace::Zeros(b) => Built::Zero {
+                    txg,
+                    offset_bytes: b * bs,
+                    length_bytes: bs,
+                },
             });
         }
         let tail_at = (end_b * bs - offset_bytes) as usize;
@@ -1394,6 +1432,14 @@ async fn write_durably(
     }
 }
 
+/// What [`Volume::write_in_place`] did with one whole block of a sync write.
+enum InPlace {
+    /// Written in place (by index in the volume), for the txg sync to adopt.
+    Written(u64, crate::compress::InPlaceBlock),
+    /// All zeros with compression on: nothing written, logged as a zeroing.
+    Zeros(u64),
+}
+
 /// Replay of one volume's log at import: the records newer than the committed txg, in order.
 pub(crate) struct Replay {
     /// Records to apply (owned copies).
@@ -1494,14 +1540,23 @@ pub(crate) async fn read_chain(
                     // did not: that record was never acknowledged, and nothing after it was
                     // (a block counts only once every block before it is flushed). The log
                     // ends there.
-                    match crate::pipeline::read_block(vdevs, IoClass::SyncRead, &bp, "log indirect block")
-                        .await
-                    {
-                        Ok(buf) if (length_bytes as usize) <= buf.len() => {
+                    // The record's length is the block's: a compressed block is decompressed to
+                    // exactly that (bounded by the record decoder), never to a size the
+                    // pointer alone claims.
+                    let read = crate::pipeline::read_data_block(
+                        vdevs,
+                        IoClass::SyncRead,
+                        &bp,
+                        length_bytes as usize,
+                        "log indirect block",
+                    )
+                    .await;
+                    match read {
+                        Ok(block) if (length_bytes as usize) <= block.content.len() => {
                             out.indirect_blocks.extend_from_slice(bp.dvas());
                             ReplayRecord::Write {
                                 offset_bytes,
-                                data: buf[..length_bytes as usize].to_vec(),
+                                data: block.content[..length_bytes as usize].to_vec(),
                             }
                         }
                         _ => {

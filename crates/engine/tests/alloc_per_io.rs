@@ -165,6 +165,18 @@ fn synced_reads_allocate_nothing(kind: TopVdevKind, data_cache: bool) {
 }
 
 fn synced_reads_allocate_nothing_with(kind: TopVdevKind, data_cache: bool, completion: &str) {
+    synced_reads_allocate_nothing_compressed(kind, data_cache, completion, "lz4");
+}
+
+/// As [`synced_reads_allocate_nothing`], for a volume with `compression` (the region's
+/// blocks compress: uncached reads decompress them, with buffers from the I/O buffer pool and
+/// the codecs' per-thread contexts).
+fn synced_reads_allocate_nothing_compressed(
+    kind: TopVdevKind,
+    data_cache: bool,
+    completion: &str,
+    compression: &str,
+) {
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pool = file_pool(dir.path(), kind.clone());
@@ -172,9 +184,21 @@ fn synced_reads_allocate_nothing_with(kind: TopVdevKind, data_cache: bool, compl
     if !data_cache {
         pool.set_prop("data_cache_max", "0").unwrap();
     }
-    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    let vol = pool
+        .create_volume(
+            "v",
+            VOLUME_BYTES,
+            &[("compression".into(), compression.into())],
+        )
+        .unwrap();
     fill_region(&vol, 0x5a);
     pool.sync().unwrap();
+    let stored = block_on(vol.block_pointer(0)).unwrap();
+    assert_eq!(
+        stored.compression.name(),
+        compression.split('-').next().unwrap(),
+        "{stored:?}"
+    );
     let mut buf = vec![0u8; IO_BYTES];
     reads(&vol, &mut buf, 0, WARM_UP_IO_COUNT);
     let allocation_count =
@@ -213,6 +237,22 @@ fn synced_reads_allocate_nothing_mirror() {
 fn uncached_reads_allocate_nothing_under_each_completion_policy() {
     for completion in ["inline", "worker", "batched", "auto"] {
         synced_reads_allocate_nothing_with(TopVdevKind::Single, false, completion);
+    }
+}
+
+/// Reads of compressed blocks that miss the cache decompress each block (zstd here;
+/// lz4 is the default of the tests above), under each completion policy.
+#[test]
+fn uncached_compressed_reads_allocate_nothing() {
+    for completion in ["inline", "worker", "auto"] {
+        for compression in ["zstd", "off"] {
+            synced_reads_allocate_nothing_compressed(
+                TopVdevKind::Single,
+                false,
+                completion,
+                compression,
+            );
+        }
     }
 }
 

@@ -70,6 +70,61 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// What a test writes: data that compresses, data that does not, and zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// Pseudo-random bytes (incompressible: stored as is).
+    Random,
+    /// Half random, half zeros in 512-byte chunks (fio's `buffer_compress_percentage=50`),
+    /// then text-like runs: compresses about 2x with lz4.
+    Compressible,
+    /// All zeros (written as data: with compression on, whole blocks become holes).
+    Zeros,
+    /// A mix, 4 KiB at a time: each 4 KiB random, compressible or zeros, by the seed.
+    Mixed,
+}
+
+impl Fill {
+    /// Every kind, to pick from.
+    pub const ALL: [Fill; 4] = [Fill::Random, Fill::Compressible, Fill::Zeros, Fill::Mixed];
+}
+
+/// `len` bytes of kind `fill`, deterministic from `seed`.
+pub fn content(fill: Fill, seed: u64, len: usize) -> Vec<u8> {
+    match fill {
+        Fill::Random => pattern(seed, len),
+        Fill::Zeros => vec![0u8; len],
+        Fill::Compressible => {
+            let mut out = pattern(seed, len);
+            for (i, chunk) in out.chunks_mut(512).enumerate() {
+                let half = chunk.len() / 2;
+                if i % 4 == 3 {
+                    // Text-like: a short phrase repeated, with the chunk's number.
+                    let line = format!("block {seed:x} chunk {i}: the quick brown fox ");
+                    for (b, c) in chunk.iter_mut().zip(line.bytes().cycle()) {
+                        *b = c;
+                    }
+                } else {
+                    chunk[half..].fill(0);
+                }
+            }
+            out
+        }
+        Fill::Mixed => {
+            let mut out = Vec::with_capacity(len);
+            let mut k = 0u64;
+            while out.len() < len {
+                let n = (len - out.len()).min(4096);
+                let kind = [Fill::Random, Fill::Compressible, Fill::Zeros]
+                    [(seed.wrapping_mul(0x9E37_79B9).wrapping_add(k) % 3) as usize];
+                out.extend_from_slice(&content(kind, seed ^ k, n));
+                k += 1;
+            }
+            out
+        }
+    }
+}
+
 /// All devices of a pool lose power at the same instant: a shared countdown over every
 /// operation of every device.
 pub struct CrashGroup {

@@ -1,9 +1,13 @@
 //! Model-based test: random sequences of volume writes, trims, write-zeroes, reads, txg syncs
 //! and export/import against an in-memory model; the contents must always be equal.
+//!
+//! Writes carry data that compresses, data that does not, zeros, and mixes of the three (the
+//! volumes compress with the default lz4 unless a test says otherwise), and one test changes
+//! `compression` between writes.
 
 mod common;
 
-use common::{mem_pool, pattern, reimport};
+use common::{content, mem_pool, pattern, reimport, Fill};
 use oxpool_engine::Pool;
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
@@ -23,6 +27,7 @@ enum Op {
         off: u64,
         len: u64,
         seed: u64,
+        fill: Fill,
     },
     Trim {
         vol: usize,
@@ -41,14 +46,22 @@ enum Op {
     },
     Sync,
     Reopen,
+    /// Sets a volume's `compression` (blocks written afterwards take it).
+    SetCompression {
+        vol: usize,
+        value: &'static str,
+    },
 }
+
+/// Every `compression` setting, for the tests that change it.
+const COMPRESSIONS: [&str; 6] = ["off", "lz4", "zstd", "zstd-1", "zstd-9", "zle"];
 
 fn op() -> impl Strategy<Value = Op> {
     let range = (0usize..VOLUMES.len(), 0.0f64..1.0, 1u64..70_000);
     prop_oneof![
-        6 => (range.clone(), any::<u64>(), any::<bool>()).prop_map(|((vol, f, len), seed, aligned)| {
+        6 => (range.clone(), any::<u64>(), any::<bool>(), 0..Fill::ALL.len()).prop_map(|((vol, f, len), seed, aligned, fill)| {
             let (off, len) = place_maybe_aligned(vol, f, len, aligned);
-            Op::Write { vol, off, len, seed }
+            Op::Write { vol, off, len, seed, fill: Fill::ALL[fill] }
         }),
         1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Trim { vol, off, len } }),
         1 => (range.clone(), any::<bool>()).prop_map(|((vol, f, len), aligned)| {
@@ -58,6 +71,15 @@ fn op() -> impl Strategy<Value = Op> {
         3 => range.prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Read { vol, off, len } }),
         1 => Just(Op::Sync),
         1 => Just(Op::Reopen),
+    ]
+}
+
+/// [`op`], plus changes of a volume's `compression` to any setting.
+fn op_or_compression() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => op(),
+        1 => (0usize..VOLUMES.len(), 0..COMPRESSIONS.len())
+            .prop_map(|(vol, c)| Op::SetCompression { vol, value: COMPRESSIONS[c] }),
     ]
 }
 
@@ -87,9 +109,13 @@ fn apply_model(model: &mut [Vec<u8>], op: &Op) {
             off,
             len,
             seed,
+            fill,
         } => {
-            model[vol][off as usize..(off + len) as usize]
-                .copy_from_slice(&pattern(seed, len as usize));
+            model[vol][off as usize..(off + len) as usize].copy_from_slice(&content(
+                fill,
+                seed,
+                len as usize,
+            ));
         }
         Op::Trim { vol, off, len } => {
             // Only whole blocks inside the range are freed (and read as zeros).
@@ -117,6 +143,17 @@ fn run_with(
     devices: usize,
     props: &[(&str, &str)],
 ) -> Result<(), TestCaseError> {
+    run_volumes(ops, kind, devices, props, &[])
+}
+
+/// As [`run_with`], with volume properties `vol_props` set on every volume at creation.
+fn run_volumes(
+    ops: Vec<Op>,
+    kind: TopVdevKind,
+    devices: usize,
+    props: &[(&str, &str)],
+    vol_props: &[(&str, &str)],
+) -> Result<(), TestCaseError> {
     let (pool, mems) = mem_pool(kind, devices);
     for (name, value) in props {
         pool.set_prop(name, value).unwrap();
@@ -126,9 +163,15 @@ fn run_with(
     }
     let mut pool = Some(pool);
     for (name, size, bs) in VOLUMES {
+        let mut p = vec![("volblocksize".to_string(), bs.to_string())];
+        p.extend(
+            vol_props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
         pool.as_ref()
             .unwrap()
-            .create_volume(name, size, &[("volblocksize".into(), bs.to_string())])
+            .create_volume(name, size, &p)
             .unwrap();
     }
     let mut model: Vec<Vec<u8>> = VOLUMES.iter().map(|v| vec![0u8; v.1 as usize]).collect();
@@ -140,9 +183,14 @@ fn run_with(
                 off,
                 len,
                 seed,
+                fill,
             } => {
                 let v = p.volume(VOLUMES[*vol].0).unwrap();
-                block_on(v.write(*off, &pattern(*seed, *len as usize), false)).unwrap();
+                block_on(v.write(*off, &content(*fill, *seed, *len as usize), false)).unwrap();
+            }
+            Op::SetCompression { vol, value } => {
+                p.set_volume_prop(VOLUMES[*vol].0, "compression", value)
+                    .unwrap();
             }
             Op::Trim { vol, off, len } => {
                 let v = p.volume(VOLUMES[*vol].0).unwrap();
@@ -213,6 +261,34 @@ proptest! {
     #[test]
     fn background_syncs_match_model(ops in proptest::collection::vec(op(), 1..80)) {
         run_with(ops, TopVdevKind::Single, 1, &[("dirty_max", "1048576")])?;
+    }
+}
+
+// Compression (issue 20): lz4 is the default of the tests above; zstd and off here, and
+// changes of `compression` between writes (data written under every setting reads back, and
+// partial writes merge with blocks stored under another setting). A mirror, so a copy that
+// does not verify falls back to the other.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn zstd_matches_model(ops in proptest::collection::vec(op(), 1..50)) {
+        run_volumes(ops, TopVdevKind::Mirror, 2, &[], &[("compression", "zstd")])?;
+    }
+
+    #[test]
+    fn lz4_with_background_syncs_matches_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run_volumes(ops, TopVdevKind::Single, 1, &[("dirty_max", "1048576")], &[("compression", "lz4")])?;
+    }
+
+    #[test]
+    fn compression_off_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_volumes(ops, TopVdevKind::Single, 1, &[], &[("compression", "off")])?;
+    }
+
+    #[test]
+    fn compression_changes_match_model(ops in proptest::collection::vec(op_or_compression(), 1..60)) {
+        run_volumes(ops, TopVdevKind::Mirror, 2, &[], &[])?;
     }
 }
 

@@ -7,13 +7,16 @@
 //! and the pool must keep working (its space maps are sound: new writes never overwrite live
 //! data).
 //!
-//! Layouts by seed: a single device, a mirror, a stripe, and a device with a separate log device.
+//! Layouts by seed: a single device, a mirror, a stripe, and a device with a separate log device;
+//! and by seed, each with `compression` lz4, zstd or off, with or without `logbias=throughput`
+//! (so that sync writes of whole blocks are written in place, compressed, and adopted by the
+//! txg sync). Writes carry data that compresses, data that does not, zeros, and mixes.
 //!
 //! `OXPOOL_CRASH_CASES=N` runs N seeds (default 2000); `OXPOOL_CRASH_SEED=S` replays one seed.
 
 mod common;
 
-use common::{pattern, test_props, CrashGroup, GroupDevice};
+use common::{content, pattern, test_props, CrashGroup, Fill, GroupDevice};
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
@@ -83,12 +86,18 @@ fn crash_case(seed: u64) -> Result<String, String> {
             .collect(),
     };
     let pool = Pool::create("tank", tops, test_props(), false).map_err(|e| e.to_string())?;
-    let bs = [512u32, 4096, 16384][rng.random_range(0..3)];
+    let bs = [512u32, 4096, 16384, 16384, 65536][rng.random_range(0..5)];
+    let compression = ["lz4", "zstd", "off"][(seed / 4 % 3) as usize];
+    let logbias = ["latency", "throughput"][(seed / 12 % 2) as usize];
     let vol = pool
         .create_volume(
             "v",
             VOLUME_BYTES,
-            &[("volblocksize".into(), bs.to_string())],
+            &[
+                ("volblocksize".into(), bs.to_string()),
+                ("compression".into(), compression.into()),
+                ("logbias".into(), logbias.into()),
+            ],
         )
         .map_err(|e| e.to_string())?;
     pool.sync().map_err(|e| e.to_string())?;
@@ -124,7 +133,8 @@ fn crash_case(seed: u64) -> Result<String, String> {
                     off = off / 512 * 512;
                     len = len.div_ceil(512) * 512;
                 }
-                let data = pattern(seed.wrapping_add(step), len as usize);
+                let fill = Fill::ALL[rng.random_range(0..Fill::ALL.len())];
+                let data = content(fill, seed.wrapping_add(step), len as usize);
                 let fua = rng.random_range(0..8) == 0;
                 let r = block_on(vol.write(off, &data, fua));
                 // Even a failed write may have reached the media in part.
@@ -174,6 +184,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     let pool = Pool::import(as_backends(&mems), Some("tank"))
         .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
+    let report = format!("{report}volblocksize {bs}, compression {compression}, logbias {logbias}");
     let got = read_all(&pool)?;
     if let Some(i) = (0..got.len()).find(|&i| {
         got[i] != durable[i]

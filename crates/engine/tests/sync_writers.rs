@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{pattern, test_props};
+use common::{content, pattern, test_props, Fill};
 use oxpool_engine::{Pool, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::{block_on, join_all};
@@ -259,7 +259,8 @@ async fn writer_task(vol: Volume, w: u64, seed: u64, state: &RefCell<Writer>) {
         } else {
             let len = rng.random_range(1..12_000u64);
             let off = rng.random_range(0..REGION_BYTES - len);
-            let data = pattern(seed ^ (w << 32) ^ step, len as usize);
+            let fill = Fill::ALL[rng.random_range(0..Fill::ALL.len())];
+            let data = content(fill, seed ^ (w << 32) ^ step, len as usize);
             let fua = rng.random_range(0..3) == 0;
             {
                 // Recorded before the write: a write in flight at the crash may land.
@@ -289,15 +290,20 @@ fn crash_case(seed: u64) -> Result<(), String> {
     let fault = Arc::new(FaultBackend::new(Arc::new(mem.clone()), seed));
     fault.set_latency(Duration::from_micros(20));
     let pool = pool_on(vec![fault.clone() as Arc<dyn Backend>]);
-    // Odd seeds: logbias=throughput with small blocks, so sync writes go in place and are
-    // logged by pointer; even seeds: copied into the log.
-    let props: Vec<(String, String)> = if seed % 2 == 1 {
-        vec![
+    // Odd seeds: logbias=throughput, so sync writes go in place and are logged by pointer
+    // (with 4 KiB blocks, or 8 KiB ones stored compressed with zstd, which the txg sync must
+    // adopt by their content); even seeds: copied into the log.
+    let props: Vec<(String, String)> = match seed % 4 {
+        1 => vec![
             ("volblocksize".into(), "4K".into()),
             ("logbias".into(), "throughput".into()),
-        ]
-    } else {
-        vec![]
+        ],
+        3 => vec![
+            ("volblocksize".into(), "8K".into()),
+            ("logbias".into(), "throughput".into()),
+            ("compression".into(), "zstd".into()),
+        ],
+        _ => vec![],
     };
     let vol = pool
         .create_volume("v", WRITERS * REGION_BYTES, &props)

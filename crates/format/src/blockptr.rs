@@ -17,10 +17,14 @@ use std::fmt;
 
 /// Size of an encoded block pointer.
 pub const BLOCK_PTR_BYTES: usize = 128;
-/// Version byte stored in every non-hole block pointer (byte 53). Block pointers have no magic
+/// Version byte written in every non-hole block pointer (byte 53). Block pointers have no magic
 /// (they are always embedded in a structure that has one), so this byte is what tells a
-/// pointer of this version from garbage or from a later version.
-pub const BLOCK_PTR_VERSION: u8 = 1;
+/// pointer of a known version from garbage or from a later version. Version 2 (format
+/// version 2) added compressed blocks; a version 1 pointer decodes too, and must have
+/// `compression` 0.
+pub const BLOCK_PTR_VERSION: u8 = 2;
+/// The oldest block pointer version this build reads.
+pub const BLOCK_PTR_VERSION_MIN: u8 = 1;
 /// Most copies (DVAs) one block pointer holds.
 pub const DVAS_MAX: usize = 3;
 /// Highest tree level of a block. With 255 pointers per indirect block, 9 levels already
@@ -33,20 +37,33 @@ pub const BLOCK_BYTES_MAX: u32 = round_up(
     SECTOR_BYTES as usize,
 ) as u32;
 
-/// Compression of a block's contents, stored in its block pointer.
+/// Compression of a block's contents, stored in its block pointer (byte 50). The algorithm
+/// only: a zstd level is a property of the writer, not needed to decompress. The codecs are in
+/// `compress.rs`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[repr(u8)]
 pub enum Compression {
     /// Stored as is: `psize_bytes == lsize_bytes`.
     #[default]
     Off = 0,
+    /// LZ4 block format (no frame), `psize_bytes` bytes decompress to `lsize_bytes`. Since
+    /// format version 2.
+    Lz4 = 1,
+    /// One Zstandard frame. Since format version 2.
+    Zstd = 2,
+    /// Zero-length encoding: runs of zeros and literal runs (see `compress.rs`). Since format
+    /// version 2.
+    Zle = 3,
 }
 
 impl Compression {
-    /// Name as shown and parsed by the CLI's `compression` property.
+    /// Name as shown and parsed by the CLI (`compression` property, without a level).
     pub const fn name(self) -> &'static str {
         match self {
             Compression::Off => "off",
+            Compression::Lz4 => "lz4",
+            Compression::Zstd => "zstd",
+            Compression::Zle => "zle",
         }
     }
 }
@@ -57,6 +74,9 @@ impl TryFrom<u8> for Compression {
     fn try_from(value: u8) -> Result<Self, FormatError> {
         match value {
             0 => Ok(Compression::Off),
+            1 => Ok(Compression::Lz4),
+            2 => Ok(Compression::Zstd),
+            3 => Ok(Compression::Zle),
             _ => Err(FormatError::BadField {
                 field: "compression",
                 value: u64::from(value),
@@ -77,10 +97,13 @@ impl std::str::FromStr for Compression {
     fn from_str(s: &str) -> Result<Self, crate::ParseNameError> {
         match s {
             "off" => Ok(Compression::Off),
+            "lz4" => Ok(Compression::Lz4),
+            "zstd" => Ok(Compression::Zstd),
+            "zle" => Ok(Compression::Zle),
             _ => Err(crate::ParseNameError {
                 what: "compression",
                 found: s.to_owned(),
-                expected: "off",
+                expected: "off, lz4, zstd, zle",
             }),
         }
     }
@@ -298,7 +321,7 @@ impl BlockPtr {
     /// Checks the invariants of a block pointer's fields (those `decode` enforces and `encode`
     /// asserts): `ndvas <= 3`; and unless it is a hole: every used DVA valid (see
     /// [`Dva::validate`]) and at least `psize_bytes` large, sizes in `1..=BLOCK_BYTES_MAX`,
-    /// `psize == lsize` when uncompressed, `level <= BLOCK_LEVEL_MAX`, level > 0 exactly for
+    /// `psize == lsize` when uncompressed and `psize < lsize` when compressed, `level <= BLOCK_LEVEL_MAX`, level > 0 exactly for
     /// indirect blocks, and the unused half of an xxh3-128 checksum zero.
     pub fn validate(&self) -> Result<(), FormatError> {
         if usize::from(self.ndvas) > DVAS_MAX {
@@ -321,7 +344,13 @@ impl BlockPtr {
                 });
             }
         }
-        if self.compression == Compression::Off && self.psize_bytes != self.lsize_bytes {
+        // Uncompressed: the stored bytes are the block. Compressed: stored only because it
+        // saved space, so never as large as the block (a reader sizes its buffers by lsize).
+        let psize_ok = match self.compression {
+            Compression::Off => self.psize_bytes == self.lsize_bytes,
+            _ => self.psize_bytes < self.lsize_bytes,
+        };
+        if !psize_ok {
             return Err(FormatError::BadField {
                 field: "psize_bytes",
                 value: u64::from(self.psize_bytes),
@@ -393,8 +422,8 @@ impl BlockPtr {
     }
 
     /// Decodes the first `BLOCK_PTR_BYTES` bytes of `bytes` (trailing bytes are ignored).
-    /// 128 zero bytes decode to `HOLE`. Otherwise the version byte must be
-    /// `BLOCK_PTR_VERSION`, the enums known, reserved bytes and unused DVA slots zero, and
+    /// 128 zero bytes decode to `HOLE`. Otherwise the version byte must be 1 or
+    /// `BLOCK_PTR_VERSION` (2; a version 1 pointer is uncompressed), the enums known, reserved bytes and unused DVA slots zero, and
     /// [`BlockPtr::validate`] must pass.
     pub fn decode(bytes: &[u8]) -> Result<BlockPtr, FormatError> {
         need(bytes, BLOCK_PTR_BYTES)?;
@@ -403,7 +432,7 @@ impl BlockPtr {
             return Ok(BlockPtr::HOLE);
         }
         let version = get_u8(bytes, OFF_VERSION)?;
-        if version != BLOCK_PTR_VERSION {
+        if !(BLOCK_PTR_VERSION_MIN..=BLOCK_PTR_VERSION).contains(&version) {
             return Err(FormatError::UnsupportedVersion {
                 found: u32::from(version),
             });
@@ -438,7 +467,16 @@ impl BlockPtr {
             lsize_bytes: get_u32(bytes, OFF_LSIZE)?,
             psize_bytes: get_u32(bytes, OFF_PSIZE)?,
             checksum_type: ChecksumType::try_from(get_u8(bytes, OFF_CHECKSUM_TYPE)?)?,
-            compression: Compression::try_from(get_u8(bytes, OFF_COMPRESSION)?)?,
+            compression: match get_u8(bytes, OFF_COMPRESSION)? {
+                // Version 1 had no compression.
+                c if version == 1 && c != 0 => {
+                    return Err(FormatError::BadField {
+                        field: "compression",
+                        value: u64::from(c),
+                    })
+                }
+                c => Compression::try_from(c)?,
+            },
             block_type: BlockType::try_from(get_u8(bytes, OFF_BLOCK_TYPE)?)?,
             level: get_u8(bytes, OFF_LEVEL)?,
             birth: Txg(get_u64(bytes, OFF_BIRTH)?),

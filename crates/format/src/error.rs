@@ -20,7 +20,7 @@ pub enum FormatError {
     },
     /// The structure was written by a format version this build does not read.
     #[error(
-        "unsupported format version {found} (this build reads version {})",
+        "unsupported format version {found} (this build reads versions 1 to {})",
         crate::FORMAT_VERSION
     )]
     UnsupportedVersion {
@@ -44,6 +44,15 @@ pub enum FormatError {
         /// Name of the field, as in `docs/format.md`.
         field: &'static str,
         /// The value found (truncated or widened to u64).
+        value: u64,
+    },
+    /// The stored bytes of a compressed block do not decompress to exactly its logical size
+    /// (a damaged block whose checksum was not verified first, or a writer's bug).
+    #[error("compressed block ({compression}) does not decompress to its size (at {value})")]
+    BadCompressedData {
+        /// The algorithm, by name.
+        compression: &'static str,
+        /// Where decoding stopped, or the size it produced.
         value: u64,
     },
     /// The postcard payload of a label or a metadata block did not decode.

@@ -11,8 +11,8 @@
 
 use crate::FormatError;
 
-/// The format version this build writes and the only one it reads.
-pub const FORMAT_VERSION: u32 = FormatVersion::V1 as u32;
+/// The format version this build writes. It reads every version of [`FormatVersion`].
+pub const FORMAT_VERSION: u32 = FormatVersion::V2 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,6 +22,12 @@ pub enum FormatVersion {
     /// copies, 32 KiB indirect blocks, metadata blocks with postcard payloads, bitmap space
     /// maps, intent-log blocks; checksums xxh3-128 and blake3; no compression.
     V1 = 1,
+    /// Compression: block pointers of version 2 may carry `compression` lz4 (1), zstd (2) or
+    /// zle (3) with `psize_bytes < lsize_bytes`; all-zero data blocks are holes that keep
+    /// their birth txg; `VolumeMeta` ends with `compressed_bytes`. A version 1 pool imports
+    /// (its volumes' `compressed_bytes` are derived from their trees' fill counts); its next
+    /// txg is written as version 2.
+    V2 = 2,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -30,6 +36,7 @@ impl TryFrom<u32> for FormatVersion {
     fn try_from(found: u32) -> Result<Self, FormatError> {
         match found {
             1 => Ok(FormatVersion::V1),
+            2 => Ok(FormatVersion::V2),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -164,9 +171,13 @@ mod tests {
     #[test]
     fn versions() {
         assert_eq!(FormatVersion::try_from(1), Ok(FormatVersion::V1));
-        assert_eq!(
-            FormatVersion::try_from(2),
-            Err(FormatError::UnsupportedVersion { found: 2 })
-        );
+        assert_eq!(FormatVersion::try_from(2), Ok(FormatVersion::V2));
+        assert_eq!(FORMAT_VERSION, 2);
+        for found in [0, 3, u32::MAX] {
+            assert_eq!(
+                FormatVersion::try_from(found),
+                Err(FormatError::UnsupportedVersion { found })
+            );
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The on-disk format of oxpool, version 1.
+//! The on-disk format of oxpool, version 2 (it reads version 1 too).
 //!
 //! This crate is pure: it defines the on-disk types, their byte encodings and the checksums,
 //! and does no I/O. Everything that reads bytes from a device goes through a decoder here, so
@@ -22,6 +22,7 @@
 mod blockptr;
 mod bytes;
 mod checksum;
+mod compress;
 mod error;
 mod ids;
 mod indirect;
@@ -34,10 +35,14 @@ mod uberblock;
 
 pub use blockptr::{
     BlockPtr, BlockType, Compression, Dva, BLOCK_BYTES_MAX, BLOCK_LEVEL_MAX, BLOCK_PTR_BYTES,
-    BLOCK_PTR_VERSION, DVAS_MAX,
+    BLOCK_PTR_VERSION, BLOCK_PTR_VERSION_MIN, DVAS_MAX,
 };
 pub use bytes::all_zero;
 pub use checksum::{checksum, Checksum, ChecksumType, ParseNameError};
+pub use compress::{
+    compress_block, compressed_bytes_max, decompress_block, CompressionSetting, ZSTD_LEVEL_DEFAULT,
+    ZSTD_LEVEL_MAX,
+};
 pub use error::FormatError;
 pub use ids::{Guid, Txg, VdevId, VolumeId};
 pub use indirect::{

@@ -250,7 +250,7 @@ impl LogBlockWriter {
     pub fn finish(&self, hdr: &LogBlockHeader, buf: &mut [u8]) -> usize {
         buf[..LOG_HEADER_BYTES].fill(0);
         put_u64(buf, OFF_MAGIC, LOG_BLOCK_MAGIC);
-        put_u32(buf, OFF_VERSION, FormatVersion::V1 as u32);
+        put_u32(buf, OFF_VERSION, crate::FORMAT_VERSION);
         put_u32(buf, OFF_COUNT, self.count);
         put_u64(buf, OFF_POOL, hdr.pool_guid.0);
         put_u64(buf, OFF_VOLUME, hdr.volume.0);

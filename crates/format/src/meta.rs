@@ -190,6 +190,11 @@ pub fn decode_spacemap_chunk(
 
 /// Decodes `payload` as exactly one postcard value: trailing bytes are an error, since an
 /// encoder never writes them.
+/// The format version in the header of a metadata block (checked to be a known one).
+pub(crate) fn meta_block_version(bytes: &[u8]) -> Result<FormatVersion, FormatError> {
+    FormatVersion::try_from(get_u32(bytes, OFF_VERSION)?)
+}
+
 pub(crate) fn postcard_exact<T: DeserializeOwned>(payload: &[u8]) -> Result<T, FormatError> {
     let (value, rest) = postcard::take_from_bytes::<T>(payload)
         .map_err(|err| FormatError::Payload(err.to_string()))?;

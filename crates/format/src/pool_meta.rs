@@ -1,9 +1,9 @@
 //! The pool's own state, stored in a `PoolMeta` metadata block that the uberblock points to.
 
-use crate::meta::postcard_exact;
+use crate::meta::{meta_block_version, postcard_exact};
 use crate::{
-    decode_meta_block, encode_meta_block, BlockPtr, BlockType, Dva, FormatError, Guid, Txg, VdevId,
-    VdevTreeConfig, VolumeId, BLOCK_LEVEL_MAX,
+    decode_meta_block, encode_meta_block, BlockPtr, BlockType, Dva, FormatError, FormatVersion,
+    Guid, Txg, VdevId, VdevTreeConfig, VolumeId, BLOCK_LEVEL_MAX, SECTOR_BYTES,
 };
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +61,79 @@ pub struct VolumeMeta {
     /// block being filled, the place of the next one). Import frees them after replay, so
     /// a block allocated in advance and never written does not leak.
     pub log_reserved: Vec<Dva>,
+    /// Bytes the volume's data blocks take as stored, one copy each (the allocated size of a
+    /// copy: compressed blocks count what they take, not their logical size). With the
+    /// logical size, `fill * volblocksize` of the root, this gives `compressratio`. Since
+    /// format version 2; derived for a version 1 volume (nothing compressed: every data
+    /// block takes its size rounded up to a sector).
+    pub compressed_bytes: u64,
+}
+
+/// `VolumeMeta` as format version 1 wrote it (no `compressed_bytes`).
+#[derive(Deserialize)]
+struct VolumeMetaV1 {
+    id: VolumeId,
+    name: String,
+    props: Vec<(String, String)>,
+    volsize_bytes: u64,
+    volblocksize_bytes: u32,
+    root: BlockPtr,
+    levels: u8,
+    used_bytes: u64,
+    log_first: Dva,
+    log_first_seq: u64,
+    log_reserved: Vec<Dva>,
+}
+
+/// `PoolMeta` as format version 1 wrote it (its volumes without `compressed_bytes`).
+#[derive(Deserialize)]
+struct PoolMetaV1 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfig,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMetaV1>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+}
+
+impl From<VolumeMetaV1> for VolumeMeta {
+    fn from(v: VolumeMetaV1) -> VolumeMeta {
+        // Version 1 stored every data block as is, in whole sectors: `fill` of them.
+        let block_bytes = u64::from(v.volblocksize_bytes).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        VolumeMeta {
+            compressed_bytes: v.root.fill.saturating_mul(block_bytes),
+            id: v.id,
+            name: v.name,
+            props: v.props,
+            volsize_bytes: v.volsize_bytes,
+            volblocksize_bytes: v.volblocksize_bytes,
+            root: v.root,
+            levels: v.levels,
+            used_bytes: v.used_bytes,
+            log_first: v.log_first,
+            log_first_seq: v.log_first_seq,
+            log_reserved: v.log_reserved,
+        }
+    }
+}
+
+impl From<PoolMetaV1> for PoolMeta {
+    fn from(m: PoolMetaV1) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree,
+            props: m.props,
+            volumes: m.volumes.into_iter().map(VolumeMeta::from).collect(),
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+        }
+    }
 }
 
 /// The space map of one top-level vdev: a list of bitmap chunks, chunk i covering sectors
@@ -97,13 +170,18 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`. Block pointers inside are checked as by
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 or 2 (the version in
+    /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
     /// `VdevTreeConfig::check_dva`.
     pub fn decode(bytes: &[u8]) -> Result<PoolMeta, FormatError> {
         let payload = decode_meta_block(BlockType::PoolMeta, bytes)?;
-        let meta: PoolMeta = postcard_exact(payload)?;
+        // The header decoded, so its version is a known one.
+        let meta: PoolMeta = match meta_block_version(bytes)? {
+            FormatVersion::V1 => postcard_exact::<PoolMetaV1>(payload)?.into(),
+            FormatVersion::V2 => postcard_exact(payload)?,
+        };
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {
                 return Err(FormatError::BadField {

@@ -193,11 +193,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&2u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&3u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 2 })
+        Err(FormatError::UnsupportedVersion { found: 3 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");
@@ -209,11 +209,15 @@ fn other_versions_say_unsupported() {
     );
 
     let mut ptr = sample_ptr().to_bytes();
-    ptr[53] = 2;
-    assert_eq!(
-        BlockPtr::decode(&ptr),
-        Err(FormatError::UnsupportedVersion { found: 2 })
-    );
+    for found in [0u8, 3, 255] {
+        ptr[53] = found;
+        assert_eq!(
+            BlockPtr::decode(&ptr),
+            Err(FormatError::UnsupportedVersion {
+                found: u32::from(found)
+            })
+        );
+    }
 }
 
 #[test]
@@ -309,6 +313,7 @@ fn pool_meta_checks_the_values_inside() {
         log_first: Dva::default(),
         log_first_seq: 0,
         log_reserved: vec![],
+        compressed_bytes: 0,
     };
     let meta = PoolMeta {
         name: "tank".into(),
@@ -381,12 +386,41 @@ fn block_ptr_field_checks() {
         })
     );
     assert_eq!(
-        bad(50, 1),
+        bad(50, 4),
         Err(FormatError::BadField {
             field: "compression",
-            value: 1
+            value: 4
         })
     );
+    // A compressed block must be smaller than its logical size.
+    assert_eq!(
+        bad(50, 1),
+        Err(FormatError::BadField {
+            field: "psize_bytes",
+            value: 16384
+        })
+    );
+    // Compressed, 16 KiB stored in 8 KiB: a version 2 pointer; version 1 had no compression.
+    let mut compressed = good;
+    compressed[50] = Compression::Zstd as u8;
+    compressed[60..64].copy_from_slice(&8192u32.to_le_bytes());
+    let ptr = BlockPtr::decode(&compressed).unwrap();
+    assert_eq!(
+        (ptr.compression, ptr.lsize_bytes, ptr.psize_bytes),
+        (Compression::Zstd, 16384, 8192)
+    );
+    compressed[53] = 1;
+    assert_eq!(
+        BlockPtr::decode(&compressed),
+        Err(FormatError::BadField {
+            field: "compression",
+            value: 2
+        })
+    );
+    // An uncompressed version 1 pointer (as format version 1 wrote them) decodes.
+    let mut v1 = good;
+    v1[53] = 1;
+    assert_eq!(BlockPtr::decode(&v1), BlockPtr::decode(&good));
     assert_eq!(
         bad(51, 0),
         Err(FormatError::BadField {

@@ -27,6 +27,7 @@ proptest! {
                 p.block_type = BlockType::PoolMeta;
                 p.psize_bytes = p.psize_bytes.min(META_PIECE_BYTES_MAX as u32);
                 p.lsize_bytes = p.psize_bytes;
+                p.compression = Compression::Off;
                 p
             })
             .collect();
@@ -245,4 +246,87 @@ fn error_messages_are_one_line() {
         let text = err.to_string();
         assert!(!text.is_empty() && !text.contains('\n'), "{text:?}");
     }
+}
+
+/// A PoolMeta block that format version 1 wrote (volumes without `compressed_bytes`) decodes,
+/// with `compressed_bytes` derived from each volume's fill count: every block of a version 1
+/// pool is stored as is, in whole sectors.
+#[test]
+fn version_1_pool_meta_decodes() {
+    // The version 1 field order of VolumeMeta and PoolMeta.
+    #[derive(serde::Serialize)]
+    struct V1Volume {
+        id: VolumeId,
+        name: String,
+        props: Vec<(String, String)>,
+        volsize_bytes: u64,
+        volblocksize_bytes: u32,
+        root: BlockPtr,
+        levels: u8,
+        used_bytes: u64,
+        log_first: Dva,
+        log_first_seq: u64,
+        log_reserved: Vec<Dva>,
+    }
+    #[derive(serde::Serialize)]
+    struct V1Meta {
+        name: String,
+        guid: Guid,
+        txg: Txg,
+        tree: VdevTreeConfig,
+        props: Vec<(String, String)>,
+        volumes: Vec<V1Volume>,
+        spacemaps: Vec<SpaceMapMeta>,
+        deferred_frees: Vec<DeferredFree>,
+        next_volume_id: u64,
+    }
+    let mut root = sample_ptr();
+    root.block_type = BlockType::Indirect;
+    root.level = 1;
+    root.fill = 7;
+    let volume = |volblocksize_bytes| V1Volume {
+        id: VolumeId(3),
+        name: "v".into(),
+        props: vec![("sync".into(), "always".into())],
+        volsize_bytes: 1 << 20,
+        volblocksize_bytes,
+        root,
+        levels: 1,
+        used_bytes: 12345,
+        log_first: Dva::default(),
+        log_first_seq: 9,
+        log_reserved: vec![],
+    };
+    let v1 = V1Meta {
+        name: "old".into(),
+        guid: Guid(5),
+        txg: Txg(77),
+        tree: VdevTreeConfig { top: vec![] },
+        props: vec![],
+        volumes: vec![volume(16384), volume(512)],
+        spacemaps: vec![],
+        deferred_frees: vec![],
+        next_volume_id: 4,
+    };
+    let payload = postcard::to_allocvec(&v1).unwrap();
+    let mut block = encode_meta_block(BlockType::PoolMeta, &payload);
+    block[8..12].copy_from_slice(&1u32.to_le_bytes());
+    reseal(&mut block[..META_HEADER_BYTES + payload.len()]);
+    let meta = PoolMeta::decode(&block).unwrap();
+    assert_eq!(
+        (meta.name.as_str(), meta.txg, meta.next_volume_id),
+        ("old", Txg(77), 4)
+    );
+    let v = &meta.volumes[0];
+    assert_eq!((v.used_bytes, v.log_first_seq, v.root), (12345, 9, root));
+    assert_eq!(v.compressed_bytes, 7 * 16384);
+    // Blocks smaller than a sector take a whole one.
+    assert_eq!(meta.volumes[1].compressed_bytes, 7 * 4096);
+    // The same payload under a version 2 header is refused: it lacks the new field.
+    block[8..12].copy_from_slice(&2u32.to_le_bytes());
+    reseal(&mut block[..META_HEADER_BYTES + payload.len()]);
+    assert!(matches!(
+        PoolMeta::decode(&block),
+        Err(FormatError::Payload(_))
+    ));
 }

@@ -4,7 +4,9 @@ use super::{split_assignment, split_target};
 use crate::console::Console;
 use crate::host::Host;
 use anyhow::{bail, Result};
-use oxpool_engine::props::{DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES};
+use oxpool_engine::props::{
+    DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES, VOLUME_STAT_NAMES,
+};
 
 /// `oxpool get PROP|all TARGET [DEVICE]`.
 pub fn get(
@@ -42,9 +44,14 @@ pub fn get(
         lines.push(format!("{:<32} {:<14} VALUE", "NAME", "PROPERTY"));
         match vol {
             Some(v) => {
-                let props = p.volume(v)?.props();
-                for n in names(VOLUME_PROP_NAMES) {
-                    lines.push(format!("{:<32} {:<14} {}", target, n, props.get(&n)?));
+                let vol = p.volume(v)?;
+                let all: Vec<&'static str> = VOLUME_PROP_NAMES
+                    .iter()
+                    .chain(VOLUME_STAT_NAMES)
+                    .copied()
+                    .collect();
+                for n in names(&all) {
+                    lines.push(format!("{:<32} {:<14} {}", target, n, vol.get_prop(&n)?));
                 }
             }
             None => {

@@ -20,6 +20,15 @@ pub fn arb_block_type() -> impl Strategy<Value = BlockType> {
     ]
 }
 
+pub fn arb_compression() -> impl Strategy<Value = Compression> {
+    prop_oneof![
+        Just(Compression::Off),
+        Just(Compression::Lz4),
+        Just(Compression::Zstd),
+        Just(Compression::Zle),
+    ]
+}
+
 /// A valid DVA of at least `min_asize_bytes`.
 pub fn arb_dva(min_asize_bytes: u32) -> impl Strategy<Value = Dva> {
     let min_sectors = u64::from(min_asize_bytes).div_ceil(SECTOR_BYTES).max(1);
@@ -55,9 +64,26 @@ pub fn arb_data_ptr(level: Option<u8>) -> impl Strategy<Value = BlockPtr> {
         arb_block_type(),
         any::<u64>(),
         any::<u64>(),
+        (arb_compression(), 1u32..1 << 20),
     )
         .prop_flat_map(
-            |(level, psize, ndvas, checksum_type, block_type, birth, fill)| {
+            |(
+                level,
+                psize,
+                ndvas,
+                checksum_type,
+                block_type,
+                birth,
+                fill,
+                (compression, extra),
+            )| {
+                // A compressed block is smaller than its logical size.
+                let lsize = psize.saturating_add(extra).min(BLOCK_BYTES_MAX);
+                let (compression, lsize) = if compression == Compression::Off || lsize == psize {
+                    (Compression::Off, psize)
+                } else {
+                    (compression, lsize)
+                };
                 let block_type = if level > 0 {
                     BlockType::Indirect
                 } else if block_type == BlockType::Indirect {
@@ -75,10 +101,10 @@ pub fn arb_data_ptr(level: Option<u8>) -> impl Strategy<Value = BlockPtr> {
                         BlockPtr {
                             dvas,
                             ndvas,
-                            lsize_bytes: psize,
+                            lsize_bytes: lsize,
                             psize_bytes: psize,
                             checksum_type,
-                            compression: Compression::Off,
+                            compression,
                             block_type,
                             level,
                             birth: Txg(birth),
@@ -228,6 +254,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     log_first: Dva::default(),
                     log_first_seq: seq,
                     log_reserved: vec![],
+                    compressed_bytes: seq.rotate_left(17),
                 }
             },
         );

@@ -1,0 +1,421 @@
+//! Codecs of compressed blocks: what a block pointer's `compression` byte means for the
+//! `psize_bytes` stored bytes it checksums (format version 2; see docs/format.md).
+//!
+//! - [`Compression::Lz4`]: one LZ4 block (no frame, no size prefix: the sizes are the
+//!   pointer's), by liblz4 (the `lz4` crate; measured faster than `lz4_flex` to decompress,
+//!   3x on half-zero data, see docs/compression.md).
+//! - [`Compression::Zstd`]: one Zstandard frame, by libzstd (the `zstd` crate). The level is
+//!   the writer's choice and is not stored: decompression does not need it.
+//! - [`Compression::Zle`]: zero-length encoding, ours (below): for data that is mostly zeros
+//!   and otherwise incompressible, at memcpy speed.
+//!
+//! A block is stored compressed only if that saves an eighth of it and a whole sector
+//! ([`compressed_bytes_max`]); a writer compresses into a buffer of that size and stores the
+//! block as is when the result does not fit.
+//!
+//! Decompression never trusts the stored bytes: [`decompress_block`] is given the stored
+//! bytes (exactly `psize_bytes`) and a buffer of exactly `lsize_bytes`, and succeeds only if
+//! the stored bytes are one well-formed compressed block that fills that buffer exactly: any
+//! length, offset or count inside them that points outside either buffer is an error, never a
+//! panic or an overrun. Callers verify the stored bytes' checksum first, so a damaged block is
+//! a checksum error before it ever reaches a decoder; these checks hold for the rest (a
+//! writer's bug, a forged collision).
+
+use crate::{Compression, FormatError, SECTOR_BYTES};
+use std::cell::RefCell;
+use std::fmt;
+
+/// Zstandard level of `compression=zstd` (as ZFS: 3, zstd's own default).
+pub const ZSTD_LEVEL_DEFAULT: u8 = 3;
+/// Highest Zstandard level of `compression=zstd-N` (as ZFS).
+pub const ZSTD_LEVEL_MAX: u8 = 19;
+
+/// A `compression` property value: the algorithm and, for zstd, the level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CompressionSetting {
+    /// The algorithm, as stored in block pointers.
+    pub algorithm: Compression,
+    /// The zstd level as given (`zstd-N`), None for plain `zstd` (level
+    /// [`ZSTD_LEVEL_DEFAULT`]) and for the other algorithms.
+    pub zstd_level: Option<u8>,
+}
+
+impl CompressionSetting {
+    /// `compression=off`.
+    pub const OFF: CompressionSetting = CompressionSetting {
+        algorithm: Compression::Off,
+        zstd_level: None,
+    };
+    /// `compression=lz4`, the default (as ZFS's).
+    pub const LZ4: CompressionSetting = CompressionSetting {
+        algorithm: Compression::Lz4,
+        zstd_level: None,
+    };
+
+    /// The zstd level this setting compresses with (meaningless for other algorithms).
+    pub fn zstd_level(self) -> i32 {
+        i32::from(self.zstd_level.unwrap_or(ZSTD_LEVEL_DEFAULT))
+    }
+}
+
+impl Default for CompressionSetting {
+    fn default() -> Self {
+        CompressionSetting::LZ4
+    }
+}
+
+impl fmt::Display for CompressionSetting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.zstd_level {
+            Some(level) => write!(f, "zstd-{level}"),
+            None => f.write_str(self.algorithm.name()),
+        }
+    }
+}
+
+impl std::str::FromStr for CompressionSetting {
+    type Err = crate::ParseNameError;
+
+    fn from_str(s: &str) -> Result<Self, crate::ParseNameError> {
+        let bad = || crate::ParseNameError {
+            what: "compression",
+            found: s.to_owned(),
+            expected: "off, lz4, zstd, zstd-1 .. zstd-19, zle",
+        };
+        if let Some(level) = s.strip_prefix("zstd-") {
+            // Digits only: no sign, no leading zero.
+            let level: u8 = match level.as_bytes() {
+                [b'1'..=b'9', ..] if level.bytes().all(|b| b.is_ascii_digit()) => {
+                    level.parse().map_err(|_| bad())?
+                }
+                _ => return Err(bad()),
+            };
+            if !(1..=ZSTD_LEVEL_MAX).contains(&level) {
+                return Err(bad());
+            }
+            return Ok(CompressionSetting {
+                algorithm: Compression::Zstd,
+                zstd_level: Some(level),
+            });
+        }
+        let algorithm: Compression = s.parse().map_err(|_| bad())?;
+        Ok(CompressionSetting {
+            algorithm,
+            zstd_level: None,
+        })
+    }
+}
+
+/// The most stored bytes a compressed copy of a block of `lsize_bytes` may take: it must save
+/// at least an eighth of the block (ZFS's rule: below that, decompressing every read costs more
+/// than the space is worth) and at least one whole sector (the allocation unit: saving less
+/// frees nothing). 0 when no compressed copy can qualify (blocks of one sector or less).
+pub const fn compressed_bytes_max(lsize_bytes: usize) -> usize {
+    let sector = SECTOR_BYTES as usize;
+    let eighth_saved = lsize_bytes - lsize_bytes / 8;
+    let sector_saved = (lsize_bytes.div_ceil(sector) * sector).saturating_sub(sector);
+    if eighth_saved < sector_saved {
+        eighth_saved
+    } else {
+        sector_saved
+    }
+}
+
+/// Compresses `src` with `setting` into `dst`, whose length is the most the result may take
+/// (usually [`compressed_bytes_max`]`(src.len())`). Returns the compressed length, or None if
+/// the result would not fit in `dst` (the block is then stored as is) or the setting is `off`.
+pub fn compress_block(setting: CompressionSetting, src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    if dst.is_empty() || src.is_empty() {
+        return None;
+    }
+    let n = match setting.algorithm {
+        Compression::Off => return None,
+        Compression::Lz4 => {
+            // liblz4 stops as soon as the output would pass `dst`: incompressible data
+            // costs a partial pass only.
+            lz4::block::compress_to_buffer(src, None, false, dst).ok()?
+        }
+        Compression::Zstd => ZSTD_COMPRESSOR.with(|c| {
+            let mut c = c.borrow_mut();
+            let level = setting.zstd_level();
+            let compressor = match &mut *c {
+                Some((l, comp)) if *l == level => comp,
+                slot => {
+                    let comp = zstd::bulk::Compressor::new(level).ok()?;
+                    &mut slot.insert((level, comp)).1
+                }
+            };
+            compressor.compress_to_buffer(src, dst).ok()
+        })?,
+        Compression::Zle => zle_compress(src, dst)?,
+    };
+    (n > 0 && n <= dst.len()).then_some(n)
+}
+
+/// Decompresses `src`, the `psize_bytes` stored bytes of a block compressed with
+/// `compression`, into `dst`, exactly `lsize_bytes` long. An error unless the stored bytes
+/// are one well-formed compressed block whose content is exactly `dst.len()` bytes (checked
+/// as it decodes: nothing is read or written outside `src` and `dst`). `Off` copies.
+pub fn decompress_block(
+    compression: Compression,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), FormatError> {
+    let bad = |value: usize| FormatError::BadCompressedData {
+        compression: compression.name(),
+        value: value as u64,
+    };
+    let written = match compression {
+        Compression::Off => {
+            if src.len() != dst.len() {
+                return Err(bad(src.len()));
+            }
+            dst.copy_from_slice(src);
+            dst.len()
+        }
+        Compression::Lz4 => {
+            let size = i32::try_from(dst.len()).map_err(|_| bad(dst.len()))?;
+            // LZ4_decompress_safe: never reads past `src` nor writes past `size` bytes of
+            // `dst`, whatever the input says.
+            lz4::block::decompress_to_buffer(src, Some(size), dst).map_err(|_| bad(0))?
+        }
+        Compression::Zstd => ZSTD_DECOMPRESSOR.with(|d| {
+            let mut d = d.borrow_mut();
+            let decompressor = match &mut *d {
+                Some(dec) => dec,
+                slot => slot.insert(zstd::bulk::Decompressor::new().map_err(|_| bad(0))?),
+            };
+            // ZSTD_decompressDCtx bounds its output by `dst`'s length, not by the size the
+            // frame header claims.
+            decompressor
+                .decompress_to_buffer(src, dst)
+                .map_err(|_| bad(0))
+        })?,
+        Compression::Zle => zle_decompress(src, dst).map_err(bad)?,
+    };
+    if written != dst.len() {
+        return Err(bad(written));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// One zstd compression context per thread, kept with its level (a context allocates
+    /// its tables once; a level change makes a new one).
+    static ZSTD_COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+    /// One zstd decompression context per thread: no allocation per block.
+    static ZSTD_DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+}
+
+/// Longest literal run of one ZLE token.
+const ZLE_LITERAL_MAX: usize = 128;
+/// Longest zero run of one ZLE token.
+const ZLE_ZEROS_MAX: usize = 128;
+/// Shortest zero run worth a token of its own inside literals (a token costs a byte).
+const ZLE_ZEROS_MIN: usize = 3;
+
+/// Zero-length encoding. A sequence of tokens, each one control byte `c`:
+/// - `c < 0x80`: `c + 1` literal bytes follow (1 to 128);
+/// - `c >= 0x80`: `c - 0x80 + 1` zero bytes (1 to 128), nothing follows.
+///
+/// Returns None if the encoding does not fit in `dst`.
+fn zle_compress(src: &[u8], dst: &mut [u8]) -> Option<usize> {
+    let mut i = 0;
+    let mut o = 0;
+    // Each round emits one token covering at least one source byte: bounded by src.len().
+    while i < src.len() {
+        let zeros = src[i..]
+            .iter()
+            .take(ZLE_ZEROS_MAX)
+            .take_while(|&&b| b == 0)
+            .count();
+        if zeros > 0 {
+            *dst.get_mut(o)? = 0x80 + (zeros - 1) as u8;
+            o += 1;
+            i += zeros;
+            continue;
+        }
+        // Literals up to the next run of zeros long enough to pay for its token.
+        let mut n = 0;
+        while n < ZLE_LITERAL_MAX && i + n < src.len() {
+            let run = src[i + n..]
+                .iter()
+                .take(ZLE_ZEROS_MIN)
+                .take_while(|&&b| b == 0)
+                .count();
+            if run == ZLE_ZEROS_MIN || (run > 0 && i + n + run == src.len()) {
+                break;
+            }
+            n += 1;
+        }
+        let end = o + 1 + n;
+        if end > dst.len() {
+            return None;
+        }
+        dst[o] = (n - 1) as u8;
+        dst[o + 1..end].copy_from_slice(&src[i..i + n]);
+        o = end;
+        i += n;
+    }
+    Some(o)
+}
+
+/// Decodes zero-length encoding (see [`zle_compress`]) into `dst`, which it must fill exactly
+/// (the caller checks the length returned). The error value is the offset in `src` of the
+/// token that runs past `src` or `dst`.
+fn zle_decompress(src: &[u8], dst: &mut [u8]) -> Result<usize, usize> {
+    let mut i = 0;
+    let mut o = 0;
+    // Each token consumes at least one source byte: bounded by src.len().
+    while i < src.len() {
+        let c = src[i] as usize;
+        if c < 0x80 {
+            let n = c + 1;
+            let (Some(from), Some(to)) = (src.get(i + 1..i + 1 + n), dst.get_mut(o..o + n)) else {
+                return Err(i);
+            };
+            to.copy_from_slice(from);
+            i += 1 + n;
+            o += n;
+        } else {
+            let n = c - 0x80 + 1;
+            let Some(to) = dst.get_mut(o..o + n) else {
+                return Err(i);
+            };
+            to.fill(0);
+            i += 1;
+            o += n;
+        }
+    }
+    Ok(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(len: usize, seed: u64) -> Vec<u8> {
+        // A quarter random, the rest zeros, in 512-byte chunks (as fio's
+        // buffer_compress_percentage=75).
+        let mut x = seed | 1;
+        let mut out = vec![0u8; len];
+        for chunk in out.chunks_mut(512) {
+            let random = chunk.len() / 4;
+            for b in &mut chunk[..random] {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *b = x as u8;
+            }
+        }
+        out
+    }
+
+    fn settings() -> Vec<CompressionSetting> {
+        ["lz4", "zstd", "zstd-1", "zstd-19", "zle"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn round_trips_and_respects_the_limit() {
+        for setting in settings() {
+            for len in [8192usize, 16384, 131072] {
+                let src = sample(len, len as u64);
+                let max = compressed_bytes_max(len);
+                let mut dst = vec![0u8; max];
+                let n = compress_block(setting, &src, &mut dst)
+                    .unwrap_or_else(|| panic!("{setting} did not compress {len}"));
+                assert!(n <= max);
+                let mut back = vec![0u8; len];
+                decompress_block(setting.algorithm, &dst[..n], &mut back).unwrap();
+                assert_eq!(back, src, "{setting} {len}");
+                // One byte short of the content, or one too many: refused.
+                let mut short = vec![0u8; len - 1];
+                assert!(decompress_block(setting.algorithm, &dst[..n], &mut short).is_err());
+                let mut long = vec![0u8; len + 1];
+                assert!(decompress_block(setting.algorithm, &dst[..n], &mut long).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn incompressible_data_is_refused() {
+        let mut x = 7u64;
+        let src: Vec<u8> = (0..16384)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let mut dst = vec![0u8; compressed_bytes_max(src.len())];
+        for setting in settings() {
+            assert_eq!(compress_block(setting, &src, &mut dst), None, "{setting}");
+        }
+        assert_eq!(
+            compress_block(CompressionSetting::OFF, &[0; 8192], &mut dst),
+            None
+        );
+    }
+
+    #[test]
+    fn the_limit_is_an_eighth_and_a_sector() {
+        assert_eq!(compressed_bytes_max(4096), 0);
+        assert_eq!(compressed_bytes_max(512), 0);
+        assert_eq!(compressed_bytes_max(8192), 4096);
+        assert_eq!(compressed_bytes_max(16384), 12288);
+        assert_eq!(compressed_bytes_max(32768), 28672);
+        assert_eq!(compressed_bytes_max(131072), 114688);
+    }
+
+    #[test]
+    fn settings_parse_and_print() {
+        for s in ["off", "lz4", "zstd", "zstd-1", "zstd-19", "zle"] {
+            let setting: CompressionSetting = s.parse().unwrap();
+            assert_eq!(setting.to_string(), s);
+        }
+        let z: CompressionSetting = "zstd".parse().unwrap();
+        assert_eq!(z.zstd_level(), 3);
+        for s in [
+            "zstd-0", "zstd-20", "zstd-", "zstd-03", "zstd-+3", "gzip", "LZ4", "",
+        ] {
+            assert!(s.parse::<CompressionSetting>().is_err(), "{s}");
+        }
+    }
+
+    #[test]
+    fn corrupt_stored_bytes_are_errors_never_panics() {
+        for setting in settings() {
+            let src = sample(16384, 3);
+            let mut dst = vec![0u8; compressed_bytes_max(16384)];
+            let n = compress_block(setting, &src, &mut dst).unwrap();
+            let stored = &dst[..n];
+            let mut out = vec![0u8; 16384];
+            // Every truncation, and a flipped bit in every byte: an error or (rarely, for a
+            // flip that still decodes to the right length) other bytes; never a panic.
+            for cut in 0..n {
+                assert!(decompress_block(setting.algorithm, &stored[..cut], &mut out).is_err());
+            }
+            for i in 0..n {
+                let mut bad = stored.to_vec();
+                bad[i] ^= 0x10;
+                let _ = decompress_block(setting.algorithm, &bad, &mut out);
+            }
+        }
+    }
+
+    #[test]
+    fn zle_tokens_never_run_past_either_buffer() {
+        let mut out = [0u8; 8];
+        assert_eq!(zle_decompress(&[0x87], &mut out), Ok(8));
+        assert_eq!(zle_decompress(&[0x88], &mut out), Err(0));
+        assert_eq!(zle_decompress(&[0x03, 1, 2, 3], &mut out), Err(0));
+        assert_eq!(zle_decompress(&[0x01, 1, 2, 0x85], &mut out), Ok(8));
+        assert_eq!(out, [1, 2, 0, 0, 0, 0, 0, 0]);
+    }
+}
