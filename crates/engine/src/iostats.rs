@@ -212,7 +212,7 @@ pub struct DeviceStats {
     /// Operations, bytes, latencies.
     pub io: LeafIoSnapshot,
     /// Its vdev queue's counters.
-    pub queue: crate::vdev_queue::QueueSnapshot,
+    pub queue: crate::vdev::queue::QueueSnapshot,
     /// Its error counters, as `oxpool status` shows them.
     #[serde(default)]
     pub errors: DeviceErrors,

@@ -8,7 +8,7 @@
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
-use crate::alloc::ClassBytes;
+use crate::vdev::alloc::ClassBytes;
 use crate::{EngineError, Result};
 use oxpool_format::Txg;
 use std::future::poll_fn;

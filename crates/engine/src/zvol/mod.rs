@@ -13,18 +13,20 @@
 //! the block once, merges, and writes it (off every client's path, many blocks at once).
 //! Reads of such a block take the recorded sectors from memory and the rest from the tree.
 
-use crate::alloc::ClassBytes;
-use crate::data_cache::CacheKey;
+pub mod rangelock;
+
+use crate::dmu::tree::{lookup, skip_hole, walk, BlockTree, Walk};
 use crate::idhash::{IdMap, IdSet};
 use crate::iostats::{VolumeIoStats, VolumeOp};
-use crate::pipeline::{heal_copies, read_data_block, read_data_block_unhealed};
-use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
-use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
-use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
-use crate::vdev_queue::IoClass;
+use crate::spa::PoolInner;
+use crate::vdev::alloc::ClassBytes;
+use crate::vdev::queue::IoClass;
 use crate::zil::{ItxKind, Zil};
+use crate::zio::data_cache::CacheKey;
+use crate::zio::{heal_copies, read_data_block, read_data_block_unhealed};
+use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, Dva, Txg, VolumeId};
 use oxpool_io::IoBuf;
@@ -120,7 +122,7 @@ impl SpaceCosts {
         }
         let mut span = 1u64;
         for _ in 1..=self.levels {
-            span = span.saturating_mul(crate::tree::FANOUT);
+            span = span.saturating_mul(crate::dmu::tree::FANOUT);
             let count = last / span - first / span + 1;
             for (c, n) in self.indirect.0.iter().zip(out.0.iter_mut()) {
                 *n += c * count;
@@ -152,7 +154,7 @@ impl TxgDirty {
     fn charge_indirect(&mut self, b: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
         let mut idx = b;
         for level in 1..=costs.levels {
-            idx /= crate::tree::FANOUT;
+            idx /= crate::dmu::tree::FANOUT;
             if !self.indirect.insert(u64::from(level) << 56 | idx) {
                 break;
             }
@@ -537,7 +539,7 @@ pub(crate) struct VolumeInner {
     /// by (txg, block): the sync of that txg adopts one instead of writing the block again if
     /// the block's dirty content is what was written (compared by the content's checksum: a
     /// compressed block's pointer checksums its stored bytes).
-    pub overrides: Mutex<HashMap<(Txg, u64), crate::compress::InPlaceBlock>>,
+    pub overrides: Mutex<HashMap<(Txg, u64), crate::zio::compress::InPlaceBlock>>,
     /// In-place blocks replaced by a newer one for the same (txg, block): freed by that txg's
     /// sync.
     pub override_garbage: Mutex<Vec<(Txg, BlockPtr)>>,

@@ -4,9 +4,14 @@
 //! devices to write and in which order to try reads. The pipeline (`pipeline.rs`) executes the
 //! plans; that keeps this logic pure and testable without devices.
 
-use crate::completion::{CompletionControl, CompletionPolicy};
+pub mod alloc;
+pub mod label;
+mod leaf_io;
+pub mod queue;
+
 use crate::iostats::LeafIoStats;
-use crate::vdev_queue::VdevQueue;
+use crate::vdev::queue::VdevQueue;
+use crate::zio::completion::{CompletionControl, CompletionPolicy};
 use oxpool_format::{
     Dva, Guid, LeafConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig, DATA_START_BYTES,
 };

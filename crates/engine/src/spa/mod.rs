@@ -9,20 +9,25 @@
 //!
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
-use crate::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
-use crate::compress::stored_bytes;
-use crate::data_cache::{CacheKey, DataCache};
+mod scan;
+pub mod txg;
+
+pub use scan::{ScanState, ScanStatus};
+
+use crate::dmu::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
 use crate::iostats::{DeviceStats, VolumeStats};
-use crate::label::{read_label, read_uberblocks, write_labels, write_uberblock};
-use crate::pipeline::{read_block, write_block_shared, write_blocks_shared};
 use crate::props::{PoolProps, VolumeProps};
 use crate::sector_mask::SectorMask;
-use crate::tree::{capacity, levels_for, skip_hole, walk, BlockTree, Walk, FANOUT};
-use crate::txg::TxgControl;
+use crate::spa::txg::TxgControl;
+use crate::vdev::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
+use crate::vdev::label::{read_label, read_uberblocks, write_labels, write_uberblock};
+use crate::vdev::queue::IoClass;
 use crate::vdev::{Leaf, TopVdev, VdevTree, TOP_VDEVS_MAX};
-use crate::vdev_queue::IoClass;
-use crate::volume::{merge_partial, DirtyBlock, VolumeInner};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
+use crate::zio::compress::stored_bytes;
+use crate::zio::data_cache::{CacheKey, DataCache};
+use crate::zio::{read_block, write_block_shared, write_blocks_shared};
+use crate::zvol::{merge_partial, DirtyBlock, VolumeInner};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
     checksum, data_end_bytes, decode_meta_block, decode_meta_index, encode_meta_block,
@@ -97,7 +102,7 @@ pub(crate) struct PoolInner {
     /// Held across a change of the vdev tree (`oxpool add`): one at a time.
     pub config_change: Mutex<()>,
     /// The scrub, if one ran.
-    pub scan: crate::scan::Scan,
+    pub scan: crate::spa::scan::Scan,
 }
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
@@ -169,7 +174,7 @@ impl PoolCounters {
     }
 
     /// Hits, misses and size of the data-block cache.
-    pub fn data_cache_stats(&self) -> crate::data_cache::DataCacheStats {
+    pub fn data_cache_stats(&self) -> crate::zio::data_cache::DataCacheStats {
         self.inner.data_cache.stats()
     }
 }
@@ -235,7 +240,7 @@ pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
 const SPACE_WAIT_SYNCS_MAX: u32 = 2 * DEFER_TXGS as u32 + 4;
 
 /// A writer's place in the space check, from [`PoolInner::wait_for_space`] until its change is
-/// charged to its txg ([`crate::txg::TxgHold::note_dirty`]): while it lives, the worst case of
+/// charged to its txg ([`crate::spa::txg::TxgHold::note_dirty`]): while it lives, the worst case of
 /// the change counts as needed, so concurrent writers cannot all pass the check on the same
 /// free space. Drop it after `note_dirty`.
 pub(crate) struct SpaceAdmission<'a> {
@@ -295,13 +300,13 @@ impl PoolInner {
                     t.space_admitting += bytes;
                     return Ok(SpaceAdmission { inner: self, bytes });
                 }
-                let batch = crate::scan::batches_done(self);
-                crate::scan::pin_holds_frees(&s, t.open).then_some(batch)
+                let batch = crate::spa::scan::batches_done(self);
+                crate::spa::scan::pin_holds_frees(&s, t.open).then_some(batch)
             };
             // A scrub batch holds back frees the next sync would give back: they come back
             // only once it is done. Not a round of its own: one batch's reads, then the sync.
             if let Some(batch) = held_back {
-                crate::scan::wait_batch_done(self, batch).await;
+                crate::spa::scan::wait_batch_done(self, batch).await;
             }
             let open = self.txg.state.lock().unwrap().open;
             self.txg.kick();
@@ -673,7 +678,7 @@ impl Pool {
         self.stop_sync_thread();
         block_on(async {
             for leaf in self.inner.vdevs.leaves() {
-                crate::label::clear_labels(leaf.backend.as_ref()).await?;
+                crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
             }
             Ok(())
         })
@@ -686,7 +691,7 @@ impl Pool {
     /// 1. the new devices get labels naming the tree with them (import finds them, and
     ///    ignores vdevs the pool's metadata does not list);
     /// 2. the vdevs join the tree and the allocator, which places nothing on them yet
-    ///    ([`crate::alloc::VdevRole::Pending`]): not even an intent-log block, which would be lost with
+    ///    ([`crate::vdev::alloc::VdevRole::Pending`]): not even an intent-log block, which would be lost with
     ///    the acknowledged writes it holds if the pool crashed before step 3;
     /// 3. a txg records the new tree in the pool's metadata; once durable, the allocator may
     ///    use them;
@@ -799,7 +804,8 @@ impl Pool {
                     if let Some(leaf) = leaf {
                         if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
                             let cfg = label(lcfg.guid, top.id);
-                            crate::label::update_label_config(leaf.backend.as_ref(), &cfg).await?;
+                            crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg)
+                                .await?;
                         }
                     }
                 }
@@ -1174,7 +1180,7 @@ async fn import_devices(
         tops.push(TopVdev::new(tcfg, children));
     }
     // The completion policy is a property, known once the metadata is read (set below).
-    let vdevs = VdevTree::new(tops, crate::completion::CompletionPolicy::default());
+    let vdevs = VdevTree::new(tops, crate::zio::completion::CompletionPolicy::default());
     // The newest uberblock whose pool metadata reads and verifies.
     let mut ubs = Vec::new();
     for leaf in vdevs.leaves() {
@@ -1532,7 +1538,7 @@ impl NewBlock {
     }
 
     /// This block stored compressed as `c` (its content stays `lsize_bytes`).
-    pub(crate) fn compressed(self, c: &crate::compress::CompressedBlock) -> NewBlock {
+    pub(crate) fn compressed(self, c: &crate::zio::compress::CompressedBlock) -> NewBlock {
         debug_assert!(c.psize_bytes < self.lsize_bytes);
         NewBlock {
             psize_bytes: c.psize_bytes,
@@ -2048,7 +2054,7 @@ async fn sync_volume(
     // in-place blocks of this txg (or older) are freed.
     blocks.sort_unstable_by_key(|(b, _, _)| *b);
     let bs = props.volblocksize_bytes;
-    let mut overrides: HashMap<u64, crate::compress::InPlaceBlock> = HashMap::new();
+    let mut overrides: HashMap<u64, crate::zio::compress::InPlaceBlock> = HashMap::new();
     // Every in-place block taken here is adopted or freed by this txg: no longer held.
     {
         let mut o = vol.overrides.lock().unwrap();
@@ -2117,7 +2123,7 @@ async fn sync_volume(
                 Prepared::Content(merged) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
             })
             .collect();
-        let mut stored_forms = crate::compress::store_all(compression, &contents).into_iter();
+        let mut stored_forms = crate::zio::compress::store_all(compression, &contents).into_iter();
         drop(contents);
         let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
         for (p, (b, dirty_buf, _)) in prepared.into_iter().zip(batch) {
@@ -2126,21 +2132,21 @@ async fn sync_volume(
                 Prepared::Content(merged) => {
                     let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
                     let stored = stored_forms.next().expect("one stored form per content");
-                    crate::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
+                    crate::zio::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
                     let nb = NewBlock::data(data_props, txg);
                     match stored {
                         // All zeros, compression on: a hole, as ZFS does.
-                        crate::compress::StoreAs::Hole => DataWrite::Done(
-                            crate::compress::zero_hole(txg),
+                        crate::zio::compress::StoreAs::Hole => DataWrite::Done(
+                            crate::zio::compress::zero_hole(txg),
                             overrides.get(b).map(|o| o.bp),
                         ),
-                        crate::compress::StoreAs::Compressed(c) => DataWrite::Write {
+                        crate::zio::compress::StoreAs::Compressed(c) => DataWrite::Write {
                             nb: nb.compressed(&c),
                             data: Arc::new(c.buf),
                             // The merged block goes to the data cache as its content.
                             cache: merged.map_or(CacheAfter::Nothing, CacheAfter::Content),
                         },
-                        crate::compress::StoreAs::AsIs
+                        crate::zio::compress::StoreAs::AsIs
                             if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) =>
                         {
                             // A block smaller than a sector is written padded (a copy).
@@ -2150,7 +2156,7 @@ async fn sync_volume(
                                 cache: CacheAfter::Nothing,
                             }
                         }
-                        crate::compress::StoreAs::AsIs => match merged {
+                        crate::zio::compress::StoreAs::AsIs => match merged {
                             // The merged block is the sync's own: once written it goes to the
                             // data cache (no copy), so the next partial write to the block
                             // merges from memory.
@@ -2242,7 +2248,7 @@ async fn sync_volume(
     }
     // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
     let levels = vol.tree.lock().unwrap().levels();
-    let meta_copies = crate::volume::indirect_copies(&props);
+    let meta_copies = crate::zvol::indirect_copies(&props);
     for level in 1..=levels {
         let dirty = vol.tree.lock().unwrap().dirty_at(level);
         for batch in dirty.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
@@ -2299,7 +2305,7 @@ async fn sync_volume(
                                     "{what}: parent of indirect block L{level}/{idx} kept being evicted"
                                 )));
                             }
-                            let b = idx * crate::tree::capacity(level);
+                            let b = idx * crate::dmu::tree::capacity(level);
                             walk(
                                 &vol.tree,
                                 &inner.vdevs,

@@ -17,10 +17,10 @@
 //! Indirect blocks on the path are verified once per scan (the next batch reuses them while
 //! its root leads to the same ones, and verifies the new ones a sync wrote meanwhile).
 
-use crate::pipeline::{scrub_block, ScrubCounts};
-use crate::pool::{Pool, PoolInner};
-use crate::tree::{capacity, skip_hole, FANOUT};
-use crate::volume::VolumeInner;
+use crate::dmu::tree::{capacity, skip_hole, FANOUT};
+use crate::spa::{Pool, PoolInner};
+use crate::zio::{scrub_block, ScrubCounts};
+use crate::zvol::VolumeInner;
 use crate::{EngineError, Result};
 use oxpool_format::{
     decode_indirect, decode_meta_index, BlockPtr, BlockType, Txg, INDIRECT_FANOUT,
@@ -156,11 +156,11 @@ pub(crate) fn batches_done(inner: &PoolInner) -> u64 {
 
 /// Whether the scan's pin holds back a deferred free that the sync of txg `next` would
 /// otherwise release (called with the pool's state locked).
-pub(crate) fn pin_holds_frees(s: &crate::pool::PoolState, next: Txg) -> bool {
+pub(crate) fn pin_holds_frees(s: &crate::spa::PoolState, next: Txg) -> bool {
     s.scan_pin.is_some_and(|pin| {
         s.deferred
             .iter()
-            .any(|d| d.txg > pin && d.txg.0 + crate::alloc::DEFER_TXGS < next.0)
+            .any(|d| d.txg > pin && d.txg.0 + crate::vdev::alloc::DEFER_TXGS < next.0)
     })
 }
 

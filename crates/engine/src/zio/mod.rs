@@ -3,9 +3,13 @@
 //! parent block pointer, falls back to the other copies on an error or a mismatch, and
 //! rewrites the copies that were bad (self-healing), counting every error on its leaf.
 
-use crate::compress::Verdict;
+pub mod completion;
+pub mod compress;
+pub mod data_cache;
+
+use crate::vdev::queue::IoClass;
 use crate::vdev::{LeafIo, VdevTree};
-use crate::vdev_queue::IoClass;
+use crate::zio::compress::Verdict;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
 use oxpool_io::rt::join_all;

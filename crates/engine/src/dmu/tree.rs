@@ -9,9 +9,9 @@
 //! stale copy of a block the sync thread just rewrote.
 
 use crate::idhash::IdMap;
-use crate::pipeline::read_block;
+use crate::vdev::queue::IoClass;
 use crate::vdev::VdevTree;
-use crate::vdev_queue::IoClass;
+use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
 use std::future::poll_fn;

@@ -22,9 +22,9 @@
 //! - On a log write error the committer falls back to waiting for the txg sync, and the next
 //!   txg sync starts a new chain.
 
-use crate::pool::PoolInner;
+use crate::spa::PoolInner;
+use crate::vdev::queue::IoClass;
 use crate::vdev::Leaf;
-use crate::vdev_queue::IoClass;
 use crate::{EngineError, Result, Volume};
 use oxpool_format::{
     BlockPtr, Dva, Guid, LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId, VolumeId,
@@ -524,7 +524,7 @@ pub(crate) fn alloc_log_block(inner: &PoolInner, size_bytes: u64) -> Option<Dva>
     let size = size_bytes.clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64);
     let (dva, pool_bytes) = {
         let mut st = inner.state.lock().unwrap();
-        let mut extra = crate::alloc::ClassBytes::default();
+        let mut extra = crate::vdev::alloc::ClassBytes::default();
         extra.add_blocks(size, 1, 1);
         let data_ok = inner.may_allocate_outside_sync(&st.alloc, extra);
         let dva = st.alloc.alloc_log(size, data_ok)?;
@@ -1081,34 +1081,34 @@ impl Volume {
             .map(|b| {
                 let at = (b * bs - offset_bytes) as usize;
                 let content = &data[at..at + bs as usize];
-                let stored = crate::compress::store_as(props.compression, content);
+                let stored = crate::zio::compress::store_as(props.compression, content);
                 async move {
-                    crate::compress::COMPRESS_COUNTERS.note_written(content.len(), &stored);
-                    let nb = crate::pool::NewBlock::data(props, txg);
+                    crate::zio::compress::COMPRESS_COUNTERS.note_written(content.len(), &stored);
+                    let nb = crate::spa::NewBlock::data(props, txg);
                     let (block, nb) = match stored {
                         // All zeros with compression on: the sync makes it a hole, so the
                         // log records a zeroing (replayed as write-zeroes: a hole too).
-                        crate::compress::StoreAs::Hole => {
+                        crate::zio::compress::StoreAs::Hole => {
                             return Ok::<_, EngineError>(InPlace::Zeros(b));
                         }
-                        crate::compress::StoreAs::AsIs => {
-                            (Arc::new(crate::pool::padded(content)), nb)
+                        crate::zio::compress::StoreAs::AsIs => {
+                            (Arc::new(crate::spa::padded(content)), nb)
                         }
-                        crate::compress::StoreAs::Compressed(c) => {
+                        crate::zio::compress::StoreAs::Compressed(c) => {
                             let nb = nb.compressed(&c);
                             (Arc::new(c.buf), nb)
                         }
                     };
                     // Held from its allocation on, so every txg sync accounts for it (see
                     // `VolumeInner::inplace_held`).
-                    let bp = crate::pool::alloc_new_block(
+                    let bp = crate::spa::alloc_new_block(
                         &self.pool,
                         &block,
                         nb,
                         Some(&self.vol.inplace_held),
                     )?;
                     // A sync write's blocks: the client waits for them.
-                    if let Err(e) = crate::pipeline::write_block_shared(
+                    if let Err(e) = crate::zio::write_block_shared(
                         &self.pool.vdevs,
                         IoClass::SyncWrite,
                         bp.dvas(),
@@ -1127,7 +1127,7 @@ impl Volume {
                         .fetch_add(block.len() as u64, Ordering::Relaxed);
                     Ok(InPlace::Written(
                         b,
-                        crate::compress::InPlaceBlock::new(bp, content),
+                        crate::zio::compress::InPlaceBlock::new(bp, content),
                     ))
                 }
             })
@@ -1392,8 +1392,7 @@ async fn write_durably(
     };
     let vdevs = &inner.vdevs;
     if also_flush.is_empty() {
-        crate::pipeline::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, true)
-            .await?;
+        crate::zio::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, true).await?;
         let copies = vdevs.top(addr.vdev).map_or(0, |top| top.leaves().count()) as u64;
         let counters = &inner.log_counters;
         counters.durable_writes.fetch_add(copies, Ordering::Relaxed);
@@ -1401,7 +1400,7 @@ async fn write_durably(
         counters.device_flushes.fetch_add(copies, Ordering::Relaxed);
         return Ok(());
     }
-    crate::pipeline::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, false).await?;
+    crate::zio::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, false).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
     let mut leaves: Vec<Arc<Leaf>> = Vec::new();
@@ -1435,7 +1434,7 @@ async fn write_durably(
 /// What [`Volume::write_in_place`] did with one whole block of a sync write.
 enum InPlace {
     /// Written in place (by index in the volume), for the txg sync to adopt.
-    Written(u64, crate::compress::InPlaceBlock),
+    Written(u64, crate::zio::compress::InPlaceBlock),
     /// All zeros with compression on: nothing written, logged as a zeroing.
     Zeros(u64),
 }
@@ -1543,7 +1542,7 @@ pub(crate) async fn read_chain(
                     // The record's length is the block's: a compressed block is decompressed to
                     // exactly that (bounded by the record decoder), never to a size the
                     // pointer alone claims.
-                    let read = crate::pipeline::read_data_block(
+                    let read = crate::zio::read_data_block(
                         vdevs,
                         IoClass::SyncRead,
                         &bp,
