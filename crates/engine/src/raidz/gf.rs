@@ -154,6 +154,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_range_loop)] // Matrix products read best with indices.
     fn inverts_vandermonde_matrices() {
         for k in 1..=3 {
             for (x, y, z) in [(0, 1, 2), (3, 9, 30), (0, 62, 61)] {
