@@ -56,7 +56,7 @@ pub struct Reconstructed {
     /// verified hypothesis rebuilt to different bytes, and parity columns that disagree with
     /// the verified data. The devices to charge a checksum error.
     pub silent: ColumnSet,
-    /// Parity columns the verified solution used (their agreement proves nothing).
+    /// Parity columns the verified solution used.
     pub parity_used: ColumnSet,
     /// Checksum verifications run.
     pub verifications: usize,
@@ -201,8 +201,13 @@ fn next_combination(pick: &mut [usize], n: usize) -> bool {
     true
 }
 
-/// The data verified: find the parity columns that disagree with it (only those the solution
-/// did not use can), regenerate the failed and disagreeing parity, and report.
+/// The data verified: find the parity columns that disagree with it, regenerate the failed
+/// and disagreeing parity, and report.
+///
+/// Every parity column read is checked, the ones the solution used too: over the bytes of the
+/// columns it rebuilt a used row agrees by construction, but past the end of a short rebuilt
+/// column (ZFS's short columns) the solution did not consume it, and a disagreement there is
+/// real damage. A disagreement can never be the data's fault: the data verified.
 fn finish(
     kernels: ParityKernels,
     cols: &mut [&mut [u8]],
@@ -213,7 +218,7 @@ fn finish(
     verifications: usize,
 ) -> Reconstructed {
     let parity = ColumnSet::range(0, parity_count);
-    let checkable = parity.difference(failed).difference(used);
+    let checkable = parity.difference(failed);
     let silent_parity = kernels.check_parity(cols, parity_count, checkable);
     let regenerate = parity.intersection(failed).union(silent_parity);
     kernels.regenerate_parity(cols, parity_count, regenerate);

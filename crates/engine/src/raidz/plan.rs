@@ -319,7 +319,7 @@ impl ReadPlan {
 
         if !self.escalated {
             let unread = all.difference(self.requested);
-            let used = kernels
+            kernels
                 .reconstruct(cols, parity_count, missing.union(unread))
                 .expect("one surviving parity column was read per missing data column");
             if verify(&DataColumns::new(cols, parity_count)) {
@@ -327,7 +327,8 @@ impl ReadPlan {
                 let mut silent = ColumnSet::EMPTY;
                 if self.mode == ReadMode::Scrub {
                     repair = repair.union(self.stale);
-                    let checkable = parity.difference(missing).difference(used);
+                    // Every parity column read, used ones too (see combrec.rs, `finish`).
+                    let checkable = parity.difference(missing);
                     silent = kernels.check_parity(cols, parity_count, checkable);
                     repair = repair.union(silent);
                 }

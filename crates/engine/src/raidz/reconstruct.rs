@@ -24,8 +24,9 @@ impl ParityKernels {
     /// them). Parity columns in `bad` are neither read nor written (regenerate them with
     /// [`ParityKernels::regenerate_parity`] once the data is whole).
     ///
-    /// Returns the parity columns the solution used: regenerating one of them from the result
-    /// gives back its stored bytes by construction, so only the others can be checked.
+    /// Returns the parity columns the solution used: over the bytes of the rebuilt columns,
+    /// regenerating one of them gives back its stored bytes by construction (only past the end
+    /// of a short rebuilt column can it still disagree).
     /// Fails if fewer parity columns survive than data columns are bad.
     pub fn reconstruct(
         self,
