@@ -150,26 +150,27 @@ pub(super) struct Solve {
     pub zero_mask: u64,
 }
 
-/// `sum over a of coef[a] * S[a]` for one chunk, where syndrome `a` is `syn[rows[a]]`, with the
-/// doublings shared between the terms: Horner over the bits of the coefficients, from the top
-/// one down. At most 8 doublings and 8 * k XORs per chunk, all vectorized; no table lookups.
+/// Target `b` of `solve` from the syndromes of one chunk: `sum over a of coef[b][a] * S[a]`,
+/// where syndrome `a` is `syn[rows[a]]`, with the doublings shared between the terms: Horner
+/// over the bits of the coefficients, from the top one down. At most 8 doublings and 8 * k
+/// XORs per chunk, all vectorized, no table lookups: the portable way to multiply by a
+/// constant. (The AVX2 kernels multiply with nibble tables instead: `parity.rs`.)
 #[inline(always)]
-fn combine<const NP: usize, const C: usize>(
-    coef: &[u8; 3],
-    top_bit: u32,
+pub(super) fn combine_by_doubling<const NP: usize, const C: usize>(
+    solve: &Solve,
+    b: usize,
     syn: &[[u8; C]; NP],
-    rows: &[usize; 3],
-    k: usize,
 ) -> [u8; C] {
+    let coef = &solve.coef[b];
     let mut out = [0u8; C];
     // Bounded: at most 8 bits.
-    for bit in (0..=top_bit).rev() {
+    for bit in (0..=solve.top_bit[b]).rev() {
         for x in out.iter_mut() {
             *x = mul2(*x);
         }
-        for a in 0..k {
+        for a in 0..solve.k {
             if coef[a] >> bit & 1 != 0 {
-                let s = &syn[rows[a]];
+                let s = &syn[solve.rows[a]];
                 for i in 0..C {
                     out[i] ^= s[i];
                 }
@@ -193,14 +194,18 @@ fn store<const C: usize>(column: &mut [u8], off: usize, chunk: &[u8; C]) {
 
 /// Rebuilds the target data columns of `solve` in place from the stored `parity` columns (all
 /// `len` bytes long; only the rows of `solve` are read) and the other data columns. A short
-/// target column gets only the bytes it has.
+/// target column gets only the bytes it has. `combine(b, syndromes)` computes target `b` of a
+/// chunk from its syndromes (indexed by parity row), e.g. [`combine_by_doubling`].
 #[inline(always)]
-pub(super) fn reconstruct<const NP: usize, const C: usize>(
+pub(super) fn reconstruct<const NP: usize, const C: usize, F>(
     parity: &[&mut [u8]],
     data: &mut [&mut [u8]],
     solve: &Solve,
     len: usize,
-) {
+    combine: F,
+) where
+    F: Fn(usize, &[[u8; C]; NP]) -> [u8; C],
+{
     let k = solve.k;
     let solved = if solve.last_from_p { k - 1 } else { k };
     let mut off = 0;
@@ -226,7 +231,7 @@ pub(super) fn reconstruct<const NP: usize, const C: usize>(
         // S_P XOR the others.
         let mut rest = acc[0];
         for b in 0..solved {
-            let d = combine(&solve.coef[b], solve.top_bit[b], &acc, &solve.rows, k);
+            let d = combine(b, &acc);
             store(data[solve.targets[b]], off, &d);
             if solve.last_from_p {
                 for i in 0..C {

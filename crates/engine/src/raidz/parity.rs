@@ -199,8 +199,13 @@ pub(super) fn check_shape(cols: usize, parity_count: usize) {
 /// have checked that the CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 pub(super) mod avx2 {
+    use super::super::gf;
     use super::super::kernels::{self, Solve};
     use super::AVX2_CHUNK;
+    use std::arch::x86_64::{
+        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256,
+        _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256,
+    };
 
     #[target_feature(enable = "avx2")]
     pub(in super::super) fn generate<D: AsRef<[u8]>>(
@@ -230,6 +235,64 @@ pub(super) mod avx2 {
         }
     }
 
+    /// The nibble tables of one constant `c`, each 16-byte table twice (one per 128-bit lane,
+    /// since `vpshufb` looks up within lanes): `low[i] = c * i` and `high[i] = c * (i << 4)`,
+    /// so `c * x = low[x & 15] ^ high[x >> 4]` (multiplication is linear over XOR).
+    #[derive(Clone, Copy)]
+    struct NibbleTables {
+        low: __m256i,
+        high: __m256i,
+    }
+
+    #[target_feature(enable = "avx2")]
+    fn nibble_tables(c: u8) -> NibbleTables {
+        let mut low = [0u8; 32];
+        let mut high = [0u8; 32];
+        for i in 0..16u8 {
+            low[i as usize] = gf::mul(c, i);
+            high[i as usize] = gf::mul(c, i << 4);
+        }
+        low.copy_within(0..16, 16);
+        high.copy_within(0..16, 16);
+        // SAFETY: 32-byte unaligned loads from 32-byte arrays.
+        unsafe {
+            NibbleTables {
+                low: _mm256_loadu_si256(low.as_ptr().cast()),
+                high: _mm256_loadu_si256(high.as_ptr().cast()),
+            }
+        }
+    }
+
+    /// Target `b` of a chunk: `sum over a of coef[b][a] * S[a]` by nibble-table lookups,
+    /// `vpshufb` being a 32-way 16-entry table lookup: 6 instructions per 32 bytes and term,
+    /// where the portable doubling takes about 40.
+    #[target_feature(enable = "avx2")]
+    fn combine_by_tables<const NP: usize>(
+        tables: &[[NibbleTables; 3]; 3],
+        solve: &Solve,
+        b: usize,
+        syn: &[[u8; AVX2_CHUNK]; NP],
+    ) -> [u8; AVX2_CHUNK] {
+        let nibble = _mm256_set1_epi8(0x0f);
+        let mut out = [0u8; AVX2_CHUNK];
+        for lane in 0..AVX2_CHUNK / 32 {
+            let mut sum = _mm256_setzero_si256();
+            for a in 0..solve.k {
+                let t = tables[b][a];
+                // SAFETY: a 32-byte load inside the chunk array (lane * 32 + 32 <= AVX2_CHUNK).
+                let x =
+                    unsafe { _mm256_loadu_si256(syn[solve.rows[a]][lane * 32..].as_ptr().cast()) };
+                let low = _mm256_and_si256(x, nibble);
+                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
+                sum = _mm256_xor_si256(sum, _mm256_shuffle_epi8(t.low, low));
+                sum = _mm256_xor_si256(sum, _mm256_shuffle_epi8(t.high, high));
+            }
+            // SAFETY: a 32-byte store inside the chunk array.
+            unsafe { _mm256_storeu_si256(out[lane * 32..].as_mut_ptr().cast(), sum) };
+        }
+        out
+    }
+
     #[target_feature(enable = "avx2")]
     pub(in super::super) fn reconstruct(
         np: usize,
@@ -238,10 +301,23 @@ pub(super) mod avx2 {
         solve: &Solve,
         len: usize,
     ) {
+        let zero = nibble_tables(0);
+        let mut tables = [[zero; 3]; 3];
+        for (row, coefs) in tables.iter_mut().zip(&solve.coef).take(solve.k) {
+            for (table, &c) in row.iter_mut().zip(coefs).take(solve.k) {
+                *table = nibble_tables(c);
+            }
+        }
         match np {
-            1 => kernels::reconstruct::<1, AVX2_CHUNK>(parity, data, solve, len),
-            2 => kernels::reconstruct::<2, AVX2_CHUNK>(parity, data, solve, len),
-            _ => kernels::reconstruct::<3, AVX2_CHUNK>(parity, data, solve, len),
+            1 => kernels::reconstruct::<1, AVX2_CHUNK, _>(parity, data, solve, len, |b, syn| {
+                combine_by_tables(&tables, solve, b, syn)
+            }),
+            2 => kernels::reconstruct::<2, AVX2_CHUNK, _>(parity, data, solve, len, |b, syn| {
+                combine_by_tables(&tables, solve, b, syn)
+            }),
+            _ => kernels::reconstruct::<3, AVX2_CHUNK, _>(parity, data, solve, len, |b, syn| {
+                combine_by_tables(&tables, solve, b, syn)
+            }),
         }
     }
 }

@@ -87,13 +87,19 @@ impl ParityKernels {
         let np = solve.rows[k - 1] + 1;
         match (self.isa, np) {
             (Isa::Portable, 1) => {
-                kernels::reconstruct::<1, PORTABLE_CHUNK>(parity, data, &solve, len)
+                kernels::reconstruct::<1, PORTABLE_CHUNK, _>(parity, data, &solve, len, |b, syn| {
+                    kernels::combine_by_doubling(&solve, b, syn)
+                })
             }
             (Isa::Portable, 2) => {
-                kernels::reconstruct::<2, PORTABLE_CHUNK>(parity, data, &solve, len)
+                kernels::reconstruct::<2, PORTABLE_CHUNK, _>(parity, data, &solve, len, |b, syn| {
+                    kernels::combine_by_doubling(&solve, b, syn)
+                })
             }
             (Isa::Portable, _) => {
-                kernels::reconstruct::<3, PORTABLE_CHUNK>(parity, data, &solve, len)
+                kernels::reconstruct::<3, PORTABLE_CHUNK, _>(parity, data, &solve, len, |b, syn| {
+                    kernels::combine_by_doubling(&solve, b, syn)
+                })
             }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` exists only when the CPU has AVX2 (see `available`).
