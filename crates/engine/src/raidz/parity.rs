@@ -48,11 +48,14 @@ fn avx2_available() -> bool {
 }
 
 impl ParityKernels {
-    /// The fastest kernels this CPU runs.
+    /// The fastest kernels this CPU runs. (Cheap: the feature test is cached by std; a pool
+    /// still picks once, when it opens.)
     pub fn best() -> ParityKernels {
-        ParityKernels::available()
-            .last()
-            .expect("the portable kernels always run")
+        #[cfg(target_arch = "x86_64")]
+        if avx2_available() {
+            return ParityKernels { isa: Isa::Avx2 };
+        }
+        ParityKernels::portable()
     }
 
     /// The portable kernels (baseline instruction set).
