@@ -155,19 +155,20 @@ proptest! {
 
 #[test]
 fn hypotheses_are_tried_fewest_first_in_child_order() {
-    // raidz2, 6 wide, block starting on child 4: columns 0..6 sit on children 4, 5, 0, 1, 2,
-    // 3, so in child order the candidates are columns 2, 3, 4, 5 (data) then 0, 1 (P, Q).
+    // raidz2, 6 wide, block starting on child 1: columns 0..6 sit on children 1, 2, 3, 4, 5,
+    // 0, so in child order the candidates are columns 5, 0, 1, 2, 3, 4, and the hypotheses
+    // that rebuild data come in the order 5, 2, 3, 4 (not the column order 2, 3, 4, 5).
     let layout = RaidzLayout::new(6, 2).unwrap();
-    let map = layout.map(4 << 12, 16 << 12).unwrap();
+    let map = layout.map(1 << 12, 16 << 12).unwrap();
     let child_order: Vec<usize> = {
         let mut c: Vec<usize> = (0..6).collect();
         c.sort_by_key(|&c| map.column(c).child);
         c
     };
-    assert_eq!(child_order, vec![2, 3, 4, 5, 0, 1]);
+    assert_eq!(child_order, vec![5, 0, 1, 2, 3, 4]);
     let original = stripe(&map, 9);
     let expected = checksum(ChecksumType::Xxh3_128, &original.block());
-    for (position, &bad) in [2usize, 3, 4, 5].iter().enumerate() {
+    for (position, &bad) in [5usize, 2, 3, 4].iter().enumerate() {
         let mut work = original.clone();
         corrupt(&mut work, bad, 77);
         let mut tried = Vec::new();
