@@ -180,8 +180,8 @@ pub(super) fn combine_by_doubling<const NP: usize, const C: usize>(
     out
 }
 
-/// Writes the first bytes of `chunk` (the chunk at `off` of a `len`-byte stripe) into
-/// `column`, as many as it has there: a short column gets only its own bytes.
+/// Writes `chunk` (the chunk at `off`) into `column`, as many bytes as the column has there: a
+/// short column gets only its own bytes.
 #[inline(always)]
 fn store<const C: usize>(column: &mut [u8], off: usize, chunk: &[u8; C]) {
     if off + C <= column.len() {
