@@ -20,6 +20,7 @@ mod leaf_io;
 pub mod pipeline;
 pub mod pool;
 pub mod props;
+pub mod raidz;
 pub mod rangelock;
 mod scan;
 mod sector_mask;
