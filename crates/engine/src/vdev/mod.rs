@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod label;
 mod leaf_io;
 pub mod queue;
+pub mod raidz;
 
 use crate::iostats::LeafIoStats;
 use crate::vdev::queue::VdevQueue;
