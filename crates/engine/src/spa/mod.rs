@@ -25,7 +25,8 @@ use crate::vdev::queue::IoClass;
 use crate::vdev::{Leaf, TopVdev, VdevTree, TOP_VDEVS_MAX};
 use crate::zil::{read_chain, LogCounters, LogStats, ReplayRecord, Zil};
 use crate::zio::compress::stored_bytes;
-use crate::zio::data_cache::{CacheKey, DataCache};
+use crate::zio::data_cache::CacheKey;
+use crate::zio::Zio;
 use crate::zio::{read_block, write_block_shared, write_blocks_shared};
 use crate::zvol::{merge_partial, DirtyBlock, VolumeInner};
 use crate::{EngineError, Result, Volume};
@@ -89,7 +90,8 @@ pub(crate) struct PoolState {
 pub(crate) struct PoolInner {
     pub name: String,
     pub guid: Guid,
-    pub vdevs: VdevTree,
+    /// The pipeline and what it runs on: vdevs, completion policy, data cache.
+    pub zio: Zio,
     pub txg: TxgControl,
     pub state: Mutex<PoolState>,
     /// Intent-log counters (all volumes).
@@ -97,8 +99,6 @@ pub(crate) struct PoolInner {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
-    /// Verified data blocks kept after reads (`data_cache_max`).
-    pub data_cache: DataCache,
     /// Held across a change of the vdev tree (`oxpool add`): one at a time.
     pub config_change: Mutex<()>,
     /// The scrub, if one ran.
@@ -137,7 +137,7 @@ impl PoolCounters {
     /// I/O statistics of every present leaf device, in vdev tree order.
     pub fn device_stats(&self) -> Vec<DeviceStats> {
         let mut out = Vec::new();
-        for top in self.inner.vdevs.tops() {
+        for top in self.inner.zio.vdevs.tops() {
             for leaf in top.leaves() {
                 let vdev = match top.kind {
                     TopVdevKind::Mirror => format!("mirror-{}", top.id.0),
@@ -175,7 +175,7 @@ impl PoolCounters {
 
     /// Hits, misses and size of the data-block cache.
     pub fn data_cache_stats(&self) -> crate::zio::data_cache::DataCacheStats {
-        self.inner.data_cache.stats()
+        self.inner.zio.data_cache.stats()
     }
 }
 
@@ -454,8 +454,11 @@ impl Pool {
         let inner = Arc::new(PoolInner {
             name: name.to_string(),
             guid: pool_guid,
-            vdevs: VdevTree::new(vdev_tops, props.completion),
-            data_cache: DataCache::new(props.data_cache_max_bytes),
+            zio: Zio::new(
+                VdevTree::new(vdev_tops),
+                props.completion,
+                props.data_cache_max_bytes,
+            ),
             config_change: Mutex::new(()),
             scan: Default::default(),
             txg: TxgControl::new(
@@ -677,7 +680,7 @@ impl Pool {
         self.inner.txg.state.lock().unwrap().suspended = Some("destroyed".into());
         self.stop_sync_thread();
         block_on(async {
-            for leaf in self.inner.vdevs.leaves() {
+            for leaf in self.inner.zio.vdevs.leaves() {
                 crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
             }
             Ok(())
@@ -702,7 +705,7 @@ impl Pool {
         }
         let inner = &self.inner;
         let _one_change = inner.config_change.lock().unwrap();
-        let base = inner.vdevs.top_count();
+        let base = inner.zio.vdevs.top_count();
         if base + specs.len() > TOP_VDEVS_MAX {
             return Err(EngineError::invalid(format!(
                 "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}",
@@ -712,6 +715,7 @@ impl Pool {
         }
         // As `zpool add`: a single device beside mirrors would leave data with no redundancy.
         let mirrored = inner
+            .zio
             .vdevs
             .tops()
             .any(|t| !t.log && t.kind == TopVdevKind::Mirror);
@@ -727,7 +731,7 @@ impl Pool {
         }
         let mut new_tops = Vec::new();
         let mut new_leaves = Vec::new();
-        let mut config = inner.vdevs.config();
+        let mut config = inner.zio.vdevs.config();
         for (i, spec) in specs.into_iter().enumerate() {
             let (top, cfg, leaves) = prepare_top(VdevId((base + i) as u32), spec, force)?;
             new_leaves.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
@@ -742,7 +746,7 @@ impl Pool {
                 .filter(|(l, _, _)| l.name() == name)
                 .count()
                 > 1;
-            if twice || inner.vdevs.leaves().any(|l| l.name() == name) {
+            if twice || inner.zio.vdevs.leaves().any(|l| l.name() == name) {
                 return Err(EngineError::invalid(format!(
                     "{name} is named twice or already in pool '{}'",
                     inner.name
@@ -778,6 +782,7 @@ impl Pool {
                 debug_assert_eq!(id, top.id);
                 s.chunk_ptrs.push(vec![BlockPtr::HOLE; chunks]);
                 inner
+                    .zio
                     .vdevs
                     .push(top)
                     .map_err(|_| EngineError::invalid("the vdev tree is full"))?;
@@ -799,7 +804,7 @@ impl Pool {
             );
         }
         block_on(async {
-            for top in inner.vdevs.tops() {
+            for top in inner.zio.vdevs.tops() {
                 for (leaf, lcfg) in top.children.iter().zip(&top.leaf_configs) {
                     if let Some(leaf) = leaf {
                         if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
@@ -827,6 +832,7 @@ impl Pool {
     /// Names (paths as opened) of the devices the pool has open.
     pub fn open_device_names(&self) -> Vec<String> {
         self.inner
+            .zio
             .vdevs
             .leaves()
             .map(|l| l.name().to_string())
@@ -836,6 +842,7 @@ impl Pool {
     /// Paths of the pool's devices as configured (for the cache file).
     pub fn device_paths(&self) -> Vec<String> {
         self.inner
+            .zio
             .vdevs
             .tops()
             .flat_map(|t| t.leaf_configs.iter().map(|c| c.path.clone()))
@@ -955,9 +962,10 @@ impl Pool {
         let mut s = self.inner.state.lock().unwrap();
         s.props.set(name, value)?;
         self.inner
+            .zio
             .data_cache
             .set_max_bytes(s.props.data_cache_max_bytes);
-        self.inner.vdevs.completion.set(s.props.completion);
+        self.inner.zio.completion.set(s.props.completion);
         self.inner.txg.configure(
             effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
             Duration::from_secs(s.props.txg_timeout_s),
@@ -971,6 +979,7 @@ impl Pool {
     /// The present leaf named `device` (its path, or its guid in hex).
     fn leaf_named(&self, device: &str) -> Result<Arc<Leaf>> {
         self.inner
+            .zio
             .vdevs
             .leaves()
             .find(|l| l.name() == device || format!("{:x}", l.guid.0) == device)
@@ -1070,6 +1079,7 @@ impl Pool {
         let mut degraded = false;
         let vdevs = self
             .inner
+            .zio
             .vdevs
             .tops()
             .map(|t| {
@@ -1179,11 +1189,16 @@ async fn import_devices(
         }
         tops.push(TopVdev::new(tcfg, children));
     }
-    // The completion policy is a property, known once the metadata is read (set below).
-    let vdevs = VdevTree::new(tops, crate::zio::completion::CompletionPolicy::default());
+    // The completion policy and the cache size are properties, known once the metadata is
+    // read (set below).
+    let mut zio = Zio::new(
+        VdevTree::new(tops),
+        crate::zio::completion::CompletionPolicy::default(),
+        0,
+    );
     // The newest uberblock whose pool metadata reads and verifies.
     let mut ubs = Vec::new();
-    for leaf in vdevs.leaves() {
+    for leaf in zio.vdevs.leaves() {
         ubs.extend(read_uberblocks(leaf.backend.as_ref()).await);
     }
     ubs.retain(|u| u.pool_guid == cfg0.pool_guid);
@@ -1192,7 +1207,7 @@ async fn import_devices(
     let mut last_err = None;
     let mut chosen = None;
     for ub in ubs {
-        match load_meta(&vdevs, &ub.root, &pool_name).await {
+        match load_meta(&zio, &ub.root, &pool_name).await {
             Ok(meta) => {
                 chosen = Some((ub, meta));
                 break;
@@ -1208,7 +1223,7 @@ async fn import_devices(
         }
     }
     let Some((ub, (meta, meta_places))) = chosen else {
-        let devs: Vec<&str> = vdevs.leaves().map(|l| l.name()).collect();
+        let devs: Vec<&str> = zio.vdevs.leaves().map(|l| l.name()).collect();
         return Err(match last_err {
             Some(e) => e,
             None => EngineError::invalid(format!(
@@ -1218,12 +1233,13 @@ async fn import_devices(
         });
     };
     let props = PoolProps::from_pairs(&meta.props)?;
-    vdevs.completion.set(props.completion);
-    // The pool's own record of its vdevs is the truth; labels only help find devices. A vdev
+    zio.completion.set(props.completion);
+    zio.data_cache.set_max_bytes(props.data_cache_max_bytes);
+    // The pool's own record of its zio.vdevs is the truth; labels only help find devices. A vdev
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
     // its log blocks may hold acknowledged writes.
-    if meta.tree.top.len() > vdevs.top_count() {
-        let missing: Vec<String> = meta.tree.top[vdevs.top_count()..]
+    if meta.tree.top.len() > zio.vdevs.top_count() {
+        let missing: Vec<String> = meta.tree.top[zio.vdevs.top_count()..]
             .iter()
             .map(|t| {
                 let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
@@ -1241,11 +1257,10 @@ async fn import_devices(
         )));
     }
     // A vdev whose labels were written but whose addition never committed is not part of it.
-    let mut vdevs = vdevs;
-    vdevs.truncate(meta.tree.top.len());
-    vdevs.set_leaf_configs(&meta.tree);
-    let asizes: Vec<u64> = vdevs.tops().map(|t| t.asize_bytes).collect();
-    let logs: Vec<bool> = vdevs.tops().map(|t| t.log).collect();
+    zio.vdevs.truncate(meta.tree.top.len());
+    zio.vdevs.set_leaf_configs(&meta.tree);
+    let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
+    let logs: Vec<bool> = zio.vdevs.tops().map(|t| t.log).collect();
     let mut alloc = Allocator::with_log_devices(&asizes, &logs);
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
@@ -1262,7 +1277,7 @@ async fn import_devices(
                 continue;
             }
             let what = format!("{pool_name} space map {v}/{c}");
-            let buf = read_block(&vdevs, IoClass::SyncRead, bp, &what).await?;
+            let buf = read_block(&zio, IoClass::SyncRead, bp, &what).await?;
             let bits = decode_meta_block(BlockType::SpaceMap, &buf[..bp.psize_bytes as usize])
                 .map_err(|e| EngineError::Corrupt {
                     device: pool_name.clone(),
@@ -1283,7 +1298,8 @@ async fn import_devices(
     // The PoolMeta block (or its index and pieces) is allocated after the space maps it
     // describes were written.
     for dva in &meta_places {
-        if vdevs
+        if zio
+            .vdevs
             .top(dva.vdev)
             .is_some_and(|t| dva.end_bytes() <= t.asize_bytes)
         {
@@ -1302,7 +1318,7 @@ async fn import_devices(
         let mut next_seq = vm.log_first_seq.max(1);
         if vm.log_first.asize_bytes > 0 {
             let replay = read_chain(
-                &vdevs,
+                &zio,
                 cfg0.pool_guid,
                 vm.id,
                 vm.log_first,
@@ -1319,7 +1335,8 @@ async fn import_devices(
             // one the maps hold allocated is covered by a deferred free or by the tree
             // already; freeing it again would be a double free.
             for d in &replay.indirect_blocks {
-                if vdevs
+                if zio
+                    .vdevs
                     .top(d.vdev)
                     .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
                     && alloc.map_mut(d.vdev).claim(d)
@@ -1337,7 +1354,8 @@ async fn import_devices(
         log_blocks.sort_by_key(|d| (d.vdev, d.offset_bytes));
         log_blocks.dedup();
         for d in &log_blocks {
-            if vdevs
+            if zio
+                .vdevs
                 .top(d.vdev)
                 .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
             {
@@ -1367,8 +1385,7 @@ async fn import_devices(
     let inner = Arc::new(PoolInner {
         name: pool_name.clone(),
         guid: cfg0.pool_guid,
-        vdevs,
-        data_cache: DataCache::new(props.data_cache_max_bytes),
+        zio,
         config_change: Mutex::new(()),
         scan: Default::default(),
         txg: TxgControl::new(
@@ -1397,7 +1414,7 @@ async fn import_devices(
 
 /// Reads the pool metadata the uberblock's root points at: one block, or the index of its
 /// pieces (see [`write_pool_meta`]). Returns it with every place it occupies.
-async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<(PoolMeta, Vec<Dva>)> {
+async fn load_meta(zio: &Zio, bp: &BlockPtr, pool: &str) -> Result<(PoolMeta, Vec<Dva>)> {
     let corrupt = |what: &str, e| EngineError::Corrupt {
         device: pool.to_string(),
         what: what.into(),
@@ -1407,11 +1424,11 @@ async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<(PoolM
     let mut places = bp.dvas().to_vec();
     let whole = match (bp.is_hole(), bp.block_type) {
         (false, BlockType::PoolMeta) => {
-            let buf = read_block(vdevs, IoClass::SyncRead, bp, &what).await?;
+            let buf = read_block(zio, IoClass::SyncRead, bp, &what).await?;
             buf[..bp.psize_bytes as usize].to_vec()
         }
         (false, BlockType::MetaIndex) => {
-            let buf = read_block(vdevs, IoClass::SyncRead, bp, &what).await?;
+            let buf = read_block(zio, IoClass::SyncRead, bp, &what).await?;
             let pieces = decode_meta_index(&buf[..bp.psize_bytes as usize])
                 .map_err(|e| corrupt("pool metadata index", e))?;
             let mut whole = Vec::new();
@@ -1426,7 +1443,7 @@ async fn load_meta(vdevs: &VdevTree, bp: &BlockPtr, pool: &str) -> Result<(PoolM
                         },
                     ));
                 }
-                let buf = read_block(vdevs, IoClass::SyncRead, p, &what).await?;
+                let buf = read_block(zio, IoClass::SyncRead, p, &what).await?;
                 whole.extend_from_slice(&buf[..p.psize_bytes as usize]);
                 places.extend_from_slice(p.dvas());
             }
@@ -1557,7 +1574,7 @@ pub(crate) async fn write_new_block(
     nb: NewBlock,
 ) -> Result<BlockPtr> {
     let bp = alloc_new_block(inner, data, nb, None)?;
-    write_block_shared(&inner.vdevs, class, bp.dvas(), data).await?;
+    write_block_shared(&inner.zio, class, bp.dvas(), data).await?;
     Ok(bp)
 }
 
@@ -1577,7 +1594,7 @@ pub(crate) async fn write_new_blocks(
         .zip(blocks)
         .map(|(bp, (data, _))| (bp.dvas(), *data))
         .collect();
-    for r in write_blocks_shared(&inner.vdevs, class, &list).await {
+    for r in write_blocks_shared(&inner.zio, class, &list).await {
         r?;
     }
     Ok(ptrs)
@@ -1778,7 +1795,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             .iter()
             .map(|(_, _, bp, block, _)| (bp.dvas(), block))
             .collect();
-        for r in write_blocks_shared(&inner.vdevs, IoClass::AsyncWrite, &list).await {
+        for r in write_blocks_shared(&inner.zio, IoClass::AsyncWrite, &list).await {
             r?;
         }
     }
@@ -1816,7 +1833,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
             name: inner.name.clone(),
             guid: inner.guid,
             txg,
-            tree: inner.vdevs.config(),
+            tree: inner.zio.vdevs.config(),
             props: s.props.to_pairs(),
             volumes: s
                 .volumes
@@ -1878,7 +1895,7 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
     };
     let mut written = 0;
     let mut last_err = None;
-    let leaves: Vec<_> = inner.vdevs.leaves().cloned().collect();
+    let leaves: Vec<_> = inner.zio.vdevs.leaves().cloned().collect();
     let futs: Vec<_> = leaves
         .iter()
         .map(|l| {
@@ -1922,14 +1939,14 @@ pub(crate) async fn sync_txg(inner: &PoolInner, txg: Txg) -> Result<()> {
 /// Sets every leaf's vdev queue mode from the pool's properties.
 fn apply_scheduler(inner: &PoolInner) {
     let s = inner.state.lock().unwrap();
-    for leaf in inner.vdevs.leaves() {
+    for leaf in inner.zio.vdevs.leaves() {
         leaf.queue.set_mode(s.props.device_scheduler(leaf.guid));
     }
 }
 
 async fn flush_all(inner: &PoolInner) -> Result<()> {
     // One snapshot of the tree: a vdev added meanwhile is not in this txg's configuration.
-    let tops: Vec<&TopVdev> = inner.vdevs.tops().collect();
+    let tops: Vec<&TopVdev> = inner.zio.vdevs.tops().collect();
     let ios: Vec<(usize, Arc<Leaf>)> = tops
         .iter()
         .enumerate()
@@ -2016,17 +2033,7 @@ async fn sync_volume(
         let mut b = start;
         // Bounded: each round moves past one level-1 block or one hole subtree.
         while b < end {
-            match walk(
-                &vol.tree,
-                &inner.vdevs,
-                IoClass::AsyncRead,
-                b,
-                1,
-                false,
-                what,
-            )
-            .await?
-            {
+            match walk(&vol.tree, &inner.zio, IoClass::AsyncRead, b, 1, false, what).await? {
                 Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
                 Walk::Cached => {
                     let mut removed = Vec::new();
@@ -2196,7 +2203,7 @@ async fn sync_volume(
             .iter()
             .map(|(_, bp, data, _)| (bp.dvas(), data))
             .collect();
-        let written = write_blocks_shared(&inner.vdevs, IoClass::AsyncWrite, &list).await;
+        let written = write_blocks_shared(&inner.zio, IoClass::AsyncWrite, &list).await;
         drop(list);
         for ((i, bp, data, cache), r) in writes.into_iter().zip(written) {
             if let Err(e) = r {
@@ -2208,10 +2215,10 @@ async fn sync_volume(
                 // The write gave its references back: the merged buffer is ours again.
                 CacheAfter::Written => {
                     if let Ok(buf) = Arc::try_unwrap(data) {
-                        inner.data_cache.insert(CacheKey::of(&bp), buf);
+                        inner.zio.data_cache.insert(CacheKey::of(&bp), buf);
                     }
                 }
-                CacheAfter::Content(buf) => inner.data_cache.insert(CacheKey::of(&bp), buf),
+                CacheAfter::Content(buf) => inner.zio.data_cache.insert(CacheKey::of(&bp), buf),
             }
         }
         for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
@@ -2219,16 +2226,7 @@ async fn sync_volume(
             if let Some(u) = unused {
                 freed.extend_from_slice(u.dvas());
             }
-            walk(
-                &vol.tree,
-                &inner.vdevs,
-                IoClass::AsyncRead,
-                *b,
-                1,
-                true,
-                what,
-            )
-            .await?;
+            walk(&vol.tree, &inner.zio, IoClass::AsyncRead, *b, 1, true, what).await?;
             let old = vol
                 .tree
                 .lock()
@@ -2308,7 +2306,7 @@ async fn sync_volume(
                             let b = idx * crate::dmu::tree::capacity(level);
                             walk(
                                 &vol.tree,
-                                &inner.vdevs,
+                                &inner.zio,
                                 IoClass::AsyncRead,
                                 b,
                                 level + 1,

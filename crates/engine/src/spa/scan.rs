@@ -374,22 +374,22 @@ async fn scan_pool_metadata(inner: &PoolInner) {
         let s = inner.state.lock().unwrap();
         (s.meta_ptr, s.chunk_ptrs.concat())
     };
-    let vdevs = &inner.vdevs;
+    let zio = &inner.zio;
     if meta_ptr.is_hole() {
         return;
     }
-    let (index, counts) = scrub_block(vdevs, &meta_ptr, "pool metadata").await;
+    let (index, counts) = scrub_block(zio, &meta_ptr, "pool metadata").await;
     account(inner, &meta_ptr, counts);
     if meta_ptr.block_type == BlockType::MetaIndex {
         let pieces =
             index.and_then(|buf| decode_meta_index(&buf[..meta_ptr.psize_bytes as usize]).ok());
         for p in pieces.unwrap_or_default() {
-            let (_, counts) = scrub_block(vdevs, &p, "pool metadata").await;
+            let (_, counts) = scrub_block(zio, &p, "pool metadata").await;
             account(inner, &p, counts);
         }
     }
     for c in chunks.iter().filter(|c| !c.is_hole()) {
-        let (_, counts) = scrub_block(vdevs, c, "space map").await;
+        let (_, counts) = scrub_block(zio, c, "space map").await;
         account(inner, c, counts);
     }
 }
@@ -414,7 +414,7 @@ async fn indirect(
     if path[slot].as_ref().is_some_and(|d| d.bp == *bp) {
         return Some(slot);
     }
-    let (buf, mut counts) = scrub_block(&inner.vdevs, bp, what).await;
+    let (buf, mut counts) = scrub_block(&inner.zio, bp, what).await;
     let mut ptrs = Box::new([BlockPtr::HOLE; INDIRECT_FANOUT]);
     let decoded =
         buf.is_some_and(|b| decode_indirect(&b[..bp.psize_bytes as usize], &mut ptrs).is_ok());
@@ -464,7 +464,7 @@ async fn scan_volume(inner: &PoolInner, vol: &VolumeInner) -> Result<()> {
                 let results = join_all(
                     children
                         .iter()
-                        .map(|c| scrub_block(&inner.vdevs, c, what))
+                        .map(|c| scrub_block(&inner.zio, c, what))
                         .collect(),
                 )
                 .await;

@@ -1109,7 +1109,7 @@ impl Volume {
                     )?;
                     // A sync write's blocks: the client waits for them.
                     if let Err(e) = crate::zio::write_block_shared(
-                        &self.pool.vdevs,
+                        &self.pool.zio,
                         IoClass::SyncWrite,
                         bp.dvas(),
                         &block,
@@ -1390,22 +1390,26 @@ async fn write_durably(
         asize_bytes: data.len() as u32,
         ..*addr
     };
-    let vdevs = &inner.vdevs;
+    let zio = &inner.zio;
     if also_flush.is_empty() {
-        crate::zio::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, true).await?;
-        let copies = vdevs.top(addr.vdev).map_or(0, |top| top.leaves().count()) as u64;
+        crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
+        let copies = zio
+            .vdevs
+            .top(addr.vdev)
+            .map_or(0, |top| top.leaves().count()) as u64;
         let counters = &inner.log_counters;
         counters.durable_writes.fetch_add(copies, Ordering::Relaxed);
         counters.flushes.fetch_add(copies, Ordering::Relaxed);
         counters.device_flushes.fetch_add(copies, Ordering::Relaxed);
         return Ok(());
     }
-    crate::zio::write_block_owned(vdevs, IoClass::SyncWrite, &[written], data, false).await?;
+    crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
     let mut leaves: Vec<Arc<Leaf>> = Vec::new();
     for v in vdevs {
         let top = inner
+            .zio
             .vdevs
             .top(v)
             .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
@@ -1471,7 +1475,7 @@ pub(crate) enum ReplayRecord {
 /// Walks a volume's chain from `first` and collects the records newer than `synced`.
 /// Stops at the first block that does not decode as the next of this chain.
 pub(crate) async fn read_chain(
-    vdevs: &crate::vdev::VdevTree,
+    zio: &crate::zio::Zio,
     pool_guid: Guid,
     volume: VolumeId,
     first: Dva,
@@ -1488,7 +1492,8 @@ pub(crate) async fn read_chain(
     let mut seq = first_seq;
     for _ in 0..CHAIN_BLOCKS_MAX {
         if addr.asize_bytes == 0
-            || vdevs
+            || zio
+                .vdevs
                 .top(addr.vdev)
                 .is_none_or(|t| addr.end_bytes() > t.asize_bytes)
         {
@@ -1496,7 +1501,8 @@ pub(crate) async fn read_chain(
         }
         // Each child of a mirror holds a copy; a torn one fails its checksum, so try each.
         let mut found = None;
-        for io in vdevs
+        for io in zio
+            .vdevs
             .top(addr.vdev)
             .into_iter()
             .flat_map(|t| t.plan_read(&addr))
@@ -1543,7 +1549,7 @@ pub(crate) async fn read_chain(
                     // exactly that (bounded by the record decoder), never to a size the
                     // pointer alone claims.
                     let read = crate::zio::read_data_block(
-                        vdevs,
+                        zio,
                         IoClass::SyncRead,
                         &bp,
                         length_bytes as usize,

@@ -472,7 +472,7 @@ pub(crate) async fn merge_partial(
     let what = &vol.full_name;
     // Sync reads: the txg sync waits on them, as a writer waited on its read-modify-write
     // read (the async-read class, three in flight per device, is for reads nobody waits on).
-    let bp = lookup(&vol.tree, &inner.vdevs, IoClass::SyncRead, b, what).await?;
+    let bp = lookup(&vol.tree, &inner.zio, IoClass::SyncRead, b, what).await?;
     let mut merged = if bp.is_hole() {
         IoBuf::zeroed(bs)
     } else {
@@ -480,15 +480,14 @@ pub(crate) async fn merge_partial(
         // so nobody can hit it afterwards anyway (a reader that misses meanwhile reads the old
         // place, which stays allocated until the sync's frees are deferred past).
         let key = CacheKey::of(&bp);
-        match inner.data_cache.take(&key) {
+        match inner.zio.data_cache.take(&key) {
             Some(old) => old,
             None => {
                 let name = format_args!("{what} block {b}");
                 let mut attempt = 1;
                 // Bounded: MERGE_READ_ATTEMPTS reads of every copy.
                 loop {
-                    let read =
-                        read_data_block(&inner.vdevs, IoClass::SyncRead, &bp, bs, &name).await;
+                    let read = read_data_block(&inner.zio, IoClass::SyncRead, &bp, bs, &name).await;
                     match read {
                         Ok(old) => break old.content,
                         Err(_) if attempt < MERGE_READ_ATTEMPTS => attempt += 1,
@@ -787,7 +786,7 @@ impl Volume {
         out: &mut [u8],
         need: &SectorMask,
     ) -> Result<()> {
-        let cache = &self.pool.data_cache;
+        let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
         let all = need.contains(&SectorMask::touching(in_block, hi));
         let found = self
@@ -825,10 +824,10 @@ impl Volume {
         b: u64,
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
-        let vdevs = &self.pool.vdevs;
+        let zio = &self.pool.zio;
         let what = &self.vol.full_name;
         let bs = self.vol.props.lock().unwrap().volblocksize_bytes as usize;
-        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+        let mut bp = lookup(&self.vol.tree, zio, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
@@ -840,7 +839,7 @@ impl Volume {
             // The name is formatted only if the read fails. A compressed block comes back
             // decompressed (the cache holds content).
             let read = read_data_block_unhealed(
-                vdevs,
+                zio,
                 IoClass::SyncRead,
                 &bp,
                 bs,
@@ -854,7 +853,7 @@ impl Volume {
                     // its places freed and reused, and healing would then write the old
                     // block over another one.
                     if !bad.is_empty()
-                        && lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await? == bp
+                        && lookup(&self.vol.tree, zio, IoClass::SyncRead, b, what).await? == bp
                     {
                         heal_copies(&bad, block.stored()).await;
                     }
@@ -863,7 +862,7 @@ impl Volume {
                     return Ok(v);
                 }
                 Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+                    let again = lookup(&self.vol.tree, zio, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
                         return Err(e);
                     }
@@ -1302,7 +1301,7 @@ impl Volume {
                 None => {
                     let walked = walk(
                         &self.vol.tree,
-                        &self.pool.vdevs,
+                        &self.pool.zio,
                         IoClass::SyncRead,
                         b,
                         1,
@@ -1315,7 +1314,7 @@ impl Volume {
                         Walk::Cached => {
                             let bp = lookup(
                                 &self.vol.tree,
-                                &self.pool.vdevs,
+                                &self.pool.zio,
                                 IoClass::SyncRead,
                                 b,
                                 &self.vol.full_name,
@@ -1374,7 +1373,7 @@ impl Volume {
         self.check_range(b.saturating_mul(bs), bs, false)?;
         lookup(
             &self.vol.tree,
-            &self.pool.vdevs,
+            &self.pool.zio,
             IoClass::SyncRead,
             b,
             &self.vol.full_name,
