@@ -14,10 +14,11 @@
 
 use anyhow::{anyhow, Result};
 use oxpool_engine::iostats::{
-    latency_bucket_floor_us, DeviceStats, LatencySnapshot, LeafIoSnapshot, VolumeIoSnapshot,
-    VolumeStats, LATENCY_BUCKET_COUNT,
+    latency_bucket_floor_us, LatencySnapshot, LeafIoSnapshot, VolumeIoSnapshot, VolumeStats,
+    LATENCY_BUCKET_COUNT,
 };
 use oxpool_engine::vdev::queue::{QueueSnapshot, IO_CLASS_COUNT};
+use oxpool_engine::vdev::DeviceStats;
 use oxpool_engine::PoolCounters;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

@@ -9,6 +9,9 @@ pub mod label;
 mod leaf_io;
 pub mod queue;
 pub mod raidz;
+mod stats;
+
+pub use stats::{DeviceErrors, DeviceStats};
 
 use crate::iostats::LeafIoStats;
 use crate::vdev::queue::VdevQueue;

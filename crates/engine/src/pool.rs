@@ -1,0 +1,579 @@
+//! The engine's front door: a pool, assembled from its layers (the pool's own state and txg
+//! engine in `spa`, its datasets in `dsl`, volumes over them in `zvol`), and the handles the
+//! CLI and the NBD server use. The one module that may reach every layer.
+
+use crate::dmu::object::Object;
+use crate::dmu::tree::{levels_for, BlockTree};
+use crate::dsl::dataset::Dataset;
+use crate::dsl::Datasets;
+use crate::iostats::LogStats;
+use crate::iostats::VolumeStats;
+use crate::props::{PoolProps, VolumeProps};
+use crate::spa::sync::{sync_thread, SyncClient};
+use crate::spa::{check_name, PoolStatus, Spa, TopSpec};
+use crate::vdev::label::read_label;
+use crate::vdev::DeviceStats;
+use crate::zil::{read_chain, ReplayRecord, Zil};
+use crate::zio::ScrubCounts;
+use crate::zvol::VolumeInner;
+use crate::{EngineError, Result, ScanStatus, Volume};
+use oxpool_format::{BlockPtr, Dva, Guid, LabelConfig, TopVdevKind, Txg, VolumeId};
+use oxpool_io::rt::block_on;
+use oxpool_io::Backend;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Log records to replay, per volume name.
+type Replays = Vec<(String, Vec<ReplayRecord>)>;
+
+/// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
+/// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
+pub struct Pool {
+    spa: Arc<Spa>,
+    dsl: Arc<Datasets>,
+    /// The volumes, by name: each over its dataset in `dsl`.
+    volumes: Arc<Mutex<BTreeMap<String, Arc<VolumeInner>>>>,
+    sync_thread: Option<JoinHandle<()>>,
+}
+
+/// Reads a pool's counters (see [`Pool::counters`]).
+#[derive(Clone)]
+pub struct PoolCounters {
+    spa: Arc<Spa>,
+    volumes: Arc<Mutex<BTreeMap<String, Arc<VolumeInner>>>>,
+}
+
+impl PoolCounters {
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.spa.name
+    }
+
+    /// Intent-log and flush counters.
+    pub fn log_stats(&self) -> LogStats {
+        self.spa.log_counters.stats()
+    }
+
+    /// The last durable txg.
+    pub fn synced_txg(&self) -> Txg {
+        self.spa.txg.synced()
+    }
+
+    /// I/O statistics of every present leaf device, in vdev tree order.
+    pub fn device_stats(&self) -> Vec<DeviceStats> {
+        let mut out = Vec::new();
+        for top in self.spa.zio.vdevs.tops() {
+            for leaf in top.leaves() {
+                let vdev = match top.kind {
+                    TopVdevKind::Mirror => format!("mirror-{}", top.id.0),
+                    _ => leaf.name().to_string(),
+                };
+                out.push(DeviceStats {
+                    name: leaf.name().to_string(),
+                    vdev,
+                    scheduler: leaf.queue.mode().as_str().to_string(),
+                    io: leaf.io_stats.snapshot(),
+                    queue: leaf.queue.snapshot(),
+                    errors: crate::vdev::DeviceErrors {
+                        read: leaf.counters.read_errors.load(Ordering::Relaxed),
+                        write: leaf.counters.write_errors.load(Ordering::Relaxed),
+                        checksum: leaf.counters.checksum_errors.load(Ordering::Relaxed),
+                        repaired_bytes: leaf.counters.repaired_bytes.load(Ordering::Relaxed),
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    /// I/O statistics of every volume, by name.
+    pub fn volume_stats(&self) -> Vec<VolumeStats> {
+        let volumes = self.volumes.lock().unwrap();
+        volumes
+            .values()
+            .map(|v| VolumeStats {
+                name: v.ds.name.clone(),
+                io: v.io_stats.snapshot(),
+            })
+            .collect()
+    }
+
+    /// Hits, misses and size of the data-block cache.
+    pub fn data_cache_stats(&self) -> crate::zio::data_cache::DataCacheStats {
+        self.spa.zio.data_cache.stats()
+    }
+}
+
+impl Pool {
+    /// Creates a pool on `tops`. Refuses devices that belong to a pool unless `force`.
+    pub fn create(name: &str, tops: Vec<TopSpec>, props: PoolProps, force: bool) -> Result<Pool> {
+        let dsl = Arc::new(Datasets::new(name, 1));
+        let spa = Spa::create(name, tops, props, force, dsl.as_ref())?;
+        Ok(Pool::start(spa, dsl, BTreeMap::new()))
+    }
+
+    fn start(
+        spa: Arc<Spa>,
+        dsl: Arc<Datasets>,
+        volumes: BTreeMap<String, Arc<VolumeInner>>,
+    ) -> Pool {
+        crate::spa::apply_scheduler(&spa);
+        let weak = Arc::downgrade(&spa);
+        let upper: std::sync::Weak<dyn SyncClient> = Arc::downgrade(&dsl) as _;
+        let thread = std::thread::Builder::new()
+            .name(format!("txg-sync-{}", spa.name))
+            .spawn(move || sync_thread(weak, upper))
+            .expect("spawn the txg sync thread");
+        Pool {
+            spa,
+            dsl,
+            volumes: Arc::new(Mutex::new(volumes)),
+            sync_thread: Some(thread),
+        }
+    }
+
+    /// Imports the pool found on `devices` (all devices of one pool, possibly others too).
+    /// With `name`, only that pool is considered. Errors name each device and what was wrong.
+    pub fn import(devices: Vec<Arc<dyn Backend>>, name: Option<&str>) -> Result<Pool> {
+        let (spa, meta) = block_on(async {
+            let mut found: Vec<(LabelConfig, Arc<dyn Backend>)> = Vec::new();
+            let mut rejected: Vec<String> = Vec::new();
+            for dev in devices {
+                match read_label(dev.as_ref()).await {
+                    Ok(cfg) if name.is_none_or(|n| n == cfg.pool_name) => found.push((cfg, dev)),
+                    Ok(cfg) => rejected.push(format!(
+                        "{}: belongs to pool '{}'",
+                        dev.name(),
+                        cfg.pool_name
+                    )),
+                    Err(e) => rejected.push(e.to_string()),
+                }
+            }
+            let mut guids: Vec<(Guid, String)> = found
+                .iter()
+                .map(|(c, _)| (c.pool_guid, c.pool_name.clone()))
+                .collect();
+            guids.sort();
+            guids.dedup();
+            match guids.len() {
+                0 => {
+                    let what = name
+                        .map(|n| format!("pool '{n}'"))
+                        .unwrap_or("a pool".into());
+                    let why = if rejected.is_empty() {
+                        "no devices given".to_string()
+                    } else {
+                        rejected.join("; ")
+                    };
+                    return Err(EngineError::NotFound(format!("{what}: {why}")));
+                }
+                1 => {}
+                _ => {
+                    let names: Vec<String> = guids
+                        .iter()
+                        .map(|(g, n)| format!("{n} ({:x})", g.0))
+                        .collect();
+                    return Err(EngineError::invalid(format!(
+                        "several pools found: {}; name the one to import",
+                        names.join(", ")
+                    )));
+                }
+            }
+            crate::spa::import::import_devices(found).await
+        })?;
+        // The datasets, and their intent logs: records newer than the committed txg are
+        // replayed once the pool is up. Every place a log holds is claimed before anything
+        // allocates (the sync thread starts after).
+        let dsl = Arc::new(Datasets::new(&spa.name, meta.next_volume_id));
+        let mut volumes = BTreeMap::new();
+        let mut replays = Vec::new();
+        block_on(async {
+            for vm in &meta.volumes {
+                let p =
+                    VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &vm.props)?;
+                // The intent log: records newer than the committed txg are replayed once the pool is
+                // up. Every place the log held (persisted list and the chain walked) is claimed now,
+                // before anything allocates, and freed by the replay's sync.
+                let mut log_blocks = vm.log_reserved.clone();
+                let mut claimed_indirect: Vec<Dva> = Vec::new();
+                let mut next_seq = vm.log_first_seq.max(1);
+                if vm.log_first.asize_bytes > 0 {
+                    let replay = read_chain(
+                        &spa.zio,
+                        spa.guid,
+                        vm.id,
+                        vm.log_first,
+                        vm.log_first_seq,
+                        meta.txg,
+                    )
+                    .await;
+                    log_blocks.extend(replay.blocks.iter().copied());
+                    // Blocks written in place for records that are replayed: claimed like the log's
+                    // own, freed after the replay copied their data.
+                    // In-place blocks of replayed records: freed after the replay only if the
+                    // committed maps show them free (claimed here) or `log_reserved` lists them (the
+                    // sync allocated them in its maps but neither adopted nor freed them). Any other
+                    // one the maps hold allocated is covered by a deferred free or by the tree
+                    // already; freeing it again would be a double free.
+                    for d in &replay.indirect_blocks {
+                        if spa.claim(d) {
+                            claimed_indirect.push(*d);
+                        }
+                    }
+                    next_seq = replay.end_seq;
+                    if !replay.records.is_empty() {
+                        replays.push((vm.name.clone(), replay.records));
+                    }
+                }
+                // An in-place block both listed and claimed above is freed once.
+                log_blocks.extend(claimed_indirect);
+                log_blocks.sort_by_key(|d| (d.vdev, d.offset_bytes));
+                log_blocks.dedup();
+                for d in &log_blocks {
+                    spa.claim(d);
+                }
+                let zil = Arc::new(Zil::new(
+                    spa.guid,
+                    vm.id,
+                    next_seq + crate::zil::SEQ_RESTART_GAP,
+                    log_blocks,
+                ));
+                let data = Object::new(
+                    BlockTree::new(vm.levels.max(1), vm.root),
+                    vm.volsize_bytes,
+                    vm.used_bytes,
+                );
+                data.compressed_bytes
+                    .store(vm.compressed_bytes, Ordering::Relaxed);
+                let ds = Arc::new(Dataset::volume(
+                    vm.id,
+                    &spa.name,
+                    &vm.name,
+                    p,
+                    data,
+                    zil.clone(),
+                ));
+                dsl.insert(ds.clone())?;
+                volumes.insert(vm.name.clone(), Arc::new(VolumeInner::new(ds, zil)));
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        let had_log = volumes
+            .values()
+            .any(|v| !v.zil.reserved_on_import_is_empty());
+        tracing::info!(pool = spa.name, txg = meta.txg.0, "imported");
+        let pool = Pool::start(spa, dsl, volumes);
+        pool.replay(replays)?;
+        if had_log {
+            // Commit the replayed changes and free the old chains before serving anything.
+            pool.sync()?;
+        }
+        Ok(pool)
+    }
+
+    /// Applies intent-log records found at import, in order, as ordinary changes.
+    fn replay(&self, replays: Replays) -> Result<()> {
+        for (name, records) in replays {
+            let vol = self.volume(&name)?;
+            let n = records.len();
+            // A record past the end belongs to a write a shrink overtook: what lies beyond the
+            // size is gone with it. (Size changes are durable before they return, and a grow
+            // before its space is used, so no acknowledged write is clipped here.)
+            let size = vol.size_bytes();
+            let clip = |off: u64, len: u64| (off.min(size), len.min(size.saturating_sub(off)));
+            block_on(async {
+                for r in records {
+                    match r {
+                        ReplayRecord::Write { offset_bytes, data } => {
+                            let (off, len) = clip(offset_bytes, data.len() as u64);
+                            vol.write(off, &data[..len as usize], false).await?
+                        }
+                        ReplayRecord::Free {
+                            offset_bytes,
+                            length_bytes,
+                        } => {
+                            let (off, len) = clip(offset_bytes, length_bytes);
+                            vol.trim(off, len, false).await?
+                        }
+                        ReplayRecord::Zero {
+                            offset_bytes,
+                            length_bytes,
+                        } => {
+                            let (off, len) = clip(offset_bytes, length_bytes);
+                            vol.write_zeroes(off, len, false).await?
+                        }
+                    }
+                }
+                Ok::<(), EngineError>(())
+            })?;
+            tracing::info!(volume = vol.full_name(), records = n, "intent log replayed");
+        }
+        Ok(())
+    }
+
+    /// Intent-log counters since the pool was opened.
+    pub fn log_stats(&self) -> LogStats {
+        self.spa.log_counters.stats()
+    }
+
+    /// A handle that reads the pool's counters from another thread while the pool is served.
+    pub fn counters(&self) -> PoolCounters {
+        PoolCounters {
+            spa: self.spa.clone(),
+            volumes: self.volumes.clone(),
+        }
+    }
+
+    /// Writes everything dirty, stops the sync thread and closes the pool. A volume handle
+    /// that outlives it gets errors from then on: nothing more is written to the devices,
+    /// which another process may own next.
+    pub fn export(mut self) -> Result<()> {
+        self.stop_sync_thread();
+        self.spa.close()
+    }
+
+    fn stop_sync_thread(&mut self) {
+        // The scrub first: it waits on syncs of its own, and a closed pool has none.
+        self.dsl.scan.stop();
+        self.spa.txg.stop();
+        if let Some(t) = self.sync_thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Destroys the pool: clears every device's labels. The data is gone for oxpool.
+    pub fn destroy(mut self) -> Result<()> {
+        // Stop without a final sync: nothing of it matters any more.
+        self.spa.txg.state.lock().unwrap().suspended = Some("destroyed".into());
+        self.stop_sync_thread();
+        self.spa.clear_labels()
+    }
+
+    /// Adds top-level vdevs to the pool as it runs (see [`Spa::add_vdevs`]).
+    pub fn add_vdevs(&self, specs: Vec<TopSpec>, force: bool) -> Result<()> {
+        self.spa.add_vdevs(specs, force)
+    }
+
+    /// Pool name.
+    pub fn name(&self) -> &str {
+        &self.spa.name
+    }
+
+    /// Pool guid.
+    pub fn guid(&self) -> Guid {
+        self.spa.guid
+    }
+
+    /// Names (paths as opened) of the devices the pool has open.
+    pub fn open_device_names(&self) -> Vec<String> {
+        self.spa.open_device_names()
+    }
+
+    /// Paths of the pool's devices as configured (for the cache file).
+    pub fn device_paths(&self) -> Vec<String> {
+        self.spa.device_paths()
+    }
+
+    /// Asks for a sync of everything dirty now and waits until it is durable.
+    pub fn sync(&self) -> Result<()> {
+        self.spa.sync_now()
+    }
+
+    /// Asynchronous [`Pool::sync`], for use inside an executor.
+    pub async fn sync_async(&self) -> Result<()> {
+        self.spa.sync_async().await
+    }
+
+    /// The last durable txg.
+    pub fn synced_txg(&self) -> Txg {
+        self.spa.synced_txg()
+    }
+
+    /// Dirty bytes held in memory.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.spa.dirty_bytes()
+    }
+
+    /// Creates a volume of `size_bytes` with `props` (name=value) set at creation.
+    pub fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        props: &[(String, String)],
+    ) -> Result<Volume> {
+        check_name("volume", name)?;
+        let mut p = VolumeProps::new(size_bytes);
+        for (k, v) in props {
+            if k == "volsize" {
+                return Err(EngineError::invalid("give volsize with --size"));
+            }
+            p.set_initial(k, v)?;
+        }
+        p.validate()?;
+        let mut volumes = self.volumes.lock().unwrap();
+        if volumes.contains_key(name) {
+            return Err(EngineError::Exists(format!("{}/{name}", self.spa.name)));
+        }
+        let id = VolumeId(self.dsl.next_id());
+        let nblocks = size_bytes / p.volblocksize_bytes as u64;
+        let data = Object::new(
+            BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
+            size_bytes,
+            0,
+        );
+        let zil = Arc::new(Zil::new(self.spa.guid, id, 1, Vec::new()));
+        let ds = Arc::new(Dataset::volume(
+            id,
+            &self.spa.name,
+            name,
+            p,
+            data,
+            zil.clone(),
+        ));
+        self.dsl.insert(ds.clone())?;
+        let vol = Arc::new(VolumeInner::new(ds, zil));
+        volumes.insert(name.to_string(), vol.clone());
+        self.spa.txg.mark_dirty();
+        Ok(Volume {
+            pool: self.spa.clone(),
+            vol,
+        })
+    }
+
+    /// Destroys a volume; its space is freed by the next sync.
+    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+        let mut volumes = self.volumes.lock().unwrap();
+        if volumes.remove(name).is_none() {
+            return Err(EngineError::NotFound(format!("{}/{name}", self.spa.name)));
+        }
+        self.dsl.destroy(name)?;
+        self.spa.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// A handle to a volume.
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        let vol = self
+            .volumes
+            .lock()
+            .unwrap()
+            .get(name)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.spa.name)))?
+            .clone();
+        Ok(Volume {
+            pool: self.spa.clone(),
+            vol,
+        })
+    }
+
+    /// Every volume, by name.
+    pub fn volumes(&self) -> Vec<Volume> {
+        self.volumes
+            .lock()
+            .unwrap()
+            .values()
+            .map(|v| Volume {
+                pool: self.spa.clone(),
+                vol: v.clone(),
+            })
+            .collect()
+    }
+
+    /// Reads a pool property.
+    pub fn get_prop(&self, name: &str) -> Result<String> {
+        self.spa.get_prop(name)
+    }
+
+    /// Sets a pool property (persisted by the next sync).
+    pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
+        self.spa.set_prop(name, value)
+    }
+
+    /// Reads a device property (see [`Spa::get_device_prop`]).
+    pub fn get_device_prop(&self, device: &str, name: &str) -> Result<(String, &'static str)> {
+        self.spa.get_device_prop(device, name)
+    }
+
+    /// Sets a device property (see [`Spa::set_device_prop`]).
+    pub fn set_device_prop(&self, device: &str, name: &str, value: &str) -> Result<()> {
+        self.spa.set_device_prop(device, name, value)
+    }
+
+    /// Sets a volume property. A `volsize` change is durable when this returns (a txg sync);
+    /// a shrink frees the blocks past the new end, after every request in flight there is
+    /// done (see `Volume::resize`).
+    pub fn set_volume_prop(&self, volume: &str, name: &str, value: &str) -> Result<()> {
+        let vol = self.volume(volume)?;
+        if name == "volsize" {
+            let _one_at_a_time = vol.vol.resizing.lock().unwrap();
+            let new_size = {
+                let mut q = vol.vol.ds.props.lock().unwrap().clone();
+                q.set(name, value)?;
+                q.validate()?;
+                q.volsize_bytes
+            };
+            return block_on(vol.resize(new_size));
+        }
+        {
+            // Checked and stored in one step: a concurrent change is not undone.
+            let mut p = vol.vol.ds.props.lock().unwrap();
+            let mut q = p.clone();
+            q.set(name, value)?;
+            q.validate()?;
+            *p = q;
+        }
+        self.spa.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// Status of the pool and its devices, with its latest scrub.
+    pub fn status(&self) -> PoolStatus {
+        let mut status = self.spa.status();
+        status.scan = self.dsl.scan_status();
+        status
+    }
+
+    /// Starts a scrub in the background (`oxpool scrub`); refused while one runs.
+    pub fn scrub_start(&self) -> Result<()> {
+        self.dsl.scrub_start(&self.spa)
+    }
+
+    /// Stops a running scrub (`oxpool scrub -s`).
+    pub fn scrub_cancel(&self) -> Result<()> {
+        self.dsl.scrub_cancel()
+    }
+
+    /// The latest scrub's status, if one ran since the pool was opened.
+    pub fn scan_status(&self) -> Option<ScanStatus> {
+        self.dsl.scan_status()
+    }
+
+    /// Waits until the running scrub (if any) ends or `limit` passes; returns its status.
+    pub fn scan_wait(&self, limit: Duration) -> Option<ScanStatus> {
+        self.dsl.scan_wait(limit)
+    }
+
+    /// Scrubs the pool and waits for the end: syncs, then reads and verifies every copy of
+    /// every block the pool references, rewriting bad copies from good ones. Returns what it
+    /// found; an error if it could not finish.
+    pub fn scrub(&self) -> Result<ScrubCounts> {
+        self.dsl.scrub(&self.spa)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.sync_thread.is_some() {
+            // No final sync: as a process exit. Mark suspended so the thread stops at once.
+            let mut s = self.spa.txg.state.lock().unwrap();
+            if s.suspended.is_none() {
+                s.suspended = Some("pool closed without export".into());
+            }
+            drop(s);
+            self.stop_sync_thread();
+        }
+    }
+}
