@@ -78,12 +78,81 @@ pub enum Command {
         /// Pool name.
         pool: String,
     },
-    /// Destroy a pool: clear its devices' labels. Refused while NBD clients use a served
-    /// pool, unless -f.
+    /// Destroy a pool (clear its devices' labels; refused while NBD clients use a served
+    /// pool, unless -f), or snapshots: `POOL/VOL@SNAP`, a list `@A,B`, a range `@A%C`
+    /// (refused, with the reason, for a held snapshot, one open by an NBD client, or the
+    /// origin of a clone).
     Destroy {
         /// Disconnect the NBD clients of a served pool first.
         #[arg(short, long)]
         force: bool,
+        /// Snapshots: print what would be destroyed and freed, and change nothing.
+        #[arg(short = 'n')]
+        dry_run: bool,
+        /// Snapshots: print what is destroyed and freed.
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Exact sizes (bytes) with -v.
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// A pool name, or POOL/VOL@SNAP[,SNAP|%SNAP].
+        pool: String,
+    },
+    /// Take snapshots, all of them in one txg (atomically): each holds every write
+    /// answered before the command started (clients flush their own caches first).
+    Snapshot {
+        /// POOL/VOL@SNAP (one or more, of one pool).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Roll a volume back to a snapshot: its contents become the snapshot's. Refused while
+    /// NBD clients have the volume open, unless -f.
+    Rollback {
+        /// Destroy the snapshots after it first.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// Disconnect the volume's NBD clients first.
+        #[arg(short, long)]
+        force: bool,
+        /// POOL/VOL@SNAP.
+        snapshot: String,
+    },
+    /// Create a writable volume sharing every block of a snapshot.
+    Clone {
+        /// POOL/VOL@SNAP.
+        snapshot: String,
+        /// POOL/NEW (in the same pool).
+        name: String,
+        /// Property of the clone, name=value (repeatable).
+        #[arg(short = 'o', value_name = "PROP=VALUE")]
+        props: Vec<String>,
+    },
+    /// Place a hold on snapshots: a held snapshot cannot be destroyed.
+    Hold {
+        /// The hold's tag.
+        tag: String,
+        /// POOL/VOL@SNAP (one or more).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Release a hold from snapshots.
+    Release {
+        /// The hold's tag.
+        tag: String,
+        /// POOL/VOL@SNAP (one or more).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// List the holds on snapshots.
+    Holds {
+        /// POOL/VOL@SNAP (one or more).
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Walk every dataset and snapshot: verify every block's checksum, recompute every space
+    /// figure, compare the referenced sectors with the allocator; print leaks, double
+    /// references and wrong counters, and exit non-zero on any.
+    Audit {
         /// Pool name.
         pool: String,
     },
@@ -98,6 +167,9 @@ pub enum Command {
         /// Exact numbers (bytes) instead of human sizes.
         #[arg(short = 'p')]
         parsable: bool,
+        /// List datasets instead of pools: volume, snapshot or all (comma-separated).
+        #[arg(short = 't', value_name = "TYPE")]
+        types: Option<String>,
         /// Pools (default: every pool the cache file knows).
         pools: Vec<String>,
     },
@@ -198,11 +270,15 @@ pub enum VolCommand {
         /// Only these pools' (default: every pool the cache file knows).
         pools: Vec<String>,
     },
-    /// Destroy a volume. Refused while NBD clients have it open, unless -f.
+    /// Destroy a volume. Refused while NBD clients have it open, unless -f, and while it
+    /// has snapshots, unless -r.
     Destroy {
         /// Disconnect the volume's NBD clients first.
         #[arg(short, long)]
         force: bool,
+        /// Destroy its snapshots first.
+        #[arg(short = 'r')]
+        recursive: bool,
         /// POOL/VOL.
         name: String,
     },

@@ -69,7 +69,13 @@ fn target(command: &Command) -> Target {
         Command::Add { pool, .. }
         | Command::Export { pool }
         | Command::Destroy { pool, .. }
+        | Command::Audit { pool }
         | Command::Scrub { pool, .. } => pool_of(pool),
+        Command::Rollback { snapshot, .. } | Command::Clone { snapshot, .. } => pool_of(snapshot),
+        Command::Snapshot { names }
+        | Command::Hold { names, .. }
+        | Command::Release { names, .. }
+        | Command::Holds { names } => pool_of(names.first().map_or("", |n| n.as_str())),
         Command::Get { target, .. } | Command::Set { target, .. } => pool_of(target),
         Command::Vol { command } => match command {
             VolCommand::List { .. } => Target::EachPool,
@@ -143,8 +149,20 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
     let mut con = LocalConsole::new();
     let (named, scripted, header): (Vec<String>, bool, Option<Header>) = match &command {
         Command::List {
-            pools, scripted, ..
-        } => (pools.clone(), *scripted, Some(verbs::pool::list_header)),
+            pools,
+            scripted,
+            types,
+            ..
+        } => {
+            let header: Header = match types {
+                Some(t) => {
+                    verbs::snapshot::ListTypes::parse(t)?;
+                    verbs::snapshot::datasets_header
+                }
+                None => verbs::pool::list_header,
+            };
+            (pools.clone(), *scripted, Some(header))
+        }
         Command::Status { pools } => (pools.clone(), true, None),
         Command::Vol {
             command: VolCommand::List {
@@ -166,11 +184,15 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
         // One pool's part, without the header: the same verb with -H and that pool.
         let one = match &command {
             Command::List {
-                scripted, parsable, ..
+                scripted,
+                parsable,
+                types,
+                ..
             } => Command::List {
                 scripted: *scripted,
                 parsable: *parsable,
                 no_header: true,
+                types: types.clone(),
                 pools: vec![name.clone()],
             },
             Command::Status { .. } => Command::Status {
@@ -220,8 +242,14 @@ fn command_line(command: &Command) -> Vec<String> {
             scripted,
             parsable,
             pools,
+            types,
             ..
-        } => (&["list", "--no-header"], *scripted, *parsable, pools),
+        } => {
+            if let Some(t) = types {
+                args.extend(["-t".to_string(), t.clone()]);
+            }
+            (&["list", "--no-header"], *scripted, *parsable, pools)
+        }
         Command::Status { pools } => (&["status"], false, false, pools),
         Command::Vol {
             command:
@@ -234,7 +262,9 @@ fn command_line(command: &Command) -> Vec<String> {
         } => (&["vol", "list", "--no-header"], *scripted, *parsable, pools),
         _ => unreachable!("a listing"),
     };
+    let options = std::mem::take(&mut args);
     args.extend(verb.iter().map(|s| s.to_string()));
+    args.extend(options);
     if scripted {
         args.push("-H".into());
     }

@@ -150,6 +150,12 @@ impl Served {
             self.export_volume(volume)?;
             added.push(export);
         }
+        // Each snapshot, read-only, as POOL/VOL@SNAP.
+        for snap in served.pool.all_snapshots() {
+            let view = served.pool.snapshot_volume(&snap.volume, &snap.name)?;
+            added.push(view.full_name().to_string());
+            self.export_volume(view)?;
+        }
         self.map().insert(name.clone(), served);
         self.runtime.claim(&name, &self.socket)?;
         Ok(added)

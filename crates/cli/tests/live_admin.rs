@@ -5,12 +5,12 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{python, run, script, tool, Env, ServerProcess, PYTHON};
+use harness::{exports, hold, python, release, run, tool, Env, ServerProcess};
 use oxpool_control::{decode, encode, Message, Request};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -103,45 +103,6 @@ fn tank2(env: &Env) {
         "--sparse",
     ]);
     env.ok(&["vol", "create", "tank2/w0", "--size", "16M"]);
-}
-
-fn exports(server: &ServerProcess) -> String {
-    tool(
-        "nbdinfo",
-        &["--list", &format!("nbd://{}", server.tcp_addr())],
-    )
-}
-
-/// `hold.py` on `uri`, once it has the export open.
-fn hold(uri: &str) -> Child {
-    let mut child = Command::new(PYTHON)
-        .arg(script("hold.py"))
-        .arg(uri)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start hold.py");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "open", "hold.py did not open {uri}");
-    child
-}
-
-/// Lets `hold.py` try a read; returns what it says.
-fn release(mut child: Child) -> String {
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let mut rest = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut rest)
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "hold.py failed: {rest}");
-    rest.trim().to_string()
 }
 
 #[test]

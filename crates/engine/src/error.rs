@@ -41,6 +41,10 @@ pub enum EngineError {
     /// A named object already exists.
     #[error("{0}: already exists")]
     Exists(String),
+    /// The object is in use in a way that forbids the change (held, cloned, not the latest):
+    /// the message says why.
+    #[error("{0}")]
+    Busy(String),
     /// The pool has no free space for the allocation.
     #[error("pool {pool}: out of space")]
     NoSpace {
@@ -80,6 +84,7 @@ impl EngineError {
             EngineError::Invalid(_) => 22,
             EngineError::NotFound(_) => 2,
             EngineError::Exists(_) => 17,
+            EngineError::Busy(_) => 16,
             EngineError::NoSpace { .. } => 28,
             EngineError::Suspended { .. } => libc_eio(),
         }

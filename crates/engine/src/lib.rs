@@ -31,10 +31,13 @@ pub mod zil;
 pub mod zio;
 pub mod zvol;
 
+pub use dsl::audit::AuditReport;
 pub use dsl::scan::{ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
-pub use pool::{Pool, PoolCounters};
+pub use pool::{
+    DatasetSpace, Pool, PoolCounters, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES,
+};
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;

@@ -126,6 +126,9 @@ pub enum BlockType {
     /// The index of a metadata block too large for one allocation, stored in pieces: a
     /// metadata block whose payload is the pieces' block pointers, in order.
     MetaIndex = 6,
+    /// A chunk of a deadlist: a metadata block whose payload is the block pointers of blocks
+    /// a dataset killed while a snapshot still references them (format version 3).
+    DeadList = 7,
 }
 
 impl BlockType {
@@ -138,6 +141,7 @@ impl BlockType {
             BlockType::SpaceMap => "space-map",
             BlockType::Log => "log",
             BlockType::MetaIndex => "meta-index",
+            BlockType::DeadList => "deadlist",
         }
     }
 }
@@ -153,6 +157,7 @@ impl TryFrom<u8> for BlockType {
             4 => Ok(BlockType::SpaceMap),
             5 => Ok(BlockType::Log),
             6 => Ok(BlockType::MetaIndex),
+            7 => Ok(BlockType::DeadList),
             _ => Err(FormatError::BadField {
                 field: "block_type",
                 value: u64::from(value),

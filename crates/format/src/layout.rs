@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V2 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V3 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -28,6 +28,11 @@ pub enum FormatVersion {
     /// (its volumes' `compressed_bytes` are derived from their trees' fill counts); its next
     /// txg is written as version 2.
     V2 = 2,
+    /// Snapshots and clones: `PoolMeta` ends with `datasets`, one `DatasetMeta` per volume
+    /// (guid, creation txg, origin, the previous snapshot's txg, snapshots, deadlists);
+    /// deadlist entries live in `DeadList` metadata blocks (block type 7). A version 2 pool
+    /// imports with no snapshots; its next txg is written as version 3.
+    V3 = 3,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -37,6 +42,7 @@ impl TryFrom<u32> for FormatVersion {
         match found {
             1 => Ok(FormatVersion::V1),
             2 => Ok(FormatVersion::V2),
+            3 => Ok(FormatVersion::V3),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -172,8 +178,8 @@ mod tests {
     fn versions() {
         assert_eq!(FormatVersion::try_from(1), Ok(FormatVersion::V1));
         assert_eq!(FormatVersion::try_from(2), Ok(FormatVersion::V2));
-        assert_eq!(FORMAT_VERSION, 2);
-        for found in [0, 3, u32::MAX] {
+        assert_eq!(FORMAT_VERSION, 3);
+        for found in [0, 4, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

@@ -67,5 +67,8 @@ pub use meta::{
     META_INDEX_PIECES_MAX, META_MAGIC, META_PAYLOAD_BYTES_MAX, META_PIECE_BYTES_MAX,
     SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
 };
-pub use pool_meta::{DeferredFree, PoolMeta, SpaceMapMeta, VolumeMeta};
+pub use pool_meta::{
+    decode_deadlist_chunk, encode_deadlist_chunk, DatasetMeta, DeadBucketMeta, DeferredFree,
+    OriginMeta, PoolMeta, SnapshotMeta, SpaceMapMeta, VolumeMeta, DEADLIST_CHUNK_ENTRIES_MAX,
+};
 pub use uberblock::{Uberblock, UBERBLOCK_MAGIC};

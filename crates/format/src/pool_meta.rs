@@ -30,6 +30,155 @@ pub struct PoolMeta {
     pub deferred_frees: Vec<DeferredFree>,
     /// Id of the next volume created; ids are never reused.
     pub next_volume_id: u64,
+    /// Each volume's dataset record (its snapshots, origin and deadlist), by volume id;
+    /// since format version 3 (a version 2 pool's volumes have none: no snapshots).
+    pub datasets: Vec<DatasetMeta>,
+}
+
+/// A volume's dataset: its identity, lineage, snapshots and deadlist.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetMeta {
+    /// The volume this record belongs to.
+    pub volume: VolumeId,
+    /// The dataset's guid (random, for `guid` and send streams).
+    pub guid: Guid,
+    /// The txg it was created in.
+    pub createtxg: Txg,
+    /// Creation time, seconds since the Unix epoch.
+    pub creation_s: u64,
+    /// For a clone: the snapshot it was cloned from.
+    pub origin: Option<OriginMeta>,
+    /// Txg of the previous snapshot: the latest snapshot's, else the origin's, else 0. A
+    /// block born after it is the head's alone; one born at or before it is shared.
+    pub prev_snap_txg: Txg,
+    /// Bytes of the head's blocks born after `prev_snap_txg` (every copy): `written`.
+    pub written_bytes: u64,
+    /// Blocks the head killed while the previous snapshot still references them.
+    pub deadlist: Vec<DeadBucketMeta>,
+    /// The snapshots, oldest first.
+    pub snapshots: Vec<SnapshotMeta>,
+}
+
+/// Where a clone comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OriginMeta {
+    /// The volume whose snapshot it is.
+    pub volume: VolumeId,
+    /// The snapshot's guid.
+    pub snapshot_guid: Guid,
+    /// The snapshot's txg.
+    pub txg: Txg,
+}
+
+/// A snapshot: a read-only block tree as it was at the end of txg `txg`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    /// Name after the `@`.
+    pub name: String,
+    /// Its guid (kept by send and receive).
+    pub guid: Guid,
+    /// The txg whose end it captures (`createtxg`).
+    pub txg: Txg,
+    /// Creation time, seconds since the Unix epoch.
+    pub creation_s: u64,
+    /// Root of its block tree.
+    pub root: BlockPtr,
+    /// Levels of its tree.
+    pub levels: u8,
+    /// The volume's size then.
+    pub volsize_bytes: u64,
+    /// Bytes its tree references (every copy): `referenced`.
+    pub referenced_bytes: u64,
+    /// Bytes of its tree born after the snapshot before it: `written`.
+    pub written_bytes: u64,
+    /// Bytes its data blocks take as stored, one copy each (for `compressratio`).
+    pub compressed_bytes: u64,
+    /// Blocks killed between the snapshot before it and it, that the one before references.
+    pub deadlist: Vec<DeadBucketMeta>,
+    /// User holds (`oxpool hold`): a held snapshot cannot be destroyed.
+    pub holds: Vec<String>,
+}
+
+/// One bucket of a deadlist: entries born after the chain's snapshot before `key`, at or
+/// before `key`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadBucketMeta {
+    /// The bucket's key: a snapshot txg.
+    pub key: Txg,
+    /// The `DeadList` blocks holding its entries.
+    pub chunks: Vec<BlockPtr>,
+    /// Entries.
+    pub count: u64,
+    /// Allocated bytes of the entries (every copy).
+    pub bytes: u64,
+}
+
+/// Largest number of entries in one deadlist chunk (a 256 KiB piece at most).
+pub const DEADLIST_CHUNK_ENTRIES_MAX: usize = 1024;
+
+/// Encodes a deadlist chunk: a metadata block of kind `DeadList` holding `entries`.
+///
+/// # Panics
+/// If there are more than `DEADLIST_CHUNK_ENTRIES_MAX` entries.
+pub fn encode_deadlist_chunk(entries: &[BlockPtr]) -> Vec<u8> {
+    assert!(
+        entries.len() <= DEADLIST_CHUNK_ENTRIES_MAX,
+        "deadlist chunk too large"
+    );
+    let payload =
+        postcard::to_allocvec(entries).expect("postcard serializes block pointers into a Vec");
+    encode_meta_block(BlockType::DeadList, &payload)
+}
+
+/// Decodes a deadlist chunk (entries checked as by `BlockPtr::decode`; at most
+/// `DEADLIST_CHUNK_ENTRIES_MAX`; no hole among them).
+pub fn decode_deadlist_chunk(bytes: &[u8]) -> Result<Vec<BlockPtr>, FormatError> {
+    let payload = decode_meta_block(BlockType::DeadList, bytes)?;
+    let entries: Vec<BlockPtr> = postcard_exact(payload)?;
+    if entries.len() > DEADLIST_CHUNK_ENTRIES_MAX {
+        return Err(FormatError::BadField {
+            field: "deadlist entries",
+            value: entries.len() as u64,
+        });
+    }
+    if entries.iter().any(|e| e.is_hole()) {
+        return Err(FormatError::BadField {
+            field: "deadlist entry",
+            value: 0,
+        });
+    }
+    Ok(entries)
+}
+
+/// `PoolMeta` as format version 2 wrote it (no `datasets`).
+#[derive(Deserialize)]
+struct PoolMetaV2 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfig,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMeta>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+}
+
+impl From<PoolMetaV2> for PoolMeta {
+    fn from(m: PoolMetaV2) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree,
+            props: m.props,
+            volumes: m.volumes,
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+            datasets: Vec::new(),
+        }
+    }
 }
 
 /// A volume: its properties and the root of its block tree.
@@ -132,6 +281,7 @@ impl From<PoolMetaV1> for PoolMeta {
             spacemaps: m.spacemaps,
             deferred_frees: m.deferred_frees,
             next_volume_id: m.next_volume_id,
+            datasets: Vec::new(),
         }
     }
 }
@@ -170,7 +320,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 or 2 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1, 2 or 3 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -180,7 +330,8 @@ impl PoolMeta {
         // The header decoded, so its version is a known one.
         let meta: PoolMeta = match meta_block_version(bytes)? {
             FormatVersion::V1 => postcard_exact::<PoolMetaV1>(payload)?.into(),
-            FormatVersion::V2 => postcard_exact(payload)?,
+            FormatVersion::V2 => postcard_exact::<PoolMetaV2>(payload)?.into(),
+            FormatVersion::V3 => postcard_exact(payload)?,
         };
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {
@@ -188,6 +339,16 @@ impl PoolMeta {
                     field: "volume.levels",
                     value: u64::from(volume.levels),
                 });
+            }
+        }
+        for ds in &meta.datasets {
+            for snap in &ds.snapshots {
+                if snap.levels > BLOCK_LEVEL_MAX {
+                    return Err(FormatError::BadField {
+                        field: "snapshot.levels",
+                        value: u64::from(snap.levels),
+                    });
+                }
             }
         }
         for free in &meta.deferred_frees {

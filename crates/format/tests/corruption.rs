@@ -193,11 +193,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&3u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&4u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 3 })
+        Err(FormatError::UnsupportedVersion { found: 4 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");
@@ -289,6 +289,7 @@ fn trailing_payload_bytes_are_refused() {
         spacemaps: vec![],
         deferred_frees: vec![],
         next_volume_id: 0,
+        datasets: vec![],
     };
     let mut payload = postcard::to_allocvec(&meta).unwrap();
     payload.push(0);
@@ -325,6 +326,7 @@ fn pool_meta_checks_the_values_inside() {
         spacemaps: vec![],
         deferred_frees: vec![],
         next_volume_id: 1,
+        datasets: vec![],
     };
     assert!(matches!(
         PoolMeta::decode(&meta.encode()),
@@ -429,10 +431,10 @@ fn block_ptr_field_checks() {
         })
     );
     assert_eq!(
-        bad(51, 7),
+        bad(51, 8),
         Err(FormatError::BadField {
             field: "block_type",
-            value: 7
+            value: 8
         })
     );
     assert!(matches!(

@@ -6,6 +6,7 @@
 
 pub mod pool;
 mod props;
+pub mod snapshot;
 pub mod volume;
 
 use crate::args::Command;
@@ -42,13 +43,56 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             vdevs,
         } => pool::add(host, con, &pool, &vdevs, size.as_deref(), sparse, force),
         Command::Export { pool } => pool::export(host, &pool),
-        Command::Destroy { force, pool } => pool::destroy(host, &pool, force),
+        Command::Destroy {
+            force,
+            dry_run,
+            verbose,
+            parsable,
+            pool,
+        } => {
+            if pool.contains('@') {
+                snapshot::destroy(host, con, &pool, dry_run, verbose, parsable)
+            } else if pool.contains('/') {
+                bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
+            } else if dry_run || verbose {
+                bail!("-n and -v are for snapshots")
+            } else {
+                pool::destroy(host, &pool, force)
+            }
+        }
+        Command::Snapshot { names } => snapshot::snapshot(host, &names),
+        Command::Rollback {
+            recursive,
+            force,
+            snapshot: target,
+        } => snapshot::rollback(host, &target, recursive, force),
+        Command::Clone {
+            snapshot: target,
+            name,
+            props,
+        } => snapshot::clone(host, &target, &name, &props),
+        Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
+        Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),
+        Command::Holds { names } => snapshot::holds(host, con, &names),
+        Command::Audit { pool } => snapshot::audit(host, con, &pool),
         Command::List {
             scripted,
             parsable,
             no_header,
+            types,
             pools,
-        } => pool::list(host, con, scripted, parsable, no_header, &pools),
+        } => match types {
+            Some(t) => snapshot::list_datasets(
+                host,
+                con,
+                snapshot::ListTypes::parse(&t)?,
+                scripted,
+                parsable,
+                no_header,
+                &pools,
+            ),
+            None => pool::list(host, con, scripted, parsable, no_header, &pools),
+        },
         Command::Status { pools } => pool::status(host, con, &pools),
         Command::Scrub { wait, stop, pool } => pool::scrub(host, con, &pool, wait, stop),
         Command::Vol { command } => volume::run(host, con, command),

@@ -43,6 +43,12 @@ pub fn get(
         }
         lines.push(format!("{:<32} {:<14} VALUE", "NAME", "PROPERTY"));
         match vol {
+            Some(v) if v.contains('@') => {
+                for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
+                    let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
+                    lines.push(format!("{:<32} {:<14} {}", target, n, value));
+                }
+            }
             Some(v) => {
                 let vol = p.volume(v)?;
                 let all: Vec<&'static str> = VOLUME_PROP_NAMES
@@ -50,8 +56,20 @@ pub fn get(
                     .chain(VOLUME_STAT_NAMES)
                     .copied()
                     .collect();
+                let mut all = all;
+                all.extend(
+                    oxpool_engine::DATASET_STAT_NAMES
+                        .iter()
+                        .filter(|n| !all.contains(n))
+                        .copied()
+                        .collect::<Vec<_>>(),
+                );
                 for n in names(&all) {
-                    lines.push(format!("{:<32} {:<14} {}", target, n, vol.get_prop(&n)?));
+                    let value = match p.get_dataset_prop(v, &n)? {
+                        Some(value) => value,
+                        None => vol.get_prop(&n)?,
+                    };
+                    lines.push(format!("{:<32} {:<14} {}", target, n, value));
                 }
             }
             None => {

@@ -40,8 +40,22 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             no_header,
             pools,
         } => list(host, con, scripted, parsable, no_header, &pools),
-        VolCommand::Destroy { name, force } => {
+        VolCommand::Destroy {
+            name,
+            force,
+            recursive,
+        } => {
             let (pool, v) = volume_target(&name)?;
+            if recursive {
+                // Its snapshots first (each refused, with the reason, if it cannot go).
+                let snaps: Vec<String> = host.with_pool(pool, |p| {
+                    Ok(p.snapshots(v)?.into_iter().map(|s| s.name).collect())
+                })?;
+                if !snaps.is_empty() {
+                    let spec = format!("{name}@{}", snaps.join(","));
+                    super::snapshot::destroy(host, con, &spec, false, false, false)?;
+                }
+            }
             host.change_pool(pool, |p| {
                 let volume = p.volume(v)?;
                 if let Host::Live(served) = host {

@@ -7,7 +7,7 @@
 
 #![allow(dead_code)] // Each test file uses a different part.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
@@ -374,4 +374,43 @@ pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+pub fn exports(server: &ServerProcess) -> String {
+    tool(
+        "nbdinfo",
+        &["--list", &format!("nbd://{}", server.tcp_addr())],
+    )
+}
+
+/// `hold.py` on `uri`, once it has the export open.
+pub fn hold(uri: &str) -> Child {
+    let mut child = Command::new(PYTHON)
+        .arg(script("hold.py"))
+        .arg(uri)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start hold.py");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "open", "hold.py did not open {uri}");
+    child
+}
+
+/// Lets `hold.py` try a read; returns what it says.
+pub fn release(mut child: Child) -> String {
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut rest)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "hold.py failed: {rest}");
+    rest.trim().to_string()
 }

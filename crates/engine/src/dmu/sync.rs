@@ -61,8 +61,59 @@ enum CacheAfter {
     Content(IoBuf),
 }
 
-/// Writes one object's part of txg `txg`: frees, data blocks, indirect blocks; the places
-/// it frees go to `freed`. With `destroy`, frees everything the object has. `props` are its
+/// Where the blocks an object's sync replaces or removes go: a block born after the
+/// dataset's previous snapshot is the dataset's alone and is freed; one born at or before it
+/// is still referenced by that snapshot and goes to the dataset's deadlist (the birth-txg
+/// rule). Places that never were in a tree (the intent log's unadopted in-place blocks) are
+/// freed directly. Also counts the change of `written` (bytes born after the snapshot).
+pub(crate) struct Kills<'a> {
+    /// Places freed by this sync.
+    pub freed: &'a mut Vec<Dva>,
+    /// Blocks killed that a snapshot still references.
+    pub dead: Vec<BlockPtr>,
+    /// The dataset's previous snapshot's txg (0: none).
+    pub prev_snap_txg: Txg,
+    /// Change of the bytes born after `prev_snap_txg` (every copy).
+    pub written_delta: i64,
+}
+
+impl<'a> Kills<'a> {
+    /// Kills into `freed`, for a dataset whose previous snapshot is `prev_snap_txg`.
+    pub(crate) fn new(freed: &'a mut Vec<Dva>, prev_snap_txg: Txg) -> Kills<'a> {
+        Kills {
+            freed,
+            dead: Vec::new(),
+            prev_snap_txg,
+            written_delta: 0,
+        }
+    }
+
+    /// A tree block is no longer referenced by the dataset.
+    pub(crate) fn kill(&mut self, bp: &BlockPtr) {
+        if bp.is_hole() {
+            return;
+        }
+        if bp.birth > self.prev_snap_txg {
+            self.written_delta -= asize_all(bp) as i64;
+            self.freed.extend_from_slice(bp.dvas());
+        } else {
+            self.dead.push(*bp);
+        }
+    }
+
+    /// A tree block was written for the dataset.
+    pub(crate) fn born(&mut self, bp: &BlockPtr) {
+        self.written_delta += asize_all(bp) as i64;
+    }
+}
+
+/// Allocated bytes of a block, every copy.
+pub(crate) fn asize_all(bp: &BlockPtr) -> u64 {
+    bp.dvas().iter().map(|d| u64::from(d.asize_bytes)).sum()
+}
+
+/// Writes one object's part of txg `txg`: frees, data blocks, indirect blocks; the blocks
+/// it replaces or removes go to `kills`. With `destroy`, frees everything the object has. `props` are its
 /// dataset's as of this sync (block size, checksum, copies, compression); `what` names it in
 /// messages.
 pub(crate) async fn sync_object(
@@ -72,7 +123,7 @@ pub(crate) async fn sync_object(
     props: &VolumeProps,
     txg: Txg,
     destroy: bool,
-    freed: &mut Vec<Dva>,
+    kills: &mut Kills<'_>,
 ) -> Result<()> {
     let props = props.clone();
     let nblocks = props.volsize_bytes / props.volblocksize_bytes as u64;
@@ -132,7 +183,7 @@ pub(crate) async fn sync_object(
                             used_delta -=
                                 p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
                             compressed_delta -= stored_bytes(&p);
-                            freed.extend_from_slice(p.dvas());
+                            kills.kill(&p);
                         }
                         b = next;
                     }
@@ -159,7 +210,7 @@ pub(crate) async fn sync_object(
             if k.0 == txg && !destroy {
                 overrides.insert(k.1, block);
             } else {
-                freed.extend_from_slice(block.bp.dvas());
+                kills.freed.extend_from_slice(block.bp.dvas());
             }
         }
         obj.override_garbage.lock().unwrap().retain(|(t, bp)| {
@@ -167,7 +218,7 @@ pub(crate) async fn sync_object(
                 bp.dvas().iter().for_each(|d| {
                     held.remove(d);
                 });
-                freed.extend_from_slice(bp.dvas());
+                kills.freed.extend_from_slice(bp.dvas());
                 false
             } else {
                 true
@@ -313,7 +364,7 @@ pub(crate) async fn sync_object(
         for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
             let (ptr, unused) = ptr?;
             if let Some(u) = unused {
-                freed.extend_from_slice(u.dvas());
+                kills.freed.extend_from_slice(u.dvas());
             }
             walk(&obj.tree, &inner.zio, IoClass::AsyncRead, *b, 1, true, what).await?;
             let old = obj
@@ -325,12 +376,13 @@ pub(crate) async fn sync_object(
             used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
             used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
             compressed_delta += stored_bytes(&ptr) - stored_bytes(&old);
-            freed.extend_from_slice(old.dvas());
+            kills.born(&ptr);
+            kills.kill(&old);
         }
     }
     for (b, o) in overrides.iter() {
         if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {
-            freed.extend_from_slice(o.bp.dvas());
+            kills.freed.extend_from_slice(o.bp.dvas());
         }
     }
     // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
@@ -408,7 +460,8 @@ pub(crate) async fn sync_object(
                 };
                 used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
                 used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
-                freed.extend_from_slice(old.dvas());
+                kills.born(&ptr);
+                kills.kill(&old);
             }
         }
     }

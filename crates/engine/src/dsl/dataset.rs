@@ -2,6 +2,7 @@
 //! its intent log (a layer above) tells the sync what the log holds.
 
 use crate::dmu::object::{Object, ObjectId};
+use crate::dsl::snapshot::Lineage;
 use crate::props::VolumeProps;
 use oxpool_format::{Dva, Txg, VolumeId};
 use std::sync::atomic::AtomicBool;
@@ -54,6 +55,8 @@ pub(crate) struct Dataset {
     pub destroyed: AtomicBool,
     /// Its intent log, as the sync sees it.
     pub log: Arc<dyn DatasetLog>,
+    /// Its snapshots, origin and deadlist (changed by txg syncs only, except holds).
+    pub lineage: Mutex<Lineage>,
 }
 
 impl Dataset {
@@ -65,6 +68,7 @@ impl Dataset {
         props: VolumeProps,
         data: Object,
         log: Arc<dyn DatasetLog>,
+        lineage: Lineage,
     ) -> Dataset {
         Dataset {
             id,
@@ -74,6 +78,7 @@ impl Dataset {
             objset: ObjectSet::volume(data),
             destroyed: AtomicBool::new(false),
             log,
+            lineage: Mutex::new(lineage),
         }
     }
 

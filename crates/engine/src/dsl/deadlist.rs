@@ -32,9 +32,7 @@ use oxpool_format::{BlockPtr, Txg};
 use std::collections::BTreeMap;
 
 /// Allocated bytes of a block, every copy (what freeing it gives back).
-pub fn asize_bytes(bp: &BlockPtr) -> u64 {
-    bp.dvas().iter().map(|d| u64::from(d.asize_bytes)).sum()
-}
+use crate::dmu::sync::asize_all as asize_bytes;
 
 /// The bucket key for a block born in `birth`: the smallest of `chain` (sorted snapshot txgs)
 /// at or above it. `None` if the block is newer than every snapshot of the chain (no snapshot
@@ -94,6 +92,12 @@ impl Deadlist {
         b.count += 1;
         b.bytes += asize_bytes(&bp);
         b.pending.push(bp);
+    }
+
+    /// Records that bucket `key`'s pending entries taken out earlier are now stored in block
+    /// `chunk` (counts unchanged: they were counted when inserted).
+    pub fn add_stored(&mut self, key: Txg, chunk: BlockPtr) {
+        self.buckets.entry(key).or_default().stored.push(chunk);
     }
 
     /// Entries in all.

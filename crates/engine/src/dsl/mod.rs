@@ -4,9 +4,12 @@
 //! layer (through [`SyncClient`]) to write its changes; it asks the object layer to write each
 //! dataset's dirty objects.
 
+pub mod audit;
 pub mod dataset;
 pub mod deadlist;
 pub mod scan;
+pub mod snapshot;
+pub mod snapshot_sync;
 
 use crate::dmu::tree::BlockTree;
 use crate::spa::sync::{SyncClient, UpperMeta};
@@ -28,7 +31,18 @@ struct DslState {
     /// Destroyed ones the running sync frees (their logs' places go with its metadata).
     syncing_destroyed: Vec<Arc<Dataset>>,
     next_id: u64,
+    /// Snapshot changes for the next syncs: (the open txg when asked, dataset name, change).
+    /// A sync applies those asked at or before its txg, all of them in that one txg, so a
+    /// command's changes to several datasets land together.
+    ops: Vec<(Txg, String, snapshot::SnapOp)>,
 }
+
+/// Live datasets, destroyed ones, and the snapshot changes due, for one sync.
+type TakenForSync = (
+    Vec<Arc<Dataset>>,
+    Vec<Arc<Dataset>>,
+    Vec<(String, snapshot::SnapOp)>,
+);
 
 /// A pool's datasets.
 pub(crate) struct Datasets {
@@ -36,6 +50,9 @@ pub(crate) struct Datasets {
     state: Mutex<DslState>,
     /// The scrub, if one ran since the pool was opened.
     pub scan: scan::Scan,
+    /// Read-only views of snapshots handed out (by snapshot guid): marked destroyed when
+    /// their snapshot is. Pruned of dropped views as views are added.
+    views: Mutex<Vec<(oxpool_format::Guid, std::sync::Weak<Dataset>)>>,
 }
 
 impl Datasets {
@@ -48,8 +65,10 @@ impl Datasets {
                 destroyed: Vec::new(),
                 syncing_destroyed: Vec::new(),
                 next_id,
+                ops: Vec::new(),
             }),
             scan: scan::Scan::default(),
+            views: Mutex::new(Vec::new()),
         }
     }
 
@@ -97,32 +116,100 @@ impl Datasets {
             .collect()
     }
 
-    fn live_and_destroyed(&self) -> (Vec<Arc<Dataset>>, Vec<Arc<Dataset>>) {
+    /// Queues snapshot changes (already checked) for the sync of the open txg `open_txg`
+    /// or a later one, all in one.
+    pub(crate) fn queue_ops(&self, open_txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) {
+        let mut s = self.state.lock().unwrap();
+        s.ops
+            .extend(ops.into_iter().map(|(ds, op)| (open_txg, ds, op)));
+    }
+
+    /// The queued snapshot changes, for checks against what is already asked.
+    pub(crate) fn queued_ops(&self) -> Vec<(String, snapshot::SnapOp)> {
+        let s = self.state.lock().unwrap();
+        s.ops
+            .iter()
+            .map(|(_, d, o)| (d.clone(), o.clone()))
+            .collect()
+    }
+
+    /// Records `view`, a read-only view of snapshot `snapshot_guid` of `_head`.
+    pub(crate) fn add_view(
+        &self,
+        _head: &Dataset,
+        snapshot_guid: oxpool_format::Guid,
+        view: &Arc<Dataset>,
+    ) {
+        let mut v = self.views.lock().unwrap();
+        v.retain(|(_, w)| w.strong_count() > 0);
+        v.push((snapshot_guid, Arc::downgrade(view)));
+    }
+
+    /// Snapshot `snapshot_guid` is destroyed: its views read no more.
+    pub(crate) fn end_views(&self, snapshot_guid: oxpool_format::Guid) {
+        let mut v = self.views.lock().unwrap();
+        for (g, w) in v.iter() {
+            if *g == snapshot_guid {
+                if let Some(d) = w.upgrade() {
+                    d.destroyed.store(true, Ordering::Release);
+                }
+            }
+        }
+        v.retain(|(g, w)| *g != snapshot_guid && w.strong_count() > 0);
+    }
+
+    /// How many datasets are clones of the snapshot with guid `snapshot_guid`.
+    pub(crate) fn clones_of(&self, snapshot_guid: oxpool_format::Guid) -> usize {
+        self.clone_names(snapshot_guid).len()
+    }
+
+    /// The names of the clones of the snapshot with guid `snapshot_guid`.
+    pub(crate) fn clone_names(&self, snapshot_guid: oxpool_format::Guid) -> Vec<String> {
+        self.all()
+            .iter()
+            .filter(|d| {
+                d.lineage
+                    .lock()
+                    .unwrap()
+                    .origin
+                    .as_ref()
+                    .is_some_and(|o| o.snapshot_guid == snapshot_guid)
+            })
+            .map(|d| d.full_name.clone())
+            .collect()
+    }
+
+    /// A dataset by name.
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Dataset>> {
+        self.state.lock().unwrap().datasets.get(name).cloned()
+    }
+
+    /// What the sync of `txg` works on: live and destroyed datasets, and the changes due.
+    fn take_for_sync(&self, txg: Txg) -> TakenForSync {
         let mut s = self.state.lock().unwrap();
         let destroyed = std::mem::take(&mut s.destroyed);
         s.syncing_destroyed.extend(destroyed.iter().cloned());
-        (s.datasets.values().cloned().collect(), destroyed)
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut s.ops)
+            .into_iter()
+            .partition(|(t, _, _)| *t <= txg);
+        s.ops = later;
+        let due = due.into_iter().map(|(_, d, o)| (d, o)).collect();
+        (s.datasets.values().cloned().collect(), destroyed, due)
     }
 
-    /// Writes every object of every dataset for txg `txg` (destroyed ones: frees all).
+    /// Writes every object of every dataset for txg `txg` (destroyed ones: frees all), then
+    /// applies the snapshot changes due and writes the deadlists' new entries.
     async fn sync_all(&self, spa: &Spa, txg: Txg, freed: &mut Vec<Dva>) -> Result<()> {
-        let (live, destroyed) = self.live_and_destroyed();
-        for (list, destroy) in [(live, false), (destroyed, true)] {
-            for ds in list {
-                let props = ds.props.lock().unwrap().clone();
-                for (_, obj) in ds.objset.objects() {
-                    crate::dmu::sync::sync_object(
-                        spa,
-                        obj,
-                        &ds.full_name,
-                        &props,
-                        txg,
-                        destroy,
-                        freed,
-                    )
-                    .await?;
-                }
+        let (live, destroyed, ops) = self.take_for_sync(txg);
+        for ds in &live {
+            snapshot_sync::sync_dataset(spa, ds, txg, false, freed).await?;
+            for (_, op) in ops.iter().filter(|(name, _)| *name == ds.name) {
+                snapshot_sync::apply(spa, self, ds, op, txg, freed).await?;
             }
+            snapshot_sync::write_deadlists(spa, ds, txg, freed).await?;
+        }
+        for ds in &destroyed {
+            snapshot_sync::sync_dataset(spa, ds, txg, true, freed).await?;
         }
         Ok(())
     }
@@ -180,8 +267,13 @@ impl SyncClient for Datasets {
                 }
             })
             .collect();
+        let datasets = live
+            .iter()
+            .map(|ds| ds.lineage.lock().unwrap().to_meta(ds.id))
+            .collect();
         UpperMeta {
             volumes,
+            datasets,
             next_volume_id: next_id,
         }
     }

@@ -589,7 +589,7 @@ pub(crate) fn now_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn random_guid() -> Guid {
+pub(crate) fn random_guid() -> Guid {
     // Bounded: a zero from the kernel's generator twice in a row does not happen.
     for _ in 0..8 {
         let mut g = [0u8; 8];

@@ -25,6 +25,8 @@ use std::sync::{Arc, Weak};
 pub(crate) struct UpperMeta {
     /// Every dataset's record.
     pub volumes: Vec<VolumeMeta>,
+    /// Every dataset's lineage (snapshots, origin, deadlist).
+    pub datasets: Vec<oxpool_format::DatasetMeta>,
     /// The next dataset id.
     pub next_volume_id: u64,
 }
@@ -173,6 +175,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                 .collect(),
             deferred_frees: deferred,
             next_volume_id: datasets.next_volume_id,
+            datasets: datasets.datasets,
         };
         meta.encode()
     };

@@ -232,6 +232,11 @@ impl TxgControl {
         self.cv.notify_all();
     }
 
+    /// The open txg: where a change made now goes.
+    pub fn open_txg(&self) -> Txg {
+        self.state.lock().unwrap().open
+    }
+
     /// Marks the open txg as having changes (configuration changes: volumes, properties).
     pub fn mark_dirty(&self) {
         self.state.lock().unwrap().open_dirty = true;

@@ -545,6 +545,16 @@ impl SpaceMap {
         self.set_run(start, count, false);
     }
 
+    /// Sectors the map covers.
+    pub fn sectors(&self) -> u64 {
+        self.sectors
+    }
+
+    /// Whether sector `sector` is allocated (the audit compares every sector).
+    pub fn is_sector_allocated(&self, sector: u64) -> bool {
+        sector < self.sectors && self.bit(sector)
+    }
+
     /// Whether every sector of `dva` is allocated (for assertions and tests).
     pub fn is_allocated(&self, dva: &Dva) -> bool {
         let (start, count) = self.run(dva);

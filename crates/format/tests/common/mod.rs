@@ -269,6 +269,76 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         txg: Txg(txg),
         dvas,
     });
+    let bucket = || {
+        (
+            any::<u64>(),
+            vec(arb_block_ptr(), 0..3),
+            any::<u64>(),
+            any::<u64>(),
+        )
+            .prop_map(|(key, chunks, count, bytes)| DeadBucketMeta {
+                key: Txg(key),
+                chunks,
+                count,
+                bytes,
+            })
+    };
+    let snapshot = (
+        arb_name(),
+        any::<(u64, u64, u64)>(),
+        arb_block_ptr(),
+        0..=BLOCK_LEVEL_MAX,
+        any::<(u64, u64, u64, u64)>(),
+        vec(bucket(), 0..3),
+        vec(arb_name(), 0..2),
+    )
+        .prop_map(
+            |(name, (guid, txg, creation_s), root, levels, sizes, deadlist, holds)| SnapshotMeta {
+                name,
+                guid: Guid(guid),
+                txg: Txg(txg),
+                creation_s,
+                root,
+                levels,
+                volsize_bytes: sizes.0,
+                referenced_bytes: sizes.1,
+                written_bytes: sizes.2,
+                compressed_bytes: sizes.3,
+                deadlist,
+                holds,
+            },
+        );
+    let origin = prop::option::of(any::<(u64, u64, u64)>().prop_map(|(v, g, t)| OriginMeta {
+        volume: VolumeId(v),
+        snapshot_guid: Guid(g),
+        txg: Txg(t),
+    }));
+    let dataset = (
+        any::<(u64, u64, u64, u64, u64, u64)>(),
+        origin,
+        vec(bucket(), 0..3),
+        vec(snapshot, 0..3),
+    )
+        .prop_map(
+            |(
+                (volume, guid, createtxg, creation_s, prev, written),
+                origin,
+                deadlist,
+                snapshots,
+            )| {
+                DatasetMeta {
+                    volume: VolumeId(volume),
+                    guid: Guid(guid),
+                    createtxg: Txg(createtxg),
+                    creation_s,
+                    origin,
+                    prev_snap_txg: Txg(prev),
+                    written_bytes: written,
+                    deadlist,
+                    snapshots,
+                }
+            },
+        );
     (
         arb_name(),
         any::<u64>(),
@@ -279,9 +349,21 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         vec(spacemap, 0..3),
         vec(free, 0..3),
         any::<u64>(),
+        vec(dataset, 0..3),
     )
         .prop_map(
-            |(name, guid, txg, tree, props, volumes, spacemaps, deferred_frees, next_volume_id)| {
+            |(
+                name,
+                guid,
+                txg,
+                tree,
+                props,
+                volumes,
+                spacemaps,
+                deferred_frees,
+                next_volume_id,
+                datasets,
+            )| {
                 PoolMeta {
                     name,
                     guid: Guid(guid),
@@ -292,6 +374,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     spacemaps,
                     deferred_frees,
                     next_volume_id,
+                    datasets,
                 }
             },
         )

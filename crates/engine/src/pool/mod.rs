@@ -5,6 +5,7 @@
 use crate::dmu::object::Object;
 use crate::dmu::tree::{levels_for, BlockTree};
 use crate::dsl::dataset::Dataset;
+use crate::dsl::snapshot::Lineage;
 use crate::dsl::Datasets;
 use crate::iostats::LogStats;
 use crate::iostats::VolumeStats;
@@ -31,6 +32,9 @@ type Replays = Vec<(String, Vec<ReplayRecord>)>;
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
+mod snapshot;
+pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
+
 pub struct Pool {
     spa: Arc<Spa>,
     dsl: Arc<Datasets>,
@@ -248,6 +252,16 @@ impl Pool {
                 );
                 data.compressed_bytes
                     .store(vm.compressed_bytes, Ordering::Relaxed);
+                // A version 2 pool has no record: no snapshots, a guid of its own from now.
+                let lineage = match meta.datasets.iter().find(|d| d.volume == vm.id) {
+                    Some(d) => Lineage::from_meta(d),
+                    None => {
+                        let mut l = Lineage::new(crate::spa::random_guid(), Txg(0), 0);
+                        // No snapshot: every block is born after "none" (txg 0).
+                        l.written_bytes = vm.used_bytes;
+                        l
+                    }
+                };
                 let ds = Arc::new(Dataset::volume(
                     vm.id,
                     &spa.name,
@@ -255,12 +269,14 @@ impl Pool {
                     p,
                     data,
                     zil.clone(),
+                    lineage,
                 ));
                 dsl.insert(ds.clone())?;
                 volumes.insert(vm.name.clone(), Arc::new(VolumeInner::new(ds, zil)));
             }
             Ok::<(), EngineError>(())
         })?;
+        snapshot::link_origins(&dsl);
         let had_log = volumes
             .values()
             .any(|v| !v.zil.reserved_on_import_is_empty());
@@ -425,6 +441,11 @@ impl Pool {
             0,
         );
         let zil = Arc::new(Zil::new(self.spa.guid, id, 1, Vec::new()));
+        let lineage = Lineage::new(
+            crate::spa::random_guid(),
+            self.spa.txg.open_txg(),
+            snapshot::now_s(),
+        );
         let ds = Arc::new(Dataset::volume(
             id,
             &self.spa.name,
@@ -432,6 +453,7 @@ impl Pool {
             p,
             data,
             zil.clone(),
+            lineage,
         ));
         self.dsl.insert(ds.clone())?;
         let vol = Arc::new(VolumeInner::new(ds, zil));
@@ -444,11 +466,28 @@ impl Pool {
     }
 
     /// Destroys a volume; its space is freed by the next sync.
+    /// Refused while it has snapshots (destroy them first: `vol destroy -r`).
     pub fn destroy_volume(&self, name: &str) -> Result<()> {
         let mut volumes = self.volumes.lock().unwrap();
-        if volumes.remove(name).is_none() {
+        if !volumes.contains_key(name) {
             return Err(EngineError::NotFound(format!("{}/{name}", self.spa.name)));
         }
+        if let Some(ds) = self.dsl.get(name) {
+            let snaps: Vec<String> = {
+                let l = ds.lineage.lock().unwrap();
+                l.snapshots.iter().map(|s| s.name.clone()).collect()
+            };
+            if !snaps.is_empty() {
+                return Err(EngineError::Busy(format!(
+                    "{}/{name} has {} snapshot{} ({}); destroy them first, or use -r",
+                    self.spa.name,
+                    snaps.len(),
+                    if snaps.len() == 1 { "" } else { "s" },
+                    snaps.join(", ")
+                )));
+            }
+        }
+        volumes.remove(name);
         self.dsl.destroy(name)?;
         self.spa.txg.mark_dirty();
         Ok(())

@@ -1,0 +1,381 @@
+//! The snapshot verbs, as `zfs` has them: `snapshot`, `destroy POOL/VOL@SNAP`, `rollback`,
+//! `clone`, `hold`, `release`, `holds`, `list -t snapshot`, and `audit`. On a served pool
+//! they run in the server, which also keeps the NBD exports in step: each snapshot is
+//! exported read-only as `POOL/VOL@SNAP`; a snapshot, or a volume being rolled back, that a
+//! client has open is refused (`rollback -f` disconnects the volume's clients first).
+
+use super::{split_assignment, volume_target};
+use crate::console::Console;
+use crate::display::size;
+use crate::host::Host;
+use anyhow::{anyhow, bail, Result};
+use oxpool_engine::Pool;
+
+/// `POOL/VOL@SNAP` split into (pool, volume, snapshot).
+pub fn snapshot_target(t: &str) -> Result<(&str, &str, &str)> {
+    let (pool, rest) = volume_target(t)?;
+    match rest.split_once('@') {
+        Some((v, s)) if !v.is_empty() && !s.is_empty() && !s.contains('@') && !v.contains('/') => {
+            Ok((pool, v, s))
+        }
+        _ => Err(anyhow!("expected POOL/VOL@SNAP, got '{t}'")),
+    }
+}
+
+/// The snapshots a destroy names: `@A`, a list `@A,B`, or a range `@A%C` (A through C, in
+/// creation order; an empty end means the first or the last).
+fn named_snapshots(pool: &Pool, volume: &str, spec: &str) -> Result<Vec<String>> {
+    let all: Vec<String> = pool
+        .snapshots(volume)?
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        if let Some((a, c)) = part.split_once('%') {
+            let find = |n: &str, default: usize| -> Result<usize> {
+                if n.is_empty() {
+                    return Ok(default);
+                }
+                all.iter()
+                    .position(|s| s == n)
+                    .ok_or_else(|| anyhow!("{}/{volume}@{n}: not found", pool.name()))
+            };
+            let (i, j) = (find(a, 0)?, find(c, all.len().saturating_sub(1))?);
+            if i > j {
+                bail!("range @{a}%{c}: {a} is newer than {c}");
+            }
+            out.extend(all[i..=j].iter().cloned());
+        } else if all.iter().any(|s| s == part) {
+            out.push(part.to_string());
+        } else {
+            bail!("{}/{volume}@{part}: not found", pool.name());
+        }
+    }
+    out.dedup();
+    Ok(out)
+}
+
+/// `oxpool snapshot POOL/VOL@SNAP...`: every one in one txg.
+pub fn snapshot(host: &Host, names: &[String]) -> Result<()> {
+    let mut pool_name = None;
+    let mut inside = Vec::new();
+    for n in names {
+        let (p, v, s) = snapshot_target(n)?;
+        if pool_name.is_some_and(|q| q != p) {
+            bail!(
+                "snapshots in one command must be of one pool ({} and {p})",
+                pool_name.unwrap()
+            );
+        }
+        pool_name = Some(p);
+        inside.push(format!("{v}@{s}"));
+    }
+    let Some(pool_name) = pool_name else {
+        bail!("name at least one POOL/VOL@SNAP");
+    };
+    host.change_pool(pool_name, |p| {
+        p.snapshot(&inside)?;
+        if let Host::Live(served) = host {
+            for n in &inside {
+                let (v, s) = n.split_once('@').expect("checked above");
+                served.export_volume(p.snapshot_volume(v, s)?)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `oxpool destroy [-n] [-v] POOL/VOL@SPEC`.
+pub fn destroy(
+    host: &Host,
+    con: &mut dyn Console,
+    target: &str,
+    dry_run: bool,
+    verbose: bool,
+    parsable: bool,
+) -> Result<()> {
+    let (pool_name, rest) = volume_target(target)?;
+    let Some((volume, spec)) = rest.split_once('@') else {
+        bail!("expected POOL/VOL@SNAP, got '{target}'");
+    };
+    host.change_pool(pool_name, |p| {
+        let snaps = named_snapshots(p, volume, spec)?;
+        let estimate = p.destroy_estimate(volume, &snaps)?;
+        if verbose || dry_run {
+            for s in &snaps {
+                let verb = if dry_run {
+                    "would destroy"
+                } else {
+                    "will destroy"
+                };
+                writeln!(con.out(), "{verb} {pool_name}/{volume}@{s}")?;
+            }
+            let verb = if dry_run {
+                "would reclaim"
+            } else {
+                "will reclaim"
+            };
+            writeln!(con.out(), "{verb} {}", size(estimate, parsable))?;
+        }
+        if dry_run {
+            return Ok(());
+        }
+        if let Host::Live(served) = host {
+            // Out of the export table first (refused while a client has one open).
+            let mut removed: Vec<(String, String)> = Vec::new();
+            for s in &snaps {
+                let name = format!("{pool_name}/{volume}@{s}");
+                if let Err(e) = served.unexport_volume(&name, false) {
+                    for (v, s) in &removed {
+                        served.export_volume(p.snapshot_volume(v, s)?)?;
+                    }
+                    return Err(e);
+                }
+                removed.push((volume.to_string(), s.clone()));
+            }
+            if let Err(e) = p.destroy_snapshots(volume, &snaps) {
+                for (v, s) in &removed {
+                    served.export_volume(p.snapshot_volume(v, s)?)?;
+                }
+                return Err(e.into());
+            }
+            return Ok(());
+        }
+        p.destroy_snapshots(volume, &snaps)?;
+        Ok(())
+    })
+}
+
+/// `oxpool rollback [-r] [-f] POOL/VOL@SNAP`.
+pub fn rollback(host: &Host, target: &str, destroy_later: bool, force: bool) -> Result<()> {
+    let (pool_name, volume, snap) = snapshot_target(target)?;
+    host.change_pool(pool_name, |p| {
+        let later: Vec<String> = {
+            let all = p.snapshots(volume)?;
+            let i = all
+                .iter()
+                .position(|s| s.name == snap)
+                .ok_or_else(|| anyhow!("{target}: not found"))?;
+            all[i + 1..].iter().map(|s| s.name.clone()).collect()
+        };
+        let Host::Live(served) = host else {
+            return Ok(p.rollback(volume, snap, destroy_later)?);
+        };
+        let head = format!("{pool_name}/{volume}");
+        // Check first what the engine would refuse, so that no client is disconnected for
+        // a rollback that cannot happen.
+        if !later.is_empty() && !destroy_later {
+            p.rollback(volume, snap, false)?;
+        }
+        if destroy_later {
+            p.destroy_estimate(volume, &later)?;
+        }
+        served
+            .unexport_volume(&head, force)
+            .map_err(|e| anyhow!("{e} (rollback -f disconnects its clients)"))?;
+        for s in &later {
+            served.unexport_volume(&format!("{head}@{s}"), force)?;
+        }
+        let done = p.rollback(volume, snap, destroy_later);
+        served.export_volume(p.volume(volume)?)?;
+        if done.is_err() {
+            for s in &later {
+                served.export_volume(p.snapshot_volume(volume, s)?)?;
+            }
+        }
+        Ok(done?)
+    })
+}
+
+/// `oxpool clone POOL/VOL@SNAP POOL/NEW [-o prop=value]`.
+pub fn clone(host: &Host, snapshot: &str, new: &str, props: &[String]) -> Result<()> {
+    let (pool_name, volume, snap) = snapshot_target(snapshot)?;
+    let (new_pool, new_name) = volume_target(new)?;
+    if new_pool != pool_name {
+        bail!("a clone must be in its origin's pool ({pool_name}, not {new_pool})");
+    }
+    let mut pairs = Vec::new();
+    for a in props {
+        let (k, v) = split_assignment(a)?;
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    host.change_pool(pool_name, |p| {
+        let vol = p.clone_snapshot(volume, snap, new_name, &pairs)?;
+        if let Host::Live(served) = host {
+            served.export_volume(vol)?;
+        }
+        Ok(())
+    })
+}
+
+/// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`.
+pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<()> {
+    for n in names {
+        let (pool_name, volume, snap) = snapshot_target(n)?;
+        host.change_pool(pool_name, |p| {
+            if release {
+                p.release(tag, volume, snap)?;
+            } else {
+                p.hold(tag, volume, snap)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// `oxpool holds SNAP...`.
+pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()> {
+    writeln!(con.out(), "{:<32} {:<16}", "NAME", "TAG")?;
+    for n in names {
+        let (pool_name, volume, snap) = snapshot_target(n)?;
+        let tags = host.with_pool(pool_name, |p| {
+            let all = p.snapshots(volume)?;
+            let s = all
+                .into_iter()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| anyhow!("{n}: not found"))?;
+            Ok(s.holds)
+        })?;
+        for t in tags {
+            writeln!(con.out(), "{n:<32} {t:<16}")?;
+        }
+    }
+    Ok(())
+}
+
+/// `oxpool audit POOL`: exits non-zero on any finding.
+pub fn audit(host: &Host, con: &mut dyn Console, pool_name: &str) -> Result<()> {
+    con.progress("audit", 0, 1);
+    let report = host.with_pool(pool_name, |p| Ok(p.audit()?))?;
+    con.progress_end();
+    for problem in &report.problems {
+        writeln!(con.out(), "{pool_name}: {problem}")?;
+    }
+    writeln!(
+        con.out(),
+        "{pool_name}: {} trees, {} blocks verified, {} leaked, {} problem{}",
+        report.trees_walked,
+        report.blocks_checked,
+        crate::human(report.leaked_bytes),
+        report.problems.len(),
+        if report.problems.len() == 1 { "" } else { "s" }
+    )?;
+    if !report.is_clean() {
+        bail!(
+            "audit of {pool_name} found {} problems",
+            report.problems.len()
+        );
+    }
+    Ok(())
+}
+
+/// Which datasets `list -t` shows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ListTypes {
+    volumes: bool,
+    snapshots: bool,
+}
+
+impl ListTypes {
+    /// `volume`, `snapshot`, `all`, or a comma-separated list of them (`filesystem` is not a
+    /// type here yet).
+    pub fn parse(s: &str) -> Result<ListTypes> {
+        let mut t = ListTypes {
+            volumes: false,
+            snapshots: false,
+        };
+        for part in s.split(',') {
+            match part {
+                "volume" | "vol" => t.volumes = true,
+                "snapshot" | "snap" => t.snapshots = true,
+                "all" => {
+                    t.volumes = true;
+                    t.snapshots = true
+                }
+                other => bail!("-t {other}: a type is volume, snapshot or all"),
+            }
+        }
+        Ok(t)
+    }
+}
+
+/// The header of `oxpool list -t ...`.
+pub fn datasets_header(con: &mut dyn Console) -> Result<()> {
+    writeln!(
+        con.out(),
+        "{:<32} {:>10} {:>10} {:>10} {:>10} {:<24}",
+        "NAME",
+        "USED",
+        "REFER",
+        "WRITTEN",
+        "USEDSNAP",
+        "ORIGIN"
+    )?;
+    Ok(())
+}
+
+/// `oxpool list -t TYPES [-H] [-p] [POOL...]`: volumes and snapshots with their space.
+pub fn list_datasets(
+    host: &Host,
+    con: &mut dyn Console,
+    types: ListTypes,
+    scripted: bool,
+    exact: bool,
+    no_header: bool,
+    pools: &[String],
+) -> Result<()> {
+    if !scripted && !no_header {
+        datasets_header(con)?;
+    }
+    for name in super::pool::listed(host, pools)? {
+        let rows = host.with_pool(&name, |p| {
+            let mut rows: Vec<[String; 6]> = Vec::new();
+            for vol in p.volumes() {
+                let v = vol.name().to_string();
+                if types.volumes {
+                    let s = p.dataset_space(&v)?;
+                    rows.push([
+                        vol.full_name().to_string(),
+                        size(s.used_bytes, exact),
+                        size(s.referenced_bytes, exact),
+                        size(s.written_bytes, exact),
+                        size(s.used_by_snapshots_bytes, exact),
+                        s.origin.unwrap_or_else(|| "-".into()),
+                    ]);
+                }
+                if types.snapshots {
+                    for s in p.snapshots(&v)? {
+                        rows.push([
+                            format!("{}@{}", vol.full_name(), s.name),
+                            size(s.used_bytes, exact),
+                            size(s.referenced_bytes, exact),
+                            size(s.written_bytes, exact),
+                            "-".into(),
+                            "-".into(),
+                        ]);
+                    }
+                }
+            }
+            Ok(rows)
+        })?;
+        for r in rows {
+            if scripted {
+                writeln!(con.out(), "{}", r.join("\t"))?;
+            } else {
+                writeln!(
+                    con.out(),
+                    "{:<32} {:>10} {:>10} {:>10} {:>10} {:<24}",
+                    r[0],
+                    r[1],
+                    r[2],
+                    r[3],
+                    r[4],
+                    r[5]
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

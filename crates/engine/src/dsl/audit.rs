@@ -1,0 +1,401 @@
+//! The audit (`oxpool audit`): walks every dataset's and snapshot's block tree and every
+//! deadlist, verifies every block's checksum, recomputes every space figure, and compares
+//! the places referenced with the allocator's map, sector by sector. It finds leaks (allocated,
+//! referenced by nothing), blocks both free and referenced, places referenced by two different
+//! blocks, corrupt blocks, and counters that disagree with the trees. It is what the tests run
+//! after every crash.
+//!
+//! It reads a pool at rest: the caller syncs first, and nothing may write meanwhile (an
+//! exported pool, or a served one whose clients are quiet), else a change racing the walk
+//! shows up as a difference.
+
+use crate::dsl::dataset::Dataset;
+use crate::dsl::deadlist::Deadlist;
+use crate::dsl::snapshot_sync::read_deadlist_chunk;
+use crate::dsl::Datasets;
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::zio::read_block;
+use crate::Result;
+use oxpool_format::{decode_indirect, BlockPtr, Dva, Txg, INDIRECT_FANOUT, SECTOR_BYTES};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+/// What an audit found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditReport {
+    /// Blocks read and verified (each place once).
+    pub blocks_checked: u64,
+    /// Trees walked (heads and snapshots).
+    pub trees_walked: u64,
+    /// Bytes allocated that nothing references.
+    pub leaked_bytes: u64,
+    /// Every problem, one line each (leaks, double references, corrupt blocks, counters).
+    pub problems: Vec<String>,
+}
+
+impl AuditReport {
+    /// Whether it found nothing wrong.
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Identity of a block (not of a place): its birth and checksum.
+type BlockKey = (u64, [u8; 16]);
+
+fn key_of(bp: &BlockPtr) -> BlockKey {
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&bp.checksum.0[..16]);
+    (bp.birth.0, k)
+}
+
+/// Every place referenced, with the block (or the structure) that references it.
+#[derive(Default)]
+struct Referenced {
+    places: HashMap<(u32, u64), (u32, Option<BlockKey>, String)>,
+    problems: Vec<String>,
+}
+
+impl Referenced {
+    /// Records a place; `block` None for places outside trees (metadata, logs, frees).
+    /// Returns whether it was new (false: the same block seen from another tree).
+    fn add(&mut self, dva: &Dva, block: Option<BlockKey>, owner: &dyn Fn() -> String) -> bool {
+        let k = (dva.vdev.0, dva.offset_bytes);
+        match self.places.get(&k) {
+            Some((asize, b, first)) if *asize == dva.asize_bytes && b.is_some() && *b == block => {
+                let _ = first;
+                false
+            }
+            Some((_, _, first)) => {
+                self.problems.push(format!(
+                    "double reference: vdev {} offset {} by {} and by {}",
+                    dva.vdev.0,
+                    dva.offset_bytes,
+                    first,
+                    owner()
+                ));
+                false
+            }
+            None => {
+                self.places.insert(k, (dva.asize_bytes, block, owner()));
+                true
+            }
+        }
+    }
+}
+
+/// Figures recomputed from one tree.
+#[derive(Default)]
+struct TreeSums {
+    referenced_bytes: u64,
+    born_after_bytes: u64,
+}
+
+/// Walks the tree under `root`: records its places, verifies each block once, and sums its
+/// bytes (and those born after `after`).
+async fn walk_tree(
+    spa: &Spa,
+    root: BlockPtr,
+    after: Txg,
+    what: &str,
+    refs: &mut Referenced,
+    children_of: &mut HashMap<BlockKey, Vec<BlockPtr>>,
+    report: &mut AuditReport,
+) -> TreeSums {
+    let mut sums = TreeSums::default();
+    let mut stack = vec![root];
+    // Bounded by the blocks of the tree.
+    while let Some(bp) = stack.pop() {
+        if bp.is_hole() {
+            continue;
+        }
+        let bytes: u64 = bp.dvas().iter().map(|d| u64::from(d.asize_bytes)).sum();
+        sums.referenced_bytes += bytes;
+        if bp.birth > after {
+            sums.born_after_bytes += bytes;
+        }
+        let key = key_of(&bp);
+        let mut new = false;
+        for d in bp.dvas() {
+            new |= refs.add(d, Some(key), &|| {
+                format!("{what} (L{} birth {})", bp.level, bp.birth.0)
+            });
+        }
+        if bp.level == 0 {
+            if new {
+                report.blocks_checked += 1;
+                if let Err(e) = read_block(&spa.zio, IoClass::Scrub, &bp, what).await {
+                    report.problems.push(format!("{what}: {e}"));
+                }
+            }
+            continue;
+        }
+        if let Some(children) = children_of.get(&key) {
+            stack.extend(children.iter().copied());
+            continue;
+        }
+        report.blocks_checked += 1;
+        match read_block(&spa.zio, IoClass::Scrub, &bp, what).await {
+            Ok(buf) => {
+                let mut children = [BlockPtr::HOLE; INDIRECT_FANOUT];
+                match decode_indirect(&buf, &mut children) {
+                    Ok(_) => {
+                        let list: Vec<BlockPtr> =
+                            children.iter().filter(|c| !c.is_hole()).copied().collect();
+                        stack.extend(list.iter().copied());
+                        children_of.insert(key, list);
+                    }
+                    Err(e) => report
+                        .problems
+                        .push(format!("{what}: indirect block L{}: {e}", bp.level)),
+                }
+            }
+            Err(e) => report.problems.push(format!("{what}: {e}")),
+        }
+    }
+    report.trees_walked += 1;
+    sums
+}
+
+/// Reads a deadlist's blocks, records their places, and checks its counters; returns its
+/// entries.
+async fn walk_deadlist(
+    spa: &Spa,
+    d: &Deadlist,
+    what: &str,
+    refs: &mut Referenced,
+    report: &mut AuditReport,
+) -> Vec<BlockPtr> {
+    let mut all = Vec::new();
+    for (key, bucket) in d.buckets() {
+        let mut entries: Vec<BlockPtr> = bucket.pending.clone();
+        for chunk in &bucket.stored {
+            for dva in chunk.dvas() {
+                refs.add(dva, Some(key_of(chunk)), &|| {
+                    format!("{what} deadlist block")
+                });
+            }
+            report.blocks_checked += 1;
+            match read_deadlist_chunk(spa, chunk).await {
+                Ok(e) => entries.extend(e),
+                Err(e) => report.problems.push(format!("{what}: deadlist: {e}")),
+            }
+        }
+        let bytes: u64 = entries
+            .iter()
+            .flat_map(|e| e.dvas())
+            .map(|d| u64::from(d.asize_bytes))
+            .sum();
+        if entries.len() as u64 != bucket.count || bytes != bucket.bytes {
+            report.problems.push(format!(
+                "{what}: deadlist bucket {} counts {} entries of {} bytes, holds {} of {}",
+                key.0,
+                bucket.count,
+                bucket.bytes,
+                entries.len(),
+                bytes
+            ));
+        }
+        all.extend(entries);
+    }
+    all
+}
+
+fn check(report: &mut AuditReport, what: &str, figure: &str, recorded: u64, computed: u64) {
+    if recorded != computed {
+        report.problems.push(format!(
+            "{what}: {figure} is {recorded}, the tree says {computed}"
+        ));
+    }
+}
+
+/// Audits the pool (see the module docs).
+pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
+    let mut report = AuditReport::default();
+    let mut refs = Referenced::default();
+    let mut children_of = HashMap::new();
+    let datasets: Vec<std::sync::Arc<Dataset>> = dsl.all();
+    let mut dead_entries: Vec<(String, BlockPtr)> = Vec::new();
+    for ds in &datasets {
+        let (root, _) = *ds.data().written_root.lock().unwrap();
+        let l = {
+            let l = ds.lineage.lock().unwrap();
+            (
+                l.prev_snap_txg,
+                l.written_bytes,
+                l.snapshots.clone(),
+                l.deadlist.clone(),
+                l.origin_txg(),
+            )
+        };
+        let (prev_snap_txg, written_bytes, snapshots, deadlist, origin_txg) = l;
+        let sums = walk_tree(
+            spa,
+            root,
+            prev_snap_txg,
+            &ds.full_name,
+            &mut refs,
+            &mut children_of,
+            &mut report,
+        )
+        .await;
+        let obj = ds.data();
+        check(
+            &mut report,
+            &ds.full_name,
+            "referenced",
+            obj.used_bytes.load(Ordering::Relaxed),
+            sums.referenced_bytes,
+        );
+        check(
+            &mut report,
+            &ds.full_name,
+            "written",
+            written_bytes,
+            sums.born_after_bytes,
+        );
+        for e in walk_deadlist(spa, &deadlist, &ds.full_name, &mut refs, &mut report).await {
+            if e.birth > prev_snap_txg {
+                report.problems.push(format!(
+                    "{}: deadlist entry born {} after the previous snapshot ({})",
+                    ds.full_name, e.birth.0, prev_snap_txg.0
+                ));
+            }
+            dead_entries.push((ds.full_name.clone(), e));
+        }
+        for (i, s) in snapshots.iter().enumerate() {
+            let what = format!("{}@{}", ds.full_name, s.name);
+            let prev = match i {
+                0 => origin_txg,
+                _ => snapshots[i - 1].txg,
+            };
+            let sums = walk_tree(
+                spa,
+                s.root,
+                prev,
+                &what,
+                &mut refs,
+                &mut children_of,
+                &mut report,
+            )
+            .await;
+            check(
+                &mut report,
+                &what,
+                "referenced",
+                s.referenced_bytes,
+                sums.referenced_bytes,
+            );
+            check(
+                &mut report,
+                &what,
+                "written",
+                s.written_bytes,
+                sums.born_after_bytes,
+            );
+            for e in walk_deadlist(spa, &s.deadlist, &what, &mut refs, &mut report).await {
+                dead_entries.push((what.clone(), e));
+            }
+        }
+    }
+    // A deadlist entry is a block a snapshot still references: it must be in a tree walked.
+    for (what, e) in &dead_entries {
+        let k = key_of(e);
+        let known = e.dvas().iter().all(|d| {
+            refs.places
+                .get(&(d.vdev.0, d.offset_bytes))
+                .is_some_and(|(_, b, _)| *b == Some(k))
+        });
+        if !known {
+            report.problems.push(format!(
+                "{what}: deadlist entry (birth {}) is in no snapshot's tree",
+                e.birth.0
+            ));
+        }
+    }
+    // The intent logs' places and the pool's own metadata.
+    for ds in &datasets {
+        for d in ds.log.reserved() {
+            refs.add(&d, None, &|| format!("{} intent log", ds.full_name));
+        }
+        for d in ds.data().inplace_held.lock().unwrap().iter() {
+            refs.add(d, None, &|| format!("{} in-place log block", ds.full_name));
+        }
+    }
+    let s = spa.state.lock().unwrap();
+    for d in &s.meta_places {
+        refs.add(d, None, &|| "pool metadata".into());
+    }
+    for (v, chunks) in s.chunk_ptrs.iter().enumerate() {
+        for c in chunks.iter().filter(|c| !c.is_hole()) {
+            for d in c.dvas() {
+                refs.add(d, None, &|| format!("space map of vdev {v}"));
+            }
+        }
+    }
+    for f in &s.deferred {
+        for d in &f.dvas {
+            refs.add(d, None, &|| format!("deferred free of txg {}", f.txg.0));
+        }
+    }
+    // Sector by sector against the allocator.
+    let mut referenced: Vec<HashSet<u64>> = vec![HashSet::new(); s.alloc.maps().len()];
+    for ((vdev, offset), (asize, _, owner)) in &refs.places {
+        let Some(set) = referenced.get_mut(*vdev as usize) else {
+            report
+                .problems
+                .push(format!("{owner}: vdev {vdev} does not exist"));
+            continue;
+        };
+        let first = offset / SECTOR_BYTES;
+        for sector in first..first + u64::from(*asize).div_ceil(SECTOR_BYTES) {
+            if !set.insert(sector) {
+                report.problems.push(format!(
+                    "double reference: vdev {vdev} sector {sector} (by {owner} and another)"
+                ));
+            }
+        }
+    }
+    for (v, map) in s.alloc.maps().iter().enumerate() {
+        let set = &referenced[v];
+        let mut leaked = 0u64;
+        let mut free_referenced = 0u64;
+        let mut first_leak = None;
+        for sector in 0..map.sectors() {
+            match (map.is_sector_allocated(sector), set.contains(&sector)) {
+                (true, false) => {
+                    leaked += 1;
+                    first_leak.get_or_insert(sector);
+                }
+                (false, true) => free_referenced += 1,
+                _ => {}
+            }
+        }
+        if leaked > 0 {
+            report.leaked_bytes += leaked * SECTOR_BYTES;
+            report.problems.push(format!(
+                "vdev {v}: {} bytes allocated and referenced by nothing (first at sector {})",
+                leaked * SECTOR_BYTES,
+                first_leak.unwrap_or(0)
+            ));
+        }
+        if free_referenced > 0 {
+            report.problems.push(format!(
+                "vdev {v}: {} bytes referenced but free in the space map",
+                free_referenced * SECTOR_BYTES
+            ));
+        }
+        let counted: u64 = (0..map.sectors())
+            .filter(|s| map.is_sector_allocated(*s))
+            .count() as u64
+            * SECTOR_BYTES;
+        if counted != map.allocated_bytes() {
+            report.problems.push(format!(
+                "vdev {v}: allocated_bytes is {}, the map holds {counted}",
+                map.allocated_bytes()
+            ));
+        }
+    }
+    Ok(report)
+}

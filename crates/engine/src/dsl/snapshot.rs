@@ -1,0 +1,256 @@
+//! Snapshots of a dataset and its lineage: which snapshot came before the head, the head's
+//! deadlist, the snapshots' trees and deadlists, and the changes (create, destroy, rollback)
+//! that a txg sync applies to them.
+//!
+//! The birth-txg rule decides everything (DESIGN.md 5.2): a block born after the previous
+//! snapshot's txg is the head's alone; one born at or before it is shared. So:
+//! - **create** at the end of txg `T`: the snapshot takes the head's root and the head's
+//!   deadlist whole; the head gets an empty one and `prev_snap_txg = T` (no block is read or
+//!   written);
+//! - **destroy** of `S` between `P` and `N` (a later snapshot or the head): the entries of
+//!   `N`'s deadlist born after `P` were referenced by `S` alone and are freed (whole buckets,
+//!   see [`super::deadlist`]); `S`'s own deadlist joins `N`'s;
+//! - **rollback** to the latest snapshot `S`: the head's blocks born after `S` are freed (a
+//!   walk that skips every subtree born at or before `S`), the head takes `S`'s root, and its
+//!   deadlist empties (those blocks are the head's again).
+
+use crate::dsl::deadlist::{bucket_key, Bucket, Deadlist};
+use oxpool_format::{BlockPtr, DatasetMeta, DeadBucketMeta, Guid, OriginMeta, SnapshotMeta, Txg};
+use std::collections::BTreeSet;
+
+/// A snapshot's state in memory.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub name: String,
+    pub guid: Guid,
+    pub txg: Txg,
+    pub creation_s: u64,
+    pub root: BlockPtr,
+    pub levels: u8,
+    pub volsize_bytes: u64,
+    pub referenced_bytes: u64,
+    pub written_bytes: u64,
+    pub compressed_bytes: u64,
+    pub deadlist: Deadlist,
+    pub holds: BTreeSet<String>,
+}
+
+/// A dataset's lineage: its identity, origin, snapshots and the head's deadlist.
+#[derive(Debug)]
+pub(crate) struct Lineage {
+    pub guid: Guid,
+    pub createtxg: Txg,
+    pub creation_s: u64,
+    pub origin: Option<OriginMeta>,
+    /// Snapshot txgs of the origin's chain (at or before the origin), oldest first: the keys
+    /// for blocks the head kills that only the origin's snapshots reference.
+    pub origin_chain: Vec<Txg>,
+    pub prev_snap_txg: Txg,
+    /// Bytes of the head's blocks born after `prev_snap_txg`, as of the last sync.
+    pub written_bytes: u64,
+    pub deadlist: Deadlist,
+    /// Oldest first (txgs increasing).
+    pub snapshots: Vec<Snapshot>,
+}
+
+impl Lineage {
+    /// A new dataset's lineage (no snapshots), created in txg `createtxg`.
+    pub(crate) fn new(guid: Guid, createtxg: Txg, creation_s: u64) -> Lineage {
+        Lineage {
+            guid,
+            createtxg,
+            creation_s,
+            origin: None,
+            origin_chain: Vec::new(),
+            prev_snap_txg: Txg(0),
+            written_bytes: 0,
+            deadlist: Deadlist::new(),
+            snapshots: Vec::new(),
+        }
+    }
+
+    /// The snapshot txgs of the chain, oldest first: the origin's, then its own.
+    pub(crate) fn chain(&self) -> Vec<Txg> {
+        let mut chain = self.origin_chain.clone();
+        chain.extend(self.snapshots.iter().map(|s| s.txg));
+        chain
+    }
+
+    /// The txg a clone's blocks are measured from (0 for a dataset that is no clone).
+    pub(crate) fn origin_txg(&self) -> Txg {
+        self.origin.as_ref().map_or(Txg(0), |o| o.txg)
+    }
+
+    /// Files blocks the head killed while a snapshot still references them.
+    pub(crate) fn add_dead(&mut self, dead: Vec<BlockPtr>) {
+        if dead.is_empty() {
+            return;
+        }
+        let chain = self.chain();
+        for bp in dead {
+            let key = bucket_key(&chain, bp.birth)
+                .expect("a block killed into the deadlist is born at or before a snapshot");
+            self.deadlist.insert(key, bp);
+        }
+    }
+
+    /// The snapshot named `name`, and its index.
+    pub(crate) fn find(&self, name: &str) -> Option<(usize, &Snapshot)> {
+        self.snapshots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.name == name)
+    }
+
+    /// The txg of the snapshot before snapshot `i` (the origin's for the first of a clone).
+    pub(crate) fn prev_txg(&self, i: usize) -> Txg {
+        match i {
+            0 => self.origin_txg(),
+            _ => self.snapshots[i - 1].txg,
+        }
+    }
+
+    /// The deadlist of what now follows the snapshot that was at `i` before it was removed:
+    /// snapshot `i`'s, or the head's.
+    pub(crate) fn next_deadlist_at(&mut self, i: usize) -> &mut Deadlist {
+        match self.snapshots.get_mut(i) {
+            Some(n) => &mut n.deadlist,
+            None => &mut self.deadlist,
+        }
+    }
+
+    /// `used` of snapshot `i`: the bytes only it references (what destroying it frees).
+    pub(crate) fn unique_bytes(&self, i: usize) -> u64 {
+        let after = self.prev_txg(i);
+        let upto = self.snapshots[i].txg;
+        let next = match self.snapshots.get(i + 1) {
+            Some(n) => &n.deadlist,
+            None => &self.deadlist,
+        };
+        next.bytes_born_in(after, upto)
+    }
+
+    /// `usedbysnapshots`: what destroying every snapshot would free (entries of every
+    /// deadlist born after the origin; older ones belong to the origin).
+    pub(crate) fn used_by_snapshots_bytes(&self) -> u64 {
+        let after = self.origin_txg();
+        let all = Txg(u64::MAX);
+        self.deadlist.bytes_born_in(after, all)
+            + self
+                .snapshots
+                .iter()
+                .map(|s| s.deadlist.bytes_born_in(after, all))
+                .sum::<u64>()
+    }
+
+    /// The persistent record of volume `volume`.
+    pub(crate) fn to_meta(&self, volume: oxpool_format::VolumeId) -> DatasetMeta {
+        DatasetMeta {
+            volume,
+            guid: self.guid,
+            createtxg: self.createtxg,
+            creation_s: self.creation_s,
+            origin: self.origin.clone(),
+            prev_snap_txg: self.prev_snap_txg,
+            written_bytes: self.written_bytes,
+            deadlist: deadlist_meta(&self.deadlist),
+            snapshots: self
+                .snapshots
+                .iter()
+                .map(|s| SnapshotMeta {
+                    name: s.name.clone(),
+                    guid: s.guid,
+                    txg: s.txg,
+                    creation_s: s.creation_s,
+                    root: s.root,
+                    levels: s.levels,
+                    volsize_bytes: s.volsize_bytes,
+                    referenced_bytes: s.referenced_bytes,
+                    written_bytes: s.written_bytes,
+                    compressed_bytes: s.compressed_bytes,
+                    deadlist: deadlist_meta(&s.deadlist),
+                    holds: s.holds.iter().cloned().collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The lineage a record describes (`origin_chain` is filled in by the caller, which
+    /// knows the origin).
+    pub(crate) fn from_meta(m: &DatasetMeta) -> Lineage {
+        Lineage {
+            guid: m.guid,
+            createtxg: m.createtxg,
+            creation_s: m.creation_s,
+            origin: m.origin.clone(),
+            origin_chain: Vec::new(),
+            prev_snap_txg: m.prev_snap_txg,
+            written_bytes: m.written_bytes,
+            deadlist: deadlist_from_meta(&m.deadlist),
+            snapshots: m
+                .snapshots
+                .iter()
+                .map(|s| Snapshot {
+                    name: s.name.clone(),
+                    guid: s.guid,
+                    txg: s.txg,
+                    creation_s: s.creation_s,
+                    root: s.root,
+                    levels: s.levels,
+                    volsize_bytes: s.volsize_bytes,
+                    referenced_bytes: s.referenced_bytes,
+                    written_bytes: s.written_bytes,
+                    compressed_bytes: s.compressed_bytes,
+                    deadlist: deadlist_from_meta(&s.deadlist),
+                    holds: s.holds.iter().cloned().collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn deadlist_meta(d: &Deadlist) -> Vec<DeadBucketMeta> {
+    d.buckets()
+        .map(|(k, b)| {
+            assert!(
+                b.pending.is_empty(),
+                "deadlist entries written before the metadata"
+            );
+            DeadBucketMeta {
+                key: *k,
+                chunks: b.stored.clone(),
+                count: b.count,
+                bytes: b.bytes,
+            }
+        })
+        .collect()
+}
+
+fn deadlist_from_meta(m: &[DeadBucketMeta]) -> Deadlist {
+    Deadlist::from_buckets(m.iter().map(|b| {
+        (
+            b.key,
+            Bucket {
+                pending: Vec::new(),
+                stored: b.chunks.clone(),
+                count: b.count,
+                bytes: b.bytes,
+            },
+        )
+    }))
+}
+
+/// A change to snapshots that the next txg sync applies.
+#[derive(Clone, Debug)]
+pub(crate) enum SnapOp {
+    /// Take snapshot `name` of the head at the end of the sync's txg.
+    Create {
+        name: String,
+        guid: Guid,
+        creation_s: u64,
+    },
+    /// Destroy snapshot `name`.
+    Destroy { name: String },
+    /// Roll the head back to snapshot `name` (the latest, once the ops before it ran).
+    Rollback { name: String },
+}

@@ -1,0 +1,317 @@
+//! What a txg sync does for one dataset: its objects (with the blocks they kill filed by
+//! the birth-txg rule), the snapshot changes due, and its deadlists' new entries.
+
+use crate::dmu::dirty::indirect_copies;
+use crate::dmu::sync::{sync_object, Kills};
+use crate::dmu::tree::BlockTree;
+use crate::dsl::dataset::Dataset;
+use crate::dsl::deadlist::Deadlist;
+use crate::dsl::snapshot::{SnapOp, Snapshot};
+use crate::dsl::Datasets;
+use crate::spa::block::{padded, write_new_block, NewBlock};
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::zio::read_block;
+use crate::{EngineError, Result};
+use oxpool_format::{
+    decode_deadlist_chunk, decode_indirect, encode_deadlist_chunk, BlockPtr, BlockType,
+    ChecksumType, Compression, Dva, Txg, DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
+};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Writes dataset `ds`'s objects for txg `txg` (with `destroy`, frees everything it has),
+/// filing the blocks they kill: freed if born after the previous snapshot, else on the
+/// head's deadlist.
+pub(crate) async fn sync_dataset(
+    spa: &Spa,
+    ds: &Dataset,
+    txg: Txg,
+    destroy: bool,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    let props = ds.props.lock().unwrap().clone();
+    let prev_snap_txg = ds.lineage.lock().unwrap().prev_snap_txg;
+    let mut kills = Kills::new(freed, prev_snap_txg);
+    for (_, obj) in ds.objset.objects() {
+        sync_object(spa, obj, &ds.full_name, &props, txg, destroy, &mut kills).await?;
+    }
+    let Kills {
+        dead,
+        written_delta,
+        ..
+    } = kills;
+    if destroy {
+        // A destroyed head has no snapshots left (refused otherwise); what it killed that is
+        // still shared belongs to its origin's snapshots. Its deadlist's own blocks go.
+        let deadlist = std::mem::take(&mut ds.lineage.lock().unwrap().deadlist);
+        free_deadlist(spa, deadlist, false, freed).await?;
+        return Ok(());
+    }
+    let mut l = ds.lineage.lock().unwrap();
+    l.add_dead(dead);
+    l.written_bytes = (l.written_bytes as i64 + written_delta).max(0) as u64;
+    Ok(())
+}
+
+/// Applies one snapshot change to `ds` at the end of txg `txg` (its objects are synced).
+/// The change was checked when it was asked; what the syncs before it changed is checked
+/// again here, and a change no longer possible is skipped with a warning, never half done.
+pub(crate) async fn apply(
+    spa: &Spa,
+    dsl: &Datasets,
+    ds: &Dataset,
+    op: &SnapOp,
+    txg: Txg,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    match op {
+        SnapOp::Create {
+            name,
+            guid,
+            creation_s,
+        } => {
+            let obj = ds.data();
+            let (root, levels) = {
+                let t = obj.tree.lock().unwrap();
+                debug_assert!(!t.has_dirty(), "snapshot of a tree the sync left dirty");
+                (t.root(), t.levels())
+            };
+            let mut l = ds.lineage.lock().unwrap();
+            if l.find(name).is_some() {
+                tracing::warn!(dataset = ds.full_name, snapshot = name, "snapshot exists");
+                return Ok(());
+            }
+            let deadlist = std::mem::take(&mut l.deadlist);
+            let written_bytes = l.written_bytes;
+            l.snapshots.push(Snapshot {
+                name: name.clone(),
+                guid: *guid,
+                txg,
+                creation_s: *creation_s,
+                root,
+                levels,
+                volsize_bytes: obj.tree_size_bytes.load(Ordering::Relaxed),
+                referenced_bytes: obj.used_bytes.load(Ordering::Relaxed),
+                written_bytes,
+                compressed_bytes: obj.compressed_bytes.load(Ordering::Relaxed),
+                deadlist,
+                holds: Default::default(),
+            });
+            l.prev_snap_txg = txg;
+            l.written_bytes = 0;
+            tracing::info!(
+                snapshot = format!("{}@{name}", ds.full_name),
+                txg = txg.0,
+                "snapshot"
+            );
+        }
+        SnapOp::Destroy { name } => {
+            let guid = ds.lineage.lock().unwrap().find(name).map(|(_, s)| s.guid);
+            let Some(guid) = guid else {
+                tracing::warn!(dataset = ds.full_name, snapshot = name, "no such snapshot");
+                return Ok(());
+            };
+            // Not under this dataset's lock: it looks at every dataset's.
+            let cloned = dsl.clones_of(guid) > 0;
+            let to_free = {
+                let mut l = ds.lineage.lock().unwrap();
+                let (i, s) = l.find(name).expect("only syncs change snapshots");
+                if !s.holds.is_empty() || cloned {
+                    tracing::warn!(
+                        dataset = ds.full_name,
+                        snapshot = name,
+                        "held or cloned since asked: not destroyed"
+                    );
+                    return Ok(());
+                }
+                let prev = l.prev_txg(i);
+                let snap = l.snapshots.remove(i);
+                // `i` now names the snapshot after it (or the head).
+                let next = l.next_deadlist_at(i);
+                let to_free = next.split_above(prev);
+                next.merge(snap.deadlist);
+                // What the next one references of the destroyed one's new blocks is now
+                // new to it.
+                let gained = snap.written_bytes.saturating_sub(to_free.bytes());
+                match l.snapshots.get_mut(i) {
+                    Some(n) => n.written_bytes += gained,
+                    None => {
+                        l.written_bytes += gained;
+                        l.prev_snap_txg = prev;
+                    }
+                }
+                to_free
+            };
+            // Readers of the snapshot stop before its blocks are freed (and those in flight
+            // finish: frees are deferred past this txg).
+            dsl.end_views(guid);
+            free_deadlist(spa, to_free, true, freed).await?;
+            tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "destroyed");
+        }
+        SnapOp::Rollback { name } => {
+            let target = {
+                let l = ds.lineage.lock().unwrap();
+                match l.snapshots.last() {
+                    Some(s) if s.name == *name => s.clone(),
+                    _ => {
+                        tracing::warn!(
+                            dataset = ds.full_name,
+                            snapshot = name,
+                            "not the latest snapshot: no rollback"
+                        );
+                        return Ok(());
+                    }
+                }
+            };
+            let obj = ds.data();
+            let root = obj.tree.lock().unwrap().root();
+            // Everything the head wrote since the snapshot is its alone.
+            free_born_after(spa, root, target.txg, &ds.full_name, freed).await?;
+            let deadlist = {
+                let mut l = ds.lineage.lock().unwrap();
+                l.written_bytes = 0;
+                std::mem::take(&mut l.deadlist)
+            };
+            // Its entries are the head's again: only the deadlist's own blocks go.
+            free_deadlist(spa, deadlist, false, freed).await?;
+            *obj.tree.lock().unwrap() = BlockTree::new(target.levels.max(1), target.root);
+            // This txg's dirty data is in the tree just replaced: reads must not find it in
+            // the dirty sets either (they are retired when the txg is durable, later).
+            obj.dirty.lock().unwrap().retire(txg);
+            *obj.written_root.lock().unwrap() = (target.root, target.levels.max(1));
+            obj.used_bytes
+                .store(target.referenced_bytes, Ordering::Relaxed);
+            obj.compressed_bytes
+                .store(target.compressed_bytes, Ordering::Relaxed);
+            obj.tree_size_bytes
+                .store(target.volsize_bytes, Ordering::Relaxed);
+            ds.props.lock().unwrap().volsize_bytes = target.volsize_bytes;
+            tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "rolled back");
+        }
+    }
+    Ok(())
+}
+
+/// Writes the entries added to `ds`'s deadlists (the head's and its snapshots') into
+/// deadlist blocks.
+pub(crate) async fn write_deadlists(
+    spa: &Spa,
+    ds: &Dataset,
+    txg: Txg,
+    _freed: &mut Vec<Dva>,
+) -> Result<()> {
+    // (which deadlist: None the head's, Some(i) snapshot i's; bucket key; entries)
+    let pending: Vec<(Option<usize>, Txg, Vec<BlockPtr>)> = {
+        let mut l = ds.lineage.lock().unwrap();
+        let mut out = Vec::new();
+        let mut take = |which: Option<usize>, d: &mut Deadlist| {
+            for (k, b) in d.buckets_mut() {
+                if !b.pending.is_empty() {
+                    out.push((which, *k, std::mem::take(&mut b.pending)));
+                }
+            }
+        };
+        take(None, &mut l.deadlist);
+        for (i, s) in l.snapshots.iter_mut().enumerate() {
+            take(Some(i), &mut s.deadlist);
+        }
+        out
+    };
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let copies = indirect_copies(&ds.props.lock().unwrap());
+    for (which, key, entries) in pending {
+        // Bounded: one block per DEADLIST_CHUNK_ENTRIES_MAX entries.
+        for chunk in entries.chunks(DEADLIST_CHUNK_ENTRIES_MAX) {
+            let bytes = encode_deadlist_chunk(chunk);
+            let nb = NewBlock {
+                psize_bytes: bytes.len() as u32,
+                lsize_bytes: bytes.len() as u32,
+                compression: Compression::Off,
+                block_type: BlockType::DeadList,
+                level: 0,
+                copies,
+                checksum_type: ChecksumType::Xxh3_128,
+                txg,
+                fill: chunk.len() as u64,
+            };
+            let bp =
+                write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?;
+            let mut l = ds.lineage.lock().unwrap();
+            let d = match which {
+                None => &mut l.deadlist,
+                Some(i) => &mut l.snapshots[i].deadlist,
+            };
+            d.add_stored(key, bp);
+        }
+    }
+    Ok(())
+}
+
+/// Frees a deadlist's blocks, and with `entries` the blocks it lists too (reading them).
+pub(crate) async fn free_deadlist(
+    spa: &Spa,
+    deadlist: Deadlist,
+    entries: bool,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    for (_, bucket) in deadlist.buckets() {
+        if entries {
+            for bp in &bucket.pending {
+                freed.extend_from_slice(bp.dvas());
+            }
+        }
+        for chunk in &bucket.stored {
+            if entries {
+                for bp in read_deadlist_chunk(spa, chunk).await? {
+                    freed.extend_from_slice(bp.dvas());
+                }
+            }
+            freed.extend_from_slice(chunk.dvas());
+        }
+    }
+    Ok(())
+}
+
+/// The entries of one deadlist block.
+pub(crate) async fn read_deadlist_chunk(spa: &Spa, chunk: &BlockPtr) -> Result<Vec<BlockPtr>> {
+    let buf = read_block(&spa.zio, IoClass::SyncRead, chunk, "deadlist").await?;
+    decode_deadlist_chunk(&buf[..chunk.psize_bytes as usize]).map_err(|e| EngineError::Corrupt {
+        device: spa.name.clone(),
+        what: "deadlist block".into(),
+        source: e,
+    })
+}
+
+/// Frees every block of the tree under `root` born after `after` (a walk that skips every
+/// subtree born at or before it: copy-on-write makes a parent at least as new as its
+/// children).
+pub(crate) async fn free_born_after(
+    spa: &Spa,
+    root: BlockPtr,
+    after: Txg,
+    what: &str,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    let mut stack = vec![root];
+    // Bounded by the tree's blocks born after `after`.
+    while let Some(bp) = stack.pop() {
+        if bp.is_hole() || bp.birth <= after {
+            continue;
+        }
+        freed.extend_from_slice(bp.dvas());
+        if bp.level > 0 {
+            let buf = read_block(&spa.zio, IoClass::SyncRead, &bp, what).await?;
+            let mut children = [BlockPtr::HOLE; INDIRECT_FANOUT];
+            decode_indirect(&buf, &mut children).map_err(|e| EngineError::Corrupt {
+                device: spa.name.clone(),
+                what: format!("{what}: indirect block"),
+                source: e,
+            })?;
+            stack.extend(children.iter().filter(|c| !c.is_hole() && c.birth > after));
+        }
+    }
+    Ok(())
+}
