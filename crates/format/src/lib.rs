@@ -14,7 +14,8 @@
 //! payload larger than its documented maximum): writing a structure that no decoder would
 //! accept is a bug that must not reach the disk.
 //!
-//! The byte-by-byte description of every structure is in `docs/format.md`.
+//! The byte-by-byte description of every structure is in `docs/format.md`, and so is the
+//! send stream (`stream`), the one format here that travels rather than sits on a device.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -31,6 +32,7 @@ mod layout;
 mod log;
 mod meta;
 mod pool_meta;
+pub mod stream;
 mod uberblock;
 
 pub use blockptr::{
@@ -68,4 +70,8 @@ pub use meta::{
     SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
 };
 pub use pool_meta::{DeferredFree, PoolMeta, SpaceMapMeta, VolumeMeta};
+pub use stream::{
+    DataRecord, RecordType, ResumeToken, StreamBegin, StreamChecksum, StreamDecoder, StreamEncoder,
+    StreamError, StreamErrorKind, StreamFeatures, StreamRecord, TokenError,
+};
 pub use uberblock::{Uberblock, UBERBLOCK_MAGIC};
