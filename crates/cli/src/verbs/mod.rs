@@ -6,6 +6,7 @@
 
 pub mod pool;
 mod props;
+mod stream;
 pub mod volume;
 
 use crate::args::Command;
@@ -81,6 +82,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             },
         ),
         Command::Serve(_) => bail!("`serve` cannot run inside a server"),
+        Command::Stream { command } => stream::run(con, command),
     }
 }
 
