@@ -23,11 +23,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(Some((message, used))) = decode(&bytes) {
         let mut again = Vec::new();
         encode(&message, &mut again).expect("a decoded message fits a frame");
-        assert_eq!(
-            again,
-            bytes[..used],
-            "decoded {message:?} re-encodes differently"
-        );
+        assert_eq!(again, bytes[..used], "decoded {message:?} re-encodes differently");
     }
     let _ = read_message(&mut std::io::Cursor::new(&bytes[..]));
 });
