@@ -14,10 +14,11 @@
 
 use anyhow::{anyhow, Result};
 use oxpool_engine::iostats::{
-    latency_bucket_floor_us, DeviceStats, LatencySnapshot, LeafIoSnapshot, VolumeIoSnapshot,
-    VolumeStats, LATENCY_BUCKET_COUNT,
+    latency_bucket_floor_us, LatencySnapshot, LeafIoSnapshot, VolumeIoSnapshot, VolumeStats,
+    LATENCY_BUCKET_COUNT,
 };
-use oxpool_engine::vdev_queue::{QueueSnapshot, IO_CLASS_COUNT};
+use oxpool_engine::vdev::queue::{QueueSnapshot, IO_CLASS_COUNT};
+use oxpool_engine::vdev::DeviceStats;
 use oxpool_engine::PoolCounters;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -136,7 +137,7 @@ pub fn publish(cache: &Path, c: &PoolCounters, process: &ProcessCounters) {
         serde_json::from_str(&c.log_stats().to_json()).unwrap_or_default();
     let completions = oxpool_io::completion::COMPLETIONS.snapshot();
     let cache = c.data_cache_stats();
-    let compress = oxpool_engine::compress::COMPRESS_COUNTERS.snapshot();
+    let compress = oxpool_engine::zio::compress::COMPRESS_COUNTERS.snapshot();
     let volumes = c.volume_stats();
     let sum = |f: &dyn Fn(&VolumeIoSnapshot) -> u64| volumes.iter().map(|v| f(&v.io)).sum();
     let stats = Stats {

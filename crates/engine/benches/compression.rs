@@ -16,7 +16,7 @@
 //!
 //! Run: `cargo bench -p oxpool-engine --bench compression [codec|cache] [--quick]`.
 
-use oxpool_engine::data_cache::{CacheKey, DataCache};
+use oxpool_engine::zio::data_cache::{CacheKey, DataCache};
 use oxpool_format::{
     checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, ChecksumType,
     Compression, CompressionSetting, Dva, Txg, VdevId, SECTOR_BYTES,

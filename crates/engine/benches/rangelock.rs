@@ -10,7 +10,7 @@
 //!
 //! Run: `cargo bench -p oxpool-engine --bench rangelock`.
 
-use oxpool_engine::rangelock::{LockMode, RangeLock, RangeLockNode};
+use oxpool_engine::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::hint::black_box;

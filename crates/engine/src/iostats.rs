@@ -200,37 +200,6 @@ impl LeafIoSnapshot {
     }
 }
 
-/// One leaf device's statistics, as `oxpool iostat` shows them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceStats {
-    /// The device's path.
-    pub name: String,
-    /// Its top-level vdev: `mirror-N`, or the device's own path for a single device.
-    pub vdev: String,
-    /// Its `scheduler` mode.
-    pub scheduler: String,
-    /// Operations, bytes, latencies.
-    pub io: LeafIoSnapshot,
-    /// Its vdev queue's counters.
-    pub queue: crate::vdev_queue::QueueSnapshot,
-    /// Its error counters, as `oxpool status` shows them.
-    #[serde(default)]
-    pub errors: DeviceErrors,
-}
-
-/// A leaf's error counters (`oxpool status`'s READ, WRITE, CKSUM columns).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceErrors {
-    /// Reads that failed.
-    pub read: u64,
-    /// Writes that failed.
-    pub write: u64,
-    /// Reads whose data failed its checksum.
-    pub checksum: u64,
-    /// Bytes rewritten by self-healing.
-    pub repaired_bytes: u64,
-}
-
 /// One volume's statistics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeStats {
@@ -425,5 +394,95 @@ mod tests {
         assert_eq!(snap.write.bytes, 4096);
         assert_eq!(snap.write.latency.count(), 1);
         assert_eq!(snap.ops(), 1);
+    }
+}
+
+/// Counters of the intent log, pool-wide.
+#[derive(Debug, Default)]
+pub struct LogCounters {
+    /// Commit requests (FLUSH, FUA writes, sync=always writes).
+    pub commits: AtomicU64,
+    /// Log blocks written.
+    pub blocks_written: AtomicU64,
+    /// Bytes of log blocks written.
+    pub bytes_written: AtomicU64,
+    /// Device flushes issued by the log, durable (FUA) log-block writes included.
+    pub flushes: AtomicU64,
+    /// Log-block copies written durably (FUA) instead of written and flushed.
+    pub durable_writes: AtomicU64,
+    /// Nanoseconds log blocks took from their write's start (the block's copy and the device
+    /// queue included) to durable (flush included), summed over
+    /// [`LogCounters::blocks_written`]: the log's device latency, which bounds how fast a
+    /// commit can be answered.
+    pub write_ns_total: AtomicU64,
+    /// Bytes clients wrote (every write, logged or not).
+    pub client_bytes: AtomicU64,
+    /// Bytes of data blocks the log wrote in place (indirect records), adopted by txg syncs.
+    pub indirect_bytes: AtomicU64,
+    /// Blocks written in place that a txg sync adopted instead of writing them again.
+    pub adopted_blocks: AtomicU64,
+    /// Device flushes of any kind (log commits and txg commits), one per leaf flushed.
+    pub device_flushes: AtomicU64,
+}
+
+/// A snapshot of [`LogCounters`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// Commit requests.
+    pub commits: u64,
+    /// Log blocks written.
+    pub blocks_written: u64,
+    /// Bytes of log blocks written.
+    pub bytes_written: u64,
+    /// Device flushes issued by the log, durable (FUA) log-block writes included.
+    pub flushes: u64,
+    /// Log-block copies written durably (FUA) instead of written and flushed.
+    pub durable_writes: u64,
+    /// Nanoseconds from log-block write start to durable, summed.
+    pub write_ns_total: u64,
+    /// Bytes clients wrote.
+    pub client_bytes: u64,
+    /// Bytes of data blocks written in place by the log.
+    pub indirect_bytes: u64,
+    /// Blocks written in place that a txg sync adopted.
+    pub adopted_blocks: u64,
+    /// Device flushes of any kind, one per leaf flushed.
+    pub device_flushes: u64,
+}
+
+impl LogStats {
+    /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"device_flushes\":{}}}",
+            self.commits,
+            self.blocks_written,
+            self.bytes_written,
+            self.flushes,
+            self.durable_writes,
+            self.write_ns_total / 1000,
+            self.client_bytes,
+            self.indirect_bytes,
+            self.adopted_blocks,
+            self.device_flushes
+        )
+    }
+}
+
+impl LogCounters {
+    /// A snapshot.
+    pub fn stats(&self) -> LogStats {
+        LogStats {
+            commits: self.commits.load(Ordering::Relaxed),
+            blocks_written: self.blocks_written.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            durable_writes: self.durable_writes.load(Ordering::Relaxed),
+            write_ns_total: self.write_ns_total.load(Ordering::Relaxed),
+            client_bytes: self.client_bytes.load(Ordering::Relaxed),
+            indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
+            adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
+            device_flushes: self.device_flushes.load(Ordering::Relaxed),
+        }
     }
 }

@@ -1,39 +1,41 @@
-//! The oxpool engine: pools of devices, the vdev tree (single, stripe, mirror), the allocator,
-//! transaction groups, volumes and their block trees, and range locks.
+//! The oxpool engine: everything between a volume's bytes and a device's sectors, in layers
+//! that are folders, each calling only the ones below it (docs/DESIGN.md 5.1):
+//!
+//! ```text
+//!  zvol/   volumes: byte ranges, range locks, read-modify-write, FUA/FLUSH -> the log
+//!  zil/    the intent log: records, log blocks, group commit, claim and replay
+//!  dsl/    datasets: names, snapshots, deadlists, space accounting, sync tasks
+//!  dmu/    objects: a block tree per object, dirty records per txg, traversal
+//!  spa/    the pool: labels, uberblocks, config, import/export, the txg engine, frees, scrub
+//!  zio/    the pipeline: checksum, compress, verify, repair; completion policy; data cache
+//!  vdev/   the vdev tree (planners), leaf I/O and queues, the space allocator, labels
+//! ```
 //!
 //! The data-plane API ([`Volume`]) is asynchronous: it returns futures that run on the calling
 //! thread's ring driver (`oxpool_io::rt`), so one thread can keep many requests in flight.
 //! The control plane ([`Pool::create`], [`Pool::import`], ...) is synchronous and must not be
 //! called from inside an executor.
 
-pub mod alloc;
 pub mod cachefile;
-pub mod completion;
-pub mod compress;
-pub mod data_cache;
+pub mod dmu;
 pub mod dsl;
 mod error;
 mod idhash;
 pub mod iostats;
-pub mod label;
-mod leaf_io;
-pub mod pipeline;
-pub mod pool;
+mod pool;
 pub mod props;
-pub mod rangelock;
-mod scan;
 mod sector_mask;
-pub mod tree;
-pub mod txg;
+pub mod spa;
 pub mod vdev;
-pub mod vdev_queue;
-pub mod volume;
-mod zil;
+pub mod zil;
+pub mod zio;
+pub mod zvol;
 
+pub use dsl::scan::{ScanState, ScanStatus};
 pub use error::{EngineError, Result};
-pub use pipeline::ScrubCounts;
-pub use pool::{Pool, PoolCounters, PoolStatus, TopSpec, VdevStatus};
+pub use iostats::{LogCounters, LogStats};
+pub use pool::{Pool, PoolCounters};
 pub use props::{PoolProps, SyncMode, VolumeProps};
-pub use scan::{ScanState, ScanStatus};
-pub use volume::{BlockState, Volume};
-pub use zil::{LogCounters, LogStats};
+pub use spa::{PoolStatus, TopSpec, VdevStatus};
+pub use zio::ScrubCounts;
+pub use zvol::{BlockState, Volume};

@@ -3,8 +3,8 @@
 //! variable. On disk they are stored as (name, value) string pairs inside the pool's metadata,
 //! so a later version can add properties without a format change.
 
-use crate::completion::CompletionPolicy;
-use crate::vdev_queue::SchedulerMode;
+use crate::vdev::queue::SchedulerMode;
+use crate::zio::completion::CompletionPolicy;
 use crate::{EngineError, Result};
 use oxpool_format::{ChecksumType, CompressionSetting, Guid};
 use std::collections::BTreeMap;

@@ -472,7 +472,7 @@ fn in_place_blocks_survive_a_change_of_compression() {
 /// the completion threads; `inline` never does, nor does `auto` on a reactor that is not busy.
 #[test]
 fn decompression_runs_where_the_completion_policy_says() {
-    use oxpool_engine::compress::COMPRESS_COUNTERS;
+    use oxpool_engine::zio::compress::COMPRESS_COUNTERS;
     use oxpool_io::completion::COMPLETIONS;
     let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
     pool.set_prop("data_cache_max", "0").unwrap();

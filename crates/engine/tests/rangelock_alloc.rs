@@ -2,7 +2,7 @@
 //! and wake waiters. Counted by this binary's global allocator, per thread (other tests of the
 //! binary may run concurrently on other threads).
 
-use oxpool_engine::rangelock::{LockFuture, LockMode, RangeGuard, RangeLock, RangeLockNode};
+use oxpool_engine::zvol::rangelock::{LockFuture, LockMode, RangeGuard, RangeLock, RangeLockNode};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::future::Future;

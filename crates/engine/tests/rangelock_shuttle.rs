@@ -17,7 +17,7 @@
 
 #![cfg(feature = "shuttle")]
 
-use oxpool_engine::rangelock::{LockFuture, LockMode, RangeGuard, RangeLock, RangeLockNode};
+use oxpool_engine::zvol::rangelock::{LockFuture, LockMode, RangeGuard, RangeLock, RangeLockNode};
 use shuttle::future::block_on;
 use shuttle::sync::atomic::{AtomicBool, Ordering};
 use shuttle::sync::{Barrier, Mutex};

@@ -195,7 +195,7 @@ fn pool_metadata_larger_than_a_slab_is_written_in_pieces() {
     for s in &mut seeds[..(trimmed / BLOCK) as usize] {
         *s = u64::MAX;
     }
-    let roots: Vec<BlockType> = block_on(oxpool_engine::label::read_uberblocks(&dev))
+    let roots: Vec<BlockType> = block_on(oxpool_engine::vdev::label::read_uberblocks(&dev))
         .iter()
         .filter(|u| u.txg == pool.synced_txg())
         .map(|u| u.root.block_type)

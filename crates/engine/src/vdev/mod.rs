@@ -4,9 +4,17 @@
 //! devices to write and in which order to try reads. The pipeline (`pipeline.rs`) executes the
 //! plans; that keeps this logic pure and testable without devices.
 
-use crate::completion::{CompletionControl, CompletionPolicy};
+pub mod alloc;
+pub mod label;
+mod leaf_io;
+pub mod queue;
+pub mod raidz;
+mod stats;
+
+pub use stats::{DeviceErrors, DeviceStats};
+
 use crate::iostats::LeafIoStats;
-use crate::vdev_queue::VdevQueue;
+use crate::vdev::queue::VdevQueue;
 use oxpool_format::{
     Dva, Guid, LeafConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig, DATA_START_BYTES,
 };
@@ -189,13 +197,11 @@ impl TopList {
 #[derive(Debug)]
 pub struct VdevTree {
     tops: TopList,
-    /// Where completions of this pool's leaf I/Os run (the `completion` property).
-    pub completion: CompletionControl,
 }
 
 impl VdevTree {
-    /// A tree of `tops` (ids 0, 1, ... in order) whose completions follow `policy`.
-    pub fn new(tops: Vec<TopVdev>, policy: CompletionPolicy) -> VdevTree {
+    /// A tree of `tops` (ids 0, 1, ... in order).
+    pub fn new(tops: Vec<TopVdev>) -> VdevTree {
         assert!(
             tops.len() <= TOP_VDEVS_MAX,
             "{} top-level vdevs",
@@ -206,7 +212,6 @@ impl VdevTree {
                 slots: (0..TOP_VDEVS_MAX).map(|_| OnceLock::new()).collect(),
                 len: AtomicUsize::new(0),
             },
-            completion: CompletionControl::new(policy),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
@@ -345,10 +350,7 @@ mod tests {
             asize_bytes: 1 << 20,
             log: false,
         };
-        let mut tree = VdevTree::new(
-            vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)])],
-            CompletionPolicy::default(),
-        );
+        let mut tree = VdevTree::new(vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)])]);
         let first: *const TopVdev = tree.top(VdevId(0)).unwrap();
         for id in 1..TOP_VDEVS_MAX as u32 {
             tree.push(TopVdev::new(&cfg(id), vec![leaf("d", 9)]))

@@ -20,7 +20,7 @@
 //! compressed bytes, checksummed) and `lsize_bytes` (the content); its allocation is `psize`
 //! rounded up to a sector (docs/format.md).
 
-use crate::pipeline::verify;
+use crate::zio::verify;
 use oxpool_format::{
     all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, Checksum,
     Compression, CompressionSetting, Txg, SECTOR_BYTES,

@@ -13,586 +13,57 @@
 //! the block once, merges, and writes it (off every client's path, many blocks at once).
 //! Reads of such a block take the recorded sectors from memory and the rest from the tree.
 
-use crate::alloc::ClassBytes;
-use crate::data_cache::CacheKey;
-use crate::idhash::{IdMap, IdSet};
+mod log;
+pub mod rangelock;
+
+use crate::dmu::dirty::{BlockBase, DirtyBlock, ObjectDirty, Source, SpaceCosts};
+use crate::dmu::tree::{lookup, skip_hole, walk, Walk};
+use crate::dsl::dataset::Dataset;
 use crate::iostats::{VolumeIoStats, VolumeOp};
-use crate::pipeline::{heal_copies, read_data_block, read_data_block_unhealed};
-use crate::pool::PoolInner;
 use crate::props::{SyncMode, VolumeProps};
-use crate::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
-use crate::tree::{lookup, skip_hole, walk, BlockTree, Walk};
-use crate::vdev_queue::IoClass;
+use crate::spa::Spa;
+use crate::vdev::alloc::ClassBytes;
+use crate::vdev::queue::IoClass;
 use crate::zil::{ItxKind, Zil};
+use crate::zio::data_cache::CacheKey;
+use crate::zio::{heal_copies, read_data_block_unhealed};
+use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
-use oxpool_format::{BlockPtr, Dva, Txg, VolumeId};
 use oxpool_io::IoBuf;
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-/// A block's content in one txg's dirty set.
-pub(crate) enum DirtyBlock {
-    /// New data, exactly one volume block long. Shared with the sync while it writes the
-    /// block out (no copy); a later write to the open txg's copy is copy-on-write.
-    Data(Arc<IoBuf>),
-    /// The sectors in the mask were written in this txg (the buffer, one volume block long,
-    /// holds them; its other bytes mean nothing); the other sectors are the block's content at
-    /// the end of the previous txg. That is exactly what the tree holds when this txg syncs
-    /// (txgs sync in order, and a block freed in this txg is never partial), so the sync
-    /// reads the block from the tree and merges.
-    Partial(Arc<IoBuf>, SectorMask),
-}
-
-impl DirtyBlock {
-    /// The block's buffer, whichever kind.
-    pub(crate) fn buf(&self) -> &Arc<IoBuf> {
-        match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
-        }
-    }
-
-    fn into_buf(self) -> Arc<IoBuf> {
-        match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
-        }
-    }
-}
-
-/// The changes of one txg to one volume.
-#[derive(Default)]
-pub(crate) struct TxgDirty {
-    /// Blocks written in this txg.
-    pub blocks: IdMap<u64, DirtyBlock>,
-    /// Block ranges freed (trim, write-zeroes, shrink) in this txg, applied before `blocks`:
-    /// start -> end (exclusive), merged.
-    pub frees: BTreeMap<u64, u64>,
-    /// The volume's new size, if this txg changed it ([`Volume::resize`]).
-    pub size_bytes: Option<u64>,
-    /// Indirect blocks this txg's sync will rewrite, as `level << 56 | index`: each is charged
-    /// to the txg's space once (see [`SpaceCosts`]).
-    pub indirect: IdSet<u64>,
-}
-
-/// What the txg sync allocates for one block of a volume, by size class and with every copy:
-/// the space a writer charges to its txg before the sync can run out of it (see
-/// `pool::PoolInner::wait_for_space`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SpaceCosts {
-    /// One data block.
-    pub data: ClassBytes,
-    /// One indirect block.
-    pub indirect: ClassBytes,
-    /// Levels of indirect blocks above the data.
-    pub levels: u8,
-}
-
-impl SpaceCosts {
-    /// The costs for a volume with `props` and a tree of `levels` levels.
-    pub(crate) fn new(props: &VolumeProps, levels: u8) -> SpaceCosts {
-        let mut data = ClassBytes::default();
-        data.add_blocks(
-            u64::from(props.volblocksize_bytes),
-            u64::from(props.copies),
-            1,
-        );
-        let mut indirect = ClassBytes::default();
-        indirect.add_blocks(
-            oxpool_format::INDIRECT_BLOCK_BYTES as u64,
-            indirect_copies(props) as u64,
-            1,
-        );
-        SpaceCosts {
-            data,
-            indirect,
-            levels,
-        }
-    }
-
-    /// The most a change of blocks `first..=last` can cost: every block new to its txg, and
-    /// every indirect block above them too.
-    pub(crate) fn worst(&self, first: u64, last: u64) -> ClassBytes {
-        let mut out = ClassBytes::default();
-        for (c, n) in self.data.0.iter().zip(out.0.iter_mut()) {
-            *n = c * (last - first + 1);
-        }
-        let mut span = 1u64;
-        for _ in 1..=self.levels {
-            span = span.saturating_mul(crate::tree::FANOUT);
-            let count = last / span - first / span + 1;
-            for (c, n) in self.indirect.0.iter().zip(out.0.iter_mut()) {
-                *n += c * count;
-            }
-        }
-        out
-    }
-
-    /// The most a free of a block range can cost: the indirect blocks above its two ends.
-    pub(crate) fn worst_free(&self) -> ClassBytes {
-        let mut out = ClassBytes::default();
-        for _ in 0..2 * u32::from(self.levels) {
-            out += self.indirect;
-        }
-        out
-    }
-}
-
-/// Copies of a volume's indirect blocks: one more than its data, at most three (as ZFS's
-/// metadata ditto blocks).
-pub(crate) fn indirect_copies(props: &VolumeProps) -> usize {
-    (props.copies as usize + 1).min(3)
-}
-
-impl TxgDirty {
-    /// Marks the indirect blocks above data block `b` as rewritten by this txg's sync and
-    /// charges `space` for those that were not yet. Bounded by the levels; stops at the first
-    /// one already marked (its ancestors were marked with it).
-    fn charge_indirect(&mut self, b: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
-        let mut idx = b;
-        for level in 1..=costs.levels {
-            idx /= crate::tree::FANOUT;
-            if !self.indirect.insert(u64::from(level) << 56 | idx) {
-                break;
-            }
-            *space += costs.indirect;
-        }
-    }
-
-    /// Frees blocks [first, end) and charges `space` for the indirect blocks the sync then
-    /// rewrites: those at the range's two ends at each level (one inside the range loses all
-    /// its data and becomes a hole, which allocates nothing).
-    fn free_charged(&mut self, first: u64, end: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
-        self.add_free(first, end);
-        self.charge_indirect(first, costs, space);
-        self.charge_indirect(end - 1, costs, space);
-    }
-
-    fn freed(&self, b: u64) -> bool {
-        self.frees
-            .range(..=b)
-            .next_back()
-            .is_some_and(|(_, &end)| b < end)
-    }
-
-    fn add_free(&mut self, first: u64, last: u64) {
-        // Blocks written earlier in this txg inside the new range are gone; blocks outside it
-        // (even inside a range it merges with, written after that range was freed) stay.
-        self.blocks.retain(|&b, _| b < first || b >= last);
-        let (mut start, mut end) = (first, last);
-        // Merge with every range that touches [start, end): bounded by the ranges present.
-        let touching: Vec<(u64, u64)> = self
-            .frees
-            .range(..=end)
-            .rev()
-            .take_while(|(_, &e)| e >= start)
-            .map(|(&s, &e)| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.frees.remove(&s);
-            start = start.min(s);
-            end = end.max(e);
-        }
-        self.frees.insert(start, end);
-    }
-}
-
-/// Most empty dirty-block shells (`Arc`s whose buffer went back to the I/O buffer pool) a
-/// volume keeps for reuse: the new dirty blocks of one txg of steady-state writing make no
-/// allocation up to this many. About 48 bytes each.
-const SPARE_SHELLS_MAX: usize = 4096;
-
-/// Most emptied block maps a volume keeps: one per txg that can be dirty at once (open,
-/// quiescing, syncing).
-const SPARE_MAPS_MAX: usize = 3;
-
-/// Largest block map (in entries it has room for) a volume keeps for the next txgs; a larger
-/// one, left by an unusually big txg, is freed rather than held. About 17 bytes an entry.
-const SPARE_MAP_CAPACITY_MAX: usize = SPARE_SHELLS_MAX;
-
-/// The dirty sets of the txgs not yet synced (at most the syncing one and the open one).
-#[derive(Default)]
-pub(crate) struct VolDirty {
-    /// Ascending by txg.
-    pub txgs: Vec<(Txg, TxgDirty)>,
-    /// What retired txgs leave for the next ones, so that steady-state writes do not allocate.
-    spares: DirtySpares,
-}
-
-/// Allocations of synced txgs kept for reuse. Bounded: `SPARE_SHELLS_MAX` shells and
-/// `SPARE_MAPS_MAX` maps of at most `SPARE_MAP_CAPACITY_MAX` entries (under 0.5 MiB a volume).
-#[derive(Default)]
-struct DirtySpares {
-    /// `Arc`s that held a dirty block, now holding an empty buffer; unique.
-    shells: Vec<Arc<IoBuf>>,
-    /// Emptied block maps, each with room for `blocks_high_water` entries.
-    maps: Vec<IdMap<u64, DirtyBlock>>,
-    /// Most blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
-    blocks_high_water: usize,
-    /// Emptied sets of indirect blocks, each with room for `indirect_high_water` entries.
-    sets: Vec<IdSet<u64>>,
-    /// Most indirect blocks a retired txg had (at most `SPARE_MAP_CAPACITY_MAX`).
-    indirect_high_water: usize,
-}
-
-impl DirtySpares {
-    /// `buf` shared, in a recycled `Arc` if there is one.
-    fn shell(&mut self, buf: IoBuf) -> Arc<IoBuf> {
-        let Some(mut shell) = self.shells.pop() else {
-            return Arc::new(buf);
-        };
-        let slot = Arc::get_mut(&mut shell).expect("spare shells are unique");
-        debug_assert!(slot.is_empty(), "a spare shell still holds data");
-        *slot = buf;
-        shell
-    }
-
-    /// Keeps what it can of a synced txg's dirty set: blocks nobody else holds become shells
-    /// (their data goes back to the I/O buffer pool), the emptied map is kept for a next txg.
-    /// Runs on the sync thread, which also grows the kept map to the largest txg seen, so that
-    /// a txg that happened to be small does not leave a map that a writer must grow.
-    fn recycle(&mut self, mut retired: TxgDirty) {
-        self.blocks_high_water = self
-            .blocks_high_water
-            .max(retired.blocks.len())
-            .min(SPARE_MAP_CAPACITY_MAX);
-        for (_, block) in retired.blocks.drain() {
-            let mut block = block.into_buf();
-            if self.shells.len() >= SPARE_SHELLS_MAX {
-                break; // The rest is freed with the map's drain.
-            }
-            if let Some(buf) = Arc::get_mut(&mut block) {
-                drop(std::mem::replace(buf, IoBuf::zeroed(0)));
-                if self.shells.capacity() == 0 {
-                    // Once, at the bound: pushing never reallocates afterwards.
-                    self.shells.reserve_exact(SPARE_SHELLS_MAX);
-                }
-                self.shells.push(block);
-            }
-        }
-        self.indirect_high_water = self
-            .indirect_high_water
-            .max(retired.indirect.len())
-            .min(SPARE_MAP_CAPACITY_MAX);
-        let mut set = retired.indirect;
-        set.clear();
-        if self.sets.len() < SPARE_MAPS_MAX && set.capacity() <= SPARE_MAP_CAPACITY_MAX {
-            set.reserve(self.indirect_high_water);
-            if self.sets.capacity() == 0 {
-                self.sets.reserve_exact(SPARE_MAPS_MAX);
-            }
-            self.sets.push(set);
-        }
-        let mut map = retired.blocks;
-        debug_assert!(map.is_empty());
-        if self.maps.len() < SPARE_MAPS_MAX && map.capacity() <= SPARE_MAP_CAPACITY_MAX {
-            map.reserve(self.blocks_high_water);
-            if self.maps.capacity() == 0 {
-                self.maps.reserve_exact(SPARE_MAPS_MAX);
-            }
-            self.maps.push(map);
-        }
-    }
-}
-
-/// Where the current content of a block is, by its newest dirty state.
-enum Source {
-    /// All of it dirty in some txg: shared, copied only if the writer needs its own copy.
-    Dirty(Arc<IoBuf>),
-    /// Freed (reads as zeros).
-    Zero,
-    /// Some sectors dirty, the rest in older txgs or the tree.
-    Partial,
-    /// Not dirty: the tree has it.
-    Tree,
-}
-
-/// The content a write that is not sector-aligned starts from (read-modify-write).
-enum BlockBase {
-    /// The block's dirty data in some txg, shared.
-    Shared(Arc<IoBuf>),
-    /// The block's whole current content, one volume block long.
-    Owned(IoBuf),
-}
-
-impl BlockBase {
-    /// A new buffer of `bs` bytes holding the base (from the I/O buffer pool).
-    fn to_block(&self, bs: usize) -> IoBuf {
-        match self {
-            BlockBase::Shared(buf) => IoBuf::from_slice(&buf[..bs]),
-            BlockBase::Owned(buf) => IoBuf::from_slice(&buf[..bs]),
-        }
-    }
-}
-
-impl VolDirty {
-    /// Records a freed block range [first, end) in `txg`; returns the space its sync will
-    /// allocate for it.
-    pub(crate) fn txgs_add_free(
-        &mut self,
-        txg: Txg,
-        first: u64,
-        end: u64,
-        costs: &SpaceCosts,
-    ) -> ClassBytes {
-        let mut space = ClassBytes::default();
-        self.txg_mut(txg)
-            .free_charged(first, end, costs, &mut space);
-        space
-    }
-
-    fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {
-        self.txg_and_spares(txg).0
-    }
-
-    /// The dirty set of `txg` (created if needed) and the spares to build new blocks from.
-    fn txg_and_spares(&mut self, txg: Txg) -> (&mut TxgDirty, &mut DirtySpares) {
-        let i = match self.txgs.iter().position(|(t, _)| *t == txg) {
-            Some(i) => i,
-            None => {
-                debug_assert!(
-                    self.txgs.iter().all(|(t, _)| *t < txg),
-                    "txg went backwards"
-                );
-                debug_assert!(self.txgs.len() < 3, "more than three txgs dirty");
-                let blocks = self.spares.maps.pop().unwrap_or_default();
-                debug_assert!(blocks.is_empty());
-                let indirect = self.spares.sets.pop().unwrap_or_default();
-                debug_assert!(indirect.is_empty());
-                self.txgs.push((
-                    txg,
-                    TxgDirty {
-                        blocks,
-                        frees: BTreeMap::new(),
-                        size_bytes: None,
-                        indirect,
-                    },
-                ));
-                self.txgs.len() - 1
-            }
-        };
-        (&mut self.txgs[i].1, &mut self.spares)
-    }
-
-    /// Drops txg `txg`'s dirty set (the sync made it durable), keeping its allocations for
-    /// the next txgs.
-    pub(crate) fn retire(&mut self, txg: Txg) {
-        if let Some(i) = self.txgs.iter().position(|(t, _)| *t == txg) {
-            let (_, retired) = self.txgs.remove(i);
-            self.spares.recycle(retired);
-        }
-    }
-
-    /// Copies what the dirty sets hold of bytes [in_block, in_block + out.len()) of block `b`
-    /// into `out` (newest txg first). Returns the sectors of that range still to be read from
-    /// the tree (empty when the dirty sets had it all).
-    fn read_into(&self, b: u64, in_block: usize, out: &mut [u8]) -> SectorMask {
-        let mut need = SectorMask::touching(in_block, in_block + out.len());
-        // Bounded: at most three txgs are dirty.
-        for (_, d) in self.txgs.iter().rev() {
-            match d.blocks.get(&b) {
-                Some(DirtyBlock::Data(buf)) => {
-                    copy_runs(&need, buf, in_block, out);
-                    return SectorMask::EMPTY;
-                }
-                Some(DirtyBlock::Partial(buf, written)) => {
-                    copy_runs(&need.intersect(written), buf, in_block, out);
-                    need = need.minus(written);
-                    if need.is_empty() {
-                        return need;
-                    }
-                }
-                None => {}
-            }
-            // A txg's frees come before its writes.
-            if d.freed(b) {
-                zero_runs(&need, in_block, out);
-                return SectorMask::EMPTY;
-            }
-        }
-        need
-    }
-
-    fn source(&self, b: u64) -> Source {
-        for (_, d) in self.txgs.iter().rev() {
-            match d.blocks.get(&b) {
-                Some(DirtyBlock::Data(buf)) => return Source::Dirty(Arc::clone(buf)),
-                Some(DirtyBlock::Partial(..)) => return Source::Partial,
-                None => {}
-            }
-            if d.freed(b) {
-                return Source::Zero;
-            }
-        }
-        Source::Tree
-    }
-
-    fn is_dirty_data(&self, b: u64) -> Option<bool> {
-        for (_, d) in self.txgs.iter().rev() {
-            if d.blocks.contains_key(&b) {
-                return Some(true);
-            }
-            if d.freed(b) {
-                return Some(false);
-            }
-        }
-        None
-    }
-}
-
-/// Reads of every copy of an old block the txg sync tries before it gives up on merging.
-const MERGE_READ_ATTEMPTS: u32 = 3;
-
-/// The whole content of a block that txg `txg` left partial (`written` sectors in `buf`):
-/// the block as the tree holds it, which is its content at the end of the previous txg since
-/// the txg being synced is the oldest not in the tree, with the written sectors laid over it.
-/// Called by the sync of `txg` before it replaces the block's pointer. The block's old copy
-/// comes out of the data cache if it is there (no copy), else from the devices; either way
-/// its buffer becomes the merged block, which the sync caches under its new place.
-///
-/// A failed read of the old block is retried ([`MERGE_READ_ATTEMPTS`] reads of every copy in
-/// all), so a passing fault costs nothing. If every copy still fails its checksum, the old
-/// block's content is gone: its unwritten sectors become zeros and the loss is logged with the
-/// block's name (failing the sync instead would suspend the pool, and the log replay at the
-/// next import would fail the same way: the pool could never be imported again). A lasting
-/// I/O error fails the sync, as any read of the sync does: the pool suspends with the data in
-/// the intent log, nothing lost.
-pub(crate) async fn merge_partial(
-    inner: &PoolInner,
-    vol: &VolumeInner,
-    txg: Txg,
-    b: u64,
-    buf: &IoBuf,
-    written: &SectorMask,
-    bs: usize,
-) -> Result<IoBuf> {
-    let what = &vol.full_name;
-    // Sync reads: the txg sync waits on them, as a writer waited on its read-modify-write
-    // read (the async-read class, three in flight per device, is for reads nobody waits on).
-    let bp = lookup(&vol.tree, &inner.vdevs, IoClass::SyncRead, b, what).await?;
-    let mut merged = if bp.is_hole() {
-        IoBuf::zeroed(bs)
-    } else {
-        // The old block's cached copy becomes the new block: its place is freed by this sync,
-        // so nobody can hit it afterwards anyway (a reader that misses meanwhile reads the old
-        // place, which stays allocated until the sync's frees are deferred past).
-        let key = CacheKey::of(&bp);
-        match inner.data_cache.take(&key) {
-            Some(old) => old,
-            None => {
-                let name = format_args!("{what} block {b}");
-                let mut attempt = 1;
-                // Bounded: MERGE_READ_ATTEMPTS reads of every copy.
-                loop {
-                    let read =
-                        read_data_block(&inner.vdevs, IoClass::SyncRead, &bp, bs, &name).await;
-                    match read {
-                        Ok(old) => break old.content,
-                        Err(_) if attempt < MERGE_READ_ATTEMPTS => attempt += 1,
-                        Err(e @ EngineError::Checksum { .. }) => {
-                            tracing::error!(
-                                volume = what.as_str(),
-                                block = b,
-                                txg = txg.0,
-                                "{e} ({MERGE_READ_ATTEMPTS} attempts): the sectors of the \
-                                 block not written in this txg are lost and become zeros"
-                            );
-                            break IoBuf::zeroed(bs);
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-            }
-        }
-    };
-    if merged.len() != bs {
-        // Allocated larger than the block (padding): the block alone.
-        merged = IoBuf::from_slice(&merged[..bs]);
-    }
-    copy_runs(written, buf, 0, &mut merged);
-    Ok(merged)
-}
-
-/// A volume's shared state.
+/// A volume's shared state: its dataset (name, properties, the data object) and what only
+/// a volume has: range locks, its intent log, its call statistics.
 pub(crate) struct VolumeInner {
-    pub id: VolumeId,
-    /// Name inside the pool.
-    pub name: String,
-    /// `pool/volume`, for messages and NBD export names.
-    pub full_name: String,
-    pub props: Mutex<VolumeProps>,
-    pub dirty: Mutex<VolDirty>,
-    pub tree: Mutex<BlockTree>,
+    /// The dataset: name, properties, the object set holding the volume's data.
+    pub ds: Arc<Dataset>,
     pub range_lock: RangeLock,
-    /// The size that goes with the tree the txg sync persists: the size as of the txg being
-    /// synced, or of the last one synced. `props` may hold a newer one (a resize in the open
-    /// txg, whose frees the tree does not have yet).
-    pub tree_size_bytes: AtomicU64,
     /// Held across a size change ([`Volume::resize`]): one at a time.
     pub resizing: Mutex<()>,
-    /// The volume's intent log.
-    pub zil: Zil,
-    /// Blocks the intent log already wrote in place (logbias=throughput, large sync writes),
-    /// by (txg, block): the sync of that txg adopts one instead of writing the block again if
-    /// the block's dirty content is what was written (compared by the content's checksum: a
-    /// compressed block's pointer checksums its stored bytes).
-    pub overrides: Mutex<HashMap<(Txg, u64), crate::compress::InPlaceBlock>>,
-    /// In-place blocks replaced by a newer one for the same (txg, block): freed by that txg's
-    /// sync.
-    pub override_garbage: Mutex<Vec<(Txg, BlockPtr)>>,
-    /// Places of every in-place block from its allocation until a txg sync adopts or frees it
-    /// (in `overrides`, `override_garbage`, or still being written). Each sync lists them in
-    /// the volume's `log_reserved`: the space maps it persists may hold them allocated while
-    /// neither its tree nor its deferred frees reach them, and import frees them after the
-    /// replay. Inserted under the pool's state lock, with the allocation.
-    pub inplace_held: Mutex<HashSet<Dva>>,
-    /// Bytes allocated to the volume's blocks as of the last sync.
-    pub used_bytes: AtomicU64,
-    /// The tree's root and levels as the last sync left them: every block below is written
-    /// (though not durable before that txg's uberblock). What a scrub walks; unlike
-    /// `tree.root()`, valid while a sync is changing the tree.
-    pub written_root: Mutex<(BlockPtr, u8)>,
-    /// Bytes its data blocks take as stored, one copy each, as of the last sync (for
-    /// `compressratio`; persisted as `VolumeMeta::compressed_bytes`).
-    pub compressed_bytes: AtomicU64,
-    pub destroyed: AtomicBool,
+    /// The volume's intent log (also its dataset's [`crate::dsl::dataset::DatasetLog`]).
+    pub zil: Arc<Zil>,
     /// Calls of the data-plane API, for `oxpool iostat`.
     pub io_stats: VolumeIoStats,
 }
 
 impl VolumeInner {
-    pub(crate) fn new(
-        id: VolumeId,
-        pool_name: &str,
-        name: &str,
-        props: VolumeProps,
-        tree: BlockTree,
-        used_bytes: u64,
-        zil: Zil,
-    ) -> VolumeInner {
-        let size_bytes = props.volsize_bytes;
-        let written_root = Mutex::new((tree.root(), tree.levels()));
+    /// The volume over dataset `ds`, whose log is `zil`.
+    pub(crate) fn new(ds: Arc<Dataset>, zil: Arc<Zil>) -> VolumeInner {
         VolumeInner {
-            id,
-            name: name.to_string(),
-            full_name: format!("{pool_name}/{name}"),
-            props: Mutex::new(props),
-            dirty: Mutex::new(VolDirty::default()),
-            tree: Mutex::new(tree),
+            ds,
             range_lock: RangeLock::new(),
-            tree_size_bytes: AtomicU64::new(size_bytes),
             resizing: Mutex::new(()),
             zil,
-            overrides: Mutex::new(HashMap::new()),
-            override_garbage: Mutex::new(Vec::new()),
-            inplace_held: Mutex::new(HashSet::new()),
-            used_bytes: AtomicU64::new(used_bytes),
-            written_root,
-            compressed_bytes: AtomicU64::new(0),
-            destroyed: AtomicBool::new(false),
             io_stats: VolumeIoStats::default(),
         }
+    }
+
+    /// The volume's data object.
+    pub(crate) fn data(&self) -> &crate::dmu::object::Object {
+        self.ds.data()
     }
 }
 
@@ -608,14 +79,14 @@ pub enum BlockState {
 /// A handle to a volume, for the data plane. Cheap to clone; usable from any thread.
 #[derive(Clone)]
 pub struct Volume {
-    pub(crate) pool: Arc<PoolInner>,
+    pub(crate) pool: Arc<Spa>,
     pub(crate) vol: Arc<VolumeInner>,
 }
 
 impl std::fmt::Debug for Volume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Volume")
-            .field("name", &self.vol.full_name)
+            .field("name", &self.vol.ds.full_name)
             .finish()
     }
 }
@@ -623,43 +94,43 @@ impl std::fmt::Debug for Volume {
 impl Volume {
     /// `pool/volume`.
     pub fn full_name(&self) -> &str {
-        &self.vol.full_name
+        &self.vol.ds.full_name
     }
 
     /// The volume's name inside its pool.
     pub fn name(&self) -> &str {
-        &self.vol.name
+        &self.vol.ds.name
     }
 
     /// Current size in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.vol.props.lock().unwrap().volsize_bytes
+        self.vol.ds.props.lock().unwrap().volsize_bytes
     }
 
     /// Block size in bytes.
     pub fn block_size_bytes(&self) -> u32 {
-        self.vol.props.lock().unwrap().volblocksize_bytes
+        self.vol.ds.props.lock().unwrap().volblocksize_bytes
     }
 
     /// Whether the volume refuses writes.
     pub fn read_only(&self) -> bool {
-        self.vol.props.lock().unwrap().readonly
+        self.vol.ds.props.lock().unwrap().readonly
     }
 
     /// A copy of the volume's properties.
     pub fn props(&self) -> VolumeProps {
-        self.vol.props.lock().unwrap().clone()
+        self.vol.ds.props.lock().unwrap().clone()
     }
 
     fn check_range(&self, offset_bytes: u64, length_bytes: u64, write: bool) -> Result<u32> {
-        if self.vol.destroyed.load(Ordering::Acquire) {
-            return Err(EngineError::NotFound(self.vol.full_name.clone()));
+        if self.vol.ds.destroyed.load(Ordering::Acquire) {
+            return Err(EngineError::NotFound(self.vol.ds.full_name.clone()));
         }
-        let p = self.vol.props.lock().unwrap();
+        let p = self.vol.ds.props.lock().unwrap();
         if write && p.readonly {
             return Err(EngineError::invalid(format!(
                 "{} is read-only",
-                self.vol.full_name
+                self.vol.ds.full_name
             )));
         }
         let end = offset_bytes.checked_add(length_bytes);
@@ -672,7 +143,7 @@ impl Volume {
     fn past_end(&self, offset_bytes: u64, length_bytes: u64, size_bytes: u64) -> EngineError {
         EngineError::invalid(format!(
             "{}: range {offset_bytes}+{length_bytes} is past the end ({size_bytes} bytes)",
-            self.vol.full_name
+            self.vol.ds.full_name
         ))
     }
 
@@ -727,7 +198,7 @@ impl Volume {
         let mut first_from_tree: Option<FromTree> = None;
         let mut from_tree: Vec<FromTree> = Vec::new();
         {
-            let d = self.vol.dirty.lock().unwrap();
+            let d = self.vol.data().dirty.lock().unwrap();
             // Bounded by the blocks of the request.
             while pos < end {
                 let b = pos / bs;
@@ -785,7 +256,7 @@ impl Volume {
         out: &mut [u8],
         need: &SectorMask,
     ) -> Result<()> {
-        let cache = &self.pool.data_cache;
+        let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
         let all = need.contains(&SectorMask::touching(in_block, hi));
         let found = self
@@ -823,10 +294,10 @@ impl Volume {
         b: u64,
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
-        let vdevs = &self.pool.vdevs;
-        let what = &self.vol.full_name;
-        let bs = self.vol.props.lock().unwrap().volblocksize_bytes as usize;
-        let mut bp = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+        let zio = &self.pool.zio;
+        let what = &self.vol.ds.full_name;
+        let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
+        let mut bp = lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?;
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
@@ -838,7 +309,7 @@ impl Volume {
             // The name is formatted only if the read fails. A compressed block comes back
             // decompressed (the cache holds content).
             let read = read_data_block_unhealed(
-                vdevs,
+                zio,
                 IoClass::SyncRead,
                 &bp,
                 bs,
@@ -852,7 +323,8 @@ impl Volume {
                     // its places freed and reused, and healing would then write the old
                     // block over another one.
                     if !bad.is_empty()
-                        && lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await? == bp
+                        && lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?
+                            == bp
                     {
                         heal_copies(&bad, block.stored()).await;
                     }
@@ -861,7 +333,8 @@ impl Volume {
                     return Ok(v);
                 }
                 Err(e) => {
-                    let again = lookup(&self.vol.tree, vdevs, IoClass::SyncRead, b, what).await?;
+                    let again =
+                        lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?;
                     if attempt == 1 || again == bp {
                         return Err(e);
                     }
@@ -876,7 +349,7 @@ impl Volume {
     /// the caller holds on the block: when the newest dirty state holds all of it, shared, not
     /// copied (a write to a block already dirty in its txg needs no copy at all).
     async fn block_content(&self, b: u64, bs: usize) -> Result<BlockBase> {
-        let src = self.vol.dirty.lock().unwrap().source(b);
+        let src = self.vol.data().dirty.lock().unwrap().source(b);
         match src {
             Source::Dirty(buf) => Ok(BlockBase::Shared(buf)),
             Source::Zero => Ok(BlockBase::Owned(IoBuf::zeroed(bs))),
@@ -916,7 +389,7 @@ impl Volume {
         let first = offset_bytes.div_ceil(bs);
         let end = (offset_bytes + length_bytes) / bs;
         if first < end {
-            let commit_now = fua || self.vol.props.lock().unwrap().sync == SyncMode::Always;
+            let commit_now = fua || self.vol.ds.props.lock().unwrap().sync == SyncMode::Always;
             let _serial = if commit_now {
                 self.serial_guard().await
             } else {
@@ -930,7 +403,7 @@ impl Volume {
 
     /// Commits itx `itx` when the write asked for it (FUA) or the volume is `sync=always`.
     async fn commit_if(&self, itx: Option<u64>, fua: bool) -> Result<()> {
-        let sync = self.vol.props.lock().unwrap().sync;
+        let sync = self.vol.ds.props.lock().unwrap().sync;
         match itx {
             Some(seq) if sync == SyncMode::Always || fua => self.zil_commit(seq).await,
             _ => Ok(()),
@@ -958,12 +431,13 @@ impl Volume {
         let costs = self.space_costs();
         let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
         let hold = self.pool.txg.hold(0).await?;
-        let space = self
-            .vol
-            .dirty
-            .lock()
-            .unwrap()
-            .txgs_add_free(hold.txg(), first, end, &costs);
+        let space =
+            self.vol
+                .data()
+                .dirty
+                .lock()
+                .unwrap()
+                .txgs_add_free(hold.txg(), first, end, &costs);
         let itx = (log && self.logged()).then(|| {
             self.vol.zil.append(
                 hold.txg(),
@@ -999,7 +473,7 @@ impl Volume {
     ///   acknowledged write past the old end.
     pub(crate) async fn resize(&self, new_size_bytes: u64) -> Result<()> {
         let (old_size, bs) = {
-            let p = self.vol.props.lock().unwrap();
+            let p = self.vol.ds.props.lock().unwrap();
             (p.volsize_bytes, p.volblocksize_bytes as u64)
         };
         if new_size_bytes == old_size {
@@ -1021,14 +495,14 @@ impl Volume {
         {
             // The size is persisted by the sync of this txg, with the free (not by a sync of
             // an older txg still running, whose tree still has the blocks).
-            let mut d = self.vol.dirty.lock().unwrap();
+            let mut d = self.vol.data().dirty.lock().unwrap();
             let t = d.txg_mut(txg);
             if new_size_bytes < old_size {
                 t.free_charged(new_size_bytes / bs, old_size / bs, &costs, &mut space);
             }
             t.size_bytes = Some(new_size_bytes);
         }
-        self.vol.props.lock().unwrap().volsize_bytes = new_size_bytes;
+        self.vol.ds.props.lock().unwrap().volsize_bytes = new_size_bytes;
         hold.note_dirty(0, space);
         drop(hold);
         self.pool.txg.wait_synced(txg, true).await
@@ -1036,13 +510,13 @@ impl Volume {
 
     /// What the sync allocates for this volume's blocks (see [`SpaceCosts`]).
     pub(crate) fn space_costs(&self) -> SpaceCosts {
-        let levels = self.vol.tree.lock().unwrap().levels();
-        SpaceCosts::new(&self.vol.props.lock().unwrap(), levels)
+        let levels = self.vol.data().tree.lock().unwrap().levels();
+        SpaceCosts::new(&self.vol.ds.props.lock().unwrap(), levels)
     }
 
     /// Whether changes go to the intent log (not with `sync=disabled`).
     fn logged(&self) -> bool {
-        self.vol.props.lock().unwrap().sync != SyncMode::Disabled
+        self.vol.ds.props.lock().unwrap().sync != SyncMode::Disabled
     }
 
     /// Write (`data` Some) or write-zeroes (`data` None) over a range.
@@ -1061,7 +535,7 @@ impl Volume {
             .log_counters
             .client_bytes
             .fetch_add(length_bytes, Ordering::Relaxed);
-        let commit_now = fua || self.vol.props.lock().unwrap().sync == SyncMode::Always;
+        let commit_now = fua || self.vol.ds.props.lock().unwrap().sync == SyncMode::Always;
         let _serial = if commit_now {
             self.serial_guard().await
         } else {
@@ -1126,12 +600,12 @@ impl Volume {
             .await?;
         let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
         {
-            let mut d = self.vol.dirty.lock().unwrap();
+            let mut d = self.vol.data().dirty.lock().unwrap();
             // The newest state of the partial blocks new to this txg, which start from it,
             // taken before this txg's set is borrowed (this txg is the newest dirty one). Not
             // for blocks this txg has: their buffer would be shared and make_mut would copy.
             let txg = hold.txg();
-            let new_here = |d: &VolDirty, b: u64| {
+            let new_here = |d: &ObjectDirty, b: u64| {
                 !d.txgs
                     .iter()
                     .any(|(x, t)| *x == txg && t.blocks.contains_key(&b))
@@ -1293,30 +767,30 @@ impl Volume {
         // Bounded by the blocks in the range; holes in the tree are skipped a subtree at a time.
         while pos < end {
             let b = pos / bs;
-            let dirty = self.vol.dirty.lock().unwrap().is_dirty_data(b);
+            let dirty = self.vol.data().dirty.lock().unwrap().is_dirty_data(b);
             let (state, next_b) = match dirty {
                 Some(true) => (BlockState::Data, b + 1),
                 Some(false) => (BlockState::Hole, b + 1),
                 None => {
                     let walked = walk(
-                        &self.vol.tree,
-                        &self.pool.vdevs,
+                        &self.vol.data().tree,
+                        &self.pool.zio,
                         IoClass::SyncRead,
                         b,
                         1,
                         false,
-                        &self.vol.full_name,
+                        &self.vol.ds.full_name,
                     )
                     .await?;
                     match walked {
                         Walk::Hole { level } => (BlockState::Hole, skip_hole(b, level).max(b + 1)),
                         Walk::Cached => {
                             let bp = lookup(
-                                &self.vol.tree,
-                                &self.pool.vdevs,
+                                &self.vol.data().tree,
+                                &self.pool.zio,
                                 IoClass::SyncRead,
                                 b,
-                                &self.vol.full_name,
+                                &self.vol.ds.full_name,
                             )
                             .await?;
                             let s = if bp.is_hole() {
@@ -1333,7 +807,7 @@ impl Volume {
             // next block if none of them is dirty (checked one by one would defeat the skip,
             // so stop the skip at the first dirty block instead).
             let next_b = if next_b > b + 1 {
-                let d = self.vol.dirty.lock().unwrap();
+                let d = self.vol.data().dirty.lock().unwrap();
                 let first_dirty = d
                     .txgs
                     .iter()
@@ -1353,14 +827,14 @@ impl Volume {
 
     /// Bytes allocated to this volume's blocks as of the last txg sync.
     pub fn used_bytes(&self) -> u64 {
-        self.vol.used_bytes.load(Ordering::Relaxed)
+        self.vol.data().used_bytes.load(Ordering::Relaxed)
     }
 
     /// The logical size of the volume's data blocks as of the last txg sync: what they hold
     /// before compression, one copy, holes not counted (`logicalused`). Every data block holds
     /// `volblocksize` bytes, and the tree's root counts the data blocks below it (`fill`).
     pub fn logical_bytes(&self) -> u64 {
-        let fill = self.vol.tree.lock().unwrap().root().fill;
+        let fill = self.vol.data().tree.lock().unwrap().root().fill;
         fill.saturating_mul(u64::from(self.block_size_bytes()))
     }
 
@@ -1371,18 +845,18 @@ impl Volume {
         let bs = u64::from(self.block_size_bytes());
         self.check_range(b.saturating_mul(bs), bs, false)?;
         lookup(
-            &self.vol.tree,
-            &self.pool.vdevs,
+            &self.vol.data().tree,
+            &self.pool.zio,
             IoClass::SyncRead,
             b,
-            &self.vol.full_name,
+            &self.vol.ds.full_name,
         )
         .await
     }
 
     /// What the volume's data blocks take as stored, one copy each, as of the last txg sync.
     pub fn compressed_bytes(&self) -> u64 {
-        self.vol.compressed_bytes.load(Ordering::Relaxed)
+        self.vol.data().compressed_bytes.load(Ordering::Relaxed)
     }
 
     /// Reads a volume property: a settable one (see [`VolumeProps`]) or a statistic

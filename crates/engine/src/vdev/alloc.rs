@@ -20,7 +20,7 @@
 //! - free space is exactly: empty slabs, plus free slots of each class (usable by that class);
 //!   [`Allocator::fits`] answers, from those counters, whether a given set of blocks is sure to
 //!   fit, which is what the write throttle asks before it lets a writer dirty more
-//!   (`pool::PoolInner::wait_for_space`).
+//!   (`pool::Spa::wait_for_space`).
 //!
 //! The class of a slab is not persisted. After import a non-empty slab gets the largest class
 //! whose aligned slots its bits are a union of (a full slab is decided at its first free): any

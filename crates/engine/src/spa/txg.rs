@@ -8,7 +8,7 @@
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
-use crate::alloc::ClassBytes;
+use crate::vdev::alloc::ClassBytes;
 use crate::{EngineError, Result};
 use oxpool_format::Txg;
 use std::future::poll_fn;
@@ -40,7 +40,7 @@ pub(crate) struct TxgState {
     txg_dirty_bytes: Vec<(Txg, u64)>,
     /// Space the syncs of all unsynced txgs may allocate (their blocks' slots, every copy),
     /// and per txg: charged as writers dirty blocks, released when the txg is durable (what
-    /// it allocated is then in the allocator's counts). See `pool::PoolInner::wait_for_space`.
+    /// it allocated is then in the allocator's counts). See `pool::Spa::wait_for_space`.
     space: ClassBytes,
     txg_space: Vec<(Txg, ClassBytes)>,
     /// Worst-case space of the writers that passed the space check and have not charged

@@ -23,7 +23,7 @@
 //!   checksum ([`AUTO_OFFLOAD_MIN_BYTES`]) or its decompression
 //!   ([`auto_offload_decode_min_bytes`]) costs more than the hand-off.
 
-use crate::compress::{verify_and_decode, Verdict};
+use crate::zio::compress::{verify_and_decode, Verdict};
 use oxpool_format::{BlockPtr, ChecksumType, Compression};
 use oxpool_io::completion::{BatchGuard, BatchMode, COMPLETIONS};
 use oxpool_io::IoBuf;

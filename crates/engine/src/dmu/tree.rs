@@ -9,9 +9,9 @@
 //! stale copy of a block the sync thread just rewrote.
 
 use crate::idhash::IdMap;
-use crate::pipeline::read_block;
-use crate::vdev::VdevTree;
-use crate::vdev_queue::IoClass;
+use crate::vdev::queue::IoClass;
+use crate::zio::read_block;
+use crate::zio::Zio;
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
 use std::future::poll_fn;
@@ -373,7 +373,7 @@ impl BlockTree {
 /// empty (sync thread only).
 pub async fn walk(
     tree: &Mutex<BlockTree>,
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     b: u64,
     stop_level: u8,
@@ -408,7 +408,7 @@ pub async fn walk(
         // Ends the claim however this walk ends (read error, corrupt block, dropped future).
         let claim = LoadClaim { tree, level, idx };
         let buf = read_block(
-            vdevs,
+            zio,
             class,
             &ptr,
             &format!("{what} indirect block L{level}/{idx}"),
@@ -500,7 +500,7 @@ async fn wait_for_load(tree: &Mutex<BlockTree>, level: u8, idx: u64) {
 /// The pointer of data block `b` (a hole if nothing was written there), read as I/Os of `class`.
 pub async fn lookup(
     tree: &Mutex<BlockTree>,
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     b: u64,
     what: &str,
@@ -509,7 +509,7 @@ pub async fn lookup(
         if let Some(p) = tree.lock().unwrap().cached_data_ptr(b) {
             return Ok(p);
         }
-        match walk(tree, vdevs, class, b, 1, false, what).await? {
+        match walk(tree, zio, class, b, 1, false, what).await? {
             Walk::Hole { .. } => return Ok(BlockPtr::HOLE),
             Walk::Cached => continue,
         }

@@ -3,9 +3,45 @@
 //! parent block pointer, falls back to the other copies on an error or a mismatch, and
 //! rewrites the copies that were bad (self-healing), counting every error on its leaf.
 
-use crate::compress::Verdict;
+pub mod completion;
+pub mod compress;
+pub mod data_cache;
+
+use self::completion::{CompletionControl, CompletionPolicy};
+use self::data_cache::DataCache;
+
+/// What the pipeline runs on: the vdev tree it plans with, where completions run (the
+/// `completion` property), and the cache of verified data blocks (`data_cache_max`).
+pub struct Zio {
+    /// The pool's vdevs.
+    pub vdevs: VdevTree,
+    /// Where completions of this pool's leaf I/Os run.
+    pub completion: CompletionControl,
+    /// Verified data blocks kept after reads.
+    pub data_cache: DataCache,
+}
+
+impl Zio {
+    /// A pipeline over `vdevs`, completions following `policy`, caching up to
+    /// `data_cache_max_bytes` of data blocks.
+    pub fn new(vdevs: VdevTree, policy: CompletionPolicy, data_cache_max_bytes: u64) -> Zio {
+        Zio {
+            vdevs,
+            completion: CompletionControl::new(policy),
+            data_cache: DataCache::new(data_cache_max_bytes),
+        }
+    }
+}
+
+impl std::fmt::Debug for Zio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Zio").field("vdevs", &self.vdevs).finish()
+    }
+}
+
+use crate::vdev::queue::IoClass;
 use crate::vdev::{LeafIo, VdevTree};
-use crate::vdev_queue::IoClass;
+use crate::zio::compress::Verdict;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
 use oxpool_io::rt::join_all;
@@ -19,12 +55,12 @@ use std::sync::Arc;
 /// Fails if any DVA could not be written at all. Every I/O writes from `data` itself, which
 /// stays readable by others meanwhile: no copy, however many copies the block has.
 pub async fn write_block_shared(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     dvas: &[Dva],
     data: &Arc<IoBuf>,
 ) -> Result<()> {
-    let ios = plan_writes(vdevs, dvas, data.len())?;
+    let ios = plan_writes(zio, dvas, data.len())?;
     let futs: Vec<_> = ios
         .iter()
         .map(|(_, io)| {
@@ -32,7 +68,7 @@ pub async fn write_block_shared(
                 .write_shared(class, io.offset_bytes, Arc::clone(data))
         })
         .collect();
-    let batch = vdevs.completion.batch_guard();
+    let batch = zio.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
     tally_writes(&ios, dvas.len(), results).map(drop)
@@ -51,7 +87,7 @@ pub const AGGREGATE_BYTES_MAX: usize = 1 << 20;
 /// One result per block: an error unless each of its DVAs has a good leaf write; a failed
 /// aggregated write fails every block in it and counts one error on its leaf.
 pub async fn write_blocks_shared(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     blocks: &[(&[Dva], &Arc<IoBuf>)],
 ) -> Vec<Result<()>> {
@@ -62,7 +98,7 @@ pub async fn write_blocks_shared(
         results.push(Ok(()));
         for (di, dva) in dvas.iter().enumerate() {
             debug_assert_eq!(dva.asize_bytes as usize, data.len());
-            match vdevs.top(dva.vdev) {
+            match zio.vdevs.top(dva.vdev) {
                 Some(top) => pieces.extend(top.plan_write(dva).map(|io| (bi, di, io))),
                 None => {
                     results[bi] = Err(EngineError::invalid(format!(
@@ -102,7 +138,7 @@ pub async fn write_blocks_shared(
             first.leaf.write_gather(class, first.offset_bytes, bufs)
         })
         .collect();
-    let batch = vdevs.completion.batch_guard();
+    let batch = zio.completion.batch_guard();
     let written = join_all(futs).await;
     drop(batch);
     // A DVA is written when one of its leaf writes is (a mirror child may fail).
@@ -138,13 +174,13 @@ pub async fn write_blocks_shared(
 /// goes on being used as the caller's own. With `durable`, every leaf write is a durable
 /// (FUA) write: when this returns Ok, the block is durable on every copy it reports written.
 pub async fn write_block_owned(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     dvas: &[Dva],
     data: IoBuf,
     durable: bool,
 ) -> Result<IoBuf> {
-    let ios = plan_writes(vdevs, dvas, data.len())?;
+    let ios = plan_writes(zio, dvas, data.len())?;
     let mut data = Some(data);
     let futs: Vec<_> = ios
         .iter()
@@ -165,7 +201,7 @@ pub async fn write_block_owned(
             }
         })
         .collect();
-    let batch = vdevs.completion.batch_guard();
+    let batch = zio.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
     match tally_writes(&ios, dvas.len(), results)? {
@@ -191,11 +227,12 @@ fn count_write_failure(io: &LeafIo, blocks: usize, e: &std::io::Error) {
 
 /// The leaf writes of a block of `len_bytes` at every copy in `dvas`, each tagged with the
 /// index of its DVA.
-fn plan_writes(vdevs: &VdevTree, dvas: &[Dva], len_bytes: usize) -> Result<Vec<(usize, LeafIo)>> {
+fn plan_writes(zio: &Zio, dvas: &[Dva], len_bytes: usize) -> Result<Vec<(usize, LeafIo)>> {
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(dvas.len() * 2);
     for (i, dva) in dvas.iter().enumerate() {
         debug_assert_eq!(dva.asize_bytes as usize, len_bytes);
-        let top = vdevs
+        let top = zio
+            .vdevs
             .top(dva.vdev)
             .ok_or_else(|| EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev)))?;
         ios.extend(top.plan_write(dva).map(|io| (i, io)));
@@ -237,12 +274,12 @@ fn tally_writes<T>(
 /// and a read that succeeds allocates nothing (the buffer comes from the I/O buffer pool, and
 /// `bad` stays empty).
 pub async fn read_block(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
-    let (buf, bad) = read_block_unhealed(vdevs, class, bp, what).await?;
+    let (buf, bad) = read_block_unhealed(zio, class, bp, what).await?;
     heal(&bad, &buf).await;
     Ok(buf)
 }
@@ -253,12 +290,12 @@ pub async fn read_block(
 /// until the caller has checked that the pointer is still current, or it could write the
 /// old block over a place already reused.
 pub async fn read_block_unhealed(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<(IoBuf, Vec<LeafIo>)> {
-    let (block, bad) = read_copies(vdevs, class, bp, None, what).await?;
+    let (block, bad) = read_copies(zio, class, bp, None, what).await?;
     Ok((block.content, bad))
 }
 
@@ -285,25 +322,25 @@ impl DataBlock {
 /// `CompletionControl::verify_decode`). A copy that verifies but does not decompress to that
 /// size counts as a checksum error of its device, like a copy that does not verify.
 pub async fn read_data_block_unhealed(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     lsize_bytes: usize,
     what: &(impl Display + ?Sized),
 ) -> Result<(DataBlock, Vec<LeafIo>)> {
-    read_copies(vdevs, class, bp, Some(lsize_bytes), what).await
+    read_copies(zio, class, bp, Some(lsize_bytes), what).await
 }
 
 /// As [`read_data_block_unhealed`], rewriting the bad copies at once (for a reader whose
 /// pointer cannot change under it, see [`read_block_unhealed`]).
 pub async fn read_data_block(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     lsize_bytes: usize,
     what: &(impl Display + ?Sized),
 ) -> Result<DataBlock> {
-    let (block, bad) = read_data_block_unhealed(vdevs, class, bp, lsize_bytes, what).await?;
+    let (block, bad) = read_data_block_unhealed(zio, class, bp, lsize_bytes, what).await?;
     heal_copies(&bad, block.stored()).await;
     Ok(block)
 }
@@ -312,7 +349,7 @@ pub async fn read_data_block(
 /// `decode_to` if it is compressed and that is given); returns it with the copies that were
 /// bad.
 async fn read_copies(
-    vdevs: &VdevTree,
+    zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     decode_to: Option<usize>,
@@ -323,11 +360,11 @@ async fn read_copies(
     let mut last_io_err = None;
     let mut checksum_failures = 0u32;
     for dva in bp.dvas() {
-        let Some(top) = vdevs.top(dva.vdev) else {
+        let Some(top) = zio.vdevs.top(dva.vdev) else {
             continue;
         };
         for io in top.plan_read(dva) {
-            let batch = vdevs.completion.batch_guard();
+            let batch = zio.completion.batch_guard();
             let read = io
                 .leaf
                 .read(
@@ -338,7 +375,7 @@ async fn read_copies(
                 .await;
             drop(batch);
             let read = match read {
-                Ok(buf) => Ok(vdevs.completion.verify_decode(bp, buf, decode_to).await),
+                Ok(buf) => Ok(zio.completion.verify_decode(bp, buf, decode_to).await),
                 Err(e) => Err(e),
             };
             match read {
@@ -456,16 +493,12 @@ impl std::ops::AddAssign for ScrubCounts {
 
 /// Scrubs one block: reads every copy on every child, verifies each, rewrites the bad ones from
 /// a good one. Returns a verified copy (None if every copy is bad) and the counts.
-pub async fn scrub_block(
-    vdevs: &VdevTree,
-    bp: &BlockPtr,
-    what: &str,
-) -> (Option<IoBuf>, ScrubCounts) {
+pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>, ScrubCounts) {
     let mut counts = ScrubCounts::default();
     let mut good: Option<IoBuf> = None;
     let mut bad: Vec<LeafIo> = Vec::new();
     for dva in bp.dvas() {
-        let Some(top) = vdevs.top(dva.vdev) else {
+        let Some(top) = zio.vdevs.top(dva.vdev) else {
             continue;
         };
         for io in top.plan_write(dva) {

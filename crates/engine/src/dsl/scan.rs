@@ -17,19 +17,18 @@
 //! Indirect blocks on the path are verified once per scan (the next batch reuses them while
 //! its root leads to the same ones, and verifies the new ones a sync wrote meanwhile).
 
-use crate::pipeline::{scrub_block, ScrubCounts};
-use crate::pool::{Pool, PoolInner};
-use crate::tree::{capacity, skip_hole, FANOUT};
-use crate::volume::VolumeInner;
+use crate::dmu::object::Object;
+use crate::dmu::tree::{capacity, skip_hole, FANOUT};
+use crate::dsl::dataset::Dataset;
+use crate::dsl::Datasets;
+use crate::spa::space::ScanPin;
+use crate::spa::Spa;
+use crate::zio::{scrub_block, ScrubCounts};
 use crate::{EngineError, Result};
-use oxpool_format::{
-    decode_indirect, decode_meta_index, BlockPtr, BlockType, Txg, INDIRECT_FANOUT,
-};
+use oxpool_format::{decode_indirect, decode_meta_index, BlockPtr, BlockType, INDIRECT_FANOUT};
 use oxpool_io::rt::{block_on, join_all};
-use std::future::poll_fn;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::task::{Poll, Waker};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -81,18 +80,10 @@ impl ScanStatus {
     }
 }
 
-/// Bound on the list of writers waiting for a scan batch's pin to go (each re-registers on
-/// every poll; duplicates are dropped).
-const PIN_WAITERS_MAX: usize = 1 << 16;
-
 /// The pool's scan: its status and its thread.
 #[derive(Default)]
 pub(crate) struct Scan {
     status: Mutex<Option<ScanStatus>>,
-    /// Writers short of space while a pin holds frees back (see [`wait_batch_done`]).
-    pin_waiters: Mutex<Vec<Waker>>,
-    /// Batches done (pins released) so far.
-    batches_done: AtomicU64,
     /// Signalled when a scan ends.
     ended: Condvar,
     cancel: AtomicBool,
@@ -120,72 +111,6 @@ impl Scan {
     }
 }
 
-/// Holds back the release of deferred frees newer than the last durable txg while it lives
-/// (see the module docs).
-struct Pin<'a> {
-    inner: &'a PoolInner,
-}
-
-impl<'a> Pin<'a> {
-    fn set(inner: &'a PoolInner) -> Pin<'a> {
-        let mut s = inner.state.lock().unwrap();
-        // Under the state lock, which the sync holds while it releases frees: a release
-        // either happened before this (and freed nothing the capture below can reach) or
-        // sees the pin.
-        debug_assert!(s.scan_pin.is_none(), "one scan at a time");
-        s.scan_pin = Some(inner.txg.synced());
-        Pin { inner }
-    }
-}
-
-impl Drop for Pin<'_> {
-    fn drop(&mut self) {
-        self.inner.state.lock().unwrap().scan_pin = None;
-        self.inner.scan.batches_done.fetch_add(1, Ordering::SeqCst);
-        let waiters = std::mem::take(&mut *self.inner.scan.pin_waiters.lock().unwrap());
-        for w in waiters {
-            w.wake();
-        }
-    }
-}
-
-/// The number of scan batches done so far (to wait for the next with [`wait_batch_done`]).
-pub(crate) fn batches_done(inner: &PoolInner) -> u64 {
-    inner.scan.batches_done.load(Ordering::SeqCst)
-}
-
-/// Whether the scan's pin holds back a deferred free that the sync of txg `next` would
-/// otherwise release (called with the pool's state locked).
-pub(crate) fn pin_holds_frees(s: &crate::pool::PoolState, next: Txg) -> bool {
-    s.scan_pin.is_some_and(|pin| {
-        s.deferred
-            .iter()
-            .any(|d| d.txg > pin && d.txg.0 + crate::alloc::DEFER_TXGS < next.0)
-    })
-}
-
-/// Waits until the scan batch running when [`batches_done`] returned `seen` is done: a
-/// writer short of space whose frees a batch holds back waits for that batch (its reads)
-/// rather than for syncs that cannot give the space back.
-pub(crate) async fn wait_batch_done(inner: &PoolInner, seen: u64) {
-    poll_fn(|cx| {
-        // Registered before the check, which Pin::drop's wake follows: no wake-up is lost.
-        {
-            let mut waiters = inner.scan.pin_waiters.lock().unwrap();
-            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
-                assert!(waiters.len() < PIN_WAITERS_MAX, "pin waiter list overflow");
-                waiters.push(cx.waker().clone());
-            }
-        }
-        if batches_done(inner) == seen && inner.state.lock().unwrap().scan_pin.is_some() {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await
-}
-
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -193,11 +118,12 @@ fn now_ns() -> u64 {
         .unwrap_or(0)
 }
 
-impl Pool {
-    /// Starts a scrub in the background (`oxpool scrub`); refused while one runs.
-    pub fn scrub_start(&self) -> Result<()> {
-        let inner = &self.inner;
-        let scan = &inner.scan;
+impl Datasets {
+    /// Starts a scrub of pool `spa` in the background (`oxpool scrub`); refused while one
+    /// runs.
+    pub(crate) fn scrub_start(self: &Arc<Self>, spa: &Arc<Spa>) -> Result<()> {
+        let inner = spa;
+        let scan = &self.scan;
         let mut thread = scan.thread.lock().unwrap();
         if matches!(
             scan.status.lock().unwrap().as_ref().map(|s| s.state),
@@ -213,7 +139,7 @@ impl Pool {
         }
         // What is dirty now is written first, so the scrub covers every write answered
         // before it started.
-        self.sync()?;
+        spa.sync_now()?;
         let total_bytes = inner.state.lock().unwrap().alloc.totals_bytes().1;
         scan.cancel.store(false, Ordering::Relaxed);
         *scan.status.lock().unwrap() = Some(ScanStatus {
@@ -227,10 +153,10 @@ impl Pool {
             counts: ScrubCounts::default(),
             error: None,
         });
-        let pool = inner.clone();
+        let (spa, dsl) = (inner.clone(), self.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("scrub-{}", inner.name))
-            .spawn(move || scan_thread(pool));
+            .spawn(move || scan_thread(spa, dsl));
         match spawned {
             Ok(t) => {
                 *thread = Some(t);
@@ -244,7 +170,7 @@ impl Pool {
     }
 
     /// Stops a running scrub (`oxpool scrub -s`).
-    pub fn scrub_cancel(&self) -> Result<()> {
+    pub(crate) fn scrub_cancel(&self) -> Result<()> {
         let running = matches!(
             self.scan_status().map(|s| s.state),
             Some(ScanState::Scanning)
@@ -252,16 +178,16 @@ impl Pool {
         if !running {
             return Err(EngineError::invalid(format!(
                 "there is no scrub of pool '{}' to stop",
-                self.inner.name
+                self.pool_name
             )));
         }
-        self.inner.scan.stop();
+        self.scan.stop();
         Ok(())
     }
 
     /// The latest scrub's status, if one ran since the pool was opened.
-    pub fn scan_status(&self) -> Option<ScanStatus> {
-        let mut s = self.inner.scan.status.lock().unwrap().clone()?;
+    pub(crate) fn scan_status(&self) -> Option<ScanStatus> {
+        let mut s = self.scan.status.lock().unwrap().clone()?;
         if s.state == ScanState::Scanning {
             s.elapsed = Duration::from_nanos(now_ns().saturating_sub(s.started_ns));
         }
@@ -269,8 +195,8 @@ impl Pool {
     }
 
     /// Waits until the running scrub (if any) ends or `limit` passes; returns its status.
-    pub fn scan_wait(&self, limit: Duration) -> Option<ScanStatus> {
-        let scan = &self.inner.scan;
+    pub(crate) fn scan_wait(&self, limit: Duration) -> Option<ScanStatus> {
+        let scan = &self.scan;
         let deadline = Instant::now() + limit;
         let mut status = scan.status.lock().unwrap();
         // Bounded by the deadline.
@@ -291,8 +217,8 @@ impl Pool {
     /// Scrubs the pool and waits for the end: syncs, then reads and verifies every copy of
     /// every block the pool references, rewriting bad copies from good ones. Returns what it
     /// found; an error if it could not finish.
-    pub fn scrub(&self) -> Result<ScrubCounts> {
-        self.scrub_start()?;
+    pub(crate) fn scrub(self: &Arc<Self>, spa: &Arc<Spa>) -> Result<ScrubCounts> {
+        self.scrub_start(spa)?;
         // Bounded: a scan ends (each batch makes progress) or is stopped by an export.
         let status = loop {
             if let Some(s) = self.scan_wait(Duration::from_secs(3600)) {
@@ -309,11 +235,11 @@ impl Pool {
     }
 }
 
-fn scan_thread(inner: Arc<PoolInner>) {
+fn scan_thread(inner: Arc<Spa>, dsl: Arc<Datasets>) {
     // Nobody waits on this thread's I/O within microseconds: sleep, don't spin.
     oxpool_io::rt::set_spin(false);
-    let result = block_on(scan_pool(&inner));
-    let scan = &inner.scan;
+    let result = block_on(scan_pool(&inner, &dsl));
+    let scan = &dsl.scan;
     let canceled = scan.canceled();
     scan.update(|s| {
         s.ended_ns = Some(now_ns());
@@ -334,63 +260,55 @@ fn scan_thread(inner: Arc<PoolInner>) {
 }
 
 /// Adds one block's findings to the status.
-fn account(inner: &PoolInner, bp: &BlockPtr, counts: ScrubCounts) {
+fn account(dsl: &Datasets, bp: &BlockPtr, counts: ScrubCounts) {
     let examined: u64 = bp.dvas().iter().map(|d| d.asize_bytes as u64).sum();
     let repaired = if counts.copies_repaired > 0 {
         counts.copies_repaired * bp.dvas().first().map_or(0, |d| d.asize_bytes as u64)
     } else {
         0
     };
-    inner.scan.update(|s| {
+    dsl.scan.update(|s| {
         s.examined_bytes += examined;
         s.repaired_bytes += repaired;
         s.counts += counts;
     });
 }
 
-async fn scan_pool(inner: &PoolInner) -> Result<()> {
-    scan_pool_metadata(inner).await;
-    let volumes: Vec<Arc<VolumeInner>> = inner
-        .state
-        .lock()
-        .unwrap()
-        .volumes
-        .values()
-        .cloned()
-        .collect();
-    for vol in volumes {
-        if inner.scan.canceled() {
+async fn scan_pool(inner: &Spa, dsl: &Datasets) -> Result<()> {
+    scan_pool_metadata(inner, dsl).await;
+    for ds in dsl.all() {
+        if dsl.scan.canceled() {
             break;
         }
-        scan_volume(inner, &vol).await?;
+        scan_dataset(inner, dsl, &ds).await?;
     }
     Ok(())
 }
 
 /// The pool's own metadata: its block (or index and pieces) and the space-map chunks.
-async fn scan_pool_metadata(inner: &PoolInner) {
-    let _pin = Pin::set(inner);
+async fn scan_pool_metadata(inner: &Spa, dsl: &Datasets) {
+    let _pin = ScanPin::set(inner);
     let (meta_ptr, chunks) = {
         let s = inner.state.lock().unwrap();
         (s.meta_ptr, s.chunk_ptrs.concat())
     };
-    let vdevs = &inner.vdevs;
+    let zio = &inner.zio;
     if meta_ptr.is_hole() {
         return;
     }
-    let (index, counts) = scrub_block(vdevs, &meta_ptr, "pool metadata").await;
-    account(inner, &meta_ptr, counts);
+    let (index, counts) = scrub_block(zio, &meta_ptr, "pool metadata").await;
+    account(dsl, &meta_ptr, counts);
     if meta_ptr.block_type == BlockType::MetaIndex {
         let pieces =
             index.and_then(|buf| decode_meta_index(&buf[..meta_ptr.psize_bytes as usize]).ok());
         for p in pieces.unwrap_or_default() {
-            let (_, counts) = scrub_block(vdevs, &p, "pool metadata").await;
-            account(inner, &p, counts);
+            let (_, counts) = scrub_block(zio, &p, "pool metadata").await;
+            account(dsl, &p, counts);
         }
     }
     for c in chunks.iter().filter(|c| !c.is_hole()) {
-        let (_, counts) = scrub_block(vdevs, c, "space map").await;
-        account(inner, c, counts);
+        let (_, counts) = scrub_block(zio, c, "space map").await;
+        account(dsl, c, counts);
     }
 }
 
@@ -404,7 +322,8 @@ struct Decoded {
 /// Verifies (once per scan) and decodes the indirect block `bp` of `level`; `None` if no copy
 /// is good or it does not decode (counted as lost: its subtree cannot be reached).
 async fn indirect(
-    inner: &PoolInner,
+    inner: &Spa,
+    dsl: &Datasets,
     path: &mut [Option<Decoded>],
     level: u8,
     bp: &BlockPtr,
@@ -414,31 +333,39 @@ async fn indirect(
     if path[slot].as_ref().is_some_and(|d| d.bp == *bp) {
         return Some(slot);
     }
-    let (buf, mut counts) = scrub_block(&inner.vdevs, bp, what).await;
+    let (buf, mut counts) = scrub_block(&inner.zio, bp, what).await;
     let mut ptrs = Box::new([BlockPtr::HOLE; INDIRECT_FANOUT]);
     let decoded =
         buf.is_some_and(|b| decode_indirect(&b[..bp.psize_bytes as usize], &mut ptrs).is_ok());
     if !decoded && counts.blocks_lost == 0 {
         counts.blocks_lost = 1;
     }
-    account(inner, bp, counts);
+    account(dsl, bp, counts);
     path[slot] = decoded.then_some(Decoded { bp: *bp, ptrs });
     decoded.then_some(slot)
 }
 
-/// One volume, a level-1 block's children per batch (see the module docs).
-async fn scan_volume(inner: &PoolInner, vol: &VolumeInner) -> Result<()> {
-    let what = vol.full_name.as_str();
+/// One dataset's objects, a level-1 block's children per batch (see the module docs).
+async fn scan_dataset(inner: &Spa, dsl: &Datasets, ds: &Dataset) -> Result<()> {
+    for (_, obj) in ds.objset.objects() {
+        scan_object(inner, dsl, ds, obj).await?;
+    }
+    Ok(())
+}
+
+/// One object, a level-1 block's children per batch (see the module docs).
+async fn scan_object(inner: &Spa, dsl: &Datasets, ds: &Dataset, obj: &Object) -> Result<()> {
+    let what = ds.full_name.as_str();
     let mut path: Vec<Option<Decoded>> = Vec::new();
     let mut cursor = 0u64;
     // Bounded: every pass moves the cursor past at least one level-1 block's range (or a
     // hole's subtree), and the tree's capacity is finite; or it ends.
     loop {
-        if inner.scan.canceled() || vol.destroyed.load(Ordering::Acquire) {
+        if dsl.scan.canceled() || ds.destroyed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let _pin = Pin::set(inner);
-        let (root, levels) = *vol.written_root.lock().unwrap();
+        let _pin = ScanPin::set(inner);
+        let (root, levels) = *obj.written_root.lock().unwrap();
         if cursor >= capacity(levels) {
             return Ok(());
         }
@@ -450,7 +377,7 @@ async fn scan_volume(inner: &PoolInner, vol: &VolumeInner) -> Result<()> {
             if bp.is_hole() {
                 break skip_hole(cursor, level);
             }
-            let Some(slot) = indirect(inner, &mut path, level, &bp, what).await else {
+            let Some(slot) = indirect(inner, dsl, &mut path, level, &bp, what).await else {
                 break skip_hole(cursor, level);
             };
             let ptrs = &path[slot].as_ref().expect("decoded").ptrs;
@@ -464,12 +391,12 @@ async fn scan_volume(inner: &PoolInner, vol: &VolumeInner) -> Result<()> {
                 let results = join_all(
                     children
                         .iter()
-                        .map(|c| scrub_block(&inner.vdevs, c, what))
+                        .map(|c| scrub_block(&inner.zio, c, what))
                         .collect(),
                 )
                 .await;
                 for (c, (_, counts)) in children.iter().zip(results) {
-                    account(inner, c, counts);
+                    account(dsl, c, counts);
                 }
                 break skip_hole(cursor, 1);
             }

@@ -12,8 +12,8 @@
 //! backend's future, the queue admission and two timestamps.
 
 use crate::iostats::LeafOpStats;
+use crate::vdev::queue::IoClass;
 use crate::vdev::Leaf;
-use crate::vdev_queue::IoClass;
 use oxpool_io::{IoBuf, IoFuture, IoResult};
 use std::sync::Arc;
 use std::time::Instant;
@@ -122,8 +122,8 @@ impl Leaf {
 
 #[cfg(test)]
 mod tests {
+    use crate::vdev::queue::{IoClass, SchedulerMode};
     use crate::vdev::Leaf;
-    use crate::vdev_queue::{IoClass, SchedulerMode};
     use oxpool_format::Guid;
     use oxpool_io::rt::block_on;
     use oxpool_io::{IoBuf, MemoryBackend};

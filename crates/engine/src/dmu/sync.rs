@@ -1,0 +1,511 @@
+//! The sync of one object: the txg's frees, its data blocks (merged with their old content
+//! when only some sectors were written, compressed, placed next to each other, adopted from
+//! the intent log when it already wrote them in place), then the indirect blocks above them,
+//! bottom up. The dataset layer calls it for each object of each dataset; it hands the blocks
+//! to the pipeline and the places it frees back to the caller.
+
+use crate::dmu::dirty::{indirect_copies, DirtyBlock};
+use crate::dmu::object::Object;
+use crate::dmu::tree::{capacity, lookup, skip_hole, walk, Walk, FANOUT};
+use crate::props::VolumeProps;
+use crate::sector_mask::{copy_runs, SectorMask};
+use crate::spa::block::{
+    alloc_new_block, padded, write_new_blocks, NewBlock, SYNC_WRITES_IN_FLIGHT_MAX,
+};
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::zio::compress::stored_bytes;
+use crate::zio::data_cache::CacheKey;
+use crate::zio::{read_data_block, write_blocks_shared};
+use crate::{EngineError, Result};
+use oxpool_format::{
+    BlockPtr, BlockType, Compression, Dva, Txg, INDIRECT_BLOCK_BYTES, SECTOR_BYTES,
+};
+use oxpool_io::rt::join_all;
+use oxpool_io::IoBuf;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A dirty data block once the sync has its whole content.
+// Lives only in one batch's vector (at most SYNC_WRITES_IN_FLIGHT_MAX): boxing the pointers
+// would cost an allocation per block to save a few KiB for a moment.
+#[allow(clippy::large_enum_variant)]
+enum Prepared {
+    /// Nothing to write: the block the log wrote in place with this content.
+    Done(BlockPtr, Option<BlockPtr>),
+    /// The content: the merged block for a partial one, else the dirty buffer.
+    Content(Option<IoBuf>),
+}
+
+/// What the sync does with one dirty data block.
+#[allow(clippy::large_enum_variant)]
+enum DataWrite {
+    /// Nothing to write: the block's pointer (a hole, or the block the log wrote in place),
+    /// and the log's block to free if it is not that one.
+    Done(BlockPtr, Option<BlockPtr>),
+    /// Write `data` (the stored bytes, whole sectors) to a new place as `nb`.
+    Write {
+        nb: NewBlock,
+        data: Arc<IoBuf>,
+        cache: CacheAfter,
+    },
+}
+
+/// What goes to the data cache once a block is written (the cache holds content).
+enum CacheAfter {
+    Nothing,
+    /// The buffer written, which is the content (a merged block stored as is).
+    Written,
+    /// This content (a merged block stored compressed).
+    Content(IoBuf),
+}
+
+/// Writes one object's part of txg `txg`: frees, data blocks, indirect blocks; the places
+/// it frees go to `freed`. With `destroy`, frees everything the object has. `props` are its
+/// dataset's as of this sync (block size, checksum, copies, compression); `what` names it in
+/// messages.
+pub(crate) async fn sync_object(
+    inner: &Spa,
+    obj: &Object,
+    what: &str,
+    props: &VolumeProps,
+    txg: Txg,
+    destroy: bool,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    let props = props.clone();
+    let nblocks = props.volsize_bytes / props.volblocksize_bytes as u64;
+    type Frees = Vec<(u64, u64)>;
+    // (block, dirty buffer, sectors written if the block is partial)
+    type Blocks = Vec<(u64, Arc<IoBuf>, Option<SectorMask>)>;
+    let (frees, mut blocks): (Frees, Blocks) = {
+        let d = obj.dirty.lock().unwrap();
+        match d.txgs.iter().find(|(t, _)| *t == txg) {
+            Some((_, t)) => {
+                if let Some(size) = t.size_bytes {
+                    obj.tree_size_bytes.store(size, Ordering::Relaxed);
+                }
+                (
+                    t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
+                    t.blocks
+                        .iter()
+                        .map(|(&b, block)| {
+                            let written = match block {
+                                DirtyBlock::Data(_) => None,
+                                DirtyBlock::Partial(_, m) => Some(*m),
+                            };
+                            (b, Arc::clone(block.buf()), written)
+                        })
+                        .collect(),
+                )
+            }
+            None => (Vec::new(), Vec::new()),
+        }
+    };
+    let mut frees = frees;
+    if destroy {
+        frees = vec![(0, capacity(obj.tree.lock().unwrap().levels()))];
+        blocks.clear();
+    }
+    obj.tree.lock().unwrap().grow_for(nblocks);
+    let mut used_delta: i64 = 0;
+    // The change of the data blocks' stored bytes (one copy each), for `compressratio`.
+    let mut compressed_delta: i64 = 0;
+    // 1. Frees (applied before the txg's writes, which may land inside a freed range).
+    for (start, end) in frees {
+        let mut b = start;
+        // Bounded: each round moves past one level-1 block or one hole subtree.
+        while b < end {
+            match walk(&obj.tree, &inner.zio, IoClass::AsyncRead, b, 1, false, what).await? {
+                Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
+                Walk::Cached => {
+                    let mut removed = Vec::new();
+                    let next = (b / FANOUT + 1) * FANOUT;
+                    if obj
+                        .tree
+                        .lock()
+                        .unwrap()
+                        .clear_data_range(b, end.min(next), &mut removed)
+                    {
+                        for p in removed {
+                            used_delta -=
+                                p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                            compressed_delta -= stored_bytes(&p);
+                            freed.extend_from_slice(p.dvas());
+                        }
+                        b = next;
+                    }
+                }
+            }
+        }
+    }
+    // 2. Data blocks, written concurrently in bounded batches. A block the intent log already
+    // wrote in place with this very content is adopted, not written again; the log's other
+    // in-place blocks of this txg (or older) are freed.
+    blocks.sort_unstable_by_key(|(b, _, _)| *b);
+    let bs = props.volblocksize_bytes;
+    let mut overrides: HashMap<u64, crate::zio::compress::InPlaceBlock> = HashMap::new();
+    // Every in-place block taken here is adopted or freed by this txg: no longer held.
+    {
+        let mut o = obj.overrides.lock().unwrap();
+        let mut held = obj.inplace_held.lock().unwrap();
+        let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
+        for k in mine {
+            let block = o.remove(&k).unwrap();
+            block.bp.dvas().iter().for_each(|d| {
+                held.remove(d);
+            });
+            if k.0 == txg && !destroy {
+                overrides.insert(k.1, block);
+            } else {
+                freed.extend_from_slice(block.bp.dvas());
+            }
+        }
+        obj.override_garbage.lock().unwrap().retain(|(t, bp)| {
+            if *t <= txg {
+                bp.dvas().iter().for_each(|d| {
+                    held.remove(d);
+                });
+                freed.extend_from_slice(bp.dvas());
+                false
+            } else {
+                true
+            }
+        });
+    }
+    let overrides = &overrides;
+    let data_props = &props;
+    let compression = props.compression;
+    for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+        // Merge partial blocks with their old content (reads it: frees of this txg, applied
+        // above, never cover a partial block of this txg); find the blocks the log already
+        // wrote with this content.
+        let prepare = batch.iter().map(|(b, dirty_buf, written)| async move {
+            let merged = match written {
+                None => None,
+                Some(w) => {
+                    let partial = PartialBlock {
+                        index: *b,
+                        buf: dirty_buf,
+                        written: w,
+                    };
+                    Some(merge_partial(inner, obj, what, txg, partial, bs as usize).await?)
+                }
+            };
+            let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
+            if let Some(o) = overrides.get(b) {
+                if o.holds(buf) {
+                    inner
+                        .log_counters
+                        .adopted_blocks
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok(Prepared::Done(o.bp, None));
+                }
+            }
+            Ok(Prepared::Content(merged))
+        });
+        let prepared = join_all(prepare.collect::<Vec<_>>())
+            .await
+            .into_iter()
+            .collect::<Result<Vec<Prepared>>>()?;
+        // How each block is stored (compressed, as is, or a hole): CPU work, done here
+        // between the merge reads and the writes, on every core (`store_all`).
+        let contents: Vec<&[u8]> = prepared
+            .iter()
+            .zip(batch)
+            .filter_map(|(p, (_, dirty_buf, _))| match p {
+                Prepared::Done(..) => None,
+                Prepared::Content(merged) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
+            })
+            .collect();
+        let mut stored_forms = crate::zio::compress::store_all(compression, &contents).into_iter();
+        drop(contents);
+        let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
+        for (p, (b, dirty_buf, _)) in prepared.into_iter().zip(batch) {
+            to_write.push(match p {
+                Prepared::Done(bp, unused) => DataWrite::Done(bp, unused),
+                Prepared::Content(merged) => {
+                    let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
+                    let stored = stored_forms.next().expect("one stored form per content");
+                    crate::zio::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
+                    let nb = NewBlock::data(data_props, txg);
+                    match stored {
+                        // All zeros, compression on: a hole, as ZFS does.
+                        crate::zio::compress::StoreAs::Hole => DataWrite::Done(
+                            crate::zio::compress::zero_hole(txg),
+                            overrides.get(b).map(|o| o.bp),
+                        ),
+                        crate::zio::compress::StoreAs::Compressed(c) => DataWrite::Write {
+                            nb: nb.compressed(&c),
+                            data: Arc::new(c.buf),
+                            // The merged block goes to the data cache as its content.
+                            cache: merged.map_or(CacheAfter::Nothing, CacheAfter::Content),
+                        },
+                        crate::zio::compress::StoreAs::AsIs
+                            if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) =>
+                        {
+                            // A block smaller than a sector is written padded (a copy).
+                            DataWrite::Write {
+                                nb,
+                                data: Arc::new(padded(buf)),
+                                cache: CacheAfter::Nothing,
+                            }
+                        }
+                        crate::zio::compress::StoreAs::AsIs => match merged {
+                            // The merged block is the sync's own: once written it goes to the
+                            // data cache (no copy), so the next partial write to the block
+                            // merges from memory.
+                            Some(merged) => DataWrite::Write {
+                                nb,
+                                data: Arc::new(merged),
+                                cache: CacheAfter::Written,
+                            },
+                            // A whole dirty block is written from the buffer readers share
+                            // until the txg retires (no copy). It is not cached: seldom merged
+                            // again, it would only crowd out what reads brought in.
+                            None => DataWrite::Write {
+                                nb,
+                                data: Arc::clone(dirty_buf),
+                                cache: CacheAfter::Nothing,
+                            },
+                        },
+                    }
+                }
+            });
+        }
+        // Places in block order, so that next-fit hands out adjacent ones and the writes of
+        // the batch aggregate into a few large I/Os.
+        let mut ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>> = Vec::with_capacity(batch.len());
+        let mut writes: Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)> = Vec::new();
+        for (i, (w, (b, _, _))) in to_write.into_iter().zip(batch).enumerate() {
+            match w {
+                DataWrite::Done(bp, unused) => ptrs.push(Ok((bp, unused))),
+                DataWrite::Write { nb, data, cache } => {
+                    let bp = alloc_new_block(inner, &data, nb, None)?;
+                    ptrs.push(Ok((bp, overrides.get(b).map(|o| o.bp))));
+                    writes.push((i, bp, data, cache));
+                }
+            }
+        }
+        let list: Vec<(&[Dva], &Arc<IoBuf>)> = writes
+            .iter()
+            .map(|(_, bp, data, _)| (bp.dvas(), data))
+            .collect();
+        let written = write_blocks_shared(&inner.zio, IoClass::AsyncWrite, &list).await;
+        drop(list);
+        for ((i, bp, data, cache), r) in writes.into_iter().zip(written) {
+            if let Err(e) = r {
+                ptrs[i] = Err(e);
+                continue;
+            }
+            match cache {
+                CacheAfter::Nothing => {}
+                // The write gave its references back: the merged buffer is ours again.
+                CacheAfter::Written => {
+                    if let Ok(buf) = Arc::try_unwrap(data) {
+                        inner.zio.data_cache.insert(CacheKey::of(&bp), buf);
+                    }
+                }
+                CacheAfter::Content(buf) => inner.zio.data_cache.insert(CacheKey::of(&bp), buf),
+            }
+        }
+        for ((b, _, _), ptr) in batch.iter().zip(ptrs) {
+            let (ptr, unused) = ptr?;
+            if let Some(u) = unused {
+                freed.extend_from_slice(u.dvas());
+            }
+            walk(&obj.tree, &inner.zio, IoClass::AsyncRead, *b, 1, true, what).await?;
+            let old = obj
+                .tree
+                .lock()
+                .unwrap()
+                .set_data_ptr(*b, ptr)
+                .expect("level-1 block cached by the walk");
+            used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+            used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+            compressed_delta += stored_bytes(&ptr) - stored_bytes(&old);
+            freed.extend_from_slice(old.dvas());
+        }
+    }
+    for (b, o) in overrides.iter() {
+        if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {
+            freed.extend_from_slice(o.bp.dvas());
+        }
+    }
+    // 3. Indirect blocks, bottom up; a block left with no data below becomes a hole.
+    let levels = obj.tree.lock().unwrap().levels();
+    let meta_copies = indirect_copies(&props);
+    for level in 1..=levels {
+        let dirty = obj.tree.lock().unwrap().dirty_at(level);
+        for batch in dirty.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+            let encoded: Vec<(u64, Arc<IoBuf>, u64)> = {
+                let t = obj.tree.lock().unwrap();
+                batch
+                    .iter()
+                    .map(|&idx| {
+                        let mut buf = IoBuf::zeroed(INDIRECT_BLOCK_BYTES);
+                        let fill = t.encode_block(level, idx, &mut buf);
+                        (idx, Arc::new(buf), fill)
+                    })
+                    .collect()
+            };
+            let to_write: Vec<(&Arc<IoBuf>, NewBlock)> = encoded
+                .iter()
+                .filter(|(_, _, fill)| *fill != 0)
+                .map(|(_, buf, fill)| {
+                    let nb = NewBlock {
+                        psize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                        lsize_bytes: INDIRECT_BLOCK_BYTES as u32,
+                        compression: Compression::Off,
+                        block_type: BlockType::Indirect,
+                        level,
+                        copies: meta_copies,
+                        checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+                        txg,
+                        fill: *fill,
+                    };
+                    (buf, nb)
+                })
+                .collect();
+            let mut written = write_new_blocks(inner, IoClass::AsyncWrite, &to_write)
+                .await?
+                .into_iter();
+            let ptrs = encoded.iter().map(|(_, _, fill)| -> Result<BlockPtr> {
+                Ok(match fill {
+                    0 => BlockPtr::HOLE,
+                    _ => written.next().expect("one pointer per block written"),
+                })
+            });
+            for ((idx, _, _), ptr) in encoded.iter().zip(ptrs.collect::<Vec<_>>()) {
+                let ptr = ptr?;
+                // The parent must be cached to take the pointer: load it if it was evicted.
+                let mut tries = 0;
+                let old = loop {
+                    let r = obj.tree.lock().unwrap().finish_block(level, *idx, ptr);
+                    match r {
+                        Ok(old) => break old,
+                        Err(()) => {
+                            tries += 1;
+                            if tries > 100 {
+                                return Err(EngineError::invalid(format!(
+                                    "{what}: parent of indirect block L{level}/{idx} kept being evicted"
+                                )));
+                            }
+                            let b = idx * crate::dmu::tree::capacity(level);
+                            walk(
+                                &obj.tree,
+                                &inner.zio,
+                                IoClass::AsyncRead,
+                                b,
+                                level + 1,
+                                true,
+                                what,
+                            )
+                            .await?;
+                        }
+                    }
+                };
+                used_delta += ptr.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                used_delta -= old.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                freed.extend_from_slice(old.dvas());
+            }
+        }
+    }
+    {
+        let t = obj.tree.lock().unwrap();
+        debug_assert!(!t.has_dirty());
+        *obj.written_root.lock().unwrap() = (t.root(), t.levels());
+    }
+    let used = obj.used_bytes.load(Ordering::Relaxed) as i64 + used_delta;
+    debug_assert!(used >= 0);
+    obj.used_bytes.store(used.max(0) as u64, Ordering::Relaxed);
+    let stored = obj.compressed_bytes.load(Ordering::Relaxed) as i64 + compressed_delta;
+    debug_assert!(stored >= 0);
+    obj.compressed_bytes
+        .store(stored.max(0) as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A block a txg wrote only in part: its index in the object, the txg's buffer, and which
+/// sectors of it the txg wrote.
+pub(crate) struct PartialBlock<'a> {
+    pub index: u64,
+    pub buf: &'a IoBuf,
+    pub written: &'a SectorMask,
+}
+
+/// Reads of every copy of an old block the txg sync tries before it gives up on merging.
+const MERGE_READ_ATTEMPTS: u32 = 3;
+
+/// The whole content of a block that txg `txg` left partial (`written` sectors in `buf`):
+/// the block as the tree holds it, which is its content at the end of the previous txg since
+/// the txg being synced is the oldest not in the tree, with the written sectors laid over it.
+/// Called by the sync of `txg` before it replaces the block's pointer. The block's old copy
+/// comes out of the data cache if it is there (no copy), else from the devices; either way
+/// its buffer becomes the merged block, which the sync caches under its new place.
+///
+/// A failed read of the old block is retried ([`MERGE_READ_ATTEMPTS`] reads of every copy in
+/// all), so a passing fault costs nothing. If every copy still fails its checksum, the old
+/// block's content is gone: its unwritten sectors become zeros and the loss is logged with the
+/// block's name (failing the sync instead would suspend the pool, and the log replay at the
+/// next import would fail the same way: the pool could never be imported again). A lasting
+/// I/O error fails the sync, as any read of the sync does: the pool suspends with the data in
+/// the intent log, nothing lost.
+pub(crate) async fn merge_partial(
+    inner: &Spa,
+    obj: &Object,
+    what: &str,
+    txg: Txg,
+    partial: PartialBlock<'_>,
+    bs: usize,
+) -> Result<IoBuf> {
+    let PartialBlock {
+        index: b,
+        buf,
+        written,
+    } = partial;
+    // Sync reads: the txg sync waits on them, as a writer waited on its read-modify-write
+    // read (the async-read class, three in flight per device, is for reads nobody waits on).
+    let bp = lookup(&obj.tree, &inner.zio, IoClass::SyncRead, b, what).await?;
+    let mut merged = if bp.is_hole() {
+        IoBuf::zeroed(bs)
+    } else {
+        // The old block's cached copy becomes the new block: its place is freed by this sync,
+        // so nobody can hit it afterwards anyway (a reader that misses meanwhile reads the old
+        // place, which stays allocated until the sync's frees are deferred past).
+        let key = CacheKey::of(&bp);
+        match inner.zio.data_cache.take(&key) {
+            Some(old) => old,
+            None => {
+                let name = format_args!("{what} block {b}");
+                let mut attempt = 1;
+                // Bounded: MERGE_READ_ATTEMPTS reads of every copy.
+                loop {
+                    let read = read_data_block(&inner.zio, IoClass::SyncRead, &bp, bs, &name).await;
+                    match read {
+                        Ok(old) => break old.content,
+                        Err(_) if attempt < MERGE_READ_ATTEMPTS => attempt += 1,
+                        Err(e @ EngineError::Checksum { .. }) => {
+                            tracing::error!(
+                                volume = what,
+                                block = b,
+                                txg = txg.0,
+                                "{e} ({MERGE_READ_ATTEMPTS} attempts): the sectors of the \
+                                 block not written in this txg are lost and become zeros"
+                            );
+                            break IoBuf::zeroed(bs);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    };
+    if merged.len() != bs {
+        // Allocated larger than the block (padding): the block alone.
+        merged = IoBuf::from_slice(&merged[..bs]);
+    }
+    copy_runs(written, buf, 0, &mut merged);
+    Ok(merged)
+}

@@ -1,0 +1,84 @@
+//! A dataset: a name in the pool, its properties, its object set, and the hook through which
+//! its intent log (a layer above) tells the sync what the log holds.
+
+use crate::dmu::object::{Object, ObjectId};
+use crate::props::VolumeProps;
+use oxpool_format::{Dva, Txg, VolumeId};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+/// What the txg sync needs from a dataset's intent log (which lives above this layer): the
+/// head of its chain and the places it holds, to persist; and word that a txg is durable.
+pub(crate) trait DatasetLog: Send + Sync {
+    /// The chain's first block and its sequence number (None: no chain).
+    fn head(&self) -> Option<(Dva, u64)>;
+    /// Every place the log holds (reserved or written, not yet freed).
+    fn reserved(&self) -> Vec<Dva>;
+    /// Log blocks no longer needed: freed by this sync.
+    fn take_to_free(&self) -> Vec<Dva>;
+    /// `txg` is durable (records of it and older are no longer needed).
+    fn txg_synced(&self, txg: Txg);
+}
+
+/// The objects of a dataset. A volume has one: its data, [`ObjectId::VOLUME_DATA`].
+pub(crate) struct ObjectSet {
+    data: Object,
+}
+
+impl ObjectSet {
+    /// A volume's object set: its data object.
+    pub(crate) fn volume(data: Object) -> ObjectSet {
+        ObjectSet { data }
+    }
+
+    /// A volume's data object.
+    pub(crate) fn data(&self) -> &Object {
+        &self.data
+    }
+
+    /// Every object, by id.
+    pub(crate) fn objects(&self) -> impl Iterator<Item = (ObjectId, &Object)> {
+        std::iter::once((ObjectId::VOLUME_DATA, &self.data))
+    }
+}
+
+/// A dataset's shared state.
+pub(crate) struct Dataset {
+    pub id: VolumeId,
+    /// Name inside the pool.
+    pub name: String,
+    /// `pool/dataset`, for messages and NBD export names.
+    pub full_name: String,
+    pub props: Mutex<VolumeProps>,
+    pub objset: ObjectSet,
+    pub destroyed: AtomicBool,
+    /// Its intent log, as the sync sees it.
+    pub log: Arc<dyn DatasetLog>,
+}
+
+impl Dataset {
+    /// A volume dataset named `name` in pool `pool_name`, its data in `data`.
+    pub(crate) fn volume(
+        id: VolumeId,
+        pool_name: &str,
+        name: &str,
+        props: VolumeProps,
+        data: Object,
+        log: Arc<dyn DatasetLog>,
+    ) -> Dataset {
+        Dataset {
+            id,
+            name: name.to_string(),
+            full_name: format!("{pool_name}/{name}"),
+            props: Mutex::new(props),
+            objset: ObjectSet::volume(data),
+            destroyed: AtomicBool::new(false),
+            log,
+        }
+    }
+
+    /// A volume's data object.
+    pub(crate) fn data(&self) -> &Object {
+        self.objset.data()
+    }
+}

@@ -1,0 +1,223 @@
+//! Import: assembling a pool from the devices whose labels name it.
+
+use crate::iostats::LogCounters;
+use crate::props::PoolProps;
+use crate::spa::meta::load_meta;
+use crate::spa::txg::TxgControl;
+use crate::spa::{effective_dirty_max, Spa, SpaState};
+use crate::vdev::alloc::Allocator;
+use crate::vdev::label::read_uberblocks;
+use crate::vdev::queue::IoClass;
+use crate::vdev::{Leaf, TopVdev, VdevTree};
+use crate::zio::{read_block, Zio};
+use crate::{EngineError, Result};
+use oxpool_format::{
+    decode_meta_block, BlockType, Dva, LabelConfig, PoolMeta, VdevId, SPACEMAP_CHUNK_PAYLOAD_BYTES,
+};
+use oxpool_io::Backend;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Assembles and loads a pool from devices whose labels name it: the newest uberblock whose
+/// metadata verifies, the vdev tree as that metadata records it, the space maps. Returns the
+/// pool (its sync thread not started: nothing allocates until the caller has claimed the
+/// places its intent logs hold, see [`Spa::claim`]) and the metadata, for the layers above.
+pub(crate) async fn import_devices(
+    found: Vec<(LabelConfig, Arc<dyn Backend>)>,
+) -> Result<(Arc<Spa>, PoolMeta)> {
+    let cfg0 = found[0].0.clone();
+    let pool_name = cfg0.pool_name.clone();
+    let config = found
+        .iter()
+        .map(|(c, _)| &c.tree)
+        .max_by_key(|t| t.top.len())
+        .unwrap()
+        .clone();
+    let mut tops = Vec::new();
+    for tcfg in &config.top {
+        let children: Vec<Option<Arc<Leaf>>> = tcfg
+            .children
+            .iter()
+            .map(|lc| {
+                found
+                    .iter()
+                    .find(|(c, _)| c.leaf_guid == lc.guid)
+                    .map(|(_, dev)| Arc::new(Leaf::new(lc.guid, dev.clone())))
+            })
+            .collect();
+        if children.iter().all(|c| c.is_none()) {
+            let paths: Vec<&str> = tcfg.children.iter().map(|c| c.path.as_str()).collect();
+            return Err(EngineError::NotFound(format!(
+                "pool '{pool_name}': {}vdev {} has no device present (expected {})",
+                if tcfg.log { "log " } else { "" },
+                tcfg.id.0,
+                paths.join(", ")
+            )));
+        }
+        tops.push(TopVdev::new(tcfg, children));
+    }
+    // The completion policy and the cache size are properties, known once the metadata is
+    // read (set below).
+    let mut zio = Zio::new(
+        VdevTree::new(tops),
+        crate::zio::completion::CompletionPolicy::default(),
+        0,
+    );
+    // The newest uberblock whose pool metadata reads and verifies.
+    let mut ubs = Vec::new();
+    for leaf in zio.vdevs.leaves() {
+        ubs.extend(read_uberblocks(leaf.backend.as_ref()).await);
+    }
+    ubs.retain(|u| u.pool_guid == cfg0.pool_guid);
+    ubs.sort_by_key(|u| std::cmp::Reverse(u.txg));
+    ubs.dedup();
+    let mut last_err = None;
+    let mut chosen = None;
+    for ub in ubs {
+        match load_meta(&zio, &ub.root, &pool_name).await {
+            Ok(meta) => {
+                chosen = Some((ub, meta));
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    pool = pool_name,
+                    "uberblock of txg {} unusable: {e}",
+                    ub.txg.0
+                );
+                last_err = Some(e);
+            }
+        }
+    }
+    let Some((ub, (meta, meta_places))) = chosen else {
+        let devs: Vec<&str> = zio.vdevs.leaves().map(|l| l.name()).collect();
+        return Err(match last_err {
+            Some(e) => e,
+            None => EngineError::invalid(format!(
+                "pool '{pool_name}': no valid uberblock on {}",
+                devs.join(", ")
+            )),
+        });
+    };
+    let props = PoolProps::from_pairs(&meta.props)?;
+    zio.completion.set(props.completion);
+    zio.data_cache.set_max_bytes(props.data_cache_max_bytes);
+    // The pool's own record of its zio.vdevs is the truth; labels only help find devices. A vdev
+    // the labels found no trace of (a log device added later, then lost) cannot be skipped:
+    // its log blocks may hold acknowledged writes.
+    if meta.tree.top.len() > zio.vdevs.top_count() {
+        let missing: Vec<String> = meta.tree.top[zio.vdevs.top_count()..]
+            .iter()
+            .map(|t| {
+                let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
+                format!(
+                    "{}vdev {} ({})",
+                    if t.log { "log " } else { "" },
+                    t.id.0,
+                    paths.join(", ")
+                )
+            })
+            .collect();
+        return Err(EngineError::NotFound(format!(
+            "pool '{pool_name}': missing {}",
+            missing.join("; ")
+        )));
+    }
+    // A vdev whose labels were written but whose addition never committed is not part of it.
+    zio.vdevs.truncate(meta.tree.top.len());
+    zio.vdevs.set_leaf_configs(&meta.tree);
+    let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
+    let logs: Vec<bool> = zio.vdevs.tops().map(|t| t.log).collect();
+    let mut alloc = Allocator::with_log_devices(&asizes, &logs);
+    let mut chunk_ptrs = Vec::new();
+    for (v, sm) in meta.spacemaps.iter().enumerate() {
+        let map = alloc.map_mut(VdevId(v as u32));
+        if sm.chunks.len() as u64 != map.chunk_count() {
+            return Err(EngineError::invalid(format!(
+                "pool '{pool_name}': space map of vdev {v} has {} chunks, expected {}",
+                sm.chunks.len(),
+                map.chunk_count()
+            )));
+        }
+        for (c, bp) in sm.chunks.iter().enumerate() {
+            if bp.is_hole() {
+                continue;
+            }
+            let what = format!("{pool_name} space map {v}/{c}");
+            let buf = read_block(&zio, IoClass::SyncRead, bp, &what).await?;
+            let bits = decode_meta_block(BlockType::SpaceMap, &buf[..bp.psize_bytes as usize])
+                .map_err(|e| EngineError::Corrupt {
+                    device: pool_name.clone(),
+                    what: what.clone(),
+                    source: e,
+                })?;
+            if bits.len() != SPACEMAP_CHUNK_PAYLOAD_BYTES {
+                return Err(EngineError::invalid(format!(
+                    "{what}: wrong size {}",
+                    bits.len()
+                )));
+            }
+            map.load_chunk_bits(c as u64, bits);
+        }
+        map.take_dirty_chunks();
+        chunk_ptrs.push(sm.chunks.clone());
+    }
+    // The PoolMeta block (or its index and pieces) is allocated after the space maps it
+    // describes were written.
+    for dva in &meta_places {
+        if zio
+            .vdevs
+            .top(dva.vdev)
+            .is_some_and(|t| dva.end_bytes() <= t.asize_bytes)
+        {
+            alloc.map_mut(dva.vdev).claim(dva);
+        }
+    }
+    tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
+    let inner = Arc::new(Spa {
+        name: pool_name.clone(),
+        guid: cfg0.pool_guid,
+        zio,
+        config_change: Mutex::new(()),
+        scan_batches: Default::default(),
+        txg: TxgControl::new(
+            &pool_name,
+            meta.txg,
+            effective_dirty_max(props.dirty_max_bytes, asizes.iter().sum()),
+            Duration::from_secs(props.txg_timeout_s),
+        ),
+        state: Mutex::new(SpaState {
+            props,
+            alloc,
+            chunk_ptrs,
+            deferred: meta.deferred_frees.clone(),
+            meta_ptr: ub.root,
+            meta_places,
+            scan_pin: None,
+        }),
+        log_counters: LogCounters::default(),
+        log_alloc_bytes_since_sync: Default::default(),
+    });
+    Ok((inner, meta))
+}
+
+impl Spa {
+    /// Claims `dva` in the allocator if it lies on a vdev of the pool and was free; returns
+    /// whether it did (at import, for the places the intent logs hold, before anything
+    /// allocates).
+    pub(crate) fn claim(&self, dva: &Dva) -> bool {
+        let in_pool = self
+            .zio
+            .vdevs
+            .top(dva.vdev)
+            .is_some_and(|t| dva.end_bytes() <= t.asize_bytes);
+        in_pool
+            && self
+                .state
+                .lock()
+                .unwrap()
+                .alloc
+                .map_mut(dva.vdev)
+                .claim(dva)
+    }
+}

@@ -1,0 +1,615 @@
+//! The pool (ZFS's "storage pool allocator"): its devices through the pipeline, labels and
+//! uberblocks, the vdev configuration, the space allocator and the space check writers pass,
+//! import and export, frees and their deferral, and the txg engine, which asks the layer
+//! above (the datasets) to write each txg's changes and then commits them.
+//!
+//! Commit protocol of txg N (the crash argument is in docs/durability.md):
+//! 1. the datasets write the txg's new data blocks, then the indirect blocks above them;
+//! 2. write the changed space-map chunks and the pool's metadata block (PoolMeta);
+//! 3. flush every device;
+//! 4. write the uberblock for N into slot N % 32 of every label of every device;
+//! 5. flush every device. N is durable; its frees become reusable after N + DEFER_TXGS.
+//!
+//! Nothing a durable uberblock references is ever overwritten before it is superseded.
+
+pub mod block;
+mod config;
+pub mod import;
+mod meta;
+pub mod space;
+pub mod sync;
+pub mod txg;
+
+use crate::iostats::LogCounters;
+use crate::props::PoolProps;
+use crate::spa::sync::sync_txg;
+use crate::spa::txg::TxgControl;
+use crate::vdev::alloc::Allocator;
+use crate::vdev::label::write_labels;
+use crate::vdev::{Leaf, VdevTree, TOP_VDEVS_MAX};
+use crate::zio::Zio;
+use crate::{EngineError, Result};
+use oxpool_format::{
+    BlockPtr, DeferredFree, Dva, Guid, LabelConfig, LeafConfig, TopVdevKind, Txg, VdevId,
+    VdevTreeConfig, SECTOR_BYTES,
+};
+use oxpool_io::rt::block_on;
+use oxpool_io::Backend;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use config::check_name;
+pub(crate) use space::effective_dirty_max;
+
+/// One top-level vdev to create: a single device, or a mirror of several.
+pub struct TopSpec {
+    /// Single or mirror.
+    pub kind: TopVdevKind,
+    /// The devices.
+    pub devices: Vec<Arc<dyn Backend>>,
+    /// A separate intent-log device (holds log blocks only).
+    pub log: bool,
+}
+
+/// The pool's mutable state, under one lock (control plane and the sync thread; never held
+/// across an await).
+pub(crate) struct SpaState {
+    pub props: PoolProps,
+    pub alloc: Allocator,
+    /// Current space-map chunk pointers per top-level vdev.
+    pub chunk_ptrs: Vec<Vec<BlockPtr>>,
+    /// Frees waiting for their txg to be DEFER_TXGS txgs old.
+    pub deferred: Vec<DeferredFree>,
+    /// The PoolMeta block of the last synced txg (or the index of its pieces).
+    pub meta_ptr: BlockPtr,
+    /// Every place that PoolMeta occupies (its block, or its index and pieces): freed when
+    /// the next one replaces it.
+    pub meta_places: Vec<Dva>,
+    /// While a scrub reads a batch of blocks: no deferred free of a txg after this one is
+    /// released (see `dsl/scan.rs`).
+    pub scan_pin: Option<Txg>,
+}
+
+/// A pool's shared state.
+pub(crate) struct Spa {
+    pub name: String,
+    pub guid: Guid,
+    /// The pipeline and what it runs on: vdevs, completion policy, data cache.
+    pub zio: Zio,
+    pub txg: TxgControl,
+    pub state: Mutex<SpaState>,
+    /// Intent-log counters (all datasets).
+    pub log_counters: LogCounters,
+    /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
+    /// trims the chains and frees their blocks).
+    pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
+    /// Held across a change of the vdev tree (`oxpool add`): one at a time.
+    pub config_change: Mutex<()>,
+    /// Scrub batches and the writers waiting for one (see `space.rs`).
+    pub scan_batches: space::ScanBatches,
+}
+/// One line of `oxpool status`.
+#[derive(Clone, Debug)]
+pub struct VdevStatus {
+    /// Device path, or `mirror-N` for a mirror.
+    pub name: String,
+    /// ONLINE, DEGRADED or MISSING.
+    pub state: String,
+    /// Read I/O errors.
+    pub read_errors: u64,
+    /// Write I/O errors.
+    pub write_errors: u64,
+    /// Checksum mismatches.
+    pub checksum_errors: u64,
+    /// Bytes rewritten by self-healing.
+    pub repaired_bytes: u64,
+    /// Children (for a mirror).
+    pub children: Vec<VdevStatus>,
+}
+
+/// What `oxpool status` and `oxpool list` show.
+#[derive(Clone, Debug)]
+pub struct PoolStatus {
+    /// Pool name.
+    pub name: String,
+    /// Pool guid.
+    pub guid: u64,
+    /// ONLINE, DEGRADED or SUSPENDED.
+    pub state: String,
+    /// Allocatable bytes.
+    pub size_bytes: u64,
+    /// Allocated bytes.
+    pub allocated_bytes: u64,
+    /// Last durable txg.
+    pub txg: u64,
+    /// Dirty bytes in memory.
+    pub dirty_bytes: u64,
+    /// Top-level vdevs.
+    pub vdevs: Vec<VdevStatus>,
+    /// The latest scrub since the pool was opened.
+    pub scan: Option<crate::ScanStatus>,
+}
+
+impl Spa {
+    /// A new, empty pool on `tops`: labels written, txg 1 (the empty pool's metadata and
+    /// first uberblock) synced with `upper`'s part. Refuses devices that belong to a pool
+    /// unless `force`.
+    pub(crate) fn create(
+        name: &str,
+        tops: Vec<TopSpec>,
+        props: PoolProps,
+        force: bool,
+        upper: &dyn sync::SyncClient,
+    ) -> Result<Arc<Spa>> {
+        check_name("pool", name)?;
+        if tops.is_empty() {
+            return Err(EngineError::invalid("a pool needs at least one device"));
+        }
+        if tops.len() > TOP_VDEVS_MAX {
+            return Err(EngineError::invalid(format!(
+                "{} top-level vdevs: a pool has at most {TOP_VDEVS_MAX}",
+                tops.len()
+            )));
+        }
+        let pool_guid = random_guid();
+        let mut config = VdevTreeConfig { top: Vec::new() };
+        let mut vdev_tops = Vec::new();
+        let mut leaves_to_label = Vec::new();
+        for (i, spec) in tops.into_iter().enumerate() {
+            let (top, cfg, leaves) = config::prepare_top(VdevId(i as u32), spec, force)?;
+            leaves_to_label.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
+            config.top.push(cfg);
+            vdev_tops.push(top);
+        }
+        let asizes: Vec<u64> = vdev_tops.iter().map(|t| t.asize_bytes).collect();
+        let logs: Vec<bool> = vdev_tops.iter().map(|t| t.log).collect();
+        if logs.iter().all(|&l| l) {
+            return Err(EngineError::invalid(
+                "a pool needs a data vdev besides its log devices",
+            ));
+        }
+        let inner = Arc::new(Spa {
+            name: name.to_string(),
+            guid: pool_guid,
+            zio: Zio::new(
+                VdevTree::new(vdev_tops),
+                props.completion,
+                props.data_cache_max_bytes,
+            ),
+            config_change: Mutex::new(()),
+            scan_batches: Default::default(),
+            txg: TxgControl::new(
+                name,
+                Txg(0),
+                effective_dirty_max(props.dirty_max_bytes, asizes.iter().sum()),
+                Duration::from_secs(props.txg_timeout_s),
+            ),
+            state: Mutex::new(SpaState {
+                chunk_ptrs: asizes
+                    .iter()
+                    .map(|&a| {
+                        vec![
+                            BlockPtr::HOLE;
+                            a.div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
+                                as usize
+                        ]
+                    })
+                    .collect(),
+                alloc: Allocator::with_log_devices(&asizes, &logs),
+                props,
+                deferred: Vec::new(),
+                meta_ptr: BlockPtr::HOLE,
+                meta_places: Vec::new(),
+                scan_pin: None,
+            }),
+            log_counters: LogCounters::default(),
+            log_alloc_bytes_since_sync: Default::default(),
+        });
+        // Before the first I/O (an import's first reads run in `auto`: the properties are
+        // on disk).
+        apply_scheduler(&inner);
+        block_on(async {
+            for (leaf, guid, top) in &leaves_to_label {
+                let cfg = LabelConfig {
+                    pool_guid,
+                    pool_name: name.to_string(),
+                    leaf_guid: *guid,
+                    top: *top,
+                    create_txg: Txg(1),
+                    tree: config.clone(),
+                };
+                write_labels(leaf.backend.as_ref(), &cfg).await?;
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        // Txg 1 writes the empty pool's metadata and first uberblock.
+        let txg = inner.txg.next_after_create();
+        let r = block_on(sync_txg(&inner, upper, txg));
+        inner.txg.finish_sync(txg, &r);
+        r?;
+        Ok(inner)
+    }
+
+    /// Writes everything dirty, stops the sync thread and closes the pool. A volume handle
+    /// that outlives it gets errors from then on: nothing more is written to the devices,
+    /// which another process may own next.
+    pub(crate) fn close(&self) -> Result<()> {
+        let mut s = self.txg.state.lock().unwrap();
+        let result = match &s.suspended {
+            Some(r) => Err(EngineError::Suspended {
+                pool: self.name.clone(),
+                reason: r.clone(),
+            }),
+            None => Ok(()),
+        };
+        s.suspended.get_or_insert_with(|| "exported".into());
+        result
+    }
+
+    /// Clears every device's labels (the pool is destroyed; its sync thread has stopped).
+    pub(crate) fn clear_labels(&self) -> Result<()> {
+        block_on(async {
+            for leaf in self.zio.vdevs.leaves() {
+                crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Adds top-level vdevs, e.g. a separate log device (`oxpool add POOL log PATH`), to the
+    /// pool as it runs: volumes keep serving throughout. In order, so that a crash at any
+    /// point leaves a pool that imports with or without the new vdevs, never with a block on
+    /// a vdev its configuration lacks:
+    /// 1. the new devices get labels naming the tree with them (import finds them, and
+    ///    ignores vdevs the pool's metadata does not list);
+    /// 2. the vdevs join the tree and the allocator, which places nothing on them yet
+    ///    ([`crate::vdev::alloc::VdevRole::Pending`]): not even an intent-log block, which would be lost with
+    ///    the acknowledged writes it holds if the pool crashed before step 3;
+    /// 3. a txg records the new tree in the pool's metadata; once durable, the allocator may
+    ///    use them;
+    /// 4. the old devices' labels learn the new tree.
+    pub fn add_vdevs(&self, specs: Vec<TopSpec>, force: bool) -> Result<()> {
+        if specs.is_empty() {
+            return Ok(());
+        }
+        let inner = self;
+        let _one_change = inner.config_change.lock().unwrap();
+        let base = inner.zio.vdevs.top_count();
+        if base + specs.len() > TOP_VDEVS_MAX {
+            return Err(EngineError::invalid(format!(
+                "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}",
+                inner.name,
+                base + specs.len()
+            )));
+        }
+        // As `zpool add`: a single device beside mirrors would leave data with no redundancy.
+        let mirrored = inner
+            .zio
+            .vdevs
+            .tops()
+            .any(|t| !t.log && t.kind == TopVdevKind::Mirror);
+        let single_data = specs
+            .iter()
+            .any(|s| !s.log && s.kind == TopVdevKind::Single);
+        if mirrored && single_data && !force {
+            return Err(EngineError::invalid(format!(
+                "mismatched replication level: pool '{}' has mirrors and a single device would \
+                 have no redundancy (-f adds it anyway)",
+                inner.name
+            )));
+        }
+        let mut new_tops = Vec::new();
+        let mut new_leaves = Vec::new();
+        let mut config = inner.zio.vdevs.config();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let (top, cfg, leaves) = config::prepare_top(VdevId((base + i) as u32), spec, force)?;
+            new_leaves.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
+            config.top.push(cfg);
+            new_tops.push(top);
+        }
+        // A device named twice, or already in the pool, would be two vdevs on one disk.
+        for (leaf, _, _) in &new_leaves {
+            let name = leaf.name();
+            let twice = new_leaves
+                .iter()
+                .filter(|(l, _, _)| l.name() == name)
+                .count()
+                > 1;
+            if twice || inner.zio.vdevs.leaves().any(|l| l.name() == name) {
+                return Err(EngineError::invalid(format!(
+                    "{name} is named twice or already in pool '{}'",
+                    inner.name
+                )));
+            }
+        }
+        self.sync_now()?;
+        let synced = inner.txg.synced();
+        let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
+            pool_guid: inner.guid,
+            pool_name: inner.name.clone(),
+            leaf_guid,
+            top,
+            create_txg: Txg(synced.0 + 1),
+            tree: config.clone(),
+        };
+        block_on(async {
+            for (leaf, guid, top) in &new_leaves {
+                write_labels(leaf.backend.as_ref(), &label(*guid, *top)).await?;
+            }
+            Ok::<(), EngineError>(())
+        })?;
+        let mut added = Vec::new();
+        {
+            // Tree, allocator and space-map chunks change together: a sync sees all or none.
+            let mut s = inner.state.lock().unwrap();
+            for top in new_tops {
+                let chunks = top
+                    .asize_bytes
+                    .div_ceil(SECTOR_BYTES * oxpool_format::SPACEMAP_CHUNK_SECTORS)
+                    as usize;
+                let id = s.alloc.add_vdev(top.asize_bytes, top.log);
+                debug_assert_eq!(id, top.id);
+                s.chunk_ptrs.push(vec![BlockPtr::HOLE; chunks]);
+                inner
+                    .zio
+                    .vdevs
+                    .push(top)
+                    .map_err(|_| EngineError::invalid("the vdev tree is full"))?;
+                added.push(id);
+            }
+        }
+        apply_scheduler(inner);
+        inner.txg.mark_dirty();
+        self.sync_now()?;
+        {
+            let mut s = inner.state.lock().unwrap();
+            for id in added {
+                s.alloc.activate(id);
+            }
+            // More data space: a larger share of it may be dirty.
+            inner.txg.configure(
+                effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
+                Duration::from_secs(s.props.txg_timeout_s),
+            );
+        }
+        block_on(async {
+            for top in inner.zio.vdevs.tops() {
+                for (leaf, lcfg) in top.children.iter().zip(&top.leaf_configs) {
+                    if let Some(leaf) = leaf {
+                        if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
+                            let cfg = label(lcfg.guid, top.id);
+                            crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg)
+                                .await?;
+                        }
+                    }
+                }
+            }
+            Ok::<(), EngineError>(())
+        })
+    }
+
+    /// Names (paths as opened) of the devices the pool has open.
+    pub fn open_device_names(&self) -> Vec<String> {
+        self.zio
+            .vdevs
+            .leaves()
+            .map(|l| l.name().to_string())
+            .collect()
+    }
+
+    /// Paths of the pool's devices as configured (for the cache file).
+    pub fn device_paths(&self) -> Vec<String> {
+        self.zio
+            .vdevs
+            .tops()
+            .flat_map(|t| t.leaf_configs.iter().map(|c| c.path.clone()))
+            .collect()
+    }
+
+    /// Asks for a sync of everything dirty now and waits until it is durable.
+    pub fn sync_now(&self) -> Result<()> {
+        self.txg.mark_dirty();
+        let open = self.txg.state.lock().unwrap().open;
+        block_on(self.txg.wait_synced(open, true))
+    }
+
+    /// Asynchronous [`Spa::sync_now`], for use inside an executor.
+    pub async fn sync_async(&self) -> Result<()> {
+        self.txg.mark_dirty();
+        let open = self.txg.state.lock().unwrap().open;
+        self.txg.wait_synced(open, true).await
+    }
+
+    /// The last durable txg.
+    pub fn synced_txg(&self) -> Txg {
+        self.txg.synced()
+    }
+
+    /// Dirty bytes held in memory.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.txg.dirty_bytes()
+    }
+
+    /// Reads a pool property.
+    pub fn get_prop(&self, name: &str) -> Result<String> {
+        self.state.lock().unwrap().props.get(name)
+    }
+
+    /// Sets a pool property (persisted by the next sync).
+    pub fn set_prop(&self, name: &str, value: &str) -> Result<()> {
+        let mut s = self.state.lock().unwrap();
+        s.props.set(name, value)?;
+        self.zio
+            .data_cache
+            .set_max_bytes(s.props.data_cache_max_bytes);
+        self.zio.completion.set(s.props.completion);
+        self.txg.configure(
+            effective_dirty_max(s.props.dirty_max_bytes, s.alloc.totals_bytes().0),
+            Duration::from_secs(s.props.txg_timeout_s),
+        );
+        self.txg.mark_dirty();
+        drop(s);
+        apply_scheduler(self);
+        Ok(())
+    }
+
+    /// The present leaf named `device` (its path, or its guid in hex).
+    fn leaf_named(&self, device: &str) -> Result<Arc<Leaf>> {
+        self.zio
+            .vdevs
+            .leaves()
+            .find(|l| l.name() == device || format!("{:x}", l.guid.0) == device)
+            .cloned()
+            .ok_or_else(|| {
+                EngineError::NotFound(format!("device '{device}' in pool '{}'", self.name))
+            })
+    }
+
+    /// Reads a device property (`scheduler`): the device's effective value and whether it is
+    /// the device's own setting (`local`) or the pool's (`default`).
+    pub fn get_device_prop(&self, device: &str, name: &str) -> Result<(String, &'static str)> {
+        let leaf = self.leaf_named(device)?;
+        if name != "scheduler" {
+            return Err(EngineError::invalid(format!(
+                "unknown device property '{name}' (device properties: scheduler)"
+            )));
+        }
+        let s = self.state.lock().unwrap();
+        let source = if s.props.scheduler_by_device.contains_key(&leaf.guid) {
+            "local"
+        } else {
+            "default"
+        };
+        Ok((
+            s.props.device_scheduler(leaf.guid).as_str().to_string(),
+            source,
+        ))
+    }
+
+    /// Sets a device property (`scheduler=auto|on|off|inherit`; persisted by the next sync,
+    /// effective at once).
+    pub fn set_device_prop(&self, device: &str, name: &str, value: &str) -> Result<()> {
+        let leaf = self.leaf_named(device)?;
+        self.state
+            .lock()
+            .unwrap()
+            .props
+            .set_device(leaf.guid, name, value)?;
+        self.txg.mark_dirty();
+        apply_scheduler(self);
+        Ok(())
+    }
+
+    /// Status of the pool and its devices.
+    pub fn status(&self) -> PoolStatus {
+        let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
+        let suspended = self.txg.state.lock().unwrap().suspended.is_some();
+        let leaf_status = |l: &Option<Arc<Leaf>>, cfg: &LeafConfig| match l {
+            Some(l) => VdevStatus {
+                name: l.name().to_string(),
+                state: "ONLINE".into(),
+                read_errors: l.counters.read_errors.load(Ordering::Relaxed),
+                write_errors: l.counters.write_errors.load(Ordering::Relaxed),
+                checksum_errors: l.counters.checksum_errors.load(Ordering::Relaxed),
+                repaired_bytes: l.counters.repaired_bytes.load(Ordering::Relaxed),
+                children: vec![],
+            },
+            None => VdevStatus {
+                name: cfg.path.clone(),
+                state: "MISSING".into(),
+                read_errors: 0,
+                write_errors: 0,
+                checksum_errors: 0,
+                repaired_bytes: 0,
+                children: vec![],
+            },
+        };
+        let mut degraded = false;
+        let vdevs = self
+            .zio
+            .vdevs
+            .tops()
+            .map(|t| {
+                let kids: Vec<VdevStatus> = t
+                    .children
+                    .iter()
+                    .zip(&t.leaf_configs)
+                    .map(|(l, c)| leaf_status(l, c))
+                    .collect();
+                let missing = kids.iter().any(|k| k.state != "ONLINE");
+                degraded |= missing;
+                match t.kind {
+                    TopVdevKind::Single => kids.into_iter().next().unwrap(),
+                    TopVdevKind::Mirror => VdevStatus {
+                        name: format!("mirror-{}", t.id.0),
+                        state: if missing { "DEGRADED" } else { "ONLINE" }.into(),
+                        read_errors: 0,
+                        write_errors: 0,
+                        checksum_errors: 0,
+                        repaired_bytes: 0,
+                        children: kids,
+                    },
+                }
+            })
+            .collect();
+        PoolStatus {
+            name: self.name.clone(),
+            guid: self.guid.0,
+            state: if suspended {
+                "SUSPENDED"
+            } else if degraded {
+                "DEGRADED"
+            } else {
+                "ONLINE"
+            }
+            .into(),
+            size_bytes: size,
+            allocated_bytes: allocated,
+            txg: self.txg.synced().0,
+            dirty_bytes: self.txg.dirty_bytes(),
+            vdevs,
+            scan: None,
+        }
+    }
+}
+
+/// Sets every leaf's vdev queue mode from the pool's properties.
+pub(crate) fn apply_scheduler(inner: &Spa) {
+    let s = inner.state.lock().unwrap();
+    for leaf in inner.zio.vdevs.leaves() {
+        leaf.queue.set_mode(s.props.device_scheduler(leaf.guid));
+    }
+}
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn random_guid() -> Guid {
+    // Bounded: a zero from the kernel's generator twice in a row does not happen.
+    for _ in 0..8 {
+        let mut g = [0u8; 8];
+        // SAFETY: getrandom writes at most `g.len()` bytes into the valid buffer.
+        let n = unsafe { libc::getrandom(g.as_mut_ptr().cast(), g.len(), 0) };
+        let v = u64::from_le_bytes(g);
+        if n == 8 && v != 0 {
+            return Guid(v);
+        }
+    }
+    panic!("getrandom failed to produce a guid")
+}
+
+impl TxgControl {
+    /// Closes txg 1 of a new pool for its first sync.
+    fn next_after_create(&self) -> Txg {
+        let mut s = self.state.lock().unwrap();
+        let t = s.open;
+        s.open = Txg(t.0 + 1);
+        s.syncing = Some(t);
+        t
+    }
+}

@@ -1,0 +1,187 @@
+//! Space: the dirty-data limit and the slop a txg sync may always use; the check every writer
+//! passes before it dirties anything (so that a sync never runs out of space); and the pin a
+//! scrub batch holds on deferred frees, with the writers that wait for it.
+
+use crate::spa::{Spa, SpaState};
+use crate::vdev::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
+use crate::{EngineError, Result};
+use oxpool_format::Txg;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::task::{Poll, Waker};
+
+/// The dirty-data limit in force: `dirty_max`, but at most an eighth of the pool. A txg's
+/// space is allocated anew (copy-on-write) while the space it frees comes back only
+/// DEFER_TXGS txgs later, so a few txgs' worth of free space must always exist.
+pub(crate) fn effective_dirty_max(dirty_max_bytes: u64, pool_bytes: u64) -> u64 {
+    dirty_max_bytes.min((pool_bytes / 8).max(1 << 20))
+}
+
+/// Space kept for txg syncs beyond what writers charge to their txgs (see
+/// [`Spa::wait_for_space`]): the space maps, the pool metadata (whose list of deferred
+/// frees grows with what recent txgs freed), a tree growing a level. Writers may not use it;
+/// the sync may (as ZFS's slop space). Frees may use half of it: they give space back.
+pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
+    (pool_bytes / 32).max(4 << 20)
+}
+
+/// Syncs a writer waits through for space before it gets ENOSPC (each returns deferred frees).
+const SPACE_WAIT_SYNCS_MAX: u32 = 2 * DEFER_TXGS as u32 + 4;
+
+/// A writer's place in the space check, from [`Spa::wait_for_space`] until its change is
+/// charged to its txg ([`crate::spa::txg::TxgHold::note_dirty`]): while it lives, the worst case of
+/// the change counts as needed, so concurrent writers cannot all pass the check on the same
+/// free space. Drop it after `note_dirty`.
+pub(crate) struct SpaceAdmission<'a> {
+    inner: &'a Spa,
+    bytes: ClassBytes,
+}
+
+impl Drop for SpaceAdmission<'_> {
+    fn drop(&mut self) {
+        self.inner.txg.state.lock().unwrap().space_admitting -= self.bytes;
+    }
+}
+
+impl Spa {
+    /// Empty-slab space that must stay free beside what the pending syncs need: the slop
+    /// (half of it for `frees`), and one slab per size class and data vdev that a sync may
+    /// leave partly filled (see [`Allocator::fits`]).
+    pub(crate) fn sync_reserve(alloc: &Allocator, space: &Space, frees: bool) -> u64 {
+        let slop = slop_bytes(space.size_bytes);
+        let slop = if frees { slop / 2 } else { slop };
+        slop + CLASSES as u64 * SLAB_BYTES * alloc.data_vdevs() as u64
+    }
+
+    /// Whether `need` fits with the reserve left over (see [`Allocator::fits`]).
+    fn fits(alloc: &Allocator, need: &ClassBytes, frees: bool) -> bool {
+        let space = alloc.space();
+        space.fits(need, Self::sync_reserve(alloc, &space, frees))
+    }
+
+    /// Whether something outside the txg sync (the intent log) may allocate `extra` now: it
+    /// must leave the pending syncs everything they may need and the slop. Called with the
+    /// pool's state locked (the allocator) and allocating under the same lock.
+    pub(crate) fn may_allocate_outside_sync(&self, alloc: &Allocator, extra: ClassBytes) -> bool {
+        let need = self.txg.state.lock().unwrap().space_needed() + extra;
+        Self::fits(alloc, &need, false)
+    }
+
+    /// The write throttle's space check. A change whose txg sync may allocate up to `bytes`
+    /// (by size class, every copy) waits until it fits beside what every unsynced txg's sync
+    /// may allocate, with the reserve left over ([`Allocator::fits`]: sure to fit, not just
+    /// in total bytes but in places the blocks can go). Each round asks for a sync, which
+    /// releases its txg's charge and returns deferred frees; ENOSPC after a bounded number.
+    /// This is what makes a sync never run out of space: everything it allocates was charged
+    /// and checked here first (the intent log's allocations are checked the same way, see
+    /// [`Spa::may_allocate_outside_sync`]).
+    pub(crate) async fn wait_for_space(
+        &self,
+        bytes: ClassBytes,
+        frees: bool,
+    ) -> Result<SpaceAdmission<'_>> {
+        for _ in 0..SPACE_WAIT_SYNCS_MAX {
+            let held_back = {
+                let s = self.state.lock().unwrap();
+                let mut t = self.txg.state.lock().unwrap();
+                let need = t.space_needed() + bytes;
+                if Self::fits(&s.alloc, &need, frees) {
+                    t.space_admitting += bytes;
+                    return Ok(SpaceAdmission { inner: self, bytes });
+                }
+                let batch = batches_done(self);
+                pin_holds_frees(&s, t.open).then_some(batch)
+            };
+            // A scrub batch holds back frees the next sync would give back: they come back
+            // only once it is done. Not a round of its own: one batch's reads, then the sync.
+            if let Some(batch) = held_back {
+                wait_batch_done(self, batch).await;
+            }
+            let open = self.txg.state.lock().unwrap().open;
+            self.txg.kick();
+            self.txg.wait_synced(open, true).await?;
+        }
+        Err(EngineError::NoSpace {
+            pool: self.name.clone(),
+        })
+    }
+}
+
+/// Bound on the list of writers waiting for a scan batch's pin to go (each re-registers on
+/// every poll; duplicates are dropped).
+const PIN_WAITERS_MAX: usize = 1 << 16;
+
+/// Scrub batches done, and the writers waiting for the running one.
+#[derive(Default)]
+pub(crate) struct ScanBatches {
+    waiters: Mutex<Vec<Waker>>,
+    done: AtomicU64,
+}
+
+/// Holds back the release of deferred frees newer than the last durable txg while it lives:
+/// a scrub batch reads only blocks whose places cannot be reused under it (`dsl/scan.rs`).
+pub(crate) struct ScanPin<'a> {
+    spa: &'a Spa,
+}
+
+impl<'a> ScanPin<'a> {
+    /// Pins the last durable txg.
+    pub(crate) fn set(spa: &'a Spa) -> ScanPin<'a> {
+        let mut s = spa.state.lock().unwrap();
+        // Under the state lock, which the sync holds while it releases frees: a release
+        // either happened before this (and freed nothing the caller can reach from what it
+        // reads next) or sees the pin.
+        debug_assert!(s.scan_pin.is_none(), "one scan at a time");
+        s.scan_pin = Some(spa.txg.synced());
+        ScanPin { spa }
+    }
+}
+
+impl Drop for ScanPin<'_> {
+    fn drop(&mut self) {
+        self.spa.state.lock().unwrap().scan_pin = None;
+        self.spa.scan_batches.done.fetch_add(1, Ordering::SeqCst);
+        let waiters = std::mem::take(&mut *self.spa.scan_batches.waiters.lock().unwrap());
+        for w in waiters {
+            w.wake();
+        }
+    }
+}
+
+/// The number of scan batches done so far (to wait for the next with [`wait_batch_done`]).
+fn batches_done(spa: &Spa) -> u64 {
+    spa.scan_batches.done.load(Ordering::SeqCst)
+}
+
+/// Whether the scan's pin holds back a deferred free that the sync of txg `next` would
+/// otherwise release (called with the pool's state locked).
+fn pin_holds_frees(s: &SpaState, next: Txg) -> bool {
+    s.scan_pin.is_some_and(|pin| {
+        s.deferred
+            .iter()
+            .any(|d| d.txg > pin && d.txg.0 + DEFER_TXGS < next.0)
+    })
+}
+
+/// Waits until the scan batch running when [`batches_done`] returned `seen` is done: a
+/// writer short of space whose frees a batch holds back waits for that batch (its reads)
+/// rather than for syncs that cannot give the space back.
+async fn wait_batch_done(spa: &Spa, seen: u64) {
+    poll_fn(|cx| {
+        // Registered before the check, which ScanPin::drop's wake follows: no wake-up is lost.
+        {
+            let mut waiters = spa.scan_batches.waiters.lock().unwrap();
+            if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                assert!(waiters.len() < PIN_WAITERS_MAX, "pin waiter list overflow");
+                waiters.push(cx.waker().clone());
+            }
+        }
+        if batches_done(spa) == seen && spa.state.lock().unwrap().scan_pin.is_some() {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await
+}

@@ -1,0 +1,270 @@
+//! The txg sync: the commit protocol of spa/mod.rs, and the thread that runs it.
+
+use crate::spa::block::{META_COPIES, SYNC_WRITES_IN_FLIGHT_MAX};
+use crate::spa::meta::write_pool_meta;
+use crate::spa::{now_ns, Spa};
+use crate::vdev::alloc::DEFER_TXGS;
+use crate::vdev::label::write_uberblock;
+use crate::vdev::queue::IoClass;
+use crate::vdev::{Leaf, TopVdev};
+use crate::zio::write_blocks_shared;
+use crate::{EngineError, Result};
+use oxpool_format::{
+    checksum, encode_meta_block, BlockPtr, BlockType, Compression, DeferredFree, Dva, PoolMeta,
+    SpaceMapMeta, Txg, Uberblock, VdevId, VolumeMeta, SECTOR_BYTES, SPACEMAP_CHUNK_PAYLOAD_BYTES,
+};
+use oxpool_io::rt::{block_on, join_all};
+use oxpool_io::IoBuf;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+/// What the layer above contributes to the pool's metadata each txg.
+pub(crate) struct UpperMeta {
+    /// Every dataset's record.
+    pub volumes: Vec<VolumeMeta>,
+    /// The next dataset id.
+    pub next_volume_id: u64,
+}
+
+/// What the txg sync asks of the layer above it (the datasets): the pool knows nothing of
+/// datasets, and nothing below calls up; this is what is passed down for it to call.
+pub(crate) trait SyncClient: Send + Sync {
+    /// Writes the changes of txg `txg` into blocks (through `spa`); the places they free go
+    /// to `freed`.
+    fn sync<'a>(
+        &'a self,
+        spa: &'a Spa,
+        txg: Txg,
+        freed: &'a mut Vec<Dva>,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
+    /// Its part of txg `txg`'s pool metadata, once the space maps are placed; places it no
+    /// longer needs (intent-log blocks) go to `freed`.
+    fn meta(&self, txg: Txg, freed: &mut Vec<Dva>) -> UpperMeta;
+    /// Txg `txg` is durable; `cache_max_bytes` is what its caches of indirect blocks may keep
+    /// in all.
+    fn synced(&self, txg: Txg, cache_max_bytes: u64);
+}
+
+/// Writes txg `txg` out and commits it (see the module comment for the protocol).
+pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> Result<()> {
+    let mut freed: Vec<Dva> = Vec::new();
+    inner.log_alloc_bytes_since_sync.store(0, Ordering::Relaxed);
+    // Frees old enough are allocatable again from this txg on.
+    {
+        let mut s = inner.state.lock().unwrap();
+        let pin = s.scan_pin;
+        let (ready, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.deferred)
+            .into_iter()
+            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0 && pin.is_none_or(|p| d.txg <= p));
+        s.deferred = keep;
+        for d in ready {
+            for dva in &d.dvas {
+                s.alloc.free(dva);
+            }
+        }
+    }
+    // The layer above writes its changes of this txg into blocks.
+    upper.sync(inner, txg, &mut freed).await?;
+    // Space maps: give every changed chunk a new place until no allocation changes a chunk
+    // that has none yet (each round only allocates for chunks new to the set: bounded by the
+    // number of chunks), then write them with their final bits.
+    let mut pending: BTreeMap<(u32, u64), Vec<Dva>> = BTreeMap::new();
+    {
+        let mut s = inner.state.lock().unwrap();
+        let nvdevs = s.alloc.maps().len();
+        let chunk_total: usize = s.chunk_ptrs.iter().map(|c| c.len()).sum();
+        for _round in 0..=chunk_total + 1 {
+            let mut added = false;
+            for v in 0..nvdevs {
+                let dirty = s.alloc.map_mut(VdevId(v as u32)).take_dirty_chunks();
+                for c in dirty {
+                    if let std::collections::btree_map::Entry::Vacant(e) =
+                        pending.entry((v as u32, c))
+                    {
+                        let dvas = s.alloc.alloc(SECTOR_BYTES, META_COPIES).ok_or_else(|| {
+                            EngineError::NoSpace {
+                                pool: inner.name.clone(),
+                            }
+                        })?;
+                        e.insert(dvas);
+                        added = true;
+                    }
+                }
+            }
+            if !added {
+                break;
+            }
+        }
+        debug_assert!(s.alloc.maps().iter().all(|m| m.dirty_chunk_count() == 0));
+    }
+    let mut chunk_writes = Vec::new();
+    {
+        let s = inner.state.lock().unwrap();
+        for ((v, c), dvas) in &pending {
+            let mut bits = vec![0u8; SPACEMAP_CHUNK_PAYLOAD_BYTES];
+            s.alloc.map(VdevId(*v)).chunk_bits(*c, &mut bits);
+            let block = IoBuf::from_slice(&encode_meta_block(BlockType::SpaceMap, &bits));
+            let mut bp = BlockPtr {
+                ndvas: dvas.len() as u8,
+                lsize_bytes: block.len() as u32,
+                psize_bytes: block.len() as u32,
+                checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+                compression: Compression::Off,
+                block_type: BlockType::SpaceMap,
+                level: 0,
+                birth: txg,
+                fill: 0,
+                checksum: checksum(oxpool_format::ChecksumType::Xxh3_128, &block),
+                ..BlockPtr::HOLE
+            };
+            bp.dvas[..dvas.len()].copy_from_slice(dvas);
+            let old = s.chunk_ptrs[*v as usize][*c as usize];
+            chunk_writes.push((*v, *c, bp, Arc::new(block), old));
+        }
+    }
+    for batch in chunk_writes.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+        let list: Vec<(&[Dva], &Arc<IoBuf>)> = batch
+            .iter()
+            .map(|(_, _, bp, block, _)| (bp.dvas(), block))
+            .collect();
+        for r in write_blocks_shared(&inner.zio, IoClass::AsyncWrite, &list).await {
+            r?;
+        }
+    }
+    // The layer above's part of the pool metadata, taken after the space maps were encoded
+    // (so every log block allocated before then is either still held, and listed, or handed
+    // back here to free).
+    let datasets = upper.meta(txg, &mut freed);
+    // Build the pool metadata.
+    let meta_block = {
+        let mut s = inner.state.lock().unwrap();
+        for (v, c, bp, _, old) in &chunk_writes {
+            s.chunk_ptrs[*v as usize][*c as usize] = *bp;
+            freed.extend_from_slice(old.dvas());
+        }
+        freed.extend_from_slice(&s.meta_places);
+        let mut deferred = s.deferred.clone();
+        if !freed.is_empty() {
+            deferred.push(DeferredFree {
+                txg,
+                dvas: freed.clone(),
+            });
+        }
+        let meta = PoolMeta {
+            name: inner.name.clone(),
+            guid: inner.guid,
+            txg,
+            tree: inner.zio.vdevs.config(),
+            props: s.props.to_pairs(),
+            volumes: datasets.volumes,
+            spacemaps: s
+                .alloc
+                .maps()
+                .iter()
+                .enumerate()
+                .map(|(v, m)| SpaceMapMeta {
+                    vdev: VdevId(v as u32),
+                    allocated_bytes: m.allocated_bytes(),
+                    chunks: s.chunk_ptrs[v].clone(),
+                })
+                .collect(),
+            deferred_frees: deferred,
+            next_volume_id: datasets.next_volume_id,
+        };
+        meta.encode()
+    };
+    let (meta_ptr, meta_places) = write_pool_meta(inner, txg, &meta_block).await?;
+    flush_all(inner).await?;
+    let ub = Uberblock {
+        txg,
+        timestamp_ns: now_ns(),
+        pool_guid: inner.guid,
+        root: meta_ptr,
+    };
+    let mut written = 0;
+    let mut last_err = None;
+    let leaves: Vec<_> = inner.zio.vdevs.leaves().cloned().collect();
+    let futs: Vec<_> = leaves
+        .iter()
+        .map(|l| {
+            let ub = &ub;
+            async move { write_uberblock(l.backend.as_ref(), ub).await }
+        })
+        .collect();
+    for r in join_all(futs).await {
+        match r {
+            Ok(()) => written += 1,
+            Err(e) => last_err = Some(e),
+        }
+    }
+    if written == 0 {
+        return Err(last_err.unwrap_or_else(|| EngineError::invalid("no device to commit to")));
+    }
+    flush_all(inner).await?;
+    // Durable. Publish the new state.
+    let cache_max_bytes;
+    {
+        let mut s = inner.state.lock().unwrap();
+        s.meta_ptr = meta_ptr;
+        s.meta_places = meta_places;
+        if !freed.is_empty() {
+            s.deferred.push(DeferredFree { txg, dvas: freed });
+        }
+        cache_max_bytes = s.props.cache_max_bytes;
+    }
+    upper.synced(txg, cache_max_bytes);
+    Ok(())
+}
+
+async fn flush_all(inner: &Spa) -> Result<()> {
+    // One snapshot of the tree: a vdev added meanwhile is not in this txg's configuration.
+    let tops: Vec<&TopVdev> = inner.zio.vdevs.tops().collect();
+    let ios: Vec<(usize, Arc<Leaf>)> = tops
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| t.leaves().map(move |l| (i, l.clone())))
+        .collect();
+    let futs: Vec<_> = ios.iter().map(|(_, l)| l.flush()).collect();
+    let mut flushed = vec![false; tops.len()];
+    let mut last_err = None;
+    for ((top, l), r) in ios.iter().zip(join_all(futs).await) {
+        inner
+            .log_counters
+            .device_flushes
+            .fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(()) => flushed[*top] = true,
+            Err(e) => {
+                l.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                last_err = Some(EngineError::io(l.name(), e));
+            }
+        }
+    }
+    // Every top-level vdev must have a child whose writes are now durable: a stripe whose
+    // member did not flush cannot commit, since blocks of this txg may live only there. A
+    // mirror child that failed is counted and the mirror goes on with the others.
+    if flushed.iter().all(|&f| f) {
+        Ok(())
+    } else {
+        Err(last_err.unwrap_or_else(|| EngineError::invalid("a top-level vdev has no device")))
+    }
+}
+
+/// The sync thread of a pool: syncs each txg as the txg engine hands it over, asking `upper`
+/// for its part, until the pool stops (or either is gone).
+pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
+    // Nobody waits on this thread's I/O completions within microseconds: sleep, don't spin.
+    oxpool_io::rt::set_spin(false);
+    loop {
+        let Some(inner) = pool.upgrade() else { return };
+        let Some(txg) = inner.txg.next_to_sync() else {
+            return;
+        };
+        let Some(upper) = upper.upgrade() else { return };
+        let r = block_on(sync_txg(&inner, upper.as_ref(), txg));
+        inner.txg.finish_sync(txg, &r);
+    }
+}

@@ -1,0 +1,866 @@
+//! The intent log: synchronous writes durable in milliseconds, in parallel, with group commit.
+//!
+//! Every change to a volume (write, trim, write-zeroes) appends an in-memory record (an itx)
+//! tagged with its txg. A commit (FLUSH, FUA, `sync=always`) makes every itx up to a point
+//! durable by writing them into log blocks, a chain on disk: each block names the next one,
+//! whose place is allocated before the block is written. Replay at import applies the records
+//! newer than the last committed txg.
+//!
+//! Group commit, as OpenZFS's ZIL after PR 10163:
+//! - A committer that finds records not yet in a block becomes the builder: it moves every
+//!   pending record (its own and everyone else's) into the open block. Data of a record is
+//!   fetched at that moment (the volume's current content under a read range lock), so writes
+//!   that are never committed cost no copy.
+//! - A full block is issued at once. The last, partly filled block is issued at once when the
+//!   committer is alone (queue depth 1 never waits), and otherwise left open for a short window
+//!   (a tenth of the measured log-block latency, within 20 us..1 ms) so that concurrent
+//!   committers share its write and its flush.
+//! - Blocks are written outside the lock; several may be in flight. A block counts as durable
+//!   only when it and every block before it in the chain are written and flushed, because
+//!   replay stops at the first block missing.
+//! - Every committer waits asynchronously on the log's waker list; no thread is held.
+//! - On a log write error the committer falls back to waiting for the txg sync, and the next
+//!   txg sync starts a new chain.
+
+use crate::dsl::dataset::DatasetLog;
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::vdev::Leaf;
+use crate::{EngineError, Result};
+use oxpool_format::{
+    BlockPtr, Dva, Guid, LogBlockWriter, LogRecord, Txg, VdevId, VolumeId, LOG_BLOCK_BYTES_MAX,
+    LOG_RECORD_HEADER_BYTES,
+};
+use oxpool_io::IoBuf;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+use std::time::{Duration, Instant};
+
+/// Shortest and longest time the last block stays open for concurrent committers.
+pub(crate) const OPEN_WINDOW_MIN: Duration = Duration::from_micros(20);
+pub(crate) const OPEN_WINDOW_MAX: Duration = Duration::from_millis(1);
+/// Sequence numbers skipped when a chain restarts, so no block of an abandoned chain can ever
+/// be mistaken for one of the new chain.
+pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
+/// Closed log blocks one build collects before it stops taking records (128 KiB each at
+/// most): enough for every request a connection can have in flight, and a bound on what one
+/// builder holds in memory.
+pub(crate) const BUILD_CLOSED_BLOCKS_MAX: usize = 16;
+/// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
+pub(crate) const WAITERS_MAX: usize = 1 << 16;
+/// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
+pub(crate) const CHAIN_BLOCKS_MAX: usize = 1 << 20;
+
+/// What an itx records.
+#[derive(Clone, Debug)]
+pub(crate) enum ItxKind {
+    /// A write; data copied at write time (`Some`, for writes committed right away) or fetched
+    /// from the volume when the record is built (`None`).
+    Write {
+        offset_bytes: u64,
+        length_bytes: u64,
+        data: Option<Arc<[u8]>>,
+    },
+    /// A trim.
+    Free {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    /// A write of zeros.
+    Zero {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Itx {
+    pub(crate) seq: u64,
+    pub(crate) txg: Txg,
+    pub(crate) kind: ItxKind,
+}
+
+/// The block being filled.
+pub(crate) struct OpenBlock {
+    pub(crate) seq: u64,
+    pub(crate) addr: Dva,
+    /// Place of the next block, allocated before this one is written.
+    pub(crate) next: Dva,
+    pub(crate) buf: IoBuf,
+    pub(crate) writer: LogBlockWriter,
+    /// Lowest and highest itx seq with a record in this block.
+    pub(crate) itx_first: u64,
+    pub(crate) itx_last: u64,
+    pub(crate) max_txg: Txg,
+    /// When the block must be issued even if not full (set when committers are concurrent).
+    pub(crate) deadline: Option<Instant>,
+    /// Vdevs holding blocks written in place for this block's indirect records: flushed with
+    /// the log block, so the records never point at data that is not durable.
+    pub(crate) flush_vdevs: Vec<VdevId>,
+}
+
+/// A block written (or being written) since the persisted head.
+#[derive(Debug)]
+pub(crate) struct ChainBlock {
+    pub(crate) seq: u64,
+    pub(crate) addr: Dva,
+    pub(crate) itx_first: u64,
+    pub(crate) max_txg: Txg,
+    /// Written and flushed.
+    pub(crate) done: bool,
+    /// The write or flush failed: never durable, and the durable point never passes it.
+    pub(crate) failed: bool,
+}
+
+pub(crate) struct ZilState {
+    pub(crate) pending: VecDeque<Itx>,
+    pub(crate) next_itx: u64,
+    /// Every itx with a smaller seq is durable (in a durable block, or its txg synced).
+    pub(crate) durable_itx: u64,
+    pub(crate) open: Option<OpenBlock>,
+    pub(crate) building: bool,
+    /// Lowest itx seq of the batch a builder took out of `pending` and has not placed yet.
+    pub(crate) building_first: Option<u64>,
+    /// A build failed after taking records out of `pending`: those records are in no block,
+    /// so the durable point stays below the lowest of them until the txg holding the newest
+    /// of them has synced (then the pool has them).
+    pub(crate) lost_floor: Option<(u64, Txg)>,
+    /// Blocks of consecutive seqs, oldest first.
+    pub(crate) chain: VecDeque<ChainBlock>,
+    /// No block of the chain below this seq is still unwritten: where the search for the
+    /// first unwritten block resumes, so advancing the durable point is O(1) amortised, not a
+    /// walk over a chain of tens of thousands of blocks at every commit.
+    pub(crate) chain_done_below_seq: u64,
+    /// Where the next block to open goes, and its seq. `None` until the first commit.
+    pub(crate) next_addr: Option<(Dva, u64)>,
+    /// Seq of the chain's first block, used when `next_addr` is first allocated.
+    pub(crate) first_seq: u64,
+    /// The txg whose sync persists the place of the chain's first block: no block may be
+    /// written before it is durable, or import would not find the chain.
+    pub(crate) anchor_txg: Txg,
+    pub(crate) waiters: Vec<Waker>,
+    pub(crate) latency_ewma_ns: u64,
+    pub(crate) committers: u32,
+    /// A log write failed: commits wait for txg syncs until the next sync restarts the chain.
+    pub(crate) broken: bool,
+    /// `logcommit=serial`: a commit is running (one at a time).
+    pub(crate) serial_busy: bool,
+    /// Bytes used by the last blocks closed (for the size of the next ones), newest last.
+    pub(crate) recent_used_bytes: VecDeque<u64>,
+    /// Blocks no longer needed, to free at the next txg sync.
+    pub(crate) to_free: Vec<Dva>,
+    /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
+    /// further one fails as if the pool were full.
+    pub(crate) alloc_ok_left: Option<u64>,
+}
+
+/// One volume's intent log.
+pub(crate) struct Zil {
+    pub(crate) pool_guid: Guid,
+    pub(crate) volume: VolumeId,
+    pub(crate) state: Mutex<ZilState>,
+}
+
+impl Zil {
+    /// A new, empty log whose first block will have sequence number `first_seq`; `to_free`
+    /// are blocks of an older chain (replayed at import), freed by the next txg sync.
+    pub fn new(pool_guid: Guid, volume: VolumeId, first_seq: u64, to_free: Vec<Dva>) -> Zil {
+        Zil {
+            pool_guid,
+            volume,
+            state: Mutex::new(ZilState {
+                pending: VecDeque::new(),
+                next_itx: 1,
+                durable_itx: 1,
+                open: None,
+                building: false,
+                building_first: None,
+                lost_floor: None,
+                chain: VecDeque::new(),
+                chain_done_below_seq: 0,
+                next_addr: None,
+                first_seq: first_seq.max(1),
+                anchor_txg: Txg(0),
+                waiters: Vec::new(),
+                latency_ewma_ns: 1_000_000,
+                committers: 0,
+                broken: false,
+                serial_busy: false,
+                recent_used_bytes: VecDeque::new(),
+                to_free,
+                alloc_ok_left: None,
+            }),
+        }
+    }
+
+    /// Records a change made in `txg`; returns its itx seq. Called with the change's range
+    /// lock held, so overlapping changes are logged in the order they were made.
+    pub fn append(&self, txg: Txg, kind: ItxKind) -> u64 {
+        let mut s = self.state.lock().unwrap();
+        let seq = s.next_itx;
+        s.next_itx += 1;
+        s.pending.push_back(Itx { seq, txg, kind });
+        seq
+    }
+
+    /// The seq of the last itx appended (0 if none).
+    pub fn last_itx(&self) -> u64 {
+        self.state.lock().unwrap().next_itx - 1
+    }
+
+    /// Called by the txg sync after txg `synced` committed: itxs of that txg and older are
+    /// durable through the pool and leave the log; done blocks at the front of the chain whose
+    /// records all belong to such txgs are no longer needed and are freed by the next sync.
+    pub fn txg_synced(&self, synced: Txg) {
+        let mut s = self.state.lock().unwrap();
+        s.pending.retain(|i| i.txg > synced);
+        if s.lost_floor.is_some_and(|(_, t)| t <= synced) {
+            s.lost_floor = None;
+        }
+        s.advance_durable();
+        // Bounded by the chain's length.
+        while let Some(front) = s.chain.front() {
+            if front.done && front.max_txg <= synced {
+                let b = s.chain.pop_front().unwrap();
+                s.to_free.push(b.addr);
+            } else {
+                break;
+            }
+        }
+        // Committers re-check: their txg may be durable now.
+        let waiters = std::mem::take(&mut s.waiters);
+        drop(s);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+
+    /// Whether import handed this log an old chain to free (then a sync must follow).
+    pub fn reserved_on_import_is_empty(&self) -> bool {
+        self.state.lock().unwrap().to_free.is_empty()
+    }
+
+    /// Every place the log holds (to persist: import frees them after replay).
+    pub fn reserved(&self) -> Vec<Dva> {
+        let s = self.state.lock().unwrap();
+        let mut v: Vec<Dva> = s.chain.iter().map(|c| c.addr).collect();
+        v.extend(s.open.as_ref().map(|o| o.addr));
+        v.extend(s.next_addr.map(|(a, _)| a));
+        v
+    }
+
+    /// The head to persist in the volume's metadata: the first block still needed, else where
+    /// the next block goes.
+    pub fn head(&self) -> Option<(Dva, u64)> {
+        let s = self.state.lock().unwrap();
+        if let Some(c) = s.chain.front() {
+            return Some((c.addr, c.seq));
+        }
+        if let Some(o) = &s.open {
+            return Some((o.addr, o.seq));
+        }
+        s.next_addr
+    }
+
+    /// Blocks to free in the txg being synced (no longer reachable from the head it persists).
+    pub fn take_to_free(&self) -> Vec<Dva> {
+        std::mem::take(&mut self.state.lock().unwrap().to_free)
+    }
+
+    /// After a log error: abandon the chain (called by the txg sync that just committed
+    /// `synced`). The next commit anchors a new chain at a fresh place, and that anchor's txg
+    /// sync makes every record of the old chain redundant. Blocks that will never be written
+    /// (the open block, whose committers all fall back to the txg, and blocks closed by a build
+    /// that failed) are dropped with the rest; their records of txgs not yet synced set the
+    /// lost floor, so the durable point cannot pass them before their txg has synced.
+    /// Waits (does nothing) while a block is still being written or built.
+    pub fn restart_if_broken(&self, synced: Txg) {
+        let mut s = self.state.lock().unwrap();
+        if !s.broken || s.building || s.chain.iter().any(|c| !c.done && !c.failed) {
+            return;
+        }
+        let mut dropped: Vec<(u64, Txg)> = Vec::new();
+        if let Some(o) = s.open.take() {
+            dropped.push((o.itx_first, o.max_txg));
+            s.to_free.push(o.addr);
+        }
+        // Replay stops at the first block not written: from there on, written or not, no
+        // block's records are durable through this chain.
+        let blocks: Vec<ChainBlock> = s.chain.drain(..).collect();
+        let mut reachable = true;
+        for c in blocks {
+            reachable &= c.done;
+            if !reachable {
+                dropped.push((c.itx_first, c.max_txg));
+            }
+            s.to_free.push(c.addr);
+        }
+        for (first, max_txg) in dropped {
+            if max_txg > synced {
+                s.lose_records(first, max_txg);
+            }
+        }
+        if let Some((addr, seq)) = s.next_addr.take() {
+            s.to_free.push(addr);
+            s.first_seq = seq + SEQ_RESTART_GAP;
+        }
+        s.broken = false;
+        let waiters = std::mem::take(&mut s.waiters);
+        drop(s);
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl ZilState {
+    /// Size for the next block's place, chosen before the block it follows is written: big
+    /// enough for the largest of the recent blocks' contents (commits come in similar bursts),
+    /// so a queue-depth-1 writer uses small blocks and a busy one large ones (as ZFS's
+    /// zil_lwb_predict, simplified).
+    pub(crate) fn predict_block_bytes(&self) -> u64 {
+        let recent = self.recent_used_bytes.iter().copied().max().unwrap_or(0);
+        recent
+            .next_multiple_of(oxpool_format::SECTOR_BYTES)
+            .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
+    }
+
+    /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
+    /// and in no block that will be written: the durable point must not pass them, and
+    /// commits fall back to the txg. `unissued` are blocks the build closed and will not issue:
+    /// marked failed, so the txg sync can restart the chain (see
+    /// [`Zil::restart_if_broken`]) instead of waiting forever for them to be written.
+    pub(crate) fn fail_batch(&mut self, first: u64, max_txg: Txg, unissued: &[OpenBlock]) {
+        self.building_first = None;
+        self.broken = true;
+        for b in unissued {
+            if let Some(c) = self.chain_block_mut(b.seq) {
+                c.failed = true;
+            }
+        }
+        self.lose_records(first, max_txg);
+    }
+
+    /// Records of seqs >= `first` (txgs up to `max_txg`) are in no block that will be written:
+    /// only the sync of `max_txg` makes them durable.
+    pub(crate) fn lose_records(&mut self, first: u64, max_txg: Txg) {
+        self.lost_floor = Some(match self.lost_floor {
+            Some((s, t)) => (s.min(first), t.max(max_txg)),
+            None => (first, max_txg),
+        });
+    }
+
+    /// Whether a commit up to itx `target` must wait for the txg: the log is broken, or some
+    /// record at or below `target` is in no block that will be written.
+    pub(crate) fn needs_txg(&self, target: u64) -> bool {
+        self.broken || self.lost_floor.is_some_and(|(seq, _)| seq <= target)
+    }
+
+    /// Allocates the place of a log block (see [`alloc_log_block`]), unless the test hook says
+    /// the pool is full.
+    pub(crate) fn alloc_block(&mut self, inner: &Spa, size_bytes: u64) -> Option<Dva> {
+        match self.alloc_ok_left {
+            Some(0) => return None,
+            Some(n) => self.alloc_ok_left = Some(n - 1),
+            None => {}
+        }
+        alloc_log_block(inner, size_bytes)
+    }
+
+    /// Moves the durable point up to the lowest itx that may still be lost: pending, being
+    /// built, in the open block, or in the first block not yet written. Everything below it is
+    /// in a written block or belongs to a synced txg.
+    pub(crate) fn advance_durable(&mut self) {
+        let mut c = self.next_itx;
+        if let Some(i) = self.pending.front() {
+            c = c.min(i.seq);
+        }
+        if let Some(b) = self.building_first {
+            c = c.min(b);
+        }
+        if let Some((seq, _)) = self.lost_floor {
+            c = c.min(seq);
+        }
+        if let Some(o) = &self.open {
+            c = c.min(o.itx_first);
+        }
+        if let Some(u) = self.first_unwritten() {
+            c = c.min(u.itx_first);
+        }
+        self.durable_itx = self.durable_itx.max(c);
+    }
+
+    /// The chain's block of sequence number `seq` (the chain's seqs are consecutive).
+    pub(crate) fn chain_block_mut(&mut self, seq: u64) -> Option<&mut ChainBlock> {
+        let first = self.chain.front()?.seq;
+        let b = self
+            .chain
+            .get_mut(usize::try_from(seq.checked_sub(first)?).ok()?)?;
+        debug_assert_eq!(b.seq, seq, "chain seqs are consecutive");
+        Some(b)
+    }
+
+    /// The chain's first block not written yet.
+    pub(crate) fn first_unwritten(&mut self) -> Option<&ChainBlock> {
+        let first = self.chain.front()?.seq;
+        let mut seq = self.chain_done_below_seq.max(first);
+        // Bounded by the chain's length; each block is passed once over its life.
+        while self
+            .chain
+            .get((seq - first) as usize)
+            .is_some_and(|b| b.done)
+        {
+            seq += 1;
+        }
+        self.chain_done_below_seq = seq;
+        self.chain.get((seq - first) as usize)
+    }
+}
+
+pub(crate) fn register(waiters: &mut Vec<Waker>, w: &Waker) {
+    if !waiters.iter().any(|x| x.will_wake(w)) {
+        assert!(waiters.len() < WAITERS_MAX, "log waiter list overflow");
+        waiters.push(w.clone());
+    }
+}
+
+/// Smallest log block allocated.
+pub(crate) const LOG_BLOCK_BYTES_MIN: u64 = 8 << 10;
+
+/// Allocates the place of one log block of `size_bytes` (one copy; on a mirror the mirror is
+/// the redundancy). Log space piles up until a txg sync trims the chains, so a lot of it
+/// asks for a sync. On the pool's data vdevs the block must leave the pending txg syncs the
+/// space they may need ([`Spa::may_allocate_outside_sync`]): else None, and the commit
+/// waits for the txg instead (as ZFS's ZIL when the pool is nearly full).
+pub(crate) fn alloc_log_block(inner: &Spa, size_bytes: u64) -> Option<Dva> {
+    let size = size_bytes.clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64);
+    let (dva, pool_bytes) = {
+        let mut st = inner.state.lock().unwrap();
+        let mut extra = crate::vdev::alloc::ClassBytes::default();
+        extra.add_blocks(size, 1, 1);
+        let data_ok = inner.may_allocate_outside_sync(&st.alloc, extra);
+        let dva = st.alloc.alloc_log(size, data_ok)?;
+        (dva, st.alloc.totals_bytes().0)
+    };
+    let since = inner
+        .log_alloc_bytes_since_sync
+        .fetch_add(size, Ordering::Relaxed)
+        + size;
+    // A quarter of dirty_max (log bytes are dirty data in all but name), and never more than
+    // a sixteenth of the pool, since freed log space comes back only DEFER_TXGS syncs later.
+    let dirty_max = inner.txg.state.lock().unwrap().dirty_max_bytes;
+    let limit = (dirty_max / 4).max(16 << 20).min(pool_bytes / 16);
+    if since > limit {
+        inner.txg.kick();
+    }
+    Some(dva)
+}
+
+/// Releases the serial lock of `logcommit=serial`.
+pub(crate) struct SerialGuard<'a>(pub(crate) &'a Zil);
+
+impl Drop for SerialGuard<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut s = self.0.state.lock().unwrap();
+            s.serial_busy = false;
+            std::mem::take(&mut s.waiters)
+        };
+        waiters.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// A record ready to go into a block.
+pub(crate) enum Built {
+    Write {
+        txg: Txg,
+        offset_bytes: u64,
+        data: Arc<[u8]>,
+    },
+    Indirect {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+        bp: BlockPtr,
+    },
+    Free {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    Zero {
+        txg: Txg,
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+impl Built {
+    /// The record as it goes into a block (a write's data is split by `place`, not here).
+    pub(crate) fn record(&self) -> LogRecord<'_> {
+        match *self {
+            Built::Write {
+                txg,
+                offset_bytes,
+                ref data,
+            } => LogRecord::Write {
+                txg,
+                offset_bytes,
+                data,
+            },
+            Built::Indirect {
+                txg,
+                offset_bytes,
+                length_bytes,
+                bp,
+            } => LogRecord::Indirect {
+                txg,
+                offset_bytes,
+                length_bytes,
+                bp,
+            },
+            Built::Free {
+                txg,
+                offset_bytes,
+                length_bytes,
+            } => LogRecord::Free {
+                txg,
+                offset_bytes,
+                length_bytes,
+            },
+            Built::Zero {
+                txg,
+                offset_bytes,
+                length_bytes,
+            } => LogRecord::Zero {
+                txg,
+                offset_bytes,
+                length_bytes,
+            },
+        }
+    }
+}
+
+/// Closes the open block: from this moment it is in the chain, not yet written, so the durable
+/// point cannot pass its records whatever block finishes first.
+pub(crate) fn take_open(s: &mut ZilState) -> Option<OpenBlock> {
+    let o = s.open.take()?;
+    Some(close(s, o))
+}
+
+pub(crate) fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
+    debug_assert!(o.writer.record_count() > 0);
+    // A full block means the burst was bigger than predicted: ask for the most next time.
+    let used = if o.writer.free_bytes() < LOG_RECORD_HEADER_BYTES + 8 {
+        LOG_BLOCK_BYTES_MAX as u64
+    } else {
+        o.writer.used_bytes() as u64
+    };
+    if s.recent_used_bytes.len() == 8 {
+        s.recent_used_bytes.pop_front();
+    }
+    s.recent_used_bytes.push_back(used);
+    assert!(
+        s.chain.len() < CHAIN_BLOCKS_MAX,
+        "log chain not trimmed by txg syncs"
+    );
+    debug_assert!(s.chain.back().is_none_or(|c| c.seq + 1 == o.seq));
+    s.chain.push_back(ChainBlock {
+        seq: o.seq,
+        addr: o.addr,
+        itx_first: o.itx_first,
+        max_txg: o.max_txg,
+        done: false,
+        failed: false,
+    });
+    o
+}
+
+/// Writes a log block (one copy, every child of its vdev) and makes it durable together with
+/// the blocks its records point to.
+///
+/// When the block is all its commit needs (no record points at a block written in place;
+/// earlier blocks of the chain are durable on their own, see `advance_durable`), every copy
+/// is a durable (FUA) write and there is no flush: one I/O instead of a write, a wait, and
+/// an fdatasync that io_uring hands to a kernel worker thread. Otherwise the block is written
+/// plainly and every device involved is flushed, because a FUA write makes nothing else
+/// durable. A durable write counts as one device flush: on a device without FUA (most
+/// virtual disks, files) the kernel flushes the cache for it.
+pub(crate) async fn write_durably(
+    inner: &Spa,
+    addr: &Dva,
+    also_flush: &[VdevId],
+    data: IoBuf,
+) -> Result<()> {
+    // Only the used part (whole sectors) is written; the rest of the place stays as it was.
+    let written = Dva {
+        asize_bytes: data.len() as u32,
+        ..*addr
+    };
+    let zio = &inner.zio;
+    if also_flush.is_empty() {
+        crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
+        let copies = zio
+            .vdevs
+            .top(addr.vdev)
+            .map_or(0, |top| top.leaves().count()) as u64;
+        let counters = &inner.log_counters;
+        counters.durable_writes.fetch_add(copies, Ordering::Relaxed);
+        counters.flushes.fetch_add(copies, Ordering::Relaxed);
+        counters.device_flushes.fetch_add(copies, Ordering::Relaxed);
+        return Ok(());
+    }
+    crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
+    let mut vdevs = vec![addr.vdev];
+    vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
+    let mut leaves: Vec<Arc<Leaf>> = Vec::new();
+    for v in vdevs {
+        let top = inner
+            .zio
+            .vdevs
+            .top(v)
+            .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
+        leaves.extend(top.leaves().cloned());
+    }
+    let futs: Vec<_> = leaves.iter().map(|l| l.flush()).collect();
+    // Every device involved must have flushed: the records and the blocks they point to live
+    // there. A failing device makes the log fall back to txg syncs, which tolerate it.
+    let mut last = None;
+    for (l, r) in leaves.iter().zip(oxpool_io::rt::join_all(futs).await) {
+        inner.log_counters.flushes.fetch_add(1, Ordering::Relaxed);
+        inner
+            .log_counters
+            .device_flushes
+            .fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = r {
+            last = Some(EngineError::io(l.name(), e));
+        }
+    }
+    match last {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
+}
+
+/// What [`Volume::write_in_place`] did with one whole block of a sync write.
+pub(crate) enum InPlace {
+    /// Written in place (by index in the volume), for the txg sync to adopt.
+    Written(u64, crate::zio::compress::InPlaceBlock),
+    /// All zeros with compression on: nothing written, logged as a zeroing.
+    Zeros(u64),
+}
+
+/// Replay of one volume's log at import: the records newer than the committed txg, in order.
+pub(crate) struct Replay {
+    /// Records to apply (owned copies).
+    pub records: Vec<ReplayRecord>,
+    /// Blocks of the chain (claimed; freed after the replay's sync).
+    pub blocks: Vec<Dva>,
+    /// Seq after the last valid block.
+    pub end_seq: u64,
+    /// Blocks written in place for replayed records (claimed; freed after the replay).
+    pub indirect_blocks: Vec<Dva>,
+}
+
+/// An owned log record.
+#[derive(Debug)]
+pub(crate) enum ReplayRecord {
+    Write {
+        offset_bytes: u64,
+        data: Vec<u8>,
+    },
+    Free {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    Zero {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+}
+
+/// Walks a volume's chain from `first` and collects the records newer than `synced`.
+/// Stops at the first block that does not decode as the next of this chain.
+pub(crate) async fn read_chain(
+    zio: &crate::zio::Zio,
+    pool_guid: Guid,
+    volume: VolumeId,
+    first: Dva,
+    first_seq: u64,
+    synced: Txg,
+) -> Replay {
+    let mut out = Replay {
+        records: Vec::new(),
+        blocks: Vec::new(),
+        end_seq: first_seq,
+        indirect_blocks: Vec::new(),
+    };
+    let mut addr = first;
+    let mut seq = first_seq;
+    for _ in 0..CHAIN_BLOCKS_MAX {
+        if addr.asize_bytes == 0
+            || zio
+                .vdevs
+                .top(addr.vdev)
+                .is_none_or(|t| addr.end_bytes() > t.asize_bytes)
+        {
+            break;
+        }
+        // Each child of a mirror holds a copy; a torn one fails its checksum, so try each.
+        let mut found = None;
+        for io in zio
+            .vdevs
+            .top(addr.vdev)
+            .into_iter()
+            .flat_map(|t| t.plan_read(&addr))
+        {
+            let Ok(buf) = io
+                .leaf
+                .backend
+                .read(io.offset_bytes, IoBuf::zeroed(addr.asize_bytes as usize))
+                .await
+            else {
+                continue;
+            };
+            if oxpool_format::decode_log_block(&buf, pool_guid, volume, seq).is_ok() {
+                found = Some(buf);
+                break;
+            }
+        }
+        let Some(buf) = found else { break };
+        let (hdr, records) = oxpool_format::decode_log_block(&buf, pool_guid, volume, seq)
+            .expect("decoded just above");
+        for r in oxpool_format::log_records(records) {
+            let Ok(r) = r else { break };
+            if r.txg() <= synced {
+                continue;
+            }
+            out.records.push(match r {
+                LogRecord::Write {
+                    offset_bytes, data, ..
+                } => ReplayRecord::Write {
+                    offset_bytes,
+                    data: data.to_vec(),
+                },
+                LogRecord::Indirect {
+                    offset_bytes,
+                    length_bytes,
+                    bp,
+                    ..
+                } => {
+                    // A block that reached the media without its flush may point at data that
+                    // did not: that record was never acknowledged, and nothing after it was
+                    // (a block counts only once every block before it is flushed). The log
+                    // ends there.
+                    // The record's length is the block's: a compressed block is decompressed to
+                    // exactly that (bounded by the record decoder), never to a size the
+                    // pointer alone claims.
+                    let read = crate::zio::read_data_block(
+                        zio,
+                        IoClass::SyncRead,
+                        &bp,
+                        length_bytes as usize,
+                        "log indirect block",
+                    )
+                    .await;
+                    match read {
+                        Ok(block) if (length_bytes as usize) <= block.content.len() => {
+                            out.indirect_blocks.extend_from_slice(bp.dvas());
+                            ReplayRecord::Write {
+                                offset_bytes,
+                                data: block.content[..length_bytes as usize].to_vec(),
+                            }
+                        }
+                        _ => {
+                            tracing::warn!(
+                                "log of volume {} ends at block {seq}: an in-place block of it is unreadable",
+                                volume.0
+                            );
+                            return out;
+                        }
+                    }
+                }
+                LogRecord::Free {
+                    offset_bytes,
+                    length_bytes,
+                    ..
+                } => ReplayRecord::Free {
+                    offset_bytes,
+                    length_bytes,
+                },
+                LogRecord::Zero {
+                    offset_bytes,
+                    length_bytes,
+                    ..
+                } => ReplayRecord::Zero {
+                    offset_bytes,
+                    length_bytes,
+                },
+            });
+        }
+        out.blocks.push(addr);
+        addr = hdr.next;
+        seq += 1;
+        out.end_seq = seq;
+    }
+    out
+}
+
+impl DatasetLog for Zil {
+    fn head(&self) -> Option<(Dva, u64)> {
+        Zil::head(self)
+    }
+
+    fn reserved(&self) -> Vec<Dva> {
+        Zil::reserved(self)
+    }
+
+    fn take_to_free(&self) -> Vec<Dva> {
+        Zil::take_to_free(self)
+    }
+
+    fn txg_synced(&self, txg: Txg) {
+        Zil::txg_synced(self, txg);
+        self.restart_if_broken(txg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lost floor: records a failed build took out of `pending` are in no block, so the
+    /// durable point must not pass them, neither when a later block of the chain is written
+    /// (it chains past them) nor when an older txg syncs; only the sync of their own txg may.
+    #[test]
+    pub(crate) fn durable_point_stays_below_records_of_a_failed_build() {
+        let zil = Zil::new(Guid(1), VolumeId(1), 1, Vec::new());
+        let kind = || ItxKind::Free {
+            offset_bytes: 0,
+            length_bytes: 4096,
+        };
+        let lost = zil.append(Txg(5), kind());
+        zil.append(Txg(6), kind());
+        let later = zil.append(Txg(6), kind());
+        {
+            let mut s = zil.state.lock().unwrap();
+            // A build takes the first two and fails before they are in a block.
+            s.pending.drain(..2);
+            s.fail_batch(lost, Txg(6), &[]);
+            // The next record goes into a block that is written.
+            s.pending.pop_front();
+            s.chain.push_back(ChainBlock {
+                seq: 1,
+                addr: Dva::default(),
+                itx_first: later,
+                max_txg: Txg(6),
+                done: true,
+                failed: false,
+            });
+            s.advance_durable();
+            assert_eq!(s.durable_itx, lost, "passed records that are in no block");
+        }
+        zil.txg_synced(Txg(5));
+        assert_eq!(zil.state.lock().unwrap().durable_itx, lost);
+        zil.txg_synced(Txg(6));
+        assert_eq!(zil.state.lock().unwrap().durable_itx, later + 1);
+    }
+}
