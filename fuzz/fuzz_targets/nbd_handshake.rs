@@ -10,15 +10,58 @@
 //! 2..4 say how many of the rest are plain text; the bytes after them are what the client
 //! sends through TLS (the server hands them to the codec decrypted, after
 //! `tls_established`).
+//!
+//! Change maps: export "vol0" offers `oxpool:changed-since:snap` and `...:#bm` (a fixed
+//! catalog), "ro" none. Every context a reply names is one of those or `base:allocation`;
+//! listed ids are 0, selected ids are distinct and non-zero; what transmission gets is
+//! bounded by `CHANGE_MAPS_SELECTED_MAX` and is what the last SET answered.
 
 use libfuzzer_sys::fuzz_target;
 use oxpool_nbd::proto::wire::{
-    CLIENT_FLAG_FIXED_NEWSTYLE, CLIENT_FLAG_NO_ZEROES, OPTION_REPLY_MAGIC, OPT_ABORT, OPT_STARTTLS,
-    OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR_INVALID, REP_ERR_TLS_REQD, REP_ERR_TOO_BIG, REP_SERVER,
+    CLIENT_FLAG_FIXED_NEWSTYLE, CLIENT_FLAG_NO_ZEROES, OPTION_REPLY_MAGIC, OPT_ABORT,
+    OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK,
+    REP_ERR_INVALID, REP_ERR_TLS_REQD, REP_ERR_TOO_BIG, REP_META_CONTEXT, REP_SERVER,
 };
 use oxpool_nbd::proto::{
-    ExportAccess, ExportCaps, ExportInfo, Handshake, HandshakeStatus, ProtocolError, TlsPolicy,
+    ChangeBase, ChangeMapCatalog, ExportAccess, ExportCaps, ExportInfo, Handshake, HandshakeStatus,
+    ProtocolError, TlsPolicy, CHANGE_MAPS_SELECTED_MAX,
 };
+
+/// "vol0" offers two change maps, "ro" none.
+#[derive(Debug)]
+struct Catalog;
+
+impl Catalog {
+    fn of(export_index: usize) -> Vec<ChangeBase> {
+        if export_index == 0 {
+            vec![
+                ChangeBase::Snapshot("snap".into()),
+                ChangeBase::Bookmark("bm".into()),
+            ]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl ChangeMapCatalog for Catalog {
+    fn offers(&self, export_index: usize, base: &ChangeBase) -> bool {
+        Catalog::of(export_index).contains(base)
+    }
+
+    fn offered(&self, export_index: usize, limit: usize) -> Vec<ChangeBase> {
+        let mut all = Catalog::of(export_index);
+        all.truncate(limit);
+        all
+    }
+}
+
+/// Every context name a reply may carry.
+const NAMES: [&[u8]; 3] = [
+    b"base:allocation",
+    b"oxpool:changed-since:snap",
+    b"oxpool:changed-since:#bm",
+];
 
 fn exports() -> Vec<ExportInfo> {
     vec![
@@ -81,6 +124,7 @@ fn drive(plain: &[u8], secure: &[u8], piece: usize, tls: Option<Tls>) -> Outcome
         }
         None => Handshake::new(exports()),
     };
+    handshake.set_change_maps(Box::new(Catalog));
     let mut outcome = Outcome {
         plain_out: Vec::new(),
         tls_out: Vec::new(),
@@ -210,13 +254,73 @@ fn check_tls_rules(outcome: &Outcome, tls: Tls) {
     // Nothing negotiated in plain text survives: structured replies after TLS were
     // acknowledged through TLS.
     if outcome.tls_started {
-        if let Ok(HandshakeStatus::Done(negotiated)) = outcome.result {
+        if let Ok(HandshakeStatus::Done(negotiated)) = &outcome.result {
             if negotiated.structured_replies {
                 let acked = replies(&outcome.tls_out)
                     .iter()
                     .any(|(option, kind, _)| *option == OPT_STRUCTURED_REPLY && *kind == REP_ACK);
                 assert!(acked, "structured replies kept from plain text");
             }
+        }
+    }
+}
+
+/// The meta context rules, on one run.
+fn check_meta_rules(outcome: &Outcome) {
+    let mut last_set: Option<Vec<(u32, Vec<u8>)>> = None;
+    let mut current: Vec<(u32, Vec<u8>)> = Vec::new();
+    for (phase, out) in [&outcome.plain_out, &outcome.tls_out]
+        .into_iter()
+        .enumerate()
+    {
+        for (option, kind, data) in replies(out) {
+            if option != OPT_LIST_META_CONTEXT && option != OPT_SET_META_CONTEXT {
+                continue;
+            }
+            if kind == REP_META_CONTEXT {
+                assert!(data.len() >= 4);
+                let id = u32::from_be_bytes(data[..4].try_into().unwrap());
+                let name = data[4..].to_vec();
+                assert!(NAMES.contains(&name.as_slice()), "unexpected context");
+                if option == OPT_LIST_META_CONTEXT {
+                    assert_eq!(id, 0, "a listed context with an id");
+                } else {
+                    assert_ne!(id, 0, "a selected context with id 0");
+                    assert!(
+                        current.iter().all(|(other, _)| *other != id),
+                        "two contexts with one id"
+                    );
+                    current.push((id, name));
+                }
+                continue;
+            }
+            if option == OPT_SET_META_CONTEXT {
+                // The final reply to a SET: an ACK selects what it named, an error nothing.
+                let selected = std::mem::take(&mut current);
+                last_set = Some(if kind == REP_ACK {
+                    selected
+                } else {
+                    Vec::new()
+                });
+            }
+        }
+        // STARTTLS forgets the selection made in plain text.
+        if phase == 0 && outcome.tls_started {
+            last_set = None;
+        }
+    }
+    if let Ok(HandshakeStatus::Done(negotiated)) = &outcome.result {
+        assert!(negotiated.meta_contexts.len() <= 1 + CHANGE_MAPS_SELECTED_MAX);
+        // What transmission gets is what the last SET answered (or nothing, if that SET
+        // named another export than the one chosen).
+        if !negotiated.meta_contexts.is_empty() {
+            let answered = last_set.clone().unwrap_or_default();
+            let got: Vec<(u32, Vec<u8>)> = negotiated
+                .meta_contexts
+                .iter()
+                .map(|c| (c.id.0, c.context.name().into_bytes()))
+                .collect();
+            assert_eq!(got, answered, "transmission got another selection");
         }
     }
 }
@@ -266,4 +370,5 @@ fuzz_target!(|data: &[u8]| {
         check_tls_rules(&whole, tls);
         check_tls_rules(&split, tls);
     }
+    check_meta_rules(&whole);
 });

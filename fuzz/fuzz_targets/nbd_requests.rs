@@ -7,8 +7,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use oxpool_nbd::proto::{
-    validate, Command, EnteredBy, ExportCaps, ExportInfo, MetaContextId, Negotiated, ProtocolError,
-    Request, RequestDecoder, TransmissionFlags,
+    validate, Command, EnteredBy, ExportCaps, ExportInfo, Negotiated, ProtocolError, Request,
+    RequestDecoder, SelectedContext, TransmissionFlags,
 };
 
 const EXPORT_BYTES: u64 = 1 << 20;
@@ -61,7 +61,11 @@ fuzz_target!(|data: &[u8]| {
     let negotiated = Negotiated {
         export_index: 0,
         structured_replies: structured,
-        meta_context: structured.then_some(MetaContextId::BASE_ALLOCATION),
+        meta_contexts: if structured {
+            vec![SelectedContext::base_allocation()]
+        } else {
+            Vec::new()
+        },
         transmission_flags: TransmissionFlags::for_export(&export, structured),
         entered_by: EnteredBy::Go,
     };

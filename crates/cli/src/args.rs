@@ -241,6 +241,21 @@ pub enum Command {
     },
     /// Serve volumes over NBD (with no pool known, creates a file-backed default pool).
     Serve(ServeArgs),
+    /// Send streams: `oxpool stream dump < stream` (as `zstream`).
+    Stream {
+        #[command(subcommand)]
+        command: StreamCommand,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum StreamCommand {
+    /// Print a send stream's records, one line each, and its totals (as `zstream dump`); a
+    /// damaged or truncated stream is an error that says at which byte.
+    Dump {
+        /// The stream file; standard input without it (or with `-`).
+        file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

@@ -54,7 +54,7 @@ enum Target {
     NewPool,
     /// Every pool it lists, one by one (list, status, vol list).
     EachPool,
-    /// No pool (serve, iostat, listing importable pools): runs here.
+    /// No pool (serve, iostat, listing importable pools, stream dump): runs here.
     Here,
 }
 
@@ -62,9 +62,10 @@ fn target(command: &Command) -> Target {
     let pool_of = |name: &str| Target::Pool(name.split('/').next().unwrap_or(name).to_string());
     match command {
         Command::Create { .. } | Command::Import { pool: Some(_), .. } => Target::NewPool,
-        Command::Import { pool: None, .. } | Command::Iostat { .. } | Command::Serve(_) => {
-            Target::Here
-        }
+        Command::Import { pool: None, .. }
+        | Command::Iostat { .. }
+        | Command::Serve(_)
+        | Command::Stream { .. } => Target::Here,
         Command::List { .. } | Command::Status { .. } => Target::EachPool,
         Command::Add { pool, .. }
         | Command::Export { pool }

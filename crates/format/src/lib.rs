@@ -14,7 +14,8 @@
 //! payload larger than its documented maximum): writing a structure that no decoder would
 //! accept is a bug that must not reach the disk.
 //!
-//! The byte-by-byte description of every structure is in `docs/format.md`.
+//! The byte-by-byte description of every structure is in `docs/format.md`, and so is the
+//! send stream (`stream`), the one format here that travels rather than sits on a device.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -31,6 +32,7 @@ mod layout;
 mod log;
 mod meta;
 mod pool_meta;
+pub mod stream;
 mod uberblock;
 
 pub use blockptr::{
@@ -70,5 +72,9 @@ pub use meta::{
 pub use pool_meta::{
     decode_deadlist_chunk, encode_deadlist_chunk, DatasetMeta, DeadBucketMeta, DeferredFree,
     OriginMeta, PoolMeta, SnapshotMeta, SpaceMapMeta, VolumeMeta, DEADLIST_CHUNK_ENTRIES_MAX,
+};
+pub use stream::{
+    DataRecord, RecordType, ResumeToken, StreamBegin, StreamChecksum, StreamDecoder, StreamEncoder,
+    StreamError, StreamErrorKind, StreamFeatures, StreamRecord, TokenError,
 };
 pub use uberblock::{Uberblock, UBERBLOCK_MAGIC};

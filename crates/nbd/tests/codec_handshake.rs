@@ -260,7 +260,7 @@ fn export_name_with_zeroes() {
     assert_eq!(negotiated.export_index, 0);
     assert_eq!(negotiated.entered_by, EnteredBy::ExportName);
     assert!(!negotiated.structured_replies);
-    assert_eq!(negotiated.meta_context, None);
+    assert_eq!(negotiated.base_allocation(), None);
     assert_eq!(negotiated.transmission_flags.bits(), vol0_flags(false));
 }
 
@@ -324,7 +324,7 @@ fn export_name_after_structured_reply_and_set_meta_context() {
     let (out, result) = run(&mut handshake, &input);
     let negotiated = done(result);
     assert!(negotiated.structured_replies);
-    assert_eq!(negotiated.meta_context, Some(MetaContextId(1)));
+    assert_eq!(negotiated.base_allocation(), Some(MetaContextId(1)));
     assert_eq!(negotiated.transmission_flags.bits(), vol0_flags(true));
     // ACK, META_CONTEXT, ACK, then the 10-byte EXPORT_NAME reply.
     let tail = &out[out.len() - 10..];
@@ -581,7 +581,7 @@ fn structured_reply_is_acknowledged_and_enables_df() {
     );
     let negotiated = done(result);
     assert!(negotiated.structured_replies);
-    assert_eq!(negotiated.meta_context, None);
+    assert_eq!(negotiated.base_allocation(), None);
 }
 
 #[test]
@@ -747,7 +747,7 @@ fn set_meta_context_requires_structured_replies() {
         go("vol0", &[]),
     ]);
     assert_eq!(replies[0].reply_type, REP_ERR_INVALID);
-    assert_eq!(done(result).meta_context, None);
+    assert_eq!(done(result).base_allocation(), None);
 }
 
 #[test]
@@ -764,7 +764,7 @@ fn set_meta_context_selects_base_allocation_for_that_export() {
     assert_eq!(replies[2], reply(OPT_SET_META_CONTEXT, REP_ACK, &[]));
     let negotiated = done(result);
     assert_eq!(
-        negotiated.meta_context,
+        negotiated.base_allocation(),
         Some(MetaContextId::BASE_ALLOCATION)
     );
     assert!(negotiated.structured_replies);
@@ -777,14 +777,14 @@ fn set_meta_context_for_another_export_does_not_carry_over() {
         option(OPT_SET_META_CONTEXT, &meta_data("ro", &["base:allocation"])),
         go("vol0", &[]),
     ]);
-    assert_eq!(done(result).meta_context, None);
+    assert_eq!(done(result).base_allocation(), None);
     // The default name and the canonical name are the same export.
     let (_, result) = meta_replies(&[
         option(OPT_STRUCTURED_REPLY, &[]),
         option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"])),
         go("vol0", &[]),
     ]);
-    assert_eq!(done(result).meta_context, Some(MetaContextId(1)));
+    assert_eq!(done(result).base_allocation(), Some(MetaContextId(1)));
 }
 
 #[test]
@@ -805,7 +805,7 @@ fn set_meta_context_replaces_the_selection_even_when_it_fails() {
             go("vol0", &[]),
         ]);
         assert_ne!(replies[3].reply_type, REP_META_CONTEXT, "{second:?}");
-        assert_eq!(done(result).meta_context, None, "{second:?}");
+        assert_eq!(done(result).base_allocation(), None, "{second:?}");
     }
 }
 
@@ -820,7 +820,7 @@ fn list_meta_context_does_not_change_the_selection() {
         option(OPT_LIST_META_CONTEXT, &meta_data("vol0", &[])),
         go("vol0", &[]),
     ]);
-    assert_eq!(done(result).meta_context, Some(MetaContextId(1)));
+    assert_eq!(done(result).base_allocation(), Some(MetaContextId(1)));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 
 use oxpool_nbd::proto::wire::*;
 use oxpool_nbd::proto::{
-    validate, Command, CommandFlags, Cookie, EnteredBy, Errno, ExportCaps, ExportInfo,
-    MetaContextId, Negotiated, ProtocolError, Request, RequestDecoder, TransmissionFlags,
-    MAX_BLOCK_BYTES, REQUEST_HEADER_BYTES,
+    validate, Command, CommandFlags, Cookie, EnteredBy, Errno, ExportCaps, ExportInfo, Negotiated,
+    ProtocolError, Request, RequestDecoder, SelectedContext, TransmissionFlags, MAX_BLOCK_BYTES,
+    REQUEST_HEADER_BYTES,
 };
 use proptest::prelude::*;
 
@@ -416,7 +416,11 @@ fn negotiated(export: &ExportInfo, structured: bool, meta: bool) -> Negotiated {
     Negotiated {
         export_index: 0,
         structured_replies: structured,
-        meta_context: meta.then_some(MetaContextId::BASE_ALLOCATION),
+        meta_contexts: if meta {
+            vec![SelectedContext::base_allocation()]
+        } else {
+            Vec::new()
+        },
         transmission_flags: TransmissionFlags::for_export(export, structured),
         entered_by: EnteredBy::Go,
     }

@@ -208,7 +208,7 @@ fn negotiation_in_plain_text_is_forgotten_after_tls() {
     assert_eq!(kinds(&out).last(), Some(&(OPT_GO, REP_ACK)));
     let negotiated = done(result);
     assert!(!negotiated.structured_replies);
-    assert_eq!(negotiated.meta_context, None);
+    assert_eq!(negotiated.base_allocation(), None);
 
     // Negotiated again through TLS, they hold.
     let mut handshake = through_tls(TlsPolicy::Required, &[], all_allowed());
@@ -219,7 +219,7 @@ fn negotiation_in_plain_text_is_forgotten_after_tls() {
     let negotiated = done(result);
     assert!(negotiated.structured_replies);
     assert_eq!(
-        negotiated.meta_context,
+        negotiated.base_allocation(),
         Some(MetaContextId::BASE_ALLOCATION)
     );
 }

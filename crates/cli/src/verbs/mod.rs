@@ -7,6 +7,7 @@
 pub mod pool;
 mod props;
 pub mod snapshot;
+mod stream;
 pub mod volume;
 
 use crate::args::Command;
@@ -125,6 +126,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             },
         ),
         Command::Serve(_) => bail!("`serve` cannot run inside a server"),
+        Command::Stream { command } => stream::run(con, command),
     }
 }
 

@@ -28,9 +28,14 @@
 //! Bounds: an option's data is buffered only up to [`MAX_OPTION_DATA_BYTES`] (larger options
 //! are skipped byte by byte and answered `NBD_REP_ERR_TOO_BIG`); a handshake takes at most
 //! [`MAX_OPTIONS_PER_HANDSHAKE`] options; the replies to one option are bounded by the size of
-//! the export list (LIST) or by a few dozen bytes (everything else).
+//! the export list (LIST), by [`CHANGE_MAPS_LISTED_MAX`] context names (LIST_META_CONTEXT), or
+//! by a few hundred bytes (everything else).
 
 use super::error::ProtocolError;
+use super::meta::{
+    ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext, CHANGED_SINCE_PREFIX,
+    CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX, OXPOOL_NAMESPACE,
+};
 use super::types::{
     EnteredBy, ExportAccess, ExportInfo, MetaContextId, Negotiated, TlsPolicy, TransmissionFlags,
 };
@@ -58,7 +63,7 @@ const CLIENT_FLAGS_BYTES: usize = 4;
 const OPTION_HEADER_BYTES: usize = 16;
 
 /// What the caller does after a [`Handshake::receive`] call (always after sending `out`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HandshakeStatus {
     /// Negotiation goes on: read more bytes and call `receive` again.
     Continue,
@@ -73,7 +78,7 @@ pub enum HandshakeStatus {
 }
 
 /// Result of one [`Handshake::receive`] call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HandshakeProgress {
     /// Input bytes used. Less than the input only when the status is `Done` or `Abort`; the
     /// rest then belongs to the transmission phase (or is to be dropped).
@@ -116,8 +121,11 @@ pub struct Handshake {
     data: Vec<u8>,
     no_zeroes: bool,
     structured_replies: bool,
-    /// Export whose `base:allocation` the last SET_META_CONTEXT selected, if any.
-    meta_context_export: Option<usize>,
+    /// The export the last SET_META_CONTEXT named and the contexts it selected there, if
+    /// any; they apply only if the client then chooses that export.
+    meta_selection: Option<(usize, Vec<SelectedContext>)>,
+    /// Which change maps each export offers (asked only for the meta context options).
+    change_maps: Box<dyn ChangeMapCatalog + Send>,
     options_received: u32,
     /// What an empty export name selects.
     default_export: DefaultExport,
@@ -158,7 +166,8 @@ impl Handshake {
             data: Vec::new(),
             no_zeroes: false,
             structured_replies: false,
-            meta_context_export: None,
+            meta_selection: None,
+            change_maps: Box::new(EmptyCatalog),
             options_received: 0,
             default_export: DefaultExport::FirstAllowed,
         }
@@ -169,6 +178,12 @@ impl Handshake {
     pub fn set_default_export(&mut self, index: Option<usize>) {
         debug_assert!(index.is_none_or(|i| i < self.exports.len()));
         self.default_export = DefaultExport::Fixed(index.filter(|&i| i < self.exports.len()));
+    }
+
+    /// Says which change maps (`oxpool:changed-since:*` contexts) each export offers; without
+    /// a catalog, none. Asked only when a client lists or selects meta contexts.
+    pub fn set_change_maps(&mut self, catalog: Box<dyn ChangeMapCatalog + Send>) {
+        self.change_maps = catalog;
     }
 
     /// The exports this handshake offers (indexed by [`Negotiated::export_index`]).
@@ -205,7 +220,7 @@ impl Handshake {
         }
         self.tls_active = true;
         self.structured_replies = false;
-        self.meta_context_export = None;
+        self.meta_selection = None;
         self.data = Vec::new();
         self.header_filled_bytes = 0;
         self.set_access(access);
@@ -628,7 +643,7 @@ impl Handshake {
         let set = option == wire::OPT_SET_META_CONTEXT;
         if set {
             // SET replaces the previous selection even when it fails.
-            self.meta_context_export = None;
+            self.meta_selection = None;
             if !self.structured_replies {
                 put_option_reply(
                     out,
@@ -641,33 +656,139 @@ impl Handshake {
         }
         // LIST is served without structured replies too: it is harmless, and the protocol
         // only says a server MAY refuse it.
-        let Some(request) = parse_meta_request(&self.data) else {
+        let data = std::mem::take(&mut self.data);
+        let Some(request) = MetaRequest::parse(&data) else {
             put_option_reply(
                 out,
                 option,
                 wire::REP_ERR_INVALID,
                 &[b"malformed meta context request"],
             );
+            self.data = data;
             return;
         };
-        let Some(index) = self.find_export(request.export_name) else {
-            put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
-            return;
-        };
-        if let Some((reply_type, message)) = self.refusal(index) {
-            put_option_reply(out, option, reply_type, &[message]);
-            return;
+        match self.find_export(request.export_name) {
+            None => put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]),
+            Some(index) => match self.refusal(index) {
+                Some((reply_type, message)) => {
+                    put_option_reply(out, option, reply_type, &[message])
+                }
+                None if set => self.set_meta_context(index, &request, out),
+                None => self.list_meta_context(index, &request, out),
+            },
         }
-        let name = wire::BASE_ALLOCATION.as_bytes();
-        if set {
-            if request.selects_base_allocation {
-                let id = MetaContextId::BASE_ALLOCATION.0.to_be_bytes();
-                put_option_reply(out, option, wire::REP_META_CONTEXT, &[&id, name]);
-                self.meta_context_export = Some(index);
+        // Given back so that its capacity serves the next option.
+        self.data = data;
+    }
+
+    /// SET_META_CONTEXT on export `index`: selects `base:allocation` and the change maps the
+    /// export offers, each named exactly; anything else is ignored (the protocol's rule for
+    /// unknown namespaces and leaves). Ids: 1 for `base:allocation`, then 2, 3, ... for the
+    /// change maps in query order.
+    fn set_meta_context(&mut self, index: usize, request: &MetaRequest<'_>, out: &mut Vec<u8>) {
+        let option = wire::OPT_SET_META_CONTEXT;
+        let mut base_allocation = false;
+        let mut changes: Vec<ChangeBase> = Vec::new();
+        // Bounded by the query count, itself bounded by the option's size.
+        for query in request.queries() {
+            if query == wire::BASE_ALLOCATION.as_bytes() {
+                base_allocation = true;
+                continue;
             }
-        } else if request.query_count == 0 || request.lists_base_allocation {
-            // List replies carry the reserved id 0.
-            put_option_reply(out, option, wire::REP_META_CONTEXT, &[&[0u8; 4], name]);
+            let Some(leaf) = query.strip_prefix(CHANGED_SINCE_PREFIX.as_bytes()) else {
+                continue;
+            };
+            let Some(base) = ChangeBase::parse(leaf) else {
+                continue;
+            };
+            if changes.contains(&base) || !self.change_maps.offers(index, &base) {
+                continue;
+            }
+            if changes.len() == CHANGE_MAPS_SELECTED_MAX {
+                put_option_reply(
+                    out,
+                    option,
+                    wire::REP_ERR_TOO_BIG,
+                    &[b"at most 8 change maps per connection"],
+                );
+                return;
+            }
+            changes.push(base);
+        }
+        let mut selected = Vec::with_capacity(changes.len() + 1);
+        if base_allocation {
+            selected.push(SelectedContext::base_allocation());
+        }
+        for (n, base) in changes.into_iter().enumerate() {
+            selected.push(SelectedContext {
+                // After base:allocation's 1; n < CHANGE_MAPS_SELECTED_MAX.
+                id: MetaContextId(MetaContextId::BASE_ALLOCATION.0 + 1 + n as u32),
+                context: MetaContext::ChangedSince(base),
+            });
+        }
+        for context in &selected {
+            let id = context.id.0.to_be_bytes();
+            let name = context.context.name();
+            put_option_reply(out, option, wire::REP_META_CONTEXT, &[&id, name.as_bytes()]);
+        }
+        put_option_reply(out, option, wire::REP_ACK, &[]);
+        self.meta_selection = Some((index, selected));
+    }
+
+    /// LIST_META_CONTEXT on export `index`. No query lists everything; `base:` and
+    /// `base:allocation` list `base:allocation`; `oxpool:` and `oxpool:changed-since:` (the
+    /// namespace, and the change maps' prefix as a wildcard) list every change map; a full
+    /// change map name lists it if the export offers it. Unknown namespaces and leaves find
+    /// nothing. List replies carry the reserved id 0.
+    fn list_meta_context(&self, index: usize, request: &MetaRequest<'_>, out: &mut Vec<u8>) {
+        let option = wire::OPT_LIST_META_CONTEXT;
+        let everything = request.query_count == 0;
+        let mut base_allocation = everything;
+        let mut all_changes = everything;
+        let mut named: Vec<&[u8]> = Vec::new();
+        // Bounded by the query count, itself bounded by the option's size.
+        for query in request.queries() {
+            if query == wire::BASE_ALLOCATION.as_bytes() || query == b"base:" {
+                base_allocation = true;
+            } else if query == OXPOOL_NAMESPACE.as_bytes()
+                || query == CHANGED_SINCE_PREFIX.as_bytes()
+            {
+                all_changes = true;
+            } else if let Some(leaf) = query.strip_prefix(CHANGED_SINCE_PREFIX.as_bytes()) {
+                if named.len() < CHANGE_MAPS_LISTED_MAX {
+                    named.push(leaf);
+                }
+            }
+        }
+        if base_allocation {
+            put_option_reply(
+                out,
+                option,
+                wire::REP_META_CONTEXT,
+                &[&[0u8; 4], wire::BASE_ALLOCATION.as_bytes()],
+            );
+        }
+        let bases = if all_changes {
+            self.change_maps.offered(index, CHANGE_MAPS_LISTED_MAX)
+        } else {
+            // Each named map once, in a stable order.
+            named.sort_unstable();
+            named.dedup();
+            named
+                .into_iter()
+                .filter_map(ChangeBase::parse)
+                .filter(|base| self.change_maps.offers(index, base))
+                .collect()
+        };
+        // A catalog that returns more than asked is cut at the bound all the same.
+        for base in bases.iter().take(CHANGE_MAPS_LISTED_MAX) {
+            let name = base.context_name();
+            put_option_reply(
+                out,
+                option,
+                wire::REP_META_CONTEXT,
+                &[&[0u8; 4], name.as_bytes()],
+            );
         }
         put_option_reply(out, option, wire::REP_ACK, &[]);
     }
@@ -675,12 +796,14 @@ impl Handshake {
     fn negotiated(&self, index: usize, flags: TransmissionFlags, by: EnteredBy) -> Negotiated {
         // BLOCK_STATUS is only valid when the last SET_META_CONTEXT named the export that
         // was finally chosen.
-        let meta_context =
-            (self.meta_context_export == Some(index)).then_some(MetaContextId::BASE_ALLOCATION);
+        let meta_contexts = match &self.meta_selection {
+            Some((export, selected)) if *export == index => selected.clone(),
+            _ => Vec::new(),
+        };
         Negotiated {
             export_index: index,
             structured_replies: self.structured_replies,
-            meta_context,
+            meta_contexts,
             transmission_flags: flags,
             entered_by: by,
         }
@@ -723,46 +846,48 @@ fn parse_info_request(data: &[u8]) -> Option<InfoRequest<'_>> {
     reader.is_empty().then_some(InfoRequest { name, items })
 }
 
-/// The parsed data of LIST/SET_META_CONTEXT, reduced to what this server can answer.
+/// The data of LIST/SET_META_CONTEXT with its framing checked: export name, and the queries
+/// (each a 32-bit length and a string), borrowed.
 struct MetaRequest<'a> {
     export_name: &'a [u8],
     query_count: u32,
-    /// A query names `base:allocation` exactly (selects it in SET, lists it in LIST).
-    selects_base_allocation: bool,
-    /// A query names `base:allocation` or the `base:` wildcard (lists it in LIST).
-    lists_base_allocation: bool,
+    /// The queries' bytes, every length inside checked to add up exactly.
+    queries: &'a [u8],
 }
 
-/// Export name length (32), name, query count (32), queries (length 32 + string each).
-///
-/// Queries in unknown namespaces, unknown `base:` leaves and strings without a colon are
-/// ignored, as the protocol requires (or allows) for each.
-fn parse_meta_request(data: &[u8]) -> Option<MetaRequest<'_>> {
-    let mut reader = Reader::new(data);
-    let name_len = reader.u32()? as usize;
-    let export_name = reader.bytes(name_len)?;
-    let query_count = reader.u32()?;
-    // Each query needs at least its 4-byte length: reject impossible counts before looping.
-    if query_count as usize > reader.remaining() / 4 {
-        return None;
-    }
-    let mut request = MetaRequest {
-        export_name,
-        query_count,
-        selects_base_allocation: false,
-        lists_base_allocation: false,
-    };
-    for _ in 0..query_count {
-        let query_len = reader.u32()? as usize;
-        let query = reader.bytes(query_len)?;
-        if query == wire::BASE_ALLOCATION.as_bytes() {
-            request.selects_base_allocation = true;
-            request.lists_base_allocation = true;
-        } else if query == b"base:" {
-            request.lists_base_allocation = true;
+impl<'a> MetaRequest<'a> {
+    /// Export name length (32), name, query count (32), queries (length 32 + string each);
+    /// `None` unless every length adds up exactly.
+    fn parse(data: &'a [u8]) -> Option<MetaRequest<'a>> {
+        let mut reader = Reader::new(data);
+        let name_len = reader.u32()? as usize;
+        let export_name = reader.bytes(name_len)?;
+        let query_count = reader.u32()?;
+        // Each query needs at least its 4-byte length: reject impossible counts before
+        // looping.
+        if query_count as usize > reader.remaining() / 4 {
+            return None;
         }
+        let queries = reader.rest;
+        for _ in 0..query_count {
+            let query_len = reader.u32()? as usize;
+            reader.bytes(query_len)?;
+        }
+        reader.is_empty().then_some(MetaRequest {
+            export_name,
+            query_count,
+            queries,
+        })
     }
-    reader.is_empty().then_some(request)
+
+    /// The queries, in order (their framing was checked by `parse`).
+    fn queries(&self) -> impl Iterator<Item = &'a [u8]> {
+        let mut reader = Reader::new(self.queries);
+        (0..self.query_count).map_while(move |_| {
+            let query_len = reader.u32()? as usize;
+            reader.bytes(query_len)
+        })
+    }
 }
 
 /// Appends one option reply: magic, option, reply type, length, then the payload parts.

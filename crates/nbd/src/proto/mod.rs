@@ -1,7 +1,8 @@
 //! The NBD protocol as a sans-I/O codec: bytes in, events and bytes out; no sockets here.
 //!
 //! - [`Handshake`]: server side of fixed newstyle negotiation (EXPORT_NAME, GO, INFO, LIST,
-//!   ABORT, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation`).
+//!   ABORT, STRUCTURED_REPLY, LIST/SET_META_CONTEXT for `base:allocation` and, through a
+//!   [`ChangeMapCatalog`], oxpool's change maps `oxpool:changed-since:SNAP|#BOOKMARK`).
 //! - [`RequestDecoder`] and [`validate`]: transmission-phase request headers; WRITE payloads
 //!   are handed to the caller's buffers, never copied through the codec.
 //! - [`reply`]: simple replies and structured reply chunks encoded into caller buffers.
@@ -13,7 +14,7 @@
 //! TLS session itself is the server's (`server::tls`).
 //!
 //! Not supported: extended headers (ERR_UNSUP), the oldstyle handshake, and meta contexts
-//! other than `base:allocation`.
+//! other than `base:allocation` and `oxpool:changed-since:*` ([`meta`]).
 //!
 //! # Driving the codec
 //!
@@ -80,6 +81,7 @@
 
 mod error;
 mod handshake;
+pub mod meta;
 pub mod reply;
 mod request;
 mod types;
@@ -89,6 +91,10 @@ pub use error::{EncodeError, ProtocolError};
 pub use handshake::{
     Handshake, HandshakeProgress, HandshakeStatus, GREETING_BYTES, MAX_OPTIONS_PER_HANDSHAKE,
     MAX_OPTION_DATA_BYTES,
+};
+pub use meta::{
+    ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext, CHANGED_SINCE_PREFIX,
+    CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX,
 };
 pub use request::{validate, Request, RequestDecoder, REQUEST_HEADER_BYTES};
 pub use types::{

@@ -263,7 +263,9 @@ pub fn validate(
         Command::Trim => advertised.has(wire::TFLAG_SEND_TRIM),
         Command::WriteZeroes => advertised.has(wire::TFLAG_SEND_WRITE_ZEROES),
         Command::Cache => advertised.has(wire::TFLAG_SEND_CACHE),
-        Command::BlockStatus => negotiated.structured_replies && negotiated.meta_context.is_some(),
+        Command::BlockStatus => {
+            negotiated.structured_replies && !negotiated.meta_contexts.is_empty()
+        }
         _ => true,
     };
     if !supported {

@@ -1,5 +1,6 @@
 //! Typed values shared by the handshake, the request decoder and the reply encoders.
 
+use super::meta::{MetaContext, SelectedContext};
 use super::wire;
 
 /// Largest request length the server accepts for READ, WRITE, CACHE and WRITE_ZEROES (without
@@ -317,19 +318,30 @@ impl ExportInfo {
 }
 
 /// The outcome of a successful handshake: what the transmission phase must obey.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Negotiated {
     /// Index of the chosen export in the list given to [`super::Handshake::new`].
     pub export_index: usize,
     /// Structured replies were negotiated: READ must be answered with structured chunks.
     pub structured_replies: bool,
-    /// The id of `base:allocation` when the client selected it for the chosen export;
-    /// `None` means BLOCK_STATUS is refused with EINVAL.
-    pub meta_context: Option<MetaContextId>,
+    /// The metadata contexts the client selected for the chosen export, in id order (at most
+    /// `base:allocation` and [`super::CHANGE_MAPS_SELECTED_MAX`] change maps); empty means
+    /// BLOCK_STATUS is refused with EINVAL. BLOCK_STATUS answers one chunk per entry.
+    pub meta_contexts: Vec<SelectedContext>,
     /// The transmission flags sent to the client (validation uses exactly these).
     pub transmission_flags: TransmissionFlags,
     /// How the client entered transmission.
     pub entered_by: EnteredBy,
+}
+
+impl Negotiated {
+    /// The id of `base:allocation`, if the client selected it.
+    pub fn base_allocation(&self) -> Option<MetaContextId> {
+        self.meta_contexts
+            .iter()
+            .find(|c| c.context == MetaContext::BaseAllocation)
+            .map(|c| c.id)
+    }
 }
 
 /// The option that ended the handshake.
@@ -341,7 +353,7 @@ pub enum EnteredBy {
     ExportName,
 }
 
-/// Status flags of one `base:allocation` extent.
+/// Status flags of one extent: `base:allocation`'s, or a change map's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BlockStatusFlags(pub u32);
 
@@ -354,6 +366,10 @@ impl BlockStatusFlags {
     pub const ZERO: BlockStatusFlags = BlockStatusFlags(wire::STATE_ZERO);
     /// An unallocated range that reads as zeros (the usual state of a never-written block).
     pub const HOLE_ZERO: BlockStatusFlags = BlockStatusFlags(wire::STATE_HOLE | wire::STATE_ZERO);
+    /// A change map's extent that is the same as at the base.
+    pub const UNCHANGED: BlockStatusFlags = BlockStatusFlags(0);
+    /// A change map's extent written, trimmed or zeroed since the base.
+    pub const CHANGED: BlockStatusFlags = BlockStatusFlags(wire::STATE_CHANGED);
 }
 
 /// One extent of a BLOCK_STATUS reply.

@@ -162,8 +162,12 @@ pub const STATE_HOLE: u32 = 1 << 0;
 /// `base:allocation` status flag: the extent reads as zeros.
 pub const STATE_ZERO: u32 = 1 << 1;
 
-/// The only metadata context this server offers.
+/// The protocol's metadata context (oxpool's change maps are in `proto::meta`).
 pub const BASE_ALLOCATION: &str = "base:allocation";
+
+/// `oxpool:changed-since:*` status flag: the extent was written, trimmed or zeroed since the
+/// base.
+pub const STATE_CHANGED: u32 = 1 << 0;
 
 /// Longest string the protocol allows (export names, messages, context names).
 pub const MAX_STRING_BYTES: usize = 4096;

@@ -29,6 +29,7 @@ use oxpool_io::rt;
 use oxpool_io::rt::net::Stream;
 use oxpool_io::IoBuf;
 
+use super::change_maps::{ChangeMaps, ExportCatalog};
 use super::exports::{ExportId, ReactorCommand};
 use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
 use super::tls::{self, TlsIdentity};
@@ -41,7 +42,7 @@ use crate::proto::reply::{
 };
 use crate::proto::{
     validate, BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, Errno,
-    ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContextId, Negotiated, ProtocolError,
+    ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContext, Negotiated, ProtocolError,
     Request, RequestDecoder, MAX_BLOCK_BYTES,
 };
 
@@ -495,6 +496,8 @@ struct Session {
     volume: Volume,
     export: ExportInfo,
     negotiated: Negotiated,
+    /// Where its change maps come from (the server's).
+    change_maps: Arc<dyn ChangeMaps>,
 }
 
 impl Session {
@@ -715,6 +718,10 @@ async fn handshake(
     let mut handshake = Handshake::with_tls(offer.infos, shared.tls.policy);
     handshake.set_default_export(offer.default_index);
     handshake.set_access(export_access(shared, &offer.targets, false, None));
+    handshake.set_change_maps(Box::new(ExportCatalog {
+        volumes: offer.targets.iter().map(|(_, v)| v.clone()).collect(),
+        maps: shared.change_maps.clone(),
+    }));
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");
         return None;
@@ -765,6 +772,7 @@ async fn handshake(
                                 volume,
                                 export,
                                 negotiated,
+                                change_maps: shared.change_maps.clone(),
                             },
                             id,
                         ));
@@ -823,13 +831,17 @@ async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> 
 }
 
 /// Bytes of slot buffer a valid request needs (0: none).
-fn buffer_need_bytes(request: &Request, structured: bool) -> usize {
+fn buffer_need_bytes(request: &Request, session: &Session) -> usize {
     let length = request.length_bytes as usize;
     match request.command {
         Command::Write => length,
-        Command::Read if structured => read_need_bytes(length),
+        Command::Read if session.structured() => read_need_bytes(length),
         Command::Read => SIMPLE_REPLY_BYTES + length,
-        Command::BlockStatus => block_status_chunk_bytes(BLOCK_STATUS_DESCRIPTORS_MAX),
+        // One chunk per selected context (at most 1 + CHANGE_MAPS_SELECTED_MAX of them).
+        Command::BlockStatus => {
+            session.negotiated.meta_contexts.len().max(1)
+                * block_status_chunk_bytes(BLOCK_STATUS_DESCRIPTORS_MAX)
+        }
         _ => 0,
     }
 }
@@ -885,7 +897,7 @@ async fn read_requests(conn: &Rc<Conn>, session: &Rc<Session>, inbox: &mut Inbox
             );
             continue;
         }
-        let need_bytes = buffer_need_bytes(&request, session.structured());
+        let need_bytes = buffer_need_bytes(&request, session);
         let mut buffer = None;
         if need_bytes > 0 {
             match conn.reserve(index, need_bytes).await {
@@ -1273,54 +1285,124 @@ fn lay_out_chunks(cookie: Cookie, offset_bytes: u64, length: usize, buf: &mut [u
     out
 }
 
-/// BLOCK_STATUS for `base:allocation`: holes are HOLE|ZERO, data is 0. Covers a prefix of the
-/// range (at most `BLOCK_STATUS_QUERY_MAX_BYTES`, `BLOCK_STATUS_DESCRIPTORS_MAX` extents; one
-/// extent with REQ_ONE), as the protocol allows.
+/// BLOCK_STATUS: one chunk per selected context, in id order, the last flagged DONE. Each
+/// covers a prefix of the range (at most `BLOCK_STATUS_QUERY_MAX_BYTES`,
+/// `BLOCK_STATUS_DESCRIPTORS_MAX` extents; one extent with REQ_ONE), as the protocol allows.
+/// The whole reply is laid out before anything is sent, so a context that fails makes the
+/// request fail cleanly.
 async fn block_status(
     session: &Session,
     request: &Request,
     buf: &mut IoBuf,
 ) -> oxpool_engine::Result<usize> {
     let query_bytes = u64::from(request.length_bytes).min(BLOCK_STATUS_QUERY_MAX_BYTES);
-    let runs = session
-        .volume
-        .block_status(request.offset_bytes, query_bytes)
-        .await?;
     let max = if request.flags.contains(CommandFlags::REQ_ONE) {
         1
     } else {
         BLOCK_STATUS_DESCRIPTORS_MAX
     };
-    let descriptors: Vec<BlockStatusDescriptor> = runs
-        .iter()
-        .filter(|(len, _)| *len > 0)
-        .take(max)
-        .map(|&(len, state)| BlockStatusDescriptor {
-            // Runs add up to query_bytes <= request length, a u32.
-            length_bytes: u32::try_from(len).unwrap_or(u32::MAX),
-            flags: match state {
-                BlockState::Hole => BlockStatusFlags::HOLE_ZERO,
-                BlockState::Data => BlockStatusFlags::DATA,
-            },
-        })
-        .collect();
-    if descriptors.is_empty() {
+    let contexts = &session.negotiated.meta_contexts;
+    let mut written = 0;
+    for (index, selected) in contexts.iter().enumerate() {
+        let descriptors = match &selected.context {
+            MetaContext::BaseAllocation => {
+                let runs = session
+                    .volume
+                    .block_status(request.offset_bytes, query_bytes)
+                    .await?;
+                let runs = runs.iter().map(|&(len, state)| {
+                    let flags = match state {
+                        BlockState::Hole => BlockStatusFlags::HOLE_ZERO,
+                        BlockState::Data => BlockStatusFlags::DATA,
+                    };
+                    (len, flags)
+                });
+                descriptors_of(runs, query_bytes, max)
+            }
+            MetaContext::ChangedSince(base) => {
+                let extents = session
+                    .change_maps
+                    .changed_extents(&session.volume, base, request.offset_bytes, query_bytes)
+                    .await?;
+                let runs = extents.iter().map(|extent| {
+                    let flags = if extent.changed {
+                        BlockStatusFlags::CHANGED
+                    } else {
+                        BlockStatusFlags::UNCHANGED
+                    };
+                    (extent.length_bytes, flags)
+                });
+                descriptors_of(runs, query_bytes, max)
+            }
+        };
+        if descriptors.is_empty() {
+            return Err(oxpool_engine::EngineError::Invalid(format!(
+                "no extent for {}",
+                selected.context.name()
+            )));
+        }
+        let done = if index + 1 == contexts.len() {
+            Done::Last
+        } else {
+            Done::More
+        };
+        let out = buf.get_mut(written..).unwrap_or_default();
+        written += encode_block_status(request.cookie, selected.id, &descriptors, done, out)
+            .map_err(|err| {
+                oxpool_engine::EngineError::Invalid(format!("block status reply: {err}"))
+            })?;
+    }
+    if written == 0 {
+        // Validation refuses BLOCK_STATUS without a selected context.
         return Err(oxpool_engine::EngineError::Invalid(
-            "block status returned no extent".into(),
+            "block status without a meta context".into(),
         ));
     }
-    let context = session
-        .negotiated
-        .meta_context
-        .unwrap_or(MetaContextId::BASE_ALLOCATION);
-    encode_block_status(
-        request.cookie,
-        context,
-        &descriptors,
-        Done::Last,
-        &mut buf[..],
-    )
-    .map_err(|err| oxpool_engine::EngineError::Invalid(format!("block status reply: {err}")))
+    Ok(written)
+}
+
+/// Descriptors of `runs` (length, flags), merged where adjacent runs have the same flags,
+/// cut at `query_bytes` in total and at `max` descriptors; empty runs are skipped. What a
+/// source returns beyond the query is never sent: the protocol bounds the reply by the
+/// request.
+fn descriptors_of(
+    runs: impl Iterator<Item = (u64, BlockStatusFlags)>,
+    query_bytes: u64,
+    max: usize,
+) -> Vec<BlockStatusDescriptor> {
+    let mut descriptors: Vec<BlockStatusDescriptor> = Vec::new();
+    let mut covered_bytes = 0u64;
+    // Bounded by the runs, and stops at the query's end.
+    for (len, flags) in runs {
+        let len = len.min(query_bytes - covered_bytes);
+        if len == 0 {
+            if covered_bytes == query_bytes {
+                break;
+            }
+            continue;
+        }
+        covered_bytes += len;
+        // len <= query_bytes <= the request's length, a u32.
+        let len32 = u32::try_from(len).unwrap_or(u32::MAX);
+        let merged = descriptors.last_mut().is_some_and(|last| {
+            let fits = last.flags == flags && last.length_bytes.checked_add(len32).is_some();
+            if fits {
+                last.length_bytes += len32;
+            }
+            fits
+        });
+        if merged {
+            continue;
+        }
+        if descriptors.len() == max {
+            break;
+        }
+        descriptors.push(BlockStatusDescriptor {
+            length_bytes: len32,
+            flags,
+        });
+    }
+    descriptors
 }
 
 /// Marks the writer finished when dropped (also when unwinding), so the connection task never

@@ -22,6 +22,7 @@
 //! connection that cannot finish within [`ServerConfig::shutdown_grace`] (a client that stopped
 //! reading its replies) is dropped.
 
+mod change_maps;
 mod conn;
 mod exports;
 mod task;
@@ -43,6 +44,7 @@ use oxpool_io::rt::net::{Listener, Stream};
 use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
+pub use change_maps::{ChangeExtent, ChangeExtentsFuture, ChangeMaps, NoChangeMaps};
 use conn::ReactorConns;
 pub use exports::{Disconnect, ExportError, Exports, Removed, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
@@ -96,11 +98,14 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// TLS: off by default.
     pub tls: TlsConfig,
+    /// Where the volumes' change maps (`oxpool:changed-since:*` metadata contexts) come
+    /// from; [`NoChangeMaps`] (the default) offers none.
+    pub change_maps: Arc<dyn ChangeMaps>,
 }
 
 impl Default for ServerConfig {
     /// One reactor per CPU, 128 slots and 64 MiB of buffers per connection, 1024 connections,
-    /// 30 s of shutdown grace.
+    /// 30 s of shutdown grace, no TLS, no change maps.
     fn default() -> Self {
         ServerConfig {
             reactors: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -109,6 +114,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(30),
             tls: TlsConfig::default(),
+            change_maps: Arc::new(NoChangeMaps),
         }
     }
 }
@@ -147,6 +153,7 @@ impl Server {
             .validate()
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
         let tls = config.tls.clone();
+        let change_maps = config.change_maps.clone();
         let config = Limits::from_config(&config);
         let exports = ExportTable::new(exports)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
@@ -161,6 +168,7 @@ impl Server {
             connections: AtomicUsize::new(0),
             limits: config,
             tls,
+            change_maps,
             exports,
         });
         let mut threads = Vec::with_capacity(config.reactors);
@@ -274,6 +282,7 @@ pub(crate) struct Shared {
     connections: AtomicUsize,
     limits: Limits,
     tls: TlsConfig,
+    change_maps: Arc<dyn ChangeMaps>,
     exports: ExportTable,
 }
 
