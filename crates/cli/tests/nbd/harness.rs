@@ -376,6 +376,13 @@ pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// The NBD URI of `export` on `server`'s TCP listener (also for exports added after it
+/// started).
+pub fn tcp_uri(server: &ServerProcess, export: &str) -> String {
+    format!("nbd://{}/{export}", server.tcp_addr())
+}
+
+/// `nbdinfo --list` of `server`'s TCP listener.
 pub fn exports(server: &ServerProcess) -> String {
     tool(
         "nbdinfo",
@@ -383,11 +390,22 @@ pub fn exports(server: &ServerProcess) -> String {
     )
 }
 
-/// `hold.py` on `uri`, once it has the export open.
+/// `hold.py` on `uri`, once it has the export open (it wrote and flushed a block).
 pub fn hold(uri: &str) -> Child {
+    hold_with(uri, "rw")
+}
+
+/// `hold.py` on `uri`, once it has the export open, only reading (a read-only export, or
+/// content the test must keep).
+pub fn hold_reading(uri: &str) -> Child {
+    hold_with(uri, "ro")
+}
+
+fn hold_with(uri: &str, mode: &str) -> Child {
     let mut child = Command::new(PYTHON)
         .arg(script("hold.py"))
         .arg(uri)
+        .arg(mode)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -1,0 +1,209 @@
+//! Snapshots, clones and rollbacks of served volumes, with the real clients: qemu-img writes
+//! and compares, nbdinfo lists the snapshot exports, hold.py keeps an export open.
+
+#[path = "nbd/harness.rs"]
+mod harness;
+
+use harness::{exports, hold_reading, random_bytes, release, tcp_uri, tool, Env};
+
+fn write_file(env: &Env, name: &str, seed: u64, len: usize) -> String {
+    let path = env.path(name);
+    std::fs::write(&path, random_bytes(seed, len)).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// `qemu-img convert` of a raw file onto an export (its whole size).
+fn put(file: &str, uri: &str) {
+    tool(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", file, uri],
+    );
+}
+
+/// `qemu-img compare` of an export with a raw file: identical bytes, or it fails.
+fn same(uri: &str, file: &str) -> bool {
+    let out = std::process::Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw", uri, file])
+        .output()
+        .expect("run qemu-img compare");
+    out.status.success()
+}
+
+#[test]
+fn a_snapshot_export_keeps_the_bytes_written_before_it() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = write_file(&env, "first.raw", 1, 8 << 20);
+    let second = write_file(&env, "second.raw", 2, 8 << 20);
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    // Listed by nbdinfo at once, read-only.
+    let listed = exports(&server);
+    assert!(listed.contains("tank/vol0@one"), "{listed}");
+    let info = tool("nbdinfo", &[&tcp_uri(&server, "tank/vol0@one")]);
+    assert!(info.contains("is_read_only: true"), "{info}");
+    // Overwrite the volume: the snapshot keeps the first bytes, the head has the second.
+    put(&second, &tcp_uri(&server, "tank/vol0"));
+    assert!(
+        same(&tcp_uri(&server, "tank/vol0@one"), &first),
+        "snapshot changed"
+    );
+    assert!(
+        same(&tcp_uri(&server, "tank/vol0"), &second),
+        "head lost its writes"
+    );
+    assert!(!same(&tcp_uri(&server, "tank/vol0@one"), &second));
+    // A snapshot export refuses writes.
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw", &second])
+        .arg(tcp_uri(&server, "tank/vol0@one"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a snapshot export took a write");
+    assert!(same(&tcp_uri(&server, "tank/vol0@one"), &first));
+    // Listings and properties.
+    let list = env.ok(&["list", "-t", "snapshot", "-p", "-H"]);
+    assert!(list.contains("tank/vol0@one"), "{list}");
+    // Every block was overwritten: the snapshot alone holds at least the whole first copy
+    // (space figures are those of the last txg, as in ZFS: a second snapshot syncs one).
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    let got = env.ok(&["get", "usedbysnapshots", "tank/vol0"]);
+    let bytes: u64 = got
+        .lines()
+        .last()
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no value in {got}"));
+    assert!(bytes >= 8 << 20, "usedbysnapshots {bytes}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    // The pool audits clean, exported, and the snapshot is still there after import.
+    env.ok(&["audit", "tank"]);
+    let list = env.ok(&["list", "-t", "all"]);
+    assert!(
+        list.contains("tank/vol0@one") && list.contains("tank/vol0 "),
+        "{list}"
+    );
+}
+
+#[test]
+fn a_clone_is_written_while_its_origin_stays() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = write_file(&env, "first.raw", 3, 8 << 20);
+    let second = write_file(&env, "second.raw", 4, 8 << 20);
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@base"]);
+    env.ok(&["clone", "tank/vol0@base", "tank/copy"]);
+    assert!(exports(&server).contains("tank/copy"));
+    assert!(
+        same(&tcp_uri(&server, "tank/copy"), &first),
+        "the clone is not its origin"
+    );
+    put(&second, &tcp_uri(&server, "tank/copy"));
+    assert!(same(&tcp_uri(&server, "tank/copy"), &second));
+    assert!(
+        same(&tcp_uri(&server, "tank/vol0@base"), &first),
+        "the origin changed"
+    );
+    assert!(
+        same(&tcp_uri(&server, "tank/vol0"), &first),
+        "the origin's volume changed"
+    );
+    let origin = env.ok(&["get", "origin", "tank/copy"]);
+    assert!(origin.contains("tank/vol0@base"), "{origin}");
+    // The origin of a clone cannot be destroyed; the reason is given.
+    let e = env.fails(&["destroy", "tank/vol0@base"]);
+    assert!(e.contains("origin of tank/copy"), "{e}");
+    // A held snapshot cannot be destroyed either.
+    env.ok(&["snapshot", "tank/copy@s1"]);
+    env.ok(&["hold", "keep", "tank/copy@s1"]);
+    let e = env.fails(&["destroy", "tank/copy@s1"]);
+    assert!(e.contains("held") && e.contains("keep"), "{e}");
+    assert!(env.ok(&["holds", "tank/copy@s1"]).contains("keep"));
+    env.ok(&["release", "keep", "tank/copy@s1"]);
+    let e = env.fails(&["vol", "destroy", "tank/copy"]);
+    assert!(e.contains("snapshot"), "{e}");
+    env.ok(&["vol", "destroy", "-r", "tank/copy"]);
+    env.ok(&["destroy", "tank/vol0@base"]);
+    assert!(!exports(&server).contains("tank/vol0@base"));
+    env.ok(&["audit", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn rollback_of_a_served_volume_disconnects_its_clients_only_with_f() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = write_file(&env, "first.raw", 5, 8 << 20);
+    let second = write_file(&env, "second.raw", 6, 8 << 20);
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@good"]);
+    put(&second, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@later"]);
+    let client = hold_reading(&tcp_uri(&server, "tank/vol0"));
+    // Not the latest: refused without -r; open: refused without -f. Nothing changed.
+    let e = env.fails(&["rollback", "tank/vol0@good"]);
+    assert!(e.contains("not the latest") && e.contains("later"), "{e}");
+    let e = env.fails(&["rollback", "-r", "tank/vol0@good"]);
+    assert!(
+        e.contains("open by 1 NBD client") && e.contains("-f"),
+        "{e}"
+    );
+    assert!(exports(&server).contains("tank/vol0@later"));
+    assert!(same(&tcp_uri(&server, "tank/vol0"), &second));
+    // With -f: the client is disconnected, the later snapshot destroyed, and a client that
+    // reconnects reads the snapshot's bytes.
+    env.ok(&["rollback", "-r", "-f", "tank/vol0@good"]);
+    let said = release(client);
+    assert!(said.starts_with("disconnected"), "{said}");
+    assert!(
+        same(&tcp_uri(&server, "tank/vol0"), &first),
+        "not rolled back"
+    );
+    assert!(!exports(&server).contains("tank/vol0@later"));
+    assert!(same(&tcp_uri(&server, "tank/vol0@good"), &first));
+    // A snapshot export open by a client cannot be destroyed.
+    let reader = hold_reading(&tcp_uri(&server, "tank/vol0@good"));
+    let e = env.fails(&["destroy", "tank/vol0@good"]);
+    assert!(e.contains("tank/vol0@good") && e.contains("open"), "{e}");
+    assert_eq!(release(reader), "still connected");
+    // -n -v says what would go and changes nothing.
+    let out = env.ok(&["destroy", "-n", "-v", "tank/vol0@good"]);
+    assert!(
+        out.contains("would destroy tank/vol0@good") && out.contains("would reclaim"),
+        "{out}"
+    );
+    assert!(exports(&server).contains("tank/vol0@good"));
+    env.ok(&["audit", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
+#[test]
+fn bad_snapshot_names_get_one_line_errors() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    for args in [
+        &["snapshot", "tank/vol0"][..],
+        &["snapshot", "tank/vol0@"],
+        &["snapshot", "tank/vol0@a@b"],
+        &["snapshot", "tank/nosuch@a"],
+        &["rollback", "tank/vol0@nosuch"],
+        &["destroy", "tank/vol0@nosuch"],
+        &["clone", "tank/vol0@nosuch", "tank/c"],
+        &["list", "-t", "filesystem"],
+    ] {
+        env.fails(args);
+    }
+    env.ok(&["snapshot", "tank/vol0@a"]);
+    let e = env.fails(&["snapshot", "tank/vol0@a"]);
+    assert!(e.contains("already exists"), "{e}");
+    let e = env.fails(&["snapshot", "tank/vol0@a@b"]);
+    assert!(e.contains("POOL/VOL@SNAP"), "{e}");
+    env.ok(&["audit", "tank"]);
+}
