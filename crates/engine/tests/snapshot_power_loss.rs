@@ -46,7 +46,7 @@ enum InFlight {
     None,
     Snapshot(String, Vec<u8>),
     Destroy(String),
-    Rollback(String, Vec<u8>),
+    Rollback(Vec<u8>),
     Clone(String, Vec<u8>),
     DestroyClone(String),
 }
@@ -170,7 +170,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
                         durable = bytes;
                         since.clear();
                     }
-                    Err(_) => in_flight = InFlight::Rollback(name, bytes),
+                    Err(_) => in_flight = InFlight::Rollback(bytes),
                 }
                 r
             }
@@ -276,7 +276,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     // The volume: its durable bytes or later ones; a rollback in flight: all or nothing.
     let got = read(&pool, "v")?;
-    let rolled_back = matches!(&in_flight, InFlight::Rollback(_, bytes) if got == *bytes);
+    let rolled_back = matches!(&in_flight, InFlight::Rollback(bytes) if got == *bytes);
     if !rolled_back {
         if let Some(i) = (0..got.len()).find(|&i| {
             got[i] != durable[i]
