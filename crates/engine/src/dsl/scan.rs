@@ -18,14 +18,17 @@
 //! its root leads to the same ones, and verifies the new ones a sync wrote meanwhile).
 
 use crate::dmu::object::Object;
-use crate::dmu::tree::{capacity, skip_hole, FANOUT};
+use crate::dmu::tree::{capacity, skip_hole, BlockTree, FANOUT};
 use crate::dsl::dataset::Dataset;
+use crate::dsl::snapshot::Lineage;
 use crate::dsl::Datasets;
 use crate::spa::space::ScanPin;
 use crate::spa::Spa;
 use crate::zio::{scrub_block, ScrubCounts};
 use crate::{EngineError, Result};
-use oxpool_format::{decode_indirect, decode_meta_index, BlockPtr, BlockType, INDIRECT_FANOUT};
+use oxpool_format::{
+    decode_indirect, decode_meta_index, BlockPtr, BlockType, Txg, INDIRECT_FANOUT,
+};
 use oxpool_io::rt::{block_on, join_all};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -345,23 +348,83 @@ async fn indirect(
     decoded.then_some(slot)
 }
 
-/// One dataset's objects, a level-1 block's children per batch (see the module docs).
-async fn scan_dataset(inner: &Spa, dsl: &Datasets, ds: &Dataset) -> Result<()> {
+/// One dataset's snapshots, oldest first, then its objects, a level-1 block's children per
+/// batch (see the module docs). Each tree skips the blocks born at or before the snapshot
+/// before it (the origin's, for a clone's first): those are in that older tree, scanned
+/// with it, so a block shared by many snapshots is read once.
+async fn scan_dataset(inner: &Spa, dsl: &Datasets, ds: &Arc<Dataset>) -> Result<()> {
+    let (snapshots, origin_txg, prev_snap_txg) = {
+        let l = ds.lineage.lock().unwrap();
+        (l.snapshots.clone(), l.origin_txg(), l.prev_snap_txg)
+    };
+    // The deadlists' own blocks.
+    {
+        let _pin = ScanPin::set(inner);
+        let chunks: Vec<BlockPtr> = {
+            let l = ds.lineage.lock().unwrap();
+            std::iter::once(&l.deadlist)
+                .chain(l.snapshots.iter().map(|s| &s.deadlist))
+                .flat_map(|d| d.buckets().flat_map(|(_, b)| b.stored.clone()))
+                .collect()
+        };
+        for c in &chunks {
+            let (_, counts) = scrub_block(&inner.zio, c, "deadlist").await;
+            account(dsl, c, counts);
+        }
+    }
+    let mut prune = origin_txg;
+    for s in &snapshots {
+        // A view, so that destroying the snapshot stops its scan before its blocks are freed.
+        let view = Arc::new(Dataset::volume(
+            ds.id,
+            &inner.name,
+            &format!("{}@{}", ds.name, s.name),
+            ds.props.lock().unwrap().clone(),
+            Object::new(
+                BlockTree::new(s.levels.max(1), s.root),
+                s.volsize_bytes,
+                s.referenced_bytes,
+            ),
+            ds.log.clone(),
+            Lineage::new(s.guid, s.txg, s.creation_s),
+        ));
+        dsl.add_view(ds, s.guid, &view);
+        let still_there = ds.lineage.lock().unwrap().find(&s.name).is_some();
+        if still_there {
+            scan_object(
+                inner,
+                dsl,
+                &view.full_name,
+                &view.destroyed,
+                view.data(),
+                prune,
+            )
+            .await?;
+        }
+        prune = s.txg;
+    }
     for (_, obj) in ds.objset.objects() {
-        scan_object(inner, dsl, ds, obj).await?;
+        scan_object(inner, dsl, &ds.full_name, &ds.destroyed, obj, prev_snap_txg).await?;
     }
     Ok(())
 }
 
-/// One object, a level-1 block's children per batch (see the module docs).
-async fn scan_object(inner: &Spa, dsl: &Datasets, ds: &Dataset, obj: &Object) -> Result<()> {
-    let what = ds.full_name.as_str();
+/// One object, a level-1 block's children per batch (see the module docs), skipping blocks
+/// born at or before `prune_txg` (scanned with an older tree).
+async fn scan_object(
+    inner: &Spa,
+    dsl: &Datasets,
+    what: &str,
+    destroyed: &AtomicBool,
+    obj: &Object,
+    prune_txg: Txg,
+) -> Result<()> {
     let mut path: Vec<Option<Decoded>> = Vec::new();
     let mut cursor = 0u64;
     // Bounded: every pass moves the cursor past at least one level-1 block's range (or a
     // hole's subtree), and the tree's capacity is finite; or it ends.
     loop {
-        if dsl.scan.canceled() || ds.destroyed.load(Ordering::Acquire) {
+        if dsl.scan.canceled() || destroyed.load(Ordering::Acquire) {
             return Ok(());
         }
         let _pin = ScanPin::set(inner);
@@ -374,7 +437,7 @@ async fn scan_object(inner: &Spa, dsl: &Datasets, ds: &Dataset, obj: &Object) ->
         let mut level = levels;
         // Descend to the level-1 block covering `cursor`: at most `levels` steps.
         let next = loop {
-            if bp.is_hole() {
+            if bp.is_hole() || bp.birth <= prune_txg {
                 break skip_hole(cursor, level);
             }
             let Some(slot) = indirect(inner, dsl, &mut path, level, &bp, what).await else {
@@ -385,7 +448,7 @@ async fn scan_object(inner: &Spa, dsl: &Datasets, ds: &Dataset, obj: &Object) ->
                 let first = (cursor % FANOUT) as usize;
                 let children: Vec<BlockPtr> = ptrs[first..]
                     .iter()
-                    .filter(|p| !p.is_hole())
+                    .filter(|p| !p.is_hole() && p.birth > prune_txg)
                     .copied()
                     .collect();
                 let results = join_all(
