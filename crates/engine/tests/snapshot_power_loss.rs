@@ -314,6 +314,19 @@ fn crash_case(seed: u64) -> Result<String, String> {
         .collect();
     pool.destroy_snapshots("v", &all)
         .map_err(|e| e.to_string())?;
+    // The queue of frees drains (a bounded part per txg; a few txgs here).
+    for _ in 0..20 {
+        if pool.get_prop("freeing").map_err(|e| e.to_string())? == "0" {
+            break;
+        }
+        pool.sync().map_err(|e| e.to_string())?;
+    }
+    let freeing = pool.get_prop("freeing").map_err(|e| e.to_string())?;
+    if freeing != "0" {
+        return Err(format!(
+            "freeing is still {freeing} after 20 txgs ({report})"
+        ));
+    }
     let audit = pool.audit().map_err(|e| format!("audit: {e}"))?;
     if !audit.is_clean() {
         return Err(format!(

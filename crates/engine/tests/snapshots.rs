@@ -443,3 +443,37 @@ fn scrub_repairs_blocks_only_a_snapshot_holds() {
     assert_eq!(pool.scrub().unwrap().copies_bad, 0);
     assert!(pool.audit().unwrap().is_clean());
 }
+
+/// Destroyed snapshots' blocks go through the persistent queue of frees: `freeing` counts
+/// them until the next txgs drain it, across an export and import too.
+#[test]
+fn freeing_counts_down_to_zero_across_an_import() {
+    let (mut pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool
+        .create_volume("v", VOLUME_BYTES, &[("compression".into(), "off".into())])
+        .unwrap();
+    oxpool_io::rt::block_on(vol.write(0, &pattern(1, VOLUME_BYTES as usize), false)).unwrap();
+    pool.snapshot(&["v@a".to_string()]).unwrap();
+    oxpool_io::rt::block_on(vol.write(0, &pattern(2, VOLUME_BYTES as usize), false)).unwrap();
+    pool.sync().unwrap();
+    let held = pool.snapshots("v").unwrap()[0].used_bytes;
+    assert!(held >= VOLUME_BYTES, "{held}");
+    assert_eq!(pool.get_prop("freeing").unwrap(), "0");
+    pool.destroy_snapshots("v", &["a".to_string()]).unwrap();
+    // Queued by the destroy's txg, not freed yet.
+    let freeing: u64 = pool.get_prop("freeing").unwrap().parse().unwrap();
+    assert_eq!(freeing, held, "freeing {freeing}, the snapshot held {held}");
+    assert!(pool.audit().unwrap().is_clean());
+    drop(vol);
+    // The queue is persistent: an import finds it and drains it.
+    pool.export().unwrap();
+    pool = reimport(&mems);
+    for _ in 0..20 {
+        if pool.get_prop("freeing").unwrap() == "0" {
+            break;
+        }
+        pool.sync().unwrap();
+    }
+    assert_eq!(pool.get_prop("freeing").unwrap(), "0");
+    assert!(pool.audit().unwrap().is_clean());
+}

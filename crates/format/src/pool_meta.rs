@@ -33,6 +33,9 @@ pub struct PoolMeta {
     /// Each volume's dataset record (its snapshots, origin and deadlist), by volume id;
     /// since format version 3 (a version 2 pool's volumes have none: no snapshots).
     pub datasets: Vec<DatasetMeta>,
+    /// Blocks of destroyed snapshots still to free (deadlist chunks, drained a few per txg:
+    /// the `freeing` property); since format version 3.
+    pub freeing: Vec<DeadBucketMeta>,
 }
 
 /// A volume's dataset: its identity, lineage, snapshots and deadlist.
@@ -177,6 +180,7 @@ impl From<PoolMetaV2> for PoolMeta {
             deferred_frees: m.deferred_frees,
             next_volume_id: m.next_volume_id,
             datasets: Vec::new(),
+            freeing: Vec::new(),
         }
     }
 }
@@ -282,6 +286,7 @@ impl From<PoolMetaV1> for PoolMeta {
             deferred_frees: m.deferred_frees,
             next_volume_id: m.next_volume_id,
             datasets: Vec::new(),
+            freeing: Vec::new(),
         }
     }
 }

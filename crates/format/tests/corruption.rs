@@ -290,6 +290,7 @@ fn trailing_payload_bytes_are_refused() {
         deferred_frees: vec![],
         next_volume_id: 0,
         datasets: vec![],
+        freeing: vec![],
     };
     let mut payload = postcard::to_allocvec(&meta).unwrap();
     payload.push(0);
@@ -327,6 +328,7 @@ fn pool_meta_checks_the_values_inside() {
         deferred_frees: vec![],
         next_volume_id: 1,
         datasets: vec![],
+        freeing: vec![],
     };
     assert!(matches!(
         PoolMeta::decode(&meta.encode()),

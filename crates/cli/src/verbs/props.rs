@@ -73,7 +73,9 @@ pub fn get(
                 }
             }
             None => {
-                for n in names(POOL_PROP_NAMES) {
+                let all: Vec<&'static str> =
+                    POOL_PROP_NAMES.iter().copied().chain(["freeing"]).collect();
+                for n in names(&all) {
                     lines.push(format!("{:<32} {:<14} {}", target, n, p.get_prop(&n)?));
                 }
             }

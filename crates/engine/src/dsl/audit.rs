@@ -299,6 +299,37 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             }
         }
     }
+    // The queue of frees: its chunks and their entries are still allocated until drained.
+    let (chunks, count, bytes) = {
+        let q = dsl.freeing.lock().unwrap();
+        (q.chunks(), q.count(), q.bytes())
+    };
+    let (mut found_count, mut found_bytes) = (0u64, 0u64);
+    for chunk in &chunks {
+        for d in chunk.dvas() {
+            refs.add(d, Some(key_of(chunk)), &|| "freeing queue block".into());
+        }
+        report.blocks_checked += 1;
+        match read_deadlist_chunk(spa, chunk).await {
+            Ok(entries) => {
+                for e in &entries {
+                    found_count += 1;
+                    for d in e.dvas() {
+                        found_bytes += u64::from(d.asize_bytes);
+                        refs.add(d, Some(key_of(e)), &|| {
+                            format!("freeing queue entry (birth {})", e.birth.0)
+                        });
+                    }
+                }
+            }
+            Err(e) => report.problems.push(format!("freeing queue: {e}")),
+        }
+    }
+    if (found_count, found_bytes) != (count, bytes) {
+        report.problems.push(format!(
+            "freeing queue counts {count} entries of {bytes} bytes, holds {found_count} of {found_bytes}"
+        ));
+    }
     // A deadlist entry is a block a snapshot still references: it must be in a tree walked.
     for (what, e) in &dead_entries {
         let k = key_of(e);

@@ -144,6 +144,11 @@ impl Deadlist {
         self.buckets.iter()
     }
 
+    /// Its buckets, by key, taken.
+    pub fn into_buckets(self) -> impl Iterator<Item = (Txg, Bucket)> {
+        self.buckets.into_iter()
+    }
+
     /// The buckets, by key, to change (the store writes pending entries out).
     pub fn buckets_mut(&mut self) -> impl Iterator<Item = (&Txg, &mut Bucket)> {
         self.buckets.iter_mut()

@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod dataset;
 pub mod deadlist;
+pub mod freeing;
 pub mod scan;
 pub mod snapshot;
 pub mod snapshot_sync;
@@ -53,6 +54,8 @@ pub(crate) struct Datasets {
     /// Read-only views of snapshots handed out (by snapshot guid): marked destroyed when
     /// their snapshot is. Pruned of dropped views as views are added.
     views: Mutex<Vec<(oxpool_format::Guid, std::sync::Weak<Dataset>)>>,
+    /// Blocks of destroyed snapshots still to free, drained a few per txg.
+    pub(crate) freeing: Mutex<freeing::FreeQueue>,
 }
 
 impl Datasets {
@@ -69,6 +72,7 @@ impl Datasets {
             }),
             scan: scan::Scan::default(),
             views: Mutex::new(Vec::new()),
+            freeing: Mutex::new(freeing::FreeQueue::default()),
         }
     }
 
@@ -158,6 +162,20 @@ impl Datasets {
         v.retain(|(g, w)| *g != snapshot_guid && w.strong_count() > 0);
     }
 
+    /// Queues the buckets a destroy frees (their in-memory entries are freed at once, into
+    /// `freed`).
+    pub(crate) fn queue_frees(&self, d: deadlist::Deadlist, freed: &mut Vec<Dva>) {
+        let mut q = self.freeing.lock().unwrap();
+        for (_, bucket) in d.into_buckets() {
+            q.push(bucket, freed);
+        }
+    }
+
+    /// Bytes still to free (`freeing`).
+    pub(crate) fn freeing_bytes(&self) -> u64 {
+        self.freeing.lock().unwrap().bytes()
+    }
+
     /// How many datasets are clones of the snapshot with guid `snapshot_guid`.
     pub(crate) fn clones_of(&self, snapshot_guid: oxpool_format::Guid) -> usize {
         self.clone_names(snapshot_guid).len()
@@ -201,6 +219,11 @@ impl Datasets {
     /// applies the snapshot changes due and writes the deadlists' new entries.
     async fn sync_all(&self, spa: &Spa, txg: Txg, freed: &mut Vec<Dva>) -> Result<()> {
         let (live, destroyed, ops) = self.take_for_sync(txg);
+        // A bounded part of the queue of frees; if more is left, the next sync follows at
+        // once (each one short), until it is empty.
+        if freeing::drain(spa, &self.freeing, freed).await? {
+            spa.txg.kick();
+        }
         for ds in &live {
             snapshot_sync::sync_dataset(spa, ds, txg, false, freed).await?;
             for (_, op) in ops.iter().filter(|(name, _)| *name == ds.name) {
@@ -274,6 +297,7 @@ impl SyncClient for Datasets {
         UpperMeta {
             volumes,
             datasets,
+            freeing: self.freeing.lock().unwrap().to_meta(),
             next_volume_id: next_id,
         }
     }

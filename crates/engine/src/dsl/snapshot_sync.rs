@@ -146,7 +146,8 @@ pub(crate) async fn apply(
             // Readers of the snapshot stop before its blocks are freed (and those in flight
             // finish: frees are deferred past this txg).
             dsl.end_views(guid);
-            free_deadlist(spa, to_free, true, freed).await?;
+            // Freed in the background, a bounded part per txg (dsl/freeing.rs).
+            dsl.queue_frees(to_free, freed);
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "destroyed");
         }
         SnapOp::Rollback { name } => {

@@ -277,6 +277,11 @@ impl Pool {
             Ok::<(), EngineError>(())
         })?;
         snapshot::link_origins(&dsl);
+        *dsl.freeing.lock().unwrap() = crate::dsl::freeing::FreeQueue::from_meta(&meta.freeing);
+        if !meta.freeing.is_empty() {
+            // Resume draining at once.
+            spa.txg.mark_dirty();
+        }
         let had_log = volumes
             .values()
             .any(|v| !v.zil.reserved_on_import_is_empty());
@@ -523,6 +528,10 @@ impl Pool {
 
     /// Reads a pool property.
     pub fn get_prop(&self, name: &str) -> Result<String> {
+        if name == "freeing" {
+            // Not a setting: what destroyed snapshots still hold, being freed.
+            return Ok(self.dsl.freeing_bytes().to_string());
+        }
         self.spa.get_prop(name)
     }
 

@@ -27,6 +27,8 @@ pub(crate) struct UpperMeta {
     pub volumes: Vec<VolumeMeta>,
     /// Every dataset's lineage (snapshots, origin, deadlist).
     pub datasets: Vec<oxpool_format::DatasetMeta>,
+    /// The queue of blocks still to free.
+    pub freeing: Vec<oxpool_format::DeadBucketMeta>,
     /// The next dataset id.
     pub next_volume_id: u64,
 }
@@ -176,6 +178,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
             deferred_frees: deferred,
             next_volume_id: datasets.next_volume_id,
             datasets: datasets.datasets,
+            freeing: datasets.freeing,
         };
         meta.encode()
     };

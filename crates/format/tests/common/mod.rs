@@ -350,6 +350,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         vec(free, 0..3),
         any::<u64>(),
         vec(dataset, 0..3),
+        vec(bucket(), 0..2),
     )
         .prop_map(
             |(
@@ -363,6 +364,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                 deferred_frees,
                 next_volume_id,
                 datasets,
+                freeing,
             )| {
                 PoolMeta {
                     name,
@@ -375,6 +377,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     deferred_frees,
                     next_volume_id,
                     datasets,
+                    freeing,
                 }
             },
         )
