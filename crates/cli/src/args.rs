@@ -127,6 +127,12 @@ pub enum Command {
         #[arg(short = 'o', value_name = "PROP=VALUE")]
         props: Vec<String>,
     },
+    /// Promote a clone: its origin's snapshots up to its origin become its own, and the
+    /// origin's volume becomes a clone of it (so that volume can then be destroyed).
+    Promote {
+        /// POOL/CLONE.
+        name: String,
+    },
     /// Place a hold on snapshots: a held snapshot cannot be destroyed.
     Hold {
         /// The hold's tag.

@@ -73,6 +73,7 @@ fn target(command: &Command) -> Target {
         | Command::Audit { pool }
         | Command::Scrub { pool, .. } => pool_of(pool),
         Command::Rollback { snapshot, .. } | Command::Clone { snapshot, .. } => pool_of(snapshot),
+        Command::Promote { name } => pool_of(name),
         Command::Snapshot { names }
         | Command::Hold { names, .. }
         | Command::Release { names, .. }

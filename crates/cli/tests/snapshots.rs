@@ -207,3 +207,41 @@ fn bad_snapshot_names_get_one_line_errors() {
     assert!(e.contains("POOL/VOL@SNAP"), "{e}");
     env.ok(&["audit", "tank"]);
 }
+
+#[test]
+fn promote_lets_the_original_volume_go() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = write_file(&env, "first.raw", 7, 8 << 20);
+    let second = write_file(&env, "second.raw", 8, 8 << 20);
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@base"]);
+    env.ok(&["clone", "tank/vol0@base", "tank/new"]);
+    put(&second, &tcp_uri(&server, "tank/new"));
+    let e = env.fails(&["promote", "tank/vol0"]);
+    assert!(e.contains("not a clone"), "{e}");
+    env.ok(&["promote", "tank/new"]);
+    // The snapshot moved, with its export; the old volume is now the clone.
+    let listed = exports(&server);
+    assert!(
+        listed.contains("tank/new@base") && !listed.contains("tank/vol0@base"),
+        "{listed}"
+    );
+    assert!(env
+        .ok(&["get", "origin", "tank/vol0"])
+        .contains("tank/new@base"));
+    assert!(env
+        .ok(&["get", "origin", "tank/new"])
+        .contains("origin         -"));
+    assert!(same(&tcp_uri(&server, "tank/new@base"), &first));
+    env.ok(&["vol", "destroy", "tank/vol0"]);
+    assert!(
+        same(&tcp_uri(&server, "tank/new"), &second),
+        "the promoted volume changed"
+    );
+    assert!(same(&tcp_uri(&server, "tank/new@base"), &first));
+    env.ok(&["audit", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}

@@ -234,6 +234,41 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
                 m.snaps.remove(&c);
                 m.clones.remove(&c);
             }
+            19 if !m.clones.is_empty() && rng.below(2) == 0 => {
+                // Promote a clone: its origin's snapshots up to the origin become its own.
+                let c = m.clones.keys().next().cloned().unwrap();
+                let (ov, os) = m.clones[&c].clone();
+                let i = m.snaps[&ov].iter().position(|(n, _)| *n == os).unwrap();
+                let collide = m.snaps[&ov][..=i]
+                    .iter()
+                    .any(|(n, _)| m.snaps[&c].iter().any(|(k, _)| k == n));
+                let r = pool.promote(&c);
+                if collide {
+                    assert!(r.is_err(), "{when}: promote with colliding names");
+                    continue;
+                }
+                r.unwrap();
+                let moved: Vec<(String, Vec<u8>)> =
+                    m.snaps.get_mut(&ov).unwrap().drain(..=i).collect();
+                let names: Vec<String> = moved.iter().map(|(n, _)| n.clone()).collect();
+                let mine = m.snaps.get_mut(&c).unwrap();
+                let rest = std::mem::take(mine);
+                *mine = moved;
+                mine.extend(rest);
+                // The origin's volume is now the clone of c@os (if it was a clone itself, c
+                // takes its origin).
+                let before = m.clones.remove(&c);
+                let _ = before;
+                if let Some(o) = m.clones.remove(&ov) {
+                    m.clones.insert(c.clone(), o);
+                }
+                m.clones.insert(ov.clone(), (c.clone(), os));
+                for (k, o) in m.clones.iter_mut() {
+                    if *k != ov && o.0 == ov && names.contains(&o.1) {
+                        o.0 = c.clone();
+                    }
+                }
+            }
             18 => {
                 pool.export().unwrap();
                 pool = reimport(&mems);
@@ -248,15 +283,26 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
     verify(&pool, &m, &format!("{kind:?} seed {seed} end"));
     // Destroying every snapshot and clone frees what only they held: the audit finds every
     // allocated sector referenced, and no snapshot space remains.
-    for c in m.clones.keys().cloned().collect::<Vec<_>>() {
-        let snaps: Vec<String> = m.snaps[&c].iter().map(|(n, _)| n.clone()).collect();
-        if !snaps.is_empty() {
-            pool.destroy_snapshots(&c, &snaps).unwrap();
+    // Clones that are no other clone's origin first (a promote can chain them).
+    for _ in 0..8 {
+        let leaves: Vec<String> = m
+            .clones
+            .keys()
+            .filter(|c| !m.clones.values().any(|(ov, _)| ov == *c))
+            .cloned()
+            .collect();
+        for c in leaves {
+            let snaps: Vec<String> = m.snaps[&c].iter().map(|(n, _)| n.clone()).collect();
+            if !snaps.is_empty() {
+                pool.destroy_snapshots(&c, &snaps).unwrap();
+            }
+            pool.destroy_volume(&c).unwrap();
+            m.heads.remove(&c);
+            m.snaps.remove(&c);
+            m.clones.remove(&c);
         }
-        pool.destroy_volume(&c).unwrap();
-        m.heads.remove(&c);
-        m.snaps.remove(&c);
     }
+    assert!(m.clones.is_empty(), "clones left: {:?}", m.clones.keys());
     for (v, snaps) in m.snaps.iter_mut() {
         let names: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
         if !names.is_empty() {

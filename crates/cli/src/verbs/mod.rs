@@ -72,6 +72,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             name,
             props,
         } => snapshot::clone(host, &target, &name, &props),
+        Command::Promote { name } => snapshot::promote(host, &name),
         Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
         Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),
         Command::Holds { names } => snapshot::holds(host, con, &names),

@@ -209,6 +209,67 @@ pub fn clone(host: &Host, snapshot: &str, new: &str, props: &[String]) -> Result
     })
 }
 
+/// `oxpool promote POOL/CLONE`. On a served pool the moved snapshots' exports take their
+/// new names (`POOL/CLONE@SNAP`); one a client has open is refused first.
+pub fn promote(host: &Host, name: &str) -> Result<()> {
+    let (pool_name, clone) = volume_target(name)?;
+    host.change_pool(pool_name, |p| {
+        let before: Vec<(String, String)> = p
+            .all_snapshots()
+            .into_iter()
+            .map(|s| (s.volume, s.name))
+            .collect();
+        let Host::Live(served) = host else {
+            return Ok(p.promote(clone)?);
+        };
+        // Which exports move: every snapshot of the origin's volume up to the origin.
+        let origin = p
+            .dataset_space(clone)?
+            .origin
+            .ok_or_else(|| anyhow!("{name}: not a clone"))?;
+        let (ovol, osnap) = origin
+            .split_once('@')
+            .and_then(|(v, s)| Some((v.split_once('/')?.1.to_string(), s.to_string())))
+            .ok_or_else(|| anyhow!("{name}: origin '{origin}' unreadable"))?;
+        let upto = before
+            .iter()
+            .filter(|(v, _)| *v == ovol)
+            .position(|(_, s)| *s == osnap)
+            .ok_or_else(|| anyhow!("{origin}: not found"))?;
+        let moving: Vec<String> = before
+            .iter()
+            .filter(|(v, _)| *v == ovol)
+            .take(upto + 1)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut removed: Vec<String> = Vec::new();
+        for s in &moving {
+            let export = format!("{pool_name}/{ovol}@{s}");
+            if let Err(e) = served.unexport_volume(&export, false) {
+                for s in &removed {
+                    served.export_volume(p.snapshot_volume(&ovol, s)?)?;
+                }
+                return Err(e);
+            }
+            removed.push(s.clone());
+        }
+        match p.promote(clone) {
+            Ok(()) => {
+                for s in &moving {
+                    served.export_volume(p.snapshot_volume(clone, s)?)?;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                for s in &removed {
+                    served.export_volume(p.snapshot_volume(&ovol, s)?)?;
+                }
+                Err(e.into())
+            }
+        }
+    })
+}
+
 /// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`.
 pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<()> {
     for n in names {

@@ -176,6 +176,36 @@ impl Datasets {
         self.freeing.lock().unwrap().bytes()
     }
 
+    /// Fills in every clone's origin chain once all datasets are loaded: the snapshot txgs of its
+    /// origin's chain at or before the origin (keys for the blocks it kills that only those
+    /// snapshots reference).
+    pub(crate) fn link_origins(&self) {
+        let all = self.all();
+        let by_id = |id: oxpool_format::VolumeId| all.iter().find(|d| d.id == id);
+        for ds in &all {
+            let origin = ds.lineage.lock().unwrap().origin.clone();
+            let mut chain: Vec<Txg> = Vec::new();
+            let mut next = origin;
+            // Bounded: each step moves to an older dataset (ids of origins precede their
+            // clones' unless promoted, which does not exist yet), at most one per dataset.
+            for _ in 0..all.len() {
+                let Some(o) = next.take() else { break };
+                let Some(src) = by_id(o.volume) else { break };
+                let l = src.lineage.lock().unwrap();
+                let mut part: Vec<Txg> = l
+                    .snapshots
+                    .iter()
+                    .map(|s| s.txg)
+                    .filter(|t| *t <= o.txg)
+                    .collect();
+                part.extend(chain);
+                chain = part;
+                next = l.origin.clone();
+            }
+            ds.lineage.lock().unwrap().origin_chain = chain;
+        }
+    }
+
     /// How many datasets are clones of the snapshot with guid `snapshot_guid`.
     pub(crate) fn clones_of(&self, snapshot_guid: oxpool_format::Guid) -> usize {
         self.clone_names(snapshot_guid).len()

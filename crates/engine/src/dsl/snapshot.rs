@@ -253,4 +253,7 @@ pub(crate) enum SnapOp {
     Destroy { name: String },
     /// Roll the head back to snapshot `name` (the latest, once the ops before it ran).
     Rollback { name: String },
+    /// Make this clone the owner of its origin's snapshots up to the origin (included),
+    /// and the origin's volume a clone of that snapshot.
+    Promote,
 }

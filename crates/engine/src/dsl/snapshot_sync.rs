@@ -190,8 +190,73 @@ pub(crate) async fn apply(
             ds.props.lock().unwrap().volsize_bytes = target.volsize_bytes;
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "rolled back");
         }
+        SnapOp::Promote => promote(dsl, ds),
     }
     Ok(())
+}
+
+/// `promote` of clone `ds`: the snapshots of its origin's volume up to its origin move to it
+/// (their trees, deadlists and figures unchanged: each is still relative to the snapshot
+/// before it), it takes the origin volume's own origin, and the origin volume becomes a clone
+/// of the moved origin snapshot. Clones of the moved snapshots follow them. No block moves.
+fn promote(dsl: &Datasets, ds: &Dataset) {
+    let Some(origin) = ds.lineage.lock().unwrap().origin.clone() else {
+        tracing::warn!(dataset = ds.full_name, "not a clone: no promote");
+        return;
+    };
+    let Some(src) = dsl.all().into_iter().find(|d| d.id == origin.volume) else {
+        tracing::warn!(dataset = ds.full_name, "origin's volume gone: no promote");
+        return;
+    };
+    let moved_guids: Vec<oxpool_format::Guid> = {
+        // Lock order: the clone, then its origin's volume (nothing else holds two).
+        let mut mine = ds.lineage.lock().unwrap();
+        let mut theirs = src.lineage.lock().unwrap();
+        let Some(i) = theirs
+            .snapshots
+            .iter()
+            .position(|s| s.guid == origin.snapshot_guid)
+        else {
+            tracing::warn!(dataset = ds.full_name, "origin snapshot gone: no promote");
+            return;
+        };
+        if theirs.snapshots[..=i]
+            .iter()
+            .any(|s| mine.find(&s.name).is_some())
+        {
+            tracing::warn!(dataset = ds.full_name, "snapshot names collide: no promote");
+            return;
+        }
+        let moved: Vec<Snapshot> = theirs.snapshots.drain(..=i).collect();
+        let guids = moved.iter().map(|s| s.guid).collect();
+        let mut snapshots = moved;
+        snapshots.append(&mut mine.snapshots);
+        mine.snapshots = snapshots;
+        mine.origin = theirs.origin.take();
+        // The origin snapshot now lives in the promoted volume.
+        theirs.origin = Some(oxpool_format::OriginMeta {
+            volume: ds.id,
+            ..origin.clone()
+        });
+        if theirs.snapshots.is_empty() {
+            theirs.prev_snap_txg = origin.txg;
+        }
+        guids
+    };
+    // Clones of the moved snapshots now name the promoted volume as their origin's.
+    for d in dsl.all() {
+        if d.id == src.id {
+            continue;
+        }
+        let mut l = d.lineage.lock().unwrap();
+        if let Some(o) = l.origin.as_mut() {
+            if o.volume == src.id && moved_guids.contains(&o.snapshot_guid) {
+                o.volume = ds.id;
+            }
+        }
+    }
+    dsl.link_origins();
+    tracing::info!(dataset = ds.full_name, "promoted");
 }
 
 /// Writes the entries added to `ds`'s deadlists (the head's and its snapshots') into

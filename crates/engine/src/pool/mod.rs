@@ -276,7 +276,7 @@ impl Pool {
             }
             Ok::<(), EngineError>(())
         })?;
-        snapshot::link_origins(&dsl);
+        dsl.link_origins();
         *dsl.freeing.lock().unwrap() = crate::dsl::freeing::FreeQueue::from_meta(&meta.freeing);
         if !meta.freeing.is_empty() {
             // Resume draining at once.

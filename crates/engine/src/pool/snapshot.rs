@@ -8,12 +8,11 @@ use crate::dmu::object::Object;
 use crate::dmu::tree::BlockTree;
 use crate::dsl::dataset::Dataset;
 use crate::dsl::snapshot::{Lineage, SnapOp};
-use crate::dsl::Datasets;
 use crate::spa::check_name;
 use crate::zil::Zil;
 use crate::zvol::VolumeInner;
 use crate::{EngineError, Result, Volume};
-use oxpool_format::{OriginMeta, Txg, VolumeId};
+use oxpool_format::{OriginMeta, VolumeId};
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -104,36 +103,6 @@ pub(crate) fn now_s() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// Fills in every clone's origin chain once all datasets are loaded: the snapshot txgs of its
-/// origin's chain at or before the origin (keys for the blocks it kills that only those
-/// snapshots reference).
-pub(crate) fn link_origins(dsl: &Datasets) {
-    let all = dsl.all();
-    let by_id = |id: VolumeId| all.iter().find(|d| d.id == id);
-    for ds in &all {
-        let origin = ds.lineage.lock().unwrap().origin.clone();
-        let mut chain = Vec::new();
-        let mut next = origin;
-        // Bounded: each step moves to an older dataset (ids of origins precede their
-        // clones' unless promoted, which does not exist yet), at most one per dataset.
-        for _ in 0..all.len() {
-            let Some(o) = next.take() else { break };
-            let Some(src) = by_id(o.volume) else { break };
-            let l = src.lineage.lock().unwrap();
-            let mut part: Vec<Txg> = l
-                .snapshots
-                .iter()
-                .map(|s| s.txg)
-                .filter(|t| *t <= o.txg)
-                .collect();
-            part.extend(chain);
-            chain = part;
-            next = l.origin.clone();
-        }
-        ds.lineage.lock().unwrap().origin_chain = chain;
-    }
 }
 
 /// Splits `vol@snap`.
@@ -380,7 +349,7 @@ impl Pool {
             lineage,
         ));
         self.dsl.insert(ds.clone())?;
-        link_origins(&self.dsl);
+        self.dsl.link_origins();
         let vol = Arc::new(VolumeInner::new(ds, zil));
         volumes.insert(new_name.to_string(), vol.clone());
         drop(volumes);
@@ -389,6 +358,46 @@ impl Pool {
             pool: self.spa.clone(),
             vol,
         })
+    }
+
+    /// Promotes clone `volume`: the snapshots of its origin's volume up to its origin move
+    /// to it (with their names), and that volume becomes a clone of the moved origin
+    /// snapshot, so that the original volume can be destroyed. Refused if `volume` is not a
+    /// clone, or a snapshot name would collide.
+    pub fn promote(&self, volume: &str) -> Result<()> {
+        let ds = self.dataset(volume)?;
+        let origin = ds.lineage.lock().unwrap().origin.clone();
+        let Some(origin) = origin else {
+            return Err(EngineError::invalid(format!(
+                "{}: not a clone",
+                ds.full_name
+            )));
+        };
+        let src = self
+            .dsl
+            .all()
+            .into_iter()
+            .find(|d| d.id == origin.volume)
+            .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
+        let moving: Vec<String> = {
+            let l = src.lineage.lock().unwrap();
+            let i = l
+                .snapshots
+                .iter()
+                .position(|s| s.guid == origin.snapshot_guid)
+                .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
+            l.snapshots[..=i].iter().map(|s| s.name.clone()).collect()
+        };
+        {
+            let l = ds.lineage.lock().unwrap();
+            if let Some(n) = moving.iter().find(|n| l.find(n).is_some()) {
+                return Err(EngineError::Busy(format!(
+                    "{}@{n} exists: it would collide with {}@{n}; rename or destroy it first",
+                    ds.full_name, src.full_name
+                )));
+            }
+        }
+        self.run_ops(vec![(volume.to_string(), SnapOp::Promote)])
     }
 
     /// Places hold `tag` on `volume@snap` (it cannot be destroyed while held).
