@@ -54,7 +54,7 @@ pub(crate) async fn import_devices(
                 paths.join(", ")
             )));
         }
-        tops.push(TopVdev::new(tcfg, children));
+        tops.push(TopVdev::new(tcfg, children)?);
     }
     // The completion policy and the cache size are properties, known once the metadata is
     // read (set below).
@@ -127,8 +127,7 @@ pub(crate) async fn import_devices(
     zio.vdevs.truncate(meta.tree.top.len());
     zio.vdevs.set_leaf_configs(&meta.tree);
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
-    let logs: Vec<bool> = zio.vdevs.tops().map(|t| t.log).collect();
-    let mut alloc = Allocator::with_log_devices(&asizes, &logs);
+    let mut alloc = Allocator::for_tops(zio.vdevs.tops());
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
         let map = alloc.map_mut(VdevId(v as u32));
