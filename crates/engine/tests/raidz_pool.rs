@@ -197,6 +197,23 @@ fn reads_survive_up_to_parity_failing_devices() {
         );
         drop(v);
         pool.export().unwrap();
+        // One more missing: import refuses, naming what is missing.
+        let present: Vec<Arc<dyn Backend>> = mems
+            .iter()
+            .skip(usize::from(parity) + 1)
+            .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
+            .collect();
+        let err = Pool::import(present, Some("tank"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "raidz{parity}-0 can lose {parity} of its devices, {} are missing (mem0",
+                parity + 1
+            )),
+            "{err}"
+        );
     }
 }
 

@@ -54,6 +54,27 @@ pub(crate) async fn import_devices(
                 paths.join(", ")
             )));
         }
+        // A raidz vdev missing more children than its parity cannot give back any block
+        // that spans them: refuse with what is missing rather than fail on its first read.
+        if let oxpool_format::TopVdevKind::Raidz(r) = &tcfg.kind {
+            let missing: Vec<&str> = tcfg
+                .children
+                .iter()
+                .zip(&children)
+                .filter(|(_, c)| c.is_none())
+                .map(|(lc, _)| lc.path.as_str())
+                .collect();
+            if missing.len() > usize::from(r.parity) {
+                return Err(EngineError::NotFound(format!(
+                    "pool '{pool_name}': raidz{}-{} can lose {} of its devices, {} are missing ({})",
+                    r.parity,
+                    tcfg.id.0,
+                    r.parity,
+                    missing.len(),
+                    missing.join(", ")
+                )));
+            }
+        }
         tops.push(TopVdev::new(tcfg, children)?);
     }
     // The completion policy and the cache size are properties, known once the metadata is
