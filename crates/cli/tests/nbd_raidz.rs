@@ -108,7 +108,12 @@ fn raidz2_pool_serves_nbd_and_survives_damaged_and_missing_devices() {
     }
     std::fs::remove_file(&devs[4]).unwrap();
     let status = env.ok(&["status", "tank"]);
-    assert!(status.contains("DEGRADED"), "{status}");
+    assert!(status.contains(" state: DEGRADED"), "{status}");
+    assert!(
+        status.contains("status: raidz2-0: 1 of its devices missing (")
+            && status.contains("d4.img); it runs from its redundancy and can lose 1 more"),
+        "{status}"
+    );
     {
         let server = env.serve(&["--listen", "127.0.0.1:0"]);
         let uri = server.uri("tank/vol0");

@@ -87,6 +87,7 @@ fn raidz_pools_round_trip_through_export_and_import() {
         assert_eq!(s.vdevs[0].name, format!("raidz{parity}-0"));
         assert_eq!(s.vdevs[0].children.len(), width);
         assert_eq!(s.state, "ONLINE");
+        assert!(s.reasons.is_empty());
         // The raw size, parity included, as `zpool list` shows a raidz: every child's data
         // area (at 4 KiB sectors).
         let child = (data_end_bytes(DEVICE_BYTES) - DATA_START_BYTES) / 4096 * 4096;
@@ -190,6 +191,17 @@ fn reads_survive_up_to_parity_failing_devices() {
         let s = pool.status();
         assert_eq!(s.state, "DEGRADED", "{s:?}");
         assert_eq!(s.vdevs[0].state, "DEGRADED", "{s:?}");
+        let gone: Vec<String> = (0..usize::from(parity))
+            .map(|i| format!("mem{i}"))
+            .collect();
+        assert_eq!(
+            s.reasons,
+            [format!(
+                "raidz{parity}-0: {parity} of its devices missing ({}); it runs from its \
+                 redundancy and can lose 0 more",
+                gone.join(", ")
+            )]
+        );
         let v = pool.volume("v").unwrap();
         assert!(
             read_all(&v).unwrap() == model,

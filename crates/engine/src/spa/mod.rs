@@ -145,6 +145,9 @@ pub struct PoolStatus {
     pub vdevs: Vec<VdevStatus>,
     /// The latest scrub since the pool was opened.
     pub scan: Option<crate::ScanStatus>,
+    /// Why the pool is not ONLINE, one line per cause (ZFS's `status:`): which devices are
+    /// missing from which vdev, and how many more it can lose. Empty when ONLINE.
+    pub reasons: Vec<String>,
 }
 
 impl Spa {
@@ -548,6 +551,7 @@ impl Spa {
             },
         };
         let mut degraded = false;
+        let mut reasons = Vec::new();
         let vdevs = self
             .zio
             .vdevs
@@ -563,10 +567,33 @@ impl Spa {
                 degraded |= missing > 0;
                 // A raidz vdev with more children missing than parity cannot serve its blocks
                 // (ZFS: UNAVAIL, insufficient replicas).
-                let unavail = match &t.kind {
-                    TopVdevKind::Raidz(r) => missing > usize::from(r.parity),
-                    _ => missing == kids.len(),
+                let tolerated = match &t.kind {
+                    TopVdevKind::Raidz(r) => usize::from(r.parity),
+                    _ => kids.len() - 1,
                 };
+                let unavail = missing > tolerated;
+                if missing > 0 {
+                    let names: Vec<&str> = kids
+                        .iter()
+                        .filter(|k| k.state != "ONLINE")
+                        .map(|k| k.name.as_str())
+                        .collect();
+                    let vdev = t.group_name().unwrap_or_else(|| names.join(", "));
+                    reasons.push(if unavail {
+                        format!(
+                            "{vdev}: {missing} of its devices missing ({}), more than it can lose \
+                             ({tolerated}): blocks on it cannot be read",
+                            names.join(", ")
+                        )
+                    } else {
+                        format!(
+                            "{vdev}: {missing} of its devices missing ({}); it runs from its \
+                             redundancy and can lose {} more",
+                            names.join(", "),
+                            tolerated - missing
+                        )
+                    });
+                }
                 match t.group_name() {
                     None => kids.into_iter().next().unwrap(),
                     Some(name) => VdevStatus {
@@ -605,6 +632,7 @@ impl Spa {
             dirty_bytes: self.txg.dirty_bytes(),
             vdevs,
             scan: None,
+            reasons,
         }
     }
 }
