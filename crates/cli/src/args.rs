@@ -20,7 +20,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`.
+    /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`,
+    /// `oxpool create tank raidz2 a.img b.img c.img d.img e.img f.img`.
     Create {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -40,7 +41,8 @@ pub enum Command {
         props: Vec<String>,
         /// Pool name.
         pool: String,
-        /// Vdevs: device paths, each group optionally preceded by `mirror`.
+        /// Vdevs: device paths, each group optionally preceded by `mirror`, `raidz` (`raidz1`),
+        /// `raidz2` or `raidz3`.
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },
@@ -59,7 +61,7 @@ pub enum Command {
         sparse: bool,
         /// Pool name.
         pool: String,
-        /// `[mirror] PATH...`, `log [mirror] PATH...`.
+        /// `[mirror|raidz|raidz2|raidz3] PATH...`, `log [mirror] PATH...`.
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },

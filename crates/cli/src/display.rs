@@ -117,6 +117,10 @@ pub fn scan_lines(scan: &ScanStatus) -> Vec<String> {
 pub fn print_status(out: &mut dyn Write, s: &PoolStatus) -> io::Result<()> {
     writeln!(out, "  pool: {}", s.name)?;
     writeln!(out, " state: {}", s.state)?;
+    for (i, reason) in s.reasons.iter().enumerate() {
+        let label = if i == 0 { "status:" } else { "       " };
+        writeln!(out, "{label} {reason}")?;
+    }
     if let Some(scan) = &s.scan {
         for (i, line) in scan_lines(scan).iter().enumerate() {
             if i == 0 {

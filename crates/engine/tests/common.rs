@@ -20,6 +20,16 @@ pub fn test_props() -> PoolProps {
     p
 }
 
+/// The kind of a raidz vdev with `parity` parity columns (for [`mem_pool`] and
+/// [`oxpool_engine::TopSpec`]; the rest of its record is filled in at creation).
+pub fn raidz(parity: u8) -> TopVdevKind {
+    TopVdevKind::Raidz(oxpool_format::RaidzConfig {
+        parity,
+        sector_shift: 12,
+        epochs: Vec::new(),
+    })
+}
+
 /// A pool of one top-level vdev over memory devices.
 pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>) {
     let mems: Vec<MemoryBackend> = (0..devices)
@@ -43,6 +53,7 @@ pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>)
                 devices: vec![b],
             })
             .collect(),
+        TopVdevKind::Raidz(r) => vec![TopSpec::raidz(r.parity, backends)],
     };
     let pool = Pool::create("tank", tops, test_props(), false).unwrap();
     (pool, mems)

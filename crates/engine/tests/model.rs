@@ -264,6 +264,32 @@ proptest! {
     }
 }
 
+// raidz (issue 18): the model on raidz1, raidz2 and raidz3 at their narrowest widths and one
+// wider (the columns of small blocks then span part of the width), across export/import.
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn raidz1_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops, common::raidz(1), 3)?;
+    }
+
+    #[test]
+    fn raidz2_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run_with(ops, common::raidz(2), 5, &[("dirty_max", "1048576")])?;
+    }
+
+    #[test]
+    fn raidz2_wide_matches_model(ops in proptest::collection::vec(op_or_compression(), 1..40)) {
+        run_volumes(ops, common::raidz(2), 9, &[], &[("compression", "zstd")])?;
+    }
+
+    #[test]
+    fn raidz3_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops, common::raidz(3), 7)?;
+    }
+}
+
 // Compression (issue 20): lz4 is the default of the tests above; zstd and off here, and
 // changes of `compression` between writes (data written under every setting reads back, and
 // partial writes merge with blocks stored under another setting). A mirror, so a copy that

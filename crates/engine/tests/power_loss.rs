@@ -7,7 +7,8 @@
 //! and the pool must keep working (its space maps are sound: new writes never overwrite live
 //! data).
 //!
-//! Layouts by seed: a single device, a mirror, a stripe, and a device with a separate log device;
+//! Layouts by seed: a single device, a mirror, a stripe, a device with a separate log device,
+//! a raidz1 of 3, a raidz2 of 5 and a raidz3 of 7 (their intent-log blocks on the raidz too);
 //! and by seed, each with `compression` lz4, zstd or off, with or without `logbias=throughput`
 //! (so that sync writes of whole blocks are written in place, compressed, and adopted by the
 //! txg sync). Writes carry data that compresses, data that does not, zeros, and mixes.
@@ -27,6 +28,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 const DEVICE_BYTES: u64 = 32 << 20;
+/// Pool layouts, chosen by `seed % LAYOUTS` (see [`crash_case`]).
+const LAYOUTS: u64 = 7;
 const VOLUME_BYTES: u64 = 512 << 10;
 
 fn as_backends(mems: &[MemoryBackend]) -> Vec<Arc<dyn Backend>> {
@@ -45,8 +48,16 @@ fn read_all(pool: &Pool) -> Result<Vec<u8>, String> {
 /// One crash case; Err describes the failure.
 fn crash_case(seed: u64) -> Result<String, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
-    let layout = seed % 4; // 0 single, 1 mirror, 2 stripe, 3 single + separate log device
-    let ndev = if layout == 0 { 1 } else { 2 };
+    // 0 single, 1 mirror, 2 stripe, 3 single + separate log device, 4 raidz1 of 3,
+    // 5 raidz2 of 5, 6 raidz3 of 7.
+    let layout = seed % LAYOUTS;
+    let ndev = match layout {
+        0 => 1,
+        4 => 3,
+        5 => 5,
+        6 => 7,
+        _ => 2,
+    };
     let mems: Vec<MemoryBackend> = (0..ndev)
         .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
         .collect();
@@ -75,6 +86,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
             kind: TopVdevKind::Mirror,
             devices: devices.clone(),
         }],
+        4..=6 => vec![TopSpec::raidz((layout - 3) as u8, devices.clone())],
         _ => devices
             .iter()
             .enumerate()
@@ -87,8 +99,8 @@ fn crash_case(seed: u64) -> Result<String, String> {
     };
     let pool = Pool::create("tank", tops, test_props(), false).map_err(|e| e.to_string())?;
     let bs = [512u32, 4096, 16384, 16384, 65536][rng.random_range(0..5)];
-    let compression = ["lz4", "zstd", "off"][(seed / 4 % 3) as usize];
-    let logbias = ["latency", "throughput"][(seed / 12 % 2) as usize];
+    let compression = ["lz4", "zstd", "off"][(seed / LAYOUTS % 3) as usize];
+    let logbias = ["latency", "throughput"][(seed / (LAYOUTS * 3) % 2) as usize];
     let vol = pool
         .create_volume(
             "v",
@@ -184,7 +196,9 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     let pool = Pool::import(as_backends(&mems), Some("tank"))
         .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
-    let report = format!("{report}volblocksize {bs}, compression {compression}, logbias {logbias}");
+    let report = format!(
+        "{report}layout {layout}, volblocksize {bs}, compression {compression}, logbias {logbias}"
+    );
     let got = read_all(&pool)?;
     if let Some(i) = (0..got.len()).find(|&i| {
         got[i] != durable[i]

@@ -102,6 +102,33 @@ pub fn checksum(kind: ChecksumType, data: &[u8]) -> Checksum {
     Checksum(out)
 }
 
+/// The checksum of the concatenation of `parts` (without building it): equal to
+/// [`checksum`] of the bytes laid end to end. For data held in pieces, such as the data
+/// columns of a raidz block.
+pub fn checksum_parts<'a>(
+    kind: ChecksumType,
+    parts: impl IntoIterator<Item = &'a [u8]>,
+) -> Checksum {
+    let mut out = [0u8; 32];
+    match kind {
+        ChecksumType::Xxh3_128 => {
+            let mut h = Xxh3Default::new();
+            for p in parts {
+                h.update(p);
+            }
+            out[..16].copy_from_slice(&h.digest128().to_le_bytes());
+        }
+        ChecksumType::Blake3 => {
+            let mut h = blake3::Hasher::new();
+            for p in parts {
+                h.update(p);
+            }
+            out.copy_from_slice(h.finalize().as_bytes());
+        }
+    }
+    Checksum(out)
+}
+
 /// Size of the self-checksum field of the headered structures (an xxh3-128 value).
 pub(crate) const SELF_CHECKSUM_BYTES: usize = 16;
 
@@ -137,6 +164,20 @@ pub(crate) fn verify_self_checksum(covered: &[u8], field_offset: usize) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checksum_of_parts_is_that_of_the_whole() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        for kind in [ChecksumType::Xxh3_128, ChecksumType::Blake3] {
+            let whole = checksum(kind, &data);
+            for cut in [0, 1, 240, 4096, 9_999, 10_000] {
+                let (a, b) = data.split_at(cut);
+                assert_eq!(checksum_parts(kind, [a, b]), whole);
+                assert_eq!(checksum_parts(kind, [a, &[][..], b]), whole);
+            }
+            assert_ne!(checksum_parts(kind, [&data[..9_999]]), whole);
+        }
+    }
 
     #[test]
     fn xxh3_fills_the_first_half_only() {

@@ -29,6 +29,81 @@ pub enum TopVdevKind {
     Single,
     /// Every block on every child.
     Mirror,
+    /// RAID-Z: each block split into data columns plus 1 to 3 parity columns, one column per
+    /// child (`docs/format.md`, "RAID-Z layout"). Added after `Mirror` so that configurations
+    /// written before it decode unchanged.
+    Raidz(RaidzConfig),
+}
+
+impl TopVdevKind {
+    /// The raidz configuration, if this is a raidz vdev.
+    pub fn raidz(&self) -> Option<&RaidzConfig> {
+        match self {
+            TopVdevKind::Raidz(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Most parity columns of a raidz vdev (raidz3).
+pub const RAIDZ_PARITY_MAX: u8 = 3;
+/// Most children of a raidz vdev.
+pub const RAIDZ_CHILDREN_MAX: usize = 64;
+
+/// The geometry of a raidz top-level vdev over time.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaidzConfig {
+    /// Parity columns of every block: 1, 2 or 3.
+    pub parity: u8,
+    /// log2 of the sector, the unit of columns and of allocation (12: 4 KiB).
+    pub sector_shift: u8,
+    /// The widths the vdev has had, oldest first: a block born in txg `t` was written with
+    /// the width of the last epoch whose `first_txg <= t`. One epoch today (the vdev's
+    /// creation); a future expansion appends a wider one. The last width is the number of
+    /// children.
+    pub epochs: Vec<RaidzEpoch>,
+}
+
+/// One width of a raidz vdev and the first txg whose blocks were written with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaidzEpoch {
+    /// Blocks born in this txg or later (until the next epoch) have `width` columns at most.
+    pub first_txg: Txg,
+    /// Children the layout spans.
+    pub width: u16,
+}
+
+impl RaidzConfig {
+    /// Checks the record against a vdev of `children` children: parity 1..=3, a sector of
+    /// 512 B to 64 KiB, at least one epoch, txgs and widths strictly increasing, each width
+    /// at least `parity + 1` and at most [`RAIDZ_CHILDREN_MAX`], the last one `children`.
+    pub fn validate(&self, children: usize) -> Result<(), FormatError> {
+        let bad = |field: &'static str, value: u64| Err(FormatError::BadField { field, value });
+        if !(1..=RAIDZ_PARITY_MAX).contains(&self.parity) {
+            return bad("raidz.parity", u64::from(self.parity));
+        }
+        if !(9..=16).contains(&self.sector_shift) {
+            return bad("raidz.sector_shift", u64::from(self.sector_shift));
+        }
+        let Some(last) = self.epochs.last() else {
+            return bad("raidz.epochs", 0);
+        };
+        for e in &self.epochs {
+            let w = usize::from(e.width);
+            if w < usize::from(self.parity) + 1 || w > RAIDZ_CHILDREN_MAX {
+                return bad("raidz.width", u64::from(e.width));
+            }
+        }
+        for pair in self.epochs.windows(2) {
+            if pair[1].first_txg <= pair[0].first_txg || pair[1].width <= pair[0].width {
+                return bad("raidz.epochs", pair[1].first_txg.0);
+            }
+        }
+        if usize::from(last.width) != children {
+            return bad("raidz.width", u64::from(last.width));
+        }
+        Ok(())
+    }
 }
 
 /// A leaf device of the pool.
@@ -92,7 +167,7 @@ impl VdevTreeConfig {
     }
 
     /// Checks the tree's shape: `top[i].id == VdevId(i)`, a `Single` vdev has exactly one
-    /// child and a `Mirror` at least one. Decoders do not call this (a decoded tree is
+    /// child, a `Mirror` at least one, a `Raidz` a valid record ([`RaidzConfig::validate`]). Decoders do not call this (a decoded tree is
     /// returned as written); the engine does, when it builds or imports a pool.
     pub fn validate(&self) -> Result<(), FormatError> {
         for (index, top) in self.top.iter().enumerate() {
@@ -102,9 +177,13 @@ impl VdevTreeConfig {
                     value: u64::from(top.id.0),
                 });
             }
-            let children_ok = match top.kind {
+            let children_ok = match &top.kind {
                 TopVdevKind::Single => top.children.len() == 1,
                 TopVdevKind::Mirror => !top.children.is_empty(),
+                TopVdevKind::Raidz(r) => {
+                    r.validate(top.children.len())?;
+                    true
+                }
             };
             if !children_ok {
                 return Err(FormatError::BadField {
@@ -199,5 +278,58 @@ impl LabelConfig {
             "padding",
         )?;
         crate::meta::postcard_exact(payload)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raidz(parity: u8, widths: &[(u64, u16)]) -> TopVdevKind {
+        TopVdevKind::Raidz(RaidzConfig {
+            parity,
+            sector_shift: 12,
+            epochs: widths
+                .iter()
+                .map(|&(t, width)| RaidzEpoch {
+                    first_txg: Txg(t),
+                    width,
+                })
+                .collect(),
+        })
+    }
+
+    /// The raidz variant came after the others: their encodings (postcard's variant index)
+    /// are unchanged, so configurations written before it decode as they were.
+    #[test]
+    fn older_kinds_keep_their_encoding() {
+        assert_eq!(postcard::to_allocvec(&TopVdevKind::Single).unwrap(), [0]);
+        assert_eq!(postcard::to_allocvec(&TopVdevKind::Mirror).unwrap(), [1]);
+        let r = postcard::to_allocvec(&raidz(2, &[(1, 6)])).unwrap();
+        // Variant 2, parity 2, shift 12, one epoch: txg 1, width 6.
+        assert_eq!(r, [2, 2, 12, 1, 1, 6]);
+        let back: TopVdevKind = postcard::from_bytes(&r).unwrap();
+        assert_eq!(back, raidz(2, &[(1, 6)]));
+    }
+
+    #[test]
+    fn raidz_records_are_checked() {
+        let ok = |k: &TopVdevKind, n: usize| k.raidz().unwrap().validate(n).is_ok();
+        assert!(ok(&raidz(1, &[(1, 3)]), 3));
+        assert!(ok(&raidz(3, &[(1, 4), (9, 5)]), 5));
+        assert!(!ok(&raidz(0, &[(1, 3)]), 3), "parity 0");
+        assert!(!ok(&raidz(4, &[(1, 6)]), 6), "parity 4");
+        assert!(!ok(&raidz(2, &[(1, 2)]), 2), "narrower than parity + 1");
+        assert!(
+            !ok(&raidz(1, &[(1, 3)]), 4),
+            "last width is not the children"
+        );
+        assert!(!ok(&raidz(1, &[]), 3), "no epoch");
+        assert!(!ok(&raidz(1, &[(5, 3), (5, 4)]), 4), "txgs not increasing");
+        assert!(
+            !ok(&raidz(1, &[(5, 4), (6, 4)]), 4),
+            "widths not increasing"
+        );
+        assert!(!ok(&raidz(1, &[(1, 65)]), 65), "too wide");
     }
 }

@@ -40,7 +40,7 @@ pub use blockptr::{
     BLOCK_PTR_VERSION, BLOCK_PTR_VERSION_MIN, DVAS_MAX,
 };
 pub use bytes::all_zero;
-pub use checksum::{checksum, Checksum, ChecksumType, ParseNameError};
+pub use checksum::{checksum, checksum_parts, Checksum, ChecksumType, ParseNameError};
 pub use compress::{
     compress_block, compressed_bytes_max, decompress_block, CompressionSetting, ZSTD_LEVEL_DEFAULT,
     ZSTD_LEVEL_MAX,
@@ -51,8 +51,9 @@ pub use indirect::{
     decode_indirect, encode_indirect, INDIRECT_BLOCK_BYTES, INDIRECT_FANOUT, INDIRECT_MAGIC,
 };
 pub use label::{
-    LabelConfig, LeafConfig, TopVdevConfig, TopVdevKind, VdevTreeConfig, LABEL_CONFIG_HEADER_BYTES,
-    LABEL_CONFIG_MAGIC, LABEL_CONFIG_PAYLOAD_BYTES_MAX,
+    LabelConfig, LeafConfig, RaidzConfig, RaidzEpoch, TopVdevConfig, TopVdevKind, VdevTreeConfig,
+    LABEL_CONFIG_HEADER_BYTES, LABEL_CONFIG_MAGIC, LABEL_CONFIG_PAYLOAD_BYTES_MAX,
+    RAIDZ_CHILDREN_MAX, RAIDZ_PARITY_MAX,
 };
 pub use layout::{
     check_device_bytes, data_end_bytes, label_offsets, uberblock_slot_offset, FormatVersion,

@@ -165,7 +165,7 @@ pub fn destroy(host: &Host, name: &str, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// `oxpool add POOL [log] [mirror] PATH...`: in place, while the pool serves.
+/// `oxpool add POOL [log] [mirror|raidz[1-3]] PATH...`: in place, while the pool serves.
 pub fn add(
     host: &Host,
     con: &mut dyn Console,
@@ -351,8 +351,19 @@ fn new_files(size: Option<&str>, sparse: bool) -> Result<Option<NewFiles>> {
     })
 }
 
-/// Parses `[mirror] PATH... [mirror PATH...] [log [mirror] PATH...]` into top-level vdevs,
-/// opening (and with `create`, creating) the devices.
+/// The parity of a raidz group keyword: `raidz` and `raidz1` are 1, `raidz2` 2, `raidz3` 3
+/// (as `zpool`).
+fn raidz_parity(word: &str) -> Option<u8> {
+    match word {
+        "raidz" | "raidz1" => Some(1),
+        "raidz2" => Some(2),
+        "raidz3" => Some(3),
+        _ => None,
+    }
+}
+
+/// Parses `[mirror|raidz[1-3]] PATH... [mirror|raidz[1-3] PATH...] [log [mirror] PATH...]`
+/// into top-level vdevs, opening (and with `create`, creating) the devices.
 fn parse_vdevs(
     con: &dyn Console,
     words: &[String],
@@ -375,11 +386,32 @@ fn parse_vdevs(
                 log = true;
                 i += 1;
             }
-            "mirror" => {
+            group @ ("mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3") => {
                 let start = i + 1;
                 let mut end = start;
-                while end < words.len() && words[end] != "mirror" && words[end] != "log" {
+                while end < words.len()
+                    && words[end] != "mirror"
+                    && words[end] != "log"
+                    && raidz_parity(&words[end]).is_none()
+                {
                     end += 1;
+                }
+                if let Some(parity) = raidz_parity(group) {
+                    if log {
+                        bail!("a log device is a single device or a mirror, not {group}");
+                    }
+                    // The engine checks the width (the fewest devices it allows) before any
+                    // device is written.
+                    if end == start {
+                        bail!("{group} needs devices");
+                    }
+                    let mut group = Vec::new();
+                    for p in &words[start..end] {
+                        group.push(open(p, devs)?);
+                    }
+                    tops.push(TopSpec::raidz(parity, group));
+                    i = end;
+                    continue;
                 }
                 if end - start < 2 {
                     bail!("a mirror needs at least two devices");

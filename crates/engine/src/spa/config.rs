@@ -2,11 +2,12 @@
 
 use crate::spa::TopSpec;
 use crate::vdev::label::read_label;
-use crate::vdev::{Leaf, TopVdev};
+use crate::vdev::raidz::RaidzLayout;
+use crate::vdev::{raidz_width_min, Leaf, TopVdev};
 use crate::{EngineError, Result};
 use oxpool_format::{
-    data_end_bytes, Guid, LeafConfig, TopVdevConfig, TopVdevKind, VdevId, DATA_START_BYTES,
-    SECTOR_BYTES,
+    data_end_bytes, Guid, LeafConfig, RaidzConfig, RaidzEpoch, TopVdevConfig, TopVdevKind, Txg,
+    VdevId, DATA_START_BYTES, RAIDZ_CHILDREN_MAX, SECTOR_BYTES,
 };
 use oxpool_io::rt::block_on;
 use std::sync::Arc;
@@ -15,13 +16,16 @@ use std::sync::Arc;
 pub(crate) type NewLeaves = Vec<(Arc<Leaf>, Guid)>;
 
 /// Checks the devices of one new top-level vdev (layout, size, not another pool's unless
-/// `force`) and gives them identities.
+/// `force`) and gives them identities. A raidz vdev's record starts with one epoch from
+/// `first_txg`, the first txg that may write to it.
 pub(crate) fn prepare_top(
     id: VdevId,
-    spec: TopSpec,
+    mut spec: TopSpec,
     force: bool,
+    first_txg: Txg,
 ) -> Result<(TopVdev, TopVdevConfig, NewLeaves)> {
-    match (&spec.kind, spec.devices.len()) {
+    let n = spec.devices.len();
+    match (&mut spec.kind, n) {
         (_, 0) => return Err(EngineError::invalid("a vdev needs a device")),
         (TopVdevKind::Single, 1) => {}
         (TopVdevKind::Mirror, n) if n >= 2 => {}
@@ -30,6 +34,33 @@ pub(crate) fn prepare_top(
         }
         (TopVdevKind::Mirror, _) => {
             return Err(EngineError::invalid("a mirror needs at least two devices"))
+        }
+        (TopVdevKind::Raidz(r), n) => {
+            let parity = usize::from(r.parity);
+            if !(1..=3).contains(&parity) {
+                return Err(EngineError::invalid(format!(
+                    "raidz{parity}: raidz has 1 to 3 parity devices"
+                )));
+            }
+            let min = raidz_width_min(parity);
+            if n < min {
+                return Err(EngineError::invalid(format!(
+                    "raidz{parity} needs at least {min} devices, got {n}"
+                )));
+            }
+            if n > RAIDZ_CHILDREN_MAX {
+                return Err(EngineError::invalid(format!(
+                    "raidz{parity} has at most {RAIDZ_CHILDREN_MAX} devices, got {n}"
+                )));
+            }
+            *r = RaidzConfig {
+                parity: r.parity,
+                sector_shift: SECTOR_BYTES.trailing_zeros() as u8,
+                epochs: vec![RaidzEpoch {
+                    first_txg,
+                    width: n as u16,
+                }],
+            };
         }
     }
     let mut asize = u64::MAX;
@@ -66,6 +97,17 @@ pub(crate) fn prepare_top(
         leaves.push((leaf.clone(), guid));
         children.push(Some(leaf));
     }
+    if let TopVdevKind::Raidz(r) = &spec.kind {
+        if spec.log {
+            return Err(EngineError::invalid(
+                "a log device is a single device or a mirror, not raidz",
+            ));
+        }
+        // Sector b of the vdev is sector b / width of child b % width.
+        let layout = RaidzLayout::new(n, usize::from(r.parity))
+            .map_err(|e| EngineError::invalid(e.to_string()))?;
+        asize = layout.vdev_bytes(asize);
+    }
     let cfg = TopVdevConfig {
         id,
         kind: spec.kind.clone(),
@@ -73,7 +115,7 @@ pub(crate) fn prepare_top(
         asize_bytes: asize,
         log: spec.log,
     };
-    Ok((TopVdev::new(&cfg, children), cfg, leaves))
+    Ok((TopVdev::new(&cfg, children)?, cfg, leaves))
 }
 
 /// Checks a pool or volume name: 1 to 64 characters of [A-Za-z0-9_.-], not starting with `-`.

@@ -54,7 +54,28 @@ pub(crate) async fn import_devices(
                 paths.join(", ")
             )));
         }
-        tops.push(TopVdev::new(tcfg, children));
+        // A raidz vdev missing more children than its parity cannot give back any block
+        // that spans them: refuse with what is missing rather than fail on its first read.
+        if let oxpool_format::TopVdevKind::Raidz(r) = &tcfg.kind {
+            let missing: Vec<&str> = tcfg
+                .children
+                .iter()
+                .zip(&children)
+                .filter(|(_, c)| c.is_none())
+                .map(|(lc, _)| lc.path.as_str())
+                .collect();
+            if missing.len() > usize::from(r.parity) {
+                return Err(EngineError::NotFound(format!(
+                    "pool '{pool_name}': raidz{}-{} can lose {} of its devices, {} are missing ({})",
+                    r.parity,
+                    tcfg.id.0,
+                    r.parity,
+                    missing.len(),
+                    missing.join(", ")
+                )));
+            }
+        }
+        tops.push(TopVdev::new(tcfg, children)?);
     }
     // The completion policy and the cache size are properties, known once the metadata is
     // read (set below).
@@ -127,8 +148,7 @@ pub(crate) async fn import_devices(
     zio.vdevs.truncate(meta.tree.top.len());
     zio.vdevs.set_leaf_configs(&meta.tree);
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
-    let logs: Vec<bool> = zio.vdevs.tops().map(|t| t.log).collect();
-    let mut alloc = Allocator::with_log_devices(&asizes, &logs);
+    let mut alloc = Allocator::for_tops(zio.vdevs.tops());
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
         let map = alloc.map_mut(VdevId(v as u32));

@@ -8,7 +8,7 @@ use crate::zio::{read_block, Zio};
 use crate::{EngineError, Result};
 use oxpool_format::{
     decode_meta_index, encode_meta_index, BlockPtr, BlockType, Compression, Dva, PoolMeta, Txg,
-    META_PIECE_BYTES_MAX,
+    META_INDEX_PIECES_MAX, META_PIECE_BYTES_MAX,
 };
 use oxpool_io::rt::join_all;
 use std::sync::Arc;
@@ -65,7 +65,8 @@ pub(crate) async fn load_meta(
 }
 
 /// Writes txg `txg`'s encoded PoolMeta block: as one block when it fits in one allocation,
-/// else as pieces of at most META_PIECE_BYTES_MAX named by a metadata index. Its list of
+/// else as pieces of at most META_PIECE_BYTES_MAX (less on a pool with raidz vdevs, see
+/// [`crate::vdev::alloc::Allocator::block_bytes_max`]) named by a metadata index. Its list of
 /// deferred frees grows with what recent txgs freed (hundreds of KiB under random writes), and
 /// the allocator places no block larger than a slab: one that size may find no room at all in
 /// a pool whose free space is in small holes, while pieces always do (see `alloc`). Returns the
@@ -86,14 +87,29 @@ pub(crate) async fn write_pool_meta(
         txg,
         fill: 0,
     };
-    if meta_block.len() <= META_PIECE_BYTES_MAX {
+    // A piece must fit in one slab of whichever vdev takes it: on a raidz vdev its parity
+    // comes on top (128 KiB on a raidz1 of two, about 160 KiB on a raidz2 of six).
+    let piece_bytes = inner
+        .state
+        .lock()
+        .unwrap()
+        .alloc
+        .block_bytes_max(META_PIECE_BYTES_MAX as u64) as usize;
+    if meta_block.len() <= piece_bytes {
         let block = Arc::new(padded(meta_block));
         let nb = nb(meta_block.len(), BlockType::PoolMeta);
         let bp = write_new_block(inner, IoClass::AsyncWrite, &block, nb).await?;
         return Ok((bp, bp.dvas().to_vec()));
     }
+    if meta_block.len().div_ceil(piece_bytes) > META_INDEX_PIECES_MAX {
+        return Err(EngineError::invalid(format!(
+            "pool '{}': its metadata ({} bytes) exceeds {META_INDEX_PIECES_MAX} pieces of {piece_bytes} bytes",
+            inner.name,
+            meta_block.len()
+        )));
+    }
     let futs: Vec<_> = meta_block
-        .chunks(META_PIECE_BYTES_MAX)
+        .chunks(piece_bytes)
         .map(|piece| async move {
             let block = Arc::new(padded(piece));
             let nb = nb(piece.len(), BlockType::PoolMeta);

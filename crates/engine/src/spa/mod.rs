@@ -42,14 +42,30 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub use config::check_name;
 pub(crate) use space::effective_dirty_max;
 
-/// One top-level vdev to create: a single device, or a mirror of several.
+/// One top-level vdev to create: a single device, a mirror of several, or a raidz.
 pub struct TopSpec {
-    /// Single or mirror.
+    /// Single, mirror or raidz (for raidz only `parity` counts: the rest of the record is
+    /// filled in when the vdev is created; see [`TopSpec::raidz`]).
     pub kind: TopVdevKind,
     /// The devices.
     pub devices: Vec<Arc<dyn Backend>>,
     /// A separate intent-log device (holds log blocks only).
     pub log: bool,
+}
+
+impl TopSpec {
+    /// A raidz vdev of `parity` parity columns (1 to 3) over `devices`.
+    pub fn raidz(parity: u8, devices: Vec<Arc<dyn Backend>>) -> TopSpec {
+        TopSpec {
+            kind: TopVdevKind::Raidz(oxpool_format::RaidzConfig {
+                parity,
+                sector_shift: SECTOR_BYTES.trailing_zeros() as u8,
+                epochs: Vec::new(),
+            }),
+            devices,
+            log: false,
+        }
+    }
 }
 
 /// The pool's mutable state, under one lock (control plane and the sync thread; never held
@@ -129,6 +145,9 @@ pub struct PoolStatus {
     pub vdevs: Vec<VdevStatus>,
     /// The latest scrub since the pool was opened.
     pub scan: Option<crate::ScanStatus>,
+    /// Why the pool is not ONLINE, one line per cause (ZFS's `status:`): which devices are
+    /// missing from which vdev, and how many more it can lose. Empty when ONLINE.
+    pub reasons: Vec<String>,
 }
 
 impl Spa {
@@ -157,14 +176,14 @@ impl Spa {
         let mut vdev_tops = Vec::new();
         let mut leaves_to_label = Vec::new();
         for (i, spec) in tops.into_iter().enumerate() {
-            let (top, cfg, leaves) = config::prepare_top(VdevId(i as u32), spec, force)?;
+            let (top, cfg, leaves) = config::prepare_top(VdevId(i as u32), spec, force, Txg(1))?;
             leaves_to_label.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
             config.top.push(cfg);
             vdev_tops.push(top);
         }
         let asizes: Vec<u64> = vdev_tops.iter().map(|t| t.asize_bytes).collect();
-        let logs: Vec<bool> = vdev_tops.iter().map(|t| t.log).collect();
-        if logs.iter().all(|&l| l) {
+        let alloc = Allocator::for_tops(vdev_tops.iter());
+        if vdev_tops.iter().all(|t| t.log) {
             return Err(EngineError::invalid(
                 "a pool needs a data vdev besides its log devices",
             ));
@@ -196,7 +215,7 @@ impl Spa {
                         ]
                     })
                     .collect(),
-                alloc: Allocator::with_log_devices(&asizes, &logs),
+                alloc,
                 props,
                 deferred: Vec::new(),
                 meta_ptr: BlockPtr::HOLE,
@@ -283,18 +302,19 @@ impl Spa {
                 base + specs.len()
             )));
         }
-        // As `zpool add`: a single device beside mirrors would leave data with no redundancy.
+        // As `zpool add`: a single device beside mirrors or raidz would leave data with no
+        // redundancy.
         let mirrored = inner
             .zio
             .vdevs
             .tops()
-            .any(|t| !t.log && t.kind == TopVdevKind::Mirror);
+            .any(|t| !t.log && t.kind != TopVdevKind::Single);
         let single_data = specs
             .iter()
             .any(|s| !s.log && s.kind == TopVdevKind::Single);
         if mirrored && single_data && !force {
             return Err(EngineError::invalid(format!(
-                "mismatched replication level: pool '{}' has mirrors and a single device would \
+                "mismatched replication level: pool '{}' is redundant and a single device would \
                  have no redundancy (-f adds it anyway)",
                 inner.name
             )));
@@ -303,7 +323,9 @@ impl Spa {
         let mut new_leaves = Vec::new();
         let mut config = inner.zio.vdevs.config();
         for (i, spec) in specs.into_iter().enumerate() {
-            let (top, cfg, leaves) = config::prepare_top(VdevId((base + i) as u32), spec, force)?;
+            let first_txg = Txg(inner.txg.synced().0 + 1);
+            let (top, cfg, leaves) =
+                config::prepare_top(VdevId((base + i) as u32), spec, force, first_txg)?;
             new_leaves.extend(leaves.into_iter().map(|(l, g)| (l, g, top.id)));
             config.top.push(cfg);
             new_tops.push(top);
@@ -350,6 +372,9 @@ impl Spa {
                     as usize;
                 let id = s.alloc.add_vdev(top.asize_bytes, top.log);
                 debug_assert_eq!(id, top.id);
+                if let Some(layout) = top.raidz_layout() {
+                    s.alloc.map_mut(id).set_raidz(layout);
+                }
                 s.chunk_ptrs.push(vec![BlockPtr::HOLE; chunks]);
                 inner
                     .zio
@@ -526,6 +551,7 @@ impl Spa {
             },
         };
         let mut degraded = false;
+        let mut reasons = Vec::new();
         let vdevs = self
             .zio
             .vdevs
@@ -537,13 +563,49 @@ impl Spa {
                     .zip(&t.leaf_configs)
                     .map(|(l, c)| leaf_status(l, c))
                     .collect();
-                let missing = kids.iter().any(|k| k.state != "ONLINE");
-                degraded |= missing;
-                match t.kind {
-                    TopVdevKind::Single => kids.into_iter().next().unwrap(),
-                    TopVdevKind::Mirror => VdevStatus {
-                        name: format!("mirror-{}", t.id.0),
-                        state: if missing { "DEGRADED" } else { "ONLINE" }.into(),
+                let missing = kids.iter().filter(|k| k.state != "ONLINE").count();
+                degraded |= missing > 0;
+                // A raidz vdev with more children missing than parity cannot serve its blocks
+                // (ZFS: UNAVAIL, insufficient replicas).
+                let tolerated = match &t.kind {
+                    TopVdevKind::Raidz(r) => usize::from(r.parity),
+                    _ => kids.len() - 1,
+                };
+                let unavail = missing > tolerated;
+                if missing > 0 {
+                    let names: Vec<&str> = kids
+                        .iter()
+                        .filter(|k| k.state != "ONLINE")
+                        .map(|k| k.name.as_str())
+                        .collect();
+                    let vdev = t.group_name().unwrap_or_else(|| names.join(", "));
+                    reasons.push(if unavail {
+                        format!(
+                            "{vdev}: {missing} of its devices missing ({}), more than it can lose \
+                             ({tolerated}): blocks on it cannot be read",
+                            names.join(", ")
+                        )
+                    } else {
+                        format!(
+                            "{vdev}: {missing} of its devices missing ({}); it runs from its \
+                             redundancy and can lose {} more",
+                            names.join(", "),
+                            tolerated - missing
+                        )
+                    });
+                }
+                match t.group_name() {
+                    None => kids.into_iter().next().unwrap(),
+                    Some(name) => VdevStatus {
+                        name,
+                        state: if unavail {
+                            "UNAVAIL"
+                        } else if missing > 0 {
+                            "DEGRADED"
+                        } else {
+                            "ONLINE"
+                        }
+                        .into(),
                         read_errors: 0,
                         write_errors: 0,
                         checksum_errors: 0,
@@ -570,6 +632,7 @@ impl Spa {
             dirty_bytes: self.txg.dirty_bytes(),
             vdevs,
             scan: None,
+            reasons,
         }
     }
 }

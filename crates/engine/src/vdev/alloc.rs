@@ -27,6 +27,17 @@
 //! class is safe, since a slot is free only when all its bits are clear; the guess only decides
 //! which blocks reuse the slab's holes.
 
+//!
+//! # Raidz vdevs
+//!
+//! The map of a raidz vdev covers its interleaved address space (every child's sectors), and
+//! a block there takes its raidz allocated size: data, parity and skip sectors
+//! ([`crate::vdev::raidz::RaidzLayout::asize_bytes`]), so the allocator is asked for the
+//! block's physical size and each map inflates it ([`SpaceMap::asize_of`]); the DVA records
+//! the inflated size. What writers charge ([`ClassBytes`]) is counted in physical sizes, and
+//! [`Space`] inflates it as the widest-costing raidz vdev would ([`Space::fits`]).
+
+use crate::vdev::raidz::RaidzLayout;
 use oxpool_format::{Dva, VdevId, SECTOR_BYTES, SPACEMAP_CHUNK_SECTORS};
 use std::collections::BTreeSet;
 
@@ -153,7 +164,7 @@ impl std::ops::Add for ClassBytes {
 }
 
 /// Free space of a pool's data vdevs, as the allocator sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Space {
     /// Allocatable bytes in all.
     pub size_bytes: u64,
@@ -163,11 +174,56 @@ pub struct Space {
     pub empty_bytes: u64,
     /// Bytes of the free slots of each class: usable by blocks of that class.
     pub free_slots: ClassBytes,
+    /// Per class of a block's physical size, the class and the bytes per physical byte its
+    /// allocation may take on the costliest data vdev (a raidz inflates blocks by its parity
+    /// and rounding): `(k, 1)` everywhere on a pool without raidz.
+    pub inflation: [(u8, u64); CLASSES],
+}
+
+impl Default for Space {
+    fn default() -> Space {
+        Space {
+            size_bytes: 0,
+            free_bytes: 0,
+            empty_bytes: 0,
+            free_slots: ClassBytes::default(),
+            inflation: std::array::from_fn(|k| (k as u8, 1)),
+        }
+    }
+}
+
+/// Where a block of physical size class `k` lands on a vdev with `raidz` (None: itself): the
+/// class of its allocation and the allocation's bytes per byte of the class, taking a block
+/// as large as the class allows (the allocated size grows with the physical size). An
+/// allocation larger than a slab (no block written is: see `raidz_width_min`) counts as
+/// whole slabs.
+fn inflate_class(raidz: Option<RaidzLayout>, k: usize) -> (u8, u64) {
+    let Some(layout) = raidz else {
+        return (k as u8, 1);
+    };
+    let sectors = layout.asize_sectors(1 << k);
+    if sectors > SLAB_SECTORS {
+        let slabs = sectors.div_ceil(SLAB_SECTORS);
+        return ((CLASSES - 1) as u8, (slabs * SLAB_SECTORS) >> k);
+    }
+    let to = class_of_sectors(sectors);
+    (to as u8, 1 << (to - k.min(to)))
 }
 
 impl Space {
+    /// `need` (charged in physical sizes) as the costliest vdev would allocate it.
+    pub fn inflated(&self, need: &ClassBytes) -> ClassBytes {
+        let mut out = ClassBytes::default();
+        for (k, &bytes) in need.0.iter().enumerate() {
+            let (to, mult) = self.inflation[k];
+            out.0[to as usize] += bytes * mult;
+        }
+        out
+    }
+
     /// [`Allocator::fits`], on this snapshot of the counters.
     pub fn fits(&self, need: &ClassBytes, reserve: u64) -> bool {
+        let need = &self.inflated(need);
         let from_empty: u64 = need
             .0
             .iter()
@@ -183,7 +239,8 @@ impl Space {
     /// everything still to come fits in what is left, so [`Space::fits`]'s promise holds.
     /// `copies` is the block about to be placed: each copy may take an empty slab.
     pub fn holds_all(&self, need: &ClassBytes, reserve: u64, copies: usize) -> bool {
-        let in_slabs: u64 = need
+        let in_slabs: u64 = self
+            .inflated(need)
             .0
             .iter()
             .map(|&n| n.div_ceil(SLAB_BYTES) * SLAB_BYTES)
@@ -277,6 +334,8 @@ pub struct SpaceMap {
     /// Per class, the slab it last took empty (u64::MAX: none): filled slot after slot, so
     /// blocks placed one after another there are adjacent (see [`SpaceMap::alloc_placed`]).
     fresh: [u64; CLASSES],
+    /// The layout of a raidz vdev: blocks take their raidz allocated size.
+    raidz: Option<RaidzLayout>,
 }
 
 impl SpaceMap {
@@ -299,6 +358,7 @@ impl SpaceMap {
             free_slot_sectors: [0; CLASSES],
             cursor: [0; CLASSES],
             fresh: [u64::MAX; CLASSES],
+            raidz: None,
         };
         for slab in 0..slabs {
             bit_set(&mut m.empty, slab, true);
@@ -314,6 +374,36 @@ impl SpaceMap {
             m.account(last);
         }
         m
+    }
+
+    /// Makes this the map of a raidz vdev of `layout` (before anything is allocated): a block
+    /// of physical size `p` then takes `layout.asize_bytes(p)`.
+    pub fn set_raidz(&mut self, layout: RaidzLayout) {
+        debug_assert_eq!(layout.sector_bytes(), SECTOR_BYTES);
+        self.raidz = Some(layout);
+    }
+
+    /// The raidz layout of this vdev, if it is one.
+    pub fn raidz(&self) -> Option<RaidzLayout> {
+        self.raidz
+    }
+
+    /// Bytes a block of `psize_bytes` physical bytes takes here: whole sectors, plus parity
+    /// and skip sectors on a raidz vdev.
+    pub fn asize_of(&self, psize_bytes: u64) -> u64 {
+        match self.raidz {
+            Some(layout) => layout.asize_bytes(psize_bytes.max(1)),
+            None => psize_bytes.div_ceil(SECTOR_BYTES).max(1) * SECTOR_BYTES,
+        }
+    }
+
+    /// The largest physical size (whole sectors, at most `cap_bytes`) of a block that fits in
+    /// one slab here.
+    pub fn block_bytes_max(&self, cap_bytes: u64) -> u64 {
+        match self.raidz {
+            Some(layout) => layout.psize_bytes_max(SLAB_BYTES).min(cap_bytes),
+            None => SLAB_BYTES.min(cap_bytes),
+        }
     }
 
     /// Number of space-map chunks that cover this vdev.
@@ -448,7 +538,11 @@ impl SpaceMap {
     /// are then adjacent, and the txg sync writes them as one aggregated write, where free
     /// slots scattered by random rewrites would scatter the writes. The caller decides when
     /// empty slabs are plentiful enough to spend them so ([`Allocator::alloc_with`]).
+    ///
+    /// `size_bytes` is the block's physical size; the run allocated is [`SpaceMap::asize_of`]
+    /// it, which the DVA records.
     pub fn alloc_placed(&mut self, size_bytes: u64, placement: Placement) -> Option<Dva> {
+        let size_bytes = self.asize_of(size_bytes);
         let sequential = placement == Placement::Sequential;
         let count = size_bytes.div_ceil(SECTOR_BYTES).max(1);
         let k = class_of(size_bytes)?;
@@ -716,6 +810,35 @@ impl Allocator {
         }
     }
 
+    /// One map per top-level vdev of `tops`, in order: sized by its allocatable bytes, a log
+    /// device or not, raidz or not.
+    pub fn for_tops<'a>(tops: impl Iterator<Item = &'a crate::vdev::TopVdev>) -> Allocator {
+        let tops: Vec<&crate::vdev::TopVdev> = tops.collect();
+        let asizes: Vec<u64> = tops.iter().map(|t| t.asize_bytes).collect();
+        let logs: Vec<bool> = tops.iter().map(|t| t.log).collect();
+        let mut a = Allocator::with_log_devices(&asizes, &logs);
+        for (map, top) in a.maps.iter_mut().zip(&tops) {
+            if let Some(layout) = top.raidz_layout() {
+                map.set_raidz(layout);
+            }
+        }
+        a
+    }
+
+    /// The largest physical size of a block (whole sectors, at most `cap_bytes`) that fits in
+    /// one slab of every data vdev: the size of the pieces the pool's metadata is cut into.
+    pub fn block_bytes_max(&self, cap_bytes: u64) -> u64 {
+        self.maps
+            .iter()
+            .zip(&self.role)
+            .filter(|(_, r)| matches!(r, VdevRole::Data | VdevRole::Pending { log: false }))
+            .map(|(m, _)| m.block_bytes_max(cap_bytes))
+            .min()
+            .unwrap_or(cap_bytes)
+            / SECTOR_BYTES
+            * SECTOR_BYTES
+    }
+
     /// Adds a top-level vdev (its id is the next index), [`VdevRole::Pending`] until
     /// [`Allocator::activate`].
     pub fn add_vdev(&mut self, asize_bytes: u64, log: bool) -> VdevId {
@@ -867,6 +990,20 @@ impl Allocator {
     /// Free space of the pool's data vdevs (log devices apart), by slab and class.
     pub fn space(&self) -> Space {
         let mut out = Space::default();
+        for m in self.maps.iter().zip(&self.role).filter_map(|(m, r)| {
+            matches!(r, VdevRole::Data | VdevRole::Pending { log: false }).then_some(m)
+        }) {
+            if m.raidz.is_some() {
+                for (k, inf) in out.inflation.iter_mut().enumerate() {
+                    let here = inflate_class(m.raidz, k);
+                    // The costlier: more bytes, and within that the larger class.
+                    let cost = |(c, mult): (u8, u64)| (mult << k, c);
+                    if cost(here) > cost(*inf) {
+                        *inf = here;
+                    }
+                }
+            }
+        }
         for (m, _) in self
             .maps
             .iter()

@@ -1,8 +1,10 @@
-//! The vdev tree: top-level vdevs (a single device or an n-way mirror) striped together.
+//! The vdev tree: top-level vdevs (a single device, an n-way mirror, or a raidz1/2/3) striped
+//! together.
 //!
 //! The tree plans and never issues I/O: given a block address (a [`Dva`]) it says which leaf
-//! devices to write and in which order to try reads. The pipeline (`pipeline.rs`) executes the
-//! plans; that keeps this logic pure and testable without devices.
+//! devices to write and in which order to try reads; for a raidz vdev, its layout gives each
+//! block's columns ([`raidz::RaidzMap`]) and the plans of `raidz/plan.rs`. The pipeline
+//! (`zio/`) executes the plans; that keeps this logic pure and testable without devices.
 
 pub mod alloc;
 pub mod label;
@@ -14,9 +16,13 @@ mod stats;
 pub use stats::{DeviceErrors, DeviceStats};
 
 use crate::iostats::LeafIoStats;
+use crate::vdev::alloc::SLAB_BYTES;
 use crate::vdev::queue::VdevQueue;
+use crate::vdev::raidz::{LayoutEpoch, LayoutHistory, RaidzLayout};
+use crate::{EngineError, Result};
 use oxpool_format::{
-    Dva, Guid, LeafConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig, DATA_START_BYTES,
+    Dva, Guid, LeafConfig, RaidzConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig,
+    DATA_START_BYTES,
 };
 use oxpool_io::Backend;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,6 +32,47 @@ use std::sync::{Arc, OnceLock};
 /// could not describe many more).
 pub const TOP_VDEVS_MAX: usize = 256;
 
+/// The largest block the engine writes on a raidz vdev, other than a piece of the pool's
+/// metadata (whose size the writer picks to fit, `spa/meta.rs`): the largest `volblocksize`
+/// and the largest intent-log block (128 KiB).
+pub const RAIDZ_BLOCK_BYTES_WRITTEN_MAX: u64 = 128 * 1024;
+
+/// The fewest children a raidz vdev with `parity` parity columns may have in oxpool: the
+/// fewest whose allocated size of the largest block ([`RAIDZ_BLOCK_BYTES_WRITTEN_MAX`], data
+/// plus parity plus skip sectors) fits in one allocator slab ([`SLAB_BYTES`], 256 KiB), since
+/// every block is one contiguous run of a slab. 2 for raidz1, 5 for raidz2, 7 for raidz3
+/// (ZFS allows `parity + 1`; a 128 KiB block on a 4-wide raidz2 takes 264 KiB).
+pub fn raidz_width_min(parity: usize) -> usize {
+    (parity + 1..=raidz::RAIDZ_WIDTH_MAX)
+        .find(|&w| {
+            RaidzLayout::new(w, parity)
+                .is_ok_and(|l| l.asize_bytes(RAIDZ_BLOCK_BYTES_WRITTEN_MAX) <= SLAB_BYTES)
+        })
+        .unwrap_or(raidz::RAIDZ_WIDTH_MAX)
+}
+
+/// The layout history a raidz configuration records (checked: see [`RaidzConfig::validate`]).
+pub fn raidz_history(cfg: &RaidzConfig, children: usize) -> Result<LayoutHistory> {
+    cfg.validate(children)
+        .map_err(|e| EngineError::invalid(format!("raidz vdev configuration: {e}")))?;
+    let epochs = cfg
+        .epochs
+        .iter()
+        .map(|e| {
+            RaidzLayout::with_sector_shift(
+                usize::from(e.width),
+                usize::from(cfg.parity),
+                u32::from(cfg.sector_shift),
+            )
+            .map(|layout| LayoutEpoch {
+                first_txg: e.first_txg,
+                layout,
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| EngineError::invalid(e.to_string()))?;
+    LayoutHistory::from_epochs(epochs).map_err(|e| EngineError::invalid(e.to_string()))
+}
 /// Error counters of one leaf, shown by `oxpool status`.
 #[derive(Debug, Default)]
 pub struct LeafCounters {
@@ -81,13 +128,16 @@ impl Leaf {
     }
 }
 
-/// A top-level vdev: a single leaf or a mirror of leaves. A missing mirror child is `None`.
+/// A top-level vdev: a single leaf, a mirror of leaves or a raidz. A missing child is `None`.
 #[derive(Debug)]
 pub struct TopVdev {
     /// Index in the pool.
     pub id: VdevId,
-    /// Single or mirror.
+    /// Single, mirror or raidz.
     pub kind: TopVdevKind,
+    /// A raidz vdev's layout (the last epoch of its recorded history, `kind`); None for
+    /// single and mirror vdevs.
+    pub raidz: Option<RaidzLayout>,
     /// Children in configuration order; `None` where the device was not found at import.
     pub children: Vec<Option<Arc<Leaf>>>,
     /// Allocatable bytes (the same on every child).
@@ -112,19 +162,46 @@ pub struct LeafIo {
 
 impl TopVdev {
     /// The top-level vdev `config` describes, over `children` (in the order of its children's
-    /// configurations; `None` where a device is missing).
-    pub fn new(config: &TopVdevConfig, children: Vec<Option<Arc<Leaf>>>) -> TopVdev {
+    /// configurations; `None` where a device is missing). An error if a raidz record is not
+    /// valid (a configuration read from a device is checked here).
+    pub fn new(config: &TopVdevConfig, children: Vec<Option<Arc<Leaf>>>) -> Result<TopVdev> {
         debug_assert!(!children.is_empty());
         debug_assert_eq!(children.len(), config.children.len());
-        debug_assert!(config.kind == TopVdevKind::Mirror || children.len() == 1);
-        TopVdev {
+        let raidz = match &config.kind {
+            TopVdevKind::Raidz(r) => Some(raidz_history(r, children.len())?.current()),
+            TopVdevKind::Mirror => None,
+            TopVdevKind::Single => {
+                debug_assert_eq!(children.len(), 1);
+                None
+            }
+        };
+        Ok(TopVdev {
             id: config.id,
             kind: config.kind.clone(),
+            raidz,
             children,
             asize_bytes: config.asize_bytes,
             log: config.log,
             leaf_configs: config.children.clone(),
             read_rotor: AtomicUsize::new(0),
+        })
+    }
+
+    /// The layout new blocks of a raidz vdev are written with (None: not raidz).
+    ///
+    /// Blocks are read with it too: a vdev has one epoch until raidz expansion exists, which
+    /// must then pick the epoch of the block's birth txg ([`LayoutHistory::layout_at`]).
+    pub fn raidz_layout(&self) -> Option<RaidzLayout> {
+        self.raidz
+    }
+
+    /// The name `oxpool status` gives the vdev: `mirror-N`, `raidzP-N`, or None for a single
+    /// device (named by its device).
+    pub fn group_name(&self) -> Option<String> {
+        match &self.kind {
+            TopVdevKind::Single => None,
+            TopVdevKind::Mirror => Some(format!("mirror-{}", self.id.0)),
+            TopVdevKind::Raidz(r) => Some(format!("raidz{}-{}", r.parity, self.id.0)),
         }
     }
 
@@ -145,24 +222,33 @@ impl TopVdev {
     }
 
     /// Leaf I/Os that write the block at `dva`: one per present child (a mirror writes all).
-    /// An iterator, not a collection: planning allocates nothing.
+    /// An iterator, not a collection: planning allocates nothing. None for a raidz vdev,
+    /// whose blocks are planned column by column ([`TopVdev::raidz_layout`]).
     pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        self.leaves().map(move |leaf| LeafIo {
-            leaf: leaf.clone(),
-            offset_bytes,
-        })
+        let whole_copies = self.raidz.is_none();
+        self.leaves()
+            .filter(move |_| whole_copies)
+            .map(move |leaf| LeafIo {
+                leaf: leaf.clone(),
+                offset_bytes,
+            })
     }
 
     /// Leaf I/Os that can read the block at `dva`, in the order to try them: each read goes to
     /// one side, and the others are the fallbacks on an error or a checksum mismatch. An
-    /// iterator, not a collection: planning allocates nothing.
+    /// iterator, not a collection: planning allocates nothing. None for a raidz vdev (see
+    /// [`TopVdev::plan_write`]).
     pub fn plan_read(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        let n = self.children.len();
-        let first = self.read_rotor.fetch_add(1, Ordering::Relaxed) % n;
+        let n = if self.raidz.is_some() {
+            0
+        } else {
+            self.children.len()
+        };
+        let first = self.read_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
         (0..n)
             .filter_map(move |k| self.children[(first + k) % n].clone())
             .map(move |leaf| LeafIo { leaf, offset_bytes })
@@ -222,7 +308,7 @@ impl VdevTree {
     /// Appends a top-level vdev (its id must be the next one). The caller serializes
     /// appends (one configuration change at a time); readers see the vdev from now on.
     /// Gives it back if the tree is full.
-    pub fn push(&self, top: TopVdev) -> Result<(), TopVdev> {
+    pub fn push(&self, top: TopVdev) -> std::result::Result<(), TopVdev> {
         let len = self.tops.len.load(Ordering::Acquire);
         if len >= TOP_VDEVS_MAX {
             return Err(top);
@@ -318,7 +404,7 @@ mod tests {
             asize_bytes: 1 << 20,
             log: false,
         };
-        let top = TopVdev::new(&config, vec![leaf("a", 1), None, leaf("c", 3)]);
+        let top = TopVdev::new(&config, vec![leaf("a", 1), None, leaf("c", 3)]).unwrap();
         let dva = Dva {
             vdev: VdevId(0),
             offset_bytes: 8192,
@@ -338,6 +424,55 @@ mod tests {
     }
 
     #[test]
+    fn raidz_widths_fit_the_largest_block_in_a_slab() {
+        assert_eq!(
+            (raidz_width_min(1), raidz_width_min(2), raidz_width_min(3)),
+            (2, 5, 7)
+        );
+        for p in 1..=3 {
+            let w = raidz_width_min(p);
+            let fits = |w| RaidzLayout::new(w, p).unwrap().asize_bytes(128 << 10) <= SLAB_BYTES;
+            assert!(fits(w) && (w == p + 1 || !fits(w - 1)));
+        }
+    }
+
+    #[test]
+    fn a_raidz_top_plans_no_whole_copies() {
+        let child = |guid: u64| LeafConfig {
+            guid: Guid(guid),
+            path: format!("dev{guid}"),
+            size_bytes: 64 << 20,
+        };
+        let config = TopVdevConfig {
+            id: VdevId(0),
+            kind: TopVdevKind::Raidz(RaidzConfig {
+                parity: 1,
+                sector_shift: 12,
+                epochs: vec![oxpool_format::RaidzEpoch {
+                    first_txg: oxpool_format::Txg(1),
+                    width: 3,
+                }],
+            }),
+            children: vec![child(1), child(2), child(3)],
+            asize_bytes: 3 << 20,
+            log: false,
+        };
+        let top = TopVdev::new(&config, vec![leaf("a", 1), leaf("b", 2), leaf("c", 3)]).unwrap();
+        let dva = Dva {
+            vdev: VdevId(0),
+            offset_bytes: 0,
+            asize_bytes: 8192,
+        };
+        assert_eq!(top.plan_write(&dva).count(), 0);
+        assert_eq!(top.plan_read(&dva).count(), 0);
+        assert_eq!(top.raidz_layout().unwrap().width(), 3);
+        assert_eq!(top.group_name().unwrap(), "raidz1-0");
+        let mut bad = config.clone();
+        bad.children.pop();
+        assert!(TopVdev::new(&bad, vec![leaf("a", 1), leaf("b", 2)]).is_err());
+    }
+
+    #[test]
     fn tops_are_appended_in_order_and_bounded() {
         let cfg = |id: u32| TopVdevConfig {
             id: VdevId(id),
@@ -350,17 +485,17 @@ mod tests {
             asize_bytes: 1 << 20,
             log: false,
         };
-        let mut tree = VdevTree::new(vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)])]);
+        let mut tree = VdevTree::new(vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)]).unwrap()]);
         let first: *const TopVdev = tree.top(VdevId(0)).unwrap();
         for id in 1..TOP_VDEVS_MAX as u32 {
-            tree.push(TopVdev::new(&cfg(id), vec![leaf("d", 9)]))
+            tree.push(TopVdev::new(&cfg(id), vec![leaf("d", 9)]).unwrap())
                 .unwrap();
         }
         // Appending never moved the first one (references to it stay valid).
         assert!(std::ptr::eq(first, tree.top(VdevId(0)).unwrap()));
         assert_eq!(tree.top_count(), TOP_VDEVS_MAX);
         assert!(tree
-            .push(TopVdev::new(&cfg(TOP_VDEVS_MAX as u32), vec![leaf("x", 1)]))
+            .push(TopVdev::new(&cfg(TOP_VDEVS_MAX as u32), vec![leaf("x", 1)]).unwrap())
             .is_err());
         assert!(tree.top(VdevId(TOP_VDEVS_MAX as u32)).is_none());
         tree.truncate(2);

@@ -574,6 +574,62 @@ pub(crate) fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
     o
 }
 
+/// Bytes a log block at `addr` holds: its allocated size, or on a raidz vdev the largest
+/// block whose data, parity and skip sectors fit there (at most `LOG_BLOCK_BYTES_MAX`).
+pub(crate) fn log_block_capacity(zio: &crate::zio::Zio, addr: &Dva) -> usize {
+    match raidz_log_block(zio, addr) {
+        Some((_, capacity)) => capacity,
+        None => addr.asize_bytes as usize,
+    }
+}
+
+/// For a log block place on a raidz vdev: the place its block takes (the first part of the
+/// allocation: the block of the capacity's size) and its capacity. None on other vdevs.
+fn raidz_log_block(zio: &crate::zio::Zio, addr: &Dva) -> Option<(Dva, usize)> {
+    let layout = zio.vdevs.top(addr.vdev)?.raidz_layout()?;
+    let capacity = layout
+        .psize_bytes_max(u64::from(addr.asize_bytes))
+        .min(LOG_BLOCK_BYTES_MAX as u64);
+    let dva = Dva {
+        asize_bytes: layout.asize_bytes(capacity) as u32,
+        ..*addr
+    };
+    (capacity > 0).then_some((dva, capacity as usize))
+}
+
+/// Reads the log block of `volume` with sequence `seq` at `addr` on a raidz vdev, rebuilding
+/// what parity allows; None if the place holds no such block (the end of the chain).
+async fn read_raidz_log_block(
+    zio: &crate::zio::Zio,
+    addr: &Dva,
+    pool_guid: Guid,
+    volume: VolumeId,
+    seq: u64,
+) -> Option<IoBuf> {
+    let top = zio.vdevs.top(addr.vdev)?;
+    let (dva, capacity) = raidz_log_block(zio, addr)?;
+    // The decoder wants the block in one piece: each verification copies it (import only).
+    let scratch = std::cell::RefCell::new(vec![0u8; capacity]);
+    let verify = |cols: &crate::vdev::raidz::DataColumns<'_>| {
+        let mut buf = scratch.borrow_mut();
+        cols.copy_to(&mut buf[..cols.len_bytes()]);
+        oxpool_format::decode_log_block(&buf[..capacity], pool_guid, volume, seq).is_ok()
+    };
+    let read = crate::zio::raidz::read_raidz_with(
+        zio,
+        IoClass::SyncRead,
+        top,
+        &dva,
+        capacity as u64,
+        verify,
+        crate::vdev::raidz::ReadMode::Normal,
+        false,
+        "log block",
+    )
+    .await;
+    read.ok().map(|(buf, _, _)| buf)
+}
+
 /// Writes a log block (one copy, every child of its vdev) and makes it durable together with
 /// the blocks its records point to.
 ///
@@ -590,12 +646,25 @@ pub(crate) async fn write_durably(
     also_flush: &[VdevId],
     data: IoBuf,
 ) -> Result<()> {
-    // Only the used part (whole sectors) is written; the rest of the place stays as it was.
-    let written = Dva {
-        asize_bytes: data.len() as u32,
-        ..*addr
-    };
     let zio = &inner.zio;
+    // Only the used part (whole sectors) is written; the rest of the place stays as it was.
+    // On a raidz vdev the block is its whole capacity (the rest zeros): the reader knows
+    // the place only, and the columns and parity depend on the block's size.
+    let (written, data) = match raidz_log_block(zio, addr) {
+        Some((dva, capacity)) => {
+            debug_assert!(data.len() <= capacity);
+            let mut whole = IoBuf::zeroed(capacity);
+            whole[..data.len()].copy_from_slice(&data);
+            (dva, whole)
+        }
+        None => (
+            Dva {
+                asize_bytes: data.len() as u32,
+                ..*addr
+            },
+            data,
+        ),
+    };
     if also_flush.is_empty() {
         crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
         let copies = zio
@@ -704,8 +773,9 @@ pub(crate) async fn read_chain(
         {
             break;
         }
-        // Each child of a mirror holds a copy; a torn one fails its checksum, so try each.
-        let mut found = None;
+        // Each child of a mirror holds a copy; a torn one fails its checksum, so try each. A
+        // raidz vdev holds one copy, in columns.
+        let mut found = read_raidz_log_block(zio, &addr, pool_guid, volume, seq).await;
         for io in zio
             .vdevs
             .top(addr.vdev)

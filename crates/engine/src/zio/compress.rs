@@ -174,6 +174,12 @@ pub fn verify_and_decode(bp: &BlockPtr, stored: &IoBuf, decode_to: Option<usize>
     if !verify(bp, stored) {
         return Verdict::BadChecksum;
     }
+    decode_verified(bp, stored, decode_to)
+}
+
+/// The second half of [`verify_and_decode`], for stored bytes already verified against `bp`
+/// (a raidz read verifies while it rebuilds).
+pub fn decode_verified(bp: &BlockPtr, stored: &IoBuf, decode_to: Option<usize>) -> Verdict {
     let Some(lsize) = decode_to else {
         return Verdict::Good(None);
     };

@@ -1,11 +1,14 @@
 //! The block pipeline: the one place where block I/O is issued. It executes the vdev tree's
 //! plans: writes every copy, reads one copy and verifies it against the checksum held by the
 //! parent block pointer, falls back to the other copies on an error or a mismatch, and
-//! rewrites the copies that were bad (self-healing), counting every error on its leaf.
+//! rewrites the copies that were bad (self-healing), counting every error on its leaf. On a
+//! raidz vdev a copy is a block's columns, with parity (`raidz.rs`): a read rebuilds what is
+//! missing or wrong from parity and rewrites those columns.
 
 pub mod completion;
 pub mod compress;
 pub mod data_cache;
+pub(crate) mod raidz;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
@@ -40,6 +43,7 @@ impl std::fmt::Debug for Zio {
 }
 
 use crate::vdev::queue::IoClass;
+use crate::vdev::raidz::ReadMode;
 use crate::vdev::{LeafIo, VdevTree};
 use crate::zio::compress::Verdict;
 use crate::{EngineError, Result};
@@ -60,6 +64,85 @@ pub async fn write_block_shared(
     dvas: &[Dva],
     data: &Arc<IoBuf>,
 ) -> Result<()> {
+    let (whole, striped) = split_raidz(zio, dvas);
+    if !striped.is_empty() {
+        let (plain, parity) = join2(
+            write_whole_copies_shared(zio, class, &whole, data),
+            write_raidz_copies(zio, class, &striped, data, false),
+        )
+        .await;
+        return plain.and(parity);
+    }
+    write_whole_copies_shared(zio, class, dvas, data).await
+}
+
+/// Runs `a` and `b` at once; their results when both are done.
+async fn join2<A: std::future::Future, B: std::future::Future>(
+    a: A,
+    b: B,
+) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let std::task::Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let std::task::Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            std::task::Poll::Ready((ra.take().unwrap(), rb.take().unwrap()))
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// `dvas` split into the copies on single and mirror vdevs and those on raidz vdevs; both
+/// empty when there is no raidz copy (the common case allocates nothing).
+fn split_raidz(zio: &Zio, dvas: &[Dva]) -> (Vec<Dva>, Vec<Dva>) {
+    let is_raidz = |d: &Dva| zio.vdevs.top(d.vdev).is_some_and(|t| t.raidz.is_some());
+    if !dvas.iter().any(is_raidz) {
+        return (Vec::new(), Vec::new());
+    }
+    dvas.iter().partition(|d| !is_raidz(d))
+}
+
+/// Writes `data` to each copy in `dvas`, all on raidz vdevs, at once.
+async fn write_raidz_copies(
+    zio: &Zio,
+    class: IoClass,
+    dvas: &[Dva],
+    data: &[u8],
+    durable: bool,
+) -> Result<()> {
+    let futs: Vec<_> = dvas
+        .iter()
+        .map(|dva| async move {
+            let top = zio.vdevs.top(dva.vdev).ok_or_else(|| {
+                EngineError::invalid(format!("write to missing vdev {:?}", dva.vdev))
+            })?;
+            raidz::write_raidz(zio, class, top, dva, data, durable).await
+        })
+        .collect();
+    join_all(futs).await.into_iter().collect()
+}
+
+/// [`write_block_shared`] of the copies on single and mirror vdevs.
+async fn write_whole_copies_shared(
+    zio: &Zio,
+    class: IoClass,
+    dvas: &[Dva],
+    data: &Arc<IoBuf>,
+) -> Result<()> {
+    if dvas.is_empty() {
+        return Ok(());
+    }
     let ios = plan_writes(zio, dvas, data.len())?;
     let futs: Vec<_> = ios
         .iter()
@@ -91,15 +174,20 @@ pub async fn write_blocks_shared(
     class: IoClass,
     blocks: &[(&[Dva], &Arc<IoBuf>)],
 ) -> Vec<Result<()>> {
-    // Every leaf write as (block index, DVA index, leaf I/O), sorted by place.
+    // Every leaf write as (block index, DVA index, leaf I/O), sorted by place. Copies on
+    // raidz vdevs are written column by column beside them, not aggregated.
     let mut pieces: Vec<(usize, usize, LeafIo)> = Vec::with_capacity(blocks.len() * 2);
     let mut results: Vec<Result<()>> = Vec::with_capacity(blocks.len());
+    let mut striped: Vec<(usize, usize)> = Vec::new();
     for (bi, (dvas, data)) in blocks.iter().enumerate() {
         results.push(Ok(()));
         for (di, dva) in dvas.iter().enumerate() {
-            debug_assert_eq!(dva.asize_bytes as usize, data.len());
             match zio.vdevs.top(dva.vdev) {
-                Some(top) => pieces.extend(top.plan_write(dva).map(|io| (bi, di, io))),
+                Some(top) if top.raidz.is_some() => striped.push((bi, di)),
+                Some(top) => {
+                    debug_assert_eq!(dva.asize_bytes as usize, data.len());
+                    pieces.extend(top.plan_write(dva).map(|io| (bi, di, io)))
+                }
                 None => {
                     results[bi] = Err(EngineError::invalid(format!(
                         "write to missing vdev {:?}",
@@ -138,12 +226,28 @@ pub async fn write_blocks_shared(
             first.leaf.write_gather(class, first.offset_bytes, bufs)
         })
         .collect();
+    let striped_futs: Vec<_> = striped
+        .iter()
+        .map(|&(bi, di)| {
+            let (dvas, data) = blocks[bi];
+            let dva = &dvas[di];
+            let top = zio.vdevs.top(dva.vdev).expect("found above");
+            raidz::write_raidz(zio, class, top, dva, data, false)
+        })
+        .collect();
     let batch = zio.completion.batch_guard();
-    let written = join_all(futs).await;
+    let (written, striped_written) = join2(join_all(futs), join_all(striped_futs)).await;
     drop(batch);
-    // A DVA is written when one of its leaf writes is (a mirror child may fail).
+    // A DVA is written when one of its leaf writes is (a mirror child may fail); a raidz
+    // copy when enough of its columns are.
     let mut dva_ok: Vec<Vec<bool>> = blocks.iter().map(|(d, _)| vec![false; d.len()]).collect();
     let mut block_err: Vec<Option<EngineError>> = (0..blocks.len()).map(|_| None).collect();
+    for (&(bi, di), r) in striped.iter().zip(striped_written) {
+        match r {
+            Ok(()) => dva_ok[bi][di] = true,
+            Err(e) => block_err[bi] = Some(e),
+        }
+    }
     for (run, r) in runs.iter().zip(written) {
         match r {
             Ok(()) => pieces[run.clone()]
@@ -180,6 +284,15 @@ pub async fn write_block_owned(
     data: IoBuf,
     durable: bool,
 ) -> Result<IoBuf> {
+    let (whole, striped) = split_raidz(zio, dvas);
+    if !striped.is_empty() {
+        // The columns are written from copies: the buffer stays the caller's throughout.
+        write_raidz_copies(zio, class, &striped, &data, durable).await?;
+        if whole.is_empty() {
+            return Ok(data);
+        }
+        return Box::pin(write_block_owned(zio, class, &whole, data, durable)).await;
+    }
     let ios = plan_writes(zio, dvas, data.len())?;
     let mut data = Some(data);
     let futs: Vec<_> = ios
@@ -212,7 +325,7 @@ pub async fn write_block_owned(
 }
 
 /// Counts a failed leaf write (of `blocks` blocks, aggregated) on its device and logs it.
-fn count_write_failure(io: &LeafIo, blocks: usize, e: &std::io::Error) {
+pub(crate) fn count_write_failure(io: &LeafIo, blocks: usize, e: &std::io::Error) {
     io.leaf
         .counters
         .write_errors
@@ -268,8 +381,43 @@ fn tally_writes<T>(
     Err(last_err.unwrap_or_else(|| EngineError::invalid("block has a DVA with no device")))
 }
 
+/// A place a read found bad, to rewrite once the block is known good.
+#[derive(Debug)]
+pub enum Repair {
+    /// A whole copy (on a single device or a mirror side): rewritten with the verified block.
+    Copy(LeafIo),
+    /// One column of a raidz block: rewritten with its own right bytes.
+    Column {
+        /// Where the column lives.
+        io: LeafIo,
+        /// Its right bytes.
+        data: IoBuf,
+    },
+}
+
+/// The places a read found bad ([`read_block_unhealed`]), for [`heal_copies`].
+#[derive(Debug, Default)]
+pub struct Repairs(Vec<Repair>);
+
+impl Repairs {
+    /// Whether nothing needs rewriting.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Places to rewrite.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn push(&mut self, r: Repair) {
+        self.0.push(r);
+    }
+}
+
 /// Reads the block `bp` points to, as I/Os of `class`, and verifies it. Returns a buffer of
-/// the allocated size whose first `psize_bytes` are the verified block. `what` names the block
+/// at least the block's data size (`psize_bytes` rounded up to whole sectors; the allocated
+/// size on a single device or mirror) whose first `psize_bytes` are the verified block. `what` names the block
 /// in errors; it is only formatted on an error path, so a caller can pass `&format_args!(..)`
 /// and a read that succeeds allocates nothing (the buffer comes from the I/O buffer pool, and
 /// `bad` stays empty).
@@ -280,7 +428,7 @@ pub async fn read_block(
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
     let (buf, bad) = read_block_unhealed(zio, class, bp, what).await?;
-    heal(&bad, &buf).await;
+    heal(&bad.0, &buf).await;
     Ok(buf)
 }
 
@@ -294,7 +442,7 @@ pub async fn read_block_unhealed(
     class: IoClass,
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
-) -> Result<(IoBuf, Vec<LeafIo>)> {
+) -> Result<(IoBuf, Repairs)> {
     let (block, bad) = read_copies(zio, class, bp, None, what).await?;
     Ok((block.content, bad))
 }
@@ -327,7 +475,7 @@ pub async fn read_data_block_unhealed(
     bp: &BlockPtr,
     lsize_bytes: usize,
     what: &(impl Display + ?Sized),
-) -> Result<(DataBlock, Vec<LeafIo>)> {
+) -> Result<(DataBlock, Repairs)> {
     read_copies(zio, class, bp, Some(lsize_bytes), what).await
 }
 
@@ -354,15 +502,46 @@ async fn read_copies(
     bp: &BlockPtr,
     decode_to: Option<usize>,
     what: &(impl Display + ?Sized),
-) -> Result<(DataBlock, Vec<LeafIo>)> {
+) -> Result<(DataBlock, Repairs)> {
     debug_assert!(!bp.is_hole());
-    let mut bad: Vec<LeafIo> = Vec::new();
+    let mut bad = Repairs::default();
     let mut last_io_err = None;
     let mut checksum_failures = 0u32;
     for dva in bp.dvas() {
         let Some(top) = zio.vdevs.top(dva.vdev) else {
             continue;
         };
+        if top.raidz.is_some() {
+            let read = raidz::read_raidz(zio, class, top, dva, bp, ReadMode::Normal, what).await;
+            match read {
+                Ok((stored, repairs, _)) => {
+                    // Verified by the raidz read; what remains is the content.
+                    match compress::decode_verified(bp, &stored, decode_to) {
+                        Verdict::Good(content) => {
+                            bad.0.extend(repairs.0);
+                            let block = match content {
+                                None => DataBlock {
+                                    content: stored,
+                                    stored: None,
+                                },
+                                Some(content) => DataBlock {
+                                    content,
+                                    stored: Some(stored),
+                                },
+                            };
+                            return Ok((block, bad));
+                        }
+                        _ => {
+                            tracing::warn!(%what, "verified but does not decompress to its size");
+                            checksum_failures += 1;
+                        }
+                    }
+                }
+                Err(EngineError::Checksum { .. }) => checksum_failures += 1,
+                Err(e) => last_io_err = Some(e),
+            }
+            continue;
+        }
         for io in top.plan_read(dva) {
             let batch = zio.completion.batch_guard();
             let read = io
@@ -383,7 +562,7 @@ async fn read_copies(
                     io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), %what, "read failed: {e}");
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
-                    bad.push(io);
+                    bad.push(Repair::Copy(io));
                 }
                 Ok((buf, verdict)) => {
                     let why = match verdict {
@@ -410,7 +589,7 @@ async fn read_copies(
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), %what, "{why}");
                     checksum_failures += 1;
-                    bad.push(io);
+                    bad.push(Repair::Copy(io));
                 }
             }
         }
@@ -432,29 +611,36 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 }
 
 /// Rewrites `good`, a verified block, over its copies in `bad` (from
-/// [`read_block_unhealed`]); the caller has checked that the block is still current.
-pub async fn heal_copies(bad: &[LeafIo], good: &IoBuf) {
+/// [`read_block_unhealed`]), and the raidz columns in `bad` with their own bytes; the caller
+/// has checked that the block is still current.
+pub async fn heal_copies(bad: &Repairs, good: &IoBuf) {
     if !bad.is_empty() {
-        heal(bad, good).await;
+        heal(&bad.0, good).await;
     }
 }
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
-/// the verified buffer fits every bad location. Errors here are counted, not returned: the
-/// read itself succeeded. Async writes: nobody waits for a repair.
-async fn heal(bad: &[LeafIo], good: &IoBuf) -> u64 {
+/// the verified buffer fits every bad location; a raidz column carries its own bytes. Errors
+/// here are counted, not returned: the read itself succeeded. Async writes: nobody waits for
+/// a repair. Returns the places rewritten.
+async fn heal(bad: &[Repair], good: &IoBuf) -> u64 {
     let mut repaired = 0;
-    for io in bad {
+    for r in bad {
+        let (io, buf) = match r {
+            Repair::Copy(io) => (io, good.clone()),
+            Repair::Column { io, data } => (io, data.clone()),
+        };
+        let len_bytes = buf.len() as u64;
         match io
             .leaf
-            .write(IoClass::AsyncWrite, io.offset_bytes, good.clone())
+            .write(IoClass::AsyncWrite, io.offset_bytes, buf)
             .await
         {
             Ok(_) => {
                 io.leaf
                     .counters
                     .repaired_bytes
-                    .fetch_add(good.len() as u64, Ordering::Relaxed);
+                    .fetch_add(len_bytes, Ordering::Relaxed);
                 repaired += 1;
             }
             Err(e) => {
@@ -493,14 +679,39 @@ impl std::ops::AddAssign for ScrubCounts {
 
 /// Scrubs one block: reads every copy on every child, verifies each, rewrites the bad ones from
 /// a good one. Returns a verified copy (None if every copy is bad) and the counts.
+///
+/// A copy on a raidz vdev is read whole, every column, the parity checked against the data
+/// (ZFS's scrub): it counts as one copy, bad if any column was, repaired when its bad
+/// columns were rewritten; a raidz copy that cannot be rebuilt counts as bad and unrepaired.
 pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>, ScrubCounts) {
     let mut counts = ScrubCounts::default();
     let mut good: Option<IoBuf> = None;
-    let mut bad: Vec<LeafIo> = Vec::new();
+    let mut bad: Vec<Repair> = Vec::new();
+    let mut raidz_lost = 0u64;
     for dva in bp.dvas() {
         let Some(top) = zio.vdevs.top(dva.vdev) else {
             continue;
         };
+        if top.raidz.is_some() {
+            counts.copies_checked += 1;
+            match raidz::read_raidz(zio, IoClass::Scrub, top, dva, bp, ReadMode::Scrub, what).await
+            {
+                Ok((buf, repairs, _)) => {
+                    if !repairs.is_empty() {
+                        counts.copies_bad += 1;
+                        if heal(&repairs.0, &buf).await == repairs.len() as u64 {
+                            counts.copies_repaired += 1;
+                        }
+                    }
+                    good.get_or_insert(buf);
+                }
+                Err(e) => {
+                    tracing::warn!(what, "scrub: {e}");
+                    raidz_lost += 1;
+                }
+            }
+            continue;
+        }
         for io in top.plan_write(dva) {
             counts.copies_checked += 1;
             match io
@@ -521,20 +732,22 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                         .checksum_errors
                         .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
-                    bad.push(io);
+                    bad.push(Repair::Copy(io));
                 }
                 Err(e) => {
                     io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(device = io.leaf.name(), what, "scrub: read failed: {e}");
-                    bad.push(io);
+                    bad.push(Repair::Copy(io));
                 }
             }
         }
     }
-    counts.copies_bad = bad.len() as u64;
+    counts.copies_bad += bad.len() as u64 + raidz_lost;
     match &good {
         Some(buf) => {
-            counts.copies_repaired = heal(&bad, buf).await;
+            // A whole copy takes the block at its allocated size; a raidz read returns the
+            // data size, which is that size on a single device or mirror.
+            counts.copies_repaired += heal(&bad, buf).await;
         }
         None => counts.blocks_lost = 1,
     }

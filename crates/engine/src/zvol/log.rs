@@ -677,8 +677,12 @@ impl Volume {
             seq,
             addr,
             next,
-            buf: IoBuf::zeroed(addr.asize_bytes as usize),
-            writer: LogBlockWriter::with_capacity(addr.asize_bytes as usize),
+            // The place's size, less the parity on a raidz vdev.
+            buf: IoBuf::zeroed(crate::zil::log_block_capacity(&self.pool.zio, &addr)),
+            writer: LogBlockWriter::with_capacity(crate::zil::log_block_capacity(
+                &self.pool.zio,
+                &addr,
+            )),
             itx_first: u64::MAX,
             itx_last: 0,
             max_txg: Txg(0),

@@ -158,19 +158,27 @@ pub fn arb_tree() -> impl Strategy<Value = VdevTreeConfig> {
             path,
             size_bytes,
         });
-    let top = (any::<bool>(), vec(leaf, 1..4), any::<u64>());
+    let top = (0u8..3, vec(leaf, 1..6), any::<u64>(), 1u8..=3, any::<u64>());
     vec(top, 0..5).prop_map(|tops| VdevTreeConfig {
         top: tops
             .into_iter()
             .enumerate()
-            .map(|(i, (mirror, mut children, asize_bytes))| {
-                if !mirror {
-                    children.truncate(1);
-                }
-                let kind = if mirror {
-                    TopVdevKind::Mirror
-                } else {
-                    TopVdevKind::Single
+            .map(|(i, (kind, mut children, asize_bytes, parity, txg))| {
+                let kind = match kind {
+                    0 => {
+                        children.truncate(1);
+                        TopVdevKind::Single
+                    }
+                    1 => TopVdevKind::Mirror,
+                    _ if children.len() <= usize::from(parity) => TopVdevKind::Mirror,
+                    _ => TopVdevKind::Raidz(RaidzConfig {
+                        parity,
+                        sector_shift: 12,
+                        epochs: vec![RaidzEpoch {
+                            first_txg: Txg(txg),
+                            width: children.len() as u16,
+                        }],
+                    }),
                 };
                 TopVdevConfig {
                     id: VdevId(i as u32),
