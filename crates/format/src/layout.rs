@@ -31,7 +31,9 @@ pub enum FormatVersion {
     /// Snapshots and clones: `PoolMeta` ends with `datasets`, one `DatasetMeta` per volume
     /// (guid, creation txg, origin, the previous snapshot's txg, snapshots, deadlists);
     /// deadlist entries live in `DeadList` metadata blocks (block type 7). A version 2 pool
-    /// imports with no snapshots; its next txg is written as version 3.
+    /// imports with no snapshots; its next txg is written as version 3. Also raidz top-level
+    /// vdevs (vdev kind variant 2 with parity, sector shift and width epochs; DVAs in the
+    /// vdev's interleaved space with ZFS's raidz allocated size).
     V3 = 3,
 }
 
