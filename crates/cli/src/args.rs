@@ -178,6 +178,11 @@ pub enum Command {
         /// List datasets instead of pools: volume, snapshot or all (comma-separated).
         #[arg(short = 't', value_name = "TYPE")]
         types: Option<String>,
+        /// With -t: the columns, comma-separated (name, type, used, referenced, written,
+        /// usedbysnapshots, usedbydataset, origin, clones, creation, createtxg, guid, volsize,
+        /// userrefs).
+        #[arg(short = 'o', value_name = "COLUMNS", requires = "types")]
+        columns: Option<String>,
         /// Pools (default: every pool the cache file knows).
         pools: Vec<String>,
     },

@@ -143,7 +143,7 @@ fn run(cli: Cli) -> Result<i32> {
 }
 
 /// Prints a listing's header.
-type Header = fn(&mut dyn console::Console) -> Result<()>;
+type Header = Box<dyn Fn(&mut dyn console::Console) -> Result<()>>;
 
 /// `list`, `status` and `vol list` over several pools: the header once, then each pool's
 /// lines from wherever the pool is (its server, or opened here).
@@ -154,14 +154,21 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             pools,
             scripted,
             types,
+            columns,
             ..
         } => {
             let header: Header = match types {
                 Some(t) => {
                     verbs::snapshot::ListTypes::parse(t)?;
-                    verbs::snapshot::datasets_header
+                    let columns = columns
+                        .clone()
+                        .unwrap_or_else(|| verbs::snapshot::DEFAULT_COLUMNS.to_string());
+                    verbs::snapshot::parse_columns(&columns)?;
+                    Box::new(move |con: &mut dyn console::Console| {
+                        verbs::snapshot::datasets_header(con, &columns)
+                    })
                 }
-                None => verbs::pool::list_header,
+                None => Box::new(verbs::pool::list_header),
             };
             (pools.clone(), *scripted, Some(header))
         }
@@ -170,7 +177,11 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             command: VolCommand::List {
                 pools, scripted, ..
             },
-        } => (pools.clone(), *scripted, Some(verbs::volume::list_header)),
+        } => (
+            pools.clone(),
+            *scripted,
+            Some(Box::new(verbs::volume::list_header) as Header),
+        ),
         _ => unreachable!("each_pool is for list, status and vol list"),
     };
     let names = verbs::pool::listed(local, &named)?;
@@ -189,12 +200,14 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
                 scripted,
                 parsable,
                 types,
+                columns,
                 ..
             } => Command::List {
                 scripted: *scripted,
                 parsable: *parsable,
                 no_header: true,
                 types: types.clone(),
+                columns: columns.clone(),
                 pools: vec![name.clone()],
             },
             Command::Status { .. } => Command::Status {
@@ -245,10 +258,14 @@ fn command_line(command: &Command) -> Vec<String> {
             parsable,
             pools,
             types,
+            columns,
             ..
         } => {
             if let Some(t) = types {
                 args.extend(["-t".to_string(), t.clone()]);
+            }
+            if let Some(c) = columns {
+                args.extend(["-o".to_string(), c.clone()]);
             }
             (&["list", "--no-header"], *scripted, *parsable, pools)
         }

@@ -85,6 +85,25 @@ fn a_snapshot_export_keeps_the_bytes_written_before_it() {
         list.contains("tank/vol0@one") && list.contains("tank/vol0 "),
         "{list}"
     );
+    // Chosen columns, scripted: one tab-separated line per dataset.
+    let list = env.ok(&[
+        "list",
+        "-t",
+        "all",
+        "-o",
+        "name,type,createtxg,userrefs",
+        "-H",
+    ]);
+    let lines: Vec<Vec<&str>> = list.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(lines.len(), 3, "{list}");
+    assert_eq!(lines[0][..2], ["tank/vol0", "volume"], "{list}");
+    assert_eq!(lines[1][..2], ["tank/vol0@one", "snapshot"], "{list}");
+    assert!(
+        lines[1][2].parse::<u64>().unwrap() > 0 && lines[1][3] == "0",
+        "{list}"
+    );
+    let e = env.fails(&["list", "-t", "snapshot", "-o", "name,bogus"]);
+    assert!(e.contains("bogus"), "{e}");
 }
 
 #[test]

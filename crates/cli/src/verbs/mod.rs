@@ -82,12 +82,14 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             parsable,
             no_header,
             types,
+            columns,
             pools,
         } => match types {
             Some(t) => snapshot::list_datasets(
                 host,
                 con,
                 snapshot::ListTypes::parse(&t)?,
+                columns.as_deref().unwrap_or(snapshot::DEFAULT_COLUMNS),
                 scripted,
                 parsable,
                 no_header,

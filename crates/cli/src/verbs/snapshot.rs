@@ -362,60 +362,180 @@ impl ListTypes {
     }
 }
 
-/// The header of `oxpool list -t ...`.
-pub fn datasets_header(con: &mut dyn Console) -> Result<()> {
-    writeln!(
-        con.out(),
-        "{:<32} {:>10} {:>10} {:>10} {:>10} {:<24}",
-        "NAME",
-        "USED",
-        "REFER",
-        "WRITTEN",
-        "USEDSNAP",
-        "ORIGIN"
-    )?;
+/// The columns `list -t` shows by default.
+pub const DEFAULT_COLUMNS: &str = "name,used,referenced,written,usedbysnapshots,origin";
+
+/// A column of `list -t ... -o`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Column {
+    Name,
+    Type,
+    Used,
+    Referenced,
+    Written,
+    UsedBySnapshots,
+    UsedByDataset,
+    Origin,
+    Clones,
+    Creation,
+    CreateTxg,
+    Guid,
+    Volsize,
+    UserRefs,
+}
+
+impl Column {
+    fn parse(s: &str) -> Result<Column> {
+        Ok(match s {
+            "name" => Column::Name,
+            "type" => Column::Type,
+            "used" => Column::Used,
+            "referenced" | "refer" => Column::Referenced,
+            "written" => Column::Written,
+            "usedbysnapshots" | "usedsnap" => Column::UsedBySnapshots,
+            "usedbydataset" | "usedds" => Column::UsedByDataset,
+            "origin" => Column::Origin,
+            "clones" => Column::Clones,
+            "creation" => Column::Creation,
+            "createtxg" => Column::CreateTxg,
+            "guid" => Column::Guid,
+            "volsize" => Column::Volsize,
+            "userrefs" => Column::UserRefs,
+            other => bail!(
+                "-o {other}: a column is name, type, used, referenced, written, usedbysnapshots, \
+                 usedbydataset, origin, clones, creation, createtxg, guid, volsize or userrefs"
+            ),
+        })
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Column::Name => "NAME",
+            Column::Type => "TYPE",
+            Column::Used => "USED",
+            Column::Referenced => "REFER",
+            Column::Written => "WRITTEN",
+            Column::UsedBySnapshots => "USEDSNAP",
+            Column::UsedByDataset => "USEDDS",
+            Column::Origin => "ORIGIN",
+            Column::Clones => "CLONES",
+            Column::Creation => "CREATION",
+            Column::CreateTxg => "CREATETXG",
+            Column::Guid => "GUID",
+            Column::Volsize => "VOLSIZE",
+            Column::UserRefs => "USERREFS",
+        }
+    }
+
+    /// Width in the table; names and lists are left-aligned, numbers right-aligned.
+    fn width(self) -> (usize, bool) {
+        match self {
+            Column::Name => (32, true),
+            Column::Origin | Column::Clones => (24, true),
+            Column::Type => (8, true),
+            Column::Guid => (20, false),
+            _ => (10, false),
+        }
+    }
+}
+
+/// `-o a,b,c`.
+pub fn parse_columns(s: &str) -> Result<Vec<String>> {
+    let cols: Vec<String> = s.split(',').map(|c| c.trim().to_string()).collect();
+    for c in &cols {
+        Column::parse(c)?;
+    }
+    Ok(cols)
+}
+
+fn format_row(cols: &[Column], values: &[String]) -> String {
+    let mut line = String::new();
+    for (i, (c, v)) in cols.iter().zip(values).enumerate() {
+        let (w, left) = c.width();
+        let last = i + 1 == cols.len();
+        match (left, last) {
+            (true, true) => line += v,
+            (true, false) => line += &format!("{v:<w$} "),
+            (false, true) => line += &format!("{v:>w$}"),
+            (false, false) => line += &format!("{v:>w$} "),
+        }
+    }
+    line
+}
+
+/// The header of `oxpool list -t ... [-o COLUMNS]`.
+pub fn datasets_header(con: &mut dyn Console, columns: &str) -> Result<()> {
+    let cols: Vec<Column> = columns
+        .split(',')
+        .map(Column::parse)
+        .collect::<Result<_>>()?;
+    let titles: Vec<String> = cols.iter().map(|c| c.title().to_string()).collect();
+    writeln!(con.out(), "{}", format_row(&cols, &titles))?;
     Ok(())
 }
 
-/// `oxpool list -t TYPES [-H] [-p] [POOL...]`: volumes and snapshots with their space.
+/// `oxpool list -t TYPES [-o COLUMNS] [-H] [-p] [POOL...]`: volumes and snapshots.
+#[allow(clippy::too_many_arguments)]
 pub fn list_datasets(
     host: &Host,
     con: &mut dyn Console,
     types: ListTypes,
+    columns: &str,
     scripted: bool,
     exact: bool,
     no_header: bool,
     pools: &[String],
 ) -> Result<()> {
+    let cols: Vec<Column> = columns
+        .split(',')
+        .map(Column::parse)
+        .collect::<Result<_>>()?;
     if !scripted && !no_header {
-        datasets_header(con)?;
+        datasets_header(con, columns)?;
     }
     for name in super::pool::listed(host, pools)? {
         let rows = host.with_pool(&name, |p| {
-            let mut rows: Vec<[String; 6]> = Vec::new();
+            let mut rows: Vec<Vec<String>> = Vec::new();
             for vol in p.volumes() {
                 let v = vol.name().to_string();
                 if types.volumes {
                     let s = p.dataset_space(&v)?;
-                    rows.push([
-                        vol.full_name().to_string(),
-                        size(s.used_bytes, exact),
-                        size(s.referenced_bytes, exact),
-                        size(s.written_bytes, exact),
-                        size(s.used_by_snapshots_bytes, exact),
-                        s.origin.unwrap_or_else(|| "-".into()),
-                    ]);
+                    let value = |c: Column| match c {
+                        Column::Name => vol.full_name().to_string(),
+                        Column::Type => "volume".into(),
+                        Column::Used => size(s.used_bytes, exact),
+                        Column::Referenced => size(s.referenced_bytes, exact),
+                        Column::Written | Column::UsedByDataset => size(s.written_bytes, exact),
+                        Column::UsedBySnapshots => size(s.used_by_snapshots_bytes, exact),
+                        Column::Origin => s.origin.clone().unwrap_or_else(|| "-".into()),
+                        Column::Clones | Column::UserRefs => "-".into(),
+                        Column::Creation => s.creation_s.to_string(),
+                        Column::CreateTxg => s.createtxg.to_string(),
+                        Column::Guid => s.guid.to_string(),
+                        Column::Volsize => size(vol.size_bytes(), exact),
+                    };
+                    rows.push(cols.iter().map(|c| value(*c)).collect());
                 }
                 if types.snapshots {
                     for s in p.snapshots(&v)? {
-                        rows.push([
-                            format!("{}@{}", vol.full_name(), s.name),
-                            size(s.used_bytes, exact),
-                            size(s.referenced_bytes, exact),
-                            size(s.written_bytes, exact),
-                            "-".into(),
-                            "-".into(),
-                        ]);
+                        let value = |c: Column| match c {
+                            Column::Name => format!("{}@{}", vol.full_name(), s.name),
+                            Column::Type => "snapshot".into(),
+                            Column::Used => size(s.used_bytes, exact),
+                            Column::Referenced => size(s.referenced_bytes, exact),
+                            Column::Written => size(s.written_bytes, exact),
+                            Column::UsedBySnapshots | Column::UsedByDataset | Column::Origin => {
+                                "-".into()
+                            }
+                            Column::Clones if s.clones.is_empty() => "-".into(),
+                            Column::Clones => s.clones.join(","),
+                            Column::Creation => s.creation_s.to_string(),
+                            Column::CreateTxg => s.createtxg.to_string(),
+                            Column::Guid => s.guid.to_string(),
+                            Column::Volsize => size(s.volsize_bytes, exact),
+                            Column::UserRefs => s.holds.len().to_string(),
+                        };
+                        rows.push(cols.iter().map(|c| value(*c)).collect());
                     }
                 }
             }
@@ -425,16 +545,7 @@ pub fn list_datasets(
             if scripted {
                 writeln!(con.out(), "{}", r.join("\t"))?;
             } else {
-                writeln!(
-                    con.out(),
-                    "{:<32} {:>10} {:>10} {:>10} {:>10} {:<24}",
-                    r[0],
-                    r[1],
-                    r[2],
-                    r[3],
-                    r[4],
-                    r[5]
-                )?;
+                writeln!(con.out(), "{}", format_row(&cols, &r))?;
             }
         }
     }
