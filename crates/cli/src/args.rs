@@ -97,6 +97,10 @@ pub enum Command {
         /// Exact sizes (bytes) with -v.
         #[arg(short = 'p')]
         parsable: bool,
+        /// Snapshots: destroy those that can go now, and mark those held or cloned to be
+        /// destroyed when their last hold is released and their last clone destroyed.
+        #[arg(short = 'd')]
+        defer: bool,
         /// A pool name, or POOL/VOL@SNAP[,SNAP|%SNAP].
         pool: String,
     },

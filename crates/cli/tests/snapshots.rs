@@ -145,9 +145,21 @@ fn a_clone_is_written_while_its_origin_stays() {
     env.ok(&["release", "keep", "tank/copy@s1"]);
     let e = env.fails(&["vol", "destroy", "tank/copy"]);
     assert!(e.contains("snapshot"), "{e}");
+    // -d marks the origin; it goes with its clone.
+    let out = env.ok(&["destroy", "-d", "tank/vol0@base"]);
+    assert!(
+        out.contains("destroyed when its last hold and clone go"),
+        "{out}"
+    );
+    assert!(env
+        .ok(&["get", "defer_destroy", "tank/vol0@base"])
+        .contains("on"));
+    assert!(exports(&server).contains("tank/vol0@base"));
     env.ok(&["vol", "destroy", "-r", "tank/copy"]);
-    env.ok(&["destroy", "tank/vol0@base"]);
     assert!(!exports(&server).contains("tank/vol0@base"));
+    assert!(!env
+        .ok(&["list", "-t", "snapshot"])
+        .contains("tank/vol0@base"));
     env.ok(&["audit", "tank"]);
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");

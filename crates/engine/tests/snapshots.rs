@@ -523,3 +523,44 @@ fn freeing_counts_down_to_zero_across_an_import() {
     assert_eq!(pool.get_prop("freeing").unwrap(), "0");
     assert!(pool.audit().unwrap().is_clean());
 }
+
+/// `destroy -d` marks a held or cloned snapshot, which goes with its last hold and clone; one
+/// that can go now goes now.
+#[test]
+fn deferred_destroy_waits_for_the_last_hold_and_clone() {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    oxpool_io::rt::block_on(vol.write(0, &pattern(1, 65536), false)).unwrap();
+    pool.snapshot(&["v@a".to_string(), "v@b".to_string()][..1])
+        .unwrap();
+    pool.snapshot(&["v@b".to_string()]).unwrap();
+    pool.hold("keep", "v", "a").unwrap();
+    pool.clone_snapshot("v", "a", "c", &[]).unwrap();
+    let (now, marked) = pool
+        .destroy_snapshots_deferred("v", &["a".to_string(), "b".to_string()])
+        .unwrap();
+    assert_eq!(
+        (now, marked),
+        (vec!["b".to_string()], vec!["a".to_string()])
+    );
+    let snaps = pool.snapshots("v").unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert!(snaps[0].defer_destroy);
+    // Persistent: still marked after an import.
+    drop(vol);
+    pool.export().unwrap();
+    let pool = reimport(&mems);
+    assert!(pool.snapshots("v").unwrap()[0].defer_destroy);
+    pool.release("keep", "v", "a").unwrap();
+    assert_eq!(
+        pool.snapshots("v").unwrap().len(),
+        1,
+        "the clone still needs it"
+    );
+    pool.destroy_volume("c").unwrap();
+    assert!(
+        pool.snapshots("v").unwrap().is_empty(),
+        "not destroyed with its last clone"
+    );
+    assert!(pool.audit().unwrap().is_clean());
+}

@@ -100,6 +100,9 @@ pub struct SnapshotMeta {
     pub deadlist: Vec<DeadBucketMeta>,
     /// User holds (`oxpool hold`): a held snapshot cannot be destroyed.
     pub holds: Vec<String>,
+    /// Marked by `destroy -d` while held or cloned: destroyed when the last hold is released
+    /// and the last clone destroyed.
+    pub defer_destroy: bool,
 }
 
 /// One bucket of a deadlist: entries born after the chain's snapshot before `key`, at or

@@ -403,6 +403,7 @@ fn version_2_pool_meta_decodes_and_version_3_round_trips() {
             compressed_bytes: 32768,
             deadlist: vec![bucket],
             holds: vec!["keep".into()],
+            defer_destroy: true,
         }],
     });
     let block = meta.encode();

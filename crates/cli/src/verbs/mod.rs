@@ -49,14 +49,15 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             dry_run,
             verbose,
             parsable,
+            defer,
             pool,
         } => {
             if pool.contains('@') {
-                snapshot::destroy(host, con, &pool, dry_run, verbose, parsable)
+                snapshot::destroy(host, con, &pool, dry_run, verbose, parsable, defer)
             } else if pool.contains('/') {
                 bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
-            } else if dry_run || verbose {
-                bail!("-n and -v are for snapshots")
+            } else if dry_run || verbose || defer {
+                bail!("-n, -v and -d are for snapshots")
             } else {
                 pool::destroy(host, &pool, force)
             }

@@ -94,6 +94,7 @@ pub fn destroy(
     dry_run: bool,
     verbose: bool,
     parsable: bool,
+    defer: bool,
 ) -> Result<()> {
     let (pool_name, rest) = volume_target(target)?;
     let Some((volume, spec)) = rest.split_once('@') else {
@@ -101,6 +102,9 @@ pub fn destroy(
     };
     host.change_pool(pool_name, |p| {
         let snaps = named_snapshots(p, volume, spec)?;
+        if defer {
+            return destroy_deferred(host, con, p, pool_name, volume, &snaps);
+        }
         let estimate = p.destroy_estimate(volume, &snaps)?;
         if verbose || dry_run {
             for s in &snaps {
@@ -145,6 +149,72 @@ pub fn destroy(
         p.destroy_snapshots(volume, &snaps)?;
         Ok(())
     })
+}
+
+/// `destroy -d`: what can go now goes; held or cloned snapshots are marked, and go with
+/// their last hold or clone.
+fn destroy_deferred(
+    host: &Host,
+    con: &mut dyn Console,
+    p: &Pool,
+    pool_name: &str,
+    volume: &str,
+    snaps: &[String],
+) -> Result<()> {
+    let mut removed: Vec<String> = Vec::new();
+    if let Host::Live(served) = host {
+        for s in snaps {
+            if let Err(e) = served.unexport_volume(&format!("{pool_name}/{volume}@{s}"), false) {
+                for s in &removed {
+                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+                }
+                return Err(e);
+            }
+            removed.push(s.clone());
+        }
+    }
+    let done = p.destroy_snapshots_deferred(volume, snaps);
+    if let Host::Live(served) = host {
+        // Marked ones (or all, on failure) are still there: served again.
+        let back: Vec<&String> = match &done {
+            Ok((_, marked)) => marked.iter().collect(),
+            Err(_) => removed.iter().collect(),
+        };
+        for s in back {
+            served.export_volume(p.snapshot_volume(volume, s)?)?;
+        }
+    }
+    let (_, marked) = done?;
+    for s in marked {
+        writeln!(
+            con.out(),
+            "{pool_name}/{volume}@{s}: held or cloned; destroyed when its last hold and clone go"
+        )?;
+    }
+    Ok(())
+}
+
+/// Snapshot exports of snapshots that no longer exist (a deferred destroy that happened on
+/// a release or a clone's destroy) leave the export table.
+pub fn drop_gone_snapshot_exports(
+    host: &Host,
+    p: &Pool,
+    before: &[oxpool_engine::SnapshotInfo],
+) -> Result<()> {
+    let Host::Live(served) = host else {
+        return Ok(());
+    };
+    let now: Vec<(String, String)> = p
+        .all_snapshots()
+        .into_iter()
+        .map(|s| (s.volume, s.name))
+        .collect();
+    for s in before {
+        if !now.contains(&(s.volume.clone(), s.name.clone())) {
+            served.unexport_volume(&format!("{}/{}@{}", p.name(), s.volume, s.name), true)?;
+        }
+    }
+    Ok(())
 }
 
 /// `oxpool rollback [-r] [-f] POOL/VOL@SNAP`.
@@ -276,7 +346,9 @@ pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<(
         let (pool_name, volume, snap) = snapshot_target(n)?;
         host.change_pool(pool_name, |p| {
             if release {
+                let before = p.all_snapshots();
                 p.release(tag, volume, snap)?;
+                drop_gone_snapshot_exports(host, p, &before)?;
             } else {
                 p.hold(tag, volume, snap)?;
             }

@@ -53,7 +53,7 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 })?;
                 if !snaps.is_empty() {
                     let spec = format!("{name}@{}", snaps.join(","));
-                    super::snapshot::destroy(host, con, &spec, false, false, false)?;
+                    super::snapshot::destroy(host, con, &spec, false, false, false, false)?;
                 }
             }
             host.change_pool(pool, |p| {
@@ -62,10 +62,13 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     // Out of the export table first (refused while open, unless -f): no
                     // client can open it between the check and the destroy.
                     served.unexport_volume(&name, force)?;
+                    let before = p.all_snapshots();
                     if let Err(e) = p.destroy_volume(v) {
                         served.export_volume(volume)?;
                         return Err(e.into());
                     }
+                    // A clone's origin marked by `destroy -d` went with it.
+                    super::snapshot::drop_gone_snapshot_exports(host, p, &before)?;
                     return Ok(());
                 }
                 drop(volume);

@@ -33,6 +33,8 @@ pub(crate) struct Snapshot {
     pub compressed_bytes: u64,
     pub deadlist: Deadlist,
     pub holds: BTreeSet<String>,
+    /// `destroy -d` while held or cloned: destroyed when the last hold and clone go.
+    pub defer_destroy: bool,
 }
 
 /// A dataset's lineage: its identity, origin, snapshots and the head's deadlist.
@@ -170,6 +172,7 @@ impl Lineage {
                     compressed_bytes: s.compressed_bytes,
                     deadlist: deadlist_meta(&s.deadlist),
                     holds: s.holds.iter().cloned().collect(),
+                    defer_destroy: s.defer_destroy,
                 })
                 .collect(),
         }
@@ -203,6 +206,7 @@ impl Lineage {
                     compressed_bytes: s.compressed_bytes,
                     deadlist: deadlist_from_meta(&s.deadlist),
                     holds: s.holds.iter().cloned().collect(),
+                    defer_destroy: s.defer_destroy,
                 })
                 .collect(),
         }

@@ -97,6 +97,7 @@ pub(crate) async fn apply(
                 compressed_bytes: obj.compressed_bytes.load(Ordering::Relaxed),
                 deadlist,
                 holds: Default::default(),
+                defer_destroy: false,
             });
             l.prev_snap_txg = txg;
             l.written_bytes = 0;

@@ -493,8 +493,26 @@ impl Pool {
             }
         }
         volumes.remove(name);
-        self.dsl.destroy(name)?;
+        let ds = self.dsl.destroy(name)?;
         self.spa.txg.mark_dirty();
+        drop(volumes);
+        // A clone's origin marked by `destroy -d` goes with its last clone.
+        let origin = ds.lineage.lock().unwrap().origin.clone();
+        if let Some(o) = origin {
+            let src = self.dsl.all().into_iter().find(|d| d.id == o.volume);
+            if let Some(src) = src {
+                let snap = {
+                    let l = src.lineage.lock().unwrap();
+                    l.snapshots
+                        .iter()
+                        .find(|s| s.guid == o.snapshot_guid)
+                        .map(|s| s.name.clone())
+                };
+                if let Some(snap) = snap {
+                    self.destroy_if_deferred(&src.name, &snap)?;
+                }
+            }
+        }
         Ok(())
     }
 

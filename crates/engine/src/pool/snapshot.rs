@@ -43,6 +43,8 @@ pub struct SnapshotInfo {
     pub holds: Vec<String>,
     /// Clones made from it (`pool/volume`).
     pub clones: Vec<String>,
+    /// Marked by `destroy -d`: destroyed when its last hold and clone go.
+    pub defer_destroy: bool,
 }
 
 /// A volume's space and lineage figures (`used`, `referenced`, ...).
@@ -95,6 +97,7 @@ pub const SNAPSHOT_PROP_NAMES: &[&str] = &[
     "guid",
     "userrefs",
     "clones",
+    "defer_destroy",
 ];
 
 /// Seconds since the Unix epoch.
@@ -203,6 +206,53 @@ impl Pool {
             .collect();
         self.run_ops(ops)?;
         Ok(freed)
+    }
+
+    /// `destroy -d`: destroys each of `snaps` that can go now (all of those in one txg), and
+    /// marks the others, held or the origin of a clone, for destruction when their last hold
+    /// is released and their last clone destroyed. Returns (destroyed, marked).
+    pub fn destroy_snapshots_deferred(
+        &self,
+        volume: &str,
+        snaps: &[String],
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let mut now = Vec::new();
+        let mut later = Vec::new();
+        for s in snaps {
+            match self.destroy_refusal(volume, s)? {
+                None => now.push(s.clone()),
+                Some(_) => later.push(s.clone()),
+            }
+        }
+        if !later.is_empty() {
+            let ds = self.dataset(volume)?;
+            let mut l = ds.lineage.lock().unwrap();
+            for s in &later {
+                let i = l.find(s).ok_or_else(|| self.no_snapshot(volume, s))?.0;
+                l.snapshots[i].defer_destroy = true;
+            }
+        }
+        if !now.is_empty() {
+            self.destroy_snapshots(volume, &now)?;
+        } else {
+            self.spa.sync_now()?;
+        }
+        Ok((now, later))
+    }
+
+    /// Destroys snapshot `volume@snap` if it is marked for deferred destruction and nothing
+    /// holds it any more (after a release or a clone's destroy).
+    pub(crate) fn destroy_if_deferred(&self, volume: &str, snap: &str) -> Result<bool> {
+        let marked = {
+            let ds = self.dataset(volume)?;
+            let l = ds.lineage.lock().unwrap();
+            l.find(snap).is_some_and(|(_, s)| s.defer_destroy)
+        };
+        if !marked || self.destroy_refusal(volume, snap)?.is_some() {
+            return Ok(false);
+        }
+        self.destroy_snapshots(volume, &[snap.to_string()])?;
+        Ok(true)
     }
 
     /// What destroying `snaps` of `volume` would free (checks as [`Pool::destroy_snapshots`],
@@ -436,7 +486,11 @@ impl Pool {
                 )));
             }
         }
-        self.spa.sync_now()
+        // The last hold of a snapshot marked by `destroy -d`: it goes now.
+        if !self.destroy_if_deferred(volume, snap)? {
+            self.spa.sync_now()?;
+        }
+        Ok(())
     }
 
     /// The snapshots of `volume`, oldest first.
@@ -464,6 +518,7 @@ impl Pool {
                 volsize_bytes: s.volsize_bytes,
                 holds: s.holds.iter().cloned().collect(),
                 clones: self.dsl.clone_names(s.guid),
+                defer_destroy: s.defer_destroy,
             })
             .collect())
     }
@@ -528,6 +583,7 @@ impl Pool {
                 "creation" => s.creation_s.to_string(),
                 "guid" => s.guid.to_string(),
                 "userrefs" => s.holds.len().to_string(),
+                "defer_destroy" => if s.defer_destroy { "on" } else { "off" }.into(),
                 "clones" => s.clones.join(","),
                 "volsize" => s.volsize_bytes.to_string(),
                 "type" => "snapshot".into(),

@@ -299,9 +299,19 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         any::<(u64, u64, u64, u64)>(),
         vec(bucket(), 0..3),
         vec(arb_name(), 0..2),
+        any::<bool>(),
     )
         .prop_map(
-            |(name, (guid, txg, creation_s), root, levels, sizes, deadlist, holds)| SnapshotMeta {
+            |(
+                name,
+                (guid, txg, creation_s),
+                root,
+                levels,
+                sizes,
+                deadlist,
+                holds,
+                defer_destroy,
+            )| SnapshotMeta {
                 name,
                 guid: Guid(guid),
                 txg: Txg(txg),
@@ -314,6 +324,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                 compressed_bytes: sizes.3,
                 deadlist,
                 holds,
+                defer_destroy,
             },
         );
     let origin = prop::option::of(any::<(u64, u64, u64)>().prop_map(|(v, g, t)| OriginMeta {
