@@ -34,6 +34,8 @@ struct Model {
     snaps: BTreeMap<String, Vec<(String, Vec<u8>)>>,
     /// clone name -> (origin volume, origin snapshot)
     clones: BTreeMap<String, (String, String)>,
+    /// Held snapshots: (volume, snapshot).
+    held: std::collections::BTreeSet<(String, String)>,
 }
 
 fn read_all(vol: &Volume) -> Vec<u8> {
@@ -161,14 +163,30 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
                     m.snaps.get_mut(&t).unwrap().push((snap.clone(), bytes));
                 }
             }
-            12..=13 => {
+            13 => {
+                // Hold or release a snapshot.
+                let snaps = &m.snaps[&v];
+                if snaps.is_empty() {
+                    continue;
+                }
+                let snap = snaps[rng.below(snaps.len() as u64) as usize].0.clone();
+                let key = (v.clone(), snap.clone());
+                if m.held.remove(&key) {
+                    pool.release("tag", &v, &snap).unwrap();
+                } else {
+                    pool.hold("tag", &v, &snap).unwrap();
+                    m.held.insert(key);
+                }
+            }
+            12 => {
                 let snaps = &m.snaps[&v];
                 if snaps.is_empty() {
                     continue;
                 }
                 let i = rng.below(snaps.len() as u64) as usize;
                 let snap = snaps[i].0.clone();
-                let cloned = m.clones.values().any(|(ov, os)| *ov == v && *os == snap);
+                let cloned = m.clones.values().any(|(ov, os)| *ov == v && *os == snap)
+                    || m.held.contains(&(v.clone(), snap.clone()));
                 let r = pool.destroy_snapshots(&v, std::slice::from_ref(&snap));
                 if cloned {
                     assert!(
@@ -188,9 +206,10 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
                 let i = rng.below(snaps.len() as u64) as usize;
                 let (snap, bytes) = snaps[i].clone();
                 let later = &snaps[i + 1..];
-                let later_cloned = later
-                    .iter()
-                    .any(|(n, _)| m.clones.values().any(|(ov, os)| *ov == v && os == n));
+                let later_cloned = later.iter().any(|(n, _)| {
+                    m.clones.values().any(|(ov, os)| *ov == v && os == n)
+                        || m.held.contains(&(v.clone(), n.clone()))
+                });
                 let r = pool.rollback(&v, &snap, true);
                 if later_cloned {
                     assert!(r.is_err(), "{when}: rollback past a clone's origin");
@@ -222,6 +241,11 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
                     continue;
                 }
                 let snaps: Vec<String> = m.snaps[&c].iter().map(|(n, _)| n.clone()).collect();
+                for n in &snaps {
+                    if m.held.remove(&(c.clone(), n.clone())) {
+                        pool.release("tag", &c, n).unwrap();
+                    }
+                }
                 if !snaps.is_empty() {
                     assert!(
                         pool.destroy_volume(&c).is_err(),
@@ -268,6 +292,16 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
                         o.0 = c.clone();
                     }
                 }
+                m.held = std::mem::take(&mut m.held)
+                    .into_iter()
+                    .map(|(hv, hs)| {
+                        if hv == ov && names.contains(&hs) {
+                            (c.clone(), hs)
+                        } else {
+                            (hv, hs)
+                        }
+                    })
+                    .collect();
             }
             18 => {
                 pool.export().unwrap();
@@ -283,6 +317,9 @@ fn run_sequence(kind: TopVdevKind, devices: usize, seed: u64) {
     verify(&pool, &m, &format!("{kind:?} seed {seed} end"));
     // Destroying every snapshot and clone frees what only they held: the audit finds every
     // allocated sector referenced, and no snapshot space remains.
+    for (hv, hs) in std::mem::take(&mut m.held) {
+        pool.release("tag", &hv, &hs).unwrap();
+    }
     // Clones that are no other clone's origin first (a promote can chain them).
     for _ in 0..8 {
         let leaves: Vec<String> = m
