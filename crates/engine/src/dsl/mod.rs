@@ -7,7 +7,9 @@
 pub mod audit;
 pub mod dataset;
 pub mod deadlist;
+pub mod recv;
 pub mod scan;
+pub mod send;
 pub mod snapshot;
 pub mod snapshot_sync;
 

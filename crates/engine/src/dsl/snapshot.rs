@@ -253,4 +253,7 @@ pub(crate) enum SnapOp {
     Destroy { name: String },
     /// Roll the head back to snapshot `name` (the latest, once the ops before it ran).
     Rollback { name: String },
+    /// End a receive: swap the hidden dataset this op is queued on into its target and
+    /// snapshot the target (`dsl/recv.rs`).
+    Receive(super::recv::ReceiveSwap),
 }

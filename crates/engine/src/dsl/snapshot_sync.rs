@@ -189,6 +189,7 @@ pub(crate) async fn apply(
             ds.props.lock().unwrap().volsize_bytes = target.volsize_bytes;
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "rolled back");
         }
+        SnapOp::Receive(swap) => super::recv::apply(spa, dsl, ds, swap, txg, freed).await?,
     }
     Ok(())
 }
