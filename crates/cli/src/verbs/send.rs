@@ -135,13 +135,14 @@ pub fn recv(
             for s in before.iter().filter(|s| !after.contains(s)) {
                 served.unexport_volume(&format!("{head}@{s}"), true)?;
             }
-            if let Ok(vol) = p.volume(volume) {
-                if existed || !no_export {
+            // `-u` leaves a new volume and its snapshots unexported.
+            if existed || !no_export {
+                if let Ok(vol) = p.volume(volume) {
                     served.export_volume(vol)?;
                 }
-            }
-            for s in after.iter().filter(|s| !before.contains(s)) {
-                served.export_volume(p.snapshot_volume(volume, s)?)?;
+                for s in after.iter().filter(|s| !before.contains(s)) {
+                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+                }
             }
         }
         let received = received?;
