@@ -123,6 +123,44 @@ pub enum Command {
         /// POOL/VOL@SNAP.
         snapshot: String,
     },
+    /// Write a snapshot as a send stream on standard output: full, or the changes since
+    /// an earlier snapshot (-i), or every snapshot since it (-I).
+    Send {
+        /// Incremental from this earlier snapshot of the volume (@BASE).
+        #[arg(short = 'i', value_name = "@BASE")]
+        incremental: Option<String>,
+        /// As -i, sending every snapshot in between too, one stream each.
+        #[arg(short = 'I', value_name = "@BASE")]
+        intermediates: Option<String>,
+        /// Print the stream's size and send nothing.
+        #[arg(short = 'n')]
+        dry_run: bool,
+        /// Print the stream's size (on standard error when sending).
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Exact sizes (bytes) with -v.
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// POOL/VOL@SNAP.
+        snapshot: String,
+    },
+    /// Receive a send stream from standard input into a volume: a full stream makes a new
+    /// volume, an incremental one goes onto the volume whose latest snapshot is its base.
+    /// Each stream is received whole or not at all.
+    #[command(alias = "receive")]
+    Recv {
+        /// Destroy the target's snapshots after the base and discard its changes since it.
+        #[arg(short = 'F')]
+        force: bool,
+        /// Do not export a received new volume over NBD (on a served pool).
+        #[arg(short = 'u')]
+        no_export: bool,
+        /// Print what was received, on standard error.
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// POOL/VOL.
+        target: String,
+    },
     /// Create a writable volume sharing every block of a snapshot.
     Clone {
         /// POOL/VOL@SNAP.

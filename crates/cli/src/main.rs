@@ -72,7 +72,10 @@ fn target(command: &Command) -> Target {
         | Command::Destroy { pool, .. }
         | Command::Audit { pool }
         | Command::Scrub { pool, .. } => pool_of(pool),
-        Command::Rollback { snapshot, .. } | Command::Clone { snapshot, .. } => pool_of(snapshot),
+        Command::Rollback { snapshot, .. }
+        | Command::Clone { snapshot, .. }
+        | Command::Send { snapshot, .. } => pool_of(snapshot),
+        Command::Recv { target, .. } => pool_of(target),
         Command::Promote { name } => pool_of(name),
         Command::Snapshot { names }
         | Command::Hold { names, .. }

@@ -6,6 +6,7 @@
 
 pub mod pool;
 mod props;
+mod send;
 pub mod snapshot;
 mod stream;
 pub mod volume;
@@ -74,6 +75,31 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             props,
         } => snapshot::clone(host, &target, &name, &props),
         Command::Promote { name } => snapshot::promote(host, &name),
+        Command::Send {
+            incremental,
+            intermediates,
+            dry_run,
+            verbose,
+            parsable,
+            snapshot,
+        } => send::send(
+            host,
+            con,
+            &snapshot,
+            send::SendFlags {
+                incremental: incremental.as_deref(),
+                intermediates: intermediates.as_deref(),
+                dry_run,
+                verbose,
+                parsable,
+            },
+        ),
+        Command::Recv {
+            force,
+            no_export,
+            verbose,
+            target,
+        } => send::recv(host, con, &target, force, no_export, verbose),
         Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
         Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),
         Command::Holds { names } => snapshot::holds(host, con, &names),

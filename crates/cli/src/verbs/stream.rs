@@ -69,10 +69,12 @@ struct Totals {
     end: u64,
 }
 
-/// Prints every record of the stream read from `source`, then the totals; an error names the
-/// byte where the stream went wrong.
+/// Prints every record of the stream (or streams, one after the other, as `send -I` writes
+/// them) read from `source`, then the totals; an error names the byte where the stream went
+/// wrong (counted from the start of its own stream).
 fn dump(con: &mut dyn Console, mut source: Source) -> Result<()> {
     let mut decoder = StreamDecoder::new();
+    let mut earlier_streams_bytes = 0u64;
     let mut totals = Totals::default();
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     let mut lines = String::new();
@@ -88,6 +90,14 @@ fn dump(con: &mut dyn Console, mut source: Source) -> Result<()> {
         let mut failure = None;
         // Bounded: every pass consumes input (a record completes only with its last byte).
         while !rest.is_empty() {
+            // Streams one after the other (`send -I`): a new one starts after an END with
+            // the magic (anything else after END is the decoder's `TrailingBytes`).
+            let magic = oxpool_format::stream::STREAM_MAGIC.to_le_bytes();
+            let n = rest.len().min(magic.len());
+            if decoder.is_done() && rest[..n] == magic[..n] {
+                earlier_streams_bytes += decoder.position_bytes();
+                decoder = StreamDecoder::new();
+            }
             match decoder.decode(rest) {
                 Ok(decoded) => {
                     if let Some(record) = &decoded.record {
@@ -116,7 +126,7 @@ fn dump(con: &mut dyn Console, mut source: Source) -> Result<()> {
         "totals records={} stream_bytes={} begin={} data={} data_logical_bytes={} \
          data_stored_bytes={} free={} free_bytes={} set_size={} end={}",
         totals.records,
-        decoder.position_bytes(),
+        earlier_streams_bytes + decoder.position_bytes(),
         totals.begin,
         totals.data,
         totals.data_logical_bytes,

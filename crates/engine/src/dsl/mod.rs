@@ -8,7 +8,9 @@ pub mod audit;
 pub mod dataset;
 pub mod deadlist;
 pub mod freeing;
+pub mod recv;
 pub mod scan;
+pub mod send;
 pub mod snapshot;
 pub mod snapshot_sync;
 

@@ -260,4 +260,7 @@ pub(crate) enum SnapOp {
     /// Make this clone the owner of its origin's snapshots up to the origin (included),
     /// and the origin's volume a clone of that snapshot.
     Promote,
+    /// End a receive: swap the hidden dataset this op is queued on into its target and
+    /// snapshot the target (`dsl/recv.rs`).
+    Receive(super::recv::ReceiveSwap),
 }

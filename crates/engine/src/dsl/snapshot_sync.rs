@@ -192,6 +192,7 @@ pub(crate) async fn apply(
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "rolled back");
         }
         SnapOp::Promote => promote(dsl, ds),
+        SnapOp::Receive(swap) => super::recv::apply(spa, dsl, ds, swap, txg, freed).await?,
     }
     Ok(())
 }

@@ -32,7 +32,11 @@ type Replays = Vec<(String, Vec<ReplayRecord>)>;
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
+mod recv;
+mod send;
 mod snapshot;
+pub use recv::{ReceiveOptions, Received};
+pub use send::{SendOptions, SendStats, SEND_PREFETCH_BYTES_DEFAULT};
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
 
 pub struct Pool {
@@ -531,12 +535,14 @@ impl Pool {
         })
     }
 
-    /// Every volume, by name.
+    /// Every volume, by name (not the hidden ones receives write into: `VOL%recv`).
     pub fn volumes(&self) -> Vec<Volume> {
         self.volumes
             .lock()
             .unwrap()
-            .values()
+            .iter()
+            .filter(|(name, _)| !name.contains('%'))
+            .map(|(_, v)| v)
             .map(|v| Volume {
                 pool: self.spa.clone(),
                 vol: v.clone(),

@@ -1,0 +1,163 @@
+//! `oxpool send` and `oxpool recv`, as `zfs send` and `zfs recv` for volumes: a snapshot as
+//! a stream on standard output (full, `-i @BASE` incremental, `-I @BASE` every snapshot in
+//! between; `-n -v` the size without sending), and a stream from standard input into a
+//! volume (`-F` rolls back what the target did since the base; `-u` leaves a received new
+//! volume unexported). On a served pool both run in the server, the stream going through
+//! the control socket; the server exports what it received.
+
+use super::snapshot::snapshot_target;
+use super::volume_target;
+use crate::console::Console;
+use crate::display::size;
+use crate::host::Host;
+use anyhow::{anyhow, bail, Result};
+use oxpool_engine::{ReceiveOptions, SendOptions};
+use std::io::IsTerminal;
+
+/// The flags of `oxpool send`.
+pub struct SendFlags<'a> {
+    /// `-i @BASE`.
+    pub incremental: Option<&'a str>,
+    /// `-I @BASE`.
+    pub intermediates: Option<&'a str>,
+    /// `-n`.
+    pub dry_run: bool,
+    /// `-v`.
+    pub verbose: bool,
+    /// `-p`.
+    pub parsable: bool,
+}
+
+/// `oxpool send [-n] [-v] [-p] [-i @BASE | -I @BASE] POOL/VOL@SNAP`.
+pub fn send(host: &Host, con: &mut dyn Console, snapshot: &str, flags: SendFlags) -> Result<()> {
+    let SendFlags {
+        incremental,
+        intermediates,
+        dry_run,
+        verbose,
+        parsable,
+    } = flags;
+    let (pool_name, volume, snap) = snapshot_target(snapshot)?;
+    let base = match (incremental, intermediates) {
+        (Some(_), Some(_)) => bail!("give -i or -I, not both"),
+        (Some(b), None) | (None, Some(b)) => Some(base_name(pool_name, volume, b)?),
+        (None, None) => None,
+    };
+    let opts = SendOptions {
+        base: base.clone(),
+        intermediates: intermediates.is_some(),
+        prefetch_bytes_max: 0,
+    };
+    if !dry_run && matches!(host, Host::Local { .. }) && std::io::stdout().is_terminal() {
+        bail!("a stream cannot be written to a terminal: redirect standard output");
+    }
+    host.with_pool(pool_name, |p| {
+        if dry_run || verbose {
+            let est = p.send_estimate(volume, snap, &opts)?;
+            let what = match (&base, intermediates.is_some()) {
+                (None, _) => "full".to_string(),
+                (Some(b), false) => format!("incremental from @{b}"),
+                (Some(b), true) => format!("incremental from @{b}, every snapshot"),
+            };
+            // Standard output carries the stream: the report goes to standard error.
+            let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
+            writeln!(
+                report,
+                "{} send of {pool_name}/{volume}@{snap} ({what}): {} streams, {} blocks, {} freed ranges",
+                if dry_run { "would" } else { "will" },
+                est.streams,
+                est.data_records,
+                est.free_records,
+            )?;
+            writeln!(report, "total estimated size is {}", size(est.stream_bytes, parsable))?;
+            if dry_run {
+                return Ok(());
+            }
+        }
+        p.send(volume, snap, &opts, con.out())?;
+        Ok(())
+    })
+}
+
+/// The base's snapshot name: `@B`, `B`, `VOL@B` or `POOL/VOL@B` of the same volume.
+fn base_name(pool: &str, volume: &str, base: &str) -> Result<String> {
+    let name = match base.split_once('@') {
+        Some(("", s)) => s,
+        Some((v, s)) if v == volume || v == format!("{pool}/{volume}") => s,
+        Some(_) => bail!("the base {base} is not a snapshot of {pool}/{volume}"),
+        None => base,
+    };
+    if name.is_empty() {
+        bail!("name the base snapshot: -i @BASE");
+    }
+    Ok(name.to_string())
+}
+
+/// `oxpool recv [-F] [-u] [-v] POOL/VOL`.
+pub fn recv(
+    host: &Host,
+    con: &mut dyn Console,
+    target: &str,
+    force: bool,
+    no_export: bool,
+    verbose: bool,
+) -> Result<()> {
+    let (pool_name, volume) = volume_target(target)?;
+    if volume.contains('@') {
+        bail!("receive into a volume (POOL/VOL), not a snapshot: '{target}'");
+    }
+    let opts = ReceiveOptions { force };
+    host.change_pool(pool_name, |p| {
+        let served = match host {
+            Host::Live(s) => Some(s),
+            Host::Local { .. } => None,
+        };
+        let head = format!("{pool_name}/{volume}");
+        let existed = p.volume(volume).is_ok();
+        let before: Vec<String> = if existed {
+            p.snapshots(volume)?.into_iter().map(|s| s.name).collect()
+        } else {
+            Vec::new()
+        };
+        if let (Some(served), true) = (served, existed) {
+            // The head's contents change under its clients: they must be gone first.
+            served
+                .unexport_volume(&head, false)
+                .map_err(|e| anyhow!("{e} (its NBD clients must disconnect first)"))?;
+        }
+        let received = p.receive(volume, con.input(), &opts);
+        if let Some(served) = served {
+            let after: Vec<String> = match p.snapshots(volume) {
+                Ok(s) => s.into_iter().map(|s| s.name).collect(),
+                Err(_) => Vec::new(),
+            };
+            // Snapshots -F destroyed leave the export table; received ones join it.
+            for s in before.iter().filter(|s| !after.contains(s)) {
+                served.unexport_volume(&format!("{head}@{s}"), true)?;
+            }
+            // `-u` leaves a new volume and its snapshots unexported.
+            if existed || !no_export {
+                if let Ok(vol) = p.volume(volume) {
+                    served.export_volume(vol)?;
+                }
+                for s in after.iter().filter(|s| !before.contains(s)) {
+                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+                }
+            }
+        }
+        let received = received?;
+        if verbose {
+            for r in &received {
+                writeln!(
+                    con.err(),
+                    "received {} ({}, {} blocks, {} freed ranges)",
+                    r.snapshot,
+                    if r.incremental { "incremental" } else { "full" },
+                    r.data_records,
+                    r.free_records
+                )?;
+            }
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,225 @@
+//! `oxpool send | oxpool recv` for real: two processes joined by a pipe, between two pools
+//! opened by the commands themselves, then with both pools served (the streams go through
+//! the control socket), where the received volume and its snapshots are exported at once and
+//! `qemu-img compare` reads them over NBD. `send -n -v -p` is the stream's exact size; a
+//! wrong base is refused with one line; the pools audit clean.
+
+#[path = "nbd/harness.rs"]
+mod harness;
+
+use harness::{exports, random_bytes, tcp_uri, tool, Env};
+use std::process::{Command, Stdio};
+
+/// Runs `oxpool SEND_ARGS | oxpool RECV_ARGS`; returns (send ok, recv ok, recv stderr).
+fn pipe(env: &Env, send: &[&str], recv: &[&str]) -> (bool, bool, String) {
+    let mut sender = env.oxpool_command();
+    sender
+        .args(send)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut sender = sender.spawn().expect("run oxpool send");
+    let receiver = {
+        // The command holds the pipe's read end until dropped: a receiver that stops early
+        // must leave the sender a broken pipe, not a reader that never reads.
+        let mut command = env.oxpool_command();
+        command
+            .args(recv)
+            .stdin(Stdio::from(sender.stdout.take().unwrap()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command.spawn().expect("run oxpool recv")
+    };
+    let got = receiver.wait_with_output().unwrap();
+    let sent = sender.wait_with_output().unwrap();
+    (
+        sent.status.success(),
+        got.status.success(),
+        String::from_utf8_lossy(&got.stderr).into_owned(),
+    )
+}
+
+fn write(env: &Env, vol: &str, at: u64, seed: u64, len: usize) {
+    let path = env.path(&format!("w{seed}.raw"));
+    std::fs::write(&path, random_bytes(seed, len)).unwrap();
+    env.ok(&[
+        "vol",
+        "write",
+        vol,
+        "--offset",
+        &at.to_string(),
+        path.to_str().unwrap(),
+    ]);
+}
+
+fn read(env: &Env, vol: &str) -> Vec<u8> {
+    let path = env.path("read.raw");
+    env.ok(&["vol", "read", vol, path.to_str().unwrap()]);
+    std::fs::read(&path).unwrap()
+}
+
+fn second_pool(env: &Env) {
+    let file = env.path("dest.img");
+    env.ok(&[
+        "create",
+        "dest",
+        file.to_str().unwrap(),
+        "--size",
+        "1G",
+        "--sparse",
+    ]);
+}
+
+#[test]
+fn send_piped_into_recv_between_pools() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &["compression=lz4"])]);
+    second_pool(&env);
+    write(&env, "tank/vol0", 0, 1, 8 << 20);
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    let one = read(&env, "tank/vol0");
+    let (s, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/copy"]);
+    assert!(s && r, "full send | recv failed: {err}");
+    assert_eq!(read(&env, "dest/copy"), one);
+    // An incremental: overwrites and a trim.
+    write(&env, "tank/vol0", 3 << 20, 2, 100_000);
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    write(&env, "tank/vol0", 5 << 20, 3, 1 << 20);
+    env.ok(&["snapshot", "tank/vol0@three"]);
+    let three = read(&env, "tank/vol0");
+    // -n -v -p: the exact size of what send writes.
+    let estimate = env.ok(&["send", "-n", "-v", "-p", "-I", "@one", "tank/vol0@three"]);
+    let stream = env.path("stream");
+    let mut cmd = env.oxpool_command();
+    cmd.args(["send", "-I", "@one", "tank/vol0@three"])
+        .stdout(std::fs::File::create(&stream).unwrap());
+    assert!(cmd.status().unwrap().success());
+    let bytes = std::fs::metadata(&stream).unwrap().len();
+    assert!(
+        estimate.contains(&format!("total estimated size is {bytes}")),
+        "{estimate} vs {bytes}"
+    );
+    let dump = env.ok(&["stream", "dump", stream.to_str().unwrap()]);
+    assert!(dump.contains("tank/vol0@two"), "{dump}");
+    // The wrong base: @two..@three onto a copy whose latest is @one.
+    let (_, r, err) = pipe(
+        &env,
+        &["send", "-i", "@two", "tank/vol0@three"],
+        &["recv", "dest/copy"],
+    );
+    assert!(!r, "a stream for the wrong base was received");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("base guid"), "{err}");
+    assert_eq!(
+        read(&env, "dest/copy"),
+        one,
+        "the refused stream changed it"
+    );
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "-I", "@one", "tank/vol0@three"],
+        &["recv", "-v", "dest/copy"],
+    );
+    assert!(s && r, "send -I | recv failed: {err}");
+    assert!(err.contains("received dest/copy@three"), "{err}");
+    assert_eq!(read(&env, "dest/copy"), three);
+    let list = env.ok(&["list", "-t", "snapshot", "-H"]);
+    for s in ["one", "two", "three"] {
+        assert!(list.contains(&format!("dest/copy@{s}")), "{list}");
+    }
+    for pool in ["tank", "dest"] {
+        env.ok(&["audit", pool]);
+    }
+}
+
+#[test]
+fn recv_into_a_served_pool_exports_what_it_received() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    second_pool(&env);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = env.path("first.raw");
+    std::fs::write(&first, random_bytes(7, 8 << 20)).unwrap();
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            first.to_str().unwrap(),
+            &tcp_uri(&server, "tank/vol0"),
+        ],
+    );
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    // Both pools are served: each command runs in the server, the stream through its
+    // control socket.
+    let (s, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/copy"]);
+    assert!(s && r, "send | recv on served pools failed: {err}");
+    let listed = exports(&server);
+    assert!(
+        listed.contains("dest/copy") && listed.contains("dest/copy@one"),
+        "{listed}"
+    );
+    let same = |export: &str, file: &std::path::Path| {
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(tcp_uri(&server, export))
+            .arg(file)
+            .status()
+            .expect("run qemu-img compare")
+            .success()
+    };
+    assert!(same("dest/copy", &first), "the received volume differs");
+    assert!(
+        same("dest/copy@one", &first),
+        "the received snapshot differs"
+    );
+    // An incremental onto the served copy (no client has it open).
+    let second = env.path("second.raw");
+    let mut bytes = std::fs::read(&first).unwrap();
+    bytes[1 << 20..3 << 20].copy_from_slice(&random_bytes(8, 2 << 20));
+    std::fs::write(&second, &bytes).unwrap();
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            second.to_str().unwrap(),
+            &tcp_uri(&server, "tank/vol0"),
+        ],
+    );
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "-i", "@one", "tank/vol0@two"],
+        &["recv", "dest/copy"],
+    );
+    assert!(s && r, "incremental on served pools failed: {err}");
+    assert!(exports(&server).contains("dest/copy@two"));
+    assert!(same("dest/copy", &second));
+    assert!(same("dest/copy@two", &second));
+    assert!(same("dest/copy@one", &first));
+    // -u: a new volume received but not exported.
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "tank/vol0@one"],
+        &["recv", "-u", "dest/quiet"],
+    );
+    assert!(s && r, "recv -u failed: {err}");
+    let listed = exports(&server);
+    assert!(
+        !listed.contains("dest/quiet\n") && !listed.contains("export=\"dest/quiet\""),
+        "{listed}"
+    );
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    for pool in ["tank", "dest"] {
+        env.ok(&["audit", pool]);
+    }
+}

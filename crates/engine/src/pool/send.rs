@@ -1,0 +1,448 @@
+//! `oxpool send`: a snapshot of a volume as a send stream (`docs/format.md`, "Send streams"),
+//! full or as the changes since an earlier snapshot, or every snapshot in between (`-I`).
+//!
+//! The changes come from a walk of the snapshot's tree pruned by birth txg
+//! ([`crate::dsl::send::ChangeWalker`]): its cost follows the changed blocks. Blocks travel as
+//! stored (compressed blocks compressed), with the checksum their pointer holds. A reader
+//! thread walks the tree and reads the blocks, many at once, at most
+//! [`SendOptions::prefetch_bytes_max`] of them read ahead of the writer; the calling thread
+//! encodes and writes them.
+
+use super::Pool;
+use crate::dsl::send::{Change, ChangeWalker};
+use crate::dsl::snapshot::Snapshot;
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::zio::read_block;
+use crate::{EngineError, Result};
+use oxpool_format::stream::{
+    DataRecord, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
+};
+use oxpool_format::{BlockPtr, Txg, VolumeId};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Read ahead of the writer by default: as ZFS's send queue (`zfs_send_queue_length`).
+pub const SEND_PREFETCH_BYTES_DEFAULT: u64 = 32 << 20;
+
+/// What to send.
+#[derive(Clone, Debug, Default)]
+pub struct SendOptions {
+    /// The base snapshot (its name after `@`) of an incremental stream; None: full.
+    pub base: Option<String>,
+    /// With a base: send every snapshot between it and the sent one, one stream each
+    /// (`-I`), instead of one stream from the base (`-i`).
+    pub intermediates: bool,
+    /// Bytes of blocks read ahead of the writer at most (0: the default).
+    pub prefetch_bytes_max: u64,
+}
+
+/// What a send wrote (or, estimated, would write).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SendStats {
+    /// Streams (one per snapshot sent).
+    pub streams: u64,
+    /// DATA records.
+    pub data_records: u64,
+    /// FREE records (adjacent freed blocks merged).
+    pub free_records: u64,
+    /// Bytes of DATA payloads (blocks as stored).
+    pub data_bytes: u64,
+    /// Stream bytes: every header and payload.
+    pub stream_bytes: u64,
+    /// Indirect blocks the walks read.
+    pub indirect_reads: u64,
+}
+
+/// One stream to send: the snapshot, and its base.
+struct Leg {
+    from: Option<Snapshot>,
+    to: Snapshot,
+}
+
+/// The sending volume, as the walks need it.
+struct Source {
+    id: VolumeId,
+    full_name: String,
+    volblocksize_bytes: u32,
+}
+
+/// What the reader thread hands the writer.
+enum Item {
+    Data {
+        block: u64,
+        bp: BlockPtr,
+        stored: Vec<u8>,
+    },
+    Free {
+        first: u64,
+        count: u64,
+    },
+}
+
+/// Bytes read ahead and not yet written: the reader waits while it is at the bound.
+struct Budget {
+    bytes: Mutex<u64>,
+    freed: Condvar,
+    max_bytes: u64,
+    /// Set when the writer stops (done or failed): the reader stops waiting.
+    writer_gone: AtomicBool,
+}
+
+impl Budget {
+    /// Waits until `n` more bytes fit (a batch larger than the bound waits for an empty
+    /// budget); false if the writer is gone.
+    fn take(&self, n: u64) -> bool {
+        let mut b = self.bytes.lock().unwrap();
+        // Bounded by the writer: each batch it writes returns bytes, and it says when it stops.
+        while *b > 0 && *b + n > self.max_bytes {
+            if self.writer_gone.load(Ordering::Acquire) {
+                return false;
+            }
+            b = self
+                .freed
+                .wait_timeout(b, std::time::Duration::from_millis(100))
+                .unwrap()
+                .0;
+        }
+        *b += n;
+        true
+    }
+
+    fn give(&self, n: u64) {
+        *self.bytes.lock().unwrap() -= n;
+        self.freed.notify_all();
+    }
+}
+
+impl Pool {
+    /// The snapshots a send of `volume@snap` with `opts` covers, checked.
+    fn send_legs(
+        &self,
+        volume: &str,
+        snap: &str,
+        opts: &SendOptions,
+    ) -> Result<(Source, Vec<Leg>)> {
+        let ds = self
+            .dsl
+            .get(volume)
+            .filter(|d| !d.name.contains('%'))
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
+        let source = Source {
+            id: ds.id,
+            full_name: ds.full_name.clone(),
+            volblocksize_bytes: ds.props.lock().unwrap().volblocksize_bytes,
+        };
+        let l = ds.lineage.lock().unwrap();
+        let (to_i, _) = l
+            .find(snap)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name)))?;
+        let Some(base) = &opts.base else {
+            let to = l.snapshots[to_i].clone();
+            return Ok((source, vec![Leg { from: None, to }]));
+        };
+        let (from_i, _) = l
+            .find(base)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{base}", self.spa.name)))?;
+        if from_i >= to_i {
+            return Err(EngineError::invalid(format!(
+                "{}/{volume}@{base} is not earlier than @{snap}: an incremental base must be",
+                self.spa.name
+            )));
+        }
+        let legs = if opts.intermediates {
+            (from_i..to_i)
+                .map(|i| Leg {
+                    from: Some(l.snapshots[i].clone()),
+                    to: l.snapshots[i + 1].clone(),
+                })
+                .collect()
+        } else {
+            vec![Leg {
+                from: Some(l.snapshots[from_i].clone()),
+                to: l.snapshots[to_i].clone(),
+            }]
+        };
+        Ok((source, legs))
+    }
+
+    /// Writes the stream(s) of `volume@snap` (see [`SendOptions`]) to `out`.
+    pub fn send(
+        &self,
+        volume: &str,
+        snap: &str,
+        opts: &SendOptions,
+        out: &mut dyn Write,
+    ) -> Result<SendStats> {
+        let (source, legs) = self.send_legs(volume, snap, opts)?;
+        let prefetch = match opts.prefetch_bytes_max {
+            0 => SEND_PREFETCH_BYTES_DEFAULT,
+            n => n,
+        };
+        let mut stats = SendStats::default();
+        for leg in &legs {
+            send_leg(&self.spa, &source, leg, prefetch, out, &mut stats)?;
+        }
+        out.flush().map_err(|e| EngineError::io("send stream", e))?;
+        Ok(stats)
+    }
+
+    /// What [`Pool::send`] would write (`send -n -v`): the same walks, reading the indirect
+    /// blocks but no data block, so the figures are exact, not an estimate.
+    pub fn send_estimate(&self, volume: &str, snap: &str, opts: &SendOptions) -> Result<SendStats> {
+        let (source, legs) = self.send_legs(volume, snap, opts)?;
+        let mut stats = SendStats::default();
+        for leg in &legs {
+            let begin = stream_begin(&self.spa, &source, leg);
+            stats.streams += 1;
+            stats.stream_bytes += RECORD_HEADER_BYTES as u64 + begin.name.len() as u64;
+            if set_size(leg).is_some() {
+                stats.stream_bytes += RECORD_HEADER_BYTES as u64;
+            }
+            let mut walker = walker(&self.spa, &source, leg);
+            let mut last_free_end = None;
+            oxpool_io::rt::block_on(async {
+                // Bounded by the tree: the walk ends.
+                while let Some(c) = walker.next().await? {
+                    match c {
+                        Change::Data { bp, .. } => {
+                            stats.data_records += 1;
+                            stats.data_bytes += u64::from(bp.psize_bytes);
+                            stats.stream_bytes +=
+                                RECORD_HEADER_BYTES as u64 + u64::from(bp.psize_bytes);
+                            last_free_end = None;
+                        }
+                        Change::Free { first, count } => {
+                            if last_free_end != Some(first) {
+                                stats.free_records += 1;
+                                stats.stream_bytes += RECORD_HEADER_BYTES as u64;
+                            }
+                            last_free_end = Some(first + count);
+                        }
+                    }
+                }
+                Ok::<(), EngineError>(())
+            })?;
+            stats.indirect_reads += walker.indirect_reads();
+            stats.stream_bytes += RECORD_HEADER_BYTES as u64;
+        }
+        Ok(stats)
+    }
+}
+
+/// The new size, if the volume was resized between the leg's snapshots.
+fn set_size(leg: &Leg) -> Option<u64> {
+    let from = leg.from.as_ref()?;
+    (from.volsize_bytes != leg.to.volsize_bytes).then_some(leg.to.volsize_bytes)
+}
+
+fn stream_begin(spa: &Spa, source: &Source, leg: &Leg) -> StreamBegin {
+    StreamBegin {
+        // Blocks travel as stored: compressed ones need a receiver that knows it.
+        features: StreamFeatures::COMPRESSED,
+        volsize_bytes: leg.to.volsize_bytes,
+        volblocksize_bytes: source.volblocksize_bytes,
+        pool_guid: spa.guid,
+        volume_id: source.id,
+        toguid: leg.to.guid,
+        fromguid: leg.from.as_ref().map(|f| f.guid),
+        creation_txg: leg.to.txg,
+        creation_time_ns: leg.to.creation_s.saturating_mul(1_000_000_000),
+        resume_offset_bytes: 0,
+        name: format!("{}@{}", source.full_name, leg.to.name),
+    }
+}
+
+fn walker<'a>(spa: &'a Spa, source: &Source, leg: &Leg) -> ChangeWalker<'a> {
+    let after = leg.from.as_ref().map_or(Txg(0), |f| f.txg);
+    ChangeWalker::new(
+        spa,
+        &format!("{}@{}", source.full_name, leg.to.name),
+        leg.to.root,
+        leg.to.levels,
+        after,
+        leg.from.is_some(),
+        leg.to.volsize_bytes / u64::from(source.volblocksize_bytes),
+    )
+}
+
+/// Sends one stream: a reader thread walks and reads ahead; this thread writes.
+fn send_leg(
+    spa: &Arc<Spa>,
+    source: &Source,
+    leg: &Leg,
+    prefetch_bytes_max: u64,
+    out: &mut dyn Write,
+    stats: &mut SendStats,
+) -> Result<()> {
+    let begin = stream_begin(spa, source, leg);
+    let (mut enc, header) = StreamEncoder::new(&begin);
+    put(out, &header)?;
+    put(out, begin.name.as_bytes())?;
+    if let Some(size) = set_size(leg) {
+        put(out, &enc.set_size(size))?;
+    }
+    let bs = u64::from(source.volblocksize_bytes);
+    let budget = Budget {
+        bytes: Mutex::new(0),
+        freed: Condvar::new(),
+        max_bytes: prefetch_bytes_max,
+        writer_gone: AtomicBool::new(false),
+    };
+    // One batch of reads in flight at once: a quarter of the bound, so reading goes on while
+    // the batches before it are written.
+    let batch_bytes_max = (prefetch_bytes_max / 4).max(bs);
+    // Bounded in bytes by `budget`, not by the channel.
+    let (tx, rx) = mpsc::channel::<Result<Vec<Item>>>();
+    let indirect_reads = std::thread::scope(|scope| -> Result<u64> {
+        let reader = scope.spawn(|| read_ahead(spa, source, leg, batch_bytes_max, &budget, tx));
+        let mut written = || -> Result<()> {
+            // A run of freed blocks, merged across batches, written when data follows.
+            let mut free: Option<(u64, u64)> = None;
+            // Bounded by the reader's batches: it ends, and closes the channel.
+            for batch in rx.iter() {
+                let batch = batch?;
+                let mut bytes = 0u64;
+                for item in batch {
+                    match item {
+                        Item::Data { block, bp, stored } => {
+                            if let Some((first, count)) = free.take() {
+                                put(out, &enc.free(first * bs, count * bs))?;
+                                stats.free_records += 1;
+                            }
+                            let header = enc.data(&DataRecord {
+                                offset_bytes: block * bs,
+                                lsize_bytes: source.volblocksize_bytes,
+                                compression: bp.compression,
+                                checksum_type: bp.checksum_type,
+                                checksum: bp.checksum,
+                                payload: &stored,
+                            });
+                            put(out, &header)?;
+                            put(out, &stored)?;
+                            stats.data_records += 1;
+                            stats.data_bytes += stored.len() as u64;
+                            bytes += stored.len() as u64;
+                        }
+                        Item::Free { first, count } => {
+                            free = match free {
+                                Some((f, c)) if f + c == first => Some((f, c + count)),
+                                Some((f, c)) => {
+                                    put(out, &enc.free(f * bs, c * bs))?;
+                                    stats.free_records += 1;
+                                    Some((first, count))
+                                }
+                                None => Some((first, count)),
+                            };
+                        }
+                    }
+                }
+                budget.give(bytes);
+            }
+            if let Some((first, count)) = free {
+                put(out, &enc.free(first * bs, count * bs))?;
+                stats.free_records += 1;
+            }
+            Ok(())
+        };
+        let wrote = written();
+        // A writer that failed stops the reader (it sees the channel closed, or the flag).
+        drop(rx);
+        budget.writer_gone.store(true, Ordering::Release);
+        budget.give(0);
+        let read = reader.join().expect("the send reader panicked");
+        wrote?;
+        Ok(read)
+    })?;
+    stats.stream_bytes += enc.written_bytes() + RECORD_HEADER_BYTES as u64;
+    let (header, _) = enc.end();
+    put(out, &header)?;
+    stats.streams += 1;
+    stats.indirect_reads += indirect_reads;
+    Ok(())
+}
+
+/// The reader thread: walks the tree, reads the changed blocks a batch at a time (all of a
+/// batch at once), and sends the batches in order (an error as the last one). Returns the
+/// indirect blocks it read.
+fn read_ahead(
+    spa: &Spa,
+    source: &Source,
+    leg: &Leg,
+    batch_bytes_max: u64,
+    budget: &Budget,
+    tx: mpsc::Sender<Result<Vec<Item>>>,
+) -> u64 {
+    let mut walker = walker(spa, source, leg);
+    let what = format!("{}@{}", source.full_name, leg.to.name);
+    let result = oxpool_io::rt::block_on(async {
+        let mut done = false;
+        // Bounded by the tree: each round takes changes until a batch is full or it ends.
+        while !done {
+            let mut changes: Vec<Change> = Vec::new();
+            let mut bytes = 0u64;
+            while bytes < batch_bytes_max {
+                match walker.next().await? {
+                    None => {
+                        done = true;
+                        break;
+                    }
+                    Some(Change::Free { first, count }) => match changes.last_mut() {
+                        Some(Change::Free { first: f, count: c }) if *f + *c == first => {
+                            *c += count
+                        }
+                        _ => changes.push(Change::Free { first, count }),
+                    },
+                    Some(c @ Change::Data { bp, .. }) => {
+                        bytes += u64::from(bp.psize_bytes);
+                        changes.push(c);
+                    }
+                }
+            }
+            if changes.is_empty() || !budget.take(bytes) {
+                break;
+            }
+            let reads = changes
+                .iter()
+                .filter_map(|c| match c {
+                    Change::Data { bp, .. } => {
+                        Some(read_block(&spa.zio, IoClass::AsyncRead, bp, what.as_str()))
+                    }
+                    Change::Free { .. } => None,
+                })
+                .collect::<Vec<_>>();
+            let mut blocks = oxpool_io::rt::join_all(reads).await.into_iter();
+            let mut items = Vec::with_capacity(changes.len());
+            for c in changes {
+                items.push(match c {
+                    Change::Data { block, bp } => {
+                        let buf = blocks.next().expect("one read per data change")?;
+                        Item::Data {
+                            block,
+                            bp,
+                            stored: buf[..bp.psize_bytes as usize].to_vec(),
+                        }
+                    }
+                    Change::Free { first, count } => Item::Free { first, count },
+                });
+            }
+            if tx.send(Ok(items)).is_err() {
+                // The writer is gone (its error is the one reported).
+                break;
+            }
+        }
+        Ok::<(), EngineError>(())
+    });
+    if let Err(e) = result {
+        let _ = tx.send(Err(e));
+    }
+    walker.indirect_reads()
+}
+
+/// Writes stream bytes.
+fn put(out: &mut dyn Write, bytes: &[u8]) -> Result<()> {
+    out.write_all(bytes)
+        .map_err(|e| EngineError::io("send stream", e))
+}

@@ -1,0 +1,386 @@
+//! Send and receive between pools: full streams and chains of incrementals (`-i` and `-I`)
+//! with overwrites, trims, write-zeroes, refills of trimmed ranges and resizes; every received
+//! snapshot equals its source byte for byte and keeps its guid. Wrong bases, modified targets,
+//! and damaged or cut streams are refused with the target unchanged and the audit clean. An
+//! incremental after changing 1% of a volume sends and reads about 1% (birth-txg pruning), and
+//! `send_estimate` is the stream's exact size.
+
+mod common;
+
+use common::*;
+use oxpool_engine::{Pool, ReceiveOptions, SendOptions, Volume};
+use oxpool_format::TopVdevKind;
+
+const MIB: u64 = 1 << 20;
+
+fn read_all(vol: &Volume) -> Vec<u8> {
+    let mut out = vec![0u8; vol.size_bytes() as usize];
+    oxpool_io::rt::block_on(vol.read(0, &mut out)).unwrap();
+    out
+}
+
+fn snap_bytes(pool: &Pool, vol: &str, snap: &str) -> Vec<u8> {
+    read_all(&pool.snapshot_volume(vol, snap).unwrap())
+}
+
+fn write(vol: &Volume, at: u64, data: &[u8]) {
+    oxpool_io::rt::block_on(vol.write(at, data, false)).unwrap();
+}
+
+fn audit_clean(pool: &Pool, when: &str) {
+    let r = pool.audit().unwrap();
+    assert!(r.is_clean(), "{when}: audit: {:#?}", r.problems);
+}
+
+fn snap(pool: &Pool, name: &str) {
+    pool.snapshot(&[name.to_string()]).unwrap();
+}
+
+fn send(pool: &Pool, vol: &str, snap: &str, base: Option<&str>, all: bool) -> Vec<u8> {
+    let opts = SendOptions {
+        base: base.map(str::to_string),
+        intermediates: all,
+        prefetch_bytes_max: 256 << 10,
+    };
+    let mut out = Vec::new();
+    let stats = pool.send(vol, snap, &opts, &mut out).unwrap();
+    let estimate = pool.send_estimate(vol, snap, &opts).unwrap();
+    // The estimate walks the same tree without reading data: exact.
+    assert_eq!(
+        estimate.stream_bytes,
+        out.len() as u64,
+        "estimate of {vol}@{snap}"
+    );
+    assert_eq!(estimate.stream_bytes, stats.stream_bytes);
+    assert_eq!(estimate.data_records, stats.data_records);
+    assert_eq!(estimate.free_records, stats.free_records);
+    out
+}
+
+fn recv(pool: &Pool, vol: &str, stream: &[u8], force: bool) -> oxpool_engine::Result<()> {
+    let mut input = stream;
+    pool.receive(vol, &mut input, &ReceiveOptions { force })
+        .map(|_| ())
+}
+
+fn guids(pool: &Pool, vol: &str) -> Vec<(String, u64)> {
+    pool.snapshots(vol)
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.name, s.guid))
+        .collect()
+}
+
+/// A source volume with four snapshots: @a full of mixed data; @b overwrites, trims and
+/// write-zeroes; @c refills part of the trimmed range and grows the volume; @d shrinks it
+/// and overwrites the end.
+fn source() -> (Pool, Vec<oxpool_io::MemoryBackend>) {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool
+        .create_volume("src", 4 * MIB, &[("compression".into(), "lz4".into())])
+        .unwrap();
+    let bs = vol.block_size_bytes() as u64;
+    write(&vol, 0, &content(Fill::Mixed, 1, (4 * MIB) as usize));
+    snap(&pool, "src@a");
+    write(&vol, 5 * bs, &content(Fill::Random, 2, (3 * bs) as usize));
+    write(
+        &vol,
+        MIB + 100 * 512,
+        &content(Fill::Compressible, 3, 20_000),
+    );
+    oxpool_io::rt::block_on(vol.trim(2 * MIB, 64 * bs, false)).unwrap();
+    oxpool_io::rt::block_on(vol.write_zeroes(3 * MIB, 10 * bs, false)).unwrap();
+    write(&vol, 3 * MIB + 20 * bs, &vec![0u8; (4 * bs) as usize]);
+    snap(&pool, "src@b");
+    write(
+        &vol,
+        2 * MIB + 10 * bs,
+        &content(Fill::Random, 4, (5 * bs) as usize),
+    );
+    pool.set_volume_prop("src", "volsize", "6M").unwrap();
+    write(&vol, 5 * MIB, &content(Fill::Random, 5, (2 * bs) as usize));
+    snap(&pool, "src@c");
+    pool.set_volume_prop("src", "volsize", "3M").unwrap();
+    write(
+        &vol,
+        3 * MIB - 2 * bs,
+        &content(Fill::Compressible, 6, (2 * bs) as usize),
+    );
+    snap(&pool, "src@d");
+    // The head moves on after @d (not sent).
+    write(&vol, 0, &content(Fill::Random, 7, bs as usize));
+    (pool, mems)
+}
+
+#[test]
+fn full_and_incremental_chains_arrive_byte_for_byte() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    // -i, one step at a time.
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "a"), snap_bytes(&src, "src", "a"));
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        snap_bytes(&src, "src", "a")
+    );
+    audit_clean(&dst, "after the full receive");
+    for (base, s) in [("a", "b"), ("b", "c"), ("c", "d")] {
+        let stream = send(&src, "src", s, Some(base), false);
+        recv(&dst, "copy", &stream, false).unwrap();
+        assert_eq!(
+            snap_bytes(&dst, "copy", s),
+            snap_bytes(&src, "src", s),
+            "@{s}"
+        );
+        assert_eq!(
+            read_all(&dst.volume("copy").unwrap()),
+            snap_bytes(&src, "src", s),
+            "head after @{s}"
+        );
+        audit_clean(&dst, &format!("after @{s}"));
+    }
+    let want: Vec<_> = guids(&src, "src");
+    assert_eq!(
+        guids(&dst, "copy"),
+        want,
+        "snapshots keep the sender's guids"
+    );
+    // Every snapshot still reads as sent (the later receives freed nothing they hold).
+    for s in ["a", "b", "c", "d"] {
+        assert_eq!(
+            snap_bytes(&dst, "copy", s),
+            snap_bytes(&src, "src", s),
+            "@{s} at the end"
+        );
+    }
+
+    // -I: the same chain in one go, onto a full receive of @a; and -i a..d skips the middle.
+    let (dst2, _m3) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst2, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    recv(
+        &dst2,
+        "copy",
+        &send(&src, "src", "d", Some("a"), true),
+        false,
+    )
+    .unwrap();
+    assert_eq!(guids(&dst2, "copy"), want, "-I carries every snapshot");
+    for s in ["a", "b", "c", "d"] {
+        assert_eq!(
+            snap_bytes(&dst2, "copy", s),
+            snap_bytes(&dst, "copy", s),
+            "-I @{s}"
+        );
+    }
+    recv(&dst2, "skip", &send(&src, "src", "a", None, false), false).unwrap();
+    recv(
+        &dst2,
+        "skip",
+        &send(&src, "src", "d", Some("a"), false),
+        false,
+    )
+    .unwrap();
+    assert_eq!(snap_bytes(&dst2, "skip", "d"), snap_bytes(&src, "src", "d"));
+    assert_eq!(guids(&dst2, "skip").len(), 2);
+    audit_clean(&dst2, "after -I");
+    audit_clean(&src, "the source");
+    // Across export and import the received volumes are as received.
+    let mems = _m3;
+    dst2.export().unwrap();
+    let again = reimport(&mems);
+    for s in ["a", "b", "c", "d"] {
+        assert_eq!(
+            snap_bytes(&again, "copy", s),
+            snap_bytes(&src, "src", s),
+            "imported @{s}"
+        );
+    }
+    audit_clean(&again, "after import");
+}
+
+#[test]
+fn wrong_base_and_modified_target_are_refused_unchanged() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    let before = read_all(&dst.volume("copy").unwrap());
+    let snaps = guids(&dst, "copy");
+    // b..c onto a volume whose latest snapshot is @a.
+    let err = recv(
+        &dst,
+        "copy",
+        &send(&src, "src", "c", Some("b"), false),
+        false,
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("base guid") && !msg.contains('\n'), "{msg}");
+    // A full stream onto an existing volume.
+    let err = recv(&dst, "copy", &send(&src, "src", "b", None, false), false).unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(read_all(&dst.volume("copy").unwrap()), before);
+    assert_eq!(guids(&dst, "copy"), snaps);
+    assert_eq!(dst.volumes().len(), 1, "no hidden volume left");
+    audit_clean(&dst, "after the refusals");
+
+    // A target written since its base: refused without -F, received with it.
+    let vol = dst.volume("copy").unwrap();
+    write(&vol, 0, &content(Fill::Random, 99, 8192));
+    dst.sync().unwrap();
+    let modified = read_all(&vol);
+    let ab = send(&src, "src", "b", Some("a"), false);
+    let err = recv(&dst, "copy", &ab, false).unwrap_err();
+    assert!(err.to_string().contains("modified since @a"), "{err}");
+    assert_eq!(read_all(&vol), modified);
+    audit_clean(&dst, "after the refused modified target");
+    recv(&dst, "copy", &ab, true).unwrap();
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        snap_bytes(&src, "src", "b")
+    );
+    audit_clean(&dst, "after -F");
+
+    // A later snapshot on the target: refused without -F; -F destroys it.
+    snap(&dst, "copy@local");
+    let bc = send(&src, "src", "c", Some("b"), false);
+    let ad = send(&src, "src", "d", Some("a"), false);
+    let err = recv(&dst, "copy", &bc, false).unwrap_err();
+    assert!(
+        err.to_string().contains("modified") || err.to_string().contains("later"),
+        "{err}"
+    );
+    let err = recv(&dst, "copy", &ad, false).unwrap_err();
+    assert!(err.to_string().contains("not the latest"), "{err}");
+    assert!(guids(&dst, "copy").iter().any(|(n, _)| n == "local"));
+    recv(&dst, "copy", &ad, true).unwrap();
+    let names: Vec<_> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "d"]);
+    assert_eq!(snap_bytes(&dst, "copy", "d"), snap_bytes(&src, "src", "d"));
+    audit_clean(&dst, "after -F over later snapshots");
+}
+
+#[test]
+fn damaged_and_cut_streams_change_nothing() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    let full = send(&src, "src", "a", None, false);
+    let inc = send(&src, "src", "c", Some("a"), false);
+    let mut rng = 0x5eed_u64;
+    let mut next = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n as u64) as usize
+    };
+    // Full streams into a new volume: nothing may be left.
+    for round in 0..12 {
+        let mut s = full.clone();
+        if round % 2 == 0 {
+            let at = next(s.len());
+            s[at] ^= 1 << next(8);
+        } else {
+            s.truncate(next(s.len()));
+        }
+        assert!(
+            recv(&dst, "copy", &s, false).is_err(),
+            "round {round} accepted"
+        );
+        assert!(dst.volumes().is_empty(), "round {round} left a volume");
+    }
+    audit_clean(&dst, "after the damaged full streams");
+    recv(&dst, "copy", &full, false).unwrap();
+    let before = read_all(&dst.volume("copy").unwrap());
+    let snaps = guids(&dst, "copy");
+    for round in 0..16 {
+        let mut s = inc.clone();
+        if round % 2 == 0 {
+            let at = next(s.len());
+            s[at] ^= 1 << next(8);
+        } else {
+            s.truncate(next(s.len()));
+        }
+        let err = recv(&dst, "copy", &s, false).unwrap_err();
+        assert!(!err.to_string().contains('\n'), "{err}");
+        assert_eq!(
+            read_all(&dst.volume("copy").unwrap()),
+            before,
+            "round {round}"
+        );
+        assert_eq!(guids(&dst, "copy"), snaps, "round {round}");
+        assert_eq!(
+            dst.volumes().len(),
+            1,
+            "round {round}: a hidden volume left"
+        );
+    }
+    audit_clean(&dst, "after the damaged incrementals");
+    recv(&dst, "copy", &inc, false).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "c"), snap_bytes(&src, "src", "c"));
+    audit_clean(&dst, "after the good incremental");
+}
+
+#[test]
+fn an_incremental_after_one_percent_sends_one_percent() {
+    let (pool, _m) = mem_pool(TopVdevKind::Single, 1);
+    let size = 32 * MIB;
+    let vol = pool
+        .create_volume("big", size, &[("volblocksize".into(), "4K".into())])
+        .unwrap();
+    let bs = vol.block_size_bytes() as u64;
+    let nblocks = size / bs;
+    for i in 0..(size / MIB) {
+        write(&vol, i * MIB, &pattern(i + 1, MIB as usize));
+    }
+    snap(&pool, "big@a");
+    // 1% of the blocks, spread over the volume (every 100th).
+    let changed: Vec<u64> = (0..nblocks).step_by(100).collect();
+    for (k, b) in changed.iter().enumerate() {
+        write(&vol, b * bs, &pattern(1000 + k as u64, bs as usize));
+    }
+    snap(&pool, "big@b");
+    let opts = |base: Option<&str>| SendOptions {
+        base: base.map(str::to_string),
+        ..Default::default()
+    };
+    let full = pool.send_estimate("big", "b", &opts(None)).unwrap();
+    assert_eq!(full.data_records, nblocks);
+    let mut out = Vec::new();
+    let inc = pool.send("big", "b", &opts(Some("a")), &mut out).unwrap();
+    assert_eq!(
+        inc.data_records,
+        changed.len() as u64,
+        "exactly the changed blocks"
+    );
+    assert_eq!(inc.free_records, 0);
+    // Every 100th block touches every level-1 block: the walk reads
+    // those and their parents, never the unchanged data blocks; the full walk reads the
+    // same indirect blocks and every data block.
+    assert!(inc.data_bytes * 90 < full.data_bytes, "{inc:?} vs {full:?}");
+    assert!(
+        out.len() as u64 * 50 < full.stream_bytes,
+        "{} vs {full:?}",
+        out.len()
+    );
+    audit_clean(&pool, "after the sends");
+    // Fewer changes in fewer places: the walk skips unchanged subtrees whole.
+    let (pool, _m) = mem_pool(TopVdevKind::Single, 1);
+    let vol2 = pool
+        .create_volume("few", size, &[("volblocksize".into(), "4K".into())])
+        .unwrap();
+    for i in 0..(size / MIB) {
+        write(&vol2, i * MIB, &pattern(i + 7, MIB as usize));
+    }
+    snap(&pool, "few@a");
+    write(&vol2, 17 * MIB, &pattern(3, (8 * bs) as usize));
+    snap(&pool, "few@b");
+    let few = pool.send_estimate("few", "b", &opts(Some("a"))).unwrap();
+    let few_full = pool.send_estimate("few", "b", &opts(None)).unwrap();
+    assert_eq!(few.data_records, 8);
+    assert!(
+        few.indirect_reads * 10 < few_full.indirect_reads,
+        "pruned walk read {} indirect blocks, the full walk {}",
+        few.indirect_reads,
+        few_full.indirect_reads
+    );
+    audit_clean(&pool, "after the sends");
+}
