@@ -194,3 +194,73 @@ impl Backend for GroupDevice {
         self.fault.discard(offset_bytes, length_bytes)
     }
 }
+
+/// Memory devices `mems` behind fault backends (seeded by `seed` and the device's index) in
+/// one [`CrashGroup`], which starts with the power never failing (set `remaining`).
+pub fn crash_devices(
+    mems: &[MemoryBackend],
+    seed: u64,
+) -> (Arc<CrashGroup>, Vec<Arc<dyn Backend>>) {
+    let group = Arc::new(CrashGroup {
+        remaining: AtomicU64::new(u64::MAX),
+        members: Mutex::new(Vec::new()),
+    });
+    let devices = mems
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let f = Arc::new(FaultBackend::new(
+                Arc::new(m.clone()),
+                seed ^ (i as u64 + 1),
+            ));
+            group.members.lock().unwrap().push(f.clone());
+            Arc::new(GroupDevice {
+                fault: f,
+                group: group.clone(),
+            }) as Arc<dyn Backend>
+        })
+        .collect();
+    (group, devices)
+}
+
+/// Runs the crash cases of test `test` (an engine test target): `OXPOOL_CRASH_SEED=S`
+/// replays one seed; otherwise `OXPOOL_CRASH_CASES` seeds (default 2000) on two threads,
+/// every failure printed with how to replay it, and the test fails if any failed.
+pub fn run_crash_cases(test: &str, case: fn(u64) -> Result<String, String>) {
+    if let Ok(s) = std::env::var("OXPOOL_CRASH_SEED") {
+        let seed: u64 = s.parse().expect("OXPOOL_CRASH_SEED is a number");
+        match case(seed) {
+            Ok(r) => println!("seed {seed}: ok ({r})"),
+            Err(e) => panic!("seed {seed}: {e}"),
+        }
+        return;
+    }
+    let cases: u64 = std::env::var("OXPOOL_CRASH_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let failures = Mutex::new(Vec::new());
+    let threads = 2;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let failures = &failures;
+            s.spawn(move || {
+                for seed in (t..cases).step_by(threads as usize) {
+                    if let Err(e) = case(seed) {
+                        failures.lock().unwrap().push((seed, e));
+                    }
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    for (seed, e) in &failures {
+        eprintln!("seed {seed}: {e}  (replay: OXPOOL_CRASH_SEED={seed} cargo test -p oxpool-engine --test {test})");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} crash cases failed",
+        failures.len()
+    );
+    println!("{cases} crash cases passed");
+}

@@ -10,16 +10,16 @@
 
 mod common;
 
-use common::{pattern, test_props, CrashGroup, GroupDevice};
+use common::{crash_devices, pattern, run_crash_cases, test_props};
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, FaultBackend, MemoryBackend};
+use oxpool_io::{Backend, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 const DEVICE_BYTES: u64 = 32 << 20;
 const VOLUME_BYTES: u64 = 256 << 10;
@@ -58,25 +58,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let mems: Vec<MemoryBackend> = (0..ndev)
         .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
         .collect();
-    let group = Arc::new(CrashGroup {
-        remaining: AtomicU64::new(u64::MAX),
-        members: Mutex::new(Vec::new()),
-    });
-    let devices: Vec<Arc<dyn Backend>> = mems
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let f = Arc::new(FaultBackend::new(
-                Arc::new(m.clone()),
-                seed ^ (i as u64 + 1),
-            ));
-            group.members.lock().unwrap().push(f.clone());
-            Arc::new(GroupDevice {
-                fault: f,
-                group: group.clone(),
-            }) as Arc<dyn Backend>
-        })
-        .collect();
+    let (group, devices) = crash_devices(&mems, seed);
     let tops = match layout {
         1 => vec![TopSpec {
             log: false,
@@ -348,40 +330,5 @@ fn crash_case(seed: u64) -> Result<String, String> {
 
 #[test]
 fn power_loss_during_snapshot_changes() {
-    if let Ok(s) = std::env::var("OXPOOL_CRASH_SEED") {
-        let seed: u64 = s.parse().expect("OXPOOL_CRASH_SEED is a number");
-        match crash_case(seed) {
-            Ok(r) => println!("seed {seed}: ok ({r})"),
-            Err(e) => panic!("seed {seed}: {e}"),
-        }
-        return;
-    }
-    let cases: u64 = std::env::var("OXPOOL_CRASH_CASES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
-    let failures = Mutex::new(Vec::new());
-    let threads = 2;
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let failures = &failures;
-            s.spawn(move || {
-                for seed in (t..cases).step_by(threads as usize) {
-                    if let Err(e) = crash_case(seed) {
-                        failures.lock().unwrap().push((seed, e));
-                    }
-                }
-            });
-        }
-    });
-    let failures = failures.into_inner().unwrap();
-    for (seed, e) in failures.iter().take(20) {
-        eprintln!("seed {seed}: {e}  (replay: OXPOOL_CRASH_SEED={seed} cargo test -p oxpool-engine --test snapshot_power_loss)");
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of {cases} crash cases failed",
-        failures.len()
-    );
-    println!("{cases} crash cases passed");
+    run_crash_cases("snapshot_power_loss", crash_case);
 }

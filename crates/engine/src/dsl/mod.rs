@@ -261,7 +261,7 @@ impl Datasets {
             for (_, op) in ops.iter().filter(|(name, _)| *name == ds.name) {
                 snapshot_sync::apply(spa, self, ds, op, txg, freed).await?;
             }
-            snapshot_sync::write_deadlists(spa, ds, txg, freed).await?;
+            snapshot_sync::write_deadlists(spa, ds, txg).await?;
         }
         for ds in &destroyed {
             snapshot_sync::sync_dataset(spa, ds, txg, true, freed).await?;

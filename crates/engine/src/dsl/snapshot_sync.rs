@@ -263,12 +263,7 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
 
 /// Writes the entries added to `ds`'s deadlists (the head's and its snapshots') into
 /// deadlist blocks.
-pub(crate) async fn write_deadlists(
-    spa: &Spa,
-    ds: &Dataset,
-    txg: Txg,
-    _freed: &mut Vec<Dva>,
-) -> Result<()> {
+pub(crate) async fn write_deadlists(spa: &Spa, ds: &Dataset, txg: Txg) -> Result<()> {
     // (which deadlist: None the head's, Some(i) snapshot i's; bucket key; entries)
     let pending: Vec<(Option<usize>, Txg, Vec<BlockPtr>)> = {
         let mut l = ds.lineage.lock().unwrap();
