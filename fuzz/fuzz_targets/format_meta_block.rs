@@ -6,13 +6,16 @@ use oxpool_format::{
     decode_meta_block, decode_meta_index, encode_meta_block, encode_meta_index, BlockType,
 };
 
-const KINDS: [BlockType; 6] = [
+const KINDS: [BlockType; 9] = [
     BlockType::Data,
     BlockType::Indirect,
     BlockType::PoolMeta,
     BlockType::SpaceMap,
     BlockType::Log,
     BlockType::MetaIndex,
+    BlockType::DeadList,
+    BlockType::SnapshotTable,
+    BlockType::BookmarkTable,
 ];
 
 fuzz_target!(|data: &[u8]| {

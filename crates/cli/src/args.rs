@@ -101,7 +101,7 @@ pub enum Command {
         /// destroyed when their last hold is released and their last clone destroyed.
         #[arg(short = 'd')]
         defer: bool,
-        /// A pool name, or POOL/VOL@SNAP[,SNAP|%SNAP].
+        /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], or a bookmark POOL/VOL#NAME.
         pool: String,
     },
     /// Take snapshots, all of them in one txg (atomically): each holds every write
@@ -126,8 +126,9 @@ pub enum Command {
     /// Write a snapshot as a send stream on standard output: full, or the changes since
     /// an earlier snapshot (-i), or every snapshot since it (-I).
     Send {
-        /// Incremental from this earlier snapshot of the volume (@BASE).
-        #[arg(short = 'i', value_name = "@BASE")]
+        /// Incremental from this earlier snapshot of the volume (@BASE), or from a bookmark
+        /// of one (#BOOKMARK).
+        #[arg(short = 'i', value_name = "@BASE|#BOOKMARK")]
         incremental: Option<String>,
         /// As -i, sending every snapshot in between too, one stream each.
         #[arg(short = 'I', value_name = "@BASE")]
@@ -176,6 +177,14 @@ pub enum Command {
     Promote {
         /// POOL/CLONE.
         name: String,
+    },
+    /// Bookmark a snapshot: an incremental base (`send -i #NAME`) that holds no space, so
+    /// the snapshot can be destroyed once replicated.
+    Bookmark {
+        /// POOL/VOL@SNAP, or a bookmark POOL/VOL#OTHER to copy.
+        source: String,
+        /// POOL/VOL#NAME, or #NAME.
+        bookmark: String,
     },
     /// Place a hold on snapshots: a held snapshot cannot be destroyed.
     Hold {

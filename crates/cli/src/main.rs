@@ -77,6 +77,7 @@ fn target(command: &Command) -> Target {
         | Command::Send { snapshot, .. } => pool_of(snapshot),
         Command::Recv { target, .. } => pool_of(target),
         Command::Promote { name } => pool_of(name),
+        Command::Bookmark { source, .. } => pool_of(source),
         Command::Snapshot { names }
         | Command::Hold { names, .. }
         | Command::Release { names, .. }

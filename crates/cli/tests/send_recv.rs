@@ -223,3 +223,58 @@ fn recv_into_a_served_pool_exports_what_it_received() {
         env.ok(&["audit", pool]);
     }
 }
+
+/// Bookmarks from the command line: `oxpool bookmark`, `list -t bookmark`, an incremental
+/// `send -i #BOOKMARK` after the bookmarked snapshot is destroyed, `destroy POOL/VOL#NAME`;
+/// bad requests get one line and change nothing.
+#[test]
+fn bookmarks_replace_replicated_snapshots_as_incremental_bases() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    second_pool(&env);
+    write(&env, "tank/vol0", 0, 1, 4 << 20);
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    let (s, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/copy"]);
+    assert!(s && r, "full send | recv failed: {err}");
+    env.ok(&["bookmark", "tank/vol0@one", "tank/vol0#one"]);
+    env.ok(&["bookmark", "tank/vol0#one", "#copied"]);
+    let list = env.ok(&["list", "-t", "bookmark", "-H", "-o", "name,type,guid"]);
+    let snaps = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name,guid"]);
+    let guid = snaps.split_whitespace().nth(1).unwrap().to_string();
+    // Both of @one's txg: by name within it. Each has @one's guid.
+    assert_eq!(
+        list,
+        format!("tank/vol0#copied\tbookmark\t{guid}\ntank/vol0#one\tbookmark\t{guid}\n"),
+    );
+    // The replicated snapshot goes; the bookmark is the base from now on.
+    env.ok(&["destroy", "tank/vol0@one"]);
+    write(&env, "tank/vol0", 6 << 20, 2, 1 << 20);
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    let two = read(&env, "tank/vol0");
+    let estimate = env.ok(&["send", "-n", "-v", "-i", "#one", "tank/vol0@two"]);
+    assert!(estimate.contains("incremental from #one"), "{estimate}");
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "-i", "tank/vol0#one", "tank/vol0@two"],
+        &["recv", "dest/copy"],
+    );
+    assert!(s && r, "send -i #one | recv failed: {err}");
+    assert_eq!(read(&env, "dest/copy"), two);
+    // Refusals, one line each.
+    for args in [
+        &["bookmark", "tank/vol0@nope", "tank/vol0#x"][..],
+        &["bookmark", "tank/vol0@two", "tank/vol0#one"],
+        &["bookmark", "tank/vol0@two", "dest/copy#x"],
+        &["destroy", "tank/vol0#nope"],
+        &["send", "-I", "#one", "tank/vol0@two"],
+    ] {
+        let err = env.fails(args);
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    env.ok(&["destroy", "tank/vol0#one"]);
+    let list = env.ok(&["list", "-t", "bookmark", "-H", "-o", "name"]);
+    assert_eq!(list, "tank/vol0#copied\n");
+    for pool in ["tank", "dest"] {
+        env.ok(&["audit", pool]);
+    }
+}

@@ -36,8 +36,8 @@ pub use dsl::scan::{ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{
-    DatasetSpace, Pool, PoolCounters, ReceiveOptions, Received, SendOptions, SendStats,
-    SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT, SNAPSHOT_PROP_NAMES,
+    BookmarkInfo, DatasetSpace, Pool, PoolCounters, ReceiveOptions, Received, SendOptions,
+    SendStats, SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT, SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};

@@ -384,3 +384,87 @@ fn an_incremental_after_one_percent_sends_one_percent() {
     );
     audit_clean(&pool, "after the sends");
 }
+
+/// A bookmark is an incremental base that holds no space: the sender bookmarks what it
+/// replicated, destroys the snapshot, and still sends incrementals from the bookmark that
+/// arrive byte for byte (across a resize: the bookmark keeps the size). Bookmarks survive
+/// export and import; bad requests say why and change nothing.
+#[test]
+fn incrementals_from_a_bookmark_after_its_snapshot_is_gone() {
+    let (mut src, src_mems) = source();
+    let (dst, _dst_mems) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    recv(
+        &dst,
+        "copy",
+        &send(&src, "src", "b", Some("a"), false),
+        false,
+    )
+    .unwrap();
+    src.bookmark("src@b", "src#b").unwrap();
+    src.bookmark("src#b", "src#b2").unwrap();
+    let held_before = src.dataset_space("src").unwrap();
+    src.destroy_snapshots("src", &["a".to_string(), "b".to_string()])
+        .unwrap();
+    let marks = src.bookmarks("src").unwrap();
+    assert_eq!(
+        marks.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
+        ["b", "b2"]
+    );
+    assert_eq!(
+        marks[0].guid,
+        guids(&dst, "copy")[1].1,
+        "the bookmark keeps @b's guid"
+    );
+    assert!(
+        src.dataset_space("src").unwrap().used_by_snapshots_bytes
+            <= held_before.used_by_snapshots_bytes
+    );
+    audit_clean(&src, "after destroying the bookmarked snapshots");
+
+    // Bookmarks live in the pool, not in memory.
+    src.export().unwrap();
+    src = reimport(&src_mems);
+    assert_eq!(src.bookmarks("src").unwrap(), marks);
+
+    // @c grew the volume since @b: the bookmark's size says so.
+    let stream = send(&src, "src", "c", Some("#b"), false);
+    recv(&dst, "copy", &stream, false).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "c"), snap_bytes(&src, "src", "c"));
+    let stream = send(&src, "src", "d", Some("#b2"), false);
+    // From @b to @d: refused onto @c (the base must be the target's latest snapshot)...
+    assert!(recv(&dst, "copy", &stream, false).is_err());
+    // ...and accepted after rolling back to @b with -F.
+    recv(&dst, "copy", &stream, true).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "d"), snap_bytes(&src, "src", "d"));
+    audit_clean(&dst, "after receiving from bookmarks");
+
+    // Refusals: each says why, nothing changes.
+    let refusals: [(&str, &str); 5] = [
+        ("src@nope", "src#x"),
+        ("src@c", "src#b"),
+        ("src@c", "other#x"),
+        ("src@c", "src#bad name"),
+        ("src#nope", "src#x"),
+    ];
+    for (from, to) in refusals {
+        let err = src.bookmark(from, to).unwrap_err().to_string();
+        assert!(
+            !err.is_empty() && !err.contains('\n'),
+            "{from} -> {to}: {err}"
+        );
+    }
+    assert!(src.destroy_bookmark("src", "nope").is_err());
+    let opts = SendOptions {
+        base: Some("#b".into()),
+        intermediates: true,
+        prefetch_bytes_max: 0,
+    };
+    let err = src.send("src", "d", &opts, &mut Vec::new()).unwrap_err();
+    assert!(err.to_string().contains("-I"), "{err}");
+    assert_eq!(src.bookmarks("src").unwrap(), marks);
+
+    src.destroy_bookmark("src", "b").unwrap();
+    assert_eq!(src.bookmarks("src").unwrap().len(), 1);
+    audit_clean(&src, "after destroying a bookmark");
+}

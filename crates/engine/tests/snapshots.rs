@@ -601,3 +601,76 @@ fn deferred_destroy_waits_for_the_last_hold_and_clone() {
     );
     assert!(pool.audit().unwrap().is_clean());
 }
+
+/// Bytes the pool's devices have written so far.
+fn bytes_written(pool: &Pool) -> u64 {
+    pool.counters()
+        .device_stats()
+        .iter()
+        .map(|d| d.io.write.bytes)
+        .sum()
+}
+
+/// Bytes written by taking snapshot `name` of an idle volume.
+fn snapshot_cost_bytes(pool: &Pool, name: &str) -> u64 {
+    pool.sync().unwrap();
+    let before = bytes_written(pool);
+    pool.snapshot(&[name.to_string()]).unwrap();
+    bytes_written(pool) - before
+}
+
+/// The snapshot table lives in blocks of its own, rewritten only where it changes: taking a
+/// snapshot with hundreds of others writes about what it writes with none (when the records
+/// were in the pool's metadata block, every txg rewrote them all, three copies each), and the
+/// table survives export and import with every change made to it (a destroy in the middle,
+/// a hold).
+#[test]
+fn snapshot_table_writes_do_not_grow_with_the_snapshot_count() {
+    let (mut pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    oxpool_io::rt::block_on(vol.write(0, &pattern(1, 65536), false)).unwrap();
+    let first = snapshot_cost_bytes(&pool, "v@s0");
+    const COUNT: usize = 300;
+    for i in 1..COUNT {
+        // A few blocks killed between snapshots, so their deadlists are not empty.
+        if i % 10 == 0 {
+            oxpool_io::rt::block_on(vol.write(
+                (i as u64 % 16) * 4096,
+                &pattern(i as u64, 4096),
+                false,
+            ))
+            .unwrap();
+        }
+        pool.snapshot(&[format!("v@s{i}")]).unwrap();
+    }
+    let later = snapshot_cost_bytes(&pool, &format!("v@s{COUNT}"));
+    eprintln!("snapshot create wrote {first} bytes with no other snapshot, {later} with {COUNT}");
+    assert!(
+        later <= first + 64 * 1024,
+        "a snapshot with {COUNT} others wrote {later} bytes, with none {first}"
+    );
+    pool.destroy_snapshots("v", &["s150".to_string()]).unwrap();
+    pool.hold("keep", "v", "s7").unwrap();
+    assert!(pool.audit().unwrap().is_clean());
+    let names = |pool: &Pool| -> Vec<String> {
+        pool.snapshots("v")
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect()
+    };
+    let before = names(&pool);
+    assert_eq!(before.len(), COUNT);
+    drop(vol);
+    pool.export().unwrap();
+    pool = reimport(&mems);
+    assert_eq!(names(&pool), before);
+    assert!(!before.contains(&"s150".to_string()));
+    assert!(matches!(
+        pool.destroy_snapshots("v", &["s7".to_string()]),
+        Err(EngineError::Busy(_))
+    ));
+    pool.release("keep", "v", "s7").unwrap();
+    pool.destroy_snapshots("v", &["s7".to_string()]).unwrap();
+    assert!(pool.audit().unwrap().is_clean());
+}

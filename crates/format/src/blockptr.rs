@@ -129,6 +129,12 @@ pub enum BlockType {
     /// A chunk of a deadlist: a metadata block whose payload is the block pointers of blocks
     /// a dataset killed while a snapshot still references them (format version 3).
     DeadList = 7,
+    /// A chunk of a dataset's snapshot table: a metadata block whose payload is up to
+    /// `TABLE_CHUNK_ENTRIES_MAX` snapshot records, oldest first (format version 4).
+    SnapshotTable = 8,
+    /// A chunk of a dataset's bookmark table: a metadata block whose payload is up to
+    /// `TABLE_CHUNK_ENTRIES_MAX` bookmark records, oldest first (format version 4).
+    BookmarkTable = 9,
 }
 
 impl BlockType {
@@ -142,6 +148,8 @@ impl BlockType {
             BlockType::Log => "log",
             BlockType::MetaIndex => "meta-index",
             BlockType::DeadList => "deadlist",
+            BlockType::SnapshotTable => "snapshot-table",
+            BlockType::BookmarkTable => "bookmark-table",
         }
     }
 }
@@ -158,6 +166,8 @@ impl TryFrom<u8> for BlockType {
             5 => Ok(BlockType::Log),
             6 => Ok(BlockType::MetaIndex),
             7 => Ok(BlockType::DeadList),
+            8 => Ok(BlockType::SnapshotTable),
+            9 => Ok(BlockType::BookmarkTable),
             _ => Err(FormatError::BadField {
                 field: "block_type",
                 value: u64::from(value),

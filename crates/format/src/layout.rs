@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V3 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V4 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -35,6 +35,13 @@ pub enum FormatVersion {
     /// vdevs (vdev kind variant 2 with parity, sector shift and width epochs; DVAs in the
     /// vdev's interleaved space with ZFS's raidz allocated size).
     V3 = 3,
+    /// Tables of their own: a dataset's snapshots live in `SnapshotTable` blocks (type 8) and
+    /// its bookmarks in `BookmarkTable` blocks (type 9), chunks of at most
+    /// `TABLE_CHUNK_ENTRIES_MAX` records that a txg rewrites only where they changed;
+    /// `DatasetMeta` holds the chunks' pointers (`snapshot_table`, `bookmark_table`) instead
+    /// of the snapshots themselves, so the pool's metadata block no longer grows with them.
+    /// A version 3 pool imports (its snapshots inline); its next txg is written as version 4.
+    V4 = 4,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -45,6 +52,7 @@ impl TryFrom<u32> for FormatVersion {
             1 => Ok(FormatVersion::V1),
             2 => Ok(FormatVersion::V2),
             3 => Ok(FormatVersion::V3),
+            4 => Ok(FormatVersion::V4),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -180,8 +188,9 @@ mod tests {
     fn versions() {
         assert_eq!(FormatVersion::try_from(1), Ok(FormatVersion::V1));
         assert_eq!(FormatVersion::try_from(2), Ok(FormatVersion::V2));
-        assert_eq!(FORMAT_VERSION, 3);
-        for found in [0, 4, u32::MAX] {
+        assert_eq!(FormatVersion::try_from(4), Ok(FormatVersion::V4));
+        assert_eq!(FORMAT_VERSION, 4);
+        for found in [0, 5, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

@@ -71,8 +71,10 @@ pub use meta::{
     SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
 };
 pub use pool_meta::{
-    decode_deadlist_chunk, encode_deadlist_chunk, DatasetMeta, DeadBucketMeta, DeferredFree,
-    OriginMeta, PoolMeta, SnapshotMeta, SpaceMapMeta, VolumeMeta, DEADLIST_CHUNK_ENTRIES_MAX,
+    decode_bookmark_chunk, decode_deadlist_chunk, decode_snapshot_chunk, encode_bookmark_chunk,
+    encode_deadlist_chunk, encode_snapshot_chunk, BookmarkMeta, DatasetMeta, DeadBucketMeta,
+    DeferredFree, OriginMeta, PoolMeta, SnapshotMeta, SpaceMapMeta, TableChunkMeta, VolumeMeta,
+    DEADLIST_CHUNK_ENTRIES_MAX, TABLE_CHUNK_ENTRIES_MAX,
 };
 pub use stream::{
     DataRecord, RecordType, ResumeToken, StreamBegin, StreamChecksum, StreamDecoder, StreamEncoder,

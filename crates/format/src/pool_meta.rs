@@ -58,8 +58,111 @@ pub struct DatasetMeta {
     pub written_bytes: u64,
     /// Blocks the head killed while the previous snapshot still references them.
     pub deadlist: Vec<DeadBucketMeta>,
-    /// The snapshots, oldest first.
+    /// The snapshot table: `SnapshotTable` chunks holding the snapshots, oldest first (since
+    /// format version 4).
+    pub snapshot_table: Vec<TableChunkMeta>,
+    /// The bookmark table: `BookmarkTable` chunks holding the bookmarks, oldest first (since
+    /// format version 4).
+    pub bookmark_table: Vec<TableChunkMeta>,
+    /// The snapshots, oldest first: not part of the encoding (they live in the table's
+    /// blocks, which whoever imports the pool reads and puts here), except in version 3,
+    /// which stored them inline and decodes into this field.
+    #[serde(skip)]
     pub snapshots: Vec<SnapshotMeta>,
+}
+
+/// One chunk of a dataset's table (of snapshots or of bookmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableChunkMeta {
+    /// The chunk's block.
+    pub chunk: BlockPtr,
+    /// Records in it (at least 1, at most `TABLE_CHUNK_ENTRIES_MAX`).
+    pub entries: u32,
+}
+
+/// A bookmark: what an incremental send needs of a snapshot (its guid and txg), without
+/// holding any of its blocks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookmarkMeta {
+    /// Name after the `#`.
+    pub name: String,
+    /// The guid of the snapshot it was made from (an incremental's base guid).
+    pub guid: Guid,
+    /// That snapshot's txg.
+    pub txg: Txg,
+    /// That snapshot's creation time, seconds since the Unix epoch.
+    pub creation_s: u64,
+    /// The volume's size in that snapshot (an incremental from the bookmark sends a resize
+    /// only if the size changed).
+    pub volsize_bytes: u64,
+}
+
+/// Largest number of records in one table chunk: a snapshot record is a few hundred bytes
+/// (more with a long deadlist), so a chunk is tens of KiB, and a txg that changes one
+/// snapshot rewrites that much, whatever the number of snapshots.
+pub const TABLE_CHUNK_ENTRIES_MAX: usize = 64;
+
+/// Encodes a chunk of a snapshot table.
+///
+/// # Panics
+/// If there are more than `TABLE_CHUNK_ENTRIES_MAX` records, or none.
+pub fn encode_snapshot_chunk(entries: &[SnapshotMeta]) -> Vec<u8> {
+    encode_table_chunk(BlockType::SnapshotTable, entries)
+}
+
+/// Decodes a chunk of a snapshot table: at least one and at most `TABLE_CHUNK_ENTRIES_MAX`
+/// records, tree levels at most `BLOCK_LEVEL_MAX`, no hole among deadlist chunks.
+pub fn decode_snapshot_chunk(bytes: &[u8]) -> Result<Vec<SnapshotMeta>, FormatError> {
+    let entries: Vec<SnapshotMeta> = decode_table_chunk(BlockType::SnapshotTable, bytes)?;
+    for snap in &entries {
+        if snap.levels > BLOCK_LEVEL_MAX {
+            return Err(FormatError::BadField {
+                field: "snapshot.levels",
+                value: u64::from(snap.levels),
+            });
+        }
+    }
+    Ok(entries)
+}
+
+/// Encodes a chunk of a bookmark table.
+///
+/// # Panics
+/// If there are more than `TABLE_CHUNK_ENTRIES_MAX` records, or none.
+pub fn encode_bookmark_chunk(entries: &[BookmarkMeta]) -> Vec<u8> {
+    encode_table_chunk(BlockType::BookmarkTable, entries)
+}
+
+/// Decodes a chunk of a bookmark table (at least one, at most `TABLE_CHUNK_ENTRIES_MAX`).
+pub fn decode_bookmark_chunk(bytes: &[u8]) -> Result<Vec<BookmarkMeta>, FormatError> {
+    decode_table_chunk(BlockType::BookmarkTable, bytes)
+}
+
+fn encode_table_chunk<T: Serialize>(kind: BlockType, entries: &[T]) -> Vec<u8> {
+    assert!(
+        !entries.is_empty() && entries.len() <= TABLE_CHUNK_ENTRIES_MAX,
+        "table chunk of {} records",
+        entries.len()
+    );
+    let payload = postcard::to_allocvec(entries).expect("postcard serializes records into a Vec");
+    encode_meta_block(kind, &payload)
+}
+
+fn decode_table_chunk<T: serde::de::DeserializeOwned>(
+    kind: BlockType,
+    bytes: &[u8],
+) -> Result<Vec<T>, FormatError> {
+    let payload = decode_meta_block(kind, bytes)?;
+    // postcard reads the count first and allocates as records decode, so a lying count
+    // fails on the payload's end, not on memory.
+    let entries: Vec<T> = postcard_exact(payload)?;
+    if entries.is_empty() || entries.len() > TABLE_CHUNK_ENTRIES_MAX {
+        return Err(FormatError::BadField {
+            field: "table chunk records",
+            value: entries.len() as u64,
+        });
+    }
+    Ok(entries)
 }
 
 /// Where a clone comes from.
@@ -154,6 +257,72 @@ pub fn decode_deadlist_chunk(bytes: &[u8]) -> Result<Vec<BlockPtr>, FormatError>
         });
     }
     Ok(entries)
+}
+
+/// `DatasetMeta` as format version 3 wrote it (snapshots inline, no tables).
+#[derive(Deserialize)]
+struct DatasetMetaV3 {
+    volume: VolumeId,
+    guid: Guid,
+    createtxg: Txg,
+    creation_s: u64,
+    origin: Option<OriginMeta>,
+    prev_snap_txg: Txg,
+    written_bytes: u64,
+    deadlist: Vec<DeadBucketMeta>,
+    snapshots: Vec<SnapshotMeta>,
+}
+
+impl From<DatasetMetaV3> for DatasetMeta {
+    fn from(m: DatasetMetaV3) -> DatasetMeta {
+        DatasetMeta {
+            volume: m.volume,
+            guid: m.guid,
+            createtxg: m.createtxg,
+            creation_s: m.creation_s,
+            origin: m.origin,
+            prev_snap_txg: m.prev_snap_txg,
+            written_bytes: m.written_bytes,
+            deadlist: m.deadlist,
+            snapshot_table: Vec::new(),
+            bookmark_table: Vec::new(),
+            snapshots: m.snapshots,
+        }
+    }
+}
+
+/// `PoolMeta` as format version 3 wrote it (its datasets' snapshots inline).
+#[derive(Deserialize)]
+struct PoolMetaV3 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfig,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMeta>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+    datasets: Vec<DatasetMetaV3>,
+    freeing: Vec<DeadBucketMeta>,
+}
+
+impl From<PoolMetaV3> for PoolMeta {
+    fn from(m: PoolMetaV3) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree,
+            props: m.props,
+            volumes: m.volumes,
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+            datasets: m.datasets.into_iter().map(Into::into).collect(),
+            freeing: m.freeing,
+        }
+    }
 }
 
 /// `PoolMeta` as format version 2 wrote it (no `datasets`).
@@ -328,7 +497,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1, 2 or 3 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 4 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -339,7 +508,8 @@ impl PoolMeta {
         let meta: PoolMeta = match meta_block_version(bytes)? {
             FormatVersion::V1 => postcard_exact::<PoolMetaV1>(payload)?.into(),
             FormatVersion::V2 => postcard_exact::<PoolMetaV2>(payload)?.into(),
-            FormatVersion::V3 => postcard_exact(payload)?,
+            FormatVersion::V3 => postcard_exact::<PoolMetaV3>(payload)?.into(),
+            FormatVersion::V4 => postcard_exact(payload)?,
         };
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {

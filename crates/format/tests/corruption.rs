@@ -193,11 +193,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&4u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&5u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 4 })
+        Err(FormatError::UnsupportedVersion { found: 5 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");
@@ -433,10 +433,10 @@ fn block_ptr_field_checks() {
         })
     );
     assert_eq!(
-        bad(51, 8),
+        bad(51, 10),
         Err(FormatError::BadField {
             field: "block_type",
-            value: 8
+            value: 10
         })
     );
     assert!(matches!(

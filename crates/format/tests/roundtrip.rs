@@ -331,11 +331,11 @@ fn version_1_pool_meta_decodes() {
     ));
 }
 
-/// A version 2 pool (no dataset records) decodes with no snapshots; a version 3 one with
-/// snapshots, origins and deadlists round-trips, and its payload under a version 2 header is
-/// refused (the records are extra bytes there).
+/// A version 2 pool (no dataset records) decodes with no snapshots; a version 3 one decodes
+/// with its snapshots inline; a version 4 one with tables, origins and deadlists round-trips,
+/// and its payload under an older header is refused.
 #[test]
-fn version_2_pool_meta_decodes_and_version_3_round_trips() {
+fn older_pool_meta_versions_decode_and_version_4_round_trips() {
     #[derive(serde::Serialize)]
     struct V2Meta {
         name: String,
@@ -376,46 +376,112 @@ fn version_2_pool_meta_decodes_and_version_3_round_trips() {
         count: 3,
         bytes: 3 * 8192,
     };
+    let snapshot = SnapshotMeta {
+        name: "monday".into(),
+        guid: Guid(99),
+        txg: Txg(10),
+        creation_s: 1_700_000_100,
+        root,
+        levels: 1,
+        volsize_bytes: 1 << 20,
+        referenced_bytes: 65536,
+        written_bytes: 8192,
+        compressed_bytes: 32768,
+        deadlist: vec![bucket.clone()],
+        holds: vec!["keep".into()],
+        defer_destroy: true,
+    };
+    let origin = Some(OriginMeta {
+        volume: VolumeId(0),
+        snapshot_guid: Guid(5),
+        txg: Txg(3),
+    });
+    let mut chunk = sample_ptr();
+    chunk.block_type = BlockType::SnapshotTable;
     let mut meta = meta;
     meta.datasets.push(DatasetMeta {
         volume: VolumeId(1),
         guid: Guid(77),
         createtxg: Txg(4),
         creation_s: 1_700_000_000,
-        origin: Some(OriginMeta {
-            volume: VolumeId(0),
-            snapshot_guid: Guid(5),
-            txg: Txg(3),
-        }),
+        origin: origin.clone(),
         prev_snap_txg: Txg(10),
         written_bytes: 4096,
         deadlist: vec![bucket.clone()],
-        snapshots: vec![SnapshotMeta {
-            name: "monday".into(),
-            guid: Guid(99),
-            txg: Txg(10),
-            creation_s: 1_700_000_100,
-            root,
-            levels: 1,
-            volsize_bytes: 1 << 20,
-            referenced_bytes: 65536,
-            written_bytes: 8192,
-            compressed_bytes: 32768,
-            deadlist: vec![bucket],
-            holds: vec!["keep".into()],
-            defer_destroy: true,
-        }],
+        snapshot_table: vec![TableChunkMeta { chunk, entries: 1 }],
+        bookmark_table: vec![],
+        snapshots: vec![],
     });
     let block = meta.encode();
     assert_eq!(PoolMeta::decode(&block).unwrap(), meta);
     let payload_len = u32::from_le_bytes(block[32..36].try_into().unwrap()) as usize;
-    let mut as_v2 = block.clone();
-    as_v2[8..12].copy_from_slice(&2u32.to_le_bytes());
-    reseal(&mut as_v2[..META_HEADER_BYTES + payload_len]);
-    assert!(matches!(
-        PoolMeta::decode(&as_v2),
-        Err(FormatError::Payload(_))
-    ));
+    for older in [2u32, 3] {
+        let mut as_older = block.clone();
+        as_older[8..12].copy_from_slice(&older.to_le_bytes());
+        reseal(&mut as_older[..META_HEADER_BYTES + payload_len]);
+        assert!(
+            matches!(PoolMeta::decode(&as_older), Err(FormatError::Payload(_))),
+            "version 4 payload decoded as version {older}"
+        );
+    }
+
+    // Version 3: the snapshots inline in the dataset record, decoded into `snapshots`.
+    #[derive(serde::Serialize)]
+    struct V3Dataset {
+        volume: VolumeId,
+        guid: Guid,
+        createtxg: Txg,
+        creation_s: u64,
+        origin: Option<OriginMeta>,
+        prev_snap_txg: Txg,
+        written_bytes: u64,
+        deadlist: Vec<DeadBucketMeta>,
+        snapshots: Vec<SnapshotMeta>,
+    }
+    #[derive(serde::Serialize)]
+    struct V3Meta {
+        name: String,
+        guid: Guid,
+        txg: Txg,
+        tree: VdevTreeConfig,
+        props: Vec<(String, String)>,
+        volumes: Vec<VolumeMeta>,
+        spacemaps: Vec<SpaceMapMeta>,
+        deferred_frees: Vec<DeferredFree>,
+        next_volume_id: u64,
+        datasets: Vec<V3Dataset>,
+        freeing: Vec<DeadBucketMeta>,
+    }
+    let v3 = V3Meta {
+        name: "three".into(),
+        guid: Guid(6),
+        txg: Txg(80),
+        tree: VdevTreeConfig { top: vec![] },
+        props: vec![],
+        volumes: vec![],
+        spacemaps: vec![],
+        deferred_frees: vec![],
+        next_volume_id: 2,
+        datasets: vec![V3Dataset {
+            volume: VolumeId(1),
+            guid: Guid(77),
+            createtxg: Txg(4),
+            creation_s: 1_700_000_000,
+            origin,
+            prev_snap_txg: Txg(10),
+            written_bytes: 4096,
+            deadlist: vec![bucket],
+            snapshots: vec![snapshot.clone()],
+        }],
+        freeing: vec![],
+    };
+    let payload = postcard::to_allocvec(&v3).unwrap();
+    let mut block = encode_meta_block(BlockType::PoolMeta, &payload);
+    block[8..12].copy_from_slice(&3u32.to_le_bytes());
+    reseal(&mut block[..META_HEADER_BYTES + payload.len()]);
+    let meta = PoolMeta::decode(&block).unwrap();
+    assert_eq!(meta.datasets[0].snapshots, vec![snapshot]);
+    assert!(meta.datasets[0].snapshot_table.is_empty());
 }
 
 proptest! {
@@ -450,4 +516,62 @@ fn deadlist_chunks_refuse_holes_and_other_kinds() {
         &postcard::to_allocvec(&Vec::<BlockPtr>::new()).unwrap(),
     );
     assert!(decode_deadlist_chunk(&other).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Snapshot and bookmark table chunks round-trip; a corrupted byte anywhere in the
+    /// checksummed part is an error, never a panic or a different table.
+    #[test]
+    fn table_chunks_round_trip(
+        snaps in vec(arb_snapshot_meta(), 1..8),
+        names in vec(arb_name(), 1..8),
+        flip in any::<prop::sample::Index>(),
+    ) {
+        let block = encode_snapshot_chunk(&snaps);
+        prop_assert_eq!(decode_snapshot_chunk(&block)?, snaps.clone());
+        let payload_len = u32::from_le_bytes(block[32..36].try_into().unwrap()) as usize;
+        let mut bad = block.clone();
+        let at = flip.index(META_HEADER_BYTES + payload_len);
+        bad[at] ^= 0x40;
+        prop_assert!(decode_snapshot_chunk(&bad).is_err());
+        // A snapshot chunk is not a bookmark chunk.
+        prop_assert!(decode_bookmark_chunk(&block).is_err());
+
+        let marks: Vec<BookmarkMeta> = names
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| BookmarkMeta { name, guid: Guid(i as u64), txg: Txg(i as u64), creation_s: 7, volsize_bytes: 1 << 20 })
+            .collect();
+        let block = encode_bookmark_chunk(&marks);
+        prop_assert_eq!(decode_bookmark_chunk(&block)?, marks);
+    }
+}
+
+/// An empty chunk or one of more than `TABLE_CHUNK_ENTRIES_MAX` records is refused.
+#[test]
+fn table_chunk_record_counts_are_checked() {
+    let empty: Vec<BookmarkMeta> = Vec::new();
+    let payload = postcard::to_allocvec(&empty).unwrap();
+    let block = encode_meta_block(BlockType::BookmarkTable, &payload);
+    assert!(matches!(
+        decode_bookmark_chunk(&block),
+        Err(FormatError::BadField { .. })
+    ));
+    let many: Vec<BookmarkMeta> = (0..=TABLE_CHUNK_ENTRIES_MAX as u64)
+        .map(|i| BookmarkMeta {
+            name: format!("b{i}"),
+            guid: Guid(i),
+            txg: Txg(i),
+            creation_s: 0,
+            volsize_bytes: 0,
+        })
+        .collect();
+    let payload = postcard::to_allocvec(&many).unwrap();
+    let block = encode_meta_block(BlockType::BookmarkTable, &payload);
+    assert!(matches!(
+        decode_bookmark_chunk(&block),
+        Err(FormatError::BadField { .. })
+    ));
 }

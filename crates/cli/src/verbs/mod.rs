@@ -53,7 +53,12 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             defer,
             pool,
         } => {
-            if pool.contains('@') {
+            if pool.contains('#') {
+                if dry_run || verbose || defer {
+                    bail!("-n, -v and -d are for snapshots");
+                }
+                snapshot::destroy_bookmark(host, &pool)
+            } else if pool.contains('@') {
                 snapshot::destroy(host, con, &pool, dry_run, verbose, parsable, defer)
             } else if pool.contains('/') {
                 bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
@@ -100,6 +105,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             verbose,
             target,
         } => send::recv(host, con, &target, force, no_export, verbose),
+        Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),
         Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
         Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),
         Command::Holds { names } => snapshot::holds(host, con, &names),

@@ -1,5 +1,5 @@
 //! `oxpool send` and `oxpool recv`, as `zfs send` and `zfs recv` for volumes: a snapshot as
-//! a stream on standard output (full, `-i @BASE` incremental, `-I @BASE` every snapshot in
+//! a stream on standard output (full, `-i @BASE` or `-i #BOOKMARK` incremental, `-I @BASE` every snapshot in
 //! between; `-n -v` the size without sending), and a stream from standard input into a
 //! volume (`-F` rolls back what the target did since the base; `-u` leaves a received new
 //! volume unexported). On a served pool both run in the server, the stream going through
@@ -56,8 +56,8 @@ pub fn send(host: &Host, con: &mut dyn Console, snapshot: &str, flags: SendFlags
             let est = p.send_estimate(volume, snap, &opts)?;
             let what = match (&base, intermediates.is_some()) {
                 (None, _) => "full".to_string(),
-                (Some(b), false) => format!("incremental from @{b}"),
-                (Some(b), true) => format!("incremental from @{b}, every snapshot"),
+                (Some(b), false) => format!("incremental from {}", shown_base(b)),
+                (Some(b), true) => format!("incremental from {}, every snapshot", shown_base(b)),
             };
             // Standard output carries the stream: the report goes to standard error.
             let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
@@ -79,18 +79,29 @@ pub fn send(host: &Host, con: &mut dyn Console, snapshot: &str, flags: SendFlags
     })
 }
 
-/// The base's snapshot name: `@B`, `B`, `VOL@B` or `POOL/VOL@B` of the same volume.
+/// The base as the engine names it: a snapshot's name (from `@B`, `B`, `VOL@B` or
+/// `POOL/VOL@B` of the same volume) or a bookmark's `#B` (from `#B`, `VOL#B` or `POOL/VOL#B`).
 fn base_name(pool: &str, volume: &str, base: &str) -> Result<String> {
-    let name = match base.split_once('@') {
-        Some(("", s)) => s,
-        Some((v, s)) if v == volume || v == format!("{pool}/{volume}") => s,
-        Some(_) => bail!("the base {base} is not a snapshot of {pool}/{volume}"),
-        None => base,
+    let same = |v: &str| v.is_empty() || v == volume || v == format!("{pool}/{volume}");
+    let name = match (base.split_once('@'), base.split_once('#')) {
+        (Some((v, s)), None) if same(v) => s.to_string(),
+        (None, Some((v, b))) if same(v) && !b.is_empty() => format!("#{b}"),
+        (None, None) => base.to_string(),
+        _ => bail!("the base {base} is not a snapshot or bookmark of {pool}/{volume}"),
     };
     if name.is_empty() {
-        bail!("name the base snapshot: -i @BASE");
+        bail!("name the base snapshot: -i @BASE (or a bookmark: -i #BOOKMARK)");
     }
-    Ok(name.to_string())
+    Ok(name)
+}
+
+/// How a base is shown: `@B`, or a bookmark's `#B`.
+fn shown_base(base: &str) -> String {
+    if base.starts_with('#') {
+        base.to_string()
+    } else {
+        format!("@{base}")
+    }
 }
 
 /// `oxpool recv [-F] [-u] [-v] POOL/VOL`.

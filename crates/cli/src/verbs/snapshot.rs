@@ -358,6 +358,36 @@ pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<(
     Ok(())
 }
 
+/// `oxpool bookmark POOL/VOL@SNAP|POOL/VOL#OTHER POOL/VOL#NAME|#NAME`.
+pub fn bookmark(host: &Host, source: &str, bookmark: &str) -> Result<()> {
+    let (pool_name, rest) = volume_target(source)?;
+    let volume = rest
+        .split_once(['@', '#'])
+        .map(|(v, _)| v)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| anyhow!("expected POOL/VOL@SNAP or POOL/VOL#BOOKMARK, got '{source}'"))?;
+    let new = match bookmark.strip_prefix('#') {
+        Some(name) => format!("{volume}#{name}"),
+        None => {
+            let (p, v) = volume_target(bookmark)?;
+            if p != pool_name {
+                bail!("'{bookmark}': a bookmark belongs to the pool of its snapshot ({pool_name})");
+            }
+            v.to_string()
+        }
+    };
+    host.change_pool(pool_name, |p| Ok(p.bookmark(rest, &new)?))
+}
+
+/// `oxpool destroy POOL/VOL#NAME`.
+pub fn destroy_bookmark(host: &Host, target: &str) -> Result<()> {
+    let (pool_name, rest) = volume_target(target)?;
+    let Some((volume, name)) = rest.split_once('#') else {
+        bail!("expected POOL/VOL#BOOKMARK, got '{target}'");
+    };
+    host.change_pool(pool_name, |p| Ok(p.destroy_bookmark(volume, name)?))
+}
+
 /// `oxpool holds SNAP...`.
 pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()> {
     writeln!(con.out(), "{:<32} {:<16}", "NAME", "TAG")?;
@@ -409,25 +439,29 @@ pub fn audit(host: &Host, con: &mut dyn Console, pool_name: &str) -> Result<()> 
 pub struct ListTypes {
     volumes: bool,
     snapshots: bool,
+    bookmarks: bool,
 }
 
 impl ListTypes {
-    /// `volume`, `snapshot`, `all`, or a comma-separated list of them (`filesystem` is not a
-    /// type here yet).
+    /// `volume`, `snapshot`, `bookmark`, `all`, or a comma-separated list of them
+    /// (`filesystem` is not a type here yet).
     pub fn parse(s: &str) -> Result<ListTypes> {
         let mut t = ListTypes {
             volumes: false,
             snapshots: false,
+            bookmarks: false,
         };
         for part in s.split(',') {
             match part {
                 "volume" | "vol" => t.volumes = true,
                 "snapshot" | "snap" => t.snapshots = true,
+                "bookmark" => t.bookmarks = true,
                 "all" => {
                     t.volumes = true;
-                    t.snapshots = true
+                    t.snapshots = true;
+                    t.bookmarks = true;
                 }
-                other => bail!("-t {other}: a type is volume, snapshot or all"),
+                other => bail!("-t {other}: a type is volume, snapshot, bookmark or all"),
             }
         }
         Ok(t)
@@ -606,6 +640,21 @@ pub fn list_datasets(
                             Column::Guid => s.guid.to_string(),
                             Column::Volsize => size(s.volsize_bytes, exact),
                             Column::UserRefs => s.holds.len().to_string(),
+                        };
+                        rows.push(cols.iter().map(|c| value(*c)).collect());
+                    }
+                }
+                if types.bookmarks {
+                    for b in p.bookmarks(&v)? {
+                        // A bookmark holds no block: no space figure is its own.
+                        let value = |c: Column| match c {
+                            Column::Name => format!("{}#{}", vol.full_name(), b.name),
+                            Column::Type => "bookmark".into(),
+                            Column::Creation => b.creation_s.to_string(),
+                            Column::CreateTxg => b.txg.to_string(),
+                            Column::Guid => b.guid.to_string(),
+                            Column::Volsize => size(b.volsize_bytes, exact),
+                            _ => "-".into(),
                         };
                         rows.push(cols.iter().map(|c| value(*c)).collect());
                     }

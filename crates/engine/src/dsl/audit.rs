@@ -12,6 +12,7 @@
 use crate::dsl::dataset::Dataset;
 use crate::dsl::deadlist::Deadlist;
 use crate::dsl::snapshot_sync::read_deadlist_chunk;
+use crate::dsl::table::TablesView;
 use crate::dsl::Datasets;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
@@ -224,12 +225,24 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             (
                 l.prev_snap_txg,
                 l.written_bytes,
-                l.snapshots.clone(),
+                l.snapshots().to_vec(),
                 l.deadlist.clone(),
                 l.origin_txg(),
+                TablesView::of(&l),
             )
         };
-        let (prev_snap_txg, written_bytes, snapshots, deadlist, origin_txg) = l;
+        let (prev_snap_txg, written_bytes, snapshots, deadlist, origin_txg, tables) = l;
+        for chunk in tables.blocks() {
+            for dva in chunk.dvas() {
+                refs.add(dva, Some(key_of(chunk)), &|| {
+                    format!("{} {} block", ds.full_name, chunk.block_type.name())
+                });
+            }
+            report.blocks_checked += 1;
+        }
+        report
+            .problems
+            .extend(tables.audit(spa, &ds.full_name).await);
         let sums = walk_tree(
             spa,
             root,

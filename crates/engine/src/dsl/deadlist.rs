@@ -94,10 +94,24 @@ impl Deadlist {
         b.pending.push(bp);
     }
 
-    /// Records that bucket `key`'s pending entries taken out earlier are now stored in block
-    /// `chunk` (counts unchanged: they were counted when inserted).
-    pub fn add_stored(&mut self, key: Txg, chunk: BlockPtr) {
-        self.buckets.entry(key).or_default().stored.push(chunk);
+    /// Records that bucket `key`'s pending entries taken out earlier (with those of its block
+    /// `rewritten`, if given) are now stored in blocks `chunks` (counts unchanged: they were
+    /// counted when inserted).
+    pub fn add_stored(&mut self, key: Txg, rewritten: Option<&BlockPtr>, chunks: Vec<BlockPtr>) {
+        let b = self.buckets.entry(key).or_default();
+        if let Some(old) = rewritten {
+            let i = b.stored.iter().position(|c| c == old);
+            debug_assert!(i.is_some(), "rewritten deadlist chunk not in its bucket");
+            if let Some(i) = i {
+                b.stored.remove(i);
+            }
+        }
+        b.stored.extend(chunks);
+    }
+
+    /// Whether entries wait to be written.
+    pub fn has_pending(&self) -> bool {
+        self.buckets.values().any(|b| !b.pending.is_empty())
     }
 
     /// Entries in all.

@@ -13,6 +13,7 @@ pub mod scan;
 pub mod send;
 pub mod snapshot;
 pub mod snapshot_sync;
+pub mod table;
 
 use crate::dmu::tree::BlockTree;
 use crate::spa::sync::{SyncClient, UpperMeta};
@@ -195,7 +196,7 @@ impl Datasets {
                 let Some(src) = by_id(o.volume) else { break };
                 let l = src.lineage.lock().unwrap();
                 let mut part: Vec<Txg> = l
-                    .snapshots
+                    .snapshots()
                     .iter()
                     .map(|s| s.txg)
                     .filter(|t| *t <= o.txg)
@@ -261,7 +262,14 @@ impl Datasets {
             for (_, op) in ops.iter().filter(|(name, _)| *name == ds.name) {
                 snapshot_sync::apply(spa, self, ds, op, txg, freed).await?;
             }
-            snapshot_sync::write_deadlists(spa, ds, txg).await?;
+        }
+        // Then every dataset's new deadlist entries and changed tables, once all changes are
+        // applied: a change to one dataset may change another's (a promote moves snapshots
+        // from its origin's volume, a receive creates its target or snapshots it), and what
+        // this txg's metadata lists must be written in this txg.
+        for ds in &self.all() {
+            snapshot_sync::write_deadlists(spa, ds, txg, freed).await?;
+            snapshot_sync::write_tables(spa, ds, txg, freed).await?;
         }
         for ds in &destroyed {
             snapshot_sync::sync_dataset(spa, ds, txg, true, freed).await?;

@@ -117,7 +117,7 @@ pub(crate) async fn apply(
     };
     {
         let l = target.lineage.lock().unwrap();
-        let latest = l.snapshots.last().map(|s| s.guid);
+        let latest = l.snapshots().last().map(|s| s.guid);
         if latest != swap.base_guid || l.find(&swap.snapshot).is_some() {
             tracing::warn!(
                 target = target.full_name,

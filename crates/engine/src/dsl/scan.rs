@@ -355,16 +355,18 @@ async fn indirect(
 async fn scan_dataset(inner: &Spa, dsl: &Datasets, ds: &Arc<Dataset>) -> Result<()> {
     let (snapshots, origin_txg, prev_snap_txg) = {
         let l = ds.lineage.lock().unwrap();
-        (l.snapshots.clone(), l.origin_txg(), l.prev_snap_txg)
+        (l.snapshots().to_vec(), l.origin_txg(), l.prev_snap_txg)
     };
-    // The deadlists' own blocks.
+    // The deadlists' and tables' own blocks.
     {
         let _pin = ScanPin::set(inner);
         let chunks: Vec<BlockPtr> = {
             let l = ds.lineage.lock().unwrap();
             std::iter::once(&l.deadlist)
-                .chain(l.snapshots.iter().map(|s| &s.deadlist))
+                .chain(l.snapshots().iter().map(|s| &s.deadlist))
                 .flat_map(|d| d.buckets().flat_map(|(_, b)| b.stored.clone()))
+                .chain(l.snapshot_table.blocks().copied())
+                .chain(l.bookmark_table.blocks().copied())
                 .collect()
         };
         for c in &chunks {

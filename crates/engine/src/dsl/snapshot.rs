@@ -15,6 +15,7 @@
 //!   deadlist empties (those blocks are the head's again).
 
 use crate::dsl::deadlist::{bucket_key, Bucket, Deadlist};
+use crate::dsl::table::Table;
 use oxpool_format::{BlockPtr, DatasetMeta, DeadBucketMeta, Guid, OriginMeta, SnapshotMeta, Txg};
 use std::collections::BTreeSet;
 
@@ -51,8 +52,17 @@ pub(crate) struct Lineage {
     /// Bytes of the head's blocks born after `prev_snap_txg`, as of the last sync.
     pub written_bytes: u64,
     pub deadlist: Deadlist,
-    /// Oldest first (txgs increasing).
-    pub snapshots: Vec<Snapshot>,
+    /// Oldest first (txgs increasing). Private: every change goes through
+    /// [`Lineage::snapshots_mut`], which marks the snapshot table for rewriting.
+    snapshots: Vec<Snapshot>,
+    /// Bookmarks, oldest first (by txg, then name).
+    bookmarks: Vec<oxpool_format::BookmarkMeta>,
+    /// The snapshot table's chunks as stored (see [`super::table`]).
+    pub snapshot_table: Table,
+    /// The bookmark table's chunks as stored.
+    pub bookmark_table: Table,
+    /// The records changed since the tables were last written.
+    tables_dirty: bool,
 }
 
 impl Lineage {
@@ -68,7 +78,56 @@ impl Lineage {
             written_bytes: 0,
             deadlist: Deadlist::new(),
             snapshots: Vec::new(),
+            bookmarks: Vec::new(),
+            snapshot_table: Table::default(),
+            bookmark_table: Table::default(),
+            tables_dirty: false,
         }
+    }
+
+    /// The snapshots, oldest first.
+    pub(crate) fn snapshots(&self) -> &[Snapshot] {
+        &self.snapshots
+    }
+
+    /// The snapshots, to change: the snapshot table is rewritten by the next sync.
+    pub(crate) fn snapshots_mut(&mut self) -> &mut Vec<Snapshot> {
+        self.tables_dirty = true;
+        &mut self.snapshots
+    }
+
+    /// The bookmarks, oldest first.
+    pub(crate) fn bookmarks(&self) -> &[oxpool_format::BookmarkMeta] {
+        &self.bookmarks
+    }
+
+    /// The bookmarks, to change (kept sorted by txg, then name, by the caller): the bookmark
+    /// table is rewritten by the next sync.
+    pub(crate) fn bookmarks_mut(&mut self) -> &mut Vec<oxpool_format::BookmarkMeta> {
+        self.tables_dirty = true;
+        &mut self.bookmarks
+    }
+
+    /// Whether the records changed since the tables were last written.
+    pub(crate) fn tables_dirty(&self) -> bool {
+        self.tables_dirty
+    }
+
+    /// Marks the tables for rewriting (a write that failed).
+    pub(crate) fn mark_tables_dirty(&mut self) {
+        self.tables_dirty = true;
+    }
+
+    /// If the records changed since the tables were written: the records to write now (the
+    /// flag is cleared; a change made while they are written sets it again).
+    pub(crate) fn take_dirty_tables(
+        &mut self,
+    ) -> Option<(Vec<SnapshotMeta>, Vec<oxpool_format::BookmarkMeta>)> {
+        if !std::mem::take(&mut self.tables_dirty) {
+            return None;
+        }
+        let snaps = self.snapshots.iter().map(snapshot_meta).collect();
+        Some((snaps, self.bookmarks.clone()))
     }
 
     /// The snapshot txgs of the chain, oldest first: the origin's, then its own.
@@ -115,6 +174,7 @@ impl Lineage {
     /// The deadlist of what now follows the snapshot that was at `i` before it was removed:
     /// snapshot `i`'s, or the head's.
     pub(crate) fn next_deadlist_at(&mut self, i: usize) -> &mut Deadlist {
+        self.tables_dirty = true;
         match self.snapshots.get_mut(i) {
             Some(n) => &mut n.deadlist,
             None => &mut self.deadlist,
@@ -139,13 +199,13 @@ impl Lineage {
         let all = Txg(u64::MAX);
         self.deadlist.bytes_born_in(after, all)
             + self
-                .snapshots
+                .snapshots()
                 .iter()
                 .map(|s| s.deadlist.bytes_born_in(after, all))
                 .sum::<u64>()
     }
 
-    /// The persistent record of volume `volume`.
+    /// The persistent record of volume `volume` (the tables as last written).
     pub(crate) fn to_meta(&self, volume: oxpool_format::VolumeId) -> DatasetMeta {
         DatasetMeta {
             volume,
@@ -156,31 +216,24 @@ impl Lineage {
             prev_snap_txg: self.prev_snap_txg,
             written_bytes: self.written_bytes,
             deadlist: deadlist_meta(&self.deadlist),
-            snapshots: self
-                .snapshots
-                .iter()
-                .map(|s| SnapshotMeta {
-                    name: s.name.clone(),
-                    guid: s.guid,
-                    txg: s.txg,
-                    creation_s: s.creation_s,
-                    root: s.root,
-                    levels: s.levels,
-                    volsize_bytes: s.volsize_bytes,
-                    referenced_bytes: s.referenced_bytes,
-                    written_bytes: s.written_bytes,
-                    compressed_bytes: s.compressed_bytes,
-                    deadlist: deadlist_meta(&s.deadlist),
-                    holds: s.holds.iter().cloned().collect(),
-                    defer_destroy: s.defer_destroy,
-                })
-                .collect(),
+            snapshot_table: self.snapshot_table.meta(),
+            bookmark_table: self.bookmark_table.meta(),
+            snapshots: Vec::new(),
         }
     }
 
-    /// The lineage a record describes (`origin_chain` is filled in by the caller, which
-    /// knows the origin).
-    pub(crate) fn from_meta(m: &DatasetMeta) -> Lineage {
+    /// The lineage a record describes, with its snapshots and bookmarks read from its tables
+    /// (`snapshots` holds a version 3 record's inline ones: the next sync writes them into a
+    /// table). `origin_chain` is filled in by the caller, which knows the origin.
+    pub(crate) fn from_meta(
+        m: &DatasetMeta,
+        snapshot_table: Table,
+        snapshots: Vec<SnapshotMeta>,
+        bookmark_table: Table,
+        bookmarks: Vec<oxpool_format::BookmarkMeta>,
+    ) -> Lineage {
+        let inline = !m.snapshots.is_empty();
+        let snapshots = if inline { &m.snapshots } else { &snapshots };
         Lineage {
             guid: m.guid,
             createtxg: m.createtxg,
@@ -190,8 +243,7 @@ impl Lineage {
             prev_snap_txg: m.prev_snap_txg,
             written_bytes: m.written_bytes,
             deadlist: deadlist_from_meta(&m.deadlist),
-            snapshots: m
-                .snapshots
+            snapshots: snapshots
                 .iter()
                 .map(|s| Snapshot {
                     name: s.name.clone(),
@@ -209,7 +261,30 @@ impl Lineage {
                     defer_destroy: s.defer_destroy,
                 })
                 .collect(),
+            bookmarks,
+            snapshot_table,
+            bookmark_table,
+            tables_dirty: inline,
         }
+    }
+}
+
+/// A snapshot's persistent record.
+fn snapshot_meta(s: &Snapshot) -> SnapshotMeta {
+    SnapshotMeta {
+        name: s.name.clone(),
+        guid: s.guid,
+        txg: s.txg,
+        creation_s: s.creation_s,
+        root: s.root,
+        levels: s.levels,
+        volsize_bytes: s.volsize_bytes,
+        referenced_bytes: s.referenced_bytes,
+        written_bytes: s.written_bytes,
+        compressed_bytes: s.compressed_bytes,
+        deadlist: deadlist_meta(&s.deadlist),
+        holds: s.holds.iter().cloned().collect(),
+        defer_destroy: s.defer_destroy,
     }
 }
 

@@ -14,8 +14,9 @@ use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    decode_deadlist_chunk, decode_indirect, encode_deadlist_chunk, BlockPtr, BlockType,
-    ChecksumType, Compression, Dva, Txg, DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
+    decode_deadlist_chunk, decode_indirect, encode_bookmark_chunk, encode_deadlist_chunk,
+    encode_snapshot_chunk, BlockPtr, BlockType, ChecksumType, Compression, Dva, Txg,
+    DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -44,7 +45,18 @@ pub(crate) async fn sync_dataset(
     if destroy {
         // A destroyed head has no snapshots left (refused otherwise); what it killed that is
         // still shared belongs to its origin's snapshots. Its deadlist's own blocks go.
-        let deadlist = std::mem::take(&mut ds.lineage.lock().unwrap().deadlist);
+        // Its tables' blocks go too (bookmarks go with their dataset, as in ZFS).
+        let (deadlist, tables) = {
+            let mut l = ds.lineage.lock().unwrap();
+            let tables = [
+                std::mem::take(&mut l.snapshot_table),
+                std::mem::take(&mut l.bookmark_table),
+            ];
+            (std::mem::take(&mut l.deadlist), tables)
+        };
+        for block in tables.iter().flat_map(|t| t.blocks()) {
+            freed.extend_from_slice(block.dvas());
+        }
         free_deadlist(spa, deadlist, false, freed).await?;
         return Ok(());
     }
@@ -84,7 +96,7 @@ pub(crate) async fn apply(
             }
             let deadlist = std::mem::take(&mut l.deadlist);
             let written_bytes = l.written_bytes;
-            l.snapshots.push(Snapshot {
+            l.snapshots_mut().push(Snapshot {
                 name: name.clone(),
                 guid: *guid,
                 txg,
@@ -127,7 +139,7 @@ pub(crate) async fn apply(
                     return Ok(());
                 }
                 let prev = l.prev_txg(i);
-                let snap = l.snapshots.remove(i);
+                let snap = l.snapshots_mut().remove(i);
                 // `i` now names the snapshot after it (or the head).
                 let next = l.next_deadlist_at(i);
                 let to_free = next.split_above(prev);
@@ -135,7 +147,7 @@ pub(crate) async fn apply(
                 // What the next one references of the destroyed one's new blocks is now
                 // new to it.
                 let gained = snap.written_bytes.saturating_sub(to_free.bytes());
-                match l.snapshots.get_mut(i) {
+                match l.snapshots_mut().get_mut(i) {
                     Some(n) => n.written_bytes += gained,
                     None => {
                         l.written_bytes += gained;
@@ -154,7 +166,7 @@ pub(crate) async fn apply(
         SnapOp::Rollback { name } => {
             let target = {
                 let l = ds.lineage.lock().unwrap();
-                match l.snapshots.last() {
+                match l.snapshots().last() {
                     Some(s) if s.name == *name => s.clone(),
                     _ => {
                         tracing::warn!(
@@ -215,32 +227,30 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
         let mut mine = ds.lineage.lock().unwrap();
         let mut theirs = src.lineage.lock().unwrap();
         let Some(i) = theirs
-            .snapshots
+            .snapshots()
             .iter()
             .position(|s| s.guid == origin.snapshot_guid)
         else {
             tracing::warn!(dataset = ds.full_name, "origin snapshot gone: no promote");
             return;
         };
-        if theirs.snapshots[..=i]
+        if theirs.snapshots()[..=i]
             .iter()
             .any(|s| mine.find(&s.name).is_some())
         {
             tracing::warn!(dataset = ds.full_name, "snapshot names collide: no promote");
             return;
         }
-        let moved: Vec<Snapshot> = theirs.snapshots.drain(..=i).collect();
-        let guids = moved.iter().map(|s| s.guid).collect();
-        let mut snapshots = moved;
-        snapshots.append(&mut mine.snapshots);
-        mine.snapshots = snapshots;
+        let moved: Vec<Snapshot> = theirs.snapshots_mut().drain(..=i).collect();
+        let guids: Vec<oxpool_format::Guid> = moved.iter().map(|s| s.guid).collect();
+        mine.snapshots_mut().splice(0..0, moved);
         mine.origin = theirs.origin.take();
         // The origin snapshot now lives in the promoted volume.
         theirs.origin = Some(oxpool_format::OriginMeta {
             volume: ds.id,
             ..origin.clone()
         });
-        if theirs.snapshots.is_empty() {
+        if theirs.snapshots().is_empty() {
             theirs.prev_snap_txg = origin.txg;
         }
         guids
@@ -262,22 +272,42 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
 }
 
 /// Writes the entries added to `ds`'s deadlists (the head's and its snapshots') into
-/// deadlist blocks.
-pub(crate) async fn write_deadlists(spa: &Spa, ds: &Dataset, txg: Txg) -> Result<()> {
-    // (which deadlist: None the head's, Some(i) snapshot i's; bucket key; entries)
-    let pending: Vec<(Option<usize>, Txg, Vec<BlockPtr>)> = {
+/// deadlist blocks. A bucket whose last block is less than half full gets it rewritten with
+/// the new entries (its old block goes to `freed`) rather than one more small block: the head
+/// kills a few blocks in most txgs, and a block per txg would make the pool's metadata, which
+/// lists the head's blocks, grow by one pointer every txg for as long as a snapshot lives.
+/// So every block of a bucket but the last is at least half full.
+pub(crate) async fn write_deadlists(
+    spa: &Spa,
+    ds: &Dataset,
+    txg: Txg,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    // (which deadlist: None the head's, Some(i) snapshot i's; bucket key; entries; the
+    // bucket's last block if it is to be rewritten with them)
+    type Pending = (Option<usize>, Txg, Vec<BlockPtr>, Option<BlockPtr>);
+    let pending: Vec<Pending> = {
         let mut l = ds.lineage.lock().unwrap();
         let mut out = Vec::new();
         let mut take = |which: Option<usize>, d: &mut Deadlist| {
             for (k, b) in d.buckets_mut() {
                 if !b.pending.is_empty() {
-                    out.push((which, *k, std::mem::take(&mut b.pending)));
+                    let tail = b
+                        .stored
+                        .last()
+                        .filter(|c| (c.fill as usize) < DEADLIST_CHUNK_ENTRIES_MAX / 2)
+                        .copied();
+                    out.push((which, *k, std::mem::take(&mut b.pending), tail));
                 }
             }
         };
         take(None, &mut l.deadlist);
-        for (i, s) in l.snapshots.iter_mut().enumerate() {
-            take(Some(i), &mut s.deadlist);
+        // Only a destroy adds entries to a snapshot's deadlist: don't mark the snapshot table
+        // changed otherwise.
+        if l.snapshots().iter().any(|s| s.deadlist.has_pending()) {
+            for (i, s) in l.snapshots_mut().iter_mut().enumerate() {
+                take(Some(i), &mut s.deadlist);
+            }
         }
         out
     };
@@ -285,7 +315,13 @@ pub(crate) async fn write_deadlists(spa: &Spa, ds: &Dataset, txg: Txg) -> Result
         return Ok(());
     }
     let copies = indirect_copies(&ds.props.lock().unwrap());
-    for (which, key, entries) in pending {
+    for (which, key, mut entries, tail) in pending {
+        if let Some(tail) = &tail {
+            let mut all = read_deadlist_chunk(spa, tail).await?;
+            all.append(&mut entries);
+            entries = all;
+        }
+        let mut chunks = Vec::new();
         // Bounded: one block per DEADLIST_CHUNK_ENTRIES_MAX entries.
         for chunk in entries.chunks(DEADLIST_CHUNK_ENTRIES_MAX) {
             let bytes = encode_deadlist_chunk(chunk);
@@ -300,17 +336,87 @@ pub(crate) async fn write_deadlists(spa: &Spa, ds: &Dataset, txg: Txg) -> Result
                 txg,
                 fill: chunk.len() as u64,
             };
-            let bp =
-                write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?;
-            let mut l = ds.lineage.lock().unwrap();
-            let d = match which {
-                None => &mut l.deadlist,
-                Some(i) => &mut l.snapshots[i].deadlist,
-            };
-            d.add_stored(key, bp);
+            chunks.push(
+                write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?,
+            );
         }
+        if let Some(tail) = &tail {
+            freed.extend_from_slice(tail.dvas());
+        }
+        let mut l = ds.lineage.lock().unwrap();
+        let d = match which {
+            None => &mut l.deadlist,
+            Some(i) => &mut l.snapshots_mut()[i].deadlist,
+        };
+        d.add_stored(key, tail.as_ref(), chunks);
     }
     Ok(())
+}
+
+/// Writes `ds`'s snapshot and bookmark tables for txg `txg` if their records changed since
+/// they were last written (only the chunks that changed: `dsl/table.rs`).
+pub(crate) async fn write_tables(
+    spa: &Spa,
+    ds: &Dataset,
+    txg: Txg,
+    freed: &mut Vec<Dva>,
+) -> Result<()> {
+    let (snapshots, bookmarks, snapshot_table, bookmark_table) = {
+        let mut l = ds.lineage.lock().unwrap();
+        let Some((snapshots, bookmarks)) = l.take_dirty_tables() else {
+            return Ok(());
+        };
+        (
+            snapshots,
+            bookmarks,
+            l.snapshot_table.clone(),
+            l.bookmark_table.clone(),
+        )
+    };
+    let copies = indirect_copies(&ds.props.lock().unwrap());
+    let written = async {
+        let mut table_freed = Vec::new();
+        let s = snapshot_table
+            .write(
+                spa,
+                txg,
+                copies,
+                BlockType::SnapshotTable,
+                &snapshots,
+                |r| r.txg,
+                encode_snapshot_chunk,
+                &mut table_freed,
+            )
+            .await?;
+        let b = bookmark_table
+            .write(
+                spa,
+                txg,
+                copies,
+                BlockType::BookmarkTable,
+                &bookmarks,
+                |r| r.txg,
+                encode_bookmark_chunk,
+                &mut table_freed,
+            )
+            .await?;
+        Ok::<_, EngineError>((s, b, table_freed))
+    }
+    .await;
+    let mut l = ds.lineage.lock().unwrap();
+    match written {
+        Ok((s, b, table_freed)) => {
+            l.snapshot_table = s;
+            l.bookmark_table = b;
+            freed.extend(table_freed);
+            Ok(())
+        }
+        Err(e) => {
+            // Nothing published: the next sync writes them again.
+            l.mark_tables_dirty();
+            Err(e)
+        }
+    }
 }
 
 /// Frees a deadlist's blocks, and with `entries` the blocks it lists too (reading them).

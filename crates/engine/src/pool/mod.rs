@@ -32,9 +32,11 @@ type Replays = Vec<(String, Vec<ReplayRecord>)>;
 
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
+mod bookmark;
 mod recv;
 mod send;
 mod snapshot;
+pub use bookmark::BookmarkInfo;
 pub use recv::{ReceiveOptions, Received};
 pub use send::{SendOptions, SendStats, SEND_PREFETCH_BYTES_DEFAULT};
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
@@ -258,7 +260,7 @@ impl Pool {
                     .store(vm.compressed_bytes, Ordering::Relaxed);
                 // A version 2 pool has no record: no snapshots, a guid of its own from now.
                 let lineage = match meta.datasets.iter().find(|d| d.volume == vm.id) {
-                    Some(d) => Lineage::from_meta(d),
+                    Some(d) => crate::dsl::table::load_lineage(&spa, d).await?,
                     None => {
                         let mut l = Lineage::new(crate::spa::random_guid(), Txg(0), 0);
                         // No snapshot: every block is born after "none" (txg 0).
@@ -484,7 +486,7 @@ impl Pool {
         if let Some(ds) = self.dsl.get(name) {
             let snaps: Vec<String> = {
                 let l = ds.lineage.lock().unwrap();
-                l.snapshots.iter().map(|s| s.name.clone()).collect()
+                l.snapshots().iter().map(|s| s.name.clone()).collect()
             };
             if !snaps.is_empty() {
                 return Err(EngineError::Busy(format!(
@@ -507,7 +509,7 @@ impl Pool {
             if let Some(src) = src {
                 let snap = {
                     let l = src.lineage.lock().unwrap();
-                    l.snapshots
+                    l.snapshots()
                         .iter()
                         .find(|s| s.guid == o.snapshot_guid)
                         .map(|s| s.name.clone())

@@ -248,9 +248,9 @@ impl Pool {
         // Modified since the latest snapshot: the head's root born after it.
         self.spa.sync_now()?;
         let l = ds.lineage.lock().unwrap();
-        let Some(i) = l.snapshots.iter().position(|s| s.guid == fromguid) else {
+        let Some(i) = l.snapshots().iter().position(|s| s.guid == fromguid) else {
             let latest = l
-                .snapshots
+                .snapshots()
                 .last()
                 .map_or("none".to_string(), |s| format!("@{}", s.name));
             return Err(EngineError::invalid(format!(
@@ -259,8 +259,8 @@ impl Pool {
                 fromguid.0
             )));
         };
-        let base = l.snapshots[i].clone();
-        let later: Vec<String> = l.snapshots[i + 1..]
+        let base = l.snapshots()[i].clone();
+        let later: Vec<String> = l.snapshots()[i + 1..]
             .iter()
             .map(|s| s.name.clone())
             .collect();
@@ -280,10 +280,10 @@ impl Pool {
                 base.name
             )));
         }
-        if l.snapshots[..=i].iter().any(|s| s.name == snapshot) {
+        if l.snapshots()[..=i].iter().any(|s| s.name == snapshot) {
             return Err(EngineError::Exists(format!("{full}@{snapshot}")));
         }
-        let later_snaps = l.snapshots[i + 1..].to_vec();
+        let later_snaps = l.snapshots()[i + 1..].to_vec();
         // Not under the lineage's lock: the clones' lookup takes every dataset's.
         drop(l);
         for s in &later_snaps {

@@ -8,6 +8,7 @@
 //! [`SendOptions::prefetch_bytes_max`] of them read ahead of the writer; the calling thread
 //! encodes and writes them.
 
+use super::bookmark::IncrementalBase;
 use super::Pool;
 use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
@@ -30,7 +31,8 @@ pub const SEND_PREFETCH_BYTES_DEFAULT: u64 = 32 << 20;
 /// What to send.
 #[derive(Clone, Debug, Default)]
 pub struct SendOptions {
-    /// The base snapshot (its name after `@`) of an incremental stream; None: full.
+    /// The base of an incremental stream: a snapshot (its name after the `@`) or a bookmark
+    /// (`#NAME`); None: full.
     pub base: Option<String>,
     /// With a base: send every snapshot between it and the sent one, one stream each
     /// (`-I`), instead of one stream from the base (`-i`).
@@ -58,7 +60,7 @@ pub struct SendStats {
 
 /// One stream to send: the snapshot, and its base.
 struct Leg {
-    from: Option<Snapshot>,
+    from: Option<IncrementalBase>,
     to: Snapshot,
 }
 
@@ -140,31 +142,53 @@ impl Pool {
             .find(snap)
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name)))?;
         let Some(base) = &opts.base else {
-            let to = l.snapshots[to_i].clone();
+            let to = l.snapshots()[to_i].clone();
             return Ok((source, vec![Leg { from: None, to }]));
         };
-        let (from_i, _) = l
-            .find(base)
-            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{base}", self.spa.name)))?;
-        if from_i >= to_i {
+        let to = l.snapshots()[to_i].clone();
+        drop(l);
+        let from = self.incremental_base(volume, base)?;
+        let shown = match base.strip_prefix('#') {
+            Some(_) => format!("{}/{volume}{base}", self.spa.name),
+            None => format!("{}/{volume}@{base}", self.spa.name),
+        };
+        if from.txg >= to.txg {
             return Err(EngineError::invalid(format!(
-                "{}/{volume}@{base} is not earlier than @{snap}: an incremental base must be",
-                self.spa.name
+                "{shown} is not earlier than @{snap}: an incremental base must be"
             )));
         }
-        let legs = if opts.intermediates {
-            (from_i..to_i)
-                .map(|i| Leg {
-                    from: Some(l.snapshots[i].clone()),
-                    to: l.snapshots[i + 1].clone(),
-                })
-                .collect()
-        } else {
-            vec![Leg {
-                from: Some(l.snapshots[from_i].clone()),
-                to: l.snapshots[to_i].clone(),
-            }]
+        if !opts.intermediates {
+            return Ok((
+                source,
+                vec![Leg {
+                    from: Some(from),
+                    to,
+                }],
+            ));
+        }
+        if base.starts_with('#') {
+            return Err(EngineError::invalid(format!(
+                "{shown}: -I needs a snapshot as its base (a bookmark has no snapshots after it to send)"
+            )));
+        }
+        let l = ds.lineage.lock().unwrap();
+        let from_i = l
+            .find(base)
+            .ok_or_else(|| self.no_snapshot(volume, base))?
+            .0;
+        // The snapshots may have changed since they were looked at: checked again.
+        let (to_i, _) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
+        let base_of = |s: &Snapshot| IncrementalBase {
+            guid: s.guid,
+            txg: s.txg,
+            volsize_bytes: s.volsize_bytes,
         };
+        let legs = (from_i..to_i)
+            .map(|i| Leg {
+                from: Some(base_of(&l.snapshots()[i])),
+                to: l.snapshots()[i + 1].clone(),
+            })
+            .collect();
         Ok((source, legs))
     }
 

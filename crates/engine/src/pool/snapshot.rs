@@ -119,13 +119,13 @@ fn split_snapshot_name(full: &str) -> Result<(&str, &str)> {
 }
 
 impl Pool {
-    fn dataset(&self, volume: &str) -> Result<Arc<Dataset>> {
+    pub(crate) fn dataset(&self, volume: &str) -> Result<Arc<Dataset>> {
         self.dsl
             .get(volume)
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))
     }
 
-    fn no_snapshot(&self, volume: &str, snap: &str) -> EngineError {
+    pub(crate) fn no_snapshot(&self, volume: &str, snap: &str) -> EngineError {
         EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name))
     }
 
@@ -229,7 +229,7 @@ impl Pool {
             let mut l = ds.lineage.lock().unwrap();
             for s in &later {
                 let i = l.find(s).ok_or_else(|| self.no_snapshot(volume, s))?.0;
-                l.snapshots[i].defer_destroy = true;
+                l.snapshots_mut()[i].defer_destroy = true;
             }
         }
         if !now.is_empty() {
@@ -271,25 +271,25 @@ impl Pool {
         let mut freed = 0;
         // Runs of consecutive destroyed snapshots free what was born within the run and died
         // before the first kept snapshot after it (or the head).
-        let n = l.snapshots.len();
+        let n = l.snapshots().len();
         let mut i = 0;
         while i < n {
-            if !set.contains(&l.snapshots[i].name) {
+            if !set.contains(&l.snapshots()[i].name) {
                 i += 1;
                 continue;
             }
             let start = i;
-            while i < n && set.contains(&l.snapshots[i].name) {
+            while i < n && set.contains(&l.snapshots()[i].name) {
                 i += 1;
             }
             let after = l.prev_txg(start);
-            let upto = l.snapshots[i - 1].txg;
+            let upto = l.snapshots()[i - 1].txg;
             // Died in the run or before the next kept one, born in the run.
-            let mut bytes = match l.snapshots.get(i) {
+            let mut bytes = match l.snapshots().get(i) {
                 Some(next) => next.deadlist.bytes_born_in(after, upto),
                 None => l.deadlist.bytes_born_in(after, upto),
             };
-            for s in &l.snapshots[start + 1..i] {
+            for s in &l.snapshots()[start + 1..i] {
                 bytes += s.deadlist.bytes_born_in(after, upto);
             }
             freed += bytes;
@@ -306,7 +306,7 @@ impl Pool {
         let later: Vec<String> = {
             let l = ds.lineage.lock().unwrap();
             let (i, _) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
-            l.snapshots[i + 1..]
+            l.snapshots()[i + 1..]
                 .iter()
                 .map(|s| s.name.clone())
                 .collect()
@@ -432,11 +432,11 @@ impl Pool {
         let moving: Vec<String> = {
             let l = src.lineage.lock().unwrap();
             let i = l
-                .snapshots
+                .snapshots()
                 .iter()
                 .position(|s| s.guid == origin.snapshot_guid)
                 .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
-            l.snapshots[..=i].iter().map(|s| s.name.clone()).collect()
+            l.snapshots()[..=i].iter().map(|s| s.name.clone()).collect()
         };
         {
             let l = ds.lineage.lock().unwrap();
@@ -460,7 +460,7 @@ impl Pool {
                 .find(snap)
                 .ok_or_else(|| self.no_snapshot(volume, snap))?
                 .0;
-            if !l.snapshots[i].holds.insert(tag.to_string()) {
+            if !l.snapshots_mut()[i].holds.insert(tag.to_string()) {
                 return Err(EngineError::Exists(format!(
                     "hold '{tag}' on {}/{volume}@{snap}",
                     self.spa.name
@@ -479,7 +479,7 @@ impl Pool {
                 .find(snap)
                 .ok_or_else(|| self.no_snapshot(volume, snap))?
                 .0;
-            if !l.snapshots[i].holds.remove(tag) {
+            if !l.snapshots_mut()[i].holds.remove(tag) {
                 return Err(EngineError::NotFound(format!(
                     "hold '{tag}' on {}/{volume}@{snap}",
                     self.spa.name
@@ -498,7 +498,7 @@ impl Pool {
         let ds = self.dataset(volume)?;
         let list: Vec<_> = {
             let l = ds.lineage.lock().unwrap();
-            l.snapshots
+            l.snapshots()
                 .iter()
                 .enumerate()
                 .map(|(i, s)| (s.clone(), l.unique_bytes(i)))
@@ -545,7 +545,7 @@ impl Pool {
                 None
             } else {
                 let sl = src.lineage.lock().unwrap();
-                sl.snapshots
+                sl.snapshots()
                     .iter()
                     .find(|s| s.guid == o.snapshot_guid)
                     .map(|s| s.name.clone())
@@ -561,7 +561,7 @@ impl Pool {
             createtxg: l.createtxg.0,
             guid: l.guid.0,
             creation_s: l.creation_s,
-            snapshot_count: l.snapshots.len(),
+            snapshot_count: l.snapshots().len(),
         })
     }
 

@@ -17,6 +17,9 @@ pub fn arb_block_type() -> impl Strategy<Value = BlockType> {
         Just(BlockType::SpaceMap),
         Just(BlockType::Log),
         Just(BlockType::MetaIndex),
+        Just(BlockType::DeadList),
+        Just(BlockType::SnapshotTable),
+        Just(BlockType::BookmarkTable),
     ]
 }
 
@@ -228,6 +231,68 @@ fn arb_props() -> impl Strategy<Value = Vec<(String, String)>> {
     vec((arb_name(), arb_name()), 0..4)
 }
 
+/// A table chunk's record (any pointer, 1 to 64 records).
+pub fn arb_table_chunk() -> impl Strategy<Value = TableChunkMeta> {
+    (arb_block_ptr(), 1..=64u32).prop_map(|(chunk, entries)| TableChunkMeta { chunk, entries })
+}
+
+/// A deadlist bucket's record.
+pub fn arb_bucket() -> impl Strategy<Value = DeadBucketMeta> {
+    (
+        any::<u64>(),
+        vec(arb_block_ptr(), 0..3),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(|(key, chunks, count, bytes)| DeadBucketMeta {
+            key: Txg(key),
+            chunks,
+            count,
+            bytes,
+        })
+}
+
+/// A snapshot's record.
+pub fn arb_snapshot_meta() -> impl Strategy<Value = SnapshotMeta> {
+    let bucket = arb_bucket;
+    (
+        arb_name(),
+        any::<(u64, u64, u64)>(),
+        arb_block_ptr(),
+        0..=BLOCK_LEVEL_MAX,
+        any::<(u64, u64, u64, u64)>(),
+        vec(bucket(), 0..3),
+        vec(arb_name(), 0..2),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(
+                name,
+                (guid, txg, creation_s),
+                root,
+                levels,
+                sizes,
+                deadlist,
+                holds,
+                defer_destroy,
+            )| SnapshotMeta {
+                name,
+                guid: Guid(guid),
+                txg: Txg(txg),
+                creation_s,
+                root,
+                levels,
+                volsize_bytes: sizes.0,
+                referenced_bytes: sizes.1,
+                written_bytes: sizes.2,
+                compressed_bytes: sizes.3,
+                deadlist,
+                holds,
+                defer_destroy,
+            },
+        )
+}
+
 pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
     let volume = (
         any::<u64>(),
@@ -291,42 +356,6 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                 bytes,
             })
     };
-    let snapshot = (
-        arb_name(),
-        any::<(u64, u64, u64)>(),
-        arb_block_ptr(),
-        0..=BLOCK_LEVEL_MAX,
-        any::<(u64, u64, u64, u64)>(),
-        vec(bucket(), 0..3),
-        vec(arb_name(), 0..2),
-        any::<bool>(),
-    )
-        .prop_map(
-            |(
-                name,
-                (guid, txg, creation_s),
-                root,
-                levels,
-                sizes,
-                deadlist,
-                holds,
-                defer_destroy,
-            )| SnapshotMeta {
-                name,
-                guid: Guid(guid),
-                txg: Txg(txg),
-                creation_s,
-                root,
-                levels,
-                volsize_bytes: sizes.0,
-                referenced_bytes: sizes.1,
-                written_bytes: sizes.2,
-                compressed_bytes: sizes.3,
-                deadlist,
-                holds,
-                defer_destroy,
-            },
-        );
     let origin = prop::option::of(any::<(u64, u64, u64)>().prop_map(|(v, g, t)| OriginMeta {
         volume: VolumeId(v),
         snapshot_guid: Guid(g),
@@ -336,14 +365,16 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         any::<(u64, u64, u64, u64, u64, u64)>(),
         origin,
         vec(bucket(), 0..3),
-        vec(snapshot, 0..3),
+        vec(arb_table_chunk(), 0..3),
+        vec(arb_table_chunk(), 0..2),
     )
         .prop_map(
             |(
                 (volume, guid, createtxg, creation_s, prev, written),
                 origin,
                 deadlist,
-                snapshots,
+                snapshot_table,
+                bookmark_table,
             )| {
                 DatasetMeta {
                     volume: VolumeId(volume),
@@ -354,7 +385,9 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     prev_snap_txg: Txg(prev),
                     written_bytes: written,
                     deadlist,
-                    snapshots,
+                    snapshot_table,
+                    bookmark_table,
+                    snapshots: Vec::new(),
                 }
             },
         );
