@@ -15,7 +15,7 @@
 //!   deadlist empties (those blocks are the head's again).
 
 use crate::dsl::deadlist::{bucket_key, Bucket, Deadlist};
-use crate::dsl::table::Table;
+use crate::dsl::table::{Table, TablePlan};
 use oxpool_format::{BlockPtr, DatasetMeta, DeadBucketMeta, Guid, OriginMeta, SnapshotMeta, Txg};
 use std::collections::BTreeSet;
 
@@ -61,8 +61,37 @@ pub(crate) struct Lineage {
     pub snapshot_table: Table,
     /// The bookmark table's chunks as stored.
     pub bookmark_table: Table,
-    /// The records changed since the tables were last written.
-    tables_dirty: bool,
+    /// What changed in the snapshots since the table was last written.
+    snapshot_dirt: Dirt,
+    /// The bookmarks changed since their table was last written.
+    bookmarks_dirty: bool,
+    /// A snapshot's deadlist gained entries (a destroy merged one into it): the sync looks
+    /// for pending entries in the snapshots' deadlists only then.
+    snapshot_deadlists_grew: bool,
+}
+
+/// What changed in a list of records since its table was written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Dirt {
+    /// Nothing.
+    #[default]
+    Clean,
+    /// These records (by guid) changed in place or were appended; no other moved.
+    Records(BTreeSet<Guid>),
+    /// Records were inserted, removed or reordered.
+    Moved,
+}
+
+impl Dirt {
+    fn record(&mut self, guid: Guid) {
+        match self {
+            Dirt::Clean => *self = Dirt::Records(BTreeSet::from([guid])),
+            Dirt::Records(set) => {
+                set.insert(guid);
+            }
+            Dirt::Moved => {}
+        }
+    }
 }
 
 impl Lineage {
@@ -81,7 +110,9 @@ impl Lineage {
             bookmarks: Vec::new(),
             snapshot_table: Table::default(),
             bookmark_table: Table::default(),
-            tables_dirty: false,
+            snapshot_dirt: Dirt::Clean,
+            bookmarks_dirty: false,
+            snapshot_deadlists_grew: false,
         }
     }
 
@@ -92,8 +123,24 @@ impl Lineage {
 
     /// The snapshots, to change: the snapshot table is rewritten by the next sync.
     pub(crate) fn snapshots_mut(&mut self) -> &mut Vec<Snapshot> {
-        self.tables_dirty = true;
+        self.snapshot_dirt = Dirt::Moved;
+        self.snapshot_deadlists_grew = true;
         &mut self.snapshots
+    }
+
+    /// Snapshot `i`, to change in place: only its chunk of the table is rewritten.
+    pub(crate) fn snapshot_mut(&mut self, i: usize) -> &mut Snapshot {
+        self.snapshot_dirt.record(self.snapshots[i].guid);
+        &mut self.snapshots[i]
+    }
+
+    /// Adds the newest snapshot: only the table's last chunk is rewritten.
+    pub(crate) fn push_snapshot(&mut self, snap: Snapshot) {
+        debug_assert!(self.snapshots.last().is_none_or(|l| l.txg < snap.txg));
+        self.snapshot_dirt.record(snap.guid);
+        // It takes the head's deadlist, whose entries of this txg are not written yet.
+        self.snapshot_deadlists_grew |= snap.deadlist.has_pending();
+        self.snapshots.push(snap);
     }
 
     /// The bookmarks, oldest first.
@@ -104,30 +151,58 @@ impl Lineage {
     /// The bookmarks, to change (kept sorted by txg, then name, by the caller): the bookmark
     /// table is rewritten by the next sync.
     pub(crate) fn bookmarks_mut(&mut self) -> &mut Vec<oxpool_format::BookmarkMeta> {
-        self.tables_dirty = true;
+        self.bookmarks_dirty = true;
         &mut self.bookmarks
+    }
+
+    /// Whether a snapshot's deadlist may have gained entries since the last call (clears the
+    /// mark).
+    pub(crate) fn take_snapshot_deadlists_grew(&mut self) -> bool {
+        std::mem::take(&mut self.snapshot_deadlists_grew)
     }
 
     /// Whether the records changed since the tables were last written.
     pub(crate) fn tables_dirty(&self) -> bool {
-        self.tables_dirty
+        self.snapshot_dirt != Dirt::Clean || self.bookmarks_dirty
     }
 
-    /// Marks the tables for rewriting (a write that failed).
+    /// Marks the tables for rewriting whole (a write that failed).
     pub(crate) fn mark_tables_dirty(&mut self) {
-        self.tables_dirty = true;
+        self.snapshot_dirt = Dirt::Moved;
+        self.bookmarks_dirty = true;
     }
 
-    /// If the records changed since the tables were written: the records to write now (the
-    /// flag is cleared; a change made while they are written sets it again).
-    pub(crate) fn take_dirty_tables(
-        &mut self,
-    ) -> Option<(Vec<SnapshotMeta>, Vec<oxpool_format::BookmarkMeta>)> {
-        if !std::mem::take(&mut self.tables_dirty) {
+    /// If the records changed since the tables were written: the plans of the new tables
+    /// (see [`Table::plan`]: only the chunks that changed are encoded). The marks are
+    /// cleared; a change made while the plans are written sets them again.
+    pub(crate) fn plan_dirty_tables(&mut self) -> Option<(TablePlan, TablePlan)> {
+        if !self.tables_dirty() {
             return None;
         }
-        let snaps = self.snapshots.iter().map(snapshot_meta).collect();
-        Some((snaps, self.bookmarks.clone()))
+        let dirt = std::mem::take(&mut self.snapshot_dirt);
+        let changed = |s: &Snapshot| match &dirt {
+            Dirt::Records(set) => set.contains(&s.guid),
+            Dirt::Clean | Dirt::Moved => false,
+        };
+        let snaps = self.snapshot_table.plan(
+            &self.snapshots,
+            |s| s.txg,
+            changed,
+            dirt == Dirt::Moved,
+            |chunk| {
+                let metas: Vec<SnapshotMeta> = chunk.iter().map(snapshot_meta).collect();
+                oxpool_format::encode_snapshot_chunk(&metas)
+            },
+        );
+        let moved = std::mem::take(&mut self.bookmarks_dirty);
+        let marks = self.bookmark_table.plan(
+            &self.bookmarks,
+            |b| b.txg,
+            |_| false,
+            moved,
+            oxpool_format::encode_bookmark_chunk,
+        );
+        Some((snaps, marks))
     }
 
     /// The snapshot txgs of the chain, oldest first: the origin's, then its own.
@@ -174,7 +249,10 @@ impl Lineage {
     /// The deadlist of what now follows the snapshot that was at `i` before it was removed:
     /// snapshot `i`'s, or the head's.
     pub(crate) fn next_deadlist_at(&mut self, i: usize) -> &mut Deadlist {
-        self.tables_dirty = true;
+        if let Some(s) = self.snapshots.get(i) {
+            self.snapshot_dirt.record(s.guid);
+            self.snapshot_deadlists_grew = true;
+        }
         match self.snapshots.get_mut(i) {
             Some(n) => &mut n.deadlist,
             None => &mut self.deadlist,
@@ -264,7 +342,9 @@ impl Lineage {
             bookmarks,
             snapshot_table,
             bookmark_table,
-            tables_dirty: inline,
+            snapshot_dirt: if inline { Dirt::Moved } else { Dirt::Clean },
+            bookmarks_dirty: false,
+            snapshot_deadlists_grew: false,
         }
     }
 }

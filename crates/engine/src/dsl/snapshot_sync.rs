@@ -14,9 +14,8 @@ use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    decode_deadlist_chunk, decode_indirect, encode_bookmark_chunk, encode_deadlist_chunk,
-    encode_snapshot_chunk, BlockPtr, BlockType, ChecksumType, Compression, Dva, Txg,
-    DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
+    decode_deadlist_chunk, decode_indirect, encode_deadlist_chunk, BlockPtr, BlockType,
+    ChecksumType, Compression, Dva, Txg, DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -96,7 +95,7 @@ pub(crate) async fn apply(
             }
             let deadlist = std::mem::take(&mut l.deadlist);
             let written_bytes = l.written_bytes;
-            l.snapshots_mut().push(Snapshot {
+            l.push_snapshot(Snapshot {
                 name: name.clone(),
                 guid: *guid,
                 txg,
@@ -304,7 +303,9 @@ pub(crate) async fn write_deadlists(
         take(None, &mut l.deadlist);
         // Only a destroy adds entries to a snapshot's deadlist: don't mark the snapshot table
         // changed otherwise.
-        if l.snapshots().iter().any(|s| s.deadlist.has_pending()) {
+        if l.take_snapshot_deadlists_grew()
+            && l.snapshots().iter().any(|s| s.deadlist.has_pending())
+        {
             for (i, s) in l.snapshots_mut().iter_mut().enumerate() {
                 take(Some(i), &mut s.deadlist);
             }
@@ -361,14 +362,14 @@ pub(crate) async fn write_tables(
     txg: Txg,
     freed: &mut Vec<Dva>,
 ) -> Result<()> {
-    let (snapshots, bookmarks, snapshot_table, bookmark_table) = {
+    let (snap_plan, mark_plan, snapshot_table, bookmark_table) = {
         let mut l = ds.lineage.lock().unwrap();
-        let Some((snapshots, bookmarks)) = l.take_dirty_tables() else {
+        let Some((snap_plan, mark_plan)) = l.plan_dirty_tables() else {
             return Ok(());
         };
         (
-            snapshots,
-            bookmarks,
+            snap_plan,
+            mark_plan,
             l.snapshot_table.clone(),
             l.bookmark_table.clone(),
         )
@@ -382,9 +383,7 @@ pub(crate) async fn write_tables(
                 txg,
                 copies,
                 BlockType::SnapshotTable,
-                &snapshots,
-                |r| r.txg,
-                encode_snapshot_chunk,
+                snap_plan,
                 &mut table_freed,
             )
             .await?;
@@ -394,9 +393,7 @@ pub(crate) async fn write_tables(
                 txg,
                 copies,
                 BlockType::BookmarkTable,
-                &bookmarks,
-                |r| r.txg,
-                encode_bookmark_chunk,
+                mark_plan,
                 &mut table_freed,
             )
             .await?;

@@ -83,40 +83,80 @@ impl Table {
         out
     }
 
-    /// Writes the table of `records` (oldest first; `txg_of` gives each one's txg) for txg
-    /// `txg`: `encode` makes a chunk's block from its records; a chunk whose bytes are those
-    /// of a stored one keeps that block, the others are written new, and the stored ones no
-    /// longer used go to `freed`. Returns the new table.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn write<T>(
+    /// Plans the table of `records` (oldest first; `txg_of` gives each one's txg), without
+    /// I/O, so that it runs under the records' lock: a chunk that holds the same records as a
+    /// stored one, none of them `changed`, keeps its block without being encoded (unless
+    /// `moved`: records were inserted or removed, so no chunk is known to be the same
+    /// without its bytes); the others are encoded by `encode`, and keep a stored block whose
+    /// bytes they equal.
+    pub(crate) fn plan<R>(
+        &self,
+        records: &[R],
+        txg_of: impl Fn(&R) -> Txg,
+        changed: impl Fn(&R) -> bool,
+        moved: bool,
+        encode: impl Fn(&[R]) -> Vec<u8>,
+    ) -> TablePlan {
+        let txgs: Vec<Txg> = records.iter().map(txg_of).collect();
+        let mut kept = vec![false; self.chunks.len()];
+        let mut chunks = Vec::new();
+        // Stored chunks in order, walked along with the ranges (both by txg).
+        let mut next_old = 0;
+        for range in self.partition(&txgs) {
+            let first = txgs[range.start];
+            let entries = range.len() as u32;
+            while next_old < self.chunks.len() && self.chunks[next_old].1 < first {
+                next_old += 1;
+            }
+            let same_place = self
+                .chunks
+                .get(next_old)
+                .is_some_and(|(c, t)| *t == first && c.entries == entries);
+            if !moved && same_place && !records[range.clone()].iter().any(&changed) {
+                kept[next_old] = true;
+                chunks.push((first, Planned::Keep(next_old)));
+                continue;
+            }
+            let bytes = encode(&records[range]);
+            let sum = checksum(ChecksumType::Xxh3_128, &bytes);
+            let same = self.chunks.iter().enumerate().position(|(i, (c, _))| {
+                !kept[i]
+                    && c.chunk.checksum == sum
+                    && c.chunk.psize_bytes as usize == bytes.len()
+                    && c.entries == entries
+            });
+            match same {
+                Some(i) => {
+                    kept[i] = true;
+                    chunks.push((first, Planned::Keep(i)));
+                }
+                None => chunks.push((first, Planned::New { bytes, entries })),
+            }
+        }
+        TablePlan { chunks, kept }
+    }
+
+    /// Carries out `plan` (made by [`Table::plan`] of this table) for txg `txg`: writes its
+    /// new chunks, and puts the stored ones no longer used in `freed`. Returns the new
+    /// table.
+    pub(crate) async fn write(
         &self,
         spa: &Spa,
         txg: Txg,
         copies: usize,
         block_type: BlockType,
-        records: &[T],
-        txg_of: impl Fn(&T) -> Txg,
-        encode: impl Fn(&[T]) -> Vec<u8>,
+        plan: TablePlan,
         freed: &mut Vec<Dva>,
     ) -> Result<Table> {
-        let txgs: Vec<Txg> = records.iter().map(txg_of).collect();
-        let mut kept = vec![false; self.chunks.len()];
-        let mut chunks = Vec::new();
-        for range in self.partition(&txgs) {
-            let first = txgs[range.start];
-            let entries = range.len() as u32;
-            let bytes = encode(&records[range]);
-            let sum = checksum(ChecksumType::Xxh3_128, &bytes);
-            let same = self.chunks.iter().position(|(c, _)| {
-                c.chunk.checksum == sum
-                    && c.chunk.psize_bytes as usize == bytes.len()
-                    && c.entries == entries
-            });
-            if let Some(i) = same.filter(|&i| !kept[i]) {
-                kept[i] = true;
-                chunks.push((self.chunks[i].0, first));
-                continue;
-            }
+        let mut chunks = Vec::with_capacity(plan.chunks.len());
+        for (first, planned) in plan.chunks {
+            let (bytes, entries) = match planned {
+                Planned::Keep(i) => {
+                    chunks.push((self.chunks[i].0, first));
+                    continue;
+                }
+                Planned::New { bytes, entries } => (bytes, entries),
+            };
             let nb = NewBlock {
                 psize_bytes: bytes.len() as u32,
                 lsize_bytes: bytes.len() as u32,
@@ -130,15 +170,42 @@ impl Table {
             };
             let chunk =
                 write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?;
-            debug_assert_eq!(chunk.checksum, sum);
             chunks.push((TableChunkMeta { chunk, entries }, first));
         }
-        for ((c, _), kept) in self.chunks.iter().zip(&kept) {
+        for ((c, _), kept) in self.chunks.iter().zip(&plan.kept) {
             if !kept {
                 freed.extend_from_slice(c.chunk.dvas());
             }
         }
         Ok(Table { chunks })
+    }
+}
+
+/// A chunk of a planned table.
+#[derive(Debug)]
+enum Planned {
+    /// The stored chunk at this index, as it is.
+    Keep(usize),
+    /// A new chunk of these bytes and records.
+    New { bytes: Vec<u8>, entries: u32 },
+}
+
+/// What [`Table::plan`] decided: the chunks in order with their first records' txgs, and
+/// which stored chunks are kept.
+#[derive(Debug)]
+pub(crate) struct TablePlan {
+    chunks: Vec<(Txg, Planned)>,
+    kept: Vec<bool>,
+}
+
+#[cfg(test)]
+impl TablePlan {
+    /// The chunks to write.
+    pub(crate) fn new_chunks(&self) -> usize {
+        self.chunks
+            .iter()
+            .filter(|(_, p)| matches!(p, Planned::New { .. }))
+            .count()
     }
 }
 
@@ -334,6 +401,70 @@ mod tests {
         assert_eq!(p.len(), 3);
         assert_eq!(p[0], 0..max as usize);
         assert_eq!(p[2].len(), 1);
+    }
+
+    /// The table a plan makes, with block pointers carrying the new chunks' checksums (no
+    /// I/O: what `write` would publish).
+    fn published(old: &Table, plan: TablePlan) -> Table {
+        let chunks = plan
+            .chunks
+            .into_iter()
+            .map(|(first, p)| match p {
+                Planned::Keep(i) => (old.chunks[i].0, first),
+                Planned::New { bytes, entries } => {
+                    let chunk = BlockPtr {
+                        psize_bytes: bytes.len() as u32,
+                        checksum: checksum(ChecksumType::Xxh3_128, &bytes),
+                        ..BlockPtr::HOLE
+                    };
+                    (TableChunkMeta { chunk, entries }, first)
+                }
+            })
+            .collect();
+        Table { chunks }
+    }
+
+    #[test]
+    fn plans_encode_and_write_only_the_chunks_that_changed() {
+        // Records: (txg, value).
+        let encode = |r: &[(Txg, u64)]| {
+            r.iter()
+                .flat_map(|(t, v)| [t.0, *v])
+                .map(|x| x as u8)
+                .collect::<Vec<u8>>()
+        };
+        let plan = |t: &Table, recs: &[(Txg, u64)], changed: &[u64], moved: bool| {
+            t.plan(recs, |r| r.0, |r| changed.contains(&r.0 .0), moved, encode)
+        };
+        let mut recs: Vec<(Txg, u64)> = (1..=200).map(|t| (Txg(t), t)).collect();
+        let p = plan(&Table::default(), &recs, &[], true);
+        assert_eq!(p.new_chunks(), 200usize.div_ceil(TABLE_CHUNK_ENTRIES_MAX));
+        let t = published(&Table::default(), p);
+        // Nothing changed: nothing written.
+        assert_eq!(plan(&t, &recs, &[], false).new_chunks(), 0);
+        // One record appended: the last chunk only.
+        recs.push((Txg(201), 201));
+        let p = plan(&t, &recs, &[201], false);
+        assert_eq!(p.new_chunks(), 1);
+        let t = published(&t, p);
+        // One changed in place (a hold): its chunk only.
+        recs[5].1 = 999;
+        let p = plan(&t, &recs, &[6], false);
+        assert_eq!(p.new_chunks(), 1);
+        let t = published(&t, p);
+        // One removed from the middle (a destroy: records moved): its chunk only, the others
+        // found equal by their bytes.
+        recs.remove(100);
+        let p = plan(&t, &recs, &[], true);
+        assert_eq!(p.new_chunks(), 1);
+        let t = published(&t, p);
+        assert_eq!(
+            t.chunks
+                .iter()
+                .map(|(c, _)| c.entries as usize)
+                .sum::<usize>(),
+            recs.len()
+        );
     }
 
     #[test]

@@ -229,7 +229,7 @@ impl Pool {
             let mut l = ds.lineage.lock().unwrap();
             for s in &later {
                 let i = l.find(s).ok_or_else(|| self.no_snapshot(volume, s))?.0;
-                l.snapshots_mut()[i].defer_destroy = true;
+                l.snapshot_mut(i).defer_destroy = true;
             }
         }
         if !now.is_empty() {
@@ -460,7 +460,7 @@ impl Pool {
                 .find(snap)
                 .ok_or_else(|| self.no_snapshot(volume, snap))?
                 .0;
-            if !l.snapshots_mut()[i].holds.insert(tag.to_string()) {
+            if !l.snapshot_mut(i).holds.insert(tag.to_string()) {
                 return Err(EngineError::Exists(format!(
                     "hold '{tag}' on {}/{volume}@{snap}",
                     self.spa.name
@@ -479,7 +479,7 @@ impl Pool {
                 .find(snap)
                 .ok_or_else(|| self.no_snapshot(volume, snap))?
                 .0;
-            if !l.snapshots_mut()[i].holds.remove(tag) {
+            if !l.snapshot_mut(i).holds.remove(tag) {
                 return Err(EngineError::NotFound(format!(
                     "hold '{tag}' on {}/{volume}@{snap}",
                     self.spa.name
