@@ -13,6 +13,7 @@ pub mod scan;
 pub mod send;
 pub mod snapshot;
 pub mod snapshot_sync;
+pub mod written;
 
 use crate::dmu::tree::BlockTree;
 use crate::spa::sync::{SyncClient, UpperMeta};
