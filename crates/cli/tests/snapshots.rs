@@ -323,7 +323,7 @@ fn written_since_a_snapshot_and_logicalreferenced() {
     // blocks above them (a few of at most 32 KiB, two copies).
     let head = get_exact(&env, "written@snap1", "tank/vol0");
     assert!(
-        head >= 768 << 10 && head <= (768 << 10) + 4 * 2 * (32 << 10),
+        ((768 << 10)..=(768 << 10) + 4 * 2 * (32 << 10)).contains(&head),
         "written@snap1 {head}"
     );
     // Nothing written after snap3: the head is snap3's tree, the same figure.
