@@ -229,9 +229,9 @@ pub enum Command {
         /// List datasets instead of pools: volume, snapshot or all (comma-separated).
         #[arg(short = 't', value_name = "TYPE")]
         types: Option<String>,
-        /// With -t: the columns, comma-separated (name, type, used, referenced, written,
-        /// usedbysnapshots, usedbydataset, origin, clones, creation, createtxg, guid, volsize,
-        /// userrefs).
+        /// With -t: the columns, comma-separated (name, type, used, referenced,
+        /// logicalreferenced, written, written@SNAP, usedbysnapshots, usedbydataset, origin,
+        /// clones, creation, createtxg, guid, volsize, userrefs).
         #[arg(short = 'o', value_name = "COLUMNS", requires = "types")]
         columns: Option<String>,
         /// Pools (default: every pool the cache file knows).
@@ -261,7 +261,9 @@ pub enum Command {
         command: VolCommand,
     },
     /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`,
-    /// `oxpool get scheduler tank /dev/sdb` (a device's).
+    /// `oxpool get scheduler tank /dev/sdb` (a device's), `oxpool get written@monday
+    /// tank/vol0` (bytes written since snapshot monday; also of a later snapshot
+    /// `tank/vol0@friday`, or since a snapshot of a clone's origin, `written@vol0@monday`).
     Get {
         /// Property name, or `all`.
         prop: String,

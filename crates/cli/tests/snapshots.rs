@@ -276,3 +276,106 @@ fn promote_lets_the_original_volume_go() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+/// The value of a one-property `oxpool get`, checking its exact form: the header, then
+/// `TARGET PROPERTY VALUE` in columns.
+fn get_exact(env: &Env, prop: &str, target: &str) -> u64 {
+    let out = env.ok(&["get", prop, target]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0], format!("{:<32} {:<14} VALUE", "NAME", "PROPERTY"));
+    let value = lines[1].rsplit(' ').next().unwrap();
+    assert_eq!(
+        lines[1],
+        format!("{target:<32} {prop:<14} {value}"),
+        "{out}"
+    );
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("not exact bytes: {out}"))
+}
+
+/// `written@SNAP` of a volume and of a later snapshot, `logicalreferenced` of snapshots, and
+/// `list -o written@SNAP,logicalreferenced -p`: exact bytes, the same figure wherever the
+/// tree is the same; a bad or later snapshot is a one-line error.
+#[test]
+fn written_since_a_snapshot_and_logicalreferenced() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &["compression=off"])]);
+    let w = |name: &str, seed: u64, len: usize, offset: u64| {
+        let f = write_file(&env, name, seed, len);
+        env.ok(&[
+            "vol",
+            "write",
+            "tank/vol0",
+            "--offset",
+            &offset.to_string(),
+            &f,
+        ]);
+    };
+    w("a.raw", 11, 1 << 20, 0);
+    env.ok(&["snapshot", "tank/vol0@snap1"]);
+    w("b.raw", 12, 512 << 10, 0);
+    env.ok(&["snapshot", "tank/vol0@snap2"]);
+    w("c.raw", 13, 256 << 10, 4 << 20);
+    env.ok(&["snapshot", "tank/vol0@snap3"]);
+    // Since snap1: the 768 KiB of data written after it (compression off), and the indirect
+    // blocks above them (a few of at most 32 KiB, two copies).
+    let head = get_exact(&env, "written@snap1", "tank/vol0");
+    assert!(
+        ((768 << 10)..=(768 << 10) + 4 * 2 * (32 << 10)).contains(&head),
+        "written@snap1 {head}"
+    );
+    // Nothing written after snap3: the head is snap3's tree, the same figure.
+    assert_eq!(get_exact(&env, "written@snap1", "tank/vol0@snap3"), head);
+    assert_eq!(get_exact(&env, "written@snap3", "tank/vol0"), 0);
+    // Against the snapshot just before, a snapshot's written@ is its `written`.
+    assert_eq!(
+        get_exact(&env, "written@snap2", "tank/vol0@snap3"),
+        get_exact(&env, "written", "tank/vol0@snap3")
+    );
+    // The data blocks' bytes before compression (here: as written).
+    assert_eq!(
+        get_exact(&env, "logicalreferenced", "tank/vol0@snap1"),
+        1 << 20
+    );
+    assert_eq!(
+        get_exact(&env, "logicalreferenced", "tank/vol0@snap3"),
+        (1 << 20) + (256 << 10)
+    );
+    // A column of `list`, exact with -p; "-" where snap1 is not older.
+    let list = env.ok(&[
+        "list",
+        "-t",
+        "all",
+        "-p",
+        "-H",
+        "-o",
+        "name,written@snap1,logicalreferenced",
+    ]);
+    let rows: Vec<Vec<&str>> = list.lines().map(|l| l.split('\t').collect()).collect();
+    let head_s = head.to_string();
+    let snap2 = get_exact(&env, "written@snap1", "tank/vol0@snap2").to_string();
+    assert_eq!(
+        rows,
+        [
+            ["tank/vol0", head_s.as_str(), "1310720"],
+            ["tank/vol0@snap1", "-", "1048576"],
+            ["tank/vol0@snap2", snap2.as_str(), "1048576"],
+            ["tank/vol0@snap3", head_s.as_str(), "1310720"],
+        ],
+        "{list}"
+    );
+    let list = env.ok(&["list", "-t", "snapshot", "-o", "name,written@snap1"]);
+    assert!(
+        list.starts_with("NAME") && list.contains("WRITTEN@SNAP1"),
+        "{list}"
+    );
+    // One-line errors: no such snapshot, not older, no name.
+    let e = env.fails(&["get", "written@nosuch", "tank/vol0"]);
+    assert!(e.contains("tank/vol0@nosuch: not found"), "{e}");
+    let e = env.fails(&["get", "written@snap3", "tank/vol0@snap1"]);
+    assert!(e.contains("not older than tank/vol0@snap1"), "{e}");
+    env.fails(&["get", "written@", "tank/vol0"]);
+    env.ok(&["audit", "tank"]);
+}

@@ -673,4 +673,292 @@ fn snapshot_table_writes_do_not_grow_with_the_snapshot_count() {
     pool.release("keep", "v", "s7").unwrap();
     pool.destroy_snapshots("v", &["s7".to_string()]).unwrap();
     assert!(pool.audit().unwrap().is_clean());
+/// The model of `written_since_a_snapshot_counts_what_is_newer`: per tree, for each 4 KiB
+/// block, the epoch it was last changed in (written or trimmed) and whether it holds data.
+/// The epoch counts the snapshots taken before: a block changed after snapshot `S` has an
+/// epoch above `S`'s (txgs only grow, so this is "born after S.txg").
+#[derive(Clone)]
+struct EpochTree {
+    changed: Vec<Option<u32>>,
+    data: Vec<bool>,
+}
+
+impl EpochTree {
+    fn new(blocks: usize) -> EpochTree {
+        EpochTree {
+            changed: vec![None; blocks],
+            data: vec![false; blocks],
+        }
+    }
+
+    /// Bytes of its data blocks changed after `epoch` (compression off: 4 KiB each).
+    fn data_after(&self, epoch: u32) -> u64 {
+        (0..self.data.len())
+            .filter(|&b| self.data[b] && self.changed[b].is_some_and(|e| e > epoch))
+            .count() as u64
+            * 4096
+    }
+
+    /// At most the bytes of the indirect blocks rewritten after `epoch`: the level-1 blocks
+    /// above a changed block, and the levels above them (two levels suffice: 512 blocks of
+    /// 255 per indirect block), each 32 KiB, two copies.
+    fn indirect_after_max(&self, epoch: u32) -> u64 {
+        let l1: std::collections::BTreeSet<usize> = (0..self.changed.len())
+            .filter(|&b| self.changed[b].is_some_and(|e| e > epoch))
+            .map(|b| b / oxpool_format::INDIRECT_FANOUT)
+            .collect();
+        if l1.is_empty() {
+            return 0;
+        }
+        (l1.len() as u64 + 1) * 2 * 32768
+    }
+}
+
+/// `written@SNAP` of volumes and of snapshots, against every older snapshot of their line:
+/// through overwrites, trims, a destroy in the middle (merged deadlists), a clone (its
+/// origin's snapshots by full name), a promote (the snapshots move with it) and an import.
+/// Each figure is checked three ways: the audit recomputes every pair from its walk of the
+/// trees (bytes born after the snapshot's txg) and must have checked them all; it covers
+/// the data blocks the model says changed since, plus at most their indirect blocks (and is
+/// 0 when nothing changed); and against the snapshot just before, it is that tree's
+/// `written`. `logicalreferenced` of each snapshot is its data blocks' bytes.
+#[test]
+fn written_since_a_snapshot_counts_what_is_newer() {
+    const BS: u64 = 4096;
+    let blocks = (VOLUME_BYTES / BS) as usize;
+    let (mut pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let props = [
+        ("compression".to_string(), "off".to_string()),
+        ("volblocksize".to_string(), BS.to_string()),
+    ];
+    pool.create_volume("v", VOLUME_BYTES, &props).unwrap();
+    // Heads and snapshots (`vol@snap`) with their models; snapshots with their epoch.
+    let mut heads: BTreeMap<String, EpochTree> = BTreeMap::new();
+    heads.insert("v".into(), EpochTree::new(blocks));
+    let mut snaps: BTreeMap<String, (u32, EpochTree)> = BTreeMap::new();
+    let mut epoch = 0u32;
+    let change = |pool: &Pool,
+                  heads: &mut BTreeMap<String, EpochTree>,
+                  epoch: u32,
+                  vol: &str,
+                  first: usize,
+                  count: usize,
+                  trim: bool| {
+        let v = pool.volume(vol).unwrap();
+        let (off, len) = (first as u64 * BS, count as u64 * BS);
+        if trim {
+            oxpool_io::rt::block_on(v.trim(off, len, false)).unwrap();
+        } else {
+            let data = pattern(u64::from(epoch) << 32 | first as u64, len as usize);
+            oxpool_io::rt::block_on(v.write(off, &data, false)).unwrap();
+        }
+        let m = heads.get_mut(vol).unwrap();
+        for b in first..first + count {
+            m.changed[b] = Some(epoch);
+            m.data[b] = !trim;
+        }
+    };
+    let snapshot = |pool: &Pool,
+                    heads: &BTreeMap<String, EpochTree>,
+                    snaps: &mut BTreeMap<String, (u32, EpochTree)>,
+                    epoch: &mut u32,
+                    full: &str| {
+        pool.snapshot(&[full.to_string()]).unwrap();
+        let vol = full.split_once('@').unwrap().0;
+        snaps.insert(full.to_string(), (*epoch, heads[vol].clone()));
+        *epoch += 1;
+    };
+    // `line`: the trees, oldest first, each older one a snapshot (`vol@snap` or a head).
+    let check = |pool: &Pool,
+                 heads: &BTreeMap<String, EpochTree>,
+                 snaps: &BTreeMap<String, (u32, EpochTree)>,
+                 line: &[&str],
+                 when: &str| {
+        for (m, x) in line.iter().enumerate() {
+            let model = match snaps.get(*x) {
+                Some((_, t)) => t,
+                None => &heads[*x],
+            };
+            let vol = x.split_once('@').map_or(*x, |(v, _)| v);
+            for o in &line[..m] {
+                let (o_epoch, _) = snaps[*o];
+                // A snapshot of the same volume by its short name, an origin's by full name.
+                let since = match o.split_once('@') {
+                    Some((ov, s)) if ov == vol => s.to_string(),
+                    _ => o.to_string(),
+                };
+                let got = pool.written_since(x, &since).unwrap();
+                let via_get: u64 = pool
+                    .get_dataset_prop(x, &format!("written@{since}"))
+                    .unwrap()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(got, via_get, "{when}: {x} written@{since}");
+                let data = model.data_after(o_epoch);
+                let indirect_max = model.indirect_after_max(o_epoch);
+                assert!(
+                    got >= data && got <= data + indirect_max,
+                    "{when}: {x} written@{since} is {got}: data changed since {data}, \
+                     indirect at most {indirect_max}"
+                );
+                assert_eq!(got == 0, indirect_max == 0, "{when}: {x} written@{since}");
+            }
+            // Against the snapshot just before: that tree's own `written`.
+            if m > 0 {
+                let since = line[m - 1];
+                let written: u64 = pool
+                    .get_dataset_prop(x, "written")
+                    .unwrap()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let short = since.split_once('@').unwrap().1;
+                let name = if since.starts_with(&format!("{vol}@")) {
+                    short.to_string()
+                } else {
+                    since.to_string()
+                };
+                assert_eq!(
+                    pool.written_since(x, &name).unwrap(),
+                    written,
+                    "{when}: {x} written@{name} and written"
+                );
+            }
+            if let Some((vol, snap)) = x.split_once('@') {
+                let lref: u64 = pool
+                    .get_dataset_prop(x, "logicalreferenced")
+                    .unwrap()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let blocks_with_data = model.data.iter().filter(|d| **d).count() as u64;
+                assert_eq!(lref, blocks_with_data * BS, "{when}: {vol}@{snap}");
+            }
+        }
+        let report = pool.audit().unwrap();
+        assert!(report.is_clean(), "{when}: {:#?}", report.problems);
+        // Every volume and snapshot against every older one of its line (origins' trees
+        // counted with their own volume).
+        let pairs: u64 = heads
+            .keys()
+            .map(|h| {
+                let l = pool_line(pool, h);
+                let own = l
+                    .iter()
+                    .filter(|g| g.split_once('@').map_or(g.as_str(), |(v, _)| v) == h)
+                    .count();
+                let first_own = l.len() - own;
+                (first_own..l.len()).map(|m| m as u64).sum::<u64>()
+            })
+            .sum();
+        assert_eq!(report.written_since_checked, pairs, "{when}: pairs audited");
+    };
+
+    change(&pool, &mut heads, epoch, "v", 0, 64, false);
+    snapshot(&pool, &heads, &mut snaps, &mut epoch, "v@s1");
+    change(&pool, &mut heads, epoch, "v", 0, 16, false);
+    change(&pool, &mut heads, epoch, "v", 300, 10, false);
+    snapshot(&pool, &heads, &mut snaps, &mut epoch, "v@s2");
+    // Nothing changes between s2 and s3: written@s2 of s3 is 0.
+    snapshot(&pool, &heads, &mut snaps, &mut epoch, "v@s3");
+    change(&pool, &mut heads, epoch, "v", 300, 5, true);
+    change(&pool, &mut heads, epoch, "v", 8, 16, false);
+    snapshot(&pool, &heads, &mut snaps, &mut epoch, "v@s4");
+    change(&pool, &mut heads, epoch, "v", 30, 10, false);
+    pool.sync().unwrap();
+    check(
+        &pool,
+        &heads,
+        &snaps,
+        &["v@s1", "v@s2", "v@s3", "v@s4", "v"],
+        "overwrites",
+    );
+    // Not older, unknown, another line: one-line errors.
+    let e = pool.written_since("v@s2", "s4").unwrap_err().to_string();
+    assert!(e.contains("not older"), "{e}");
+    let e = pool.written_since("v@s2", "s2").unwrap_err().to_string();
+    assert!(e.contains("not older"), "{e}");
+    let e = pool.written_since("v", "nosuch").unwrap_err().to_string();
+    assert_eq!(e, "tank/v@nosuch: not found");
+    assert!(pool.written_since("v", "").is_err());
+
+    // A destroy in the middle: s3's deadlist holds what s2 alone held; merged into s4's.
+    pool.destroy_snapshots("v", &["s2".to_string()]).unwrap();
+    snaps.remove("v@s2");
+    check(
+        &pool,
+        &heads,
+        &snaps,
+        &["v@s1", "v@s3", "v@s4", "v"],
+        "after destroying s2",
+    );
+
+    // A clone of s3, written and snapshotted: its line runs through v's snapshots.
+    pool.clone_snapshot("v", "s3", "c", &[]).unwrap();
+    heads.insert("c".into(), snaps["v@s3"].1.clone());
+    change(&pool, &mut heads, epoch, "c", 200, 10, false);
+    change(&pool, &mut heads, epoch, "c", 40, 4, true);
+    snapshot(&pool, &heads, &mut snaps, &mut epoch, "c@t1");
+    change(&pool, &mut heads, epoch, "c", 0, 4, false);
+    change(&pool, &mut heads, epoch, "v", 60, 4, false);
+    pool.sync().unwrap();
+    check(
+        &pool,
+        &heads,
+        &snaps,
+        &["v@s1", "v@s3", "v@s4", "v"],
+        "v with a clone",
+    );
+    check(
+        &pool,
+        &heads,
+        &snaps,
+        &["v@s1", "v@s3", "c@t1", "c"],
+        "the clone",
+    );
+    let e = pool.written_since("c", "v@s4").unwrap_err().to_string();
+    assert!(e.contains("does not descend"), "{e}");
+
+    // Promote: s1 and s3 move to c, v becomes a clone of c@s3.
+    pool.promote("c").unwrap();
+    for s in ["s1", "s3"] {
+        let t = snaps.remove(&format!("v@{s}")).unwrap();
+        snaps.insert(format!("c@{s}"), t);
+    }
+    let promoted = |pool: &Pool, heads: &_, snaps: &_, when: &str| {
+        check(pool, heads, snaps, &["c@s1", "c@s3", "c@t1", "c"], when);
+        check(pool, heads, snaps, &["c@s1", "c@s3", "v@s4", "v"], when);
+    };
+    promoted(&pool, &heads, &snaps, "after promote");
+    // The figures are those recorded: the same after an import.
+    pool.export().unwrap();
+    pool = reimport(&mems);
+    promoted(&pool, &heads, &snaps, "after import");
+}
+
+/// The names of `volume`'s line, oldest first (for counting the audit's pairs).
+fn pool_line(pool: &Pool, volume: &str) -> Vec<String> {
+    let mut out = vec![volume.to_string()];
+    let mut vol = volume.to_string();
+    let mut upto: Option<String> = None;
+    // Bounded by the volumes: each step goes to an origin's volume.
+    for _ in 0..pool.volumes().len() {
+        let snaps = pool.snapshots(&vol).unwrap();
+        let end = match &upto {
+            Some(s) => snaps.iter().position(|x| x.name == *s).unwrap() + 1,
+            None => snaps.len(),
+        };
+        for s in snaps[..end].iter().rev() {
+            out.push(format!("{vol}@{}", s.name));
+        }
+        let Some(origin) = pool.dataset_space(&vol).unwrap().origin else {
+            break;
+        };
+        let (ov, os) = origin.split_once('@').unwrap();
+        vol = ov.strip_prefix("tank/").unwrap().to_string();
+        upto = Some(os.to_string());
+    }
+    out.reverse();
+    out
 }

@@ -472,13 +472,16 @@ impl ListTypes {
 pub const DEFAULT_COLUMNS: &str = "name,used,referenced,written,usedbysnapshots,origin";
 
 /// A column of `list -t ... -o`.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Column {
     Name,
     Type,
     Used,
     Referenced,
+    LogicalReferenced,
     Written,
+    /// `written@SNAP`: since snapshot SNAP (`snap`, or `vol@snap` of an origin's volume).
+    WrittenSince(String),
     UsedBySnapshots,
     UsedByDataset,
     Origin,
@@ -497,7 +500,11 @@ impl Column {
             "type" => Column::Type,
             "used" => Column::Used,
             "referenced" | "refer" => Column::Referenced,
+            "logicalreferenced" | "lrefer" => Column::LogicalReferenced,
             "written" => Column::Written,
+            w if w.starts_with("written@") && w.len() > "written@".len() => {
+                Column::WrittenSince(w["written@".len()..].to_string())
+            }
             "usedbysnapshots" | "usedsnap" => Column::UsedBySnapshots,
             "usedbydataset" | "usedds" => Column::UsedByDataset,
             "origin" => Column::Origin,
@@ -508,19 +515,23 @@ impl Column {
             "volsize" => Column::Volsize,
             "userrefs" => Column::UserRefs,
             other => bail!(
-                "-o {other}: a column is name, type, used, referenced, written, usedbysnapshots, \
-                 usedbydataset, origin, clones, creation, createtxg, guid, volsize or userrefs"
+                "-o {other}: a column is name, type, used, referenced, logicalreferenced, written, \
+                 written@SNAP, usedbysnapshots, usedbydataset, origin, clones, creation, \
+                 createtxg, guid, volsize or userrefs"
             ),
         })
     }
 
-    fn title(self) -> &'static str {
+    fn title(&self) -> String {
         match self {
             Column::Name => "NAME",
             Column::Type => "TYPE",
             Column::Used => "USED",
             Column::Referenced => "REFER",
+            Column::LogicalReferenced => "LREFER",
             Column::Written => "WRITTEN",
+            // As zfs: WRITTEN@SNAP1.
+            Column::WrittenSince(snap) => return format!("WRITTEN@{}", snap.to_uppercase()),
             Column::UsedBySnapshots => "USEDSNAP",
             Column::UsedByDataset => "USEDDS",
             Column::Origin => "ORIGIN",
@@ -531,10 +542,11 @@ impl Column {
             Column::Volsize => "VOLSIZE",
             Column::UserRefs => "USERREFS",
         }
+        .to_string()
     }
 
     /// Width in the table; names and lists are left-aligned, numbers right-aligned.
-    fn width(self) -> (usize, bool) {
+    fn width(&self) -> (usize, bool) {
         match self {
             Column::Name => (32, true),
             Column::Origin | Column::Clones => (24, true),
@@ -542,6 +554,14 @@ impl Column {
             Column::Guid => (20, false),
             _ => (10, false),
         }
+    }
+}
+
+/// A `written@SNAP` cell: `-` where SNAP is no older snapshot of the row's line (as zfs).
+fn written_since(p: &Pool, target: &str, snap: &str, exact: bool) -> String {
+    match p.written_since(target, snap) {
+        Ok(bytes) => size(bytes, exact),
+        Err(_) => "-".into(),
     }
 }
 
@@ -575,7 +595,7 @@ pub fn datasets_header(con: &mut dyn Console, columns: &str) -> Result<()> {
         .split(',')
         .map(Column::parse)
         .collect::<Result<_>>()?;
-    let titles: Vec<String> = cols.iter().map(|c| c.title().to_string()).collect();
+    let titles: Vec<String> = cols.iter().map(|c| c.title()).collect();
     writeln!(con.out(), "{}", format_row(&cols, &titles))?;
     Ok(())
 }
@@ -606,11 +626,13 @@ pub fn list_datasets(
                 let v = vol.name().to_string();
                 if types.volumes {
                     let s = p.dataset_space(&v)?;
-                    let value = |c: Column| match c {
+                    let value = |c: &Column| match c {
                         Column::Name => vol.full_name().to_string(),
                         Column::Type => "volume".into(),
                         Column::Used => size(s.used_bytes, exact),
                         Column::Referenced => size(s.referenced_bytes, exact),
+                        Column::LogicalReferenced => size(vol.logical_bytes(), exact),
+                        Column::WrittenSince(snap) => written_since(p, &v, snap, exact),
                         Column::Written | Column::UsedByDataset => size(s.written_bytes, exact),
                         Column::UsedBySnapshots => size(s.used_by_snapshots_bytes, exact),
                         Column::Origin => s.origin.clone().unwrap_or_else(|| "-".into()),
@@ -620,15 +642,19 @@ pub fn list_datasets(
                         Column::Guid => s.guid.to_string(),
                         Column::Volsize => size(vol.size_bytes(), exact),
                     };
-                    rows.push(cols.iter().map(|c| value(*c)).collect());
+                    rows.push(cols.iter().map(value).collect());
                 }
                 if types.snapshots {
                     for s in p.snapshots(&v)? {
-                        let value = |c: Column| match c {
+                        let value = |c: &Column| match c {
                             Column::Name => format!("{}@{}", vol.full_name(), s.name),
                             Column::Type => "snapshot".into(),
                             Column::Used => size(s.used_bytes, exact),
                             Column::Referenced => size(s.referenced_bytes, exact),
+                            Column::LogicalReferenced => size(s.logical_referenced_bytes, exact),
+                            Column::WrittenSince(snap) => {
+                                written_since(p, &format!("{v}@{}", s.name), snap, exact)
+                            }
                             Column::Written => size(s.written_bytes, exact),
                             Column::UsedBySnapshots | Column::UsedByDataset | Column::Origin => {
                                 "-".into()
@@ -641,7 +667,7 @@ pub fn list_datasets(
                             Column::Volsize => size(s.volsize_bytes, exact),
                             Column::UserRefs => s.holds.len().to_string(),
                         };
-                        rows.push(cols.iter().map(|c| value(*c)).collect());
+                        rows.push(cols.iter().map(value).collect());
                     }
                 }
                 if types.bookmarks {

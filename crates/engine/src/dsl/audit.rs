@@ -19,7 +19,7 @@ use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::Result;
 use oxpool_format::{decode_indirect, BlockPtr, Dva, Txg, INDIRECT_FANOUT, SECTOR_BYTES};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 /// What an audit found.
@@ -29,6 +29,9 @@ pub struct AuditReport {
     pub blocks_checked: u64,
     /// Trees walked (heads and snapshots).
     pub trees_walked: u64,
+    /// `written@SNAP` figures checked against the trees: every volume and snapshot against
+    /// every older snapshot of its line (dsl/written.rs).
+    pub written_since_checked: u64,
     /// Bytes allocated that nothing references.
     pub leaked_bytes: u64,
     /// Every problem, one line each (leaks, double references, corrupt blocks, counters).
@@ -91,6 +94,8 @@ impl Referenced {
 struct TreeSums {
     referenced_bytes: u64,
     born_after_bytes: u64,
+    /// Bytes of its blocks by birth txg: `written@SNAP` is the sum above `SNAP`'s txg.
+    bytes_by_birth: BTreeMap<Txg, u64>,
 }
 
 /// Walks the tree under `root`: records its places, verifies each block once, and sums its
@@ -116,6 +121,7 @@ async fn walk_tree(
         if bp.birth > after {
             sums.born_after_bytes += bytes;
         }
+        *sums.bytes_by_birth.entry(bp.birth).or_default() += bytes;
         let key = key_of(&bp);
         let mut new = false;
         for d in bp.dvas() {
@@ -211,6 +217,53 @@ fn check(report: &mut AuditReport, what: &str, figure: &str, recorded: u64, comp
     }
 }
 
+/// Checks `written@SNAP` (computed from figures and deadlist totals, as `oxpool get` does)
+/// of each volume and snapshot against every older snapshot of its line, with the bytes of
+/// its tree born after that snapshot's txg (`births`, from the walks). O(n^2) figures for a
+/// line of n snapshots: each line is summed once per older snapshot.
+fn check_written_since(
+    dsl: &Datasets,
+    datasets: &[std::sync::Arc<Dataset>],
+    births: &HashMap<String, BTreeMap<Txg, u64>>,
+    report: &mut AuditReport,
+) {
+    for ds in datasets {
+        let line = crate::dsl::written::line(dsl, ds);
+        // This dataset's own generations (its snapshots and head) end the line; the older
+        // ones are its origins', checked with their own volumes.
+        let own = 1 + ds.lineage.lock().unwrap().snapshots().len();
+        let own_start = line.len().saturating_sub(own);
+        for k in 0..line.len().saturating_sub(1) {
+            let since = &line[k];
+            let figures = crate::dsl::written::written_since_each(&line, k);
+            for (m, figure) in (k + 1..line.len()).zip(figures) {
+                if m < own_start {
+                    continue;
+                }
+                let g = &line[m];
+                let Some(by_birth) = births.get(&g.name) else {
+                    report.problems.push(format!(
+                        "{}/{}: no tree walked for it",
+                        dsl.pool_name, g.name
+                    ));
+                    continue;
+                };
+                let walked: u64 = by_birth
+                    .range(Txg(since.txg.0.saturating_add(1))..)
+                    .map(|(_, b)| b)
+                    .sum();
+                report.written_since_checked += 1;
+                if figure != walked {
+                    report.problems.push(format!(
+                        "{}/{}: written@{} is {figure}, the tree says {walked}",
+                        dsl.pool_name, g.name, since.name
+                    ));
+                }
+            }
+        }
+    }
+}
+
 /// Audits the pool (see the module docs).
 pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     let mut report = AuditReport::default();
@@ -218,6 +271,8 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     let mut children_of = HashMap::new();
     let datasets: Vec<std::sync::Arc<Dataset>> = dsl.all();
     let mut dead_entries: Vec<(String, BlockPtr)> = Vec::new();
+    // Each tree's bytes by birth, by its name in the line (`volume`, `volume@snapshot`).
+    let mut births: HashMap<String, BTreeMap<Txg, u64>> = HashMap::new();
     for ds in &datasets {
         let (root, _) = *ds.data().written_root.lock().unwrap();
         let l = {
@@ -268,6 +323,7 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             written_bytes,
             sums.born_after_bytes,
         );
+        births.insert(ds.name.clone(), sums.bytes_by_birth);
         for e in walk_deadlist(spa, &deadlist, &ds.full_name, &mut refs, &mut report).await {
             if e.birth > prev_snap_txg {
                 report.problems.push(format!(
@@ -307,11 +363,13 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
                 s.written_bytes,
                 sums.born_after_bytes,
             );
+            births.insert(format!("{}@{}", ds.name, s.name), sums.bytes_by_birth);
             for e in walk_deadlist(spa, &s.deadlist, &what, &mut refs, &mut report).await {
                 dead_entries.push((what.clone(), e));
             }
         }
     }
+    check_written_since(dsl, &datasets, &births, &mut report);
     // The queue of frees: its chunks and their entries are still allocated until drained.
     let (chunks, count, bytes) = {
         let q = dsl.freeing.lock().unwrap();

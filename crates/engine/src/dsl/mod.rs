@@ -14,6 +14,7 @@ pub mod send;
 pub mod snapshot;
 pub mod snapshot_sync;
 pub mod table;
+pub mod written;
 
 use crate::dmu::tree::BlockTree;
 use crate::spa::sync::{SyncClient, UpperMeta};

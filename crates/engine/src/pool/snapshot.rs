@@ -37,6 +37,9 @@ pub struct SnapshotInfo {
     pub referenced_bytes: u64,
     /// Bytes of its tree written since the snapshot before it.
     pub written_bytes: u64,
+    /// The logical size of its data blocks: what they hold before compression, one copy,
+    /// holes not counted (`logicalreferenced`).
+    pub logical_referenced_bytes: u64,
     /// The volume's size then.
     pub volsize_bytes: u64,
     /// Its user holds.
@@ -90,6 +93,7 @@ pub const SNAPSHOT_PROP_NAMES: &[&str] = &[
     "type",
     "used",
     "referenced",
+    "logicalreferenced",
     "written",
     "volsize",
     "createtxg",
@@ -496,6 +500,8 @@ impl Pool {
     /// The snapshots of `volume`, oldest first.
     pub fn snapshots(&self, volume: &str) -> Result<Vec<SnapshotInfo>> {
         let ds = self.dataset(volume)?;
+        // Fixed at creation: the same for every snapshot.
+        let block_bytes = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
         let list: Vec<_> = {
             let l = ds.lineage.lock().unwrap();
             l.snapshots()
@@ -515,6 +521,8 @@ impl Pool {
                 used_bytes: used,
                 referenced_bytes: s.referenced_bytes,
                 written_bytes: s.written_bytes,
+                // As a volume's: the root counts the data blocks below it.
+                logical_referenced_bytes: s.root.fill.saturating_mul(block_bytes),
                 volsize_bytes: s.volsize_bytes,
                 holds: s.holds.iter().cloned().collect(),
                 clones: self.dsl.clone_names(s.guid),
@@ -569,6 +577,9 @@ impl Pool {
     /// snapshot's (`volume` given as `vol@snap`, one of [`SNAPSHOT_PROP_NAMES`]), as
     /// `oxpool get` shows it. `None`: not such a property (ask the volume).
     pub fn get_dataset_prop(&self, volume: &str, name: &str) -> Result<Option<String>> {
+        if let Some(since) = name.strip_prefix("written@") {
+            return Ok(Some(self.written_since(volume, since)?.to_string()));
+        }
         if let Some((v, snap)) = volume.split_once('@') {
             let s = self
                 .snapshots(v)?
@@ -578,6 +589,7 @@ impl Pool {
             return Ok(Some(match name {
                 "used" => s.used_bytes.to_string(),
                 "referenced" => s.referenced_bytes.to_string(),
+                "logicalreferenced" => s.logical_referenced_bytes.to_string(),
                 "written" => s.written_bytes.to_string(),
                 "createtxg" => s.createtxg.to_string(),
                 "creation" => s.creation_s.to_string(),
@@ -589,7 +601,7 @@ impl Pool {
                 "type" => "snapshot".into(),
                 _ => {
                     return Err(EngineError::invalid(format!(
-                        "'{name}' is not a property of a snapshot ({})",
+                        "'{name}' is not a property of a snapshot ({}, written@SNAP)",
                         SNAPSHOT_PROP_NAMES.join(", ")
                     )))
                 }
@@ -611,6 +623,63 @@ impl Pool {
             "snapshot_count" => d.snapshot_count.to_string(),
             _ => "volume".into(),
         }))
+    }
+
+    /// `written@SNAP` of `target` (`volume`, or `volume@snapshot`): the bytes it references
+    /// that snapshot `since` does not, as of the last sync (ZFS's `written@`). `since` is a
+    /// snapshot of the same volume (`snap`), or of the volumes it was cloned from
+    /// (`volume@snap` or `pool/volume@snap`), older than `target`. Computed from space
+    /// figures and deadlist totals, no block read (dsl/written.rs says why it is exact).
+    pub fn written_since(&self, target: &str, since: &str) -> Result<u64> {
+        let (volume, at) = match target.split_once('@') {
+            Some((v, s)) => (v, Some(s)),
+            None => (target, None),
+        };
+        let pool_prefix = format!("{}/", self.spa.name);
+        let since_full = match since.strip_prefix(&pool_prefix).unwrap_or(since) {
+            "" => {
+                return Err(EngineError::invalid(
+                    "written@: name a snapshot after the @ (written@SNAP)",
+                ))
+            }
+            s if s.contains('@') => s.to_string(),
+            s => format!("{volume}@{s}"),
+        };
+        let ds = self.dataset(volume)?;
+        let line = crate::dsl::written::line(&self.dsl, &ds);
+        // The generation asked about: the head (last), or one of its snapshots.
+        let m = match at {
+            None => line.len() - 1,
+            Some(s) => line
+                .iter()
+                .rposition(|g| g.name == target)
+                .ok_or_else(|| self.no_snapshot(volume, s))?,
+        };
+        let Some(k) = line.iter().position(|g| g.name == since_full) else {
+            // Not in the line: no such snapshot, or one the target does not descend from.
+            let exists = since_full.split_once('@').is_some_and(|(v, s)| {
+                self.dsl
+                    .get(v)
+                    .is_some_and(|d| d.lineage.lock().unwrap().find(s).is_some())
+            });
+            if !exists {
+                return Err(EngineError::NotFound(format!(
+                    "{}/{since_full}",
+                    self.spa.name
+                )));
+            }
+            return Err(EngineError::invalid(format!(
+                "written@{since}: {}/{target} does not descend from {}/{since_full}",
+                self.spa.name, self.spa.name
+            )));
+        };
+        if k >= m {
+            return Err(EngineError::invalid(format!(
+                "written@{since}: {}/{since_full} is not older than {}/{target}",
+                self.spa.name, self.spa.name
+            )));
+        }
+        Ok(crate::dsl::written::written_since_each(&line, k)[m - k - 1])
     }
 
     /// Audits the pool (`oxpool audit`, see dsl/audit.rs): syncs, then walks every tree and
