@@ -673,6 +673,8 @@ fn snapshot_table_writes_do_not_grow_with_the_snapshot_count() {
     pool.release("keep", "v", "s7").unwrap();
     pool.destroy_snapshots("v", &["s7".to_string()]).unwrap();
     assert!(pool.audit().unwrap().is_clean());
+}
+
 /// The model of `written_since_a_snapshot_counts_what_is_newer`: per tree, for each 4 KiB
 /// block, the epoch it was last changed in (written or trimmed) and whether it holds data.
 /// The epoch counts the snapshots taken before: a block changed after snapshot `S` has an

@@ -673,7 +673,7 @@ pub fn list_datasets(
                 if types.bookmarks {
                     for b in p.bookmarks(&v)? {
                         // A bookmark holds no block: no space figure is its own.
-                        let value = |c: Column| match c {
+                        let value = |c: &Column| match c {
                             Column::Name => format!("{}#{}", vol.full_name(), b.name),
                             Column::Type => "bookmark".into(),
                             Column::Creation => b.creation_s.to_string(),
@@ -682,7 +682,7 @@ pub fn list_datasets(
                             Column::Volsize => size(b.volsize_bytes, exact),
                             _ => "-".into(),
                         };
-                        rows.push(cols.iter().map(|c| value(*c)).collect());
+                        rows.push(cols.iter().map(value).collect());
                     }
                 }
             }
