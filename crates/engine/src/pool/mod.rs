@@ -470,6 +470,7 @@ impl Pool {
         self.spa.txg.mark_dirty();
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -531,6 +532,7 @@ impl Pool {
             .clone();
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -545,6 +547,7 @@ impl Pool {
             .map(|(_, v)| v)
             .map(|v| Volume {
                 pool: self.spa.clone(),
+                dsl: self.dsl.clone(),
                 vol: v.clone(),
             })
             .collect()

@@ -406,6 +406,7 @@ impl Pool {
         self.spa.sync_now()?;
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -655,6 +656,7 @@ impl Pool {
         self.dsl.add_view(&head, s.guid, &ds);
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol: Arc::new(VolumeInner::new(ds, zil)),
         })
     }

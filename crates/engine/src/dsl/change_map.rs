@@ -1,0 +1,450 @@
+//! Change maps: which blocks of a volume's (or a snapshot's) tree differ from an earlier
+//! snapshot of its lineage, found by birth txg (DESIGN.md 5.2), for the NBD contexts
+//! `oxpool:changed-since:SNAP` (docs/snapshots.md, "Change maps").
+//!
+//! Two parts live here: which bases a dataset offers and what they resolve to
+//! ([`Datasets::change_base`], the one place a base name becomes a txg), and the walk of a
+//! synced tree ([`changed_in_tree`]). The volume layer adds what is dirty in memory.
+//!
+//! The walk is [`super::send::ChangeWalker`]'s rule, restricted to a block range, with one
+//! refinement for holes. Copy-on-write makes a parent at least as new as its children, so a
+//! pointer born at or before the base roots a subtree the base holds whole: skipped without
+//! being read. A canonical hole (birth 0, left by a trim or write-zeroes) cannot say when it
+//! appeared; `send` reports every one under a new indirect block as possibly freed. A change
+//! map over a sparse volume would then flag most of it after one write (all the hole slots of
+//! the rewritten indirect blocks). So when the base is a snapshot, whose tree we have, the
+//! walk reads the base's indirect block at the same place (only when the new one has a hole
+//! to judge) and flags a hole only where the base had data: a hole over a hole is zeros both
+//! times (and under a subtree freed whole, only what the base had in it). Without the base's
+//! tree (a bookmark, or a tree that grew levels since) it falls back to `send`'s superset.
+//! Cost: the indirect blocks born after the base, plus the base's block at the same place for
+//! those of them above level 1 or holding a hole (a level-1 block full of data needs none),
+//! plus the base's blocks under a subtree freed whole.
+
+use super::dataset::Dataset;
+use super::Datasets;
+use crate::dmu::tree::capacity;
+use crate::spa::Spa;
+use crate::vdev::queue::IoClass;
+use crate::zio::read_block_unhealed;
+use crate::{EngineError, Result};
+use oxpool_format::{decode_indirect, BlockPtr, Txg, INDIRECT_FANOUT};
+use std::sync::Arc;
+
+/// What a change map is relative to: a snapshot of the lineage, or a bookmark.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChangeBase {
+    /// A snapshot (the part after `@`): of the volume, or of its origin's chain for a clone.
+    Snapshot(String),
+    /// A bookmark (the part after `#`). None exist yet: never offered.
+    Bookmark(String),
+}
+
+impl std::fmt::Display for ChangeBase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChangeBase::Snapshot(name) => write!(f, "@{name}"),
+            ChangeBase::Bookmark(name) => write!(f, "#{name}"),
+        }
+    }
+}
+
+/// A base resolved: the txg after which blocks count as changed, and the base's tree when
+/// it has one (a snapshot), to judge holes by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BasePoint {
+    /// Blocks born after this txg are changed.
+    pub txg: Txg,
+    /// The base's root and levels; None for a base without a tree (a bookmark).
+    pub tree: Option<(BlockPtr, u8)>,
+}
+
+/// One snapshot a dataset may take as a base, nearest first in [`Datasets::base_candidates`].
+struct Candidate {
+    name: String,
+    point: BasePoint,
+}
+
+impl Datasets {
+    /// The dataset whose lineage `ds` is part of, and where in it `ds` stands: `ds` itself
+    /// for a head (None), or for a read-only view of a snapshot (a `VOL@SNAP` export) the
+    /// dataset that owns that snapshot now (found by guid: a promote moves snapshots) and the
+    /// snapshot's txg. None once the head or the snapshot is gone.
+    fn lineage_position(&self, ds: &Dataset) -> Option<(Arc<Dataset>, Option<Txg>)> {
+        if ds.name.contains('@') {
+            let guid = ds.lineage.lock().unwrap().guid;
+            return self.all().into_iter().find_map(|d| {
+                let txg = d
+                    .lineage
+                    .lock()
+                    .unwrap()
+                    .snapshots
+                    .iter()
+                    .find(|s| s.guid == guid)
+                    .map(|s| s.txg)?;
+                Some((d, Some(txg)))
+            });
+        }
+        let head = self.get(&ds.name)?;
+        std::ptr::eq(Arc::as_ptr(&head), ds).then_some((head, None))
+    }
+
+    /// The snapshots `ds` can be compared with, nearest first: its lineage's snapshots older
+    /// than it (every one for a head), then, for a clone, its origin and the snapshots of the
+    /// origin's volume before it, and so on up the chain of origins. Every block pointer of
+    /// `ds`'s tree born at or before such a snapshot's txg is in that snapshot's tree at the
+    /// same place (one linear history), which is what makes birth txgs answer.
+    fn base_candidates(&self, ds: &Dataset) -> Vec<Candidate> {
+        let Some((owner, before)) = self.lineage_position(ds) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut take = |snaps: &[super::snapshot::Snapshot], upto: Option<Txg>, below: bool| {
+            for s in snaps.iter().rev() {
+                let keep = match upto {
+                    None => true,
+                    Some(t) if below => s.txg < t,
+                    Some(t) => s.txg <= t,
+                };
+                if keep {
+                    out.push(Candidate {
+                        name: s.name.clone(),
+                        point: BasePoint {
+                            txg: s.txg,
+                            tree: Some((s.root, s.levels.max(1))),
+                        },
+                    });
+                }
+            }
+        };
+        let mut origin = {
+            let l = owner.lineage.lock().unwrap();
+            // A view compares with the snapshots strictly before its own.
+            take(&l.snapshots, before, true);
+            l.origin.clone()
+        };
+        let all = self.all();
+        // Bounded: one step per origin up the chain, at most one per dataset.
+        for _ in 0..all.len() {
+            let Some(o) = origin.take() else { break };
+            let Some(src) = all.iter().find(|d| d.id == o.volume) else {
+                break;
+            };
+            let l = src.lineage.lock().unwrap();
+            take(&l.snapshots, Some(o.txg), false);
+            origin = l.origin.clone();
+        }
+        out
+    }
+
+    /// What base `base` of dataset `ds` (a head or a snapshot view) resolves to now, or None
+    /// if `ds` offers no change map since it. The one place a base's name becomes a txg.
+    ///
+    /// A snapshot name is looked up nearest first ([`Datasets::base_candidates`]): the
+    /// lineage's own snapshots, then those of its origin's chain, so a clone's own `@a`
+    /// hides its origin volume's `@a`.
+    pub(crate) fn change_base(&self, ds: &Dataset, base: &ChangeBase) -> Option<BasePoint> {
+        match base {
+            ChangeBase::Snapshot(name) => self
+                .base_candidates(ds)
+                .into_iter()
+                .find(|c| c.name == *name)
+                .map(|c| c.point),
+            // Bookmarks do not exist yet. Once a dataset keeps its list of (name, guid, txg),
+            // this looks the name up in the list of the dataset's lineage (as the snapshots
+            // above: for a view, only those before its snapshot) and returns
+            // `BasePoint { txg, tree: None }`: with no tree, holes under changed indirect
+            // blocks are flagged as possibly new (a superset). `change_bases` lists them.
+            ChangeBase::Bookmark(_) => None,
+        }
+    }
+
+    /// The bases `ds` offers now, oldest first, at most `limit` (the newest ones when there
+    /// are more), each name once (the nearest of a name hides the others, as in
+    /// [`Datasets::change_base`]).
+    pub(crate) fn change_bases(&self, ds: &Dataset, limit: usize) -> Vec<ChangeBase> {
+        let mut seen = std::collections::HashSet::new();
+        let mut bases: Vec<ChangeBase> = self
+            .base_candidates(ds)
+            .into_iter()
+            .filter(|c| seen.insert(c.name.clone()))
+            .take(limit)
+            .map(|c| ChangeBase::Snapshot(c.name))
+            .collect();
+        // Bookmarks join the list here once they exist.
+        bases.reverse();
+        bases
+    }
+}
+
+/// What [`changed_in_tree`] found.
+#[derive(Debug, Default)]
+pub(crate) struct TreeChanges {
+    /// Changed block ranges `[start, end)`, increasing, disjoint, not adjacent.
+    pub ranges: Vec<(u64, u64)>,
+    /// The walk is exact for blocks before this one (the end of the range asked, unless it
+    /// stopped at `ranges_max`).
+    pub exact_end: u64,
+    /// Indirect blocks read (of both trees).
+    pub indirect_reads: u64,
+}
+
+/// The base's side of one indirect block being walked.
+enum BaseSide {
+    /// Not known (no base tree, or levels that do not line up): holes are judged by birth.
+    Unknown,
+    /// The base had a hole here: every child is a hole.
+    Holes,
+    /// The base's block here, not read yet (read when a hole needs judging).
+    Unread(BlockPtr),
+    /// The base's block's children.
+    Read(Box<[BlockPtr; INDIRECT_FANOUT]>),
+}
+
+/// One indirect block of the head's tree being walked.
+struct Frame {
+    /// Level of the children (0: data pointers).
+    child_level: u8,
+    /// The first data block the first child covers.
+    first_block: u64,
+    children: Box<[BlockPtr; INDIRECT_FANOUT]>,
+    base: BaseSide,
+    next: usize,
+}
+
+/// The base's pointer at a place, as far as it is known.
+#[derive(Clone, Copy)]
+enum BaseChild {
+    Unknown,
+    Ptr(BlockPtr),
+}
+
+/// The changed blocks of the tree under `root` (`levels` levels) within blocks `[start,
+/// end)`, relative to `base`: blocks born after `base.txg`, and holes where the base may have
+/// had data (see the module docs). At most `ranges_max` ranges (at least 1): the walk stops
+/// at the start of the next one and says so in `exact_end`. Reads are not healed: the tree
+/// may be one a sync has replaced since, whose places may be reused; a read that fails its
+/// checksum is an error the caller retries with the current tree.
+pub(crate) async fn changed_in_tree(
+    spa: &Spa,
+    what: &str,
+    root: (BlockPtr, u8),
+    base: &BasePoint,
+    range: (u64, u64),
+    ranges_max: usize,
+) -> Result<TreeChanges> {
+    let (start, end) = range;
+    let (root, levels) = (root.0, root.1.max(1));
+    let mut walk = Walk {
+        spa,
+        what,
+        after: base.txg,
+        start,
+        end: end.min(capacity(levels)),
+        ranges_max: ranges_max.max(1),
+        out: TreeChanges {
+            ranges: Vec::new(),
+            exact_end: end,
+            indirect_reads: 0,
+        },
+        stack: Vec::new(),
+    };
+    // The root's base side: the base's root if the trees have the same shape; a tree that
+    // grew levels since has its old root deeper down, and is judged by birth alone.
+    let base_root = match base.tree {
+        Some((b, l)) if l.max(1) == levels => BaseChild::Ptr(b),
+        _ => BaseChild::Unknown,
+    };
+    if walk.visit(root, base_root, levels, 0).await? {
+        return Ok(walk.out);
+    }
+    // Bounded: each round moves one child forward or pops a frame; the tree is finite.
+    loop {
+        let Some(top) = walk.stack.last_mut() else {
+            break;
+        };
+        if top.next == INDIRECT_FANOUT {
+            walk.stack.pop();
+            continue;
+        }
+        let i = top.next;
+        top.next += 1;
+        let level = top.child_level;
+        let first = top.first_block + i as u64 * capacity(level);
+        if first >= walk.end {
+            // Past the range: nothing more in this block.
+            top.next = INDIRECT_FANOUT;
+            continue;
+        }
+        let bp = top.children[i];
+        let (base_child, unread) = match &top.base {
+            BaseSide::Unknown => (BaseChild::Unknown, None),
+            BaseSide::Holes => (BaseChild::Ptr(BlockPtr::HOLE), None),
+            BaseSide::Read(kids) => (BaseChild::Ptr(kids[i]), None),
+            // Read only if this child needs it: a hole to judge, or a new indirect block
+            // whose holes will need the base's block below it. Changed data blocks, the
+            // children of most level-1 blocks, are judged by their birth alone.
+            BaseSide::Unread(base_bp)
+                if (bp.is_hole() || (level > 0 && bp.birth > walk.after))
+                    && first.saturating_add(capacity(level)) > walk.start =>
+            {
+                (BaseChild::Unknown, Some(*base_bp))
+            }
+            BaseSide::Unread(_) => (BaseChild::Unknown, None),
+        };
+        let base_child = match unread {
+            None => base_child,
+            Some(base_bp) => {
+                let kids = walk.read_indirect(&base_bp, level + 1).await?;
+                let child = kids[i];
+                if let Some(top) = walk.stack.last_mut() {
+                    top.base = BaseSide::Read(kids);
+                }
+                BaseChild::Ptr(child)
+            }
+        };
+        if walk.visit(bp, base_child, level, first).await? {
+            break;
+        }
+    }
+    Ok(walk.out)
+}
+
+/// The state of one [`changed_in_tree`].
+struct Walk<'a> {
+    spa: &'a Spa,
+    what: &'a str,
+    after: Txg,
+    start: u64,
+    end: u64,
+    ranges_max: usize,
+    out: TreeChanges,
+    /// Bounded by the tree's levels.
+    stack: Vec<Frame>,
+}
+
+impl Walk<'_> {
+    /// Looks at the head's pointer `bp` of a block at `level` covering blocks from `first`,
+    /// whose base counterpart is `base`: a changed range, a frame to descend into, or
+    /// nothing. True when the walk must stop (`ranges_max` reached).
+    async fn visit(
+        &mut self,
+        bp: BlockPtr,
+        base: BaseChild,
+        level: u8,
+        first: u64,
+    ) -> Result<bool> {
+        let span = capacity(level);
+        if first >= self.end || first.saturating_add(span) <= self.start {
+            return Ok(false);
+        }
+        if bp.is_hole() {
+            let changed = match base {
+                // Zeros then, zeros now.
+                BaseChild::Ptr(b) if b.is_hole() => false,
+                // A whole subtree freed (every block under an indirect block trimmed): only
+                // what the base had under it changed; its holes stay zeros. Descend into the
+                // base's block alone, the head's side all holes.
+                BaseChild::Ptr(b) if level > 0 && b.level == level => {
+                    self.stack.push(Frame {
+                        child_level: level - 1,
+                        first_block: first,
+                        children: Box::new([BlockPtr::HOLE; INDIRECT_FANOUT]),
+                        base: BaseSide::Unread(b),
+                        next: 0,
+                    });
+                    return Ok(false);
+                }
+                BaseChild::Ptr(_) => true,
+                // Born after the base, or a canonical hole that may be: we only descend into
+                // blocks born after the base, and the root's parent changes every txg.
+                BaseChild::Unknown => bp.birth > self.after || bp.birth == Txg(0),
+            };
+            return Ok(changed && self.changed(first, span));
+        }
+        if bp.birth <= self.after {
+            return Ok(false);
+        }
+        if level == 0 {
+            return Ok(self.changed(first, 1));
+        }
+        let children = self.read_indirect(&bp, level).await?;
+        let base = match base {
+            BaseChild::Unknown => BaseSide::Unknown,
+            BaseChild::Ptr(b) if b.is_hole() => BaseSide::Holes,
+            BaseChild::Ptr(b) if b.level == level => BaseSide::Unread(b),
+            BaseChild::Ptr(_) => BaseSide::Unknown,
+        };
+        self.stack.push(Frame {
+            child_level: level - 1,
+            first_block: first,
+            children,
+            base,
+            next: 0,
+        });
+        Ok(false)
+    }
+
+    /// Records blocks `[first, first + count)` (clipped to the range) as changed. True when
+    /// they start a range past `ranges_max`: the walk ends before them.
+    fn changed(&mut self, first: u64, count: u64) -> bool {
+        let lo = first.max(self.start);
+        let hi = first.saturating_add(count).min(self.end);
+        if lo >= hi {
+            return false;
+        }
+        let full = self.out.ranges.len() == self.ranges_max;
+        match self.out.ranges.last_mut() {
+            Some(last) if last.1 == lo => last.1 = hi,
+            _ if full => {
+                self.out.exact_end = lo;
+                return true;
+            }
+            _ => self.out.ranges.push((lo, hi)),
+        }
+        false
+    }
+
+    /// The children of indirect block `bp` at `level` (not healed: see [`changed_in_tree`]).
+    async fn read_indirect(
+        &mut self,
+        bp: &BlockPtr,
+        level: u8,
+    ) -> Result<Box<[BlockPtr; INDIRECT_FANOUT]>> {
+        let corrupt = |what: String, source| EngineError::Corrupt {
+            device: self.spa.name.clone(),
+            what,
+            source,
+        };
+        if bp.level != level {
+            return Err(corrupt(
+                format!(
+                    "{}: block pointer of level {} where level {level} belongs",
+                    self.what, bp.level
+                ),
+                oxpool_format::FormatError::BadField {
+                    field: "level",
+                    value: u64::from(bp.level),
+                },
+            ));
+        }
+        let (buf, _) = read_block_unhealed(
+            &self.spa.zio,
+            IoClass::SyncRead,
+            bp,
+            &format_args!("{} indirect block", self.what),
+        )
+        .await?;
+        self.out.indirect_reads += 1;
+        let mut children = Box::new([BlockPtr::HOLE; INDIRECT_FANOUT]);
+        let got = decode_indirect(&buf, &mut children)
+            .map_err(|e| corrupt(format!("{}: indirect block", self.what), e))?;
+        if got != level {
+            return Err(EngineError::invalid(format!(
+                "{}: indirect block of level {got} where level {level} belongs",
+                self.what
+            )));
+        }
+        Ok(children)
+    }
+}
