@@ -80,7 +80,10 @@ fn an_unknown_snapshot_or_a_bookmark_is_cleanly_not_offered() {
         let mut map = Command::new("nbdinfo");
         map.args([&format!("--map={context}"), &uri]);
         let output = run_unchecked(map, &format!("nbdinfo --map={context}"));
-        assert!(!output.status.success(), "a change map since {missing} was served");
+        assert!(
+            !output.status.success(),
+            "a change map since {missing} was served"
+        );
         let err = String::from_utf8_lossy(&output.stderr);
         assert!(
             err.contains("does not support metadata context") && err.contains(&context),
@@ -112,7 +115,10 @@ fn a_backup_copies_only_the_changed_extents_and_the_map_survives_kill_9() {
     let size: u64 = map.iter().map(|(_, len, _)| len).sum();
     assert_eq!(size, 64 * MIB, "{map:?}");
     let changed: u64 = map.iter().filter(|e| e.2 == 1).map(|e| e.1).sum();
-    assert!(changed > 0 && changed < 48 * MIB, "{changed} bytes flagged: {map:?}");
+    assert!(
+        changed > 0 && changed < 48 * MIB,
+        "{changed} bytes flagged: {map:?}"
+    );
     assert!(
         map.iter()
             .any(|&(off, len, kind)| kind == 0 && off <= UNTOUCHED.0 && off + len >= UNTOUCHED.1),
@@ -158,7 +164,11 @@ fn a_backup_copies_only_the_changed_extents_and_the_map_survives_kill_9() {
         ]
     );
     let since_tuesday = nbdinfo_map(&uri, "tuesday");
-    assert_eq!(since_tuesday, [(0, 64 * MIB, 0)], "nothing changed since @tuesday");
+    assert_eq!(
+        since_tuesday,
+        [(0, 64 * MIB, 0)],
+        "nothing changed since @tuesday"
+    );
 
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");

@@ -70,7 +70,10 @@ fn changed_bytes(vol: &Volume, since: &str, rng: &mut Rng) -> Vec<bool> {
             .unwrap_or_else(|e| panic!("map of {} since @{since}: {e}", vol.full_name()));
         assert!(!extents.is_empty(), "no extent at {pos}+{want}");
         let covered: u64 = extents.iter().map(|e| e.length_bytes).sum();
-        assert!(covered > 0 && covered <= want, "{covered} of {want} at {pos}");
+        assert!(
+            covered > 0 && covered <= want,
+            "{covered} of {want} at {pos}"
+        );
         for e in &extents {
             assert!(e.length_bytes > 0, "an empty extent at {pos}");
             if e.changed {
@@ -101,14 +104,20 @@ fn check_map(vol: &Volume, since: &str, old: &[u8], untouched: &[(u64, u64)], wh
         }
     }
     for &(lo, hi) in untouched {
-        let flagged = flags[lo as usize..hi as usize].iter().filter(|f| **f).count();
+        let flagged = flags[lo as usize..hi as usize]
+            .iter()
+            .filter(|f| **f)
+            .count();
         assert_eq!(
             flagged, 0,
             "{when}: {flagged} bytes of the untouched range {lo}..{hi} flagged"
         );
     }
     let flagged = flags.iter().filter(|f| **f).count() as u64;
-    assert!(differing > 0, "{when}: nothing changed: the test tests nothing");
+    assert!(
+        differing > 0,
+        "{when}: nothing changed: the test tests nothing"
+    );
     assert!(flagged >= differing);
     flagged
 }
@@ -169,7 +178,10 @@ fn every_changed_byte_is_flagged_dirty_synced_and_after_import() {
     // Nothing changed yet: nothing flagged.
     let mut rng = Rng(7);
     let flags = changed_bytes(&vol, "base", &mut rng);
-    assert!(flags.iter().all(|f| !f), "a map right after the snapshot flags bytes");
+    assert!(
+        flags.iter().all(|f| !f),
+        "a map right after the snapshot flags bytes"
+    );
 
     // Changes only in memory (test pools sync only when told).
     let mut rng = Rng(11);
@@ -187,8 +199,12 @@ fn every_changed_byte_is_flagged_dirty_synced_and_after_import() {
     // A trimmed range partly refilled, then changes half synced, half in memory.
     let bs = u64::from(vol.block_size_bytes());
     on(vol.trim(MIB, MIB, false)).unwrap();
-    on(vol.write(MIB + 16 * bs + 512, &content(Fill::Random, 9, (5 * bs) as usize), false))
-        .unwrap();
+    on(vol.write(
+        MIB + 16 * bs + 512,
+        &content(Fill::Random, 9, (5 * bs) as usize),
+        false,
+    ))
+    .unwrap();
     for i in 0..10 {
         random_change(&vol, &mut rng, 200 + i);
     }
@@ -235,7 +251,10 @@ fn snapshot_views_and_clones_offer_their_lineage() {
     assert!(!vol.offers_change_map(&base("nope")));
     assert!(!vol.offers_change_map(&ChangeBase::Bookmark("a".into())));
     let err = on(vol.changed_extents(&base("nope"), 0, 4096)).unwrap_err();
-    assert!(err.to_string().contains("no change map since @nope"), "{err}");
+    assert!(
+        err.to_string().contains("no change map since @nope"),
+        "{err}"
+    );
     // Past the end: refused like a read.
     assert!(on(vol.changed_extents(&base("a"), VOLUME_BYTES - 4096, 8192)).is_err());
     check_map(&vol, "a", &a, &untouched, "head since @a");
@@ -256,7 +275,13 @@ fn snapshot_views_and_clones_offer_their_lineage() {
     }
     snap(&pool, "cl@c");
     assert_eq!(clone.change_bases(16), [base("a"), base("b"), base("c")]);
-    check_map(&clone, "a", &a, &untouched, "clone since its origin volume's @a");
+    check_map(
+        &clone,
+        "a",
+        &a,
+        &untouched,
+        "clone since its origin volume's @a",
+    );
     let view_c = pool.snapshot_volume("cl", "c").unwrap();
     assert_eq!(view_c.change_bases(16), [base("a"), base("b")]);
     check_map(&view_c, "a", &a, &untouched, "clone's @c since @a");
@@ -305,7 +330,10 @@ fn the_cost_follows_the_changed_blocks() {
     on(vol.write(1000 * bs, &content(Fill::Random, 2, bs as usize), false)).unwrap();
     pool.sync().unwrap();
     let (read, extents) = map_read_bytes(&pool, &vol, "s");
-    let flagged: Vec<(u64, bool)> = extents.iter().map(|e| (e.length_bytes, e.changed)).collect();
+    let flagged: Vec<(u64, bool)> = extents
+        .iter()
+        .map(|e| (e.length_bytes, e.changed))
+        .collect();
     assert_eq!(
         flagged,
         [
@@ -314,7 +342,10 @@ fn the_cost_follows_the_changed_blocks() {
             (24 * MIB - 1001 * bs, false)
         ]
     );
-    assert!(read <= 3 * indirect, "read {read} bytes for one changed block");
+    assert!(
+        read <= 3 * indirect,
+        "read {read} bytes for one changed block"
+    );
 
     // One block changed under every level-1 block: each of them is read (the counter sees
     // the walk's reads, so the bound above means something).
@@ -357,7 +388,11 @@ fn many_scattered_changes_come_in_prefixes() {
     let first = on(vol.changed_extents(&base("s"), 0, 24 * MIB)).unwrap();
     let covered: u64 = first.iter().map(|e| e.length_bytes).sum();
     let changed = first.iter().filter(|e| e.changed).count();
-    assert_eq!(changed, oxpool_engine::CHANGED_RANGES_MAX, "one answer's changed ranges");
+    assert_eq!(
+        changed,
+        oxpool_engine::CHANGED_RANGES_MAX,
+        "one answer's changed ranges"
+    );
     // Up to the start of the first range left out: blocks 0, 2, ... changed, the odd ones not.
     assert_eq!(covered, 2 * oxpool_engine::CHANGED_RANGES_MAX as u64 * bs);
     // Asked again from where each answer ends, the whole map is exact.

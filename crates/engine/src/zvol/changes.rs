@@ -94,10 +94,7 @@ impl Volume {
         // Bounded: WALK_ATTEMPTS_MAX walks.
         let (tree, dirty) = loop {
             attempt += 1;
-            let point = self
-                .dsl
-                .change_base(ds, base)
-                .ok_or_else(not_offered)?;
+            let point = self.dsl.change_base(ds, base).ok_or_else(not_offered)?;
             // Dirty sets first, then the root: see the module docs.
             let dirty = dirty_ranges(&obj.dirty.lock().unwrap(), first, end);
             let root = *obj.written_root.lock().unwrap();
@@ -115,8 +112,7 @@ impl Volume {
                 Err(e) => {
                     let moved = *obj.written_root.lock().unwrap() != root;
                     let again = self.dsl.change_base(ds, base);
-                    if again.is_none() || ds.destroyed.load(std::sync::atomic::Ordering::Acquire)
-                    {
+                    if again.is_none() || ds.destroyed.load(std::sync::atomic::Ordering::Acquire) {
                         return Err(not_offered());
                     }
                     if attempt >= WALK_ATTEMPTS_MAX || (!moved && again == Some(point)) {
@@ -129,7 +125,12 @@ impl Volume {
         // query (the client asks again from the end of this answer).
         let stop = tree.exact_end.min(end);
         let changed = union(&tree.ranges, &dirty, stop);
-        Ok(extents(&changed, bs, offset_bytes, end_bytes.min(stop * bs)))
+        Ok(extents(
+            &changed,
+            bs,
+            offset_bytes,
+            end_bytes.min(stop * bs),
+        ))
     }
 }
 
@@ -218,7 +219,12 @@ mod tests {
         let lens: Vec<(u64, bool)> = got.iter().map(|e| (e.length_bytes, e.changed)).collect();
         assert_eq!(
             lens,
-            [(bs - 100, false), (2 * bs, true), (2 * bs, false), (10, true)]
+            [
+                (bs - 100, false),
+                (2 * bs, true),
+                (2 * bs, false),
+                (10, true)
+            ]
         );
         assert_eq!(
             got.iter().map(|e| e.length_bytes).sum::<u64>(),
