@@ -14,7 +14,7 @@ use oxpool_engine::cachefile;
 use oxpool_engine::{Pool, PoolProps, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
-use oxpool_nbd::server::{Server, ServerConfig, ShutdownHandle};
+use oxpool_nbd::server::{EngineChangeMaps, Server, ServerConfig, ShutdownHandle};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -166,6 +166,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     config.slots_per_connection = usize::from(args.slots);
     config.tls = tls_config;
+    // Every volume and snapshot export offers `oxpool:changed-since:SNAP` for the snapshots
+    // before it (docs/snapshots.md, "Change maps").
+    config.change_maps = Arc::new(EngineChangeMaps);
     let tls = config.tls.policy != oxpool_nbd::TlsPolicy::Off;
     let tls_line = crate::tls::describe(&config.tls);
     let reactors = config.reactors;

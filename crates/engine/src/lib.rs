@@ -32,6 +32,7 @@ pub mod zio;
 pub mod zvol;
 
 pub use dsl::audit::AuditReport;
+pub use dsl::change_map::ChangeBase;
 pub use dsl::scan::{ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
@@ -42,4 +43,4 @@ pub use pool::{
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;
-pub use zvol::{BlockState, Volume};
+pub use zvol::{BlockState, ChangedExtent, Volume, CHANGED_RANGES_MAX};

@@ -5,6 +5,7 @@
 //! dataset's dirty objects.
 
 pub mod audit;
+pub mod change_map;
 pub mod dataset;
 pub mod deadlist;
 pub mod freeing;

@@ -133,7 +133,13 @@ pub(crate) async fn apply(
         }
         ds.lineage.lock().unwrap().createtxg = txg;
     }
-    let base_txg = target.lineage.lock().unwrap().prev_snap_txg;
+    let base_txg = {
+        let mut l = target.lineage.lock().unwrap();
+        // What the head did since its base is discarded: so are bookmarks made since.
+        let base = l.prev_snap_txg;
+        super::snapshot_sync::drop_bookmarks_after(&mut l, base, &target.full_name);
+        base
+    };
     // What the head wrote since its base is discarded (checked or forced by the pool layer).
     let head = target.data();
     let root = head.tree.lock().unwrap().root();

@@ -184,6 +184,7 @@ pub(crate) async fn apply(
             let deadlist = {
                 let mut l = ds.lineage.lock().unwrap();
                 l.written_bytes = 0;
+                drop_bookmarks_after(&mut l, target.txg, &ds.full_name);
                 std::mem::take(&mut l.deadlist)
             };
             // Its entries are the head's again: only the deadlist's own blocks go.
@@ -268,6 +269,23 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
     }
     dsl.link_origins();
     tracing::info!(dataset = ds.full_name, "promoted");
+}
+
+/// Removes the bookmarks of `l` younger than `txg` (a rollback or a forced receive to a
+/// snapshot of that txg, as ZFS's `rollback -r`): the head no longer descends from the
+/// snapshots they mark, so a change map or an incremental from one would miss what the
+/// rollback undid.
+pub(crate) fn drop_bookmarks_after(l: &mut crate::dsl::snapshot::Lineage, txg: Txg, what: &str) {
+    if l.bookmarks().iter().any(|b| b.txg > txg) {
+        let gone: Vec<String> = l
+            .bookmarks()
+            .iter()
+            .filter(|b| b.txg > txg)
+            .map(|b| b.name.clone())
+            .collect();
+        l.bookmarks_mut().retain(|b| b.txg <= txg);
+        tracing::info!(dataset = what, bookmarks = ?gone, "bookmarks after the rollback destroyed");
+    }
 }
 
 /// Writes the entries added to `ds`'s deadlists (the head's and its snapshots') into

@@ -472,6 +472,7 @@ impl Pool {
         self.spa.txg.mark_dirty();
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -533,6 +534,7 @@ impl Pool {
             .clone();
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -547,6 +549,7 @@ impl Pool {
             .map(|(_, v)| v)
             .map(|v| Volume {
                 pool: self.spa.clone(),
+                dsl: self.dsl.clone(),
                 vol: v.clone(),
             })
             .collect()

@@ -595,6 +595,7 @@ impl Pool {
         self.spa.txg.mark_dirty();
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }

@@ -307,21 +307,34 @@ impl Pool {
     /// call may land before or after it: the caller stops the volume's clients first.
     pub fn rollback(&self, volume: &str, snap: &str, destroy_later: bool) -> Result<()> {
         let ds = self.dataset(volume)?;
-        let later: Vec<String> = {
+        let (later, later_marks): (Vec<String>, Vec<String>) = {
             let l = ds.lineage.lock().unwrap();
-            let (i, _) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
-            l.snapshots()[i + 1..]
+            let (i, s) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
+            let marks = l
+                .bookmarks()
+                .iter()
+                .filter(|b| b.txg > s.txg)
+                .map(|b| format!("#{}", b.name))
+                .collect();
+            let snaps = l.snapshots()[i + 1..]
                 .iter()
                 .map(|s| s.name.clone())
-                .collect()
+                .collect();
+            (snaps, marks)
         };
-        if !later.is_empty() && !destroy_later {
+        // As ZFS: later bookmarks go with -r too (the head no longer descends from them).
+        if (!later.is_empty() || !later_marks.is_empty()) && !destroy_later {
+            let named: Vec<String> = later
+                .iter()
+                .map(|s| format!("@{s}"))
+                .chain(later_marks.iter().cloned())
+                .collect();
             return Err(EngineError::Busy(format!(
                 "{}/{volume}@{snap} is not the latest snapshot ({} later: {}); use -r to \
                  destroy them",
                 self.spa.name,
-                later.len(),
-                later.join(", ")
+                named.len(),
+                named.join(", ")
             )));
         }
         for s in &later {
@@ -410,6 +423,7 @@ impl Pool {
         self.spa.sync_now()?;
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol,
         })
     }
@@ -724,6 +738,7 @@ impl Pool {
         self.dsl.add_view(&head, s.guid, &ds);
         Ok(Volume {
             pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
             vol: Arc::new(VolumeInner::new(ds, zil)),
         })
     }

@@ -13,12 +13,15 @@
 //! the block once, merges, and writes it (off every client's path, many blocks at once).
 //! Reads of such a block take the recorded sectors from memory and the rest from the tree.
 
+mod changes;
 mod log;
+pub use changes::{ChangedExtent, CHANGED_RANGES_MAX};
 pub mod rangelock;
 
 use crate::dmu::dirty::{BlockBase, DirtyBlock, ObjectDirty, Source, SpaceCosts};
 use crate::dmu::tree::{lookup, skip_hole, walk, Walk};
 use crate::dsl::dataset::Dataset;
+use crate::dsl::Datasets;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
@@ -81,6 +84,9 @@ pub enum BlockState {
 pub struct Volume {
     pub(crate) pool: Arc<Spa>,
     pub(crate) vol: Arc<VolumeInner>,
+    /// The pool's datasets: a change map looks up its base in the volume's lineage, which
+    /// for a snapshot view or a clone is another dataset's (`changes.rs`).
+    pub(crate) dsl: Arc<Datasets>,
 }
 
 impl std::fmt::Debug for Volume {

@@ -5,9 +5,10 @@
 //! snapshot (bit 0 of the extent's status). The engine knows the answer from its block
 //! pointers' birth txgs (exactly, and after any crash); the server asks it through
 //! [`ChangeMaps`], given once for the whole server ([`super::ServerConfig::change_maps`]).
-//! The default, [`NoChangeMaps`], offers none: clients that ask for a change map are
-//! answered as the protocol says for a context the server does not have (not selected), and
-//! `base:allocation` is served as before.
+//! [`EngineChangeMaps`] answers from the engine ([`Volume::changed_extents`]): what `oxpool
+//! serve` uses. The default, [`NoChangeMaps`], offers none: clients that ask for a change map
+//! are answered as the protocol says for a context the server does not have (not selected),
+//! and `base:allocation` is served as before.
 
 use std::fmt;
 use std::future::Future;
@@ -57,7 +58,70 @@ pub trait ChangeMaps: Send + Sync + fmt::Debug {
     ) -> ChangeExtentsFuture<'a>;
 }
 
-/// Offers no change map (until the engine provides them).
+/// The engine's change maps: a volume offers one since each snapshot of its lineage (for a
+/// snapshot export, each one before it; for a clone, its origin's chain too), computed by
+/// birth txg from the block trees and the data not yet synced ([`Volume::change_bases`],
+/// [`Volume::changed_extents`]). Bookmarks come with the engine's bookmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineChangeMaps;
+
+/// The engine's name of a base.
+fn engine_base(base: &ChangeBase) -> oxpool_engine::ChangeBase {
+    match base {
+        ChangeBase::Snapshot(name) => oxpool_engine::ChangeBase::Snapshot(name.clone()),
+        ChangeBase::Bookmark(name) => oxpool_engine::ChangeBase::Bookmark(name.clone()),
+    }
+}
+
+impl ChangeMaps for EngineChangeMaps {
+    fn bases(&self, volume: &Volume, limit: usize) -> Vec<ChangeBase> {
+        volume
+            .change_bases(limit)
+            .into_iter()
+            // Only names a client can select (engine names always are: A-Z a-z 0-9 _ . -).
+            .filter_map(|base| {
+                let leaf = match &base {
+                    oxpool_engine::ChangeBase::Snapshot(name) => name.clone(),
+                    oxpool_engine::ChangeBase::Bookmark(name) => format!("#{name}"),
+                };
+                ChangeBase::parse(leaf.as_bytes())
+            })
+            .collect()
+    }
+
+    fn offers(&self, volume: &Volume, base: &ChangeBase) -> bool {
+        volume.offers_change_map(&engine_base(base))
+    }
+
+    fn changed_extents<'a>(
+        &'a self,
+        volume: &'a Volume,
+        base: &'a ChangeBase,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> ChangeExtentsFuture<'a> {
+        Box::pin(async move {
+            let extents = volume
+                .changed_extents(&engine_base(base), offset_bytes, length_bytes)
+                .await
+                .map_err(|e| match e {
+                    // The base (or the snapshot served) was destroyed since the handshake:
+                    // the request is no longer valid (EINVAL), nothing failed (not EIO).
+                    EngineError::NotFound(what) => EngineError::Invalid(what),
+                    e => e,
+                })?;
+            Ok(extents
+                .into_iter()
+                .map(|e| ChangeExtent {
+                    length_bytes: e.length_bytes,
+                    changed: e.changed,
+                })
+                .collect())
+        })
+    }
+}
+
+/// Offers no change map.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoChangeMaps;
 

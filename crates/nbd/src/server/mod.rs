@@ -44,7 +44,9 @@ use oxpool_io::rt::net::{Listener, Stream};
 use oxpool_io::rt::{self, LocalExecutor};
 
 use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
-pub use change_maps::{ChangeExtent, ChangeExtentsFuture, ChangeMaps, NoChangeMaps};
+pub use change_maps::{
+    ChangeExtent, ChangeExtentsFuture, ChangeMaps, EngineChangeMaps, NoChangeMaps,
+};
 use conn::ReactorConns;
 pub use exports::{Disconnect, ExportError, Exports, Removed, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
@@ -99,7 +101,8 @@ pub struct ServerConfig {
     /// TLS: off by default.
     pub tls: TlsConfig,
     /// Where the volumes' change maps (`oxpool:changed-since:*` metadata contexts) come
-    /// from; [`NoChangeMaps`] (the default) offers none.
+    /// from: [`EngineChangeMaps`] for the engine's; [`NoChangeMaps`] (the default) offers
+    /// none.
     pub change_maps: Arc<dyn ChangeMaps>,
 }
 
