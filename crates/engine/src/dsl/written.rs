@@ -78,7 +78,7 @@ pub(crate) fn line(dsl: &Datasets, ds: &Dataset) -> Vec<Generation> {
             referenced_bytes: ds.data().used_bytes.load(Ordering::Relaxed),
             dead: buckets(&l.deadlist),
         });
-        push_snapshots(ds, &l.snapshots(), &mut out);
+        push_snapshots(ds, l.snapshots(), &mut out);
         l.origin.clone()
     };
     let all = dsl.all();
