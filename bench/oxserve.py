@@ -25,6 +25,7 @@ class Server:
             text=True,
         )
         self.uri = None
+        self.timeout_s = start_timeout_s
         deadline = time.time() + start_timeout_s
         for line in self.proc.stdout:
             m = re.search(r"(nbd://\S+/tank/vol0)\b", line)
@@ -42,6 +43,6 @@ class Server:
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=start_timeout_s)
+            self.proc.wait(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
