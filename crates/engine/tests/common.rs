@@ -223,6 +223,31 @@ pub fn crash_devices(
     (group, devices)
 }
 
+/// The power of `group` fails for good: each member drops, keeps or tears its unflushed
+/// writes (seeded by `seed` and its index). Then pool `tank` is imported from `mems`, as a
+/// restarted machine would; returns it with what each device lost, for error messages.
+pub fn power_off_and_import(
+    group: &CrashGroup,
+    mems: &[MemoryBackend],
+    seed: u64,
+) -> Result<(Pool, String), String> {
+    let mut report = String::new();
+    for (i, m) in group.members.lock().unwrap().iter().enumerate() {
+        let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
+        report += &format!(
+            "dev{i}: dropped {} kept {} torn {}; ",
+            r.dropped, r.kept, r.torn
+        );
+    }
+    let devices = mems
+        .iter()
+        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
+        .collect();
+    let pool = Pool::import(devices, Some("tank"))
+        .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
+    Ok((pool, report))
+}
+
 /// Runs the crash cases of test `test` (an engine test target): `OXPOOL_CRASH_SEED=S`
 /// replays one seed; otherwise `OXPOOL_CRASH_CASES` seeds (default 2000) on two threads,
 /// every failure printed with how to replay it, and the test fails if any failed.

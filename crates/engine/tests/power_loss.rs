@@ -17,7 +17,9 @@
 
 mod common;
 
-use common::{content, crash_devices, pattern, run_crash_cases, test_props, Fill};
+use common::{
+    content, crash_devices, pattern, power_off_and_import, run_crash_cases, test_props, Fill,
+};
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
@@ -168,16 +170,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let crashed = group.members.lock().unwrap().iter().any(|m| m.is_dead());
     drop(vol);
     drop(pool); // no export: the process is gone
-    let mut report = String::new();
-    for (i, m) in group.members.lock().unwrap().iter().enumerate() {
-        let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
-        report += &format!(
-            "dev{i}: dropped {} kept {} torn {}; ",
-            r.dropped, r.kept, r.torn
-        );
-    }
-    let pool = Pool::import(as_backends(&mems), Some("tank"))
-        .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
+    let (pool, report) = power_off_and_import(&group, &mems, seed)?;
     let report = format!(
         "{report}layout {layout}, volblocksize {bs}, compression {compression}, logbias {logbias}"
     );

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{content, crash_devices, run_crash_cases, test_props, Fill};
+use common::{content, crash_devices, power_off_and_import, run_crash_cases, test_props, Fill};
 use oxpool_engine::{Pool, ReceiveOptions, SendOptions, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
@@ -27,12 +27,6 @@ static OUTCOMES: [[AtomicU64; 3]; 2] = [
 
 const VOLUME_BYTES: u64 = 1 << 20;
 const DEVICE_BYTES: u64 = 64 << 20;
-
-fn as_backends(mems: &[MemoryBackend]) -> Vec<Arc<dyn Backend>> {
-    mems.iter()
-        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
-        .collect()
-}
 
 fn read(pool: &Pool, vol: &str, snap: Option<&str>) -> Result<Vec<u8>, String> {
     let v = match snap {
@@ -182,16 +176,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
         }
     }
     drop(pool);
-    let mut report = String::new();
-    for (i, m) in group.members.lock().unwrap().iter().enumerate() {
-        let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
-        report += &format!(
-            "dev{i}: dropped {} kept {} torn {}; ",
-            r.dropped, r.kept, r.torn
-        );
-    }
-    let pool = Pool::import(as_backends(&mems), Some("tank"))
-        .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
+    let (pool, report) = power_off_and_import(&group, &mems, seed)?;
     let got = found(&pool, &src).map_err(|e| format!("{e} ({report})"))?;
     if got != before && got != after {
         return Err(format!(

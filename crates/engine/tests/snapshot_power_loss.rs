@@ -16,25 +16,19 @@
 
 mod common;
 
-use common::{crash_devices, pattern, run_crash_cases, test_props};
+use common::{crash_devices, pattern, power_off_and_import, run_crash_cases, test_props};
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, MemoryBackend};
+use oxpool_io::MemoryBackend;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 const DEVICE_BYTES: u64 = 32 << 20;
 const VOLUME_BYTES: u64 = 256 << 10;
-
-fn as_backends(mems: &[MemoryBackend]) -> Vec<Arc<dyn Backend>> {
-    mems.iter()
-        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
-        .collect()
-}
 
 fn read(pool: &Pool, name: &str) -> Result<Vec<u8>, String> {
     let v = match name.split_once('@') {
@@ -465,16 +459,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     drop(vol);
     drop(pool);
-    let mut report = String::new();
-    for (i, m) in group.members.lock().unwrap().iter().enumerate() {
-        let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
-        report += &format!(
-            "dev{i}: dropped {} kept {} torn {}; ",
-            r.dropped, r.kept, r.torn
-        );
-    }
-    let pool = Pool::import(as_backends(&mems), Some("tank"))
-        .map_err(|e| format!("import after crash failed: {e} ({report})"))?;
+    let (pool, mut report) = power_off_and_import(&group, &mems, seed)?;
     // Every volume and snapshot: exactly the model before the change in flight, or after.
     // Whether the change in flight is there (it committed, its call did not return).
     let landed = match (matches(&pool, &model), &in_flight) {
