@@ -342,20 +342,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         txg: Txg(txg),
         dvas,
     });
-    let bucket = || {
-        (
-            any::<u64>(),
-            vec(arb_block_ptr(), 0..3),
-            any::<u64>(),
-            any::<u64>(),
-        )
-            .prop_map(|(key, chunks, count, bytes)| DeadBucketMeta {
-                key: Txg(key),
-                chunks,
-                count,
-                bytes,
-            })
-    };
+    let bucket = arb_bucket;
     let origin = prop::option::of(any::<(u64, u64, u64)>().prop_map(|(v, g, t)| OriginMeta {
         volume: VolumeId(v),
         snapshot_guid: Guid(g),
