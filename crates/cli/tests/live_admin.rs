@@ -549,10 +549,25 @@ fn only_the_serving_user_may_administer() {
         std::fs::Permissions::from_mode(0o644),
     )
     .unwrap();
+    // A copy of the binary the other user can run: the checkout may sit in a directory
+    // only root may enter (a clone into `mktemp -d`, mode 0700).
+    let binary = env.path("oxpool-for-nobody");
+    std::fs::copy(env!("CARGO_BIN_EXE_oxpool"), &binary).unwrap();
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let nobody_command = || {
+        let mut command = Command::new(&binary);
+        command
+            .arg("--cache-file")
+            .arg(env.path("pools.cache"))
+            .current_dir(env.dir.path())
+            .uid(NOBODY)
+            .gid(NOBODY);
+        command
+    };
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let socket = server.control_socket();
-    let mut as_nobody = env.oxpool_command();
-    as_nobody.args(["status", "tank"]).uid(NOBODY).gid(NOBODY);
+    let mut as_nobody = nobody_command();
+    as_nobody.args(["status", "tank"]);
     let out = harness::run_unchecked(as_nobody, "oxpool status as nobody");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -570,11 +585,8 @@ fn only_the_serving_user_may_administer() {
         std::os::unix::fs::lchown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
     }
     std::os::unix::fs::chown(env.dir.path(), Some(NOBODY), Some(NOBODY)).unwrap();
-    let mut command = env.oxpool_command();
-    command
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .uid(NOBODY)
-        .gid(NOBODY);
+    let mut command = nobody_command();
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
     let server = ServerProcess::start(command);
     let e = env.fails(&["status", "tank"]);
     assert!(
