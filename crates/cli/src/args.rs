@@ -124,8 +124,13 @@ pub enum Command {
         snapshot: String,
     },
     /// Write a snapshot as a send stream on standard output: full, or the changes since
-    /// an earlier snapshot (-i), or every snapshot since it (-I).
+    /// an earlier snapshot (-i), or every snapshot since it (-I); or, with -t, the rest of
+    /// a stream an interrupted `recv -s` stopped in.
     Send {
+        /// Resume: the receiver's receive_resume_token. The token names snapshots by guid:
+        /// give the pool holding them if more than one pool is known.
+        #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["incremental", "intermediates"])]
+        token: Option<String>,
         /// Incremental from this earlier snapshot of the volume (@BASE), or from a bookmark
         /// of one (#BOOKMARK).
         #[arg(short = 'i', value_name = "@BASE|#BOOKMARK")]
@@ -142,8 +147,9 @@ pub enum Command {
         /// Exact sizes (bytes) with -v.
         #[arg(short = 'p')]
         parsable: bool,
-        /// POOL/VOL@SNAP.
-        snapshot: String,
+        /// POOL/VOL@SNAP (with -t: the POOL, optional when only one is known).
+        #[arg(required_unless_present = "token")]
+        snapshot: Option<String>,
     },
     /// Receive a send stream from standard input into a volume: a full stream makes a new
     /// volume, an incremental one goes onto the volume whose latest snapshot is its base.
@@ -153,6 +159,13 @@ pub enum Command {
         /// Destroy the target's snapshots after the base and discard its changes since it.
         #[arg(short = 'F')]
         force: bool,
+        /// If the stream stops early, keep what was received: the target's
+        /// receive_resume_token then lets `oxpool send -t` continue it.
+        #[arg(short = 's', conflicts_with = "abort")]
+        resumable: bool,
+        /// Discard the partially received stream that `recv -s` saved for the target.
+        #[arg(short = 'A')]
+        abort: bool,
         /// Do not export a received new volume over NBD (on a served pool).
         #[arg(short = 'u')]
         no_export: bool,

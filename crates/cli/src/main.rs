@@ -74,7 +74,12 @@ fn target(command: &Command) -> Target {
         | Command::Scrub { pool, .. } => pool_of(pool),
         Command::Rollback { snapshot, .. }
         | Command::Clone { snapshot, .. }
-        | Command::Send { snapshot, .. } => pool_of(snapshot),
+        | Command::Send {
+            snapshot: Some(snapshot),
+            ..
+        } => pool_of(snapshot),
+        // `send -t TOKEN` alone: resolved to the only pool known before this.
+        Command::Send { snapshot: None, .. } => Target::Here,
         Command::Recv { target, .. } => pool_of(target),
         Command::Promote { name } => pool_of(name),
         Command::Bookmark { source, .. } => pool_of(source),
@@ -104,12 +109,19 @@ fn own_args() -> Result<Vec<String>> {
         .collect()
 }
 
-fn run(cli: Cli) -> Result<i32> {
+fn run(mut cli: Cli) -> Result<i32> {
     let cache = cli.cache_file.clone().unwrap_or_else(default_cache_file);
     let runtime = RuntimeDir::of_cache(&cache);
     let local = Host::Local {
         cache: cache.clone(),
     };
+    if let Command::Send {
+        snapshot: snapshot @ None,
+        ..
+    } = &mut cli.command
+    {
+        *snapshot = Some(verbs::send::only_pool(&local)?);
+    }
     let mut con = LocalConsole::new();
     match target(&cli.command) {
         Target::Here => {

@@ -10,150 +10,22 @@
 mod harness;
 #[path = "nbd/tls.rs"]
 mod tls;
+#[path = "nbd/two_hosts.rs"]
+mod two_hosts;
 
-use harness::{random_bytes, run, run_unchecked, Env, ServerProcess};
+use harness::{random_bytes, run_unchecked, Env, ServerProcess};
 use std::path::Path;
-use std::process::{Command, Output};
 use tls::*;
+use two_hosts::{TwoHosts, SERVER_IP};
 
 const MIB: usize = 1 << 20;
 
-/// The server's address on its side of the veth pair (198.18.0.0/15 is set aside for
-/// network tests, RFC 2544; it never leaves these namespaces).
-const SERVER_IP: &str = "198.18.0.1";
-const CLIENT_IP: &str = "198.18.0.2";
 const PORT: &str = "10809";
-
-/// Two network namespaces joined by a veth pair; deleted (by name) when dropped.
-struct TwoHosts {
-    server_ns: String,
-    client_ns: String,
-    created: Vec<String>,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
-impl TwoHosts {
-    fn new() -> TwoHosts {
-        let id = std::process::id();
-        let mut hosts = TwoHosts {
-            server_ns: format!("oxtls-{id}-server"),
-            client_ns: format!("oxtls-{id}-client"),
-            created: Vec::new(),
-        };
-        if let Err(why) = hosts.set_up(id) {
-            panic!(
-                "cannot make two network namespaces joined by a veth pair (this test needs \
-                 root and iproute2): {why}"
-            );
-        }
-        hosts
-    }
-
-    fn set_up(&mut self, id: u32) -> Result<(), String> {
-        let (server, client) = (self.server_ns.clone(), self.client_ns.clone());
-        for ns in [&server, &client] {
-            ip(&["netns", "add", ns])?;
-            self.created.push(ns.clone());
-        }
-        // Interface names are at most 15 bytes.
-        let (veth_server, veth_client) = (format!("oxt{id}s"), format!("oxt{id}c"));
-        ip(&[
-            "link",
-            "add",
-            &veth_server,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &veth_client,
-        ])?;
-        // Moved into the namespaces at once, so deleting them deletes the pair.
-        ip(&["link", "set", &veth_server, "netns", &server])?;
-        ip(&["link", "set", &veth_client, "netns", &client])?;
-        for (ns, dev, addr) in [
-            (&server, &veth_server, SERVER_IP),
-            (&client, &veth_client, CLIENT_IP),
-        ] {
-            ip(&["-n", ns, "addr", "add", &format!("{addr}/30"), "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(())
-    }
-
-    /// `program args` run in the client's namespace (must succeed); its stdout.
-    fn client(&self, program: &str, args: &[&str]) -> String {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.client_ns, program])
-            .args(args);
-        let output = run(command, &format!("{program} {args:?} on the client host"));
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    /// Like `client`, for a command that must fail.
-    fn client_refused(&self, program: &str, args: &[&str]) -> Output {
-        let mut command = Command::new("ip");
-        command
-            .args(["netns", "exec", &self.client_ns, program])
-            .args(args);
-        let output = run_unchecked(command, &format!("{program} {args:?} on the client host"));
-        assert!(
-            !output.status.success(),
-            "{program} {args:?} should have been refused"
-        );
-        output
-    }
-
-    /// `oxpool --cache-file ... serve ARGS` in the server's namespace (`ip netns exec` execs
-    /// it, so the process is oxpool itself, stopped by its PID).
-    fn serve_command(&self, env: &Env, args: &[&str]) -> Command {
-        let mut command = Command::new("ip");
-        command
-            .args([
-                "netns",
-                "exec",
-                &self.server_ns,
-                env!("CARGO_BIN_EXE_oxpool"),
-            ])
-            .arg("--cache-file")
-            .arg(env.path("pools.cache"))
-            .arg("serve")
-            .args(args)
-            .current_dir(env.dir.path());
-        command
-    }
-}
-
-impl Drop for TwoHosts {
-    fn drop(&mut self) {
-        for ns in self.created.drain(..) {
-            if let Err(err) = ip(&["netns", "del", &ns]) {
-                eprintln!("cleanup: {err}");
-            }
-        }
-    }
-}
 
 #[test]
 fn across_hosts_tls_is_required_by_default_on_a_non_loopback_address() {
     // Declared first so it is dropped last: the server is stopped before its namespace goes.
-    let hosts = TwoHosts::new();
+    let hosts = TwoHosts::new("oxtls");
     let env = Env::new();
     env.tank(&[("vol0", "32M", &[])]);
     let pki = make_pki(&env, &[SERVER_IP]);

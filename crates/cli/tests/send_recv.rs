@@ -278,3 +278,81 @@ fn bookmarks_replace_replicated_snapshots_as_incremental_bases() {
         env.ok(&["audit", pool]);
     }
 }
+
+/// `recv -s` of a cut stream saves a partial receive: `get receive_resume_token` shows it,
+/// a plain `recv` is refused while it is there, `send -t` continues it (the pool found
+/// without being named), `recv -A` discards one; a damaged token is refused in one line.
+#[test]
+fn recv_s_send_t_and_recv_a_on_the_command_line() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    write(&env, "tank/vol0", 0, 5, 8 << 20);
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    let image = read(&env, "tank/vol0");
+    let stream_file = env.path("full.stream");
+    let out = env.run(&["send", "tank/vol0@one"]);
+    assert!(out.status.success());
+    let stream = out.stdout;
+    std::fs::write(&stream_file, &stream[..stream.len() / 2]).unwrap();
+    let recv_from = |file: &std::path::Path, args: &[&str]| {
+        let mut command = env.oxpool_command();
+        command
+            .args(["recv"])
+            .args(args)
+            .stdin(std::fs::File::open(file).unwrap());
+        command.output().unwrap()
+    };
+    let cut = recv_from(&stream_file, &["-s", "tank/copy"]);
+    assert!(!cut.status.success());
+    let err = String::from_utf8_lossy(&cut.stderr);
+    assert!(err.contains("partially received state saved"), "{err}");
+    let token_of = || {
+        let got = env.ok(&["get", "receive_resume_token", "tank/copy"]);
+        got.split_whitespace()
+            .find(|w| w.starts_with("oxp1-"))
+            .map(str::to_string)
+    };
+    let token = token_of().expect("a token after recv -s");
+    // A plain receive does not overwrite it.
+    std::fs::write(&stream_file, &stream).unwrap();
+    let refused = recv_from(&stream_file, &["tank/copy"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("recv -A") && err.lines().count() == 1, "{err}");
+    // A damaged token.
+    let mut bad = token.clone();
+    bad.pop();
+    bad.push('x');
+    let err = env.fails(&["send", "-t", &bad]);
+    assert!(
+        err.contains("cannot resume send") && err.lines().count() == 1,
+        "{err}"
+    );
+    // send -t without a pool: the only pool known.
+    let rest = env.run(&["send", "-t", &token]);
+    assert!(
+        rest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rest.stderr)
+    );
+    assert!(rest.stdout.len() < stream.len());
+    std::fs::write(&stream_file, &rest.stdout).unwrap();
+    let done = recv_from(&stream_file, &["-s", "tank/copy"]);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(read(&env, "tank/copy") == image, "resumed copy differs");
+    assert_eq!(token_of(), None);
+    // recv -A discards a saved partial receive, and then there is none to discard.
+    std::fs::write(&stream_file, &stream[..stream.len() / 3]).unwrap();
+    assert!(!recv_from(&stream_file, &["-s", "tank/other"])
+        .status
+        .success());
+    env.ok(&["recv", "-A", "tank/other"]);
+    let err = env.fails(&["recv", "-A", "tank/other"]);
+    assert!(err.contains("no partially received stream"), "{err}");
+    let audit = env.ok(&["audit", "tank"]);
+    assert!(audit.contains(" 0 leaked, 0 problems"), "{audit}");
+}

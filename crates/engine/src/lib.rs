@@ -38,7 +38,8 @@ pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{
     BookmarkInfo, DatasetSpace, Pool, PoolCounters, ReceiveOptions, Received, SendOptions,
-    SendStats, SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT, SNAPSHOT_PROP_NAMES,
+    SendStats, SendWhat, SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT,
+    SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};

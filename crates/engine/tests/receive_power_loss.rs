@@ -6,11 +6,16 @@
 //! and the head equal to it); never a half-applied stream. A receive that returned Ok is
 //! there. The audit is clean (a hidden half-received dataset left by the crash holds what it
 //! references: no leak), and the same stream received again afterwards arrives whole.
+//!
+//! A quarter of the cases receive with `-s` (resumable): after import the target is still
+//! its old or new state, and a partial receive left by the crash carries a resume point that
+//! is valid: `send -t` from its token, received, ends exactly in the new state.
 
 mod common;
 
 use common::{content, crash_devices, power_off_and_import, run_crash_cases, test_props, Fill};
-use oxpool_engine::{Pool, ReceiveOptions, SendOptions, TopSpec};
+use oxpool_engine::{Pool, ReceiveOptions, SendOptions, SendWhat, TopSpec};
+use oxpool_format::ResumeToken;
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, MemoryBackend};
@@ -24,6 +29,9 @@ static OUTCOMES: [[AtomicU64; 3]; 2] = [
     [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
     [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
 ];
+
+/// Resumable cases that left a partial receive after the crash: [at offset 0, past it].
+static RESUMED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
 const VOLUME_BYTES: u64 = 1 << 20;
 const DEVICE_BYTES: u64 = 64 << 20;
@@ -42,6 +50,7 @@ fn read(pool: &Pool, vol: &str, snap: Option<&str>) -> Result<Vec<u8>, String> {
 /// The source: `src@a` (mixed data, a hole), `src@b` (overwrites, a trim, write-zeroes), as
 /// streams: full of @a, incremental @a..@b; with their bytes.
 struct Source {
+    pool: Pool,
     full: Vec<u8>,
     incremental: Vec<u8>,
     a: Vec<u8>,
@@ -84,11 +93,37 @@ fn source(seed: u64) -> Source {
         pool.send("src", snap, &opts, &mut out).unwrap();
         out
     };
+    let (full, incremental) = (send("a", None), send("b", Some("a")));
     Source {
-        full: send("a", None),
-        incremental: send("b", Some("a")),
+        full,
+        incremental,
         a: read(&pool, "src", Some("a")).unwrap(),
         b: read(&pool, "src", Some("b")).unwrap(),
+        pool,
+    }
+}
+
+/// A stream that syncs the receiving pool every `SYNC_EVERY_BYTES` it hands out.
+struct SyncingReader<'a> {
+    rest: &'a [u8],
+    pool: &'a Pool,
+    since_sync_bytes: usize,
+}
+
+const SYNC_EVERY_BYTES: usize = 48 << 10;
+
+impl std::io::Read for SyncingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.since_sync_bytes >= SYNC_EVERY_BYTES {
+            // Fails once the power is off: the receive then fails on its own.
+            let _ = self.pool.sync();
+            self.since_sync_bytes = 0;
+        }
+        let n = buf.len().min(self.rest.len()).min(16 << 10);
+        buf[..n].copy_from_slice(&self.rest[..n]);
+        self.rest = &self.rest[n..];
+        self.since_sync_bytes += n;
+        Ok(n)
     }
 }
 
@@ -147,9 +182,13 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let pool = Pool::create("tank", tops, test_props(), false).map_err(|e| e.to_string())?;
     // Half the cases crash in the full receive, half in the incremental one.
     let incremental = seed % 4 >= 2;
-    let opts = ReceiveOptions { force: false };
+    let resumable = seed % 16 >= 12;
+    let opts = ReceiveOptions {
+        force: false,
+        resumable,
+    };
     if incremental {
-        pool.receive("copy", &mut src.full.as_slice(), &opts)
+        pool.receive("copy", &mut src.full.as_slice(), &ReceiveOptions::default())
             .map_err(|e| format!("full receive before the crash: {e}"))?;
     }
     let before = if incremental {
@@ -168,7 +207,18 @@ fn crash_case(seed: u64) -> Result<String, String> {
     group
         .remaining
         .store(rng.random_range(1..160), Ordering::SeqCst);
-    let returned_ok = pool.receive("copy", &mut stream.as_slice(), &opts).is_ok();
+    let returned_ok = if resumable {
+        // Txgs sync while the stream is applied, so that crashes find resume points at
+        // every stage of it, not only after its last record.
+        let mut input = SyncingReader {
+            rest: stream,
+            pool: &pool,
+            since_sync_bytes: 0,
+        };
+        pool.receive("copy", &mut input, &opts).is_ok()
+    } else {
+        pool.receive("copy", &mut stream.as_slice(), &opts).is_ok()
+    };
     // Make sure the power fails even if the receive finished first.
     for _ in 0..1000 {
         if pool.sync().is_err() {
@@ -199,6 +249,41 @@ fn crash_case(seed: u64) -> Result<String, String> {
     kind[usize::from(got == after)].fetch_add(1, Ordering::Relaxed);
     if returned_ok {
         kind[2].fetch_add(1, Ordering::Relaxed);
+    }
+    let token = pool.receive_resume_token("copy");
+    if let Some(token) = token {
+        if !resumable || got != before {
+            return Err(format!(
+                "a partial receive left with the copy {got:?} (resumable: {resumable}) \
+                 ({report})"
+            ));
+        }
+        // The resume point is valid: the rest of the stream from it ends in the new state.
+        let token: ResumeToken = token.parse().map_err(|e| format!("token: {e}"))?;
+        RESUMED[usize::from(token.offset_bytes > 0)].fetch_add(1, Ordering::Relaxed);
+        let mut rest = Vec::new();
+        src.pool
+            .send_what(
+                &SendWhat::Resume(&token),
+                &SendOptions::default(),
+                &mut rest,
+            )
+            .map_err(|e| format!("send -t: {e}"))?;
+        pool.receive("copy", &mut rest.as_slice(), &opts)
+            .map_err(|e| format!("the resumed receive: {e} ({report})"))?;
+        let again = found(&pool, &src)?;
+        if again != after {
+            return Err(format!("resumed: {again:?} ({report})"));
+        }
+        let audit = pool.audit().map_err(|e| format!("audit: {e}"))?;
+        if !audit.is_clean() {
+            return Err(format!("audit after resuming: {:?}", audit.problems));
+        }
+        return Ok(format!(
+            "{} receive: resumed from byte {}",
+            if incremental { "incremental" } else { "full" },
+            token.offset_bytes
+        ));
     }
     // The receive again, now that the power holds: it arrives whole.
     if got == before {
@@ -251,4 +336,10 @@ fn power_loss_during_receive() {
             "{kind}: no crash after the commit and before the receive returned"
         );
     }
+    let [at_zero, past_zero] = [&RESUMED[0], &RESUMED[1]].map(|c| c.load(Ordering::Relaxed));
+    println!("resumable receives resumed after the crash: {at_zero} from byte 0, {past_zero} from further on");
+    assert!(
+        past_zero >= cases / 100,
+        "only {past_zero} resumable receives left a resume point past byte 0"
+    );
 }

@@ -59,8 +59,11 @@ fn send(pool: &Pool, vol: &str, snap: &str, base: Option<&str>, all: bool) -> Ve
 
 fn recv(pool: &Pool, vol: &str, stream: &[u8], force: bool) -> oxpool_engine::Result<()> {
     let mut input = stream;
-    pool.receive(vol, &mut input, &ReceiveOptions { force })
-        .map(|_| ())
+    let opts = ReceiveOptions {
+        force,
+        resumable: false,
+    };
+    pool.receive(vol, &mut input, &opts).map(|_| ())
 }
 
 fn guids(pool: &Pool, vol: &str) -> Vec<(String, u64)> {

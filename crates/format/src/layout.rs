@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V4 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V5 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -42,6 +42,11 @@ pub enum FormatVersion {
     /// of the snapshots themselves, so the pool's metadata block no longer grows with them.
     /// A version 3 pool imports (its snapshots inline); its next txg is written as version 4.
     V4 = 4,
+    /// Resumable receives: `DatasetMeta` ends with `receive_resume`, set on the hidden
+    /// dataset of an interrupted `recv -s` (the stream's identity and how far it was
+    /// received, in the same txg as the data below that offset). A version 4 pool imports
+    /// (no receive to resume); its next txg is written as version 5.
+    V5 = 5,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -53,6 +58,7 @@ impl TryFrom<u32> for FormatVersion {
             2 => Ok(FormatVersion::V2),
             3 => Ok(FormatVersion::V3),
             4 => Ok(FormatVersion::V4),
+            5 => Ok(FormatVersion::V5),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -189,8 +195,9 @@ mod tests {
         assert_eq!(FormatVersion::try_from(1), Ok(FormatVersion::V1));
         assert_eq!(FormatVersion::try_from(2), Ok(FormatVersion::V2));
         assert_eq!(FormatVersion::try_from(4), Ok(FormatVersion::V4));
-        assert_eq!(FORMAT_VERSION, 4);
-        for found in [0, 5, u32::MAX] {
+        assert_eq!(FormatVersion::try_from(5), Ok(FormatVersion::V5));
+        assert_eq!(FORMAT_VERSION, 5);
+        for found in [0, 6, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

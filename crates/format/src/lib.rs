@@ -73,8 +73,8 @@ pub use meta::{
 pub use pool_meta::{
     decode_bookmark_chunk, decode_deadlist_chunk, decode_snapshot_chunk, encode_bookmark_chunk,
     encode_deadlist_chunk, encode_snapshot_chunk, BookmarkMeta, DatasetMeta, DeadBucketMeta,
-    DeferredFree, OriginMeta, PoolMeta, SnapshotMeta, SpaceMapMeta, TableChunkMeta, VolumeMeta,
-    DEADLIST_CHUNK_ENTRIES_MAX, TABLE_CHUNK_ENTRIES_MAX,
+    DeferredFree, OriginMeta, PoolMeta, ReceiveResumeMeta, SnapshotMeta, SpaceMapMeta,
+    TableChunkMeta, VolumeMeta, DEADLIST_CHUNK_ENTRIES_MAX, TABLE_CHUNK_ENTRIES_MAX,
 };
 pub use stream::{
     DataRecord, RecordType, ResumeToken, StreamBegin, StreamChecksum, StreamDecoder, StreamEncoder,

@@ -69,6 +69,32 @@ pub struct DatasetMeta {
     /// which stored them inline and decodes into this field.
     #[serde(skip)]
     pub snapshots: Vec<SnapshotMeta>,
+    /// Set on the hidden dataset of an interrupted `recv -s` only: which stream it receives
+    /// and how far (since format version 5).
+    pub receive_resume: Option<ReceiveResumeMeta>,
+}
+
+/// Where an interrupted resumable receive (`recv -s`) stands: the stream's identity (what a
+/// resuming stream must match, and what the received snapshot becomes) and the offset below
+/// which every record was applied and is durable in the same txg as this record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiveResumeMeta {
+    /// The snapshot being received: the sender's guid.
+    pub toguid: Guid,
+    /// The base of an incremental stream (None: full).
+    pub fromguid: Option<Guid>,
+    /// The received snapshot's name (after the `@`).
+    pub snapshot: String,
+    /// The snapshot's creation time on the sender, in nanoseconds since the Unix epoch.
+    pub creation_time_ns: u64,
+    /// The volume's size in the snapshot.
+    pub volsize_bytes: u64,
+    /// The volume's block size.
+    pub volblocksize_bytes: u32,
+    /// The stream's feature bits (`StreamFeatures`).
+    pub features: u64,
+    /// Every record below this volume offset was applied (a multiple of the block size).
+    pub offset_bytes: u64,
 }
 
 /// One chunk of a dataset's table (of snapshots or of bookmarks).
@@ -287,6 +313,75 @@ impl From<DatasetMetaV3> for DatasetMeta {
             snapshot_table: Vec::new(),
             bookmark_table: Vec::new(),
             snapshots: m.snapshots,
+            receive_resume: None,
+        }
+    }
+}
+
+/// `DatasetMeta` as format version 4 wrote it (no `receive_resume`).
+#[derive(Deserialize)]
+struct DatasetMetaV4 {
+    volume: VolumeId,
+    guid: Guid,
+    createtxg: Txg,
+    creation_s: u64,
+    origin: Option<OriginMeta>,
+    prev_snap_txg: Txg,
+    written_bytes: u64,
+    deadlist: Vec<DeadBucketMeta>,
+    snapshot_table: Vec<TableChunkMeta>,
+    bookmark_table: Vec<TableChunkMeta>,
+}
+
+impl From<DatasetMetaV4> for DatasetMeta {
+    fn from(m: DatasetMetaV4) -> DatasetMeta {
+        DatasetMeta {
+            volume: m.volume,
+            guid: m.guid,
+            createtxg: m.createtxg,
+            creation_s: m.creation_s,
+            origin: m.origin,
+            prev_snap_txg: m.prev_snap_txg,
+            written_bytes: m.written_bytes,
+            deadlist: m.deadlist,
+            snapshot_table: m.snapshot_table,
+            bookmark_table: m.bookmark_table,
+            snapshots: Vec::new(),
+            receive_resume: None,
+        }
+    }
+}
+
+/// `PoolMeta` as format version 4 wrote it (its datasets without `receive_resume`).
+#[derive(Deserialize)]
+struct PoolMetaV4 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfig,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMeta>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+    datasets: Vec<DatasetMetaV4>,
+    freeing: Vec<DeadBucketMeta>,
+}
+
+impl From<PoolMetaV4> for PoolMeta {
+    fn from(m: PoolMetaV4) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree,
+            props: m.props,
+            volumes: m.volumes,
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+            datasets: m.datasets.into_iter().map(Into::into).collect(),
+            freeing: m.freeing,
         }
     }
 }
@@ -497,7 +592,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 4 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 5 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -509,7 +604,8 @@ impl PoolMeta {
             FormatVersion::V1 => postcard_exact::<PoolMetaV1>(payload)?.into(),
             FormatVersion::V2 => postcard_exact::<PoolMetaV2>(payload)?.into(),
             FormatVersion::V3 => postcard_exact::<PoolMetaV3>(payload)?.into(),
-            FormatVersion::V4 => postcard_exact(payload)?,
+            FormatVersion::V4 => postcard_exact::<PoolMetaV4>(payload)?.into(),
+            FormatVersion::V5 => postcard_exact(payload)?,
         };
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {

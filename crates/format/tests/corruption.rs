@@ -193,11 +193,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&5u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&6u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 5 })
+        Err(FormatError::UnsupportedVersion { found: 6 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");

@@ -411,19 +411,91 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         snapshot_table: vec![TableChunkMeta { chunk, entries: 1 }],
         bookmark_table: vec![],
         snapshots: vec![],
+        receive_resume: Some(ReceiveResumeMeta {
+            toguid: Guid(91),
+            fromguid: Some(Guid(90)),
+            snapshot: "b".into(),
+            creation_time_ns: 1_700_000_000_000_000_000,
+            volsize_bytes: 1 << 20,
+            volblocksize_bytes: 16384,
+            features: 1,
+            offset_bytes: 65536,
+        }),
     });
     let block = meta.encode();
     assert_eq!(PoolMeta::decode(&block).unwrap(), meta);
     let payload_len = u32::from_le_bytes(block[32..36].try_into().unwrap()) as usize;
-    for older in [2u32, 3] {
+    for older in [2u32, 3, 4] {
         let mut as_older = block.clone();
         as_older[8..12].copy_from_slice(&older.to_le_bytes());
         reseal(&mut as_older[..META_HEADER_BYTES + payload_len]);
         assert!(
             matches!(PoolMeta::decode(&as_older), Err(FormatError::Payload(_))),
-            "version 4 payload decoded as version {older}"
+            "version 5 payload decoded as version {older}"
         );
     }
+
+    // Version 4: no `receive_resume` (decoded as None).
+    #[derive(serde::Serialize)]
+    struct V4Dataset {
+        volume: VolumeId,
+        guid: Guid,
+        createtxg: Txg,
+        creation_s: u64,
+        origin: Option<OriginMeta>,
+        prev_snap_txg: Txg,
+        written_bytes: u64,
+        deadlist: Vec<DeadBucketMeta>,
+        snapshot_table: Vec<TableChunkMeta>,
+        bookmark_table: Vec<TableChunkMeta>,
+    }
+    #[derive(serde::Serialize)]
+    struct V4Meta {
+        name: String,
+        guid: Guid,
+        txg: Txg,
+        tree: VdevTreeConfig,
+        props: Vec<(String, String)>,
+        volumes: Vec<VolumeMeta>,
+        spacemaps: Vec<SpaceMapMeta>,
+        deferred_frees: Vec<DeferredFree>,
+        next_volume_id: u64,
+        datasets: Vec<V4Dataset>,
+        freeing: Vec<DeadBucketMeta>,
+    }
+    let v5 = &meta.datasets[meta.datasets.len() - 1];
+    let v4 = V4Meta {
+        name: "four".into(),
+        guid: Guid(6),
+        txg: Txg(80),
+        tree: VdevTreeConfig { top: vec![] },
+        props: vec![],
+        volumes: vec![],
+        spacemaps: vec![],
+        deferred_frees: vec![],
+        next_volume_id: 2,
+        datasets: vec![V4Dataset {
+            volume: v5.volume,
+            guid: v5.guid,
+            createtxg: v5.createtxg,
+            creation_s: v5.creation_s,
+            origin: v5.origin.clone(),
+            prev_snap_txg: v5.prev_snap_txg,
+            written_bytes: v5.written_bytes,
+            deadlist: v5.deadlist.clone(),
+            snapshot_table: v5.snapshot_table.clone(),
+            bookmark_table: v5.bookmark_table.clone(),
+        }],
+        freeing: vec![],
+    };
+    let payload = postcard::to_allocvec(&v4).unwrap();
+    let mut block = encode_meta_block(BlockType::PoolMeta, &payload);
+    block[8..12].copy_from_slice(&4u32.to_le_bytes());
+    reseal(&mut block[..META_HEADER_BYTES + payload.len()]);
+    let four = PoolMeta::decode(&block).unwrap();
+    let mut expected = v5.clone();
+    expected.receive_resume = None;
+    assert_eq!(four.datasets, vec![expected]);
 
     // Version 3: the snapshots inline in the dataset record, decoded into `snapshots`.
     #[derive(serde::Serialize)]

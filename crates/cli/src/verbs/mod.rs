@@ -6,7 +6,7 @@
 
 pub mod pool;
 mod props;
-mod send;
+pub mod send;
 pub mod snapshot;
 mod stream;
 pub mod volume;
@@ -81,6 +81,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         } => snapshot::clone(host, &target, &name, &props),
         Command::Promote { name } => snapshot::promote(host, &name),
         Command::Send {
+            token,
             incremental,
             intermediates,
             dry_run,
@@ -90,8 +91,9 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         } => send::send(
             host,
             con,
-            &snapshot,
+            snapshot.as_deref(),
             send::SendFlags {
+                token: token.as_deref(),
                 incremental: incremental.as_deref(),
                 intermediates: intermediates.as_deref(),
                 dry_run,
@@ -101,10 +103,23 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         ),
         Command::Recv {
             force,
+            resumable,
+            abort,
             no_export,
             verbose,
             target,
-        } => send::recv(host, con, &target, force, no_export, verbose),
+        } => send::recv(
+            host,
+            con,
+            &target,
+            send::RecvFlags {
+                force,
+                resumable,
+                abort,
+                no_export,
+                verbose,
+            },
+        ),
         Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),
         Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
         Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),

@@ -49,6 +49,11 @@ pub fn get(
                     lines.push(format!("{:<32} {:<14} {}", target, n, value));
                 }
             }
+            Some(v) if prop == "receive_resume_token" => {
+                // A full stream's partial receive has no volume yet.
+                let value = p.get_dataset_prop(v, prop)?.unwrap_or_default();
+                lines.push(format!("{:<32} {:<14} {}", target, prop, value));
+            }
             Some(v) => {
                 let vol = p.volume(v)?;
                 let all: Vec<&'static str> = VOLUME_PROP_NAMES

@@ -11,11 +11,14 @@ use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
 use anyhow::{anyhow, bail, Result};
-use oxpool_engine::{ReceiveOptions, SendOptions};
+use oxpool_engine::{ReceiveOptions, SendOptions, SendWhat};
+use oxpool_format::ResumeToken;
 use std::io::IsTerminal;
 
 /// The flags of `oxpool send`.
 pub struct SendFlags<'a> {
+    /// `-t TOKEN`.
+    pub token: Option<&'a str>,
     /// `-i @BASE`.
     pub incremental: Option<&'a str>,
     /// `-I @BASE`.
@@ -28,9 +31,37 @@ pub struct SendFlags<'a> {
     pub parsable: bool,
 }
 
-/// `oxpool send [-n] [-v] [-p] [-i @BASE | -I @BASE] POOL/VOL@SNAP`.
-pub fn send(host: &Host, con: &mut dyn Console, snapshot: &str, flags: SendFlags) -> Result<()> {
+/// The pool `send -t TOKEN` looks in when none is named: the only one known.
+pub fn only_pool(host: &Host) -> Result<String> {
+    match host.known_pools()?.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!("no pool is known here: import the pool that holds the token's snapshot"),
+        several => bail!(
+            "several pools are known ({}): name the one that holds the token's snapshot: \
+             oxpool send -t TOKEN POOL",
+            several.join(", ")
+        ),
+    }
+}
+
+/// `oxpool send [-n] [-v] [-p] [-i @BASE | -I @BASE] POOL/VOL@SNAP`, or
+/// `oxpool send [-n] [-v] [-p] -t TOKEN [POOL]`.
+pub fn send(
+    host: &Host,
+    con: &mut dyn Console,
+    snapshot: Option<&str>,
+    flags: SendFlags,
+) -> Result<()> {
+    let snapshot = match snapshot {
+        Some(s) => s.to_string(),
+        None => only_pool(host)?,
+    };
+    if let Some(token) = flags.token {
+        return send_resume(host, con, &snapshot, token, flags);
+    }
+    let snapshot = snapshot.as_str();
     let SendFlags {
+        token: _,
         incremental,
         intermediates,
         dry_run,
@@ -79,6 +110,50 @@ pub fn send(host: &Host, con: &mut dyn Console, snapshot: &str, flags: SendFlags
     })
 }
 
+/// `oxpool send -t TOKEN [POOL]`: the rest of the stream an interrupted `recv -s` stopped
+/// in.
+fn send_resume(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    token: &str,
+    flags: SendFlags,
+) -> Result<()> {
+    let pool_name = pool.split('/').next().unwrap_or(pool);
+    let token: ResumeToken = token
+        .parse()
+        .map_err(|e| anyhow!("cannot resume send: {e}"))?;
+    let what = SendWhat::Resume(&token);
+    let opts = SendOptions::default();
+    if !flags.dry_run && matches!(host, Host::Local { .. }) && std::io::stdout().is_terminal() {
+        bail!("a stream cannot be written to a terminal: redirect standard output");
+    }
+    host.with_pool(pool_name, |p| {
+        if flags.dry_run || flags.verbose {
+            let est = p.send_estimate_what(&what, &opts)?;
+            let report: &mut dyn std::io::Write = if flags.dry_run { con.out() } else { con.err() };
+            writeln!(
+                report,
+                "{} resume send from byte {}: {} blocks, {} freed ranges",
+                if flags.dry_run { "would" } else { "will" },
+                token.offset_bytes,
+                est.data_records,
+                est.free_records,
+            )?;
+            writeln!(
+                report,
+                "total estimated size is {}",
+                size(est.stream_bytes, flags.parsable)
+            )?;
+            if flags.dry_run {
+                return Ok(());
+            }
+        }
+        p.send_what(&what, &opts, con.out())?;
+        Ok(())
+    })
+}
+
 /// The base as the engine names it: a snapshot's name (from `@B`, `B`, `VOL@B` or
 /// `POOL/VOL@B` of the same volume) or a bookmark's `#B` (from `#B`, `VOL#B` or `POOL/VOL#B`).
 fn base_name(pool: &str, volume: &str, base: &str) -> Result<String> {
@@ -104,20 +179,37 @@ fn shown_base(base: &str) -> String {
     }
 }
 
-/// `oxpool recv [-F] [-u] [-v] POOL/VOL`.
-pub fn recv(
-    host: &Host,
-    con: &mut dyn Console,
-    target: &str,
-    force: bool,
-    no_export: bool,
-    verbose: bool,
-) -> Result<()> {
+/// The flags of `oxpool recv`.
+pub struct RecvFlags {
+    /// `-F`.
+    pub force: bool,
+    /// `-s`.
+    pub resumable: bool,
+    /// `-A`.
+    pub abort: bool,
+    /// `-u`.
+    pub no_export: bool,
+    /// `-v`.
+    pub verbose: bool,
+}
+
+/// `oxpool recv [-F] [-s] [-u] [-v] POOL/VOL`, `oxpool recv -A POOL/VOL`.
+pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) -> Result<()> {
+    let RecvFlags {
+        force,
+        resumable,
+        abort,
+        no_export,
+        verbose,
+    } = flags;
     let (pool_name, volume) = volume_target(target)?;
     if volume.contains('@') {
         bail!("receive into a volume (POOL/VOL), not a snapshot: '{target}'");
     }
-    let opts = ReceiveOptions { force };
+    if abort {
+        return host.change_pool(pool_name, |p| Ok(p.abort_receive(volume)?));
+    }
+    let opts = ReceiveOptions { force, resumable };
     host.change_pool(pool_name, |p| {
         let served = match host {
             Host::Live(s) => Some(s),

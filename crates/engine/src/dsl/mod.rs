@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod deadlist;
 pub mod freeing;
 pub mod recv;
+pub mod resume;
 pub mod scan;
 pub mod send;
 pub mod snapshot;
@@ -290,7 +291,7 @@ impl SyncClient for Datasets {
         Box::pin(self.sync_all(spa, txg, freed))
     }
 
-    fn meta(&self, _txg: Txg, freed: &mut Vec<Dva>) -> UpperMeta {
+    fn meta(&self, txg: Txg, freed: &mut Vec<Dva>) -> UpperMeta {
         let (live, destroyed, next_id) = {
             let mut s = self.state.lock().unwrap();
             (
@@ -334,7 +335,13 @@ impl SyncClient for Datasets {
             .collect();
         let datasets = live
             .iter()
-            .map(|ds| ds.lineage.lock().unwrap().to_meta(ds.id))
+            .map(|ds| {
+                let mut l = ds.lineage.lock().unwrap();
+                if let Some(r) = &mut l.receive_resume {
+                    r.settle(txg);
+                }
+                l.to_meta(ds.id)
+            })
             .collect();
         UpperMeta {
             volumes,

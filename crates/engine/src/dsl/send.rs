@@ -59,6 +59,8 @@ pub struct ChangeWalker<'a> {
     /// a new volume reads as zeros.
     holes: bool,
     nblocks: u64,
+    /// Blocks below this one are not reported (a resumed send starts here).
+    start: u64,
     /// The root, until the first step.
     root: Option<(BlockPtr, u8)>,
     /// Bounded by the tree's levels (at most 15 + 1 frames).
@@ -90,10 +92,18 @@ impl<'a> ChangeWalker<'a> {
             after,
             holes,
             nblocks,
+            start: 0,
             root: Some((root, levels.max(1))),
             stack: Vec::new(),
             indirect_reads: 0,
         }
+    }
+
+    /// Reports nothing below block `start` (a resumed send): subtrees wholly below it are
+    /// skipped unread, and a freed range across it is cut at it.
+    pub(crate) fn starting_at(mut self, start: u64) -> ChangeWalker<'a> {
+        self.start = start;
+        self
     }
 
     /// Indirect blocks read so far.
@@ -148,11 +158,18 @@ impl<'a> ChangeWalker<'a> {
         if first >= self.nblocks {
             return Ok(None);
         }
+        let end = first.saturating_add(span(level)).min(self.nblocks);
+        if end <= self.start {
+            return Ok(None);
+        }
         if bp.is_hole() {
             let maybe_new = bp.birth > self.after || (bp.birth == Txg(0) && parent_new);
             if self.holes && maybe_new {
-                let count = span(level).min(self.nblocks - first);
-                return Ok(Some(Change::Free { first, count }));
+                let from = first.max(self.start);
+                return Ok(Some(Change::Free {
+                    first: from,
+                    count: end - from,
+                }));
             }
             return Ok(None);
         }

@@ -15,6 +15,7 @@
 //!   deadlist empties (those blocks are the head's again).
 
 use crate::dsl::deadlist::{bucket_key, Bucket, Deadlist};
+use crate::dsl::resume::ResumeProgress;
 use crate::dsl::table::{Table, TablePlan};
 use oxpool_format::{BlockPtr, DatasetMeta, DeadBucketMeta, Guid, OriginMeta, SnapshotMeta, Txg};
 use std::collections::BTreeSet;
@@ -68,6 +69,8 @@ pub(crate) struct Lineage {
     /// A snapshot's deadlist gained entries (a destroy merged one into it): the sync looks
     /// for pending entries in the snapshots' deadlists only then.
     snapshot_deadlists_grew: bool,
+    /// On the hidden dataset of a resumable receive (`recv -s`): how far it has come.
+    pub receive_resume: Option<ResumeProgress>,
 }
 
 /// What changed in a list of records since its table was written.
@@ -113,6 +116,7 @@ impl Lineage {
             snapshot_dirt: Dirt::Clean,
             bookmarks_dirty: false,
             snapshot_deadlists_grew: false,
+            receive_resume: None,
         }
     }
 
@@ -297,6 +301,7 @@ impl Lineage {
             snapshot_table: self.snapshot_table.meta(),
             bookmark_table: self.bookmark_table.meta(),
             snapshots: Vec::new(),
+            receive_resume: self.receive_resume.as_ref().map(|r| r.meta.clone()),
         }
     }
 
@@ -345,6 +350,7 @@ impl Lineage {
             snapshot_dirt: if inline { Dirt::Moved } else { Dirt::Clean },
             bookmarks_dirty: false,
             snapshot_deadlists_grew: false,
+            receive_resume: m.receive_resume.clone().map(ResumeProgress::new),
         }
     }
 }

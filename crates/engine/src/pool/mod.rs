@@ -38,7 +38,7 @@ mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
 pub use recv::{ReceiveOptions, Received};
-pub use send::{SendOptions, SendStats, SEND_PREFETCH_BYTES_DEFAULT};
+pub use send::{SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT};
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
 
 pub struct Pool {

@@ -8,6 +8,12 @@
 //! damaged, cut short or refused destroys the hidden dataset: the target is exactly as it
 //! was, and nothing leaks. A hidden dataset left by a crash is destroyed by the next receive
 //! into that volume.
+//!
+//! With `-s` ([`ReceiveOptions::resumable`]) a stream that stops early (cut, damaged, or the
+//! power failed) keeps what it applied: the hidden dataset stays with the stream's identity
+//! and the offset below which every record is durable ([`crate::dsl::resume`]), and
+//! [`Pool::receive_resume_token`] hands that to `oxpool send -t`, whose stream continues it.
+//! The target still changes only at END. `recv -A` ([`Pool::abort_receive`]) discards it.
 
 use super::snapshot::now_s;
 use super::Pool;
@@ -15,14 +21,19 @@ use crate::dmu::object::Object;
 use crate::dmu::tree::{levels_for, BlockTree};
 use crate::dsl::dataset::Dataset;
 use crate::dsl::recv::{ReceiveSwap, ReceiveTarget};
+use crate::dsl::resume::ResumeProgress;
 use crate::dsl::snapshot::{Lineage, SnapOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::spa::check_name;
 use crate::zil::Zil;
 use crate::zvol::VolumeInner;
 use crate::{EngineError, Result, Volume};
-use oxpool_format::stream::{StreamBegin, StreamDecoder, StreamRecord};
-use oxpool_format::{decompress_block, BlockPtr, Compression, OriginMeta, VolumeId};
+use oxpool_format::stream::{
+    ResumeToken, StreamBegin, StreamDecoder, StreamFeatures, StreamRecord,
+};
+use oxpool_format::{
+    decompress_block, BlockPtr, Compression, OriginMeta, ReceiveResumeMeta, VolumeId,
+};
 use std::io::Read;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,6 +44,8 @@ pub struct ReceiveOptions {
     /// `-F`: for an incremental stream, destroy the target's snapshots after the base and
     /// discard the changes made since it (else either is refused).
     pub force: bool,
+    /// `-s`: a stream that stops early keeps what it applied, to be resumed.
+    pub resumable: bool,
 }
 
 /// One snapshot received.
@@ -320,22 +333,57 @@ impl Pool {
         let Record::Begin(begin) = input.next(&mut dec)? else {
             unreachable!("the decoder hands out BEGIN first");
         };
-        let plan = self.receive_plan(volume, &begin, opts)?;
-        // A hidden dataset left by an interrupted receive (a crash) goes first.
+        let full = format!("{}/{volume}", self.spa.name);
         let hidden_name = Self::hidden_name(volume);
-        if self.dsl.get(&hidden_name).is_some() {
-            self.destroy_hidden(&hidden_name)?;
-        }
-        let (hidden, new_target) = match &plan.base {
-            Some((base, _)) => (self.hidden_clone(volume, base, &hidden_name)?, None),
-            None => {
-                let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
-                (hidden, Some(target))
+        let saved = self.saved_receive(&hidden_name);
+        let resuming = begin.features.contains(StreamFeatures::RESUMING);
+        match (&saved, resuming) {
+            (Some(saved), true) => check_resume(&full, saved, &begin)?,
+            (None, true) => {
+                return Err(EngineError::invalid(format!(
+                    "cannot resume receive: {full} has no partially received stream (the \
+                     token is stale: it was resumed, finished or aborted since)"
+                )))
             }
+            (Some(_), false) => {
+                return Err(EngineError::Busy(format!(
+                    "cannot receive: {full} has a partially received stream saved by recv \
+                     -s: resume it (oxpool send -t with its receive_resume_token) or discard \
+                     it with oxpool recv -A {full}"
+                )))
+            }
+            (None, false) => {}
+        }
+        let plan = self.receive_plan(volume, &begin, opts)?;
+        let (hidden, new_target) = if resuming {
+            let hidden = self.hidden_volume(&hidden_name)?;
+            let target = match &plan.base {
+                Some(_) => None,
+                None => Some(self.new_target(volume, &begin)?),
+            };
+            (hidden, target)
+        } else {
+            // A hidden dataset left by an interrupted receive (a crash) goes first.
+            if self.dsl.get(&hidden_name).is_some() {
+                self.destroy_hidden(&hidden_name)?;
+            }
+            let (hidden, new_target) = match &plan.base {
+                Some((base, _)) => (self.hidden_clone(volume, base, &hidden_name)?, None),
+                None => {
+                    let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
+                    (hidden, Some(target))
+                }
+            };
+            if opts.resumable {
+                hidden.vol.ds.lineage.lock().unwrap().receive_resume =
+                    Some(ResumeProgress::new(resume_meta(&begin, &plan.snapshot)));
+            }
+            (hidden, new_target)
         };
         let applied = self.apply_records(&hidden, &begin, input, &mut dec);
         let (data_records, free_records) = match applied {
             Ok(counts) => counts,
+            Err(e) if opts.resumable => return Err(self.keep_partial(&full, &hidden_name, e)),
             Err(e) => {
                 self.destroy_hidden(&hidden_name)?;
                 return Err(e);
@@ -343,7 +391,9 @@ impl Pool {
         };
         // The hidden dataset's data durable and its tree clean before the swap.
         if let Err(e) = self.spa.sync_now() {
-            let _ = self.destroy_hidden(&hidden_name);
+            if !opts.resumable {
+                let _ = self.destroy_hidden(&hidden_name);
+            }
             return Err(e);
         }
         let mut ops: Vec<(String, SnapOp)> = Vec::new();
@@ -382,9 +432,8 @@ impl Pool {
             let _ = self.destroy_hidden(&hidden_name);
             queued?;
             return Err(EngineError::Busy(format!(
-                "cannot receive: {}/{volume} changed while the stream was received; \
-                 nothing was applied",
-                self.spa.name
+                "cannot receive: {full} changed while the stream was received; nothing was \
+                 applied"
             )));
         }
         self.volumes.lock().unwrap().remove(&hidden_name);
@@ -396,11 +445,86 @@ impl Pool {
         }
         queued?;
         Ok(Received {
-            snapshot: format!("{}/{volume}@{}", self.spa.name, plan.snapshot),
+            snapshot: format!("{full}@{}", plan.snapshot),
             guid: begin.toguid.0,
             incremental: begin.fromguid.is_some(),
             data_records,
             free_records,
+        })
+    }
+
+    /// The saved state of a resumable receive into hidden dataset `hidden`, if any.
+    fn saved_receive(&self, hidden: &str) -> Option<ReceiveResumeMeta> {
+        let ds = self.dsl.get(hidden)?;
+        let l = ds.lineage.lock().unwrap();
+        l.receive_resume.as_ref().map(|r| r.meta.clone())
+    }
+
+    /// A resumable receive stopped by `e`: what it applied is synced and kept, and the error
+    /// says how to resume it. If even that sync fails, the error says so (the hidden dataset
+    /// then holds what the last good sync wrote, still consistent with its offset).
+    fn keep_partial(&self, full: &str, hidden: &str, e: EngineError) -> EngineError {
+        if let Err(sync) = self.spa.sync_now() {
+            return EngineError::invalid(format!(
+                "{e}; the partially received state could not be saved: {sync}"
+            ));
+        }
+        match self.resume_token_of(hidden) {
+            Some(token) => EngineError::invalid(format!(
+                "{e}; partially received state saved: resume with oxpool send -t {token} \
+                 (the receive_resume_token of {full}), or discard it with oxpool recv -A {full}"
+            )),
+            None => e,
+        }
+    }
+
+    /// The token of the receive saved in hidden dataset `hidden`.
+    fn resume_token_of(&self, hidden: &str) -> Option<String> {
+        let m = self.saved_receive(hidden)?;
+        Some(
+            ResumeToken {
+                toguid: m.toguid,
+                fromguid: m.fromguid,
+                offset_bytes: m.offset_bytes,
+                features: StreamFeatures(m.features),
+            }
+            .to_string(),
+        )
+    }
+
+    /// `receive_resume_token` of `volume`: where an interrupted `recv -s` into it stopped
+    /// (for `oxpool send -t`), or None. The volume itself need not exist (a full stream
+    /// makes it only at its end).
+    pub fn receive_resume_token(&self, volume: &str) -> Option<String> {
+        self.resume_token_of(&Self::hidden_name(volume))
+    }
+
+    /// `recv -A`: discards the partially received stream saved for `volume`.
+    pub fn abort_receive(&self, volume: &str) -> Result<()> {
+        check_name("volume", volume)?;
+        let hidden = Self::hidden_name(volume);
+        if self.saved_receive(&hidden).is_none() {
+            return Err(EngineError::NotFound(format!(
+                "{}/{volume} has no partially received stream to abort",
+                self.spa.name
+            )));
+        }
+        self.destroy_hidden(&hidden)
+    }
+
+    /// The registered hidden dataset `name`, as a volume.
+    fn hidden_volume(&self, name: &str) -> Result<Volume> {
+        let vol = self
+            .volumes
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.spa.name)))?;
+        Ok(Volume {
+            pool: self.spa.clone(),
+            dsl: self.dsl.clone(),
+            vol,
         })
     }
 
@@ -414,7 +538,9 @@ impl Pool {
         self.spa.sync_now()
     }
 
-    /// Applies the records after BEGIN to `hidden`, through END.
+    /// Applies the records after BEGIN to `hidden`, through END. On a resumable receive,
+    /// notes after each write how far the records are applied; if the input fails, the
+    /// verified records gathered but not yet written are written first.
     fn apply_records(
         &self,
         hidden: &Volume,
@@ -427,16 +553,31 @@ impl Pool {
         let mut run_at = 0u64;
         let mut block = vec![0u8; bs];
         let (mut data_records, mut free_records) = (0, 0);
+        let note = |end_bytes: u64| {
+            let mut l = hidden.vol.ds.lineage.lock().unwrap();
+            if let Some(r) = &mut l.receive_resume {
+                // After the write returned: it went into this txg or an earlier one.
+                r.note(self.spa.txg.open_txg(), end_bytes);
+            }
+        };
         let flush_run = |run: &mut Vec<u8>, at: u64| -> Result<()> {
             if !run.is_empty() {
                 oxpool_io::rt::block_on(hidden.write(at, run, false))?;
+                note(at + run.len() as u64);
                 run.clear();
             }
             Ok(())
         };
         // Bounded by the stream: each round consumes a record; END ends it.
         loop {
-            match input.next(dec)? {
+            let record = match input.next(dec) {
+                Ok(r) => r,
+                Err(e) => {
+                    flush_run(&mut run, run_at)?;
+                    return Err(e);
+                }
+            };
+            match record {
                 Record::Begin(_) => unreachable!("the decoder refuses a second BEGIN"),
                 Record::Data {
                     offset_bytes,
@@ -447,12 +588,13 @@ impl Pool {
                     let logical: &[u8] = if compression == Compression::Off {
                         &payload
                     } else {
-                        decompress_block(compression, &payload, &mut block).map_err(|e| {
-                            EngineError::invalid(format!(
+                        if let Err(e) = decompress_block(compression, &payload, &mut block) {
+                            flush_run(&mut run, run_at)?;
+                            return Err(EngineError::invalid(format!(
                                 "cannot receive: the block at {offset_bytes} does not \
                                  decompress: {e}"
-                            ))
-                        })?;
+                            )));
+                        }
                         &block
                     };
                     if run.len() + bs > WRITE_RUN_BYTES_MAX
@@ -472,6 +614,7 @@ impl Pool {
                     free_records += 1;
                     flush_run(&mut run, run_at)?;
                     oxpool_io::rt::block_on(hidden.trim(offset_bytes, length_bytes, false))?;
+                    note(offset_bytes + length_bytes);
                 }
                 Record::SetSize(size) => {
                     let _one = hidden.vol.resizing.lock().unwrap();
@@ -538,33 +681,32 @@ impl Pool {
         hidden: &str,
         begin: &StreamBegin,
     ) -> Result<(Volume, NewTarget)> {
+        let target = self.new_target(volume, begin)?;
+        let mut hp = target.0.props.lock().unwrap().clone();
+        hp.sync = SyncMode::Disabled;
+        let lineage = Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s());
+        let vol = self.insert_hidden(hidden, hp, empty_object(begin), lineage)?;
+        Ok((vol, target))
+    }
+
+    /// The new volume `volume` a full stream makes (not registered: the sync that ends the
+    /// receive does that, taking the hidden dataset's data).
+    fn new_target(&self, volume: &str, begin: &StreamBegin) -> Result<NewTarget> {
         let mut p = VolumeProps::new(begin.volsize_bytes);
         p.set_initial("volblocksize", &begin.volblocksize_bytes.to_string())?;
         p.validate()?;
-        let new_data = || {
-            let nblocks = begin.volsize_bytes / u64::from(begin.volblocksize_bytes);
-            Object::new(
-                BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
-                begin.volsize_bytes,
-                0,
-            )
-        };
         let id = VolumeId(self.dsl.next_id());
         let zil = Arc::new(Zil::new(self.spa.guid, id, 1, Vec::new()));
         let target = Arc::new(Dataset::volume(
             id,
             &self.spa.name,
             volume,
-            p.clone(),
-            new_data(),
+            p,
+            empty_object(begin),
             zil.clone(),
             Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s()),
         ));
-        let mut hp = p;
-        hp.sync = SyncMode::Disabled;
-        let lineage = Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s());
-        let vol = self.insert_hidden(hidden, hp, new_data(), lineage)?;
-        Ok((vol, (target, zil)))
+        Ok((target, zil))
     }
 
     /// Registers hidden dataset `name` and its volume.
@@ -599,4 +741,53 @@ impl Pool {
             vol,
         })
     }
+}
+
+/// An empty volume object of the size and block size BEGIN gives.
+fn empty_object(begin: &StreamBegin) -> Object {
+    let nblocks = begin.volsize_bytes / u64::from(begin.volblocksize_bytes);
+    Object::new(
+        BlockTree::new(levels_for(nblocks), BlockPtr::HOLE),
+        begin.volsize_bytes,
+        0,
+    )
+}
+
+/// The saved state of a resumable receive of the stream `begin` opens, before any record.
+fn resume_meta(begin: &StreamBegin, snapshot: &str) -> ReceiveResumeMeta {
+    ReceiveResumeMeta {
+        toguid: begin.toguid,
+        fromguid: begin.fromguid,
+        snapshot: snapshot.to_string(),
+        creation_time_ns: begin.creation_time_ns,
+        volsize_bytes: begin.volsize_bytes,
+        volblocksize_bytes: begin.volblocksize_bytes,
+        features: begin.features.0,
+        offset_bytes: 0,
+    }
+}
+
+/// Whether the resuming stream `begin` continues the receive saved as `saved` exactly.
+fn check_resume(full: &str, saved: &ReceiveResumeMeta, begin: &StreamBegin) -> Result<()> {
+    let same_stream = saved.toguid == begin.toguid
+        && saved.fromguid == begin.fromguid
+        && saved.volsize_bytes == begin.volsize_bytes
+        && saved.volblocksize_bytes == begin.volblocksize_bytes
+        && saved.features | StreamFeatures::RESUMING.0 == begin.features.0;
+    if !same_stream {
+        return Err(EngineError::invalid(format!(
+            "cannot resume receive: the stream continues snapshot guid {:016x}, but {full}'s \
+             partial receive is of guid {:016x} (a token for another receive)",
+            begin.toguid.0, saved.toguid.0
+        )));
+    }
+    if saved.offset_bytes != begin.resume_offset_bytes {
+        return Err(EngineError::invalid(format!(
+            "cannot resume receive: the stream starts at byte {}, but {full}'s partial receive \
+             stopped at byte {} (a stale token: get the current one with oxpool get \
+             receive_resume_token {full})",
+            begin.resume_offset_bytes, saved.offset_bytes
+        )));
+    }
+    Ok(())
 }

@@ -17,7 +17,7 @@ use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::stream::{
-    DataRecord, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
+    DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
 };
 use oxpool_format::{BlockPtr, Txg, VolumeId};
 use std::io::Write;
@@ -41,6 +41,21 @@ pub struct SendOptions {
     pub prefetch_bytes_max: u64,
 }
 
+/// What to send: a snapshot, or the rest of an interrupted stream.
+#[derive(Clone, Copy, Debug)]
+pub enum SendWhat<'a> {
+    /// `volume@snap`, with the base in [`SendOptions`].
+    Snapshot {
+        /// The volume.
+        volume: &'a str,
+        /// The snapshot's name after the `@`.
+        snap: &'a str,
+    },
+    /// `send -t TOKEN`: the stream an interrupted `recv -s` stopped in, from where it
+    /// stopped.
+    Resume(&'a ResumeToken),
+}
+
 /// What a send wrote (or, estimated, would write).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SendStats {
@@ -62,6 +77,8 @@ pub struct SendStats {
 struct Leg {
     from: Option<IncrementalBase>,
     to: Snapshot,
+    /// A resumed stream (`send -t`): where it starts.
+    resume_offset_bytes: Option<u64>,
 }
 
 /// The sending volume, as the walks need it.
@@ -143,7 +160,14 @@ impl Pool {
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name)))?;
         let Some(base) = &opts.base else {
             let to = l.snapshots()[to_i].clone();
-            return Ok((source, vec![Leg { from: None, to }]));
+            return Ok((
+                source,
+                vec![Leg {
+                    from: None,
+                    to,
+                    resume_offset_bytes: None,
+                }],
+            ));
         };
         let to = l.snapshots()[to_i].clone();
         drop(l);
@@ -163,6 +187,7 @@ impl Pool {
                 vec![Leg {
                     from: Some(from),
                     to,
+                    resume_offset_bytes: None,
                 }],
             ));
         }
@@ -187,9 +212,96 @@ impl Pool {
             .map(|i| Leg {
                 from: Some(base_of(&l.snapshots()[i])),
                 to: l.snapshots()[i + 1].clone(),
+                resume_offset_bytes: None,
             })
             .collect();
         Ok((source, legs))
+    }
+
+    /// The stream that continues an interrupted receive: `token` (a `receive_resume_token`)
+    /// names the snapshot and base by guid and the offset the receiver stopped at.
+    fn resume_legs(&self, token: &ResumeToken) -> Result<(Source, Vec<Leg>)> {
+        let known = StreamFeatures::COMPRESSED.0 | StreamFeatures::RESUMING.0;
+        if token.features.0 & !known != 0 || !token.features.contains(StreamFeatures::COMPRESSED) {
+            return Err(EngineError::invalid(format!(
+                "cannot resume send: the token's stream features ({}) are not those this \
+                 sender writes",
+                token.features
+            )));
+        }
+        // Bounded by the pool's datasets.
+        for ds in self.dsl.all() {
+            if ds.name.contains('%') {
+                continue;
+            }
+            let l = ds.lineage.lock().unwrap();
+            let Some(to) = l.snapshots().iter().find(|s| s.guid == token.toguid) else {
+                continue;
+            };
+            let full_name = format!("{}@{}", ds.full_name, to.name);
+            let from =
+                match token.fromguid {
+                    None => None,
+                    Some(guid) => {
+                        let snap = l.snapshots().iter().find(|s| s.guid == guid).map(|s| {
+                            IncrementalBase {
+                                guid,
+                                txg: s.txg,
+                                volsize_bytes: s.volsize_bytes,
+                            }
+                        });
+                        let mark = || {
+                            l.bookmarks()
+                                .iter()
+                                .find(|b| b.guid == guid)
+                                .map(|b| IncrementalBase {
+                                    guid,
+                                    txg: b.txg,
+                                    volsize_bytes: b.volsize_bytes,
+                                })
+                        };
+                        Some(snap.or_else(mark).ok_or_else(|| {
+                            EngineError::NotFound(format!(
+                                "cannot resume send of {full_name}: its base (guid {:016x}) \
+                             is no longer a snapshot or bookmark of {}",
+                                guid.0, ds.full_name
+                            ))
+                        })?)
+                    }
+                };
+            let bs = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
+            let offset = token.offset_bytes;
+            if !offset.is_multiple_of(bs) || offset > to.volsize_bytes {
+                return Err(EngineError::invalid(format!(
+                    "cannot resume send of {full_name}: the token's offset {offset} is not a \
+                     block boundary within the volume"
+                )));
+            }
+            let source = Source {
+                id: ds.id,
+                full_name: ds.full_name.clone(),
+                volblocksize_bytes: bs as u32,
+            };
+            let leg = Leg {
+                from,
+                to: to.clone(),
+                resume_offset_bytes: Some(offset),
+            };
+            return Ok((source, vec![leg]));
+        }
+        Err(EngineError::NotFound(format!(
+            "cannot resume send: pool {} has no snapshot with the token's guid {:016x} \
+             (destroyed since, or the token is for another pool)",
+            self.spa.name, token.toguid.0
+        )))
+    }
+
+    /// The legs of a send of `what`.
+    fn legs(&self, what: &SendWhat<'_>, opts: &SendOptions) -> Result<(Source, Vec<Leg>)> {
+        match what {
+            SendWhat::Snapshot { volume, snap } => self.send_legs(volume, snap, opts),
+            SendWhat::Resume(token) => self.resume_legs(token),
+        }
     }
 
     /// Writes the stream(s) of `volume@snap` (see [`SendOptions`]) to `out`.
@@ -200,7 +312,18 @@ impl Pool {
         opts: &SendOptions,
         out: &mut dyn Write,
     ) -> Result<SendStats> {
-        let (source, legs) = self.send_legs(volume, snap, opts)?;
+        self.send_what(&SendWhat::Snapshot { volume, snap }, opts, out)
+    }
+
+    /// Writes the stream of `what` (see [`SendOptions`]; `send -t` ignores its base) to
+    /// `out`.
+    pub fn send_what(
+        &self,
+        what: &SendWhat<'_>,
+        opts: &SendOptions,
+        out: &mut dyn Write,
+    ) -> Result<SendStats> {
+        let (source, legs) = self.legs(what, opts)?;
         let prefetch = match opts.prefetch_bytes_max {
             0 => SEND_PREFETCH_BYTES_DEFAULT,
             n => n,
@@ -216,7 +339,12 @@ impl Pool {
     /// What [`Pool::send`] would write (`send -n -v`): the same walks, reading the indirect
     /// blocks but no data block, so the figures are exact, not an estimate.
     pub fn send_estimate(&self, volume: &str, snap: &str, opts: &SendOptions) -> Result<SendStats> {
-        let (source, legs) = self.send_legs(volume, snap, opts)?;
+        self.send_estimate_what(&SendWhat::Snapshot { volume, snap }, opts)
+    }
+
+    /// [`Pool::send_estimate`] of `what`.
+    pub fn send_estimate_what(&self, what: &SendWhat<'_>, opts: &SendOptions) -> Result<SendStats> {
+        let (source, legs) = self.legs(what, opts)?;
         let mut stats = SendStats::default();
         for leg in &legs {
             let begin = stream_begin(&self.spa, &source, leg);
@@ -263,9 +391,13 @@ fn set_size(leg: &Leg) -> Option<u64> {
 }
 
 fn stream_begin(spa: &Spa, source: &Source, leg: &Leg) -> StreamBegin {
+    let features = match leg.resume_offset_bytes {
+        Some(_) => StreamFeatures(StreamFeatures::COMPRESSED.0 | StreamFeatures::RESUMING.0),
+        None => StreamFeatures::COMPRESSED,
+    };
     StreamBegin {
         // Blocks travel as stored: compressed ones need a receiver that knows it.
-        features: StreamFeatures::COMPRESSED,
+        features,
         volsize_bytes: leg.to.volsize_bytes,
         volblocksize_bytes: source.volblocksize_bytes,
         pool_guid: spa.guid,
@@ -274,7 +406,7 @@ fn stream_begin(spa: &Spa, source: &Source, leg: &Leg) -> StreamBegin {
         fromguid: leg.from.as_ref().map(|f| f.guid),
         creation_txg: leg.to.txg,
         creation_time_ns: leg.to.creation_s.saturating_mul(1_000_000_000),
-        resume_offset_bytes: 0,
+        resume_offset_bytes: leg.resume_offset_bytes.unwrap_or(0),
         name: format!("{}@{}", source.full_name, leg.to.name),
     }
 }
@@ -290,6 +422,7 @@ fn walker<'a>(spa: &'a Spa, source: &Source, leg: &Leg) -> ChangeWalker<'a> {
         leg.from.is_some(),
         leg.to.volsize_bytes / u64::from(source.volblocksize_bytes),
     )
+    .starting_at(leg.resume_offset_bytes.unwrap_or(0) / u64::from(source.volblocksize_bytes))
 }
 
 /// Sends one stream: a reader thread walks and reads ahead; this thread writes.

@@ -86,6 +86,7 @@ pub const DATASET_STAT_NAMES: &[&str] = &[
     "guid",
     "snapshot_count",
     "type",
+    "receive_resume_token",
 ];
 
 /// A snapshot's properties.
@@ -593,6 +594,13 @@ impl Pool {
     pub fn get_dataset_prop(&self, volume: &str, name: &str) -> Result<Option<String>> {
         if let Some(since) = name.strip_prefix("written@") {
             return Ok(Some(self.written_since(volume, since)?.to_string()));
+        }
+        if name == "receive_resume_token" && !volume.contains('@') {
+            // Also before a full stream's volume exists: it is made at the stream's end.
+            return Ok(Some(
+                self.receive_resume_token(volume)
+                    .unwrap_or_else(|| "-".into()),
+            ));
         }
         if let Some((v, snap)) = volume.split_once('@') {
             let s = self

@@ -354,6 +354,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         vec(bucket(), 0..3),
         vec(arb_table_chunk(), 0..3),
         vec(arb_table_chunk(), 0..2),
+        prop::option::of(arb_receive_resume()),
     )
         .prop_map(
             |(
@@ -362,6 +363,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                 deadlist,
                 snapshot_table,
                 bookmark_table,
+                receive_resume,
             )| {
                 DatasetMeta {
                     volume: VolumeId(volume),
@@ -375,6 +377,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     snapshot_table,
                     bookmark_table,
                     snapshots: Vec::new(),
+                    receive_resume,
                 }
             },
         );
@@ -457,4 +460,24 @@ pub fn sample_ptr() -> BlockPtr {
         fill: 1,
         checksum: checksum(ChecksumType::Xxh3_128, b"data"),
     }
+}
+
+/// Any resumable-receive record.
+pub fn arb_receive_resume() -> impl Strategy<Value = ReceiveResumeMeta> {
+    (
+        any::<(u64, Option<u64>, u64, u64, u32, u64, u64)>(),
+        "[a-z0-9_.:-]{1,20}",
+    )
+        .prop_map(
+            |((to, from, ns, size, bs, features, offset), snapshot)| ReceiveResumeMeta {
+                toguid: Guid(to),
+                fromguid: from.map(Guid),
+                snapshot,
+                creation_time_ns: ns,
+                volsize_bytes: size,
+                volblocksize_bytes: bs,
+                features,
+                offset_bytes: offset,
+            },
+        )
 }
