@@ -270,7 +270,79 @@ pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
             return;
         };
         let Some(upper) = upper.upgrade() else { return };
-        let r = block_on(sync_txg(&inner, upper.as_ref(), txg));
+        // A panic here (a bug) must not leave every sync waiter asleep forever: it fails the
+        // txg like a write error, which suspends the pool with the reason and wakes them.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            block_on(sync_txg(&inner, upper.as_ref(), txg))
+        }))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(EngineError::invalid(format!(
+                "the txg sync panicked: {what}"
+            )))
+        });
         inner.txg.finish_sync(txg, &r);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dsl::Datasets;
+    use crate::props::PoolProps;
+    use crate::spa::TopSpec;
+    use oxpool_format::TopVdevKind;
+    use oxpool_io::{Backend, MemoryBackend};
+    use std::time::Duration;
+
+    /// A sync client whose sync panics, as a bug would.
+    struct Panics;
+
+    impl SyncClient for Panics {
+        fn sync<'a>(
+            &'a self,
+            _spa: &'a Spa,
+            _txg: Txg,
+            _freed: &'a mut Vec<Dva>,
+        ) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>> {
+            Box::pin(async { panic!("injected by the test") })
+        }
+        fn meta(&self, _txg: Txg, _freed: &mut Vec<Dva>) -> UpperMeta {
+            unreachable!("the sync panicked before")
+        }
+        fn synced(&self, _txg: Txg, _cache_max_bytes: u64) {}
+    }
+
+    #[test]
+    fn a_panic_in_the_sync_suspends_the_pool_and_wakes_its_waiters() {
+        let dsl = Datasets::new("p", 1);
+        let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new("m", 64 << 20));
+        let tops = vec![TopSpec {
+            kind: TopVdevKind::Single,
+            devices: vec![mem],
+            log: false,
+        }];
+        let spa = Spa::create("p", tops, PoolProps::default(), false, &dsl).unwrap();
+        let client: Arc<dyn SyncClient> = Arc::new(Panics);
+        let (weak, upper) = (Arc::downgrade(&spa), Arc::downgrade(&client));
+        let thread = std::thread::spawn(move || sync_thread(weak, upper));
+        spa.txg.mark_dirty();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = spa.clone();
+        std::thread::spawn(move || tx.send(waiter.sync_now()));
+        // A hang guard, not a timing assertion: without the fix this waits forever.
+        let r = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("sync_now hung after the sync thread panicked");
+        let err = r
+            .expect_err("a sync that panicked reported success")
+            .to_string();
+        assert!(err.contains("panicked: injected by the test"), "{err}");
+        assert!(spa.txg.check_writable().is_err(), "the pool takes changes");
+        thread.join().expect("the sync thread ends on its own");
     }
 }
