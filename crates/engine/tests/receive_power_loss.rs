@@ -4,8 +4,8 @@
 //! latest snapshot. After import the target is exactly its old state (no volume, or the
 //! base snapshot with the head equal to it) or exactly the new one (the received snapshot,
 //! and the head equal to it); never a half-applied stream. A receive that returned Ok is
-//! there. The audit is clean (a hidden half-received dataset left by the crash holds what it
-//! references: no leak), and the same stream received again afterwards arrives whole.
+//! there. Import destroys a hidden half-received dataset the crash left (unless `-s` saved
+//! it); the audit is clean, and the same stream received again afterwards arrives whole.
 //!
 //! A quarter of the cases receive with `-s` (resumable): after import the target is still
 //! its old or new state, and a partial receive left by the crash carries a resume point that
@@ -251,6 +251,11 @@ fn crash_case(seed: u64) -> Result<String, String> {
         kind[2].fetch_add(1, Ordering::Relaxed);
     }
     let token = pool.receive_resume_token("copy");
+    if token.is_none() && pool.dataset_space("copy%recv").is_ok() {
+        return Err(format!(
+            "import left the interrupted receive's hidden dataset ({report})"
+        ));
+    }
     if let Some(token) = token {
         if !resumable || got != before {
             return Err(format!(

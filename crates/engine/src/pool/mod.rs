@@ -298,6 +298,7 @@ impl Pool {
             // Commit the replayed changes and free the old chains before serving anything.
             pool.sync()?;
         }
+        pool.destroy_stale_receives()?;
         Ok(pool)
     }
 

@@ -6,8 +6,8 @@
 //! END is verified and that data is synced, one change applied by the txg sync swaps it into
 //! the target and snapshots it with the sender's guid (`dsl/recv.rs`). A stream that is
 //! damaged, cut short or refused destroys the hidden dataset: the target is exactly as it
-//! was, and nothing leaks. A hidden dataset left by a crash is destroyed by the next receive
-//! into that volume.
+//! was, and nothing leaks. A hidden dataset left by a crash is destroyed at import (and by
+//! the next receive into that volume).
 //!
 //! With `-s` ([`ReceiveOptions::resumable`]) a stream that stops early (cut, damaged, or the
 //! power failed) keeps what it applied: the hidden dataset stays with the stream's identity
@@ -526,6 +526,29 @@ impl Pool {
             dsl: self.dsl.clone(),
             vol,
         })
+    }
+
+    /// At import: destroys the hidden datasets of receives a crash interrupted, except the
+    /// partial receives `recv -s` saved (they wait for `send -t` or `recv -A`).
+    pub(super) fn destroy_stale_receives(&self) -> Result<()> {
+        let stale: Vec<String> = self
+            .dsl
+            .all()
+            .into_iter()
+            .filter(|ds| {
+                ds.name.ends_with("%recv") && ds.lineage.lock().unwrap().receive_resume.is_none()
+            })
+            .map(|ds| ds.name.clone())
+            .collect();
+        for name in stale {
+            tracing::info!(
+                pool = self.spa.name,
+                dataset = name,
+                "destroying an interrupted receive"
+            );
+            self.destroy_hidden(&name)?;
+        }
+        Ok(())
     }
 
     /// Destroys hidden dataset `name` (a receive that failed or was left by a crash).
