@@ -20,6 +20,7 @@ use oxpool_format::stream::{
     DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
 };
 use oxpool_format::{BlockPtr, Txg, VolumeId};
+use oxpool_io::IoBuf;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -93,7 +94,9 @@ enum Item {
     Data {
         block: u64,
         bp: BlockPtr,
-        stored: Vec<u8>,
+        /// The block as read: its first `bp.psize_bytes` are the stored bytes. Handed over
+        /// as read, not copied (a copy of every block was a third of the reader's CPU time).
+        stored: IoBuf,
     },
     Free {
         first: u64,
@@ -465,6 +468,7 @@ fn send_leg(
                 for item in batch {
                     match item {
                         Item::Data { block, bp, stored } => {
+                            let stored = &stored[..bp.psize_bytes as usize];
                             if let Some((first, count)) = free.take() {
                                 put(out, &enc.free(first * bs, count * bs))?;
                                 stats.free_records += 1;
@@ -475,10 +479,10 @@ fn send_leg(
                                 compression: bp.compression,
                                 checksum_type: bp.checksum_type,
                                 checksum: bp.checksum,
-                                payload: &stored,
+                                payload: stored,
                             });
                             put(out, &header)?;
-                            put(out, &stored)?;
+                            put(out, stored)?;
                             stats.data_records += 1;
                             stats.data_bytes += stored.len() as u64;
                             bytes += stored.len() as u64;
@@ -575,12 +579,15 @@ fn read_ahead(
             for c in changes {
                 items.push(match c {
                     Change::Data { block, bp } => {
-                        let buf = blocks.next().expect("one read per data change")?;
-                        Item::Data {
-                            block,
-                            bp,
-                            stored: buf[..bp.psize_bytes as usize].to_vec(),
+                        let stored = blocks.next().expect("one read per data change")?;
+                        if stored.len() < bp.psize_bytes as usize {
+                            return Err(EngineError::invalid(format!(
+                                "{what}: block {block} read {} bytes, its pointer says {}",
+                                stored.len(),
+                                bp.psize_bytes
+                            )));
                         }
+                        Item::Data { block, bp, stored }
                     }
                     Change::Free { first, count } => Item::Free { first, count },
                 });
