@@ -416,7 +416,10 @@ fn space_figures_follow_overwrites() {
     );
     let space = pool.dataset_space("v").unwrap();
     assert_eq!(space.used_by_snapshots_bytes, unique);
-    assert_eq!(space.used_bytes, space.written_bytes + unique);
+    // As ZFS: the head's own share is all it references (nothing it was cloned from shares
+    // it), and the snapshot's unique blocks come on top.
+    assert_eq!(space.used_by_dataset_bytes, space.referenced_bytes);
+    assert_eq!(space.used_bytes, space.referenced_bytes + unique);
     // Destroying the snapshot frees exactly those.
     let before = pool.status().allocated_bytes;
     assert_eq!(
@@ -921,6 +924,17 @@ fn written_since_a_snapshot_counts_what_is_newer() {
     );
     let e = pool.written_since("c", "v@s4").unwrap_err().to_string();
     assert!(e.contains("does not descend"), "{e}");
+    // usedbydataset, as ZFS's: a clone's own share is what its origin does not share
+    // (written@ORIGIN); a volume that is no clone owns all it references.
+    let used_by_dataset =
+        |pool: &Pool, v: &str| pool.dataset_space(v).unwrap().used_by_dataset_bytes;
+    let c_own = pool.written_since("c", "v@s3").unwrap();
+    assert_eq!(used_by_dataset(&pool, "c"), c_own);
+    assert!(c_own > 0 && c_own < pool.dataset_space("c").unwrap().referenced_bytes);
+    assert_eq!(
+        used_by_dataset(&pool, "v"),
+        pool.dataset_space("v").unwrap().referenced_bytes
+    );
 
     // Promote: s1 and s3 move to c, v becomes a clone of c@s3.
     pool.promote("c").unwrap();
@@ -933,6 +947,15 @@ fn written_since_a_snapshot_counts_what_is_newer() {
         check(pool, heads, snaps, &["c@s1", "c@s3", "v@s4", "v"], when);
     };
     promoted(&pool, &heads, &snaps, "after promote");
+    // Now v is the clone (of c@s3), and c owns all it references.
+    assert_eq!(
+        pool.dataset_space("v").unwrap().used_by_dataset_bytes,
+        pool.written_since("v", "c@s3").unwrap()
+    );
+    assert_eq!(
+        pool.dataset_space("c").unwrap().used_by_dataset_bytes,
+        pool.dataset_space("c").unwrap().referenced_bytes
+    );
     // The figures are those recorded: the same after an import.
     pool.export().unwrap();
     pool = reimport(&mems);

@@ -55,9 +55,13 @@ pub struct SnapshotInfo {
 pub struct DatasetSpace {
     /// `usedbydataset + usedbysnapshots`.
     pub used_bytes: u64,
+    /// `usedbydataset`, as ZFS's: what its tree references that no dataset it was cloned
+    /// from shares (all it references, unless it is a clone), snapshots' shares included:
+    /// what destroying it with its snapshots would free, beyond `usedbysnapshots`.
+    pub used_by_dataset_bytes: u64,
     /// Bytes its tree references.
     pub referenced_bytes: u64,
-    /// Bytes of its tree born after its latest snapshot (or origin): also `usedbydataset`.
+    /// Bytes of its tree born after its latest snapshot (or origin).
     pub written_bytes: u64,
     /// What destroying every snapshot would free.
     pub used_by_snapshots_bytes: u64,
@@ -575,16 +579,36 @@ impl Pool {
             };
             Some(format!("{}@{}", src.full_name, name.unwrap_or_default()))
         });
+        let own_generations = 1 + l.snapshots().len();
+        let is_clone = l.origin.is_some();
+        let (written_bytes, createtxg, guid, creation_s) =
+            (l.written_bytes, l.createtxg.0, l.guid.0, l.creation_s);
+        drop(l);
+        // ZFS's usedbydataset: what it references that its origin does not share, which is
+        // `written@ORIGIN` (`dsl/written.rs`; the line locks every lineage in it).
+        let used_by_dataset_bytes = if is_clone {
+            let line = crate::dsl::written::line(&self.dsl, &ds);
+            match line.len().checked_sub(own_generations + 1) {
+                Some(k) => crate::dsl::written::written_since_each(&line, k)
+                    .last()
+                    .copied()
+                    .unwrap_or(referenced_bytes),
+                None => referenced_bytes,
+            }
+        } else {
+            referenced_bytes
+        };
         Ok(DatasetSpace {
-            used_bytes: l.written_bytes + used_by_snapshots_bytes,
+            used_bytes: used_by_dataset_bytes + used_by_snapshots_bytes,
+            used_by_dataset_bytes,
             referenced_bytes,
-            written_bytes: l.written_bytes,
+            written_bytes,
             used_by_snapshots_bytes,
             origin,
-            createtxg: l.createtxg.0,
-            guid: l.guid.0,
-            creation_s: l.creation_s,
-            snapshot_count: l.snapshots().len(),
+            createtxg,
+            guid,
+            creation_s,
+            snapshot_count: own_generations - 1,
         })
     }
 
@@ -636,7 +660,8 @@ impl Pool {
         Ok(Some(match name {
             "used" => d.used_bytes.to_string(),
             "referenced" => d.referenced_bytes.to_string(),
-            "written" | "usedbydataset" => d.written_bytes.to_string(),
+            "written" => d.written_bytes.to_string(),
+            "usedbydataset" => d.used_by_dataset_bytes.to_string(),
             "usedbysnapshots" => d.used_by_snapshots_bytes.to_string(),
             "origin" => d.origin.unwrap_or_else(|| "-".into()),
             "createtxg" => d.createtxg.to_string(),
