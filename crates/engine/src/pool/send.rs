@@ -14,7 +14,7 @@ use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
-use crate::zio::read_block;
+use crate::zio::read_run::read_blocks;
 use crate::{EngineError, Result};
 use oxpool_format::stream::{
     DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
@@ -565,16 +565,17 @@ fn read_ahead(
             if changes.is_empty() || !budget.take(bytes) {
                 break;
             }
-            let reads = changes
+            // Blocks side by side on a device are read as one request (`zio/read_run.rs`).
+            let bps: Vec<BlockPtr> = changes
                 .iter()
                 .filter_map(|c| match c {
-                    Change::Data { bp, .. } => {
-                        Some(read_block(&spa.zio, IoClass::AsyncRead, bp, what.as_str()))
-                    }
+                    Change::Data { bp, .. } => Some(*bp),
                     Change::Free { .. } => None,
                 })
-                .collect::<Vec<_>>();
-            let mut blocks = oxpool_io::rt::join_all(reads).await.into_iter();
+                .collect();
+            let mut blocks = read_blocks(&spa.zio, IoClass::AsyncRead, &bps, what.as_str())
+                .await
+                .into_iter();
             let mut items = Vec::with_capacity(changes.len());
             for c in changes {
                 items.push(match c {

@@ -9,6 +9,7 @@ pub mod completion;
 pub mod compress;
 pub mod data_cache;
 pub(crate) mod raidz;
+pub mod read_run;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
