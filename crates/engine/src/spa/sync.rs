@@ -292,12 +292,35 @@ pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dsl::Datasets;
     use crate::props::PoolProps;
     use crate::spa::TopSpec;
     use oxpool_format::TopVdevKind;
     use oxpool_io::{Backend, MemoryBackend};
     use std::time::Duration;
+
+    /// A sync client with no datasets (to create the pool with; the layer above is not
+    /// imported here).
+    struct Empty;
+
+    impl SyncClient for Empty {
+        fn sync<'a>(
+            &'a self,
+            _spa: &'a Spa,
+            _txg: Txg,
+            _freed: &'a mut Vec<Dva>,
+        ) -> Pin<Box<dyn Future<Output = Result<()>> + 'a>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn meta(&self, _txg: Txg, _freed: &mut Vec<Dva>) -> UpperMeta {
+            UpperMeta {
+                volumes: Vec::new(),
+                datasets: Vec::new(),
+                freeing: Vec::new(),
+                next_volume_id: 1,
+            }
+        }
+        fn synced(&self, _txg: Txg, _cache_max_bytes: u64) {}
+    }
 
     /// A sync client whose sync panics, as a bug would.
     struct Panics;
@@ -319,14 +342,13 @@ mod tests {
 
     #[test]
     fn a_panic_in_the_sync_suspends_the_pool_and_wakes_its_waiters() {
-        let dsl = Datasets::new("p", 1);
         let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new("m", 64 << 20));
         let tops = vec![TopSpec {
             kind: TopVdevKind::Single,
             devices: vec![mem],
             log: false,
         }];
-        let spa = Spa::create("p", tops, PoolProps::default(), false, &dsl).unwrap();
+        let spa = Spa::create("p", tops, PoolProps::default(), false, &Empty).unwrap();
         let client: Arc<dyn SyncClient> = Arc::new(Panics);
         let (weak, upper) = (Arc::downgrade(&spa), Arc::downgrade(&client));
         let thread = std::thread::spawn(move || sync_thread(weak, upper));
