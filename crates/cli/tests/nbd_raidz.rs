@@ -110,8 +110,8 @@ fn raidz2_pool_serves_nbd_and_survives_damaged_and_missing_devices() {
     let status = env.ok(&["status", "tank"]);
     assert!(status.contains(" state: DEGRADED"), "{status}");
     assert!(
-        status.contains("status: raidz2-0: 1 of its devices missing (")
-            && status.contains("d4.img); it runs from its redundancy and can lose 1 more"),
+        status.contains("status: raidz2-0: 1 of its devices out of service (")
+            && status.contains("d4.img UNAVAIL); it runs from its redundancy and can lose 1 more"),
         "{status}"
     );
     {
