@@ -544,3 +544,42 @@ fn a_device_missing_at_import_lacks_what_was_written_without_it() {
     drop(v);
     pool.export().unwrap();
 }
+
+#[test]
+fn an_import_takes_back_a_faulted_device_its_vdev_cannot_do_without() {
+    let (pool, mems, data) = written(raidz(1), 3, 10);
+    // mem2 faulted (recorded in the pool), then exported.
+    pool.inject_add(rule(1, &pool, "mem2", InjectKind::Io, InjectOps::Read))
+        .unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+    assert_eq!(leaf(&pool.status(), 2).state, "FAULTED");
+    drop(v);
+    pool.export().unwrap();
+    // All three back: mem2 stays faulted.
+    let pool = reimport(&mems);
+    assert_eq!(leaf(&pool.status(), 2).state, "FAULTED");
+    pool.export().unwrap();
+    // mem0 gone: the raidz1 cannot do without mem2 as well, so it is back in service.
+    let two: Vec<Arc<dyn Backend>> = vec![Arc::new(mems[1].clone()), Arc::new(mems[2].clone())];
+    let pool = Pool::import(two, Some("tank")).unwrap();
+    pool.set_prop("data_cache_max", "0").unwrap();
+    let s = pool.status();
+    assert_eq!(leaf(&s, 0).state, "UNAVAIL", "{s:?}");
+    assert_eq!(leaf(&s, 2).state, "DEGRADED", "{s:?}");
+    assert!(
+        leaf(&s, 2)
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("FAULTED when the pool was exported")),
+        "{s:?}"
+    );
+    assert_eq!(s.state, "DEGRADED");
+    let v = pool.volume("v").unwrap();
+    assert!(
+        read_all(&v).unwrap() == data,
+        "the faulted device holds its columns"
+    );
+    drop(v);
+    pool.export().unwrap();
+}

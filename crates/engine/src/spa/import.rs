@@ -251,6 +251,7 @@ pub(crate) async fn import_devices(
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
     });
+    super::listen_to_records(&inner);
     Ok((inner, meta))
 }
 

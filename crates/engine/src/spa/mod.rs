@@ -234,6 +234,7 @@ impl Spa {
         // on disk).
         apply_scheduler(&inner);
         apply_fault_policy(&inner);
+        listen_to_records(&inner);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
@@ -777,6 +778,17 @@ pub(crate) fn apply_scheduler(inner: &Spa) {
     for leaf in inner.zio.vdevs.leaves() {
         leaf.queue.set_mode(s.props.device_scheduler(leaf.guid));
     }
+}
+
+/// Has a device state change that the tree makes on its own (a fault, a failed write) mark
+/// the open txg dirty: the next sync records it (`vdev/states.rs`).
+pub(crate) fn listen_to_records(inner: &Arc<Spa>) {
+    let weak = Arc::downgrade(inner);
+    inner.zio.vdevs.on_record_change.set(Box::new(move || {
+        if let Some(spa) = weak.upgrade() {
+            spa.txg.mark_dirty();
+        }
+    }));
 }
 
 /// Sets the fault rule from the pool's properties (`fault_errors`, `fault_window`).

@@ -248,6 +248,20 @@ impl TopVdev {
             .filter(|l| l.health.in_service())
     }
 
+    /// Every whole copy of the block at `dva` on a child in service (a scrub reads each):
+    /// as [`TopVdev::plan_write`], without noting anything on the children out of service.
+    pub fn copies_in_service(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
+        debug_assert_eq!(dva.vdev, self.id);
+        let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
+        let whole_copies = self.raidz.is_none();
+        self.leaves_in_service()
+            .filter(move |_| whole_copies)
+            .map(move |leaf| LeafIo {
+                leaf: leaf.clone(),
+                offset_bytes,
+            })
+    }
+
     /// Leaf I/Os that write the block at `dva`: one per present child in service (a mirror
     /// writes all); a child out of service notes that it missed a write. An iterator, not a
     /// collection: planning allocates nothing. None for a raidz vdev, whose blocks are
@@ -346,6 +360,33 @@ pub struct VdevTree {
     state_change: Mutex<()>,
     /// State records of children absent at import, by guid (carried to the next import).
     absent: Mutex<BTreeMap<Guid, StateRecord>>,
+    /// Called when a leaf's record changes on its own (a fault, a failed write): the pool
+    /// marks its open txg dirty, so the next sync records it even if nothing else changes.
+    pub(crate) on_record_change: RecordListener,
+}
+
+/// What the pool gives the tree to hear of record changes (set once, by the pool).
+#[derive(Default)]
+pub(crate) struct RecordListener(OnceLock<Box<dyn Fn() + Send + Sync>>);
+
+impl RecordListener {
+    /// Sets the listener (once; later calls are ignored).
+    pub(crate) fn set(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.0.set(f);
+    }
+
+    /// Tells it.
+    pub(crate) fn notify(&self) {
+        if let Some(f) = self.0.get() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for RecordListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordListener")
+    }
 }
 
 impl VdevTree {
@@ -366,6 +407,7 @@ impl VdevTree {
             sync_started: AtomicU64::new(0),
             state_change: Mutex::new(()),
             absent: Mutex::new(BTreeMap::new()),
+            on_record_change: RecordListener::default(),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");

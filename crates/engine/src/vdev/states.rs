@@ -70,6 +70,7 @@ impl VdevTree {
         if kind == ErrorKind::Write {
             leaf.health
                 .note_missed(self.first_not_durable(), self.last_written());
+            self.on_record_change.notify();
         }
         if let Some(e) = e.filter(|e| device_gone(e)) {
             let _one = self.state_change.lock().unwrap();
@@ -81,6 +82,7 @@ impl VdevTree {
                     self.first_not_durable(),
                     false,
                 );
+                self.on_record_change.notify();
             }
             return;
         }
@@ -113,6 +115,7 @@ impl VdevTree {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
                 leaf.health
                     .take_out(LeafState::Faulted, why, self.first_not_durable(), false);
+                self.on_record_change.notify();
             }
             Err(no) => {
                 if leaf.health.state() == LeafState::Online {

@@ -723,7 +723,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
             }
             continue;
         }
-        for io in top.plan_write(dva) {
+        for io in top.copies_in_service(dva) {
             counts.copies_checked += 1;
             match io
                 .leaf
