@@ -193,3 +193,57 @@ pub fn apply(cache: &Path, pool: &Pool, warnings: &mut dyn Write) -> Result<()> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(id: u64, kind: InjectKind) -> SavedRule {
+        SavedRule {
+            pool: "tank".into(),
+            pool_guid: 0xabc,
+            rule: InjectRule {
+                id,
+                device: Guid(0x123),
+                kind,
+                ops: InjectOps::Read,
+                frequency_ppm: 5000,
+            },
+            device_path: "/d/b.img".into(),
+        }
+    }
+
+    #[test]
+    fn rules_round_trip_and_ids_are_never_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("pools.cache");
+        assert!(rules(&cache).unwrap().is_empty());
+        update(&cache, |all| {
+            let id = all.take_id();
+            all.rules.push(saved(id, InjectKind::Delay { delay_ms: 4 }));
+            let id = all.take_id();
+            all.rules.push(saved(id, InjectKind::Corrupt));
+            Ok(())
+        })
+        .unwrap();
+        let back = rules(&cache).unwrap();
+        assert_eq!(
+            back,
+            vec![
+                saved(1, InjectKind::Delay { delay_ms: 4 }),
+                saved(2, InjectKind::Corrupt)
+            ]
+        );
+        update(&cache, |all| {
+            all.rules.clear();
+            Ok(())
+        })
+        .unwrap();
+        let id = update(&cache, |all| Ok(all.take_id())).unwrap();
+        assert_eq!(id, 3, "an id is never given twice");
+        // A damaged line is an error naming the file and the line.
+        std::fs::write(path_of(&cache), "#next-id 4\ntank\tabc\t1\n").unwrap();
+        let err = rules(&cache).unwrap_err().to_string();
+        assert!(err.contains("line 2: malformed rule"), "{err}");
+    }
+}
