@@ -263,6 +263,70 @@ pub enum Command {
         /// Pool name.
         pool: String,
     },
+    /// Take a device out of service: it gets no more reads or writes, and the pool runs from
+    /// its redundancy. Refused, with the reason, when its vdev could not give back every
+    /// block without it. Persisted across export and import, unless -t.
+    Offline {
+        /// Temporary: until the pool is exported (only on a served pool).
+        #[arg(short = 't')]
+        temporary: bool,
+        /// Pool name.
+        pool: String,
+        /// The device: its path, its guid in hex, or a file name unique in the pool.
+        device: String,
+    },
+    /// Return a device to service from OFFLINE, FAULTED or REMOVED. What was written without
+    /// it, it lacks until `oxpool scrub` repairs it (`oxpool status` says so).
+    Online {
+        /// Pool name.
+        pool: String,
+        /// The device.
+        device: String,
+    },
+    /// Forget a pool's device errors: zero the READ, WRITE and CKSUM counts, end DEGRADED,
+    /// and return FAULTED and REMOVED devices to service (OFFLINE ones stay offline).
+    Clear {
+        /// Pool name.
+        pool: String,
+        /// Only this device.
+        device: Option<String>,
+    },
+    /// Inject faults into a pool's device I/O, for testing (as ZFS's zinject; see
+    /// docs/inject.md): `oxpool inject -d DEV -e io -T read POOL` (read errors), `-T write`,
+    /// `-e corrupt` (reads return damaged data), `-D MS` (added latency), `-f PERCENT`.
+    /// Without -d, lists the rules (of POOL, or of every pool); `-c ID|all` clears. On a
+    /// served pool the rule acts at once; an exported pool's rules act when it is next
+    /// opened. Rules stay until cleared.
+    Inject {
+        /// The device: its path, its guid in hex, or a file name unique in the pool.
+        #[arg(short = 'd', value_name = "DEVICE")]
+        device: Option<String>,
+        /// Errors: `io` (the I/O fails, EIO) or `corrupt` (a read returns damaged bytes).
+        #[arg(short = 'e', value_name = "io|corrupt", requires = "device")]
+        error: Option<String>,
+        /// Added latency instead: each I/O completes this many milliseconds later.
+        #[arg(
+            short = 'D',
+            value_name = "MS",
+            requires = "device",
+            conflicts_with = "error"
+        )]
+        delay_ms: Option<u32>,
+        /// Which I/Os: read, write, flush or all (default: all; read for corrupt).
+        #[arg(short = 'T', value_name = "TYPE", requires = "device")]
+        ops: Option<String>,
+        /// Percentage of those I/Os hit (default 100; fractions allowed, e.g. 0.5).
+        #[arg(short = 'f', value_name = "PERCENT", requires = "device")]
+        frequency: Option<f64>,
+        /// Clear rule ID, or all rules.
+        #[arg(short = 'c', value_name = "ID|all", conflicts_with = "device")]
+        clear: Option<String>,
+        /// Without the header (how a listing over several pools is assembled).
+        #[arg(long, hide = true)]
+        no_header: bool,
+        /// Pool name (required to add a rule).
+        pool: Option<String>,
+    },
     /// Show pools' vdev trees with states and error counts, and their latest scrub.
     Status {
         /// Pools (default: all).

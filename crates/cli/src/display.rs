@@ -144,9 +144,15 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus) -> io::Result<()> {
     )?;
     fn line(out: &mut dyn Write, v: &VdevStatus, depth: usize) -> io::Result<()> {
         let name = format!("{}{}", "  ".repeat(depth), v.name);
+        // Why a device is in its state, after its counts (as `zpool status`'s notes).
+        let note = v
+            .reason
+            .as_ref()
+            .map(|r| format!("  {r}"))
+            .unwrap_or_default();
         writeln!(
             out,
-            "\t{:<40} {:<9} {:>5} {:>5} {:>5}",
+            "\t{:<40} {:<9} {:>5} {:>5} {:>5}{note}",
             name, v.state, v.read_errors, v.write_errors, v.checksum_errors
         )?;
         if v.repaired_bytes > 0 {

@@ -111,10 +111,12 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
             missing.join(", ")
         );
     }
-    // Missing devices show as MISSING in `oxpool status`; import refuses the pool if what is
+    // Missing devices show as UNAVAIL in `oxpool status`; import refuses the pool if what is
     // missing is needed, naming it.
     let pool = Pool::import(devs.backends(), Some(name))
         .with_context(|| format!("cannot open pool '{name}'"))?;
+    // Its fault injection rules (`oxpool inject`) act from now on.
+    crate::inject_file::apply(cache, &pool, &mut std::io::stderr())?;
     Ok((pool, devs))
 }
 

@@ -13,6 +13,7 @@ mod control;
 mod devices;
 mod display;
 mod host;
+mod inject_file;
 mod iostat;
 mod progress;
 mod serve;
@@ -63,6 +64,7 @@ fn target(command: &Command) -> Target {
     match command {
         Command::Create { .. } | Command::Import { pool: Some(_), .. } => Target::NewPool,
         Command::Import { pool: None, .. }
+        | Command::Inject { pool: None, .. }
         | Command::Iostat { .. }
         | Command::Serve(_)
         | Command::Stream { .. } => Target::Here,
@@ -71,6 +73,12 @@ fn target(command: &Command) -> Target {
         | Command::Export { pool }
         | Command::Destroy { pool, .. }
         | Command::Audit { pool }
+        | Command::Offline { pool, .. }
+        | Command::Online { pool, .. }
+        | Command::Clear { pool, .. }
+        | Command::Inject {
+            pool: Some(pool), ..
+        }
         | Command::Scrub { pool, .. } => pool_of(pool),
         Command::Rollback { snapshot, .. }
         | Command::Clone { snapshot, .. }
@@ -128,6 +136,9 @@ fn run(mut cli: Cli) -> Result<i32> {
             if let Command::Serve(args) = cli.command {
                 serve::run(&cache, args)?;
                 return Ok(0);
+            }
+            if let Command::Inject { .. } = cli.command {
+                return inject_each_pool(cli.command, &local, &runtime);
             }
         }
         Target::Pool(pool) => {
@@ -255,6 +266,81 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
         match done {
             Ok(true) => {}
             // The server printed why.
+            Ok(false) => failed += 1,
+            Err(e) => {
+                eprintln!("oxpool: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+/// `oxpool inject` without a pool: lists the rules of every pool that has some, or clears
+/// rule `-c ID` (or all of them) wherever it is; each pool's part runs where the pool is
+/// (its server, or here on the rules file).
+fn inject_each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32> {
+    let Command::Inject {
+        device,
+        clear,
+        pool: None,
+        ..
+    } = command
+    else {
+        unreachable!("inject without a pool")
+    };
+    if device.is_some() {
+        bail!("name the pool: oxpool inject -d DEVICE ... POOL");
+    }
+    let rules = inject_file::rules(local.cache())?;
+    let mut pools: Vec<String> = Vec::new();
+    for s in &rules {
+        let wanted = match clear.as_deref() {
+            None | Some("all") => true,
+            Some(id) => id.parse::<u64>().ok() == Some(s.rule.id),
+        };
+        if wanted && !pools.contains(&s.pool) {
+            pools.push(s.pool.clone());
+        }
+    }
+    if let Some(id) = clear.as_deref().filter(|id| *id != "all") {
+        if pools.is_empty() {
+            bail!("no injection rule {id}");
+        }
+    }
+    let mut con = LocalConsole::new();
+    if clear.is_none() {
+        verbs::device::inject_header(&mut con)?;
+    }
+    let mut failed = 0;
+    for name in pools {
+        let mut args = vec!["inject".to_string()];
+        match &clear {
+            Some(c) => args.extend(["-c".to_string(), c.clone()]),
+            None => args.push("--no-header".to_string()),
+        }
+        args.push(name.clone());
+        let done = match runtime.server_of(&name) {
+            Ok(Found::Server(socket, stream)) => {
+                control::client::forward(stream, &socket, args).map(|code| code == 0)
+            }
+            Ok(Found::None) => {
+                let one = Command::Inject {
+                    device: None,
+                    error: None,
+                    delay_ms: None,
+                    ops: None,
+                    frequency: None,
+                    clear: clear.clone(),
+                    no_header: true,
+                    pool: Some(name.clone()),
+                };
+                verbs::run(one, local, &mut con).map(|()| true)
+            }
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(true) => {}
             Ok(false) => failed += 1,
             Err(e) => {
                 eprintln!("oxpool: {e:#}");

@@ -215,15 +215,21 @@ fn loop_until_scrub_can_start(env: &Env) -> String {
     panic!("the background scrub never ended");
 }
 
-/// One device line of `oxpool status`: (READ, WRITE, CKSUM).
+/// One device line of `oxpool status`: (READ, WRITE, CKSUM). The line is the config table's
+/// (NAME STATE READ WRITE CKSUM, then a note on why the device is in its state); the
+/// `status:` lines above may name the device too.
 fn status_counts(status: &str, device: &str) -> (u64, u64, u64) {
     let line = status
         .lines()
-        .find(|l| l.contains(device))
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|name| name.ends_with(device))
+        })
         .unwrap_or_else(|| panic!("no {device} in {status}"));
     let f: Vec<&str> = line.split_whitespace().collect();
-    let n = |i: usize| f[f.len() - i].parse::<u64>().unwrap();
-    (n(3), n(2), n(1))
+    let n = |i: usize| f[i].parse::<u64>().unwrap();
+    (n(2), n(3), n(4))
 }
 
 #[test]

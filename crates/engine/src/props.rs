@@ -3,6 +3,7 @@
 //! variable. On disk they are stored as (name, value) string pairs inside the pool's metadata,
 //! so a later version can add properties without a format change.
 
+use crate::vdev::health::{FAULT_ERRORS_DEFAULT, FAULT_ERRORS_MAX, FAULT_WINDOW_S_DEFAULT};
 use crate::vdev::queue::SchedulerMode;
 use crate::zio::completion::CompletionPolicy;
 use crate::{EngineError, Result};
@@ -78,6 +79,12 @@ pub struct PoolProps {
     /// `completion`: where device completions are finished (`auto`, `inline`, `worker`,
     /// `batched`; see the `completion` module). Default `auto`.
     pub completion: CompletionPolicy,
+    /// `fault_errors`: I/O errors of one device within `fault_window` that fault it (take it
+    /// out of service, if its vdev's redundancy covers it); as many checksum errors make it
+    /// DEGRADED. Default 10 (ZED's); 0 never faults. See `vdev/health.rs`.
+    pub fault_errors: u32,
+    /// `fault_window`: the seconds `fault_errors` counts over (default 600, ZED's).
+    pub fault_window_s: u64,
 }
 
 /// Prefix of a per-device property's persisted name: `scheduler@<guid in hex>`.
@@ -94,6 +101,8 @@ impl Default for PoolProps {
             completion: CompletionPolicy::Auto,
             scheduler: SchedulerMode::Auto,
             scheduler_by_device: BTreeMap::new(),
+            fault_errors: FAULT_ERRORS_DEFAULT,
+            fault_window_s: FAULT_WINDOW_S_DEFAULT,
         }
     }
 }
@@ -125,7 +134,13 @@ pub const POOL_PROP_NAMES: &[&str] = &[
     "completion",
     "data_cache_max",
     "scheduler",
+    "fault_errors",
+    "fault_window",
 ];
+
+/// Properties persisted only when they differ from their default: a pool that never set
+/// them stays readable by a build that does not know them.
+const POOL_PROPS_PERSISTED_IF_SET: &[&str] = &["fault_errors", "fault_window"];
 
 /// Names of the per-device properties, for listing.
 pub const DEVICE_PROP_NAMES: &[&str] = &["scheduler"];
@@ -154,6 +169,8 @@ impl PoolProps {
             }
             .to_string(),
             "scheduler" => self.scheduler.as_str().to_string(),
+            "fault_errors" => self.fault_errors.to_string(),
+            "fault_window" => self.fault_window_s.to_string(),
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown pool property '{name}'"
@@ -229,6 +246,24 @@ impl PoolProps {
                 self.cache_max_bytes = v;
             }
             "scheduler" => self.scheduler = parse_scheduler(value)?,
+            "fault_errors" => {
+                let v = parse_u64(name, value)?;
+                if v > u64::from(FAULT_ERRORS_MAX) {
+                    return Err(EngineError::invalid(format!(
+                        "fault_errors must be 0 (never fault) to {FAULT_ERRORS_MAX}"
+                    )));
+                }
+                self.fault_errors = v as u32;
+            }
+            "fault_window" => {
+                let v = parse_u64(name, value)?;
+                if !(1..=86_400).contains(&v) {
+                    return Err(EngineError::invalid(
+                        "fault_window must be 1 to 86400 seconds",
+                    ));
+                }
+                self.fault_window_s = v;
+            }
             _ if name.starts_with(SCHEDULER_DEVICE_PREFIX) => {
                 let hex = &name[SCHEDULER_DEVICE_PREFIX.len()..];
                 let guid = u64::from_str_radix(hex, 16).map_err(|_| {
@@ -247,8 +282,12 @@ impl PoolProps {
 
     /// The persisted form.
     pub fn to_pairs(&self) -> Vec<(String, String)> {
+        let default = PoolProps::default();
         let mut pairs: Vec<(String, String)> = POOL_PROP_NAMES
             .iter()
+            .filter(|n| {
+                !POOL_PROPS_PERSISTED_IF_SET.contains(n) || self.get(n).ok() != default.get(n).ok()
+            })
             .map(|n| (n.to_string(), self.get(n).expect("known name")))
             .collect();
         for (guid, mode) in &self.scheduler_by_device {
@@ -636,6 +675,19 @@ mod tests {
         p.set("scheduler", "on").unwrap();
         p.set_device(Guid(0xabc), "scheduler", "off").unwrap();
         assert_eq!(PoolProps::from_pairs(&p.to_pairs()).unwrap(), p);
+        // The fault rule is persisted only when set.
+        assert!(!p.to_pairs().iter().any(|(k, _)| k.starts_with("fault")));
+        p.set("fault_errors", "3").unwrap();
+        assert!(p.set("fault_window", "0").is_err());
+        assert!(p.set("fault_errors", "1001").is_err());
+        assert_eq!(PoolProps::from_pairs(&p.to_pairs()).unwrap(), p);
+        assert_eq!(
+            p.to_pairs()
+                .iter()
+                .filter(|(k, _)| k.starts_with("fault"))
+                .count(),
+            1
+        );
         assert_eq!(p.device_scheduler(Guid(0xabc)), SchedulerMode::Off);
         assert_eq!(p.device_scheduler(Guid(1)), SchedulerMode::On);
         p.set_device(Guid(0xabc), "scheduler", "inherit").unwrap();

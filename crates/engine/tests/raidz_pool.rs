@@ -178,6 +178,8 @@ fn reads_survive_up_to_parity_failing_devices() {
             for &i in &failing {
                 assert!(s.vdevs[0].children[i].read_errors > 0, "{s:?}");
             }
+            // The devices are fixed (the faults go with this import): back in service.
+            pool.clear(None).unwrap();
             drop(v);
             pool.export().unwrap();
         }
@@ -192,13 +194,13 @@ fn reads_survive_up_to_parity_failing_devices() {
         assert_eq!(s.state, "DEGRADED", "{s:?}");
         assert_eq!(s.vdevs[0].state, "DEGRADED", "{s:?}");
         let gone: Vec<String> = (0..usize::from(parity))
-            .map(|i| format!("mem{i}"))
+            .map(|i| format!("mem{i} UNAVAIL"))
             .collect();
         assert_eq!(
             s.reasons,
             [format!(
-                "raidz{parity}-0: {parity} of its devices missing ({}); it runs from its \
-                 redundancy and can lose 0 more",
+                "raidz{parity}-0: {parity} of its devices out of service ({}); it runs from \
+                 its redundancy and can lose 0 more",
                 gone.join(", ")
             )]
         );
@@ -397,11 +399,15 @@ fn writes_survive_a_failing_device_and_a_scrub_fills_it_in() {
     pool.sync().expect("parity covers one failing device");
     assert!(pool.status().vdevs[0].children[3].write_errors > 0);
     assert!(read_all(&v).unwrap() == data);
+    // Fixed, and back in service: it lacks its columns until the scrub writes them.
     faults[3].set_write_error_probability(0.0);
+    pool.clear(Some("mem3")).unwrap();
+    assert_eq!(pool.status().state, "DEGRADED");
     let scrub = pool.scrub().unwrap();
     assert_eq!(scrub.blocks_lost, 0, "{scrub:?}");
     assert!(scrub.copies_repaired > 0, "{scrub:?}");
     assert_eq!(pool.scrub().unwrap().copies_bad, 0);
+    assert_eq!(pool.status().state, "ONLINE");
     // Device 3 now holds its columns: two others may fail.
     faults[0].set_read_error_probability(1.0);
     faults[5].set_read_error_probability(1.0);

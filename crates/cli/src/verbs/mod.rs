@@ -4,6 +4,7 @@
 //! [`Host`]; where serving changes what a verb must do (a new volume becomes an export, an
 //! export disconnects clients), the verb says so where it matters.
 
+pub mod device;
 pub mod pool;
 mod props;
 pub mod send;
@@ -146,6 +147,42 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             None => pool::list(host, con, scripted, parsable, no_header, &pools),
         },
         Command::Status { pools } => pool::status(host, con, &pools),
+        Command::Offline {
+            temporary,
+            pool,
+            device,
+        } => device::offline(host, con, &pool, &device, temporary),
+        Command::Online { pool, device } => device::online(host, con, &pool, &device),
+        Command::Clear { pool, device } => device::clear(host, con, &pool, device.as_deref()),
+        Command::Inject {
+            device,
+            error,
+            delay_ms,
+            ops,
+            frequency,
+            clear,
+            no_header,
+            pool,
+        } => {
+            let pool = pool.ok_or_else(|| anyhow!("name the pool"))?;
+            match (device, clear) {
+                (Some(d), None) => device::inject_add(
+                    host,
+                    con,
+                    &pool,
+                    &d,
+                    device::InjectSpec {
+                        error: error.as_deref(),
+                        delay_ms,
+                        ops: ops.as_deref(),
+                        frequency,
+                    },
+                ),
+                (None, Some(c)) => device::inject_clear(host, con, &pool, &c),
+                (None, None) => device::inject_list(host, con, &pool, no_header),
+                (Some(_), Some(_)) => bail!("-c and -d do not go together"),
+            }
+        }
         Command::Scrub { wait, stop, pool } => pool::scrub(host, con, &pool, wait, stop),
         Command::Vol { command } => volume::run(host, con, command),
         Command::Get {

@@ -102,6 +102,7 @@ pub fn import(
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
             remember(cache, &pool)?;
+            crate::inject_file::apply(cache, &pool, con.err())?;
             match host {
                 Host::Local { .. } => pool.export()?,
                 Host::Live(served) => {

@@ -91,6 +91,9 @@ pub(crate) struct Scan {
     ended: Condvar,
     cancel: AtomicBool,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The txg durable when the running scan started, and the devices' outages then: a scan
+    /// that finishes clean repaired what the devices lacked up to it.
+    repairs_through: Mutex<Option<(Txg, Vec<u64>)>>,
 }
 
 impl Scan {
@@ -143,6 +146,9 @@ impl Datasets {
         // What is dirty now is written first, so the scrub covers every write answered
         // before it started.
         spa.sync_now()?;
+        // What a device lacks up to here, the scrub repairs (if the device stays in service).
+        *scan.repairs_through.lock().unwrap() =
+            Some((spa.synced_txg(), spa.zio.vdevs.outage_marks()));
         let total_bytes = inner.state.lock().unwrap().alloc.totals_bytes().1;
         scan.cancel.store(false, Ordering::Relaxed);
         *scan.status.lock().unwrap() = Some(ScanStatus {
@@ -244,6 +250,21 @@ fn scan_thread(inner: Arc<Spa>, dsl: Arc<Datasets>) {
     let result = block_on(scan_pool(&inner, &dsl));
     let scan = &dsl.scan;
     let canceled = scan.canceled();
+    // Every block visited, none lost, every bad copy rewritten: the devices that were in
+    // service throughout hold every block born up to the scan's start. Before the status
+    // says Finished, so that whoever waits for it sees the devices as the scrub left them.
+    let clean = result.is_ok()
+        && !canceled
+        && scan.status.lock().unwrap().as_ref().is_some_and(|s| {
+            s.counts.blocks_lost == 0 && s.counts.copies_bad == s.counts.copies_repaired
+        });
+    let through = scan.repairs_through.lock().unwrap().take();
+    if let (true, Some((txg, marks))) = (clean, through) {
+        if inner.zio.vdevs.scrub_repaired_through(txg, &marks) {
+            // The devices' records change: the next txg says so.
+            inner.txg.mark_dirty();
+        }
+    }
     scan.update(|s| {
         s.ended_ns = Some(now_ns());
         s.elapsed = Duration::from_nanos(s.ended_ns.unwrap_or(0).saturating_sub(s.started_ns));

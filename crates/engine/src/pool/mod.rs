@@ -13,7 +13,7 @@ use crate::props::{PoolProps, VolumeProps};
 use crate::spa::sync::{sync_thread, SyncClient};
 use crate::spa::{check_name, PoolStatus, Spa, TopSpec};
 use crate::vdev::label::read_label;
-use crate::vdev::DeviceStats;
+use crate::vdev::{DeviceStats, InjectRule, InjectRuleStatus};
 use crate::zil::{read_chain, ReplayRecord, Zil};
 use crate::zio::ScrubCounts;
 use crate::zvol::VolumeInner;
@@ -131,6 +131,7 @@ impl Pool {
         volumes: BTreeMap<String, Arc<VolumeInner>>,
     ) -> Pool {
         crate::spa::apply_scheduler(&spa);
+        crate::spa::apply_fault_policy(&spa);
         let weak = Arc::downgrade(&spa);
         let upper: std::sync::Weak<dyn SyncClient> = Arc::downgrade(&dsl) as _;
         let thread = std::thread::Builder::new()
@@ -612,6 +613,88 @@ impl Pool {
         let mut status = self.spa.status();
         status.scan = self.dsl.scan_status();
         status
+    }
+
+    /// Takes a device (its path, its guid in hex, or a file name unique in the pool)
+    /// offline: it gets no more I/O. `temporary`: until the pool is exported; otherwise
+    /// persisted. Refused, with the reason, when its vdev could not give back every block
+    /// without it.
+    pub fn offline(&self, device: &str, temporary: bool) -> Result<()> {
+        self.spa.offline(device, temporary)
+    }
+
+    /// Returns a device to service from OFFLINE, FAULTED or REMOVED. What was written
+    /// without it, it lacks until a scrub repairs it (`oxpool status` says so).
+    pub fn online(&self, device: &str) -> Result<()> {
+        self.spa.online(device)
+    }
+
+    /// Forgets the errors of a device, or of every device: zero counters, no DEGRADED, and a
+    /// FAULTED or REMOVED device back in service (an OFFLINE one stays offline).
+    pub fn clear(&self, device: Option<&str>) -> Result<()> {
+        self.spa.clear(device)
+    }
+
+    /// The guid and path of the device `device` names (as [`Pool::offline`] takes it).
+    pub fn device(&self, device: &str) -> Result<(Guid, String)> {
+        let leaf = self.spa.leaf_named(device)?;
+        Ok((leaf.guid, leaf.name().to_string()))
+    }
+
+    /// Sets a fault injection rule (`oxpool inject`) on its device, from now on. Refused if
+    /// the pool has no such device, the rule is not valid, or a rule has its id already.
+    pub fn inject_add(&self, rule: InjectRule) -> Result<()> {
+        rule.validate().map_err(EngineError::invalid)?;
+        if self
+            .inject_rules()
+            .iter()
+            .any(|(_, r)| r.rule.id == rule.id)
+        {
+            return Err(EngineError::Exists(format!("injection rule {}", rule.id)));
+        }
+        let leaf = self
+            .spa
+            .zio
+            .vdevs
+            .leaves()
+            .find(|l| l.guid == rule.device)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "device {:x} in pool '{}'",
+                    rule.device.0, self.spa.name
+                ))
+            })?;
+        tracing::info!(device = leaf.name(), id = rule.id, "injection rule set");
+        leaf.inject.add(rule);
+        Ok(())
+    }
+
+    /// Every injection rule, with its device's path and the I/Os it hit, by id.
+    pub fn inject_rules(&self) -> Vec<(String, InjectRuleStatus)> {
+        let mut out: Vec<(String, InjectRuleStatus)> = self
+            .spa
+            .zio
+            .vdevs
+            .leaves()
+            .flat_map(|l| {
+                l.inject
+                    .list()
+                    .into_iter()
+                    .map(|r| (l.name().to_string(), r))
+            })
+            .collect();
+        out.sort_by_key(|(_, r)| r.rule.id);
+        out
+    }
+
+    /// Removes the injection rule `id`, or every rule with None; returns how many went.
+    pub fn inject_clear(&self, id: Option<u64>) -> usize {
+        self.spa
+            .zio
+            .vdevs
+            .leaves()
+            .map(|l| l.inject.remove(id))
+            .sum()
     }
 
     /// Starts a scrub in the background (`oxpool scrub`); refused while one runs.

@@ -86,12 +86,33 @@ pub(crate) async fn import_devices(
     );
     // The newest uberblock whose pool metadata reads and verifies.
     let mut ubs = Vec::new();
+    let mut newest_of_leaf = Vec::new();
     for leaf in zio.vdevs.leaves() {
-        ubs.extend(read_uberblocks(leaf.backend.as_ref()).await);
+        let found = read_uberblocks(leaf.backend.as_ref()).await;
+        let newest = found
+            .iter()
+            .filter(|u| u.pool_guid == cfg0.pool_guid)
+            .map(|u| u.txg)
+            .max();
+        newest_of_leaf.push((leaf.clone(), newest));
+        ubs.extend(found);
     }
     ubs.retain(|u| u.pool_guid == cfg0.pool_guid);
     ubs.sort_by_key(|u| std::cmp::Reverse(u.txg));
     ubs.dedup();
+    // Every txg writes its uberblock to every leaf in service, after its blocks: a leaf
+    // whose newest uberblock is older than the pool's newest was out of service, or lost
+    // writes, for the txgs in between, and may lack their blocks (reads try it last, a scrub
+    // repairs it). As ZFS compares a label's txg with the pool's.
+    if let Some(top_txg) = ubs.first().map(|u| u.txg) {
+        for (leaf, newest) in &newest_of_leaf {
+            let first_missed =
+                newest.map_or(oxpool_format::Txg(1), |n| oxpool_format::Txg(n.0 + 1));
+            if first_missed <= top_txg {
+                leaf.health.note_missed(first_missed, top_txg);
+            }
+        }
+    }
     let mut last_err = None;
     let mut chosen = None;
     for ub in ubs {
@@ -120,8 +141,17 @@ pub(crate) async fn import_devices(
             )),
         });
     };
-    let props = PoolProps::from_pairs(&meta.props)?;
+    // The devices' state records ride among the properties (`vdev/states.rs`).
+    let (state_records, plain_props): (Vec<_>, Vec<_>) = meta
+        .props
+        .iter()
+        .cloned()
+        .partition(|(k, _)| k.starts_with(crate::vdev::STATE_RECORD_PREFIX));
+    let props = PoolProps::from_pairs(&plain_props)?;
     zio.completion.set(props.completion);
+    zio.vdevs
+        .fault_policy
+        .set(props.fault_errors, props.fault_window_s);
     zio.data_cache.set_max_bytes(props.data_cache_max_bytes);
     // The pool's own record of its zio.vdevs is the truth; labels only help find devices. A vdev
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
@@ -147,6 +177,9 @@ pub(crate) async fn import_devices(
     // A vdev whose labels were written but whose addition never committed is not part of it.
     zio.vdevs.truncate(meta.tree.top.len());
     zio.vdevs.set_leaf_configs(&meta.tree);
+    // Before anything reads the pool's blocks past its metadata: an offline or faulted
+    // device gets no I/O from here on.
+    zio.vdevs.load_state_records(&state_records, meta.txg)?;
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
     let mut alloc = Allocator::for_tops(zio.vdevs.tops());
     let mut chunk_ptrs = Vec::new();
@@ -218,6 +251,7 @@ pub(crate) async fn import_devices(
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
     });
+    super::listen_to_records(&inner);
     Ok((inner, meta))
 }
 

@@ -108,10 +108,14 @@ pub(crate) struct Spa {
 /// One line of `oxpool status`.
 #[derive(Clone, Debug)]
 pub struct VdevStatus {
-    /// Device path, or `mirror-N` for a mirror.
+    /// Device path, or `mirror-N` / `raidzP-N` for a group.
     pub name: String,
-    /// ONLINE, DEGRADED or MISSING.
+    /// A leaf: ONLINE, DEGRADED, FAULTED, OFFLINE, REMOVED, or UNAVAIL (not found at
+    /// import). A group: ONLINE, DEGRADED (a child is not ONLINE, or lacks txgs), or UNAVAIL
+    /// (more children out than its redundancy).
     pub state: String,
+    /// Why the leaf is in its state, or what it lacks (None when there is nothing to say).
+    pub reason: Option<String>,
     /// Read I/O errors.
     pub read_errors: u64,
     /// Write I/O errors.
@@ -131,7 +135,8 @@ pub struct PoolStatus {
     pub name: String,
     /// Pool guid.
     pub guid: u64,
-    /// ONLINE, DEGRADED or SUSPENDED.
+    /// ONLINE, DEGRADED (a vdev runs without a child, or one lacks txgs), UNAVAIL (a vdev
+    /// lacks more children than its redundancy: some blocks cannot be read), or SUSPENDED.
     pub state: String,
     /// Allocatable bytes.
     pub size_bytes: u64,
@@ -228,6 +233,8 @@ impl Spa {
         // Before the first I/O (an import's first reads run in `auto`: the properties are
         // on disk).
         apply_scheduler(&inner);
+        apply_fault_policy(&inner);
+        listen_to_records(&inner);
         block_on(async {
             for (leaf, guid, top) in &leaves_to_label {
                 let cfg = LabelConfig {
@@ -401,7 +408,9 @@ impl Spa {
         block_on(async {
             for top in inner.zio.vdevs.tops() {
                 for (leaf, lcfg) in top.children.iter().zip(&top.leaf_configs) {
-                    if let Some(leaf) = leaf {
+                    // A leaf out of service gets no I/O; its labels keep the old tree (import
+                    // takes the largest tree any label has).
+                    if let Some(leaf) = leaf.as_ref().filter(|l| l.health.in_service()) {
                         if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
                             let cfg = label(lcfg.guid, top.id);
                             crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg)
@@ -476,19 +485,89 @@ impl Spa {
         self.txg.mark_dirty();
         drop(s);
         apply_scheduler(self);
+        apply_fault_policy(self);
         Ok(())
     }
 
-    /// The present leaf named `device` (its path, or its guid in hex).
-    fn leaf_named(&self, device: &str) -> Result<Arc<Leaf>> {
-        self.zio
+    /// The present leaf named `device`: its path, its guid in hex, or a file name only one
+    /// of the pool's device paths ends with.
+    pub(crate) fn leaf_named(&self, device: &str) -> Result<Arc<Leaf>> {
+        let exact = self
+            .zio
             .vdevs
             .leaves()
-            .find(|l| l.name() == device || format!("{:x}", l.guid.0) == device)
-            .cloned()
-            .ok_or_else(|| {
-                EngineError::NotFound(format!("device '{device}' in pool '{}'", self.name))
-            })
+            .find(|l| l.name() == device || format!("{:x}", l.guid.0) == device);
+        if let Some(l) = exact {
+            return Ok(l.clone());
+        }
+        let tail = format!("/{device}");
+        let by_tail: Vec<&Arc<Leaf>> = self
+            .zio
+            .vdevs
+            .leaves()
+            .filter(|l| !device.contains('/') && l.name().ends_with(&tail))
+            .collect();
+        match by_tail.as_slice() {
+            [one] => Ok((*one).clone()),
+            [] => {
+                let absent = self.zio.vdevs.tops().any(|t| {
+                    t.children
+                        .iter()
+                        .zip(&t.leaf_configs)
+                        .any(|(c, cfg)| c.is_none() && cfg.path.ends_with(device))
+                });
+                Err(EngineError::NotFound(if absent {
+                    format!(
+                        "device '{device}' of pool '{}': it was not found at import",
+                        self.name
+                    )
+                } else {
+                    format!("device '{device}' in pool '{}'", self.name)
+                }))
+            }
+            several => Err(EngineError::invalid(format!(
+                "'{device}' names {} devices of pool '{}' ({}): give the path",
+                several.len(),
+                self.name,
+                several
+                    .iter()
+                    .map(|l| l.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    /// Takes a device offline (`oxpool offline`; `temporary`: until export). Refused, with
+    /// the reason, when its vdev could not give back every block without it. Persisted by
+    /// the next sync.
+    pub fn offline(&self, device: &str, temporary: bool) -> Result<()> {
+        let leaf = self.leaf_named(device)?;
+        self.zio.vdevs.offline(&leaf, temporary)?;
+        self.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// Returns a device to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED.
+    pub fn online(&self, device: &str) -> Result<()> {
+        let leaf = self.leaf_named(device)?;
+        self.zio.vdevs.online(&leaf);
+        self.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// Forgets the errors of one device or of all (`oxpool clear`): counters, DEGRADED, and
+    /// FAULTED or REMOVED devices return to service.
+    pub fn clear(&self, device: Option<&str>) -> Result<()> {
+        let leaves: Vec<Arc<Leaf>> = match device {
+            Some(d) => vec![self.leaf_named(d)?],
+            None => self.zio.vdevs.leaves().cloned().collect(),
+        };
+        for leaf in &leaves {
+            self.zio.vdevs.clear(leaf);
+        }
+        self.txg.mark_dirty();
+        Ok(())
     }
 
     /// Reads a device property (`scheduler`): the device's effective value and whether it is
@@ -530,19 +609,44 @@ impl Spa {
     pub fn status(&self) -> PoolStatus {
         let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
         let suspended = self.txg.state.lock().unwrap().suspended.is_some();
+        let counts = |l: &Leaf| {
+            (
+                l.counters.read_errors.load(Ordering::Relaxed),
+                l.counters.write_errors.load(Ordering::Relaxed),
+                l.counters.checksum_errors.load(Ordering::Relaxed),
+                l.counters.repaired_bytes.load(Ordering::Relaxed),
+            )
+        };
         let leaf_status = |l: &Option<Arc<Leaf>>, cfg: &LeafConfig| match l {
-            Some(l) => VdevStatus {
-                name: l.name().to_string(),
-                state: "ONLINE".into(),
-                read_errors: l.counters.read_errors.load(Ordering::Relaxed),
-                write_errors: l.counters.write_errors.load(Ordering::Relaxed),
-                checksum_errors: l.counters.checksum_errors.load(Ordering::Relaxed),
-                repaired_bytes: l.counters.repaired_bytes.load(Ordering::Relaxed),
-                children: vec![],
-            },
+            Some(l) => {
+                let (r, w, c, rep) = counts(l);
+                let state = l.health.state();
+                let missed = l.health.missed().filter(|_| state.in_service());
+                let reason = match (l.health.reason(), missed) {
+                    (why, None) => why,
+                    (why, Some((f, t))) => Some(format!(
+                        "{}lacks the blocks of txgs {}-{} (out of service or failed writes); a \
+                         scrub repairs them",
+                        why.map(|w| format!("{w}; ")).unwrap_or_default(),
+                        f.0,
+                        t.0
+                    )),
+                };
+                VdevStatus {
+                    name: l.name().to_string(),
+                    state: state.as_str().into(),
+                    reason,
+                    read_errors: r,
+                    write_errors: w,
+                    checksum_errors: c,
+                    repaired_bytes: rep,
+                    children: vec![],
+                }
+            }
             None => VdevStatus {
                 name: cfg.path.clone(),
-                state: "MISSING".into(),
+                state: "UNAVAIL".into(),
+                reason: Some("not found at import".into()),
                 read_errors: 0,
                 write_errors: 0,
                 checksum_errors: 0,
@@ -551,6 +655,7 @@ impl Spa {
             },
         };
         let mut degraded = false;
+        let mut unavail_any = false;
         let mut reasons = Vec::new();
         let vdevs = self
             .zio
@@ -563,36 +668,63 @@ impl Spa {
                     .zip(&t.leaf_configs)
                     .map(|(l, c)| leaf_status(l, c))
                     .collect();
-                let missing = kids.iter().filter(|k| k.state != "ONLINE").count();
-                degraded |= missing > 0;
-                // A raidz vdev with more children missing than parity cannot serve its blocks
-                // (ZFS: UNAVAIL, insufficient replicas).
-                let tolerated = match &t.kind {
-                    TopVdevKind::Raidz(r) => usize::from(r.parity),
-                    _ => kids.len() - 1,
-                };
-                let unavail = missing > tolerated;
-                if missing > 0 {
-                    let names: Vec<&str> = kids
+                let out: Vec<&VdevStatus> = kids
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| t.child_in_service(*i).is_none())
+                    .map(|(_, k)| k)
+                    .collect();
+                let lacking: Vec<&VdevStatus> = kids
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| t.child_in_service(*i).is_some() && !t.child_whole(*i))
+                    .map(|(_, k)| k)
+                    .collect();
+                let not_online = kids.iter().any(|k| k.state != "ONLINE");
+                let tolerated = t.redundancy();
+                let unavail = out.len() > tolerated;
+                degraded |= not_online || !lacking.is_empty();
+                unavail_any |= unavail;
+                let vdev = t.group_name().unwrap_or_else(|| kids[0].name.clone());
+                if !out.is_empty() {
+                    let names: Vec<String> = out
                         .iter()
-                        .filter(|k| k.state != "ONLINE")
-                        .map(|k| k.name.as_str())
+                        .map(|k| format!("{} {}", k.name, k.state))
                         .collect();
-                    let vdev = t.group_name().unwrap_or_else(|| names.join(", "));
                     reasons.push(if unavail {
                         format!(
-                            "{vdev}: {missing} of its devices missing ({}), more than it can lose \
+                            "{vdev}: {} of its devices out of service ({}), more than it can lose \
                              ({tolerated}): blocks on it cannot be read",
+                            out.len(),
                             names.join(", ")
                         )
                     } else {
                         format!(
-                            "{vdev}: {missing} of its devices missing ({}); it runs from its \
+                            "{vdev}: {} of its devices out of service ({}); it runs from its \
                              redundancy and can lose {} more",
+                            out.len(),
                             names.join(", "),
-                            tolerated - missing
+                            tolerated.saturating_sub(out.len() + lacking.len())
                         )
                     });
+                }
+                if !lacking.is_empty() {
+                    let names: Vec<&str> = lacking.iter().map(|k| k.name.as_str()).collect();
+                    reasons.push(format!(
+                        "{vdev}: {} lacks blocks written while it was out of service or \
+                         whose writes failed; `oxpool scrub {}` repairs them",
+                        names.join(", "),
+                        self.name
+                    ));
+                }
+                for k in kids.iter().filter(|k| k.state == "DEGRADED") {
+                    reasons.push(format!(
+                        "{}: DEGRADED: {}; `oxpool clear {} {}` once it is fixed",
+                        k.name,
+                        k.reason.as_deref().unwrap_or("too many errors"),
+                        self.name,
+                        k.name
+                    ));
                 }
                 match t.group_name() {
                     None => kids.into_iter().next().unwrap(),
@@ -600,12 +732,13 @@ impl Spa {
                         name,
                         state: if unavail {
                             "UNAVAIL"
-                        } else if missing > 0 {
+                        } else if not_online || !lacking.is_empty() {
                             "DEGRADED"
                         } else {
                             "ONLINE"
                         }
                         .into(),
+                        reason: None,
                         read_errors: 0,
                         write_errors: 0,
                         checksum_errors: 0,
@@ -620,6 +753,8 @@ impl Spa {
             guid: self.guid.0,
             state: if suspended {
                 "SUSPENDED"
+            } else if unavail_any {
+                "UNAVAIL"
             } else if degraded {
                 "DEGRADED"
             } else {
@@ -643,6 +778,27 @@ pub(crate) fn apply_scheduler(inner: &Spa) {
     for leaf in inner.zio.vdevs.leaves() {
         leaf.queue.set_mode(s.props.device_scheduler(leaf.guid));
     }
+}
+
+/// Has a device state change that the tree makes on its own (a fault, a failed write) mark
+/// the open txg dirty: the next sync records it (`vdev/states.rs`).
+pub(crate) fn listen_to_records(inner: &Arc<Spa>) {
+    let weak = Arc::downgrade(inner);
+    inner.zio.vdevs.on_record_change.set(Box::new(move || {
+        if let Some(spa) = weak.upgrade() {
+            spa.txg.mark_dirty();
+        }
+    }));
+}
+
+/// Sets the fault rule from the pool's properties (`fault_errors`, `fault_window`).
+pub(crate) fn apply_fault_policy(inner: &Spa) {
+    let s = inner.state.lock().unwrap();
+    inner
+        .zio
+        .vdevs
+        .fault_policy
+        .set(s.props.fault_errors, s.props.fault_window_s);
 }
 
 pub(crate) fn now_ns() -> u64 {

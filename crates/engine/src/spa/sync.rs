@@ -54,6 +54,7 @@ pub(crate) trait SyncClient: Send + Sync {
 
 /// Writes txg `txg` out and commits it (see the module comment for the protocol).
 pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> Result<()> {
+    inner.zio.vdevs.note_sync_started(txg);
     let mut freed: Vec<Dva> = Vec::new();
     inner.log_alloc_bytes_since_sync.store(0, Ordering::Relaxed);
     // Frees old enough are allocatable again from this txg on.
@@ -162,7 +163,11 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
             guid: inner.guid,
             txg,
             tree: inner.zio.vdevs.config(),
-            props: s.props.to_pairs(),
+            props: {
+                let mut props = s.props.to_pairs();
+                props.extend(inner.zio.vdevs.state_records());
+                props
+            },
             volumes: datasets.volumes,
             spacemaps: s
                 .alloc
@@ -192,7 +197,14 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     };
     let mut written = 0;
     let mut last_err = None;
-    let leaves: Vec<_> = inner.zio.vdevs.leaves().cloned().collect();
+    // Not to a leaf out of service: it gets no I/O at all.
+    let leaves: Vec<_> = inner
+        .zio
+        .vdevs
+        .tops()
+        .flat_map(|t| t.leaves_in_service())
+        .cloned()
+        .collect();
     let futs: Vec<_> = leaves
         .iter()
         .map(|l| {
@@ -211,6 +223,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     }
     flush_all(inner).await?;
     // Durable. Publish the new state.
+    inner.zio.vdevs.note_synced(txg);
     let cache_max_bytes;
     {
         let mut s = inner.state.lock().unwrap();
@@ -231,7 +244,7 @@ async fn flush_all(inner: &Spa) -> Result<()> {
     let ios: Vec<(usize, Arc<Leaf>)> = tops
         .iter()
         .enumerate()
-        .flat_map(|(i, t)| t.leaves().map(move |l| (i, l.clone())))
+        .flat_map(|(i, t)| t.leaves_in_service().map(move |l| (i, l.clone())))
         .collect();
     let futs: Vec<_> = ios.iter().map(|(_, l)| l.flush()).collect();
     let mut flushed = vec![false; tops.len()];
@@ -244,7 +257,10 @@ async fn flush_all(inner: &Spa) -> Result<()> {
         match r {
             Ok(()) => flushed[*top] = true,
             Err(e) => {
-                l.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                inner
+                    .zio
+                    .vdevs
+                    .note_error(l, crate::vdev::ErrorKind::Write, Some(&e));
                 last_err = Some(EngineError::io(l.name(), e));
             }
         }

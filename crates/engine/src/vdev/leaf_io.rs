@@ -9,9 +9,12 @@
 //! queueing them behind the txg's own data writes would only delay the commit.
 //!
 //! None of these allocate: the futures are plain `async fn` state machines that hold the
-//! backend's future, the queue admission and two timestamps.
+//! backend's future, the queue admission and two timestamps. Each also loads one flag:
+//! whether fault injection (`inject.rs`) has a rule on the leaf; only then does the I/O take
+//! the injected path (boxed).
 
 use crate::iostats::LeafOpStats;
+use crate::vdev::inject::IoOp;
 use crate::vdev::queue::IoClass;
 use crate::vdev::Leaf;
 use oxpool_io::{IoBuf, IoFuture, IoResult};
@@ -22,19 +25,28 @@ impl Leaf {
     /// Reads `buf.len()` bytes at `offset_bytes` as an I/O of `class`.
     pub async fn read(&self, class: IoClass, offset_bytes: u64, buf: IoBuf) -> IoResult<IoBuf> {
         let len_bytes = buf.len() as u64;
-        self.queued(class, len_bytes, &self.io_stats.read, || {
+        let io = self.queued(class, len_bytes, &self.io_stats.read, || {
             self.backend.read(offset_bytes, buf)
-        })
-        .await
+        });
+        if self.inject.armed() {
+            let injected = self
+                .inject
+                .apply(self.name(), IoOp::Read, io, |b| Some(&mut b[..]));
+            return Box::pin(injected).await;
+        }
+        io.await
     }
 
     /// Writes `buf` at `offset_bytes` as an I/O of `class`; hands the buffer back.
     pub async fn write(&self, class: IoClass, offset_bytes: u64, buf: IoBuf) -> IoResult<IoBuf> {
         let len_bytes = buf.len() as u64;
-        self.queued(class, len_bytes, &self.io_stats.write, || {
+        let io = self.queued(class, len_bytes, &self.io_stats.write, || {
             self.backend.write(offset_bytes, buf)
-        })
-        .await
+        });
+        if self.inject.armed() {
+            return Box::pin(self.inject.apply(self.name(), IoOp::Write, io, |_| None)).await;
+        }
+        io.await
     }
 
     /// Writes `buf` at `offset_bytes` as an I/O of `class`, completing only once the bytes
@@ -46,10 +58,13 @@ impl Leaf {
         buf: IoBuf,
     ) -> IoResult<IoBuf> {
         let len_bytes = buf.len() as u64;
-        self.queued(class, len_bytes, &self.io_stats.write, || {
+        let io = self.queued(class, len_bytes, &self.io_stats.write, || {
             self.backend.write_durable(offset_bytes, buf)
-        })
-        .await
+        });
+        if self.inject.armed() {
+            return Box::pin(self.inject.apply(self.name(), IoOp::Write, io, |_| None)).await;
+        }
+        io.await
     }
 
     /// Writes `buf`, which others share read-only (see [`oxpool_io::Backend::write_shared`]),
@@ -61,10 +76,13 @@ impl Leaf {
         buf: Arc<IoBuf>,
     ) -> IoResult<()> {
         let len_bytes = buf.len() as u64;
-        self.queued(class, len_bytes, &self.io_stats.write, || {
+        let io = self.queued(class, len_bytes, &self.io_stats.write, || {
             self.backend.write_shared(offset_bytes, buf)
-        })
-        .await
+        });
+        if self.inject.armed() {
+            return Box::pin(self.inject.apply(self.name(), IoOp::Write, io, |_| None)).await;
+        }
+        io.await
     }
 
     /// Writes `bufs` back to back from `offset_bytes` as one I/O of `class` (see
@@ -76,10 +94,13 @@ impl Leaf {
         bufs: Vec<Arc<IoBuf>>,
     ) -> IoResult<()> {
         let len_bytes = bufs.iter().map(|b| b.len() as u64).sum();
-        self.queued(class, len_bytes, &self.io_stats.write, || {
+        let io = self.queued(class, len_bytes, &self.io_stats.write, || {
             self.backend.write_gather(offset_bytes, bufs)
-        })
-        .await
+        });
+        if self.inject.armed() {
+            return Box::pin(self.inject.apply(self.name(), IoOp::Write, io, |_| None)).await;
+        }
+        io.await
     }
 
     /// Passes the queue with `class`, then starts the I/O `start` makes (only then: the
@@ -112,11 +133,17 @@ impl Leaf {
     /// priority NOW): a flush orders writes that already completed, and making it wait behind
     /// queued writes would delay a commit for I/O it does not concern.
     pub async fn flush(&self) -> IoResult<()> {
-        let started = Instant::now();
-        let result = self.backend.flush().await;
-        let elapsed = started.elapsed();
-        self.io_stats.flush.record(0, elapsed, elapsed);
-        result
+        let io = async {
+            let started = Instant::now();
+            let result = self.backend.flush().await;
+            let elapsed = started.elapsed();
+            self.io_stats.flush.record(0, elapsed, elapsed);
+            result
+        };
+        if self.inject.armed() {
+            return Box::pin(self.inject.apply(self.name(), IoOp::Flush, io, |_| None)).await;
+        }
+        io.await
     }
 }
 

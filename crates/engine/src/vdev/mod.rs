@@ -7,12 +7,18 @@
 //! (`zio/`) executes the plans; that keeps this logic pure and testable without devices.
 
 pub mod alloc;
+pub mod health;
+pub mod inject;
 pub mod label;
 mod leaf_io;
 pub mod queue;
 pub mod raidz;
+mod states;
 mod stats;
 
+pub use health::{ErrorKind, FaultPolicy, LeafHealth, LeafState, StateRecord};
+pub use inject::{InjectKind, InjectOps, InjectRule, InjectRuleStatus};
+pub use states::STATE_RECORD_PREFIX;
 pub use stats::{DeviceErrors, DeviceStats};
 
 use crate::iostats::LeafIoStats;
@@ -25,8 +31,9 @@ use oxpool_format::{
     DATA_START_BYTES,
 };
 use oxpool_io::Backend;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Most top-level vdevs a pool can have (the bound of the append-only list; a pool's labels
 /// could not describe many more).
@@ -99,6 +106,10 @@ pub struct Leaf {
     pub queue: VdevQueue,
     /// Operations, bytes and latencies, for `oxpool iostat`.
     pub io_stats: LeafIoStats,
+    /// Its state (in service or not), the txgs it lacks, its recent errors.
+    pub health: LeafHealth,
+    /// Fault injection rules (`oxpool inject`).
+    pub inject: inject::LeafInject,
 }
 
 impl std::fmt::Debug for Leaf {
@@ -119,6 +130,8 @@ impl Leaf {
             counters: LeafCounters::default(),
             queue: VdevQueue::new(),
             io_stats: LeafIoStats::default(),
+            health: LeafHealth::default(),
+            inject: inject::LeafInject::default(),
         }
     }
 
@@ -216,20 +229,56 @@ impl TopVdev {
         }
     }
 
-    /// The leaves present (for flushes, labels, status).
+    /// The leaves present, in service or not (for status and statistics).
     pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
         self.children.iter().flatten()
     }
 
-    /// Leaf I/Os that write the block at `dva`: one per present child (a mirror writes all).
-    /// An iterator, not a collection: planning allocates nothing. None for a raidz vdev,
-    /// whose blocks are planned column by column ([`TopVdev::raidz_layout`]).
+    /// The leaves present and in service (for flushes, uberblocks and labels: a leaf out of
+    /// service gets no I/O at all).
+    pub fn leaves_in_service(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.leaves().filter(|l| l.health.in_service())
+    }
+
+    /// Child `index` if it is present and in service.
+    #[inline]
+    pub fn child_in_service(&self, index: usize) -> Option<&Arc<Leaf>> {
+        self.children[index]
+            .as_ref()
+            .filter(|l| l.health.in_service())
+    }
+
+    /// Every whole copy of the block at `dva` on a child in service (a scrub reads each):
+    /// as [`TopVdev::plan_write`], without noting anything on the children out of service.
+    pub fn copies_in_service(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
+        debug_assert_eq!(dva.vdev, self.id);
+        let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
+        let whole_copies = self.raidz.is_none();
+        self.leaves_in_service()
+            .filter(move |_| whole_copies)
+            .map(move |leaf| LeafIo {
+                leaf: leaf.clone(),
+                offset_bytes,
+            })
+    }
+
+    /// Leaf I/Os that write the block at `dva`: one per present child in service (a mirror
+    /// writes all); a child out of service notes that it missed a write. An iterator, not a
+    /// collection: planning allocates nothing. None for a raidz vdev, whose blocks are
+    /// planned column by column ([`TopVdev::raidz_layout`]).
     pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
         let whole_copies = self.raidz.is_none();
         self.leaves()
             .filter(move |_| whole_copies)
+            .filter(|leaf| {
+                let in_service = leaf.health.in_service();
+                if !in_service {
+                    leaf.health.note_skipped();
+                }
+                in_service
+            })
             .map(move |leaf| LeafIo {
                 leaf: leaf.clone(),
                 offset_bytes,
@@ -250,8 +299,25 @@ impl TopVdev {
         };
         let first = self.read_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
         (0..n)
-            .filter_map(move |k| self.children[(first + k) % n].clone())
+            .filter_map(move |k| self.child_in_service((first + k) % n).cloned())
             .map(move |leaf| LeafIo { leaf, offset_bytes })
+    }
+
+    /// How many children this vdev can be without and still give back every block: a
+    /// mirror all but one, a raidz its parity, a single device none.
+    pub fn redundancy(&self) -> usize {
+        match &self.kind {
+            TopVdevKind::Raidz(r) => usize::from(r.parity),
+            TopVdevKind::Mirror => self.children.len().saturating_sub(1),
+            TopVdevKind::Single => 0,
+        }
+    }
+
+    /// Whether child `index` holds every block it should: present, in service, lacking no
+    /// txg.
+    pub fn child_whole(&self, index: usize) -> bool {
+        self.child_in_service(index)
+            .is_some_and(|l| l.health.missed().is_none())
     }
 }
 
@@ -283,6 +349,44 @@ impl TopList {
 #[derive(Debug)]
 pub struct VdevTree {
     tops: TopList,
+    /// The fault rule (the pool's `fault_errors` and `fault_window`).
+    pub fault_policy: FaultPolicy,
+    /// The last durable txg, as the pool last said (`note_synced`): what the leaves' missed
+    /// ranges are measured against.
+    synced: AtomicU64,
+    /// The last txg whose sync began (`note_sync_started`): the open one is the next.
+    sync_started: AtomicU64,
+    /// Held while a leaf's state changes: one decision at a time about what a vdev can lose.
+    state_change: Mutex<()>,
+    /// State records of children absent at import, by guid (carried to the next import).
+    absent: Mutex<BTreeMap<Guid, StateRecord>>,
+    /// Called when a leaf's record changes on its own (a fault, a failed write): the pool
+    /// marks its open txg dirty, so the next sync records it even if nothing else changes.
+    pub(crate) on_record_change: RecordListener,
+}
+
+/// What the pool gives the tree to hear of record changes (set once, by the pool).
+#[derive(Default)]
+pub(crate) struct RecordListener(OnceLock<Box<dyn Fn() + Send + Sync>>);
+
+impl RecordListener {
+    /// Sets the listener (once; later calls are ignored).
+    pub(crate) fn set(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.0.set(f);
+    }
+
+    /// Tells it.
+    pub(crate) fn notify(&self) {
+        if let Some(f) = self.0.get() {
+            f();
+        }
+    }
+}
+
+impl std::fmt::Debug for RecordListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordListener")
+    }
 }
 
 impl VdevTree {
@@ -298,6 +402,12 @@ impl VdevTree {
                 slots: (0..TOP_VDEVS_MAX).map(|_| OnceLock::new()).collect(),
                 len: AtomicUsize::new(0),
             },
+            fault_policy: FaultPolicy::default(),
+            synced: AtomicU64::new(0),
+            sync_started: AtomicU64::new(0),
+            state_change: Mutex::new(()),
+            absent: Mutex::new(BTreeMap::new()),
+            on_record_change: RecordListener::default(),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
@@ -375,6 +485,20 @@ impl VdevTree {
         VdevTreeConfig {
             top: self.tops().map(TopVdev::config).collect(),
         }
+    }
+}
+
+/// A seed for the random draws of fault injection.
+pub(crate) fn seed() -> u64 {
+    let mut g = [0u8; 8];
+    // SAFETY: getrandom writes at most `g.len()` bytes into the valid buffer.
+    let n = unsafe { libc::getrandom(g.as_mut_ptr().cast(), g.len(), 0) };
+    if n == 8 {
+        u64::from_le_bytes(g)
+    } else {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
     }
 }
 

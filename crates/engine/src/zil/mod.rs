@@ -621,6 +621,7 @@ async fn read_raidz_log_block(
         top,
         &dva,
         capacity as u64,
+        None,
         verify,
         crate::vdev::raidz::ReadMode::Normal,
         false,
@@ -670,7 +671,7 @@ pub(crate) async fn write_durably(
         let copies = zio
             .vdevs
             .top(addr.vdev)
-            .map_or(0, |top| top.leaves().count()) as u64;
+            .map_or(0, |top| top.leaves_in_service().count()) as u64;
         let counters = &inner.log_counters;
         counters.durable_writes.fetch_add(copies, Ordering::Relaxed);
         counters.flushes.fetch_add(copies, Ordering::Relaxed);
@@ -687,7 +688,7 @@ pub(crate) async fn write_durably(
             .vdevs
             .top(v)
             .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
-        leaves.extend(top.leaves().cloned());
+        leaves.extend(top.leaves_in_service().cloned());
     }
     let futs: Vec<_> = leaves.iter().map(|l| l.flush()).collect();
     // Every device involved must have flushed: the records and the blocks they point to live

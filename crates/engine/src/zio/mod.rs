@@ -45,7 +45,7 @@ impl std::fmt::Debug for Zio {
 
 use crate::vdev::queue::IoClass;
 use crate::vdev::raidz::ReadMode;
-use crate::vdev::{LeafIo, VdevTree};
+use crate::vdev::{ErrorKind, LeafIo, VdevTree};
 use crate::zio::compress::Verdict;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
@@ -155,7 +155,7 @@ async fn write_whole_copies_shared(
     let batch = zio.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
-    tally_writes(&ios, dvas.len(), results).map(drop)
+    tally_writes(zio, &ios, dvas.len(), results).map(drop)
 }
 
 /// Most bytes one aggregated write carries: ZFS's `zfs_vdev_aggregation_limit` (1 MiB), large
@@ -256,7 +256,7 @@ pub async fn write_blocks_shared(
                 .for_each(|(bi, di, _)| dva_ok[*bi][*di] = true),
             Err(e) => {
                 let io = &pieces[run.start].2;
-                count_write_failure(io, run.len(), &e);
+                count_write_failure(zio, io, run.len(), &e);
                 for (bi, _, _) in &pieces[run.clone()] {
                     let copy = std::io::Error::new(e.kind(), e.to_string());
                     block_err[*bi] = Some(EngineError::io(io.leaf.name(), copy));
@@ -318,7 +318,7 @@ pub async fn write_block_owned(
     let batch = zio.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
-    match tally_writes(&ios, dvas.len(), results)? {
+    match tally_writes(zio, &ios, dvas.len(), results)? {
         Some(buf) => Ok(buf),
         // No leaf I/O at all (no DVA): nothing took the buffer.
         None => data.ok_or_else(|| EngineError::invalid("block has a DVA with no device")),
@@ -326,11 +326,8 @@ pub async fn write_block_owned(
 }
 
 /// Counts a failed leaf write (of `blocks` blocks, aggregated) on its device and logs it.
-pub(crate) fn count_write_failure(io: &LeafIo, blocks: usize, e: &std::io::Error) {
-    io.leaf
-        .counters
-        .write_errors
-        .fetch_add(1, Ordering::Relaxed);
+pub(crate) fn count_write_failure(zio: &Zio, io: &LeafIo, blocks: usize, e: &std::io::Error) {
+    zio.vdevs.note_error(&io.leaf, ErrorKind::Write, Some(e));
     tracing::warn!(
         device = io.leaf.name(),
         offset = io.offset_bytes,
@@ -357,6 +354,7 @@ fn plan_writes(zio: &Zio, dvas: &[Dva], len_bytes: usize) -> Result<Vec<(usize, 
 /// Counts and logs the failed leaf writes of `ios`; an error unless every one of the
 /// `dva_count` DVAs has a good write. Returns the last result's value (a buffer handed back).
 fn tally_writes<T>(
+    zio: &Zio,
     ios: &[(usize, LeafIo)],
     dva_count: usize,
     results: Vec<oxpool_io::IoResult<T>>,
@@ -371,7 +369,7 @@ fn tally_writes<T>(
                 back = Some(value);
             }
             Err(e) => {
-                count_write_failure(io, 1, &e);
+                count_write_failure(zio, io, 1, &e);
                 last_err = Some(EngineError::io(io.leaf.name(), e));
             }
         }
@@ -429,7 +427,7 @@ pub async fn read_block(
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
     let (buf, bad) = read_block_unhealed(zio, class, bp, what).await?;
-    heal(&bad.0, &buf).await;
+    heal(zio, &bad.0, &buf).await;
     Ok(buf)
 }
 
@@ -490,7 +488,7 @@ pub async fn read_data_block(
     what: &(impl Display + ?Sized),
 ) -> Result<DataBlock> {
     let (block, bad) = read_data_block_unhealed(zio, class, bp, lsize_bytes, what).await?;
-    heal_copies(&bad, block.stored()).await;
+    heal_copies(zio, &bad, block.stored()).await;
     Ok(block)
 }
 
@@ -543,7 +541,17 @@ async fn read_copies(
             }
             continue;
         }
-        for io in top.plan_read(dva) {
+        // Sides that may lack the block (they missed its txg) are tried last, and their
+        // mismatches charged to nobody: the second pass is only reached when every other
+        // side failed, so a good first read pays nothing for it.
+        let ios = top
+            .plan_read(dva)
+            .map(|io| (false, io))
+            .chain(std::iter::once(()).flat_map(|()| top.plan_read(dva).map(|io| (true, io))));
+        for (last_pass, io) in ios {
+            if io.leaf.health.missed_covers(bp.birth) != last_pass {
+                continue;
+            }
             let batch = zio.completion.batch_guard();
             let read = io
                 .leaf
@@ -560,7 +568,7 @@ async fn read_copies(
             };
             match read {
                 Err(e) => {
-                    io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    zio.vdevs.note_error(&io.leaf, ErrorKind::Read, Some(&e));
                     tracing::warn!(device = io.leaf.name(), %what, "read failed: {e}");
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
                     bad.push(Repair::Copy(io));
@@ -584,11 +592,12 @@ async fn read_copies(
                         Verdict::BadChecksum => "checksum mismatch",
                         Verdict::Undecodable => "verified but does not decompress to its size",
                     };
-                    io.leaf
-                        .counters
-                        .checksum_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = io.leaf.name(), %what, "{why}");
+                    if last_pass {
+                        tracing::debug!(device = io.leaf.name(), %what, "lacks the block");
+                    } else {
+                        zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);
+                        tracing::warn!(device = io.leaf.name(), %what, "{why}");
+                    }
                     checksum_failures += 1;
                     bad.push(Repair::Copy(io));
                 }
@@ -614,9 +623,9 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 /// Rewrites `good`, a verified block, over its copies in `bad` (from
 /// [`read_block_unhealed`]), and the raidz columns in `bad` with their own bytes; the caller
 /// has checked that the block is still current.
-pub async fn heal_copies(bad: &Repairs, good: &IoBuf) {
+pub async fn heal_copies(zio: &Zio, bad: &Repairs, good: &IoBuf) {
     if !bad.is_empty() {
-        heal(&bad.0, good).await;
+        heal(zio, &bad.0, good).await;
     }
 }
 
@@ -624,13 +633,18 @@ pub async fn heal_copies(bad: &Repairs, good: &IoBuf) {
 /// the verified buffer fits every bad location; a raidz column carries its own bytes. Errors
 /// here are counted, not returned: the read itself succeeded. Async writes: nobody waits for
 /// a repair. Returns the places rewritten.
-async fn heal(bad: &[Repair], good: &IoBuf) -> u64 {
+async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf) -> u64 {
     let mut repaired = 0;
     for r in bad {
         let (io, buf) = match r {
             Repair::Copy(io) => (io, good.clone()),
             Repair::Column { io, data } => (io, data.clone()),
         };
+        // Faulted or taken offline since the read: it gets no I/O (the bad copy is found
+        // again, and repaired, once it is back).
+        if !io.leaf.health.in_service() {
+            continue;
+        }
         let len_bytes = buf.len() as u64;
         match io
             .leaf
@@ -645,10 +659,7 @@ async fn heal(bad: &[Repair], good: &IoBuf) -> u64 {
                 repaired += 1;
             }
             Err(e) => {
-                io.leaf
-                    .counters
-                    .write_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                zio.vdevs.note_error(&io.leaf, ErrorKind::Write, Some(&e));
                 tracing::warn!(device = io.leaf.name(), "self-heal write failed: {e}");
             }
         }
@@ -700,7 +711,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                 Ok((buf, repairs, _)) => {
                     if !repairs.is_empty() {
                         counts.copies_bad += 1;
-                        if heal(&repairs.0, &buf).await == repairs.len() as u64 {
+                        if heal(zio, &repairs.0, &buf).await == repairs.len() as u64 {
                             counts.copies_repaired += 1;
                         }
                     }
@@ -713,7 +724,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
             }
             continue;
         }
-        for io in top.plan_write(dva) {
+        for io in top.copies_in_service(dva) {
             counts.copies_checked += 1;
             match io
                 .leaf
@@ -728,15 +739,16 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                     good.get_or_insert(buf);
                 }
                 Ok(_) => {
-                    io.leaf
-                        .counters
-                        .checksum_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
+                    // A side that missed the block's txg is expected to lack it: repaired,
+                    // not charged.
+                    if !io.leaf.health.missed_covers(bp.birth) {
+                        zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);
+                        tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
+                    }
                     bad.push(Repair::Copy(io));
                 }
                 Err(e) => {
-                    io.leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    zio.vdevs.note_error(&io.leaf, ErrorKind::Read, Some(&e));
                     tracing::warn!(device = io.leaf.name(), what, "scrub: read failed: {e}");
                     bad.push(Repair::Copy(io));
                 }
@@ -748,7 +760,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
         Some(buf) => {
             // A whole copy takes the block at its allocated size; a raidz read returns the
             // data size, which is that size on a single device or mirror.
-            counts.copies_repaired += heal(&bad, buf).await;
+            counts.copies_repaired += heal(zio, &bad, buf).await;
         }
         None => counts.blocks_lost = 1,
     }

@@ -22,13 +22,12 @@ use crate::vdev::raidz::{
     generate_parity, plan_write, write_outcome, ColumnSet, DataColumns, ParityKernels, RaidzMap,
     ReadFailure, ReadMode, ReadPlan, ReadStep, WriteOutcome, WriteSource,
 };
-use crate::vdev::{LeafIo, TopVdev};
+use crate::vdev::{ErrorKind, LeafIo, TopVdev};
 use crate::{EngineError, Result};
-use oxpool_format::{checksum_parts, BlockPtr, Dva, DATA_START_BYTES};
+use oxpool_format::{checksum_parts, BlockPtr, Dva, Txg, DATA_START_BYTES};
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
 use std::fmt::Display;
-use std::sync::atomic::Ordering;
 
 /// The map of the block at `dva` on the raidz vdev `top` with `psize_bytes` physical bytes,
 /// checked against the DVA: its allocated size must be the one the layout gives (a pointer
@@ -88,12 +87,17 @@ pub(crate) async fn write_raidz(
         parity = rows.into_iter().map(Some).collect();
     }
     let mut failed = ColumnSet::EMPTY;
+    let mut failed_io = false;
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(map.column_count());
     let mut futs = Vec::with_capacity(map.column_count());
     for w in plan_write(&map) {
         // Skip sectors hold nothing and are never read.
         let Some(column) = w.column else { continue };
-        let Some(leaf) = top.children[w.child.0].as_ref() else {
+        // A child missing or out of service lacks the column (and notes it).
+        let Some(leaf) = top.child_in_service(w.child.0) else {
+            if let Some(out) = top.children[w.child.0].as_ref() {
+                out.health.note_skipped();
+            }
             failed.insert(column);
             continue;
         };
@@ -125,13 +129,16 @@ pub(crate) async fn write_raidz(
     let mut last_err = None;
     for ((column, io), r) in ios.iter().zip(results) {
         if let Err(e) = r {
-            count_write_failure(io, 1, &e);
+            count_write_failure(zio, io, 1, &e);
             failed.insert(*column);
+            failed_io = true;
             last_err = Some(EngineError::io(io.leaf.name(), e));
         }
     }
     match write_outcome(&map, failed) {
         WriteOutcome::Complete => Ok(()),
+        // Without the children known to be out: nothing to say for every block.
+        WriteOutcome::Degraded { .. } if !failed_io => Ok(()),
         WriteOutcome::Degraded { missing } => {
             tracing::warn!(
                 vdev = vdev_name(top),
@@ -198,6 +205,7 @@ pub(crate) async fn read_raidz(
         top,
         dva,
         u64::from(bp.psize_bytes),
+        Some(bp.birth),
         verify,
         mode,
         true,
@@ -209,7 +217,8 @@ pub(crate) async fn read_raidz(
 /// [`read_raidz`] of a block of `psize_bytes` that `verify` recognizes (for a block without
 /// a parent pointer: an intent-log block, which checks itself). With `blame` false, a block
 /// that no choice of columns makes verify is not charged to the devices (the end of a log
-/// chain is a place that holds no block of it: nothing is damaged).
+/// chain is a place that holds no block of it: nothing is damaged). `birth`, if known, is
+/// the block's txg: a child that missed it is stale for it (not read, repaired by a scrub).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn read_raidz_with<V>(
     zio: &Zio,
@@ -217,6 +226,7 @@ pub(crate) async fn read_raidz_with<V>(
     top: &TopVdev,
     dva: &Dva,
     psize_bytes: u64,
+    birth: Option<Txg>,
     verify: V,
     mode: ReadMode,
     blame: bool,
@@ -227,9 +237,21 @@ where
 {
     let map = block_map(top, dva, psize_bytes)?;
     let kernels = ParityKernels::best();
-    let child = |c: usize| top.children[map.column(c).child.0].as_ref();
-    let unreadable = map.columns_on(|ch| top.children[ch.0].is_none());
-    let mut plan = ReadPlan::new(&map, mode, unreadable, ColumnSet::EMPTY);
+    let child = |c: usize| top.child_in_service(map.column(c).child.0);
+    let unreadable = map.columns_on(|ch| top.child_in_service(ch.0).is_none());
+    let mut stale = match birth {
+        Some(b) => map.columns_on(|ch| {
+            top.child_in_service(ch.0)
+                .is_some_and(|l| l.health.missed_covers(b))
+        }),
+        None => ColumnSet::EMPTY,
+    };
+    // More columns out than parity when the stale ones are left out: read them after all
+    // (their ranges are conservative; the checksum says whether they hold the block).
+    if unreadable.union(stale).len() > map.parity_count() {
+        stale = ColumnSet::EMPTY;
+    }
+    let mut plan = ReadPlan::new(&map, mode, unreadable, stale);
     let mut bufs: Vec<IoBuf> = (0..map.column_count())
         .map(|c| IoBuf::zeroed(map.column_bytes(c)))
         .collect();
@@ -263,7 +285,7 @@ where
                         }
                         Err(e) => {
                             let leaf = child(c).expect("read above");
-                            leaf.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                            zio.vdevs.note_error(leaf, ErrorKind::Read, Some(&e));
                             tracing::warn!(device = leaf.name(), %what, "read failed: {e}");
                             bufs[c] = IoBuf::zeroed(map.column_bytes(c));
                             counts.columns_bad += 1;
@@ -275,9 +297,7 @@ where
             ReadStep::Done(outcome) => {
                 for c in outcome.silent.iter() {
                     if let Some(leaf) = child(c) {
-                        leaf.counters
-                            .checksum_errors
-                            .fetch_add(1, Ordering::Relaxed);
+                        zio.vdevs.note_error(leaf, ErrorKind::Checksum, None);
                         tracing::warn!(device = leaf.name(), %what, "raidz column checksum mismatch");
                     }
                 }
@@ -317,9 +337,7 @@ where
             ReadStep::Failed(ReadFailure::Unrecoverable { read }) => {
                 for c in read.iter().filter(|_| blame) {
                     if let Some(leaf) = child(c) {
-                        leaf.counters
-                            .checksum_errors
-                            .fetch_add(1, Ordering::Relaxed);
+                        zio.vdevs.note_error(leaf, ErrorKind::Checksum, None);
                     }
                 }
                 if blame {

@@ -332,7 +332,7 @@ impl Volume {
                         && lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?
                             == bp
                     {
-                        heal_copies(&bad, block.stored()).await;
+                        heal_copies(zio, &bad, block.stored()).await;
                     }
                     let v = take(TreeRead::Read(key, block.content));
                     debug_assert!(v.is_some(), "a read block must be taken");

@@ -1,0 +1,319 @@
+//! The device verbs: `offline`, `online`, `clear`, and `inject` (fault injection, as ZFS's
+//! `zinject`, whose rules `inject_file.rs` keeps).
+
+use crate::console::Console;
+use crate::devices::open_device;
+use crate::host::Host;
+use crate::inject_file::{self, SavedRule};
+use anyhow::{anyhow, bail, Result};
+use oxpool_engine::cachefile;
+use oxpool_engine::vdev::{InjectKind, InjectOps, InjectRule};
+use oxpool_engine::Pool;
+use oxpool_format::Guid;
+use std::path::Path;
+
+/// The names a device argument may stand for, most literal first: as given, then the
+/// canonical path of what it names relative to the command's directory (pools know their
+/// devices by canonical path).
+fn device_candidates(con: &dyn Console, device: &str) -> Vec<String> {
+    let mut out = vec![device.to_string()];
+    if let Ok(p) = std::fs::canonicalize(con.path(Path::new(device))) {
+        let p = p.display().to_string();
+        if p != device {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The pool's name for the device `device` names (see [`device_candidates`]).
+fn resolve(pool: &Pool, con: &dyn Console, device: &str) -> Result<String> {
+    let mut first_err = None;
+    for c in device_candidates(con, device) {
+        match pool.device(&c) {
+            Ok((_, name)) => return Ok(name),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_err.expect("at least one candidate").into())
+}
+
+/// `oxpool offline [-t] POOL DEVICE`.
+pub fn offline(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    device: &str,
+    temporary: bool,
+) -> Result<()> {
+    if temporary && matches!(host, Host::Local { .. }) {
+        bail!(
+            "-t: no server serves pool '{pool}', so a temporary offline would end with this \
+             command; take it offline without -t, or serve the pool first"
+        );
+    }
+    host.change_pool(pool, |p| {
+        let d = resolve(p, con, device)?;
+        Ok(p.offline(&d, temporary)?)
+    })
+}
+
+/// `oxpool online POOL DEVICE`.
+pub fn online(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> Result<()> {
+    host.change_pool(pool, |p| {
+        let d = resolve(p, con, device)?;
+        Ok(p.online(&d)?)
+    })
+}
+
+/// `oxpool clear POOL [DEVICE]`.
+pub fn clear(host: &Host, con: &mut dyn Console, pool: &str, device: Option<&str>) -> Result<()> {
+    host.change_pool(pool, |p| {
+        let d = device.map(|d| resolve(p, con, d)).transpose()?;
+        Ok(p.clear(d.as_deref())?)
+    })
+}
+
+/// What `oxpool inject -d` was asked to do.
+pub struct InjectSpec<'a> {
+    /// `-e`: `io` or `corrupt`.
+    pub error: Option<&'a str>,
+    /// `-D`: added latency, milliseconds.
+    pub delay_ms: Option<u32>,
+    /// `-T`: read, write, flush, all.
+    pub ops: Option<&'a str>,
+    /// `-f`: percentage of the I/Os hit.
+    pub frequency: Option<f64>,
+}
+
+impl InjectSpec<'_> {
+    /// The rule (its id and device left for the caller).
+    fn rule(&self) -> Result<InjectRule> {
+        let kind = match (self.error, self.delay_ms) {
+            (_, Some(ms)) => InjectKind::Delay { delay_ms: ms },
+            (None | Some("io"), None) => InjectKind::Io,
+            (Some("corrupt"), None) => InjectKind::Corrupt,
+            (Some(other), None) => bail!("-e {other}: expected io or corrupt"),
+        };
+        let ops = match self.ops {
+            Some(o) => InjectOps::parse(o)
+                .ok_or_else(|| anyhow!("-T {o}: expected read, write, flush or all"))?,
+            None if kind == InjectKind::Corrupt => InjectOps::Read,
+            None => InjectOps::All,
+        };
+        let percent = self.frequency.unwrap_or(100.0);
+        if !(percent > 0.0 && percent <= 100.0) {
+            bail!("-f {percent}: a percentage above 0 and at most 100");
+        }
+        let rule = InjectRule {
+            id: 0,
+            device: Guid(0),
+            kind,
+            ops,
+            frequency_ppm: ((percent * 10_000.0).round() as u32).max(1),
+        };
+        rule.validate().map_err(|e| anyhow!(e))?;
+        Ok(rule)
+    }
+}
+
+/// How `oxpool inject` shows a rule's kind.
+fn kind_name(kind: InjectKind) -> String {
+    match kind {
+        InjectKind::Io => "io".into(),
+        InjectKind::Corrupt => "corrupt".into(),
+        InjectKind::Delay { delay_ms } => format!("delay {delay_ms}ms"),
+    }
+}
+
+fn percent(ppm: u32) -> String {
+    let p = f64::from(ppm) / 10_000.0;
+    if p.fract() == 0.0 {
+        format!("{p:.0}%")
+    } else {
+        format!("{p}%")
+    }
+}
+
+/// The device of the exported pool `pool` (known to the cache file) that `device` names:
+/// the pool's guid, the device's guid and path, from the devices' labels.
+fn exported_device(
+    cache: &Path,
+    con: &dyn Console,
+    pool: &str,
+    device: &str,
+) -> Result<(u64, Guid, String)> {
+    let entry = cachefile::read(cache)?
+        .into_iter()
+        .find(|p| p.name == pool)
+        .ok_or_else(|| {
+            anyhow!(
+                "pool '{pool}' not found (not in {}; try `oxpool import`)",
+                cache.display()
+            )
+        })?;
+    let candidates = device_candidates(con, device);
+    let mut by_name = Vec::new();
+    for path in &entry.devices {
+        let p = path.display().to_string();
+        let named = candidates.iter().any(|c| {
+            *c == p || (!c.contains('/') && path.file_name().is_some_and(|f| f == c.as_str()))
+        });
+        // A guid names a device only through its label: every device is read then.
+        let hex_guid = u64::from_str_radix(device, 16).is_ok();
+        if !named && !hex_guid {
+            continue;
+        }
+        let dev = open_device(path, None)?;
+        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(
+            dev.backend().as_ref(),
+        ))?;
+        if label.pool_guid.0 != entry.guid {
+            continue;
+        }
+        if named || format!("{:x}", label.leaf_guid.0) == device {
+            by_name.push((label.leaf_guid, p));
+        }
+    }
+    match by_name.as_slice() {
+        [(guid, path)] => Ok((entry.guid, *guid, path.clone())),
+        [] => bail!("device '{device}' in pool '{pool}'"),
+        several => bail!(
+            "'{device}' names {} devices of pool '{pool}': give the path",
+            several.len()
+        ),
+    }
+}
+
+/// `oxpool inject -d DEVICE [-e io|corrupt | -D MS] [-T TYPE] [-f PERCENT] POOL`.
+pub fn inject_add(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    device: &str,
+    spec: InjectSpec<'_>,
+) -> Result<()> {
+    let mut rule = spec.rule()?;
+    let cache = host.cache();
+    let (pool_guid, device_path) = match host {
+        Host::Local { .. } => {
+            let (pool_guid, guid, path) = exported_device(cache, con, pool, device)?;
+            rule.device = guid;
+            (pool_guid, path)
+        }
+        Host::Live(_) => host.with_pool(pool, |p| {
+            let name = resolve(p, con, device)?;
+            rule.device = p.device(&name)?.0;
+            Ok((p.guid().0, name))
+        })?,
+    };
+    let id = inject_file::update(cache, |all| {
+        // Unique across the machine's pools: `oxpool inject -c ID` needs no pool.
+        rule.id = all.take_id();
+        if let Host::Live(_) = host {
+            host.with_pool(pool, |p| Ok(p.inject_add(rule.clone())?))?;
+        }
+        all.rules.push(SavedRule {
+            pool: pool.to_string(),
+            pool_guid,
+            rule: rule.clone(),
+            device_path: device_path.clone(),
+        });
+        Ok(rule.id)
+    })?;
+    writeln!(
+        con.out(),
+        "injection rule {id}: {} on {} of {device_path}, {} of them{}",
+        kind_name(rule.kind),
+        rule.ops.as_str(),
+        percent(rule.frequency_ppm),
+        match host {
+            Host::Local { .. } => " (from when the pool is next opened)",
+            Host::Live(_) => "",
+        }
+    )?;
+    Ok(())
+}
+
+/// The header of the rules' listing.
+pub fn inject_header(con: &mut dyn Console) -> Result<()> {
+    writeln!(
+        con.out(),
+        "{:>4}  {:<16} {:<40} {:<12} {:<6} {:>8} {:>8}",
+        "ID",
+        "POOL",
+        "DEVICE",
+        "TYPE",
+        "OPS",
+        "FREQ",
+        "HITS"
+    )?;
+    Ok(())
+}
+
+/// `oxpool inject POOL`: the rules of POOL, with the I/Os each hit (while it is served).
+pub fn inject_list(host: &Host, con: &mut dyn Console, pool: &str, no_header: bool) -> Result<()> {
+    let rows: Vec<(InjectRule, String, Option<u64>)> = match host {
+        Host::Local { cache } => inject_file::rules(cache)?
+            .into_iter()
+            .filter(|s| s.pool == pool)
+            .map(|s| (s.rule, s.device_path, None))
+            .collect(),
+        Host::Live(_) => host.with_pool(pool, |p| {
+            Ok(p.inject_rules()
+                .into_iter()
+                .map(|(dev, r)| (r.rule, dev, Some(r.hits)))
+                .collect())
+        })?,
+    };
+    if !no_header {
+        inject_header(con)?;
+    }
+    for (rule, device, hits) in rows {
+        writeln!(
+            con.out(),
+            "{:>4}  {:<16} {:<40} {:<12} {:<6} {:>8} {:>8}",
+            rule.id,
+            pool,
+            device,
+            kind_name(rule.kind),
+            rule.ops.as_str(),
+            percent(rule.frequency_ppm),
+            hits.map_or("-".to_string(), |h| h.to_string())
+        )?;
+    }
+    Ok(())
+}
+
+/// `oxpool inject -c ID|all POOL`.
+pub fn inject_clear(host: &Host, con: &mut dyn Console, pool: &str, which: &str) -> Result<()> {
+    let id = match which {
+        "all" => None,
+        n => Some(
+            n.parse::<u64>()
+                .map_err(|_| anyhow!("-c {n}: expected a rule id or all"))?,
+        ),
+    };
+    let removed = inject_file::update(host.cache(), |all| {
+        let before = all.rules.len();
+        all.rules
+            .retain(|s| !(s.pool == pool && id.is_none_or(|id| s.rule.id == id)));
+        let from_file = before - all.rules.len();
+        let live = match host {
+            Host::Local { .. } => from_file,
+            Host::Live(_) => host.with_pool(pool, |p| Ok(p.inject_clear(id)))?,
+        };
+        Ok(from_file.max(live))
+    })?;
+    if let (Some(id), 0) = (id, removed) {
+        bail!("no injection rule {id} on pool '{pool}'");
+    }
+    writeln!(
+        con.out(),
+        "removed {removed} injection rule{}",
+        if removed == 1 { "" } else { "s" }
+    )?;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! `oxpool inject`, `offline`, `online` and `clear` through the real command on a mirror
+//! that `oxpool serve` serves, read by a real NBD client (nbdcopy): injected read errors,
+//! corruption and latency on one device leave every byte right, the device's state and
+//! counts show in `oxpool status`; rules set on an exported pool act when it is served
+//! again; offline beyond the redundancy is refused with one line and nothing changed; an
+//! offline taken on an exported pool is still there when it is served.
+
+#[path = "nbd/harness.rs"]
+mod harness;
+
+use harness::{random_bytes, tool, Env};
+
+const MIB: usize = 1 << 20;
+
+fn p(path: &std::path::Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// Reads the whole volume at `uri` with nbdcopy and asserts it is `image`.
+fn read_equals(env: &Env, uri: &str, image: &[u8], name: &str) {
+    let back = env.path(&format!("{name}.out"));
+    tool("nbdcopy", &["--connections=2", uri, p(&back)]);
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "{name}: bytes differ"
+    );
+}
+
+/// The `oxpool status` line of the device whose path ends with `device`.
+fn device_line<'a>(status: &'a str, device: &str) -> &'a str {
+    status
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|n| n.ends_with(device))
+        })
+        .unwrap_or_else(|| panic!("no line for {device} in:\n{status}"))
+}
+
+/// The STATE and READ, WRITE, CKSUM counts of a device's status line.
+fn state_and_counts(line: &str) -> (String, u64, u64, u64) {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let n = |i: usize| w[i].parse::<u64>().unwrap_or_else(|_| panic!("{line}"));
+    (w[1].to_string(), n(2), n(3), n(4))
+}
+
+/// The HITS column of rule `id` in `oxpool inject`'s listing.
+fn hits(listing: &str, id: u64) -> String {
+    listing
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&id.to_string()))
+        .unwrap_or_else(|| panic!("no rule {id} in:\n{listing}"))
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status() {
+    let env = Env::new();
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        "256M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "32M"]);
+    // Every read goes to the devices, not to the cache of verified blocks.
+    env.ok(&["set", "data_cache_max=0", "tank"]);
+    let image = random_bytes(19, 32 * MIB);
+
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    let source = env.path("image.in");
+    std::fs::write(&source, &image).unwrap();
+    tool("nbdcopy", &[p(&source), &uri]);
+
+    // Read errors on b: every byte right, b faulted after ten, the pool degraded.
+    let added = env.ok(&["inject", "-d", "b.img", "-e", "io", "-T", "read", "tank"]);
+    assert!(
+        added.starts_with("injection rule 1: io on read of ") && added.contains("b.img"),
+        "{added}"
+    );
+    read_equals(&env, &uri, &image, "read-errors");
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: DEGRADED"), "{status}");
+    let (state, read, _, _) = state_and_counts(device_line(&status, "b.img"));
+    assert_eq!(state, "FAULTED", "{status}");
+    assert!(read >= 10, "{status}");
+    assert!(status.contains("too many I/O errors"), "{status}");
+    assert!(
+        status.contains("mirror-0: 1 of its devices out of service"),
+        "{status}"
+    );
+    assert_eq!(state_and_counts(device_line(&status, "a.img")).0, "ONLINE");
+    let listing = env.ok(&["inject"]);
+    assert!(
+        listing.contains("tank") && listing.contains("io"),
+        "{listing}"
+    );
+    assert!(hits(&listing, 1).parse::<u64>().unwrap() >= 10, "{listing}");
+    // Faulted: out of service, its count stays.
+    read_equals(&env, &uri, &image, "faulted");
+    let again = env.ok(&["status", "tank"]);
+    assert_eq!(state_and_counts(device_line(&again, "b.img")).1, read);
+
+    // Cleared: no rule, b back in service with its counts zeroed; whatever txg was written
+    // while it was out, it lacks until a scrub, and then the pool is ONLINE.
+    assert!(env
+        .ok(&["inject", "-c", "all"])
+        .contains("removed 1 injection rule"));
+    env.ok(&["clear", "tank", "b.img"]);
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(
+        state_and_counts(device_line(&status, "b.img")),
+        ("ONLINE".to_string(), 0, 0, 0),
+        "{status}"
+    );
+    env.ok(&["scrub", "-w", "tank"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: ONLINE"), "{status}");
+
+    // Corruption of what a reads: caught by the checksums, a degraded (still used).
+    env.ok(&["inject", "-d", "a.img", "-e", "corrupt", "tank"]);
+    read_equals(&env, &uri, &image, "corrupt");
+    let status = env.ok(&["status", "tank"]);
+    let (state, _, _, cksum) = state_and_counts(device_line(&status, "a.img"));
+    assert!(cksum >= 10, "{status}");
+    assert_eq!(state, "DEGRADED", "{status}");
+    assert!(status.contains("too many checksum errors"), "{status}");
+    env.ok(&["inject", "-c", "all", "tank"]);
+    env.ok(&["clear", "tank"]);
+
+    // Latency on both: still right, the rules hit.
+    let rule = env.ok(&["inject", "-d", p(&a), "-D", "3", "tank"]);
+    assert!(rule.contains("delay 3ms on all"), "{rule}");
+    env.ok(&["inject", "-d", "b.img", "-D", "3", "-f", "50", "tank"]);
+    read_equals(&env, &uri, &image, "delay");
+    let listing = env.ok(&["inject", "tank"]);
+    assert!(listing.contains("50%"), "{listing}");
+    let ids: Vec<u64> = listing
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "{listing}");
+    for id in &ids {
+        assert!(hits(&listing, *id).parse::<u64>().unwrap() > 0, "{listing}");
+    }
+    env.ok(&["inject", "-c", &ids[0].to_string()]);
+    env.ok(&["inject", "-c", &ids[1].to_string(), "tank"]);
+    let err = env.fails(&["inject", "-c", "999"]);
+    assert!(err.contains("no injection rule 999"), "{err}");
+    assert_eq!(env.ok(&["inject"]).lines().count(), 1, "only the header");
+
+    // Offline: a, then b is refused with one line and nothing changes.
+    env.ok(&["offline", "-t", "tank", "a.img"]);
+    let before = env.ok(&["status", "tank"]);
+    assert_eq!(state_and_counts(device_line(&before, "a.img")).0, "OFFLINE");
+    let err = env.fails(&["offline", "tank", "b.img"]);
+    assert!(
+        err.contains("cannot take") && err.contains("b.img offline: mirror-0 can lose 1"),
+        "{err}"
+    );
+    let after = env.ok(&["status", "tank"]);
+    assert_eq!(
+        state_and_counts(device_line(&after, "b.img")).0,
+        "ONLINE",
+        "{after}"
+    );
+    assert_eq!(device_line(&before, "b.img"), device_line(&after, "b.img"));
+    read_equals(&env, &uri, &image, "offline");
+    env.ok(&["online", "tank", "a.img"]);
+    // Whatever a missed meanwhile, a scrub repairs (else it would not count as a copy, and
+    // b could not be faulted below).
+    env.ok(&["scrub", "-w", "tank"]);
+    assert!(env.ok(&["status", "tank"]).contains(" state: ONLINE"));
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+
+    // On the exported pool: a rule, kept in the file, acting when the pool is served.
+    let saved = env.ok(&["inject", "-d", "b.img", "-e", "io", "-T", "read", "tank"]);
+    assert!(saved.contains("next opened"), "{saved}");
+    let listing = env.ok(&["inject"]);
+    assert!(
+        listing.contains("b.img") && hits(&listing, 5) == "-",
+        "{listing}"
+    );
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    read_equals(&env, &uri, &image, "rule-from-file");
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(
+        state_and_counts(device_line(&status, "b.img")).0,
+        "FAULTED",
+        "the saved rule acted: {status}"
+    );
+    assert!(
+        hits(&env.ok(&["inject", "tank"]), 5)
+            .parse::<u64>()
+            .unwrap()
+            >= 10
+    );
+    env.ok(&["inject", "-c", "all"]);
+    env.ok(&["clear", "tank"]);
+    env.ok(&["scrub", "-w", "tank"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: ONLINE"), "{status}");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+
+    // An offline taken on the exported pool is recorded in it (-t is refused: it would end
+    // with the command) and holds when the pool is served; `online` and a scrub end it.
+    let err = env.fails(&["offline", "-t", "tank", "a.img"]);
+    assert!(err.contains("-t"), "{err}");
+    env.ok(&["offline", "tank", "a.img"]);
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(state_and_counts(device_line(&status, "a.img")).0, "OFFLINE");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(state_and_counts(device_line(&status, "a.img")).0, "OFFLINE");
+    assert!(
+        status.contains("taken offline by the administrator"),
+        "{status}"
+    );
+    read_equals(&env, &server.uri("tank/vol0"), &image, "persisted-offline");
+    let err = env.fails(&["offline", "tank", "b.img"]);
+    assert!(err.contains("mirror-0 can lose 1"), "{err}");
+    env.ok(&["online", "tank", "a.img"]);
+    // What a missed while offline (the txgs of the commands that opened the pool), a
+    // scrub repairs.
+    env.ok(&["scrub", "-w", "tank"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: ONLINE"), "{status}");
+    read_equals(&env, &server.uri("tank/vol0"), &image, "online-again");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
