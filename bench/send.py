@@ -61,6 +61,7 @@ import tempfile
 import threading
 import time
 
+from oxbench import drop_page_cache
 from oxserve import Server, run
 
 KIB = 1024
@@ -133,20 +134,6 @@ def settle(probe, baseline_ms, what):
     settled = now <= limit
     return {"what": what, "waited_s": round(waited, 1), "flush_ms": round(now, 2),
             "settled": settled}
-
-
-def drop_page_cache(paths):
-    """Writes back and evicts these files (only these) from the page cache."""
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

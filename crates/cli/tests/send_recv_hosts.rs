@@ -155,6 +155,23 @@ fn sender(
     (socat, go, pump)
 }
 
+/// `receive_resume_token` of dest/copy on the receiving host, if it has one.
+fn resume_token(env: &Env, hosts: &TwoHosts) -> Option<String> {
+    let got = run(
+        oxpool_in(
+            env,
+            &hosts.server_ns,
+            "dest.cache",
+            &["get", "receive_resume_token", "dest/copy"],
+        ),
+        "oxpool get receive_resume_token",
+    );
+    String::from_utf8_lossy(&got.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("oxp1-"))
+        .map(str::to_string)
+}
+
 fn read_volume(env: &Env, ns: &str, cache: &str, vol: &str) -> Vec<u8> {
     let path: PathBuf = env.path("read.raw");
     run(
@@ -238,22 +255,8 @@ fn a_send_across_a_link_that_drops_resumes_from_the_token() {
     pump.join().unwrap();
     hosts.set_link(true);
 
-    // The token, from the receiving host's pool; nothing is there to read yet.
-    let got = run(
-        oxpool_in(
-            &env,
-            &hosts.server_ns,
-            "dest.cache",
-            &["get", "receive_resume_token", "dest/copy"],
-        ),
-        "oxpool get receive_resume_token",
-    );
-    let got = String::from_utf8_lossy(&got.stdout).into_owned();
-    let token = got
-        .split_whitespace()
-        .find(|w| w.starts_with("oxp1-"))
-        .unwrap_or_else(|| panic!("no token in: {got}"))
-        .to_string();
+    // The token, from the receiving host's pool.
+    let token = resume_token(&env, &hosts).expect("no receive_resume_token after the cut");
     assert!(
         stderr.contains(&token),
         "the error names the token: {stderr}"
@@ -326,17 +329,9 @@ fn a_send_across_a_link_that_drops_resumes_from_the_token() {
         audit.contains(" 0 leaked, 0 problems"),
         "the receiving pool does not audit clean: {audit}"
     );
-    let token_after = run(
-        oxpool_in(
-            &env,
-            &hosts.server_ns,
-            "dest.cache",
-            &["get", "receive_resume_token", "dest/copy"],
-        ),
-        "oxpool get receive_resume_token",
-    );
-    assert!(
-        !String::from_utf8_lossy(&token_after.stdout).contains("oxp1-"),
+    assert_eq!(
+        resume_token(&env, &hosts),
+        None,
         "a token is left after the receive completed"
     );
 }

@@ -1,7 +1,7 @@
 //! Shared helpers for the engine's integration tests.
 #![allow(dead_code)]
 
-use oxpool_engine::{Pool, PoolProps, TopSpec};
+use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::{Backend, FaultBackend, IoBuf, IoFuture, MemoryBackend};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -288,4 +288,27 @@ pub fn run_crash_cases(test: &str, case: fn(u64) -> Result<String, String>) {
         failures.len()
     );
     println!("{cases} crash cases passed");
+}
+
+/// Every byte of `vol` (a volume or a snapshot's view).
+pub fn read_all(vol: &Volume) -> Vec<u8> {
+    let mut out = vec![0u8; vol.size_bytes() as usize];
+    oxpool_io::rt::block_on(vol.read(0, &mut out)).unwrap();
+    out
+}
+
+/// Every byte of `vol@snap`.
+pub fn snap_bytes(pool: &Pool, vol: &str, snap: &str) -> Vec<u8> {
+    read_all(&pool.snapshot_volume(vol, snap).unwrap())
+}
+
+/// Writes `data` at `at` (not durable until a sync).
+pub fn write(vol: &Volume, at: u64, data: &[u8]) {
+    oxpool_io::rt::block_on(vol.write(at, data, false)).unwrap();
+}
+
+/// Panics with the problems unless the pool's audit is clean.
+pub fn audit_clean(pool: &Pool, when: &str) {
+    let r = pool.audit().unwrap();
+    assert!(r.is_clean(), "{when}: audit: {:#?}", r.problems);
 }

@@ -8,29 +8,10 @@
 mod common;
 
 use common::*;
-use oxpool_engine::{Pool, ReceiveOptions, SendOptions, Volume};
+use oxpool_engine::{Pool, ReceiveOptions, SendOptions};
 use oxpool_format::TopVdevKind;
 
 const MIB: u64 = 1 << 20;
-
-fn read_all(vol: &Volume) -> Vec<u8> {
-    let mut out = vec![0u8; vol.size_bytes() as usize];
-    oxpool_io::rt::block_on(vol.read(0, &mut out)).unwrap();
-    out
-}
-
-fn snap_bytes(pool: &Pool, vol: &str, snap: &str) -> Vec<u8> {
-    read_all(&pool.snapshot_volume(vol, snap).unwrap())
-}
-
-fn write(vol: &Volume, at: u64, data: &[u8]) {
-    oxpool_io::rt::block_on(vol.write(at, data, false)).unwrap();
-}
-
-fn audit_clean(pool: &Pool, when: &str) {
-    let r = pool.audit().unwrap();
-    assert!(r.is_clean(), "{when}: audit: {:#?}", r.problems);
-}
 
 fn snap(pool: &Pool, name: &str) {
     pool.snapshot(&[name.to_string()]).unwrap();

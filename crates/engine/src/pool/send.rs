@@ -14,13 +14,12 @@ use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
-use crate::zio::read_run::read_blocks;
+use crate::zio::read_run::{read_blocks, StoredBlock};
 use crate::{EngineError, Result};
 use oxpool_format::stream::{
     DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
 };
 use oxpool_format::{BlockPtr, Txg, VolumeId};
-use oxpool_io::IoBuf;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -96,7 +95,7 @@ enum Item {
         bp: BlockPtr,
         /// The block as read: its first `bp.psize_bytes` are the stored bytes. Handed over
         /// as read, not copied (a copy of every block was a third of the reader's CPU time).
-        stored: IoBuf,
+        stored: StoredBlock,
     },
     Free {
         first: u64,

@@ -17,6 +17,34 @@ use crate::Result;
 use oxpool_format::BlockPtr;
 use oxpool_io::IoBuf;
 use std::fmt::Display;
+use std::sync::Arc;
+
+/// A block's stored bytes as read: a part of a run's buffer, shared with the run's other
+/// blocks (no copy), or a buffer of its own.
+pub struct StoredBlock {
+    buf: Arc<IoBuf>,
+    start: usize,
+    len: usize,
+}
+
+impl StoredBlock {
+    fn whole(buf: IoBuf) -> StoredBlock {
+        let len = buf.len();
+        StoredBlock {
+            buf: Arc::new(buf),
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl std::ops::Deref for StoredBlock {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
 
 /// Most bytes one aggregated read covers: ZFS's `zfs_vdev_aggregation_limit`, as writes.
 pub const READ_RUN_BYTES_MAX: u64 = 1 << 20;
@@ -35,7 +63,7 @@ pub async fn read_blocks(
     class: IoClass,
     bps: &[BlockPtr],
     what: &(impl Display + ?Sized),
-) -> Vec<Result<IoBuf>> {
+) -> Vec<Result<StoredBlock>> {
     let runs = plan_runs(zio, bps);
     let reads = runs
         .iter()
@@ -86,9 +114,11 @@ async fn read_run(
     bps: &[BlockPtr],
     bytes: u64,
     what: &(impl Display + ?Sized),
-) -> Vec<Result<IoBuf>> {
+) -> Vec<Result<StoredBlock>> {
     if bps.len() == 1 {
-        return vec![read_block(zio, class, &bps[0], what).await];
+        return vec![read_block(zio, class, &bps[0], what)
+            .await
+            .map(StoredBlock::whole)];
     }
     let first = bps[0].dvas()[0];
     let io = zio
@@ -103,7 +133,7 @@ async fn read_run(
                 .read(class, io.offset_bytes, IoBuf::zeroed(bytes as usize))
                 .await;
             drop(batch);
-            read.ok()
+            read.ok().map(Arc::new)
         }
         None => None,
     };
@@ -113,13 +143,19 @@ async fn read_run(
         let len = bp.dvas()[0].asize_bytes as usize;
         let good = read
             .as_ref()
-            .map(|buf| &buf[at..at + len])
-            .filter(|stored| verify(bp, stored));
+            .filter(|buf| verify(bp, &buf[at..at + len]))
+            .map(|buf| StoredBlock {
+                buf: buf.clone(),
+                start: at,
+                len,
+            });
         at += len;
         out.push(match good {
-            Some(stored) => Ok(IoBuf::from_slice(stored)),
+            Some(stored) => Ok(stored),
             // Errors are counted, other copies tried and bad ones healed there.
-            None => read_block(zio, class, bp, what).await,
+            None => read_block(zio, class, bp, what)
+                .await
+                .map(StoredBlock::whole),
         });
     }
     out
