@@ -20,10 +20,13 @@ use oxpool_format::stream::{
     DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
 };
 use oxpool_format::{BlockPtr, Txg, VolumeId};
+use std::future::{poll_fn, Future};
 use std::io::Write;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
+use std::task::Poll;
 
 /// Read ahead of the writer by default: as ZFS's send queue (`zfs_send_queue_length`).
 pub const SEND_PREFETCH_BYTES_DEFAULT: u64 = 32 << 20;
@@ -524,9 +527,68 @@ fn send_leg(
     Ok(())
 }
 
-/// The reader thread: walks the tree, reads the changed blocks a batch at a time (all of a
-/// batch at once), and sends the batches in order (an error as the last one). Returns the
-/// indirect blocks it read.
+/// One batch of changes the walk found: the changes, the bytes of their data blocks, and
+/// whether the walk ended with it.
+struct Batch {
+    changes: Vec<Change>,
+    bytes: u64,
+    last: bool,
+}
+
+/// Takes changes from the walk until they hold `batch_bytes_max` of data blocks or it ends.
+async fn gather(walker: &mut ChangeWalker<'_>, batch_bytes_max: u64) -> Result<Batch> {
+    let mut batch = Batch {
+        changes: Vec::new(),
+        bytes: 0,
+        last: false,
+    };
+    // Bounded by the batch's bytes, or the walk's end.
+    while batch.bytes < batch_bytes_max {
+        match walker.next().await? {
+            None => {
+                batch.last = true;
+                break;
+            }
+            Some(Change::Free { first, count }) => match batch.changes.last_mut() {
+                Some(Change::Free { first: f, count: c }) if *f + *c == first => *c += count,
+                _ => batch.changes.push(Change::Free { first, count }),
+            },
+            Some(c @ Change::Data { bp, .. }) => {
+                batch.bytes += u64::from(bp.psize_bytes);
+                batch.changes.push(c);
+            }
+        }
+    }
+    Ok(batch)
+}
+
+/// Both futures, polled together until both are done.
+async fn join2<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        match (ra.is_some(), rb.is_some()) {
+            (true, true) => Poll::Ready((ra.take().unwrap(), rb.take().unwrap())),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// The reader thread: walks the tree and reads the changed blocks a batch at a time, the
+/// walk for the next batch going on while the current batch's reads are in flight (so the
+/// walk's CPU and indirect reads overlap the data reads); sends the batches in order (an
+/// error as the last one). Returns the indirect blocks it read.
 fn read_ahead(
     spa: &Spa,
     source: &Source,
@@ -538,45 +600,32 @@ fn read_ahead(
     let mut walker = walker(spa, source, leg);
     let what = format!("{}@{}", source.full_name, leg.to.name);
     let result = oxpool_io::rt::block_on(async {
-        let mut done = false;
-        // Bounded by the tree: each round takes changes until a batch is full or it ends.
-        while !done {
-            let mut changes: Vec<Change> = Vec::new();
-            let mut bytes = 0u64;
-            while bytes < batch_bytes_max {
-                match walker.next().await? {
-                    None => {
-                        done = true;
-                        break;
-                    }
-                    Some(Change::Free { first, count }) => match changes.last_mut() {
-                        Some(Change::Free { first: f, count: c }) if *f + *c == first => {
-                            *c += count
-                        }
-                        _ => changes.push(Change::Free { first, count }),
-                    },
-                    Some(c @ Change::Data { bp, .. }) => {
-                        bytes += u64::from(bp.psize_bytes);
-                        changes.push(c);
-                    }
-                }
-            }
-            if changes.is_empty() || !budget.take(bytes) {
+        let mut next = gather(&mut walker, batch_bytes_max).await?;
+        // Bounded by the tree: each round sends one batch; the walk ends.
+        loop {
+            let batch = next;
+            if batch.changes.is_empty() || !budget.take(batch.bytes) {
                 break;
             }
             // Blocks side by side on a device are read as one request (`zio/read_run.rs`).
-            let bps: Vec<BlockPtr> = changes
+            let bps: Vec<BlockPtr> = batch
+                .changes
                 .iter()
                 .filter_map(|c| match c {
                     Change::Data { bp, .. } => Some(*bp),
                     Change::Free { .. } => None,
                 })
                 .collect();
-            let mut blocks = read_blocks(&spa.zio, IoClass::AsyncRead, &bps, what.as_str())
-                .await
-                .into_iter();
-            let mut items = Vec::with_capacity(changes.len());
-            for c in changes {
+            let reads = read_blocks(&spa.zio, IoClass::AsyncRead, &bps, what.as_str());
+            let (blocks, following) = if batch.last {
+                (reads.await, None)
+            } else {
+                let (blocks, following) = join2(reads, gather(&mut walker, batch_bytes_max)).await;
+                (blocks, Some(following?))
+            };
+            let mut blocks = blocks.into_iter();
+            let mut items = Vec::with_capacity(batch.changes.len());
+            for c in batch.changes {
                 items.push(match c {
                     Change::Data { block, bp } => {
                         let stored = blocks.next().expect("one read per data change")?;
@@ -595,6 +644,10 @@ fn read_ahead(
             if tx.send(Ok(items)).is_err() {
                 // The writer is gone (its error is the one reported).
                 break;
+            }
+            match following {
+                Some(f) => next = f,
+                None => break,
             }
         }
         Ok::<(), EngineError>(())
