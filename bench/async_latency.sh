@@ -1,0 +1,49 @@
+#!/bin/bash
+# Issue 19 goal 5, "true async": 4 ms added to every read of the pool's device (oxpool inject),
+# one NBD connection, random reads at iodepth 1 and 64, 4K and 128K. A benchmark, not a test.
+#
+#   bench/async_latency.sh [OXPOOL_BINARY]     (default target/release/oxpool)
+#
+# Makes a pool on a 4 GiB file in a new directory under /var/tmp, a 1 GiB volume written whole
+# (reads must reach the device: a hole is not read), data_cache_max=0 (every read goes to the
+# device), serves it on 127.0.0.1:10809, adds the rule, runs fio (nbd engine, 8 s per cell),
+# prints IOPS and mean latency per cell and the iodepth-64 IOPS as a share of 64 times the
+# iodepth-1 IOPS (the goal: at least 90 %), then stops the server by its PID and removes
+# everything.
+set -euo pipefail
+B=$(realpath "${1:-target/release/oxpool}")
+D=$(mktemp -d /var/tmp/oxasync.XXXX)
+C=(--cache-file "$D/c")
+PID=
+cleanup() {
+    if [ -n "$PID" ]; then kill "$PID" 2>/dev/null || true; sleep 2; fi
+    rm -rf "$D"
+}
+trap cleanup EXIT
+"$B" "${C[@]}" create g5 "$D/p.img" --size 4G >/dev/null
+"$B" "${C[@]}" vol create g5/v --size 1G >/dev/null
+"$B" "${C[@]}" set data_cache_max=0 g5
+"$B" "${C[@]}" serve >"$D/serve.log" 2>&1 &
+PID=$!
+for _ in $(seq 50); do [ -S "$D/c.run/server-$PID.sock" ] && break; sleep 0.1; done
+URI=nbd://127.0.0.1:10809/g5/v
+fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=1G --end_fsync=1 >/dev/null 2>&1
+"$B" "${C[@]}" inject -d p.img -D 4 -T read g5
+for bs in 4k 128k; do
+    for qd in 1 64; do
+        fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=$bs --iodepth=$qd --size=1G \
+            --time_based --runtime=8 --output-format=json >"$D/r-$bs-$qd.json" 2>/dev/null
+    done
+    /usr/bin/python3 - "$D" "$bs" <<'PY'
+import json, sys
+d, bs = sys.argv[1], sys.argv[2]
+def cell(qd):
+    t = open(f"{d}/r-{bs}-{qd}.json").read()
+    j = json.loads(t[t.index("{"):])["jobs"][0]["read"]
+    return j["iops"], j["lat_ns"]["mean"] / 1e6
+(i1, l1), (i64, l64) = cell(1), cell(64)
+print(f"{bs}: iodepth 1 {i1:.0f} IOPS ({l1:.2f} ms), iodepth 64 {i64:.0f} IOPS ({l64:.2f} ms): "
+      f"{100 * i64 / (64 * i1):.0f} % of 64x (goal >= 90 %)")
+PY
+done
+"$B" "${C[@]}" inject -c all >/dev/null
