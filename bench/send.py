@@ -61,7 +61,7 @@ import tempfile
 import threading
 import time
 
-from oxbench import drop_page_cache
+from oxbench import drop_page_cache, flush_probe_ms
 from oxserve import Server, run
 
 KIB = 1024
@@ -99,17 +99,6 @@ def disk_bytes(name):
             if p[2] == name:
                 return int(p[5]) * 512, int(p[9]) * 512
     return 0, 0
-
-
-def flush_probe_ms(probe):
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        t0 = time.monotonic()
-        os.pwrite(fd, os.urandom(4096), 0)
-        os.fdatasync(fd)
-        return (time.monotonic() - t0) * 1e3
-    finally:
-        os.close(fd)
 
 
 def probe_median_ms(probe, n):
