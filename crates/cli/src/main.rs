@@ -263,15 +263,7 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             Ok(Found::None) => verbs::run(one, local, &mut con).map(|()| true),
             Err(e) => Err(e),
         };
-        match done {
-            Ok(true) => {}
-            // The server printed why.
-            Ok(false) => failed += 1,
-            Err(e) => {
-                eprintln!("oxpool: {e:#}");
-                failed += 1;
-            }
-        }
+        failed += u32::from(!succeeded(done));
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }
@@ -339,14 +331,7 @@ fn inject_each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Res
             }
             Err(e) => Err(e),
         };
-        match done {
-            Ok(true) => {}
-            Ok(false) => failed += 1,
-            Err(e) => {
-                eprintln!("oxpool: {e:#}");
-                failed += 1;
-            }
-        }
+        failed += u32::from(!succeeded(done));
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }
@@ -394,4 +379,16 @@ fn command_line(command: &Command) -> Vec<String> {
     }
     args.extend(pools.iter().cloned());
     args
+}
+
+/// Whether one pool's part of a command over several pools succeeded; an error is printed
+/// here (a server that failed printed why itself).
+fn succeeded(done: Result<bool>) -> bool {
+    match done {
+        Ok(ok) => ok,
+        Err(e) => {
+            eprintln!("oxpool: {e:#}");
+            false
+        }
+    }
 }

@@ -7,9 +7,10 @@
 //! under the dataset's lock and made durable by the txg this waits for, as a hold is.
 
 use super::Pool;
+use crate::dsl::snapshot::Lineage;
 use crate::spa::check_name;
 use crate::{EngineError, Result};
-use oxpool_format::{BookmarkMeta, Txg};
+use oxpool_format::{BookmarkMeta, Guid, Txg};
 
 /// A bookmark, as `oxpool list -t bookmark` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,6 +155,30 @@ impl Pool {
 
     /// The base `base` names for an incremental of `volume`: `NAME` a snapshot (after the
     /// `@`), `#NAME` a bookmark.
+    /// The base with guid `guid` among `l`'s snapshots and bookmarks (a resumed send's token
+    /// names its base by guid).
+    pub(crate) fn incremental_base_by_guid(l: &Lineage, guid: Guid) -> Option<IncrementalBase> {
+        let snap = l
+            .snapshots()
+            .iter()
+            .find(|s| s.guid == guid)
+            .map(|s| IncrementalBase {
+                guid,
+                txg: s.txg,
+                volsize_bytes: s.volsize_bytes,
+            });
+        snap.or_else(|| {
+            l.bookmarks()
+                .iter()
+                .find(|b| b.guid == guid)
+                .map(|b| IncrementalBase {
+                    guid,
+                    txg: b.txg,
+                    volsize_bytes: b.volsize_bytes,
+                })
+        })
+    }
+
     pub(crate) fn incremental_base(&self, volume: &str, base: &str) -> Result<IncrementalBase> {
         let ds = self.dataset(volume)?;
         let l = ds.lineage.lock().unwrap();

@@ -244,36 +244,16 @@ impl Pool {
                 continue;
             };
             let full_name = format!("{}@{}", ds.full_name, to.name);
-            let from =
-                match token.fromguid {
-                    None => None,
-                    Some(guid) => {
-                        let snap = l.snapshots().iter().find(|s| s.guid == guid).map(|s| {
-                            IncrementalBase {
-                                guid,
-                                txg: s.txg,
-                                volsize_bytes: s.volsize_bytes,
-                            }
-                        });
-                        let mark = || {
-                            l.bookmarks()
-                                .iter()
-                                .find(|b| b.guid == guid)
-                                .map(|b| IncrementalBase {
-                                    guid,
-                                    txg: b.txg,
-                                    volsize_bytes: b.volsize_bytes,
-                                })
-                        };
-                        Some(snap.or_else(mark).ok_or_else(|| {
-                            EngineError::NotFound(format!(
-                                "cannot resume send of {full_name}: its base (guid {:016x}) \
-                             is no longer a snapshot or bookmark of {}",
-                                guid.0, ds.full_name
-                            ))
-                        })?)
-                    }
-                };
+            let from = match token.fromguid {
+                None => None,
+                Some(guid) => Some(Pool::incremental_base_by_guid(&l, guid).ok_or_else(|| {
+                    EngineError::NotFound(format!(
+                        "cannot resume send of {full_name}: its base (guid {:016x}) is no \
+                             longer a snapshot or bookmark of {}",
+                        guid.0, ds.full_name
+                    ))
+                })?),
+            };
             let bs = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
             let offset = token.offset_bytes;
             if !offset.is_multiple_of(bs) || offset > to.volsize_bytes {
