@@ -329,6 +329,10 @@ pub enum Command {
     },
     /// Show pools' vdev trees with states and error counts, and their latest scrub.
     Status {
+        /// Also list the damaged data: which ranges of which volumes have a block no copy
+        /// could give back.
+        #[arg(short = 'v')]
+        verbose: bool,
         /// Pools (default: all).
         pools: Vec<String>,
     },

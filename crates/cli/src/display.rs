@@ -114,7 +114,7 @@ pub fn scan_lines(scan: &ScanStatus) -> Vec<String> {
 }
 
 /// `oxpool status` of one pool.
-pub fn print_status(out: &mut dyn Write, s: &PoolStatus) -> io::Result<()> {
+pub fn print_status(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::Result<()> {
     writeln!(out, "  pool: {}", s.name)?;
     writeln!(out, " state: {}", s.state)?;
     for (i, reason) in s.reasons.iter().enumerate() {
@@ -172,15 +172,50 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus) -> io::Result<()> {
         line(out, v, 1)?;
     }
     writeln!(out)?;
+    print_damaged(out, s, verbose)
+}
+
+/// The `errors:` part of `oxpool status`: damaged data (blocks no copy could give back),
+/// listed by volume and range with `-v` (ZFS's "Permanent errors" list), else counted.
+fn print_damaged(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::Result<()> {
+    let ranges = s.damaged.len() as u64 + s.damaged_unnamed_blocks;
+    if s.damaged.is_empty() && s.damaged_unnamed_blocks == 0 {
+        let counted = if s.vdevs.iter().any(has_errors) {
+            " (device errors: see the counts above)"
+        } else {
+            ""
+        };
+        return writeln!(out, "errors: No known data errors{counted}");
+    }
+    if !verbose {
+        return writeln!(
+            out,
+            "errors: {ranges} damaged data range{}, use '-v' for a list",
+            if ranges == 1 { "" } else { "s" }
+        );
+    }
     writeln!(
         out,
-        "errors: {}",
-        if s.vdevs.iter().any(has_errors) {
-            "see the counts above"
-        } else {
-            "No known data errors"
-        }
-    )
+        "errors: Permanent errors have been detected in the following volumes:\n"
+    )?;
+    for r in &s.damaged {
+        writeln!(
+            out,
+            "\t{}: bytes {}-{} ({})",
+            r.dataset,
+            r.offset_bytes,
+            r.offset_bytes + r.length_bytes - 1,
+            size(r.length_bytes, false)
+        )?;
+    }
+    if s.damaged_unnamed_blocks > 0 {
+        writeln!(
+            out,
+            "\tand {} more damaged blocks (the list is full)",
+            s.damaged_unnamed_blocks
+        )?;
+    }
+    Ok(())
 }
 
 fn has_errors(v: &VdevStatus) -> bool {

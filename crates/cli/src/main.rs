@@ -199,7 +199,7 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             };
             (pools.clone(), *scripted, Some(header))
         }
-        Command::Status { pools } => (pools.clone(), true, None),
+        Command::Status { pools, .. } => (pools.clone(), true, None),
         Command::Vol {
             command: VolCommand::List {
                 pools, scripted, ..
@@ -237,7 +237,8 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
                 columns: columns.clone(),
                 pools: vec![name.clone()],
             },
-            Command::Status { .. } => Command::Status {
+            Command::Status { verbose, .. } => Command::Status {
+                verbose: *verbose,
                 pools: vec![name.clone()],
             },
             Command::Vol {
@@ -356,7 +357,12 @@ fn command_line(command: &Command) -> Vec<String> {
             }
             (&["list", "--no-header"], *scripted, *parsable, pools)
         }
-        Command::Status { pools } => (&["status"], false, false, pools),
+        Command::Status { verbose, pools } => {
+            if *verbose {
+                args.push("-v".into());
+            }
+            (&["status"], false, false, pools)
+        }
         Command::Vol {
             command:
                 VolCommand::List {

@@ -1,7 +1,9 @@
 //! raidz through the `oxpool` command and a real NBD client: `oxpool create tank raidz2 ...`
 //! and `oxpool add tank raidz1 ...`, data copied in and out with nbdcopy, then a device's data
 //! zeroed and another device file removed: the data still comes back exactly, a scrub
-//! repairs the zeroed device, status shows the pool degraded by the missing one.
+//! repairs the zeroed device, status shows the pool degraded by the missing one. And one more
+//! failing device than the parity: the blocks it touches give EIO, never wrong bytes, and
+//! `oxpool status -v` names the damaged ranges.
 
 #[path = "nbd/harness.rs"]
 mod harness;
@@ -165,4 +167,114 @@ fn raidz2_pool_serves_nbd_and_survives_damaged_and_missing_devices() {
     copy_out_equals(&env, &uri, &image, "repaired");
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
+}
+
+/// The damaged ranges `oxpool status -v` lists for `dataset`: (first byte, last byte).
+fn damaged_ranges(status: &str, dataset: &str) -> Vec<(u64, u64)> {
+    let prefix = format!("{dataset}: bytes ");
+    status
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+        .map(|rest| {
+            let range = rest.split_whitespace().next().unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn beyond_parity_blocks_give_eio_never_wrong_bytes_and_status_v_names_them() {
+    let env = Env::new();
+    let devs: Vec<String> = (0..6)
+        .map(|i| p(&env.path(&format!("d{i}.img"))).to_string())
+        .collect();
+    let mut create = vec!["create", "tank", "raidz2"];
+    create.extend(devs.iter().map(String::as_str));
+    create.extend(["--size", "128M", "--sparse"]);
+    env.ok(&create);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
+    // Every read goes to the devices.
+    env.ok(&["set", "data_cache_max=0", "tank"]);
+    let image = random_bytes(41, 8 * MIB);
+    let image_file = env.path("image.in");
+    std::fs::write(&image_file, &image).unwrap();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    tool("nbdcopy", &[p(&image_file), &server.uri("tank/vol0")]);
+    let (exit, output) = server.stop();
+    assert!(exit.success(), "{output}");
+    // Served again: the data is on the devices, not in dirty buffers.
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    let status = env.ok(&["status", "-v", "tank"]);
+    assert!(status.contains("errors: No known data errors"), "{status}");
+
+    // Read errors on three devices, one more than raidz2's parity: a 16 KiB block spans all
+    // six (four data columns, P and Q), so a block whose read hits three failures has no
+    // good copy. At 40 % per read, many blocks do and many do not.
+    for d in &devs[..3] {
+        env.ok(&[
+            "inject", "-d", d, "-e", "io", "-T", "read", "-f", "40", "tank",
+        ]);
+    }
+    let out = harness::python("blocks_check.py", &[&uri, p(&image_file), "16384"]);
+    let mut lines = out.lines();
+    let counts = lines.next().unwrap_or_else(|| panic!("{out}"));
+    let n = |key: &str| -> u64 {
+        let w: Vec<&str> = counts.split_whitespace().collect();
+        let i = w.iter().position(|x| *x == key).unwrap();
+        w[i + 1].parse().unwrap()
+    };
+    let (ok, eio) = (n("ok"), n("eio"));
+    assert_eq!(ok + eio, 512, "{out}");
+    assert!(
+        eio > 0 && ok > 0,
+        "both readable and damaged blocks expected: {out}"
+    );
+    let failed: Vec<u64> = lines
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|o| o.parse().unwrap())
+        .collect();
+    assert_eq!(failed.len() as u64, eio);
+
+    // Without -v a count; with -v every failed block lies in a listed range of tank/vol0,
+    // and every listed range holds a block that failed.
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains("damaged data range") && status.contains("use '-v' for a list"),
+        "{status}"
+    );
+    let status = env.ok(&["status", "-v", "tank"]);
+    assert!(
+        status.contains("errors: Permanent errors have been detected in the following volumes:"),
+        "{status}"
+    );
+    let ranges = damaged_ranges(&status, "tank/vol0");
+    assert!(!ranges.is_empty(), "{status}");
+    for o in &failed {
+        assert!(
+            ranges.iter().any(|(a, b)| a <= o && o + 16383 <= *b),
+            "block at {o} not listed:\n{status}"
+        );
+    }
+    for (a, b) in &ranges {
+        assert!(
+            failed.iter().any(|o| a <= o && o <= b),
+            "range {a}-{b} holds no failed block:\n{status}"
+        );
+    }
+
+    // The faults gone, every block reads right again (the damage was in the reads only),
+    // and a scrub that finds nothing lost empties the list.
+    env.ok(&["inject", "-c", "all", "tank"]);
+    env.ok(&["clear", "tank"]);
+    let out = harness::python("blocks_check.py", &[&uri, p(&image_file), "16384"]);
+    assert!(out.starts_with("ok 512 eio 0"), "{out}");
+    env.ok(&["scrub", "-w", "tank"]);
+    let status = env.ok(&["status", "-v", "tank"]);
+    assert!(status.contains("errors: No known data errors"), "{status}");
+    let (exit, output) = server.stop();
+    assert!(exit.success(), "{output}");
 }

@@ -146,7 +146,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             ),
             None => pool::list(host, con, scripted, parsable, no_header, &pools),
         },
-        Command::Status { pools } => pool::status(host, con, &pools),
+        Command::Status { verbose, pools } => pool::status(host, con, &pools, verbose),
         Command::Offline {
             temporary,
             pool,

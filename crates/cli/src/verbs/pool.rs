@@ -263,14 +263,14 @@ pub fn list(
 }
 
 /// `oxpool status [POOL...]`.
-pub fn status(host: &Host, con: &mut dyn Console, named: &[String]) -> Result<()> {
+pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: bool) -> Result<()> {
     let names = listed(host, named)?;
     if names.is_empty() {
         writeln!(con.out(), "no pools")?;
     }
     for name in names {
         let s = host.with_pool(&name, |p| Ok(p.status()))?;
-        print_status(con.out(), &s)?;
+        print_status(con.out(), &s, verbose)?;
     }
     Ok(())
 }
@@ -328,7 +328,7 @@ fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
         c.copies_repaired,
         c.blocks_lost
     )?;
-    print_status(con.out(), &pool.status())?;
+    print_status(con.out(), &pool.status(), false)?;
     match (status.state, status.error) {
         (ScanState::Canceled, Some(e)) => bail!("scrub of {} stopped: {e}", pool.name()),
         (ScanState::Canceled, None) => bail!("scrub of {} was canceled", pool.name()),

@@ -259,6 +259,10 @@ fn scan_thread(inner: Arc<Spa>, dsl: Arc<Datasets>) {
             s.counts.blocks_lost == 0 && s.counts.copies_bad == s.counts.copies_repaired
         });
     let through = scan.repairs_through.lock().unwrap().take();
+    if clean {
+        // Every block the pool references read back: nothing listed as damaged still is.
+        inner.error_log.clear();
+    }
     if let (true, Some((txg, marks))) = (clean, through) {
         if inner.zio.vdevs.scrub_repaired_through(txg, &marks) {
             // The devices' records change: the next txg says so.

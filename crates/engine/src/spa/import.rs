@@ -233,6 +233,7 @@ pub(crate) async fn import_devices(
         zio,
         config_change: Mutex::new(()),
         scan_batches: Default::default(),
+        error_log: Default::default(),
         txg: TxgControl::new(
             &pool_name,
             meta.txg,

@@ -14,6 +14,7 @@
 
 pub mod block;
 mod config;
+pub mod errlog;
 pub mod import;
 mod meta;
 pub mod space;
@@ -104,6 +105,8 @@ pub(crate) struct Spa {
     pub config_change: Mutex<()>,
     /// Scrub batches and the writers waiting for one (see `space.rs`).
     pub scan_batches: space::ScanBatches,
+    /// Ranges of volumes whose blocks no copy could give back (`oxpool status -v`).
+    pub error_log: errlog::ErrorLog,
 }
 /// One line of `oxpool status`.
 #[derive(Clone, Debug)]
@@ -153,6 +156,10 @@ pub struct PoolStatus {
     /// Why the pool is not ONLINE, one line per cause (ZFS's `status:`): which devices are
     /// missing from which vdev, and how many more it can lose. Empty when ONLINE.
     pub reasons: Vec<String>,
+    /// Damaged ranges of volumes: blocks no copy could give back (see `spa/errlog.rs`).
+    pub damaged: Vec<errlog::DamagedRange>,
+    /// Damaged blocks beyond those `damaged` names.
+    pub damaged_unnamed_blocks: u64,
 }
 
 impl Spa {
@@ -203,6 +210,7 @@ impl Spa {
             ),
             config_change: Mutex::new(()),
             scan_batches: Default::default(),
+            error_log: Default::default(),
             txg: TxgControl::new(
                 name,
                 Txg(0),
@@ -748,6 +756,7 @@ impl Spa {
                 }
             })
             .collect();
+        let (damaged, damaged_unnamed_blocks) = self.error_log.ranges();
         PoolStatus {
             name: self.name.clone(),
             guid: self.guid.0,
@@ -768,6 +777,8 @@ impl Spa {
             vdevs,
             scan: None,
             reasons,
+            damaged,
+            damaged_unnamed_blocks,
         }
     }
 }

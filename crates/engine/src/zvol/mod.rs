@@ -298,6 +298,22 @@ impl Volume {
     async fn read_tree<T>(
         &self,
         b: u64,
+        take: impl FnMut(TreeRead<'_>) -> Option<T>,
+    ) -> Result<Option<T>> {
+        let read = self.read_tree_once(b, take).await;
+        if let Err(EngineError::Checksum { .. } | EngineError::Io { .. }) = &read {
+            // No copy gave back the block or an indirect block above it: the client's range
+            // is damaged (`oxpool status -v`).
+            let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as u64;
+            self.pool.error_log.record(&self.vol.ds.full_name, b, bs);
+        }
+        read
+    }
+
+    /// [`Volume::read_tree`] without the record of damage.
+    async fn read_tree_once<T>(
+        &self,
+        b: u64,
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
         let zio = &self.pool.zio;

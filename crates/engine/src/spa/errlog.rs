@@ -1,0 +1,131 @@
+//! The pool's log of damaged data: which ranges of which volumes had a block that no copy
+//! could give back, for `oxpool status -v` (ZFS's "Permanent errors have been detected in the
+//! following files").
+//!
+//! A read that fails on every copy (a volume read, a send, a scrub) records the block here.
+//! The log lives while the pool is open, and a scrub that finishes with no block lost empties
+//! it (the scrub read every block the pool references, so nothing listed is still damaged:
+//! an overwrite or a destroy took it away). ZFS also keeps its log across imports; this one
+//! starts empty at import, and the next scrub finds the damage again.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Most blocks the log names; beyond it, only a count (a pool that lost that much has
+/// bigger problems than the listing's length).
+pub const ERROR_LOG_BLOCKS_MAX: usize = 4096;
+
+/// One damaged range of a dataset, as `oxpool status -v` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedRange {
+    /// The dataset (`pool/vol`, or `pool/vol@snap`).
+    pub dataset: String,
+    /// First byte of the range.
+    pub offset_bytes: u64,
+    /// Length of the range (whole blocks).
+    pub length_bytes: u64,
+}
+
+/// The log (see the module documentation).
+#[derive(Debug, Default)]
+pub struct ErrorLog {
+    /// (dataset, first byte, block bytes) of each damaged block.
+    blocks: Mutex<BTreeSet<(String, u64, u64)>>,
+    /// Damaged blocks not named because the log was full.
+    unnamed: AtomicU64,
+}
+
+impl ErrorLog {
+    /// Records that block `block` (of `block_bytes`) of `dataset` could not be read.
+    pub fn record(&self, dataset: &str, block: u64, block_bytes: u64) {
+        let mut blocks = self.blocks.lock().unwrap();
+        let entry = (dataset.to_string(), block * block_bytes, block_bytes);
+        if blocks.contains(&entry) {
+            return;
+        }
+        if blocks.len() >= ERROR_LOG_BLOCKS_MAX {
+            self.unnamed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        tracing::warn!(
+            dataset,
+            offset_bytes = entry.1,
+            "damaged data: no copy of a block could be read"
+        );
+        blocks.insert(entry);
+    }
+
+    /// The damaged ranges, adjacent blocks of a dataset merged, in dataset and offset order;
+    /// and how many damaged blocks are not named.
+    pub fn ranges(&self) -> (Vec<DamagedRange>, u64) {
+        let blocks = self.blocks.lock().unwrap();
+        let mut out: Vec<DamagedRange> = Vec::new();
+        for (dataset, offset_bytes, length_bytes) in blocks.iter() {
+            if let Some(last) = out.last_mut() {
+                if last.dataset == *dataset
+                    && last.offset_bytes + last.length_bytes == *offset_bytes
+                {
+                    last.length_bytes += length_bytes;
+                    continue;
+                }
+            }
+            out.push(DamagedRange {
+                dataset: dataset.clone(),
+                offset_bytes: *offset_bytes,
+                length_bytes: *length_bytes,
+            });
+        }
+        (out, self.unnamed.load(Ordering::Relaxed))
+    }
+
+    /// Empties the log (a scrub found nothing lost).
+    pub fn clear(&self) {
+        self.blocks.lock().unwrap().clear();
+        self.unnamed.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_blocks_merge_per_dataset_and_the_log_is_bounded() {
+        let log = ErrorLog::default();
+        log.record("tank/a", 3, 16384);
+        log.record("tank/a", 4, 16384);
+        log.record("tank/a", 4, 16384);
+        log.record("tank/a", 9, 16384);
+        log.record("tank/b", 5, 16384);
+        let (ranges, unnamed) = log.ranges();
+        assert_eq!(unnamed, 0);
+        let r = |d: &str, o: u64, l: u64| DamagedRange {
+            dataset: d.into(),
+            offset_bytes: o,
+            length_bytes: l,
+        };
+        assert_eq!(
+            ranges,
+            vec![
+                r("tank/a", 3 * 16384, 2 * 16384),
+                r("tank/a", 9 * 16384, 16384),
+                r("tank/b", 5 * 16384, 16384)
+            ]
+        );
+        for b in 0..ERROR_LOG_BLOCKS_MAX as u64 + 10 {
+            log.record("tank/c", 100 + b, 4096);
+        }
+        let (ranges, unnamed) = log.ranges();
+        assert!(unnamed >= 10);
+        assert_eq!(
+            ranges
+                .iter()
+                .map(|r| r.length_bytes / if r.dataset == "tank/c" { 4096 } else { 16384 })
+                .sum::<u64>(),
+            ERROR_LOG_BLOCKS_MAX as u64
+        );
+        log.clear();
+        assert_eq!(log.ranges(), (vec![], 0));
+    }
+}
