@@ -2,94 +2,20 @@
 //! control socket and works on the live pool while clients keep using it; bad input on the
 //! socket harms nobody; only the serving user may administer.
 
+#[path = "nbd/fio_loop.rs"]
+mod fio_loop;
 #[path = "nbd/harness.rs"]
 mod harness;
 
+use fio_loop::FioLoop;
 use harness::{exports, hold, python, release, run, tool, Env, ServerProcess};
 use oxpool_control::{decode, encode, Message, Request};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// One fio run of the verify loop.
-struct FioRun {
-    ok: bool,
-    /// Largest completion latency of any I/O, in microseconds.
-    clat_us_max: u64,
-    output: String,
-}
-
-/// fio writing and verifying one volume over and over (each run writes 16 MiB at random,
-/// checks every block as it goes and at the end) until stopped.
-struct FioLoop {
-    stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<FioRun>>,
-}
-
-impl FioLoop {
-    fn start(uri: &str) -> FioLoop {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (stop, uri) = (stop.clone(), uri.to_string());
-            std::thread::spawn(move || {
-                let mut runs = Vec::new();
-                // Bounded by `stop`, and by a run count far above what the verbs take.
-                while !stop.load(Ordering::Relaxed) && runs.len() < 10_000 {
-                    runs.push(fio_once(&uri, runs.len() as u64 + 1));
-                }
-                runs
-            })
-        };
-        FioLoop { stop, thread }
-    }
-
-    /// Stops after the current run; returns every run.
-    fn finish(self) -> Vec<FioRun> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the fio loop panicked")
-    }
-}
-
-fn fio_once(uri: &str, seed: u64) -> FioRun {
-    let mut command = Command::new("fio");
-    command.args([
-        "--name=verify",
-        "--ioengine=nbd",
-        &format!("--uri={uri}"),
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=8",
-        "--size=16M",
-        "--verify=crc32c",
-        "--do_verify=1",
-        "--verify_backlog=256",
-        "--verify_fatal=1",
-        "--verify_state_save=0",
-        &format!("--randseed={seed}"),
-        "--output-format=json",
-    ]);
-    let output = harness::run_unchecked(command, "fio verify");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let json: Option<serde_json::Value> = text
-        .find('{')
-        .and_then(|start| serde_json::from_str(&text[start..]).ok());
-    let job = json.as_ref().map(|j| &j["jobs"][0]);
-    let error = job.and_then(|j| j["error"].as_i64()).unwrap_or(-1);
-    let clat = |dir: &str| {
-        job.and_then(|j| j[dir]["clat_ns"]["max"].as_u64())
-            .unwrap_or(0)
-    };
-    FioRun {
-        ok: output.status.success() && error == 0,
-        clat_us_max: clat("write").max(clat("read")) / 1000,
-        output: format!("{text}{}", String::from_utf8_lossy(&output.stderr)),
-    }
-}
 
 /// A second pool `tank2` with volume `w0` in the same directory.
 fn tank2(env: &Env) {
@@ -111,7 +37,7 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
     env.tank(&[("vol0", "64M", &["volblocksize=4K"]), ("v1", "32M", &[])]);
     tank2(&env);
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
-    let fio = FioLoop::start(&server.uri("tank/vol0"));
+    let fio = FioLoop::start(&server.uri("tank/vol0"), 0, 16 << 20);
 
     let status = env.ok(&["status", "tank"]);
     assert!(
