@@ -185,10 +185,13 @@ fn resumes(
     start: impl FnOnce(&Pool),
     stop: impl FnOnce(Pool, &[MemoryBackend]) -> Pool,
 ) -> (Pool, ScanStatus, u64) {
+    // Batches of a level-1 block's children: several positions in this small pool.
+    pool.scan_batch_blocks(256);
     pool.scan_hold_after(at);
     start(&pool);
     let held = wait_visited(&pool, at);
     let pool = stop(pool, mems);
+    pool.scan_batch_blocks(256);
     let s = pool.scan_status().expect("the scan's record");
     assert_eq!(s.kind, held.kind);
     let p = s.position.expect("a persisted position");
@@ -314,6 +317,7 @@ fn a_resilver_cancels_a_running_scrub() {
     let (pool, _mems, data) = written(TopVdevKind::Mirror, 2);
     pool.offline("mem1", false).unwrap();
     let data = overwrite_some(&pool, &data, 2, 700);
+    pool.scan_batch_blocks(64);
     pool.scan_hold_after(100);
     pool.scrub_start().unwrap();
     wait_visited(&pool, 100);

@@ -28,15 +28,18 @@
 //!
 //! # Consistency with a pool that keeps changing
 //!
-//! The scan walks each volume's tree in batches of one level-1 block's children (up to
-//! [`FANOUT`] data blocks). For each batch it sets a **pin** at the last durable txg, then
-//! reads the tree's root as the last sync left it and descends from there. While the pin is
+//! The scan walks each volume's tree in batches: the children of consecutive level-1 blocks,
+//! gathered up to [`SCAN_BATCH_BLOCKS_MAX`] blocks or [`SCAN_BATCH_BYTES_MAX`] of allocated
+//! copies, then read all at once in the order of their first copy's (vdev, offset) (a
+//! fragmented volume is read in device order; ZFS's sorted scan, bounded to one batch). For
+//! each batch it sets a **pin** at the last durable txg, then reads the tree's root as the
+//! last sync left it and descends from there. While the pin is
 //! set, the txg sync releases no deferred free of a txg after the pin. Every block reachable
 //! from that root was not freed by any txg up to the pin (the root is newer than those
 //! txgs' syncs), so while pinned none of its places can be reallocated and overwritten: what
 //! the scan reads is exactly the block its parent describes, a mismatch is real damage, and
 //! a repair writes over nothing but the damaged copy. Between batches the pin is released,
-//! so a scan never holds back frees for longer than one batch's reads.
+//! so a scan never holds back frees for longer than one batch's reads (hence the bound).
 //!
 //! Indirect blocks on the path are verified once per scan (the next batch reuses them while
 //! its root leads to the same ones, and verifies the new ones a sync wrote meanwhile).
@@ -363,6 +366,9 @@ pub(crate) struct Scan {
     repairs_through: Mutex<Option<(Txg, Vec<u64>)>>,
     /// Test hook: the scan waits before a batch once it has visited this many blocks (0: never).
     pub(crate) hold_after_blocks: std::sync::atomic::AtomicU64,
+    /// Test hook: a smaller bound on a batch's blocks (0: [`SCAN_BATCH_BLOCKS_MAX`]), for
+    /// more batches (and positions) in a small pool.
+    pub(crate) batch_blocks_max: std::sync::atomic::AtomicUsize,
 }
 
 impl Scan {
@@ -778,8 +784,15 @@ impl Ctx<'_> {
     }
 }
 
-/// Adds one block's findings to the status.
+/// Adds one block's findings to the status: found by the walk and read at once.
 fn account(ctx: &Ctx<'_>, bp: &BlockPtr, counts: ScrubCounts) {
+    let copies: u64 = bp.dvas().iter().map(|d| d.asize_bytes as u64).sum();
+    ctx.dsl.scan.update(|s| s.examined_bytes += copies);
+    issued(ctx, bp, counts);
+}
+
+/// Adds the findings of one block read (its walk counted it found already).
+fn issued(ctx: &Ctx<'_>, bp: &BlockPtr, counts: ScrubCounts) {
     let copies: u64 = bp.dvas().iter().map(|d| d.asize_bytes as u64).sum();
     let repaired = if counts.copies_repaired > 0 {
         counts.copies_repaired * bp.dvas().first().map_or(0, |d| d.asize_bytes as u64)
@@ -787,7 +800,6 @@ fn account(ctx: &Ctx<'_>, bp: &BlockPtr, counts: ScrubCounts) {
         0
     };
     ctx.dsl.scan.update(|s| {
-        s.examined_bytes += copies;
         s.issued_bytes += copies;
         s.repaired_bytes += repaired;
         s.blocks_visited += 1;
@@ -992,9 +1004,66 @@ impl TreeAt {
     }
 }
 
-/// One object, a level-1 block's children per batch (see the module docs), from block
-/// `cursor` on, skipping blocks born at or before `prune_txg` (scanned with an older tree).
-/// After each batch the position moves past it.
+/// Bound on the allocated bytes of the data blocks one batch gathers before it issues
+/// their reads (all in flight at once, so also the batch's buffers per copy).
+pub(crate) const SCAN_BATCH_BYTES_MAX: u64 = 16 << 20;
+/// Bound on the blocks one batch gathers: the pin holds back frees while they are read.
+pub(crate) const SCAN_BATCH_BLOCKS_MAX: usize = 2048;
+
+/// Descends from `root` (a tree of `levels`) to the level-1 block covering `cursor`,
+/// verifying the indirect blocks on the way, and appends its children from `cursor` on that
+/// the scan reads to `gathered`. Returns the cursor past it (or past the hole or pruned
+/// subtree found on the way).
+#[allow(clippy::too_many_arguments)]
+async fn gather_level1(
+    ctx: &Ctx<'_>,
+    path: &mut [Option<Decoded>],
+    root: BlockPtr,
+    levels: u8,
+    cursor: u64,
+    prune_txg: Txg,
+    what: &str,
+    gathered: &mut Vec<BlockPtr>,
+) -> u64 {
+    let mut bp = root;
+    let mut level = levels;
+    // At most `levels` steps.
+    loop {
+        if bp.is_hole() || bp.birth <= prune_txg {
+            return skip_hole(cursor, level);
+        }
+        let Some(slot) = indirect(ctx, path, level, &bp, what).await else {
+            return skip_hole(cursor, level);
+        };
+        let ptrs = &path[slot].as_ref().expect("decoded").ptrs;
+        if level == 1 {
+            let first = (cursor % FANOUT) as usize;
+            let before = gathered.len();
+            gathered.extend(
+                ptrs[first..]
+                    .iter()
+                    .filter(|p| p.birth > prune_txg && ctx.wanted(p))
+                    .copied(),
+            );
+            let found: u64 = gathered[before..]
+                .iter()
+                .flat_map(|b| b.dvas().iter().map(|d| d.asize_bytes as u64))
+                .sum();
+            ctx.dsl.scan.update(|s| s.examined_bytes += found);
+            return skip_hole(cursor, 1);
+        }
+        let span_below = FANOUT.saturating_pow(u32::from(level) - 1);
+        bp = ptrs[((cursor / span_below) % FANOUT) as usize];
+        level -= 1;
+    }
+}
+
+/// One object, from block `cursor` on, in batches (see the module docs): each gathers the
+/// children of level-1 blocks under one pin, up to [`SCAN_BATCH_BLOCKS_MAX`] blocks or
+/// [`SCAN_BATCH_BYTES_MAX`], then issues their reads sorted by (vdev, offset) of their first
+/// copy, so that a fragmented volume is read in device order rather than logical order.
+/// Skips blocks born at or before `prune_txg` (scanned with an older tree). After each batch
+/// the position moves past it.
 async fn scan_object(
     ctx: &Ctx<'_>,
     what: &str,
@@ -1007,6 +1076,11 @@ async fn scan_object(
     let spa = ctx.spa;
     let prune_txg = ctx.prune(prune_txg);
     let mut path: Vec<Option<Decoded>> = Vec::new();
+    let mut gathered: Vec<BlockPtr> = Vec::new();
+    let batch_blocks_max = match ctx.dsl.scan.batch_blocks_max.load(Ordering::Relaxed) {
+        0 => SCAN_BATCH_BLOCKS_MAX,
+        n => n.min(SCAN_BATCH_BLOCKS_MAX),
+    };
     // Bounded: every pass moves the cursor past at least one level-1 block's range (or a
     // hole's subtree), and the tree's capacity is finite; or it ends.
     loop {
@@ -1014,49 +1088,58 @@ async fn scan_object(
         if ctx.dsl.scan.canceled() || destroyed.load(Ordering::Acquire) {
             return Ok(());
         }
+        // Set from reading the root until the gathered blocks' reads are done: none of
+        // them can be freed and reused under the scan meanwhile.
         let pin = ScanPin::set(spa);
         let (root, levels) = *obj.written_root.lock().unwrap();
         if cursor >= capacity(levels) {
             return Ok(());
         }
         path.resize_with(levels as usize + 1, || None);
-        let mut bp = root;
-        let mut level = levels;
-        // Descend to the level-1 block covering `cursor`: at most `levels` steps.
-        let next = loop {
-            if bp.is_hole() || bp.birth <= prune_txg {
-                break skip_hole(cursor, level);
-            }
-            let Some(slot) = indirect(ctx, &mut path, level, &bp, what).await else {
-                break skip_hole(cursor, level);
-            };
-            let ptrs = &path[slot].as_ref().expect("decoded").ptrs;
-            if level == 1 {
-                let first = (cursor % FANOUT) as usize;
-                let children: Vec<BlockPtr> = ptrs[first..]
-                    .iter()
-                    .filter(|p| p.birth > prune_txg && ctx.wanted(p))
-                    .copied()
-                    .collect();
-                let results = join_all(
-                    children
-                        .iter()
-                        .map(|c| scrub_block(&spa.zio, c, what))
-                        .collect(),
-                )
-                .await;
-                for (c, (_, counts)) in children.iter().zip(results) {
-                    account(ctx, c, counts);
-                }
-                break skip_hole(cursor, 1);
-            }
-            let span_below = FANOUT.saturating_pow(u32::from(level) - 1);
-            bp = ptrs[((cursor / span_below) % FANOUT) as usize];
-            level -= 1;
-        };
+        gathered.clear();
+        let mut gathered_bytes = 0u64;
+        // Bounded by the tree's capacity and the batch's bounds (a level-1 block adds at
+        // most FANOUT blocks past them).
+        while cursor < capacity(levels)
+            && gathered.len() < batch_blocks_max
+            && gathered_bytes < SCAN_BATCH_BYTES_MAX
+            && !ctx.dsl.scan.canceled()
+        {
+            let before = gathered.len();
+            let next = gather_level1(
+                ctx,
+                &mut path,
+                root,
+                levels,
+                cursor,
+                prune_txg,
+                what,
+                &mut gathered,
+            )
+            .await;
+            gathered_bytes += gathered[before..]
+                .iter()
+                .flat_map(|b| b.dvas().iter().map(|d| d.asize_bytes as u64))
+                .sum::<u64>();
+            debug_assert!(next > cursor);
+            cursor = next;
+        }
+        gathered.sort_unstable_by_key(|b| {
+            b.dvas()
+                .first()
+                .map_or((u32::MAX, 0), |d| (d.vdev.0, d.offset_bytes))
+        });
+        let results = join_all(
+            gathered
+                .iter()
+                .map(|c| scrub_block(&spa.zio, c, what))
+                .collect(),
+        )
+        .await;
+        for (c, (_, counts)) in gathered.iter().zip(results) {
+            issued(ctx, c, counts);
+        }
         drop(pin);
-        debug_assert!(next > cursor);
-        cursor = next;
         // The batch is done (its repairs written): the position moves past it.
         let mut status = ctx.dsl.scan.status.lock().unwrap();
         if let Some(s) = status.as_mut() {

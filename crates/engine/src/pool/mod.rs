@@ -746,6 +746,16 @@ impl Pool {
             .store(blocks, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Test hook: the scan gathers at most `blocks` data blocks per batch (0: its own
+    /// bound), for more batches, and so more persisted positions, in a small pool.
+    #[doc(hidden)]
+    pub fn scan_batch_blocks(&self, blocks: usize) {
+        self.dsl
+            .scan
+            .batch_blocks_max
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Waits until the running scan (if any) ends or `limit` passes; returns its status.
     pub fn scan_wait(&self, limit: Duration) -> Option<ScanStatus> {
         self.dsl.scan_wait(limit)
