@@ -306,13 +306,18 @@ impl ScanStatus {
                 }
                 "pos" if v == "-" => s.position = None,
                 "pos" => {
-                    let mut n = v.split('/').map(|x| x.parse::<u64>().ok());
-                    let mut next = || n.next().flatten();
+                    let n: Vec<u64> = v
+                        .split('/')
+                        .map(|x| x.parse::<u64>().ok())
+                        .collect::<Option<_>>()?;
+                    let [dataset, tree, object, cursor] = n[..] else {
+                        return None;
+                    };
                     s.position = Some(ScanPosition {
-                        dataset: next()?,
-                        tree: next()?,
-                        object: next()?,
-                        cursor: next()?,
+                        dataset,
+                        tree,
+                        object,
+                        cursor,
                     });
                 }
                 "examined" => s.examined_bytes = num()?,
@@ -1150,6 +1155,66 @@ async fn scan_object(
                 cursor,
             });
             publish(spa, s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused_without_panics() {
+        let mut s = ScanStatus::new(ScanKind::Resilver, Txg(40), Some((Txg(7), Txg(31))), 1 << 30);
+        s.position = Some(ScanPosition {
+            dataset: 3,
+            tree: 0xdead_beef,
+            object: 1,
+            cursor: 4096,
+        });
+        s.examined_bytes = 11;
+        s.issued_bytes = 10;
+        s.repaired_bytes = 9;
+        s.blocks_visited = 8;
+        s.counts.copies_checked = 7;
+        s.counts.copies_bad = 6;
+        s.counts.copies_repaired = 5;
+        s.state = ScanState::Paused;
+        s.paused_ns = Some(123);
+        let back = ScanStatus::parse(&s.encode()).expect("parses");
+        assert_eq!(back.encode().split(" active=").next(), s.encode().split(" active=").next());
+        assert_eq!((back.kind, back.state), (ScanKind::Resilver, ScanState::Paused));
+        assert_eq!(back.position, s.position);
+        assert_eq!(back.window, s.window);
+        assert_eq!(back.blocks_visited, 8);
+        let scrub = ScanStatus::new(ScanKind::Scrub, Txg(5), None, 0);
+        let back = ScanStatus::parse(&scrub.encode()).unwrap();
+        assert_eq!((back.window, back.position), (None, None));
+        // Unknown keys are ignored; anything else malformed is refused.
+        assert!(ScanStatus::parse("scrub scanning txg=3 future=1").is_some());
+        for bad in [
+            "",
+            "scrub",
+            "trim scanning",
+            "scrub running",
+            "scrub scanning txg=x",
+            "scrub scanning txg",
+            "scrub scanning pos=1/2/3",
+            "scrub scanning pos=1/2/3/4/",
+            "scrub scanning window=9-3",
+            "resilver scanning txg=3",
+            "scrub scanning visited=99999999999999999999999",
+            "scrub scanning pos=////",
+        ] {
+            assert!(ScanStatus::parse(bad).is_none(), "{bad}");
+        }
+        // Every prefix and a byte flipped anywhere: never a panic.
+        let good = s.encode();
+        for i in 0..good.len() {
+            let _ = ScanStatus::parse(&good[..i]);
+            let mut b = good.clone().into_bytes();
+            b[i] ^= 0x15;
+            let _ = ScanStatus::parse(&String::from_utf8_lossy(&b));
         }
     }
 }
