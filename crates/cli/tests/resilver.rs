@@ -21,7 +21,14 @@ fn p(path: &std::path::Path) -> &str {
 fn mirror_with_data(env: &Env, seed: u64) -> Vec<u8> {
     let (a, b) = (env.path("a.img"), env.path("b.img"));
     env.ok(&[
-        "create", "tank", "mirror", p(&a), p(&b), "--size", "128M", "--sparse",
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        "128M",
+        "--sparse",
     ]);
     env.ok(&[
         "vol",
@@ -82,11 +89,17 @@ fn scrub_pause_resume_stop_and_wait_with_status_lines() {
     let image = mirror_with_data(&env, 5);
     // A full pass, waited for: what a scrub visits.
     let full = env.ok(&["scrub", "-w", "tank"]);
-    assert!(full.contains("scrub of tank:") && full.contains(" 0 bad"), "{full}");
+    assert!(
+        full.contains("scrub of tank:") && full.contains(" 0 bad"),
+        "{full}"
+    );
     let total = visited(&full);
     let status = env.ok(&["status", "tank"]);
     assert!(status.contains("scan: scrub repaired 0B in "), "{status}");
-    assert!(status.contains(&format!("{total} blocks visited")), "{status}");
+    assert!(
+        status.contains(&format!("{total} blocks visited")),
+        "{status}"
+    );
 
     // Slow reads keep the next one running while it is paused, stopped and shown.
     env.ok(&["inject", "-d", "a.img", "-D", "20", "-T", "read", "tank"]);
@@ -97,7 +110,10 @@ fn scrub_pause_resume_stop_and_wait_with_status_lines() {
         s.contains("scrub in progress since") && visited(s) >= total / 4
     });
     assert!(running.contains(" scanned at "), "{running}");
-    assert!(running.contains(" issued at ") && running.contains(" total"), "{running}");
+    assert!(
+        running.contains(" issued at ") && running.contains(" total"),
+        "{running}"
+    );
     assert!(running.contains("% done, "), "{running}");
     let e = env.fails(&["scrub", "tank"]);
     assert!(e.contains("scrubbed already"), "{e}");
@@ -170,8 +186,7 @@ fn a_server_killed_mid_resilver_resumes_it_when_restarted() {
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let status = env.ok(&["status", "tank"]);
     assert!(
-        status.contains("scan: resilver in progress since")
-            || status.contains("scan: resilvered "),
+        status.contains("scan: resilver in progress since") || status.contains("scan: resilvered "),
         "resumed: {status}"
     );
     // Its counts went on from the last batch persisted (`before` may also count a few
@@ -195,7 +210,10 @@ fn a_server_killed_mid_resilver_resumes_it_when_restarted() {
     assert!(status.contains("scan: resilvered "), "{status}");
     assert!(status.contains(" state: ONLINE"), "{status}");
     let scrub = env.ok(&["scrub", "-w", "tank"]);
-    assert!(scrub.contains(" 0 bad, 0 repaired, 0 blocks lost"), "{scrub}");
+    assert!(
+        scrub.contains(" 0 bad, 0 repaired, 0 blocks lost"),
+        "{scrub}"
+    );
     let (code, output) = server.stop();
     assert!(code.success(), "{output}");
     // b alone has everything.

@@ -343,7 +343,11 @@ fn offline_is_refused_beyond_redundancy_and_persists_unless_temporary() {
         assert!(pool.offline(&whole, true).is_err());
         pool.scan_hold_after(0);
         let resilver = wait_scan_end(&pool);
-        assert_eq!(resilver.kind, oxpool_engine::ScanKind::Resilver, "{resilver:?}");
+        assert_eq!(
+            resilver.kind,
+            oxpool_engine::ScanKind::Resilver,
+            "{resilver:?}"
+        );
         assert_eq!(resilver.counts.blocks_lost, 0, "{resilver:?}");
         assert_eq!(pool.status().state, "ONLINE");
         assert_eq!(pool.scrub().unwrap().blocks_lost, 0);
@@ -549,7 +553,11 @@ fn a_device_missing_at_import_lacks_what_was_written_without_it() {
     assert_eq!(leaf(&s, 1).state, "ONLINE");
     // It lacks the txgs written without it: the import resilvers them.
     let resilver = wait_scan_end(&pool);
-    assert_eq!(resilver.kind, oxpool_engine::ScanKind::Resilver, "{resilver:?}");
+    assert_eq!(
+        resilver.kind,
+        oxpool_engine::ScanKind::Resilver,
+        "{resilver:?}"
+    );
     assert!(resilver.counts.copies_repaired > 0, "{resilver:?}");
     let v = pool.volume("v").unwrap();
     assert!(read_all(&v).unwrap() == data);

@@ -118,13 +118,19 @@ fn resilver_only_what_was_missed(kind: TopVdevKind, n: usize, out: &[&str], othe
     assert!(s.counts.copies_repaired > 0, "nothing written: {s:?}");
     assert_eq!(s.counts.copies_bad, s.counts.copies_repaired, "{s:?}");
     let st = pool.status();
-    assert_eq!(st.state, "ONLINE", "resilvered devices lack nothing: {st:?}");
+    assert_eq!(
+        st.state, "ONLINE",
+        "resilvered devices lack nothing: {st:?}"
+    );
     // The returned devices alone (with as many others out as the redundancy allows).
     for d in others {
         pool.offline(d, true).unwrap();
     }
     let v = pool.volume("v").unwrap();
-    assert!(read_all(&v) == data, "the resilver did not write what was missed");
+    assert!(
+        read_all(&v) == data,
+        "the resilver did not write what was missed"
+    );
     for d in others {
         pool.online(d).unwrap();
     }
@@ -160,7 +166,8 @@ fn raidz2_devices_brought_back_resilver_only_what_they_missed() {
 fn a_device_missing_at_import_is_resilvered_when_it_returns() {
     let (pool, mems, data) = written(TopVdevKind::Mirror, 2);
     pool.export().unwrap();
-    let only0: Vec<std::sync::Arc<dyn oxpool_io::Backend>> = vec![std::sync::Arc::new(mems[0].clone())];
+    let only0: Vec<std::sync::Arc<dyn oxpool_io::Backend>> =
+        vec![std::sync::Arc::new(mems[0].clone())];
     let pool = Pool::import(only0, Some("tank")).unwrap();
     let data = overwrite_some(&pool, &data, 4, 300);
     pool.export().unwrap();
@@ -238,7 +245,11 @@ fn a_paused_scrub_stays_paused_across_export_and_resumes_where_it_was() {
             pool.export().unwrap();
             let pool = reimport(mems);
             let s = pool.scan_status().unwrap();
-            assert_eq!((s.kind, s.state), (ScanKind::Scrub, ScanState::Paused), "{s:?}");
+            assert_eq!(
+                (s.kind, s.state),
+                (ScanKind::Scrub, ScanState::Paused),
+                "{s:?}"
+            );
             pool
         },
     );
@@ -344,11 +355,19 @@ impl oxpool_io::Backend for Recording {
     fn size_bytes(&self) -> u64 {
         self.mem.size_bytes()
     }
-    fn read(&self, offset_bytes: u64, buf: oxpool_io::IoBuf) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
+    fn read(
+        &self,
+        offset_bytes: u64,
+        buf: oxpool_io::IoBuf,
+    ) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
         self.reads.lock().unwrap().push(offset_bytes);
         self.mem.read(offset_bytes, buf)
     }
-    fn write(&self, offset_bytes: u64, buf: oxpool_io::IoBuf) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
+    fn write(
+        &self,
+        offset_bytes: u64,
+        buf: oxpool_io::IoBuf,
+    ) -> oxpool_io::IoFuture<oxpool_io::IoBuf> {
         self.mem.write(offset_bytes, buf)
     }
     fn write_durable(
@@ -420,10 +439,17 @@ fn a_scrub_reads_a_fragmented_volume_in_device_order() {
     assert_eq!(counts.blocks_lost, 0);
     let offsets = reads.lock().unwrap().clone();
     let descents = offsets.windows(2).filter(|w| w[1] < w[0]).count();
-    eprintln!("{} reads, {descents} of them before the one issued ahead", offsets.len());
+    eprintln!(
+        "{} reads, {descents} of them before the one issued ahead",
+        offsets.len()
+    );
     assert!(offsets.len() > 1000, "{}", offsets.len());
     // Sorted: the data blocks ascend; only the few metadata and indirect reads step back.
-    assert!(descents < 20, "{descents} descents in {} reads", offsets.len());
+    assert!(
+        descents < 20,
+        "{descents} descents in {} reads",
+        offsets.len()
+    );
     assert!(read_all(&pool.volume("v").unwrap()) == data);
     pool.export().unwrap();
 }

@@ -230,8 +230,7 @@ impl ScanStatus {
     /// nothing yet, or passed its estimate (the pool grew).
     pub fn time_left(&self) -> Option<Duration> {
         let rate = self.issue_rate_bytes_per_s();
-        if self.state != ScanState::Scanning || rate == 0 || self.issued_bytes > self.total_bytes
-        {
+        if self.state != ScanState::Scanning || rate == 0 || self.issued_bytes > self.total_bytes {
             return None;
         }
         Some(Duration::from_secs(
@@ -518,7 +517,8 @@ impl Datasets {
         let current = self.scan.status.lock().unwrap().clone();
         if let Some(s) = current.filter(|s| s.state == ScanState::Scanning) {
             let covers = s.kind == ScanKind::Resilver
-                && s.window.is_some_and(|(f, t)| f <= window.0 && window.1 <= t);
+                && s.window
+                    .is_some_and(|(f, t)| f <= window.0 && window.1 <= t);
             if covers && self.scan.thread.lock().unwrap().is_some() {
                 return Ok(());
             }
@@ -526,7 +526,11 @@ impl Datasets {
                 pool = spa.name,
                 "{} {} for a resilver of txgs {}-{}",
                 s.kind.as_str(),
-                if s.kind == ScanKind::Scrub { "canceled" } else { "restarted" },
+                if s.kind == ScanKind::Scrub {
+                    "canceled"
+                } else {
+                    "restarted"
+                },
                 window.0 .0,
                 window.1 .0
             );
@@ -552,19 +556,22 @@ impl Datasets {
         let status = record.as_deref().and_then(|r| {
             let s = ScanStatus::parse(r);
             if s.is_none() {
-                tracing::warn!(pool = spa.name, "ignoring a damaged {SCAN_RECORD_KEY} record: {r}");
+                tracing::warn!(
+                    pool = spa.name,
+                    "ignoring a damaged {SCAN_RECORD_KEY} record: {r}"
+                );
             }
             s
         });
-        let resume = status.as_ref().is_some_and(|s| s.state == ScanState::Scanning);
+        let resume = status
+            .as_ref()
+            .is_some_and(|s| s.state == ScanState::Scanning);
         *self.scan.status.lock().unwrap() = status.clone();
         let lacking = missed_window(spa);
         let covered = status.as_ref().is_some_and(|s| {
             resume
                 && s.kind == ScanKind::Resilver
-                && lacking.is_none_or(|(f, t)| {
-                    s.window.is_some_and(|(sf, st)| sf <= f && t <= st)
-                })
+                && lacking.is_none_or(|(f, t)| s.window.is_some_and(|(sf, st)| sf <= f && t <= st))
         });
         if lacking.is_some() && !covered {
             return self.resilver_start(spa);
@@ -757,7 +764,10 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     /// Whether the scan reads the block `bp` (a resilver: born within its window).
     fn wanted(&self, bp: &BlockPtr) -> bool {
-        !bp.is_hole() && self.window.is_none_or(|(f, t)| f <= bp.birth && bp.birth <= t)
+        !bp.is_hole()
+            && self
+                .window
+                .is_none_or(|(f, t)| f <= bp.birth && bp.birth <= t)
     }
 
     /// The txg at or before which a resilver skips a subtree whole (nothing under a root
@@ -927,9 +937,8 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
     }
     // The tree the position names: its snapshot if it still exists, or the head (0). A
     // snapshot destroyed since: the dataset from its start (work done again, none skipped).
-    let resume_tree = from.and_then(|p| {
-        (p.tree == 0 || snapshots.iter().any(|s| s.guid.0 == p.tree)).then_some(p)
-    });
+    let resume_tree = from
+        .and_then(|p| (p.tree == 0 || snapshots.iter().any(|s| s.guid.0 == p.tree)).then_some(p));
     let mut skipping = resume_tree.is_some_and(|p| p.tree != 0);
     let mut prune = origin_txg;
     for s in &snapshots {
@@ -967,8 +976,16 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
                 let Some(cursor) = tree.start(this) else {
                     continue;
                 };
-                scan_object(ctx, &view.full_name, &view.destroyed, obj, prune, tree, cursor)
-                    .await?;
+                scan_object(
+                    ctx,
+                    &view.full_name,
+                    &view.destroyed,
+                    obj,
+                    prune,
+                    tree,
+                    cursor,
+                )
+                .await?;
             }
         }
         prune = s.txg;
@@ -983,7 +1000,16 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
         let Some(cursor) = tree.start(head) else {
             continue;
         };
-        scan_object(ctx, &ds.full_name, &ds.destroyed, obj, prev_snap_txg, tree, cursor).await?;
+        scan_object(
+            ctx,
+            &ds.full_name,
+            &ds.destroyed,
+            obj,
+            prev_snap_txg,
+            tree,
+            cursor,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -1165,7 +1191,12 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_garbage_is_refused_without_panics() {
-        let mut s = ScanStatus::new(ScanKind::Resilver, Txg(40), Some((Txg(7), Txg(31))), 1 << 30);
+        let mut s = ScanStatus::new(
+            ScanKind::Resilver,
+            Txg(40),
+            Some((Txg(7), Txg(31))),
+            1 << 30,
+        );
         s.position = Some(ScanPosition {
             dataset: 3,
             tree: 0xdead_beef,
@@ -1182,8 +1213,14 @@ mod tests {
         s.state = ScanState::Paused;
         s.paused_ns = Some(123);
         let back = ScanStatus::parse(&s.encode()).expect("parses");
-        assert_eq!(back.encode().split(" active=").next(), s.encode().split(" active=").next());
-        assert_eq!((back.kind, back.state), (ScanKind::Resilver, ScanState::Paused));
+        assert_eq!(
+            back.encode().split(" active=").next(),
+            s.encode().split(" active=").next()
+        );
+        assert_eq!(
+            (back.kind, back.state),
+            (ScanKind::Resilver, ScanState::Paused)
+        );
         assert_eq!(back.position, s.position);
         assert_eq!(back.window, s.window);
         assert_eq!(back.blocks_visited, 8);

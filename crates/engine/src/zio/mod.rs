@@ -730,7 +730,9 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
         // verify), as ZFS's resilver treats a stale child. Only when every side missed the
         // txg (the ranges are conservative) are they read and checked after all.
         let sides: Vec<LeafIo> = top.copies_in_service(dva).collect();
-        let all_stale = sides.iter().all(|io| io.leaf.health.missed_covers(bp.birth));
+        let all_stale = sides
+            .iter()
+            .all(|io| io.leaf.health.missed_covers(bp.birth));
         for io in sides {
             counts.copies_checked += 1;
             if !all_stale && io.leaf.health.missed_covers(bp.birth) {
