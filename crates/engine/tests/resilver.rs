@@ -337,6 +337,13 @@ fn a_resilver_cancels_a_running_scrub() {
     let s = wait_end(&pool);
     assert_eq!((s.kind, s.state), (ScanKind::Resilver, ScanState::Finished));
     assert_eq!(pool.status().state, "ONLINE");
+    // Nothing lacking: `resilver_start` (for replace, attach, spares) starts nothing.
+    pool.resilver_start().unwrap();
+    let again = pool.scan_status().unwrap();
+    assert_eq!(
+        (again.state, again.started_ns),
+        (ScanState::Finished, s.started_ns)
+    );
     pool.offline("mem0", true).unwrap();
     assert!(read_all(&pool.volume("v").unwrap()) == data);
     pool.export().unwrap();

@@ -300,8 +300,12 @@ impl Pool {
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;
-        // A scan the pool recorded resumes; a device that lacks txgs is resilvered.
-        pool.dsl.scan_import(&pool.spa)?;
+        // A scan the pool recorded resumes; a device that lacks txgs is resilvered. Not a
+        // reason to refuse the import: the devices' ranges are kept, `online` or the next
+        // import starts it again.
+        if let Err(e) = pool.dsl.scan_import(&pool.spa) {
+            tracing::warn!(pool = pool.spa.name, "no scan started at import: {e}");
+        }
         Ok(pool)
     }
 
