@@ -25,7 +25,7 @@ fdatasync next to the data costs what it cost before the run (bench/send.py's `s
 Then the scrub of the full pool (the volume was written whole): the files are dropped from
 the page cache, fio reads the six files at once (six jobs, each its file sequentially from
 offset 0 over the pool's allocated bytes / 6, 1M, iodepth 8, O_DIRECT, io_uring), and
-`oxpool scrub tank` runs on the exported pool (it imports, scrubs to the end and exports),
+`oxpool scrub -w tank` runs on the exported pool (it imports, scrubs to the end and exports),
 timed; `oxpool status tank` alone (import and export, no scrub) is timed too and subtracted.
 The scrub's rate is the pool's allocated bytes (data and parity, what it reads) over that
 time, against fio's aggregate rate; --repeat times, alternating which goes first.
@@ -177,7 +177,7 @@ def main():
                 drop_page_cache(files)
                 r["open_export"] = timed([oxpool, "--cache-file", cache, "status", "tank"], disk)
                 drop_page_cache(files)
-                r["scrub"] = timed([oxpool, "--cache-file", cache, "scrub", "tank"], disk)
+                r["scrub"] = timed([oxpool, "--cache-file", cache, "scrub", "-w", "tank"], disk)
 
             for step in ((fio_side, scrub_side) if rnd % 2 == 0 else (scrub_side, fio_side)):
                 step()

@@ -250,16 +250,21 @@ pub enum Command {
         /// Pools (default: every pool the cache file knows).
         pools: Vec<String>,
     },
-    /// Read and verify every copy of every block, repairing bad copies from good ones. On a
-    /// served pool the scrub runs in the server's background (Ctrl-C of `-w` leaves it
-    /// running); with no server, this command runs it and waits.
+    /// Read and verify every copy of every block, repairing bad copies from good ones; or
+    /// resume a paused scrub. On a served pool the scrub runs in the server's background
+    /// (Ctrl-C of `-w` leaves it running); with no server, it runs while a command has the
+    /// pool open and continues at the next import (its position is persisted). Refused
+    /// during a resilver.
     Scrub {
         /// Wait until the scrub is done (with a progress bar on a terminal).
         #[arg(short = 'w')]
         wait: bool,
-        /// Stop the running scrub.
+        /// Stop the running or paused scrub.
         #[arg(short = 's', conflicts_with = "wait")]
         stop: bool,
+        /// Pause the running scrub (persisted); `oxpool scrub POOL` resumes it.
+        #[arg(short = 'p', conflicts_with_all = ["wait", "stop"])]
+        pause: bool,
         /// Pool name.
         pool: String,
     },
@@ -276,8 +281,11 @@ pub enum Command {
         device: String,
     },
     /// Return a device to service from OFFLINE, FAULTED or REMOVED. What was written without
-    /// it, it lacks until `oxpool scrub` repairs it (`oxpool status` says so).
+    /// it, it lacks (`oxpool status` says so) until the resilver this starts has written it.
     Online {
+        /// Wait until the resilver is done (with a progress bar on a terminal).
+        #[arg(short = 'w')]
+        wait: bool,
         /// Pool name.
         pool: String,
         /// The device.

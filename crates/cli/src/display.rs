@@ -1,7 +1,7 @@
 //! How pools are shown: sizes, `oxpool status`, dates.
 
 use crate::progress::hms;
-use oxpool_engine::{PoolStatus, ScanState, ScanStatus, VdevStatus};
+use oxpool_engine::{PoolStatus, ScanKind, ScanState, ScanStatus, VdevStatus};
 use std::io::{self, Write};
 
 /// Sizes as zfs prints them: 1.5G, 512M, 16K.
@@ -61,53 +61,85 @@ pub fn date(ns: u64) -> String {
     String::from_utf8_lossy(&out[..n]).into_owned()
 }
 
-/// The `scan:` lines of `oxpool status`.
+/// The `scan:` lines of `oxpool status`, as `zpool status` shows them.
 pub fn scan_lines(scan: &ScanStatus) -> Vec<String> {
     let errors = scan.counts.blocks_lost;
+    let kind = scan.kind.as_str();
+    let resilver = scan.kind == ScanKind::Resilver;
+    let repaired = if resilver { "resilvered" } else { "repaired" };
+    let visited = match scan.window {
+        Some((from, to)) if resilver => format!(
+            "{} blocks visited (born in txgs {}-{})",
+            scan.blocks_visited, from.0, to.0
+        ),
+        _ => format!("{} blocks visited", scan.blocks_visited),
+    };
+    let end = date(scan.ended_ns.unwrap_or(scan.started_ns));
     match scan.state {
-        ScanState::Finished => vec![format!(
-            "scrub repaired {} in {} with {errors} errors on {}",
-            human_bytes(scan.repaired_bytes),
-            hms(scan.elapsed.as_secs()),
-            date(scan.ended_ns.unwrap_or(scan.started_ns))
-        )],
+        ScanState::Finished => vec![
+            if resilver {
+                format!(
+                    "resilvered {} in {} with {errors} errors on {end}",
+                    human_bytes(scan.repaired_bytes),
+                    hms(scan.elapsed.as_secs()),
+                )
+            } else {
+                format!(
+                    "scrub repaired {} in {} with {errors} errors on {end}",
+                    human_bytes(scan.repaired_bytes),
+                    hms(scan.elapsed.as_secs()),
+                )
+            },
+            visited,
+        ],
         ScanState::Canceled => {
             let why = scan
                 .error
                 .as_ref()
                 .map(|e| format!(" ({e})"))
                 .unwrap_or_default();
-            vec![format!(
-                "scrub canceled on {}{why}",
-                date(scan.ended_ns.unwrap_or(scan.started_ns))
-            )]
+            vec![format!("{kind} canceled on {end}{why}")]
         }
+        ScanState::Paused => vec![
+            format!(
+                "{kind} paused since {}",
+                date(scan.paused_ns.unwrap_or(scan.started_ns))
+            ),
+            format!("{kind} started on {}", date(scan.started_ns)),
+            format!(
+                "{} scanned, {} issued, {} total",
+                human_bytes(scan.examined_bytes),
+                human_bytes(scan.issued_bytes),
+                human_bytes(scan.total_bytes)
+            ),
+            format!(
+                "{} {repaired}, {:.2}% done",
+                human_bytes(scan.repaired_bytes),
+                scan.percent_done()
+            ),
+            visited,
+        ],
         ScanState::Scanning => {
-            let secs = scan.elapsed.as_secs_f64();
-            let rate = if secs > 0.0 {
-                scan.examined_bytes as f64 / secs
-            } else {
-                0.0
-            };
-            let left = scan.total_bytes.saturating_sub(scan.examined_bytes);
-            let to_go = if rate > 0.0 {
-                format!(", {} to go", hms((left as f64 / rate) as u64))
-            } else {
-                String::new()
+            let to_go = match scan.time_left() {
+                Some(left) => format!("{} to go", hms(left.as_secs())),
+                None => "no estimated completion time".to_string(),
             };
             vec![
-                format!("scrub in progress since {}", date(scan.started_ns)),
+                format!("{kind} in progress since {}", date(scan.started_ns)),
                 format!(
-                    "{} / {} scanned at {}/s, {:.2}% done{to_go}",
-                    human(scan.examined_bytes),
-                    human(scan.total_bytes),
-                    human(rate as u64),
+                    "{} scanned at {}/s, {} issued at {}/s, {} total",
+                    human_bytes(scan.examined_bytes),
+                    human_bytes(scan.scan_rate_bytes_per_s()),
+                    human_bytes(scan.issued_bytes),
+                    human_bytes(scan.issue_rate_bytes_per_s()),
+                    human_bytes(scan.total_bytes)
+                ),
+                format!(
+                    "{} {repaired}, {:.2}% done, {to_go}",
+                    human_bytes(scan.repaired_bytes),
                     scan.percent_done()
                 ),
-                format!(
-                    "{} repaired, {errors} errors",
-                    human_bytes(scan.repaired_bytes)
-                ),
+                format!("{visited}, {errors} errors"),
             ]
         }
     }

@@ -211,7 +211,8 @@ impl Served {
     ///    their requests in flight are answered. A connection that does not end even after
     ///    its socket is shut down may still have requests inside the engine: the exports come
     ///    back and the release fails (the pool must not be exported under them);
-    /// 4. it leaves the table of pools and the runtime directory; a running scrub stops.
+    /// 4. it leaves the table of pools and the runtime directory (a running scan stops at the
+    ///    export, persisted, and resumes at the next import).
     pub fn release(&self, name: &str, refuse_if_open: bool) -> Result<(Pool, Devices)> {
         let served = self.pool(name)?;
         served.leaving.store(true, Ordering::SeqCst);
@@ -267,7 +268,8 @@ impl Served {
         drop(removed);
         self.map().remove(name);
         self.runtime.release(name, &self.socket);
-        let _ = served.pool.scrub_cancel();
+        // A running scrub or resilver is not canceled: the export stops it where it is,
+        // persisted, and the next import resumes it.
         // Only `pool()` calls that are about to see the mark may hold a clone for a moment.
         let mut served = served;
         let mut tries = 0;

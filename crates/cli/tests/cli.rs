@@ -140,7 +140,7 @@ fn pool_and_volume_lifecycle() {
     env.ok(&["set", "scheduler=auto", "tank"]);
 
     // Scrub finds nothing wrong on a healthy pool.
-    let s = env.ok(&["scrub", "tank"]);
+    let s = env.ok(&["scrub", "-w", "tank"]);
     assert!(s.contains("0 bad"), "{s}");
 
     // Export, then import from the directory.

@@ -177,7 +177,7 @@ fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status()
     );
     assert_eq!(device_line(&before, "b.img"), device_line(&after, "b.img"));
     read_equals(&env, &uri, &image, "offline");
-    env.ok(&["online", "tank", "a.img"]);
+    env.ok(&["online", "-w", "tank", "a.img"]);
     // Whatever a missed meanwhile, a scrub repairs (else it would not count as a copy, and
     // b could not be faulted below).
     env.ok(&["scrub", "-w", "tank"]);
@@ -233,7 +233,7 @@ fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status()
     read_equals(&env, &server.uri("tank/vol0"), &image, "persisted-offline");
     let err = env.fails(&["offline", "tank", "b.img"]);
     assert!(err.contains("mirror-0 can lose 1"), "{err}");
-    env.ok(&["online", "tank", "a.img"]);
+    env.ok(&["online", "-w", "tank", "a.img"]);
     // What a missed while offline (the txgs of the commands that opened the pool), a
     // scrub repairs.
     env.ok(&["scrub", "-w", "tank"]);

@@ -33,7 +33,7 @@ pub mod zvol;
 
 pub use dsl::audit::AuditReport;
 pub use dsl::change_map::ChangeBase;
-pub use dsl::scan::{ScanState, ScanStatus};
+pub use dsl::scan::{ScanKind, ScanPosition, ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{

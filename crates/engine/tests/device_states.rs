@@ -59,6 +59,18 @@ fn rule(id: u64, pool: &Pool, device: &str, kind: InjectKind, ops: InjectOps) ->
     }
 }
 
+/// Waits for the running scan to end; its status.
+fn wait_scan_end(pool: &Pool) -> oxpool_engine::ScanStatus {
+    // Bounded: the scan of a few MiB ends, or the test fails here.
+    for _ in 0..600 {
+        let s = pool.scan_wait(std::time::Duration::from_secs(1)).unwrap();
+        if s.state != oxpool_engine::ScanState::Scanning {
+            return s;
+        }
+    }
+    panic!("the scan does not end");
+}
+
 /// Leaf `i` of the first vdev.
 fn leaf(s: &PoolStatus, i: usize) -> &oxpool_engine::VdevStatus {
     &s.vdevs[0].children[i]
@@ -317,6 +329,8 @@ fn offline_is_refused_beyond_redundancy_and_persists_unless_temporary() {
         assert_eq!(s.state, "DEGRADED");
         let v = pool.volume("v").unwrap();
         assert!(read_all(&v).unwrap() == data2);
+        // The resilver that `online` starts is held, to see the devices lacking txgs.
+        pool.scan_hold_after(1);
         for i in 0..can_lose {
             pool.online(&format!("mem{i}")).unwrap();
         }
@@ -327,6 +341,15 @@ fn offline_is_refused_beyond_redundancy_and_persists_unless_temporary() {
         // While one lacks txgs, it is no copy: taking a whole one out is refused.
         let whole = format!("mem{}", n - 1);
         assert!(pool.offline(&whole, true).is_err());
+        pool.scan_hold_after(0);
+        let resilver = wait_scan_end(&pool);
+        assert_eq!(
+            resilver.kind,
+            oxpool_engine::ScanKind::Resilver,
+            "{resilver:?}"
+        );
+        assert_eq!(resilver.counts.blocks_lost, 0, "{resilver:?}");
+        assert_eq!(pool.status().state, "ONLINE");
         assert_eq!(pool.scrub().unwrap().blocks_lost, 0);
         assert_eq!(pool.status().state, "ONLINE");
         // Temporary: not persisted.
@@ -528,10 +551,14 @@ fn a_device_missing_at_import_lacks_what_was_written_without_it() {
     pool.set_prop("data_cache_max", "0").unwrap();
     let s = pool.status();
     assert_eq!(leaf(&s, 1).state, "ONLINE");
+    // It lacks the txgs written without it: the import resilvers them.
+    let resilver = wait_scan_end(&pool);
     assert_eq!(
-        s.state, "DEGRADED",
-        "it lacks the txgs written without it: {s:?}"
+        resilver.kind,
+        oxpool_engine::ScanKind::Resilver,
+        "{resilver:?}"
     );
+    assert!(resilver.counts.copies_repaired > 0, "{resilver:?}");
     let v = pool.volume("v").unwrap();
     assert!(read_all(&v).unwrap() == data);
     assert_eq!(

@@ -60,12 +60,38 @@ pub fn offline(
     })
 }
 
-/// `oxpool online POOL DEVICE`.
-pub fn online(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> Result<()> {
-    host.change_pool(pool, |p| {
-        let d = resolve(p, con, device)?;
-        Ok(p.online(&d)?)
-    })
+/// `oxpool online [-w] POOL DEVICE`.
+pub fn online(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    device: &str,
+    wait: bool,
+) -> Result<()> {
+    match host {
+        // No server to carry the resilver on: with -w it ends in this command, else at
+        // the next imports (it is persisted).
+        Host::Local { .. } => host.change_pool(pool, |p| {
+            let d = resolve(p, con, device)?;
+            p.online(&d)?;
+            if wait {
+                super::pool::wait_for_scan(con, p)?;
+            }
+            Ok(())
+        }),
+        Host::Live(served) => {
+            host.change_pool(pool, |p| {
+                let d = resolve(p, con, device)?;
+                Ok(p.online(&d)?)
+            })?;
+            if !wait {
+                return Ok(());
+            }
+            // Not under the pool's lock: waiting must not hold up other changes.
+            let served = served.pool(pool)?;
+            super::pool::wait_for_scan(con, &served.pool)
+        }
+    }
 }
 
 /// `oxpool clear POOL [DEVICE]`.

@@ -152,7 +152,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             pool,
             device,
         } => device::offline(host, con, &pool, &device, temporary),
-        Command::Online { pool, device } => device::online(host, con, &pool, &device),
+        Command::Online { pool, device, wait } => device::online(host, con, &pool, &device, wait),
         Command::Clear { pool, device } => device::clear(host, con, &pool, device.as_deref()),
         Command::Inject {
             device,
@@ -183,7 +183,12 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 (Some(_), Some(_)) => bail!("-c and -d do not go together"),
             }
         }
-        Command::Scrub { wait, stop, pool } => pool::scrub(host, con, &pool, wait, stop),
+        Command::Scrub {
+            wait,
+            stop,
+            pause,
+            pool,
+        } => pool::scrub(host, con, &pool, wait, stop, pause),
         Command::Vol { command } => volume::run(host, con, command),
         Command::Get {
             prop,

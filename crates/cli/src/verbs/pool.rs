@@ -7,7 +7,7 @@ use crate::host::{open_pool, remember, Host};
 use anyhow::{bail, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::props::parse_size;
-use oxpool_engine::{Pool, PoolProps, ScanState, TopSpec};
+use oxpool_engine::{Pool, PoolProps, ScanKind, ScanState, TopSpec};
 use oxpool_format::TopVdevKind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -275,18 +275,42 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
     Ok(())
 }
 
-/// `oxpool scrub [-w | -s] POOL`.
-pub fn scrub(host: &Host, con: &mut dyn Console, name: &str, wait: bool, stop: bool) -> Result<()> {
+/// `oxpool scrub [-w | -s | -p] POOL`.
+pub fn scrub(
+    host: &Host,
+    con: &mut dyn Console,
+    name: &str,
+    wait: bool,
+    stop: bool,
+    pause: bool,
+) -> Result<()> {
+    if stop {
+        return host.change_pool(name, |pool| Ok(pool.scrub_cancel()?));
+    }
+    if pause {
+        return host.change_pool(name, |pool| Ok(pool.scrub_pause()?));
+    }
     match host {
-        Host::Local { .. } if stop => {
-            bail!("no scrub of pool '{name}' is running (no server serves it)")
-        }
-        // No server to carry it on: this command runs the scrub to its end.
+        // No server to carry it on: with -w this command runs it to its end; without, it
+        // continues at the next imports (its position is persisted).
         Host::Local { .. } => host.change_pool(name, |pool| {
-            pool.scrub_start()?;
-            wait_for_scrub(con, pool)
+            // The import resumed a scrub the pool recorded: that one is the scrub asked for.
+            let running = pool
+                .scan_status()
+                .is_some_and(|s| s.kind == ScanKind::Scrub && s.state == ScanState::Scanning);
+            if !running {
+                pool.scrub_start()?;
+            }
+            if wait {
+                return wait_for_scan(con, pool);
+            }
+            writeln!(
+                con.out(),
+                "scrub of {name} started; it goes on whenever the pool is open \
+                 (oxpool scrub -w {name} runs it to its end)"
+            )?;
+            Ok(())
         }),
-        Host::Live(_) if stop => host.change_pool(name, |pool| Ok(pool.scrub_cancel()?)),
         Host::Live(served) => {
             host.change_pool(name, |pool| Ok(pool.scrub_start()?))?;
             if !wait {
@@ -294,24 +318,24 @@ pub fn scrub(host: &Host, con: &mut dyn Console, name: &str, wait: bool, stop: b
             }
             // Not under the pool's lock: waiting must not hold up other changes.
             let pool = served.pool(name)?;
-            wait_for_scrub(con, &pool.pool)
+            wait_for_scan(con, &pool.pool)
         }
     }
 }
 
-/// Shows the running scrub's progress until it ends (or whoever asked is gone: it goes on),
-/// then what it found.
-fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
-    let label = format!("scrub {}", pool.name());
-    // Bounded: the scrub ends, or the client leaves.
+/// Shows the running scan's progress until it ends or pauses (or whoever asked is gone: it
+/// goes on), then what it found.
+pub(crate) fn wait_for_scan(con: &mut dyn Console, pool: &Pool) -> Result<()> {
+    // Bounded: the scan ends, or the client leaves.
     let status = loop {
         let Some(s) = pool.scan_status() else {
-            bail!("no scrub of pool '{}'", pool.name());
+            bail!("no scrub or resilver of pool '{}'", pool.name());
         };
         if s.state != ScanState::Scanning {
             break s;
         }
-        con.progress(&label, s.examined_bytes, s.total_bytes);
+        let label = format!("{} {}", s.kind.as_str(), pool.name());
+        con.progress(&label, s.issued_bytes, s.total_bytes);
         if con.gone() {
             return Ok(());
         }
@@ -319,10 +343,12 @@ fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
     };
     con.progress_end();
     let c = status.counts;
+    let kind = status.kind.as_str();
     writeln!(
         con.out(),
-        "scrub of {}: {} copies checked, {} bad, {} repaired, {} blocks lost",
+        "{kind} of {}: {} blocks visited, {} copies checked, {} bad, {} repaired, {} blocks lost",
         pool.name(),
+        status.blocks_visited,
         c.copies_checked,
         c.copies_bad,
         c.copies_repaired,
@@ -330,8 +356,9 @@ fn wait_for_scrub(con: &mut dyn Console, pool: &Pool) -> Result<()> {
     )?;
     print_status(con.out(), &pool.status(), false)?;
     match (status.state, status.error) {
-        (ScanState::Canceled, Some(e)) => bail!("scrub of {} stopped: {e}", pool.name()),
-        (ScanState::Canceled, None) => bail!("scrub of {} was canceled", pool.name()),
+        (ScanState::Canceled, Some(e)) => bail!("{kind} of {} stopped: {e}", pool.name()),
+        (ScanState::Canceled, None) => bail!("{kind} of {} was canceled", pool.name()),
+        (ScanState::Paused, _) => bail!("{kind} of {} was paused", pool.name()),
         _ if c.blocks_lost > 0 => bail!("{} blocks have no good copy", c.blocks_lost),
         _ => Ok(()),
     }

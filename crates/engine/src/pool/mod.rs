@@ -300,6 +300,12 @@ impl Pool {
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;
+        // A scan the pool recorded resumes; a device that lacks txgs is resilvered. Not a
+        // reason to refuse the import: the devices' ranges are kept, `online` or the next
+        // import starts it again.
+        if let Err(e) = pool.dsl.scan_import(&pool.spa) {
+            tracing::warn!(pool = pool.spa.name, "no scan started at import: {e}");
+        }
         Ok(pool)
     }
 
@@ -624,9 +630,12 @@ impl Pool {
     }
 
     /// Returns a device to service from OFFLINE, FAULTED or REMOVED. What was written
-    /// without it, it lacks until a scrub repairs it (`oxpool status` says so).
+    /// without it, it lacks (`oxpool status` says so) until the resilver this starts
+    /// repairs it.
     pub fn online(&self, device: &str) -> Result<()> {
-        self.spa.online(device)
+        self.spa.online(device)?;
+        // What it lacks is resilvered at once (nothing, if it lacks nothing).
+        self.resilver_start()
     }
 
     /// Forgets the errors of a device, or of every device: zero counters, no DEGRADED, and a
@@ -702,17 +711,56 @@ impl Pool {
         self.dsl.scrub_start(&self.spa)
     }
 
-    /// Stops a running scrub (`oxpool scrub -s`).
+    /// Stops a running or paused scrub (`oxpool scrub -s`). A resilver cannot be stopped.
     pub fn scrub_cancel(&self) -> Result<()> {
-        self.dsl.scrub_cancel()
+        self.dsl.scrub_cancel(&self.spa)
     }
 
-    /// The latest scrub's status, if one ran since the pool was opened.
+    /// Pauses a running scrub (`oxpool scrub -p`); persisted, so it stays paused across an
+    /// export. [`Pool::scrub_start`] resumes it from where it stopped. A resilver cannot be
+    /// paused.
+    pub fn scrub_pause(&self) -> Result<()> {
+        self.dsl.scrub_pause(&self.spa)
+    }
+
+    /// Starts a resilver of every device in service that lacks txgs (its missed range): it
+    /// visits only the blocks born in those txgs and writes each to the devices that lack
+    /// it; when it ends clean they lack nothing. Cancels a running scrub; restarts a running
+    /// resilver that does not cover what the devices lack now. Does nothing if no device
+    /// lacks anything. Called by `online` and at import; also for a new device (replace,
+    /// attach, spare) whose missed range is everything written so far.
+    pub fn resilver_start(&self) -> Result<()> {
+        self.dsl.resilver_start(&self.spa)
+    }
+
+    /// The latest scan's status (scrub or resilver), if one ran since the pool was opened
+    /// or the pool's record says one ran before.
     pub fn scan_status(&self) -> Option<ScanStatus> {
         self.dsl.scan_status()
     }
 
-    /// Waits until the running scrub (if any) ends or `limit` passes; returns its status.
+    /// Test hook: the scan waits before its next batch once it has visited `blocks` blocks
+    /// (0: never), until this is set again or it is stopped; to export or pause a scan at a
+    /// known point.
+    #[doc(hidden)]
+    pub fn scan_hold_after(&self, blocks: u64) {
+        self.dsl
+            .scan
+            .hold_after_blocks
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Test hook: the scan gathers at most `blocks` data blocks per batch (0: its own
+    /// bound), for more batches, and so more persisted positions, in a small pool.
+    #[doc(hidden)]
+    pub fn scan_batch_blocks(&self, blocks: usize) {
+        self.dsl
+            .scan
+            .batch_blocks_max
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Waits until the running scan (if any) ends or `limit` passes; returns its status.
     pub fn scan_wait(&self, limit: Duration) -> Option<ScanStatus> {
         self.dsl.scan_wait(limit)
     }

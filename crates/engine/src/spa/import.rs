@@ -147,6 +147,11 @@ pub(crate) async fn import_devices(
         .iter()
         .cloned()
         .partition(|(k, _)| k.starts_with(crate::vdev::STATE_RECORD_PREFIX));
+    // So does the scan's record (`dsl/scan.rs`).
+    let (scan_records, plain_props): (Vec<_>, Vec<_>) = plain_props
+        .into_iter()
+        .partition(|(k, _)| k == super::SCAN_RECORD_KEY);
+    let scan_record = scan_records.into_iter().next().map(|(_, v)| v);
     let props = PoolProps::from_pairs(&plain_props)?;
     zio.completion.set(props.completion);
     zio.vdevs
@@ -248,6 +253,7 @@ pub(crate) async fn import_devices(
             meta_ptr: ub.root,
             meta_places,
             scan_pin: None,
+            scan_record,
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),

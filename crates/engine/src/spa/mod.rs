@@ -86,7 +86,14 @@ pub(crate) struct SpaState {
     /// While a scrub reads a batch of blocks: no deferred free of a txg after this one is
     /// released (see `dsl/scan.rs`).
     pub scan_pin: Option<Txg>,
+    /// The pool's scan (scrub or resilver) as its next txg records it, under
+    /// [`SCAN_RECORD_KEY`] among the pool's properties (`dsl/scan.rs` writes and reads it).
+    pub scan_record: Option<String>,
 }
+
+/// The key of the scan's record among the pool's persisted properties: the position a
+/// scrub or resilver resumes from after an export or a crash.
+pub const SCAN_RECORD_KEY: &str = "scan_state";
 
 /// A pool's shared state.
 pub(crate) struct Spa {
@@ -234,6 +241,7 @@ impl Spa {
                 meta_ptr: BlockPtr::HOLE,
                 meta_places: Vec::new(),
                 scan_pin: None,
+                scan_record: None,
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),

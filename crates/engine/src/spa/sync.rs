@@ -166,6 +166,9 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
             props: {
                 let mut props = s.props.to_pairs();
                 props.extend(inner.zio.vdevs.state_records());
+                if let Some(r) = &s.scan_record {
+                    props.push((super::SCAN_RECORD_KEY.to_string(), r.clone()));
+                }
                 props
             },
             volumes: datasets.volumes,

@@ -700,6 +700,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
     let mut good: Option<IoBuf> = None;
     let mut bad: Vec<Repair> = Vec::new();
     let mut raidz_lost = 0u64;
+    let mut stale: Vec<(LeafIo, usize)> = Vec::new();
     for dva in bp.dvas() {
         let Some(top) = zio.vdevs.top(dva.vdev) else {
             continue;
@@ -724,8 +725,20 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
             }
             continue;
         }
-        for io in top.copies_in_service(dva) {
+        // A side that missed the block's txg lacks it: it is rewritten from a good side
+        // without being read (what it holds there is not trusted, even if it happened to
+        // verify), as ZFS's resilver treats a stale child. Only when every side missed the
+        // txg (the ranges are conservative) are they read and checked after all.
+        let sides: Vec<LeafIo> = top.copies_in_service(dva).collect();
+        let all_stale = sides
+            .iter()
+            .all(|io| io.leaf.health.missed_covers(bp.birth));
+        for io in sides {
             counts.copies_checked += 1;
+            if !all_stale && io.leaf.health.missed_covers(bp.birth) {
+                stale.push((io, dva.asize_bytes as usize));
+                continue;
+            }
             match io
                 .leaf
                 .read(
@@ -755,6 +768,23 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
             }
         }
     }
+    // No side that should hold the block gave it: the stale sides are the last chance (a
+    // missed range may cover txgs the side did get).
+    if good.is_none() {
+        for (io, len_bytes) in std::mem::take(&mut stale) {
+            let read = io
+                .leaf
+                .read(IoClass::Scrub, io.offset_bytes, IoBuf::zeroed(len_bytes))
+                .await;
+            match read {
+                Ok(buf) if verify(bp, &buf) => {
+                    good.get_or_insert(buf);
+                }
+                _ => bad.push(Repair::Copy(io)),
+            }
+        }
+    }
+    bad.extend(stale.into_iter().map(|(io, _)| Repair::Copy(io)));
     counts.copies_bad += bad.len() as u64 + raidz_lost;
     match &good {
         Some(buf) => {
