@@ -93,7 +93,7 @@ pub(crate) struct Scan {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The txg durable when the running scan started, and the devices' outages then: a scan
     /// that finishes clean repaired what the devices lacked up to it.
-    repairs_through: Mutex<Option<(Txg, Vec<u64>)>>,
+    repairs_through: Mutex<Option<(Txg, crate::vdev::OutageMarks)>>,
 }
 
 impl Scan {
@@ -264,6 +264,7 @@ fn scan_thread(inner: Arc<Spa>, dsl: Arc<Datasets>) {
             // The devices' records change: the next txg says so.
             inner.txg.mark_dirty();
         }
+        inner.finish_replacements();
     }
     scan.update(|s| {
         s.ended_ns = Some(now_ns());
