@@ -61,12 +61,11 @@ impl Pool {
     /// Whether any child is a replacing or spare pair whose new member is not resilvered.
     pub fn resilvering(&self) -> bool {
         self.spa.zio.vdevs.tops().any(|t| {
-            t.shape()
-                .children
-                .iter()
-                .any(|c| c.new.as_ref().is_some_and(|(_, m)| {
+            t.shape().children.iter().any(|c| {
+                c.new.as_ref().is_some_and(|(_, m)| {
                     m.leaf.as_ref().is_some_and(|l| l.health.missed().is_some())
-                }))
+                })
+            })
         })
     }
 

@@ -87,12 +87,7 @@ impl Spa {
             ));
         }
         let in_pool = self.zio.vdevs.leaves().any(|l| l.name() == name)
-            || self
-                .zio
-                .vdevs
-                .spare_status()
-                .iter()
-                .any(|s| s.name == name);
+            || self.zio.vdevs.spare_status().iter().any(|s| s.name == name);
         if let Ok(label) = block_on(read_label(dev.as_ref())) {
             if label.pool_guid == self.guid {
                 return refuse(format!("{name} is already in pool '{}'", self.name));
@@ -131,12 +126,23 @@ impl Spa {
     /// other devices' labels, then the labels of the detached devices cleared (spares'
     /// rewritten as spares).
     fn commit_tree_change(&self, new: &[(Arc<Leaf>, VdevId)], gone: Vec<Detached>) -> Result<()> {
-        block_on(async {
+        let labelled = block_on(async {
             for (leaf, top) in new {
                 write_labels(leaf.backend.as_ref(), &self.label_now(leaf.guid, *top)).await?;
             }
             Ok::<(), EngineError>(())
-        })?;
+        });
+        if let Err(e) = labelled {
+            // Nothing recorded yet: take the new members out again, so that nothing changed.
+            for (leaf, top) in new {
+                if *top == SPARE_TOP {
+                    let _ = self.zio.vdevs.remove_spare(leaf.guid);
+                } else {
+                    let _ = self.zio.vdevs.undo_member(*top, leaf.guid);
+                }
+            }
+            return Err(e);
+        }
         super::apply_scheduler(self);
         self.sync_now()?;
         let skip: Vec<Arc<Leaf>> = new.iter().map(|(l, _)| l.clone()).collect();
@@ -146,7 +152,10 @@ impl Spa {
                 continue;
             };
             if let Err(e) = block_on(clear_labels(leaf.backend.as_ref())) {
-                tracing::warn!(device = leaf.name(), "detached; clearing its labels failed: {e}");
+                tracing::warn!(
+                    device = leaf.name(),
+                    "detached; clearing its labels failed: {e}"
+                );
             }
         }
         Ok(())
@@ -238,15 +247,18 @@ impl Spa {
         let spare = self.zio.vdevs.spare_named(device).ok_or_else(|| {
             EngineError::NotFound(format!("spare '{device}' in pool '{}'", self.name))
         })?;
-        self.zio.vdevs.remove_spare(spare.config.guid).map_err(|e| {
-            EngineError::invalid(format!(
-                "cannot remove {}: {}",
-                spare.config.path,
-                e.to_string()
-                    .rsplit_once(": ")
-                    .map_or(e.to_string(), |(_, why)| why.to_string())
-            ))
-        })?;
+        self.zio
+            .vdevs
+            .remove_spare(spare.config.guid)
+            .map_err(|e| {
+                EngineError::invalid(format!(
+                    "cannot remove {}: {}",
+                    spare.config.path,
+                    e.to_string()
+                        .rsplit_once(": ")
+                        .map_or(e.to_string(), |(_, why)| why.to_string())
+                ))
+            })?;
         self.commit_tree_change(
             &[],
             vec![Detached {

@@ -62,7 +62,9 @@ impl VdevTree {
             .children
             .iter()
             .position(|c| c.members().any(|m| m.config.guid == guid))
-            .ok_or_else(|| EngineError::NotFound(format!("device {:x} in vdev {}", guid.0, top.0)))?;
+            .ok_or_else(|| {
+                EngineError::NotFound(format!("device {:x} in vdev {}", guid.0, top.0))
+            })?;
         Ok((t, index))
     }
 
@@ -190,6 +192,30 @@ impl VdevTree {
         Ok(gone)
     }
 
+    /// Takes out a member just added (attached or replacing) whose labels could not be
+    /// written, with no check: it holds nothing yet.
+    pub(crate) fn undo_member(&self, top: VdevId, guid: Guid) -> Result<()> {
+        let _one = self.state_change.lock().unwrap();
+        let (top, index) = self.member_place(top, guid)?;
+        let shape = top.shape();
+        let mut next = (*shape).clone();
+        let child = &shape.children[index];
+        if child
+            .new
+            .as_ref()
+            .is_some_and(|(_, m)| m.config.guid == guid)
+        {
+            next.children[index].new = None;
+        } else if child.new.is_none() && shape.children.len() > 1 {
+            next.children.remove(index);
+            if next.children.len() == 1 {
+                next.kind = TopVdevKind::Single;
+            }
+        }
+        top.set_shape(next);
+        Ok(())
+    }
+
     /// Detaches `leaf`: a side of a mirror, or either member of a replacing or spare pair.
     /// Refused, with the reason in one line and nothing changed, for the last side of a
     /// mirror, a single device, a raidz column that is not part of a pair, or a device whose
@@ -205,7 +231,8 @@ impl VdevTree {
             .expect("member_place found it");
         let name = member.config.path.clone();
         let leaf = member.leaf.clone();
-        let refuse = |why: String| Err(EngineError::invalid(format!("cannot detach {name}: {why}")));
+        let refuse =
+            |why: String| Err(EngineError::invalid(format!("cannot detach {name}: {why}")));
         // A member not present can go: it holds nothing the others need.
         let can_lose = |top: &TopVdev| match &leaf {
             Some(l) => self.check_can_lose(top, l),
@@ -424,7 +451,9 @@ impl VdevTree {
                     let free = self.spare_user(m.config.guid).is_none()
                         && !next.as_ref().is_some_and(|n| {
                             n.children.iter().any(|c| {
-                                c.new.as_ref().is_some_and(|(_, x)| x.config.guid == m.config.guid)
+                                c.new
+                                    .as_ref()
+                                    .is_some_and(|(_, x)| x.config.guid == m.config.guid)
                             })
                         });
                     (free

@@ -7,19 +7,19 @@
 //! (`zio/`) executes the plans; that keeps this logic pure and testable without devices.
 
 pub mod alloc;
+mod change;
 pub mod health;
 pub mod inject;
 pub mod label;
 mod leaf_io;
 pub mod queue;
 pub mod raidz;
-mod change;
 mod states;
 mod stats;
 
+pub use change::{Detached, SpareStatus};
 pub use health::{ErrorKind, FaultPolicy, LeafHealth, LeafState, StateRecord};
 pub use inject::{InjectKind, InjectOps, InjectRule, InjectRuleStatus};
-pub use change::{Detached, SpareStatus};
 pub use states::{OutageMarks, STATE_RECORD_PREFIX};
 pub use stats::{DeviceErrors, DeviceStats};
 

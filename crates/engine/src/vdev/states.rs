@@ -144,7 +144,10 @@ impl VdevTree {
         if others.len() < shape.redundancy() {
             return Ok(());
         }
-        let name = |c: usize| match shape.children[c].for_read(None).or(shape.children[c].old.leaf.as_ref()) {
+        let name = |c: usize| match shape.children[c]
+            .for_read(None)
+            .or(shape.children[c].old.leaf.as_ref())
+        {
             None => format!("{} UNAVAIL", shape.children[c].old.config.path),
             Some(l) => match (l.health.state(), l.health.missed()) {
                 (s, Some((f, t))) if s.in_service() => {

@@ -115,9 +115,9 @@ pub(crate) async fn write_raidz(
                 WriteSource::Parity(row) if any == members => {
                     parity[row].take().expect("each parity row written once")
                 }
-                WriteSource::Parity(row) => parity[row]
-                    .clone()
-                    .expect("each parity row written once"),
+                WriteSource::Parity(row) => {
+                    parity[row].clone().expect("each parity row written once")
+                }
                 WriteSource::Zeros => IoBuf::zeroed(w.size_bytes),
             };
             let offset_bytes = DATA_START_BYTES + w.child_offset_bytes;
