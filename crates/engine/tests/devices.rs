@@ -373,3 +373,27 @@ fn refusals_say_why_and_change_nothing() {
         "{e}"
     );
 }
+
+#[test]
+fn replace_without_new_takes_a_swapped_device_at_the_same_path() {
+    let (pool, mems) = mem_pool(TopVdevKind::Mirror, 2);
+    let data = fill(&pool, 9);
+    // Not swapped: the device at the path is still the old one.
+    let e = pool
+        .replace("mem1", dev(&mems[1]), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is still the device it replaces"), "{e}");
+    // Swapped: a blank device at the same path.
+    let swapped = mem(1);
+    pool.replace("mem1", dev(&swapped), false).unwrap();
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem1"], "{s:?}");
+    assert_eq!(s.state, "ONLINE", "{s:?}");
+    pool.offline("mem0", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+    // The swapped device is the one in the pool now.
+    assert!(labelled(&swapped));
+}

@@ -349,7 +349,7 @@ impl Iterator for ShapeLeaves {
             let pos = (self.first + self.next) % self.count;
             self.next += 1;
             let child = &self.shape.children[pos / 2];
-            let member = if pos % 2 == 0 {
+            let member = if pos.is_multiple_of(2) {
                 Some(&child.old)
             } else {
                 child.new.as_ref().map(|(_, m)| m)
@@ -770,6 +770,7 @@ mod tests {
             children: vec![child(1), child(2), child(3)],
             asize_bytes: 1 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let top = TopVdev::new(&config, vec![leaf("a", 1), None, leaf("c", 3)]).unwrap();
         let dva = Dva {
@@ -823,6 +824,7 @@ mod tests {
             children: vec![child(1), child(2), child(3)],
             asize_bytes: 3 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let top = TopVdev::new(&config, vec![leaf("a", 1), leaf("b", 2), leaf("c", 3)]).unwrap();
         let dva = Dva {
@@ -851,6 +853,7 @@ mod tests {
             }],
             asize_bytes: 1 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let mut tree = VdevTree::new(vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)]).unwrap()]);
         let first: *const TopVdev = tree.top(VdevId(0)).unwrap();

@@ -351,7 +351,7 @@ where
                 // of a pair that lacks the block (a replacement, a spare being resilvered)
                 // gets its column too.
                 if let (ReadMode::Scrub, Some(b)) = (mode, birth) {
-                    for c in 0..map.column_count() {
+                    for (c, buf) in bufs.iter().enumerate() {
                         let read_from = child(c);
                         for leaf in shape.children[map.column(c).child.0].leaves() {
                             let other = read_from.is_none_or(|r| !Arc::ptr_eq(r, leaf));
@@ -362,7 +362,7 @@ where
                                         offset_bytes: DATA_START_BYTES
                                             + map.column(c).child_offset_bytes,
                                     },
-                                    data: bufs[c].clone(),
+                                    data: buf.clone(),
                                 });
                             }
                         }
