@@ -240,7 +240,17 @@ fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
         ),
         ("FAULTED", "mem3")
     );
-    assert_eq!(pair.state, "ONLINE", "the spare is resilvered: {s:?}");
+    assert_eq!(pair.state, "DEGRADED", "{s:?}");
+    assert_eq!(
+        pair.children[1].reason, None,
+        "the spare is resilvered: {s:?}"
+    );
+    assert!(
+        s.reasons
+            .iter()
+            .any(|r| r.contains("hot spare mem3 stands in for mem2")),
+        "{s:?}"
+    );
     assert_eq!(s.spares[0].in_use_for.as_deref(), Some("mem2"));
     // The spare holds mem2's columns: with mem0 out too, everything reads.
     pool.inject_clear(None);

@@ -713,7 +713,21 @@ impl Spa {
                                     PairKind::Replacing => format!("replacing-{i}"),
                                     PairKind::Spare => format!("spare-{i}"),
                                 },
-                                state: if c.whole() { "ONLINE" } else { "DEGRADED" }.into(),
+                                // DEGRADED until the pair is resolved (as ZFS): a member
+                                // lacks blocks, or one is out (a spare stands in).
+                                state: if c.whole()
+                                    && c.members().all(|m| {
+                                        m.leaf.as_ref().is_some_and(|l| {
+                                            l.health.state() == crate::vdev::LeafState::Online
+                                        })
+                                    })
+                                    && *kind == PairKind::Replacing
+                                {
+                                    "ONLINE"
+                                } else {
+                                    "DEGRADED"
+                                }
+                                .into(),
                                 reason: None,
                                 read_errors: 0,
                                 write_errors: 0,
@@ -775,7 +789,30 @@ impl Spa {
                         self.name
                     ));
                 }
-                for k in kids.iter().filter(|k| k.state == "DEGRADED") {
+                for c in shape.children.iter() {
+                    match &c.new {
+                        Some((PairKind::Replacing, m)) => reasons.push(format!(
+                            "{vdev}: {} is replacing {}; the old device is detached once the \
+                             new one is resilvered",
+                            m.config.path, c.old.config.path
+                        )),
+                        Some((PairKind::Spare, m)) => reasons.push(format!(
+                            "{vdev}: hot spare {} stands in for {}; `oxpool replace {} {} NEW` \
+                             ends it (or `oxpool detach {} {}`)",
+                            m.config.path,
+                            c.old.config.path,
+                            self.name,
+                            c.old.config.path,
+                            self.name,
+                            m.config.path
+                        )),
+                        None => {}
+                    }
+                }
+                for k in kids
+                    .iter()
+                    .filter(|k| k.state == "DEGRADED" && k.children.is_empty())
+                {
                     reasons.push(format!(
                         "{}: DEGRADED: {}; `oxpool clear {} {}` once it is fixed",
                         k.name,
