@@ -316,26 +316,26 @@ pub struct LeafIo {
 /// shape it walks alive, so that plans need no lock while they run and allocate nothing.
 pub struct ShapeLeaves {
     shape: Arc<Shape>,
-    /// Next position: child `next / 2`, member `next % 2` (old, new).
+    /// Next position: the `next / 2`-th child from `first`, member `next % 2` (old, new).
     next: usize,
-    /// Positions to visit (0: none, a raidz's whole-copy plans).
+    /// Positions to visit: two per child (0: none, a raidz's whole-copy plans).
     count: usize,
-    /// First position (the read rotor's pick).
+    /// First child (the read rotor's pick: reads rotate over children, not members).
     first: usize,
 }
 
 impl ShapeLeaves {
     fn new(shape: Arc<Shape>, whole_copies: bool, rotor: Option<usize>) -> ShapeLeaves {
-        let slots = if whole_copies {
-            shape.children.len() * 2
+        let children = if whole_copies {
+            shape.children.len()
         } else {
             0
         };
         ShapeLeaves {
-            first: rotor.map_or(0, |r| r % slots.max(1)),
+            first: rotor.map_or(0, |r| r % children.max(1)),
             shape,
             next: 0,
-            count: slots,
+            count: children * 2,
         }
     }
 }
@@ -346,9 +346,9 @@ impl Iterator for ShapeLeaves {
     fn next(&mut self) -> Option<Arc<Leaf>> {
         // Bounded: every turn moves `next` on.
         while self.next < self.count {
-            let pos = (self.first + self.next) % self.count;
+            let pos = self.next;
             self.next += 1;
-            let child = &self.shape.children[pos / 2];
+            let child = &self.shape.children[(self.first + pos / 2) % (self.count / 2)];
             let member = if pos.is_multiple_of(2) {
                 Some(&child.old)
             } else {
