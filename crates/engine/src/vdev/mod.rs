@@ -34,8 +34,8 @@ use oxpool_format::{
 };
 use oxpool_io::Backend;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Most top-level vdevs a pool can have (the bound of the append-only list; a pool's labels
 /// could not describe many more).
@@ -283,18 +283,22 @@ impl Shape {
 /// A top-level vdev: a single leaf, a mirror of leaves or a raidz.
 ///
 /// Its children may change while it serves (attach, detach, replace, spares): they are a
-/// [`Shape`] behind a lock held only to clone an `Arc` (a plan pays an uncontended read
-/// lock and a reference count, no allocation; a change takes the write lock to swap in a
-/// new shape, and plans made before it keep the old one until they finish).
-#[derive(Debug)]
+/// [`Shape`] that a change replaces whole. A plan reads the current one with one atomic
+/// load, no lock, no reference count, no allocation: shapes are never freed while the vdev
+/// lives (a change keeps the old one among `shapes`), so a plan made before a change
+/// finishes on the shape it started with. A change is an administrator's act (a few in a
+/// pool's life), so keeping the old shapes costs a few hundred bytes each.
 pub struct TopVdev {
     /// Index in the pool.
     pub id: VdevId,
     /// A raidz vdev's layout (the last epoch of its recorded history, `kind`); None for
     /// single and mirror vdevs.
     pub raidz: Option<RaidzLayout>,
-    /// The kind and the children now.
-    shape: RwLock<Arc<Shape>>,
+    /// The kind and the children now: the last of `shapes`.
+    shape: AtomicPtr<Shape>,
+    /// Every shape the vdev has had, the current one last; never shrunk, so the shapes
+    /// `shape` ever pointed at stay valid as long as the vdev.
+    shapes: Mutex<Vec<Box<Shape>>>,
     /// Allocatable bytes (the same on every child).
     pub asize_bytes: u64,
     /// A separate intent-log device (holds log blocks only).
@@ -312,10 +316,20 @@ pub struct LeafIo {
     pub offset_bytes: u64,
 }
 
-/// The present leaves of a shape, in order, as owned handles: an iterator that keeps the
-/// shape it walks alive, so that plans need no lock while they run and allocate nothing.
-pub struct ShapeLeaves {
-    shape: Arc<Shape>,
+impl std::fmt::Debug for TopVdev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopVdev")
+            .field("id", &self.id)
+            .field("shape", self.shape())
+            .field("asize_bytes", &self.asize_bytes)
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+/// The present leaves of a shape, in order, as owned handles: planning allocates nothing.
+pub struct ShapeLeaves<'a> {
+    shape: &'a Shape,
     /// Next position: the `next / 2`-th child from `first`, member `next % 2` (old, new).
     next: usize,
     /// Positions to visit: two per child (0: none, a raidz's whole-copy plans).
@@ -324,8 +338,8 @@ pub struct ShapeLeaves {
     first: usize,
 }
 
-impl ShapeLeaves {
-    fn new(shape: Arc<Shape>, whole_copies: bool, rotor: Option<usize>) -> ShapeLeaves {
+impl<'a> ShapeLeaves<'a> {
+    fn new(shape: &'a Shape, whole_copies: bool, rotor: Option<usize>) -> ShapeLeaves<'a> {
         let children = if whole_copies {
             shape.children.len()
         } else {
@@ -340,7 +354,7 @@ impl ShapeLeaves {
     }
 }
 
-impl Iterator for ShapeLeaves {
+impl Iterator for ShapeLeaves<'_> {
     type Item = Arc<Leaf>;
 
     fn next(&mut self) -> Option<Arc<Leaf>> {
@@ -348,8 +362,14 @@ impl Iterator for ShapeLeaves {
         while self.next < self.count {
             let pos = self.next;
             self.next += 1;
-            let child = &self.shape.children[(self.first + pos / 2) % (self.count / 2)];
-            let member = if pos.is_multiple_of(2) {
+            // `first + pos / 2` wraps at most once: no division on the I/O path.
+            let children = self.count / 2;
+            let mut c = self.first + pos / 2;
+            if c >= children {
+                c -= children;
+            }
+            let child = &self.shape.children[c];
+            let member = if pos & 1 == 0 {
                 Some(&child.old)
             } else {
                 child.new.as_ref().map(|(_, m)| m)
@@ -387,26 +407,35 @@ impl TopVdev {
                 None
             }
         };
+        let mut first = Box::new(Shape::from_config(config, find));
         Ok(TopVdev {
             id: config.id,
             raidz,
-            shape: RwLock::new(Arc::new(Shape::from_config(config, find))),
+            shape: AtomicPtr::new(&mut *first),
+            shapes: Mutex::new(vec![first]),
             asize_bytes: config.asize_bytes,
             log: config.log,
             read_rotor: AtomicUsize::new(0),
         })
     }
 
-    /// The kind and children now (kept alive by the caller as long as it needs them).
+    /// The kind and children now (a later change does not alter what this returns).
     #[inline]
-    pub fn shape(&self) -> Arc<Shape> {
-        self.shape.read().unwrap().clone()
+    pub fn shape(&self) -> &Shape {
+        // SAFETY: `shape` always points into a box of `shapes`, which is only ever pushed
+        // to and lives as long as `self`; a box's contents do not move when the vector
+        // grows. Acquire pairs with the Release in `set_shape`: the shape is fully built.
+        unsafe { &*self.shape.load(Ordering::Acquire) }
     }
 
     /// Swaps in a new shape (a device attached, detached, replaced). The caller serializes
-    /// changes; plans made before keep the old shape until they finish.
+    /// changes; plans made before finish on the old shape, which is kept.
     pub(crate) fn set_shape(&self, shape: Shape) {
-        *self.shape.write().unwrap() = Arc::new(shape);
+        let mut shapes = self.shapes.lock().unwrap();
+        let mut shape = Box::new(shape);
+        let ptr: *mut Shape = &mut *shape;
+        shapes.push(shape);
+        self.shape.store(ptr, Ordering::Release);
     }
 
     /// Single, mirror or raidz, now.
@@ -461,13 +490,13 @@ impl TopVdev {
     }
 
     /// The leaves present, in service or not (for status and statistics).
-    pub fn leaves(&self) -> ShapeLeaves {
+    pub fn leaves(&self) -> ShapeLeaves<'_> {
         ShapeLeaves::new(self.shape(), true, None)
     }
 
     /// The leaves present and in service (for flushes, uberblocks and labels: a leaf out of
     /// service gets no I/O at all).
-    pub fn leaves_in_service(&self) -> impl Iterator<Item = Arc<Leaf>> {
+    pub fn leaves_in_service(&self) -> impl Iterator<Item = Arc<Leaf>> + '_ {
         self.leaves().filter(|l| l.health.in_service())
     }
 
@@ -480,7 +509,7 @@ impl TopVdev {
 
     /// Every whole copy of the block at `dva` on a child in service (a scrub reads each):
     /// as [`TopVdev::plan_write`], without noting anything on the children out of service.
-    pub fn copies_in_service(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> {
+    pub fn copies_in_service(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
         ShapeLeaves::new(self.shape(), self.raidz.is_none(), None)
@@ -492,7 +521,7 @@ impl TopVdev {
     /// writes all, a pair both); a member out of service notes that it missed a write. An
     /// iterator, not a collection: planning allocates nothing. None for a raidz vdev, whose
     /// blocks are planned column by column ([`TopVdev::raidz_layout`]).
-    pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> {
+    pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
         ShapeLeaves::new(self.shape(), self.raidz.is_none(), None)
@@ -510,7 +539,7 @@ impl TopVdev {
     /// one member, and the others are the fallbacks on an error or a checksum mismatch. An
     /// iterator, not a collection: planning allocates nothing. None for a raidz vdev (see
     /// [`TopVdev::plan_write`]).
-    pub fn plan_read(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> {
+    pub fn plan_read(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
         let rotor = self.read_rotor.fetch_add(1, Ordering::Relaxed);
