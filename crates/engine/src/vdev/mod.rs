@@ -297,7 +297,9 @@ pub struct TopVdev {
     /// The kind and the children now: the last of `shapes`.
     shape: AtomicPtr<Shape>,
     /// Every shape the vdev has had, the current one last; never shrunk, so the shapes
-    /// `shape` ever pointed at stay valid as long as the vdev.
+    /// `shape` ever pointed at stay valid as long as the vdev. Boxed: a shape must not move
+    /// when the vector grows (`shape` points at it).
+    #[allow(clippy::vec_box)]
     shapes: Mutex<Vec<Box<Shape>>>,
     /// Allocatable bytes (the same on every child).
     pub asize_bytes: u64,
