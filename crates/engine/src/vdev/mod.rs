@@ -904,4 +904,60 @@ mod tests {
         assert_eq!(tree.config().top, vec![cfg(0), cfg(1)]);
         assert!(tree.top(VdevId(2)).is_none());
     }
+
+    /// A replacing pair: writes go to both members, reads to the member that lacks nothing
+    /// for the block (the old one while the new one lacks txgs 1-9), then to either.
+    #[test]
+    fn a_pair_is_written_on_both_and_read_from_the_member_that_has_the_block() {
+        let child = |guid: u64| LeafConfig {
+            guid: Guid(guid),
+            path: format!("dev{guid}"),
+            size_bytes: 64 << 20,
+        };
+        let config = TopVdevConfig {
+            id: VdevId(0),
+            kind: TopVdevKind::Single,
+            children: vec![child(1)],
+            asize_bytes: 1 << 20,
+            log: false,
+            pairs: vec![PairConfig {
+                child: 0,
+                kind: PairKind::Replacing,
+                leaf: child(2),
+            }],
+        };
+        let (a, b) = (leaf("a", 1).unwrap(), leaf("b", 2).unwrap());
+        let found = [a.clone(), b.clone()];
+        let top = TopVdev::with_leaves(&config, &|g| found.iter().find(|l| l.guid == g).cloned())
+            .unwrap();
+        assert_eq!(top.config(), config);
+        b.health.note_missed(Txg(1), Txg(9));
+        let dva = Dva {
+            vdev: VdevId(0),
+            offset_bytes: 0,
+            asize_bytes: 4096,
+        };
+        assert_eq!(top.plan_write(&dva).count(), 2);
+        let shape = top.shape();
+        assert_eq!(
+            shape.children[0].for_read(Some(Txg(5))).unwrap().name(),
+            "a"
+        );
+        assert_eq!(shape.children[0].for_read(None).unwrap().name(), "a");
+        assert!(shape.children[0].whole() && !shape.children[0].whole_without(&a));
+        // The old member out: the new one is read (a raidz then treats it as stale).
+        a.health
+            .take_out(LeafState::Offline, "test".into(), Txg(10), false);
+        assert_eq!(
+            shape.children[0].for_read(Some(Txg(5))).unwrap().name(),
+            "b"
+        );
+        assert!(!shape.children[0].whole());
+        // A change swaps the shape; the one read before stays as it was.
+        let mut next = shape.clone();
+        next.children[0].new = None;
+        top.set_shape(next);
+        assert!(top.shape().children[0].new.is_none());
+        assert!(shape.children[0].new.is_some());
+    }
 }
