@@ -47,7 +47,8 @@ pub enum Command {
         vdevs: Vec<String>,
     },
     /// Add devices to a pool: `oxpool add tank log /fast/slog.img` (a separate intent log),
-    /// `oxpool add tank mirror c.img d.img` (more space, striped). Works on a served pool.
+    /// `oxpool add tank mirror c.img d.img` (more space, striped), `oxpool add tank spare
+    /// e.img` (hot spares). Works on a served pool.
     Add {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -61,7 +62,7 @@ pub enum Command {
         sparse: bool,
         /// Pool name.
         pool: String,
-        /// `[mirror|raidz|raidz2|raidz3] PATH...`, `log [mirror] PATH...`.
+        /// `[mirror|raidz|raidz2|raidz3] PATH...`, `log [mirror] PATH...`, `spare PATH...`.
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },
@@ -278,6 +279,56 @@ pub enum Command {
         /// Pool name.
         pool: String,
         /// The device: its path, its guid in hex, or a file name unique in the pool.
+        device: String,
+    },
+    /// Attach NEW beside DEVICE: a single device becomes a 2-way mirror, a mirror gains a
+    /// side. NEW is resilvered (it lacks everything until then). Refused on a raidz column
+    /// (raidz expansion is not supported). See docs/devices.md.
+    Attach {
+        /// Overwrite NEW if it belongs to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until NEW is resilvered (with a progress bar on a terminal).
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Pool name.
+        pool: String,
+        /// The device to attach to.
+        device: String,
+        /// The new device (an existing file or block device, at least as large).
+        new: String,
+    },
+    /// Detach a side of a mirror, either member of a replacing pair, or a hot spare in use
+    /// (it becomes available again). Refused for the last side of a mirror or a device whose
+    /// blocks exist nowhere else.
+    Detach {
+        /// Pool name.
+        pool: String,
+        /// The device.
+        device: String,
+    },
+    /// Replace OLD with NEW on any vdev (raidz columns too): both are written until NEW is
+    /// resilvered, then OLD is detached and its labels cleared. Without NEW, OLD's path
+    /// holds a new device (it was swapped).
+    Replace {
+        /// Overwrite NEW if it belongs to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until NEW is resilvered (with a progress bar on a terminal).
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Pool name.
+        pool: String,
+        /// The device to replace.
+        old: String,
+        /// The new device (at least as large as OLD).
+        new: Option<String>,
+    },
+    /// Remove a hot spare that is not in use.
+    Remove {
+        /// Pool name.
+        pool: String,
+        /// The spare.
         device: String,
     },
     /// Return a device to service from OFFLINE, FAULTED or REMOVED. What was written without

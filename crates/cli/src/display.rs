@@ -203,6 +203,18 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::R
     for v in &s.vdevs {
         line(out, v, 1)?;
     }
+    // As `zpool status`: the hot spares, AVAIL or INUSE (and for which device).
+    if !s.spares.is_empty() {
+        writeln!(out, "\tspares")?;
+        for sp in &s.spares {
+            let note = sp
+                .in_use_for
+                .as_ref()
+                .map(|w| format!("  in use for {w}"))
+                .unwrap_or_default();
+            writeln!(out, "\t  {:<38} {:<9}{note}", sp.name, sp.state)?;
+        }
+    }
     writeln!(out)?;
     print_damaged(out, s, verbose)
 }

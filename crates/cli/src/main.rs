@@ -75,6 +75,10 @@ fn target(command: &Command) -> Target {
         | Command::Audit { pool }
         | Command::Offline { pool, .. }
         | Command::Online { pool, .. }
+        | Command::Attach { pool, .. }
+        | Command::Detach { pool, .. }
+        | Command::Replace { pool, .. }
+        | Command::Remove { pool, .. }
         | Command::Clear { pool, .. }
         | Command::Inject {
             pool: Some(pool), ..

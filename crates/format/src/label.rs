@@ -130,6 +130,33 @@ pub struct TopVdevConfig {
     pub asize_bytes: u64,
     /// A separate intent-log device: it holds log blocks only, never pool data.
     pub log: bool,
+    /// The children that are a pair (a device being replaced and its replacement, or a
+    /// faulted device and the hot spare standing in), by child index, at most one per
+    /// child: `children[child]` is the old member, `leaf` the new one. Since format
+    /// version 6.
+    pub pairs: Vec<PairConfig>,
+}
+
+/// Why a child of a top-level vdev has two members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PairKind {
+    /// `oxpool replace`: the new member takes the old one's place once it is resilvered,
+    /// and the old one is detached then.
+    Replacing,
+    /// A hot spare stands in for a faulted or removed device until that device is replaced
+    /// (the spare is then released) or the spare is detached.
+    Spare,
+}
+
+/// The second member of a child of a top-level vdev (see [`TopVdevConfig::pairs`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairConfig {
+    /// Index of the child in `TopVdevConfig::children`.
+    pub child: u32,
+    /// Replacing or spare.
+    pub kind: PairKind,
+    /// The new member (the replacement, or the spare).
+    pub leaf: LeafConfig,
 }
 
 /// The pool's vdev tree.
@@ -137,6 +164,57 @@ pub struct TopVdevConfig {
 pub struct VdevTreeConfig {
     /// Top-level vdevs, indexed by `VdevId`.
     pub top: Vec<TopVdevConfig>,
+    /// Hot spares (`oxpool add POOL spare DEV`): devices that step in for a faulted one. A
+    /// spare in use is also the new member of a [`PairKind::Spare`] pair. Since format
+    /// version 6.
+    pub spares: Vec<LeafConfig>,
+}
+
+/// `TopVdevConfig` as format versions 1 to 5 wrote it (no pairs).
+#[derive(Deserialize)]
+pub(crate) struct TopVdevConfigV5 {
+    id: VdevId,
+    kind: TopVdevKind,
+    children: Vec<LeafConfig>,
+    asize_bytes: u64,
+    log: bool,
+}
+
+/// `VdevTreeConfig` as format versions 1 to 5 wrote it (no spares).
+#[derive(Deserialize)]
+pub(crate) struct VdevTreeConfigV5 {
+    top: Vec<TopVdevConfigV5>,
+}
+
+impl From<VdevTreeConfigV5> for VdevTreeConfig {
+    fn from(t: VdevTreeConfigV5) -> VdevTreeConfig {
+        VdevTreeConfig {
+            top: t
+                .top
+                .into_iter()
+                .map(|t| TopVdevConfig {
+                    id: t.id,
+                    kind: t.kind,
+                    children: t.children,
+                    asize_bytes: t.asize_bytes,
+                    log: t.log,
+                    pairs: Vec::new(),
+                })
+                .collect(),
+            spares: Vec::new(),
+        }
+    }
+}
+
+/// `LabelConfig` as format versions 1 to 5 wrote it (its tree without pairs and spares).
+#[derive(Deserialize)]
+struct LabelConfigV5 {
+    pool_guid: Guid,
+    pool_name: String,
+    leaf_guid: Guid,
+    top: VdevId,
+    create_txg: Txg,
+    tree: VdevTreeConfigV5,
 }
 
 impl VdevTreeConfig {
@@ -191,10 +269,24 @@ impl VdevTreeConfig {
                     value: top.children.len() as u64,
                 });
             }
+            for (i, pair) in top.pairs.iter().enumerate() {
+                let child = pair.child as usize;
+                if child >= top.children.len()
+                    || top.pairs[..i].iter().any(|p| p.child == pair.child)
+                {
+                    return Err(FormatError::BadField {
+                        field: "top.pairs.child",
+                        value: u64::from(pair.child),
+                    });
+                }
+            }
         }
         Ok(())
     }
 }
+
+/// The `top` of a hot spare's label: it belongs to the pool, not to a top-level vdev.
+pub const SPARE_TOP: VdevId = VdevId(u32::MAX);
 
 /// The first half of a label: which pool and which leaf this device is, and the vdev tree, so import can assemble the pool from devices alone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,7 +297,8 @@ pub struct LabelConfig {
     pub pool_name: String,
     /// This device's guid.
     pub leaf_guid: Guid,
-    /// The top-level vdev this device is a child of.
+    /// The top-level vdev this device is a child of ([`SPARE_TOP`] for a hot spare not in
+    /// use).
     pub top: VdevId,
     /// The txg the pool was created in.
     pub create_txg: Txg,
@@ -240,7 +333,8 @@ impl LabelConfig {
 
     /// Decodes the first `LABEL_CONFIG_BYTES` bytes of `bytes` (trailing bytes are ignored).
     /// All-zero -> `Empty`; wrong magic -> `BadMagic`; version != FORMAT_VERSION ->
-    /// `UnsupportedVersion`; checksum mismatch -> `BadChecksum`; a payload that is not
+    /// `UnsupportedVersion`; a version before 6 is read with that version's layout (no pairs,
+    /// no spares); checksum mismatch -> `BadChecksum`; a payload that is not
     /// exactly one postcard `LabelConfig` -> `Payload`.
     pub fn decode(bytes: &[u8]) -> Result<LabelConfig, FormatError> {
         need(bytes, CONFIG_BYTES)?;
@@ -255,7 +349,7 @@ impl LabelConfig {
                 found: magic,
             });
         }
-        FormatVersion::try_from(get_u32(bytes, OFF_VERSION)?)?;
+        let version = FormatVersion::try_from(get_u32(bytes, OFF_VERSION)?)?;
         verify_self_checksum(bytes, OFF_CHECKSUM)?;
         check_reserved(
             bytes,
@@ -277,7 +371,18 @@ impl LabelConfig {
             CONFIG_BYTES,
             "padding",
         )?;
-        crate::meta::postcard_exact(payload)
+        if version >= FormatVersion::V6 {
+            return crate::meta::postcard_exact(payload);
+        }
+        let old: LabelConfigV5 = crate::meta::postcard_exact(payload)?;
+        Ok(LabelConfig {
+            pool_guid: old.pool_guid,
+            pool_name: old.pool_name,
+            leaf_guid: old.leaf_guid,
+            top: old.top,
+            create_txg: old.create_txg,
+            tree: old.tree.into(),
+        })
     }
 }
 
@@ -331,5 +436,80 @@ mod tests {
             "widths not increasing"
         );
         assert!(!ok(&raidz(1, &[(1, 65)]), 65), "too wide");
+    }
+
+    /// A label written by version 5 (its tree without pairs and spares) decodes, with none;
+    /// a version 6 label with a pair and a spare round-trips; garbage never panics.
+    #[test]
+    fn version_5_labels_decode_and_version_6_round_trips() {
+        #[derive(Serialize)]
+        struct TopV5 {
+            id: VdevId,
+            kind: TopVdevKind,
+            children: Vec<LeafConfig>,
+            asize_bytes: u64,
+            log: bool,
+        }
+        #[derive(Serialize)]
+        struct LabelV5 {
+            pool_guid: Guid,
+            pool_name: String,
+            leaf_guid: Guid,
+            top: VdevId,
+            create_txg: Txg,
+            tree: Vec<TopV5>,
+        }
+        let leaf = |g: u64| LeafConfig {
+            guid: Guid(g),
+            path: format!("/d/{g}"),
+            size_bytes: 1 << 30,
+        };
+        let v5 = LabelV5 {
+            pool_guid: Guid(7),
+            pool_name: "tank".into(),
+            leaf_guid: Guid(1),
+            top: VdevId(0),
+            create_txg: Txg(1),
+            tree: vec![TopV5 {
+                id: VdevId(0),
+                kind: TopVdevKind::Mirror,
+                children: vec![leaf(1), leaf(2)],
+                asize_bytes: 1 << 29,
+                log: false,
+            }],
+        };
+        let payload = postcard::to_allocvec(&v5).unwrap();
+        let mut bytes = vec![0u8; CONFIG_BYTES];
+        put_u64(&mut bytes, OFF_MAGIC, LABEL_CONFIG_MAGIC);
+        put_u32(&mut bytes, OFF_VERSION, 5);
+        put_u32(&mut bytes, OFF_PAYLOAD_LEN, payload.len() as u32);
+        put_bytes(&mut bytes, LABEL_CONFIG_HEADER_BYTES, &payload);
+        put_self_checksum(&mut bytes, OFF_CHECKSUM);
+        let back = LabelConfig::decode(&bytes).unwrap();
+        assert_eq!(back.tree.top[0].children, vec![leaf(1), leaf(2)]);
+        assert!(back.tree.top[0].pairs.is_empty() && back.tree.spares.is_empty());
+
+        let mut v6 = back.clone();
+        v6.tree.top[0].pairs.push(PairConfig {
+            child: 1,
+            kind: PairKind::Spare,
+            leaf: leaf(3),
+        });
+        v6.tree.spares.push(leaf(3));
+        assert!(v6.tree.validate().is_ok());
+        assert_eq!(LabelConfig::decode(&v6.encode()).unwrap(), v6);
+        // The same version 6 payload labelled version 5 does not decode (trailing bytes).
+        let mut relabelled = v6.encode();
+        put_u32(&mut relabelled, OFF_VERSION, 5);
+        put_self_checksum(&mut relabelled, OFF_CHECKSUM);
+        assert!(LabelConfig::decode(&relabelled).is_err());
+        // A pair naming a child out of range, or two pairs on one child, are refused.
+        let mut bad = v6.tree.clone();
+        bad.top[0].pairs[0].child = 2;
+        assert!(bad.validate().is_err());
+        let mut bad = v6.tree.clone();
+        let twice = bad.top[0].pairs[0].clone();
+        bad.top[0].pairs.push(twice);
+        assert!(bad.validate().is_err());
     }
 }

@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V5 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V6 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,6 +47,12 @@ pub enum FormatVersion {
     /// received, in the same txg as the data below that offset). A version 4 pool imports
     /// (no receive to resume); its next txg is written as version 5.
     V5 = 5,
+    /// Changing devices: a top-level vdev's `TopVdevConfig` ends with `pairs` (a child being
+    /// replaced, or stood in for by a hot spare, has a second member) and `VdevTreeConfig`
+    /// ends with `spares` (the pool's hot spares), in labels and in `PoolMeta`. A version 5
+    /// pool imports (no pairs, no spares); its next txg is written as version 6, and labels
+    /// written from then on (a device added, attached, replaced) too.
+    V6 = 6,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -59,6 +65,7 @@ impl TryFrom<u32> for FormatVersion {
             3 => Ok(FormatVersion::V3),
             4 => Ok(FormatVersion::V4),
             5 => Ok(FormatVersion::V5),
+            6 => Ok(FormatVersion::V6),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -196,8 +203,9 @@ mod tests {
         assert_eq!(FormatVersion::try_from(2), Ok(FormatVersion::V2));
         assert_eq!(FormatVersion::try_from(4), Ok(FormatVersion::V4));
         assert_eq!(FormatVersion::try_from(5), Ok(FormatVersion::V5));
-        assert_eq!(FORMAT_VERSION, 5);
-        for found in [0, 6, u32::MAX] {
+        assert_eq!(FormatVersion::try_from(6), Ok(FormatVersion::V6));
+        assert_eq!(FORMAT_VERSION, 6);
+        for found in [0, 7, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

@@ -51,9 +51,9 @@ pub use indirect::{
     decode_indirect, encode_indirect, INDIRECT_BLOCK_BYTES, INDIRECT_FANOUT, INDIRECT_MAGIC,
 };
 pub use label::{
-    LabelConfig, LeafConfig, RaidzConfig, RaidzEpoch, TopVdevConfig, TopVdevKind, VdevTreeConfig,
-    LABEL_CONFIG_HEADER_BYTES, LABEL_CONFIG_MAGIC, LABEL_CONFIG_PAYLOAD_BYTES_MAX,
-    RAIDZ_CHILDREN_MAX, RAIDZ_PARITY_MAX,
+    LabelConfig, LeafConfig, PairConfig, PairKind, RaidzConfig, RaidzEpoch, TopVdevConfig,
+    TopVdevKind, VdevTreeConfig, LABEL_CONFIG_HEADER_BYTES, LABEL_CONFIG_MAGIC,
+    LABEL_CONFIG_PAYLOAD_BYTES_MAX, RAIDZ_CHILDREN_MAX, RAIDZ_PARITY_MAX, SPARE_TOP,
 };
 pub use layout::{
     check_device_bytes, data_end_bytes, label_offsets, uberblock_slot_offset, FormatVersion,

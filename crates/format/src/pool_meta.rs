@@ -1,5 +1,6 @@
 //! The pool's own state, stored in a `PoolMeta` metadata block that the uberblock points to.
 
+use crate::label::VdevTreeConfigV5;
 use crate::meta::{meta_block_version, postcard_exact};
 use crate::{
     decode_meta_block, encode_meta_block, BlockPtr, BlockType, Dva, FormatError, FormatVersion,
@@ -352,13 +353,47 @@ impl From<DatasetMetaV4> for DatasetMeta {
     }
 }
 
+/// `PoolMeta` as format version 5 wrote it (its tree without pairs and spares).
+#[derive(Deserialize)]
+struct PoolMetaV5 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfigV5,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMeta>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+    datasets: Vec<DatasetMeta>,
+    freeing: Vec<DeadBucketMeta>,
+}
+
+impl From<PoolMetaV5> for PoolMeta {
+    fn from(m: PoolMetaV5) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree.into(),
+            props: m.props,
+            volumes: m.volumes,
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+            datasets: m.datasets,
+            freeing: m.freeing,
+        }
+    }
+}
+
 /// `PoolMeta` as format version 4 wrote it (its datasets without `receive_resume`).
 #[derive(Deserialize)]
 struct PoolMetaV4 {
     name: String,
     guid: Guid,
     txg: Txg,
-    tree: VdevTreeConfig,
+    tree: VdevTreeConfigV5,
     props: Vec<(String, String)>,
     volumes: Vec<VolumeMeta>,
     spacemaps: Vec<SpaceMapMeta>,
@@ -374,7 +409,7 @@ impl From<PoolMetaV4> for PoolMeta {
             name: m.name,
             guid: m.guid,
             txg: m.txg,
-            tree: m.tree,
+            tree: m.tree.into(),
             props: m.props,
             volumes: m.volumes,
             spacemaps: m.spacemaps,
@@ -392,7 +427,7 @@ struct PoolMetaV3 {
     name: String,
     guid: Guid,
     txg: Txg,
-    tree: VdevTreeConfig,
+    tree: VdevTreeConfigV5,
     props: Vec<(String, String)>,
     volumes: Vec<VolumeMeta>,
     spacemaps: Vec<SpaceMapMeta>,
@@ -408,7 +443,7 @@ impl From<PoolMetaV3> for PoolMeta {
             name: m.name,
             guid: m.guid,
             txg: m.txg,
-            tree: m.tree,
+            tree: m.tree.into(),
             props: m.props,
             volumes: m.volumes,
             spacemaps: m.spacemaps,
@@ -426,7 +461,7 @@ struct PoolMetaV2 {
     name: String,
     guid: Guid,
     txg: Txg,
-    tree: VdevTreeConfig,
+    tree: VdevTreeConfigV5,
     props: Vec<(String, String)>,
     volumes: Vec<VolumeMeta>,
     spacemaps: Vec<SpaceMapMeta>,
@@ -440,7 +475,7 @@ impl From<PoolMetaV2> for PoolMeta {
             name: m.name,
             guid: m.guid,
             txg: m.txg,
-            tree: m.tree,
+            tree: m.tree.into(),
             props: m.props,
             volumes: m.volumes,
             spacemaps: m.spacemaps,
@@ -511,7 +546,7 @@ struct PoolMetaV1 {
     name: String,
     guid: Guid,
     txg: Txg,
-    tree: VdevTreeConfig,
+    tree: VdevTreeConfigV5,
     props: Vec<(String, String)>,
     volumes: Vec<VolumeMetaV1>,
     spacemaps: Vec<SpaceMapMeta>,
@@ -546,7 +581,7 @@ impl From<PoolMetaV1> for PoolMeta {
             name: m.name,
             guid: m.guid,
             txg: m.txg,
-            tree: m.tree,
+            tree: m.tree.into(),
             props: m.props,
             volumes: m.volumes.into_iter().map(VolumeMeta::from).collect(),
             spacemaps: m.spacemaps,
@@ -592,7 +627,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 5 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 6 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -605,7 +640,8 @@ impl PoolMeta {
             FormatVersion::V2 => postcard_exact::<PoolMetaV2>(payload)?.into(),
             FormatVersion::V3 => postcard_exact::<PoolMetaV3>(payload)?.into(),
             FormatVersion::V4 => postcard_exact::<PoolMetaV4>(payload)?.into(),
-            FormatVersion::V5 => postcard_exact(payload)?,
+            FormatVersion::V5 => postcard_exact::<PoolMetaV5>(payload)?.into(),
+            FormatVersion::V6 => postcard_exact(payload)?,
         };
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {

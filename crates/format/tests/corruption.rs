@@ -148,7 +148,10 @@ fn wrong_magic_says_bad_magic() {
         leaf_guid: Guid(2),
         top: VdevId(0),
         create_txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
     }
     .encode();
     assert_eq!(
@@ -193,11 +196,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&6u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&7u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 6 })
+        Err(FormatError::UnsupportedVersion { found: 7 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");
@@ -283,7 +286,10 @@ fn trailing_payload_bytes_are_refused() {
         name: "tank".into(),
         guid: Guid(1),
         txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
         props: vec![],
         volumes: vec![],
         spacemaps: vec![],
@@ -321,7 +327,10 @@ fn pool_meta_checks_the_values_inside() {
         name: "tank".into(),
         guid: Guid(1),
         txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
         props: vec![],
         volumes: vec![good_volume],
         spacemaps: vec![],
@@ -559,7 +568,10 @@ fn label_config_payload_length_is_checked() {
         leaf_guid: Guid(2),
         top: VdevId(0),
         create_txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
     };
     let mut bytes = config.encode();
     bytes[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -587,7 +599,10 @@ fn oversized_label_config_panics() {
         leaf_guid: Guid(2),
         top: VdevId(0),
         create_txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
     }
     .encode();
 }

@@ -185,7 +185,10 @@ fn headers_match_the_documentation() {
         leaf_guid: Guid(2),
         top: VdevId(0),
         create_txg: Txg(1),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
     };
     let bytes = label.encode();
     assert_eq!(&bytes[0..8], b"oxpLABEL");
@@ -273,7 +276,7 @@ fn version_1_pool_meta_decodes() {
         name: String,
         guid: Guid,
         txg: Txg,
-        tree: VdevTreeConfig,
+        tree: OldTree,
         props: Vec<(String, String)>,
         volumes: Vec<V1Volume>,
         spacemaps: Vec<SpaceMapMeta>,
@@ -301,7 +304,7 @@ fn version_1_pool_meta_decodes() {
         name: "old".into(),
         guid: Guid(5),
         txg: Txg(77),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: OldTree { top: vec![] },
         props: vec![],
         volumes: vec![volume(16384), volume(512)],
         spacemaps: vec![],
@@ -341,7 +344,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: String,
         guid: Guid,
         txg: Txg,
-        tree: VdevTreeConfig,
+        tree: OldTree,
         props: Vec<(String, String)>,
         volumes: Vec<VolumeMeta>,
         spacemaps: Vec<SpaceMapMeta>,
@@ -352,7 +355,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: "two".into(),
         guid: Guid(6),
         txg: Txg(80),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: OldTree { top: vec![] },
         props: vec![],
         volumes: vec![],
         spacemaps: vec![],
@@ -454,7 +457,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: String,
         guid: Guid,
         txg: Txg,
-        tree: VdevTreeConfig,
+        tree: OldTree,
         props: Vec<(String, String)>,
         volumes: Vec<VolumeMeta>,
         spacemaps: Vec<SpaceMapMeta>,
@@ -468,7 +471,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: "four".into(),
         guid: Guid(6),
         txg: Txg(80),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: OldTree { top: vec![] },
         props: vec![],
         volumes: vec![],
         spacemaps: vec![],
@@ -515,7 +518,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: String,
         guid: Guid,
         txg: Txg,
-        tree: VdevTreeConfig,
+        tree: OldTree,
         props: Vec<(String, String)>,
         volumes: Vec<VolumeMeta>,
         spacemaps: Vec<SpaceMapMeta>,
@@ -528,7 +531,7 @@ fn older_pool_meta_versions_decode_and_version_4_round_trips() {
         name: "three".into(),
         guid: Guid(6),
         txg: Txg(80),
-        tree: VdevTreeConfig { top: vec![] },
+        tree: OldTree { top: vec![] },
         props: vec![],
         volumes: vec![],
         spacemaps: vec![],
@@ -646,4 +649,10 @@ fn table_chunk_record_counts_are_checked() {
         decode_bookmark_chunk(&block),
         Err(FormatError::BadField { .. })
     ));
+}
+
+/// A vdev tree as format versions 1 to 5 wrote it (no spares; an empty tree here).
+#[derive(serde::Serialize)]
+struct OldTree {
+    top: Vec<u8>,
 }

@@ -343,3 +343,161 @@ pub fn inject_clear(host: &Host, con: &mut dyn Console, pool: &str, which: &str)
     )?;
     Ok(())
 }
+
+/// Opens the device at `path` (relative to the command's directory) to join `pool`
+/// (`swapped`: it may be at the path of the device it replaces).
+fn open_new(
+    pool: &Pool,
+    con: &dyn Console,
+    path: &str,
+    swapped: bool,
+    devs: &mut crate::devices::Devices,
+) -> Result<std::sync::Arc<dyn oxpool_io::Backend>> {
+    // Before opening it: the pool's own open device would answer "in use".
+    let known = pool.device_paths();
+    if !swapped
+        && device_candidates(con, path)
+            .iter()
+            .any(|c| known.contains(c))
+    {
+        bail!("{path} is already in pool '{}'", pool.name());
+    }
+    let d = open_device(&con.path(Path::new(path)), None)?;
+    let backend = d.backend();
+    devs.push(d);
+    Ok(backend)
+}
+
+/// Runs `change` (which adds a device to pool `pool`) and, when asked or when no server
+/// carries the resilver on, waits for it with a progress line.
+fn with_new_device(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    wait: bool,
+    change: impl FnOnce(&Pool, &dyn Console, &mut crate::devices::Devices) -> Result<()>,
+) -> Result<()> {
+    match host {
+        // No server to carry it on: this command resilvers to the end (an export in the
+        // middle would only postpone it to the next import).
+        Host::Local { .. } => host.change_pool(pool, |p| {
+            let mut devs = crate::devices::Devices::default();
+            change(p, con, &mut devs)?;
+            wait_for_resilver(con, p)
+        }),
+        Host::Live(served) => {
+            host.change_served_pool(pool, |p, sp| {
+                let mut devs = crate::devices::Devices::default();
+                change(p, con, &mut devs)?;
+                if let Some(sp) = sp {
+                    sp.keep_devices(devs);
+                }
+                crate::host::remember(host.cache(), p)?;
+                Ok(())
+            })?;
+            if !wait {
+                return Ok(());
+            }
+            // Not under the pool's lock: waiting must not hold up other changes.
+            let p = served.pool(pool)?;
+            wait_for_resilver(con, &p.pool)
+        }
+    }
+}
+
+/// Shows the resilver's progress until no device is left to resilver (or whoever asked is
+/// gone: it goes on), then the pool's status.
+fn wait_for_resilver(con: &mut dyn Console, pool: &Pool) -> Result<()> {
+    let label = format!("resilver {}", pool.name());
+    // Bounded: the scan ends, or the client leaves.
+    loop {
+        let scanning = pool
+            .scan_status()
+            .filter(|s| s.state == oxpool_engine::ScanState::Scanning);
+        match scanning {
+            Some(s) => con.progress(&label, s.issued_bytes, s.total_bytes),
+            None if !pool.resilvering() => break,
+            None => {
+                con.progress_end();
+                let why = pool
+                    .scan_status()
+                    .and_then(|s| s.error)
+                    .unwrap_or_else(|| "it did not repair every block".to_string());
+                bail!(
+                    "the resilver of {} ended without finishing: {why}; see `oxpool status {}`",
+                    pool.name(),
+                    pool.name()
+                );
+            }
+        }
+        if con.gone() {
+            return Ok(());
+        }
+        pool.scan_wait(std::time::Duration::from_millis(500));
+    }
+    con.progress_end();
+    crate::display::print_status(con.out(), &pool.status(), false)?;
+    Ok(())
+}
+
+/// `oxpool attach [-f] [-w] POOL DEVICE NEW`.
+pub fn attach(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    device: &str,
+    new: &str,
+    force: bool,
+    wait: bool,
+) -> Result<()> {
+    with_new_device(host, con, pool, wait, |p, con, devs| {
+        let d = resolve(p, con, device)?;
+        let backend = open_new(p, con, new, false, devs)?;
+        Ok(p.attach(&d, backend, force)?)
+    })
+}
+
+/// `oxpool detach POOL DEVICE`.
+pub fn detach(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> Result<()> {
+    host.change_pool(pool, |p| {
+        let d = resolve(p, con, device).unwrap_or_else(|_| device.to_string());
+        p.detach(&d)?;
+        crate::host::remember(host.cache(), p)?;
+        Ok(())
+    })
+}
+
+/// `oxpool replace [-f] [-w] POOL OLD [NEW]`.
+pub fn replace(
+    host: &Host,
+    con: &mut dyn Console,
+    pool: &str,
+    old: &str,
+    new: Option<&str>,
+    force: bool,
+    wait: bool,
+) -> Result<()> {
+    with_new_device(host, con, pool, wait, |p, con, devs| {
+        // An absent device (UNAVAIL) is named as the pool recorded it.
+        let o = resolve(p, con, old).unwrap_or_else(|_| old.to_string());
+        // Without NEW, the device at OLD's path was swapped for a new one.
+        let backend = open_new(p, con, new.unwrap_or(&o), new.is_none(), devs)?;
+        Ok(p.replace(&o, backend, force)?)
+    })
+}
+
+/// `oxpool remove POOL SPARE`: an unused hot spare.
+pub fn remove(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> Result<()> {
+    host.change_pool(pool, |p| {
+        let mut candidates = device_candidates(con, device).into_iter();
+        let first = candidates.next().expect("at least one candidate");
+        let result = p.remove_spare(&first);
+        let result = match result {
+            Err(e) => candidates.find_map(|c| p.remove_spare(&c).ok()).ok_or(e),
+            ok => ok,
+        };
+        result?;
+        crate::host::remember(host.cache(), p)?;
+        Ok(())
+    })
+}

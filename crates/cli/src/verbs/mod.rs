@@ -153,6 +153,22 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             device,
         } => device::offline(host, con, &pool, &device, temporary),
         Command::Online { pool, device, wait } => device::online(host, con, &pool, &device, wait),
+        Command::Attach {
+            force,
+            wait,
+            pool,
+            device,
+            new,
+        } => device::attach(host, con, &pool, &device, &new, force, wait),
+        Command::Detach { pool, device } => device::detach(host, con, &pool, &device),
+        Command::Replace {
+            force,
+            wait,
+            pool,
+            old,
+            new,
+        } => device::replace(host, con, &pool, &old, new.as_deref(), force, wait),
+        Command::Remove { pool, device } => device::remove(host, con, &pool, &device),
         Command::Clear { pool, device } => device::clear(host, con, &pool, device.as_deref()),
         Command::Inject {
             device,

@@ -177,6 +177,9 @@ pub fn add(
     force: bool,
 ) -> Result<()> {
     let create = new_files(size, sparse)?;
+    if vdevs.first().is_some_and(|w| w == "spare") {
+        return add_spares(host, con, name, &vdevs[1..], create, force);
+    }
     host.change_served_pool(name, |pool, served| {
         let mut devs = Devices::default();
         // As in create: until the pool holds the new devices, a failure removes the files
@@ -187,6 +190,43 @@ pub fn add(
             // Once the pool holds a new device (its commit failed half way, say), its file is
             // the pool's: removing it could leave a pool that no longer imports.
             let ours = pool.open_device_names();
+            devs.remove_created_except(&ours, con.err());
+            return Err(e);
+        }
+        if let Some(served) = served {
+            served.keep_devices(devs);
+        }
+        remember(host.cache(), pool)?;
+        Ok(())
+    })
+}
+
+/// `oxpool add POOL spare PATH...`: hot spares.
+fn add_spares(
+    host: &Host,
+    con: &mut dyn Console,
+    name: &str,
+    paths: &[String],
+    create: Option<NewFiles>,
+    force: bool,
+) -> Result<()> {
+    if paths.is_empty() {
+        bail!("spare needs devices");
+    }
+    host.change_served_pool(name, |pool, served| {
+        let mut devs = Devices::default();
+        let made = paths
+            .iter()
+            .map(|p| {
+                let d = open_device(&con.path(Path::new(p)), create)?;
+                let backend = d.backend();
+                devs.push(d);
+                Ok(backend)
+            })
+            .collect::<Result<Vec<_>>>()
+            .and_then(|backends| Ok(pool.add_spares(backends, force)?));
+        if let Err(e) = made {
+            let ours = pool.device_paths();
             devs.remove_created_except(&ours, con.err());
             return Err(e);
         }

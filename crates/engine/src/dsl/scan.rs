@@ -367,7 +367,7 @@ pub(crate) struct Scan {
     control: Mutex<()>,
     /// The txg durable when the running scan started, and the devices' outages when this
     /// run started: a scan that finishes clean repaired what the devices lacked up to it.
-    repairs_through: Mutex<Option<(Txg, Vec<u64>)>>,
+    repairs_through: Mutex<Option<(Txg, crate::vdev::OutageMarks)>>,
     /// Test hook: the scan waits before a batch once it has visited this many blocks (0: never).
     pub(crate) hold_after_blocks: std::sync::atomic::AtomicU64,
     /// Test hook: a smaller bound on a batch's blocks (0: [`SCAN_BATCH_BLOCKS_MAX`]), for
@@ -733,6 +733,7 @@ fn scan_thread(spa: Arc<Spa>, dsl: Arc<Datasets>) {
             // The devices' records change: the next txg says so.
             spa.txg.mark_dirty();
         }
+        spa.finish_replacements();
     }
     let mut status = scan.status.lock().unwrap();
     if let Some(s) = status.as_mut() {

@@ -33,6 +33,7 @@ type Replays = Vec<(String, Vec<ReplayRecord>)>;
 /// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
 mod bookmark;
+mod devices;
 mod recv;
 mod send;
 mod snapshot;
@@ -77,7 +78,7 @@ impl PoolCounters {
         let mut out = Vec::new();
         for top in self.spa.zio.vdevs.tops() {
             for leaf in top.leaves() {
-                let vdev = match top.kind {
+                let vdev = match top.kind() {
                     TopVdevKind::Mirror => format!("mirror-{}", top.id.0),
                     _ => leaf.name().to_string(),
                 };
@@ -122,7 +123,9 @@ impl Pool {
     pub fn create(name: &str, tops: Vec<TopSpec>, props: PoolProps, force: bool) -> Result<Pool> {
         let dsl = Arc::new(Datasets::new(name, 1));
         let spa = Spa::create(name, tops, props, force, dsl.as_ref())?;
-        Ok(Pool::start(spa, dsl, BTreeMap::new()))
+        let pool = Pool::start(spa, dsl, BTreeMap::new());
+        pool.wire_devices();
+        Ok(pool)
     }
 
     fn start(
@@ -300,6 +303,8 @@ impl Pool {
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;
+        // A replacement or spare an export or crash interrupted resilvers again.
+        pool.wire_devices();
         // A scan the pool recorded resumes; a device that lacks txgs is resilvered. Not a
         // reason to refuse the import: the devices' ranges are kept, `online` or the next
         // import starts it again.
@@ -689,7 +694,7 @@ impl Pool {
                 l.inject
                     .list()
                     .into_iter()
-                    .map(|r| (l.name().to_string(), r))
+                    .map(move |r| (l.name().to_string(), r))
             })
             .collect();
         out.sort_by_key(|(_, r)| r.rule.id);

@@ -114,6 +114,7 @@ pub(crate) fn prepare_top(
         children: child_cfg,
         asize_bytes: asize,
         log: spec.log,
+        pairs: Vec::new(),
     };
     Ok((TopVdev::new(&cfg, children)?, cfg, leaves))
 }

@@ -132,7 +132,7 @@ pub(crate) async fn import_devices(
         }
     }
     let Some((ub, (meta, meta_places))) = chosen else {
-        let devs: Vec<&str> = zio.vdevs.leaves().map(|l| l.name()).collect();
+        let devs: Vec<String> = zio.vdevs.leaves().map(|l| l.name().to_string()).collect();
         return Err(match last_err {
             Some(e) => e,
             None => EngineError::invalid(format!(
@@ -181,7 +181,15 @@ pub(crate) async fn import_devices(
     }
     // A vdev whose labels were written but whose addition never committed is not part of it.
     zio.vdevs.truncate(meta.tree.top.len());
-    zio.vdevs.set_leaf_configs(&meta.tree);
+    // Children, pairs and spares as the metadata records them: a member the labels' tree
+    // did not know (attached or replaced after its label was written) is found by guid.
+    let find = |g: oxpool_format::Guid| {
+        found
+            .iter()
+            .find(|(c, _)| c.leaf_guid == g)
+            .map(|(_, dev)| Arc::new(Leaf::new(g, dev.clone())))
+    };
+    zio.vdevs.reshape(&meta.tree, &find);
     // Before anything reads the pool's blocks past its metadata: an offline or faulted
     // device gets no I/O from here on.
     zio.vdevs.load_state_records(&state_records, meta.txg)?;

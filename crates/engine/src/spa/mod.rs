@@ -15,6 +15,7 @@
 pub mod block;
 mod config;
 pub mod errlog;
+mod devices;
 pub mod import;
 mod meta;
 pub mod space;
@@ -31,7 +32,7 @@ use crate::vdev::{Leaf, VdevTree, TOP_VDEVS_MAX};
 use crate::zio::Zio;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    BlockPtr, DeferredFree, Dva, Guid, LabelConfig, LeafConfig, TopVdevKind, Txg, VdevId,
+    BlockPtr, DeferredFree, Dva, Guid, LabelConfig, LeafConfig, PairKind, TopVdevKind, Txg, VdevId,
     VdevTreeConfig, SECTOR_BYTES,
 };
 use oxpool_io::rt::block_on;
@@ -167,6 +168,8 @@ pub struct PoolStatus {
     pub damaged: Vec<errlog::DamagedRange>,
     /// Damaged blocks beyond those `damaged` names.
     pub damaged_unnamed_blocks: u64,
+    /// The hot spares: AVAIL, INUSE (and for whom) or UNAVAIL.
+    pub spares: Vec<crate::vdev::SpareStatus>,
 }
 
 impl Spa {
@@ -191,7 +194,10 @@ impl Spa {
             )));
         }
         let pool_guid = random_guid();
-        let mut config = VdevTreeConfig { top: Vec::new() };
+        let mut config = VdevTreeConfig {
+            top: Vec::new(),
+            spares: Vec::new(),
+        };
         let mut vdev_tops = Vec::new();
         let mut leaves_to_label = Vec::new();
         for (i, spec) in tops.into_iter().enumerate() {
@@ -331,7 +337,7 @@ impl Spa {
             .zio
             .vdevs
             .tops()
-            .any(|t| !t.log && t.kind != TopVdevKind::Single);
+            .any(|t| !t.log && t.kind() != TopVdevKind::Single);
         let single_data = specs
             .iter()
             .any(|s| !s.log && s.kind == TopVdevKind::Single);
@@ -421,19 +427,40 @@ impl Spa {
                 Duration::from_secs(s.props.txg_timeout_s),
             );
         }
+        let skip: Vec<Arc<Leaf>> = new_leaves.iter().map(|(l, _, _)| l.clone()).collect();
+        self.relabel(&config, &skip)
+    }
+
+    /// Writes the tree `config` into the label configs of every leaf in service (and of the
+    /// hot spares), but those in `skip` (whose whole labels were just written). A leaf out
+    /// of service gets no I/O; its labels keep the old tree (import takes the pool's
+    /// metadata as the truth, labels only find the devices).
+    pub(crate) fn relabel(&self, config: &VdevTreeConfig, skip: &[Arc<Leaf>]) -> Result<()> {
+        let synced = self.txg.synced();
+        let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
+            pool_guid: self.guid,
+            pool_name: self.name.clone(),
+            leaf_guid,
+            top,
+            create_txg: Txg(synced.0 + 1),
+            tree: config.clone(),
+        };
+        let mut targets: Vec<(Arc<Leaf>, VdevId)> = Vec::new();
+        for top in self.zio.vdevs.tops() {
+            targets.extend(top.leaves_in_service().map(|l| (l, top.id)));
+        }
+        for spare in self.zio.vdevs.spare_leaves() {
+            if !targets.iter().any(|(l, _)| Arc::ptr_eq(l, &spare)) {
+                targets.push((spare, oxpool_format::SPARE_TOP));
+            }
+        }
         block_on(async {
-            for top in inner.zio.vdevs.tops() {
-                for (leaf, lcfg) in top.children.iter().zip(&top.leaf_configs) {
-                    // A leaf out of service gets no I/O; its labels keep the old tree (import
-                    // takes the largest tree any label has).
-                    if let Some(leaf) = leaf.as_ref().filter(|l| l.health.in_service()) {
-                        if !new_leaves.iter().any(|(l, _, _)| Arc::ptr_eq(l, leaf)) {
-                            let cfg = label(lcfg.guid, top.id);
-                            crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg)
-                                .await?;
-                        }
-                    }
+            for (leaf, top) in targets {
+                if skip.iter().any(|s| Arc::ptr_eq(s, &leaf)) || !leaf.health.in_service() {
+                    continue;
                 }
+                let cfg = label(leaf.guid, top);
+                crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg).await?;
             }
             Ok::<(), EngineError>(())
         })
@@ -453,7 +480,14 @@ impl Spa {
         self.zio
             .vdevs
             .tops()
-            .flat_map(|t| t.leaf_configs.iter().map(|c| c.path.clone()))
+            .flat_map(|t| {
+                t.shape()
+                    .children
+                    .iter()
+                    .flat_map(|c| c.members().map(|m| m.config.path.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .chain(self.zio.vdevs.config().spares.into_iter().map(|c| c.path))
             .collect()
     }
 
@@ -517,20 +551,21 @@ impl Spa {
             return Ok(l.clone());
         }
         let tail = format!("/{device}");
-        let by_tail: Vec<&Arc<Leaf>> = self
+        let by_tail: Vec<Arc<Leaf>> = self
             .zio
             .vdevs
             .leaves()
             .filter(|l| !device.contains('/') && l.name().ends_with(&tail))
             .collect();
         match by_tail.as_slice() {
-            [one] => Ok((*one).clone()),
+            [one] => Ok(one.clone()),
             [] => {
                 let absent = self.zio.vdevs.tops().any(|t| {
-                    t.children
+                    t.shape()
+                        .children
                         .iter()
-                        .zip(&t.leaf_configs)
-                        .any(|(c, cfg)| c.is_none() && cfg.path.ends_with(device))
+                        .flat_map(|c| c.members())
+                        .any(|m| m.leaf.is_none() && m.config.path.ends_with(device))
                 });
                 Err(EngineError::NotFound(if absent {
                     format!(
@@ -577,7 +612,7 @@ impl Spa {
     pub fn clear(&self, device: Option<&str>) -> Result<()> {
         let leaves: Vec<Arc<Leaf>> = match device {
             Some(d) => vec![self.leaf_named(d)?],
-            None => self.zio.vdevs.leaves().cloned().collect(),
+            None => self.zio.vdevs.leaves().collect(),
         };
         for leaf in &leaves {
             self.zio.vdevs.clear(leaf);
@@ -678,26 +713,63 @@ impl Spa {
             .vdevs
             .tops()
             .map(|t| {
-                let kids: Vec<VdevStatus> = t
+                let shape = t.shape();
+                // A pair shows as a group of its two members, as ZFS's `replacing-N` and
+                // `spare-N`: ONLINE once a member lacks nothing, DEGRADED until then.
+                let kids: Vec<VdevStatus> = shape
                     .children
                     .iter()
-                    .zip(&t.leaf_configs)
-                    .map(|(l, c)| leaf_status(l, c))
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let old = leaf_status(&c.old.leaf, &c.old.config);
+                        match &c.new {
+                            None => old,
+                            Some((kind, m)) => VdevStatus {
+                                name: match kind {
+                                    PairKind::Replacing => format!("replacing-{i}"),
+                                    PairKind::Spare => format!("spare-{i}"),
+                                },
+                                // DEGRADED until the pair is resolved (as ZFS): a member
+                                // lacks blocks, or one is out (a spare stands in).
+                                state: if c.whole()
+                                    && c.members().all(|m| {
+                                        m.leaf.as_ref().is_some_and(|l| {
+                                            l.health.state() == crate::vdev::LeafState::Online
+                                        })
+                                    })
+                                    && *kind == PairKind::Replacing
+                                {
+                                    "ONLINE"
+                                } else {
+                                    "DEGRADED"
+                                }
+                                .into(),
+                                reason: None,
+                                read_errors: 0,
+                                write_errors: 0,
+                                checksum_errors: 0,
+                                repaired_bytes: 0,
+                                children: vec![old, leaf_status(&m.leaf, &m.config)],
+                            },
+                        }
+                    })
                     .collect();
                 let out: Vec<&VdevStatus> = kids
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| t.child_in_service(*i).is_none())
+                    .filter(|(i, _)| shape.child_in_service(*i).is_none())
                     .map(|(_, k)| k)
                     .collect();
                 let lacking: Vec<&VdevStatus> = kids
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| t.child_in_service(*i).is_some() && !t.child_whole(*i))
+                    .filter(|(i, _)| {
+                        shape.child_in_service(*i).is_some() && !shape.children[*i].whole()
+                    })
                     .map(|(_, k)| k)
                     .collect();
                 let not_online = kids.iter().any(|k| k.state != "ONLINE");
-                let tolerated = t.redundancy();
+                let tolerated = shape.redundancy();
                 let unavail = out.len() > tolerated;
                 degraded |= not_online || !lacking.is_empty();
                 unavail_any |= unavail;
@@ -733,7 +805,30 @@ impl Spa {
                         self.name
                     ));
                 }
-                for k in kids.iter().filter(|k| k.state == "DEGRADED") {
+                for c in shape.children.iter() {
+                    match &c.new {
+                        Some((PairKind::Replacing, m)) => reasons.push(format!(
+                            "{vdev}: {} is replacing {}; the old device is detached once the \
+                             new one is resilvered",
+                            m.config.path, c.old.config.path
+                        )),
+                        Some((PairKind::Spare, m)) => reasons.push(format!(
+                            "{vdev}: hot spare {} stands in for {}; `oxpool replace {} {} NEW` \
+                             ends it (or `oxpool detach {} {}`)",
+                            m.config.path,
+                            c.old.config.path,
+                            self.name,
+                            c.old.config.path,
+                            self.name,
+                            m.config.path
+                        )),
+                        None => {}
+                    }
+                }
+                for k in kids
+                    .iter()
+                    .filter(|k| k.state == "DEGRADED" && k.children.is_empty())
+                {
                     reasons.push(format!(
                         "{}: DEGRADED: {}; `oxpool clear {} {}` once it is fixed",
                         k.name,
@@ -787,6 +882,7 @@ impl Spa {
             reasons,
             damaged,
             damaged_unnamed_blocks,
+            spares: self.zio.vdevs.spare_status(),
         }
     }
 }

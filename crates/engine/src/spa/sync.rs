@@ -206,7 +206,6 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         .vdevs
         .tops()
         .flat_map(|t| t.leaves_in_service())
-        .cloned()
         .collect();
     let futs: Vec<_> = leaves
         .iter()

@@ -7,6 +7,7 @@
 //! (`zio/`) executes the plans; that keeps this logic pure and testable without devices.
 
 pub mod alloc;
+mod change;
 pub mod health;
 pub mod inject;
 pub mod label;
@@ -16,9 +17,10 @@ pub mod raidz;
 mod states;
 mod stats;
 
+pub use change::{Detached, SpareStatus};
 pub use health::{ErrorKind, FaultPolicy, LeafHealth, LeafState, StateRecord};
 pub use inject::{InjectKind, InjectOps, InjectRule, InjectRuleStatus};
-pub use states::STATE_RECORD_PREFIX;
+pub use states::{OutageMarks, STATE_RECORD_PREFIX};
 pub use stats::{DeviceErrors, DeviceStats};
 
 use crate::iostats::LeafIoStats;
@@ -27,12 +29,12 @@ use crate::vdev::queue::VdevQueue;
 use crate::vdev::raidz::{LayoutEpoch, LayoutHistory, RaidzLayout};
 use crate::{EngineError, Result};
 use oxpool_format::{
-    Dva, Guid, LeafConfig, RaidzConfig, TopVdevConfig, TopVdevKind, VdevId, VdevTreeConfig,
-    DATA_START_BYTES,
+    Dva, Guid, LeafConfig, PairConfig, PairKind, RaidzConfig, TopVdevConfig, TopVdevKind, Txg,
+    VdevId, VdevTreeConfig, DATA_START_BYTES,
 };
 use oxpool_io::Backend;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Most top-level vdevs a pool can have (the bound of the append-only list; a pool's labels
@@ -141,25 +143,168 @@ impl Leaf {
     }
 }
 
-/// A top-level vdev: a single leaf, a mirror of leaves or a raidz. A missing child is `None`.
-#[derive(Debug)]
+/// One member of a child of a top-level vdev: its configuration, and its leaf when the
+/// device was found.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// Guid, path and size as configured.
+    pub config: LeafConfig,
+    /// The device; `None` where it was not found at import.
+    pub leaf: Option<Arc<Leaf>>,
+}
+
+/// A child of a top-level vdev: one device, or a pair while it is replaced (or stood in for
+/// by a hot spare). Every member of a child holds the child's blocks (a raidz column, a
+/// mirror side): writes go to every member in service, a read to a member that lacks
+/// nothing for the block.
+#[derive(Clone, Debug)]
+pub struct Child {
+    /// The device (the one being replaced, in a pair).
+    pub old: Member,
+    /// The second member of a pair and why it is there: the replacement or the spare.
+    pub new: Option<(PairKind, Member)>,
+}
+
+impl Child {
+    /// The members, old first.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        std::iter::once(&self.old).chain(self.new.as_ref().map(|(_, m)| m))
+    }
+
+    /// The members' present leaves, old first.
+    pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.members().filter_map(|m| m.leaf.as_ref())
+    }
+
+    /// A member in service to read a block born in `birth` from: one that lacks nothing for
+    /// it if there is one (the new member of a pair lacks everything until resilvered), else
+    /// any in service (a raidz then treats the column as stale). `None` with no birth: the
+    /// member that lacks nothing at all, else any in service.
+    pub fn for_read(&self, birth: Option<Txg>) -> Option<&Arc<Leaf>> {
+        let mut in_service = self.leaves().filter(|l| l.health.in_service());
+        let first = in_service.next()?;
+        let lacks = |l: &Leaf| match birth {
+            Some(b) => l.health.missed_covers(b),
+            None => l.health.missed().is_some(),
+        };
+        if !lacks(first) {
+            return Some(first);
+        }
+        Some(in_service.find(|l| !lacks(l)).unwrap_or(first))
+    }
+
+    /// Whether a member in service lacks nothing.
+    pub fn whole(&self) -> bool {
+        self.leaves()
+            .any(|l| l.health.in_service() && l.health.missed().is_none())
+    }
+
+    /// Whether a member other than `except` is in service and lacks nothing.
+    pub fn whole_without(&self, except: &Leaf) -> bool {
+        self.leaves().any(|l| {
+            !std::ptr::eq(&**l, except) && l.health.in_service() && l.health.missed().is_none()
+        })
+    }
+}
+
+/// What a top-level vdev is made of now: its kind (attach turns a single device into a
+/// mirror) and its children. Immutable; a change swaps in a new one ([`TopVdev::set_shape`]).
+#[derive(Clone, Debug)]
+pub struct Shape {
+    /// Single, mirror or raidz.
+    pub kind: TopVdevKind,
+    /// Children in configuration order.
+    pub children: Vec<Child>,
+}
+
+impl Shape {
+    /// The shape `config` describes over the present `leaves` (by guid).
+    fn from_config(config: &TopVdevConfig, find: &dyn Fn(Guid) -> Option<Arc<Leaf>>) -> Shape {
+        let children = config
+            .children
+            .iter()
+            .enumerate()
+            .map(|(i, c)| Child {
+                old: Member {
+                    config: c.clone(),
+                    leaf: find(c.guid),
+                },
+                new: config
+                    .pairs
+                    .iter()
+                    .find(|p| p.child as usize == i)
+                    .map(|p| {
+                        (
+                            p.kind,
+                            Member {
+                                config: p.leaf.clone(),
+                                leaf: find(p.leaf.guid),
+                            },
+                        )
+                    }),
+            })
+            .collect();
+        Shape {
+            kind: config.kind.clone(),
+            children,
+        }
+    }
+
+    /// Child `index`'s member to read if it is present and in service (see
+    /// [`Child::for_read`]).
+    #[inline]
+    pub fn child_in_service(&self, index: usize) -> Option<&Arc<Leaf>> {
+        self.children[index].for_read(None)
+    }
+
+    /// Every present leaf, in service or not.
+    pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+        self.children.iter().flat_map(Child::leaves)
+    }
+
+    /// The index of the child `leaf` is a member of.
+    pub fn child_of(&self, leaf: &Leaf) -> Option<usize> {
+        self.children
+            .iter()
+            .position(|c| c.leaves().any(|l| std::ptr::eq(&**l, leaf)))
+    }
+
+    /// How many children the vdev can be without and still give back every block: a
+    /// mirror all but one, a raidz its parity, a single device none.
+    pub fn redundancy(&self) -> usize {
+        match &self.kind {
+            TopVdevKind::Raidz(r) => usize::from(r.parity),
+            TopVdevKind::Mirror => self.children.len().saturating_sub(1),
+            TopVdevKind::Single => 0,
+        }
+    }
+}
+
+/// A top-level vdev: a single leaf, a mirror of leaves or a raidz.
+///
+/// Its children may change while it serves (attach, detach, replace, spares): they are a
+/// [`Shape`] that a change replaces whole. A plan reads the current one with one atomic
+/// load, no lock, no reference count, no allocation: shapes are never freed while the vdev
+/// lives (a change keeps the old one among `shapes`), so a plan made before a change
+/// finishes on the shape it started with. A change is an administrator's act (a few in a
+/// pool's life), so keeping the old shapes costs a few hundred bytes each.
 pub struct TopVdev {
     /// Index in the pool.
     pub id: VdevId,
-    /// Single, mirror or raidz.
-    pub kind: TopVdevKind,
     /// A raidz vdev's layout (the last epoch of its recorded history, `kind`); None for
     /// single and mirror vdevs.
     pub raidz: Option<RaidzLayout>,
-    /// Children in configuration order; `None` where the device was not found at import.
-    pub children: Vec<Option<Arc<Leaf>>>,
+    /// The kind and the children now: the last of `shapes`.
+    shape: AtomicPtr<Shape>,
+    /// Every shape the vdev has had, the current one last; never shrunk, so the shapes
+    /// `shape` ever pointed at stay valid as long as the vdev. Boxed: a shape must not move
+    /// when the vector grows (`shape` points at it).
+    #[allow(clippy::vec_box)]
+    shapes: Mutex<Vec<Box<Shape>>>,
     /// Allocatable bytes (the same on every child).
     pub asize_bytes: u64,
     /// A separate intent-log device (holds log blocks only).
     pub log: bool,
-    /// The children as configured (guid, path, size), present or not: with the fields above,
-    /// what the pool's metadata and labels record of this vdev.
-    pub leaf_configs: Vec<LeafConfig>,
     /// Rotor that spreads mirror reads over the children.
     read_rotor: AtomicUsize,
 }
@@ -173,6 +318,72 @@ pub struct LeafIo {
     pub offset_bytes: u64,
 }
 
+impl std::fmt::Debug for TopVdev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopVdev")
+            .field("id", &self.id)
+            .field("shape", self.shape())
+            .field("asize_bytes", &self.asize_bytes)
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+/// The present leaves of a shape, in order, as owned handles: planning allocates nothing.
+pub struct ShapeLeaves<'a> {
+    shape: &'a Shape,
+    /// Next position: the `next / 2`-th child from `first`, member `next % 2` (old, new).
+    next: usize,
+    /// Positions to visit: two per child (0: none, a raidz's whole-copy plans).
+    count: usize,
+    /// First child (the read rotor's pick: reads rotate over children, not members).
+    first: usize,
+}
+
+impl<'a> ShapeLeaves<'a> {
+    fn new(shape: &'a Shape, whole_copies: bool, rotor: Option<usize>) -> ShapeLeaves<'a> {
+        let children = if whole_copies {
+            shape.children.len()
+        } else {
+            0
+        };
+        ShapeLeaves {
+            first: rotor.map_or(0, |r| r % children.max(1)),
+            shape,
+            next: 0,
+            count: children * 2,
+        }
+    }
+}
+
+impl Iterator for ShapeLeaves<'_> {
+    type Item = Arc<Leaf>;
+
+    fn next(&mut self) -> Option<Arc<Leaf>> {
+        // Bounded: every turn moves `next` on.
+        while self.next < self.count {
+            let pos = self.next;
+            self.next += 1;
+            // `first + pos / 2` wraps at most once: no division on the I/O path.
+            let children = self.count / 2;
+            let mut c = self.first + pos / 2;
+            if c >= children {
+                c -= children;
+            }
+            let child = &self.shape.children[c];
+            let member = if pos & 1 == 0 {
+                Some(&child.old)
+            } else {
+                child.new.as_ref().map(|(_, m)| m)
+            };
+            if let Some(leaf) = member.and_then(|m| m.leaf.as_ref()) {
+                return Some(leaf.clone());
+            }
+        }
+        None
+    }
+}
+
 impl TopVdev {
     /// The top-level vdev `config` describes, over `children` (in the order of its children's
     /// configurations; `None` where a device is missing). An error if a raidz record is not
@@ -180,24 +391,58 @@ impl TopVdev {
     pub fn new(config: &TopVdevConfig, children: Vec<Option<Arc<Leaf>>>) -> Result<TopVdev> {
         debug_assert!(!children.is_empty());
         debug_assert_eq!(children.len(), config.children.len());
+        let leaves: Vec<Arc<Leaf>> = children.into_iter().flatten().collect();
+        Self::with_leaves(config, &|g| leaves.iter().find(|l| l.guid == g).cloned())
+    }
+
+    /// The top-level vdev `config` describes (pairs included), each member's leaf found by
+    /// `find` (by guid; `None`: not present).
+    pub fn with_leaves(
+        config: &TopVdevConfig,
+        find: &dyn Fn(Guid) -> Option<Arc<Leaf>>,
+    ) -> Result<TopVdev> {
         let raidz = match &config.kind {
-            TopVdevKind::Raidz(r) => Some(raidz_history(r, children.len())?.current()),
+            TopVdevKind::Raidz(r) => Some(raidz_history(r, config.children.len())?.current()),
             TopVdevKind::Mirror => None,
             TopVdevKind::Single => {
-                debug_assert_eq!(children.len(), 1);
+                debug_assert_eq!(config.children.len(), 1);
                 None
             }
         };
+        let mut first = Box::new(Shape::from_config(config, find));
         Ok(TopVdev {
             id: config.id,
-            kind: config.kind.clone(),
             raidz,
-            children,
+            shape: AtomicPtr::new(&mut *first),
+            shapes: Mutex::new(vec![first]),
             asize_bytes: config.asize_bytes,
             log: config.log,
-            leaf_configs: config.children.clone(),
             read_rotor: AtomicUsize::new(0),
         })
+    }
+
+    /// The kind and children now (a later change does not alter what this returns).
+    #[inline]
+    pub fn shape(&self) -> &Shape {
+        // SAFETY: `shape` always points into a box of `shapes`, which is only ever pushed
+        // to and lives as long as `self`; a box's contents do not move when the vector
+        // grows. Acquire pairs with the Release in `set_shape`: the shape is fully built.
+        unsafe { &*self.shape.load(Ordering::Acquire) }
+    }
+
+    /// Swaps in a new shape (a device attached, detached, replaced). The caller serializes
+    /// changes; plans made before finish on the old shape, which is kept.
+    pub(crate) fn set_shape(&self, shape: Shape) {
+        let mut shapes = self.shapes.lock().unwrap();
+        let mut shape = Box::new(shape);
+        let ptr: *mut Shape = &mut *shape;
+        shapes.push(shape);
+        self.shape.store(ptr, Ordering::Release);
+    }
+
+    /// Single, mirror or raidz, now.
+    pub fn kind(&self) -> TopVdevKind {
+        self.shape().kind.clone()
     }
 
     /// The layout new blocks of a raidz vdev are written with (None: not raidz).
@@ -211,7 +456,7 @@ impl TopVdev {
     /// The name `oxpool status` gives the vdev: `mirror-N`, `raidzP-N`, or None for a single
     /// device (named by its device).
     pub fn group_name(&self) -> Option<String> {
-        match &self.kind {
+        match &self.shape().kind {
             TopVdevKind::Single => None,
             TopVdevKind::Mirror => Some(format!("mirror-{}", self.id.0)),
             TopVdevKind::Raidz(r) => Some(format!("raidz{}-{}", r.parity, self.id.0)),
@@ -220,32 +465,48 @@ impl TopVdev {
 
     /// What the pool's metadata records of this vdev.
     pub fn config(&self) -> TopVdevConfig {
+        let shape = self.shape();
         TopVdevConfig {
             id: self.id,
-            kind: self.kind.clone(),
-            children: self.leaf_configs.clone(),
+            kind: shape.kind.clone(),
+            children: shape
+                .children
+                .iter()
+                .map(|c| c.old.config.clone())
+                .collect(),
             asize_bytes: self.asize_bytes,
             log: self.log,
+            pairs: shape
+                .children
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| {
+                    c.new.as_ref().map(|(kind, m)| PairConfig {
+                        child: i as u32,
+                        kind: *kind,
+                        leaf: m.config.clone(),
+                    })
+                })
+                .collect(),
         }
     }
 
     /// The leaves present, in service or not (for status and statistics).
-    pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
-        self.children.iter().flatten()
+    pub fn leaves(&self) -> ShapeLeaves<'_> {
+        ShapeLeaves::new(self.shape(), true, None)
     }
 
     /// The leaves present and in service (for flushes, uberblocks and labels: a leaf out of
     /// service gets no I/O at all).
-    pub fn leaves_in_service(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+    pub fn leaves_in_service(&self) -> impl Iterator<Item = Arc<Leaf>> + '_ {
         self.leaves().filter(|l| l.health.in_service())
     }
 
-    /// Child `index` if it is present and in service.
+    /// Child `index`'s member to read, if one is present and in service (see
+    /// [`Child::for_read`]).
     #[inline]
-    pub fn child_in_service(&self, index: usize) -> Option<&Arc<Leaf>> {
-        self.children[index]
-            .as_ref()
-            .filter(|l| l.health.in_service())
+    pub fn child_in_service(&self, index: usize) -> Option<Arc<Leaf>> {
+        self.shape().child_in_service(index).cloned()
     }
 
     /// Every whole copy of the block at `dva` on a child in service (a scrub reads each):
@@ -253,25 +514,19 @@ impl TopVdev {
     pub fn copies_in_service(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        let whole_copies = self.raidz.is_none();
-        self.leaves_in_service()
-            .filter(move |_| whole_copies)
-            .map(move |leaf| LeafIo {
-                leaf: leaf.clone(),
-                offset_bytes,
-            })
+        ShapeLeaves::new(self.shape(), self.raidz.is_none(), None)
+            .filter(|l| l.health.in_service())
+            .map(move |leaf| LeafIo { leaf, offset_bytes })
     }
 
-    /// Leaf I/Os that write the block at `dva`: one per present child in service (a mirror
-    /// writes all); a child out of service notes that it missed a write. An iterator, not a
-    /// collection: planning allocates nothing. None for a raidz vdev, whose blocks are
-    /// planned column by column ([`TopVdev::raidz_layout`]).
+    /// Leaf I/Os that write the block at `dva`: one per present member in service (a mirror
+    /// writes all, a pair both); a member out of service notes that it missed a write. An
+    /// iterator, not a collection: planning allocates nothing. None for a raidz vdev, whose
+    /// blocks are planned column by column ([`TopVdev::raidz_layout`]).
     pub fn plan_write(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        let whole_copies = self.raidz.is_none();
-        self.leaves()
-            .filter(move |_| whole_copies)
+        ShapeLeaves::new(self.shape(), self.raidz.is_none(), None)
             .filter(|leaf| {
                 let in_service = leaf.health.in_service();
                 if !in_service {
@@ -279,45 +534,32 @@ impl TopVdev {
                 }
                 in_service
             })
-            .map(move |leaf| LeafIo {
-                leaf: leaf.clone(),
-                offset_bytes,
-            })
+            .map(move |leaf| LeafIo { leaf, offset_bytes })
     }
 
     /// Leaf I/Os that can read the block at `dva`, in the order to try them: each read goes to
-    /// one side, and the others are the fallbacks on an error or a checksum mismatch. An
+    /// one member, and the others are the fallbacks on an error or a checksum mismatch. An
     /// iterator, not a collection: planning allocates nothing. None for a raidz vdev (see
     /// [`TopVdev::plan_write`]).
     pub fn plan_read(&self, dva: &Dva) -> impl Iterator<Item = LeafIo> + '_ {
         debug_assert_eq!(dva.vdev, self.id);
         let offset_bytes = DATA_START_BYTES + dva.offset_bytes;
-        let n = if self.raidz.is_some() {
-            0
-        } else {
-            self.children.len()
-        };
-        let first = self.read_rotor.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        (0..n)
-            .filter_map(move |k| self.child_in_service((first + k) % n).cloned())
+        let rotor = self.read_rotor.fetch_add(1, Ordering::Relaxed);
+        ShapeLeaves::new(self.shape(), self.raidz.is_none(), Some(rotor))
+            .filter(|l| l.health.in_service())
             .map(move |leaf| LeafIo { leaf, offset_bytes })
     }
 
     /// How many children this vdev can be without and still give back every block: a
     /// mirror all but one, a raidz its parity, a single device none.
     pub fn redundancy(&self) -> usize {
-        match &self.kind {
-            TopVdevKind::Raidz(r) => usize::from(r.parity),
-            TopVdevKind::Mirror => self.children.len().saturating_sub(1),
-            TopVdevKind::Single => 0,
-        }
+        self.shape().redundancy()
     }
 
-    /// Whether child `index` holds every block it should: present, in service, lacking no
-    /// txg.
+    /// Whether child `index` holds every block it should: a member present, in service,
+    /// lacking no txg.
     pub fn child_whole(&self, index: usize) -> bool {
-        self.child_in_service(index)
-            .is_some_and(|l| l.health.missed().is_none())
+        self.shape().children[index].whole()
     }
 }
 
@@ -363,6 +605,10 @@ pub struct VdevTree {
     /// Called when a leaf's record changes on its own (a fault, a failed write): the pool
     /// marks its open txg dirty, so the next sync records it even if nothing else changes.
     pub(crate) on_record_change: RecordListener,
+    /// The pool's hot spares, in use or not (`change.rs`).
+    spares: Mutex<Vec<Member>>,
+    /// Called when a hot spare stepped in (`change.rs`): the pool starts its resilver.
+    pub(crate) on_spare_in: RecordListener,
 }
 
 /// What the pool gives the tree to hear of record changes (set once, by the pool).
@@ -408,6 +654,8 @@ impl VdevTree {
             state_change: Mutex::new(()),
             absent: Mutex::new(BTreeMap::new()),
             on_record_change: RecordListener::default(),
+            spares: Mutex::new(Vec::new()),
+            on_spare_in: RecordListener::default(),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
@@ -442,17 +690,36 @@ impl VdevTree {
         *self.tops.len.get_mut() = len.min(old);
     }
 
-    /// Replaces the recorded children's configurations of each top-level vdev (at import:
-    /// the pool's metadata is the truth; labels only helped find the devices).
-    pub fn set_leaf_configs(&mut self, config: &VdevTreeConfig) {
+    /// Gives each top-level vdev the children, pairs and kind `config` records, and the
+    /// tree its spares (at import: the pool's metadata is the truth; labels only helped find
+    /// the devices). A member's leaf is the one the tree has with its guid, else `find`'s.
+    pub fn reshape(&mut self, config: &VdevTreeConfig, find: &dyn Fn(Guid) -> Option<Arc<Leaf>>) {
+        // One leaf per guid: a spare in use is both in a pair and among the spares.
+        let known = std::cell::RefCell::new(self.leaves().collect::<Vec<Arc<Leaf>>>());
+        let find = |g: Guid| {
+            let hit = known.borrow().iter().find(|l| l.guid == g).cloned();
+            hit.or_else(|| {
+                let leaf = find(g)?;
+                known.borrow_mut().push(leaf.clone());
+                Some(leaf)
+            })
+        };
         let len = *self.tops.len.get_mut();
         for (slot, cfg) in self.tops.slots[..len].iter_mut().zip(&config.top) {
             if let Some(top) = slot.get_mut() {
-                if top.leaf_configs.len() == cfg.children.len() {
-                    top.leaf_configs = cfg.children.clone();
+                if top.shape().kind.raidz().is_some() == cfg.kind.raidz().is_some() {
+                    top.set_shape(Shape::from_config(cfg, &find));
                 }
             }
         }
+        *self.spares.get_mut().unwrap() = config
+            .spares
+            .iter()
+            .map(|c| Member {
+                config: c.clone(),
+                leaf: find(c.guid),
+            })
+            .collect();
     }
 
     /// Top-level vdevs, in id order.
@@ -475,8 +742,8 @@ impl VdevTree {
         }
     }
 
-    /// Every present leaf.
-    pub fn leaves(&self) -> impl Iterator<Item = &Arc<Leaf>> {
+    /// Every present leaf of the top-level vdevs (spares not in use aside).
+    pub fn leaves(&self) -> impl Iterator<Item = Arc<Leaf>> + '_ {
         self.tops().flat_map(|t| t.leaves())
     }
 
@@ -484,6 +751,13 @@ impl VdevTree {
     pub fn config(&self) -> VdevTreeConfig {
         VdevTreeConfig {
             top: self.tops().map(TopVdev::config).collect(),
+            spares: self
+                .spares
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|m| m.config.clone())
+                .collect(),
         }
     }
 }
@@ -527,6 +801,7 @@ mod tests {
             children: vec![child(1), child(2), child(3)],
             asize_bytes: 1 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let top = TopVdev::new(&config, vec![leaf("a", 1), None, leaf("c", 3)]).unwrap();
         let dva = Dva {
@@ -580,6 +855,7 @@ mod tests {
             children: vec![child(1), child(2), child(3)],
             asize_bytes: 3 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let top = TopVdev::new(&config, vec![leaf("a", 1), leaf("b", 2), leaf("c", 3)]).unwrap();
         let dva = Dva {
@@ -608,6 +884,7 @@ mod tests {
             }],
             asize_bytes: 1 << 20,
             log: false,
+            pairs: Vec::new(),
         };
         let mut tree = VdevTree::new(vec![TopVdev::new(&cfg(0), vec![leaf("d0", 1)]).unwrap()]);
         let first: *const TopVdev = tree.top(VdevId(0)).unwrap();
@@ -626,5 +903,61 @@ mod tests {
         assert_eq!(tree.top_count(), 2);
         assert_eq!(tree.config().top, vec![cfg(0), cfg(1)]);
         assert!(tree.top(VdevId(2)).is_none());
+    }
+
+    /// A replacing pair: writes go to both members, reads to the member that lacks nothing
+    /// for the block (the old one while the new one lacks txgs 1-9), then to either.
+    #[test]
+    fn a_pair_is_written_on_both_and_read_from_the_member_that_has_the_block() {
+        let child = |guid: u64| LeafConfig {
+            guid: Guid(guid),
+            path: format!("dev{guid}"),
+            size_bytes: 64 << 20,
+        };
+        let config = TopVdevConfig {
+            id: VdevId(0),
+            kind: TopVdevKind::Single,
+            children: vec![child(1)],
+            asize_bytes: 1 << 20,
+            log: false,
+            pairs: vec![PairConfig {
+                child: 0,
+                kind: PairKind::Replacing,
+                leaf: child(2),
+            }],
+        };
+        let (a, b) = (leaf("a", 1).unwrap(), leaf("b", 2).unwrap());
+        let found = [a.clone(), b.clone()];
+        let top = TopVdev::with_leaves(&config, &|g| found.iter().find(|l| l.guid == g).cloned())
+            .unwrap();
+        assert_eq!(top.config(), config);
+        b.health.note_missed(Txg(1), Txg(9));
+        let dva = Dva {
+            vdev: VdevId(0),
+            offset_bytes: 0,
+            asize_bytes: 4096,
+        };
+        assert_eq!(top.plan_write(&dva).count(), 2);
+        let shape = top.shape();
+        assert_eq!(
+            shape.children[0].for_read(Some(Txg(5))).unwrap().name(),
+            "a"
+        );
+        assert_eq!(shape.children[0].for_read(None).unwrap().name(), "a");
+        assert!(shape.children[0].whole() && !shape.children[0].whole_without(&a));
+        // The old member out: the new one is read (a raidz then treats it as stale).
+        a.health
+            .take_out(LeafState::Offline, "test".into(), Txg(10), false);
+        assert_eq!(
+            shape.children[0].for_read(Some(Txg(5))).unwrap().name(),
+            "b"
+        );
+        assert!(!shape.children[0].whole());
+        // A change swaps the shape; the one read before stays as it was.
+        let mut next = shape.clone();
+        next.children[0].new = None;
+        top.set_shape(next);
+        assert!(top.shape().children[0].new.is_none());
+        assert!(shape.children[0].new.is_some());
     }
 }

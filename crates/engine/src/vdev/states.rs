@@ -16,6 +16,9 @@ use oxpool_format::{Guid, Txg};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// Each leaf's count of outages when a scrub started, by guid.
+pub type OutageMarks = std::collections::BTreeMap<Guid, u64>;
+
 /// Prefix of a leaf's state record among the pool's persisted properties.
 pub const STATE_RECORD_PREFIX: &str = "device_state@";
 
@@ -37,25 +40,21 @@ impl VdevTree {
     }
 
     /// The first txg not yet durable: the first a leaf going out now may lack.
-    fn first_not_durable(&self) -> Txg {
+    pub(crate) fn first_not_durable(&self) -> Txg {
         Txg(self.synced.load(Ordering::Relaxed) + 1)
     }
 
     /// The last txg whose blocks may be being written now: the open one (the intent log
     /// writes blocks of it in place; the syncing one is older). Once it is durable, every
     /// block written now is.
-    fn last_written(&self) -> Txg {
+    pub(crate) fn last_written(&self) -> Txg {
         Txg(self.sync_started.load(Ordering::Relaxed) + 1)
     }
 
     /// The top-level vdev and child index of `leaf`.
     pub fn position(&self, leaf: &Leaf) -> Option<(&TopVdev, usize)> {
-        self.tops().find_map(|t| {
-            t.children
-                .iter()
-                .position(|c| c.as_ref().is_some_and(|c| std::ptr::eq(&**c, leaf)))
-                .map(|i| (t, i))
-        })
+        self.tops()
+            .find_map(|t| t.shape().child_of(leaf).map(|i| (t, i)))
     }
 
     /// Counts an error of `leaf` (`e`: the device's error, if it gave one) and applies the
@@ -83,6 +82,7 @@ impl VdevTree {
                     false,
                 );
                 self.on_record_change.notify();
+                self.on_spare_in.notify();
             }
             return;
         }
@@ -106,16 +106,17 @@ impl VdevTree {
         if !leaf.health.in_service() {
             return;
         }
-        let Some((top, index)) = self.position(leaf) else {
+        let Some((top, _)) = self.position(leaf) else {
             return;
         };
         let why = format!("too many I/O errors ({n} within {window_s} s)");
-        match self.check_can_lose(top, index) {
+        match self.check_can_lose(top, leaf) {
             Ok(()) => {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
                 leaf.health
                     .take_out(LeafState::Faulted, why, self.first_not_durable(), false);
                 self.on_record_change.notify();
+                self.on_spare_in.notify();
             }
             Err(no) => {
                 if leaf.health.state() == LeafState::Online {
@@ -126,17 +127,28 @@ impl VdevTree {
         }
     }
 
-    /// Ok if `top` still gives back every block without its child `index`; else why not.
-    /// A child that lacks txgs does not count as a copy.
-    pub fn check_can_lose(&self, top: &TopVdev, index: usize) -> std::result::Result<(), String> {
-        let others: Vec<usize> = (0..top.children.len())
-            .filter(|&c| c != index && !top.child_whole(c))
-            .collect();
-        if others.len() < top.redundancy() {
+    /// Ok if `top` still gives back every block without `leaf` (one of its members); else
+    /// why not. A member that lacks txgs does not count as a copy; the other member of a
+    /// pair that lacks nothing does.
+    pub fn check_can_lose(&self, top: &TopVdev, leaf: &Leaf) -> std::result::Result<(), String> {
+        let shape = top.shape();
+        let Some(index) = shape.child_of(leaf) else {
+            return Ok(());
+        };
+        if shape.children[index].whole_without(leaf) {
             return Ok(());
         }
-        let name = |c: usize| match &top.children[c] {
-            None => format!("{} UNAVAIL", top.leaf_configs[c].path),
+        let others: Vec<usize> = (0..shape.children.len())
+            .filter(|&c| c != index && !shape.children[c].whole())
+            .collect();
+        if others.len() < shape.redundancy() {
+            return Ok(());
+        }
+        let name = |c: usize| match shape.children[c]
+            .for_read(None)
+            .or(shape.children[c].old.leaf.as_ref())
+        {
+            None => format!("{} UNAVAIL", shape.children[c].old.config.path),
             Some(l) => match (l.health.state(), l.health.missed()) {
                 (s, Some((f, t))) if s.in_service() => {
                     format!("{} lacks txgs {}-{}", l.name(), f.0, t.0)
@@ -151,7 +163,7 @@ impl VdevTree {
             }
             Some(group) => format!(
                 "{group} can lose {} of its devices and already runs without {}",
-                top.redundancy(),
+                shape.redundancy(),
                 others
                     .iter()
                     .map(|&c| name(c))
@@ -167,10 +179,10 @@ impl VdevTree {
     pub fn offline(&self, leaf: &Leaf, temporary: bool) -> Result<()> {
         let _one = self.state_change.lock().unwrap();
         if leaf.health.in_service() {
-            let (top, index) = self.position(leaf).ok_or_else(|| {
+            let (top, _) = self.position(leaf).ok_or_else(|| {
                 EngineError::NotFound(format!("device '{}' in the vdev tree", leaf.name()))
             })?;
-            self.check_can_lose(top, index).map_err(|why| {
+            self.check_can_lose(top, leaf).map_err(|why| {
                 EngineError::invalid(format!("cannot take {} offline: {why}", leaf.name()))
             })?;
         }
@@ -216,19 +228,25 @@ impl VdevTree {
         }
     }
 
-    /// Each present leaf's count of outages, in [`VdevTree::leaves`] order: taken when a
-    /// scrub starts, for [`VdevTree::scrub_repaired_through`].
-    pub fn outage_marks(&self) -> Vec<u64> {
-        self.leaves().map(|l| l.health.outages()).collect()
+    /// Each present leaf's count of outages, by guid: taken when a scrub starts, for
+    /// [`VdevTree::scrub_repaired_through`].
+    pub fn outage_marks(&self) -> OutageMarks {
+        self.leaves()
+            .map(|l| (l.guid, l.health.outages()))
+            .collect()
     }
 
     /// A scrub that started after `txg` was durable (when the leaves' outages were `marks`)
     /// finished and repaired everything: every leaf in service all along forgets a missed
     /// range that ends at or before `txg`. Returns whether any did.
-    pub fn scrub_repaired_through(&self, txg: Txg, marks: &[u64]) -> bool {
+    pub fn scrub_repaired_through(&self, txg: Txg, marks: &OutageMarks) -> bool {
         let mut any = false;
-        // The tree only grows: the first leaves are those the marks were taken of.
-        for (leaf, &mark) in self.leaves().zip(marks) {
+        // By guid: leaves come and go (attach, detach); one attached after the scrub began
+        // has no mark and keeps its range.
+        for leaf in self.leaves() {
+            let Some(&mark) = marks.get(&leaf.guid) else {
+                continue;
+            };
             if leaf.health.forget_missed_through(txg, mark) {
                 tracing::info!(device = leaf.name(), "scrub repaired what it lacked");
                 any = true;
@@ -241,7 +259,9 @@ impl VdevTree {
     pub fn state_records(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for top in self.tops() {
-            for (child, cfg) in top.children.iter().zip(&top.leaf_configs) {
+            let shape = top.shape();
+            for m in shape.children.iter().flat_map(|c| c.members()) {
+                let (child, cfg) = (&m.leaf, &m.config);
                 let record = match child {
                     Some(leaf) => leaf.health.record(),
                     None => self.absent.lock().unwrap().get(&cfg.guid).copied(),
@@ -268,7 +288,9 @@ impl VdevTree {
         let mut absent = self.absent.lock().unwrap();
         absent.clear();
         for top in self.tops() {
-            for (child, cfg) in top.children.iter().zip(&top.leaf_configs) {
+            let shape = top.shape();
+            for m in shape.children.iter().flat_map(|c| c.members()) {
+                let (child, cfg) = (&m.leaf, &m.config);
                 let record = by_guid.get(&cfg.guid);
                 match child {
                     Some(leaf) => {
@@ -294,14 +316,17 @@ impl VdevTree {
             // and a vdev that cannot give back its blocks is worse than one that uses a
             // doubtful device.
             for wanted in [LeafState::Faulted, LeafState::Offline] {
-                for (i, child) in top.children.iter().enumerate() {
-                    let out = (0..top.children.len())
-                        .filter(|&c| top.child_in_service(c).is_none())
+                for (i, child) in shape.children.iter().enumerate() {
+                    let out = (0..shape.children.len())
+                        .filter(|&c| shape.child_in_service(c).is_none())
                         .count();
-                    if out <= top.redundancy() {
+                    if out <= shape.redundancy() {
                         break;
                     }
-                    let Some(leaf) = child.as_ref().filter(|l| l.health.state() == wanted) else {
+                    if shape.child_in_service(i).is_some() {
+                        continue;
+                    }
+                    let Some(leaf) = child.leaves().find(|l| l.health.state() == wanted) else {
                         continue;
                     };
                     tracing::warn!(
@@ -315,7 +340,7 @@ impl VdevTree {
                          without it",
                         wanted.as_str(),
                         top.group_name()
-                            .unwrap_or_else(|| top.leaf_configs[i].path.clone())
+                            .unwrap_or_else(|| child.old.config.path.clone())
                     ));
                 }
             }

@@ -688,7 +688,7 @@ pub(crate) async fn write_durably(
             .vdevs
             .top(v)
             .ok_or_else(|| EngineError::invalid("log block on a missing vdev"))?;
-        leaves.extend(top.leaves_in_service().cloned());
+        leaves.extend(top.leaves_in_service());
     }
     let futs: Vec<_> = leaves.iter().map(|l| l.flush()).collect();
     // Every device involved must have flushed: the records and the blocks they point to live

@@ -28,6 +28,7 @@ use oxpool_format::{checksum_parts, BlockPtr, Dva, Txg, DATA_START_BYTES};
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
 use std::fmt::Display;
+use std::sync::Arc;
 
 /// The map of the block at `dva` on the raidz vdev `top` with `psize_bytes` physical bytes,
 /// checked against the DVA: its allocated size must be the one the layout gives (a pointer
@@ -86,53 +87,79 @@ pub(crate) async fn write_raidz(
         generate_parity(kernels, &map, data, &mut refs);
         parity = rows.into_iter().map(Some).collect();
     }
+    // One shape for the whole block (its members outlive the writes below).
+    let shape = top.shape();
     let mut failed = ColumnSet::EMPTY;
     let mut failed_io = false;
     let mut ios: Vec<(usize, LeafIo)> = Vec::with_capacity(map.column_count());
     let mut futs = Vec::with_capacity(map.column_count());
+    // Columns with a member written well (a pair's column is there if either member took it).
+    let mut written = ColumnSet::EMPTY;
     for w in plan_write(&map) {
         // Skip sectors hold nothing and are never read.
         let Some(column) = w.column else { continue };
-        // A child missing or out of service lacks the column (and notes it).
-        let Some(leaf) = top.child_in_service(w.child.0) else {
-            if let Some(out) = top.children[w.child.0].as_ref() {
-                out.health.note_skipped();
+        let child = &shape.children[w.child.0];
+        // A member out of service lacks the column (and notes it); a child with no member in
+        // service lacks it.
+        let members = child.leaves().filter(|l| l.health.in_service()).count();
+        let mut any = 0;
+        for leaf in child.leaves() {
+            if !leaf.health.in_service() {
+                leaf.health.note_skipped();
+                continue;
             }
+            any += 1;
+            let buf = match w.source {
+                WriteSource::Block(ref range) => IoBuf::from_slice(&data[range.clone()]),
+                // The last member takes the row; a pair's first gets a copy.
+                WriteSource::Parity(row) if any == members => {
+                    parity[row].take().expect("each parity row written once")
+                }
+                WriteSource::Parity(row) => {
+                    parity[row].clone().expect("each parity row written once")
+                }
+                WriteSource::Zeros => IoBuf::zeroed(w.size_bytes),
+            };
+            let offset_bytes = DATA_START_BYTES + w.child_offset_bytes;
+            ios.push((
+                column,
+                LeafIo {
+                    leaf: leaf.clone(),
+                    offset_bytes,
+                },
+            ));
+            let leaf = &**leaf;
+            futs.push(async move {
+                if durable {
+                    leaf.write_durable(class, offset_bytes, buf).await
+                } else {
+                    leaf.write(class, offset_bytes, buf).await
+                }
+            });
+        }
+        if any == 0 {
             failed.insert(column);
-            continue;
-        };
-        let buf = match w.source {
-            WriteSource::Block(range) => IoBuf::from_slice(&data[range]),
-            WriteSource::Parity(row) => parity[row].take().expect("each parity row written once"),
-            WriteSource::Zeros => IoBuf::zeroed(w.size_bytes),
-        };
-        let offset_bytes = DATA_START_BYTES + w.child_offset_bytes;
-        ios.push((
-            column,
-            LeafIo {
-                leaf: leaf.clone(),
-                offset_bytes,
-            },
-        ));
-        let leaf = &**leaf;
-        futs.push(async move {
-            if durable {
-                leaf.write_durable(class, offset_bytes, buf).await
-            } else {
-                leaf.write(class, offset_bytes, buf).await
-            }
-        });
+        }
     }
     let batch = zio.completion.batch_guard();
     let results = join_all(futs).await;
     drop(batch);
     let mut last_err = None;
+    let mut failed_writes = ColumnSet::EMPTY;
     for ((column, io), r) in ios.iter().zip(results) {
-        if let Err(e) = r {
-            count_write_failure(zio, io, 1, &e);
-            failed.insert(*column);
-            failed_io = true;
-            last_err = Some(EngineError::io(io.leaf.name(), e));
+        match r {
+            Ok(_) => written.insert(*column),
+            Err(e) => {
+                count_write_failure(zio, io, 1, &e);
+                failed_writes.insert(*column);
+                failed_io = true;
+                last_err = Some(EngineError::io(io.leaf.name(), e));
+            }
+        }
+    }
+    for column in failed_writes.iter() {
+        if !written.contains(column) {
+            failed.insert(column);
         }
     }
     match write_outcome(&map, failed) {
@@ -237,11 +264,16 @@ where
 {
     let map = block_map(top, dva, psize_bytes)?;
     let kernels = ParityKernels::best();
-    let child = |c: usize| top.child_in_service(map.column(c).child.0);
-    let unreadable = map.columns_on(|ch| top.child_in_service(ch.0).is_none());
+    // One shape for the whole block: a device attached or detached meanwhile changes the
+    // next block's plan, not this one's.
+    let shape = top.shape();
+    // A pair's column is read from the member that lacks nothing for the block.
+    let child = |c: usize| shape.children[map.column(c).child.0].for_read(birth);
+    let unreadable = map.columns_on(|ch| shape.children[ch.0].for_read(birth).is_none());
     let mut stale = match birth {
         Some(b) => map.columns_on(|ch| {
-            top.child_in_service(ch.0)
+            shape.children[ch.0]
+                .for_read(birth)
                 .is_some_and(|l| l.health.missed_covers(b))
         }),
         None => ColumnSet::EMPTY,
@@ -313,6 +345,27 @@ where
                             },
                             data: bufs[c].clone(),
                         });
+                    }
+                }
+                // A scrub (or resilver) read every column and checked them: the other member
+                // of a pair that lacks the block (a replacement, a spare being resilvered)
+                // gets its column too.
+                if let (ReadMode::Scrub, Some(b)) = (mode, birth) {
+                    for (c, buf) in bufs.iter().enumerate() {
+                        let read_from = child(c);
+                        for leaf in shape.children[map.column(c).child.0].leaves() {
+                            let other = read_from.is_none_or(|r| !Arc::ptr_eq(r, leaf));
+                            if other && leaf.health.in_service() && leaf.health.missed_covers(b) {
+                                repairs.push(Repair::Column {
+                                    io: LeafIo {
+                                        leaf: leaf.clone(),
+                                        offset_bytes: DATA_START_BYTES
+                                            + map.column(c).child_offset_bytes,
+                                    },
+                                    data: buf.clone(),
+                                });
+                            }
+                        }
                     }
                 }
                 let mut block = IoBuf::zeroed(map.data_bytes());

@@ -183,15 +183,32 @@ pub fn arb_tree() -> impl Strategy<Value = VdevTreeConfig> {
                         }],
                     }),
                 };
+                // Every other vdev has its first child replaced (a pair), for the
+                // version 6 fields.
+                let pairs = if i % 2 == 1 {
+                    vec![PairConfig {
+                        child: 0,
+                        kind: if asize_bytes % 2 == 0 {
+                            PairKind::Replacing
+                        } else {
+                            PairKind::Spare
+                        },
+                        leaf: children[0].clone(),
+                    }]
+                } else {
+                    Vec::new()
+                };
                 TopVdevConfig {
                     id: VdevId(i as u32),
                     kind,
                     children,
                     asize_bytes,
                     log: i % 3 == 2,
+                    pairs,
                 }
             })
             .collect(),
+        spares: Vec::new(),
     })
 }
 

@@ -1,0 +1,296 @@
+//! Changing a pool's devices while it runs: attach, detach, replace, hot spares. The tree
+//! change itself is `vdev/change.rs`; here are the checks of a new device, the labels, and
+//! the txg that records the new tree.
+//!
+//! Order, so that a crash at any point leaves a pool that imports: the tree changes in
+//! memory (a new member lacks every txg, so reads avoid it), the new device gets labels
+//! naming the new tree, a txg records the tree in the pool's metadata (import takes the
+//! metadata as the truth and finds members by guid), then the other devices' labels learn
+//! it; a detached device's labels are cleared only after that txg.
+
+use crate::spa::Spa;
+use crate::vdev::label::{clear_labels, read_label, write_labels};
+use crate::vdev::{Detached, Leaf};
+use crate::{EngineError, Result};
+use oxpool_format::{
+    Guid, LabelConfig, LeafConfig, PairKind, Txg, VdevId, MIN_DEVICE_BYTES, SPARE_TOP,
+};
+use oxpool_io::rt::block_on;
+use oxpool_io::Backend;
+use std::sync::Arc;
+
+/// A member of a top-level vdev, found by name: present or not.
+pub(crate) struct NamedMember {
+    /// Its top-level vdev.
+    pub top: VdevId,
+    /// Its configuration.
+    pub config: LeafConfig,
+    /// Its leaf, if the device is present.
+    pub leaf: Option<Arc<Leaf>>,
+}
+
+impl Spa {
+    /// The member of a top-level vdev named `device` (its path, its guid in hex, or a file
+    /// name only one member's path ends with), present or absent.
+    pub(crate) fn member_named(&self, device: &str) -> Result<NamedMember> {
+        let mut exact = Vec::new();
+        let mut by_tail = Vec::new();
+        let tail = format!("/{device}");
+        for top in self.zio.vdevs.tops() {
+            for m in top.shape().children.iter().flat_map(|c| c.members()) {
+                let named = NamedMember {
+                    top: top.id,
+                    config: m.config.clone(),
+                    leaf: m.leaf.clone(),
+                };
+                let path = m.leaf.as_ref().map_or(m.config.path.as_str(), |l| l.name());
+                if path == device || format!("{:x}", m.config.guid.0) == device {
+                    exact.push(named);
+                } else if !device.contains('/') && path.ends_with(&tail) {
+                    by_tail.push(named);
+                }
+            }
+        }
+        let mut found = if exact.is_empty() { by_tail } else { exact };
+        match found.len() {
+            1 => Ok(found.remove(0)),
+            0 => Err(EngineError::NotFound(format!(
+                "device '{device}' in pool '{}'",
+                self.name
+            ))),
+            n => Err(EngineError::invalid(format!(
+                "'{device}' names {n} devices of pool '{}': give the path",
+                self.name
+            ))),
+        }
+    }
+
+    /// Checks a device to join the pool as `what` (in errors: "cannot WHAT: ..."): at least
+    /// `min_bytes` (and the format's minimum), not another pool's unless `force`, not in
+    /// this pool already (`same_path_ok`: the path of the device it replaces, swapped for a
+    /// new one). Gives it a guid and a leaf.
+    fn check_new_device(
+        &self,
+        what: &str,
+        dev: Arc<dyn Backend>,
+        min_bytes: u64,
+        force: bool,
+        same_path_ok: Option<Guid>,
+    ) -> Result<(Arc<Leaf>, LeafConfig)> {
+        let refuse = |why: String| Err(EngineError::invalid(format!("cannot {what}: {why}")));
+        let name = dev.name().to_string();
+        let size = dev.size_bytes();
+        if size < min_bytes.max(MIN_DEVICE_BYTES) {
+            return refuse(format!(
+                "{name} is smaller ({size} bytes) than needed ({} bytes)",
+                min_bytes.max(MIN_DEVICE_BYTES)
+            ));
+        }
+        let in_pool = self.zio.vdevs.leaves().any(|l| l.name() == name)
+            || self.zio.vdevs.spare_status().iter().any(|s| s.name == name);
+        if let Ok(label) = block_on(read_label(dev.as_ref())) {
+            if label.pool_guid == self.guid {
+                return refuse(format!("{name} is already in pool '{}'", self.name));
+            } else if !force {
+                return refuse(format!(
+                    "{name} belongs to pool '{}' (guid {:x}); use -f to overwrite it",
+                    label.pool_name, label.pool_guid.0
+                ));
+            }
+        }
+        if in_pool && same_path_ok.is_none() {
+            return refuse(format!("{name} is already in pool '{}'", self.name));
+        }
+        let guid = super::random_guid();
+        let config = LeafConfig {
+            guid,
+            path: name,
+            size_bytes: size,
+        };
+        Ok((Arc::new(Leaf::new(guid, dev)), config))
+    }
+
+    /// The label a device of this pool gets now (`top`: its vdev, or [`SPARE_TOP`]).
+    fn label_now(&self, leaf_guid: Guid, top: VdevId) -> LabelConfig {
+        LabelConfig {
+            pool_guid: self.guid,
+            pool_name: self.name.clone(),
+            leaf_guid,
+            top,
+            create_txg: Txg(self.txg.synced().0 + 1),
+            tree: self.zio.vdevs.config(),
+        }
+    }
+
+    /// Records the tree changed in memory: labels of the new leaves (whole), a txg, the
+    /// other devices' labels, then the labels of the detached devices cleared (spares'
+    /// rewritten as spares).
+    fn commit_tree_change(&self, new: &[(Arc<Leaf>, VdevId)], gone: Vec<Detached>) -> Result<()> {
+        let labelled = block_on(async {
+            for (leaf, top) in new {
+                write_labels(leaf.backend.as_ref(), &self.label_now(leaf.guid, *top)).await?;
+            }
+            Ok::<(), EngineError>(())
+        });
+        if let Err(e) = labelled {
+            // Nothing recorded yet: take the new members out again, so that nothing changed.
+            for (leaf, top) in new {
+                if *top == SPARE_TOP {
+                    let _ = self.zio.vdevs.remove_spare(leaf.guid);
+                } else {
+                    let _ = self.zio.vdevs.undo_member(*top, leaf.guid);
+                }
+            }
+            return Err(e);
+        }
+        super::apply_scheduler(self);
+        self.sync_now()?;
+        let skip: Vec<Arc<Leaf>> = new.iter().map(|(l, _)| l.clone()).collect();
+        self.relabel(&self.zio.vdevs.config(), &skip)?;
+        for d in gone {
+            let Some(leaf) = d.leaf.filter(|_| !d.spare) else {
+                continue;
+            };
+            if let Err(e) = block_on(clear_labels(leaf.backend.as_ref())) {
+                tracing::warn!(
+                    device = leaf.name(),
+                    "detached; clearing its labels failed: {e}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Attaches `new` beside `existing` (`oxpool attach`): a single device becomes a 2-way
+    /// mirror, a mirror gains a side. The new side lacks every block until resilvered.
+    pub(crate) fn attach(&self, existing: &str, new: Arc<dyn Backend>, force: bool) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let what = format!("attach {} to {existing}", new.name());
+        let old = self.member_named(existing)?;
+        let old_leaf = old.leaf.clone().ok_or_else(|| {
+            EngineError::invalid(format!("cannot {what}: {existing} is not present"))
+        })?;
+        let (leaf, config) =
+            self.check_new_device(&what, new, old.config.size_bytes, force, None)?;
+        self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
+        self.commit_tree_change(&[(leaf, old.top)], Vec::new())
+    }
+
+    /// Replaces `old` with `new` (`oxpool replace`): the child becomes a replacing pair until
+    /// `new` is resilvered, then `old` is detached. `new` may be at `old`'s path (the device
+    /// was swapped).
+    pub(crate) fn replace(&self, old: &str, new: Arc<dyn Backend>, force: bool) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let what = format!("replace {old} with {}", new.name());
+        let member = self.member_named(old)?;
+        let same_path = (new.name() == member.config.path).then_some(member.config.guid);
+        // The same device, not swapped: its label is still the old member's.
+        if same_path.is_some() {
+            if let Ok(label) = block_on(read_label(new.as_ref())) {
+                if label.pool_guid == self.guid && label.leaf_guid == member.config.guid {
+                    return Err(EngineError::invalid(format!(
+                        "cannot {what}: {} is still the device it replaces (swap it, or name \
+                         a new device)",
+                        new.name()
+                    )));
+                }
+            }
+        }
+        let (leaf, config) =
+            self.check_new_device(&what, new, member.config.size_bytes, force, same_path)?;
+        let gone = self.zio.vdevs.replace(
+            member.top,
+            member.config.guid,
+            leaf.clone(),
+            config,
+            PairKind::Replacing,
+        )?;
+        self.commit_tree_change(&[(leaf, member.top)], gone.into_iter().collect())
+    }
+
+    /// Detaches `device` (`oxpool detach`): a mirror side, a member of a replacing pair, or
+    /// a spare in use (back to AVAIL).
+    pub(crate) fn detach(&self, device: &str) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let member = self.member_named(device)?;
+        let gone = self.zio.vdevs.detach(member.top, member.config.guid)?;
+        self.commit_tree_change(&[], vec![gone])
+    }
+
+    /// Adds hot spares (`oxpool add POOL spare DEV...`).
+    pub(crate) fn add_spares(&self, devs: Vec<Arc<dyn Backend>>, force: bool) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let mut new = Vec::new();
+        for dev in devs {
+            let what = format!("add spare {}", dev.name());
+            if new
+                .iter()
+                .any(|(_, c): &(Arc<Leaf>, LeafConfig)| c.path == dev.name())
+            {
+                return Err(EngineError::invalid(format!(
+                    "cannot {what}: it is named twice"
+                )));
+            }
+            new.push(self.check_new_device(&what, dev, 0, force, None)?);
+        }
+        let leaves: Vec<(Arc<Leaf>, VdevId)> =
+            new.iter().map(|(l, _)| (l.clone(), SPARE_TOP)).collect();
+        self.zio
+            .vdevs
+            .add_spares(new.into_iter().map(|(l, c)| (c, l)).collect());
+        self.commit_tree_change(&leaves, Vec::new())
+    }
+
+    /// Removes an unused hot spare (`oxpool remove POOL SPARE`).
+    pub(crate) fn remove_spare(&self, device: &str) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let spare = self.zio.vdevs.spare_named(device).ok_or_else(|| {
+            EngineError::NotFound(format!("spare '{device}' in pool '{}'", self.name))
+        })?;
+        self.zio
+            .vdevs
+            .remove_spare(spare.config.guid)
+            .map_err(|e| {
+                EngineError::invalid(format!(
+                    "cannot remove {}: {}",
+                    spare.config.path,
+                    e.to_string()
+                        .rsplit_once(": ")
+                        .map_or(e.to_string(), |(_, why)| why.to_string())
+                ))
+            })?;
+        self.commit_tree_change(
+            &[],
+            vec![Detached {
+                leaf: spare.leaf,
+                guid: spare.config.guid,
+                spare: false,
+            }],
+        )
+    }
+
+    /// Lets hot spares stand in for faulted devices; returns whether any did (persisted).
+    pub(crate) fn spares_step_in(&self) -> bool {
+        let _one = self.config_change.lock().unwrap();
+        if !self.zio.vdevs.spares_step_in() {
+            return false;
+        }
+        if let Err(e) = self.commit_tree_change(&[], Vec::new()) {
+            tracing::warn!(pool = self.name, "recording the spare that stepped in: {e}");
+        }
+        true
+    }
+
+    /// Detaches the old member of every replacement whose new member is resilvered (the
+    /// scan calls this after it forgot what devices lacked), and records it.
+    pub(crate) fn finish_replacements(&self) {
+        let _one = self.config_change.lock().unwrap();
+        let gone = self.zio.vdevs.finish_replacements();
+        if gone.is_empty() {
+            return;
+        }
+        if let Err(e) = self.commit_tree_change(&[], gone) {
+            tracing::warn!(pool = self.name, "recording finished replacements: {e}");
+        }
+    }
+}

@@ -1,0 +1,409 @@
+//! Changing a pool's devices while it runs: `attach` (a single device becomes a mirror),
+//! `detach`, `replace` on a mirror and on a raidz2 (also across an export and import in the
+//! middle of the resilver), hot spares that step in for a device faulted by injected errors
+//! and go back when the device is replaced, and the refusals. Each proves the new device
+//! holds the data by taking enough of the others out of service and reading everything.
+
+mod common;
+
+use common::{mem_pool, pattern, raidz, test_props, DEVICE_BYTES};
+use oxpool_engine::vdev::{InjectKind, InjectOps, InjectRule};
+use oxpool_engine::{Pool, PoolStatus, ScanState, Volume};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::block_on;
+use oxpool_io::{Backend, MemoryBackend};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const VOLUME_BYTES: u64 = 4 << 20;
+
+fn dev(m: &MemoryBackend) -> Arc<dyn Backend> {
+    Arc::new(m.clone())
+}
+
+fn mem(i: usize) -> MemoryBackend {
+    MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES)
+}
+
+/// Volume `v` written with `seed`'s pattern and synced, the data cache off (every read goes
+/// to the devices).
+fn fill(pool: &Pool, seed: u64) -> Vec<u8> {
+    pool.set_prop("data_cache_max", "0").unwrap();
+    let v = pool
+        .create_volume(
+            "v",
+            VOLUME_BYTES,
+            &[("compression".to_string(), "off".to_string())],
+        )
+        .unwrap();
+    let data = pattern(seed, VOLUME_BYTES as usize);
+    block_on(v.write(0, &data, false)).unwrap();
+    pool.sync().unwrap();
+    data
+}
+
+fn read_all(v: &Volume) -> oxpool_engine::Result<Vec<u8>> {
+    let mut got = vec![0u8; v.size_bytes() as usize];
+    block_on(v.read(0, &mut got))?;
+    Ok(got)
+}
+
+/// Waits until no scan runs and no replacement or spare is left to resilver (bounded; the
+/// bound is a hang guard, not a measurement).
+fn wait_resilvered(pool: &Pool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let scanning = pool
+            .scan_wait(Duration::from_secs(10))
+            .is_some_and(|s| s.state == ScanState::Scanning);
+        if !scanning && !pool.resilvering() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "resilver did not end: {:?}",
+            pool.status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn names(s: &PoolStatus) -> Vec<String> {
+    s.vdevs[0].children.iter().map(|c| c.name.clone()).collect()
+}
+
+fn labelled(m: &MemoryBackend) -> bool {
+    block_on(oxpool_engine::vdev::label::read_label(m)).is_ok()
+}
+
+#[test]
+fn attach_makes_a_mirror_that_holds_everything_then_detach_undoes_it() {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let data = fill(&pool, 1);
+    let m1 = mem(1);
+    pool.attach("mem0", dev(&m1), false).unwrap();
+    let s = pool.status();
+    assert_eq!(s.vdevs[0].name, "mirror-0", "{s:?}");
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem1"]);
+    assert_eq!(s.state, "ONLINE", "{s:?}");
+    // The original out of service: every block comes from the attached side.
+    pool.offline("mem0", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data, "attached side lacks data");
+    pool.online("mem0").unwrap();
+    // Detaching the original leaves a single device again, recorded: the pool imports from
+    // the attached device alone, and the original's labels are gone.
+    pool.detach("mem0").unwrap();
+    let s = pool.status();
+    assert_eq!(s.vdevs[0].name, "mem1", "{s:?}");
+    assert!(s.vdevs[0].children.is_empty());
+    assert!(!labelled(&mems[0]));
+    drop(v);
+    pool.export().unwrap();
+    let pool = Pool::import(vec![dev(&mems[0]), dev(&m1)], Some("tank")).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+    assert_eq!(pool.status().vdevs[0].name, "mem1");
+}
+
+#[test]
+fn replace_on_a_mirror_resilvers_and_detaches_the_old_device() {
+    let (pool, mems) = mem_pool(TopVdevKind::Mirror, 2);
+    let data = fill(&pool, 2);
+    let m2 = mem(2);
+    pool.replace("mem1", dev(&m2), false).unwrap();
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem2"], "{s:?}");
+    assert_eq!(s.state, "ONLINE", "{s:?}");
+    assert!(!labelled(&mems[1]), "the replaced device keeps its labels");
+    pool.offline("mem0", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data, "replacement lacks data");
+    // Recorded: after export and import the mirror is mem0 + mem2.
+    pool.online("mem0").unwrap();
+    drop(v);
+    pool.export().unwrap();
+    let pool = Pool::import(vec![dev(&mems[0]), dev(&mems[1]), dev(&m2)], Some("tank")).unwrap();
+    assert_eq!(names(&pool.status()), ["mem0", "mem2"]);
+}
+
+#[test]
+fn replace_on_raidz2_then_two_others_out_reads_everything() {
+    let (pool, _mems) = mem_pool(raidz(2), 5);
+    let data = fill(&pool, 3);
+    let m5 = mem(5);
+    pool.replace("mem4", dev(&m5), false).unwrap();
+    let s = pool.status();
+    assert_eq!(s.vdevs[0].children[4].name, "replacing-4", "{s:?}");
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem1", "mem2", "mem3", "mem5"], "{s:?}");
+    // Two others out: every block needs mem5's columns.
+    pool.offline("mem0", false).unwrap();
+    pool.offline("mem1", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data, "replacement lacks columns");
+}
+
+#[test]
+fn replace_survives_export_and_import_in_the_middle() {
+    let (pool, mems) = mem_pool(TopVdevKind::Mirror, 2);
+    let data = fill(&pool, 4);
+    pool.set_prop("fault_errors", "0").unwrap();
+    // Every read of both old sides returns wrong bytes: the resilver cannot finish (no good
+    // copy), so the replacement stays half done whatever the timing.
+    for (id, name) in [(1, "mem0"), (2, "mem1")] {
+        pool.inject_add(InjectRule {
+            id,
+            device: pool.device(name).unwrap().0,
+            kind: InjectKind::Corrupt,
+            ops: InjectOps::Read,
+            frequency_ppm: 1_000_000,
+        })
+        .unwrap();
+    }
+    let m2 = mem(2);
+    pool.replace("mem1", dev(&m2), false).unwrap();
+    wait_resilvered_or_stuck(&pool);
+    let s = pool.status();
+    let pair = &s.vdevs[0].children[1];
+    assert_eq!(pair.name, "replacing-1", "{s:?}");
+    assert_eq!(pair.children[1].name, "mem2");
+    assert!(
+        pair.children[1]
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("lacks the blocks of txgs 1-")),
+        "{s:?}"
+    );
+    pool.export().unwrap();
+    // Injection rules end with the process's pool: the import's resilver finishes.
+    let pool = Pool::import(vec![dev(&mems[0]), dev(&mems[1]), dev(&m2)], Some("tank")).unwrap();
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem2"], "{s:?}");
+    assert!(!labelled(&mems[1]));
+    pool.offline("mem0", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+}
+
+/// Waits for the scan a replace started to end, finished or not.
+fn wait_resilvered_or_stuck(pool: &Pool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while pool
+        .scan_wait(Duration::from_secs(10))
+        .is_some_and(|s| s.state == ScanState::Scanning)
+    {
+        assert!(Instant::now() < deadline, "scan did not end");
+    }
+}
+
+#[test]
+fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
+    let (pool, mems) = mem_pool(raidz(1), 3);
+    let data = fill(&pool, 5);
+    let m3 = mem(3);
+    pool.add_spares(vec![dev(&m3)], false).unwrap();
+    let spares = pool.spares();
+    assert_eq!(
+        (spares[0].name.as_str(), spares[0].state),
+        ("mem3", "AVAIL")
+    );
+    pool.inject_add(InjectRule {
+        id: 1,
+        device: pool.device("mem2").unwrap().0,
+        kind: InjectKind::Io,
+        ops: InjectOps::Read,
+        frequency_ppm: 1_000_000,
+    })
+    .unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+    // The fault (10 read errors) calls the spare in, on a thread of its own.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pool.spares()[0].state != "INUSE" {
+        assert!(Instant::now() < deadline, "no spare: {:?}", pool.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_resilvered(&pool);
+    let s = pool.status();
+    let pair = &s.vdevs[0].children[2];
+    assert_eq!(pair.name, "spare-2", "{s:?}");
+    assert_eq!(
+        (
+            pair.children[0].state.as_str(),
+            pair.children[1].name.as_str()
+        ),
+        ("FAULTED", "mem3")
+    );
+    assert_eq!(pair.state, "DEGRADED", "{s:?}");
+    assert_eq!(
+        pair.children[1].reason, None,
+        "the spare is resilvered: {s:?}"
+    );
+    assert!(
+        s.reasons
+            .iter()
+            .any(|r| r.contains("hot spare mem3 stands in for mem2")),
+        "{s:?}"
+    );
+    assert_eq!(s.spares[0].in_use_for.as_deref(), Some("mem2"));
+    // The spare holds mem2's columns: with mem0 out too, everything reads.
+    pool.inject_clear(None);
+    pool.offline("mem0", false).unwrap();
+    assert!(read_all(&v).unwrap() == data, "the spare lacks data");
+    pool.online("mem0").unwrap();
+    // A spare in use cannot be removed.
+    let e = pool.remove_spare("mem3").unwrap_err().to_string();
+    assert!(
+        e.contains("cannot remove mem3: ") && e.contains("in use"),
+        "{e}"
+    );
+    // Replacing the faulted device: the new one resilvers, the spare goes back.
+    let m4 = mem(4);
+    pool.replace("mem2", dev(&m4), false).unwrap();
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem1", "mem4"], "{s:?}");
+    assert_eq!(
+        (s.spares[0].name.as_str(), s.spares[0].state),
+        ("mem3", "AVAIL")
+    );
+    assert!(labelled(&m3), "a spare keeps its labels");
+    assert!(!labelled(&mems[2]));
+    pool.offline("mem1", false).unwrap();
+    assert!(read_all(&v).unwrap() == data, "the replacement lacks data");
+    pool.online("mem1").unwrap();
+    // Spares are recorded; an unused one can be removed.
+    drop(v);
+    pool.export().unwrap();
+    let all: Vec<Arc<dyn Backend>> = mems.iter().chain([&m3, &m4]).map(dev).collect();
+    let pool = Pool::import(all, Some("tank")).unwrap();
+    assert_eq!(pool.spares()[0].state, "AVAIL");
+    pool.remove_spare("mem3").unwrap();
+    assert!(pool.spares().is_empty());
+    assert!(!labelled(&m3));
+}
+
+#[test]
+fn detaching_a_spare_in_use_returns_it() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Mirror, 2);
+    fill(&pool, 6);
+    let m2 = mem(2);
+    pool.add_spares(vec![dev(&m2)], false).unwrap();
+    pool.inject_add(InjectRule {
+        id: 1,
+        device: pool.device("mem1").unwrap().0,
+        kind: InjectKind::Io,
+        ops: InjectOps::Read,
+        frequency_ppm: 1_000_000,
+    })
+    .unwrap();
+    let v = pool.volume("v").unwrap();
+    // Reads alternate between the sides: enough of them reach mem1 to fault it.
+    for _ in 0..4 {
+        read_all(&v).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pool.spares()[0].state != "INUSE" {
+        assert!(Instant::now() < deadline, "no spare: {:?}", pool.status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_resilvered(&pool);
+    pool.detach("mem2").unwrap();
+    assert_eq!(pool.spares()[0].state, "AVAIL");
+    assert_eq!(names(&pool.status()), ["mem0", "mem1"]);
+}
+
+#[test]
+fn refusals_say_why_and_change_nothing() {
+    let (pool, _mems) = mem_pool(raidz(1), 3);
+    fill(&pool, 7);
+    let before = format!("{:?}", pool.status().vdevs);
+    let refused = |r: oxpool_engine::Result<()>| r.unwrap_err().to_string();
+    let e = refused(pool.attach("mem0", dev(&mem(5)), false));
+    assert!(
+        e.contains("cannot attach mem5 to mem0") && e.contains("raidz expansion is not supported"),
+        "{e}"
+    );
+    let small = MemoryBackend::new("small", DEVICE_BYTES / 2);
+    let e = refused(pool.replace("mem0", Arc::new(small), false));
+    assert!(
+        e.contains("cannot replace mem0 with small") && e.contains("smaller"),
+        "{e}"
+    );
+    let e = refused(pool.replace("nosuch", dev(&mem(5)), false));
+    assert!(e.contains("device 'nosuch'"), "{e}");
+    let e = refused(pool.replace("mem0", dev(&mem(1)), false));
+    assert!(e.contains("already in pool 'tank'"), "{e}");
+    let e = refused(pool.detach("mem0"));
+    assert!(
+        e.contains("cannot detach mem0: it is a column of raidz1-0"),
+        "{e}"
+    );
+    // A device of another pool needs -f.
+    let other = mem(9);
+    Pool::create(
+        "other",
+        vec![oxpool_engine::TopSpec {
+            log: false,
+            kind: TopVdevKind::Single,
+            devices: vec![dev(&other)],
+        }],
+        test_props(),
+        false,
+    )
+    .unwrap()
+    .export()
+    .unwrap();
+    let e = refused(pool.replace("mem0", dev(&other), false));
+    assert!(
+        e.contains("belongs to pool 'other'") && e.contains("-f"),
+        "{e}"
+    );
+    assert_eq!(format!("{:?}", pool.status().vdevs), before);
+
+    // A mirror: the last side, and a side whose partner is out.
+    let (pool, _mems) = mem_pool(TopVdevKind::Mirror, 2);
+    fill(&pool, 8);
+    pool.offline("mem1", false).unwrap();
+    let e = refused(pool.detach("mem0"));
+    assert!(e.starts_with("cannot detach mem0: mirror-0"), "{e}");
+    assert!(!e.contains('\n'));
+    pool.online("mem1").unwrap();
+    pool.scrub().unwrap();
+    pool.detach("mem1").unwrap();
+    let e = refused(pool.detach("mem0"));
+    assert!(
+        e.contains("cannot detach mem0: it is the only device of its vdev"),
+        "{e}"
+    );
+}
+
+#[test]
+fn replace_without_new_takes_a_swapped_device_at_the_same_path() {
+    let (pool, mems) = mem_pool(TopVdevKind::Mirror, 2);
+    let data = fill(&pool, 9);
+    // Not swapped: the device at the path is still the old one.
+    let e = pool
+        .replace("mem1", dev(&mems[1]), false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is still the device it replaces"), "{e}");
+    // Swapped: a blank device at the same path.
+    let swapped = mem(1);
+    pool.replace("mem1", dev(&swapped), false).unwrap();
+    wait_resilvered(&pool);
+    let s = pool.status();
+    assert_eq!(names(&s), ["mem0", "mem1"], "{s:?}");
+    assert_eq!(s.state, "ONLINE", "{s:?}");
+    pool.offline("mem0", false).unwrap();
+    let v = pool.volume("v").unwrap();
+    assert!(read_all(&v).unwrap() == data);
+    // The swapped device is the one in the pool now.
+    assert!(labelled(&swapped));
+}
