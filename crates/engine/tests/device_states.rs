@@ -242,6 +242,47 @@ fn injected_corruption_is_caught_and_degrades_the_device() {
     }
 }
 
+/// Reads in flight on a device when the fault rule takes it out: each of their errors comes
+/// back after it is FAULTED (a raidz read once looked the device up again there, found none,
+/// and panicked the pool's sync thread; the pool suspended).
+#[test]
+fn reads_in_flight_when_their_device_is_faulted_still_give_the_data() {
+    for (shape, kind, n) in shapes() {
+        let (pool, _mems, data) = written(kind, n, 5);
+        pool.set_prop("fault_errors", "1").unwrap();
+        let dev = format!("mem{}", n - 1);
+        // Every read of it fails, after 20 ms: all of them are in flight before the first
+        // error faults it.
+        pool.inject_add(rule(1, &pool, &dev, InjectKind::Io, InjectOps::Read))
+            .unwrap();
+        let delay = InjectKind::Delay { delay_ms: 20 };
+        pool.inject_add(rule(2, &pool, &dev, delay, InjectOps::Read))
+            .unwrap();
+        let v = pool.volume("v").unwrap();
+        let chunk = 64 << 10;
+        let mut bufs: Vec<Vec<u8>> = (0..VOLUME_BYTES / chunk)
+            .map(|_| vec![0u8; chunk as usize])
+            .collect();
+        let reads: Vec<_> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| v.read(i as u64 * chunk, b))
+            .collect();
+        for r in block_on(join_all(reads)) {
+            r.unwrap();
+        }
+        assert!(bufs.concat() == data, "{shape}: wrong data");
+        let s = pool.status();
+        assert_eq!(leaf(&s, n - 1).state, "FAULTED", "{shape}: {s:?}");
+        assert!(leaf(&s, n - 1).read_errors > 1, "{shape}: {s:?}");
+        // The pool still commits.
+        block_on(v.write(0, &data[..chunk as usize], false)).unwrap();
+        pool.sync().unwrap();
+        drop(v);
+        pool.export().unwrap();
+    }
+}
+
 #[test]
 fn injected_latency_delays_without_errors() {
     for (shape, kind, n) in shapes() {

@@ -14,8 +14,8 @@
 
 pub mod block;
 mod config;
-pub mod errlog;
 mod devices;
+pub mod errlog;
 pub mod import;
 mod meta;
 pub mod space;

@@ -302,13 +302,13 @@ where
                         let leaf = child(c).expect("the plan reads present children only");
                         let buf = std::mem::replace(&mut bufs[c], IoBuf::zeroed(0));
                         let offset_bytes = DATA_START_BYTES + map.column(c).child_offset_bytes;
-                        async move { (c, leaf.read(class, offset_bytes, buf).await) }
+                        async move { (c, leaf, leaf.read(class, offset_bytes, buf).await) }
                     })
                     .collect();
                 let batch = zio.completion.batch_guard();
                 let results = join_all(futs).await;
                 drop(batch);
-                for (c, r) in results {
+                for (c, leaf, r) in results {
                     counts.columns_read += 1;
                     match r {
                         Ok(buf) => {
@@ -316,7 +316,8 @@ where
                             plan.read_done(c, true);
                         }
                         Err(e) => {
-                            let leaf = child(c).expect("read above");
+                            // The leaf the read went to: the fault rule may have taken it
+                            // out of service while the read ran (this very error can).
                             zio.vdevs.note_error(leaf, ErrorKind::Read, Some(&e));
                             tracing::warn!(device = leaf.name(), %what, "read failed: {e}");
                             bufs[c] = IoBuf::zeroed(map.column_bytes(c));
