@@ -22,7 +22,7 @@ use crate::vdev::raidz::{
     generate_parity, plan_write, write_outcome, ColumnSet, DataColumns, ParityKernels, RaidzMap,
     ReadFailure, ReadMode, ReadPlan, ReadStep, WriteOutcome, WriteSource,
 };
-use crate::vdev::{ErrorKind, LeafIo, TopVdev};
+use crate::vdev::{ErrorKind, Leaf, LeafIo, TopVdev};
 use crate::{EngineError, Result};
 use oxpool_format::{checksum_parts, BlockPtr, Dva, Txg, DATA_START_BYTES};
 use oxpool_io::rt::join_all;
@@ -267,15 +267,19 @@ where
     // One shape for the whole block: a device attached or detached meanwhile changes the
     // next block's plan, not this one's.
     let shape = top.shape();
-    // A pair's column is read from the member that lacks nothing for the block.
-    let child = |c: usize| shape.children[map.column(c).child.0].for_read(birth);
-    let unreadable = map.columns_on(|ch| shape.children[ch.0].for_read(birth).is_none());
+    // A pair's column is read from the member that lacks nothing for the block. Chosen once
+    // for the whole read: the fault rule may take a device out of service between two steps
+    // of the plan (or while a read of it runs), and the plan must keep the leaves it counted
+    // on (an error of one is then charged to it; a later step does not read it again).
+    let leaves: Vec<Option<&Arc<Leaf>>> = shape
+        .children
+        .iter()
+        .map(|child| child.for_read(birth))
+        .collect();
+    let child = |c: usize| leaves[map.column(c).child.0];
+    let unreadable = map.columns_on(|ch| leaves[ch.0].is_none());
     let mut stale = match birth {
-        Some(b) => map.columns_on(|ch| {
-            shape.children[ch.0]
-                .for_read(birth)
-                .is_some_and(|l| l.health.missed_covers(b))
-        }),
+        Some(b) => map.columns_on(|ch| leaves[ch.0].is_some_and(|l| l.health.missed_covers(b))),
         None => ColumnSet::EMPTY,
     };
     // More columns out than parity when the stale ones are left out: read them after all
