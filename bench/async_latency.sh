@@ -3,6 +3,12 @@
 # one NBD connection, random reads at iodepth 1 and 64, 4K and 128K. A benchmark, not a test.
 #
 #   bench/async_latency.sh [OXPOOL_BINARY]     (default target/release/oxpool)
+#   DELAY_MS=20 bench/async_latency.sh         (the added latency, default 4 ms)
+#
+# On 2 vCPUs, 4 ms makes the 128K cell at iodepth 64 CPU-bound (64 x 200 IOPS of 128K reads
+# with data_cache_max=0: both cores busy, the reactor at 93 %), so it measures the CPU, not
+# whether reads wait on each other; 20 ms keeps every cell below the CPU's ceiling
+# (bench/results/2026-11-26-async-latency-20ms).
 #
 # Makes a pool on a 4 GiB file in a new directory under /var/tmp, a 1 GiB volume written whole
 # (reads must reach the device: a hole is not read), data_cache_max=0 (every read goes to the
@@ -28,7 +34,7 @@ PID=$!
 for _ in $(seq 50); do [ -S "$D/c.run/server-$PID.sock" ] && break; sleep 0.1; done
 URI=nbd://127.0.0.1:10809/g5/v
 fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=1G --end_fsync=1 >/dev/null 2>&1
-"$B" "${C[@]}" inject -d p.img -D 4 -T read g5
+"$B" "${C[@]}" inject -d p.img -D "${DELAY_MS:-4}" -T read g5
 for bs in 4k 128k; do
     for qd in 1 64; do
         fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=$bs --iodepth=$qd --size=1G \
