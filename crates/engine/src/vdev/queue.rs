@@ -147,6 +147,19 @@ pub const CLASS_LIMITS: [ClassLimits; IO_CLASS_COUNT] = [
     },
 ];
 
+/// The scrub class's `max_active` while the leaf is idle: no I/O of another class active,
+/// and at least [`SCRUB_IDLE_AFTER_COMPLETIONS`] scrub I/Os completed since the last one
+/// began and ended (ZFS's non-interactive rule, `zfs_vdev_nia_delay`). A scan of a pool nobody is using
+/// then reads at the device's pace instead of two column reads at a time (measured: a
+/// raidz2 scrub 15-20 % slower than with the queue bypassed); the first client I/O puts it
+/// back at [`CLASS_LIMITS`]' limit until it has been alone again for a while. The async read
+/// class's limit: what the engine's own background reads get.
+pub const SCRUB_IDLE_MAX_ACTIVE: u32 = 10;
+
+/// Scrub completions without another class's I/O before the leaf counts as idle (ZFS's
+/// `zfs_vdev_nia_delay` default).
+pub const SCRUB_IDLE_AFTER_COMPLETIONS: u32 = 5;
+
 /// Most I/Os active on one leaf, whatever their class (ZFS's `zfs_vdev_max_active`). Also
 /// bounds the bypass of `auto`.
 pub const LEAF_ACTIVE_MAX: u32 = 1000;
@@ -389,6 +402,9 @@ pub struct VdevQueue {
     waiting_total: AtomicU32,
     /// Exponentially weighted average of the device time per I/O (weight 1/8), microseconds.
     disk_wait_recent_us: AtomicU64,
+    /// Scrub I/Os completed since the last I/O of another class began (saturating at
+    /// [`SCRUB_IDLE_AFTER_COMPLETIONS`]): whether the leaf is idle for a scrub.
+    scrub_alone: AtomicU32,
     state: Mutex<QueueState>,
     /// Queued and bypassed I/Os.
     pub counters: QueueCounters,
@@ -420,6 +436,7 @@ impl VdevQueue {
             active_total: AtomicU32::new(0),
             waiting_total: AtomicU32::new(0),
             disk_wait_recent_us: AtomicU64::new(0),
+            scrub_alone: AtomicU32::new(0),
             state: Mutex::new(QueueState::with_slots(QUEUE_SLOTS_PREALLOCATED)),
             counters: QueueCounters::default(),
         }
@@ -479,7 +496,7 @@ impl VdevQueue {
                 self.waiting_total.load(Ordering::SeqCst) == 0
                     && self.active_total.load(Ordering::SeqCst) < self.active_max
                     && (self.active[class.index()].load(Ordering::SeqCst)
-                        < self.limits[class.index()].max_active
+                        < self.max_active(class.index())
                         || self.disk_wait_recent_us.load(Ordering::Relaxed) < AUTO_DISK_WAIT_US_MAX)
             }
         }
@@ -488,6 +505,29 @@ impl VdevQueue {
     fn count_active(&self, c: usize) {
         self.active[c].fetch_add(1, Ordering::SeqCst);
         self.active_total.fetch_add(1, Ordering::SeqCst);
+        // Another class's I/O ends the leaf's idleness for the scrub; read first, so that
+        // a busy leaf does not write the line on every I/O.
+        if c != IoClass::Scrub.index() && self.scrub_alone.load(Ordering::Relaxed) != 0 {
+            self.scrub_alone.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Class `c`'s `max_active` now: its limit, or for the scrub on an idle leaf
+    /// [`SCRUB_IDLE_MAX_ACTIVE`].
+    fn max_active(&self, c: usize) -> u32 {
+        let limit = self.limits[c].max_active;
+        if c != IoClass::Scrub.index() {
+            return limit;
+        }
+        let others_active =
+            self.active_total.load(Ordering::SeqCst) - self.active[c].load(Ordering::SeqCst);
+        let idle = others_active == 0
+            && self.scrub_alone.load(Ordering::Relaxed) >= SCRUB_IDLE_AFTER_COMPLETIONS;
+        if idle {
+            limit.max(SCRUB_IDLE_MAX_ACTIVE)
+        } else {
+            limit
+        }
     }
 
     /// Chooses the class of the next admission (ZFS's `vdev_queue_class_to_issue`).
@@ -507,8 +547,7 @@ impl VdevQueue {
         }
         // Max pass, strict priority.
         (0..IO_CLASS_COUNT).find(|&c| {
-            st.waiting[c].len > 0
-                && self.active[c].load(Ordering::SeqCst) < self.limits[c].max_active
+            st.waiting[c].len > 0 && self.active[c].load(Ordering::SeqCst) < self.max_active(c)
         })
     }
 
@@ -553,6 +592,16 @@ impl VdevQueue {
 
     /// Gives back one active slot of class `c` and admits waiters that may now run.
     fn release(&self, c: usize) {
+        // Idleness is counted in scrub completions after the other classes' last I/O ended
+        // (and began: `count_active`).
+        let alone = self.scrub_alone.load(Ordering::Relaxed);
+        if c == IoClass::Scrub.index() {
+            if alone < SCRUB_IDLE_AFTER_COMPLETIONS {
+                self.scrub_alone.fetch_add(1, Ordering::Relaxed);
+            }
+        } else if alone != 0 {
+            self.scrub_alone.store(0, Ordering::Relaxed);
+        }
         let before = self.active[c].fetch_sub(1, Ordering::SeqCst);
         debug_assert!(before > 0, "release of an inactive class");
         self.active_total.fetch_sub(1, Ordering::SeqCst);
@@ -785,6 +834,42 @@ mod tests {
             }
         }
         got
+    }
+
+    #[test]
+    fn an_idle_leaf_lets_the_scrub_issue_more_until_another_class_comes() {
+        let q = VdevQueue::new();
+        q.set_mode(SchedulerMode::On);
+        let scrub_max = CLASS_LIMITS[IoClass::Scrub.index()].max_active;
+        assert!(scrub_max < SCRUB_IDLE_MAX_ACTIVE);
+        // Not idle yet: the class's own limit.
+        let first: Vec<_> = (0..scrub_max)
+            .map(|_| admit_now(&q, IoClass::Scrub))
+            .collect();
+        assert!(poll_once(&mut q.admit(IoClass::Scrub)).is_pending());
+        drop(first);
+        // Enough scrub completions with nothing else: idle, the higher limit.
+        for _ in 0..SCRUB_IDLE_AFTER_COMPLETIONS {
+            drop(admit_now(&q, IoClass::Scrub));
+        }
+        let many: Vec<_> = (0..SCRUB_IDLE_MAX_ACTIVE)
+            .map(|_| admit_now(&q, IoClass::Scrub))
+            .collect();
+        assert!(poll_once(&mut q.admit(IoClass::Scrub)).is_pending());
+        // A client's read: no more scrubs beyond the class's limit while it is active.
+        let read = admit_now(&q, IoClass::SyncRead);
+        drop(many);
+        let back: Vec<_> = (0..scrub_max)
+            .map(|_| admit_now(&q, IoClass::Scrub))
+            .collect();
+        assert!(poll_once(&mut q.admit(IoClass::Scrub)).is_pending());
+        drop((read, back));
+        // Gone, but the scrub waits for completions alone before it counts as idle again.
+        let again: Vec<_> = (0..scrub_max)
+            .map(|_| admit_now(&q, IoClass::Scrub))
+            .collect();
+        assert!(poll_once(&mut q.admit(IoClass::Scrub)).is_pending());
+        drop(again);
     }
 
     #[test]
