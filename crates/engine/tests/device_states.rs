@@ -49,6 +49,25 @@ fn read_all(v: &Volume) -> oxpool_engine::Result<Vec<u8>> {
     Ok(got)
 }
 
+/// Reads the whole volume as many 64 KiB reads in flight at once.
+fn read_at_once(v: &Volume) -> Vec<u8> {
+    let mut bufs: Vec<Vec<u8>> = (0..v.size_bytes() as usize / CHUNK_BYTES)
+        .map(|_| vec![0u8; CHUNK_BYTES])
+        .collect();
+    let reads: Vec<_> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| v.read((i * CHUNK_BYTES) as u64, b))
+        .collect();
+    for r in block_on(join_all(reads)) {
+        r.unwrap();
+    }
+    bufs.concat()
+}
+
+/// The size of each of [`read_at_once`]'s reads.
+const CHUNK_BYTES: usize = 64 << 10;
+
 fn rule(id: u64, pool: &Pool, device: &str, kind: InjectKind, ops: InjectOps) -> InjectRule {
     InjectRule {
         id,
@@ -259,24 +278,12 @@ fn reads_in_flight_when_their_device_is_faulted_still_give_the_data() {
         pool.inject_add(rule(2, &pool, &dev, delay, InjectOps::Read))
             .unwrap();
         let v = pool.volume("v").unwrap();
-        let chunk = 64 << 10;
-        let mut bufs: Vec<Vec<u8>> = (0..VOLUME_BYTES / chunk)
-            .map(|_| vec![0u8; chunk as usize])
-            .collect();
-        let reads: Vec<_> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(i, b)| v.read(i as u64 * chunk, b))
-            .collect();
-        for r in block_on(join_all(reads)) {
-            r.unwrap();
-        }
-        assert!(bufs.concat() == data, "{shape}: wrong data");
+        assert!(read_at_once(&v) == data, "{shape}: wrong data");
         let s = pool.status();
         assert_eq!(leaf(&s, n - 1).state, "FAULTED", "{shape}: {s:?}");
         assert!(leaf(&s, n - 1).read_errors > 1, "{shape}: {s:?}");
         // The pool still commits.
-        block_on(v.write(0, &data[..chunk as usize], false)).unwrap();
+        block_on(v.write(0, &data[..CHUNK_BYTES], false)).unwrap();
         pool.sync().unwrap();
         drop(v);
         pool.export().unwrap();
@@ -295,24 +302,12 @@ fn injected_latency_delays_without_errors() {
         }
         let v = pool.volume("v").unwrap();
         // Many reads in flight at once, each delayed on its own timer.
-        let chunk = 64 << 10;
-        let mut bufs: Vec<Vec<u8>> = (0..VOLUME_BYTES / chunk)
-            .map(|_| vec![0u8; chunk as usize])
-            .collect();
-        let reads: Vec<_> = bufs
-            .iter_mut()
-            .enumerate()
-            .map(|(i, b)| v.read(i as u64 * chunk, b))
-            .collect();
-        for r in block_on(join_all(reads)) {
-            r.unwrap();
-        }
-        assert!(bufs.concat() == data, "{shape}: wrong data");
+        assert!(read_at_once(&v) == data, "{shape}: wrong data");
         let rules = pool.inject_rules();
         let hits: u64 = rules.iter().map(|(_, r)| r.hits).sum();
         assert!(hits > 0, "{shape}: {rules:?}");
         // Writes and flushes too.
-        block_on(v.write(0, &data[..chunk as usize], false)).unwrap();
+        block_on(v.write(0, &data[..CHUNK_BYTES], false)).unwrap();
         pool.sync().unwrap();
         let after: u64 = pool.inject_rules().iter().map(|(_, r)| r.hits).sum();
         assert!(after > hits, "{shape}");

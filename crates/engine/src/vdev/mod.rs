@@ -788,13 +788,18 @@ mod tests {
         )))
     }
 
-    #[test]
-    fn mirror_writes_every_present_child_and_rotates_reads() {
-        let child = |guid: u64| LeafConfig {
+    /// The configuration of a 64 MiB test device `dev<guid>`.
+    fn leaf_config(guid: u64) -> LeafConfig {
+        LeafConfig {
             guid: Guid(guid),
             path: format!("dev{guid}"),
             size_bytes: 64 << 20,
-        };
+        }
+    }
+
+    #[test]
+    fn mirror_writes_every_present_child_and_rotates_reads() {
+        let child = leaf_config;
         let config = TopVdevConfig {
             id: VdevId(0),
             kind: TopVdevKind::Mirror,
@@ -837,11 +842,7 @@ mod tests {
 
     #[test]
     fn a_raidz_top_plans_no_whole_copies() {
-        let child = |guid: u64| LeafConfig {
-            guid: Guid(guid),
-            path: format!("dev{guid}"),
-            size_bytes: 64 << 20,
-        };
+        let child = leaf_config;
         let config = TopVdevConfig {
             id: VdevId(0),
             kind: TopVdevKind::Raidz(RaidzConfig {
@@ -909,11 +910,7 @@ mod tests {
     /// for the block (the old one while the new one lacks txgs 1-9), then to either.
     #[test]
     fn a_pair_is_written_on_both_and_read_from_the_member_that_has_the_block() {
-        let child = |guid: u64| LeafConfig {
-            guid: Guid(guid),
-            path: format!("dev{guid}"),
-            size_bytes: 64 << 20,
-        };
+        let child = leaf_config;
         let config = TopVdevConfig {
             id: VdevId(0),
             kind: TopVdevKind::Single,
