@@ -157,142 +157,94 @@ pub fn compress_block(setting: CompressionSetting, src: &[u8], dst: &mut [u8]) -
 /// compressed, and lz4 spends 2-30 us per block finding out that it cannot.
 pub const PROBE_BLOCK_BYTES_MIN: usize = 16 << 10;
 
-/// Samples the probe takes at most, spread evenly over the block (one per 128 bytes for
-/// blocks under 64 KiB).
-const PROBE_SAMPLES_MAX: usize = 512;
+/// Runs of bytes the probe gathers, one in each sixteenth of the block.
+const PROBE_RUNS: usize = 16;
 
-/// Bytes per sample.
-const PROBE_SAMPLE_BYTES: usize = 16;
+/// Bytes per run at most: a 256th of the block below 64 KiB (64 bytes of a 16 KiB block).
+const PROBE_RUN_BYTES_MAX: usize = 256;
 
-/// How far the samples' byte histogram may be from flat and still count as random-like: the
+/// How far the gathered bytes' histogram may be from flat and still count as random-like: the
 /// chi-square statistic against uniform bytes may exceed its mean for random bytes (255, with
 /// a standard deviation of 22.6) by six standard deviations of noise plus the skew of a
 /// sixteenth of the bytes all being one value (256 f^2 N with f = 1/16: exactly N). Neither
 /// lz4 nor zstd saves an eighth of a block from a byte-frequency skew that small (lz4 has no
-/// entropy stage at all; what it finds are repeats, which step 1 and the trial look for),
-/// and fio's default buffers (random bytes with a few percent of zeros) are within it.
+/// entropy stage at all: what it finds are repeats), and fio's default buffers (random bytes
+/// with a few percent of zeros) are within it.
 const PROBE_CHI_SQUARE_NOISE: u64 = 255 + 135;
 
-/// A trial compression of a slice of a sixteenth of the block must save at least
-/// this fraction (1/16) of them for the block to be compressed: half of the eighth the
-/// whole block must save ([`compressed_bytes_max`]), since the whole block gives lz4 more
-/// history to match against than a slice does.
+/// The trial compression of the gathered runs must save at least this fraction (1/16) of
+/// them for the block to be compressed: half of the eighth the whole block must save
+/// ([`compressed_bytes_max`]), since runs give lz4 less history to match against than the
+/// whole block does.
 const PROBE_TRIAL_SAVED_DIVISOR: usize = 16;
 
 /// Whether `src` looks incompressible from samples of it, so that no compressor needs to try
-/// the whole block. Blocks under [`PROBE_BLOCK_BYTES_MIN`] are never probed. In order:
+/// the whole block. Blocks under [`PROBE_BLOCK_BYTES_MIN`] are never probed.
 ///
-/// 1. Up to 512 samples of 16 bytes spread evenly over the block: if two are equal, the
-///    block repeats itself (zeros, a pattern, a page written twice) and is compressible.
-/// 2. If the byte histogram of up to 8 KiB of samples is nearly as flat as random bytes' (a
-///    chi-square test against uniform bytes, allowing the skew of a sixteenth of them being
-///    one value), no compressor can save an eighth: incompressible.
-/// 3. Otherwise lz4 compresses a sixteenth of the block, from its middle; if that saves less
-///    than a sixteenth of it, incompressible.
+/// The probe gathers 16 runs of up to 256 bytes (4 KiB; 1 KiB of a 16 KiB block), one from
+/// each sixteenth of the block at a varying place in it (so that data whose period divides
+/// the sixteenth, a header in every 512-byte sector, is not seen through its headers only).
+/// If their byte histogram is nearly as flat as random bytes' (a chi-square test against
+/// uniform bytes, allowing the skew of a sixteenth of them being one value), no compressor can
+/// save an eighth: incompressible. Otherwise lz4 compresses the gathered runs, and the block
+/// is incompressible if that saves less than a sixteenth of them.
 ///
 /// Why: lz4 gives up on a block only when its output passes the limit, after most of the
 /// block: 15 us for a random 128 KiB block, and 22 us for a 16 KiB block of fio's default
 /// buffers, which lz4 gets down to 98 % only, slowly, match by short match (2026-11-26: 57 %
-/// of the server's CPU in a 128K sequential write, a third of the throughput). The probe
-/// reads 2-8 KiB and, for data like fio's, compresses a sixteenth of the block. It is the kind
-/// of heuristic btrfs runs before compressing (samples, repeats, byte statistics). What it can
-/// miss: a block whose redundancy is all in repeats at distances the samples and slices do
-/// not see; it is then stored as is: a loss of space, never of data.
+/// of the server's CPU in a 128K sequential write, a third of the throughput). Runs rather
+/// than scattered samples because the block was just written by another thread: 512
+/// scattered 16-byte samples of a 128 KiB block took 36 us out of cache (7 us in it), 16 runs
+/// take a few. It is the kind of heuristic btrfs runs before compressing. What it misses: a
+/// block whose only redundancy is repeats of random strings (a random page written twice
+/// within one block), which the runs do not contain both copies of; it is then stored as is,
+/// a loss of space, never of data.
 pub fn looks_incompressible(src: &[u8]) -> bool {
     if src.len() < PROBE_BLOCK_BYTES_MIN {
         return false;
     }
-    let count = (src.len() / 128).min(PROBE_SAMPLES_MAX);
-    let stride = src.len() / count;
-    debug_assert!(stride >= 2 * PROBE_SAMPLE_BYTES);
-    if samples_repeat(src, count, stride) {
-        return false;
-    }
-    // Byte statistics: samples at a different place in each stride (a multiplicative
-    // sequence), so that data with a period that divides the stride (a header at the start of
-    // every 512-byte sector, zeros after it) is not seen through its headers only.
-    let mut counts = [0u32; 256];
-    let jitter_mask = (1usize << (stride / 2).ilog2()) - 1;
-    for i in 0..count {
-        let at = i * stride + ((i.wrapping_mul(0x9E37_79B1) >> 7) & jitter_mask);
-        for &b in &src[at..at + PROBE_SAMPLE_BYTES] {
-            counts[usize::from(b)] += 1;
-        }
-    }
-    let total = (count * PROBE_SAMPLE_BYTES) as u64;
-    let squares: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
-    // chi-square = 256 * sum(c^2) / total - total <= noise + total, without a division.
-    if 256 * squares <= total * (2 * total + PROBE_CHI_SQUARE_NOISE) {
-        return true;
-    }
-    let slice = (src.len() / 16).min(PROBE_TRIAL_SLICE_BYTES_MAX);
-    let at = src.len() / 2;
-    let saved = PROBE_SCRATCH.with(|scratch| {
+    let stride = src.len() / PROBE_RUNS;
+    let run = (stride / 16).min(PROBE_RUN_BYTES_MAX);
+    // Run starts: 64-byte aligned (whole cache lines), at a pseudo-random place in each
+    // stride (a multiplicative sequence), never past its end.
+    let places = (stride - run) / 64 + 1;
+    PROBE_SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        lz4::block::compress_to_buffer(
-            &src[at..at + slice],
-            None,
-            false,
-            &mut scratch.trial[..slice],
-        )
-        .map_or(0, |n| slice.saturating_sub(n))
-    });
-    saved * PROBE_TRIAL_SAVED_DIVISOR < slice
+        let ProbeScratch { gathered, trial } = &mut *scratch;
+        let gathered = &mut gathered[..PROBE_RUNS * run];
+        let mut counts = [0u32; 256];
+        for (i, dst) in gathered.chunks_exact_mut(run).enumerate() {
+            let at = i * stride + (i.wrapping_mul(0x9E37_79B1) >> 11) % places * 64;
+            dst.copy_from_slice(&src[at..at + run]);
+            for &b in dst.iter() {
+                counts[usize::from(b)] += 1;
+            }
+        }
+        let total = gathered.len() as u64;
+        let squares: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
+        // chi-square = 256 * sum(c^2) / total - total <= noise + total, without a division.
+        if 256 * squares <= total * (2 * total + PROBE_CHI_SQUARE_NOISE) {
+            return true;
+        }
+        let saved =
+            lz4::block::compress_to_buffer(gathered, None, false, &mut trial[..gathered.len()])
+                .map_or(0, |n| gathered.len().saturating_sub(n));
+        saved * PROBE_TRIAL_SAVED_DIVISOR < gathered.len()
+    })
 }
 
-/// The probe's buffers, per thread: not zeroed on every block (the trial's output is
-/// written before it is read, and the digest table is cleared only as far as it is used).
+/// The probe's buffers, per thread (no allocation and no zeroing per block: both are
+/// written before they are read).
 struct ProbeScratch {
-    trial: Box<[u8; PROBE_TRIAL_SLICE_BYTES_MAX]>,
-    slots: Box<[u64; PROBE_SLOTS]>,
+    gathered: Box<[u8; PROBE_RUNS * PROBE_RUN_BYTES_MAX]>,
+    trial: Box<[u8; PROBE_RUNS * PROBE_RUN_BYTES_MAX]>,
 }
-
-/// Slots of the digest table of [`samples_repeat`]: at most half full.
-const PROBE_SLOTS: usize = 2 * PROBE_SAMPLES_MAX;
 
 thread_local! {
     static PROBE_SCRATCH: RefCell<ProbeScratch> = RefCell::new(ProbeScratch {
-        trial: Box::new([0; PROBE_TRIAL_SLICE_BYTES_MAX]),
-        slots: Box::new([0; PROBE_SLOTS]),
+        gathered: Box::new([0; PROBE_RUNS * PROBE_RUN_BYTES_MAX]),
+        trial: Box::new([0; PROBE_RUNS * PROBE_RUN_BYTES_MAX]),
     });
-}
-
-/// The largest slice the probe's trial compresses (a sixteenth of a 128 KiB block).
-const PROBE_TRIAL_SLICE_BYTES_MAX: usize = 8 << 10;
-
-/// Whether two of `count` samples taken at the start of every `stride` bytes of `src` are
-/// equal (by a 64-bit digest of their 16 bytes; equal digests of different bytes only send
-/// the block to the compressor). Same place in every stride, so that a page written twice
-/// gives equal samples.
-fn samples_repeat(src: &[u8], count: usize, stride: usize) -> bool {
-    // Open addressing at most half full; 0 marks a free slot (a digest of 0 is stored as 1).
-    let slots_used = (2 * count).next_power_of_two().min(PROBE_SLOTS);
-    PROBE_SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        let slots = &mut scratch.slots[..slots_used];
-        slots.fill(0);
-        for i in 0..count {
-            let mut bytes = [0u8; PROBE_SAMPLE_BYTES];
-            bytes.copy_from_slice(&src[i * stride..i * stride + PROBE_SAMPLE_BYTES]);
-            let v = u128::from_le_bytes(bytes);
-            let digest = ((v as u64) ^ ((v >> 64) as u64).rotate_left(23))
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .max(1);
-            let mut slot = (digest >> 40) as usize & (slots_used - 1);
-            // Bounded: the table is never full (count <= slots_used / 2).
-            loop {
-                match slots[slot] {
-                    0 => {
-                        slots[slot] = digest;
-                        break;
-                    }
-                    d if d == digest => return true,
-                    _ => slot = (slot + 1) & (slots_used - 1),
-                }
-            }
-        }
-        false
-    })
 }
 
 /// Decompresses `src`, the `psize_bytes` stored bytes of a block compressed with
@@ -537,7 +489,7 @@ mod tests {
             assert!(looks_incompressible(&r), "random {len}");
             assert!(!lz4_saves_an_eighth(&r));
             // Bytes from a 64-letter alphabet: 6 bits of entropy, but no repeats for lz4 to
-            // use: skipped by the trial on a slice, and lz4 agrees.
+            // use: skipped by the trial on the gathered runs, and lz4 agrees.
             let letters64: Vec<u8> = random(len, 23).iter().map(|b| b'0' + (b & 63)).collect();
             assert!(!lz4_saves_an_eighth(&letters64), "letters64 {len}");
             assert!(looks_incompressible(&letters64), "letters64 {len}");
@@ -552,12 +504,6 @@ mod tests {
             // Compressible kinds: never skipped, and compressed.
             let mut tail = random(len, 9);
             tail[len / 2..].fill(0);
-            let page = 4096;
-            let mut twice = random(len, 11);
-            for p in (0..len / page).step_by(2) {
-                let (a, b) = twice.split_at_mut((p + 1) * page);
-                b[..page].copy_from_slice(&a[p * page..]);
-            }
             let words: Vec<u8> = (0..len)
                 .map(|i| b"the quick brown fox jumps over the lazy dog "[(i * 7 / 5) % 44])
                 .collect();
@@ -566,9 +512,6 @@ mod tests {
                 ("fio pattern", sample(len, 5)),
                 // Random but for its second half, zeros (a partly filled block).
                 ("zero tail", tail),
-                // Random 4 KiB pages, each written twice: repeats byte statistics cannot
-                // see; the equal samples send it to lz4.
-                ("repeated pages", twice),
                 ("text", words),
             ] {
                 assert!(lz4_saves_an_eighth(&data), "{what} {len}");
