@@ -192,7 +192,8 @@ pub fn decode_verified(bp: &BlockPtr, stored: &IoBuf, decode_to: Option<usize>) 
         // decoder; the read buffer is the allocation, at least that long).
         return Verdict::Good(None);
     }
-    let mut out = IoBuf::zeroed(lsize);
+    // Filled exactly by a successful decode; dropped after a failed one.
+    let mut out = IoBuf::for_overwrite(lsize);
     match decompress_block(bp.compression, &stored[..psize], &mut out) {
         Ok(()) => {
             COMPRESS_COUNTERS

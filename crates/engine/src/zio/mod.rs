@@ -558,7 +558,7 @@ async fn read_copies(
                 .read(
                     class,
                     io.offset_bytes,
-                    IoBuf::zeroed(dva.asize_bytes as usize),
+                    IoBuf::for_overwrite(dva.asize_bytes as usize),
                 )
                 .await;
             drop(batch);
@@ -744,7 +744,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                 .read(
                     IoClass::Scrub,
                     io.offset_bytes,
-                    IoBuf::zeroed(dva.asize_bytes as usize),
+                    IoBuf::for_overwrite(dva.asize_bytes as usize),
                 )
                 .await
             {
