@@ -563,12 +563,9 @@ fn to_version_1(stream: &[u8]) -> Vec<u8> {
             Some(StreamRecord::Free {
                 offset_bytes,
                 length_bytes,
-            }) => out.extend_from_slice(
-                &encoder
-                    .as_mut()
-                    .unwrap()
-                    .free(offset_bytes, length_bytes),
-            ),
+            }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().free(offset_bytes, length_bytes))
+            }
             Some(StreamRecord::SetSize { volsize_bytes }) => {
                 out.extend_from_slice(&encoder.as_mut().unwrap().set_size(volsize_bytes))
             }
@@ -627,9 +624,7 @@ fn received_blocks_keep_the_form_they_were_sent_in() {
         match name {
             "packed" => assert!(zstd > 0, "no zstd block received"),
             _ => assert!(
-                forms
-                    .iter()
-                    .all(|f| f.0 == oxpool_format::Compression::Off),
+                forms.iter().all(|f| f.0 == oxpool_format::Compression::Off),
                 "a block sent uncompressed was compressed"
             ),
         }
@@ -657,14 +652,13 @@ fn version_1_streams_are_received() {
     let all = send(&src, "src", "d", Some("a"), true);
     let mut v1 = Vec::new();
     let mut at = 0;
-    for (i, (h, payload)) in records_of(&all).iter().enumerate() {
+    for (h, payload) in records_of(&all) {
         // Split at each END (type 5): each stream converted alone.
         if u32::from_le_bytes(all[h + 8..h + 12].try_into().unwrap()) == 5 {
             let end = h + 128 + payload;
             v1.extend_from_slice(&to_version_1(&all[at..end]));
             at = end;
         }
-        let _ = i;
     }
     assert_eq!(at, all.len());
     recv(&dst, "copy", &v1, false).unwrap();
@@ -679,8 +673,7 @@ fn version_1_streams_are_received() {
     let mut damaged = full.clone();
     let last_data = records_of(&full)
         .into_iter()
-        .filter(|(h, _)| full[h + 8] == 2)
-        .last()
+        .rfind(|(h, _)| full[h + 8] == 2)
         .unwrap();
     damaged[last_data.0 + 128 + 5] ^= 0x10;
     assert!(recv(&dst, "other", &damaged, false).is_err());
@@ -726,14 +719,24 @@ fn blocks_a_sender_got_wrong_are_refused() {
     let (h, len) = compressed;
     let mut s = stream.clone();
     s[h + 128..h + 128 + len].fill(0xff);
-    let sum = oxpool_format::checksum(oxpool_format::ChecksumType::Xxh3_128, &s[h + 128..h + 128 + len]);
+    let sum = oxpool_format::checksum(
+        oxpool_format::ChecksumType::Xxh3_128,
+        &s[h + 128..h + 128 + len],
+    );
     s[h + 32..h + 64].copy_from_slice(&sum.0);
     s[h + 96..h + 112].copy_from_slice(&sum.0[..16]);
     reseal_v2(&mut s);
-    refused(&s, "a block that does not decompress", "does not decompress");
+    refused(
+        &s,
+        "a block that does not decompress",
+        "does not decompress",
+    );
     // The stream as sent is received.
     recv(&dst, "copy", &stream, false).unwrap();
-    assert_eq!(read_all(&dst.volume("copy").unwrap()), snap_bytes(&src, "v", "s"));
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        snap_bytes(&src, "v", "s")
+    );
     audit_clean(&dst, "after the good stream");
 }
 
@@ -785,8 +788,10 @@ fn blocks_written_as_stored_read_back_before_and_after_the_sync() {
     let first = stored(&b0, true);
     let packed_form = first.form;
     assert!(packed_form.psize_bytes < bs as u32);
-    oxpool_io::rt::block_on(vol.write_stored(0, vec![first, stored(&b1, false), stored(&b2, true)]))
-        .unwrap();
+    oxpool_io::rt::block_on(
+        vol.write_stored(0, vec![first, stored(&b1, false), stored(&b2, true)]),
+    )
+    .unwrap();
     // Read before any sync: the content, decompressed from the dirty stored block.
     let mut expect = [b0.clone(), b1.clone(), b2.clone()].concat();
     let mut got = vec![0u8; 3 * bs];
@@ -808,7 +813,10 @@ fn blocks_written_as_stored_read_back_before_and_after_the_sync() {
     let mut all = vec![0u8; 4 * bs];
     oxpool_io::rt::block_on(vol.read(0, &mut all)).unwrap();
     assert_eq!(&all[..3 * bs], &expect[..]);
-    assert!(all[3 * bs..].iter().all(|&x| x == 0), "the refused block was stored");
+    assert!(
+        all[3 * bs..].iter().all(|&x| x == 0),
+        "the refused block was stored"
+    );
     // Synced: block 0 was rewritten (by the volume's property: off), 1 and 2 as given.
     let bp = |b: u64| oxpool_io::rt::block_on(vol.block_pointer(b)).unwrap();
     assert_eq!(bp(0).compression, Compression::Off);

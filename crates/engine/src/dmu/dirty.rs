@@ -75,7 +75,8 @@ impl StoredForm {
     /// `scratch` (grown to `lsize_bytes`).
     pub(crate) fn decodes(&self, stored: &[u8], scratch: &mut Vec<u8>) -> bool {
         if self.compression == Compression::Off {
-            return self.psize_bytes == self.lsize_bytes && stored.len() >= self.psize_bytes as usize;
+            return self.psize_bytes == self.lsize_bytes
+                && stored.len() >= self.psize_bytes as usize;
         }
         let psize = self.psize_bytes as usize;
         if psize > stored.len() {
@@ -90,17 +91,13 @@ impl DirtyBlock {
     /// The block's buffer, whichever kind (the stored bytes for [`DirtyBlock::Stored`]).
     pub(crate) fn buf(&self) -> &Arc<IoBuf> {
         match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => {
-                buf
-            }
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => buf,
         }
     }
 
     pub(crate) fn into_buf(self) -> Arc<IoBuf> {
         match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => {
-                buf
-            }
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => buf,
         }
     }
 }

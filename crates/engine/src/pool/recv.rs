@@ -17,6 +17,7 @@
 
 use super::snapshot::now_s;
 use super::Pool;
+use crate::dmu::dirty::StoredForm;
 use crate::dmu::object::Object;
 use crate::dmu::tree::{levels_for, BlockTree};
 use crate::dsl::dataset::Dataset;
@@ -25,17 +26,14 @@ use crate::dsl::resume::ResumeProgress;
 use crate::dsl::snapshot::{Lineage, SnapOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::spa::check_name;
-use crate::zil::Zil;
-use crate::dmu::dirty::StoredForm;
 use crate::spa::Spa;
+use crate::zil::Zil;
 use crate::zvol::{StoredBlock, VolumeInner};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::stream::{
     ResumeToken, StreamBegin, StreamDecoder, StreamFeatures, StreamRecord, RECORD_HEADER_BYTES,
 };
-use oxpool_format::{
-    BlockPtr, DataRecord, OriginMeta, ReceiveResumeMeta, VolumeId, SECTOR_BYTES,
-};
+use oxpool_format::{BlockPtr, DataRecord, OriginMeta, ReceiveResumeMeta, VolumeId, SECTOR_BYTES};
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
 use std::io::{IoSliceMut, Read};
@@ -798,7 +796,8 @@ impl Pool {
         dec: &mut StreamDecoder,
     ) -> Result<(u64, u64)> {
         let queue = ApplyQueue::new();
-        let block_bytes = (begin.volblocksize_bytes as usize).next_multiple_of(SECTOR_BYTES as usize);
+        let block_bytes =
+            (begin.volblocksize_bytes as usize).next_multiple_of(SECTOR_BYTES as usize);
         let spares = Arc::new(SpareBuffers::new(block_bytes));
         input.spares = spares.clone();
         std::thread::scope(|scope| {

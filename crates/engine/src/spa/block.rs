@@ -168,7 +168,10 @@ pub(crate) fn alloc_new_block_checksummed(
         fill: nb.fill,
         checksum: match known {
             Some(sum) => {
-                debug_assert_eq!(sum, checksum(nb.checksum_type, &data[..nb.psize_bytes as usize]));
+                debug_assert_eq!(
+                    sum,
+                    checksum(nb.checksum_type, &data[..nb.psize_bytes as usize])
+                );
                 sum
             }
             None => checksum(nb.checksum_type, &data[..nb.psize_bytes as usize]),

@@ -412,11 +412,7 @@ impl Volume {
     /// decompress): such a block is refused before anything is changed. For a dataset that
     /// is not logged (`sync=disabled`, as a receive's hidden dataset): the intent log would
     /// need the content, so a logged volume is refused.
-    pub async fn write_stored(
-        &self,
-        offset_bytes: u64,
-        blocks: Vec<StoredBlock>,
-    ) -> Result<()> {
+    pub async fn write_stored(&self, offset_bytes: u64, blocks: Vec<StoredBlock>) -> Result<()> {
         let bs = self.block_size_bytes() as u64;
         let length_bytes = bs * blocks.len() as u64;
         if blocks.is_empty() {

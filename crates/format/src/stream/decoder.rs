@@ -192,7 +192,9 @@ impl StreamDecoder {
     /// may size a buffer by it.
     pub fn payload_pending_bytes(&self) -> usize {
         match self.phase {
-            Phase::Payload { payload_bytes, .. } => payload_bytes.saturating_sub(self.payload.len()),
+            Phase::Payload { payload_bytes, .. } => {
+                payload_bytes.saturating_sub(self.payload.len())
+            }
             Phase::Header | Phase::Done => 0,
         }
     }
