@@ -631,13 +631,55 @@ fn received_blocks_keep_the_form_they_were_sent_in() {
         // The received volume's own writes follow its own property (lz4 by default).
         assert_eq!(got.get_prop("compression").unwrap(), "lz4");
     }
+    // A sender whose checksum is blake3, a target whose is xxh3-128 (the default): the
+    // blocks keep their compression and stored size, and get the target's checksum of the
+    // same stored bytes (read back after an import below, where every read verifies it).
+    let strong = src
+        .create_volume(
+            "strong",
+            MIB,
+            &[
+                ("compression".into(), "lz4".into()),
+                ("checksum".into(), "blake3".into()),
+            ],
+        )
+        .unwrap();
+    write(&strong, 0, &content(Fill::Compressible, 4, MIB as usize));
+    snap(&src, "strong@s");
+    recv(
+        &dst,
+        "strong",
+        &send(&src, "strong", "s", None, false),
+        false,
+    )
+    .unwrap();
+    let sent = src.snapshot_volume("strong", "s").unwrap();
+    let got = dst.volume("strong").unwrap();
+    let bs = u64::from(got.block_size_bytes());
+    let mut compressed = 0;
+    for b in 0..MIB / bs {
+        let want = oxpool_io::rt::block_on(sent.block_pointer(b)).unwrap();
+        let have = oxpool_io::rt::block_on(got.block_pointer(b)).unwrap();
+        assert_eq!(want.checksum_type, oxpool_format::ChecksumType::Blake3);
+        assert_eq!(have.checksum_type, oxpool_format::ChecksumType::Xxh3_128);
+        assert_eq!(
+            (have.compression, have.psize_bytes),
+            (want.compression, want.psize_bytes),
+            "block {b}"
+        );
+        compressed += usize::from(have.compression != oxpool_format::Compression::Off);
+    }
+    assert!(compressed > 0);
     audit_clean(&dst, "after receiving stored blocks");
     dst.export().unwrap();
     let again = reimport(&_m2);
-    assert_eq!(
-        read_all(&again.volume("packed").unwrap()),
-        snap_bytes(&src, "packed", "s")
-    );
+    for name in ["packed", "plain", "strong"] {
+        assert_eq!(
+            read_all(&again.volume(name).unwrap()),
+            snap_bytes(&src, name, "s"),
+            "{name} after import"
+        );
+    }
     audit_clean(&again, "after import");
 }
 
