@@ -8,8 +8,9 @@
 //! the rest is the stream as is (it must get past the magic and the checksums by itself).
 //! Mode 1: the rest is stamped with the magic every 128-byte header needs and re-sealed
 //! with correct checksums (the documented rule: payload checksum at 96, running checksum at
-//! 112), so the fuzzer reaches the field and order checks behind them. The input is also
-//! parsed as a resume token.
+//! 112 over the headers before it, or every byte before it when BEGIN's version is 1), so
+//! the fuzzer reaches the field and order checks behind them. The input is also parsed as a
+//! resume token.
 
 use libfuzzer_sys::fuzz_target;
 use oxpool_format::stream::{RECORD_HEADER_BYTES, STREAM_MAGIC};
@@ -25,6 +26,8 @@ fn drive(bytes: &[u8], piece: usize) -> (Vec<String>, Result<(), StreamError>, V
     for chunk in bytes.chunks(piece.max(1)) {
         let mut rest = chunk;
         while !rest.is_empty() {
+            // Known once BEGIN's header is in, before the BEGIN record is handed out.
+            let version = decoder.version();
             let decoded = match decoder.decode(rest) {
                 Ok(decoded) => decoded,
                 Err(err) => return (records, Err(err), rewritten),
@@ -35,7 +38,8 @@ fn drive(bytes: &[u8], piece: usize) -> (Vec<String>, Result<(), StreamError>, V
                 // What the decoder accepts, the encoder writes back byte for byte.
                 match &record {
                     StreamRecord::Begin(begin) => {
-                        let (e, header) = StreamEncoder::new(begin);
+                        let version = version.expect("BEGIN's header read first");
+                        let (e, header) = StreamEncoder::with_version(begin, version);
                         rewritten.extend_from_slice(&header);
                         rewritten.extend_from_slice(begin.name.as_bytes());
                         encoder = Some(e);
@@ -76,6 +80,7 @@ fn drive(bytes: &[u8], piece: usize) -> (Vec<String>, Result<(), StreamError>, V
 /// Stamps the magic at every header and re-seals the checksums, walking the records by their
 /// payload sizes (clamped to what is there).
 fn seal(bytes: &mut [u8]) {
+    let v1 = bytes.len() >= 20 && bytes[16..20] == 1u32.to_le_bytes();
     let mut hasher = Xxh3Default::new();
     let mut at = 0usize;
     // Bounded: every pass moves at least one header forward.
@@ -89,7 +94,8 @@ fn seal(bytes: &mut [u8]) {
         hasher.update(&bytes[at..at + 112]);
         let running = hasher.digest128();
         bytes[at + 112..at + 128].copy_from_slice(&running.to_le_bytes());
-        hasher.update(&bytes[at + 112..end]);
+        let covered_end = if v1 { end } else { end.min(at + RECORD_HEADER_BYTES) };
+        hasher.update(&bytes[at + 112..covered_end]);
         at = end;
     }
 }

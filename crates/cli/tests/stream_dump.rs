@@ -155,7 +155,7 @@ fn records_are_printed_one_per_line_with_totals() {
         "BEGIN name=tank/vol0@monday toguid=123456789abcdef0 fromguid=0000000000000042 \
          (incremental) volsize=262144 volblocksize=4096 features=0x1 (compressed) \
          creation_txg=99 creation_time_ns=1700000000123456789 pool_guid=0000000000000abc \
-         volume_id=7 resume_offset=0 version=1"
+         volume_id=7 resume_offset=0 version=2"
             .to_string(),
         "SET_SIZE volsize=262144".to_string(),
         format!(
@@ -248,10 +248,10 @@ fn a_damaged_stream_is_an_error_naming_the_byte() {
 
     // Another version (read before the checksum).
     let mut bytes = good.bytes.clone();
-    bytes[16] = 2;
+    bytes[16] = 3;
     let err = failure(&dump_file(dir.path(), &bytes));
     assert!(
-        err.contains("byte 16: stream format version 2 is not supported"),
+        err.contains("byte 16: stream format version 3 is not supported"),
         "{err}"
     );
 

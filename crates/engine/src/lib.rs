@@ -44,4 +44,4 @@ pub use pool::{
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;
-pub use zvol::{BlockState, ChangedExtent, Volume, CHANGED_RANGES_MAX};
+pub use zvol::{BlockState, ChangedExtent, StoredBlock, StoredForm, Volume, CHANGED_RANGES_MAX};

@@ -507,3 +507,372 @@ fn a_send_aggregates_its_reads_and_survives_a_bad_mirror_side() {
     assert!(snap_bytes(&dst, "copy", "a") == data);
     audit_clean(&pool, "after healing side 0");
 }
+
+// Blocks stored as sent, stream format versions, and blocks a sender got wrong
+// (docs/send.md, "Blocks stored as sent"; docs/format.md, "Send streams").
+
+/// Each record of a stream: (header offset, payload length).
+fn records_of(stream: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 128 <= stream.len() {
+        let payload = u32::from_le_bytes(stream[at + 12..at + 16].try_into().unwrap()) as usize;
+        out.push((at, payload));
+        at += 128 + payload;
+    }
+    out
+}
+
+/// Recomputes the running checksums of a version 2 stream the test edited: each header's
+/// bytes 112..128 are the xxh3-128 of every header before it and its own bytes 0..112.
+fn reseal_v2(stream: &mut [u8]) {
+    let mut headers: Vec<u8> = Vec::new();
+    for (at, _) in records_of(stream) {
+        headers.extend_from_slice(&stream[at..at + 112]);
+        let running = oxpool_format::checksum(oxpool_format::ChecksumType::Xxh3_128, &headers);
+        stream[at + 112..at + 128].copy_from_slice(&running.0[..16]);
+        headers.extend_from_slice(&stream[at + 112..at + 128]);
+    }
+}
+
+/// The same records written in stream format version 1 (streams one after the other too).
+fn to_version_1(stream: &[u8]) -> Vec<u8> {
+    use oxpool_format::{StreamDecoder, StreamEncoder, StreamRecord};
+    let mut out = Vec::new();
+    let mut decoder = StreamDecoder::new();
+    let mut encoder: Option<StreamEncoder> = None;
+    let mut rest = stream;
+    while !rest.is_empty() {
+        if decoder.is_done() {
+            decoder = StreamDecoder::new();
+        }
+        let d = decoder.decode(rest).unwrap();
+        rest = &rest[d.consumed_bytes..];
+        match d.record {
+            None => {}
+            Some(StreamRecord::Begin(b)) => {
+                let (e, header) = StreamEncoder::with_version(b, 1);
+                out.extend_from_slice(&header);
+                out.extend_from_slice(b.name.as_bytes());
+                encoder = Some(e);
+            }
+            Some(StreamRecord::Data(r)) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().data(&r));
+                out.extend_from_slice(r.payload);
+            }
+            Some(StreamRecord::Free {
+                offset_bytes,
+                length_bytes,
+            }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().free(offset_bytes, length_bytes))
+            }
+            Some(StreamRecord::SetSize { volsize_bytes }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().set_size(volsize_bytes))
+            }
+            Some(StreamRecord::End { .. }) => {
+                out.extend_from_slice(&encoder.take().unwrap().end().0);
+            }
+        }
+    }
+    assert_eq!(&out[16..20], &1u32.to_le_bytes());
+    out
+}
+
+/// Every data block's pointer of `vol` (its stored form), block by block.
+fn stored_forms(vol: &oxpool_engine::Volume) -> Vec<(oxpool_format::Compression, u32, u32, u64)> {
+    let bs = u64::from(vol.block_size_bytes());
+    (0..vol.size_bytes() / bs)
+        .map(|b| {
+            let bp = oxpool_io::rt::block_on(vol.block_pointer(b)).unwrap();
+            let sum = u64::from_le_bytes(bp.checksum.0[..8].try_into().unwrap());
+            (bp.compression, bp.psize_bytes, bp.lsize_bytes, sum)
+        })
+        .collect()
+}
+
+#[test]
+fn received_blocks_keep_the_form_they_were_sent_in() {
+    let (src, _m1) = mem_pool(TopVdevKind::Single, 1);
+    // zstd at the sender, where the receiver's new volume would use its default (lz4); and
+    // compressible blocks stored uncompressed, which the receiver would compress.
+    let packed = src
+        .create_volume("packed", 2 * MIB, &[("compression".into(), "zstd".into())])
+        .unwrap();
+    write(&packed, 0, &content(Fill::Compressible, 1, MIB as usize));
+    write(&packed, MIB, &content(Fill::Random, 2, MIB as usize));
+    let plain = src
+        .create_volume("plain", MIB, &[("compression".into(), "off".into())])
+        .unwrap();
+    write(&plain, 0, &content(Fill::Compressible, 3, MIB as usize));
+    snap(&src, "packed@s");
+    snap(&src, "plain@s");
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    for name in ["packed", "plain"] {
+        recv(&dst, name, &send(&src, name, "s", None, false), false).unwrap();
+        let sent = src.snapshot_volume(name, "s").unwrap();
+        let got = dst.volume(name).unwrap();
+        assert_eq!(read_all(&got), read_all(&sent), "{name}");
+        let forms = stored_forms(&got);
+        assert_eq!(forms, stored_forms(&sent), "{name}: stored as sent");
+        // The head has not changed since @s: its stored bytes are the snapshot's.
+        let head = src.volume(name).unwrap();
+        assert_eq!(got.compressed_bytes(), head.compressed_bytes(), "{name}");
+        let zstd = forms
+            .iter()
+            .filter(|f| f.0 == oxpool_format::Compression::Zstd)
+            .count();
+        match name {
+            "packed" => assert!(zstd > 0, "no zstd block received"),
+            _ => assert!(
+                forms.iter().all(|f| f.0 == oxpool_format::Compression::Off),
+                "a block sent uncompressed was compressed"
+            ),
+        }
+        // The received volume's own writes follow its own property (lz4 by default).
+        assert_eq!(got.get_prop("compression").unwrap(), "lz4");
+    }
+    // A sender whose checksum is blake3, a target whose is xxh3-128 (the default): the
+    // blocks keep their compression and stored size, and get the target's checksum of the
+    // same stored bytes (read back after an import below, where every read verifies it).
+    let strong = src
+        .create_volume(
+            "strong",
+            MIB,
+            &[
+                ("compression".into(), "lz4".into()),
+                ("checksum".into(), "blake3".into()),
+            ],
+        )
+        .unwrap();
+    write(&strong, 0, &content(Fill::Compressible, 4, MIB as usize));
+    snap(&src, "strong@s");
+    recv(
+        &dst,
+        "strong",
+        &send(&src, "strong", "s", None, false),
+        false,
+    )
+    .unwrap();
+    let sent = src.snapshot_volume("strong", "s").unwrap();
+    let got = dst.volume("strong").unwrap();
+    let bs = u64::from(got.block_size_bytes());
+    let mut compressed = 0;
+    for b in 0..MIB / bs {
+        let want = oxpool_io::rt::block_on(sent.block_pointer(b)).unwrap();
+        let have = oxpool_io::rt::block_on(got.block_pointer(b)).unwrap();
+        assert_eq!(want.checksum_type, oxpool_format::ChecksumType::Blake3);
+        assert_eq!(have.checksum_type, oxpool_format::ChecksumType::Xxh3_128);
+        assert_eq!(
+            (have.compression, have.psize_bytes),
+            (want.compression, want.psize_bytes),
+            "block {b}"
+        );
+        compressed += usize::from(have.compression != oxpool_format::Compression::Off);
+    }
+    assert!(compressed > 0);
+    audit_clean(&dst, "after receiving stored blocks");
+    dst.export().unwrap();
+    let again = reimport(&_m2);
+    for name in ["packed", "plain", "strong"] {
+        assert_eq!(
+            read_all(&again.volume(name).unwrap()),
+            snap_bytes(&src, name, "s"),
+            "{name} after import"
+        );
+    }
+    audit_clean(&again, "after import");
+}
+
+#[test]
+fn version_1_streams_are_received() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    let full = to_version_1(&send(&src, "src", "a", None, false));
+    recv(&dst, "copy", &full, false).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "a"), snap_bytes(&src, "src", "a"));
+    // Several version 1 streams one after the other (-I).
+    let all = send(&src, "src", "d", Some("a"), true);
+    let mut v1 = Vec::new();
+    let mut at = 0;
+    for (h, payload) in records_of(&all) {
+        // Split at each END (type 5): each stream converted alone.
+        if u32::from_le_bytes(all[h + 8..h + 12].try_into().unwrap()) == 5 {
+            let end = h + 128 + payload;
+            v1.extend_from_slice(&to_version_1(&all[at..end]));
+            at = end;
+        }
+    }
+    assert_eq!(at, all.len());
+    recv(&dst, "copy", &v1, false).unwrap();
+    for s in ["a", "b", "c", "d"] {
+        assert_eq!(
+            snap_bytes(&dst, "copy", s),
+            snap_bytes(&src, "src", s),
+            "@{s}"
+        );
+    }
+    // Damage is refused in version 1 too.
+    let mut damaged = full.clone();
+    let last_data = records_of(&full)
+        .into_iter()
+        .rfind(|(h, _)| full[h + 8] == 2)
+        .unwrap();
+    damaged[last_data.0 + 128 + 5] ^= 0x10;
+    assert!(recv(&dst, "other", &damaged, false).is_err());
+    assert!(dst.dataset_space("other%recv").is_err());
+    audit_clean(&dst, "after the version 1 streams");
+}
+
+#[test]
+fn blocks_a_sender_got_wrong_are_refused() {
+    let (src, _m1) = mem_pool(TopVdevKind::Single, 1);
+    let vol = src
+        .create_volume("v", MIB, &[("compression".into(), "lz4".into())])
+        .unwrap();
+    write(&vol, 0, &content(Fill::Compressible, 1, (MIB / 2) as usize));
+    write(&vol, MIB / 2, &content(Fill::Random, 2, (MIB / 2) as usize));
+    snap(&src, "v@s");
+    let stream = send(&src, "v", "s", None, false);
+    let data: Vec<(usize, usize)> = records_of(&stream)
+        .into_iter()
+        .filter(|(h, _)| stream[h + 8] == 2)
+        .collect();
+    let compressed = *data.iter().find(|(h, _)| stream[h + 28] != 0).unwrap();
+    let plain = *data.iter().find(|(h, _)| stream[h + 28] == 0).unwrap();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    let refused = |bytes: &[u8], what: &str, says: &str| {
+        let err = recv(&dst, "copy", bytes, false).unwrap_err().to_string();
+        assert!(err.contains(says), "{what}: {err}");
+        assert!(!err.contains('\n'), "{err}");
+        assert!(dst.volumes().is_empty(), "{what}: a volume is left");
+        assert!(dst.dataset_space("copy%recv").is_err(), "{what}");
+        audit_clean(&dst, what);
+    };
+    // The payload intact and its payload checksum right, the block checksum wrong (one
+    // hash in the decoder checks both, so this must still be caught).
+    for (h, _) in [plain, compressed] {
+        let mut s = stream.clone();
+        s[h + 32 + 3] ^= 1;
+        reseal_v2(&mut s);
+        refused(&s, "a wrong block checksum", "block checksum mismatch");
+    }
+    // A payload changed with both of its checksums made to match: it verifies, but it is
+    // not what lz4 writes. Refused before it is stored (never a panic, never stored).
+    let (h, len) = compressed;
+    let mut s = stream.clone();
+    s[h + 128..h + 128 + len].fill(0xff);
+    let sum = oxpool_format::checksum(
+        oxpool_format::ChecksumType::Xxh3_128,
+        &s[h + 128..h + 128 + len],
+    );
+    s[h + 32..h + 64].copy_from_slice(&sum.0);
+    s[h + 96..h + 112].copy_from_slice(&sum.0[..16]);
+    reseal_v2(&mut s);
+    refused(
+        &s,
+        "a block that does not decompress",
+        "does not decompress",
+    );
+    // The stream as sent is received.
+    recv(&dst, "copy", &stream, false).unwrap();
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        snap_bytes(&src, "v", "s")
+    );
+    audit_clean(&dst, "after the good stream");
+}
+
+#[test]
+fn blocks_written_as_stored_read_back_before_and_after_the_sync() {
+    use oxpool_engine::{StoredBlock, StoredForm};
+    use oxpool_format::{checksum, compress_block, ChecksumType, Compression, CompressionSetting};
+    use oxpool_io::IoBuf;
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool
+        .create_volume(
+            "v",
+            MIB,
+            &[
+                ("sync".into(), "disabled".into()),
+                ("compression".into(), "off".into()),
+            ],
+        )
+        .unwrap();
+    let bs = vol.block_size_bytes() as usize;
+    let stored = |logical: &[u8], compress: bool| -> StoredBlock {
+        let mut packed = vec![0u8; bs];
+        let n = if compress {
+            compress_block(CompressionSetting::default(), logical, &mut packed).unwrap()
+        } else {
+            packed.copy_from_slice(logical);
+            bs
+        };
+        let mut buf = IoBuf::zeroed(n.next_multiple_of(4096));
+        buf[..n].copy_from_slice(&packed[..n]);
+        StoredBlock {
+            form: StoredForm {
+                compression: if compress {
+                    Compression::Lz4
+                } else {
+                    Compression::Off
+                },
+                lsize_bytes: bs as u32,
+                psize_bytes: n as u32,
+                checksum_type: ChecksumType::Xxh3_128,
+                checksum: checksum(ChecksumType::Xxh3_128, &buf[..n]),
+            },
+            buf,
+        }
+    };
+    let b0 = content(Fill::Compressible, 1, bs);
+    let b1 = content(Fill::Random, 2, bs);
+    let b2 = content(Fill::Compressible, 3, bs);
+    let first = stored(&b0, true);
+    let packed_form = first.form;
+    assert!(packed_form.psize_bytes < bs as u32);
+    oxpool_io::rt::block_on(
+        vol.write_stored(0, vec![first, stored(&b1, false), stored(&b2, true)]),
+    )
+    .unwrap();
+    // Read before any sync: the content, decompressed from the dirty stored block.
+    let mut expect = [b0.clone(), b1.clone(), b2.clone()].concat();
+    let mut got = vec![0u8; 3 * bs];
+    oxpool_io::rt::block_on(vol.read(0, &mut got)).unwrap();
+    assert_eq!(got, expect, "dirty stored blocks read as their content");
+    // A partial, unaligned overwrite of a dirty stored block in the same txg.
+    write(&vol, 1000, &[7u8; 100]);
+    expect[1000..1100].fill(7);
+    oxpool_io::rt::block_on(vol.read(0, &mut got)).unwrap();
+    assert_eq!(got, expect, "after a partial overwrite");
+    // A block that does not decompress is refused, nothing changed.
+    let mut bad = stored(&b2, true);
+    let n = bad.form.psize_bytes as usize;
+    bad.buf[..n].fill(0xff);
+    bad.form.checksum = checksum(ChecksumType::Xxh3_128, &bad.buf[..n]);
+    let bs64 = bs as u64;
+    assert!(oxpool_io::rt::block_on(vol.write_stored(3 * bs64, vec![bad])).is_err());
+    pool.sync().unwrap();
+    let mut all = vec![0u8; 4 * bs];
+    oxpool_io::rt::block_on(vol.read(0, &mut all)).unwrap();
+    assert_eq!(&all[..3 * bs], &expect[..]);
+    assert!(
+        all[3 * bs..].iter().all(|&x| x == 0),
+        "the refused block was stored"
+    );
+    // Synced: block 0 was rewritten (by the volume's property: off), 1 and 2 as given.
+    let bp = |b: u64| oxpool_io::rt::block_on(vol.block_pointer(b)).unwrap();
+    assert_eq!(bp(0).compression, Compression::Off);
+    assert_eq!(bp(1).compression, Compression::Off);
+    assert_eq!(bp(2).compression, Compression::Lz4);
+    assert_eq!(bp(2).psize_bytes, stored(&b2, true).form.psize_bytes);
+    assert_eq!(bp(2).checksum, stored(&b2, true).form.checksum);
+    // A logged volume does not take stored blocks (its log would need their content).
+    let logged = pool.create_volume("logged", MIB, &[]).unwrap();
+    assert!(oxpool_io::rt::block_on(logged.write_stored(0, vec![stored(&b0, true)])).is_err());
+    audit_clean(&pool, "after stored writes");
+    pool.export().unwrap();
+    let again = reimport(&mems);
+    let mut after = vec![0u8; 3 * bs];
+    oxpool_io::rt::block_on(again.volume("v").unwrap().read(0, &mut after)).unwrap();
+    assert_eq!(after, expect, "after import");
+}

@@ -6,7 +6,7 @@
 
 use oxpool_format::stream::{
     RECORD_HEADER_BYTES, RESUME_TOKEN_PREFIX, STREAM_BLOCK_BYTES_MAX, STREAM_MAGIC,
-    STREAM_NAME_BYTES_MAX,
+    STREAM_NAME_BYTES_MAX, STREAM_VERSION, STREAM_VERSION_MIN,
 };
 use oxpool_format::*;
 use proptest::collection::vec;
@@ -88,9 +88,14 @@ struct Plan {
 
 /// Encodes a plan: the bytes and the records the decoder must hand out.
 fn encode(plan: &Plan) -> (Vec<u8>, Vec<Owned>) {
+    encode_version(plan, STREAM_VERSION)
+}
+
+/// [`encode`] in format `version`.
+fn encode_version(plan: &Plan, version: u32) -> (Vec<u8>, Vec<Owned>) {
     let mut out = Vec::new();
     let mut records = vec![Owned::Begin(plan.begin.clone())];
-    let (mut encoder, header) = StreamEncoder::new(&plan.begin);
+    let (mut encoder, header) = StreamEncoder::with_version(&plan.begin, version);
     out.extend_from_slice(&header);
     out.extend_from_slice(plan.begin.name.as_bytes());
     let bs = u64::from(plan.begin.volblocksize_bytes);
@@ -325,9 +330,11 @@ fn arb_plan(block_sizes: &'static [u32], blocks_max: u64) -> impl Strategy<Value
 
 /// Re-seals a stream after the test edited its bytes: recomputes every payload checksum and
 /// the running checksum, from the layout in docs/format.md (header 128 bytes; payload size at
-/// 12; payload checksum at 96; running checksum at 112 over every byte before it). Stops at
-/// the first header whose payload size runs past the end.
+/// 12; payload checksum at 96; running checksum at 112 over every header byte before it in
+/// version 2, every stream byte before it in version 1, the version being BEGIN's bytes
+/// 16..20). Stops at the first header whose payload size runs past the end.
 fn reseal(bytes: &mut [u8]) {
+    let v1 = bytes.len() >= 20 && bytes[16..20] == 1u32.to_le_bytes();
     let mut hasher = Xxh3Default::new();
     let mut at = 0usize;
     while at + RECORD_HEADER_BYTES <= bytes.len() {
@@ -339,7 +346,11 @@ fn reseal(bytes: &mut [u8]) {
         hasher.update(&bytes[at..at + 112]);
         let running = hasher.digest128();
         bytes[at + 112..at + 128].copy_from_slice(&running.to_le_bytes());
-        hasher.update(&bytes[at + 112..end]);
+        if v1 {
+            hasher.update(&bytes[at + 112..end]);
+        } else {
+            hasher.update(&bytes[at + 112..(at + RECORD_HEADER_BYTES).min(end)]);
+        }
         at = end;
         if end < payload_at + payload {
             break;
@@ -467,6 +478,36 @@ proptest! {
     }
 
     #[test]
+    fn version_1_streams_round_trip_and_refuse_damage(
+        plan in arb_plan(&[512, 4096], 6),
+        pieces in vec(1usize..300, 1..8),
+        xor in 1u8..=255,
+    ) {
+        let (bytes, expected) = encode_version(&plan, 1);
+        prop_assert_eq!(bytes[16..20].to_vec(), 1u32.to_le_bytes().to_vec());
+        let (split, result) = decode(&bytes, &pieces);
+        prop_assert_eq!(result, Ok(()));
+        prop_assert_eq!(&split, &expected);
+        // The same records as version 2, but for END's checksum, which covers other bytes.
+        let (v2, v2_expected) = encode_version(&plan, 2);
+        prop_assert_ne!(&v2, &bytes);
+        let n = expected.len();
+        prop_assert_eq!(&expected[..n - 1], &v2_expected[..n - 1]);
+        for at in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= xor;
+            let (records, result) = decode(&damaged, &[97]);
+            prop_assert!(result.is_err(), "byte {} xor {:#x} accepted", at, xor);
+            prop_assert_eq!(&records[..], &expected[..records.len()]);
+        }
+        for len in 0..bytes.len() {
+            let (_, result) = decode(&bytes[..len], &[61]);
+            let truncated = matches!(result, Err(StreamError { kind: StreamErrorKind::Truncated { .. }, .. }));
+            prop_assert!(truncated, "cut at {}", len);
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in vec(any::<u8>(), 0..2000), pieces in vec(1usize..64, 1..4)) {
         let _ = decode(&bytes, &pieces);
         // Past the magic too: arbitrary bytes behind a real stream's first header.
@@ -569,7 +610,7 @@ fn the_layout_is_as_documented() {
     assert_eq!(STREAM_MAGIC, u64::from_le_bytes(*b"oxpSTREM"));
     assert_eq!(bytes[8..12], 1u32.to_le_bytes());
     assert_eq!(bytes[12..16], (begin.name.len() as u32).to_le_bytes());
-    assert_eq!(bytes[16..20], 1u32.to_le_bytes(), "version");
+    assert_eq!(bytes[16..20], 2u32.to_le_bytes(), "version");
     assert_eq!(bytes[20..24], 4096u32.to_le_bytes(), "volblocksize");
     assert_eq!(bytes[24..32], 1u64.to_le_bytes(), "features");
     assert_eq!(bytes[32..40], (16u64 * 4096).to_le_bytes(), "volsize");
@@ -623,18 +664,44 @@ fn the_layout_is_as_documented() {
     assert_eq!(bytes[r + 8..r + 12], 3u32.to_le_bytes());
     assert_eq!(bytes[r + 16..r + 24], (4u64 * 4096).to_le_bytes());
     assert_eq!(bytes[r + 24..r + 32], (4u64 * 4096).to_le_bytes());
-    // END: toguid; the running checksum is over every byte before its field.
+    // END: toguid; the running checksum is over every header byte before its field (the
+    // payloads are in it through their checksums).
     let r = offsets[5];
     assert_eq!(r + RECORD_HEADER_BYTES, bytes.len());
     assert_eq!(bytes[r + 8..r + 12], 5u32.to_le_bytes());
     assert_eq!(bytes[r + 16..r + 24], 0x2222u64.to_le_bytes());
+    let mut headers: Vec<u8> = Vec::new();
+    for &at in &offsets {
+        headers.extend_from_slice(&bytes[at..at + RECORD_HEADER_BYTES]);
+    }
     assert_eq!(
         bytes[r + 112..r + 128],
-        xxh3_128(&bytes[..r + 112]).to_le_bytes()
+        xxh3_128(&headers[..headers.len() - 16]).to_le_bytes()
     );
+    // The xxh3-128 block's payload checksum is its block checksum.
+    let d = offsets[2];
+    assert_eq!(bytes[d + 96..d + 112], bytes[d + 32..d + 48]);
     // Every record: zero payload checksum field only for... none: xxh3 of the payload,
     // of nothing for records without one.
     assert_eq!(bytes[r + 96..r + 112], xxh3_128(&[]).to_le_bytes());
+
+    // Version 1: the same, with a running checksum over every byte before its field.
+    let (v1, _) = encode_version(
+        &Plan {
+            begin: simple_begin(),
+            set_size: true,
+            items: Vec::new(),
+        },
+        1,
+    );
+    assert_eq!(v1[16..20], 1u32.to_le_bytes(), "version");
+    let offsets = record_offsets(&v1);
+    let r = offsets[2];
+    assert_eq!(
+        v1[r + 112..r + 128],
+        xxh3_128(&v1[..r + 112]).to_le_bytes(),
+        "version 1: the running checksum covers the payloads too"
+    );
 }
 
 #[test]
@@ -891,12 +958,15 @@ fn not_a_stream_other_versions_and_trailing_bytes() {
         error_of(b"oxpST").kind,
         StreamErrorKind::Truncated { .. }
     ));
-    let mut v2 = good.clone();
-    put_u32(&mut v2, 16, 2);
-    assert_eq!(
-        error_of(&v2).kind,
-        StreamErrorKind::UnsupportedVersion { found: 2 }
-    );
+    for version in [0, STREAM_VERSION + 1, u32::MAX] {
+        let mut other = good.clone();
+        put_u32(&mut other, 16, version);
+        assert_eq!(
+            error_of(&other).kind,
+            StreamErrorKind::UnsupportedVersion { found: version }
+        );
+    }
+    assert_eq!(STREAM_VERSION_MIN, 1);
     let mut not_begin = good.clone();
     put_u32(&mut not_begin, 8, 3);
     reseal(&mut not_begin);

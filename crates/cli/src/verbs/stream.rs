@@ -98,10 +98,12 @@ fn dump(con: &mut dyn Console, mut source: Source) -> Result<()> {
                 earlier_streams_bytes += decoder.position_bytes();
                 decoder = StreamDecoder::new();
             }
+            // Known once BEGIN's header is in, before the BEGIN record is handed out.
+            let version = decoder.version().unwrap_or(0);
             match decoder.decode(rest) {
                 Ok(decoded) => {
                     if let Some(record) = &decoded.record {
-                        describe(record, &mut totals, &mut lines);
+                        describe(record, version, &mut totals, &mut lines);
                     }
                     rest = &rest[decoded.consumed_bytes..];
                 }
@@ -139,14 +141,14 @@ fn dump(con: &mut dyn Console, mut source: Source) -> Result<()> {
     Ok(())
 }
 
-/// One line for `record`, counted in `totals`.
-fn describe(record: &StreamRecord<'_>, totals: &mut Totals, out: &mut String) {
+/// One line for `record` (of a stream of format `version`), counted in `totals`.
+fn describe(record: &StreamRecord<'_>, version: u32, totals: &mut Totals, out: &mut String) {
     totals.records += 1;
     // Writing to a String cannot fail.
     let _ = match record {
         StreamRecord::Begin(begin) => {
             totals.begin += 1;
-            describe_begin(begin, out)
+            describe_begin(begin, version, out)
         }
         StreamRecord::Data(data) => {
             totals.data += 1;
@@ -187,7 +189,7 @@ fn describe(record: &StreamRecord<'_>, totals: &mut Totals, out: &mut String) {
     };
 }
 
-fn describe_begin(begin: &StreamBegin, out: &mut String) -> std::fmt::Result {
+fn describe_begin(begin: &StreamBegin, version: u32, out: &mut String) -> std::fmt::Result {
     let from = match begin.fromguid {
         Some(guid) => format!("{guid} (incremental)"),
         None => "0 (full)".to_string(),
@@ -207,6 +209,6 @@ fn describe_begin(begin: &StreamBegin, out: &mut String) -> std::fmt::Result {
         begin.pool_guid,
         begin.volume_id,
         begin.resume_offset_bytes,
-        oxpool_format::stream::STREAM_VERSION,
+        version,
     )
 }

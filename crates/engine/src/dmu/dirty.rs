@@ -1,5 +1,6 @@
 //! The dirty state of an object: per txg not yet synced, the blocks written in it (whole, or
-//! some sectors of them: [`DirtyBlock::Partial`]), the block ranges freed, a new size, and the
+//! some sectors of them: [`DirtyBlock::Partial`], or whole and already in their stored form:
+//! [`DirtyBlock::Stored`]), the block ranges freed, a new size, and the
 //! indirect blocks its sync will rewrite (charged to the txg's space once). Reads look at the
 //! dirty sets (newest txg first) before the tree; the txg sync writes a txg's set and retires
 //! it. What a retired set allocated is kept for the next txgs (`DirtySpares`), so that
@@ -10,7 +11,7 @@ use crate::idhash::{IdMap, IdSet};
 use crate::props::VolumeProps;
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
 use crate::vdev::alloc::ClassBytes;
-use oxpool_format::Txg;
+use oxpool_format::{decompress_block, Checksum, ChecksumType, Compression, Txg};
 use oxpool_io::IoBuf;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,19 +27,77 @@ pub(crate) enum DirtyBlock {
     /// (txgs sync in order, and a block freed in this txg is never partial), so the sync
     /// reads the block from the tree and merges.
     Partial(Arc<IoBuf>, SectorMask),
+    /// A whole block already in the form the pool stores it (a received block, as its sender
+    /// stored it): the buffer holds its stored bytes, zero-padded to whole sectors. The sync
+    /// writes them as they are (no compression, no checksum when `form` has the volume's
+    /// checksum type); reads decode them (`StoredForm::content`).
+    Stored(Arc<IoBuf>, StoredForm),
+}
+
+/// How a block's bytes are stored (a [`DirtyBlock::Stored`] block's): what its block pointer
+/// will say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredForm {
+    /// How the stored bytes are compressed.
+    pub compression: Compression,
+    /// The block's content size: the volume's block size.
+    pub lsize_bytes: u32,
+    /// Stored bytes that mean something (and are checksummed); `lsize_bytes` uncompressed.
+    pub psize_bytes: u32,
+    /// The algorithm of `checksum`.
+    pub checksum_type: ChecksumType,
+    /// The checksum of the stored bytes, verified by whoever made the block (the stream
+    /// decoder, for a received block).
+    pub checksum: Checksum,
+}
+
+impl StoredForm {
+    /// The content of a block stored as `self` in `stored`: `stored` itself when not
+    /// compressed (its first `lsize_bytes` bytes), else decompressed into a new buffer.
+    ///
+    /// Whoever makes a stored dirty block checks first that it decompresses
+    /// (`Volume::write_stored`), so this cannot fail; if it ever did, the content would be
+    /// zeros and the error logged, never a panic.
+    pub(crate) fn content(&self, stored: &Arc<IoBuf>) -> Arc<IoBuf> {
+        if self.compression == Compression::Off {
+            return Arc::clone(stored);
+        }
+        let mut out = IoBuf::zeroed(self.lsize_bytes as usize);
+        let psize = (self.psize_bytes as usize).min(stored.len());
+        if let Err(e) = decompress_block(self.compression, &stored[..psize], &mut out) {
+            tracing::error!("a stored dirty block does not decompress ({e}): read as zeros");
+            out.fill(0);
+        }
+        Arc::new(out)
+    }
+
+    /// Whether `stored` decompresses to exactly `lsize_bytes` (always, uncompressed), using
+    /// `scratch` (grown to `lsize_bytes`).
+    pub(crate) fn decodes(&self, stored: &[u8], scratch: &mut Vec<u8>) -> bool {
+        if self.compression == Compression::Off {
+            return self.psize_bytes == self.lsize_bytes
+                && stored.len() >= self.psize_bytes as usize;
+        }
+        let psize = self.psize_bytes as usize;
+        if psize > stored.len() {
+            return false;
+        }
+        scratch.resize(self.lsize_bytes as usize, 0);
+        decompress_block(self.compression, &stored[..psize], scratch).is_ok()
+    }
 }
 
 impl DirtyBlock {
-    /// The block's buffer, whichever kind.
+    /// The block's buffer, whichever kind (the stored bytes for [`DirtyBlock::Stored`]).
     pub(crate) fn buf(&self) -> &Arc<IoBuf> {
         match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => buf,
         }
     }
 
     pub(crate) fn into_buf(self) -> Arc<IoBuf> {
         match self {
-            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) => buf,
+            DirtyBlock::Data(buf) | DirtyBlock::Partial(buf, _) | DirtyBlock::Stored(buf, _) => buf,
         }
     }
 }
@@ -384,6 +443,10 @@ impl ObjectDirty {
                     copy_runs(&need, buf, in_block, out);
                     return SectorMask::EMPTY;
                 }
+                Some(DirtyBlock::Stored(buf, form)) => {
+                    copy_runs(&need, &form.content(buf), in_block, out);
+                    return SectorMask::EMPTY;
+                }
                 Some(DirtyBlock::Partial(buf, written)) => {
                     copy_runs(&need.intersect(written), buf, in_block, out);
                     need = need.minus(written);
@@ -406,6 +469,7 @@ impl ObjectDirty {
         for (_, d) in self.txgs.iter().rev() {
             match d.blocks.get(&b) {
                 Some(DirtyBlock::Data(buf)) => return Source::Dirty(Arc::clone(buf)),
+                Some(DirtyBlock::Stored(buf, form)) => return Source::Dirty(form.content(buf)),
                 Some(DirtyBlock::Partial(..)) => return Source::Partial,
                 None => {}
             }

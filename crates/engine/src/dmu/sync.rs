@@ -4,13 +4,13 @@
 //! bottom up. The dataset layer calls it for each object of each dataset; it hands the blocks
 //! to the pipeline and the places it frees back to the caller.
 
-use crate::dmu::dirty::{indirect_copies, DirtyBlock};
+use crate::dmu::dirty::{indirect_copies, DirtyBlock, StoredForm};
 use crate::dmu::object::Object;
 use crate::dmu::tree::{capacity, lookup, skip_hole, walk, Walk, FANOUT};
 use crate::props::VolumeProps;
 use crate::sector_mask::{copy_runs, SectorMask};
 use crate::spa::block::{
-    alloc_new_block, padded, write_new_blocks, NewBlock, SYNC_WRITES_IN_FLIGHT_MAX,
+    alloc_new_block_checksummed, padded, write_new_blocks, NewBlock, SYNC_WRITES_IN_FLIGHT_MAX,
 };
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
@@ -19,7 +19,7 @@ use crate::zio::data_cache::CacheKey;
 use crate::zio::{read_data_block, write_blocks_shared};
 use crate::{EngineError, Result};
 use oxpool_format::{
-    BlockPtr, BlockType, Compression, Dva, Txg, INDIRECT_BLOCK_BYTES, SECTOR_BYTES,
+    BlockPtr, BlockType, Checksum, Compression, Dva, Txg, INDIRECT_BLOCK_BYTES, SECTOR_BYTES,
 };
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
@@ -44,12 +44,25 @@ enum DataWrite {
     /// Nothing to write: the block's pointer (a hole, or the block the log wrote in place),
     /// and the log's block to free if it is not that one.
     Done(BlockPtr, Option<BlockPtr>),
-    /// Write `data` (the stored bytes, whole sectors) to a new place as `nb`.
+    /// Write `data` (the stored bytes, whole sectors) to a new place as `nb` (whose checksum
+    /// is `checksum` when already known).
     Write {
         nb: NewBlock,
         data: Arc<IoBuf>,
         cache: CacheAfter,
+        checksum: Option<Checksum>,
     },
+}
+
+/// What a txg left of a data block.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// All of it, as content.
+    Whole,
+    /// These sectors (the rest is the block's content before the txg).
+    Partial(SectorMask),
+    /// All of it, already stored as `StoredForm` says: written as it is.
+    Stored(StoredForm),
 }
 
 /// What goes to the data cache once a block is written (the cache holds content).
@@ -128,8 +141,8 @@ pub(crate) async fn sync_object(
     let props = props.clone();
     let nblocks = props.volsize_bytes / props.volblocksize_bytes as u64;
     type Frees = Vec<(u64, u64)>;
-    // (block, dirty buffer, sectors written if the block is partial)
-    type Blocks = Vec<(u64, Arc<IoBuf>, Option<SectorMask>)>;
+    // (block, dirty buffer, what the buffer holds)
+    type Blocks = Vec<(u64, Arc<IoBuf>, Kind)>;
     let (frees, mut blocks): (Frees, Blocks) = {
         let d = obj.dirty.lock().unwrap();
         match d.txgs.iter().find(|(t, _)| *t == txg) {
@@ -143,8 +156,9 @@ pub(crate) async fn sync_object(
                         .iter()
                         .map(|(&b, block)| {
                             let written = match block {
-                                DirtyBlock::Data(_) => None,
-                                DirtyBlock::Partial(_, m) => Some(*m),
+                                DirtyBlock::Data(_) => Kind::Whole,
+                                DirtyBlock::Partial(_, m) => Kind::Partial(*m),
+                                DirtyBlock::Stored(_, form) => Kind::Stored(*form),
                             };
                             (b, Arc::clone(block.buf()), written)
                         })
@@ -234,8 +248,11 @@ pub(crate) async fn sync_object(
         // wrote with this content.
         let prepare = batch.iter().map(|(b, dirty_buf, written)| async move {
             let merged = match written {
-                None => None,
-                Some(w) => {
+                // Written as it is: neither merged nor compared with the log's blocks (a
+                // volume that takes stored blocks is not logged).
+                Kind::Stored(_) => return Ok(Prepared::Content(None)),
+                Kind::Whole => None,
+                Kind::Partial(w) => {
                     let partial = PartialBlock {
                         index: *b,
                         buf: dirty_buf,
@@ -265,18 +282,35 @@ pub(crate) async fn sync_object(
         let contents: Vec<&[u8]> = prepared
             .iter()
             .zip(batch)
-            .filter_map(|(p, (_, dirty_buf, _))| match p {
-                Prepared::Done(..) => None,
-                Prepared::Content(merged) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
+            .filter_map(|(p, (_, dirty_buf, kind))| match (p, kind) {
+                (Prepared::Done(..), _) | (_, Kind::Stored(_)) => None,
+                (Prepared::Content(merged), _) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
             })
             .collect();
         let mut stored_forms = crate::zio::compress::store_all(compression, &contents).into_iter();
         drop(contents);
         let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
-        for (p, (b, dirty_buf, _)) in prepared.into_iter().zip(batch) {
-            to_write.push(match p {
-                Prepared::Done(bp, unused) => DataWrite::Done(bp, unused),
-                Prepared::Content(merged) => {
+        for (p, (b, dirty_buf, kind)) in prepared.into_iter().zip(batch) {
+            to_write.push(match (p, kind) {
+                (Prepared::Done(bp, unused), _) => DataWrite::Done(bp, unused),
+                (Prepared::Content(_), Kind::Stored(form)) => {
+                    // As it was stored by whoever made it (a sender): its compression and
+                    // stored size; its checksum if of the volume's type, else the volume's
+                    // checksum of the same bytes.
+                    let nb = NewBlock {
+                        psize_bytes: form.psize_bytes,
+                        lsize_bytes: form.lsize_bytes,
+                        compression: form.compression,
+                        ..NewBlock::data(data_props, txg)
+                    };
+                    DataWrite::Write {
+                        nb,
+                        data: Arc::clone(dirty_buf),
+                        cache: CacheAfter::Nothing,
+                        checksum: (form.checksum_type == nb.checksum_type).then_some(form.checksum),
+                    }
+                }
+                (Prepared::Content(merged), _) => {
                     let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
                     let stored = stored_forms.next().expect("one stored form per content");
                     crate::zio::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
@@ -292,6 +326,7 @@ pub(crate) async fn sync_object(
                             data: Arc::new(c.buf),
                             // The merged block goes to the data cache as its content.
                             cache: merged.map_or(CacheAfter::Nothing, CacheAfter::Content),
+                            checksum: None,
                         },
                         crate::zio::compress::StoreAs::AsIs
                             if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) =>
@@ -301,6 +336,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::new(padded(buf)),
                                 cache: CacheAfter::Nothing,
+                                checksum: None,
                             }
                         }
                         crate::zio::compress::StoreAs::AsIs => match merged {
@@ -311,6 +347,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::new(merged),
                                 cache: CacheAfter::Written,
+                                checksum: None,
                             },
                             // A whole dirty block is written from the buffer readers share
                             // until the txg retires (no copy). It is not cached: seldom merged
@@ -319,6 +356,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::clone(dirty_buf),
                                 cache: CacheAfter::Nothing,
+                                checksum: None,
                             },
                         },
                     }
@@ -332,8 +370,13 @@ pub(crate) async fn sync_object(
         for (i, (w, (b, _, _))) in to_write.into_iter().zip(batch).enumerate() {
             match w {
                 DataWrite::Done(bp, unused) => ptrs.push(Ok((bp, unused))),
-                DataWrite::Write { nb, data, cache } => {
-                    let bp = alloc_new_block(inner, &data, nb, None)?;
+                DataWrite::Write {
+                    nb,
+                    data,
+                    cache,
+                    checksum,
+                } => {
+                    let bp = alloc_new_block_checksummed(inner, &data, nb, None, checksum)?;
                     ptrs.push(Ok((bp, overrides.get(b).map(|o| o.bp))));
                     writes.push((i, bp, data, cache));
                 }

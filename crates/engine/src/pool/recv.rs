@@ -17,6 +17,7 @@
 
 use super::snapshot::now_s;
 use super::Pool;
+use crate::dmu::dirty::StoredForm;
 use crate::dmu::object::Object;
 use crate::dmu::tree::{levels_for, BlockTree};
 use crate::dsl::dataset::Dataset;
@@ -25,18 +26,19 @@ use crate::dsl::resume::ResumeProgress;
 use crate::dsl::snapshot::{Lineage, SnapOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::spa::check_name;
+use crate::spa::Spa;
 use crate::zil::Zil;
-use crate::zvol::VolumeInner;
+use crate::zvol::{StoredBlock, VolumeInner};
 use crate::{EngineError, Result, Volume};
 use oxpool_format::stream::{
-    ResumeToken, StreamBegin, StreamDecoder, StreamFeatures, StreamRecord,
+    ResumeToken, StreamBegin, StreamDecoder, StreamFeatures, StreamRecord, RECORD_HEADER_BYTES,
 };
-use oxpool_format::{
-    decompress_block, BlockPtr, Compression, OriginMeta, ReceiveResumeMeta, VolumeId,
-};
-use std::io::Read;
+use oxpool_format::{BlockPtr, DataRecord, OriginMeta, ReceiveResumeMeta, VolumeId, SECTOR_BYTES};
+use oxpool_io::IoBuf;
+use std::collections::VecDeque;
+use std::io::{IoSliceMut, Read};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 /// How to receive.
 #[derive(Clone, Debug, Default)]
@@ -66,19 +68,65 @@ pub struct Received {
 /// A full receive's new volume, registered when the receive ends: its dataset and log.
 type NewTarget = (Arc<Dataset>, Arc<Zil>);
 
-/// Bytes read from the input at once.
-const INPUT_CHUNK_BYTES: usize = 1 << 20;
+/// Most bytes of verified blocks the reading thread may have queued for the applying
+/// thread: the receive's read-ahead (as the send's `SEND_PREFETCH_BYTES_DEFAULT`, ZFS's
+/// `zfs_recv_queue_length` is 16 MiB).
+const RECEIVE_QUEUE_BYTES_MAX: usize = 32 << 20;
 
-/// Contiguous blocks gathered into one volume write.
-const WRITE_RUN_BYTES_MAX: usize = 1 << 20;
+/// Contiguous blocks handed to the volume in one write (one range lock, one txg hold).
+const WRITE_RUN_BYTES_MAX: u64 = 1 << 20;
 
-/// A record the decoder handed out, owned (so the input can move on).
+/// Most bytes of zeroed block buffers the applying thread keeps ready for the reading thread.
+const SPARE_BUFFERS_BYTES_MAX: usize = 4 << 20;
+
+/// Zeroed buffers of one length (a whole uncompressed block), made by the applying thread for
+/// the reading thread to read payloads into. Zeroing fresh memory (and its page faults) was a
+/// fifth of the reading thread's time, which bounds the receive; the applying thread mostly
+/// waits for it.
+struct SpareBuffers {
+    bufs: Mutex<Vec<IoBuf>>,
+    /// The length of every buffer (0: none made).
+    len_bytes: usize,
+}
+
+impl SpareBuffers {
+    fn new(len_bytes: usize) -> SpareBuffers {
+        SpareBuffers {
+            bufs: Mutex::new(Vec::new()),
+            len_bytes,
+        }
+    }
+
+    /// A zeroed buffer of `len` bytes: a spare if there is one of that length, else new.
+    fn take(&self, len: usize) -> IoBuf {
+        if len == self.len_bytes {
+            if let Some(buf) = self.bufs.lock().unwrap().pop() {
+                return buf;
+            }
+        }
+        IoBuf::zeroed(len)
+    }
+
+    /// Makes spares until `SPARE_BUFFERS_BYTES_MAX` of them are ready (zeroed outside the
+    /// lock).
+    fn refill(&self) {
+        let max = SPARE_BUFFERS_BYTES_MAX / self.len_bytes.max(1);
+        let missing = max.saturating_sub(self.bufs.lock().unwrap().len());
+        // Bounded by `max`.
+        for _ in 0..missing {
+            let buf = IoBuf::zeroed(self.len_bytes);
+            self.bufs.lock().unwrap().push(buf);
+        }
+    }
+}
+
+/// A record the decoder handed out, owned (so the input can move on). A DATA record's block
+/// is the buffer its payload was read into, as stored by the sender.
 enum Record {
     Begin(StreamBegin),
     Data {
         offset_bytes: u64,
-        compression: Compression,
-        payload: Vec<u8>,
+        block: StoredBlock,
     },
     Free {
         offset_bytes: u64,
@@ -89,41 +137,54 @@ enum Record {
 }
 
 /// The input, cut into records of one stream after the other.
+///
+/// Every payload is read straight into a buffer of its own (`IoBuf`, whole sectors), which
+/// the decoder verifies where it lies and which then becomes the volume's dirty block: the
+/// kernel's copy into it is the only copy of a block on the receive's side. Each read asks
+/// for the rest of the current payload and the next header at once (`read_vectored`), so a
+/// record costs one system call; nothing past the next header is read, so the bytes of a
+/// stream that follows END are left for the next stream's decoder.
 struct Input<'a> {
     input: &'a mut dyn Read,
-    buf: Vec<u8>,
-    pos: usize,
-    len: usize,
+    /// The start of the next record's header, read ahead with a payload.
+    head: [u8; RECORD_HEADER_BYTES],
+    head_len: usize,
     eof: bool,
+    /// Buffers for the payloads (set for each stream once its block size is known).
+    spares: Arc<SpareBuffers>,
 }
 
 impl Input<'_> {
     /// Whether the input is at its end (reading more if needed): no further stream.
     fn at_end(&mut self) -> Result<bool> {
-        if self.pos < self.len {
-            return Ok(false);
+        if self.head_len == 0 && !self.eof {
+            self.read_into(&mut [])?;
         }
-        self.fill()?;
-        Ok(self.pos == self.len)
+        Ok(self.head_len == 0)
     }
 
-    fn fill(&mut self) -> Result<()> {
-        if self.eof {
-            return Ok(());
-        }
+    /// One read: into `payload` first, then into the header buffer (which has room). Returns
+    /// the bytes read into `payload`; 0 bytes read in all marks the end of the input.
+    fn read_into(&mut self, payload: &mut [u8]) -> Result<usize> {
+        let payload_len = payload.len();
         // Bounded: read returns data, 0 at the end, or an error; interrupted reads retry.
         loop {
-            match self.input.read(&mut self.buf) {
+            let head = &mut self.head[self.head_len..];
+            let read = if payload.is_empty() {
+                self.input.read(head)
+            } else {
+                let mut bufs = [IoSliceMut::new(payload), IoSliceMut::new(head)];
+                self.input.read_vectored(&mut bufs)
+            };
+            match read {
                 Ok(0) => {
                     self.eof = true;
-                    self.pos = 0;
-                    self.len = 0;
-                    return Ok(());
+                    return Ok(0);
                 }
                 Ok(n) => {
-                    self.pos = 0;
-                    self.len = n;
-                    return Ok(());
+                    let into_payload = n.min(payload_len);
+                    self.head_len += n - into_payload;
+                    return Ok(into_payload);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(EngineError::io("receive stream", e)),
@@ -133,37 +194,196 @@ impl Input<'_> {
 
     /// The next record of the stream `dec` decodes.
     fn next(&mut self, dec: &mut StreamDecoder) -> Result<Record> {
-        // Bounded by the input: each round consumes bytes or ends it.
+        // Bounded by the input: each round consumes a header's bytes or ends it.
         loop {
-            if self.pos == self.len {
-                self.fill()?;
-                if self.pos == self.len {
-                    return Err(stream_error(dec.finish().err()));
-                }
+            while self.head_len < RECORD_HEADER_BYTES && !self.eof {
+                self.read_into(&mut [])?;
+            }
+            if self.head_len == 0 {
+                return Err(stream_error(dec.finish().err()));
+            }
+            // At most one header: the decoder stops at its end (or takes what the end of
+            // the input left of it).
+            let d = dec
+                .decode(&self.head[..self.head_len])
+                .map_err(|e| stream_error(Some(e)))?;
+            let consumed = d.consumed_bytes;
+            let record = d.record.map(owned);
+            self.head.copy_within(consumed..self.head_len, 0);
+            self.head_len -= consumed;
+            if let Some(record) = record {
+                return Ok(record);
+            }
+            let pending = dec.payload_pending_bytes();
+            if pending == 0 {
+                continue;
+            }
+            // Bounded by the record type (a block, at most `volblocksize`) before the header
+            // was accepted; the tail past the payload stays zero (sector padding).
+            let mut buf = self
+                .spares
+                .take(pending.next_multiple_of(SECTOR_BYTES as usize));
+            let mut filled = 0;
+            debug_assert_eq!(self.head_len, 0, "no byte past a header is read before it");
+            // Bounded by the input: each round reads bytes or ends it.
+            while filled < pending && !self.eof {
+                filled += self.read_into(&mut buf[filled..pending])?;
             }
             let d = dec
-                .decode(&self.buf[self.pos..self.len])
+                .decode(&buf[..filled])
                 .map_err(|e| stream_error(Some(e)))?;
-            self.pos += d.consumed_bytes;
-            let Some(r) = d.record else { continue };
-            return Ok(match r {
-                StreamRecord::Begin(b) => Record::Begin(b.clone()),
-                StreamRecord::Data(d) => Record::Data {
-                    offset_bytes: d.offset_bytes,
-                    compression: d.compression,
-                    payload: d.payload.to_vec(),
-                },
-                StreamRecord::Free {
+            let Some(record) = d.record else {
+                // Cut inside the payload: the decoder took what there was.
+                return Err(stream_error(dec.finish().err()));
+            };
+            // A DATA record's payload is `buf` itself: its fields are copied out, and `buf`
+            // becomes the block.
+            let record = match record {
+                StreamRecord::Data(data) => Ok(stored_form(&data)),
+                other => Err(owned(other)),
+            };
+            return Ok(match record {
+                Ok((offset_bytes, form)) => Record::Data {
                     offset_bytes,
-                    length_bytes,
-                } => Record::Free {
-                    offset_bytes,
-                    length_bytes,
+                    block: StoredBlock { buf, form },
                 },
-                StreamRecord::SetSize { volsize_bytes } => Record::SetSize(volsize_bytes),
-                StreamRecord::End { .. } => Record::End,
+                Err(other) => other,
             });
         }
+    }
+}
+
+/// A DATA record's offset and how its block is stored.
+fn stored_form(data: &DataRecord<'_>) -> (u64, StoredForm) {
+    let form = StoredForm {
+        compression: data.compression,
+        lsize_bytes: data.lsize_bytes,
+        // At most `volblocksize` (the rules), so it fits.
+        psize_bytes: data.payload.len() as u32,
+        checksum_type: data.checksum_type,
+        checksum: data.checksum,
+    };
+    (data.offset_bytes, form)
+}
+
+/// A record, owned. A DATA record's block is copied (padded to whole sectors): `Input::next`
+/// reads every payload into a buffer of its own instead, so this is only for a DATA record
+/// without payload, which the rules refuse (its payload is at least one byte).
+fn owned(record: StreamRecord<'_>) -> Record {
+    match record {
+        StreamRecord::Begin(b) => Record::Begin(b.clone()),
+        StreamRecord::Data(data) => {
+            let (offset_bytes, form) = stored_form(&data);
+            let len = data.payload.len().next_multiple_of(SECTOR_BYTES as usize);
+            let mut buf = IoBuf::zeroed(len);
+            buf[..data.payload.len()].copy_from_slice(data.payload);
+            Record::Data {
+                offset_bytes,
+                block: StoredBlock { buf, form },
+            }
+        }
+        StreamRecord::Free {
+            offset_bytes,
+            length_bytes,
+        } => Record::Free {
+            offset_bytes,
+            length_bytes,
+        },
+        StreamRecord::SetSize { volsize_bytes } => Record::SetSize(volsize_bytes),
+        StreamRecord::End { .. } => Record::End,
+    }
+}
+
+/// What the reading thread hands the applying thread.
+enum Applied {
+    /// Whole blocks from this offset on, contiguous.
+    Blocks(u64, Vec<StoredBlock>),
+    Free {
+        offset_bytes: u64,
+        length_bytes: u64,
+    },
+    SetSize(u64),
+    End,
+}
+
+/// The queue between the receive's two threads, bounded in bytes of block buffers.
+struct ApplyQueue {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+}
+
+struct QueueState {
+    items: VecDeque<(Applied, usize)>,
+    bytes: usize,
+    /// The reading thread is done: no more items.
+    closed: bool,
+    /// The applying thread is gone (it failed): pushing is pointless.
+    abandoned: bool,
+}
+
+impl ApplyQueue {
+    fn new() -> ApplyQueue {
+        ApplyQueue {
+            state: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                bytes: 0,
+                closed: false,
+                abandoned: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Queues `item` (of `bytes`), waiting while the queue is full; false if the applying
+    /// thread is gone.
+    fn push(&self, item: Applied, bytes: usize) -> bool {
+        let mut st = self.state.lock().unwrap();
+        // Bounded: the applying thread takes items until it is gone.
+        while !st.abandoned && st.bytes > 0 && st.bytes + bytes > RECEIVE_QUEUE_BYTES_MAX {
+            st = self.changed.wait(st).unwrap();
+        }
+        if st.abandoned {
+            return false;
+        }
+        st.bytes += bytes;
+        st.items.push_back((item, bytes));
+        drop(st);
+        self.changed.notify_all();
+        true
+    }
+
+    /// The next item; None once the reading thread is done and everything was taken.
+    fn pop(&self) -> Option<Applied> {
+        let mut st = self.state.lock().unwrap();
+        // Bounded: the reading thread pushes or closes.
+        loop {
+            if let Some((item, bytes)) = st.items.pop_front() {
+                st.bytes -= bytes;
+                drop(st);
+                self.changed.notify_all();
+                return Some(item);
+            }
+            if st.closed {
+                return None;
+            }
+            st = self.changed.wait(st).unwrap();
+        }
+    }
+
+    /// The reading thread is done.
+    fn close(&self) {
+        self.state.lock().unwrap().closed = true;
+        self.changed.notify_all();
+    }
+
+    /// The applying thread is gone: what is queued is dropped, the reader stops.
+    fn abandon(&self) {
+        let mut st = self.state.lock().unwrap();
+        st.abandoned = true;
+        st.items.clear();
+        st.bytes = 0;
+        drop(st);
+        self.changed.notify_all();
     }
 }
 
@@ -195,10 +415,10 @@ impl Pool {
         check_name("volume", volume)?;
         let mut input = Input {
             input,
-            buf: vec![0; INPUT_CHUNK_BYTES],
-            pos: 0,
-            len: 0,
+            head: [0; RECORD_HEADER_BYTES],
+            head_len: 0,
             eof: false,
+            spares: Arc::new(SpareBuffers::new(0)),
         };
         let mut received = Vec::new();
         // Bounded by the input: each stream consumes at least its BEGIN.
@@ -561,9 +781,13 @@ impl Pool {
         self.spa.sync_now()
     }
 
-    /// Applies the records after BEGIN to `hidden`, through END. On a resumable receive,
-    /// notes after each write how far the records are applied; if the input fails, the
-    /// verified records gathered but not yet written are written first.
+    /// Applies the records after BEGIN to `hidden`, through END, on two threads: this one
+    /// reads and verifies the records (`Input`, the decoder), a second one writes them into
+    /// the volume, joined by a queue of at most `RECEIVE_QUEUE_BYTES_MAX` bytes of blocks.
+    /// On a resumable receive, the applying thread notes after each write how far the
+    /// records are applied. If the input fails, the verified records queued before the
+    /// failure are written first; if a write fails, reading stops. Either error ends the
+    /// receive.
     fn apply_records(
         &self,
         hidden: &Volume,
@@ -571,92 +795,39 @@ impl Pool {
         input: &mut Input<'_>,
         dec: &mut StreamDecoder,
     ) -> Result<(u64, u64)> {
-        let bs = begin.volblocksize_bytes as usize;
-        let mut run: Vec<u8> = Vec::with_capacity(WRITE_RUN_BYTES_MAX);
-        let mut run_at = 0u64;
-        let mut block = vec![0u8; bs];
-        let (mut data_records, mut free_records) = (0, 0);
-        let note = |end_bytes: u64| {
-            let mut l = hidden.vol.ds.lineage.lock().unwrap();
-            if let Some(r) = &mut l.receive_resume {
-                // After the write returned: it went into this txg or an earlier one.
-                r.note(self.spa.txg.open_txg(), end_bytes);
-            }
-        };
-        let flush_run = |run: &mut Vec<u8>, at: u64| -> Result<()> {
-            if !run.is_empty() {
-                oxpool_io::rt::block_on(hidden.write(at, run, false))?;
-                note(at + run.len() as u64);
-                run.clear();
-            }
-            Ok(())
-        };
-        // Bounded by the stream: each round consumes a record; END ends it.
-        loop {
-            let record = match input.next(dec) {
-                Ok(r) => r,
-                Err(e) => {
-                    flush_run(&mut run, run_at)?;
-                    return Err(e);
-                }
+        let queue = ApplyQueue::new();
+        let block_bytes =
+            (begin.volblocksize_bytes as usize).next_multiple_of(SECTOR_BYTES as usize);
+        let spares = Arc::new(SpareBuffers::new(block_bytes));
+        input.spares = spares.clone();
+        std::thread::scope(|scope| {
+            let applier = std::thread::Builder::new()
+                .name("recv-apply".into())
+                .spawn_scoped(scope, || {
+                    let applied = apply_queued(&self.spa, hidden, begin, &queue, &spares);
+                    if applied.is_err() {
+                        queue.abandon();
+                    }
+                    applied
+                })
+                .map_err(|e| EngineError::io("receive: starting its applying thread", e))?;
+            let read = read_records(input, dec, begin, &queue);
+            queue.close();
+            let applied = match applier.join() {
+                Ok(applied) => applied,
+                Err(panic) => std::panic::resume_unwind(panic),
             };
-            match record {
-                Record::Begin(_) => unreachable!("the decoder refuses a second BEGIN"),
-                Record::Data {
-                    offset_bytes,
-                    compression,
-                    payload,
-                } => {
-                    data_records += 1;
-                    let logical: &[u8] = if compression == Compression::Off {
-                        &payload
-                    } else {
-                        if let Err(e) = decompress_block(compression, &payload, &mut block) {
-                            flush_run(&mut run, run_at)?;
-                            return Err(EngineError::invalid(format!(
-                                "cannot receive: the block at {offset_bytes} does not \
-                                 decompress: {e}"
-                            )));
-                        }
-                        &block
-                    };
-                    if run.len() + bs > WRITE_RUN_BYTES_MAX
-                        || run_at + run.len() as u64 != offset_bytes
-                    {
-                        flush_run(&mut run, run_at)?;
-                    }
-                    if run.is_empty() {
-                        run_at = offset_bytes;
-                    }
-                    run.extend_from_slice(logical);
-                }
-                Record::Free {
-                    offset_bytes,
-                    length_bytes,
-                } => {
-                    free_records += 1;
-                    flush_run(&mut run, run_at)?;
-                    oxpool_io::rt::block_on(hidden.trim(offset_bytes, length_bytes, false))?;
-                    note(offset_bytes + length_bytes);
-                }
-                Record::SetSize(size) => {
-                    let _one = hidden.vol.resizing.lock().unwrap();
-                    oxpool_io::rt::block_on(hidden.resize(size))?;
-                }
-                Record::End => {
-                    flush_run(&mut run, run_at)?;
-                    if hidden.size_bytes() != begin.volsize_bytes {
-                        return Err(EngineError::invalid(format!(
-                            "cannot receive: the stream's volume is {} bytes but its records \
-                             leave {}",
-                            begin.volsize_bytes,
-                            hidden.size_bytes()
-                        )));
-                    }
-                    return Ok((data_records, free_records));
-                }
+            match (read, applied) {
+                (Ok(()), Ok(Some(counts))) => Ok(counts),
+                // Unreachable: the reader queues END before it returns Ok, unless the applier
+                // is gone (an error).
+                (Ok(()), Ok(None)) => Err(stream_error(None)),
+                (Ok(()), Err(e)) | (Err(e), Ok(_)) => Err(e),
+                (Err(read), Err(apply)) => Err(EngineError::invalid(format!(
+                    "{read}; writing the records received before it failed too: {apply}"
+                ))),
             }
-        }
+        })
     }
 
     /// A hidden writable clone `hidden` of `volume@snap`, for an incremental stream.
@@ -813,4 +984,132 @@ fn check_resume(full: &str, saved: &ReceiveResumeMeta, begin: &StreamBegin) -> R
         )));
     }
     Ok(())
+}
+
+/// The reading side of [`Pool::apply_records`]: records from `input`, verified, queued for
+/// the applying thread (contiguous blocks gathered into runs of up to `WRITE_RUN_BYTES_MAX`).
+/// Ok once END is queued, or as soon as the applying thread is gone (its error ends the
+/// receive); an input or stream error after queueing every verified block before it.
+fn read_records(
+    input: &mut Input<'_>,
+    dec: &mut StreamDecoder,
+    begin: &StreamBegin,
+    queue: &ApplyQueue,
+) -> Result<()> {
+    let bs = u64::from(begin.volblocksize_bytes);
+    let mut run: Vec<StoredBlock> = Vec::new();
+    let mut run_at = 0u64;
+    let mut run_bytes = 0usize;
+    let flush = |run: &mut Vec<StoredBlock>, at: u64, bytes: &mut usize| -> bool {
+        if run.is_empty() {
+            return true;
+        }
+        let blocks = std::mem::take(run);
+        queue.push(Applied::Blocks(at, blocks), std::mem::take(bytes))
+    };
+    // Bounded by the stream: each round consumes a record; END ends it.
+    loop {
+        let record = match input.next(dec) {
+            Ok(record) => record,
+            Err(e) => {
+                flush(&mut run, run_at, &mut run_bytes);
+                return Err(e);
+            }
+        };
+        let item = match record {
+            Record::Begin(_) => unreachable!("the decoder refuses a second BEGIN"),
+            Record::Data {
+                offset_bytes,
+                block,
+            } => {
+                let run_end = run_at + run.len() as u64 * bs;
+                if !run.is_empty()
+                    && (run_end != offset_bytes
+                        || (run.len() as u64 + 1) * bs > WRITE_RUN_BYTES_MAX)
+                    && !flush(&mut run, run_at, &mut run_bytes)
+                {
+                    return Ok(());
+                }
+                if run.is_empty() {
+                    run_at = offset_bytes;
+                }
+                run_bytes += block.buf.len();
+                run.push(block);
+                continue;
+            }
+            Record::Free {
+                offset_bytes,
+                length_bytes,
+            } => Applied::Free {
+                offset_bytes,
+                length_bytes,
+            },
+            Record::SetSize(size) => Applied::SetSize(size),
+            Record::End => Applied::End,
+        };
+        let end = matches!(item, Applied::End);
+        if !flush(&mut run, run_at, &mut run_bytes) || !queue.push(item, 0) || end {
+            return Ok(());
+        }
+    }
+}
+
+/// The applying side of [`Pool::apply_records`]: writes what the reading thread queued into
+/// `hidden`, in order, noting the progress of a resumable receive after each write returned.
+/// The counts of DATA and FREE records applied once END is; None if the queue closed before
+/// END (the reading side failed; everything it queued was written).
+fn apply_queued(
+    spa: &Spa,
+    hidden: &Volume,
+    begin: &StreamBegin,
+    queue: &ApplyQueue,
+    spares: &SpareBuffers,
+) -> Result<Option<(u64, u64)>> {
+    let bs = u64::from(begin.volblocksize_bytes);
+    let (mut data_records, mut free_records) = (0, 0);
+    let note = |end_bytes: u64| {
+        let mut l = hidden.vol.ds.lineage.lock().unwrap();
+        if let Some(r) = &mut l.receive_resume {
+            // After the write returned: it went into this txg or an earlier one.
+            r.note(spa.txg.open_txg(), end_bytes);
+        }
+    };
+    // Bounded by what the reading thread queues; END ends it.
+    loop {
+        // While the reading thread reads on: buffers for what it reads next.
+        spares.refill();
+        let Some(item) = queue.pop() else { break };
+        match item {
+            Applied::Blocks(at, blocks) => {
+                let count = blocks.len() as u64;
+                oxpool_io::rt::block_on(hidden.write_stored(at, blocks))?;
+                data_records += count;
+                note(at + count * bs);
+            }
+            Applied::Free {
+                offset_bytes,
+                length_bytes,
+            } => {
+                free_records += 1;
+                oxpool_io::rt::block_on(hidden.trim(offset_bytes, length_bytes, false))?;
+                note(offset_bytes + length_bytes);
+            }
+            Applied::SetSize(size) => {
+                let _one = hidden.vol.resizing.lock().unwrap();
+                oxpool_io::rt::block_on(hidden.resize(size))?;
+            }
+            Applied::End => {
+                if hidden.size_bytes() != begin.volsize_bytes {
+                    return Err(EngineError::invalid(format!(
+                        "cannot receive: the stream's volume is {} bytes but its records \
+                         leave {}",
+                        begin.volsize_bytes,
+                        hidden.size_bytes()
+                    )));
+                }
+                return Ok(Some((data_records, free_records)));
+            }
+        }
+    }
+    Ok(None)
 }

@@ -111,6 +111,19 @@ pub(crate) fn alloc_new_block(
     nb: NewBlock,
     held: Option<&Mutex<HashSet<Dva>>>,
 ) -> Result<BlockPtr> {
+    alloc_new_block_checksummed(inner, data, nb, held, None)
+}
+
+/// [`alloc_new_block`] with the checksum of the stored bytes already known (`known`, by
+/// `nb.checksum_type`: a received block's, verified by the stream decoder), so that it is not
+/// computed again.
+pub(crate) fn alloc_new_block_checksummed(
+    inner: &Spa,
+    data: &IoBuf,
+    nb: NewBlock,
+    held: Option<&Mutex<HashSet<Dva>>>,
+    known: Option<oxpool_format::Checksum>,
+) -> Result<BlockPtr> {
     let asize = data.len() as u64;
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
     let no_space = || EngineError::NoSpace {
@@ -153,7 +166,16 @@ pub(crate) fn alloc_new_block(
         level: nb.level,
         birth: nb.txg,
         fill: nb.fill,
-        checksum: checksum(nb.checksum_type, &data[..nb.psize_bytes as usize]),
+        checksum: match known {
+            Some(sum) => {
+                debug_assert_eq!(
+                    sum,
+                    checksum(nb.checksum_type, &data[..nb.psize_bytes as usize])
+                );
+                sum
+            }
+            None => checksum(nb.checksum_type, &data[..nb.psize_bytes as usize]),
+        },
         ..BlockPtr::HOLE
     };
     bp.dvas[..dvas.len()].copy_from_slice(&dvas);

@@ -15,6 +15,7 @@
 
 mod changes;
 mod log;
+pub use crate::dmu::dirty::StoredForm;
 pub use changes::{ChangedExtent, CHANGED_RANGES_MAX};
 pub mod rangelock;
 
@@ -37,6 +38,14 @@ use oxpool_io::IoBuf;
 use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+
+/// One volume block as stored (see [`Volume::write_stored`]).
+pub struct StoredBlock {
+    /// The stored bytes (`form.psize_bytes` of them), zero-padded to whole sectors.
+    pub buf: IoBuf,
+    /// How they are stored.
+    pub form: StoredForm,
+}
 
 /// A volume's shared state: its dataset (name, properties, the data object) and what only
 /// a volume has: range locks, its intent log, its call statistics.
@@ -391,6 +400,98 @@ impl Volume {
             .await
     }
 
+    /// Writes whole blocks `blocks[0]`, `blocks[1]`, ... from `offset_bytes` (a multiple of
+    /// the block size) on, each given **as stored** (a received block, as its sender stored
+    /// it: compressed or not, with its checksum): each buffer becomes the block's dirty state
+    /// as it is (no copy), and the txg sync writes it as it is (no compression; no checksum
+    /// when its checksum type is the volume's). Reads before the sync decode it; a later
+    /// partial write decodes it too and makes it an ordinary dirty block.
+    ///
+    /// A compressed block is decompressed once here, to check that it does (its checksum was
+    /// verified by the caller, but a broken sender could checksum bytes that do not
+    /// decompress): such a block is refused before anything is changed. For a dataset that
+    /// is not logged (`sync=disabled`, as a receive's hidden dataset): the intent log would
+    /// need the content, so a logged volume is refused.
+    pub async fn write_stored(&self, offset_bytes: u64, blocks: Vec<StoredBlock>) -> Result<()> {
+        let bs = self.block_size_bytes() as u64;
+        let length_bytes = bs * blocks.len() as u64;
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        if self.logged() {
+            return Err(EngineError::invalid(format!(
+                "{}: blocks are written as stored only into a volume with sync=disabled",
+                self.vol.ds.full_name
+            )));
+        }
+        let mut scratch = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            let at = offset_bytes + i as u64 * bs;
+            let form = &block.form;
+            let shape_ok = u64::from(form.lsize_bytes) == bs
+                && form.psize_bytes <= form.lsize_bytes
+                && block.buf.len() >= form.psize_bytes as usize
+                && (block.buf.len() as u64).is_multiple_of(oxpool_format::SECTOR_BYTES);
+            if !shape_ok || !form.decodes(&block.buf, &mut scratch) {
+                return Err(EngineError::invalid(format!(
+                    "{}: the block at byte {at} does not decompress to {bs} bytes ({} of {} \
+                     stored, {})",
+                    self.vol.ds.full_name,
+                    form.psize_bytes,
+                    block.buf.len(),
+                    form.compression.name()
+                )));
+            }
+        }
+        drop(scratch);
+        if !offset_bytes.is_multiple_of(bs) {
+            return Err(EngineError::invalid(format!(
+                "{}: a block written as stored must start at a block boundary, not byte \
+                 {offset_bytes}",
+                self.vol.ds.full_name
+            )));
+        }
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
+        self.check_range(offset_bytes, length_bytes, true)?;
+        self.pool
+            .log_counters
+            .client_bytes
+            .fetch_add(length_bytes, Ordering::Relaxed);
+        let first_b = offset_bytes / bs;
+        let last_b = first_b + blocks.len() as u64 - 1;
+        let mut node = pin!(RangeLockNode::new());
+        let _guard = self
+            .vol
+            .range_lock
+            .lock(node.as_mut(), offset_bytes, length_bytes, LockMode::Write)
+            .await;
+        self.check_still_in_range(offset_bytes, length_bytes)?;
+        let costs = self.space_costs();
+        let mut space = ClassBytes::default();
+        let _admission = self
+            .pool
+            .wait_for_space(costs.worst(first_b, last_b), false)
+            .await?;
+        let hold = self.pool.txg.hold(length_bytes).await?;
+        let mut newly_dirty_bytes = 0;
+        {
+            let mut d = self.vol.data().dirty.lock().unwrap();
+            let (t, spares) = d.txg_and_spares(hold.txg());
+            // Bounded by the blocks given.
+            for (b, block) in (first_b..).zip(blocks) {
+                let dirty = DirtyBlock::Stored(spares.shell(block.buf), block.form);
+                if t.blocks.insert(b, dirty).is_none() {
+                    newly_dirty_bytes += bs;
+                    space += costs.data;
+                    t.charge_indirect(b, &costs, &mut space);
+                }
+            }
+        }
+        hold.note_dirty(newly_dirty_bytes, space);
+        drop(hold);
+        Ok(())
+    }
+
     /// Writes zeros over the range. Whole blocks become holes (no space used; they read as
     /// zeros); partial blocks at the edges are zero-filled.
     pub async fn write_zeroes(
@@ -687,6 +788,17 @@ impl Volume {
                             let buf = Arc::clone(buf);
                             t.blocks.insert(b, DirtyBlock::Data(buf));
                         }
+                    }
+                    Some(DirtyBlock::Stored(stored, form)) => {
+                        // A block stored as received, overwritten in part (or whole) in the
+                        // same txg: its content, decoded, takes the write, and the sync
+                        // stores it by the volume's properties like any written block.
+                        drop(base);
+                        let content = form.content(stored);
+                        let mut buf = IoBuf::from_slice(&content[..bs as usize]);
+                        drop(content);
+                        put(&mut buf);
+                        t.blocks.insert(b, DirtyBlock::Data(spares.shell(buf)));
                     }
                     Some(DirtyBlock::Partial(..)) => {
                         // Not sector-aligned: the base is the block's whole current content,

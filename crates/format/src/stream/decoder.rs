@@ -8,6 +8,7 @@ use super::layout::*;
 use super::rules::{check_begin, check_name, DataFields, Rules, Violation};
 use super::{
     DataRecord, StreamBegin, StreamChecksum, StreamFeatures, StreamRecord, STREAM_VERSION,
+    STREAM_VERSION_MIN,
 };
 use crate::{checksum, Checksum, ChecksumType, Compression, Guid, Txg, VolumeId};
 
@@ -18,6 +19,16 @@ pub struct Decoded<'a> {
     pub consumed_bytes: usize,
     /// The record completed by these bytes, if one was.
     pub record: Option<StreamRecord<'a>>,
+}
+
+/// Where the payload of a record that just completed is.
+#[derive(Clone, Copy, Debug)]
+enum PayloadIn {
+    /// In `StreamDecoder::payload` (it arrived in pieces, or there is none).
+    Buffer,
+    /// The first bytes of the input of the call that completed it (it arrived whole there):
+    /// verified in place, never copied.
+    Input,
 }
 
 /// A record whose header is verified (its payload may still be arriving), without the
@@ -67,7 +78,17 @@ enum Phase {
 ///
 /// Memory: a 128-byte header and one payload buffer, which grows with the payload bytes that
 /// actually arrive (never by a length read from the stream) up to the record type's bound
-/// (`STREAM_BLOCK_BYTES_MAX` for a block) and is reused for every record.
+/// (`STREAM_BLOCK_BYTES_MAX` for a block) and is reused for every record. A payload that
+/// arrives whole in one `decode` call (its input holds all of it) is verified where it lies
+/// and handed out borrowing the input: no copy. A caller that reads the stream itself can
+/// arrange that for every payload: after a header, [`StreamDecoder::payload_pending_bytes`]
+/// says how many bytes the payload has, which the caller reads into a buffer of its own
+/// (say, one it then writes to a device) and hands over in one call.
+///
+/// Versions: [`STREAM_VERSION_MIN`] to [`STREAM_VERSION`] (`docs/format.md`); the first
+/// hashes every byte into the running checksum, the second only the headers. Either way
+/// each payload is hashed once: a DATA block whose checksum type is xxh3-128 is checked
+/// against the payload checksum already computed (the same function of the same bytes).
 ///
 /// ```
 /// use oxpool_format::{StreamDecoder, StreamRecord};
@@ -96,6 +117,8 @@ pub struct StreamDecoder {
     current: Option<Current>,
     payload: Vec<u8>,
     hasher: Xxh3Default,
+    /// BEGIN's version once its header is read (0 before).
+    version: u32,
     /// Stream bytes consumed so far.
     position_bytes: u64,
     /// Stream offset of the current record.
@@ -137,6 +160,7 @@ impl StreamDecoder {
             current: None,
             payload: Vec::new(),
             hasher: Xxh3Default::new(),
+            version: 0,
             position_bytes: 0,
             record_at: 0,
             begin: None,
@@ -154,6 +178,25 @@ impl StreamDecoder {
     /// Records handed out so far.
     pub fn records(&self) -> u64 {
         self.records
+    }
+
+    /// The stream's format version, once BEGIN's header is read: before the BEGIN record is
+    /// handed out (which takes a later `decode` call, since BEGIN's payload is never empty).
+    pub fn version(&self) -> Option<u32> {
+        (self.version != 0).then_some(self.version)
+    }
+
+    /// Bytes of the current record's payload still to come: 0 between records (and after
+    /// END); after a header that announces a payload, its whole length (until some of it is
+    /// fed). Bounded by the record type (checked before the header is accepted), so a caller
+    /// may size a buffer by it.
+    pub fn payload_pending_bytes(&self) -> usize {
+        match self.phase {
+            Phase::Payload { payload_bytes, .. } => {
+                payload_bytes.saturating_sub(self.payload.len())
+            }
+            Phase::Header | Phase::Done => 0,
+        }
     }
 
     /// The stream's BEGIN record, once it was handed out.
@@ -192,21 +235,26 @@ impl StreamDecoder {
     }
 
     /// Uses bytes of `input` until a record completes or the input runs out; returns how
-    /// many it used and the record. Call again with the rest of the input.
-    pub fn decode(&mut self, input: &[u8]) -> Result<Decoded<'_>, StreamError> {
+    /// many it used and the record (whose payload borrows `input` when it arrived whole in
+    /// it, else the decoder). Call again with the rest of the input.
+    pub fn decode<'a>(&'a mut self, input: &'a [u8]) -> Result<Decoded<'a>, StreamError> {
         if let Some(err) = &self.failed {
             return Err(err.clone());
         }
         match self.step(input) {
-            Ok((consumed_bytes, false)) => Ok(Decoded {
+            Ok((consumed_bytes, None)) => Ok(Decoded {
                 consumed_bytes,
                 record: None,
             }),
-            Ok((consumed_bytes, true)) => {
+            Ok((consumed_bytes, Some(payload_in))) => {
                 self.records += 1;
+                let payload: &'a [u8] = match payload_in {
+                    PayloadIn::Buffer => &self.payload,
+                    PayloadIn::Input => &input[..consumed_bytes],
+                };
                 Ok(Decoded {
                     consumed_bytes,
-                    record: self.completed_record(),
+                    record: self.completed_record(payload),
                 })
             }
             Err(err) => {
@@ -216,10 +264,10 @@ impl StreamDecoder {
         }
     }
 
-    /// Consumes input; `true` when the current record completed.
-    fn step(&mut self, input: &[u8]) -> Result<(usize, bool), StreamError> {
+    /// Consumes input; `Some` (where its payload is) when the current record completed.
+    fn step(&mut self, input: &[u8]) -> Result<(usize, Option<PayloadIn>), StreamError> {
         match self.phase {
-            Phase::Done if input.is_empty() => Ok((0, false)),
+            Phase::Done if input.is_empty() => Ok((0, None)),
             Phase::Done => Err(StreamError::new(
                 self.position_bytes,
                 StreamErrorKind::TrailingBytes,
@@ -237,30 +285,40 @@ impl StreamDecoder {
                     self.check_magic()?;
                 }
                 if self.header_filled_bytes < RECORD_HEADER_BYTES {
-                    return Ok((take, false));
+                    return Ok((take, None));
                 }
                 self.header_filled_bytes = 0;
                 self.record_at = self.position_bytes - RECORD_HEADER_BYTES as u64;
                 let complete = self.read_header()?;
-                Ok((take, complete))
+                Ok((take, complete.then_some(PayloadIn::Buffer)))
             }
             Phase::Payload {
                 payload_bytes,
                 payload_checksum: expected,
                 payload_at,
             } => {
+                if self.payload.is_empty() && input.len() >= payload_bytes {
+                    // All of it is here: verified where it lies, not copied.
+                    let payload = &input[..payload_bytes];
+                    self.position_bytes += payload_bytes as u64;
+                    self.phase = Phase::Header;
+                    self.check_payload(payload, expected, payload_at)?;
+                    return Ok((payload_bytes, Some(PayloadIn::Input)));
+                }
                 let take = (payload_bytes - self.payload.len()).min(input.len());
                 // Grows with the bytes that arrived, up to `payload_bytes`, which was bounded
                 // by the record type before this phase began.
                 self.payload.extend_from_slice(&input[..take]);
-                self.hasher.update(&input[..take]);
                 self.position_bytes += take as u64;
                 if self.payload.len() < payload_bytes {
-                    return Ok((take, false));
+                    return Ok((take, None));
                 }
                 self.phase = Phase::Header;
-                self.check_payload(expected, payload_at)?;
-                Ok((take, true))
+                let payload = std::mem::take(&mut self.payload);
+                let checked = self.check_payload(&payload, expected, payload_at);
+                self.payload = payload;
+                checked?;
+                Ok((take, Some(PayloadIn::Buffer)))
             }
         }
     }
@@ -284,10 +342,11 @@ impl StreamDecoder {
                 return Err(self.error_at(TYPE_AT, StreamErrorKind::OutOfOrder { rule }));
             }
             let found = get_u32(&header, BEGIN_VERSION_AT);
-            if found != STREAM_VERSION {
+            if !(STREAM_VERSION_MIN..=STREAM_VERSION).contains(&found) {
                 let kind = StreamErrorKind::UnsupportedVersion { found };
                 return Err(self.error_at(BEGIN_VERSION_AT, kind));
             }
+            self.version = found;
         }
         self.hasher.update(&header[..STREAM_CHECKSUM_AT]);
         let running = self.hasher.digest128();
@@ -369,7 +428,7 @@ impl StreamDecoder {
         self.payload.clear();
         let payload_at = self.position_bytes;
         if payload_bytes == 0 {
-            self.check_payload(payload_checksum, payload_at)?;
+            self.check_payload(&[], payload_checksum, payload_at)?;
             if kind == RecordType::End {
                 self.phase = Phase::Done;
             }
@@ -449,10 +508,20 @@ impl StreamDecoder {
         self.rules.as_mut().ok_or(error)
     }
 
-    /// The current record's payload is all in `self.payload`: verifies it.
-    fn check_payload(&mut self, expected: u128, payload_at: u64) -> Result<(), StreamError> {
-        if payload_checksum(&self.payload) != expected {
-            let at = if self.payload.is_empty() {
+    /// The current record's payload is all in: verifies it (hashing it once), and runs a
+    /// version 1 stream's running checksum over it.
+    fn check_payload(
+        &mut self,
+        payload: &[u8],
+        expected: u128,
+        payload_at: u64,
+    ) -> Result<(), StreamError> {
+        if self.version == 1 {
+            self.hasher.update(payload);
+        }
+        let sum = payload_checksum(payload);
+        if sum != expected {
+            let at = if payload.is_empty() {
                 self.record_at + PAYLOAD_CHECKSUM_AT as u64
             } else {
                 payload_at
@@ -461,7 +530,7 @@ impl StreamDecoder {
         }
         match self.current {
             Some(Current::Begin) => {
-                let name = check_name(&self.payload).map_err(|reason| {
+                let name = check_name(payload).map_err(|reason| {
                     StreamError::new(payload_at, StreamErrorKind::BadName { reason })
                 })?;
                 let name = name.to_owned();
@@ -469,18 +538,24 @@ impl StreamDecoder {
                     begin.name = name;
                 }
             }
-            Some(Current::Data(fields))
-                if checksum(fields.checksum_type, &self.payload) != fields.checksum =>
-            {
-                return Err(StreamError::new(payload_at, StreamErrorKind::BlockChecksum));
+            Some(Current::Data(fields)) => {
+                let matches = match fields.checksum_type {
+                    // The same function of the same bytes as the payload checksum just
+                    // computed (the rules made sure the unused half of the field is zero).
+                    ChecksumType::Xxh3_128 => fields.checksum.0[..16] == sum.to_le_bytes(),
+                    other => checksum(other, payload) == fields.checksum,
+                };
+                if !matches {
+                    return Err(StreamError::new(payload_at, StreamErrorKind::BlockChecksum));
+                }
             }
             _ => {}
         }
         Ok(())
     }
 
-    /// The record that just completed, borrowing the decoder.
-    fn completed_record(&self) -> Option<StreamRecord<'_>> {
+    /// The record that just completed, with its payload.
+    fn completed_record<'a>(&'a self, payload: &'a [u8]) -> Option<StreamRecord<'a>> {
         Some(match self.current? {
             Current::Begin => StreamRecord::Begin(self.begin.as_ref()?),
             Current::Data(fields) => StreamRecord::Data(DataRecord {
@@ -489,7 +564,7 @@ impl StreamDecoder {
                 compression: fields.compression,
                 checksum_type: fields.checksum_type,
                 checksum: fields.checksum,
-                payload: &self.payload,
+                payload,
             }),
             Current::Free {
                 offset_bytes,

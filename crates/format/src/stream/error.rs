@@ -103,7 +103,9 @@ impl fmt::Display for StreamErrorKind {
             }
             StreamErrorKind::UnsupportedVersion { found } => write!(
                 f,
-                "stream format version {found} is not supported (this build reads version {})",
+                "stream format version {found} is not supported (this build reads versions \
+                 {} to {})",
+                super::STREAM_VERSION_MIN,
                 super::STREAM_VERSION
             ),
             StreamErrorKind::UnknownFeatures { bits } => {

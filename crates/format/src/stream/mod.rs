@@ -15,9 +15,11 @@
 //!   as zeros since the base (trims, write-zeroes, holes); SET_SIZE the new size of a volume
 //!   resized since the base; END closes the stream.
 //! - Integrity: every header carries the xxh3-128 of its payload and the running xxh3-128 of
-//!   every stream byte before that field (so each header is checked before any length in it
-//!   is used, and a lost, repeated or reordered record breaks the chain); END's running
-//!   checksum is the whole stream's. No all-zero escape.
+//!   every header before that field (so each header is checked before any length in it is
+//!   used, and a lost, repeated or reordered record breaks the chain; the payloads are bound
+//!   into the chain by their checksums in the headers); END's running checksum is the whole
+//!   stream's. No all-zero escape. Version 1 streams, whose running checksum also covers the
+//!   payloads, are still read ([`STREAM_VERSION_MIN`]).
 //!
 //! [`StreamEncoder`] writes records (it panics on a record the decoder would refuse: a
 //! sender bug must not leave the machine); [`StreamDecoder`] reads them incrementally,
@@ -45,9 +47,18 @@ pub use token::{ResumeToken, TokenError, RESUME_TOKEN_PREFIX, RESUME_TOKEN_VERSI
 use crate::{Checksum, ChecksumType, Compression, Guid, Txg, VolumeId};
 use std::fmt;
 
-/// The stream format version this build writes and reads (BEGIN bytes 16..20). Independent
-/// of the pool's format version.
-pub const STREAM_VERSION: u32 = 1;
+/// The stream format version this build writes (BEGIN bytes 16..20). Independent of the
+/// pool's format version.
+///
+/// - 1: the running checksum covers every stream byte (headers and payloads).
+/// - 2: the running checksum covers the headers only; each header carries its payload's
+///   checksum, so the payloads stay bound into the chain, and each payload is hashed once
+///   (for an xxh3-128 block, the payload checksum is the block checksum).
+pub const STREAM_VERSION: u32 = 2;
+
+/// The oldest stream format version this build reads (and can write, for older receivers:
+/// [`StreamEncoder::with_version`]). Every version from it to [`STREAM_VERSION`] is read.
+pub const STREAM_VERSION_MIN: u32 = 1;
 
 /// Longest snapshot name BEGIN carries (ZFS's limit for a full dataset name).
 pub const STREAM_NAME_BYTES_MAX: usize = 256;
