@@ -675,6 +675,10 @@ impl<'a> Reader<'a> {
                 return Poll::Ready(Ok(()));
             }
             let mut progress = false;
+            if let Some(walker) = &mut self.walker {
+                // Its reads ahead go on between steps (see `ChangeWalker::poll_ahead`).
+                walker.poll_ahead(cx);
+            }
             if self.walking.is_none()
                 && !self.walk_ended
                 && self.walked_bytes < WALK_AHEAD_BYTES_MAX
