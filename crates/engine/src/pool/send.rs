@@ -4,9 +4,11 @@
 //! The changes come from a walk of the snapshot's tree pruned by birth txg
 //! ([`crate::dsl::send::ChangeWalker`]): its cost follows the changed blocks. Blocks travel as
 //! stored (compressed blocks compressed), with the checksum their pointer holds. A reader
-//! thread walks the tree and reads the blocks, many at once, at most
-//! [`SendOptions::prefetch_bytes_max`] of them read ahead of the writer; the calling thread
-//! encodes and writes them.
+//! thread walks the tree and reads the blocks through a sliding window of runs (blocks side
+//! by side read as one request): at most [`SEND_READS_IN_FLIGHT_BYTES_MAX`] in flight, at most
+//! [`SendOptions::prefetch_bytes_max`] read ahead of the writer, each run verified as it
+//! completes; the calling thread encodes and writes them, a run's records in one vectored
+//! write.
 
 use super::bookmark::IncrementalBase;
 use super::Pool;
