@@ -39,7 +39,7 @@ pub use iostats::{LogCounters, LogStats};
 pub use pool::{
     BookmarkInfo, DatasetSpace, Pool, PoolCounters, ReceiveOptions, Received, SendOptions,
     SendStats, SendWhat, SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT,
-    SNAPSHOT_PROP_NAMES,
+    SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};

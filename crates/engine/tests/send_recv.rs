@@ -8,8 +8,13 @@
 mod common;
 
 use common::*;
-use oxpool_engine::{Pool, ReceiveOptions, SendOptions};
+use oxpool_engine::TopSpec;
+use oxpool_engine::{
+    Pool, ReceiveOptions, SendOptions, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
+};
 use oxpool_format::TopVdevKind;
+use oxpool_io::FaultBackend;
+use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
 
@@ -875,4 +880,102 @@ fn blocks_written_as_stored_read_back_before_and_after_the_sync() {
     let mut after = vec![0u8; 3 * bs];
     oxpool_io::rt::block_on(again.volume("v").unwrap().read(0, &mut after)).unwrap();
     assert_eq!(after, expect, "after import");
+}
+
+/// The send reads through a sliding window of runs: several runs in flight at once (on a
+/// device whose reads take a while, so they are still in flight while the walk goes on),
+/// never more bytes in flight than its bound, never more read ahead of the writer than the
+/// read-ahead bound, and the same stream whatever the bounds.
+#[test]
+fn a_send_keeps_its_window_within_its_bounds() {
+    let mem = oxpool_io::MemoryBackend::new("mem0", DEVICE_BYTES);
+    let dev = Arc::new(FaultBackend::new(Arc::new(mem), 1));
+    let top = TopSpec {
+        log: false,
+        kind: TopVdevKind::Single,
+        devices: vec![dev.clone() as Arc<dyn oxpool_io::Backend>],
+    };
+    let pool = Pool::create("tank", vec![top], test_props(), false).unwrap();
+    let vol = pool
+        .create_volume("src", 8 * MIB, &[("compression".into(), "off".into())])
+        .unwrap();
+    let data = content(Fill::Random, 12, (8 * MIB) as usize);
+    write(&vol, 0, &data);
+    snap(&pool, "src@a");
+    let bs = vol.block_size_bytes() as u64;
+    let mut streams = Vec::new();
+    // The last one reads a block at a time: without the latency, or it takes 512 of them.
+    for prefetch in [0, 3 * MIB, 256 << 10, bs] {
+        let latency_ms = if prefetch == bs { 0 } else { 20 };
+        dev.set_read_latency(std::time::Duration::from_millis(latency_ms));
+        let opts = SendOptions {
+            base: None,
+            intermediates: false,
+            prefetch_bytes_max: prefetch,
+        };
+        let mut out = Vec::new();
+        let stats = pool.send("src", "a", &opts, &mut out).unwrap();
+        let bound = match prefetch {
+            0 => SEND_PREFETCH_BYTES_DEFAULT,
+            n => n,
+        };
+        let in_flight_bound = bound.min(SEND_READS_IN_FLIGHT_BYTES_MAX);
+        assert!(
+            stats.read_ahead_bytes_peak <= bound,
+            "read-ahead {prefetch}: {} bytes read ahead at once",
+            stats.read_ahead_bytes_peak
+        );
+        assert!(
+            stats.reads_in_flight_bytes_peak <= in_flight_bound,
+            "read-ahead {prefetch}: {} bytes in flight at once",
+            stats.reads_in_flight_bytes_peak
+        );
+        if latency_ms > 0 {
+            // The window fills: several runs in flight at once (a run is at most 1 MiB, and
+            // at most a quarter of the bound), not one after the other.
+            assert!(
+                stats.reads_in_flight_bytes_peak >= in_flight_bound.min(2 * MIB),
+                "read-ahead {prefetch}: at most {} bytes in flight of {in_flight_bound}",
+                stats.reads_in_flight_bytes_peak
+            );
+        }
+        assert_eq!(stats.data_records, 8 * MIB / bs);
+        streams.push(out);
+    }
+    assert!(streams.iter().all(|s| *s == streams[0]), "streams differ");
+    let (dst, _d) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &streams[0], false).unwrap();
+    assert!(snap_bytes(&dst, "copy", "a") == data);
+}
+
+/// A data block that does not verify in the middle of a run, on a device with no other
+/// copy: the send fails with a checksum error (never sends the block, never skips it), and
+/// the device's checksum errors count it.
+#[test]
+fn a_send_reports_a_damaged_block_in_a_run() {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool
+        .create_volume("src", 8 * MIB, &[("compression".into(), "off".into())])
+        .unwrap();
+    write(&vol, 0, &content(Fill::Random, 13, (8 * MIB) as usize));
+    snap(&pool, "src@a");
+    let mut clean = Vec::new();
+    pool.send("src", "a", &SendOptions::default(), &mut clean)
+        .unwrap();
+    // A few bytes in the middle of the data written: a data block, as the estimate (which
+    // reads the indirect blocks only) still succeeds below.
+    mems[0].corrupt(oxpool_format::DATA_START_BYTES + 4 * MIB + 4096, 64, 7);
+    let opts = SendOptions::default();
+    pool.send_estimate("src", "a", &opts)
+        .expect("the damage hit an indirect block: move it");
+    let errors = |pool: &Pool| pool.status().vdevs[0].checksum_errors;
+    let before = errors(&pool);
+    let mut out = Vec::new();
+    let err = pool.send("src", "a", &opts, &mut out).unwrap_err();
+    assert!(
+        matches!(err, oxpool_engine::EngineError::Checksum { .. }),
+        "{err}"
+    );
+    assert!(errors(&pool) > before, "the bad block was not counted");
+    assert!(out.len() < clean.len());
 }

@@ -39,7 +39,9 @@ mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
 pub use recv::{ReceiveOptions, Received};
-pub use send::{SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT};
+pub use send::{
+    SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
+};
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
 
 pub struct Pool {

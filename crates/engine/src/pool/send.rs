@@ -4,9 +4,11 @@
 //! The changes come from a walk of the snapshot's tree pruned by birth txg
 //! ([`crate::dsl::send::ChangeWalker`]): its cost follows the changed blocks. Blocks travel as
 //! stored (compressed blocks compressed), with the checksum their pointer holds. A reader
-//! thread walks the tree and reads the blocks, many at once, at most
-//! [`SendOptions::prefetch_bytes_max`] of them read ahead of the writer; the calling thread
-//! encodes and writes them.
+//! thread walks the tree and reads the blocks through a sliding window of runs (blocks side
+//! by side read as one request): at most [`SEND_READS_IN_FLIGHT_BYTES_MAX`] in flight, at most
+//! [`SendOptions::prefetch_bytes_max`] read ahead of the writer, each run verified as it
+//! completes; the calling thread encodes and writes them, a run's records in one vectored
+//! write.
 
 use super::bookmark::IncrementalBase;
 use super::Pool;
@@ -14,22 +16,32 @@ use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
-use crate::zio::read_run::{read_blocks, StoredBlock};
+use crate::zio::read_run::{
+    extends_run, read_run, run_bytes, RunBufs, StoredBlock, READ_RUN_BYTES_MAX,
+};
 use crate::{EngineError, Result};
 use oxpool_format::stream::{
-    DataRecord, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures, RECORD_HEADER_BYTES,
+    DataRecord, RecordHeader, ResumeToken, StreamBegin, StreamEncoder, StreamFeatures,
+    RECORD_HEADER_BYTES,
 };
 use oxpool_format::{BlockPtr, Txg, VolumeId};
+use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::io::Write;
-use std::pin::pin;
+use std::io::{IoSlice, Write};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::task::Poll;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 /// Read ahead of the writer by default: as ZFS's send queue (`zfs_send_queue_length`).
 pub const SEND_PREFETCH_BYTES_DEFAULT: u64 = 32 << 20;
+
+/// Bytes of data block reads on the devices at once, at most (and at most the read-ahead):
+/// what fio's sequential read keeps in flight (8 requests of 1 MiB), the rate the send is
+/// measured against. The reader issues a run whenever one completes, so the device's queue
+/// stays this full from the first run to the last.
+pub const SEND_READS_IN_FLIGHT_BYTES_MAX: u64 = 8 << 20;
 
 /// What to send.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +86,14 @@ pub struct SendStats {
     pub stream_bytes: u64,
     /// Indirect blocks the walks read.
     pub indirect_reads: u64,
+    /// The most bytes of blocks read ahead of the writer at once (reads issued, blocks not
+    /// yet written): at most [`SendOptions::prefetch_bytes_max`], or one run of blocks read
+    /// together when that alone is larger. 0 in an estimate.
+    pub read_ahead_bytes_peak: u64,
+    /// The most bytes of data block reads in flight on the devices at once: at most
+    /// [`SEND_READS_IN_FLIGHT_BYTES_MAX`] and the read-ahead bound, or one run when that alone
+    /// is larger. 0 in an estimate.
+    pub reads_in_flight_bytes_peak: u64,
 }
 
 /// One stream to send: the snapshot, and its base.
@@ -106,38 +126,49 @@ enum Item {
     },
 }
 
-/// Bytes read ahead and not yet written: the reader waits while it is at the bound.
+/// Bytes read ahead and not yet written: the reader issues no further run while it is at the
+/// bound, and the writer wakes it as it gives bytes back.
 struct Budget {
-    bytes: Mutex<u64>,
-    freed: Condvar,
+    state: Mutex<BudgetState>,
     max_bytes: u64,
-    /// Set when the writer stops (done or failed): the reader stops waiting.
+    /// Set when the writer stops (done or failed): the reader stops.
     writer_gone: AtomicBool,
 }
 
+#[derive(Default)]
+struct BudgetState {
+    bytes: u64,
+    /// The most bytes taken at once.
+    peak_bytes: u64,
+    /// The reader, waiting for bytes to come back.
+    waiting: Option<Waker>,
+}
+
 impl Budget {
-    /// Waits until `n` more bytes fit (a batch larger than the bound waits for an empty
-    /// budget); false if the writer is gone.
-    fn take(&self, n: u64) -> bool {
-        let mut b = self.bytes.lock().unwrap();
-        // Bounded by the writer: each batch it writes returns bytes, and it says when it stops.
-        while *b > 0 && *b + n > self.max_bytes {
-            if self.writer_gone.load(Ordering::Acquire) {
-                return false;
+    /// Takes `n` bytes if they fit (a run larger than the bound goes alone, into an empty
+    /// budget); else false, and the writer wakes `cx`'s task when it gives bytes back or stops.
+    fn try_take(&self, n: u64, cx: &Context<'_>) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if s.bytes > 0 && s.bytes + n > self.max_bytes {
+            if !s.waiting.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                s.waiting = Some(cx.waker().clone());
             }
-            b = self
-                .freed
-                .wait_timeout(b, std::time::Duration::from_millis(100))
-                .unwrap()
-                .0;
+            return false;
         }
-        *b += n;
+        s.bytes += n;
+        s.peak_bytes = s.peak_bytes.max(s.bytes);
         true
     }
 
     fn give(&self, n: u64) {
-        *self.bytes.lock().unwrap() -= n;
-        self.freed.notify_all();
+        let waiting = {
+            let mut s = self.state.lock().unwrap();
+            s.bytes -= n;
+            s.waiting.take()
+        };
+        if let Some(w) = waiting {
+            w.wake();
+        }
     }
 }
 
@@ -428,52 +459,52 @@ fn send_leg(
     }
     let bs = u64::from(source.volblocksize_bytes);
     let budget = Budget {
-        bytes: Mutex::new(0),
-        freed: Condvar::new(),
+        state: Mutex::new(BudgetState::default()),
         max_bytes: prefetch_bytes_max,
         writer_gone: AtomicBool::new(false),
     };
-    // One batch of reads in flight at once: a quarter of the bound, so reading goes on while
-    // the batches before it are written.
-    let batch_bytes_max = (prefetch_bytes_max / 4).max(bs);
     // Bounded in bytes by `budget`, not by the channel.
-    let (tx, rx) = mpsc::channel::<Result<Vec<Item>>>();
-    let indirect_reads = std::thread::scope(|scope| -> Result<u64> {
-        let reader = scope.spawn(|| read_ahead(spa, source, leg, batch_bytes_max, &budget, tx));
+    let (tx, rx) = mpsc::channel::<Result<Handed>>();
+    let read = std::thread::scope(|scope| -> Result<ReadFigures> {
+        let reader = scope.spawn(|| read_ahead(spa, source, leg, prefetch_bytes_max, &budget, tx));
         let mut written = || -> Result<()> {
             // A run of freed blocks, merged across batches, written when data follows.
             let mut free: Option<(u64, u64)> = None;
-            // Bounded by the reader's batches: it ends, and closes the channel.
-            for batch in rx.iter() {
-                let batch = batch?;
-                let mut bytes = 0u64;
-                for item in batch {
+            // Bounded by the reader's runs: it ends, and closes the channel.
+            for handed in rx.iter() {
+                let handed = handed?;
+                // The records of what was handed, written together (a run's headers and
+                // blocks in one system call, not two per block).
+                let mut heads: Vec<RecordHeader> = Vec::with_capacity(handed.items.len() + 1);
+                // Each record: its header's index in `heads`, and its payload.
+                let mut records: Vec<(usize, &[u8])> = Vec::with_capacity(heads.capacity());
+                for item in &handed.items {
                     match item {
                         Item::Data { block, bp, stored } => {
                             let stored = &stored[..bp.psize_bytes as usize];
                             if let Some((first, count)) = free.take() {
-                                put(out, &enc.free(first * bs, count * bs))?;
+                                records.push((heads.len(), &[]));
+                                heads.push(enc.free(first * bs, count * bs));
                                 stats.free_records += 1;
                             }
-                            let header = enc.data(&DataRecord {
+                            records.push((heads.len(), stored));
+                            heads.push(enc.data(&DataRecord {
                                 offset_bytes: block * bs,
                                 lsize_bytes: source.volblocksize_bytes,
                                 compression: bp.compression,
                                 checksum_type: bp.checksum_type,
                                 checksum: bp.checksum,
                                 payload: stored,
-                            });
-                            put(out, &header)?;
-                            put(out, stored)?;
+                            }));
                             stats.data_records += 1;
                             stats.data_bytes += stored.len() as u64;
-                            bytes += stored.len() as u64;
                         }
-                        Item::Free { first, count } => {
+                        &Item::Free { first, count } => {
                             free = match free {
                                 Some((f, c)) if f + c == first => Some((f, c + count)),
                                 Some((f, c)) => {
-                                    put(out, &enc.free(f * bs, c * bs))?;
+                                    records.push((heads.len(), &[]));
+                                    heads.push(enc.free(f * bs, c * bs));
                                     stats.free_records += 1;
                                     Some((first, count))
                                 }
@@ -482,7 +513,17 @@ fn send_leg(
                         }
                     }
                 }
-                budget.give(bytes);
+                let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(2 * records.len());
+                for &(head, payload) in &records {
+                    slices.push(IoSlice::new(&heads[head]));
+                    if !payload.is_empty() {
+                        slices.push(IoSlice::new(payload));
+                    }
+                }
+                put_all(out, &mut slices)?;
+                drop(records);
+                drop(handed.items);
+                budget.give(handed.budget_bytes);
             }
             if let Some((first, count)) = free {
                 put(out, &enc.free(first * bs, count * bs))?;
@@ -503,12 +544,25 @@ fn send_leg(
     let (header, _) = enc.end();
     put(out, &header)?;
     stats.streams += 1;
-    stats.indirect_reads += indirect_reads;
+    stats.indirect_reads += read.indirect_reads;
+    stats.read_ahead_bytes_peak = stats
+        .read_ahead_bytes_peak
+        .max(budget.state.lock().unwrap().peak_bytes);
+    stats.reads_in_flight_bytes_peak = stats
+        .reads_in_flight_bytes_peak
+        .max(read.in_flight_bytes_peak);
     Ok(())
 }
 
-/// One batch of changes the walk found: the changes, the bytes of their data blocks, and
-/// whether the walk ended with it.
+/// What the reader hands the writer at once: the items of the runs (and freed ranges) done at
+/// the front of its window, in stream order, and the budget bytes they took.
+struct Handed {
+    items: Vec<Item>,
+    budget_bytes: u64,
+}
+
+/// Changes taken from the walk: the changes, the bytes of their data blocks, and whether the
+/// walk ended with them.
 struct Batch {
     changes: Vec<Change>,
     bytes: u64,
@@ -542,100 +596,338 @@ async fn gather(walker: &mut ChangeWalker<'_>, batch_bytes_max: u64) -> Result<B
     Ok(batch)
 }
 
-/// Both futures, polled together until both are done.
-async fn join2<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    let (mut a, mut b) = (pin!(a), pin!(b));
-    let (mut ra, mut rb) = (None, None);
-    poll_fn(|cx| {
-        if ra.is_none() {
-            if let Poll::Ready(v) = a.as_mut().poll(cx) {
-                ra = Some(v);
-            }
-        }
-        if rb.is_none() {
-            if let Poll::Ready(v) = b.as_mut().poll(cx) {
-                rb = Some(v);
-            }
-        }
-        match (ra.is_some(), rb.is_some()) {
-            (true, true) => Poll::Ready((ra.take().unwrap(), rb.take().unwrap())),
-            _ => Poll::Pending,
-        }
-    })
-    .await
+/// Data bytes one step of the walk gathers: about one run, so the first reads start at once
+/// and the walk goes on in small steps between the reads' completions.
+const WALK_STEP_BYTES: u64 = READ_RUN_BYTES_MAX;
+
+/// Data bytes walked ahead of the reads at most: the walk stops at each indirect block to
+/// read it (one per 255 data blocks, about 4 MiB of 16 KiB blocks), and that read waits
+/// behind the data reads in flight; what was walked before it keeps the window full meanwhile.
+/// Twice the window: only the changes are held (about 150 bytes per block), no data.
+const WALK_AHEAD_BYTES_MAX: u64 = 2 * SEND_READS_IN_FLIGHT_BYTES_MAX;
+
+/// One step of the walk, owning the walker until it is done (it hands it back).
+type WalkStep<'a> = Pin<Box<dyn Future<Output = (ChangeWalker<'a>, Result<Batch>)> + 'a>>;
+
+/// A run's read: its blocks' pointers back, with each block's stored bytes or error.
+type RunRead<'a> = Pin<Box<dyn Future<Output = (Vec<BlockPtr>, Vec<Result<StoredBlock>>)> + 'a>>;
+
+/// What the reader holds in stream order (its window): runs being read or read, and freed
+/// ranges between them.
+enum Slot<'a> {
+    Run {
+        /// The data blocks' indices in the volume, in order.
+        blocks: Vec<u64>,
+        /// Their stored bytes (`psize`), taken from the budget.
+        budget_bytes: u64,
+        /// Their bytes on the device, counted in flight until the read is done.
+        device_bytes: u64,
+        read: RunRead<'a>,
+        done: Option<(Vec<BlockPtr>, Vec<Result<StoredBlock>>)>,
+    },
+    Free {
+        first: u64,
+        count: u64,
+    },
 }
 
-/// The reader thread: walks the tree and reads the changed blocks a batch at a time, the
-/// walk for the next batch going on while the current batch's reads are in flight (so the
-/// walk's CPU and indirect reads overlap the data reads); sends the batches in order (an
-/// error as the last one). Returns the indirect blocks it read.
-fn read_ahead(
-    spa: &Spa,
-    source: &Source,
-    leg: &Leg,
-    batch_bytes_max: u64,
-    budget: &Budget,
-    tx: mpsc::Sender<Result<Vec<Item>>>,
-) -> u64 {
-    let mut walker = walker(spa, source, leg);
-    let what = format!("{}@{}", source.full_name, leg.to.name);
-    let result = oxpool_io::rt::block_on(async {
-        let mut next = gather(&mut walker, batch_bytes_max).await?;
-        // Bounded by the tree: each round sends one batch; the walk ends.
+/// What the reader reports when it ends.
+#[derive(Default)]
+struct ReadFigures {
+    indirect_reads: u64,
+    in_flight_bytes_peak: u64,
+}
+
+/// The reader thread's state: a sliding window of runs. The walk goes on in steps, a little
+/// ahead of the reads; a run is issued as soon as the window has room (at most
+/// [`SEND_READS_IN_FLIGHT_BYTES_MAX`] on the devices, at most the budget read ahead of the
+/// writer); each run is verified as it completes (`read_run`), and the runs at the front of
+/// the window that are done go to the writer in order. So the device's queue stays full
+/// while this thread walks and verifies, instead of draining at the end of every batch.
+struct Reader<'a> {
+    spa: &'a Spa,
+    what: &'a str,
+    budget: &'a Budget,
+    tx: mpsc::Sender<Result<Handed>>,
+    bufs: Arc<RunBufs>,
+    /// The walker, between steps (a step owns it while it runs).
+    walker: Option<ChangeWalker<'a>>,
+    walking: Option<WalkStep<'a>>,
+    walk_ended: bool,
+    /// Changes walked and not yet in the window, and the data bytes among them.
+    walked: VecDeque<Change>,
+    walked_bytes: u64,
+    window: VecDeque<Slot<'a>>,
+    in_flight_bytes: u64,
+    in_flight_bytes_max: u64,
+    /// The longest run: [`READ_RUN_BYTES_MAX`], or a quarter of the bound in flight if that
+    /// is smaller (so a small read-ahead still holds several runs, and its bound holds).
+    run_bytes_max: u64,
+    figures: ReadFigures,
+}
+
+impl<'a> Reader<'a> {
+    /// Moves everything on that can move; Ready when the walk is done and every run handed
+    /// on, or the writer is gone.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        // Bounded: each round walks a step, issues, completes or hands on something, or
+        // returns Pending (woken by a read, the walk, or the writer giving bytes back).
         loop {
-            let batch = next;
-            if batch.changes.is_empty() || !budget.take(batch.bytes) {
-                break;
+            if self.budget.writer_gone.load(Ordering::Acquire) {
+                return Poll::Ready(Ok(()));
             }
-            // Blocks side by side on a device are read as one request (`zio/read_run.rs`).
-            let bps: Vec<BlockPtr> = batch
-                .changes
-                .iter()
-                .filter_map(|c| match c {
-                    Change::Data { bp, .. } => Some(*bp),
-                    Change::Free { .. } => None,
-                })
-                .collect();
-            let reads = read_blocks(&spa.zio, IoClass::AsyncRead, &bps, what.as_str());
-            let (blocks, following) = if batch.last {
-                (reads.await, None)
-            } else {
-                let (blocks, following) = join2(reads, gather(&mut walker, batch_bytes_max)).await;
-                (blocks, Some(following?))
-            };
-            let mut blocks = blocks.into_iter();
-            let mut items = Vec::with_capacity(batch.changes.len());
-            for c in batch.changes {
-                items.push(match c {
-                    Change::Data { block, bp } => {
-                        let stored = blocks.next().expect("one read per data change")?;
+            let mut progress = false;
+            if let Some(walker) = &mut self.walker {
+                // Its reads ahead go on between steps (see `ChangeWalker::poll_ahead`).
+                walker.poll_ahead(cx);
+            }
+            if self.walking.is_none()
+                && !self.walk_ended
+                && self.walked_bytes < WALK_AHEAD_BYTES_MAX
+            {
+                let mut walker = self
+                    .walker
+                    .take()
+                    .expect("the walker is back between steps");
+                self.walking = Some(Box::pin(async move {
+                    let step = gather(&mut walker, WALK_STEP_BYTES).await;
+                    (walker, step)
+                }));
+            }
+            if let Some(step) = &mut self.walking {
+                if let Poll::Ready((walker, batch)) = step.as_mut().poll(cx) {
+                    self.walking = None;
+                    self.figures.indirect_reads = walker.indirect_reads();
+                    self.walker = Some(walker);
+                    let batch = batch?;
+                    self.walk_ended = batch.last;
+                    self.walked_bytes += batch.bytes;
+                    self.walked.extend(batch.changes);
+                    progress = true;
+                }
+            }
+            // Bounded by the changes walked.
+            while self.issue(cx) {
+                progress = true;
+            }
+            for slot in self.window.iter_mut() {
+                if let Slot::Run {
+                    read,
+                    done: done @ None,
+                    device_bytes,
+                    ..
+                } = slot
+                {
+                    if let Poll::Ready(r) = read.as_mut().poll(cx) {
+                        *done = Some(r);
+                        self.in_flight_bytes -= *device_bytes;
+                        progress = true;
+                    }
+                }
+            }
+            let handed = self.take_done()?;
+            if !handed.items.is_empty() {
+                if self.tx.send(Ok(handed)).is_err() {
+                    // The writer is gone (its error is the one reported).
+                    return Poll::Ready(Ok(()));
+                }
+                progress = true;
+            }
+            if self.walk_ended
+                && self.walking.is_none()
+                && self.walked.is_empty()
+                && self.window.is_empty()
+            {
+                return Poll::Ready(Ok(()));
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    /// Puts the next walked change(s) in the window: a freed range, or a run of data blocks
+    /// read as one, once the run is complete (the walk has shown what follows it) and the
+    /// window has room. False if nothing could go in.
+    fn issue(&mut self, cx: &mut Context<'_>) -> bool {
+        let zio = &self.spa.zio;
+        let first = match self.walked.front() {
+            None => return false,
+            Some(&Change::Free { first, count }) => {
+                self.walked.pop_front();
+                self.window.push_back(Slot::Free { first, count });
+                return true;
+            }
+            Some(&Change::Data { bp, .. }) => bp,
+        };
+        let (mut n, mut device_bytes, mut budget_bytes) =
+            (1, run_bytes(&first), u64::from(first.psize_bytes));
+        let mut last = first;
+        // Bounded by READ_RUN_BYTES_MAX.
+        let complete = loop {
+            match self.walked.get(n) {
+                Some(Change::Data { bp, .. })
+                    if extends_run(zio, &last, device_bytes, bp, self.run_bytes_max) =>
+                {
+                    device_bytes += run_bytes(bp);
+                    budget_bytes += u64::from(bp.psize_bytes);
+                    last = *bp;
+                    n += 1;
+                }
+                Some(_) => break true,
+                None => break self.walk_ended || device_bytes >= self.run_bytes_max,
+            }
+        };
+        if !complete
+            || (self.in_flight_bytes > 0
+                && self.in_flight_bytes + device_bytes > self.in_flight_bytes_max)
+            || !self.budget.try_take(budget_bytes, cx)
+        {
+            return false;
+        }
+        let (mut blocks, mut bps) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for c in self.walked.drain(..n) {
+            if let Change::Data { block, bp } = c {
+                blocks.push(block);
+                bps.push(bp);
+            }
+        }
+        self.walked_bytes -= budget_bytes;
+        self.in_flight_bytes += device_bytes;
+        self.figures.in_flight_bytes_peak =
+            self.figures.in_flight_bytes_peak.max(self.in_flight_bytes);
+        let (what, bufs) = (self.what, self.bufs.clone());
+        let read = Box::pin(async move {
+            let stored = read_run(
+                zio,
+                IoClass::AsyncRead,
+                &bps,
+                device_bytes,
+                what,
+                Some(&bufs),
+            )
+            .await;
+            (bps, stored)
+        });
+        self.window.push_back(Slot::Run {
+            blocks,
+            budget_bytes,
+            device_bytes,
+            read,
+            done: None,
+        });
+        true
+    }
+
+    /// The slots at the front of the window that are done, as items for the writer.
+    fn take_done(&mut self) -> Result<Handed> {
+        let mut handed = Handed {
+            items: Vec::new(),
+            budget_bytes: 0,
+        };
+        // Bounded by the window.
+        loop {
+            match self.window.front_mut() {
+                Some(Slot::Free { first, count }) => {
+                    handed.items.push(Item::Free {
+                        first: *first,
+                        count: *count,
+                    });
+                }
+                Some(Slot::Run {
+                    blocks,
+                    budget_bytes,
+                    done: done @ Some(_),
+                    ..
+                }) => {
+                    let (bps, stored) = done.take().expect("matched Some");
+                    handed.budget_bytes += *budget_bytes;
+                    for ((&block, bp), stored) in blocks.iter().zip(bps).zip(stored) {
+                        let stored = stored?;
                         if stored.len() < bp.psize_bytes as usize {
                             return Err(EngineError::invalid(format!(
-                                "{what}: block {block} read {} bytes, its pointer says {}",
+                                "{}: block {block} read {} bytes, its pointer says {}",
+                                self.what,
                                 stored.len(),
                                 bp.psize_bytes
                             )));
                         }
-                        Item::Data { block, bp, stored }
+                        handed.items.push(Item::Data { block, bp, stored });
                     }
-                    Change::Free { first, count } => Item::Free { first, count },
-                });
+                }
+                _ => break,
             }
-            if tx.send(Ok(items)).is_err() {
-                // The writer is gone (its error is the one reported).
-                break;
-            }
-            match following {
-                Some(f) => next = f,
-                None => break,
-            }
+            self.window.pop_front();
         }
-        Ok::<(), EngineError>(())
-    });
+        Ok(handed)
+    }
+}
+
+/// The reader thread: walks the tree and reads the changed blocks through a sliding window
+/// of runs ([`Reader`]); hands them on in order (an error as the last message). Returns the
+/// indirect blocks it read and the most bytes it had in flight.
+fn read_ahead(
+    spa: &Spa,
+    source: &Source,
+    leg: &Leg,
+    prefetch_bytes_max: u64,
+    budget: &Budget,
+    tx: mpsc::Sender<Result<Handed>>,
+) -> ReadFigures {
+    let what = format!("{}@{}", source.full_name, leg.to.name);
+    let in_flight_bytes_max = SEND_READS_IN_FLIGHT_BYTES_MAX.min(prefetch_bytes_max);
+    let run_bytes_max = READ_RUN_BYTES_MAX.min(in_flight_bytes_max / 4).max(1);
+    // As many buffers as runs can be held at once: in flight, and read but not yet written
+    // (a huge read-ahead keeps no more than a thousand).
+    let runs_held = (in_flight_bytes_max.saturating_add(prefetch_bytes_max))
+        .div_ceil(run_bytes_max)
+        .saturating_add(2)
+        .min(1024);
+    let mut reader = Reader {
+        spa,
+        what: &what,
+        budget,
+        tx: tx.clone(),
+        bufs: RunBufs::new(runs_held as usize),
+        walker: Some(walker(spa, source, leg)),
+        walking: None,
+        walk_ended: false,
+        walked: VecDeque::new(),
+        walked_bytes: 0,
+        window: VecDeque::new(),
+        in_flight_bytes: 0,
+        in_flight_bytes_max,
+        run_bytes_max,
+        figures: ReadFigures::default(),
+    };
+    let result = oxpool_io::rt::block_on(poll_fn(|cx| reader.poll(cx)));
     if let Err(e) = result {
         let _ = tx.send(Err(e));
     }
-    walker.indirect_reads()
+    std::mem::take(&mut reader.figures)
+}
+
+/// Most slices one vectored write is given (Linux's `IOV_MAX`).
+const WRITE_SLICES_MAX: usize = 1024;
+
+/// Writes every byte of `slices`, as few system calls as the output takes.
+fn put_all(out: &mut dyn Write, mut slices: &mut [IoSlice<'_>]) -> Result<()> {
+    // Bounded: every round writes at least one byte or fails.
+    while !slices.is_empty() {
+        let n = slices.len().min(WRITE_SLICES_MAX);
+        match out.write_vectored(&slices[..n]) {
+            Ok(0) => {
+                return Err(EngineError::io(
+                    "send stream",
+                    std::io::Error::from(std::io::ErrorKind::WriteZero),
+                ))
+            }
+            Ok(written) => IoSlice::advance_slices(&mut slices, written),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(EngineError::io("send stream", e)),
+        }
+    }
+    Ok(())
 }
 
 /// Writes stream bytes.

@@ -10,6 +10,10 @@
 //! does not verify, or a run whose read fails, goes through [`super::read_block`] block by
 //! block, which tries the other copies, counts the errors and heals: the aggregated read is
 //! only ever a faster way to the same verified bytes, never a weaker one.
+//!
+//! A reader that goes on reading runs ([`read_run`] one by one, as a send's sliding window
+//! does) reuses their buffers through [`RunBufs`]: a fresh 1 MiB buffer costs a zeroing (and
+//! page faults) of every byte before the device overwrites it.
 
 use super::{read_block, verify, Zio};
 use crate::vdev::queue::IoClass;
@@ -17,12 +21,12 @@ use crate::Result;
 use oxpool_format::BlockPtr;
 use oxpool_io::IoBuf;
 use std::fmt::Display;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A block's stored bytes as read: a part of a run's buffer, shared with the run's other
 /// blocks (no copy), or a buffer of its own.
 pub struct StoredBlock {
-    buf: Arc<IoBuf>,
+    buf: Arc<RunBuf>,
     start: usize,
     len: usize,
 }
@@ -31,7 +35,7 @@ impl StoredBlock {
     fn whole(buf: IoBuf) -> StoredBlock {
         let len = buf.len();
         StoredBlock {
-            buf: Arc::new(buf),
+            buf: Arc::new(RunBuf { buf, home: None }),
             start: 0,
             len,
         }
@@ -42,7 +46,61 @@ impl std::ops::Deref for StoredBlock {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.buf[self.start..self.start + self.len]
+        &self.buf.buf[self.start..self.start + self.len]
+    }
+}
+
+/// A run's buffer, which goes back to its [`RunBufs`] (if it came from one) when the last
+/// block in it is dropped.
+struct RunBuf {
+    buf: IoBuf,
+    home: Option<Arc<RunBufs>>,
+}
+
+impl Drop for RunBuf {
+    fn drop(&mut self) {
+        if let Some(home) = &self.home {
+            // An empty buffer takes its place: allocates nothing.
+            home.give(std::mem::replace(&mut self.buf, IoBuf::zeroed(0)));
+        }
+    }
+}
+
+/// Run buffers kept for reuse by one reader (a send): at most `count_max` of them, of
+/// whatever lengths its runs had. A reused buffer is not zeroed: the device read overwrites
+/// all of it (a read that returns fewer bytes fails), and every block in it is verified
+/// against its checksum before anyone sees it.
+pub struct RunBufs {
+    free: Mutex<Vec<IoBuf>>,
+    count_max: usize,
+}
+
+impl RunBufs {
+    /// A pool keeping at most `count_max` free buffers (the most runs its reader holds at
+    /// once is enough: more would never be reused).
+    pub fn new(count_max: usize) -> Arc<RunBufs> {
+        Arc::new(RunBufs {
+            free: Mutex::new(Vec::new()),
+            count_max,
+        })
+    }
+
+    /// A buffer of exactly `len` bytes: a free one, else a new zeroed one.
+    fn take(&self, len: usize) -> IoBuf {
+        let mut free = self.free.lock().unwrap();
+        // Bounded by `count_max`.
+        if let Some(i) = free.iter().position(|b| b.len() == len) {
+            return free.swap_remove(i);
+        }
+        drop(free);
+        IoBuf::zeroed(len)
+    }
+
+    fn give(&self, buf: IoBuf) {
+        let mut free = self.free.lock().unwrap();
+        if free.len() < self.count_max {
+            free.push(buf);
+        }
     }
 }
 
@@ -67,7 +125,7 @@ pub async fn read_blocks(
     let runs = plan_runs(zio, bps);
     let reads = runs
         .iter()
-        .map(|run| read_run(zio, class, &bps[run.first..run.end], run.bytes, what));
+        .map(|run| read_run(zio, class, &bps[run.first..run.end], run.bytes, what, None));
     oxpool_io::rt::join_all(reads.collect::<Vec<_>>())
         .await
         .into_iter()
@@ -75,45 +133,59 @@ pub async fn read_blocks(
         .collect()
 }
 
+/// The bytes `bp`'s first copy takes on its device: what it adds to a run.
+pub fn run_bytes(bp: &BlockPtr) -> u64 {
+    u64::from(bp.dvas()[0].asize_bytes)
+}
+
+/// Whether `next` may join a run of `run_bytes` (as [`run_bytes`] counts them) ending with
+/// `last`: their first copies lie back to back on the same mirror or single-device vdev, and
+/// the run stays within `run_bytes_max` (at most [`READ_RUN_BYTES_MAX`]).
+pub fn extends_run(
+    zio: &Zio,
+    last: &BlockPtr,
+    run_bytes: u64,
+    next: &BlockPtr,
+    run_bytes_max: u64,
+) -> bool {
+    debug_assert!(!last.is_hole() && !next.is_hole());
+    let (a, b) = (last.dvas()[0], next.dvas()[0]);
+    a.vdev == b.vdev
+        && a.offset_bytes + u64::from(a.asize_bytes) == b.offset_bytes
+        && run_bytes + u64::from(b.asize_bytes) <= run_bytes_max.min(READ_RUN_BYTES_MAX)
+        && zio.vdevs.top(b.vdev).is_some_and(|t| t.raidz.is_none())
+}
+
 /// Splits `bps` into runs: consecutive blocks whose first copies are back to back on the
 /// same mirror or single-device vdev, up to [`READ_RUN_BYTES_MAX`] each.
 fn plan_runs(zio: &Zio, bps: &[BlockPtr]) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    // The place right after the current run's last block, if it may grow.
-    let mut next_at: Option<(oxpool_format::VdevId, u64)> = None;
     for (i, bp) in bps.iter().enumerate() {
-        debug_assert!(!bp.is_hole());
-        let dva = bp.dvas()[0];
-        let bytes = u64::from(dva.asize_bytes);
-        let aggregable = zio.vdevs.top(dva.vdev).is_some_and(|t| t.raidz.is_none());
         match runs.last_mut() {
-            Some(run)
-                if aggregable
-                    && next_at == Some((dva.vdev, dva.offset_bytes))
-                    && run.bytes + bytes <= READ_RUN_BYTES_MAX =>
-            {
+            Some(run) if extends_run(zio, &bps[i - 1], run.bytes, bp, READ_RUN_BYTES_MAX) => {
                 run.end = i + 1;
-                run.bytes += bytes;
+                run.bytes += run_bytes(bp);
             }
             _ => runs.push(Run {
                 first: i,
                 end: i + 1,
-                bytes,
+                bytes: run_bytes(bp),
             }),
         }
-        next_at = aggregable.then_some((dva.vdev, dva.offset_bytes + bytes));
     }
     runs
 }
 
-/// Reads the run `bps` (`bytes` long on the device) as one request, then verifies each
-/// block; whatever fails is read again alone, the careful way.
-async fn read_run(
+/// Reads the run `bps` (`bytes` long on the device, blocks that [`extends_run`] chained) as
+/// one request into a buffer from `bufs` (a new one without), then verifies each block;
+/// whatever fails is read again alone, the careful way.
+pub async fn read_run(
     zio: &Zio,
     class: IoClass,
     bps: &[BlockPtr],
     bytes: u64,
     what: &(impl Display + ?Sized),
+    bufs: Option<&Arc<RunBufs>>,
 ) -> Vec<Result<StoredBlock>> {
     if bps.len() == 1 {
         return vec![read_block(zio, class, &bps[0], what)
@@ -127,13 +199,19 @@ async fn read_run(
         .and_then(|top| top.plan_read(&first).next());
     let read = match io {
         Some(io) => {
+            let buf = match bufs {
+                Some(bufs) => bufs.take(bytes as usize),
+                None => IoBuf::zeroed(bytes as usize),
+            };
             let batch = zio.completion.batch_guard();
-            let read = io
-                .leaf
-                .read(class, io.offset_bytes, IoBuf::zeroed(bytes as usize))
-                .await;
+            let read = io.leaf.read(class, io.offset_bytes, buf).await;
             drop(batch);
-            read.ok().map(Arc::new)
+            read.ok().map(|buf| {
+                Arc::new(RunBuf {
+                    buf,
+                    home: bufs.cloned(),
+                })
+            })
         }
         None => None,
     };
@@ -143,9 +221,9 @@ async fn read_run(
         let len = bp.dvas()[0].asize_bytes as usize;
         let good = read
             .as_ref()
-            .filter(|buf| verify(bp, &buf[at..at + len]))
-            .map(|buf| StoredBlock {
-                buf: buf.clone(),
+            .filter(|run| verify(bp, &run.buf[at..at + len]))
+            .map(|run| StoredBlock {
+                buf: run.clone(),
                 start: at,
                 len,
             });
