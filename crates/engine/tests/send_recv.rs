@@ -979,3 +979,82 @@ fn a_send_reports_a_damaged_block_in_a_run() {
     assert!(errors(&pool) > before, "the bad block was not counted");
     assert!(out.len() < clean.len());
 }
+
+/// A sink that takes the stream's first bytes only when told to: the send stays in progress
+/// until then.
+struct GatedSink {
+    started: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+    waited: bool,
+    bytes: Vec<u8>,
+}
+
+impl std::io::Write for GatedSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if !self.waited {
+            self.waited = true;
+            self.started.send(()).unwrap();
+            self.go.recv().unwrap();
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_snapshot_being_sent_cannot_be_destroyed_until_the_send_ends() {
+    let (src, _mems) = source();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let stream = std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let mut sink = GatedSink {
+                started: started_tx,
+                go: go_rx,
+                waited: false,
+                bytes: Vec::new(),
+            };
+            // -I: every snapshot from @a to @d is read, so each is held.
+            let opts = SendOptions {
+                base: Some("a".into()),
+                intermediates: true,
+                prefetch_bytes_max: 256 << 10,
+            };
+            src.send("src", "d", &opts, &mut sink).map(|_| sink.bytes)
+        });
+        started.recv().unwrap();
+        // While the stream is being written: refused, and nothing changes.
+        for s in ["b", "c", "d"] {
+            let err = src.destroy_snapshots("src", &[s.to_string()]).unwrap_err();
+            assert!(err.to_string().contains("is being sent"), "@{s}: {err}");
+        }
+        // `destroy -d` marks it, to go when the send lets it go.
+        let (now, later) = src
+            .destroy_snapshots_deferred("src", &["c".to_string()])
+            .unwrap();
+        assert!(
+            now.is_empty() && later == ["c".to_string()],
+            "{now:?} {later:?}"
+        );
+        go.send(()).unwrap();
+        sender.join().unwrap().unwrap()
+    });
+    // The stream is whole: a pool that has @a takes it.
+    let dst = mem_pool(TopVdevKind::Single, 1).0;
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    recv(&dst, "copy", &stream, false).unwrap();
+    assert_eq!(
+        guids(&dst, "copy").len(),
+        4,
+        "@a and the three snapshots of the -I stream"
+    );
+    // After the send: the deferred destroy happened, and the others can go.
+    let names: Vec<String> = guids(&src, "src").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "b", "d"]);
+    src.destroy_snapshots("src", &["b".to_string()]).unwrap();
+    audit_clean(&src, "after the held send");
+}

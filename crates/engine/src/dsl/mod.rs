@@ -62,6 +62,28 @@ pub(crate) struct Datasets {
     views: Mutex<Vec<(oxpool_format::Guid, std::sync::Weak<Dataset>)>>,
     /// Blocks of destroyed snapshots still to free, drained a few per txg.
     pub(crate) freeing: Mutex<freeing::FreeQueue>,
+    /// Snapshots that a running command needs until it ends (a send, by snapshot guid: how
+    /// many such users), as ZFS's long holds: such a snapshot cannot be destroyed meanwhile.
+    /// In memory only: no command survives a crash or an export.
+    long_holds: Mutex<std::collections::HashMap<oxpool_format::Guid, usize>>,
+}
+
+/// A long hold on a snapshot ([`Datasets::long_hold`]): released when dropped.
+pub(crate) struct LongHold {
+    dsl: Arc<Datasets>,
+    guid: oxpool_format::Guid,
+}
+
+impl Drop for LongHold {
+    fn drop(&mut self) {
+        let mut holds = self.dsl.long_holds.lock().unwrap();
+        if let Some(n) = holds.get_mut(&self.guid) {
+            *n -= 1;
+            if *n == 0 {
+                holds.remove(&self.guid);
+            }
+        }
+    }
 }
 
 impl Datasets {
@@ -79,7 +101,23 @@ impl Datasets {
             scan: scan::Scan::default(),
             views: Mutex::new(Vec::new()),
             freeing: Mutex::new(freeing::FreeQueue::default()),
+            long_holds: Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// Holds snapshot `guid` until the returned guard is dropped: destroying it is refused
+    /// meanwhile (a send holds the snapshots it reads, as ZFS's `zfs send` does).
+    pub(crate) fn long_hold(self: &Arc<Self>, guid: oxpool_format::Guid) -> LongHold {
+        *self.long_holds.lock().unwrap().entry(guid).or_insert(0) += 1;
+        LongHold {
+            dsl: Arc::clone(self),
+            guid,
+        }
+    }
+
+    /// Whether a running command holds snapshot `guid` ([`Datasets::long_hold`]).
+    pub(crate) fn is_long_held(&self, guid: oxpool_format::Guid) -> bool {
+        self.long_holds.lock().unwrap().contains_key(&guid)
     }
 
     /// A new id for a dataset.

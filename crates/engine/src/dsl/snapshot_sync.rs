@@ -129,7 +129,9 @@ pub(crate) async fn apply(
             let to_free = {
                 let mut l = ds.lineage.lock().unwrap();
                 let (i, s) = l.find(name).expect("only syncs change snapshots");
-                if !s.holds.is_empty() || cloned {
+                // A send takes its long hold under this lock: one that began since the
+                // destroy was asked keeps the snapshot.
+                if !s.holds.is_empty() || cloned || dsl.is_long_held(guid) {
                     tracing::warn!(
                         dataset = ds.full_name,
                         snapshot = name,

@@ -535,6 +535,12 @@ impl Pool {
                     clones.join(", ")
                 )));
             }
+            if self.dsl.is_long_held(s.guid) {
+                return Err(EngineError::Busy(format!(
+                    "cannot receive: {full}@{} is being sent",
+                    s.name
+                )));
+            }
         }
         Ok(Plan {
             snapshot,

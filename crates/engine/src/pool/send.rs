@@ -14,6 +14,7 @@ use super::bookmark::IncrementalBase;
 use super::Pool;
 use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
+use crate::dsl::LongHold;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_run::{
@@ -102,10 +103,15 @@ struct Leg {
     to: Snapshot,
     /// A resumed stream (`send -t`): where it starts.
     resume_offset_bytes: Option<u64>,
+    /// `to` cannot be destroyed while the send reads it (taken under its lineage's lock when
+    /// `to` was looked up, so no destroy slips in between).
+    _hold: LongHold,
 }
 
 /// The sending volume, as the walks need it.
 struct Source {
+    /// The volume's name in its pool (for a `destroy -d` the send deferred).
+    volume: String,
     id: VolumeId,
     full_name: String,
     volblocksize_bytes: u32,
@@ -186,6 +192,7 @@ impl Pool {
             .filter(|d| !d.name.contains('%'))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
         let source = Source {
+            volume: ds.name.clone(),
             id: ds.id,
             full_name: ds.full_name.clone(),
             volblocksize_bytes: ds.props.lock().unwrap().volblocksize_bytes,
@@ -194,18 +201,20 @@ impl Pool {
         let (to_i, _) = l
             .find(snap)
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name)))?;
+        let hold = |s: &Snapshot| (s.clone(), self.dsl.long_hold(s.guid));
         let Some(base) = &opts.base else {
-            let to = l.snapshots()[to_i].clone();
+            let (to, _hold) = hold(&l.snapshots()[to_i]);
             return Ok((
                 source,
                 vec![Leg {
                     from: None,
                     to,
                     resume_offset_bytes: None,
+                    _hold,
                 }],
             ));
         };
-        let to = l.snapshots()[to_i].clone();
+        let (to, to_hold) = hold(&l.snapshots()[to_i]);
         drop(l);
         let from = self.incremental_base(volume, base)?;
         let shown = match base.strip_prefix('#') {
@@ -224,6 +233,7 @@ impl Pool {
                     from: Some(from),
                     to,
                     resume_offset_bytes: None,
+                    _hold: to_hold,
                 }],
             ));
         }
@@ -245,10 +255,14 @@ impl Pool {
             volsize_bytes: s.volsize_bytes,
         };
         let legs = (from_i..to_i)
-            .map(|i| Leg {
-                from: Some(base_of(&l.snapshots()[i])),
-                to: l.snapshots()[i + 1].clone(),
-                resume_offset_bytes: None,
+            .map(|i| {
+                let (to, _hold) = hold(&l.snapshots()[i + 1]);
+                Leg {
+                    from: Some(base_of(&l.snapshots()[i])),
+                    to,
+                    resume_offset_bytes: None,
+                    _hold,
+                }
             })
             .collect();
         Ok((source, legs))
@@ -294,6 +308,7 @@ impl Pool {
                 )));
             }
             let source = Source {
+                volume: ds.name.clone(),
                 id: ds.id,
                 full_name: ds.full_name.clone(),
                 volblocksize_bytes: bs as u32,
@@ -302,6 +317,7 @@ impl Pool {
                 from,
                 to: to.clone(),
                 resume_offset_bytes: Some(offset),
+                _hold: self.dsl.long_hold(to.guid),
             };
             return Ok((source, vec![leg]));
         }
@@ -345,11 +361,19 @@ impl Pool {
             n => n,
         };
         let mut stats = SendStats::default();
-        for leg in &legs {
-            send_leg(&self.spa, &source, leg, prefetch, out, &mut stats)?;
+        let sent = legs
+            .iter()
+            .try_for_each(|leg| send_leg(&self.spa, &source, leg, prefetch, out, &mut stats))
+            .and_then(|()| out.flush().map_err(|e| EngineError::io("send stream", e)));
+        // The holds go with the legs; a `destroy -d` asked meanwhile happens now.
+        let names: Vec<String> = legs.iter().map(|leg| leg.to.name.clone()).collect();
+        drop(legs);
+        for name in names {
+            if let Err(e) = self.destroy_if_deferred(&source.volume, &name) {
+                tracing::warn!(snapshot = name, "deferred destroy after a send: {e}");
+            }
         }
-        out.flush().map_err(|e| EngineError::io("send stream", e))?;
-        Ok(stats)
+        sent.map(|()| stats)
     }
 
     /// What [`Pool::send`] would write (`send -n -v`): the same walks, reading the indirect

@@ -202,6 +202,9 @@ impl Pool {
                 clones.join(", ")
             )));
         }
+        if self.dsl.is_long_held(guid) {
+            return Ok(Some(format!("{full} is being sent")));
+        }
         Ok(None)
     }
 
