@@ -62,7 +62,8 @@ impl StoredForm {
         if self.compression == Compression::Off {
             return Arc::clone(stored);
         }
-        let mut out = IoBuf::zeroed(self.lsize_bytes as usize);
+        // Filled exactly by a successful decode; zeroed below after a failed one.
+        let mut out = IoBuf::for_overwrite(self.lsize_bytes as usize);
         let psize = (self.psize_bytes as usize).min(stored.len());
         if let Err(e) = decompress_block(self.compression, &stored[..psize], &mut out) {
             tracing::error!("a stored dirty block does not decompress ({e}): read as zeros");

@@ -516,30 +516,13 @@ impl Pool {
         if l.snapshots()[..=i].iter().any(|s| s.name == snapshot) {
             return Err(EngineError::Exists(format!("{full}@{snapshot}")));
         }
-        let later_snaps = l.snapshots()[i + 1..].to_vec();
-        // Not under the lineage's lock: the clones' lookup takes every dataset's.
+        // Not under the lineage's lock: the refusals take it, and the clones' lookup takes
+        // every dataset's. The later snapshots get the refusals `destroy` gives them (held,
+        // the origin of a clone, being sent).
         drop(l);
-        for s in &later_snaps {
-            if !s.holds.is_empty() {
-                return Err(EngineError::Busy(format!(
-                    "cannot receive: {full}@{} is held ({})",
-                    s.name,
-                    s.holds.iter().cloned().collect::<Vec<_>>().join(", ")
-                )));
-            }
-            let clones = self.dsl.clone_names(s.guid);
-            if !clones.is_empty() {
-                return Err(EngineError::Busy(format!(
-                    "cannot receive: {full}@{} is the origin of {}",
-                    s.name,
-                    clones.join(", ")
-                )));
-            }
-            if self.dsl.is_long_held(s.guid) {
-                return Err(EngineError::Busy(format!(
-                    "cannot receive: {full}@{} is being sent",
-                    s.name
-                )));
+        for name in &later {
+            if let Some(why) = self.destroy_refusal(volume, name)? {
+                return Err(EngineError::Busy(format!("cannot receive: {why}")));
             }
         }
         Ok(Plan {

@@ -183,7 +183,7 @@ impl Pool {
     }
 
     /// Why snapshot `snap` of `volume` cannot be destroyed, if it cannot.
-    fn destroy_refusal(&self, volume: &str, snap: &str) -> Result<Option<String>> {
+    pub(super) fn destroy_refusal(&self, volume: &str, snap: &str) -> Result<Option<String>> {
         let ds = self.dataset(volume)?;
         let (guid, holds) = {
             let l = ds.lineage.lock().unwrap();
