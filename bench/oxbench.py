@@ -77,7 +77,11 @@ class Workload:
     # leaves fio's default buffers. A read workload with it first writes the whole device
     # with such data (so the reads meet blocks stored compressed).
     compress_pct: int | None = None
-    # fio's end_fsync: the job ends with a flush, timed in.
+    # fio's end_fsync: the job writes the volume's size once (fixed size, not time-based) and
+    # ends with a flush, timed in. So every byte written reaches the disk inside the measured
+    # time: a server that parks writes in the page cache pays for them, and one that rewrites
+    # the same pages in its cache for a whole time-based run cannot skip writing them
+    # (issue 19's harness rule).
     end_fsync: bool = False
     # Run only when named by --workloads (cells made for some variants: compression, issue 20).
     on_demand: bool = False
@@ -93,8 +97,10 @@ WORKLOADS = [
     Workload("randread-4k-qd8", "4k random read, iodepth 8 (sweep)", "randread", "4k", 8, sweep=True),
     Workload("randread-4k-qd16", "4k random read, iodepth 16 (sweep)", "randread", "4k", 16, sweep=True),
     Workload("randread-4k-qd32", "4k random read, iodepth 32", "randread", "4k", 32),
-    Workload("randwrite-4k-qd32", "4k random write, iodepth 32", "randwrite", "4k", 32),
-    Workload("seqwrite-128k-qd8", "128k sequential write, iodepth 8", "write", "128k", 8),
+    Workload("randwrite-4k-qd32", "4k random write, iodepth 32, as many writes as the volume "
+             "has blocks, then a flush timed in", "randwrite", "4k", 32, end_fsync=True),
+    Workload("seqwrite-128k-qd8", "128k sequential write, iodepth 8, the whole volume once, "
+             "then a flush timed in", "write", "128k", 8, end_fsync=True),
     Workload("seqread-128k-qd8", "128k sequential read, iodepth 8", "read", "128k", 8),
     Workload("syncwrite-4k-qd1", "4k random write + flush after each write (fio fsync=1), iodepth 1",
              "randwrite", "4k", 1, fsync=1),
@@ -727,10 +733,15 @@ def build_oxpool(no_build: bool, binary: str | None) -> tuple[Path | None, str |
 # fio
 
 
-def fio_cmd(w: Workload, uri: str, runtime: float, out: Path) -> list[str]:
+def fio_cmd(w: Workload, uri: str, runtime: float, out: Path,
+            size_bytes: int | None = None) -> list[str]:
+    """The fio command of `w`: time-based for `runtime` seconds, or, with `size_bytes`, that
+    many bytes per job (a fixed-size write cell, `Workload.end_fsync`)."""
+    length = (["--time_based", f"--runtime={runtime:g}"] if size_bytes is None
+              else [f"--size={size_bytes}"])
     cmd = ["fio", f"--name={w.name}", "--ioengine=nbd", f"--uri={uri}", f"--rw={w.rw}",
            f"--bs={w.bs}", f"--iodepth={w.iodepth}", f"--numjobs={w.numjobs}", "--group_reporting",
-           "--time_based", f"--runtime={runtime:g}",
+           *length,
            # A fresh random sequence each run (else the warm-up would pre-read the measured
            # offsets), and no random map (uniform random, less fio CPU on a 2-core machine).
            "--randrepeat=0", "--norandommap",
@@ -894,7 +905,10 @@ def measure(server: Server, w: Workload, args, tmp: Path, disk: str | None, tag:
     ctx = CtxSampler(server.proc.pid)
     ctx.start()
     try:
-        job = run_fio(fio_cmd(w, uri, args.runtime, out), out, args.runtime + 180)
+        # A fixed-size cell's timeout: the volume written at 5 MB/s at worst.
+        size = server.size if w.end_fsync else None
+        timeout = args.runtime + 180 if size is None else max(600, server.size / 5e6)
+        job = run_fio(fio_cmd(w, uri, args.runtime, out, size), out, timeout)
     finally:
         ctx_n, threads_seen = ctx.finish()
     if not server.alive():
