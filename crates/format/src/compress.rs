@@ -168,8 +168,9 @@ const PROBE_RUN_BYTES_MAX: usize = 256;
 /// a standard deviation of 22.6) by six standard deviations of noise plus the skew of a
 /// sixteenth of the bytes all being one value (256 f^2 N with f = 1/16: exactly N). Neither
 /// lz4 nor zstd saves an eighth of a block from a byte-frequency skew that small (lz4 has no
-/// entropy stage at all: what it finds are repeats), and fio's default buffers (random bytes
-/// with a few percent of zeros) are within it.
+/// entropy stage at all: what it finds are repeats). The bytes in runs of one value are left
+/// out of the histogram (the probe weighs what they could save instead), so fio's default
+/// buffers, random bytes with about 13 % zeros mostly in runs of 4 to 8, are within it.
 const PROBE_CHI_SQUARE_NOISE: u64 = 255 + 135;
 
 /// The trial compression of the gathered runs must save at least this fraction (1/16) of
@@ -178,58 +179,111 @@ const PROBE_CHI_SQUARE_NOISE: u64 = 255 + 135;
 /// whole block does.
 const PROBE_TRIAL_SAVED_DIVISOR: usize = 16;
 
+/// What the probe ([`probe`]) concluded about a block, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeVerdict {
+    /// Incompressible from the gathered bytes' statistics alone (no trial compression).
+    SkipByStatistics,
+    /// Incompressible: the trial compression of the gathered runs saved too little.
+    SkipByTrial,
+    /// Worth compressing (or too small to probe).
+    Compress,
+}
+
 /// Whether `src` looks incompressible from samples of it, so that no compressor needs to try
-/// the whole block. Blocks under [`PROBE_BLOCK_BYTES_MIN`] are never probed.
+/// the whole block ([`probe`]'s verdict is a skip).
+pub fn looks_incompressible(src: &[u8]) -> bool {
+    probe(src) != ProbeVerdict::Compress
+}
+
+/// Looks at samples of `src` to tell whether a compressor could save an eighth of it. Blocks
+/// under [`PROBE_BLOCK_BYTES_MIN`] are never probed (`Compress`).
 ///
 /// The probe gathers 16 runs of up to 256 bytes (4 KiB; 1 KiB of a 16 KiB block), one from
 /// each sixteenth of the block at a varying place in it (so that data whose period divides
 /// the sixteenth, a header in every 512-byte sector, is not seen through its headers only).
-/// If their byte histogram is nearly as flat as random bytes' (a chi-square test against
-/// uniform bytes, allowing the skew of a sixteenth of them being one value), no compressor can
-/// save an eighth: incompressible. Otherwise lz4 compresses the gathered runs, and the block
-/// is incompressible if that saves less than a sixteenth of them.
+/// In them it counts the bytes that repeat one value four times or more in a row (what a
+/// compressor saves on such a run of `k` bytes is at most `k - 3`: zstd's shortest match is 3
+/// bytes, lz4's 4) and a histogram of the other bytes. If that histogram is nearly as flat as
+/// random bytes' (a chi-square test against uniform bytes, allowing the skew of a sixteenth
+/// of them being one value) and the runs could save less than a sixteenth of the gathered
+/// bytes, no compressor can save an eighth: incompressible, decided by the statistics.
+/// Otherwise lz4 compresses the gathered runs, and the block is incompressible if that saves
+/// less than a sixteenth of them.
 ///
 /// Why: lz4 gives up on a block only when its output passes the limit, after most of the
 /// block: 15 us for a random 128 KiB block, and 22 us for a 16 KiB block of fio's default
 /// buffers, which lz4 gets down to 98 % only, slowly, match by short match (2026-11-26: 57 %
-/// of the server's CPU in a 128K sequential write, a third of the throughput). Runs rather
-/// than scattered samples because the block was just written by another thread: 512
-/// scattered 16-byte samples of a 128 KiB block took 36 us out of cache (7 us in it), 16 runs
-/// take a few. It is the kind of heuristic btrfs runs before compressing. What it misses: a
-/// block whose only redundancy is repeats of random strings (a random page written twice
-/// within one block), which the runs do not contain both copies of; it is then stored as is,
-/// a loss of space, never of data.
-pub fn looks_incompressible(src: &[u8]) -> bool {
+/// of the server's CPU in a 128K sequential write, a third of the throughput). The trial
+/// costs about 1.4 us per 16 KiB block: fio's default buffers are random bytes with about 13 %
+/// zeros in short runs (1 to 8 bytes), which a histogram of all bytes finds far from flat, so
+/// before runs were set apart every such block went to the trial (2026-11-27: 11 us of CPU per
+/// 128 KiB write, 6 % of the server's CPU). Runs rather than scattered samples because the
+/// block was just written by another thread: 512 scattered 16-byte samples of a 128 KiB block
+/// took 36 us out of cache (7 us in it), 16 runs take a few, and their cache lines are all
+/// loaded before any is copied, so that the 16 misses overlap. It is the kind of heuristic
+/// btrfs runs before compressing. What it misses: a block whose only redundancy is repeats of
+/// random strings (a random page written twice within one block), which the runs do not
+/// contain both copies of; it is then stored as is, a loss of space, never of data.
+pub fn probe(src: &[u8]) -> ProbeVerdict {
     if src.len() < PROBE_BLOCK_BYTES_MIN {
-        return false;
+        return ProbeVerdict::Compress;
     }
     let stride = src.len() / PROBE_RUNS;
     let run = (stride / 16).min(PROBE_RUN_BYTES_MAX);
     // Run starts: 64-byte aligned (whole cache lines), at a pseudo-random place in each
     // stride (a multiplicative sequence), never past its end.
     let places = (stride - run) / 64 + 1;
+    let start = |i: usize| i * stride + (i.wrapping_mul(0x9E37_79B1) >> 11) % places * 64;
+    // One load per cache line of every run before any copy: independent loads, so the CPU
+    // has all the misses in flight at once instead of one copy's at a time.
+    let mut touched = 0u8;
+    for i in 0..PROBE_RUNS {
+        for line in (0..run).step_by(64) {
+            touched ^= src[start(i) + line];
+        }
+    }
+    std::hint::black_box(touched);
     PROBE_SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         let ProbeScratch { gathered, trial } = &mut *scratch;
         let gathered = &mut gathered[..PROBE_RUNS * run];
         let mut counts = [0u32; 256];
+        // Bytes in runs of one value (4 or more long), and what a coder could save on them.
+        let mut run_bytes = 0usize;
+        let mut run_saved = 0usize;
         for (i, dst) in gathered.chunks_exact_mut(run).enumerate() {
-            let at = i * stride + (i.wrapping_mul(0x9E37_79B1) >> 11) % places * 64;
+            let at = start(i);
             dst.copy_from_slice(&src[at..at + run]);
-            for &b in dst.iter() {
-                counts[usize::from(b)] += 1;
+            // Bounded: each pass consumes at least one byte of `dst`.
+            let mut j = 0;
+            while j < dst.len() {
+                let value = dst[j];
+                let same = dst[j..].iter().take_while(|&&b| b == value).count();
+                if same >= 4 {
+                    run_bytes += same;
+                    run_saved += same - 3;
+                } else {
+                    counts[usize::from(value)] += same as u32;
+                }
+                j += same;
             }
         }
-        let total = gathered.len() as u64;
+        let all = gathered.len();
+        let total = (all - run_bytes) as u64;
         let squares: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
         // chi-square = 256 * sum(c^2) / total - total <= noise + total, without a division.
-        if 256 * squares <= total * (2 * total + PROBE_CHI_SQUARE_NOISE) {
-            return true;
+        let flat = 256 * squares <= total * (2 * total + PROBE_CHI_SQUARE_NOISE);
+        if flat && run_saved * PROBE_TRIAL_SAVED_DIVISOR < all {
+            return ProbeVerdict::SkipByStatistics;
         }
-        let saved =
-            lz4::block::compress_to_buffer(gathered, None, false, &mut trial[..gathered.len()])
-                .map_or(0, |n| gathered.len().saturating_sub(n));
-        saved * PROBE_TRIAL_SAVED_DIVISOR < gathered.len()
+        let saved = lz4::block::compress_to_buffer(gathered, None, false, &mut trial[..all])
+            .map_or(0, |n| all.saturating_sub(n));
+        if saved * PROBE_TRIAL_SAVED_DIVISOR < all {
+            ProbeVerdict::SkipByTrial
+        } else {
+            ProbeVerdict::Compress
+        }
     })
 }
 
@@ -471,6 +525,18 @@ mod tests {
     }
 
     /// What lz4 makes of the whole block, without the probe: whether it saves the eighth.
+    /// Random bytes with runs of zeros of 1, 4, 5, 6 and 8 bytes (12 % of the bytes), as in
+    /// fio's default write buffers.
+    fn fio_default_like(len: usize, seed: u64) -> Vec<u8> {
+        let mut out = random(len, seed);
+        let runs = [5usize, 1, 8, 5, 4, 6, 5, 1];
+        for (i, at) in (0..len).step_by(40).enumerate() {
+            let n = runs[i % runs.len()].min(len - at);
+            out[at..at + n].fill(0);
+        }
+        out
+    }
+
     fn lz4_saves_an_eighth(src: &[u8]) -> bool {
         let mut dst = vec![0u8; compressed_bytes_max(src.len())];
         lz4::block::compress_to_buffer(src, None, false, &mut dst).is_ok()
@@ -500,7 +566,25 @@ mod tests {
                 sprinkled[i] = 0;
             }
             assert!(!lz4_saves_an_eighth(&sprinkled), "sprinkled {len}");
-            assert!(looks_incompressible(&sprinkled), "sprinkled {len}");
+            assert_eq!(
+                probe(&sprinkled),
+                ProbeVerdict::SkipByStatistics,
+                "sprinkled {len}"
+            );
+            // Random but for runs of zeros of 1 to 8 bytes, 12 % of the bytes, as fio's
+            // default buffers: lz4 cannot save an eighth, and the statistics say so without a
+            // trial compression (a histogram of all bytes is far from flat here).
+            let fio_like = fio_default_like(len, 31);
+            assert!(!lz4_saves_an_eighth(&fio_like), "fio-like {len}");
+            assert_eq!(
+                probe(&fio_like),
+                ProbeVerdict::SkipByStatistics,
+                "fio-like {len}"
+            );
+            // Random bytes each repeated 4 times: a flat histogram, but runs a coder with
+            // 3-byte matches (zstd) saves a quarter of: never skipped by the statistics.
+            let fours: Vec<u8> = random(len / 4, 37).iter().flat_map(|&b| [b; 4]).collect();
+            assert_ne!(probe(&fours), ProbeVerdict::SkipByStatistics, "fours {len}");
             // Compressible kinds: never skipped, and compressed.
             let mut tail = random(len, 9);
             tail[len / 2..].fill(0);

@@ -42,8 +42,8 @@ pub use blockptr::{
 pub use bytes::all_zero;
 pub use checksum::{checksum, checksum_parts, Checksum, ChecksumType, ParseNameError};
 pub use compress::{
-    compress_block, compressed_bytes_max, decompress_block, looks_incompressible,
-    CompressionSetting, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX,
+    compress_block, compressed_bytes_max, decompress_block, looks_incompressible, probe,
+    CompressionSetting, ProbeVerdict, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX,
 };
 pub use error::FormatError;
 pub use ids::{Guid, Txg, VdevId, VolumeId};

@@ -277,8 +277,9 @@ pub(crate) async fn sync_object(
             .await
             .into_iter()
             .collect::<Result<Vec<Prepared>>>()?;
-        // How each block is stored (compressed, as is, or a hole): CPU work, done here
-        // between the merge reads and the writes, on every core (`store_all`).
+        // How each block is stored (compressed, as is, or a hole) and the stored bytes'
+        // checksums: CPU work, done here between the merge reads and the writes, on every
+        // core (`store_all`).
         let contents: Vec<&[u8]> = prepared
             .iter()
             .zip(batch)
@@ -287,7 +288,9 @@ pub(crate) async fn sync_object(
                 (Prepared::Content(merged), _) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
             })
             .collect();
-        let mut stored_forms = crate::zio::compress::store_all(compression, &contents).into_iter();
+        let mut stored_forms =
+            crate::zio::compress::store_all(compression, data_props.checksum, &contents)
+                .into_iter();
         drop(contents);
         let mut to_write: Vec<DataWrite> = Vec::with_capacity(batch.len());
         for (p, (b, dirty_buf, kind)) in prepared.into_iter().zip(batch) {
@@ -312,7 +315,10 @@ pub(crate) async fn sync_object(
                 }
                 (Prepared::Content(merged), _) => {
                     let buf: &IoBuf = merged.as_ref().unwrap_or(dirty_buf);
-                    let stored = stored_forms.next().expect("one stored form per content");
+                    let crate::zio::compress::Stored {
+                        form: stored,
+                        checksum,
+                    } = stored_forms.next().expect("one stored form per content");
                     crate::zio::compress::COMPRESS_COUNTERS.note_written(buf.len(), &stored);
                     let nb = NewBlock::data(data_props, txg);
                     match stored {
@@ -326,7 +332,7 @@ pub(crate) async fn sync_object(
                             data: Arc::new(c.buf),
                             // The merged block goes to the data cache as its content.
                             cache: merged.map_or(CacheAfter::Nothing, CacheAfter::Content),
-                            checksum: None,
+                            checksum,
                         },
                         crate::zio::compress::StoreAs::AsIs
                             if !(buf.len() as u64).is_multiple_of(SECTOR_BYTES) =>
@@ -336,7 +342,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::new(padded(buf)),
                                 cache: CacheAfter::Nothing,
-                                checksum: None,
+                                checksum,
                             }
                         }
                         crate::zio::compress::StoreAs::AsIs => match merged {
@@ -347,7 +353,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::new(merged),
                                 cache: CacheAfter::Written,
-                                checksum: None,
+                                checksum,
                             },
                             // A whole dirty block is written from the buffer readers share
                             // until the txg retires (no copy). It is not cached: seldom merged
@@ -356,7 +362,7 @@ pub(crate) async fn sync_object(
                                 nb,
                                 data: Arc::clone(dirty_buf),
                                 cache: CacheAfter::Nothing,
-                                checksum: None,
+                                checksum,
                             },
                         },
                     }

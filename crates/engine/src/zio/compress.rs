@@ -23,7 +23,7 @@
 use crate::zio::verify;
 use oxpool_format::{
     all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, Checksum,
-    Compression, CompressionSetting, Txg, SECTOR_BYTES,
+    ChecksumType, Compression, CompressionSetting, Txg, SECTOR_BYTES,
 };
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
@@ -100,23 +100,62 @@ pub(crate) fn store_as(setting: CompressionSetting, logical: &[u8]) -> StoreAs {
     })
 }
 
-/// Blocks per thread below which [`store_all`] does not start another thread (a thread costs
-/// tens of microseconds to start; lz4 compresses a 16 KiB block in 10-40).
+/// Blocks per thread below which [`store_all`] does not start another thread when it
+/// compresses (a thread costs tens of microseconds to start; lz4 compresses a 16 KiB block in
+/// 10-40).
 const PARALLEL_BLOCKS_MIN: usize = 8;
 
-/// [`store_as`] for many blocks (one batch of a txg sync), in order, on up to every core: the
-/// sync thread takes the first share and scoped threads the others. Compression is the txg
-/// sync's CPU-heavy step (lz4 compresses 0.4-2 GB/s per core, zstd 0.1-0.4: measured in
-/// docs/compression.md), so one thread would bound a compressing pool's write throughput;
-/// ZFS compresses in its write-issue taskqs on every CPU for the same reason. Threads are
-/// per batch (at most `SYNC_WRITES_IN_FLIGHT_MAX` blocks): their start is far below the
-/// batch's compression time, and nothing idles between syncs.
-pub(crate) fn store_all(setting: CompressionSetting, blocks: &[&[u8]]) -> Vec<StoreAs> {
+/// The same when it only checksums (`compression=off`): a 16 KiB block hashes in a few
+/// microseconds, so a thread needs more of them to pay for its start.
+const PARALLEL_HASH_ONLY_BLOCKS_MIN: usize = 64;
+
+/// A data block's stored form, with the checksum of its stored bytes.
+pub(crate) struct Stored {
+    /// How it is stored.
+    pub form: StoreAs,
+    /// The checksum of the stored bytes (`psize_bytes` of them); `None` for a hole.
+    pub checksum: Option<Checksum>,
+}
+
+/// How to store `logical` and the checksum of what is stored: [`store_as`], then the stored
+/// bytes hashed by the thread that just decided on them.
+fn store_and_sum(setting: CompressionSetting, kind: ChecksumType, logical: &[u8]) -> Stored {
+    let form = store_as(setting, logical);
+    let checksum = match &form {
+        StoreAs::Hole => None,
+        StoreAs::AsIs => Some(checksum(kind, logical)),
+        StoreAs::Compressed(c) => Some(checksum(kind, &c.buf[..c.psize_bytes as usize])),
+    };
+    Stored { form, checksum }
+}
+
+/// [`store_as`] and the stored bytes' checksum (of type `kind`) for many blocks (one batch of
+/// a txg sync), in order, on up to every core: the sync thread takes the first share and
+/// scoped threads the others. Compression and checksums are the txg sync's CPU-heavy steps
+/// (lz4 compresses 0.4-2 GB/s per core, zstd 0.1-0.4: measured in docs/compression.md; xxh3
+/// hashes a few GB/s of blocks the writers left out of cache), so one thread would bound a
+/// pool's write throughput; ZFS compresses and checksums in its write-issue taskqs on every
+/// CPU for the same reason. Each block is hashed right after the probe or the compressor
+/// looked at it, by the same core. Threads are per batch (at most `SYNC_WRITES_IN_FLIGHT_MAX`
+/// blocks): their start is far below the batch's work, and nothing idles between syncs.
+pub(crate) fn store_all(
+    setting: CompressionSetting,
+    kind: ChecksumType,
+    blocks: &[&[u8]],
+) -> Vec<Stored> {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let threads = cores.min(blocks.len() / PARALLEL_BLOCKS_MIN).max(1);
-    if threads == 1 || setting.algorithm == Compression::Off {
-        return blocks.iter().map(|b| store_as(setting, b)).collect();
+    let per_thread_min = if setting.algorithm == Compression::Off {
+        PARALLEL_HASH_ONLY_BLOCKS_MIN
+    } else {
+        PARALLEL_BLOCKS_MIN
+    };
+    let threads = cores.min(blocks.len() / per_thread_min).max(1);
+    if threads == 1 {
+        return blocks
+            .iter()
+            .map(|b| store_and_sum(setting, kind, b))
+            .collect();
     }
     let share = blocks.len().div_ceil(threads);
     std::thread::scope(|scope| {
@@ -126,14 +165,14 @@ pub(crate) fn store_all(setting: CompressionSetting, blocks: &[&[u8]]) -> Vec<St
                 scope.spawn(move || {
                     chunk
                         .iter()
-                        .map(|b| store_as(setting, b))
+                        .map(|b| store_and_sum(setting, kind, b))
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        let mut out: Vec<StoreAs> = blocks[..share]
+        let mut out: Vec<Stored> = blocks[..share]
             .iter()
-            .map(|b| store_as(setting, b))
+            .map(|b| store_and_sum(setting, kind, b))
             .collect();
         for t in others {
             out.extend(t.join().expect("a compression thread panicked"));
@@ -422,8 +461,10 @@ mod tests {
     }
 
     #[test]
-    fn many_blocks_are_stored_in_order() {
-        let blocks: Vec<IoBuf> = (0..40)
+    fn many_blocks_are_stored_in_order_with_their_stored_bytes_checksums() {
+        // 130 blocks: with compression off too, enough for a second thread (on a machine with
+        // two cores or more).
+        let blocks: Vec<IoBuf> = (0..130)
             .map(|i| match i % 3 {
                 0 => IoBuf::zeroed(16384),
                 1 => half_zero(16384),
@@ -431,16 +472,24 @@ mod tests {
             })
             .collect();
         let refs: Vec<&[u8]> = blocks.iter().map(|b| &b[..]).collect();
-        let all = store_all(CompressionSetting::LZ4, &refs);
-        assert_eq!(all.len(), blocks.len());
-        for (i, (one, block)) in all.iter().zip(&blocks).enumerate() {
-            let alone = store_as(CompressionSetting::LZ4, block);
-            match (one, alone) {
-                (StoreAs::Hole, StoreAs::Hole) | (StoreAs::AsIs, StoreAs::AsIs) => {}
-                (StoreAs::Compressed(a), StoreAs::Compressed(b)) => {
-                    assert_eq!(&a.buf[..], &b.buf[..], "block {i}")
+        let kind = ChecksumType::Xxh3_128;
+        for setting in [CompressionSetting::LZ4, CompressionSetting::OFF] {
+            let all = store_all(setting, kind, &refs);
+            assert_eq!(all.len(), blocks.len());
+            for (i, (one, block)) in all.iter().zip(&blocks).enumerate() {
+                let alone = store_as(setting, block);
+                match (&one.form, alone) {
+                    (StoreAs::Hole, StoreAs::Hole) => assert_eq!(one.checksum, None),
+                    (StoreAs::AsIs, StoreAs::AsIs) => {
+                        assert_eq!(one.checksum, Some(checksum(kind, block)), "block {i}")
+                    }
+                    (StoreAs::Compressed(a), StoreAs::Compressed(b)) => {
+                        assert_eq!(&a.buf[..], &b.buf[..], "block {i}");
+                        let stored = &a.buf[..a.psize_bytes as usize];
+                        assert_eq!(one.checksum, Some(checksum(kind, stored)), "block {i}");
+                    }
+                    _ => panic!("block {i} stored differently"),
                 }
-                _ => panic!("block {i} stored differently"),
             }
         }
     }
