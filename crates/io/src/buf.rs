@@ -17,8 +17,9 @@ use std::sync::Mutex;
 /// device we target (`statx` reports 512 or 4096 as `dio_mem_align`).
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
 
-/// Most bytes of free buffers the pool keeps, all lengths together. A buffer dropped while the
-/// pool is full is freed. Part of the process's fixed memory (docs/memory.md).
+/// Most bytes of free buffers the pool keeps, all lengths together, beyond what live
+/// [`PoolReservation`]s add. A buffer dropped while the pool is full is freed. Part of the
+/// process's fixed memory (docs/memory.md).
 pub const IO_BUF_POOL_BYTES_MAX: usize = 16 << 20;
 
 /// Pooled lengths are multiples of this (the sector size, which every block size is).
@@ -43,8 +44,44 @@ unsafe impl Send for FreeAllocation {}
 static POOL: [Mutex<Vec<FreeAllocation>>; POOL_CLASS_COUNT] =
     [const { Mutex::new(Vec::new()) }; POOL_CLASS_COUNT];
 
-/// Bytes of free allocations in `POOL` (at most `IO_BUF_POOL_BYTES_MAX`).
+/// Bytes of free allocations in `POOL` (at most `POOL_LIMIT_BYTES`).
 static POOLED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// The pool's bound: `IO_BUF_POOL_BYTES_MAX` plus the bytes of every live
+/// [`PoolReservation`].
+static POOL_LIMIT_BYTES: AtomicUsize = AtomicUsize::new(IO_BUF_POOL_BYTES_MAX);
+
+/// While it lives, the pool keeps up to this many more bytes of free buffers
+/// ([`IoBuf::reserve_pool`]); when it drops, the pool frees what is above its bound again.
+#[must_use = "the reservation ends when it is dropped"]
+#[derive(Debug)]
+pub struct PoolReservation {
+    bytes: usize,
+}
+
+impl Drop for PoolReservation {
+    fn drop(&mut self) {
+        POOL_LIMIT_BYTES.fetch_sub(self.bytes, Ordering::Relaxed);
+        trim_pool();
+    }
+}
+
+/// Frees pooled allocations until the pool is within its bound (largest lengths first).
+fn trim_pool() {
+    for (i, class) in POOL.iter().enumerate().rev() {
+        let len = (i + 1) * POOL_CLASS_BYTES;
+        // Bounded by the class's list, which only shrinks here.
+        while POOLED_BYTES.load(Ordering::Relaxed) > POOL_LIMIT_BYTES.load(Ordering::Relaxed) {
+            let Some(FreeAllocation(ptr)) = lock_class(class).pop() else {
+                break;
+            };
+            POOLED_BYTES.fetch_sub(len, Ordering::Relaxed);
+            // SAFETY: a pooled allocation of exactly `len` bytes, made by `IoBuf` with its
+            // layout, owned by the pool alone and removed from it above.
+            unsafe { alloc::dealloc(ptr.as_ptr(), IoBuf::layout(len)) }
+        }
+    }
+}
 
 /// The pool's free list for buffers of `len` bytes, if that length is pooled.
 fn pool_class(len: usize) -> Option<&'static Mutex<Vec<FreeAllocation>>> {
@@ -105,9 +142,25 @@ impl IoBuf {
         IoBuf::from_pool(len).unwrap_or_else(|| IoBuf::allocate_zeroed(len))
     }
 
-    /// Bytes of free buffers the pool holds now (at most [`IO_BUF_POOL_BYTES_MAX`]).
+    /// Bytes of free buffers the pool holds now (at most [`IoBuf::pool_limit_bytes`]).
     pub fn pooled_bytes() -> usize {
         POOLED_BYTES.load(Ordering::Relaxed)
+    }
+
+    /// The pool's bound now: [`IO_BUF_POOL_BYTES_MAX`] plus the live reservations.
+    pub fn pool_limit_bytes() -> usize {
+        POOL_LIMIT_BYTES.load(Ordering::Relaxed)
+    }
+
+    /// Lets the pool keep `bytes` more of free buffers while the reservation lives: for work
+    /// whose buffers come back in bursts larger than the pool and are needed again right
+    /// after. A receive's blocks are freed a whole txg at a time when the txg is synced, and
+    /// the blocks read next need as many: without the reservation most of them went back to
+    /// the allocator and came out again as fresh pages (page faults and zeroing were a third
+    /// of the receive's CPU). The bytes are memory the process may keep (docs/memory.md).
+    pub fn reserve_pool(bytes: usize) -> PoolReservation {
+        POOL_LIMIT_BYTES.fetch_add(bytes, Ordering::Relaxed);
+        PoolReservation { bytes }
     }
 
     /// A recycled buffer of exactly `len` bytes, holding whatever its last user left in it.
@@ -124,8 +177,9 @@ impl IoBuf {
         let Some(class) = pool_class(self.len) else {
             return false;
         };
+        let limit = POOL_LIMIT_BYTES.load(Ordering::Relaxed);
         let reserved = POOLED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| {
-            (bytes + self.len <= IO_BUF_POOL_BYTES_MAX).then_some(bytes + self.len)
+            (bytes + self.len <= limit).then_some(bytes + self.len)
         });
         if reserved.is_err() {
             return false;
@@ -298,7 +352,34 @@ mod tests {
         let copy = IoBuf::from_slice(&[7u8; 3 * 1024 + 512]);
         assert_eq!(copy.as_ptr(), ptr);
         assert!(copy.iter().all(|&b| b == 7));
-        assert!(IoBuf::pooled_bytes() <= IO_BUF_POOL_BYTES_MAX);
+        assert!(IoBuf::pooled_bytes() <= IoBuf::pool_limit_bytes());
+    }
+
+    #[test]
+    fn a_reservation_keeps_more_until_it_ends() {
+        // A length no other test of this crate uses; more of it than the pool keeps alone.
+        let len = 5 * 1024 + 512;
+        let count = IO_BUF_POOL_BYTES_MAX / len + 64;
+        // With room to spare for what other tests free meanwhile (they share the pool).
+        let reservation = IoBuf::reserve_pool(count * len + IO_BUF_POOL_BYTES_MAX);
+        assert!(IoBuf::pool_limit_bytes() >= IO_BUF_POOL_BYTES_MAX + count * len);
+        let bufs: Vec<IoBuf> = (0..count).map(|_| IoBuf::zeroed(len)).collect();
+        let places: std::collections::HashSet<usize> =
+            bufs.iter().map(|b| b.as_ptr() as usize).collect();
+        drop(bufs);
+        // Every one was kept: as many come back from the pool, the very same allocations.
+        let again: Vec<IoBuf> = (0..count).map(|_| IoBuf::for_overwrite(len)).collect();
+        let reused = again
+            .iter()
+            .filter(|b| places.contains(&(b.as_ptr() as usize)))
+            .count();
+        assert_eq!(reused, count, "the reservation did not keep them all");
+        drop(again);
+        assert!(IoBuf::pooled_bytes() >= count * len);
+        drop(reservation);
+        // The bound is back (other tests' reservations aside), and the pool within it.
+        assert!(IoBuf::pooled_bytes() <= IoBuf::pool_limit_bytes());
+        assert!(lock_class(pool_class(len).unwrap()).len() * len <= IO_BUF_POOL_BYTES_MAX);
     }
 
     #[test]

@@ -21,7 +21,7 @@ mod memory;
 mod net;
 mod prealloc;
 
-pub use buf::{IoBuf, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
+pub use buf::{IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use driver::GATHER_BUFS_MAX;
 pub use fault::{FaultBackend, FaultStats, PowerLossReport};
 pub use file::FileBackend;

@@ -76,50 +76,6 @@ const RECEIVE_QUEUE_BYTES_MAX: usize = 32 << 20;
 /// Contiguous blocks handed to the volume in one write (one range lock, one txg hold).
 const WRITE_RUN_BYTES_MAX: u64 = 1 << 20;
 
-/// Most bytes of zeroed block buffers the applying thread keeps ready for the reading thread.
-const SPARE_BUFFERS_BYTES_MAX: usize = 4 << 20;
-
-/// Zeroed buffers of one length (a whole uncompressed block), made by the applying thread for
-/// the reading thread to read payloads into. Zeroing fresh memory (and its page faults) was a
-/// fifth of the reading thread's time, which bounds the receive; the applying thread mostly
-/// waits for it.
-struct SpareBuffers {
-    bufs: Mutex<Vec<IoBuf>>,
-    /// The length of every buffer (0: none made).
-    len_bytes: usize,
-}
-
-impl SpareBuffers {
-    fn new(len_bytes: usize) -> SpareBuffers {
-        SpareBuffers {
-            bufs: Mutex::new(Vec::new()),
-            len_bytes,
-        }
-    }
-
-    /// A zeroed buffer of `len` bytes: a spare if there is one of that length, else new.
-    fn take(&self, len: usize) -> IoBuf {
-        if len == self.len_bytes {
-            if let Some(buf) = self.bufs.lock().unwrap().pop() {
-                return buf;
-            }
-        }
-        IoBuf::zeroed(len)
-    }
-
-    /// Makes spares until `SPARE_BUFFERS_BYTES_MAX` of them are ready (zeroed outside the
-    /// lock).
-    fn refill(&self) {
-        let max = SPARE_BUFFERS_BYTES_MAX / self.len_bytes.max(1);
-        let missing = max.saturating_sub(self.bufs.lock().unwrap().len());
-        // Bounded by `max`.
-        for _ in 0..missing {
-            let buf = IoBuf::zeroed(self.len_bytes);
-            self.bufs.lock().unwrap().push(buf);
-        }
-    }
-}
-
 /// A record the decoder handed out, owned (so the input can move on). A DATA record's block
 /// is the buffer its payload was read into, as stored by the sender.
 enum Record {
@@ -150,8 +106,6 @@ struct Input<'a> {
     head: [u8; RECORD_HEADER_BYTES],
     head_len: usize,
     eof: bool,
-    /// Buffers for the payloads (set for each stream once its block size is known).
-    spares: Arc<SpareBuffers>,
 }
 
 impl Input<'_> {
@@ -219,10 +173,11 @@ impl Input<'_> {
                 continue;
             }
             // Bounded by the record type (a block, at most `volblocksize`) before the header
-            // was accepted; the tail past the payload stays zero (sector padding).
-            let mut buf = self
-                .spares
-                .take(pending.next_multiple_of(SECTOR_BYTES as usize));
+            // was accepted. A recycled buffer (a block of a txg synced before, kept by the
+            // receive's pool reservation), not zeroed: the payload overwrites it, and only
+            // the padding past the payload to the sector is zeroed here.
+            let mut buf = IoBuf::for_overwrite(pending.next_multiple_of(SECTOR_BYTES as usize));
+            buf[pending..].fill(0);
             let mut filled = 0;
             debug_assert_eq!(self.head_len, 0, "no byte past a header is read before it");
             // Bounded by the input: each round reads bytes or ends it.
@@ -413,12 +368,15 @@ impl Pool {
         opts: &ReceiveOptions,
     ) -> Result<Vec<Received>> {
         check_name("volume", volume)?;
+        // The blocks of each synced txg are kept for the blocks read next, instead of going
+        // back to the allocator and coming out again as fresh pages (page faults, zeroing):
+        // at most a txg's worth are free at once, and txgs hold at most `dirty_max`.
+        let _recycled = IoBuf::reserve_pool(self.spa.txg.dirty_max_bytes() as usize);
         let mut input = Input {
             input,
             head: [0; RECORD_HEADER_BYTES],
             head_len: 0,
             eof: false,
-            spares: Arc::new(SpareBuffers::new(0)),
         };
         let mut received = Vec::new();
         // Bounded by the input: each stream consumes at least its BEGIN.
@@ -785,15 +743,11 @@ impl Pool {
         dec: &mut StreamDecoder,
     ) -> Result<(u64, u64)> {
         let queue = ApplyQueue::new();
-        let block_bytes =
-            (begin.volblocksize_bytes as usize).next_multiple_of(SECTOR_BYTES as usize);
-        let spares = Arc::new(SpareBuffers::new(block_bytes));
-        input.spares = spares.clone();
         std::thread::scope(|scope| {
             let applier = std::thread::Builder::new()
                 .name("recv-apply".into())
                 .spawn_scoped(scope, || {
-                    let applied = apply_queued(&self.spa, hidden, begin, &queue, &spares);
+                    let applied = apply_queued(&self.spa, hidden, begin, &queue);
                     if applied.is_err() {
                         queue.abandon();
                     }
@@ -1052,7 +1006,6 @@ fn apply_queued(
     hidden: &Volume,
     begin: &StreamBegin,
     queue: &ApplyQueue,
-    spares: &SpareBuffers,
 ) -> Result<Option<(u64, u64)>> {
     let bs = u64::from(begin.volblocksize_bytes);
     let (mut data_records, mut free_records) = (0, 0);
@@ -1065,8 +1018,6 @@ fn apply_queued(
     };
     // Bounded by what the reading thread queues; END ends it.
     loop {
-        // While the reading thread reads on: buffers for what it reads next.
-        spares.refill();
         let Some(item) = queue.pop() else { break };
         match item {
             Applied::Blocks(at, blocks) => {

@@ -354,6 +354,11 @@ impl TxgControl {
         self.state.lock().unwrap().dirty_bytes
     }
 
+    /// The throttle limit now (the effective `dirty_max`).
+    pub fn dirty_max_bytes(&self) -> u64 {
+        self.state.lock().unwrap().dirty_max_bytes
+    }
+
     /// Changes the throttle limit and the sync interval (properties were set).
     pub fn configure(&self, dirty_max_bytes: u64, timeout: Duration) {
         let mut s = self.state.lock().unwrap();
