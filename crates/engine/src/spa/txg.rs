@@ -3,8 +3,8 @@
 //! Writers take a hold on the open txg while they put their changes in its dirty sets. The
 //! sync thread closes the open txg (the next one opens at once), waits for the holds on the old
 //! one to drain (quiesce), and then writes it out (`pool::sync_txg`). A sync starts every
-//! `txg_timeout`, when a txg's dirty data passes 20 % of `dirty_max`, or when someone waits for
-//! durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
+//! `txg_timeout`, when a txg's dirty data passes 20 % of `dirty_max` (or 32 MiB while a receive
+//! asks for eager syncs), or when someone waits for durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
@@ -18,6 +18,13 @@ use std::time::{Duration, Instant};
 
 /// Share of `dirty_max` in one txg that starts a sync (percent).
 pub const DIRTY_SYNC_PERCENT: u64 = 20;
+/// Dirty bytes in one txg that start a sync while a bulk writer holds an [`EagerSyncs`] (a
+/// receive), when that is less than `DIRTY_SYNC_PERCENT` of `dirty_max`. A receive knows
+/// that more data follows at once, so waiting for a fifth of `dirty_max` only leaves the
+/// device idle: the first 100 MiB of a receive (at the default `dirty_max` of a 4 GiB pool)
+/// were read before anything was written. Once syncs run back to back, a txg holds what
+/// arrived while the previous one was written, whatever this threshold is.
+pub const EAGER_SYNC_BYTES: u64 = 32 << 20;
 /// Share of `dirty_max` above which writers are delayed (percent).
 pub const DELAY_MIN_DIRTY_PERCENT: u64 = 60;
 /// Delay scale: about 1e9 / the pool's write IOPS (ZFS's default, 500 us).
@@ -47,6 +54,8 @@ pub(crate) struct TxgState {
     /// their txg yet (see `pool::SpaceAdmission`): counted until they have.
     pub space_admitting: ClassBytes,
     kick: bool,
+    /// Live [`EagerSyncs`]: while any, a txg of `EAGER_SYNC_BYTES` starts a sync.
+    eager: u32,
     pub stop: bool,
     pub suspended: Option<String>,
     waiters: Vec<Waker>,
@@ -69,6 +78,18 @@ pub(crate) struct TxgControl {
     /// Wakes the sync thread (kick, dirty threshold, hold drained, stop).
     pub cv: Condvar,
     pool_name: String,
+}
+
+/// While it lives, a txg holding [`EAGER_SYNC_BYTES`] of dirty data starts a sync
+/// ([`TxgControl::eager_syncs`]).
+pub(crate) struct EagerSyncs<'a> {
+    ctl: &'a TxgControl,
+}
+
+impl Drop for EagerSyncs<'_> {
+    fn drop(&mut self) {
+        self.ctl.state.lock().unwrap().eager -= 1;
+    }
 }
 
 /// A writer's hold on a txg; while any hold exists, that txg cannot start syncing.
@@ -107,7 +128,9 @@ impl TxgHold<'_> {
             }
         };
         *t += bytes;
-        let over = *t * 100 > s.dirty_max_bytes * DIRTY_SYNC_PERCENT;
+        let txg_bytes = *t;
+        let over = txg_bytes * 100 > s.dirty_max_bytes * DIRTY_SYNC_PERCENT
+            || (s.eager > 0 && txg_bytes > EAGER_SYNC_BYTES);
         if over {
             s.kick = true;
             self.ctl.cv.notify_all();
@@ -155,6 +178,7 @@ impl TxgControl {
                 txg_space: Vec::new(),
                 space_admitting: ClassBytes::default(),
                 kick: false,
+                eager: 0,
                 stop: false,
                 suspended: None,
                 waiters: Vec::new(),
@@ -222,6 +246,14 @@ impl TxgControl {
             Some(r) => Err(self.suspended_error(r)),
             None => Ok(()),
         }
+    }
+
+    /// Syncs start at [`EAGER_SYNC_BYTES`] in a txg (instead of `DIRTY_SYNC_PERCENT` of
+    /// `dirty_max`, when that is more) until the guard drops: for a writer that streams
+    /// much data at once (a receive).
+    pub fn eager_syncs(&self) -> EagerSyncs<'_> {
+        self.state.lock().unwrap().eager += 1;
+        EagerSyncs { ctl: self }
     }
 
     /// Asks for a sync of the open txg now (it is marked as having changes).
@@ -365,5 +397,34 @@ impl TxgControl {
         s.dirty_max_bytes = dirty_max_bytes;
         s.timeout = timeout;
         self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxpool_io::rt::block_on;
+
+    /// Whether a txg holding `bytes` (under `DIRTY_SYNC_PERCENT` of a 1 GiB `dirty_max`)
+    /// asks for a sync, with an `EagerSyncs` alive or not.
+    fn kicks_at(bytes: u64, eager: bool) -> bool {
+        let ctl = TxgControl::new("p", Txg(1), 1 << 30, Duration::from_secs(1000));
+        let guard = eager.then(|| ctl.eager_syncs());
+        let hold = block_on(ctl.hold(bytes)).unwrap();
+        hold.note_dirty(bytes, ClassBytes::default());
+        drop(hold);
+        drop(guard);
+        assert_eq!(ctl.state.lock().unwrap().eager, 0, "the guard did not end");
+        let kicked = ctl.state.lock().unwrap().kick;
+        kicked
+    }
+
+    #[test]
+    fn eager_syncs_start_a_sync_at_their_threshold_only() {
+        assert!((1u64 << 30) * DIRTY_SYNC_PERCENT / 100 > 2 * EAGER_SYNC_BYTES);
+        assert!(kicks_at(EAGER_SYNC_BYTES + 1, true));
+        assert!(!kicks_at(EAGER_SYNC_BYTES, true));
+        assert!(!kicks_at(EAGER_SYNC_BYTES + 1, false));
+        assert!(kicks_at((1 << 30) / 100 * DIRTY_SYNC_PERCENT + 1, false));
     }
 }
