@@ -743,6 +743,8 @@ impl Pool {
         dec: &mut StreamDecoder,
     ) -> Result<(u64, u64)> {
         let queue = ApplyQueue::new();
+        // The device busy from the first 32 MiB on, not the first fifth of `dirty_max`.
+        let _eager = self.spa.txg.eager_syncs();
         std::thread::scope(|scope| {
             let applier = std::thread::Builder::new()
                 .name("recv-apply".into())
@@ -940,14 +942,16 @@ fn read_records(
     queue: &ApplyQueue,
 ) -> Result<()> {
     let bs = u64::from(begin.volblocksize_bytes);
-    let mut run: Vec<StoredBlock> = Vec::new();
+    // A run's vector is allocated once at its full size, not grown block by block.
+    let run_blocks_max = (WRITE_RUN_BYTES_MAX / bs).max(1) as usize;
+    let mut run: Vec<StoredBlock> = Vec::with_capacity(run_blocks_max);
     let mut run_at = 0u64;
     let mut run_bytes = 0usize;
     let flush = |run: &mut Vec<StoredBlock>, at: u64, bytes: &mut usize| -> bool {
         if run.is_empty() {
             return true;
         }
-        let blocks = std::mem::take(run);
+        let blocks = std::mem::replace(run, Vec::with_capacity(run_blocks_max));
         queue.push(Applied::Blocks(at, blocks), std::mem::take(bytes))
     };
     // Bounded by the stream: each round consumes a record; END ends it.
