@@ -152,6 +152,33 @@ impl IoBuf {
         POOL_LIMIT_BYTES.load(Ordering::Relaxed)
     }
 
+    /// Puts new buffers of `len` bytes in the pool until it holds `bytes` of that length (or
+    /// its bound stops it), each page written once here: a thread with time to spare takes
+    /// the page faults and zeroing of fresh memory off the path of the thread that takes the
+    /// buffers (a receive's applying thread, for its reading thread, until the blocks of
+    /// synced txgs come back). A length the pool does not keep is ignored.
+    pub fn prefill_pool(len: usize, bytes: usize) {
+        let Some(class) = pool_class(len) else {
+            return;
+        };
+        let wanted = bytes / len;
+        // Bounded by `wanted`: each round adds one buffer or stops.
+        while lock_class(class).len() < wanted {
+            let buf = IoBuf::allocate_zeroed(len);
+            // `alloc_zeroed` may hand out pages never touched: write one byte of each (a
+            // volatile write of the zero already there, which cannot be left out).
+            for page in (0..len).step_by(IO_BUF_ALIGN_BYTES) {
+                // SAFETY: `page` is within the allocation of `len` bytes, which only `buf`
+                // points to.
+                unsafe { std::ptr::write_volatile(buf.ptr.as_ptr().add(page), 0) };
+            }
+            if !buf.return_to_pool() {
+                break; // The pool is full: `buf` is freed.
+            }
+            std::mem::forget(buf);
+        }
+    }
+
     /// Lets the pool keep `bytes` more of free buffers while the reservation lives: for work
     /// whose buffers come back in bursts larger than the pool and are needed again right
     /// after. A receive's blocks are freed a whole txg at a time when the txg is synced, and
@@ -380,6 +407,21 @@ mod tests {
         // The bound is back (other tests' reservations aside), and the pool within it.
         assert!(IoBuf::pooled_bytes() <= IoBuf::pool_limit_bytes());
         assert!(lock_class(pool_class(len).unwrap()).len() * len <= IO_BUF_POOL_BYTES_MAX);
+    }
+
+    #[test]
+    fn a_prefill_puts_zeroed_buffers_in_the_pool() {
+        // A length no other test of this crate uses.
+        let len = 6 * 1024 + 512;
+        IoBuf::prefill_pool(len, 10 * len);
+        assert_eq!(lock_class(pool_class(len).unwrap()).len(), 10);
+        // Taken without a new allocation (the pool's own), zeroed.
+        let bufs: Vec<IoBuf> = (0..10).map(|_| IoBuf::for_overwrite(len)).collect();
+        assert_eq!(lock_class(pool_class(len).unwrap()).len(), 0);
+        assert!(bufs.iter().all(|b| b.iter().all(|&x| x == 0)));
+        // A length the pool does not keep: nothing.
+        IoBuf::prefill_pool(1000, 1 << 20);
+        assert!(pool_class(1000).is_none());
     }
 
     #[test]

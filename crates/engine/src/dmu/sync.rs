@@ -162,7 +162,10 @@ impl<'a, T> Started<'a, T> {
 }
 
 /// The blocks a batch writes, with their writes and their new pointers.
-type BatchWrites = (Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)>, Vec<Result<()>>);
+type BatchWrites = (
+    Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)>,
+    Vec<Result<()>>,
+);
 
 /// One batch of data blocks whose writes are issued: the blocks, their new pointers (or
 /// their placement's error), and the writes.
@@ -510,13 +513,29 @@ pub(crate) async fn sync_object(
             writes: issued,
         };
         if let Some(prev) = in_flight.replace(issued) {
-            finish_batch(inner, obj, what, prev, kills, &mut used_delta, &mut compressed_delta)
-                .await?;
+            finish_batch(
+                inner,
+                obj,
+                what,
+                prev,
+                kills,
+                &mut used_delta,
+                &mut compressed_delta,
+            )
+            .await?;
         }
     }
     if let Some(last) = in_flight.take() {
-        finish_batch(inner, obj, what, last, kills, &mut used_delta, &mut compressed_delta)
-            .await?;
+        finish_batch(
+            inner,
+            obj,
+            what,
+            last,
+            kills,
+            &mut used_delta,
+            &mut compressed_delta,
+        )
+        .await?;
     }
     for (b, o) in overrides.iter() {
         if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {

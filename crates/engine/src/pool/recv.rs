@@ -76,6 +76,10 @@ const RECEIVE_QUEUE_BYTES_MAX: usize = 32 << 20;
 /// Contiguous blocks handed to the volume in one write (one range lock, one txg hold).
 const WRITE_RUN_BYTES_MAX: u64 = 1 << 20;
 
+/// Bytes of free block buffers the applying thread keeps in the I/O buffer pool for the
+/// reading thread (made and touched by the applying thread when the pool runs short).
+const PREFILL_BYTES: usize = 4 << 20;
+
 /// A record the decoder handed out, owned (so the input can move on). A DATA record's block
 /// is the buffer its payload was read into, as stored by the sender.
 enum Record {
@@ -1020,8 +1024,13 @@ fn apply_queued(
             r.note(spa.txg.open_txg(), end_bytes);
         }
     };
+    let block_bytes = (bs as usize).next_multiple_of(SECTOR_BYTES as usize);
     // Bounded by what the reading thread queues; END ends it.
     loop {
+        // Buffers ready for the reading thread, while the pool has none to give back yet (the
+        // first txgs of the receive): their page faults here, not on the reading thread,
+        // which bounds the receive (in steady state the pool holds more than this already).
+        IoBuf::prefill_pool(block_bytes, PREFILL_BYTES);
         let Some(item) = queue.pop() else { break };
         match item {
             Applied::Blocks(at, blocks) => {

@@ -425,6 +425,6 @@ mod tests {
         assert!(kicks_at(EAGER_SYNC_BYTES + 1, true));
         assert!(!kicks_at(EAGER_SYNC_BYTES, true));
         assert!(!kicks_at(EAGER_SYNC_BYTES + 1, false));
-        assert!(kicks_at((1 << 30) / 100 * DIRTY_SYNC_PERCENT + 1, false));
+        assert!(kicks_at((1 << 30) * DIRTY_SYNC_PERCENT / 100 + 1, false));
     }
 }
