@@ -421,7 +421,7 @@ mod tests {
 
     #[test]
     fn eager_syncs_start_a_sync_at_their_threshold_only() {
-        assert!((1u64 << 30) * DIRTY_SYNC_PERCENT / 100 > 2 * EAGER_SYNC_BYTES);
+        const { assert!((1u64 << 30) * DIRTY_SYNC_PERCENT / 100 > 2 * EAGER_SYNC_BYTES) };
         assert!(kicks_at(EAGER_SYNC_BYTES + 1, true));
         assert!(!kicks_at(EAGER_SYNC_BYTES, true));
         assert!(!kicks_at(EAGER_SYNC_BYTES + 1, false));
