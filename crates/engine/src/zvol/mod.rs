@@ -303,7 +303,7 @@ impl Volume {
         offset_bytes: u64,
         out: &mut [u8],
         bs: u64,
-        mut parts: Option<&mut Vec<ReadPart>>,
+        parts: Option<&mut Vec<ReadPart>>,
     ) -> Result<()> {
         let share = parts.is_some();
         let end = offset_bytes + out.len() as u64;
@@ -364,15 +364,27 @@ impl Volume {
             futs.push(self.read_tree_into(*b, *in_block, mine, need, share));
         }
         let results = oxpool_io::rt::join_all(futs).await;
-        let mut shared = Vec::with_capacity(if share { results.len() } else { 0 });
-        for (result, (_, in_block, range, _)) in results.into_iter().zip(&from_tree) {
-            let block = result?;
-            if share {
-                shared.push((range.clone(), *in_block, block));
-            }
+        // The first error fails the read (and `read_shared` then empties `parts`).
+        let mut failed = None;
+        let blocks = results
+            .into_iter()
+            .zip(&from_tree)
+            .map_while(|(result, tree)| {
+                let (_, in_block, range, _) = tree;
+                match result {
+                    Ok(block) => Some((range.clone(), *in_block, block)),
+                    Err(e) => {
+                        failed = Some(e);
+                        None
+                    }
+                }
+            });
+        match parts {
+            Some(parts) => push_parts(parts, out.len(), blocks),
+            None => blocks.for_each(drop),
         }
-        if let Some(parts) = parts.as_deref_mut() {
-            push_parts(parts, out.len(), shared);
+        if let Some(e) = failed {
+            return Err(e);
         }
         Ok(())
     }
@@ -399,12 +411,8 @@ impl Volume {
         let len = out.len();
         let found = self
             .read_tree(b, |found| match found {
-                TreeRead::Cached(key) if all && share => {
-                    cache.share(key, in_block, len).map(Some)
-                }
-                TreeRead::Cached(key) if all => {
-                    cache.read_into(key, in_block, out).then_some(None)
-                }
+                TreeRead::Cached(key) if all && share => cache.share(key, in_block, len).map(Some),
+                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(None),
                 TreeRead::Cached(key) => {
                     // Bounded by the sectors of the range.
                     for (lo, run_hi) in need.byte_runs(in_block, hi) {

@@ -10,7 +10,8 @@
 //!   slot's buffer for READ data and BLOCK_STATUS), queues the slot, and waits for the next.
 //! - The **writer** task sends queued replies in completion order (any order is allowed):
 //!   small replies are copied into one batch and sent together; large ones go straight from
-//!   the slot's buffer. A slot is free again once its reply is sent.
+//!   the slot's buffer (over TLS, a large READ's data is encrypted from the data cache's
+//!   blocks where they are: `read_in_parts`). A slot is free again once its reply is sent.
 //!
 //! Bounds: slots per connection (requests in flight); bytes of slot buffers per connection
 //! (a request that would exceed it waits for earlier ones; idle slots' buffers are dropped
@@ -1160,22 +1161,20 @@ async fn execute(
     let fua = request.flags.contains(CommandFlags::FUA);
     let in_buffer = |len: usize| Some(Reply::Buffer(len));
     let result = match (request.command, buffer, parts) {
-        (Command::Read, Some(buf), Some(parts)) => read_in_parts(session, request, buf, parts)
-            .await
-            .map(Some),
+        (Command::Read, Some(buf), Some(parts)) => {
+            read_in_parts(session, request, buf, parts).await.map(Some)
+        }
         (Command::Read, Some(buf), None) if session.structured() => {
             read_structured(session, request, buf).await.map(in_buffer)
         }
-        (Command::Read, Some(buf), None) => {
-            read_simple(volume, request, buf).await.map(in_buffer)
-        }
+        (Command::Read, Some(buf), None) => read_simple(volume, request, buf).await.map(in_buffer),
         (Command::Write, Some(buf), _) => {
             let data = &buf[..request.length_bytes as usize];
             volume.write(offset_bytes, data, fua).await.map(|()| None)
         }
-        (Command::BlockStatus, Some(buf), _) => block_status(session, request, buf)
-            .await
-            .map(in_buffer),
+        (Command::BlockStatus, Some(buf), _) => {
+            block_status(session, request, buf).await.map(in_buffer)
+        }
         (Command::Flush, _, _) => volume.flush().await.map(|()| None),
         (Command::Trim, _, _) => volume
             .trim(offset_bytes, length_bytes, fua)

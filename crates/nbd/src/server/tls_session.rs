@@ -4,7 +4,8 @@
 //! buffers in memory: ciphertext the reader received with the ring's `recv` (OpenSSL reads it
 //! from there), and ciphertext OpenSSL produced (sent with the ring's `send`). Plain text goes
 //! straight between OpenSSL and the connection's own buffers: `SSL_read` decrypts into the
-//! inbox or a WRITE's slot buffer, `SSL_write` encrypts from a reply's buffer. No thread, no
+//! inbox or a WRITE's slot buffer, `SSL_write` encrypts from a reply's buffer or, for a large
+//! READ, from the data cache's blocks (`send_slices`). No thread, no
 //! plain-text staging buffer; the copies are OpenSSL's own (ciphertext into its record buffer,
 //! where it is decrypted in place, then out to our buffer; plain text into its record buffer,
 //! where it is encrypted in place, then out to ours), see `docs/tls.md`.
