@@ -323,6 +323,35 @@ mod tests {
     }
 
     #[test]
+    fn shared_blocks_stay_intact_when_taken_or_evicted() {
+        let cache = DataCache::new(1 << 20);
+        let (bp, buf) = block(1, 4096);
+        let expected = buf.clone();
+        let key = CacheKey::of(&bp);
+        assert!(cache.share(&key, 0, 4096).is_none(), "a miss");
+        cache.insert(key, buf);
+        assert!(cache.share(&key, 4000, 100).is_none(), "past the block");
+        let shared = cache.share(&key, 10, 100).expect("a hit");
+        assert_eq!(&shared[..], &expected[..]);
+        // A writer taking the block while it is shared gets its own copy: the shared one
+        // never changes under its reader.
+        let mut taken = cache.take(&key).expect("cached");
+        taken.fill(0xff);
+        assert_eq!(&shared[..], &expected[..]);
+        // Evicted (a zero bound) while shared: the reader's bytes outlive the entry.
+        let (bp2, buf2) = block(2, 4096);
+        let key2 = CacheKey::of(&bp2);
+        let expected2 = buf2.clone();
+        cache.insert(key2, buf2);
+        let shared2 = cache.share(&key2, 0, 4096).expect("a hit");
+        cache.set_max_bytes(0);
+        assert_eq!(cache.stats().bytes, 0);
+        assert_eq!(&shared2[..], &expected2[..]);
+        let st = cache.stats();
+        assert_eq!((st.hits, st.misses), (3, 2));
+    }
+
+    #[test]
     fn take_removes_and_the_ring_stays_bounded() {
         let cache = DataCache::new(1 << 30);
         let (bp, buf) = block(1, 4096);
