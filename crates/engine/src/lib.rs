@@ -44,4 +44,6 @@ pub use pool::{
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;
-pub use zvol::{BlockState, ChangedExtent, StoredBlock, StoredForm, Volume, CHANGED_RANGES_MAX};
+pub use zvol::{
+    BlockState, ChangedExtent, ReadPart, StoredBlock, StoredForm, Volume, CHANGED_RANGES_MAX,
+};

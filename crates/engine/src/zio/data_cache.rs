@@ -16,13 +16,18 @@
 //! the entry's reference bit; eviction walks the ring, clearing bits, and drops the first entry
 //! not referenced since its last visit. Hits copy out under the shard lock and allocate
 //! nothing; an insert reuses the buffer the device read produced, so a miss adds no copy.
+//!
+//! Entries are reference counted so that a hit can also be *shared* ([`DataCache::share`]):
+//! the NBD server over TLS encrypts a READ's data straight from the cached blocks instead of
+//! copying them into its reply first. A shared block evicted meanwhile lives on until its
+//! holder lets go (at most the READ replies in flight; the bytes are counted out at eviction).
 
 use crate::idhash::IdMap;
 use oxpool_format::BlockPtr;
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Shards of the cache: enough that reactor threads rarely meet on one lock.
 const SHARDS: usize = 16;
@@ -67,7 +72,7 @@ impl CacheKey {
 }
 
 struct Entry {
-    buf: IoBuf,
+    buf: Arc<IoBuf>,
     referenced: bool,
 }
 
@@ -153,8 +158,31 @@ impl DataCache {
         }
     }
 
+    /// A reference to the cached block `key` whose bytes `in_block..in_block + len` the
+    /// caller reads in place (counted as a hit, as [`DataCache::read_into`]); `None` on a
+    /// miss. The block stays cached; the caller must not hold it for long (it is memory the
+    /// cache's bound no longer sees once evicted).
+    pub fn share(&self, key: &CacheKey, in_block: usize, len: usize) -> Option<Arc<IoBuf>> {
+        let mut s = self.shards[key.shard()].lock().unwrap();
+        match s.map.get_mut(key) {
+            Some(e) if in_block + len <= e.buf.len() => {
+                e.referenced = true;
+                let buf = e.buf.clone();
+                drop(s);
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(buf)
+            }
+            _ => {
+                drop(s);
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
     /// Takes the cached block `key` out of the cache (counted as a hit): for a caller about to
-    /// replace the block, which makes it its new version without a copy.
+    /// replace the block, which makes it its new version without a copy (a copy only if a
+    /// reader still shares it).
     pub fn take(&self, key: &CacheKey) -> Option<IoBuf> {
         let mut s = self.shards[key.shard()].lock().unwrap();
         let Some(entry) = s.map.remove(key) else {
@@ -170,7 +198,7 @@ impl DataCache {
         }
         drop(s);
         self.hits.fetch_add(1, Ordering::Relaxed);
-        Some(entry.buf)
+        Some(Arc::try_unwrap(entry.buf).unwrap_or_else(|shared| IoBuf::from_slice(&shared)))
     }
 
     /// Keeps `buf`, a verified copy of the block `key` names (its first `psize` bytes are the
@@ -189,7 +217,9 @@ impl DataCache {
         s.map.insert(
             key,
             Entry {
-                buf,
+                // A small allocation per miss (the device read dominates it); hits allocate
+                // nothing, shared or copied.
+                buf: Arc::new(buf),
                 referenced: false,
             },
         );
@@ -290,6 +320,35 @@ mod tests {
         assert_eq!(&out[..], &expected[10..110]);
         let st = cache.stats();
         assert_eq!((st.hits, st.misses, st.bytes), (1, 1, 4096));
+    }
+
+    #[test]
+    fn shared_blocks_stay_intact_when_taken_or_evicted() {
+        let cache = DataCache::new(1 << 20);
+        let (bp, buf) = block(1, 4096);
+        let expected = buf.clone();
+        let key = CacheKey::of(&bp);
+        assert!(cache.share(&key, 0, 4096).is_none(), "a miss");
+        cache.insert(key, buf);
+        assert!(cache.share(&key, 4000, 100).is_none(), "past the block");
+        let shared = cache.share(&key, 10, 100).expect("a hit");
+        assert_eq!(&shared[..], &expected[..]);
+        // A writer taking the block while it is shared gets its own copy: the shared one
+        // never changes under its reader.
+        let mut taken = cache.take(&key).expect("cached");
+        taken.fill(0xff);
+        assert_eq!(&shared[..], &expected[..]);
+        // Evicted (a zero bound) while shared: the reader's bytes outlive the entry.
+        let (bp2, buf2) = block(2, 4096);
+        let key2 = CacheKey::of(&bp2);
+        let expected2 = buf2.clone();
+        cache.insert(key2, buf2);
+        let shared2 = cache.share(&key2, 0, 4096).expect("a hit");
+        cache.set_max_bytes(0);
+        assert_eq!(cache.stats().bytes, 0);
+        assert_eq!(&shared2[..], &expected2[..]);
+        let st = cache.stats();
+        assert_eq!((st.hits, st.misses), (3, 2));
     }
 
     #[test]

@@ -337,7 +337,9 @@ impl Volume {
                                 // The current content: anything newer that overlaps was
                                 // appended after this itx and replays after it.
                                 let mut buf = vec![0u8; length_bytes as usize];
-                                if let Err(e) = self.read_uncounted(offset_bytes, &mut buf).await {
+                                if let Err(e) =
+                                    self.read_uncounted(offset_bytes, &mut buf, None).await
+                                {
                                     // The read may have waited (for a shrink that cut the
                                     // range off, say) until the record's txg synced: then it
                                     // is durable already, and what it wrote may be gone.

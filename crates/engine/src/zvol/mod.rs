@@ -47,6 +47,71 @@ pub struct StoredBlock {
     pub form: StoredForm,
 }
 
+/// One part of what [`Volume::read_shared`] read, in order.
+#[derive(Clone, Debug)]
+pub enum ReadPart {
+    /// These bytes of the caller's output buffer (copied there: dirty data, holes, blocks not
+    /// in the cache, partial blocks).
+    Copied(std::ops::Range<usize>),
+    /// These bytes of a cached block, shared instead of copied.
+    Shared {
+        /// The cached block (the cache's own buffer: read it, never write it).
+        block: Arc<IoBuf>,
+        /// The bytes of `block` that are this part.
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl ReadPart {
+    /// The part's bytes; `out` is the output buffer the read was given.
+    pub fn bytes<'a>(&'a self, out: &'a [u8]) -> &'a [u8] {
+        match self {
+            ReadPart::Copied(range) => &out[range.clone()],
+            ReadPart::Shared { block, range } => &block[range.clone()],
+        }
+    }
+
+    /// The part's length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPart::Copied(range) | ReadPart::Shared { range, .. } => range.len(),
+        }
+    }
+
+    /// Whether the part is empty (never, in what [`Volume::read_shared`] hands out).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Appends the parts of an output of `len` bytes to `parts`: `shared` lists output ranges
+/// (increasing, disjoint), each with its offset in its block and the cached block if it was
+/// shared; every byte not in a shared range is a copied part (adjacent ones merged).
+fn push_parts(
+    parts: &mut Vec<ReadPart>,
+    len: usize,
+    shared: impl IntoIterator<Item = (std::ops::Range<usize>, usize, Option<Arc<IoBuf>>)>,
+) {
+    let mut copied_from = 0;
+    // Bounded by the blocks of the read.
+    for (range, in_block, block) in shared {
+        let Some(block) = block else {
+            continue;
+        };
+        if range.start > copied_from {
+            parts.push(ReadPart::Copied(copied_from..range.start));
+        }
+        parts.push(ReadPart::Shared {
+            range: in_block..in_block + range.len(),
+            block,
+        });
+        copied_from = range.end;
+    }
+    if copied_from < len {
+        parts.push(ReadPart::Copied(copied_from..len));
+    }
+}
+
 /// A volume's shared state: its dataset (name, properties, the data object) and what only
 /// a volume has: range locks, its intent log, its call statistics.
 pub(crate) struct VolumeInner {
@@ -177,12 +242,41 @@ impl Volume {
     /// Reads `out.len()` bytes at `offset_bytes`.
     pub async fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
         let _timer = self.vol.io_stats.start(VolumeOp::Read, out.len() as u64);
-        self.read_uncounted(offset_bytes, out).await
+        self.read_uncounted(offset_bytes, out, None).await
+    }
+
+    /// Reads `out.len()` bytes at `offset_bytes` as [`Volume::read`], but hands blocks that
+    /// the data cache holds by reference instead of copying them into `out`: on success
+    /// `parts` (cleared first) holds the bytes read, in order, each part either a range of
+    /// `out` or a range of a shared cached block. For a caller that only reads the data once
+    /// more anyway (the NBD server encrypting a READ reply for TLS): the copy into `out` was
+    /// a third of the bytes it moved. `parts` keeps its capacity from call to call, so a
+    /// caller that reuses it allocates nothing. On error `parts` is empty.
+    pub async fn read_shared(
+        &self,
+        offset_bytes: u64,
+        out: &mut [u8],
+        parts: &mut Vec<ReadPart>,
+    ) -> Result<()> {
+        let _timer = self.vol.io_stats.start(VolumeOp::Read, out.len() as u64);
+        parts.clear();
+        let read = self
+            .read_uncounted(offset_bytes, out, Some(&mut *parts))
+            .await;
+        if read.is_err() {
+            parts.clear();
+        }
+        read
     }
 
     /// As [`Volume::read`], not counted as a client read (the intent log reading back what it
-    /// commits).
-    pub(crate) async fn read_uncounted(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+    /// commits); with `parts`, as [`Volume::read_shared`].
+    pub(crate) async fn read_uncounted(
+        &self,
+        offset_bytes: u64,
+        out: &mut [u8],
+        parts: Option<&mut Vec<ReadPart>>,
+    ) -> Result<()> {
         let bs = self.check_range(offset_bytes, out.len() as u64, false)? as u64;
         if out.is_empty() {
             return Ok(());
@@ -199,11 +293,19 @@ impl Volume {
             )
             .await;
         self.check_still_in_range(offset_bytes, out.len() as u64)?;
-        self.read_locked(offset_bytes, out, bs).await
+        self.read_locked(offset_bytes, out, bs, parts).await
     }
 
-    /// Reads `out.len()` bytes at `offset_bytes` under a range lock the caller holds.
-    async fn read_locked(&self, offset_bytes: u64, out: &mut [u8], bs: u64) -> Result<()> {
+    /// Reads `out.len()` bytes at `offset_bytes` under a range lock the caller holds; with
+    /// `parts`, cached blocks are shared rather than copied (see [`Volume::read_shared`]).
+    async fn read_locked(
+        &self,
+        offset_bytes: u64,
+        out: &mut [u8],
+        bs: u64,
+        parts: Option<&mut Vec<ReadPart>>,
+    ) -> Result<()> {
+        let share = parts.is_some();
         let end = offset_bytes + out.len() as u64;
         let mut pos = offset_bytes;
         // Blocks that must come from the tree: (block, in-block offset, output range, sectors
@@ -232,13 +334,20 @@ impl Volume {
             }
         }
         let Some(first) = first_from_tree else {
+            if let Some(parts) = parts {
+                parts.push(ReadPart::Copied(0..out.len()));
+            }
             return Ok(());
         };
         if from_tree.is_empty() {
             let (b, in_block, range, need) = first;
-            return self
-                .read_tree_into(b, in_block, &mut out[range], &need)
-                .await;
+            let shared = self
+                .read_tree_into(b, in_block, &mut out[range.clone()], &need, share)
+                .await?;
+            if let Some(parts) = parts {
+                push_parts(parts, out.len(), [(range, in_block, shared)]);
+            }
+            return Ok(());
         }
         from_tree.insert(0, first);
         // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
@@ -252,10 +361,30 @@ impl Volume {
             let (mine, tail) = tail.split_at_mut(range.len());
             rest = tail;
             rest_start = range.end;
-            futs.push(self.read_tree_into(*b, *in_block, mine, need));
+            futs.push(self.read_tree_into(*b, *in_block, mine, need, share));
         }
-        for result in oxpool_io::rt::join_all(futs).await {
-            result?;
+        let results = oxpool_io::rt::join_all(futs).await;
+        // The first error fails the read (and `read_shared` then empties `parts`).
+        let mut failed = None;
+        let blocks = results
+            .into_iter()
+            .zip(&from_tree)
+            .map_while(|(result, tree)| {
+                let (_, in_block, range, _) = tree;
+                match result {
+                    Ok(block) => Some((range.clone(), *in_block, block)),
+                    Err(e) => {
+                        failed = Some(e);
+                        None
+                    }
+                }
+            });
+        match parts {
+            Some(parts) => push_parts(parts, out.len(), blocks),
+            None => blocks.for_each(drop),
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         Ok(())
     }
@@ -264,19 +393,26 @@ impl Volume {
     /// tree into `out` (zeros for a hole), through the pool's data cache: a hit is a copy; a
     /// miss reads and verifies the block and leaves it in the cache. The other bytes of `out`
     /// (the dirty sets had them) are left alone.
+    ///
+    /// With `share`, a hit that covers the whole range is not copied: the cached block comes
+    /// back instead (its bytes `in_block..in_block + out.len()` are the range), and `out` is
+    /// left alone.
     async fn read_tree_into(
         &self,
         b: u64,
         in_block: usize,
         out: &mut [u8],
         need: &SectorMask,
-    ) -> Result<()> {
+        share: bool,
+    ) -> Result<Option<Arc<IoBuf>>> {
         let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
         let all = need.contains(&SectorMask::touching(in_block, hi));
+        let len = out.len();
         let found = self
             .read_tree(b, |found| match found {
-                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(()),
+                TreeRead::Cached(key) if all && share => cache.share(key, in_block, len).map(Some),
+                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(None),
                 TreeRead::Cached(key) => {
                     // Bounded by the sectors of the range.
                     for (lo, run_hi) in need.byte_runs(in_block, hi) {
@@ -285,19 +421,22 @@ impl Volume {
                             return None;
                         }
                     }
-                    Some(())
+                    Some(None)
                 }
                 TreeRead::Read(key, buf) => {
                     copy_runs(need, &buf, in_block, out);
                     cache.insert(key, buf);
-                    Some(())
+                    Some(None)
                 }
             })
             .await?;
-        if found.is_none() {
-            zero_runs(need, in_block, out);
+        match found {
+            Some(shared) => Ok(shared),
+            None => {
+                zero_runs(need, in_block, out);
+                Ok(None)
+            }
         }
-        Ok(())
     }
 
     /// Looks up block `b` and hands it to `take`: first as a cache key (`take` returns `Some`
@@ -386,7 +525,8 @@ impl Volume {
             Source::Zero => Ok(BlockBase::Owned(IoBuf::zeroed(bs))),
             Source::Partial | Source::Tree => {
                 let mut buf = IoBuf::zeroed(bs);
-                self.read_locked(b * bs as u64, &mut buf, bs as u64).await?;
+                self.read_locked(b * bs as u64, &mut buf, bs as u64, None)
+                    .await?;
                 Ok(BlockBase::Owned(buf))
             }
         }

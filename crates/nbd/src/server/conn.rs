@@ -10,7 +10,8 @@
 //!   slot's buffer for READ data and BLOCK_STATUS), queues the slot, and waits for the next.
 //! - The **writer** task sends queued replies in completion order (any order is allowed):
 //!   small replies are copied into one batch and sent together; large ones go straight from
-//!   the slot's buffer. A slot is free again once its reply is sent.
+//!   the slot's buffer (over TLS, a large READ's data is encrypted from the data cache's
+//!   blocks where they are: `read_in_parts`). A slot is free again once its reply is sent.
 //!
 //! Bounds: slots per connection (requests in flight); bytes of slot buffers per connection
 //! (a request that would exceed it waits for earlier ones; idle slots' buffers are dropped
@@ -24,7 +25,7 @@ use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use oxpool_engine::{BlockState, Volume};
+use oxpool_engine::{BlockState, ReadPart, Volume};
 use oxpool_io::rt;
 use oxpool_io::rt::net::Stream;
 use oxpool_io::IoBuf;
@@ -187,6 +188,9 @@ enum ReplyAt {
     Inline(usize),
     /// The first `n` bytes of the slot's buffer.
     Buffer(usize),
+    /// A READ reply over TLS: its header is the first `n` bytes of the slot's buffer, its data
+    /// the slot's read parts (their copied ranges are of the buffer from byte `n` on).
+    Parts(usize),
 }
 
 /// One request slot: preallocated, reused for request after request.
@@ -200,6 +204,10 @@ struct Slot {
     task_gone: bool,
     inline: [u8; INLINE_REPLY_BYTES],
     reply: ReplyAt,
+    /// A READ's data as the volume handed it (see [`ReplyAt::Parts`]); empty otherwise. Kept
+    /// from request to request for its capacity; cleared once sent, so that no cached block
+    /// is held longer than its reply.
+    parts: Vec<ReadPart>,
 }
 
 /// State of one connection, shared by its reader, writer and request tasks (one thread).
@@ -242,6 +250,7 @@ impl Conn {
                 task_gone: false,
                 inline: [0; INLINE_REPLY_BYTES],
                 reply: ReplyAt::Nowhere,
+                parts: Vec::new(),
             })
             .collect();
         Conn {
@@ -278,6 +287,22 @@ impl Conn {
             None => self.stream.recv_range(buf, start, end).await,
             Some(tls) => tls.recv(&self.stream, buf, start, end).await,
         }
+    }
+
+    /// Sends a READ reply held as parts: `header`, then each part's bytes (`data` is the
+    /// buffer its copied parts are ranges of). Only over TLS, which encrypts them where they
+    /// are; clear-text replies are never held as parts.
+    async fn send_parts(
+        &self,
+        header: &[u8],
+        data: &[u8],
+        parts: &[ReadPart],
+    ) -> oxpool_io::IoResult<()> {
+        let Some(tls) = self.tls.get() else {
+            return Err(io::Error::other("a READ reply in parts without TLS"));
+        };
+        let slices = std::iter::once(header).chain(parts.iter().map(|part| part.bytes(data)));
+        tls.send_slices(&self.stream, slices).await
     }
 
     /// Sends `buf[..len]` entirely (through TLS once it is on) and returns the buffer.
@@ -360,7 +385,12 @@ impl Conn {
 
     /// Frees a slot: its reply was sent or dropped.
     fn release(&self, index: usize) {
-        self.slots.borrow_mut()[index].reply = ReplyAt::Nowhere;
+        {
+            let mut slots = self.slots.borrow_mut();
+            slots[index].reply = ReplyAt::Nowhere;
+            // A reply dropped unsent (the connection broke) lets go of its cached blocks.
+            slots[index].parts.clear();
+        }
         self.free_slots.borrow_mut().push(index);
         self.in_flight.set(self.in_flight.get() - 1);
         self.releases.set(self.releases.get() + 1);
@@ -427,13 +457,17 @@ impl Conn {
         self.buffer_bytes.set(self.buffer_bytes.get() - bytes);
     }
 
-    /// Stores a finished request's reply (and gives its buffer back), then queues it.
-    fn complete(&self, index: usize, reply: Reply, buffer: Option<IoBuf>) {
+    /// Stores a finished request's reply (and gives its buffer and its read parts back), then
+    /// queues it.
+    fn complete(&self, index: usize, reply: Reply, buffer: Option<IoBuf>, parts: Vec<ReadPart>) {
         {
             let mut slots = self.slots.borrow_mut();
             let slot = &mut slots[index];
             if buffer.is_some() {
                 slot.buffer = buffer;
+            }
+            if parts.capacity() > 0 {
+                slot.parts = parts;
             }
             slot.reply = match reply {
                 Reply::Inline { bytes, len } => {
@@ -441,6 +475,7 @@ impl Conn {
                     ReplyAt::Inline(len)
                 }
                 Reply::Buffer(len) => ReplyAt::Buffer(len),
+                Reply::Parts(header_len) => ReplyAt::Parts(header_len),
             };
         }
         self.replies.borrow_mut().push_back(index);
@@ -466,6 +501,9 @@ enum Reply {
     },
     /// The first `n` bytes of the request's buffer.
     Buffer(usize),
+    /// A READ over TLS: the first `n` bytes of the request's buffer are the header, the read
+    /// parts the data.
+    Parts(usize),
 }
 
 impl Reply {
@@ -894,6 +932,7 @@ async fn read_requests(conn: &Rc<Conn>, session: &Rc<Session>, inbox: &mut Inbox
                 index,
                 Reply::error(request.cookie, errno, session.structured()),
                 None,
+                Vec::new(),
             );
             continue;
         }
@@ -947,6 +986,7 @@ fn protocol_error_reply(conn: &Conn, session: &Session, err: &ProtocolError) {
             index,
             Reply::error(cookie, errno, session.structured()),
             None,
+            Vec::new(),
         );
     }
 }
@@ -1086,42 +1126,70 @@ async fn run_request(
         armed: true,
     };
     let _in_flight = oxpool_io::completion::RequestGuard::new();
-    let reply = execute(&session, &request, buffer.as_mut()).await;
+    // Over TLS a READ too large for the writer's batch is encrypted straight from the data
+    // cache's blocks (`read_in_parts`); its parts vector is the slot's, reused.
+    let mut parts = Vec::new();
+    let share = request.command == Command::Read
+        && conn.tls.get().is_some()
+        && request.length_bytes as usize > BATCH_COPY_MAX_BYTES;
+    if share {
+        parts = std::mem::take(&mut conn.slots.borrow_mut()[index].parts);
+    }
+    let reply = execute(
+        &session,
+        &request,
+        buffer.as_mut(),
+        share.then_some(&mut parts),
+    )
+    .await;
     guard.armed = false;
-    conn.complete(index, reply, buffer);
+    conn.complete(index, reply, buffer, parts);
 }
 
-async fn execute(session: &Session, request: &Request, buffer: Option<&mut IoBuf>) -> Reply {
+/// Runs one request. With `parts` (a READ over TLS), the data may come back as read parts
+/// (`Reply::Parts`) instead of in the buffer.
+async fn execute(
+    session: &Session,
+    request: &Request,
+    buffer: Option<&mut IoBuf>,
+    parts: Option<&mut Vec<ReadPart>>,
+) -> Reply {
     let volume = &session.volume;
     let cookie = request.cookie;
     let offset_bytes = request.offset_bytes;
     let length_bytes = u64::from(request.length_bytes);
     let fua = request.flags.contains(CommandFlags::FUA);
-    let result = match (request.command, buffer) {
-        (Command::Read, Some(buf)) if session.structured() => {
-            read_structured(session, request, buf).await.map(Some)
+    let in_buffer = |len: usize| Some(Reply::Buffer(len));
+    let result = match (request.command, buffer, parts) {
+        (Command::Read, Some(buf), Some(parts)) => {
+            read_in_parts(session, request, buf, parts).await.map(Some)
         }
-        (Command::Read, Some(buf)) => read_simple(volume, request, buf).await.map(Some),
-        (Command::Write, Some(buf)) => {
+        (Command::Read, Some(buf), None) if session.structured() => {
+            read_structured(session, request, buf).await.map(in_buffer)
+        }
+        (Command::Read, Some(buf), None) => read_simple(volume, request, buf).await.map(in_buffer),
+        (Command::Write, Some(buf), _) => {
             let data = &buf[..request.length_bytes as usize];
             volume.write(offset_bytes, data, fua).await.map(|()| None)
         }
-        (Command::BlockStatus, Some(buf)) => block_status(session, request, buf).await.map(Some),
-        (Command::Flush, _) => volume.flush().await.map(|()| None),
-        (Command::Trim, _) => volume
+        (Command::BlockStatus, Some(buf), _) => {
+            block_status(session, request, buf).await.map(in_buffer)
+        }
+        (Command::Flush, _, _) => volume.flush().await.map(|()| None),
+        (Command::Trim, _, _) => volume
             .trim(offset_bytes, length_bytes, fua)
             .await
             .map(|()| None),
         // NO_HOLE asks for allocated zeros, which a copy-on-write pool does not have (the next
         // write allocates anew anyway): whole blocks become holes either way, and reads are
         // the same. FAST_ZERO: zeroing is always fast here (no data is written).
-        (Command::WriteZeroes, _) => volume
+        (Command::WriteZeroes, _, _) => volume
             .write_zeroes(offset_bytes, length_bytes, fua)
             .await
             .map(|()| None),
         // CACHE is advisory: the range was validated; the engine has no read-ahead to start.
-        (Command::Cache, _) => Ok(None),
-        (command, buffer) => {
+        (Command::Cache, _, _) => Ok(None),
+        (command, buffer, _) => {
             // Unreachable after validation and buffer reservation; answered, not panicked.
             tracing::error!(
                 ?command,
@@ -1132,7 +1200,7 @@ async fn execute(session: &Session, request: &Request, buffer: Option<&mut IoBuf
         }
     };
     match result {
-        Ok(Some(reply_bytes)) => Reply::Buffer(reply_bytes),
+        Ok(Some(reply)) => reply,
         Ok(None) => Reply::ok(cookie),
         Err(err) => {
             let errno = errno_for(&err);
@@ -1144,6 +1212,113 @@ async fn execute(session: &Session, request: &Request, buffer: Option<&mut IoBuf
             Reply::error(cookie, errno, session.structured())
         }
     }
+}
+
+/// READ over TLS, for a reply the writer sends on its own: the data stays where the volume
+/// has it (cached blocks are shared, not copied into the buffer), and the reply is a header
+/// in the buffer followed by the read parts, which the TLS session encrypts in place
+/// (`ReplyAt::Parts`). This saves the copy of every byte into the reply buffer: with
+/// OpenSSL's own copy into its record buffer and the memory BIO's, three copies became two.
+///
+/// The reply is the same as `read_simple`'s or `read_structured`'s: a simple header, or one
+/// OFFSET_DATA chunk when no 4 KiB piece of the data reads as zeros. A read with a zero piece
+/// (a hole chunk to lay out, rare on a volume in use) is copied into the buffer and laid out
+/// by `lay_out_chunks` as before.
+async fn read_in_parts(
+    session: &Session,
+    request: &Request,
+    buf: &mut IoBuf,
+    parts: &mut Vec<ReadPart>,
+) -> oxpool_engine::Result<Reply> {
+    let length = request.length_bytes as usize;
+    let structured = session.structured();
+    let data_at = if structured {
+        OFFSET_DATA_HEADER_BYTES
+    } else {
+        SIMPLE_REPLY_BYTES
+    };
+    session
+        .volume
+        .read_shared(
+            request.offset_bytes,
+            &mut buf[data_at..data_at + length],
+            parts,
+        )
+        .await?;
+    if !structured {
+        let header: &mut [u8; SIMPLE_REPLY_BYTES] = (&mut buf[..SIMPLE_REPLY_BYTES])
+            .try_into()
+            .expect("16 bytes");
+        encode_simple_reply(request.cookie, None, header);
+        return Ok(Reply::Parts(data_at));
+    }
+    let df = request.flags.contains(CommandFlags::DF);
+    if !df && has_zero_piece(request.offset_bytes, length, parts, &buf[data_at..]) {
+        // Into the buffer, as `read_structured` has it, and laid out the same way.
+        let mut at = data_at;
+        // Bounded by the parts of the read.
+        for part in parts.drain(..) {
+            if let ReadPart::Shared { block, range } = &part {
+                buf[at..at + range.len()].copy_from_slice(&block[range.clone()]);
+            }
+            at += part.len();
+        }
+        debug_assert_eq!(at, data_at + length);
+        return Ok(Reply::Buffer(lay_out_chunks(
+            request.cookie,
+            request.offset_bytes,
+            length,
+            buf,
+        )));
+    }
+    let header: &mut [u8; OFFSET_DATA_HEADER_BYTES] =
+        (&mut buf[..data_at]).try_into().expect("28 bytes");
+    encode_offset_data_header(
+        request.cookie,
+        request.offset_bytes,
+        request.length_bytes,
+        Done::Last,
+        header,
+    )
+    .expect("nonzero data within the chunk limit");
+    Ok(Reply::Parts(data_at))
+}
+
+/// Whether some 4 KiB piece of a read (of `length` bytes at `offset_bytes`, given as `parts`
+/// whose copied ranges are of `out`) reads as zeros and is long enough for a hole chunk:
+/// exactly when `lay_out_chunks` would lay out a hole. Stops at the first nonzero word of
+/// each piece, as `lay_out_chunks` does.
+fn has_zero_piece(offset_bytes: u64, length: usize, parts: &[ReadPart], out: &[u8]) -> bool {
+    let piece_end_of = |pos: usize| -> usize {
+        let end_bytes = ((offset_bytes + pos as u64) / HOLE_PIECE_BYTES + 1) * HOLE_PIECE_BYTES;
+        ((end_bytes - offset_bytes) as usize).min(length)
+    };
+    let mut pos = 0usize;
+    let mut piece_start = 0usize;
+    let mut piece_end = piece_end_of(0);
+    let mut piece_zero = true;
+    // Bounded by the bytes of the read: each inner pass consumes at least one byte.
+    for part in parts {
+        let mut bytes = part.bytes(out);
+        while !bytes.is_empty() {
+            let take = bytes.len().min(piece_end - pos);
+            if piece_zero && !oxpool_format::all_zero(&bytes[..take]) {
+                piece_zero = false;
+            }
+            pos += take;
+            bytes = &bytes[take..];
+            if pos == piece_end {
+                if piece_zero && (piece_end - piece_start) as u64 >= HOLE_CHUNK_MIN_BYTES {
+                    return true;
+                }
+                piece_start = pos;
+                piece_end = piece_end_of(pos);
+                piece_zero = true;
+            }
+        }
+    }
+    debug_assert_eq!(pos, length);
+    false
 }
 
 /// READ without structured replies: simple header, then the data.
@@ -1443,6 +1618,15 @@ async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
             let (len, inline) = match reply {
                 ReplyAt::Inline(len) => (len, true),
                 ReplyAt::Buffer(len) => (len, false),
+                ReplyAt::Parts(header_len) => {
+                    if batch_bytes > 0 {
+                        send_batch(&conn, &mut batch, batch_bytes).await;
+                        batch_bytes = 0;
+                    }
+                    send_parts(&conn, index, header_len).await;
+                    conn.release(index);
+                    continue;
+                }
                 ReplyAt::Nowhere => {
                     debug_assert!(false, "queued slot without a reply");
                     conn.release(index);
@@ -1498,6 +1682,34 @@ async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
             send_batch(&conn, &mut batch, batch_bytes).await;
         }
     }
+}
+
+/// Sends slot `index`'s READ reply held as parts (`ReplyAt::Parts`), then drops the parts
+/// (the cached blocks they share) and gives the buffer back to the slot.
+async fn send_parts(conn: &Conn, index: usize, header_len: usize) {
+    // Out of the slot while the session encrypts them (no borrow across an await); the
+    // writer owns them until they are back.
+    let (buffer, mut parts) = {
+        let mut slots = conn.slots.borrow_mut();
+        let slot = &mut slots[index];
+        (slot.buffer.take(), std::mem::take(&mut slot.parts))
+    };
+    let Some(buffer) = buffer else {
+        debug_assert!(false, "a reply in parts without its buffer");
+        return;
+    };
+    if !conn.broken.get() {
+        let result = conn
+            .send_parts(&buffer[..header_len], &buffer[header_len..], &parts)
+            .await;
+        if let Err(err) = result {
+            send_failed(conn, &err);
+        }
+    }
+    parts.clear();
+    let mut slots = conn.slots.borrow_mut();
+    slots[index].buffer = Some(buffer);
+    slots[index].parts = parts;
 }
 
 async fn send_batch(conn: &Conn, batch: &mut Option<IoBuf>, len: usize) {

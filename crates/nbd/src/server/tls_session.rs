@@ -4,7 +4,8 @@
 //! buffers in memory: ciphertext the reader received with the ring's `recv` (OpenSSL reads it
 //! from there), and ciphertext OpenSSL produced (sent with the ring's `send`). Plain text goes
 //! straight between OpenSSL and the connection's own buffers: `SSL_read` decrypts into the
-//! inbox or a WRITE's slot buffer, `SSL_write` encrypts from a reply's buffer. No thread, no
+//! inbox or a WRITE's slot buffer, `SSL_write` encrypts from a reply's buffer or, for a large
+//! READ, from the data cache's blocks (`send_slices`). No thread, no
 //! plain-text staging buffer; the copies are OpenSSL's own (ciphertext into its record buffer,
 //! where it is decrypted in place, then out to our buffer; plain text into its record buffer,
 //! where it is encrypted in place, then out to ours), see `docs/tls.md`.
@@ -344,6 +345,32 @@ impl TlsSession {
                 format!("TLS send of {len} bytes from a {}-byte buffer", buf.len()),
             ));
         }
+        self.seal(stream, &buf[..len]).await?;
+        self.flush(stream, Side::Writer).await?;
+        Ok(buf)
+    }
+
+    /// Encrypts and sends `slices` one after the other, as one stream of plain text; returns
+    /// once every record is on the wire. The slices are read in place: OpenSSL encrypts from
+    /// them (a READ reply's header, then the data cache's blocks), no copy of ours first.
+    /// Each slice ends a record (OpenSSL seals what one `SSL_write` gets), so a caller hands
+    /// few, large slices.
+    pub(crate) async fn send_slices<'a>(
+        &self,
+        stream: &Stream,
+        slices: impl IntoIterator<Item = &'a [u8]>,
+    ) -> IoResult<()> {
+        // Bounded by the slices.
+        for slice in slices {
+            self.seal(stream, slice).await?;
+        }
+        self.flush(stream, Side::Writer).await
+    }
+
+    /// Encrypts `data` into the send buffers, flushing them as they fill; the last records
+    /// may still be unsent when this returns.
+    async fn seal(&self, stream: &Stream, data: &[u8]) -> IoResult<()> {
+        let len = data.len();
         let mut done = 0;
         // Bounded: each pass encrypts a chunk, or flushes the send buffer (which empties it,
         // so the next pass encrypts).
@@ -356,7 +383,7 @@ impl TlsSession {
                 self.flush(stream, Side::Writer).await?;
                 continue;
             }
-            let result = self.ssl.borrow_mut().ssl_write(&buf[done..done + chunk]);
+            let result = self.ssl.borrow_mut().ssl_write(&data[done..done + chunk]);
             match result {
                 Ok(count) => {
                     debug_assert!(count > 0 && count <= chunk);
@@ -372,8 +399,7 @@ impl TlsSession {
                 }
             }
         }
-        self.flush(stream, Side::Writer).await?;
-        Ok(buf)
+        Ok(())
     }
 
     /// The protocol version and suite agreed, for the log (`TLSv1.3 TLS_AES_128_GCM_SHA256`).
