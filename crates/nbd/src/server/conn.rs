@@ -62,6 +62,10 @@ const BATCH_BYTES: usize = 64 * 1024;
 /// Replies up to this size are copied into the batch; larger ones are sent from their slot.
 const BATCH_COPY_MAX_BYTES: usize = 16 * 1024;
 
+/// Plain text of a full TLS record: over TLS, READ data is shared from the data cache only
+/// for volumes whose blocks fill a record at least (see `run_request`).
+const TLS_RECORD_PLAINTEXT_BYTES: usize = 16 * 1024;
+
 /// Room for a reply without payload: a simple reply (16) or an ERROR chunk without message (26).
 const INLINE_REPLY_BYTES: usize = 32;
 
@@ -1129,9 +1133,12 @@ async fn run_request(
     // Over TLS a READ too large for the writer's batch is encrypted straight from the data
     // cache's blocks (`read_in_parts`); its parts vector is the slot's, reused.
     let mut parts = Vec::new();
+    // Only with blocks of a whole TLS record or more: each shared block is its own
+    // `SSL_write`, so smaller blocks would mean more, smaller records than one copied reply.
     let share = request.command == Command::Read
         && conn.tls.get().is_some()
-        && request.length_bytes as usize > BATCH_COPY_MAX_BYTES;
+        && request.length_bytes as usize > BATCH_COPY_MAX_BYTES
+        && session.volume.block_size_bytes() as usize >= TLS_RECORD_PLAINTEXT_BYTES;
     if share {
         parts = std::mem::take(&mut conn.slots.borrow_mut()[index].parts);
     }
