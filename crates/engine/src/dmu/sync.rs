@@ -24,11 +24,8 @@ use oxpool_format::{
 use oxpool_io::rt::join_all;
 use oxpool_io::IoBuf;
 use std::collections::HashMap;
-use std::future::{poll_fn, Future};
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Poll;
 
 /// A dirty data block once the sync has its whole content.
 // Lives only in one batch's vector (at most SYNC_WRITES_IN_FLIGHT_MAX): boxing the pointers
@@ -128,55 +125,22 @@ pub(crate) fn asize_all(bp: &BlockPtr) -> u64 {
     bp.dvas().iter().map(|d| u64::from(d.asize_bytes)).sum()
 }
 
-/// A future polled once when made, so that the I/O it starts is issued at once, and
-/// finished later: meanwhile the caller does other work (prepares the next batch) while the
-/// device works on this one.
-struct Started<'a, T> {
-    fut: Pin<Box<dyn Future<Output = T> + 'a>>,
-    /// The output, if the first poll already finished it (it is not polled again then).
-    out: Option<T>,
-}
-
-impl<'a, T> Started<'a, T> {
-    async fn new(fut: impl Future<Output = T> + 'a) -> Started<'a, T> {
-        let mut started = Started {
-            fut: Box::pin(fut),
-            out: None,
-        };
-        poll_fn(|cx| {
-            if let Poll::Ready(out) = started.fut.as_mut().poll(cx) {
-                started.out = Some(out);
-            }
-            Poll::Ready(())
-        })
-        .await;
-        started
-    }
-
-    async fn finish(self) -> T {
-        match self.out {
-            Some(out) => out,
-            None => self.fut.await,
-        }
-    }
-}
-
 /// The blocks a batch writes, with their writes and their new pointers.
 type BatchWrites = (
     Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)>,
     Vec<Result<()>>,
 );
 
-/// One batch of data blocks whose writes are issued: the blocks, their new pointers (or
-/// their placement's error), and the writes.
+/// One batch of data blocks whose writes are done: the blocks, their new pointers (or
+/// their placement's error), and the writes with their results.
 struct BatchInFlight<'a> {
     batch: &'a [(u64, Arc<IoBuf>, Kind)],
     ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>>,
-    writes: Started<'a, BatchWrites>,
+    writes: BatchWrites,
 }
 
-/// Waits for a batch's writes, caches what goes to the data cache, and puts the blocks in
-/// the tree (in block order), counting the space they use and kill.
+/// After a batch's writes: caches what goes to the data cache, and puts the blocks in the
+/// tree (in block order), counting the space they use and kill.
 async fn finish_batch(
     inner: &Spa,
     obj: &Object,
@@ -191,7 +155,7 @@ async fn finish_batch(
         mut ptrs,
         writes,
     } = done;
-    let (writes, written) = writes.finish().await;
+    let (writes, written) = writes;
     for ((i, bp, data, cache), r) in writes.into_iter().zip(written) {
         if let Err(e) = r {
             ptrs[i] = Err(e);
@@ -346,8 +310,6 @@ pub(crate) async fn sync_object(
     let overrides = &overrides;
     let data_props = &props;
     let compression = props.compression;
-    // At most two batches in flight: the one being finished and the one just issued.
-    let mut in_flight: Option<BatchInFlight<'_>> = None;
     for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
         // Merge partial blocks with their old content (reads it: frees of this txg, applied
         // above, never cover a partial block of this txg); find the blocks the log already
@@ -494,43 +456,30 @@ pub(crate) async fn sync_object(
                 }
             }
         }
-        // Issued now; finished (waited for, put in the tree) after the next batch is prepared
-        // and issued, so the device always has this batch's writes or the next one's.
+        // Issued, then finished (waited for, put in the tree) before the next batch is
+        // prepared. Not left in flight across the next batch's preparation: a batch's
+        // writes that nobody polls keep their places in the vdev queue while the next batch's
+        // merge reads wait for places behind them, and with a faulted raidz child (reads
+        // that need more I/Os) the txg sync stopped for good (device_failures.rs,
+        // raidz2_under_fio_verify_..., 2026-11-27).
         let zio = &inner.zio;
-        let issued = Started::new(async move {
-            let list: Vec<(&[Dva], &Arc<IoBuf>)> = writes
-                .iter()
-                .map(|(_, bp, data, _)| (bp.dvas(), data))
-                .collect();
-            let written = write_blocks_shared(zio, IoClass::AsyncWrite, &list).await;
-            drop(list);
-            (writes, written)
-        })
-        .await;
+        let list: Vec<(&[Dva], &Arc<IoBuf>)> = writes
+            .iter()
+            .map(|(_, bp, data, _)| (bp.dvas(), data))
+            .collect();
+        let written = write_blocks_shared(zio, IoClass::AsyncWrite, &list).await;
+        drop(list);
+        let issued = (writes, written);
         let issued = BatchInFlight {
             batch,
             ptrs,
             writes: issued,
         };
-        if let Some(prev) = in_flight.replace(issued) {
-            finish_batch(
-                inner,
-                obj,
-                what,
-                prev,
-                kills,
-                &mut used_delta,
-                &mut compressed_delta,
-            )
-            .await?;
-        }
-    }
-    if let Some(last) = in_flight.take() {
         finish_batch(
             inner,
             obj,
             what,
-            last,
+            issued,
             kills,
             &mut used_delta,
             &mut compressed_delta,

@@ -14,11 +14,9 @@ use std::sync::{Arc, Mutex};
 
 /// Blocks one sync handles as a batch: merged (their reads in flight together), given
 /// adjacent places, written (aggregated into writes of up to 1 MiB, so a few writes in
-/// flight). A batch's data writes stay in flight while the next batch is prepared and
-/// issued (`dmu::sync`): two batches at most, so the device's queue never drains between
-/// them. Bounds the memory of merged blocks in flight (2 x 4 MiB of 16 KiB blocks) and keeps
-/// the device's queue a few large writes deep, as ZFS's async-write limits do with
-/// aggregated I/Os.
+/// flight), then finished before the next batch is prepared (`dmu::sync` says why). Bounds
+/// the memory of merged blocks in flight (4 MiB of 16 KiB blocks) and keeps the device's
+/// queue a few large writes deep, as ZFS's async-write limits do with aggregated I/Os.
 pub(crate) const SYNC_WRITES_IN_FLIGHT_MAX: usize = 256;
 /// Copies of the pool's own metadata (PoolMeta, space maps): as ZFS's MOS, the most.
 pub(crate) const META_COPIES: usize = 3;
