@@ -872,6 +872,21 @@ async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> 
     }
 }
 
+/// Encodes into `buf[..data_at]` the header of a structured READ reply sent as one
+/// OFFSET_DATA chunk holding all `request.length_bytes` (`data_at` is the header's size).
+fn encode_single_chunk_header(buf: &mut [u8], data_at: usize, request: &Request) {
+    let header: &mut [u8; OFFSET_DATA_HEADER_BYTES] =
+        (&mut buf[..data_at]).try_into().expect("28 bytes");
+    encode_offset_data_header(
+        request.cookie,
+        request.offset_bytes,
+        request.length_bytes,
+        Done::Last,
+        header,
+    )
+    .expect("nonzero data within the chunk limit");
+}
+
 /// Bytes of slot buffer a valid request needs (0: none).
 fn buffer_need_bytes(request: &Request, session: &Session) -> usize {
     let length = request.length_bytes as usize;
@@ -1278,16 +1293,7 @@ async fn read_in_parts(
             buf,
         )));
     }
-    let header: &mut [u8; OFFSET_DATA_HEADER_BYTES] =
-        (&mut buf[..data_at]).try_into().expect("28 bytes");
-    encode_offset_data_header(
-        request.cookie,
-        request.offset_bytes,
-        request.length_bytes,
-        Done::Last,
-        header,
-    )
-    .expect("nonzero data within the chunk limit");
+    encode_single_chunk_header(buf, data_at, request);
     Ok(Reply::Parts(data_at))
 }
 
@@ -1374,16 +1380,7 @@ async fn read_structured(
         .read(request.offset_bytes, &mut buf[data_at..data_at + length])
         .await?;
     if request.flags.contains(CommandFlags::DF) {
-        let header: &mut [u8; OFFSET_DATA_HEADER_BYTES] =
-            (&mut buf[..data_at]).try_into().expect("28 bytes");
-        encode_offset_data_header(
-            request.cookie,
-            request.offset_bytes,
-            request.length_bytes,
-            Done::Last,
-            header,
-        )
-        .expect("nonzero data within the chunk limit");
+        encode_single_chunk_header(buf, data_at, request);
         return Ok(data_at + length);
     }
     Ok(lay_out_chunks(
