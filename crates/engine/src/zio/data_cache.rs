@@ -83,7 +83,13 @@ struct Shard {
     /// (skipped when met; at most `2 * map.len() + RING_SLACK` keys in all).
     ring: VecDeque<CacheKey>,
     bytes: u64,
+    /// Shells of evicted entries no one shared any more (their blocks freed), reused by the
+    /// next inserts: a miss in steady state allocates nothing (at most `SPARE_SHELLS_MAX`).
+    shells: Vec<Arc<IoBuf>>,
 }
+
+/// Spare entry shells a shard keeps.
+const SPARE_SHELLS_MAX: usize = 64;
 
 /// Hit, miss and eviction counts of a [`DataCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -214,12 +220,19 @@ impl DataCache {
             return;
         }
         self.evict_to(&mut s, shard_max - len);
+        // An evicted entry's shell if there is one (steady state: the eviction just above);
+        // else a small allocation. Hits allocate nothing, shared or copied.
+        let buf = match s.shells.pop() {
+            Some(mut shell) => {
+                *Arc::get_mut(&mut shell).expect("a spare shell is unique") = buf;
+                shell
+            }
+            None => Arc::new(buf),
+        };
         s.map.insert(
             key,
             Entry {
-                // A small allocation per miss (the device read dominates it); hits allocate
-                // nothing, shared or copied.
-                buf: Arc::new(buf),
+                buf,
                 referenced: false,
             },
         );
@@ -246,9 +259,21 @@ impl DataCache {
                 s.ring.push_back(key);
                 continue;
             }
-            let entry = s.map.remove(&key).expect("present");
+            let mut entry = s.map.remove(&key).expect("present");
             s.bytes -= entry.buf.len() as u64;
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            // Its block goes back to the buffer pool now, its shell to the spares (unless a
+            // reply still shares it: then both live until the reply lets go).
+            if s.shells.len() < SPARE_SHELLS_MAX {
+                if let Some(block) = Arc::get_mut(&mut entry.buf) {
+                    drop(std::mem::replace(block, IoBuf::zeroed(0)));
+                    if s.shells.capacity() == 0 {
+                        // Once, at the bound: pushing never reallocates afterwards.
+                        s.shells.reserve_exact(SPARE_SHELLS_MAX);
+                    }
+                    s.shells.push(entry.buf);
+                }
+            }
         }
     }
 
