@@ -133,7 +133,7 @@ type BatchWrites = (
 
 /// One batch of data blocks whose writes are done: the blocks, their new pointers (or
 /// their placement's error), and the writes with their results.
-struct BatchInFlight<'a> {
+struct BatchWritten<'a> {
     batch: &'a [(u64, Arc<IoBuf>, Kind)],
     ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>>,
     writes: BatchWrites,
@@ -145,12 +145,12 @@ async fn finish_batch(
     inner: &Spa,
     obj: &Object,
     what: &str,
-    done: BatchInFlight<'_>,
+    done: BatchWritten<'_>,
     kills: &mut Kills<'_>,
     used_delta: &mut i64,
     compressed_delta: &mut i64,
 ) -> Result<()> {
-    let BatchInFlight {
+    let BatchWritten {
         batch,
         mut ptrs,
         writes,
@@ -469,17 +469,16 @@ pub(crate) async fn sync_object(
             .collect();
         let written = write_blocks_shared(zio, IoClass::AsyncWrite, &list).await;
         drop(list);
-        let issued = (writes, written);
-        let issued = BatchInFlight {
+        let done = BatchWritten {
             batch,
             ptrs,
-            writes: issued,
+            writes: (writes, written),
         };
         finish_batch(
             inner,
             obj,
             what,
-            issued,
+            done,
             kills,
             &mut used_delta,
             &mut compressed_delta,
