@@ -29,6 +29,16 @@ enum Op {
         seed: u64,
         fill: Fill,
     },
+    /// Whole blocks handed over as buffers (`Volume::write_blocks`, the NBD server's path
+    /// for WRITEs of whole blocks), some FUA (logged with their bytes).
+    WriteBlocks {
+        vol: usize,
+        off: u64,
+        len: u64,
+        seed: u64,
+        fill: Fill,
+        fua: bool,
+    },
     Trim {
         vol: usize,
         off: u64,
@@ -62,6 +72,12 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (range.clone(), any::<u64>(), any::<bool>(), 0..Fill::ALL.len()).prop_map(|((vol, f, len), seed, aligned, fill)| {
             let (off, len) = place_maybe_aligned(vol, f, len, aligned);
             Op::Write { vol, off, len, seed, fill: Fill::ALL[fill] }
+        }),
+        2 => (range.clone(), any::<u64>(), 0..Fill::ALL.len(), any::<bool>()).prop_map(|((vol, f, len), seed, fill, fua)| {
+            let bs = VOLUMES[vol].2 as u64;
+            let (off, len) = place(vol, f, len.max(bs));
+            let (off, len) = (off / bs * bs, len / bs * bs);
+            Op::WriteBlocks { vol, off, len, seed, fill: Fill::ALL[fill], fua }
         }),
         1 => range.clone().prop_map(|(vol, f, len)| { let (off, len) = place(vol, f, len); Op::Trim { vol, off, len } }),
         1 => (range.clone(), any::<bool>()).prop_map(|((vol, f, len), aligned)| {
@@ -110,6 +126,14 @@ fn apply_model(model: &mut [Vec<u8>], op: &Op) {
             len,
             seed,
             fill,
+        }
+        | Op::WriteBlocks {
+            vol,
+            off,
+            len,
+            seed,
+            fill,
+            ..
         } => {
             model[vol][off as usize..(off + len) as usize].copy_from_slice(&content(
                 fill,
@@ -187,6 +211,22 @@ fn run_volumes(
             } => {
                 let v = p.volume(VOLUMES[*vol].0).unwrap();
                 block_on(v.write(*off, &content(*fill, *seed, *len as usize), false)).unwrap();
+            }
+            Op::WriteBlocks {
+                vol,
+                off,
+                len,
+                seed,
+                fill,
+                fua,
+            } => {
+                let v = p.volume(VOLUMES[*vol].0).unwrap();
+                let bs = VOLUMES[*vol].2 as usize;
+                let data = content(*fill, *seed, *len as usize);
+                let mut blocks: Vec<oxpool_io::IoBuf> =
+                    data.chunks(bs).map(oxpool_io::IoBuf::from_slice).collect();
+                block_on(v.write_blocks(*off, &mut blocks, *fua)).unwrap();
+                prop_assert!(blocks.is_empty(), "the volume took every block");
             }
             Op::SetCompression { vol, value } => {
                 p.set_volume_prop(VOLUMES[*vol].0, "compression", value)

@@ -23,7 +23,7 @@ use common::{
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, MemoryBackend};
+use oxpool_io::{Backend, IoBuf, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::Ordering;
@@ -123,16 +123,29 @@ fn crash_case(seed: u64) -> Result<String, String> {
             0..=5 => {
                 let mut len = rng.random_range(1..40_000u64);
                 let mut off = rng.random_range(0..VOLUME_BYTES - len);
-                if rng.random_range(0..2) == 0 {
+                let shape = rng.random_range(0..3);
+                let b = bs as u64;
+                if shape == 0 {
                     // Sector-aligned: a write to part of a block that is not read first
                     // (the txg sync merges it with the block's old content).
                     off = off / 512 * 512;
                     len = len.div_ceil(512) * 512;
+                } else if shape == 1 {
+                    // Whole blocks, handed over as buffers (the NBD server's path for
+                    // them).
+                    off = off / b * b;
+                    len = len.div_ceil(b).min((VOLUME_BYTES - off) / b) * b;
                 }
                 let fill = Fill::ALL[rng.random_range(0..Fill::ALL.len())];
                 let data = content(fill, seed.wrapping_add(step), len as usize);
                 let fua = rng.random_range(0..8) == 0;
-                let r = block_on(vol.write(off, &data, fua));
+                let r = if shape == 1 {
+                    let mut blocks: Vec<IoBuf> =
+                        data.chunks(bs as usize).map(IoBuf::from_slice).collect();
+                    block_on(vol.write_blocks(off, &mut blocks, fua))
+                } else {
+                    block_on(vol.write(off, &data, fua))
+                };
                 // Even a failed write may have reached the media in part.
                 current[off as usize..(off + len) as usize].copy_from_slice(&data);
                 since.push((off, data));

@@ -28,6 +28,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::scatter::Scatter;
+
 use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::buf::IoBuf;
@@ -964,6 +966,15 @@ fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
             .flags(types::FsyncFlags::DATASYNC)
             .build(),
         OpDesc::Recv { start, len } => {
+            if matches!(slot.buf, Some(OpBuf::Scatter(_))) {
+                range(&slot.buf, start, len);
+                let Some(OpBuf::Scatter(scatter)) = slot.buf.as_mut() else {
+                    unreachable!("matched above")
+                };
+                let (iovecs, count) = scatter.iovecs_for(start, start + len);
+                // On a socket `readv` is a `recv` without flags; the offset is not used.
+                return opcode::Readv::new(fd, iovecs, count).build();
+            }
             opcode::Recv::new(fd, into_range(&mut slot.buf, start, len), len as u32).build()
         }
         OpDesc::Send { start, len } => {
@@ -1114,6 +1125,8 @@ pub(crate) enum OpBuf {
     Owned(IoBuf),
     Shared(Arc<IoBuf>),
     Gather(Gather),
+    /// Owned buffers a vectored receive fills back to back.
+    Scatter(Scatter),
 }
 
 /// Shared buffers written as one contiguous range, with the `iovec` array the kernel reads
@@ -1174,6 +1187,7 @@ impl OpBuf {
             OpBuf::Owned(b) => b.len(),
             OpBuf::Shared(b) => b.len(),
             OpBuf::Gather(g) => g.len,
+            OpBuf::Scatter(s) => s.len_bytes(),
         }
     }
 
@@ -1182,7 +1196,7 @@ impl OpBuf {
         match self {
             OpBuf::Owned(b) => Some(b.as_ptr()),
             OpBuf::Shared(b) => Some(b.as_ptr()),
-            OpBuf::Gather(_) => None,
+            OpBuf::Gather(_) | OpBuf::Scatter(_) => None,
         }
     }
 
@@ -1190,7 +1204,7 @@ impl OpBuf {
     fn as_mut_ptr(&mut self) -> Option<*mut u8> {
         match self {
             OpBuf::Owned(b) => Some(b.as_mut_ptr()),
-            OpBuf::Shared(_) | OpBuf::Gather(_) => None,
+            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) => None,
         }
     }
 
@@ -1198,9 +1212,17 @@ impl OpBuf {
     pub(crate) fn into_owned(self) -> IoBuf {
         match self {
             OpBuf::Owned(b) => b,
-            OpBuf::Shared(_) | OpBuf::Gather(_) => {
+            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) => {
                 panic!("a shared buffer has no owner to return to")
             }
+        }
+    }
+
+    /// The scatter back (a vectored receive gives one).
+    pub(crate) fn into_scatter(self) -> Scatter {
+        match self {
+            OpBuf::Scatter(s) => s,
+            _ => panic!("not a scatter"),
         }
     }
 }
@@ -1301,6 +1323,22 @@ impl RingOp {
             RingOpKind::Recv { start, end },
             Some(fd),
             Some(OpBuf::Owned(buf)),
+        )
+    }
+
+    /// One vectored `recv` into bytes `[start, end)` of `scatter`'s buffers; the output value
+    /// is the byte count (0 = EOF).
+    pub(crate) fn recv_scatter(
+        fd: Arc<OwnedFd>,
+        scatter: Scatter,
+        start: usize,
+        end: usize,
+    ) -> RingOp {
+        debug_assert!(start < end && end <= scatter.len_bytes());
+        RingOp::new(
+            RingOpKind::Recv { start, end },
+            Some(fd),
+            Some(OpBuf::Scatter(scatter)),
         )
     }
 

@@ -20,6 +20,7 @@ mod future;
 mod memory;
 mod net;
 mod prealloc;
+mod scatter;
 
 pub use buf::{IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use driver::GATHER_BUFS_MAX;
@@ -28,6 +29,7 @@ pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};
 pub use memory::MemoryBackend;
 pub use prealloc::create_preallocated;
+pub use scatter::{Scatter, SCATTER_IOVECS_MAX};
 
 /// Whether `len` bytes at `offset_bytes` fit in a device of `size_bytes`; the error names the
 /// device (`UnexpectedEof` for reads, `InvalidInput` otherwise). Shared by the backends.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::buf::IoBuf;
 use crate::driver::RingOp;
+use crate::scatter::Scatter;
 use crate::IoResult;
 
 /// A listening socket whose `accept` runs on the ring (no need for non-blocking mode).
@@ -103,6 +104,31 @@ impl Stream {
         let count = out.value as usize;
         debug_assert!(count <= end - start);
         Ok((buf, count))
+    }
+
+    /// Receives into bytes `[start, end)` of `scatter`'s buffers, in order (one vectored
+    /// receive: it may return fewer bytes, never more) and returns the scatter and the byte
+    /// count (0 = EOF).
+    pub async fn recv_scatter(
+        &self,
+        scatter: Scatter,
+        start: usize,
+        end: usize,
+    ) -> IoResult<(Scatter, usize)> {
+        if start >= end || end > scatter.len_bytes() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "recv into {start}..{end} leaves no room in a {}-byte scatter",
+                    scatter.len_bytes()
+                ),
+            ));
+        }
+        let out = RingOp::recv_scatter(self.fd.clone(), scatter, start, end).await?;
+        let scatter = out.buf.expect("recv returns its buffers").into_scatter();
+        let count = out.value as usize;
+        debug_assert!(count <= end - start);
+        Ok((scatter, count))
     }
 
     /// Sends `buf[..len]` entirely (looping on short sends) and returns the buffer.

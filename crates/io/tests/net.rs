@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use oxpool_io::rt::net::{Listener, Stream};
 use oxpool_io::rt::{block_on, ops_in_flight, sleep, spawn_local, LocalExecutor};
-use oxpool_io::IoBuf;
+use oxpool_io::{IoBuf, Scatter};
 
 /// Echoes everything until EOF.
 async fn echo(stream: Stream) {
@@ -152,4 +152,66 @@ fn peer_close_is_eof() {
     drop(b);
     let (_, n) = block_on(stream.recv(IoBuf::zeroed(16), 0)).unwrap();
     assert_eq!(n, 0);
+}
+
+/// A vectored receive fills the buffers back to back, in pieces as the bytes arrive (the
+/// sender writes in uneven bursts, so receives start mid-buffer), and never reads past `end`:
+/// the bytes after it stay on the socket for the next receive.
+#[test]
+fn recv_scatter_fills_buffers_in_order_and_stops_at_end() {
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = std_listener.local_addr().unwrap();
+    let listener = Listener::tcp(std_listener);
+    let total = 5 * 4096 + 100;
+    let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
+    let sent = data.clone();
+    let sender = std::thread::spawn(move || {
+        let mut conn = std::net::TcpStream::connect(addr).unwrap();
+        for piece in sent.chunks(3001) {
+            conn.write_all(piece).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    block_on(async {
+        let stream = listener.accept().await.unwrap();
+        let mut scatter = Scatter::with_capacity(5);
+        for _ in 0..5 {
+            scatter.push(IoBuf::zeroed(4096));
+        }
+        let end = 5 * 4096 - 10;
+        let mut filled = 0;
+        for _ in 0..10_000 {
+            if filled == end {
+                break;
+            }
+            let (back, n) = stream.recv_scatter(scatter, filled, end).await.unwrap();
+            assert!(n > 0, "early EOF");
+            scatter = back;
+            filled += n;
+            assert!(filled <= end);
+        }
+        assert_eq!(filled, end);
+        let got: Vec<u8> = scatter
+            .bufs()
+            .iter()
+            .flat_map(|b| b.iter().copied())
+            .collect();
+        assert_eq!(&got[..end], &data[..end]);
+        assert!(got[end..].iter().all(|&b| b == 0), "wrote past end");
+        // The rest is still there, for an ordinary receive.
+        let mut rest = Vec::new();
+        let mut buf = IoBuf::zeroed(4096);
+        while rest.len() < total - end {
+            let (back, n) = stream.recv(buf, 0).await.unwrap();
+            assert!(n > 0, "early EOF");
+            rest.extend_from_slice(&back[..n]);
+            buf = back;
+        }
+        assert_eq!(&rest[..], &data[end..]);
+        assert!(stream
+            .recv_scatter(Scatter::with_capacity(0), 0, 1)
+            .await
+            .is_err());
+    });
+    sender.join().unwrap();
 }

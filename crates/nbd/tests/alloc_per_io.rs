@@ -119,6 +119,8 @@ const REQUEST_HEADER_BYTES: usize = 28;
 const SIMPLE_REPLY_BYTES: usize = 16;
 
 const IO_BYTES: usize = 4096;
+/// A WRITE of whole blocks: 4 of the default 16 KiB (received into its blocks).
+const WHOLE_BLOCKS_BYTES: usize = 64 * 1024;
 /// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
 /// syncs on its own in the middle of a measurement.
 const DEVICE_BYTES: u64 = 1 << 30;
@@ -176,6 +178,8 @@ struct Client {
     stream: TcpStream,
     request: [u8; REQUEST_HEADER_BYTES + IO_BYTES],
     reply: [u8; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
+    /// A WRITE of whole blocks, header and payload.
+    whole_blocks_request: Vec<u8>,
     next_cookie: u64,
     structured: bool,
 }
@@ -228,6 +232,7 @@ impl Client {
                     stream,
                     request: [0; REQUEST_HEADER_BYTES + IO_BYTES],
                     reply: [0; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
+                    whole_blocks_request: vec![0; REQUEST_HEADER_BYTES + WHOLE_BLOCKS_BYTES],
                     next_cookie: 1,
                     structured,
                 };
@@ -239,13 +244,7 @@ impl Client {
     fn header(&mut self, command: u16, offset_bytes: u64) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        let h = &mut self.request[..REQUEST_HEADER_BYTES];
-        h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        h[4..6].copy_from_slice(&0u16.to_be_bytes());
-        h[6..8].copy_from_slice(&command.to_be_bytes());
-        h[8..16].copy_from_slice(&cookie.to_be_bytes());
-        h[16..24].copy_from_slice(&offset_bytes.to_be_bytes());
-        h[24..28].copy_from_slice(&(IO_BYTES as u32).to_be_bytes());
+        encode_header(&mut self.request, command, cookie, offset_bytes, IO_BYTES);
         cookie
     }
 
@@ -306,6 +305,31 @@ impl Client {
             .unwrap();
         self.check_reply(cookie);
     }
+
+    /// WRITE of `WHOLE_BLOCKS_BYTES` of `byte` (whole blocks when `offset_bytes` is on one).
+    fn write_whole_blocks(&mut self, offset_bytes: u64, byte: u8) {
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        let request = &mut self.whole_blocks_request;
+        encode_header(request, CMD_WRITE, cookie, offset_bytes, WHOLE_BLOCKS_BYTES);
+        request[REQUEST_HEADER_BYTES..].fill(byte);
+        self.stream.write_all(request).unwrap();
+        self.stream
+            .read_exact(&mut self.reply[..SIMPLE_REPLY_BYTES])
+            .unwrap();
+        self.check_reply(cookie);
+    }
+}
+
+/// A request header into `out[..REQUEST_HEADER_BYTES]`.
+fn encode_header(out: &mut [u8], command: u16, cookie: u64, offset_bytes: u64, len: usize) {
+    let h = &mut out[..REQUEST_HEADER_BYTES];
+    h[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&0u16.to_be_bytes());
+    h[6..8].copy_from_slice(&command.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..24].copy_from_slice(&offset_bytes.to_be_bytes());
+    h[24..28].copy_from_slice(&(len as u32).to_be_bytes());
 }
 
 /// The offset of the `i`th request: 4 KiB-aligned, spread over the region in a fixed order.
@@ -394,17 +418,50 @@ fn requests_allocate_nothing_in_steady_state() {
         round += 1;
     }
 
+    // 4. WRITEs of whole blocks, received straight into the buffers that become the blocks:
+    // the buffers come from the I/O buffer pool, which each sync refills, and their `Arc`s
+    // from the synced txg's recycled shells.
+    assert_eq!(block_bytes as usize * 4, WHOLE_BLOCKS_BYTES);
+    let whole_writes_per_txg = REGION_BYTES / WHOLE_BLOCKS_BYTES as u64;
+    let mut whole_txg = |round: u64| {
+        for k in 0..whole_writes_per_txg {
+            client.write_whole_blocks(k * WHOLE_BLOCKS_BYTES as u64, 0x40 + round as u8);
+        }
+    };
+    for round in 0..WARM_UP_TXG_COUNT {
+        whole_txg(round);
+        pool.sync().unwrap();
+    }
+    let mut whole_block_allocations = 0;
+    let mut whole_block_writes = 0;
+    let mut round = WARM_UP_TXG_COUNT;
+    while whole_block_writes < MEASURED_IO_COUNT as u64 {
+        whole_block_allocations += allocations_during(|| whole_txg(round));
+        whole_block_writes += whole_writes_per_txg;
+        pool.sync().unwrap();
+        round += 1;
+    }
+    // What the last round wrote is what reads back.
+    let last_byte = 0x40 + (round - 1) as u8;
+    for k in 0..REGION_BYTES / IO_BYTES as u64 {
+        assert!(client
+            .read(k * IO_BYTES as u64)
+            .iter()
+            .all(|&b| b == last_byte));
+    }
+
     assert_eq!(
         (
             read_allocations,
             structured_read_allocations,
             overwrite_allocations,
-            new_block_allocations
+            new_block_allocations,
+            whole_block_allocations
         ),
-        (0, 0, 0, 0),
+        (0, 0, 0, 0, 0),
         "allocations in {MEASURED_IO_COUNT} reads (simple replies), {MEASURED_IO_COUNT} reads \
          (structured replies), {MEASURED_IO_COUNT} overwrites, {new_block_writes} writes that \
-         dirty a new block"
+         dirty a new block, {whole_block_writes} writes of whole blocks"
     );
 
     server.shutdown_handle().shutdown();

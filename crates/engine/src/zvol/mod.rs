@@ -536,7 +536,35 @@ impl Volume {
     /// this returns.
     pub async fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         let _timer = self.vol.io_stats.start(VolumeOp::Write, data.len() as u64);
-        self.modify(offset_bytes, data.len() as u64, Some(data), fua)
+        self.modify(offset_bytes, data.len() as u64, Change::Bytes(data), fua)
+            .await
+    }
+
+    /// Writes whole blocks from `offset_bytes` (a multiple of the block size) on, one buffer
+    /// of exactly the block size per block, in order: each buffer **becomes** its block's
+    /// dirty state (no copy), as if [`Volume::write`] had been given their concatenation.
+    /// `blocks` is drained on success (its capacity kept for the caller's next request); on
+    /// an error it may keep some or all of them, and nothing was changed.
+    ///
+    /// Why: the NBD server receives a WRITE of whole blocks straight into the buffers it
+    /// hands here; copying one request buffer into blocks was 15 % of the server's CPU on
+    /// 128K sequential writes (issue 19).
+    pub async fn write_blocks(
+        &self,
+        offset_bytes: u64,
+        blocks: &mut Vec<IoBuf>,
+        fua: bool,
+    ) -> Result<()> {
+        let bs = self.block_size_bytes() as usize;
+        if !offset_bytes.is_multiple_of(bs as u64) || blocks.iter().any(|b| b.len() != bs) {
+            return Err(EngineError::invalid(format!(
+                "{}: a write of whole blocks must start on a block and give {bs}-byte blocks",
+                self.full_name()
+            )));
+        }
+        let length_bytes = (bs * blocks.len()) as u64;
+        let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
+        self.modify(offset_bytes, length_bytes, Change::Blocks(blocks), fua)
             .await
     }
 
@@ -641,7 +669,8 @@ impl Volume {
         fua: bool,
     ) -> Result<()> {
         let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
-        self.modify(offset_bytes, length_bytes, None, fua).await
+        self.modify(offset_bytes, length_bytes, Change::Zeros, fua)
+            .await
     }
 
     /// Frees the whole blocks inside the range (they read as zeros afterwards); partial blocks
@@ -782,12 +811,12 @@ impl Volume {
         self.vol.ds.props.lock().unwrap().sync != SyncMode::Disabled
     }
 
-    /// Write (`data` Some) or write-zeroes (`data` None) over a range.
+    /// Write or write-zeroes over a range.
     async fn modify(
         &self,
         offset_bytes: u64,
         length_bytes: u64,
-        data: Option<&[u8]>,
+        change: Change<'_>,
         fua: bool,
     ) -> Result<()> {
         self.check_range(offset_bytes, length_bytes, true)?;
@@ -806,7 +835,7 @@ impl Volume {
         };
         // The range lock is released before the commit: the commit reads logged ranges.
         let itx = self
-            .modify_locked(offset_bytes, length_bytes, data, commit_now)
+            .modify_locked(offset_bytes, length_bytes, change, commit_now)
             .await?;
         self.commit_if(itx, fua).await
     }
@@ -815,10 +844,24 @@ impl Volume {
         &self,
         offset_bytes: u64,
         length_bytes: u64,
-        data: Option<&[u8]>,
+        change: Change<'_>,
         commit_now: bool,
     ) -> Result<Option<u64>> {
         let bs = self.block_size_bytes() as u64;
+        // A committed write's itx carries its bytes; whole blocks handed over are copied for
+        // it here, before they become dirty blocks (only FUA and `sync=always` writes).
+        let logged_blocks: Option<Arc<[u8]>> = match &change {
+            Change::Blocks(blocks) if commit_now && self.logged() => {
+                Some(blocks.iter().flat_map(|b| b.iter().copied()).collect())
+            }
+            _ => None,
+        };
+        let (data, mut owned) = match change {
+            Change::Zeros => (None, None),
+            Change::Bytes(d) => (Some(d), None),
+            Change::Blocks(blocks) => (None, Some(blocks)),
+        };
+        let zeros = data.is_none() && owned.is_none();
         let end = offset_bytes + length_bytes;
         let first_b = offset_bytes / bs;
         let last_b = (end - 1) / bs;
@@ -877,7 +920,7 @@ impl Volume {
             let tail_src = (tail_partial && new_here(&d, last_b)).then(|| d.source(last_b));
             let (t, spares) = d.txg_and_spares(hold.txg());
             // Whole zero blocks become a free range (holes).
-            if data.is_none() {
+            if zeros {
                 let zfirst = offset_bytes.div_ceil(bs);
                 let zend = end / bs;
                 if zfirst < zend {
@@ -885,13 +928,26 @@ impl Volume {
                 }
             }
             let whole = SectorMask::whole(bs as usize);
+            let mut handed = owned.as_mut().map(|blocks| blocks.drain(..));
             // Bounded by the blocks of the request.
             for b in first_b..=last_b {
+                if let Some(handed) = handed.as_mut() {
+                    // A whole block handed over: it replaces whatever this txg had.
+                    let buf = handed.next().expect("one buffer per block (checked)");
+                    debug_assert_eq!(buf.len(), bs as usize);
+                    let block = DirtyBlock::Data(spares.shell(buf));
+                    if t.blocks.insert(b, block).is_none() {
+                        newly_dirty_bytes += bs;
+                        space += costs.data;
+                        t.charge_indirect(b, &costs, &mut space);
+                    }
+                    continue;
+                }
                 let bstart = b * bs;
                 let lo = offset_bytes.max(bstart);
                 let hi = end.min(bstart + bs);
                 let full = lo == bstart && hi == bstart + bs;
-                if data.is_none() && full {
+                if zeros && full {
                     continue; // freed above
                 }
                 let in_block = (lo - bstart) as usize;
@@ -998,6 +1054,11 @@ impl Volume {
                     offset_bytes,
                     length_bytes,
                     data: commit_now.then(|| std::sync::Arc::from(d)),
+                },
+                None if owned.is_some() => ItxKind::Write {
+                    offset_bytes,
+                    length_bytes,
+                    data: logged_blocks,
                 },
                 None => ItxKind::Zero {
                     offset_bytes,
@@ -1152,6 +1213,16 @@ impl Volume {
             _ => return self.props().get(name),
         })
     }
+}
+
+/// What a change writes over its range ([`Volume::modify`]).
+enum Change<'a> {
+    /// Zeros (write-zeroes): whole blocks become holes.
+    Zeros,
+    /// The client's bytes, copied into the blocks they cover.
+    Bytes(&'a [u8]),
+    /// Whole blocks, one buffer each, in order: each becomes its block's dirty state.
+    Blocks(&'a mut Vec<IoBuf>),
 }
 
 /// What [`Volume::read_tree`] found for a block: its cache key (to try the data cache) or the

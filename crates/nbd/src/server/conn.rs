@@ -28,7 +28,7 @@ use std::sync::Arc;
 use oxpool_engine::{BlockState, ReadPart, Volume};
 use oxpool_io::rt;
 use oxpool_io::rt::net::Stream;
-use oxpool_io::IoBuf;
+use oxpool_io::{IoBuf, Scatter};
 
 use super::change_maps::{ChangeMaps, ExportCatalog};
 use super::exports::{ExportId, ReactorCommand};
@@ -212,6 +212,14 @@ struct Slot {
     /// from request to request for its capacity; cleared once sent, so that no cached block
     /// is held longer than its reply.
     parts: Vec<ReadPart>,
+    /// A WRITE of whole volume blocks: the buffers its payload is received into, which the
+    /// volume takes as the blocks (`Volume::write_blocks`). Empty otherwise; kept for its
+    /// capacity.
+    blocks: Scatter,
+    /// Bytes of `blocks` charged to the connection's buffer budget until the slot is
+    /// released (the blocks themselves go to the volume's dirty data, which has its own
+    /// bound).
+    blocks_charged_bytes: usize,
 }
 
 /// State of one connection, shared by its reader, writer and request tasks (one thread).
@@ -255,6 +263,8 @@ impl Conn {
                 inline: [0; INLINE_REPLY_BYTES],
                 reply: ReplyAt::Nowhere,
                 parts: Vec::new(),
+                blocks: Scatter::default(),
+                blocks_charged_bytes: 0,
             })
             .collect();
         Conn {
@@ -291,6 +301,30 @@ impl Conn {
             None => self.stream.recv_range(buf, start, end).await,
             Some(tls) => tls.recv(&self.stream, buf, start, end).await,
         }
+    }
+
+    /// Receives into bytes `[start, end)` of `blocks` (one vectored receive in plain text;
+    /// through TLS, into the buffer holding `start`); the scatter and the count (0: the
+    /// client closed).
+    async fn recv_scatter(
+        &self,
+        mut blocks: Scatter,
+        start: usize,
+        end: usize,
+    ) -> oxpool_io::IoResult<(Scatter, usize)> {
+        let Some(tls) = self.tls.get() else {
+            return self.stream.recv_scatter(blocks, start, end).await;
+        };
+        let (index, at) = blocks
+            .locate(start)
+            .ok_or_else(|| io::Error::other("a receive past the end of its blocks"))?;
+        // Taken out for the TLS session's receive, which takes one buffer; an empty buffer
+        // holds its place (no allocation).
+        let buf = std::mem::replace(&mut blocks.bufs_mut()[index], IoBuf::zeroed(0));
+        let stop = buf.len().min(at + (end - start));
+        let (buf, count) = tls.recv(&self.stream, buf, at, stop).await?;
+        blocks.bufs_mut()[index] = buf;
+        Ok((blocks, count))
     }
 
     /// Sends a READ reply held as parts: `header`, then each part's bytes (`data` is the
@@ -394,6 +428,11 @@ impl Conn {
             slots[index].reply = ReplyAt::Nowhere;
             // A reply dropped unsent (the connection broke) lets go of its cached blocks.
             slots[index].parts.clear();
+            // Blocks a failed write left behind go back to the buffer pool.
+            slots[index].blocks.bufs_mut().clear();
+            let charged_bytes = std::mem::take(&mut slots[index].blocks_charged_bytes);
+            self.buffer_bytes
+                .set(self.buffer_bytes.get() - charged_bytes);
         }
         self.free_slots.borrow_mut().push(index);
         self.in_flight.set(self.in_flight.get() - 1);
@@ -418,15 +457,8 @@ impl Conn {
                 return self.slots.borrow_mut()[index].buffer.take();
             }
             let new_bytes = grown_buffer_bytes(need_bytes);
-            let extra_bytes = new_bytes - current_bytes;
-            if self.buffer_bytes.get() + extra_bytes > self.limits.buffer_bytes {
-                self.drop_idle_buffers(
-                    self.buffer_bytes.get() + extra_bytes - self.limits.buffer_bytes,
-                );
-            }
-            if self.buffer_bytes.get() + extra_bytes <= self.limits.buffer_bytes {
+            if self.try_charge(new_bytes - current_bytes) {
                 self.slots.borrow_mut()[index].buffer = None;
-                self.buffer_bytes.set(self.buffer_bytes.get() + extra_bytes);
                 return Some(IoBuf::zeroed(new_bytes));
             }
             let releases = self.releases.get();
@@ -438,6 +470,61 @@ impl Conn {
                 return None;
             }
         }
+    }
+
+    /// Fills slot `index`'s blocks with `count` buffers of `block_bytes` for a WRITE of whole
+    /// blocks, charged to the connection's budget like a slot buffer; waits for other
+    /// requests to finish when the budget is spent. The blocks, or `None` when the reader
+    /// must stop.
+    async fn reserve_blocks(
+        &self,
+        index: usize,
+        block_bytes: usize,
+        count: usize,
+    ) -> Option<Scatter> {
+        let need_bytes = block_bytes * count;
+        debug_assert!(need_bytes <= SLOT_BUFFER_MAX_BYTES);
+        // Each pass either returns or waits for a release; releases come from requests in
+        // flight, which finish on their own.
+        loop {
+            if self.try_charge(need_bytes) {
+                let mut slots = self.slots.borrow_mut();
+                let slot = &mut slots[index];
+                debug_assert_eq!(slot.blocks_charged_bytes, 0);
+                slot.blocks_charged_bytes = need_bytes;
+                let mut blocks = std::mem::take(&mut slot.blocks);
+                drop(slots);
+                debug_assert!(blocks.is_empty());
+                for _ in 0..count {
+                    // Not zeroed: the payload overwrites every byte before anyone reads it.
+                    blocks.push(IoBuf::for_overwrite(block_bytes));
+                }
+                return Some(blocks);
+            }
+            let releases = self.releases.get();
+            wait_until(&self.reader_waker, || {
+                self.halted() || self.releases.get() != releases
+            })
+            .await;
+            if self.halted() {
+                return None;
+            }
+        }
+    }
+
+    /// Adds `extra_bytes` to the buffers' bytes if the budget allows it, after dropping idle
+    /// slots' buffers if that makes room.
+    fn try_charge(&self, extra_bytes: usize) -> bool {
+        if self.buffer_bytes.get() + extra_bytes > self.limits.buffer_bytes {
+            self.drop_idle_buffers(
+                self.buffer_bytes.get() + extra_bytes - self.limits.buffer_bytes,
+            );
+        }
+        if self.buffer_bytes.get() + extra_bytes > self.limits.buffer_bytes {
+            return false;
+        }
+        self.buffer_bytes.set(self.buffer_bytes.get() + extra_bytes);
+        true
     }
 
     /// Drops buffers of free slots until `wanted_bytes` are freed (or none is left).
@@ -955,6 +1042,23 @@ async fn read_requests(conn: &Rc<Conn>, session: &Rc<Session>, inbox: &mut Inbox
             );
             continue;
         }
+        if let Some(block_bytes) = whole_blocks_of(&request, &session.volume) {
+            let count = request.length_bytes as usize / block_bytes;
+            let Some(blocks) = conn.reserve_blocks(index, block_bytes, count).await else {
+                conn.release(index);
+                return End::Halted;
+            };
+            let length = request.length_bytes as usize;
+            match receive_blocks(conn, &mut decoder, inbox, blocks, length).await {
+                Ok(blocks) => conn.slots.borrow_mut()[index].blocks = blocks,
+                Err(end) => {
+                    conn.complete_aborted(index, Err(0));
+                    return end;
+                }
+            }
+            conn.start_request(index, request, None);
+            continue;
+        }
         let need_bytes = buffer_need_bytes(&request, session);
         let mut buffer = None;
         if need_bytes > 0 {
@@ -1072,6 +1176,61 @@ async fn receive_payload(
     Ok(buf)
 }
 
+/// The block size, if `request` is a WRITE of whole blocks of `volume` (starting and ending
+/// on block boundaries): its payload is then received into one buffer per block, which the
+/// volume takes as they are (`receive_blocks`).
+fn whole_blocks_of(request: &Request, volume: &Volume) -> Option<usize> {
+    let block_bytes = volume.block_size_bytes() as usize;
+    let length = request.length_bytes as usize;
+    (request.command == Command::Write
+        && length > 0
+        && length.is_multiple_of(block_bytes)
+        && request.offset_bytes.is_multiple_of(block_bytes as u64))
+        .then_some(block_bytes)
+}
+
+/// Receives a WRITE payload of `length` bytes into `blocks` (of `length` bytes in all): first
+/// what the inbox already holds, then straight from the socket with vectored receives. On
+/// failure the blocks are dropped (back to the buffer pool).
+async fn receive_blocks(
+    conn: &Conn,
+    decoder: &mut RequestDecoder,
+    inbox: &mut Inbox,
+    mut blocks: Scatter,
+    length: usize,
+) -> Result<Scatter, End> {
+    debug_assert_eq!(blocks.len_bytes(), length);
+    debug_assert_eq!(decoder.payload_remaining_bytes() as usize, length);
+    let mut filled = 0;
+    // Bounded: each pass moves at least one byte or ends.
+    while filled < length {
+        if !inbox.is_empty() {
+            let taken = decoder.take_payload(inbox.bytes());
+            let count = taken.len();
+            blocks.copy_in(filled, taken);
+            inbox.consume(count);
+            filled += count;
+            continue;
+        }
+        if length - filled < DIRECT_RECV_MIN_BYTES {
+            inbox.fill(conn).await?;
+            continue;
+        }
+        match select(conn.recv_scatter(blocks, filled, length), conn.halt()).await {
+            Either::Left(Ok((_, 0))) => return Err(End::Closed),
+            Either::Left(Ok((back, count))) => {
+                blocks = back;
+                filled += count;
+                // count <= length - filled <= MAX_BLOCK_BYTES, so it fits in u32.
+                decoder.payload_received(count as u32);
+            }
+            Either::Left(Err(err)) => return Err(End::RecvFailed(err)),
+            Either::Right(()) => return Err(End::Halted),
+        }
+    }
+    Ok(blocks)
+}
+
 /// Frees the slot if the request task ends without completing (it panicked): the connection
 /// is then broken, so nothing waits for a reply that will never come.
 struct SlotGuard<'a> {
@@ -1157,24 +1316,30 @@ async fn run_request(
     if share {
         parts = std::mem::take(&mut conn.slots.borrow_mut()[index].parts);
     }
+    // A WRITE of whole blocks received into its blocks (`receive_blocks`).
+    let mut blocks = std::mem::take(&mut conn.slots.borrow_mut()[index].blocks);
     let reply = execute(
         &session,
         &request,
         buffer.as_mut(),
         share.then_some(&mut parts),
+        &mut blocks,
     )
     .await;
     guard.armed = false;
+    conn.slots.borrow_mut()[index].blocks = blocks;
     conn.complete(index, reply, buffer, parts);
 }
 
 /// Runs one request. With `parts` (a READ over TLS), the data may come back as read parts
-/// (`Reply::Parts`) instead of in the buffer.
+/// (`Reply::Parts`) instead of in the buffer. A WRITE's payload is in `buffer`, or in
+/// `blocks` (whole blocks, which the volume takes; left empty on success).
 async fn execute(
     session: &Session,
     request: &Request,
     buffer: Option<&mut IoBuf>,
     parts: Option<&mut Vec<ReadPart>>,
+    blocks: &mut Scatter,
 ) -> Reply {
     let volume = &session.volume;
     let cookie = request.cookie;
@@ -1190,6 +1355,10 @@ async fn execute(
             read_structured(session, request, buf).await.map(in_buffer)
         }
         (Command::Read, Some(buf), None) => read_simple(volume, request, buf).await.map(in_buffer),
+        (Command::Write, None, _) if !blocks.is_empty() => volume
+            .write_blocks(offset_bytes, blocks.bufs_mut(), fua)
+            .await
+            .map(|()| None),
         (Command::Write, Some(buf), _) => {
             let data = &buf[..request.length_bytes as usize];
             volume.write(offset_bytes, data, fua).await.map(|()| None)
