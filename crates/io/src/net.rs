@@ -106,15 +106,11 @@ impl Stream {
         Ok((buf, count))
     }
 
-    /// Receives into bytes `[start, end)` of `scatter`'s buffers, in order (one vectored
-    /// receive: it may return fewer bytes, never more) and returns the scatter and the byte
-    /// count (0 = EOF).
-    pub async fn recv_scatter(
-        &self,
-        scatter: Scatter,
-        start: usize,
-        end: usize,
-    ) -> IoResult<(Scatter, usize)> {
+    /// Receives into `scatter`'s buffers after the bytes filled so far, up to byte `end` of
+    /// their concatenation (one vectored receive: it may return fewer bytes, never more) and
+    /// returns the scatter, its filled bytes counted, and the byte count (0 = EOF).
+    pub async fn recv_scatter(&self, scatter: Scatter, end: usize) -> IoResult<(Scatter, usize)> {
+        let start = scatter.filled_bytes();
         if start >= end || end > scatter.len_bytes() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -125,9 +121,10 @@ impl Stream {
             ));
         }
         let out = RingOp::recv_scatter(self.fd.clone(), scatter, start, end).await?;
-        let scatter = out.buf.expect("recv returns its buffers").into_scatter();
+        let mut scatter = out.buf.expect("recv returns its buffers").into_scatter();
         let count = out.value as usize;
         debug_assert!(count <= end - start);
+        scatter.received(count);
         Ok((scatter, count))
     }
 

@@ -184,15 +184,16 @@ fn recv_scatter_fills_buffers_in_order_and_stops_at_end() {
             if filled == end {
                 break;
             }
-            let (back, n) = stream.recv_scatter(scatter, filled, end).await.unwrap();
+            let (back, n) = stream.recv_scatter(scatter, end).await.unwrap();
             assert!(n > 0, "early EOF");
             scatter = back;
             filled += n;
             assert!(filled <= end);
+            assert_eq!(scatter.filled_bytes(), filled);
         }
         assert_eq!(filled, end);
         let got: Vec<u8> = scatter
-            .bufs()
+            .bufs_mut()
             .iter()
             .flat_map(|b| b.iter().copied())
             .collect();
@@ -208,8 +209,30 @@ fn recv_scatter_fills_buffers_in_order_and_stops_at_end() {
             buf = back;
         }
         assert_eq!(&rest[..], &data[end..]);
+        // Buffers allocated for the receive (not zeroed first), filled whole.
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let rx = Stream::from_unix(rx);
+        tx.write_all(&data[..3 * 4096]).unwrap();
+        let mut fresh = Scatter::with_capacity(3);
+        for _ in 0..3 {
+            fresh.push_for_receive(4096);
+        }
+        for _ in 0..10_000 {
+            if fresh.filled_bytes() == 3 * 4096 {
+                break;
+            }
+            let (back, n) = rx.recv_scatter(fresh, 3 * 4096).await.unwrap();
+            assert!(n > 0, "early EOF");
+            fresh = back;
+        }
+        let got: Vec<u8> = fresh
+            .bufs_mut()
+            .iter()
+            .flat_map(|b| b.iter().copied())
+            .collect();
+        assert_eq!(&got[..], &data[..3 * 4096]);
         assert!(stream
-            .recv_scatter(Scatter::with_capacity(0), 0, 1)
+            .recv_scatter(Scatter::with_capacity(0), 1)
             .await
             .is_err());
     });

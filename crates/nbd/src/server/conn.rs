@@ -44,7 +44,7 @@ use crate::proto::reply::{
 use crate::proto::{
     validate, BlockStatusDescriptor, BlockStatusFlags, Command, CommandFlags, Cookie, Errno,
     ExportAccess, ExportInfo, Handshake, HandshakeStatus, MetaContext, Negotiated, ProtocolError,
-    Request, RequestDecoder, MAX_BLOCK_BYTES,
+    Request, RequestDecoder, MAX_BLOCK_BYTES, REQUEST_HEADER_BYTES,
 };
 
 /// Receive buffer of the reader: request headers and small WRITE payloads arrive here, many
@@ -303,27 +303,26 @@ impl Conn {
         }
     }
 
-    /// Receives into bytes `[start, end)` of `blocks` (one vectored receive in plain text;
-    /// through TLS, into the buffer holding `start`); the scatter and the count (0: the
-    /// client closed).
+    /// Receives into `blocks` after the bytes filled so far, up to byte `end` (one vectored
+    /// receive in plain text; through TLS, into the buffer being filled); the scatter and the
+    /// count (0: the client closed).
     async fn recv_scatter(
         &self,
         mut blocks: Scatter,
-        start: usize,
         end: usize,
     ) -> oxpool_io::IoResult<(Scatter, usize)> {
         let Some(tls) = self.tls.get() else {
-            return self.stream.recv_scatter(blocks, start, end).await;
+            return self.stream.recv_scatter(blocks, end).await;
         };
-        let (index, at) = blocks
-            .locate(start)
-            .ok_or_else(|| io::Error::other("a receive past the end of its blocks"))?;
         // Taken out for the TLS session's receive, which takes one buffer; an empty buffer
         // holds its place (no allocation).
-        let buf = std::mem::replace(&mut blocks.bufs_mut()[index], IoBuf::zeroed(0));
-        let stop = buf.len().min(at + (end - start));
+        let (index, buf, at) = blocks
+            .swap_at_filled(IoBuf::zeroed(0))
+            .ok_or_else(|| io::Error::other("a receive past the end of its blocks"))?;
+        let stop = buf.len().min(at + (end - blocks.filled_bytes()));
         let (buf, count) = tls.recv(&self.stream, buf, at, stop).await?;
-        blocks.bufs_mut()[index] = buf;
+        blocks.put_back(index, buf);
+        blocks.mark_filled(count);
         Ok((blocks, count))
     }
 
@@ -429,7 +428,7 @@ impl Conn {
             // A reply dropped unsent (the connection broke) lets go of its cached blocks.
             slots[index].parts.clear();
             // Blocks a failed write left behind go back to the buffer pool.
-            slots[index].blocks.bufs_mut().clear();
+            slots[index].blocks.clear();
             let charged_bytes = std::mem::take(&mut slots[index].blocks_charged_bytes);
             self.buffer_bytes
                 .set(self.buffer_bytes.get() - charged_bytes);
@@ -482,6 +481,9 @@ impl Conn {
         block_bytes: usize,
         count: usize,
     ) -> Option<Scatter> {
+        // Through TLS the blocks are filled by a copy out of the session, which needs
+        // initialised buffers; in plain text, new ones need no zeroing.
+        let over_tls = self.tls.get().is_some();
         let need_bytes = block_bytes * count;
         debug_assert!(need_bytes <= SLOT_BUFFER_MAX_BYTES);
         // Each pass either returns or waits for a release; releases come from requests in
@@ -496,8 +498,11 @@ impl Conn {
                 drop(slots);
                 debug_assert!(blocks.is_empty());
                 for _ in 0..count {
-                    // Not zeroed: the payload overwrites every byte before anyone reads it.
-                    blocks.push(IoBuf::for_overwrite(block_bytes));
+                    if over_tls {
+                        blocks.push(IoBuf::for_overwrite(block_bytes));
+                    } else {
+                        blocks.push_for_receive(block_bytes);
+                    }
                 }
                 return Some(blocks);
             }
@@ -767,6 +772,8 @@ struct Inbox {
     buf: Option<IoBuf>,
     start: usize,
     end: usize,
+    /// The next fill receives one request header at most (see [`Inbox::header_next`]).
+    header_only: bool,
 }
 
 impl Inbox {
@@ -775,7 +782,16 @@ impl Inbox {
             buf: Some(IoBuf::zeroed(INBOX_BYTES)),
             start: 0,
             end: 0,
+            header_only: false,
         }
+    }
+
+    /// A large WRITE payload was just received straight into its buffers: the next request
+    /// is likely another, so the next fill takes its header alone and leaves its payload on
+    /// the socket for a direct receive. A full fill would bring up to `INBOX_BYTES` of that
+    /// payload here, to be copied out again (9 % of the server's CPU on 128K writes).
+    fn header_next(&mut self) {
+        self.header_only = true;
     }
 
     fn is_empty(&self) -> bool {
@@ -802,7 +818,11 @@ impl Inbox {
         };
         self.start = 0;
         self.end = 0;
-        let end = buf.len();
+        let end = if std::mem::take(&mut self.header_only) {
+            REQUEST_HEADER_BYTES
+        } else {
+            buf.len()
+        };
         match select(conn.recv_range(buf, 0, end), conn.halt()).await {
             Either::Left(Ok((buf, count))) => {
                 self.buf = Some(buf);
@@ -1173,6 +1193,9 @@ async fn receive_payload(
             Either::Right(()) => return Err((End::Halted, Err(buf_bytes))),
         }
     }
+    if length >= DIRECT_RECV_MIN_BYTES {
+        inbox.header_next();
+    }
     Ok(buf)
 }
 
@@ -1186,7 +1209,7 @@ fn whole_blocks_of(request: &Request, volume: &Volume) -> Option<usize> {
         && length > 0
         && length.is_multiple_of(block_bytes)
         && request.offset_bytes.is_multiple_of(block_bytes as u64))
-        .then_some(block_bytes)
+    .then_some(block_bytes)
 }
 
 /// Receives a WRITE payload of `length` bytes into `blocks` (of `length` bytes in all): first
@@ -1200,33 +1223,34 @@ async fn receive_blocks(
     length: usize,
 ) -> Result<Scatter, End> {
     debug_assert_eq!(blocks.len_bytes(), length);
+    debug_assert_eq!(blocks.filled_bytes(), 0);
     debug_assert_eq!(decoder.payload_remaining_bytes() as usize, length);
-    let mut filled = 0;
     // Bounded: each pass moves at least one byte or ends.
-    while filled < length {
+    while blocks.filled_bytes() < length {
         if !inbox.is_empty() {
             let taken = decoder.take_payload(inbox.bytes());
             let count = taken.len();
-            blocks.copy_in(filled, taken);
+            blocks.copy_in(taken);
             inbox.consume(count);
-            filled += count;
             continue;
         }
-        if length - filled < DIRECT_RECV_MIN_BYTES {
+        if length - blocks.filled_bytes() < DIRECT_RECV_MIN_BYTES {
             inbox.fill(conn).await?;
             continue;
         }
-        match select(conn.recv_scatter(blocks, filled, length), conn.halt()).await {
+        match select(conn.recv_scatter(blocks, length), conn.halt()).await {
             Either::Left(Ok((_, 0))) => return Err(End::Closed),
             Either::Left(Ok((back, count))) => {
                 blocks = back;
-                filled += count;
                 // count <= length - filled <= MAX_BLOCK_BYTES, so it fits in u32.
                 decoder.payload_received(count as u32);
             }
             Either::Left(Err(err)) => return Err(End::RecvFailed(err)),
             Either::Right(()) => return Err(End::Halted),
         }
+    }
+    if length >= DIRECT_RECV_MIN_BYTES {
+        inbox.header_next();
     }
     Ok(blocks)
 }
