@@ -120,7 +120,7 @@ fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
 }
 
 /// READ replies over TLS come from the data cache's blocks in place when they can (see
-/// `read_in_parts` in the server): tls_reads.py compares every reply, cold and cached,
+/// `read_in_parts` in the server): reads.py compares every reply, cold and cached,
 /// structured (with and without DF) and simple, with holes, zeros inside data and dirty
 /// pieces inside cached blocks, with what it wrote before the server restarted.
 #[test]
@@ -138,14 +138,14 @@ fn tls_reads_from_cached_dirty_and_hole_blocks_are_identical() {
     ];
     let server = env.serve(&args);
     let uri = x509_uri(&tcp_addr(&server.uris), "tank/vol0", &pki.client1);
-    python("tls_reads.py", &["write", &uri]);
+    python("reads.py", &["write", &uri]);
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
     // A new server: nothing dirty and nothing cached, so the first reads miss the cache.
     let server = env.serve(&args);
     let uri = x509_uri(&tcp_addr(&server.uris), "tank/vol0", &pki.client1);
-    let out = python("tls_reads.py", &["read", &uri]);
-    assert!(out.contains("tls_reads: all reads identical"), "{out}");
+    let out = python("reads.py", &["read", &uri]);
+    assert!(out.contains("reads: all reads identical"), "{out}");
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
 }

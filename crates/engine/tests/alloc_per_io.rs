@@ -261,6 +261,50 @@ fn cached_reads_allocate_nothing() {
     synced_reads_allocate_nothing(TopVdevKind::Single, true);
 }
 
+/// 128 KiB reads (eight 16 KiB blocks, at offsets not aligned to them) of cached data,
+/// copied (`read`) and shared (`read_shared`, its parts vector reused as the NBD server
+/// reuses it): blocks found without I/O need no list and no futures of tree reads.
+#[test]
+fn multi_block_cached_reads_allocate_nothing() {
+    const READ_BYTES: u64 = 128 * KIB;
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().unwrap();
+    let pool = file_pool(dir.path(), TopVdevKind::Single);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    fill_region(&vol, 0x5a);
+    pool.sync().unwrap();
+    let offset = |i: usize| (i as u64).wrapping_mul(0x9E37_79B9) % (REGION_BYTES - READ_BYTES);
+    let mut buf = vec![0u8; READ_BYTES as usize];
+    let mut parts = Vec::new();
+    let read_both = |buf: &mut [u8], parts: &mut Vec<_>, i: usize| {
+        block_on(vol.read(offset(i), buf)).unwrap();
+        block_on(vol.read_shared(offset(i), buf, parts)).unwrap();
+    };
+    for i in 0..WARM_UP_IO_COUNT {
+        read_both(&mut buf, &mut parts, i);
+    }
+    let allocation_count = allocations_during(|| {
+        for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
+            read_both(&mut buf, &mut parts, i);
+        }
+    });
+    assert!(buf.iter().all(|&b| b == 0x5a), "read the wrong data");
+    assert!(
+        parts.len() >= 8
+            && parts
+                .iter()
+                .all(|p| matches!(p, oxpool_engine::ReadPart::Shared { .. })),
+        "the blocks were shared: {parts:?}"
+    );
+    assert_eq!(
+        allocation_count, 0,
+        "{allocation_count} allocations in {MEASURED_IO_COUNT} pairs of 128 KiB reads"
+    );
+    drop(parts);
+    drop(vol);
+    pool.export().unwrap();
+}
+
 /// Overwrites of blocks already dirty in the open txg.
 ///
 /// Warm-up includes one sync: each write appends one record to the intent log's list of the

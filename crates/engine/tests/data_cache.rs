@@ -83,3 +83,77 @@ fn repeated_reads_hit_stay_bounded_and_need_no_device() {
     assert!(err.to_string().contains("checksum"), "{err}");
     drop(pool);
 }
+
+/// The bytes of a `read_shared` put back together, its copied parts from `out`.
+fn glued(parts: &[oxpool_engine::ReadPart], out: &[u8]) -> Vec<u8> {
+    parts.iter().flat_map(|p| p.bytes(out).to_vec()).collect()
+}
+
+/// `read_shared` hands cached blocks by reference (the NBD server sends them as they are):
+/// what it handed stays the bytes read for as long as the caller holds it, while a write
+/// changes those blocks and a sync writes them out; reads after the write see the new
+/// bytes; and the parts put together are exactly the read, cached blocks and dirty pieces
+/// inside them alike.
+#[test]
+fn shared_reads_keep_their_bytes_while_a_writer_changes_the_blocks() {
+    use oxpool_engine::ReadPart;
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    pool.create_volume(
+        "vol",
+        4 << 20,
+        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
+    )
+    .unwrap();
+    let mut data = pattern(42, DATA_BYTES);
+    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
+    pool.export().unwrap();
+    let pool = reimport(&mems);
+    let v = pool.volume("vol").unwrap();
+    assert_eq!(read_all(&pool).unwrap(), data, "warms the cache");
+
+    // Unaligned at both ends: 17 blocks, every one shared (the end ones in part).
+    let (off, len) = (5000usize, 256 * 1024 + 1000);
+    let mut out = vec![0u8; len];
+    let mut parts = Vec::new();
+    block_on(v.read_shared(off as u64, &mut out, &mut parts)).unwrap();
+    let shared_count = parts
+        .iter()
+        .filter(|p| matches!(p, ReadPart::Shared { .. }))
+        .count();
+    assert_eq!(shared_count, 17, "the cached blocks are shared: {parts:?}");
+    assert_eq!(parts.len(), 17, "nothing copied: {parts:?}");
+    assert_eq!(glued(&parts, &out), data[off..off + len]);
+
+    // A writer changes every block of the range (whole and partial) and a sync writes them:
+    // the parts held still read as before.
+    let new = pattern(43, len);
+    block_on(v.write(off as u64, &new, false)).unwrap();
+    assert_eq!(glued(&parts, &out), data[off..off + len], "before the sync");
+    pool.sync().unwrap();
+    assert_eq!(glued(&parts, &out), data[off..off + len], "after the sync");
+    data[off..off + len].copy_from_slice(&new);
+    drop(parts);
+    let mut parts = Vec::new();
+    block_on(v.read_shared(off as u64, &mut out, &mut parts)).unwrap();
+    assert_eq!(
+        glued(&parts, &out),
+        data[off..off + len],
+        "reads see the write"
+    );
+
+    // Cached again, then dirty 4 KiB pieces inside cached blocks: one read of shared blocks
+    // and copied pieces.
+    assert_eq!(read_all(&pool).unwrap(), data);
+    for piece_off in [16 * 1024 + 4096, 160 * 1024 + 100] {
+        let piece = pattern(piece_off as u64, 4096);
+        block_on(v.write(piece_off as u64, &piece, false)).unwrap();
+        data[piece_off..piece_off + 4096].copy_from_slice(&piece);
+    }
+    let mut out = vec![0u8; 256 * 1024];
+    block_on(v.read_shared(0, &mut out, &mut parts)).unwrap();
+    assert!(parts.iter().any(|p| matches!(p, ReadPart::Shared { .. })));
+    assert!(parts.iter().any(|p| matches!(p, ReadPart::Copied(_))));
+    assert_eq!(glued(&parts, &out), data[..256 * 1024]);
+    drop(parts);
+    drop(pool);
+}

@@ -232,6 +232,9 @@ struct Slot {
     fd: Option<Arc<OwnedFd>>,
     /// Timeout ops point the kernel at this; it lives as long as the slot.
     timespec: types::Timespec,
+    /// `sendmsg` ops point the kernel at this (and it at their list's iovecs): the op's
+    /// buffer moves between the future and the slot, the slot does not.
+    msghdr: libc::msghdr,
 }
 
 impl Slot {
@@ -247,6 +250,8 @@ impl Slot {
             buf: None,
             fd: None,
             timespec: types::Timespec::new(),
+            // SAFETY: an all-zero msghdr is valid (no name, no iovecs, no control data).
+            msghdr: unsafe { mem::zeroed() },
         }
     }
 }
@@ -290,6 +295,9 @@ pub(crate) enum OpDesc {
     Recv { start: usize, len: usize },
     /// `send(MSG_NOSIGNAL)` from `buf[start..start + len]`.
     Send { start: usize, len: usize },
+    /// `sendmsg(MSG_NOSIGNAL)` of bytes `[start, start + len)` of a [`SendList`] (at most
+    /// [`SEND_IOVECS_MAX`] pieces of it per submission).
+    SendMsg { start: usize, len: usize },
     /// `accept4(SOCK_CLOEXEC)`; the result is the new fd.
     Accept,
 }
@@ -982,6 +990,19 @@ fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
                 .flags(libc::MSG_NOSIGNAL)
                 .build()
         }
+        OpDesc::SendMsg { start, len } => {
+            let Some(OpBuf::List(list)) = slot.buf.as_mut() else {
+                panic!("a sendmsg needs a send list");
+            };
+            let (iovecs, count) = list.iovecs_for(start, len);
+            // SAFETY: all-zero is a valid msghdr; only the iovec fields are set.
+            slot.msghdr = unsafe { mem::zeroed() };
+            slot.msghdr.msg_iov = iovecs;
+            slot.msghdr.msg_iovlen = count as _;
+            opcode::SendMsg::new(fd, &slot.msghdr)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build()
+        }
         OpDesc::Accept => opcode::Accept::new(fd, std::ptr::null_mut(), std::ptr::null_mut())
             .flags(libc::SOCK_CLOEXEC)
             .build(),
@@ -1102,6 +1123,10 @@ enum RingOpKind {
         len: usize,
         done_bytes: usize,
     },
+    /// Send all of a [`SendList`], looping on short sends.
+    SendList {
+        done_bytes: usize,
+    },
     Accept,
 }
 
@@ -1127,6 +1152,7 @@ pub(crate) enum OpBuf {
     Gather(Gather),
     /// Owned buffers a vectored receive fills back to back.
     Scatter(Scatter),
+    List(SendList),
 }
 
 /// Shared buffers written as one contiguous range, with the `iovec` array the kernel reads
@@ -1181,6 +1207,142 @@ impl Gather {
     }
 }
 
+/// Most iovecs one `sendmsg` is given (the kernel's `UIO_MAXIOV`); a longer [`SendList`]
+/// goes out in several submissions, as after a short send.
+pub const SEND_IOVECS_MAX: usize = 1024;
+
+/// Bytes to send as one stream, held in pieces: ranges of a buffer the list owns (say a
+/// reply's header and bytes copied behind it) and ranges of shared buffers (blocks of a
+/// cache, sent where they are), in order. One `sendmsg` takes an iovec per piece, so the
+/// pieces are never copied into one buffer first (the kernel copies them into the socket).
+///
+/// Reused from send to send: its vectors keep their capacity, so a list allocates only while
+/// it grows. The list holds every shared buffer until the kernel is done with it, even if
+/// the send is dropped midway.
+#[derive(Debug, Default)]
+pub struct SendList {
+    own: Option<IoBuf>,
+    pieces: Vec<SendPiece>,
+    len: usize,
+    iovecs: Vec<libc::iovec>,
+}
+
+#[derive(Debug)]
+enum SendPiece {
+    Own(std::ops::Range<usize>),
+    Shared(Arc<IoBuf>, std::ops::Range<usize>),
+}
+
+impl SendList {
+    /// An empty list, allocating nothing until pieces are pushed.
+    pub fn new() -> SendList {
+        SendList::default()
+    }
+
+    /// Starts a list whose owned pieces will be ranges of `buf`. The list must be empty
+    /// (new, or [`SendList::finish`]ed).
+    pub fn start(&mut self, buf: IoBuf) {
+        assert!(
+            self.own.is_none() && self.pieces.is_empty(),
+            "a send list started twice"
+        );
+        self.own = Some(buf);
+    }
+
+    /// Appends bytes `range` of the owned buffer (merged with the piece before it when that
+    /// one ends where `range` starts in the same buffer).
+    pub fn push_own(&mut self, range: std::ops::Range<usize>) {
+        let own_len = self.own.as_ref().map_or(0, |b| b.len());
+        assert!(
+            range.start <= range.end && range.end <= own_len,
+            "send piece {range:?} outside its {own_len}-byte buffer"
+        );
+        if range.is_empty() {
+            return;
+        }
+        self.len += range.len();
+        if let Some(SendPiece::Own(last)) = self.pieces.last_mut() {
+            if last.end == range.start {
+                last.end = range.end;
+                return;
+            }
+        }
+        self.pieces.push(SendPiece::Own(range));
+    }
+
+    /// Appends bytes `range` of `buf`, which the list holds until they are sent.
+    pub fn push_shared(&mut self, buf: Arc<IoBuf>, range: std::ops::Range<usize>) {
+        assert!(
+            range.start <= range.end && range.end <= buf.len(),
+            "send piece {range:?} outside its {}-byte buffer",
+            buf.len()
+        );
+        if range.is_empty() {
+            return;
+        }
+        self.len += range.len();
+        self.pieces.push(SendPiece::Shared(buf, range));
+    }
+
+    /// Bytes in the list.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the list holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Empties the list: lets go of its shared buffers (whose last holder may free them now)
+    /// and hands back the owned buffer.
+    pub fn finish(&mut self) -> Option<IoBuf> {
+        self.pieces.clear();
+        self.iovecs.clear();
+        self.len = 0;
+        self.own.take()
+    }
+
+    /// Points the iovecs at bytes `[start, start + len)` of the list, at most
+    /// [`SEND_IOVECS_MAX`] of them (a send of fewer bytes than asked, which the op resumes),
+    /// and returns the array for the kernel.
+    fn iovecs_for(&mut self, start: usize, len: usize) -> (*mut libc::iovec, u32) {
+        debug_assert!(start + len <= self.len);
+        self.iovecs.clear();
+        let (mut skip, mut left) = (start, len);
+        // Bounded by the pieces of the list.
+        for piece in &self.pieces {
+            if left == 0 || self.iovecs.len() == SEND_IOVECS_MAX {
+                break;
+            }
+            let (base, range) = match piece {
+                SendPiece::Own(range) => (
+                    self.own
+                        .as_ref()
+                        .expect("owned pieces have a buffer")
+                        .as_ptr(),
+                    range,
+                ),
+                SendPiece::Shared(buf, range) => (buf.as_ptr(), range),
+            };
+            if skip >= range.len() {
+                skip -= range.len();
+                continue;
+            }
+            let take = (range.len() - skip).min(left);
+            self.iovecs.push(libc::iovec {
+                // SAFETY: `range.start + skip < range.end <= buffer length` (checked when the
+                // piece was pushed): in bounds. The kernel only reads through it.
+                iov_base: unsafe { base.add(range.start + skip) } as *mut libc::c_void,
+                iov_len: take,
+            });
+            left -= take;
+            skip = 0;
+        }
+        (self.iovecs.as_mut_ptr(), self.iovecs.len() as u32)
+    }
+}
+
 impl OpBuf {
     fn len(&self) -> usize {
         match self {
@@ -1188,6 +1350,7 @@ impl OpBuf {
             OpBuf::Shared(b) => b.len(),
             OpBuf::Gather(g) => g.len,
             OpBuf::Scatter(s) => s.len_bytes(),
+            OpBuf::List(l) => l.len,
         }
     }
 
@@ -1196,7 +1359,7 @@ impl OpBuf {
         match self {
             OpBuf::Owned(b) => Some(b.as_ptr()),
             OpBuf::Shared(b) => Some(b.as_ptr()),
-            OpBuf::Gather(_) | OpBuf::Scatter(_) => None,
+            OpBuf::Gather(_) | OpBuf::Scatter(_) | OpBuf::List(_) => None,
         }
     }
 
@@ -1204,7 +1367,7 @@ impl OpBuf {
     fn as_mut_ptr(&mut self) -> Option<*mut u8> {
         match self {
             OpBuf::Owned(b) => Some(b.as_mut_ptr()),
-            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) => None,
+            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) | OpBuf::List(_) => None,
         }
     }
 
@@ -1212,7 +1375,7 @@ impl OpBuf {
     pub(crate) fn into_owned(self) -> IoBuf {
         match self {
             OpBuf::Owned(b) => b,
-            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) => {
+            OpBuf::Shared(_) | OpBuf::Gather(_) | OpBuf::Scatter(_) | OpBuf::List(_) => {
                 panic!("a shared buffer has no owner to return to")
             }
         }
@@ -1223,6 +1386,14 @@ impl OpBuf {
         match self {
             OpBuf::Scatter(s) => s,
             _ => panic!("not a scatter"),
+        }
+    }
+
+    /// The send list back (a sent list gives it).
+    pub(crate) fn into_list(self) -> SendList {
+        match self {
+            OpBuf::List(l) => l,
+            _ => panic!("not a send list"),
         }
     }
 }
@@ -1352,6 +1523,15 @@ impl RingOp {
         )
     }
 
+    /// Sends every byte of `list`.
+    pub(crate) fn send_list(fd: Arc<OwnedFd>, list: SendList) -> RingOp {
+        RingOp::new(
+            RingOpKind::SendList { done_bytes: 0 },
+            Some(fd),
+            Some(OpBuf::List(list)),
+        )
+    }
+
     /// Accepts a connection; the output value is the new fd.
     pub(crate) fn accept(fd: Arc<OwnedFd>) -> RingOp {
         RingOp::new(RingOpKind::Accept, Some(fd), None)
@@ -1393,6 +1573,10 @@ impl RingOp {
                 start: done_bytes,
                 len: (len - done_bytes).min(SUBMISSION_BYTES_MAX),
             },
+            RingOpKind::SendList { done_bytes } => OpDesc::SendMsg {
+                start: done_bytes,
+                len: (buf_len - done_bytes).min(SUBMISSION_BYTES_MAX),
+            },
             RingOpKind::Accept => OpDesc::Accept,
         }
     }
@@ -1404,6 +1588,7 @@ impl RingOp {
             RingOpKind::Timeout { .. }
                 | RingOpKind::Recv { .. }
                 | RingOpKind::SendAll { .. }
+                | RingOpKind::SendList { .. }
                 | RingOpKind::Accept
         )
     }
@@ -1503,6 +1688,18 @@ impl RingOp {
                 }
                 Some(self.output(0))
             }
+            RingOpKind::SendList { done_bytes } => {
+                if count == 0 {
+                    let err = io::Error::new(io::ErrorKind::WriteZero, "socket accepted 0 bytes");
+                    return Some(Err(err));
+                }
+                *done_bytes += count;
+                debug_assert!(*done_bytes <= buf_len);
+                if *done_bytes < buf_len {
+                    return None;
+                }
+                Some(self.output(0))
+            }
             RingOpKind::Recv { .. } | RingOpKind::Accept => Some(self.output(result as u32)),
             RingOpKind::Fdatasync | RingOpKind::Timeout { .. } => Some(self.output(0)),
         }
@@ -1573,6 +1770,66 @@ impl std::fmt::Debug for RingOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A send list's iovecs cover exactly the bytes asked, wherever a resumed send starts,
+    /// at most `SEND_IOVECS_MAX` of them (the rest goes in the next submission); adjacent
+    /// owned ranges are one iovec; `finish` lets the shared buffers go and returns the owned.
+    #[test]
+    fn send_list_iovecs_cover_exactly_the_range() {
+        let own = IoBuf::from_slice(&(0..200u8).collect::<Vec<u8>>());
+        let shared: Vec<Arc<IoBuf>> = (0..1500)
+            .map(|i| Arc::new(IoBuf::from_slice(&[i as u8 ^ 0x5a; 10])))
+            .collect();
+        let mut list = SendList::new();
+        list.start(own);
+        list.push_own(0..16);
+        list.push_own(16..40); // merged with the one before
+        let mut whole: Vec<u8> = (0..40u8).collect();
+        for (i, buf) in shared.iter().enumerate() {
+            list.push_shared(buf.clone(), 2..2 + i % 7 + 1);
+            whole.extend_from_slice(&buf[2..2 + i % 7 + 1]);
+            if i % 500 == 0 {
+                list.push_own(100..104);
+                whole.extend(100..104u8);
+            }
+        }
+        list.push_own(150..150); // empty: nothing
+        assert_eq!(list.len(), whole.len());
+        assert_eq!(
+            list.pieces.len(),
+            1 + 1500 + 3,
+            "header merged, empty piece dropped"
+        );
+        let mut start = 0;
+        // Bounded: each pass sends at least one byte.
+        while start < whole.len() {
+            let (ptr, count) = list.iovecs_for(start, whole.len() - start);
+            assert!(count as usize <= SEND_IOVECS_MAX);
+            // SAFETY: the array lives in `list` until the next call.
+            let iovecs = unsafe { std::slice::from_raw_parts(ptr, count as usize) };
+            let mut got = Vec::new();
+            for v in iovecs {
+                assert!(v.iov_len > 0, "no empty iovec");
+                // SAFETY: points into a live buffer of `list`, for iov_len bytes.
+                got.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                });
+            }
+            assert_eq!(got, whole[start..start + got.len()], "from {start}");
+            // Resume in the middle of a piece next time, as after a short send.
+            start += (got.len() - got.len() / 3).max(1);
+        }
+        assert_eq!(Arc::strong_count(&shared[3]), 2);
+        let own = list.finish().expect("the owned buffer back");
+        assert_eq!(own.len(), 200);
+        assert_eq!(
+            Arc::strong_count(&shared[3]),
+            1,
+            "finish lets shared buffers go"
+        );
+        assert!(list.is_empty());
+        list.start(own); // reusable
+    }
 
     /// A gathered write resumed after a short write points its iovecs at exactly the bytes
     /// left, wherever the resume point falls (inside a buffer, at a boundary).

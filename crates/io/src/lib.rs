@@ -148,6 +148,7 @@ pub mod rt {
     /// Async socket operations on the ring for the NBD server (TCP and unix stream sockets),
     /// with owned buffers.
     pub mod net {
+        pub use crate::driver::{SendList, SEND_IOVECS_MAX};
         pub use crate::net::{Listener, Stream};
     }
 }

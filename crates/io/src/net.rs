@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::buf::IoBuf;
-use crate::driver::RingOp;
+use crate::driver::{RingOp, SendList};
 use crate::scatter::Scatter;
 use crate::IoResult;
 
@@ -141,6 +141,16 @@ impl Stream {
         }
         let out = RingOp::send_all(self.fd.clone(), buf, len).await?;
         Ok(out.buf.expect("send returns its buffer").into_owned())
+    }
+
+    /// Sends every byte of `list` (one `sendmsg` of its pieces, more after a short send) and
+    /// returns the list, still holding its pieces ([`SendList::finish`] lets them go).
+    pub async fn send_list(&self, list: SendList) -> IoResult<SendList> {
+        if list.is_empty() {
+            return Ok(list);
+        }
+        let out = RingOp::send_list(self.fd.clone(), list).await?;
+        Ok(out.buf.expect("send returns its list").into_list())
     }
 
     /// Shuts down both directions (a pending `recv` on the peer sees EOF). Synchronous.

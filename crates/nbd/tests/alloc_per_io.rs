@@ -3,7 +3,8 @@
 //! the open txg or (once the buffer pools are warm) that dirty a new block. An in-process
 //! server over a file-backed pool on a loopback port, and a raw client (this test's thread)
 //! that sends one request at a time from preallocated buffers; READs both with simple replies
-//! and with structured replies (what libnbd, qemu and fio negotiate).
+//! and with structured replies (what libnbd, qemu and fio negotiate), of 4 KiB and of 128 KiB
+//! (sent from the data cache's blocks by one `sendmsg`, not copied into the reply).
 //!
 //! Counted by this binary's global allocator on the threads that serve the requests: the
 //! server's reactor threads (named `nbd-reactor-N`, where the request tasks and their device
@@ -121,6 +122,8 @@ const SIMPLE_REPLY_BYTES: usize = 16;
 const IO_BYTES: usize = 4096;
 /// A WRITE of whole blocks: 4 of the default 16 KiB (received into its blocks).
 const WHOLE_BLOCKS_BYTES: usize = 64 * 1024;
+/// Large READs: eight blocks of the default 16 KiB, sent from the cache's blocks.
+const LARGE_IO_BYTES: usize = 128 * 1024;
 /// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
 /// syncs on its own in the middle of a measurement.
 const DEVICE_BYTES: u64 = 1 << 30;
@@ -177,7 +180,8 @@ fn serve(volume: &Volume) -> (Server, String) {
 struct Client {
     stream: TcpStream,
     request: [u8; REQUEST_HEADER_BYTES + IO_BYTES],
-    reply: [u8; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
+    /// Room for the largest reply (a structured reply to a large READ).
+    reply: Vec<u8>,
     /// A WRITE of whole blocks, header and payload.
     whole_blocks_request: Vec<u8>,
     next_cookie: u64,
@@ -231,7 +235,7 @@ impl Client {
                 return Client {
                     stream,
                     request: [0; REQUEST_HEADER_BYTES + IO_BYTES],
-                    reply: [0; OFFSET_DATA_HEADER_BYTES + IO_BYTES],
+                    reply: vec![0; OFFSET_DATA_HEADER_BYTES + LARGE_IO_BYTES],
                     whole_blocks_request: vec![0; REQUEST_HEADER_BYTES + WHOLE_BLOCKS_BYTES],
                     next_cookie: 1,
                     structured,
@@ -241,10 +245,10 @@ impl Client {
         panic!("no ACK");
     }
 
-    fn header(&mut self, command: u16, offset_bytes: u64) -> u64 {
+    fn header(&mut self, command: u16, offset_bytes: u64, length: usize) -> u64 {
         let cookie = self.next_cookie;
         self.next_cookie += 1;
-        encode_header(&mut self.request, command, cookie, offset_bytes, IO_BYTES);
+        encode_header(&mut self.request, command, cookie, offset_bytes, length);
         cookie
     }
 
@@ -258,21 +262,23 @@ impl Client {
         assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
     }
 
-    /// READ of 4 KiB of data (not zeros); returns the data.
-    fn read(&mut self, offset_bytes: u64) -> &[u8] {
-        let cookie = self.header(CMD_READ, offset_bytes);
+    /// READ of `length` bytes of data (not zeros); returns the data.
+    fn read(&mut self, offset_bytes: u64, length: usize) -> &[u8] {
+        let cookie = self.header(CMD_READ, offset_bytes, length);
         self.stream
             .write_all(&self.request[..REQUEST_HEADER_BYTES])
             .unwrap();
         if !self.structured {
             self.stream
-                .read_exact(&mut self.reply[..SIMPLE_REPLY_BYTES + IO_BYTES])
+                .read_exact(&mut self.reply[..SIMPLE_REPLY_BYTES + length])
                 .unwrap();
             self.check_reply(cookie);
-            return &self.reply[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + IO_BYTES];
+            return &self.reply[SIMPLE_REPLY_BYTES..SIMPLE_REPLY_BYTES + length];
         }
         // One OFFSET_DATA chunk, flagged DONE, with all the data.
-        self.stream.read_exact(&mut self.reply).unwrap();
+        self.stream
+            .read_exact(&mut self.reply[..OFFSET_DATA_HEADER_BYTES + length])
+            .unwrap();
         let r = &self.reply;
         assert_eq!(
             u32::from_be_bytes(r[..4].try_into().unwrap()),
@@ -286,18 +292,18 @@ impl Client {
         assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
         assert_eq!(
             u32::from_be_bytes(r[16..20].try_into().unwrap()) as usize,
-            8 + IO_BYTES
+            8 + length
         );
         assert_eq!(
             u64::from_be_bytes(r[20..28].try_into().unwrap()),
             offset_bytes
         );
-        &self.reply[OFFSET_DATA_HEADER_BYTES..]
+        &self.reply[OFFSET_DATA_HEADER_BYTES..OFFSET_DATA_HEADER_BYTES + length]
     }
 
     /// WRITE of 4 KiB of `byte`.
     fn write(&mut self, offset_bytes: u64, byte: u8) {
-        let cookie = self.header(CMD_WRITE, offset_bytes);
+        let cookie = self.header(CMD_WRITE, offset_bytes, IO_BYTES);
         self.request[REQUEST_HEADER_BYTES..].fill(byte);
         self.stream.write_all(&self.request).unwrap();
         self.stream
@@ -338,17 +344,20 @@ fn io_offset(i: usize) -> u64 {
     (i as u64).wrapping_mul(0x9E37_79B9) % slots * IO_BYTES as u64
 }
 
-/// Allocations of `MEASURED_IO_COUNT` READs after as many to warm up; checks the data is `byte`.
-fn count_read_allocations(client: &mut Client, byte: u8) -> u64 {
+/// Allocations of `MEASURED_IO_COUNT` READs of `length` bytes after as many to warm up;
+/// checks the data is `byte`.
+fn count_read_allocations(client: &mut Client, byte: u8, length: usize) -> u64 {
+    // Within the region, at offsets of 4 KiB multiples (not of the 16 KiB blocks).
+    let offset = |i: usize| io_offset(i) % (REGION_BYTES - length as u64 + 1) / 4096 * 4096;
     for i in 0..WARM_UP_IO_COUNT {
-        client.read(io_offset(i));
+        client.read(offset(i), length);
     }
     let allocations = allocations_during(|| {
         for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
-            client.read(io_offset(i));
+            client.read(offset(i), length);
         }
     });
-    assert!(client.read(0).iter().all(|&b| b == byte));
+    assert!(client.read(4096, length).iter().all(|&b| b == byte));
     allocations
 }
 
@@ -372,8 +381,20 @@ fn requests_allocate_nothing_in_steady_state() {
     // 1. READs of synced data.
     fill_region(&mut client, 0x5a);
     pool.sync().unwrap();
-    let read_allocations = count_read_allocations(&mut client, 0x5a);
-    let structured_read_allocations = count_read_allocations(&mut structured_client, 0x5a);
+    let read_allocations = count_read_allocations(&mut client, 0x5a, IO_BYTES);
+    let structured_read_allocations =
+        count_read_allocations(&mut structured_client, 0x5a, IO_BYTES);
+    // Large READs with the region cached (each reply holds its blocks while it is sent).
+    pool.set_prop("data_cache_max", "64M").unwrap();
+    let large_read_allocations = count_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
+    let large_structured_read_allocations =
+        count_read_allocations(&mut structured_client, 0x5a, LARGE_IO_BYTES);
+    let cache = pool.counters().data_cache_stats();
+    assert!(
+        cache.bytes >= REGION_BYTES,
+        "the region was cached: {cache:?}"
+    );
+    pool.set_prop("data_cache_max", "1M").unwrap();
 
     // 2. WRITEs to blocks dirty in the open txg (after a txg of as many writes, so that the
     // intent log's list of the txg's changes has the capacity: see the engine's test).
@@ -445,7 +466,7 @@ fn requests_allocate_nothing_in_steady_state() {
     let last_byte = 0x40 + (round - 1) as u8;
     for k in 0..REGION_BYTES / IO_BYTES as u64 {
         assert!(client
-            .read(k * IO_BYTES as u64)
+            .read(k * IO_BYTES as u64, IO_BYTES)
             .iter()
             .all(|&b| b == last_byte));
     }
@@ -454,14 +475,17 @@ fn requests_allocate_nothing_in_steady_state() {
         (
             read_allocations,
             structured_read_allocations,
+            large_read_allocations,
+            large_structured_read_allocations,
             overwrite_allocations,
             new_block_allocations,
             whole_block_allocations
         ),
-        (0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 0, 0, 0),
         "allocations in {MEASURED_IO_COUNT} reads (simple replies), {MEASURED_IO_COUNT} reads \
-         (structured replies), {MEASURED_IO_COUNT} overwrites, {new_block_writes} writes that \
-         dirty a new block, {whole_block_writes} writes of whole blocks"
+         (structured replies), as many 128 KiB reads of each, {MEASURED_IO_COUNT} overwrites, \
+         {new_block_writes} writes that dirty a new block, {whole_block_writes} writes of whole \
+         blocks"
     );
 
     server.shutdown_handle().shutdown();

@@ -245,7 +245,7 @@ impl BlockTree {
     }
 
     /// The data pointer of block `b`, if its level-1 block is cached (or a hole covers it).
-    fn cached_data_ptr(&self, b: u64) -> Option<BlockPtr> {
+    pub fn cached_data_ptr(&self, b: u64) -> Option<BlockPtr> {
         if b >= capacity(self.levels) {
             return Some(BlockPtr::HOLE);
         }

@@ -147,6 +147,16 @@ impl DataCache {
     /// Copies `out.len()` bytes from `in_block` of the cached block `key` into `out`; false
     /// (and `out` untouched) on a miss.
     pub fn read_into(&self, key: &CacheKey, in_block: usize, out: &mut [u8]) -> bool {
+        self.copy_out(key, in_block, out, true)
+    }
+
+    /// As [`DataCache::read_into`], but a miss is not counted: for a caller that looks
+    /// without I/O first and, on a miss, goes the way that counts it.
+    pub fn try_read_into(&self, key: &CacheKey, in_block: usize, out: &mut [u8]) -> bool {
+        self.copy_out(key, in_block, out, false)
+    }
+
+    fn copy_out(&self, key: &CacheKey, in_block: usize, out: &mut [u8], count_miss: bool) -> bool {
         let mut s = self.shards[key.shard()].lock().unwrap();
         match s.map.get_mut(key) {
             Some(e) if in_block + out.len() <= e.buf.len() => {
@@ -158,7 +168,9 @@ impl DataCache {
             }
             _ => {
                 drop(s);
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                if count_miss {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                }
                 false
             }
         }
@@ -169,6 +181,21 @@ impl DataCache {
     /// miss. The block stays cached; the caller must not hold it for long (it is memory the
     /// cache's bound no longer sees once evicted).
     pub fn share(&self, key: &CacheKey, in_block: usize, len: usize) -> Option<Arc<IoBuf>> {
+        self.share_counted(key, in_block, len, true)
+    }
+
+    /// As [`DataCache::share`], but a miss is not counted (see [`DataCache::try_read_into`]).
+    pub fn try_share(&self, key: &CacheKey, in_block: usize, len: usize) -> Option<Arc<IoBuf>> {
+        self.share_counted(key, in_block, len, false)
+    }
+
+    fn share_counted(
+        &self,
+        key: &CacheKey,
+        in_block: usize,
+        len: usize,
+        count_miss: bool,
+    ) -> Option<Arc<IoBuf>> {
         let mut s = self.shards[key.shard()].lock().unwrap();
         match s.map.get_mut(key) {
             Some(e) if in_block + len <= e.buf.len() => {
@@ -180,7 +207,9 @@ impl DataCache {
             }
             _ => {
                 drop(s);
-                self.misses.fetch_add(1, Ordering::Relaxed);
+                if count_miss {
+                    self.misses.fetch_add(1, Ordering::Relaxed);
+                }
                 None
             }
         }

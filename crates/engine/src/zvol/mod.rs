@@ -84,31 +84,37 @@ impl ReadPart {
     }
 }
 
-/// Appends the parts of an output of `len` bytes to `parts`: `shared` lists output ranges
-/// (increasing, disjoint), each with its offset in its block and the cached block if it was
-/// shared; every byte not in a shared range is a copied part (adjacent ones merged).
-fn push_parts(
-    parts: &mut Vec<ReadPart>,
-    len: usize,
-    shared: impl IntoIterator<Item = (std::ops::Range<usize>, usize, Option<Arc<IoBuf>>)>,
-) {
-    let mut copied_from = 0;
-    // Bounded by the blocks of the read.
-    for (range, in_block, block) in shared {
-        let Some(block) = block else {
-            continue;
-        };
-        if range.start > copied_from {
-            parts.push(ReadPart::Copied(copied_from..range.start));
+/// Builds the parts of a read as its cached blocks are shared, in output order: every byte
+/// not in a shared range is a copied part (adjacent ones merged).
+struct PartsBuilder<'a> {
+    parts: &'a mut Vec<ReadPart>,
+    /// Output bytes before this are in `parts`.
+    copied_from: usize,
+}
+
+impl PartsBuilder<'_> {
+    /// The output bytes `range` are bytes `in_block..` of the shared `block`.
+    fn push(&mut self, range: std::ops::Range<usize>, in_block: usize, block: Arc<IoBuf>) {
+        debug_assert!(
+            range.start >= self.copied_from,
+            "shared ranges out of order"
+        );
+        if range.start > self.copied_from {
+            self.parts
+                .push(ReadPart::Copied(self.copied_from..range.start));
         }
-        parts.push(ReadPart::Shared {
+        self.parts.push(ReadPart::Shared {
             range: in_block..in_block + range.len(),
             block,
         });
-        copied_from = range.end;
+        self.copied_from = range.end;
     }
-    if copied_from < len {
-        parts.push(ReadPart::Copied(copied_from..len));
+
+    /// Ends the parts of an output of `len` bytes.
+    fn finish(self, len: usize) {
+        if self.copied_from < len {
+            self.parts.push(ReadPart::Copied(self.copied_from..len));
+        }
     }
 }
 
@@ -308,44 +314,69 @@ impl Volume {
         let share = parts.is_some();
         let end = offset_bytes + out.len() as u64;
         let mut pos = offset_bytes;
-        // Blocks that must come from the tree: (block, in-block offset, output range, sectors
-        // needed). The first apart, so that a read within one block (most small reads) builds
-        // no list.
+        // Cached blocks shared so far, in output order (`parts` is built as they come).
+        let mut shared = parts.map(|parts| PartsBuilder {
+            parts,
+            copied_from: 0,
+        });
+        // Blocks that must come from the tree and are not in memory: (block, in-block offset,
+        // output range, sectors needed). The first apart, so that a read within one block
+        // builds no list.
         type FromTree = (u64, usize, std::ops::Range<usize>, SectorMask);
         let mut first_from_tree: Option<FromTree> = None;
         let mut from_tree: Vec<FromTree> = Vec::new();
-        {
-            let d = self.vol.data().dirty.lock().unwrap();
-            // Bounded by the blocks of the request.
-            while pos < end {
-                let b = pos / bs;
-                let in_block = (pos % bs) as usize;
-                let n = ((bs - pos % bs).min(end - pos)) as usize;
-                let o = (pos - offset_bytes) as usize;
-                let need = d.read_into(b, in_block, &mut out[o..o + n]);
-                if !need.is_empty() {
-                    if first_from_tree.is_none() {
-                        first_from_tree = Some((b, in_block, o..o + n, need));
-                    } else {
-                        from_tree.push((b, in_block, o..o + n, need));
+        // Bounded by the blocks of the request. Block by block: what the dirty state lacks is
+        // looked up in the tree's cached level-1 blocks and the data cache at once, without
+        // a future, so that a read of cached blocks allocates nothing (a 128 KiB read used to
+        // build a list and eight futures of tree reads: 7 % of the server's CPU at 128 KiB
+        // sequential reads). Writes cannot change the range meanwhile (the caller's range
+        // lock); a txg sync may move a block from the dirty state into the tree between the
+        // two looks, which then finds the same bytes there.
+        while pos < end {
+            let b = pos / bs;
+            let in_block = (pos % bs) as usize;
+            let n = ((bs - pos % bs).min(end - pos)) as usize;
+            let o = (pos - offset_bytes) as usize;
+            pos += n as u64;
+            let dst = &mut out[o..o + n];
+            let need = self
+                .vol
+                .data()
+                .dirty
+                .lock()
+                .unwrap()
+                .read_into(b, in_block, dst);
+            if need.is_empty() {
+                continue;
+            }
+            match self.read_tree_cached(b, in_block, dst, &need, share) {
+                Some(Some(block)) => {
+                    if let Some(shared) = shared.as_mut() {
+                        shared.push(o..o + n, in_block, block);
                     }
                 }
-                pos += n as u64;
+                Some(None) => {}
+                None if first_from_tree.is_none() => {
+                    first_from_tree = Some((b, in_block, o..o + n, need));
+                }
+                None => from_tree.push((b, in_block, o..o + n, need)),
             }
         }
+        // What is left is read from the devices, or found in memory after all (a block
+        // cached meanwhile): copied into `out` either way, so that the shared blocks stay in
+        // output order.
         let Some(first) = first_from_tree else {
-            if let Some(parts) = parts {
-                parts.push(ReadPart::Copied(0..out.len()));
+            if let Some(shared) = shared {
+                shared.finish(out.len());
             }
             return Ok(());
         };
         if from_tree.is_empty() {
             let (b, in_block, range, need) = first;
-            let shared = self
-                .read_tree_into(b, in_block, &mut out[range.clone()], &need, share)
+            self.read_tree_into(b, in_block, &mut out[range], &need)
                 .await?;
-            if let Some(parts) = parts {
-                push_parts(parts, out.len(), [(range, in_block, shared)]);
+            if let Some(shared) = shared {
+                shared.finish(out.len());
             }
             return Ok(());
         }
@@ -361,58 +392,73 @@ impl Volume {
             let (mine, tail) = tail.split_at_mut(range.len());
             rest = tail;
             rest_start = range.end;
-            futs.push(self.read_tree_into(*b, *in_block, mine, need, share));
+            futs.push(self.read_tree_into(*b, *in_block, mine, need));
         }
         let results = oxpool_io::rt::join_all(futs).await;
         // The first error fails the read (and `read_shared` then empties `parts`).
-        let mut failed = None;
-        let blocks = results
-            .into_iter()
-            .zip(&from_tree)
-            .map_while(|(result, tree)| {
-                let (_, in_block, range, _) = tree;
-                match result {
-                    Ok(block) => Some((range.clone(), *in_block, block)),
-                    Err(e) => {
-                        failed = Some(e);
-                        None
-                    }
-                }
-            });
-        match parts {
-            Some(parts) => push_parts(parts, out.len(), blocks),
-            None => blocks.for_each(drop),
+        for result in results {
+            result?;
         }
-        if let Some(e) = failed {
-            return Err(e);
+        if let Some(shared) = shared {
+            shared.finish(out.len());
         }
         Ok(())
     }
 
-    /// Copies the `need` sectors of bytes [in_block, in_block + out.len()) of block `b` in the
-    /// tree into `out` (zeros for a hole), through the pool's data cache: a hit is a copy; a
-    /// miss reads and verifies the block and leaves it in the cache. The other bytes of `out`
-    /// (the dirty sets had them) are left alone.
-    ///
-    /// With `share`, a hit that covers the whole range is not copied: the cached block comes
-    /// back instead (its bytes `in_block..in_block + out.len()` are the range), and `out` is
-    /// left alone.
-    async fn read_tree_into(
+    /// [`Volume::read_tree_into`] when it needs no I/O: block `b`'s pointer is in a cached
+    /// level-1 block, and the block is a hole or in the data cache. `None` (and `out` partly
+    /// written, perhaps) when it is not; a miss here is not counted (the read that follows
+    /// counts it).
+    fn read_tree_cached(
         &self,
         b: u64,
         in_block: usize,
         out: &mut [u8],
         need: &SectorMask,
         share: bool,
-    ) -> Result<Option<Arc<IoBuf>>> {
+    ) -> Option<Option<Arc<IoBuf>>> {
+        let bp = self.vol.data().tree.lock().unwrap().cached_data_ptr(b)?;
+        let hi = in_block + out.len();
+        if bp.is_hole() {
+            zero_runs(need, in_block, out);
+            return Some(None);
+        }
+        let cache = &self.pool.zio.data_cache;
+        let key = CacheKey::of(&bp);
+        let all = need.contains(&SectorMask::touching(in_block, hi));
+        if all && share {
+            return cache.try_share(&key, in_block, out.len()).map(Some);
+        }
+        if all {
+            return cache.try_read_into(&key, in_block, out).then_some(None);
+        }
+        // Bounded by the sectors of the range.
+        for (lo, run_hi) in need.byte_runs(in_block, hi) {
+            if !cache.try_read_into(&key, lo, &mut out[lo - in_block..run_hi - in_block]) {
+                return None;
+            }
+        }
+        Some(None)
+    }
+
+    /// Copies the `need` sectors of bytes [in_block, in_block + out.len()) of block `b` in the
+    /// tree into `out` (zeros for a hole), through the pool's data cache: a hit is a copy; a
+    /// miss reads and verifies the block and leaves it in the cache. The other bytes of `out`
+    /// (the dirty sets had them) are left alone. (Hits that need no I/O at all, the common
+    /// case, are [`Volume::read_tree_cached`]'s, which can share the block instead.)
+    async fn read_tree_into(
+        &self,
+        b: u64,
+        in_block: usize,
+        out: &mut [u8],
+        need: &SectorMask,
+    ) -> Result<()> {
         let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
         let all = need.contains(&SectorMask::touching(in_block, hi));
-        let len = out.len();
         let found = self
             .read_tree(b, |found| match found {
-                TreeRead::Cached(key) if all && share => cache.share(key, in_block, len).map(Some),
-                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(None),
+                TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(()),
                 TreeRead::Cached(key) => {
                     // Bounded by the sectors of the range.
                     for (lo, run_hi) in need.byte_runs(in_block, hi) {
@@ -421,22 +467,19 @@ impl Volume {
                             return None;
                         }
                     }
-                    Some(None)
+                    Some(())
                 }
                 TreeRead::Read(key, buf) => {
                     copy_runs(need, &buf, in_block, out);
                     cache.insert(key, buf);
-                    Some(None)
+                    Some(())
                 }
             })
             .await?;
-        match found {
-            Some(shared) => Ok(shared),
-            None => {
-                zero_runs(need, in_block, out);
-                Ok(None)
-            }
+        if found.is_none() {
+            zero_runs(need, in_block, out);
         }
+        Ok(())
     }
 
     /// Looks up block `b` and hands it to `take`: first as a cache key (`take` returns `Some`

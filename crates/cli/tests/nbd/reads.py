@@ -1,17 +1,20 @@
 #!/usr/bin/python3
-"""READ replies over TLS, byte for byte, from every source the server reads from.
+"""READ replies, in clear text or over TLS, byte for byte, from every source the server reads
+from.
 
-Usage: tls_reads.py write URI     (fills the volume; run on a fresh 8 MiB volume, 16K blocks)
-       tls_reads.py read URI      (after a server restart: nothing dirty, nothing cached)
+Usage: reads.py write URI     (fills the volume; run on a fresh 8 MiB volume)
+       reads.py read URI      (after a server restart: nothing dirty, nothing cached)
 
-Over TLS the server encrypts a large READ's data straight from the data cache's blocks
-(shared, not copied into the reply) when it can, and from its reply buffer otherwise: a
-block not cached yet, dirty data, a hole, a partial block, or a reply with a hole chunk to
-lay out. `read` reads the volume three times over (the first pass fills the cache, the later
-ones hit it) with requests that start and end inside blocks, over structured replies (with
-and without DF) and simple replies, then writes inside cached blocks and reads across them
-(dirty and cached parts in one reply). Every reply is compared with what was written.
-URIs may carry tls-certificates=DIR. Exits non-zero with a message on the first difference.
+The server sends a large READ's data straight from the data cache's blocks (shared, not
+copied into the reply: one sendmsg of the header and the blocks in clear text, encrypted
+from them over TLS) when it can, and from its reply buffer otherwise: a block not cached
+yet, dirty data, a hole, or a reply with a hole chunk to lay out. `read` reads the volume
+three times over (the first pass fills the cache, the later ones hit it) with requests that
+start and end inside blocks, up to 4 MiB + 512 bytes (more pieces than one sendmsg takes
+with 4 KiB blocks), over structured replies (with and without DF) and simple replies, then
+writes inside cached blocks and reads across them (dirty and cached parts in one reply).
+Every reply is compared with what was written. URIs are nbd:// or nbds:// (which may carry
+tls-certificates=DIR). Exits non-zero with a message on the first difference.
 """
 
 import random
@@ -103,7 +106,7 @@ def read(uri):
         h = connect(uri, structured)
         # Cold (misses), then cached, with requests aligned and not to the 16K blocks.
         for size, start in [(128 * KIB, 0), (128 * KIB + 4 * KIB, 512), (MIB, 4096),
-                            (32 * KIB + 512, 7 * KIB)]:
+                            (32 * KIB + 512, 7 * KIB), (4 * MIB + 512, 512)]:
             read_all(h, data, size, start, flags)
         check(data[:512] == h.pread(512, 0), "the first 512 bytes")
         h.shutdown()
@@ -117,7 +120,7 @@ def read(uri):
     for size, start in [(128 * KIB, 0), (256 * KIB + 512, 1000)]:
         read_all(h, data, size, start)
     h.shutdown()
-    print("tls_reads: all reads identical")
+    print("reads: all reads identical")
 
 
 if __name__ == "__main__":
