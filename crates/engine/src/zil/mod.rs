@@ -31,7 +31,7 @@ use oxpool_format::{
     BlockPtr, Dva, Guid, LogBlockWriter, LogRecord, Txg, VdevId, VolumeId, LOG_BLOCK_BYTES_MAX,
     LOG_RECORD_HEADER_BYTES,
 };
-use oxpool_io::IoBuf;
+use oxpool_io::{DurableWriteMode, IoBuf};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,12 @@ pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
 /// most): enough for every request a connection can have in flight, and a bound on what one
 /// builder holds in memory.
 pub(crate) const BUILD_CLOSED_BLOCKS_MAX: usize = 16;
+/// On a device where either way to a durable log block may be faster
+/// ([`DurableWriteMode::Measure`]: a pool file), the way not in use is tried again at most
+/// this often, so the log notices when the other has become faster (say, the machine got
+/// busy or quiet): often enough to follow the load, seldom enough that a try of the slow
+/// way (milliseconds when it is the bound-worker stall) costs well under 1 % of the time.
+pub(crate) const DURABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
 pub(crate) const WAITERS_MAX: usize = 1 << 16;
 /// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
@@ -114,6 +120,31 @@ pub(crate) struct ChainBlock {
     pub(crate) failed: bool,
 }
 
+/// How one log block is made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DurableWay {
+    /// Every copy one durable (FUA) write.
+    Fua,
+    /// Every copy written, then every device involved flushed.
+    WriteThenFlush,
+}
+
+impl DurableWay {
+    fn index(self) -> usize {
+        match self {
+            DurableWay::Fua => 0,
+            DurableWay::WriteThenFlush => 1,
+        }
+    }
+
+    fn other(self) -> DurableWay {
+        match self {
+            DurableWay::Fua => DurableWay::WriteThenFlush,
+            DurableWay::WriteThenFlush => DurableWay::Fua,
+        }
+    }
+}
+
 pub(crate) struct ZilState {
     pub(crate) pending: VecDeque<Itx>,
     pub(crate) next_itx: u64,
@@ -154,6 +185,13 @@ pub(crate) struct ZilState {
     /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
     /// further one fails as if the pool were full.
     pub(crate) alloc_ok_left: Option<u64>,
+    /// Recent time from write to durable of blocks made durable each way (by
+    /// [`DurableWay::index`]; 0: not measured yet), on devices that let the log choose.
+    pub(crate) durable_ns: [u64; 2],
+    /// When the way not in use was last tried.
+    pub(crate) durable_probed_at: Option<Instant>,
+    /// The way of the last block measured.
+    pub(crate) durable_last: Option<DurableWay>,
 }
 
 /// One volume's intent log.
@@ -191,6 +229,9 @@ impl Zil {
                 recent_used_bytes: VecDeque::new(),
                 to_free,
                 alloc_ok_left: None,
+                durable_ns: [0; 2],
+                durable_probed_at: None,
+                durable_last: None,
             }),
         }
     }
@@ -321,6 +362,57 @@ impl ZilState {
         recent
             .next_multiple_of(oxpool_format::SECTOR_BYTES)
             .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
+    }
+
+    /// How to make the next block durable on a device that makes it durable fastest by
+    /// `device` (see [`device_durable_mode`]), at `now`. Where the device lets the log
+    /// choose, the faster way by recent measurements, each way measured once first, and
+    /// the other way tried again every [`DURABLE_PROBE_INTERVAL`].
+    pub(crate) fn choose_durable_way(
+        &mut self,
+        device: DurableWriteMode,
+        now: Instant,
+    ) -> DurableWay {
+        match device {
+            DurableWriteMode::Fua => return DurableWay::Fua,
+            DurableWriteMode::WriteThenFlush => return DurableWay::WriteThenFlush,
+            DurableWriteMode::Measure => {}
+        }
+        let [fua_ns, split_ns] = self.durable_ns;
+        if fua_ns == 0 {
+            return DurableWay::Fua;
+        }
+        if split_ns == 0 {
+            return DurableWay::WriteThenFlush;
+        }
+        let best = if fua_ns <= split_ns {
+            DurableWay::Fua
+        } else {
+            DurableWay::WriteThenFlush
+        };
+        let probe = self
+            .durable_probed_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= DURABLE_PROBE_INTERVAL);
+        if probe {
+            self.durable_probed_at = Some(now);
+            return best.other();
+        }
+        best
+    }
+
+    /// A block made durable `way` took `took_ns` from its write to durable. The way in use
+    /// keeps a moving average (a quarter weight to the newest); the first block after the
+    /// other way was used (a probe, or the first after a switch) replaces its figure, which
+    /// is seconds old. A lucky probe of the slower way costs a few blocks: their own samples
+    /// then pull its average back up at once.
+    pub(crate) fn note_durable(&mut self, way: DurableWay, took_ns: u64) {
+        let avg = &mut self.durable_ns[way.index()];
+        *avg = if self.durable_last != Some(way) {
+            took_ns.max(1)
+        } else {
+            ((*avg * 3 + took_ns) / 4).max(1)
+        };
+        self.durable_last = Some(way);
     }
 
     /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
@@ -631,21 +723,41 @@ async fn read_raidz_log_block(
     read.ok().map(|(buf, _, _)| buf)
 }
 
+/// How the devices of `addr`'s vdev make a write durable fastest: FUA if every one says so,
+/// write then flush if any says so, else measure.
+pub(crate) fn device_durable_mode(inner: &Spa, addr: &Dva) -> DurableWriteMode {
+    let Some(top) = inner.zio.vdevs.top(addr.vdev) else {
+        return DurableWriteMode::Fua;
+    };
+    let mut mode = DurableWriteMode::Fua;
+    for l in top.leaves_in_service() {
+        match l.backend.durable_write_mode() {
+            DurableWriteMode::WriteThenFlush => return DurableWriteMode::WriteThenFlush,
+            DurableWriteMode::Measure => mode = DurableWriteMode::Measure,
+            DurableWriteMode::Fua => {}
+        }
+    }
+    mode
+}
+
 /// Writes a log block (one copy, every child of its vdev) and makes it durable together with
 /// the blocks its records point to.
 ///
 /// When the block is all its commit needs (no record points at a block written in place;
-/// earlier blocks of the chain are durable on their own, see `advance_durable`), every copy
-/// is a durable (FUA) write and there is no flush: one I/O instead of a write, a wait, and
-/// an fdatasync that io_uring hands to a kernel worker thread. Otherwise the block is written
-/// plainly and every device involved is flushed, because a FUA write makes nothing else
-/// durable. A durable write counts as one device flush: on a device without FUA (most
-/// virtual disks, files) the kernel flushes the cache for it.
+/// earlier blocks of the chain are durable on their own, see `advance_durable`) and `way`
+/// says so, every copy is a durable (FUA) write and there is no flush: one I/O instead of a
+/// write, a wait, and a flush. Otherwise the block is written plainly and every device
+/// involved is flushed, because a FUA write makes nothing else durable; a pool file may ask
+/// for this too ([`DurableWriteMode::Measure`]: the filesystem finishes a durable direct
+/// write on a kernel worker bound to one CPU, which made commits wait milliseconds whenever
+/// that CPU was busy). A durable write counts as one device flush: on a device without FUA
+/// (most virtual disks, files) the kernel flushes the cache for it.
 pub(crate) async fn write_durably(
     inner: &Spa,
     addr: &Dva,
     also_flush: &[VdevId],
     data: IoBuf,
+    way: DurableWay,
 ) -> Result<()> {
     let zio = &inner.zio;
     // Only the used part (whole sectors) is written; the rest of the place stays as it was.
@@ -666,7 +778,7 @@ pub(crate) async fn write_durably(
             data,
         ),
     };
-    if also_flush.is_empty() {
+    if also_flush.is_empty() && way == DurableWay::Fua {
         crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
         let copies = zio
             .vdevs
@@ -897,6 +1009,61 @@ impl DatasetLog for Zil {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a device that lets the log choose (a pool file), each way is measured once, the
+    /// faster one is used, the other is tried again once per probe interval and no more, and
+    /// the choice follows when the other way becomes the faster (as when the machine gets
+    /// busy and durable writes start waiting for their bound kernel worker). Devices that
+    /// say how are never second-guessed.
+    #[test]
+    fn durable_way_follows_the_faster_and_probes_the_other_once_per_interval() {
+        use DurableWay::{Fua, WriteThenFlush as Split};
+        let zil = Zil::new(Guid(1), VolumeId(1), 1, Vec::new());
+        let mut s = zil.state.lock().unwrap();
+        let t0 = Instant::now();
+        let m = DurableWriteMode::Measure;
+        assert_eq!(s.choose_durable_way(m, t0), Fua, "FUA measured first");
+        s.note_durable(Fua, 3_500_000);
+        assert_eq!(s.choose_durable_way(m, t0), Split, "then write + flush");
+        s.note_durable(Split, 150_000);
+        // The first comparison is also the first probe: FUA once, then write + flush only.
+        assert_eq!(s.choose_durable_way(m, t0), Fua);
+        s.note_durable(Fua, 3_500_000);
+        let mut ways = [0u32; 2];
+        for k in 0..1000u32 {
+            let now = t0 + DURABLE_PROBE_INTERVAL * 3 * k / 1000;
+            let way = s.choose_durable_way(m, now);
+            ways[way.index()] += 1;
+            s.note_durable(way, if way == Fua { 3_500_000 } else { 150_000 });
+        }
+        // 3 intervals: one probe each (the one at t0 above counted the first).
+        assert_eq!(ways, [2, 998], "probes of the slow way");
+        // FUA becomes the faster (a quiet machine): the next probe switches, and the way
+        // now in use keeps being used between probes of the other.
+        let now = t0 + DURABLE_PROBE_INTERVAL * 4;
+        assert_eq!(s.choose_durable_way(m, now), Fua, "a probe");
+        s.note_durable(Fua, 40_000);
+        assert_eq!(
+            s.choose_durable_way(m, now),
+            Fua,
+            "switched: {:?}",
+            s.durable_ns
+        );
+        s.note_durable(Fua, 40_000);
+        let later = now + DURABLE_PROBE_INTERVAL;
+        assert_eq!(
+            s.choose_durable_way(m, later),
+            Split,
+            "a probe of the other"
+        );
+        s.note_durable(Split, 150_000);
+        assert_eq!(s.choose_durable_way(m, later), Fua);
+        assert_eq!(s.choose_durable_way(DurableWriteMode::Fua, now), Fua);
+        assert_eq!(
+            s.choose_durable_way(DurableWriteMode::WriteThenFlush, now),
+            Split
+        );
+    }
 
     /// The lost floor: records a failed build took out of `pending` are in no block, so the
     /// durable point must not pass them, neither when a later block of the chain is written
