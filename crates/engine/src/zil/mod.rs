@@ -50,10 +50,14 @@ pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
 pub(crate) const BUILD_CLOSED_BLOCKS_MAX: usize = 16;
 /// On a device where either way to a durable log block may be faster
 /// ([`DurableWriteMode::Measure`]: a pool file), the way not in use is tried again at most
-/// this often, so the log notices when the other has become faster (say, the machine got
-/// busy or quiet): often enough to follow the load, seldom enough that a try of the slow
-/// way (milliseconds when it is the bound-worker stall) costs well under 1 % of the time.
+/// this often, so the log notices when the other has become faster (the machine got busy or
+/// quiet): often enough to follow the load, seldom enough that a trial of the slow way
+/// (milliseconds per block when it is the bound-worker stall) costs about 1 % of the time.
 pub(crate) const DURABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// Blocks of one trial of the way not in use, and the fewest blocks of the way in use a
+/// trial is compared with: both ways have heavy tails under load (one block in ten, or
+/// most, waiting a scheduler slice), so one block says little; the mean of sixteen does.
+pub(crate) const DURABLE_TRIAL_BLOCKS: u64 = 16;
 /// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
 pub(crate) const WAITERS_MAX: usize = 1 << 16;
 /// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
@@ -130,17 +134,112 @@ pub(crate) enum DurableWay {
 }
 
 impl DurableWay {
-    fn index(self) -> usize {
-        match self {
-            DurableWay::Fua => 0,
-            DurableWay::WriteThenFlush => 1,
-        }
-    }
-
     fn other(self) -> DurableWay {
         match self {
             DurableWay::Fua => DurableWay::WriteThenFlush,
             DurableWay::WriteThenFlush => DurableWay::Fua,
+        }
+    }
+}
+
+/// The log's choice between the two ways to a durable block, on a device that lets it
+/// choose: the way in use, whose blocks are measured, and every [`DURABLE_PROBE_INTERVAL`] a
+/// trial of [`DURABLE_TRIAL_BLOCKS`] blocks the other way; the way with the lower mean time
+/// from write to durable is used until the next trial.
+#[derive(Debug)]
+pub(crate) struct DurableChoice {
+    pub(crate) way: DurableWay,
+    /// Blocks made durable the way in use since the last decision, and their summed time.
+    in_use_blocks: u64,
+    in_use_ns: u64,
+    trial: Option<DurableTrial>,
+    /// When the last trial ended (`None`: none yet).
+    decided_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct DurableTrial {
+    started_at: Instant,
+    issued_blocks: u64,
+    measured_blocks: u64,
+    measured_ns: u64,
+}
+
+impl DurableChoice {
+    fn new() -> DurableChoice {
+        DurableChoice {
+            way: DurableWay::Fua,
+            in_use_blocks: 0,
+            in_use_ns: 0,
+            trial: None,
+            decided_at: None,
+        }
+    }
+
+    /// The way for the next block, at `now`.
+    fn choose(&mut self, now: Instant) -> DurableWay {
+        if let Some(t) = &mut self.trial {
+            if t.issued_blocks < DURABLE_TRIAL_BLOCKS {
+                t.issued_blocks += 1;
+                return self.way.other();
+            }
+            // A trial block that never reports (its write failed) must not stall the choice.
+            if now.saturating_duration_since(t.started_at) >= DURABLE_PROBE_INTERVAL {
+                self.decide(now);
+            }
+            return self.way;
+        }
+        let due = self
+            .decided_at
+            .is_none_or(|d| now.saturating_duration_since(d) >= DURABLE_PROBE_INTERVAL);
+        if due && self.in_use_blocks >= DURABLE_TRIAL_BLOCKS {
+            self.trial = Some(DurableTrial {
+                started_at: now,
+                issued_blocks: 1,
+                measured_blocks: 0,
+                measured_ns: 0,
+            });
+            return self.way.other();
+        }
+        self.way
+    }
+
+    /// A block made durable `way` took `took_ns`.
+    fn note(&mut self, way: DurableWay, took_ns: u64, now: Instant) {
+        if way == self.way {
+            self.in_use_blocks += 1;
+            self.in_use_ns += took_ns;
+            return;
+        }
+        let Some(t) = &mut self.trial else {
+            // A trial block finishing after its trial was decided: old news.
+            return;
+        };
+        t.measured_blocks += 1;
+        t.measured_ns += took_ns;
+        if t.measured_blocks >= DURABLE_TRIAL_BLOCKS {
+            self.decide(now);
+        }
+    }
+
+    /// Ends the trial: the other way becomes the way in use if its blocks took less on
+    /// average than those of the way in use since the last decision.
+    fn decide(&mut self, now: Instant) {
+        let Some(t) = self.trial.take() else {
+            return;
+        };
+        self.decided_at = Some(now);
+        // Compared as sums over equal counts: trial_ns / trial_blocks < in_use_ns / in_use_blocks.
+        let trial_wins = t.measured_blocks > 0
+            && u128::from(t.measured_ns) * u128::from(self.in_use_blocks)
+                < u128::from(self.in_use_ns) * u128::from(t.measured_blocks);
+        if trial_wins {
+            self.way = self.way.other();
+            self.in_use_blocks = t.measured_blocks;
+            self.in_use_ns = t.measured_ns;
+        } else {
+            self.in_use_blocks = 0;
+            self.in_use_ns = 0;
         }
     }
 }
@@ -185,13 +284,8 @@ pub(crate) struct ZilState {
     /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
     /// further one fails as if the pool were full.
     pub(crate) alloc_ok_left: Option<u64>,
-    /// Recent time from write to durable of blocks made durable each way (by
-    /// [`DurableWay::index`]; 0: not measured yet), on devices that let the log choose.
-    pub(crate) durable_ns: [u64; 2],
-    /// When the way not in use was last tried.
-    pub(crate) durable_probed_at: Option<Instant>,
-    /// The way of the last block measured.
-    pub(crate) durable_last: Option<DurableWay>,
+    /// How blocks are made durable on a device that lets the log choose.
+    pub(crate) durable: DurableChoice,
 }
 
 /// One volume's intent log.
@@ -229,9 +323,7 @@ impl Zil {
                 recent_used_bytes: VecDeque::new(),
                 to_free,
                 alloc_ok_left: None,
-                durable_ns: [0; 2],
-                durable_probed_at: None,
-                durable_last: None,
+                durable: DurableChoice::new(),
             }),
         }
     }
@@ -364,55 +456,25 @@ impl ZilState {
             .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
     }
 
-    /// How to make the next block durable on a device that makes it durable fastest by
-    /// `device` (see [`device_durable_mode`]), at `now`. Where the device lets the log
-    /// choose, the faster way by recent measurements, each way measured once first, and
-    /// the other way tried again every [`DURABLE_PROBE_INTERVAL`].
+    /// How to make the next block durable, at `now`, on a device that makes a write
+    /// durable fastest by `device` (see [`device_durable_mode`]): as it says, or where it
+    /// lets the log choose, by [`DurableChoice`].
     pub(crate) fn choose_durable_way(
         &mut self,
         device: DurableWriteMode,
         now: Instant,
     ) -> DurableWay {
         match device {
-            DurableWriteMode::Fua => return DurableWay::Fua,
-            DurableWriteMode::WriteThenFlush => return DurableWay::WriteThenFlush,
-            DurableWriteMode::Measure => {}
+            DurableWriteMode::Fua => DurableWay::Fua,
+            DurableWriteMode::WriteThenFlush => DurableWay::WriteThenFlush,
+            DurableWriteMode::Measure => self.durable.choose(now),
         }
-        let [fua_ns, split_ns] = self.durable_ns;
-        if fua_ns == 0 {
-            return DurableWay::Fua;
-        }
-        if split_ns == 0 {
-            return DurableWay::WriteThenFlush;
-        }
-        let best = if fua_ns <= split_ns {
-            DurableWay::Fua
-        } else {
-            DurableWay::WriteThenFlush
-        };
-        let probe = self
-            .durable_probed_at
-            .is_none_or(|t| now.saturating_duration_since(t) >= DURABLE_PROBE_INTERVAL);
-        if probe {
-            self.durable_probed_at = Some(now);
-            return best.other();
-        }
-        best
     }
 
-    /// A block made durable `way` took `took_ns` from its write to durable. The way in use
-    /// keeps a moving average (a quarter weight to the newest); the first block after the
-    /// other way was used (a probe, or the first after a switch) replaces its figure, which
-    /// is seconds old. A lucky probe of the slower way costs a few blocks: their own samples
-    /// then pull its average back up at once.
-    pub(crate) fn note_durable(&mut self, way: DurableWay, took_ns: u64) {
-        let avg = &mut self.durable_ns[way.index()];
-        *avg = if self.durable_last != Some(way) {
-            took_ns.max(1)
-        } else {
-            ((*avg * 3 + took_ns) / 4).max(1)
-        };
-        self.durable_last = Some(way);
+    /// A block made durable `way` on a device that lets the log choose took `took_ns`
+    /// from its write to durable; `now` is when it was done.
+    pub(crate) fn note_durable(&mut self, way: DurableWay, took_ns: u64, now: Instant) {
+        self.durable.note(way, took_ns, now);
     }
 
     /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
@@ -1010,57 +1072,74 @@ impl DatasetLog for Zil {
 mod tests {
     use super::*;
 
-    /// On a device that lets the log choose (a pool file), each way is measured once, the
-    /// faster one is used, the other is tried again once per probe interval and no more, and
-    /// the choice follows when the other way becomes the faster (as when the machine gets
-    /// busy and durable writes start waiting for their bound kernel worker). Devices that
-    /// say how are never second-guessed.
+    /// On a device that lets the log choose (a pool file): the first blocks go the durable
+    /// (FUA) way, then a trial of the other; the way with the lower mean wins; one trial of
+    /// the way not in use per interval and no more; the choice follows when the other way
+    /// becomes faster (the machine gets quiet); a trial whose blocks never report ends after
+    /// an interval. Devices that say how are never second-guessed.
     #[test]
-    fn durable_way_follows_the_faster_and_probes_the_other_once_per_interval() {
+    fn durable_way_follows_the_lower_mean_and_tries_the_other_once_per_interval() {
         use DurableWay::{Fua, WriteThenFlush as Split};
+        const N: u64 = DURABLE_TRIAL_BLOCKS;
         let zil = Zil::new(Guid(1), VolumeId(1), 1, Vec::new());
         let mut s = zil.state.lock().unwrap();
-        let t0 = Instant::now();
         let m = DurableWriteMode::Measure;
-        assert_eq!(s.choose_durable_way(m, t0), Fua, "FUA measured first");
-        s.note_durable(Fua, 3_500_000);
-        assert_eq!(s.choose_durable_way(m, t0), Split, "then write + flush");
-        s.note_durable(Split, 150_000);
-        // The first comparison is also the first probe: FUA once, then write + flush only.
-        assert_eq!(s.choose_durable_way(m, t0), Fua);
-        s.note_durable(Fua, 3_500_000);
-        let mut ways = [0u32; 2];
-        for k in 0..1000u32 {
-            let now = t0 + DURABLE_PROBE_INTERVAL * 3 * k / 1000;
-            let way = s.choose_durable_way(m, now);
-            ways[way.index()] += 1;
-            s.note_durable(way, if way == Fua { 3_500_000 } else { 150_000 });
+        let t0 = Instant::now();
+        let busy = |w: DurableWay| if w == Fua { 3_500_000 } else { 150_000 };
+        let quiet = |w: DurableWay| if w == Fua { 40_000 } else { 150_000 };
+        // Runs `blocks` blocks one at a time over [from, from + span), each taking what
+        // `cost` says; returns how many went each way.
+        let run = |s: &mut ZilState,
+                   from: Instant,
+                   span: Duration,
+                   blocks: u32,
+                   cost: &dyn Fn(DurableWay) -> u64| {
+            let mut ways = (0u64, 0u64);
+            for k in 0..blocks {
+                let now = from + span * k / blocks;
+                let w = s.choose_durable_way(m, now);
+                if w == Fua {
+                    ways.0 += 1;
+                } else {
+                    ways.1 += 1;
+                }
+                s.note_durable(w, cost(w), now);
+            }
+            ways
+        };
+        // Busy: N durable writes, then a trial of N write + flush, which wins.
+        assert_eq!(
+            run(&mut *s, t0, Duration::ZERO, 2 * N as u32, &busy),
+            (N, N)
+        );
+        assert_eq!(s.durable.way, Split);
+        // Three intervals later: exactly one trial of FUA per interval, each lost.
+        let ways = run(&mut *s, t0, DURABLE_PROBE_INTERVAL * 3, 3000, &busy);
+        assert_eq!(ways, (2 * N, 3000 - 2 * N), "trials of the slow way");
+        assert_eq!(s.durable.way, Split);
+        // Quiet: the next trial of FUA wins, and FUA stays in use.
+        let t1 = t0 + DURABLE_PROBE_INTERVAL * 4;
+        let ways = run(&mut *s, t1, DURABLE_PROBE_INTERVAL / 2, 100, &quiet);
+        assert_eq!(ways, (100, 0), "{:?}", s.durable);
+        assert_eq!(s.durable.way, Fua);
+        // A trial whose blocks never report is decided after an interval, with what came.
+        let t2 = t1 + DURABLE_PROBE_INTERVAL * 2;
+        for _ in 0..N {
+            assert_eq!(s.choose_durable_way(m, t2), Split);
         }
-        // 3 intervals: one probe each (the one at t0 above counted the first).
-        assert_eq!(ways, [2, 998], "probes of the slow way");
-        // FUA becomes the faster (a quiet machine): the next probe switches, and the way
-        // now in use keeps being used between probes of the other.
-        let now = t0 + DURABLE_PROBE_INTERVAL * 4;
-        assert_eq!(s.choose_durable_way(m, now), Fua, "a probe");
-        s.note_durable(Fua, 40_000);
         assert_eq!(
-            s.choose_durable_way(m, now),
+            s.choose_durable_way(m, t2),
             Fua,
-            "switched: {:?}",
-            s.durable_ns
+            "trial issued, not reported"
         );
-        s.note_durable(Fua, 40_000);
-        let later = now + DURABLE_PROBE_INTERVAL;
+        assert!(s.durable.trial.is_some());
+        s.note_durable(Split, 150_000, t2);
+        let t3 = t2 + DURABLE_PROBE_INTERVAL;
+        assert_eq!(s.choose_durable_way(m, t3), Fua);
+        assert!(s.durable.trial.is_none(), "the trial ended");
+        assert_eq!(s.choose_durable_way(DurableWriteMode::Fua, t3), Fua);
         assert_eq!(
-            s.choose_durable_way(m, later),
-            Split,
-            "a probe of the other"
-        );
-        s.note_durable(Split, 150_000);
-        assert_eq!(s.choose_durable_way(m, later), Fua);
-        assert_eq!(s.choose_durable_way(DurableWriteMode::Fua, now), Fua);
-        assert_eq!(
-            s.choose_durable_way(DurableWriteMode::WriteThenFlush, now),
+            s.choose_durable_way(DurableWriteMode::WriteThenFlush, t3),
             Split
         );
     }

@@ -729,7 +729,7 @@ impl Volume {
             match r {
                 Ok(()) => {
                     if measured {
-                        s.note_durable(way, ns);
+                        s.note_durable(way, ns, Instant::now());
                     }
                     if let Some(c) = s.chain_block_mut(b.seq) {
                         c.done = true;
