@@ -1119,24 +1119,21 @@ mod tests {
             ways
         };
         // Busy: N durable writes, then a trial of N write + flush, which wins.
-        assert_eq!(
-            run(&mut *s, t0, Duration::ZERO, 2 * N as u32, &busy),
-            (N, N)
-        );
+        assert_eq!(run(&mut s, t0, Duration::ZERO, 2 * N as u32, &busy), (N, N));
         assert_eq!(s.durable.way, Split);
         // Three intervals later: exactly one trial of FUA per interval, each lost.
-        let ways = run(&mut *s, t0, DURABLE_PROBE_INTERVAL * 3, 3000, &busy);
+        let ways = run(&mut s, t0, DURABLE_PROBE_INTERVAL * 3, 3000, &busy);
         assert_eq!(ways, (2 * N, 3000 - 2 * N), "trials of the slow way");
         assert_eq!(s.durable.way, Split);
         // Quiet: the next trial of FUA wins, and FUA stays in use.
         let t1 = t0 + DURABLE_PROBE_INTERVAL * 4;
-        let ways = run(&mut *s, t1, DURABLE_PROBE_INTERVAL / 2, 100, &quiet);
+        let ways = run(&mut s, t1, DURABLE_PROBE_INTERVAL / 2, 100, &quiet);
         assert_eq!(ways, (100, 0), "{:?}", s.durable);
         assert_eq!(s.durable.way, Fua);
         // Write + flush must be clearly faster to replace durable writes: 80 % is not enough.
         let t15 = t1 + DURABLE_PROBE_INTERVAL;
         let close = |w: DurableWay| if w == Fua { 100_000 } else { 80_000 };
-        let ways = run(&mut *s, t15, DURABLE_PROBE_INTERVAL / 2, 100, &close);
+        let ways = run(&mut s, t15, DURABLE_PROBE_INTERVAL / 2, 100, &close);
         assert_eq!(ways, (100 - N, N), "one trial");
         assert_eq!(s.durable.way, Fua, "{:?}", s.durable);
         // A trial whose blocks never report is decided after an interval, with what came.
