@@ -12,7 +12,7 @@ use common::{content, pattern, test_props, Fill};
 use oxpool_engine::{Pool, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::{block_on, join_all};
-use oxpool_io::{Backend, FaultBackend, MemoryBackend};
+use oxpool_io::{Backend, DurableWriteMode, FaultBackend, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
@@ -159,6 +159,94 @@ fn commits_flush_only_for_blocks_written_in_place() {
     pool.export().unwrap();
 }
 
+/// On a device that makes a write durable faster with a write and a flush (a pool file:
+/// the filesystem finishes a `RWF_DSYNC` direct write on a kernel worker bound to one CPU),
+/// a commit whose records carry their data writes its block plainly and flushes: no durable
+/// write at all, one flush per block, and the data still reads back after a crash that
+/// drops every write no flush covered.
+#[test]
+fn commits_write_then_flush_where_the_device_asks() {
+    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
+    let dev = Arc::new(FaultBackend::new(Arc::new(mem.clone()), 4));
+    dev.set_durable_write_mode(DurableWriteMode::WriteThenFlush);
+    let pool = pool_on(vec![dev.clone() as Arc<dyn Backend>]);
+    let vol = pool
+        .create_volume("v", WRITERS * REGION_BYTES, &[])
+        .unwrap();
+    block_on(vol.flush()).unwrap(); // anchors the chain (a txg sync, which flushes)
+    dev.enable_power_loss();
+    let d0 = dev.stats();
+    let l0 = pool.log_stats();
+    for k in 0..10u64 {
+        block_on(vol.write(k * 4096, &pattern(k, 4096), true)).unwrap();
+    }
+    let d1 = dev.stats();
+    let l1 = pool.log_stats();
+    let blocks = l1.blocks_written - l0.blocks_written;
+    assert_eq!(blocks, 10, "one block per lone commit: {l0:?} -> {l1:?}");
+    assert_eq!(
+        d1.durable_writes, d0.durable_writes,
+        "a FUA write was issued"
+    );
+    assert_eq!(d1.flushes - d0.flushes, blocks, "{d0:?} -> {d1:?}");
+    assert_eq!(l1.durable_writes, l0.durable_writes);
+    drop(vol);
+    drop(pool);
+    dev.apply_power_loss(4);
+    let pool = Pool::import(vec![Arc::new(mem)], Some("tank")).unwrap();
+    let vol = pool.volume("v").unwrap();
+    for k in 0..10u64 {
+        let mut got = vec![0u8; 4096];
+        block_on(vol.read(k * 4096, &mut got)).unwrap();
+        assert!(got == pattern(k, 4096), "write {k} lost");
+    }
+    drop(vol);
+    pool.export().unwrap();
+}
+
+/// On a device that lets the log choose (a pool file), the log measures both ways: its
+/// first 16 lone commits write their blocks durably, the next 16 write and flush them (a
+/// trial); from then on it uses the one with the lower mean (timing decides which, so only
+/// the measuring is asserted).
+#[test]
+fn commits_measure_both_ways_where_the_device_lets_the_log_choose() {
+    let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
+    let dev = Arc::new(FaultBackend::new(Arc::new(mem), 5));
+    dev.set_durable_write_mode(DurableWriteMode::Measure);
+    let pool = pool_on(vec![dev.clone() as Arc<dyn Backend>]);
+    let vol = pool
+        .create_volume("v", WRITERS * REGION_BYTES, &[])
+        .unwrap();
+    block_on(vol.flush()).unwrap();
+    let d0 = dev.stats();
+    for k in 0..16u64 {
+        block_on(vol.write(k * 4096, &pattern(k, 4096), true)).unwrap();
+    }
+    let d1 = dev.stats();
+    assert_eq!(
+        (
+            d1.durable_writes - d0.durable_writes,
+            d1.flushes - d0.flushes
+        ),
+        (16, 0),
+        "first: durable writes"
+    );
+    for k in 16..32u64 {
+        block_on(vol.write(k * 4096, &pattern(k, 4096), true)).unwrap();
+    }
+    let d2 = dev.stats();
+    assert_eq!(
+        (
+            d2.durable_writes - d1.durable_writes,
+            d2.flushes - d1.flushes
+        ),
+        (0, 16),
+        "then a trial: writes and flushes"
+    );
+    drop(vol);
+    pool.export().unwrap();
+}
+
 #[test]
 fn throughput_bias_writes_data_once() {
     let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
@@ -289,6 +377,13 @@ fn crash_case(seed: u64) -> Result<(), String> {
     let mem = MemoryBackend::new("mem0", DEVICE_BYTES);
     let fault = Arc::new(FaultBackend::new(Arc::new(mem.clone()), seed));
     fault.set_latency(Duration::from_micros(20));
+    // Half the seeds whose records are copied make the log write its blocks and flush instead
+    // of writing them durably, or choose between the two by measuring (as on a pool file).
+    match seed % 8 {
+        2 => fault.set_durable_write_mode(DurableWriteMode::WriteThenFlush),
+        6 => fault.set_durable_write_mode(DurableWriteMode::Measure),
+        _ => {}
+    }
     let pool = pool_on(vec![fault.clone() as Arc<dyn Backend>]);
     // Odd seeds: logbias=throughput, so sync writes go in place and are logged by pointer
     // (with 4 KiB blocks, or 8 KiB ones stored compressed with zstd, which the txg sync must

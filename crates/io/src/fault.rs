@@ -26,7 +26,7 @@ use rand::{Rng, SeedableRng};
 use crate::buf::IoBuf;
 use crate::executor::{block_on, sleep};
 use crate::memory::flip_random_bits;
-use crate::{Backend, IoFuture, IoResult};
+use crate::{Backend, DurableWriteMode, IoFuture, IoResult};
 
 /// Torn writes keep a prefix of whole sectors of this size.
 const SECTOR_BYTES: usize = 512;
@@ -103,6 +103,8 @@ struct FaultState {
     latency: Duration,
     /// Added to reads only, on top of `latency`.
     read_latency: Duration,
+    /// What [`Backend::durable_write_mode`] answers, when a test chose it.
+    durable_write_mode: Option<DurableWriteMode>,
     power_loss_tracking: bool,
     /// Operations (reads, writes, flushes) left before the power fails.
     crash_countdown: Option<u64>,
@@ -159,6 +161,7 @@ impl FaultBackend {
             read_bit_flip_probability: 0.0,
             latency: Duration::ZERO,
             read_latency: Duration::ZERO,
+            durable_write_mode: None,
             power_loss_tracking: false,
             crash_countdown: None,
             dead: false,
@@ -208,6 +211,12 @@ impl FaultBackend {
     /// reads beside fast writes and flushes, e.g. a scan racing the syncs.
     pub fn set_read_latency(&self, latency: Duration) {
         lock(&self.shared.state).read_latency = latency;
+    }
+
+    /// Makes [`Backend::durable_write_mode`] answer `mode` instead of the wrapped backend's
+    /// answer, so a test can make its user take either way to durability on any device.
+    pub fn set_durable_write_mode(&self, mode: DurableWriteMode) {
+        lock(&self.shared.state).durable_write_mode = Some(mode);
     }
 
     /// Power-loss tracking: from now on a completed write is volatile until a flush that was
@@ -505,6 +514,11 @@ impl Backend for FaultBackend {
 
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
         self.write_kind(offset_bytes, buf, true)
+    }
+
+    fn durable_write_mode(&self) -> DurableWriteMode {
+        let chosen = lock(&self.shared.state).durable_write_mode;
+        chosen.unwrap_or_else(|| self.shared.inner.durable_write_mode())
     }
 
     fn flush(&self) -> IoFuture<()> {

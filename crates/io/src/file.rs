@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::buf::{IoBuf, IO_BUF_ALIGN_BYTES};
 use crate::driver::{Gather, OpBuf, RingOp, RingOutput, GATHER_BUFS_MAX};
-use crate::{Backend, IoFuture, IoResult};
+use crate::{Backend, DurableWriteMode, IoFuture, IoResult};
 
 /// `_IOR(0x12, 114, size_t)`: size of a block device in bytes.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -263,11 +263,29 @@ impl Backend for FileBackend {
     }
 
     /// `RWF_DSYNC` on the write itself: the kernel makes the bytes durable before the
-    /// completion (a FUA write where the device has FUA, else a cache flush after the write,
-    /// both issued from the I/O's own completion; for a file, the filesystem's fdatasync of
-    /// the range), so no separate fdatasync has to wait for a kernel worker thread.
+    /// completion (on a block device, a FUA write where the device has FUA, else a cache
+    /// flush the block layer issues after the write; on a regular file, the filesystem's
+    /// fdatasync of the range, run on a kernel worker after the write: see
+    /// [`FileBackend::durable_write_mode`]).
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
         self.write_owned(offset_bytes, buf, true)
+    }
+
+    /// A block device, or a file without O_DIRECT: one durable write. A regular file with
+    /// O_DIRECT: either, measured. There a `RWF_DSYNC` write completes through the
+    /// filesystem's direct-I/O completion work queue (ext4 and XFS alike), whose worker is
+    /// bound to the CPU that took the interrupt and flushes the device from there; with that
+    /// CPU busy (the txg sync, a client, another process), the write waited for the running
+    /// task's slice, 3-4 ms on a 2-vCPU guest, while a write and then an fdatasync, run by
+    /// the calling thread at queue depth 1 (`driver.rs`, `fsync_here`) or by io_uring's
+    /// unbound worker, took about a tenth of that (docs/io-scheduling.md, "Durable log
+    /// writes on a file").
+    fn durable_write_mode(&self) -> DurableWriteMode {
+        if self.direct && !self.block_device {
+            DurableWriteMode::Measure
+        } else {
+            DurableWriteMode::Fua
+        }
     }
 
     fn write_shared(&self, offset_bytes: u64, buf: Arc<IoBuf>) -> IoFuture<()> {

@@ -59,6 +59,23 @@ pub(crate) fn check_range(
     ))
 }
 
+/// How a device makes one write durable soonest ([`Backend::durable_write_mode`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurableWriteMode {
+    /// One durable (FUA) write: [`Backend::write_durable`].
+    Fua,
+    /// A plain write, then a [`Backend::flush`] once the write completed.
+    WriteThenFlush,
+    /// Either may be faster, depending on the load: the caller should measure both. A regular
+    /// file opened O_DIRECT: there a durable write (`RWF_DSYNC`) is finished by the
+    /// filesystem on a kernel worker bound to the CPU that took the device's interrupt (it
+    /// writes the inode if needed and flushes the device from there, then completes the
+    /// write). On an idle machine that saves a wake-up; when that CPU is busy, the write
+    /// waits for the running task's time slice to end, milliseconds, while a flush run by
+    /// the calling thread (or by io_uring's worker) may run on any CPU.
+    Measure,
+}
+
 /// The storage trait: byte-offset I/O on one device. Small on purpose, so crash and fault
 /// backends are easy to write.
 ///
@@ -129,6 +146,14 @@ pub trait Backend: Send + Sync + 'static {
     /// and one that forgot to forward this to a fault backend would hide a commit relying on
     /// FUA for more than its own write. Every backend says what it does.
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
+
+    /// How this device makes one write durable soonest: with [`Backend::write_durable`]
+    /// (the default), or with a plain write and, once it completed, a [`Backend::flush`].
+    /// Both are correct; this only says which is faster. A wrapper that does not forward it
+    /// costs speed, never durability.
+    fn durable_write_mode(&self) -> DurableWriteMode {
+        DurableWriteMode::Fua
+    }
 
     /// When it completes, every write completed before this call is durable.
     fn flush(&self) -> IoFuture<()>;

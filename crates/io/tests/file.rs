@@ -2,9 +2,10 @@
 //! flush, discard, and many reads in flight.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use oxpool_io::rt::{block_on, join_all};
-use oxpool_io::{Backend, FileBackend, IoBuf};
+use oxpool_io::{Backend, DurableWriteMode, FaultBackend, FileBackend, IoBuf};
 
 fn pattern(len: usize, seed: u64) -> IoBuf {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -51,6 +52,31 @@ fn direct_io_on_disk_filesystem() {
     // The file was created sparse.
     let meta = std::fs::metadata(&path).unwrap();
     assert_eq!(meta.len(), 8 << 20);
+}
+
+/// A regular file opened O_DIRECT lets its user measure a write then a flush against a
+/// `RWF_DSYNC` write (which the filesystem finishes on a kernel worker bound to one CPU); a
+/// buffered one keeps the durable write; a fault backend answers as the device it wraps
+/// unless a test chose otherwise. The intent log's choice of path rests on these answers.
+#[test]
+fn durable_write_mode_of_files_and_wrappers() {
+    let dir = disk_dir();
+    let direct = Arc::new(FileBackend::open(&dir.path().join("direct"), Some(4 << 20)).unwrap());
+    assert!(direct.is_direct());
+    assert_eq!(direct.durable_write_mode(), DurableWriteMode::Measure);
+    let buffered = FileBackend::open_buffered(&dir.path().join("buffered"), Some(4 << 20)).unwrap();
+    assert_eq!(buffered.durable_write_mode(), DurableWriteMode::Fua);
+    let fault = FaultBackend::new(direct.clone(), 1);
+    assert_eq!(fault.durable_write_mode(), DurableWriteMode::Measure);
+    fault.set_durable_write_mode(DurableWriteMode::WriteThenFlush);
+    assert_eq!(fault.durable_write_mode(), DurableWriteMode::WriteThenFlush);
+    // Both ways still write durably when asked to.
+    let back = block_on(direct.write_durable(0, pattern(4096, 9))).unwrap();
+    assert_eq!(back, pattern(4096, 9));
+    assert_eq!(
+        block_on(direct.read(0, IoBuf::zeroed(4096))).unwrap(),
+        pattern(4096, 9)
+    );
 }
 
 #[test]
@@ -246,7 +272,6 @@ fn scratch_block_device() {
 /// readable meanwhile, and the writes give their references back when done.
 #[test]
 fn shared_writes_land_everywhere_and_release_the_buffer() {
-    use std::sync::Arc;
     for direct in [true, false] {
         let dir = if direct {
             disk_dir()
@@ -290,7 +315,6 @@ fn shared_writes_land_everywhere_and_release_the_buffer() {
 #[test]
 fn gathered_writes_land_back_to_back() {
     use oxpool_io::MemoryBackend;
-    use std::sync::Arc;
     let dir = disk_dir();
     let file = FileBackend::open(&dir.path().join("dev"), Some(8 << 20)).unwrap();
     let memory = MemoryBackend::new("mem", 8 << 20);

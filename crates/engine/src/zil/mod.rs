@@ -31,7 +31,7 @@ use oxpool_format::{
     BlockPtr, Dva, Guid, LogBlockWriter, LogRecord, Txg, VdevId, VolumeId, LOG_BLOCK_BYTES_MAX,
     LOG_RECORD_HEADER_BYTES,
 };
-use oxpool_io::IoBuf;
+use oxpool_io::{DurableWriteMode, IoBuf};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,22 @@ pub(crate) const SEQ_RESTART_GAP: u64 = 1 << 32;
 /// most): enough for every request a connection can have in flight, and a bound on what one
 /// builder holds in memory.
 pub(crate) const BUILD_CLOSED_BLOCKS_MAX: usize = 16;
+/// On a device where either way to a durable log block may be faster
+/// ([`DurableWriteMode::Measure`]: a pool file), the way not in use is tried again at most
+/// this often, so the log notices when the other has become faster (the machine got busy or
+/// quiet): often enough to follow the load, seldom enough that a trial of the slow way
+/// (milliseconds per block when it is the bound-worker stall) costs about 1 % of the time.
+pub(crate) const DURABLE_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// A trial of write + flush replaces durable writes only if its mean is below this share
+/// (in percent) of theirs: on a quiet machine the durable write saves a wake-up (median 60
+/// against 69 us) but the two means differ by a few percent, well inside the noise of
+/// sixteen blocks with heavy tails, so without a margin the choice was a coin toss; on a
+/// busy one write + flush is three to ten times faster and clears it easily.
+pub(crate) const DURABLE_FLUSH_WINS_BELOW_PERCENT: u128 = 75;
+/// Blocks of one trial of the way not in use, and the fewest blocks of the way in use a
+/// trial is compared with: both ways have heavy tails under load (one block in ten, or
+/// most, waiting a scheduler slice), so one block says little; the mean of sixteen does.
+pub(crate) const DURABLE_TRIAL_BLOCKS: u64 = 16;
 /// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
 pub(crate) const WAITERS_MAX: usize = 1 << 16;
 /// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
@@ -114,6 +130,131 @@ pub(crate) struct ChainBlock {
     pub(crate) failed: bool,
 }
 
+/// How one log block is made durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DurableWay {
+    /// Every copy one durable (FUA) write.
+    Fua,
+    /// Every copy written, then every device involved flushed.
+    WriteThenFlush,
+}
+
+impl DurableWay {
+    fn other(self) -> DurableWay {
+        match self {
+            DurableWay::Fua => DurableWay::WriteThenFlush,
+            DurableWay::WriteThenFlush => DurableWay::Fua,
+        }
+    }
+}
+
+/// The log's choice between the two ways to a durable block, on a device that lets it
+/// choose: the way in use, whose blocks are measured, and every [`DURABLE_PROBE_INTERVAL`] a
+/// trial of [`DURABLE_TRIAL_BLOCKS`] blocks the other way; the way with the lower mean time
+/// from write to durable is used until the next trial, write + flush only if clearly lower
+/// ([`DURABLE_FLUSH_WINS_BELOW_PERCENT`]).
+#[derive(Debug)]
+pub(crate) struct DurableChoice {
+    pub(crate) way: DurableWay,
+    /// Blocks made durable the way in use since the last decision, and their summed time.
+    in_use_blocks: u64,
+    in_use_ns: u64,
+    trial: Option<DurableTrial>,
+    /// When the last trial ended (`None`: none yet).
+    decided_at: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct DurableTrial {
+    started_at: Instant,
+    issued_blocks: u64,
+    measured_blocks: u64,
+    measured_ns: u64,
+}
+
+impl DurableChoice {
+    fn new() -> DurableChoice {
+        DurableChoice {
+            way: DurableWay::Fua,
+            in_use_blocks: 0,
+            in_use_ns: 0,
+            trial: None,
+            decided_at: None,
+        }
+    }
+
+    /// The way for the next block, at `now`.
+    fn choose(&mut self, now: Instant) -> DurableWay {
+        if let Some(t) = &mut self.trial {
+            if t.issued_blocks < DURABLE_TRIAL_BLOCKS {
+                t.issued_blocks += 1;
+                return self.way.other();
+            }
+            // A trial block that never reports (its write failed) must not stall the choice.
+            if now.saturating_duration_since(t.started_at) >= DURABLE_PROBE_INTERVAL {
+                self.decide(now);
+            }
+            return self.way;
+        }
+        let due = self
+            .decided_at
+            .is_none_or(|d| now.saturating_duration_since(d) >= DURABLE_PROBE_INTERVAL);
+        if due && self.in_use_blocks >= DURABLE_TRIAL_BLOCKS {
+            self.trial = Some(DurableTrial {
+                started_at: now,
+                issued_blocks: 1,
+                measured_blocks: 0,
+                measured_ns: 0,
+            });
+            return self.way.other();
+        }
+        self.way
+    }
+
+    /// A block made durable `way` took `took_ns`.
+    fn note(&mut self, way: DurableWay, took_ns: u64, now: Instant) {
+        if way == self.way {
+            self.in_use_blocks += 1;
+            self.in_use_ns += took_ns;
+            return;
+        }
+        let Some(t) = &mut self.trial else {
+            // A trial block finishing after its trial was decided: old news.
+            return;
+        };
+        t.measured_blocks += 1;
+        t.measured_ns += took_ns;
+        if t.measured_blocks >= DURABLE_TRIAL_BLOCKS {
+            self.decide(now);
+        }
+    }
+
+    /// Ends the trial: the other way becomes the way in use if its blocks took less on
+    /// average than those of the way in use since the last decision.
+    fn decide(&mut self, now: Instant) {
+        let Some(t) = self.trial.take() else {
+            return;
+        };
+        self.decided_at = Some(now);
+        // trial_ns / trial_blocks < share * in_use_ns / in_use_blocks, without division.
+        let share_percent = match self.way.other() {
+            DurableWay::WriteThenFlush => DURABLE_FLUSH_WINS_BELOW_PERCENT,
+            DurableWay::Fua => 100,
+        };
+        let trial_wins = t.measured_blocks > 0
+            && u128::from(t.measured_ns) * u128::from(self.in_use_blocks) * 100
+                < u128::from(self.in_use_ns) * u128::from(t.measured_blocks) * share_percent;
+        if trial_wins {
+            self.way = self.way.other();
+            self.in_use_blocks = t.measured_blocks;
+            self.in_use_ns = t.measured_ns;
+        } else {
+            self.in_use_blocks = 0;
+            self.in_use_ns = 0;
+        }
+    }
+}
+
 pub(crate) struct ZilState {
     pub(crate) pending: VecDeque<Itx>,
     pub(crate) next_itx: u64,
@@ -154,6 +295,8 @@ pub(crate) struct ZilState {
     /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
     /// further one fails as if the pool were full.
     pub(crate) alloc_ok_left: Option<u64>,
+    /// How blocks are made durable on a device that lets the log choose.
+    pub(crate) durable: DurableChoice,
 }
 
 /// One volume's intent log.
@@ -191,6 +334,7 @@ impl Zil {
                 recent_used_bytes: VecDeque::new(),
                 to_free,
                 alloc_ok_left: None,
+                durable: DurableChoice::new(),
             }),
         }
     }
@@ -321,6 +465,27 @@ impl ZilState {
         recent
             .next_multiple_of(oxpool_format::SECTOR_BYTES)
             .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX as u64)
+    }
+
+    /// How to make the next block durable, at `now`, on a device that makes a write
+    /// durable fastest by `device` (see [`device_durable_mode`]): as it says, or where it
+    /// lets the log choose, by [`DurableChoice`].
+    pub(crate) fn choose_durable_way(
+        &mut self,
+        device: DurableWriteMode,
+        now: Instant,
+    ) -> DurableWay {
+        match device {
+            DurableWriteMode::Fua => DurableWay::Fua,
+            DurableWriteMode::WriteThenFlush => DurableWay::WriteThenFlush,
+            DurableWriteMode::Measure => self.durable.choose(now),
+        }
+    }
+
+    /// A block made durable `way` on a device that lets the log choose took `took_ns`
+    /// from its write to durable; `now` is when it was done.
+    pub(crate) fn note_durable(&mut self, way: DurableWay, took_ns: u64, now: Instant) {
+        self.durable.note(way, took_ns, now);
     }
 
     /// A build failed with records of seqs >= `first` (txgs up to `max_txg`) out of `pending`
@@ -631,21 +796,41 @@ async fn read_raidz_log_block(
     read.ok().map(|(buf, _, _)| buf)
 }
 
+/// How the devices of `addr`'s vdev make a write durable fastest: FUA if every one says so,
+/// write then flush if any says so, else measure.
+pub(crate) fn device_durable_mode(inner: &Spa, addr: &Dva) -> DurableWriteMode {
+    let Some(top) = inner.zio.vdevs.top(addr.vdev) else {
+        return DurableWriteMode::Fua;
+    };
+    let mut mode = DurableWriteMode::Fua;
+    for l in top.leaves_in_service() {
+        match l.backend.durable_write_mode() {
+            DurableWriteMode::WriteThenFlush => return DurableWriteMode::WriteThenFlush,
+            DurableWriteMode::Measure => mode = DurableWriteMode::Measure,
+            DurableWriteMode::Fua => {}
+        }
+    }
+    mode
+}
+
 /// Writes a log block (one copy, every child of its vdev) and makes it durable together with
 /// the blocks its records point to.
 ///
 /// When the block is all its commit needs (no record points at a block written in place;
-/// earlier blocks of the chain are durable on their own, see `advance_durable`), every copy
-/// is a durable (FUA) write and there is no flush: one I/O instead of a write, a wait, and
-/// an fdatasync that io_uring hands to a kernel worker thread. Otherwise the block is written
-/// plainly and every device involved is flushed, because a FUA write makes nothing else
-/// durable. A durable write counts as one device flush: on a device without FUA (most
-/// virtual disks, files) the kernel flushes the cache for it.
+/// earlier blocks of the chain are durable on their own, see `advance_durable`) and `way`
+/// says so, every copy is a durable (FUA) write and there is no flush: one I/O instead of a
+/// write, a wait, and a flush. Otherwise the block is written plainly and every device
+/// involved is flushed, because a FUA write makes nothing else durable; a pool file may ask
+/// for this too ([`DurableWriteMode::Measure`]: the filesystem finishes a durable direct
+/// write on a kernel worker bound to one CPU, which made commits wait milliseconds whenever
+/// that CPU was busy). A durable write counts as one device flush: on a device without FUA
+/// (most virtual disks, files) the kernel flushes the cache for it.
 pub(crate) async fn write_durably(
     inner: &Spa,
     addr: &Dva,
     also_flush: &[VdevId],
     data: IoBuf,
+    way: DurableWay,
 ) -> Result<()> {
     let zio = &inner.zio;
     // Only the used part (whole sectors) is written; the rest of the place stays as it was.
@@ -666,7 +851,7 @@ pub(crate) async fn write_durably(
             data,
         ),
     };
-    if also_flush.is_empty() {
+    if also_flush.is_empty() && way == DurableWay::Fua {
         crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
         let copies = zio
             .vdevs
@@ -897,6 +1082,81 @@ impl DatasetLog for Zil {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On a device that lets the log choose (a pool file): the first blocks go the durable
+    /// (FUA) way, then a trial of the other; the way with the lower mean wins; one trial of
+    /// the way not in use per interval and no more; the choice follows when the other way
+    /// becomes faster (the machine gets quiet); a trial whose blocks never report ends after
+    /// an interval. Devices that say how are never second-guessed.
+    #[test]
+    fn durable_way_follows_the_lower_mean_and_tries_the_other_once_per_interval() {
+        use DurableWay::{Fua, WriteThenFlush as Split};
+        const N: u64 = DURABLE_TRIAL_BLOCKS;
+        let zil = Zil::new(Guid(1), VolumeId(1), 1, Vec::new());
+        let mut s = zil.state.lock().unwrap();
+        let m = DurableWriteMode::Measure;
+        let t0 = Instant::now();
+        let busy = |w: DurableWay| if w == Fua { 3_500_000 } else { 150_000 };
+        let quiet = |w: DurableWay| if w == Fua { 40_000 } else { 150_000 };
+        // Runs `blocks` blocks one at a time over [from, from + span), each taking what
+        // `cost` says; returns how many went each way.
+        let run = |s: &mut ZilState,
+                   from: Instant,
+                   span: Duration,
+                   blocks: u32,
+                   cost: &dyn Fn(DurableWay) -> u64| {
+            let mut ways = (0u64, 0u64);
+            for k in 0..blocks {
+                let now = from + span * k / blocks;
+                let w = s.choose_durable_way(m, now);
+                if w == Fua {
+                    ways.0 += 1;
+                } else {
+                    ways.1 += 1;
+                }
+                s.note_durable(w, cost(w), now);
+            }
+            ways
+        };
+        // Busy: N durable writes, then a trial of N write + flush, which wins.
+        assert_eq!(run(&mut s, t0, Duration::ZERO, 2 * N as u32, &busy), (N, N));
+        assert_eq!(s.durable.way, Split);
+        // Three intervals later: exactly one trial of FUA per interval, each lost.
+        let ways = run(&mut s, t0, DURABLE_PROBE_INTERVAL * 3, 3000, &busy);
+        assert_eq!(ways, (2 * N, 3000 - 2 * N), "trials of the slow way");
+        assert_eq!(s.durable.way, Split);
+        // Quiet: the next trial of FUA wins, and FUA stays in use.
+        let t1 = t0 + DURABLE_PROBE_INTERVAL * 4;
+        let ways = run(&mut s, t1, DURABLE_PROBE_INTERVAL / 2, 100, &quiet);
+        assert_eq!(ways, (100, 0), "{:?}", s.durable);
+        assert_eq!(s.durable.way, Fua);
+        // Write + flush must be clearly faster to replace durable writes: 80 % is not enough.
+        let t15 = t1 + DURABLE_PROBE_INTERVAL;
+        let close = |w: DurableWay| if w == Fua { 100_000 } else { 80_000 };
+        let ways = run(&mut s, t15, DURABLE_PROBE_INTERVAL / 2, 100, &close);
+        assert_eq!(ways, (100 - N, N), "one trial");
+        assert_eq!(s.durable.way, Fua, "{:?}", s.durable);
+        // A trial whose blocks never report is decided after an interval, with what came.
+        let t2 = t1 + DURABLE_PROBE_INTERVAL * 3;
+        for _ in 0..N {
+            assert_eq!(s.choose_durable_way(m, t2), Split);
+        }
+        assert_eq!(
+            s.choose_durable_way(m, t2),
+            Fua,
+            "trial issued, not reported"
+        );
+        assert!(s.durable.trial.is_some());
+        s.note_durable(Split, 150_000, t2);
+        let t3 = t2 + DURABLE_PROBE_INTERVAL;
+        assert_eq!(s.choose_durable_way(m, t3), Fua);
+        assert!(s.durable.trial.is_none(), "the trial ended");
+        assert_eq!(s.choose_durable_way(DurableWriteMode::Fua, t3), Fua);
+        assert_eq!(
+            s.choose_durable_way(DurableWriteMode::WriteThenFlush, t3),
+            Split
+        );
+    }
 
     /// The lost floor: records a failed build took out of `pending` are in no block, so the
     /// durable point must not pass them, neither when a later block of the chain is written

@@ -12,7 +12,7 @@ use oxpool_format::{
     LogBlockHeader, LogBlockWriter, LogRecord, Txg, LOG_RECORD_DATA_BYTES_MAX,
     LOG_RECORD_HEADER_BYTES,
 };
-use oxpool_io::IoBuf;
+use oxpool_io::{DurableWriteMode, IoBuf};
 use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -705,8 +705,17 @@ impl Volume {
         };
         let len = b.writer.finish(&hdr, &mut b.buf);
         let start = Instant::now();
+        // Blocks with records pointing at blocks written in place are always written and
+        // flushed; only the others tell how fast each way is.
+        let device = device_durable_mode(&self.pool, &b.addr);
+        let measured = b.flush_vdevs.is_empty() && device == DurableWriteMode::Measure;
+        let way = if b.flush_vdevs.is_empty() {
+            zil.state.lock().unwrap().choose_durable_way(device, start)
+        } else {
+            DurableWay::WriteThenFlush
+        };
         let data = IoBuf::from_slice(&b.buf[..len]);
-        let r = write_durably(&self.pool, &b.addr, &b.flush_vdevs, data).await;
+        let r = write_durably(&self.pool, &b.addr, &b.flush_vdevs, data, way).await;
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
         counters
@@ -719,6 +728,9 @@ impl Volume {
             s.latency_ewma_ns = (s.latency_ewma_ns * 7 + ns) / 8;
             match r {
                 Ok(()) => {
+                    if measured {
+                        s.note_durable(way, ns, Instant::now());
+                    }
                     if let Some(c) = s.chain_block_mut(b.seq) {
                         c.done = true;
                     }
