@@ -1183,28 +1183,44 @@ impl Gather {
     /// returns the array for the kernel.
     fn iovecs_for(&mut self, start: usize, len: usize) -> (*const libc::iovec, u32) {
         debug_assert!(start + len <= self.len);
-        self.iovecs.clear();
-        let (mut skip, mut left) = (start, len);
-        for buf in &self.bufs {
-            if left == 0 {
-                break;
-            }
-            if skip >= buf.len() {
-                skip -= buf.len();
-                continue;
-            }
-            let take = (buf.len() - skip).min(left);
-            self.iovecs.push(libc::iovec {
-                // SAFETY: `skip < buf.len()`: in bounds. The kernel only reads through it.
-                iov_base: unsafe { buf.as_ptr().add(skip) } as *mut libc::c_void,
-                iov_len: take,
-            });
-            left -= take;
-            skip = 0;
-        }
-        debug_assert_eq!(left, 0);
+        // The kernel only reads through these pointers.
+        let bufs = self.bufs.iter().map(|b| (b.as_ptr().cast_mut(), b.len()));
+        let covered = point_iovecs(&mut self.iovecs, bufs, start, len, usize::MAX);
+        debug_assert_eq!(covered, len);
         (self.iovecs.as_ptr(), self.iovecs.len() as u32)
     }
+}
+
+/// Points `iovecs` (emptied first) at bytes `[start, start + len)` of the concatenation of
+/// `bufs` (start pointer and length of each), at most `max` entries; returns the bytes
+/// covered (less than `len` only when `max` stopped it).
+pub(crate) fn point_iovecs(
+    iovecs: &mut Vec<libc::iovec>,
+    bufs: impl Iterator<Item = (*mut u8, usize)>,
+    start: usize,
+    len: usize,
+    max: usize,
+) -> usize {
+    iovecs.clear();
+    let (mut skip, mut left) = (start, len);
+    for (ptr, buf_len) in bufs {
+        if left == 0 || iovecs.len() == max {
+            break;
+        }
+        if skip >= buf_len {
+            skip -= buf_len;
+            continue;
+        }
+        let take = (buf_len - skip).min(left);
+        iovecs.push(libc::iovec {
+            // SAFETY: `skip < buf_len`: in bounds of the buffer the caller described.
+            iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
+            iov_len: take,
+        });
+        left -= take;
+        skip = 0;
+    }
+    len - left
 }
 
 /// Most iovecs one `sendmsg` is given (the kernel's `UIO_MAXIOV`); a longer [`SendList`]

@@ -7,6 +7,7 @@
 //! sequential writes; issue 19). Buffers the pool cannot give are allocated without being
 //! zeroed first, which the fill order makes sound: see [`Scatter::push_for_receive`].
 
+use crate::driver::point_iovecs;
 use crate::IoBuf;
 
 /// Most `iovec`s one receive submits (the kernel's `IOV_MAX` is 1024); a longer scatter is
@@ -180,26 +181,16 @@ impl Scatter {
     /// the kernel, which writes through it.
     pub(crate) fn iovecs_for(&mut self, start: usize, end: usize) -> (*const libc::iovec, u32) {
         debug_assert_eq!(start, self.filled, "scatters are filled in order");
-        self.iovecs.clear();
-        let (mut skip, mut left) = (start, end - start);
-        for buf in &mut self.bufs {
-            if left == 0 || self.iovecs.len() == SCATTER_IOVECS_MAX {
-                break;
-            }
-            if skip >= buf.len() {
-                skip -= buf.len();
-                continue;
-            }
-            let take = (buf.len() - skip).min(left);
-            self.iovecs.push(libc::iovec {
-                // SAFETY: `skip < buf.len()`: in bounds. The scatter owns the buffer for as
-                // long as the op holds it, and nothing else refers to it.
-                iov_base: unsafe { buf.as_mut_ptr().add(skip) } as *mut libc::c_void,
-                iov_len: take,
-            });
-            left -= take;
-            skip = 0;
-        }
+        // The scatter owns the buffers for as long as the op holds it, and nothing else
+        // refers to them: the kernel may write through these pointers.
+        let bufs = self.bufs.iter_mut().map(|b| (b.as_mut_ptr(), b.len()));
+        point_iovecs(
+            &mut self.iovecs,
+            bufs,
+            start,
+            end - start,
+            SCATTER_IOVECS_MAX,
+        );
         debug_assert!(!self.iovecs.is_empty(), "a receive into no bytes");
         (self.iovecs.as_ptr(), self.iovecs.len() as u32)
     }

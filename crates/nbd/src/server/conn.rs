@@ -464,12 +464,7 @@ impl Conn {
                 self.slots.borrow_mut()[index].buffer = None;
                 return Some(IoBuf::zeroed(new_bytes));
             }
-            let releases = self.releases.get();
-            wait_until(&self.reader_waker, || {
-                self.halted() || self.releases.get() != releases
-            })
-            .await;
-            if self.halted() {
+            if !self.wait_for_release().await {
                 return None;
             }
         }
@@ -510,15 +505,21 @@ impl Conn {
                 }
                 return Some(blocks);
             }
-            let releases = self.releases.get();
-            wait_until(&self.reader_waker, || {
-                self.halted() || self.releases.get() != releases
-            })
-            .await;
-            if self.halted() {
+            if !self.wait_for_release().await {
                 return None;
             }
         }
+    }
+
+    /// Waits until a request in flight releases its slot: true, or false when the reader
+    /// must stop.
+    async fn wait_for_release(&self) -> bool {
+        let releases = self.releases.get();
+        wait_until(&self.reader_waker, || {
+            self.halted() || self.releases.get() != releases
+        })
+        .await;
+        !self.halted()
     }
 
     /// Adds `extra_bytes` to the buffers' bytes if the budget allows it, after dropping idle
