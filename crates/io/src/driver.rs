@@ -1324,37 +1324,18 @@ impl SendList {
     /// and returns the array for the kernel.
     fn iovecs_for(&mut self, start: usize, len: usize) -> (*mut libc::iovec, u32) {
         debug_assert!(start + len <= self.len);
-        self.iovecs.clear();
-        let (mut skip, mut left) = (start, len);
-        // Bounded by the pieces of the list.
-        for piece in &self.pieces {
-            if left == 0 || self.iovecs.len() == SEND_IOVECS_MAX {
-                break;
-            }
+        let own = self.own.as_ref();
+        // Each piece's first byte and length: `range.end <= buffer length` was checked when
+        // the piece was pushed. The kernel only reads through these pointers.
+        let pieces = self.pieces.iter().map(|piece| {
             let (base, range) = match piece {
-                SendPiece::Own(range) => (
-                    self.own
-                        .as_ref()
-                        .expect("owned pieces have a buffer")
-                        .as_ptr(),
-                    range,
-                ),
+                SendPiece::Own(range) => (own.expect("owned pieces have a buffer").as_ptr(), range),
                 SendPiece::Shared(buf, range) => (buf.as_ptr(), range),
             };
-            if skip >= range.len() {
-                skip -= range.len();
-                continue;
-            }
-            let take = (range.len() - skip).min(left);
-            self.iovecs.push(libc::iovec {
-                // SAFETY: `range.start + skip < range.end <= buffer length` (checked when the
-                // piece was pushed): in bounds. The kernel only reads through it.
-                iov_base: unsafe { base.add(range.start + skip) } as *mut libc::c_void,
-                iov_len: take,
-            });
-            left -= take;
-            skip = 0;
-        }
+            // SAFETY: `range.start <= buffer length`: in bounds (or one past the end).
+            (unsafe { base.add(range.start) }.cast_mut(), range.len())
+        });
+        point_iovecs(&mut self.iovecs, pieces, start, len, SEND_IOVECS_MAX);
         (self.iovecs.as_mut_ptr(), self.iovecs.len() as u32)
     }
 }
@@ -1787,6 +1768,25 @@ impl std::fmt::Debug for RingOp {
 mod tests {
     use super::*;
 
+    /// The bytes `count` iovecs at `ptr` point to, in order (none of them empty).
+    ///
+    /// # Safety
+    ///
+    /// `ptr` holds `count` iovecs, each pointing to `iov_len` live bytes.
+    unsafe fn iovec_bytes(ptr: *const libc::iovec, count: u32) -> Vec<u8> {
+        // SAFETY: the caller's promise.
+        let iovecs = unsafe { std::slice::from_raw_parts(ptr, count as usize) };
+        let mut got = Vec::new();
+        for v in iovecs {
+            assert!(v.iov_len > 0, "no empty iovec");
+            // SAFETY: the caller's promise.
+            got.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+            });
+        }
+        got
+    }
+
     /// A send list's iovecs cover exactly the bytes asked, wherever a resumed send starts,
     /// at most `SEND_IOVECS_MAX` of them (the rest goes in the next submission); adjacent
     /// owned ranges are one iovec; `finish` lets the shared buffers go and returns the owned.
@@ -1821,16 +1821,8 @@ mod tests {
         while start < whole.len() {
             let (ptr, count) = list.iovecs_for(start, whole.len() - start);
             assert!(count as usize <= SEND_IOVECS_MAX);
-            // SAFETY: the array lives in `list` until the next call.
-            let iovecs = unsafe { std::slice::from_raw_parts(ptr, count as usize) };
-            let mut got = Vec::new();
-            for v in iovecs {
-                assert!(v.iov_len > 0, "no empty iovec");
-                // SAFETY: points into a live buffer of `list`, for iov_len bytes.
-                got.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-                });
-            }
+            // SAFETY: the array and its buffers live in `list` until the next call.
+            let got = unsafe { iovec_bytes(ptr, count) };
             assert_eq!(got, whole[start..start + got.len()], "from {start}");
             // Resume in the middle of a piece next time, as after a short send.
             start += (got.len() - got.len() / 3).max(1);
@@ -1870,16 +1862,8 @@ mod tests {
             (whole.len() - 1, 1),
         ] {
             let (ptr, count) = gather.iovecs_for(start, len);
-            // SAFETY: the array lives in `gather` until the next call.
-            let iovecs = unsafe { std::slice::from_raw_parts(ptr, count as usize) };
-            let mut got = Vec::new();
-            for v in iovecs {
-                assert!(v.iov_len > 0, "no empty iovec");
-                // SAFETY: points into a live buffer of `gather`, for iov_len bytes.
-                got.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-                });
-            }
+            // SAFETY: the array and its buffers live in `gather` until the next call.
+            let got = unsafe { iovec_bytes(ptr, count) };
             assert_eq!(got, whole[start..start + len], "range {start}+{len}");
         }
     }
