@@ -188,6 +188,19 @@ pub fn ops_in_flight() -> usize {
     with_existing_driver(|d| d.in_kernel).unwrap_or(0)
 }
 
+/// Hands the operations this thread has queued to the kernel now, without waiting for any
+/// completion. Operations are otherwise submitted at the executor's next turn; a task that
+/// starts I/O and then computes for milliseconds without yielding (the txg sync starts a
+/// batch's writes, then compresses and checksums the next batch) calls this in between, so
+/// the device works while it computes instead of after.
+pub fn submit_queued() {
+    with_existing_driver(|d| {
+        if !d.ring.submission().is_empty() {
+            d.enter(0);
+        }
+    });
+}
+
 /// Submits queued SQEs, waits for a completion if `block` (and nothing is runnable yet), reaps
 /// completions and wakes their futures. Called by the executors between polls.
 pub(crate) fn turn(block: bool) {

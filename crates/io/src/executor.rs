@@ -122,6 +122,32 @@ pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
     JoinAll::new(futs).await
 }
 
+/// Runs `a` and `b` at once on the current task; their results when both are done. Either
+/// one's wake polls both (each polls only while not done), so neither is left unpolled
+/// while the other waits.
+pub async fn join2<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        if ra.is_some() && rb.is_some() {
+            Poll::Ready((ra.take().unwrap(), rb.take().unwrap()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 enum MaybeDone<F: Future> {
     Pending(F),
     Done(F::Output),

@@ -166,9 +166,10 @@ pub trait Backend: Send + Sync + 'static {
 /// The ring driver's executors and async socket operations.
 pub mod rt {
     pub use crate::driver::{
-        ops_in_flight, set_fsync_here_max, set_spin, FSYNC_HERE_MAX_DEFAULT, OP_TABLE_CAPACITY,
+        ops_in_flight, set_fsync_here_max, set_spin, submit_queued, FSYNC_HERE_MAX_DEFAULT,
+        OP_TABLE_CAPACITY,
     };
-    pub use crate::executor::{block_on, join_all, sleep, spawn_local, LocalExecutor};
+    pub use crate::executor::{block_on, join2, join_all, sleep, spawn_local, LocalExecutor};
 
     /// Async socket operations on the ring for the NBD server (TCP and unix stream sockets),
     /// with owned buffers.

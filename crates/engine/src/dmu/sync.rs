@@ -21,7 +21,7 @@ use crate::{EngineError, Result};
 use oxpool_format::{
     BlockPtr, BlockType, Checksum, Compression, Dva, Txg, INDIRECT_BLOCK_BYTES, SECTOR_BYTES,
 };
-use oxpool_io::rt::join_all;
+use oxpool_io::rt::{join2, join_all};
 use oxpool_io::IoBuf;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -125,18 +125,19 @@ pub(crate) fn asize_all(bp: &BlockPtr) -> u64 {
     bp.dvas().iter().map(|d| u64::from(d.asize_bytes)).sum()
 }
 
-/// The blocks a batch writes, with their writes and their new pointers.
-type BatchWrites = (
-    Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)>,
-    Vec<Result<()>>,
-);
-
-/// One batch of data blocks whose writes are done: the blocks, their new pointers (or
-/// their placement's error), and the writes with their results.
-struct BatchWritten<'a> {
+/// One batch of data blocks placed and ready to write: the blocks, their new pointers (or
+/// their placement's error), and the writes to issue (index in the batch, new pointer,
+/// stored bytes, what goes to the data cache afterwards).
+struct BatchPlanned<'a> {
     batch: &'a [(u64, Arc<IoBuf>, Kind)],
     ptrs: Vec<Result<(BlockPtr, Option<BlockPtr>)>>,
-    writes: BatchWrites,
+    writes: Vec<(usize, BlockPtr, Arc<IoBuf>, CacheAfter)>,
+}
+
+/// One batch of data blocks whose writes are done, with each write's result.
+struct BatchWritten<'a> {
+    planned: BatchPlanned<'a>,
+    written: Vec<Result<()>>,
 }
 
 /// After a batch's writes: caches what goes to the data cache, and puts the blocks in the
@@ -151,11 +152,14 @@ async fn finish_batch(
     compressed_delta: &mut i64,
 ) -> Result<()> {
     let BatchWritten {
-        batch,
-        mut ptrs,
-        writes,
+        planned:
+            BatchPlanned {
+                batch,
+                mut ptrs,
+                writes,
+            },
+        written,
     } = done;
-    let (writes, written) = writes;
     for ((i, bp, data, cache), r) in writes.into_iter().zip(written) {
         if let Err(e) = r {
             ptrs[i] = Err(e);
@@ -193,124 +197,35 @@ async fn finish_batch(
     Ok(())
 }
 
-/// Writes one object's part of txg `txg`: frees, data blocks, indirect blocks; the blocks
-/// it replaces or removes go to `kills`. With `destroy`, frees everything the object has. `props` are its
-/// dataset's as of this sync (block size, checksum, copies, compression); `what` names it in
-/// messages.
-pub(crate) async fn sync_object(
-    inner: &Spa,
-    obj: &Object,
-    what: &str,
-    props: &VolumeProps,
+/// What the sync of one object's data blocks needs to prepare a batch.
+struct DataSync<'a> {
+    inner: &'a Spa,
+    obj: &'a Object,
+    what: &'a str,
     txg: Txg,
-    destroy: bool,
-    kills: &mut Kills<'_>,
-) -> Result<()> {
-    let props = props.clone();
-    let nblocks = props.volsize_bytes / props.volblocksize_bytes as u64;
-    type Frees = Vec<(u64, u64)>;
-    // (block, dirty buffer, what the buffer holds)
-    type Blocks = Vec<(u64, Arc<IoBuf>, Kind)>;
-    let (frees, mut blocks): (Frees, Blocks) = {
-        let d = obj.dirty.lock().unwrap();
-        match d.txgs.iter().find(|(t, _)| *t == txg) {
-            Some((_, t)) => {
-                if let Some(size) = t.size_bytes {
-                    obj.tree_size_bytes.store(size, Ordering::Relaxed);
-                }
-                (
-                    t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
-                    t.blocks
-                        .iter()
-                        .map(|(&b, block)| {
-                            let written = match block {
-                                DirtyBlock::Data(_) => Kind::Whole,
-                                DirtyBlock::Partial(_, m) => Kind::Partial(*m),
-                                DirtyBlock::Stored(_, form) => Kind::Stored(*form),
-                            };
-                            (b, Arc::clone(block.buf()), written)
-                        })
-                        .collect(),
-                )
-            }
-            None => (Vec::new(), Vec::new()),
-        }
-    };
-    let mut frees = frees;
-    if destroy {
-        frees = vec![(0, capacity(obj.tree.lock().unwrap().levels()))];
-        blocks.clear();
-    }
-    obj.tree.lock().unwrap().grow_for(nblocks);
-    let mut used_delta: i64 = 0;
-    // The change of the data blocks' stored bytes (one copy each), for `compressratio`.
-    let mut compressed_delta: i64 = 0;
-    // 1. Frees (applied before the txg's writes, which may land inside a freed range).
-    for (start, end) in frees {
-        let mut b = start;
-        // Bounded: each round moves past one level-1 block or one hole subtree.
-        while b < end {
-            match walk(&obj.tree, &inner.zio, IoClass::AsyncRead, b, 1, false, what).await? {
-                Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
-                Walk::Cached => {
-                    let mut removed = Vec::new();
-                    let next = (b / FANOUT + 1) * FANOUT;
-                    if obj
-                        .tree
-                        .lock()
-                        .unwrap()
-                        .clear_data_range(b, end.min(next), &mut removed)
-                    {
-                        for p in removed {
-                            used_delta -=
-                                p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
-                            compressed_delta -= stored_bytes(&p);
-                            kills.kill(&p);
-                        }
-                        b = next;
-                    }
-                }
-            }
-        }
-    }
-    // 2. Data blocks, written concurrently in bounded batches. A block the intent log already
-    // wrote in place with this very content is adopted, not written again; the log's other
-    // in-place blocks of this txg (or older) are freed.
-    blocks.sort_unstable_by_key(|(b, _, _)| *b);
-    let bs = props.volblocksize_bytes;
-    let mut overrides: HashMap<u64, crate::zio::compress::InPlaceBlock> = HashMap::new();
-    // Every in-place block taken here is adopted or freed by this txg: no longer held.
-    {
-        let mut o = obj.overrides.lock().unwrap();
-        let mut held = obj.inplace_held.lock().unwrap();
-        let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
-        for k in mine {
-            let block = o.remove(&k).unwrap();
-            block.bp.dvas().iter().for_each(|d| {
-                held.remove(d);
-            });
-            if k.0 == txg && !destroy {
-                overrides.insert(k.1, block);
-            } else {
-                kills.freed.extend_from_slice(block.bp.dvas());
-            }
-        }
-        obj.override_garbage.lock().unwrap().retain(|(t, bp)| {
-            if *t <= txg {
-                bp.dvas().iter().for_each(|d| {
-                    held.remove(d);
-                });
-                kills.freed.extend_from_slice(bp.dvas());
-                false
-            } else {
-                true
-            }
-        });
-    }
-    let overrides = &overrides;
-    let data_props = &props;
-    let compression = props.compression;
-    for batch in blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX) {
+    props: &'a VolumeProps,
+    /// Blocks the intent log wrote in place in this txg, by block index.
+    overrides: &'a HashMap<u64, crate::zio::compress::InPlaceBlock>,
+}
+
+impl DataSync<'_> {
+    /// Prepares one batch: merges partial blocks with their old content, finds the blocks
+    /// the log already wrote with this content, decides how each is stored (compressed, as
+    /// is, a hole) with its checksum, and gives the blocks to write adjacent places.
+    async fn plan_batch<'b>(
+        &self,
+        batch: &'b [(u64, Arc<IoBuf>, Kind)],
+    ) -> Result<BatchPlanned<'b>> {
+        let DataSync {
+            inner,
+            obj,
+            what,
+            txg,
+            props: data_props,
+            overrides,
+        } = *self;
+        let bs = data_props.volblocksize_bytes;
+        let compression = data_props.compression;
         // Merge partial blocks with their old content (reads it: frees of this txg, applied
         // above, never cover a partial block of this txg); find the blocks the log already
         // wrote with this content.
@@ -356,6 +271,11 @@ pub(crate) async fn sync_object(
                 (Prepared::Content(merged), _) => Some(&merged.as_ref().unwrap_or(dirty_buf)[..]),
             })
             .collect();
+        // The previous batch's writes, started just before by the same task, go to the
+        // kernel now: this work does not yield for milliseconds (2026-11-27 profile: each
+        // batch's writes began only after the next batch's compression, so the device idled
+        // half the time and a sync wrote at about half its rate).
+        oxpool_io::rt::submit_queued();
         let mut stored_forms =
             crate::zio::compress::store_all(compression, data_props.checksum, &contents)
                 .into_iter();
@@ -456,34 +376,185 @@ pub(crate) async fn sync_object(
                 }
             }
         }
-        // Issued, then finished (waited for, put in the tree) before the next batch is
-        // prepared. Not left in flight across the next batch's preparation: a batch's
-        // writes that nobody polls keep their places in the vdev queue while the next batch's
-        // merge reads wait for places behind them, and with a faulted raidz child (reads
-        // that need more I/Os) the txg sync stopped for good (device_failures.rs,
-        // raidz2_under_fio_verify_..., 2026-11-27).
-        let zio = &inner.zio;
-        let list: Vec<(&[Dva], &Arc<IoBuf>)> = writes
-            .iter()
-            .map(|(_, bp, data, _)| (bp.dvas(), data))
-            .collect();
-        let written = write_blocks_shared(zio, IoClass::AsyncWrite, &list).await;
-        drop(list);
-        let done = BatchWritten {
+        Ok(BatchPlanned {
             batch,
             ptrs,
-            writes: (writes, written),
+            writes,
+        })
+    }
+}
+
+/// Issues a planned batch's writes (aggregated into large ones) and waits for them.
+async fn write_batch<'b>(inner: &Spa, planned: BatchPlanned<'b>) -> BatchWritten<'b> {
+    let list: Vec<(&[Dva], &Arc<IoBuf>)> = planned
+        .writes
+        .iter()
+        .map(|(_, bp, data, _)| (bp.dvas(), data))
+        .collect();
+    let written = write_blocks_shared(&inner.zio, IoClass::AsyncWrite, &list).await;
+    drop(list);
+    BatchWritten { planned, written }
+}
+
+/// Writes one object's part of txg `txg`: frees, data blocks, indirect blocks; the blocks
+/// it replaces or removes go to `kills`. With `destroy`, frees everything the object has. `props` are its
+/// dataset's as of this sync (block size, checksum, copies, compression); `what` names it in
+/// messages.
+pub(crate) async fn sync_object(
+    inner: &Spa,
+    obj: &Object,
+    what: &str,
+    props: &VolumeProps,
+    txg: Txg,
+    destroy: bool,
+    kills: &mut Kills<'_>,
+) -> Result<()> {
+    let props = props.clone();
+    let nblocks = props.volsize_bytes / props.volblocksize_bytes as u64;
+    type Frees = Vec<(u64, u64)>;
+    // (block, dirty buffer, what the buffer holds)
+    type Blocks = Vec<(u64, Arc<IoBuf>, Kind)>;
+    let (frees, mut blocks): (Frees, Blocks) = {
+        let d = obj.dirty.lock().unwrap();
+        match d.txgs.iter().find(|(t, _)| *t == txg) {
+            Some((_, t)) => {
+                if let Some(size) = t.size_bytes {
+                    obj.tree_size_bytes.store(size, Ordering::Relaxed);
+                }
+                (
+                    t.frees.iter().map(|(&s, &e)| (s, e)).collect(),
+                    t.blocks
+                        .iter()
+                        .map(|(&b, block)| {
+                            let written = match block {
+                                DirtyBlock::Data(_) => Kind::Whole,
+                                DirtyBlock::Partial(_, m) => Kind::Partial(*m),
+                                DirtyBlock::Stored(_, form) => Kind::Stored(*form),
+                            };
+                            (b, Arc::clone(block.buf()), written)
+                        })
+                        .collect(),
+                )
+            }
+            None => (Vec::new(), Vec::new()),
+        }
+    };
+    let mut frees = frees;
+    if destroy {
+        frees = vec![(0, capacity(obj.tree.lock().unwrap().levels()))];
+        blocks.clear();
+    }
+    obj.tree.lock().unwrap().grow_for(nblocks);
+    let mut used_delta: i64 = 0;
+    // The change of the data blocks' stored bytes (one copy each), for `compressratio`.
+    let mut compressed_delta: i64 = 0;
+    // 1. Frees (applied before the txg's writes, which may land inside a freed range).
+    for (start, end) in frees {
+        let mut b = start;
+        // Bounded: each round moves past one level-1 block or one hole subtree.
+        while b < end {
+            match walk(&obj.tree, &inner.zio, IoClass::AsyncRead, b, 1, false, what).await? {
+                Walk::Hole { level } => b = skip_hole(b, level).max(b + 1),
+                Walk::Cached => {
+                    let mut removed = Vec::new();
+                    let next = (b / FANOUT + 1) * FANOUT;
+                    if obj
+                        .tree
+                        .lock()
+                        .unwrap()
+                        .clear_data_range(b, end.min(next), &mut removed)
+                    {
+                        for p in removed {
+                            used_delta -=
+                                p.dvas().iter().map(|d| d.asize_bytes as i64).sum::<i64>();
+                            compressed_delta -= stored_bytes(&p);
+                            kills.kill(&p);
+                        }
+                        b = next;
+                    }
+                }
+            }
+        }
+    }
+    // 2. Data blocks, written concurrently in bounded batches. A block the intent log already
+    // wrote in place with this very content is adopted, not written again; the log's other
+    // in-place blocks of this txg (or older) are freed.
+    blocks.sort_unstable_by_key(|(b, _, _)| *b);
+    let mut overrides: HashMap<u64, crate::zio::compress::InPlaceBlock> = HashMap::new();
+    // Every in-place block taken here is adopted or freed by this txg: no longer held.
+    {
+        let mut o = obj.overrides.lock().unwrap();
+        let mut held = obj.inplace_held.lock().unwrap();
+        let mine: Vec<(Txg, u64)> = o.keys().filter(|(t, _)| *t <= txg).copied().collect();
+        for k in mine {
+            let block = o.remove(&k).unwrap();
+            block.bp.dvas().iter().for_each(|d| {
+                held.remove(d);
+            });
+            if k.0 == txg && !destroy {
+                overrides.insert(k.1, block);
+            } else {
+                kills.freed.extend_from_slice(block.bp.dvas());
+            }
+        }
+        obj.override_garbage.lock().unwrap().retain(|(t, bp)| {
+            if *t <= txg {
+                bp.dvas().iter().for_each(|d| {
+                    held.remove(d);
+                });
+                kills.freed.extend_from_slice(bp.dvas());
+                false
+            } else {
+                true
+            }
+        });
+    }
+    let data = DataSync {
+        inner,
+        obj,
+        what,
+        txg,
+        props: &props,
+        overrides: &overrides,
+    };
+    // A two-stage pipeline: while one batch's writes are in flight (and then its blocks go
+    // into the tree), the next batch is prepared (merge reads, compression, checksums,
+    // places), so the device is not idle while the sync's CPU works and the CPU not idle
+    // while the device writes. Both stages are polled by one join: a batch's writes are
+    // never left unpolled while the next batch's merge reads wait behind them in the vdev
+    // queue (that deadlocked the txg sync with a faulted raidz child when a batch's writes
+    // were left in flight unpolled: device_failures.rs, 2026-11-27). At most two batches
+    // are in memory (docs/memory.md).
+    let mut batches = blocks.chunks(SYNC_WRITES_IN_FLIGHT_MAX);
+    let mut planned = match batches.next() {
+        Some(first) => Some(data.plan_batch(first).await?),
+        None => None,
+    };
+    // Bounded: one round per batch.
+    while let Some(this) = planned.take() {
+        let next = batches.next();
+        let write_and_finish = async {
+            let done = write_batch(inner, this).await;
+            finish_batch(
+                inner,
+                obj,
+                what,
+                done,
+                kills,
+                &mut used_delta,
+                &mut compressed_delta,
+            )
+            .await
         };
-        finish_batch(
-            inner,
-            obj,
-            what,
-            done,
-            kills,
-            &mut used_delta,
-            &mut compressed_delta,
-        )
-        .await?;
+        let plan_next = async {
+            match next {
+                Some(batch) => Some(data.plan_batch(batch).await),
+                None => None,
+            }
+        };
+        let (finished, next_planned) = join2(write_and_finish, plan_next).await;
+        finished?;
+        planned = next_planned.transpose()?;
     }
     for (b, o) in overrides.iter() {
         if blocks.binary_search_by_key(b, |(x, _, _)| *x).is_err() {

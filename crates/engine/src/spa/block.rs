@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 
 /// Blocks one sync handles as a batch: merged (their reads in flight together), given
 /// adjacent places, written (aggregated into writes of up to 1 MiB, so a few writes in
-/// flight), then finished before the next batch is prepared (`dmu::sync` says why). Bounds
-/// the memory of merged blocks in flight (4 MiB of 16 KiB blocks) and keeps the device's
-/// queue a few large writes deep, as ZFS's async-write limits do with aggregated I/Os.
+/// flight) and finished while the next batch is prepared (`dmu::sync`: at most two batches
+/// at once). Bounds the memory of merged blocks in flight (4 MiB of 16 KiB blocks per batch)
+/// and keeps the device's queue a few large writes deep, as ZFS's async-write limits do with
+/// aggregated I/Os.
 pub(crate) const SYNC_WRITES_IN_FLIGHT_MAX: usize = 256;
 /// Copies of the pool's own metadata (PoolMeta, space maps): as ZFS's MOS, the most.
 pub(crate) const META_COPIES: usize = 3;

@@ -49,7 +49,7 @@ use crate::vdev::{ErrorKind, LeafIo, VdevTree};
 use crate::zio::compress::Verdict;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, Dva};
-use oxpool_io::rt::join_all;
+use oxpool_io::rt::{join2, join_all};
 use oxpool_io::IoBuf;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
@@ -75,33 +75,6 @@ pub async fn write_block_shared(
         return plain.and(parity);
     }
     write_whole_copies_shared(zio, class, dvas, data).await
-}
-
-/// Runs `a` and `b` at once; their results when both are done.
-async fn join2<A: std::future::Future, B: std::future::Future>(
-    a: A,
-    b: B,
-) -> (A::Output, B::Output) {
-    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
-    let (mut ra, mut rb) = (None, None);
-    std::future::poll_fn(|cx| {
-        if ra.is_none() {
-            if let std::task::Poll::Ready(v) = a.as_mut().poll(cx) {
-                ra = Some(v);
-            }
-        }
-        if rb.is_none() {
-            if let std::task::Poll::Ready(v) = b.as_mut().poll(cx) {
-                rb = Some(v);
-            }
-        }
-        if ra.is_some() && rb.is_some() {
-            std::task::Poll::Ready((ra.take().unwrap(), rb.take().unwrap()))
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }
 
 /// `dvas` split into the copies on single and mirror vdevs and those on raidz vdevs; both
