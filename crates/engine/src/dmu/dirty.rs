@@ -189,17 +189,25 @@ pub(crate) fn indirect_copies(props: &VolumeProps) -> usize {
 
 impl TxgDirty {
     /// Marks the indirect blocks above data block `b` as rewritten by this txg's sync and
-    /// charges `space` for those that were not yet. Bounded by the levels; stops at the first
-    /// one already marked (its ancestors were marked with it).
-    pub(crate) fn charge_indirect(&mut self, b: u64, costs: &SpaceCosts, space: &mut ClassBytes) {
+    /// charges `space` for those that were not yet; returns how many were not. Bounded by the
+    /// levels; stops at the first one already marked (its ancestors were marked with it).
+    pub(crate) fn charge_indirect(
+        &mut self,
+        b: u64,
+        costs: &SpaceCosts,
+        space: &mut ClassBytes,
+    ) -> u64 {
         let mut idx = b;
+        let mut marked = 0;
         for level in 1..=costs.levels {
             idx /= FANOUT;
             if !self.indirect.insert(u64::from(level) << 56 | idx) {
                 break;
             }
             *space += costs.indirect;
+            marked += 1;
         }
+        marked
     }
 
     /// Frees blocks [first, end) and charges `space` for the indirect blocks the sync then

@@ -4,13 +4,14 @@
 //! sync thread closes the open txg (the next one opens at once), waits for the holds on the old
 //! one to drain (quiesce), and then writes it out (`pool::sync_txg`). A sync starts every
 //! `txg_timeout`, when a txg's dirty data passes 20 % of `dirty_max` (or 32 MiB while a receive
-//! asks for eager syncs), or when someone waits for durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
+//! asks for eager syncs, or in a dense txg: [`DENSE_DATA_PER_INDIRECT_MIN`]), or when someone
+//! waits for durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
 use crate::vdev::alloc::ClassBytes;
 use crate::{EngineError, Result};
-use oxpool_format::Txg;
+use oxpool_format::{Txg, INDIRECT_BLOCK_BYTES};
 use std::future::poll_fn;
 use std::sync::{Condvar, Mutex};
 use std::task::{Poll, Waker};
@@ -25,6 +26,17 @@ pub const DIRTY_SYNC_PERCENT: u64 = 20;
 /// were read before anything was written. Once syncs run back to back, a txg holds what
 /// arrived while the previous one was written, whatever this threshold is.
 pub const EAGER_SYNC_BYTES: u64 = 32 << 20;
+/// A txg whose data is at least this many times the indirect blocks its sync rewrites
+/// (`INDIRECT_BLOCK_BYTES` each) is **dense**: sequential writes, or large ones. A dense txg
+/// starts a sync at [`EAGER_SYNC_BYTES`] already: its sync writes little besides its data,
+/// so a smaller txg costs only the sync's fixed part (space maps, pool metadata, two flushes:
+/// a few milliseconds), and waiting for a fifth of `dirty_max` only left the device idle at
+/// the start of a stream (the first 150 MiB of a 128 KiB sequential write to a 6 GiB pool
+/// arrived before anything was written) and the whole txg to write at its end, when a FLUSH
+/// waits for it. Scattered small writes rewrite about one indirect block per data block
+/// (copy-on-write), and a larger txg shares those among more writes: theirs wait for the
+/// fifth, as in ZFS.
+pub const DENSE_DATA_PER_INDIRECT_MIN: u64 = 16;
 /// Share of `dirty_max` above which writers are delayed (percent).
 pub const DELAY_MIN_DIRTY_PERCENT: u64 = 60;
 /// Delay scale: about 1e9 / the pool's write IOPS (ZFS's default, 500 us).
@@ -33,6 +45,15 @@ pub const DELAY_SCALE_NS: u64 = 500_000;
 pub const DELAY_MAX_NS: u64 = 100_000_000;
 /// Bound on the waker list: a waiter re-registers on every poll, so duplicates are dropped.
 const WAITERS_MAX: usize = 1 << 16;
+
+/// What writers made dirty in one txg.
+#[derive(Clone, Copy, Default)]
+struct TxgDirtyBytes {
+    /// Data bytes.
+    data: u64,
+    /// Bytes of the indirect blocks its sync rewrites for them.
+    indirect: u64,
+}
 
 pub(crate) struct TxgState {
     pub open: Txg,
@@ -44,7 +65,7 @@ pub(crate) struct TxgState {
     pub synced: Txg,
     /// Dirty bytes of all unsynced txgs, and per txg.
     dirty_bytes: u64,
-    txg_dirty_bytes: Vec<(Txg, u64)>,
+    txg_dirty_bytes: Vec<(Txg, TxgDirtyBytes)>,
     /// Space the syncs of all unsynced txgs may allocate (their blocks' slots, every copy),
     /// and per txg: charged as writers dirty blocks, released when the txg is durable (what
     /// it allocated is then in the allocator's counts). See `pool::Spa::wait_for_space`.
@@ -104,9 +125,10 @@ impl TxgHold<'_> {
         self.txg
     }
 
-    /// Records that this writer made `bytes` newly dirty (and that the txg has changes), and
-    /// that the txg's sync will allocate `space` more for it.
-    pub fn note_dirty(&self, bytes: u64, space: ClassBytes) {
+    /// Records that this writer made `bytes` newly dirty (and that the txg has changes), that
+    /// the txg's sync will rewrite `indirect_blocks` more indirect blocks for it, and allocate
+    /// `space` more.
+    pub fn note_dirty(&self, bytes: u64, indirect_blocks: u64, space: ClassBytes) {
         let mut s = self.ctl.state.lock().unwrap();
         if self.txg == s.open {
             s.open_dirty = true;
@@ -123,14 +145,19 @@ impl TxgHold<'_> {
         let t = match s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
             Some(i) => &mut s.txg_dirty_bytes[i].1,
             None => {
-                s.txg_dirty_bytes.push((txg, 0));
+                s.txg_dirty_bytes.push((txg, TxgDirtyBytes::default()));
                 &mut s.txg_dirty_bytes.last_mut().unwrap().1
             }
         };
-        *t += bytes;
-        let txg_bytes = *t;
+        t.data += bytes;
+        t.indirect += indirect_blocks * INDIRECT_BLOCK_BYTES as u64;
+        let TxgDirtyBytes {
+            data: txg_bytes,
+            indirect: indirect_bytes,
+        } = *t;
+        let dense = indirect_bytes * DENSE_DATA_PER_INDIRECT_MIN <= txg_bytes;
         let over = txg_bytes * 100 > s.dirty_max_bytes * DIRTY_SYNC_PERCENT
-            || (s.eager > 0 && txg_bytes > EAGER_SYNC_BYTES);
+            || ((s.eager > 0 || dense) && txg_bytes > EAGER_SYNC_BYTES);
         if over {
             s.kick = true;
             self.ctl.cv.notify_all();
@@ -350,7 +377,7 @@ impl TxgControl {
                     s.synced = txg;
                     if let Some(i) = s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
                         let (_, b) = s.txg_dirty_bytes.swap_remove(i);
-                        s.dirty_bytes -= b;
+                        s.dirty_bytes -= b.data;
                     }
                     if let Some(i) = s.txg_space.iter().position(|(t, _)| *t == txg) {
                         let (_, c) = s.txg_space.swap_remove(i);
@@ -405,13 +432,14 @@ mod tests {
     use super::*;
     use oxpool_io::rt::block_on;
 
-    /// Whether a txg holding `bytes` (under `DIRTY_SYNC_PERCENT` of a 1 GiB `dirty_max`)
-    /// asks for a sync, with an `EagerSyncs` alive or not.
-    fn kicks_at(bytes: u64, eager: bool) -> bool {
+    /// Whether a txg holding `bytes` whose sync rewrites `indirect_blocks` (under
+    /// `DIRTY_SYNC_PERCENT` of a 1 GiB `dirty_max`) asks for a sync, with an `EagerSyncs`
+    /// alive or not.
+    fn kicks_at(bytes: u64, indirect_blocks: u64, eager: bool) -> bool {
         let ctl = TxgControl::new("p", Txg(1), 1 << 30, Duration::from_secs(1000));
         let guard = eager.then(|| ctl.eager_syncs());
         let hold = block_on(ctl.hold(bytes)).unwrap();
-        hold.note_dirty(bytes, ClassBytes::default());
+        hold.note_dirty(bytes, indirect_blocks, ClassBytes::default());
         drop(hold);
         drop(guard);
         assert_eq!(ctl.state.lock().unwrap().eager, 0, "the guard did not end");
@@ -419,12 +447,39 @@ mod tests {
         kicked
     }
 
+    /// Indirect blocks of a txg of `bytes` whose sync rewrites one indirect block per 16 KiB
+    /// data block (scattered small writes): far from dense.
+    fn scattered(bytes: u64) -> u64 {
+        bytes / (16 << 10)
+    }
+
     #[test]
     fn eager_syncs_start_a_sync_at_their_threshold_only() {
         const { assert!((1u64 << 30) * DIRTY_SYNC_PERCENT / 100 > 2 * EAGER_SYNC_BYTES) };
-        assert!(kicks_at(EAGER_SYNC_BYTES + 1, true));
-        assert!(!kicks_at(EAGER_SYNC_BYTES, true));
-        assert!(!kicks_at(EAGER_SYNC_BYTES + 1, false));
-        assert!(kicks_at((1 << 30) * DIRTY_SYNC_PERCENT / 100 + 1, false));
+        let e = EAGER_SYNC_BYTES;
+        assert!(kicks_at(e + 1, scattered(e + 1), true));
+        assert!(!kicks_at(e, scattered(e), true));
+        assert!(!kicks_at(e + 1, scattered(e + 1), false));
+        let fifth = (1 << 30) * DIRTY_SYNC_PERCENT / 100 + 1;
+        assert!(kicks_at(fifth, scattered(fifth), false));
+    }
+
+    /// A dense txg (data at least `DENSE_DATA_PER_INDIRECT_MIN` times the indirect blocks its
+    /// sync rewrites: a sequential stream) starts a sync at `EAGER_SYNC_BYTES` without any
+    /// `EagerSyncs`; one just under the ratio waits for the fifth of `dirty_max`.
+    #[test]
+    fn dense_txgs_start_a_sync_early() {
+        let e = EAGER_SYNC_BYTES;
+        let indirect = INDIRECT_BLOCK_BYTES as u64;
+        // Sequential 16 KiB blocks: one level-1 block per 128 data blocks, and a level-2.
+        let sequential = (e + 1) / (16 << 10) / 128 + 1;
+        assert!(kicks_at(e + 1, sequential, false));
+        assert!(
+            !kicks_at(e, sequential, false),
+            "at the threshold, not past it"
+        );
+        let just_dense = e * 2 / (indirect * DENSE_DATA_PER_INDIRECT_MIN);
+        assert!(kicks_at(e * 2, just_dense, false));
+        assert!(!kicks_at(e * 2, just_dense + 1, false));
     }
 }

@@ -685,6 +685,7 @@ impl Volume {
             .await?;
         let hold = self.pool.txg.hold(length_bytes).await?;
         let mut newly_dirty_bytes = 0;
+        let mut indirect_blocks = 0;
         {
             let mut d = self.vol.data().dirty.lock().unwrap();
             let (t, spares) = d.txg_and_spares(hold.txg());
@@ -694,11 +695,11 @@ impl Volume {
                 if t.blocks.insert(b, dirty).is_none() {
                     newly_dirty_bytes += bs;
                     space += costs.data;
-                    t.charge_indirect(b, &costs, &mut space);
+                    indirect_blocks += t.charge_indirect(b, &costs, &mut space);
                 }
             }
         }
-        hold.note_dirty(newly_dirty_bytes, space);
+        hold.note_dirty(newly_dirty_bytes, indirect_blocks, space);
         drop(hold);
         Ok(())
     }
@@ -782,7 +783,7 @@ impl Volume {
                 },
             )
         });
-        hold.note_dirty(0, space);
+        hold.note_dirty(0, 0, space);
         Ok(itx)
     }
 
@@ -838,7 +839,7 @@ impl Volume {
             t.size_bytes = Some(new_size_bytes);
         }
         self.vol.ds.props.lock().unwrap().volsize_bytes = new_size_bytes;
-        hold.note_dirty(0, space);
+        hold.note_dirty(0, 0, space);
         drop(hold);
         self.pool.txg.wait_synced(txg, true).await
     }
@@ -939,6 +940,8 @@ impl Volume {
             None
         };
         let mut newly_dirty_bytes = 0;
+        // Indirect blocks this change is the first in its txg to make the sync rewrite.
+        let mut indirect_blocks = 0;
         // The space its txg's sync will need, charged below for what is new to the txg; the
         // writer waits (or gets ENOSPC) if the worst case does not fit.
         let costs = self.space_costs();
@@ -982,7 +985,7 @@ impl Volume {
                     if t.blocks.insert(b, block).is_none() {
                         newly_dirty_bytes += bs;
                         space += costs.data;
-                        t.charge_indirect(b, &costs, &mut space);
+                        indirect_blocks += t.charge_indirect(b, &costs, &mut space);
                     }
                     continue;
                 }
@@ -1083,7 +1086,7 @@ impl Volume {
                         t.blocks.insert(b, block);
                         newly_dirty_bytes += bs;
                         space += costs.data;
-                        t.charge_indirect(b, &costs, &mut space);
+                        indirect_blocks += t.charge_indirect(b, &costs, &mut space);
                     }
                 }
             }
@@ -1110,7 +1113,7 @@ impl Volume {
             };
             self.vol.zil.append(hold.txg(), kind)
         });
-        hold.note_dirty(newly_dirty_bytes, space);
+        hold.note_dirty(newly_dirty_bytes, indirect_blocks, space);
         drop(hold);
         Ok(itx)
     }
