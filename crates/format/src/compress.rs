@@ -506,21 +506,18 @@ mod tests {
             .collect()
     }
 
-    /// The byte-by-byte definition `count_runs` must match.
+    /// The definition `count_runs` must match, written as the maximal runs of the slice.
     fn count_runs_bytewise(bytes: &[u8]) -> ([u32; 256], RunCount) {
         let mut counts = [0u32; 256];
         let mut runs = RunCount::default();
-        let mut j = 0;
-        while j < bytes.len() {
-            let value = bytes[j];
-            let same = bytes[j..].iter().take_while(|&&b| b == value).count();
-            if same >= 4 {
-                runs.bytes += same;
-                runs.saved += same - 3;
-            } else {
-                counts[usize::from(value)] += same as u32;
+        for run in bytes.chunk_by(|a, b| a == b) {
+            match run.len() {
+                len @ 4.. => {
+                    runs.bytes += len;
+                    runs.saved += len - 3;
+                }
+                len => counts[usize::from(run[0])] += len as u32,
             }
-            j += same;
         }
         (counts, runs)
     }
