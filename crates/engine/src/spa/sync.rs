@@ -277,68 +277,17 @@ async fn flush_all(inner: &Spa) -> Result<()> {
     }
 }
 
-/// A txg with at least this many dirty bytes marks writers streaming data (the size at which
-/// a dense txg starts a sync: `EAGER_SYNC_BYTES`).
-const STREAMING_TXG_BYTES_MIN: u64 = crate::spa::txg::EAGER_SYNC_BYTES;
-
-/// Free block buffers kept for the next writes while writers stream. A synced txg frees its
-/// blocks' buffers all at once and the writers allocate as many again for the next txg;
-/// beyond the I/O buffer pool's 16 MiB they went back to the allocator and came out of it
-/// again: glibc's malloc and free of 16 KiB buffers across threads (a reactor allocates, this
-/// thread frees) were 10 % of the server's CPU in a 128 KiB sequential write (2026-11-27
-/// profile). While txgs are large, the pool keeps up to one txg's worth more, at most a fifth
-/// of `dirty_max` (`DIRTY_SYNC_PERCENT`); the first small txg gives it back. Memory stays
-/// bounded: dirty data (`dirty_max`) plus that (`docs/memory.md`).
-#[derive(Default)]
-struct StreamingBuffers {
-    reservation: Option<oxpool_io::PoolReservation>,
-    reserved_bytes: u64,
-}
-
-impl StreamingBuffers {
-    /// Called before the sync of a txg holding `txg_dirty_bytes`, so that the buffers its
-    /// blocks free when it retires find room in the pool.
-    fn before_sync(&mut self, txg_dirty_bytes: u64, dirty_max_bytes: u64) {
-        if txg_dirty_bytes < STREAMING_TXG_BYTES_MIN {
-            // Writers paused or write little: the pool goes back to its bound.
-            self.reservation = None;
-            self.reserved_bytes = 0;
-            return;
-        }
-        let cap = dirty_max_bytes / 100 * crate::spa::txg::DIRTY_SYNC_PERCENT;
-        let want = txg_dirty_bytes.min(cap);
-        if want > self.reserved_bytes {
-            // The new reservation is in place before the old one ends (whose end trims the
-            // pool to the bound then in force).
-            self.reservation = Some(oxpool_io::IoBuf::reserve_pool(want as usize));
-            self.reserved_bytes = want;
-        }
-    }
-
-    /// Called after a sync, with the data bytes of the open txg: if writers wrote nothing
-    /// since the sync began, they stopped, and the pool goes back to its bound now rather
-    /// than at the next sync, which may be long in coming (nothing is dirty).
-    fn after_sync(&mut self, open_txg_dirty_bytes: u64) {
-        if open_txg_dirty_bytes == 0 {
-            self.reservation = None;
-            self.reserved_bytes = 0;
-        }
-    }
-}
-
 /// The sync thread of a pool: syncs each txg as the txg engine hands it over, asking `upper`
 /// for its part, until the pool stops (or either is gone).
 pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
     // Nobody waits on this thread's I/O completions within microseconds: sleep, don't spin.
     oxpool_io::rt::set_spin(false);
-    let mut streaming = StreamingBuffers::default();
     loop {
         let Some(inner) = pool.upgrade() else { return };
         let Some(txg) = inner.txg.next_to_sync() else {
             return;
         };
         let Some(upper) = upper.upgrade() else { return };
-        streaming.before_sync(inner.txg.txg_data_bytes(txg), inner.txg.dirty_max_bytes());
         // A panic here (a bug) must not leave every sync waiter asleep forever: it fails the
         // txg like a write error, which suspends the pool with the reason and wakes them.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -355,61 +304,16 @@ pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
             )))
         });
         inner.txg.finish_sync(txg, &r);
-        streaming.after_sync(inner.txg.txg_data_bytes(inner.txg.open_txg()));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The pool keeps one large txg's buffers (at most a fifth of `dirty_max`) from the sync
-    /// of a txg of at least 32 MiB on, grows with larger ones, and gives them back at the
-    /// first small txg or once writers stop.
-    #[test]
-    fn streaming_writers_keep_one_txg_of_buffers() {
-        const MIB: u64 = 1 << 20;
-        let dirty_max = 1024 * MIB;
-        let mut streaming = StreamingBuffers::default();
-        streaming.before_sync(STREAMING_TXG_BYTES_MIN - 1, dirty_max);
-        assert!(streaming.reservation.is_none(), "a small txg keeps nothing");
-        streaming.before_sync(64 * MIB, dirty_max);
-        assert_eq!(streaming.reserved_bytes, 64 * MIB);
-        // Process-wide: other tests may hold reservations too, never less.
-        assert!(
-            IoBuf::pool_limit_bytes() as u64 >= oxpool_io::IO_BUF_POOL_BYTES_MAX as u64 + 64 * MIB
-        );
-        streaming.after_sync(MIB);
-        assert_eq!(
-            streaming.reserved_bytes,
-            64 * MIB,
-            "writers still write: kept"
-        );
-        streaming.before_sync(48 * MIB, dirty_max);
-        assert_eq!(
-            streaming.reserved_bytes,
-            64 * MIB,
-            "a smaller large txg keeps the larger"
-        );
-        streaming.before_sync(900 * MIB, dirty_max);
-        assert_eq!(
-            streaming.reserved_bytes,
-            dirty_max / 100 * crate::spa::txg::DIRTY_SYNC_PERCENT
-        );
-        streaming.after_sync(0);
-        assert!(
-            streaming.reservation.is_none(),
-            "writers stopped: given back"
-        );
-        streaming.before_sync(64 * MIB, dirty_max);
-        streaming.before_sync(MIB, dirty_max);
-        assert!(streaming.reservation.is_none(), "a small txg gives it back");
-        assert_eq!(streaming.reserved_bytes, 0);
-    }
     use crate::props::PoolProps;
     use crate::spa::TopSpec;
     use oxpool_format::TopVdevKind;
-    use oxpool_io::{Backend, IoBuf, MemoryBackend};
+    use oxpool_io::{Backend, MemoryBackend};
     use std::time::Duration;
 
     /// A sync client with no datasets (to create the pool with; the layer above is not

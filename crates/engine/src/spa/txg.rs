@@ -397,15 +397,6 @@ impl TxgControl {
         }
     }
 
-    /// Data bytes writers made dirty in `txg` (0 once it is synced).
-    pub fn txg_data_bytes(&self, txg: Txg) -> u64 {
-        let s = self.state.lock().unwrap();
-        s.txg_dirty_bytes
-            .iter()
-            .find(|(t, _)| *t == txg)
-            .map_or(0, |(_, b)| b.data)
-    }
-
     /// Asks the sync thread to stop after writing what is dirty.
     pub fn stop(&self) {
         self.state.lock().unwrap().stop = true;
