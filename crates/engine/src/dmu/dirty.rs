@@ -189,7 +189,8 @@ pub(crate) fn indirect_copies(props: &VolumeProps) -> usize {
 
 impl TxgDirty {
     /// Marks the indirect blocks above data block `b` as rewritten by this txg's sync and
-    /// charges `space` for those that were not yet; returns how many were not. Bounded by the
+    /// charges `space` for those that were not yet; returns 1 if the level-1 block above `b`
+    /// was not yet (for the txg's density, `spa::txg::Dirtied`), else 0. Bounded by the
     /// levels; stops at the first one already marked (its ancestors were marked with it).
     pub(crate) fn charge_indirect(
         &mut self,
@@ -198,31 +199,33 @@ impl TxgDirty {
         space: &mut ClassBytes,
     ) -> u64 {
         let mut idx = b;
-        let mut marked = 0;
+        let mut level1_new = 0;
         for level in 1..=costs.levels {
             idx /= FANOUT;
             if !self.indirect.insert(u64::from(level) << 56 | idx) {
                 break;
             }
             *space += costs.indirect;
-            marked += 1;
+            if level == 1 {
+                level1_new = 1;
+            }
         }
-        marked
+        level1_new
     }
 
     /// Frees blocks [first, end) and charges `space` for the indirect blocks the sync then
     /// rewrites: those at the range's two ends at each level (one inside the range loses all
     /// its data and becomes a hole, which allocates nothing).
+    /// Returns how many of those level-1 blocks were not marked yet (as `charge_indirect`).
     pub(crate) fn free_charged(
         &mut self,
         first: u64,
         end: u64,
         costs: &SpaceCosts,
         space: &mut ClassBytes,
-    ) {
+    ) -> u64 {
         self.add_free(first, end);
-        self.charge_indirect(first, costs, space);
-        self.charge_indirect(end - 1, costs, space);
+        self.charge_indirect(first, costs, space) + self.charge_indirect(end - 1, costs, space)
     }
 
     pub(crate) fn freed(&self, b: u64) -> bool {
@@ -384,18 +387,19 @@ impl BlockBase {
 
 impl ObjectDirty {
     /// Records a freed block range [first, end) in `txg`; returns the space its sync will
-    /// allocate for it.
+    /// allocate for it, and how many level-1 blocks it newly marks (as `charge_indirect`).
     pub(crate) fn txgs_add_free(
         &mut self,
         txg: Txg,
         first: u64,
         end: u64,
         costs: &SpaceCosts,
-    ) -> ClassBytes {
+    ) -> (ClassBytes, u64) {
         let mut space = ClassBytes::default();
-        self.txg_mut(txg)
+        let level1_blocks = self
+            .txg_mut(txg)
             .free_charged(first, end, costs, &mut space);
-        space
+        (space, level1_blocks)
     }
 
     pub(crate) fn txg_mut(&mut self, txg: Txg) -> &mut TxgDirty {

@@ -4,14 +4,14 @@
 //! sync thread closes the open txg (the next one opens at once), waits for the holds on the old
 //! one to drain (quiesce), and then writes it out (`pool::sync_txg`). A sync starts every
 //! `txg_timeout`, when a txg's dirty data passes 20 % of `dirty_max` (or 32 MiB while a receive
-//! asks for eager syncs, or in a dense txg: [`DENSE_DATA_PER_INDIRECT_MIN`]), or when someone
+//! asks for eager syncs, or in a dense txg: [`DENSE_WHOLE_NEW_EIGHTHS_MIN`]), or when someone
 //! waits for durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
 //! outright at `dirty_max`, so dirty memory stays bounded.
 
 use crate::vdev::alloc::ClassBytes;
 use crate::{EngineError, Result};
-use oxpool_format::{Txg, INDIRECT_BLOCK_BYTES};
+use oxpool_format::{Txg, INDIRECT_FANOUT};
 use std::future::poll_fn;
 use std::sync::{Condvar, Mutex};
 use std::task::{Poll, Waker};
@@ -26,17 +26,70 @@ pub const DIRTY_SYNC_PERCENT: u64 = 20;
 /// were read before anything was written. Once syncs run back to back, a txg holds what
 /// arrived while the previous one was written, whatever this threshold is.
 pub const EAGER_SYNC_BYTES: u64 = 32 << 20;
-/// A txg whose data is at least this many times the indirect blocks its sync rewrites
-/// (`INDIRECT_BLOCK_BYTES` each) is **dense**: sequential writes, or large ones. A dense txg
-/// starts a sync at [`EAGER_SYNC_BYTES`] already: its sync writes little besides its data,
-/// so a smaller txg costs only the sync's fixed part (space maps, pool metadata, two flushes:
-/// a few milliseconds), and waiting for a fifth of `dirty_max` only left the device idle at
-/// the start of a stream (the first 150 MiB of a 128 KiB sequential write to a 6 GiB pool
-/// arrived before anything was written) and the whole txg to write at its end, when a FLUSH
-/// waits for it. Scattered small writes rewrite about one indirect block per data block
-/// (copy-on-write), and a larger txg shares those among more writes: theirs wait for the
-/// fifth, as in ZFS.
-pub const DENSE_DATA_PER_INDIRECT_MIN: u64 = 16;
+/// A txg is **dense** when it holds a stream of new whole blocks: at least seven eighths of
+/// the bytes clients wrote in it went to whole blocks new to the txg (no rewrites, no partial
+/// blocks), and the level-1 indirect blocks above its data are on average at least half
+/// full of its blocks (`DENSE_LEVEL1_FILL_PERCENT_MIN`). A dense txg starts a sync at
+/// [`EAGER_SYNC_BYTES`] already: its sync writes little besides its data and a later sync
+/// would absorb nothing, so a smaller txg costs only the sync's fixed part (space maps, pool
+/// metadata, two flushes: a few milliseconds), while waiting for a fifth of `dirty_max` left
+/// the device idle at the start of a stream (the first 150 MiB of a 128 KiB sequential write
+/// to a 6 GiB pool arrived before anything was written) and the whole txg to write at its
+/// end, when a FLUSH waits for it. Other txgs wait for the fifth, as in ZFS: scattered
+/// writes share each rewritten indirect block among more writes in a larger txg, and
+/// writes to a hot set are absorbed (a block rewritten ten times in a txg is written once).
+pub const DENSE_WHOLE_NEW_EIGHTHS_MIN: u64 = 7;
+/// See [`DENSE_WHOLE_NEW_EIGHTHS_MIN`]: how full of the txg's data blocks its level-1
+/// indirect blocks must be, on average, for the txg to be dense (percent).
+pub const DENSE_LEVEL1_FILL_PERCENT_MIN: u64 = 50;
+
+/// What one change made dirty in its txg (the sync's work for it, and how dense it is).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dirtied {
+    /// Data bytes newly dirty in the txg (whole blocks, partial ones counted whole).
+    pub data_bytes: u64,
+    /// Data blocks newly dirty in the txg.
+    pub data_blocks: u64,
+    /// Level-1 indirect blocks the txg's sync rewrites that no earlier change marked.
+    pub level1_blocks: u64,
+    /// Bytes the client wrote.
+    pub client_bytes: u64,
+    /// Of those, the bytes of whole blocks new to the txg.
+    pub whole_new_bytes: u64,
+}
+
+impl std::ops::AddAssign for Dirtied {
+    fn add_assign(&mut self, o: Dirtied) {
+        self.data_bytes += o.data_bytes;
+        self.data_blocks += o.data_blocks;
+        self.level1_blocks += o.level1_blocks;
+        self.client_bytes += o.client_bytes;
+        self.whole_new_bytes += o.whole_new_bytes;
+    }
+}
+
+impl Dirtied {
+    /// A whole data block of `bs` bytes, new to the txg, written whole.
+    pub fn new_whole_block(&mut self, bs: u64) {
+        self.data_bytes += bs;
+        self.data_blocks += 1;
+        self.whole_new_bytes += bs;
+    }
+
+    /// A data block of `bs` bytes new to the txg, written in part.
+    pub fn new_partial_block(&mut self, bs: u64) {
+        self.data_bytes += bs;
+        self.data_blocks += 1;
+    }
+
+    /// Whether a txg with this in it is dense (see [`DENSE_WHOLE_NEW_EIGHTHS_MIN`]).
+    pub fn is_dense(&self) -> bool {
+        let streamed = self.whole_new_bytes * 8 >= self.client_bytes * DENSE_WHOLE_NEW_EIGHTHS_MIN;
+        let filled = self.data_blocks * 100
+            >= self.level1_blocks * INDIRECT_FANOUT as u64 * DENSE_LEVEL1_FILL_PERCENT_MIN;
+        streamed && filled
+    }
+}
 /// Share of `dirty_max` above which writers are delayed (percent).
 pub const DELAY_MIN_DIRTY_PERCENT: u64 = 60;
 /// Delay scale: about 1e9 / the pool's write IOPS (ZFS's default, 500 us).
@@ -45,15 +98,6 @@ pub const DELAY_SCALE_NS: u64 = 500_000;
 pub const DELAY_MAX_NS: u64 = 100_000_000;
 /// Bound on the waker list: a waiter re-registers on every poll, so duplicates are dropped.
 const WAITERS_MAX: usize = 1 << 16;
-
-/// What writers made dirty in one txg.
-#[derive(Clone, Copy, Default)]
-struct TxgDirtyBytes {
-    /// Data bytes.
-    data: u64,
-    /// Bytes of the indirect blocks its sync rewrites for them.
-    indirect: u64,
-}
 
 pub(crate) struct TxgState {
     pub open: Txg,
@@ -65,7 +109,7 @@ pub(crate) struct TxgState {
     pub synced: Txg,
     /// Dirty bytes of all unsynced txgs, and per txg.
     dirty_bytes: u64,
-    txg_dirty_bytes: Vec<(Txg, TxgDirtyBytes)>,
+    txg_dirty_bytes: Vec<(Txg, Dirtied)>,
     /// Space the syncs of all unsynced txgs may allocate (their blocks' slots, every copy),
     /// and per txg: charged as writers dirty blocks, released when the txg is durable (what
     /// it allocated is then in the allocator's counts). See `pool::Spa::wait_for_space`.
@@ -125,10 +169,10 @@ impl TxgHold<'_> {
         self.txg
     }
 
-    /// Records that this writer made `bytes` newly dirty (and that the txg has changes), that
-    /// the txg's sync will rewrite `indirect_blocks` more indirect blocks for it, and allocate
-    /// `space` more.
-    pub fn note_dirty(&self, bytes: u64, indirect_blocks: u64, space: ClassBytes) {
+    /// Records what this writer made dirty (and that the txg has changes), and that the
+    /// txg's sync will allocate `space` more for it.
+    pub fn note_dirty(&self, dirtied: Dirtied, space: ClassBytes) {
+        let bytes = dirtied.data_bytes;
         let mut s = self.ctl.state.lock().unwrap();
         if self.txg == s.open {
             s.open_dirty = true;
@@ -145,17 +189,13 @@ impl TxgHold<'_> {
         let t = match s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
             Some(i) => &mut s.txg_dirty_bytes[i].1,
             None => {
-                s.txg_dirty_bytes.push((txg, TxgDirtyBytes::default()));
+                s.txg_dirty_bytes.push((txg, Dirtied::default()));
                 &mut s.txg_dirty_bytes.last_mut().unwrap().1
             }
         };
-        t.data += bytes;
-        t.indirect += indirect_blocks * INDIRECT_BLOCK_BYTES as u64;
-        let TxgDirtyBytes {
-            data: txg_bytes,
-            indirect: indirect_bytes,
-        } = *t;
-        let dense = indirect_bytes * DENSE_DATA_PER_INDIRECT_MIN <= txg_bytes;
+        *t += dirtied;
+        let txg_bytes = t.data_bytes;
+        let dense = t.is_dense();
         let over = txg_bytes * 100 > s.dirty_max_bytes * DIRTY_SYNC_PERCENT
             || ((s.eager > 0 || dense) && txg_bytes > EAGER_SYNC_BYTES);
         if over {
@@ -377,7 +417,7 @@ impl TxgControl {
                     s.synced = txg;
                     if let Some(i) = s.txg_dirty_bytes.iter().position(|(t, _)| *t == txg) {
                         let (_, b) = s.txg_dirty_bytes.swap_remove(i);
-                        s.dirty_bytes -= b.data;
+                        s.dirty_bytes -= b.data_bytes;
                     }
                     if let Some(i) = s.txg_space.iter().position(|(t, _)| *t == txg) {
                         let (_, c) = s.txg_space.swap_remove(i);
@@ -432,14 +472,13 @@ mod tests {
     use super::*;
     use oxpool_io::rt::block_on;
 
-    /// Whether a txg holding `bytes` whose sync rewrites `indirect_blocks` (under
-    /// `DIRTY_SYNC_PERCENT` of a 1 GiB `dirty_max`) asks for a sync, with an `EagerSyncs`
-    /// alive or not.
-    fn kicks_at(bytes: u64, indirect_blocks: u64, eager: bool) -> bool {
+    /// Whether a txg holding `dirtied` (under `DIRTY_SYNC_PERCENT` of a 1 GiB `dirty_max`)
+    /// asks for a sync, with an `EagerSyncs` alive or not.
+    fn kicks_at(dirtied: Dirtied, eager: bool) -> bool {
         let ctl = TxgControl::new("p", Txg(1), 1 << 30, Duration::from_secs(1000));
         let guard = eager.then(|| ctl.eager_syncs());
-        let hold = block_on(ctl.hold(bytes)).unwrap();
-        hold.note_dirty(bytes, indirect_blocks, ClassBytes::default());
+        let hold = block_on(ctl.hold(dirtied.data_bytes)).unwrap();
+        hold.note_dirty(dirtied, ClassBytes::default());
         drop(hold);
         drop(guard);
         assert_eq!(ctl.state.lock().unwrap().eager, 0, "the guard did not end");
@@ -447,39 +486,82 @@ mod tests {
         kicked
     }
 
-    /// Indirect blocks of a txg of `bytes` whose sync rewrites one indirect block per 16 KiB
-    /// data block (scattered small writes): far from dense.
-    fn scattered(bytes: u64) -> u64 {
-        bytes / (16 << 10)
+    const BLOCK: u64 = 16 << 10;
+    const FAN: u64 = INDIRECT_FANOUT as u64;
+
+    /// `bytes` of 4 KiB writes, each to a 16 KiB block of its own under a level-1 block of
+    /// its own (scattered over a large volume).
+    fn scattered(bytes: u64) -> Dirtied {
+        let blocks = bytes / BLOCK;
+        Dirtied {
+            data_bytes: bytes,
+            data_blocks: blocks,
+            level1_blocks: blocks,
+            client_bytes: blocks * 4096,
+            whole_new_bytes: 0,
+        }
+    }
+
+    /// `bytes` of whole 16 KiB blocks written in order.
+    fn sequential(bytes: u64) -> Dirtied {
+        let blocks = bytes / BLOCK;
+        Dirtied {
+            data_bytes: bytes,
+            data_blocks: blocks,
+            level1_blocks: blocks.div_ceil(FAN) + 1,
+            client_bytes: bytes,
+            whole_new_bytes: bytes,
+        }
     }
 
     #[test]
     fn eager_syncs_start_a_sync_at_their_threshold_only() {
         const { assert!((1u64 << 30) * DIRTY_SYNC_PERCENT / 100 > 2 * EAGER_SYNC_BYTES) };
         let e = EAGER_SYNC_BYTES;
-        assert!(kicks_at(e + 1, scattered(e + 1), true));
-        assert!(!kicks_at(e, scattered(e), true));
-        assert!(!kicks_at(e + 1, scattered(e + 1), false));
-        let fifth = (1 << 30) * DIRTY_SYNC_PERCENT / 100 + 1;
-        assert!(kicks_at(fifth, scattered(fifth), false));
+        assert!(kicks_at(scattered(e + BLOCK), true));
+        assert!(!kicks_at(scattered(e), true));
+        assert!(!kicks_at(scattered(e + BLOCK), false));
+        let fifth = (1 << 30) * DIRTY_SYNC_PERCENT / 100;
+        assert!(kicks_at(scattered(fifth + BLOCK), false));
     }
 
-    /// A dense txg (data at least `DENSE_DATA_PER_INDIRECT_MIN` times the indirect blocks its
-    /// sync rewrites: a sequential stream) starts a sync at `EAGER_SYNC_BYTES` without any
-    /// `EagerSyncs`; one just under the ratio waits for the fifth of `dirty_max`.
+    /// A dense txg (a stream of new whole blocks filling its level-1 blocks) starts a sync
+    /// past `EAGER_SYNC_BYTES` without any `EagerSyncs`; scattered writes, writes to a hot
+    /// set (rewrites, or blocks scattered thinly under their level-1 blocks), and partial
+    /// blocks wait for the fifth of `dirty_max`.
     #[test]
     fn dense_txgs_start_a_sync_early() {
         let e = EAGER_SYNC_BYTES;
-        let indirect = INDIRECT_BLOCK_BYTES as u64;
-        // Sequential 16 KiB blocks: one level-1 block per 128 data blocks, and a level-2.
-        let sequential = (e + 1) / (16 << 10) / 128 + 1;
-        assert!(kicks_at(e + 1, sequential, false));
+        assert!(kicks_at(sequential(e + BLOCK), false));
         assert!(
-            !kicks_at(e, sequential, false),
+            !kicks_at(sequential(e), false),
             "at the threshold, not past it"
         );
-        let just_dense = e * 2 / (indirect * DENSE_DATA_PER_INDIRECT_MIN);
-        assert!(kicks_at(e * 2, just_dense, false));
-        assert!(!kicks_at(e * 2, just_dense + 1, false));
+        // Whole new blocks, but a quarter of each level-1 block: random whole-block writes.
+        let thin = Dirtied {
+            level1_blocks: (e * 2 / BLOCK) * 4 / FAN,
+            ..sequential(e * 2)
+        };
+        assert!(!kicks_at(thin, false));
+        // Level-1 blocks just half full: dense.
+        let half = Dirtied {
+            level1_blocks: (e * 2 / BLOCK) * 2 / FAN,
+            ..sequential(e * 2)
+        };
+        assert!(kicks_at(half, false));
+        // Rewrites: a fifth of the client's bytes went to blocks already dirty.
+        let rewritten = Dirtied {
+            client_bytes: e * 2 * 5 / 4,
+            ..sequential(e * 2)
+        };
+        assert!(!kicks_at(rewritten, false));
+        // Full level-1 blocks of partial blocks (4 KiB writes in order).
+        let partial = Dirtied {
+            client_bytes: e * 2 / 4,
+            whole_new_bytes: 0,
+            ..sequential(e * 2)
+        };
+        assert!(!kicks_at(partial, false));
+        assert!(!kicks_at(scattered(e * 2), false));
     }
 }

@@ -26,6 +26,7 @@ use crate::dsl::Datasets;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
+use crate::spa::txg::Dirtied;
 use crate::spa::Spa;
 use crate::vdev::alloc::ClassBytes;
 use crate::vdev::queue::IoClass;
@@ -684,8 +685,10 @@ impl Volume {
             .wait_for_space(costs.worst(first_b, last_b), false)
             .await?;
         let hold = self.pool.txg.hold(length_bytes).await?;
-        let mut newly_dirty_bytes = 0;
-        let mut indirect_blocks = 0;
+        let mut dirtied = Dirtied {
+            client_bytes: length_bytes,
+            ..Dirtied::default()
+        };
         {
             let mut d = self.vol.data().dirty.lock().unwrap();
             let (t, spares) = d.txg_and_spares(hold.txg());
@@ -693,13 +696,13 @@ impl Volume {
             for (b, block) in (first_b..).zip(blocks) {
                 let dirty = DirtyBlock::Stored(spares.shell(block.buf), block.form);
                 if t.blocks.insert(b, dirty).is_none() {
-                    newly_dirty_bytes += bs;
+                    dirtied.new_whole_block(bs);
                     space += costs.data;
-                    indirect_blocks += t.charge_indirect(b, &costs, &mut space);
+                    dirtied.level1_blocks += t.charge_indirect(b, &costs, &mut space);
                 }
             }
         }
-        hold.note_dirty(newly_dirty_bytes, indirect_blocks, space);
+        hold.note_dirty(dirtied, space);
         drop(hold);
         Ok(())
     }
@@ -767,7 +770,7 @@ impl Volume {
         let costs = self.space_costs();
         let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
         let hold = self.pool.txg.hold(0).await?;
-        let space =
+        let (space, level1_blocks) =
             self.vol
                 .data()
                 .dirty
@@ -783,7 +786,11 @@ impl Volume {
                 },
             )
         });
-        hold.note_dirty(0, 0, space);
+        let dirtied = Dirtied {
+            level1_blocks,
+            ..Dirtied::default()
+        };
+        hold.note_dirty(dirtied, space);
         Ok(itx)
     }
 
@@ -828,18 +835,20 @@ impl Volume {
         let hold = self.pool.txg.hold(0).await?;
         let txg = hold.txg();
         let mut space = ClassBytes::default();
+        let mut dirtied = Dirtied::default();
         {
             // The size is persisted by the sync of this txg, with the free (not by a sync of
             // an older txg still running, whose tree still has the blocks).
             let mut d = self.vol.data().dirty.lock().unwrap();
             let t = d.txg_mut(txg);
             if new_size_bytes < old_size {
-                t.free_charged(new_size_bytes / bs, old_size / bs, &costs, &mut space);
+                dirtied.level1_blocks +=
+                    t.free_charged(new_size_bytes / bs, old_size / bs, &costs, &mut space);
             }
             t.size_bytes = Some(new_size_bytes);
         }
         self.vol.ds.props.lock().unwrap().volsize_bytes = new_size_bytes;
-        hold.note_dirty(0, 0, space);
+        hold.note_dirty(dirtied, space);
         drop(hold);
         self.pool.txg.wait_synced(txg, true).await
     }
@@ -939,9 +948,11 @@ impl Volume {
         } else {
             None
         };
-        let mut newly_dirty_bytes = 0;
-        // Indirect blocks this change is the first in its txg to make the sync rewrite.
-        let mut indirect_blocks = 0;
+        // What this change makes dirty in its txg (for the sync's start: `Dirtied`).
+        let mut dirtied = Dirtied {
+            client_bytes: length_bytes,
+            ..Dirtied::default()
+        };
         // The space its txg's sync will need, charged below for what is new to the txg; the
         // writer waits (or gets ENOSPC) if the worst case does not fit.
         let costs = self.space_costs();
@@ -970,7 +981,7 @@ impl Volume {
                 let zfirst = offset_bytes.div_ceil(bs);
                 let zend = end / bs;
                 if zfirst < zend {
-                    t.free_charged(zfirst, zend, &costs, &mut space);
+                    dirtied.level1_blocks += t.free_charged(zfirst, zend, &costs, &mut space);
                 }
             }
             let whole = SectorMask::whole(bs as usize);
@@ -983,9 +994,9 @@ impl Volume {
                     debug_assert_eq!(buf.len(), bs as usize);
                     let block = DirtyBlock::Data(spares.shell(buf));
                     if t.blocks.insert(b, block).is_none() {
-                        newly_dirty_bytes += bs;
+                        dirtied.new_whole_block(bs);
                         space += costs.data;
-                        indirect_blocks += t.charge_indirect(b, &costs, &mut space);
+                        dirtied.level1_blocks += t.charge_indirect(b, &costs, &mut space);
                     }
                     continue;
                 }
@@ -1084,9 +1095,13 @@ impl Volume {
                             }
                         };
                         t.blocks.insert(b, block);
-                        newly_dirty_bytes += bs;
+                        if full {
+                            dirtied.new_whole_block(bs);
+                        } else {
+                            dirtied.new_partial_block(bs);
+                        }
                         space += costs.data;
-                        indirect_blocks += t.charge_indirect(b, &costs, &mut space);
+                        dirtied.level1_blocks += t.charge_indirect(b, &costs, &mut space);
                     }
                 }
             }
@@ -1113,7 +1128,7 @@ impl Volume {
             };
             self.vol.zil.append(hold.txg(), kind)
         });
-        hold.note_dirty(newly_dirty_bytes, indirect_blocks, space);
+        hold.note_dirty(dirtied, space);
         drop(hold);
         Ok(itx)
     }
