@@ -800,3 +800,20 @@ fn importing_into_a_server_locks_only_the_imported_pools_devices() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+/// A server whose control socket file someone removed (a cleaner of the run directory) still
+/// stops on SIGTERM and exports its pools: stopping the control server used to wake its
+/// blocked accept by connecting to the file, and with the file gone it waited forever.
+#[test]
+fn a_server_whose_control_socket_was_removed_still_stops() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let socket = server.control_socket();
+    std::fs::remove_file(&socket).expect("remove the control socket");
+    // Fails (and kills the server) if it is still running after the harness's hang limit.
+    let (status, output) = server.stop();
+    assert!(status.success(), "{status}: {output}");
+    // Exported cleanly: the pool imports without the unclean-shutdown replay.
+    env.ok(&["vol", "list", "tank"]);
+}

@@ -44,6 +44,8 @@ const ERROR_TEXT_BYTES_MAX: usize = 4096;
 pub struct ControlServer {
     socket: PathBuf,
     stopping: Arc<AtomicBool>,
+    /// The listening socket (a second handle on it), shut down to wake the blocked accept.
+    listener: UnixListener,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -65,6 +67,9 @@ impl ControlServer {
         let listener = bound.with_context(|| format!("cannot listen on {}", socket.display()))?;
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
         let stopping = Arc::new(AtomicBool::new(false));
+        let waker = listener
+            .try_clone()
+            .context("a second handle on the control socket")?;
         let acceptor = {
             let stopping = stopping.clone();
             std::thread::Builder::new()
@@ -75,6 +80,7 @@ impl ControlServer {
         Ok(ControlServer {
             socket: socket.to_path_buf(),
             stopping,
+            listener: waker,
             acceptor: Some(acceptor),
         })
     }
@@ -88,7 +94,12 @@ impl ControlServer {
     /// removes the socket.
     pub fn stop(mut self) {
         self.stopping.store(true, Ordering::Release);
-        // Wakes the blocking accept.
+        // Wakes the blocking accept: shutting the listening socket down makes a blocked
+        // accept(2) return (EINVAL on Linux) even when the socket's file is gone. Connecting
+        // to the path, as this did before, never woke it once someone had removed the file
+        // (a cleaner of the run directory), and the server then never exited.
+        // SAFETY: shutdown(2) on a descriptor this struct owns and keeps open.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
         let _ = UnixStream::connect(&self.socket);
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
