@@ -119,7 +119,15 @@ pub fn sleep(d: Duration) -> impl Future<Output = ()> {
 /// Each future gets its own waker, so a completion re-polls only the futures it concerns
 /// (txg sync issues hundreds of writes at once).
 pub async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
-    JoinAll::new(futs).await
+    let limit = futs.len();
+    JoinAll::new(futs, limit).await
+}
+
+/// As [`join_all`], but with at most `limit` futures running at once (a sliding window, in
+/// order: the next future starts when one finishes). For I/O that would otherwise queue all
+/// at once in front of more urgent I/O of the same device.
+pub async fn join_all_bounded<F: Future>(futs: Vec<F>, limit: usize) -> Vec<F::Output> {
+    JoinAll::new(futs, limit.max(1)).await
 }
 
 /// Runs `a` and `b` at once on the current task; their results when both are done. Either
@@ -191,22 +199,28 @@ struct JoinAll<F: Future> {
     wakers: Vec<Arc<ChildWaker>>,
     shared: Arc<JoinShared>,
     remaining: usize,
+    /// Children `0..started` have been started (polled at least once, or queued for their
+    /// first poll); the others wait for a running one to finish.
+    started: usize,
     /// Scratch for the woken list, swapped with the shared one to keep the lock short.
     scratch: Vec<usize>,
 }
 
 impl<F: Future> JoinAll<F> {
-    fn new(futs: Vec<F>) -> JoinAll<F> {
+    /// Runs at most `limit` (at least 1) children at once.
+    fn new(futs: Vec<F>, limit: usize) -> JoinAll<F> {
         let count = futs.len();
+        let started = count.min(limit.max(1));
         let shared = Arc::new(JoinShared {
-            // Every child is polled at the first poll.
-            woken: Mutex::new((0..count).collect()),
+            // The first `started` children are polled at the first poll.
+            woken: Mutex::new((0..started).collect()),
             parent: Mutex::new(None),
         });
         let wakers = (0..count)
             .map(|index| {
                 Arc::new(ChildWaker {
                     index,
+                    // Queued: in the woken list, or not started (its first poll queues it).
                     queued: AtomicBool::new(true),
                     shared: shared.clone(),
                 })
@@ -218,6 +232,7 @@ impl<F: Future> JoinAll<F> {
             wakers,
             shared,
             remaining: count,
+            started,
             scratch: Vec::with_capacity(count),
         }
     }
@@ -259,6 +274,12 @@ impl<F: Future> Future for JoinAll<F> {
                 if let Poll::Ready(output) = fut.poll(&mut child_cx) {
                     *slot = MaybeDone::Done(output);
                     this.remaining -= 1;
+                    if this.started < this.children.len() {
+                        // One finished: the next one starts, in the next pass (its waker is
+                        // still marked queued from `new`).
+                        lock(&this.shared.woken).push(this.started);
+                        this.started += 1;
+                    }
                 }
             }
         }

@@ -62,6 +62,9 @@ pub struct FaultStats {
     pub volatile_writes: u64,
     /// Durable (FUA) writes issued.
     pub durable_writes: u64,
+    /// Most reads in flight at once, among those the wrapper delayed or altered (a latency
+    /// set, or a fault drawn): a pass-through read is not counted.
+    pub reads_in_flight_max: u64,
 }
 
 /// What [`FaultBackend::apply_power_loss`] did with the volatile writes.
@@ -114,6 +117,8 @@ struct FaultState {
     next_write_seq: u64,
     /// Volatile writes in completion order.
     volatile: VecDeque<VolatileWrite>,
+    /// Reads in flight through the wrapper's own future (see `FaultStats::reads_in_flight_max`).
+    reads_in_flight: u64,
     stats: FaultStats,
 }
 
@@ -139,6 +144,25 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn eio() -> io::Error {
     io::Error::from_raw_os_error(libc::EIO)
+}
+
+/// Counts one read in flight from its issue until its future completes or is dropped.
+struct ReadInFlight(Arc<FaultShared>);
+
+impl ReadInFlight {
+    fn new(shared: &Arc<FaultShared>) -> ReadInFlight {
+        let mut state = lock(&shared.state);
+        state.reads_in_flight += 1;
+        state.stats.reads_in_flight_max =
+            state.stats.reads_in_flight_max.max(state.reads_in_flight);
+        ReadInFlight(Arc::clone(shared))
+    }
+}
+
+impl Drop for ReadInFlight {
+    fn drop(&mut self) {
+        lock(&self.0.state).reads_in_flight -= 1;
+    }
 }
 
 /// Wraps another backend: injects EIO, bit flips and latency, and simulates power loss.
@@ -167,6 +191,7 @@ impl FaultBackend {
             dead: false,
             next_write_seq: 0,
             volatile: VecDeque::new(),
+            reads_in_flight: 0,
             stats: FaultStats::default(),
         };
         FaultBackend {
@@ -493,7 +518,9 @@ impl Backend for FaultBackend {
             return self.shared.inner.read(offset_bytes, buf);
         }
         let shared = self.shared.clone();
+        let in_flight = ReadInFlight::new(&shared);
         IoFuture::boxed(async move {
+            let _in_flight = in_flight;
             delay_or_fail(latency, inject_error).await?;
             let overlay = overlay_for(&lock(&shared.state), offset_bytes, buf.len());
             let mut buf = shared.inner.read(offset_bytes, buf).await?;

@@ -169,7 +169,9 @@ pub mod rt {
         ops_in_flight, set_fsync_here_max, set_spin, submit_queued, FSYNC_HERE_MAX_DEFAULT,
         OP_TABLE_CAPACITY,
     };
-    pub use crate::executor::{block_on, join2, join_all, sleep, spawn_local, LocalExecutor};
+    pub use crate::executor::{
+        block_on, join2, join_all, join_all_bounded, sleep, spawn_local, LocalExecutor,
+    };
 
     /// Async socket operations on the ring for the NBD server (TCP and unix stream sockets),
     /// with owned buffers.

@@ -8,7 +8,9 @@ use std::sync::mpsc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use oxpool_io::rt::{block_on, join_all, ops_in_flight, sleep, spawn_local, LocalExecutor};
+use oxpool_io::rt::{
+    block_on, join_all, join_all_bounded, ops_in_flight, sleep, spawn_local, LocalExecutor,
+};
 use oxpool_io::{Backend, FileBackend, IoBuf};
 
 /// Polls `fut` exactly once (submitting its I/O) and resolves to whether it was ready.
@@ -243,6 +245,41 @@ fn join_all_keeps_order_and_handles_empty() {
         })
         .collect();
     assert_eq!(block_on(join_all(futs)), (0..100).collect::<Vec<_>>());
+}
+
+#[test]
+fn join_all_bounded_runs_at_most_its_limit_at_once_and_all_of_them() {
+    for (count, limit) in [(0usize, 4usize), (1, 4), (10, 3), (64, 8), (5, 100), (7, 0)] {
+        let running = Rc::new(Cell::new(0usize));
+        let most = Rc::new(Cell::new(0usize));
+        let futs: Vec<_> = (0..count as u64)
+            .map(|i| {
+                let (running, most) = (running.clone(), most.clone());
+                async move {
+                    running.set(running.get() + 1);
+                    most.set(most.get().max(running.get()));
+                    // Later futures finish sooner: a window that started them out of order
+                    // or let one finish without starting the next would show in `most` or
+                    // in the order of the outputs.
+                    sleep(Duration::from_micros((count as u64 - i) * 30)).await;
+                    running.set(running.get() - 1);
+                    i
+                }
+            })
+            .collect();
+        let out = block_on(join_all_bounded(futs, limit));
+        assert_eq!(
+            out,
+            (0..count as u64).collect::<Vec<_>>(),
+            "{count} by {limit}"
+        );
+        assert_eq!(
+            most.get(),
+            count.min(limit.max(1)),
+            "{count} futures, limit {limit}: most running at once"
+        );
+        assert_eq!(running.get(), 0);
+    }
 }
 
 #[test]
