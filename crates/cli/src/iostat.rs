@@ -247,13 +247,37 @@ pub fn print(cache: &Path, pool: &str, opts: Options) -> Result<()> {
         }
         let (text, cur) = read_live(cache, pool)?;
         if opts.json {
-            print!("{text}");
+            write_stdout(&text)?;
         } else {
-            report(pool, prev.as_ref(), &cur, opts);
+            let mut out = String::new();
+            report(&mut out, pool, prev.as_ref(), &cur, opts);
+            write_stdout(&out)?;
         }
         prev = Some(cur);
     }
     Ok(())
+}
+
+/// Writes a report to standard output. A reader that went away (`oxpool iostat 1 | head`)
+/// makes this an error the caller passes up, which `main` turns into a quiet exit, instead
+/// of `print!`'s panic.
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// `writeln!` to a report being built (writing to a `String` cannot fail).
+macro_rules! outln {
+    ($out:expr) => {
+        $out.push('\n')
+    };
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = std::fmt::Write::write_fmt($out, format_args!($($arg)*));
+        $out.push('\n');
+    }};
 }
 
 // ---- the report ----
@@ -315,7 +339,7 @@ impl Span<'_> {
 /// Width of the name column.
 const NAME_WIDTH: usize = 28;
 
-fn report(pool: &str, prev: Option<&Stats>, cur: &Stats, opts: Options) {
+fn report(out: &mut String, pool: &str, prev: Option<&Stats>, cur: &Stats, opts: Options) {
     let since_ms = prev.map(|p| p.time_ms).unwrap_or(cur.started_ms);
     let span = Span {
         prev,
@@ -327,13 +351,13 @@ fn report(pool: &str, prev: Option<&Stats>, cur: &Stats, opts: Options) {
     } else {
         format!("since the server started, {:.1} s ago", span.seconds)
     };
-    println!("pool {pool}, txg {} ({what})", cur.txg);
-    table(pool, &span, opts.latency);
+    outln!(out, "pool {pool}, txg {} ({what})", cur.txg);
+    table(out, pool, &span, opts.latency);
     if opts.histograms {
-        histograms(&span);
+        histograms(out, &span);
     }
-    footer(&span);
-    println!();
+    footer(out, &span);
+    outln!(out);
 }
 
 /// `1.2K`-style counts (decimal, as zpool iostat's operations).
@@ -374,7 +398,7 @@ fn latency_str(us: f64, ops: u64) -> String {
     }
 }
 
-fn table(pool: &str, span: &Span, latency: bool) {
+fn table(out: &mut String, pool: &str, span: &Span, latency: bool) {
     let mut h1 = format!(
         "{:<NAME_WIDTH$} {:^15} {:^15}",
         "", "operations", "bandwidth"
@@ -390,10 +414,13 @@ fn table(pool: &str, span: &Span, latency: bool) {
             "read", "write", "read", "write"
         ));
     }
-    println!("{}", h1.trim_end());
-    println!("{h2}");
-    println!("{}", "-".repeat(h2.len()));
-    let row = |name: &str, io: &LeafIoSnapshot, vol_latency: Option<&VolumeIoSnapshot>| {
+    outln!(out, "{}", h1.trim_end());
+    outln!(out, "{h2}");
+    outln!(out, "{}", "-".repeat(h2.len()));
+    let row = |out: &mut String,
+               name: &str,
+               io: &LeafIoSnapshot,
+               vol_latency: Option<&VolumeIoSnapshot>| {
         let s = span.seconds;
         let mut line = format!(
             "{:<NAME_WIDTH$} {:>7} {:>7} {:>7} {:>7}",
@@ -422,7 +449,7 @@ fn table(pool: &str, span: &Span, latency: bool) {
                 )),
             }
         }
-        println!("{line}");
+        outln!(out, "{line}");
     };
     // The pool: every device's I/O together.
     let devices: Vec<(&DeviceStats, LeafIoSnapshot)> = span
@@ -431,7 +458,7 @@ fn table(pool: &str, span: &Span, latency: bool) {
         .iter()
         .map(|d| (d, span.device(d)))
         .collect();
-    row(pool, &sum_leaf(devices.iter().map(|(_, io)| io)), None);
+    row(out, pool, &sum_leaf(devices.iter().map(|(_, io)| io)), None);
     let mut i = 0;
     // Bounded by the devices: each pass consumes at least one.
     while i < devices.len() {
@@ -442,20 +469,21 @@ fn table(pool: &str, span: &Span, latency: bool) {
             .collect();
         if group.len() > 1 || group[0].0.name != *vdev {
             row(
+                out,
                 &format!("  {vdev}"),
                 &sum_leaf(group.iter().map(|(_, io)| io)),
                 None,
             );
             for (d, io) in &group {
-                row(&format!("    {}", d.name), io, None);
+                row(out, &format!("    {}", d.name), io, None);
             }
         } else {
-            row(&format!("  {}", group[0].0.name), &group[0].1, None);
+            row(out, &format!("  {}", group[0].0.name), &group[0].1, None);
         }
         i += group.len();
     }
     if !span.cur.volumes.is_empty() {
-        println!("{}", "-".repeat(h2.len()));
+        outln!(out, "{}", "-".repeat(h2.len()));
         for v in &span.cur.volumes {
             let io = span.volume(v);
             // Shown in the leaf layout: reads and writes (write-zeroes and trims included).
@@ -472,7 +500,7 @@ fn table(pool: &str, span: &Span, latency: bool) {
                 },
                 ..Default::default()
             };
-            row(&format!("  {}", v.name), &as_leaf, Some(&io));
+            row(out, &format!("  {}", v.name), &as_leaf, Some(&io));
         }
     }
 }
@@ -527,8 +555,8 @@ fn bucket_label(k: usize) -> String {
 }
 
 /// Prints histograms side by side: one row per bucket from the first to the last non-empty.
-fn histogram_table(title: &str, columns: &[(&str, &LatencySnapshot)]) {
-    println!();
+fn histogram_table(out: &mut String, title: &str, columns: &[(&str, &LatencySnapshot)]) {
+    outln!(out);
     let first = (0..LATENCY_BUCKET_COUNT).find(|&k| columns.iter().any(|(_, h)| h.buckets[k] > 0));
     let last = (0..LATENCY_BUCKET_COUNT)
         .rev()
@@ -537,9 +565,9 @@ fn histogram_table(title: &str, columns: &[(&str, &LatencySnapshot)]) {
     for (name, _) in columns {
         head.push_str(&format!(" {name:>11}"));
     }
-    println!("{head}");
+    outln!(out, "{head}");
     let (Some(first), Some(last)) = (first, last) else {
-        println!("{:<NAME_WIDTH$} (no I/O)", "");
+        outln!(out, "{:<NAME_WIDTH$} (no I/O)", "");
         return;
     };
     for k in first..=last {
@@ -547,18 +575,20 @@ fn histogram_table(title: &str, columns: &[(&str, &LatencySnapshot)]) {
         for (_, h) in columns {
             line.push_str(&format!(" {:>11}", h.buckets[k]));
         }
-        println!("{line}");
+        outln!(out, "{line}");
     }
 }
 
-fn histograms(span: &Span) {
-    println!();
-    println!(
+fn histograms(out: &mut String, span: &Span) {
+    outln!(out);
+    outln!(
+        out,
         "latency histograms (I/Os per bucket; a bucket holds latencies from its label to twice it)"
     );
     for d in &span.cur.devices {
         let io = span.device(d);
         histogram_table(
+            out,
             &d.name,
             &[
                 ("total read", &io.read.total_wait),
@@ -572,6 +602,7 @@ fn histograms(span: &Span) {
     for v in &span.cur.volumes {
         let io = span.volume(v);
         histogram_table(
+            out,
             &format!("volume {}", v.name),
             &[
                 ("read", &io.read.latency),
@@ -590,33 +621,38 @@ fn per(v: u64, ios: u64) -> String {
     }
 }
 
-fn footer(span: &Span) {
+fn footer(out: &mut String, span: &Span) {
     let ios = span.delta(|s| s.reads) + span.delta(|s| s.writes) + span.delta(|s| s.flushes);
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "per volume I/O ({ios} I/Os, {}/s):",
         count_str(ios as f64 / span.seconds)
     );
     let cpu_us = span.delta(|s| s.cpu_us);
-    println!(
+    outln!(
+        out,
         "  server cpu: {} us    context switches: {}",
         per(cpu_us, ios),
         per(span.delta(|s| s.ctx_switches), ios)
     );
-    println!(
+    outln!(
+        out,
         "  completions: inline {}  batched {}  offloaded {}",
         per(span.delta(|s| s.completions_inline), ios),
         per(span.delta(|s| s.completions_batched), ios),
         per(span.delta(|s| s.completions_offloaded), ios),
     );
-    println!(
+    outln!(
+        out,
         "  ring waits: {} ({} of them batching)  spins: {} ({} saw an event)",
         per(span.delta(|s| s.ring_waits), ios),
         per(span.delta(|s| s.ring_batch_waits), ios),
         per(span.delta(|s| s.ring_spins), ios),
         per(span.delta(|s| s.ring_spin_hits), ios),
     );
-    println!(
+    outln!(
+        out,
         "  fdatasyncs: on the reactor {}  by kernel workers {}",
         per(span.delta(|s| s.fsyncs_inline), ios),
         per(span.delta(|s| s.fsyncs_ring), ios),
@@ -625,7 +661,8 @@ fn footer(span: &Span) {
         span.delta(|s| s.data_cache_hits),
         span.delta(|s| s.data_cache_misses),
     );
-    println!(
+    outln!(
+        out,
         "  data cache: {} hits, {} misses ({} hit), {} cached",
         count_str(hits as f64),
         count_str(misses as f64),
@@ -639,7 +676,8 @@ fn footer(span: &Span) {
         span.delta(|s| s.compress_logical_bytes),
         span.delta(|s| s.compress_stored_bytes),
     );
-    println!(
+    outln!(
+        out,
         "  compression: {} of data written as {} ({}), {} blocks compressed, {} zero \
          blocks as holes",
         bytes_str(logical as f64),
@@ -651,19 +689,28 @@ fn footer(span: &Span) {
         count_str(span.delta(|s| s.compressed_blocks) as f64),
         count_str(span.delta(|s| s.zero_blocks) as f64),
     );
-    println!(
+    outln!(
+        out,
         "  decompressed after reads: {}",
         bytes_str(span.delta(|s| s.decompressed_bytes) as f64)
     );
-    println!();
-    println!(
+    outln!(out);
+    outln!(
+        out,
         "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
-        "vdev queue", "scheduler", "queued", "bypassed", "active", "waiting", "disk_wait"
+        "vdev queue",
+        "scheduler",
+        "queued",
+        "bypassed",
+        "active",
+        "waiting",
+        "disk_wait"
     );
     for d in &span.cur.devices {
         let (q, b) = span.queue(d);
         // Counts over the span; active, waiting and the recent disk wait are as of now.
-        println!(
+        outln!(
+            out,
             "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
             shorten(&format!("  {}", d.name), NAME_WIDTH),
             d.scheduler,
@@ -674,22 +721,25 @@ fn footer(span: &Span) {
             format!("{}us", d.queue.disk_wait_recent_us),
         );
     }
-    println!();
+    outln!(out);
     let commits = span.log("commits");
     let client = span.log("client_bytes");
-    println!(
+    outln!(
+        out,
         "intent log: {commits} commits, {} log bytes, {} device flushes ({} of them durable \
          log-block writes)",
         span.log("log_bytes"),
         span.log("device_flushes"),
         span.log("log_durable_writes")
     );
-    println!(
+    outln!(
+        out,
         "  device flushes per sync write: {}    log bytes per client byte: {}",
         per(span.log("device_flushes"), commits),
         per(span.log("log_bytes"), client)
     );
-    println!(
+    outln!(
+        out,
         "  log block write to durable: {} us on average",
         per(span.log("log_write_us"), span.log("log_blocks"))
     );

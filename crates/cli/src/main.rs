@@ -40,11 +40,27 @@ fn main() {
     match run(cli) {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),
+        // The reader of standard output went away (`oxpool iostat 1 | head`): stop quietly,
+        // with the status of a process killed by SIGPIPE, as a C tool with the default
+        // disposition would (Rust ignores SIGPIPE, and the server in this same binary must).
+        Err(e) if is_broken_pipe(&e) => std::process::exit(EXIT_BROKEN_PIPE),
         Err(e) => {
             eprintln!("oxpool: {e:#}");
             std::process::exit(1);
         }
     }
+}
+
+/// Exit status after standard output's reader went away: 128 + SIGPIPE.
+const EXIT_BROKEN_PIPE: i32 = 128 + libc::SIGPIPE;
+
+/// Whether `e` is, at its root, an EPIPE from a write (a socket to a server that went away
+/// is reported as a lost connection, with its own message, before it gets here).
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Which pool a command is about, for finding the server that owns it.

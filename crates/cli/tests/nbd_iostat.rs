@@ -132,6 +132,30 @@ fn iostat_reports_sync_writes_and_flushes_of_a_served_pool() {
         two.contains("since the server started") && two.contains("(last "),
         "{two}"
     );
+    // A reader that goes away (`oxpool iostat tank 0.05 | head -1`) ends the reports
+    // quietly, with SIGPIPE's status, not a panic's message and backtrace.
+    let mut cmd = env.oxpool_command();
+    let mut child = cmd
+        .args(["iostat", "tank", "0.05"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    assert!(first.starts_with(b"pool tank"), "{first:?}");
+    drop(stdout);
+    // Bounded: the next report, 50 ms later, meets the closed pipe.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(141),
+        "status {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert!(stderr.is_empty(), "stderr: {stderr}");
     server.kill9();
     // A pool nobody serves has no live counters: a clear error.
     let mut cmd = env.oxpool_command();
