@@ -40,7 +40,7 @@ fn main() {
     match run(cli) {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),
-        // The reader of standard output went away (`oxpool iostat 1 | head`): stop quietly,
+        // The reader of standard output went away (`oxpool iostat tank 1 | head`): stop quietly,
         // with the status of a process killed by SIGPIPE, as a C tool with the default
         // disposition would (Rust ignores SIGPIPE, and the server in this same binary must).
         Err(e) if is_broken_pipe(&e) => std::process::exit(EXIT_BROKEN_PIPE),
@@ -54,13 +54,14 @@ fn main() {
 /// Exit status after standard output's reader went away: 128 + SIGPIPE.
 const EXIT_BROKEN_PIPE: i32 = 128 + libc::SIGPIPE;
 
-/// Whether `e` is, at its root, an EPIPE from a write (a socket to a server that went away
-/// is reported as a lost connection, with its own message, before it gets here).
+/// Whether `e` is, at its root, an EPIPE from a write to a pipe whose reader went away:
+/// standard output, or a FIFO the command writes (`vol read -o FIFO`), as a C tool would die
+/// of SIGPIPE on either. A socket to a server that went away is reported as a lost
+/// connection, with its own message, before it gets here (`control::client::forward`).
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.root_cause()
+        .downcast_ref::<std::io::Error>()
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// Which pool a command is about, for finding the server that owns it.
@@ -233,7 +234,8 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
     };
     let names = verbs::pool::listed(local, &named)?;
     if let (Command::Status { .. }, true) = (&command, names.is_empty()) {
-        println!("no pools");
+        use std::io::Write;
+        writeln!(std::io::stdout(), "no pools")?;
         return Ok(0);
     }
     if let (Some(header), false) = (header, scripted) {
@@ -412,6 +414,8 @@ fn command_line(command: &Command) -> Vec<String> {
 fn succeeded(done: Result<bool>) -> bool {
     match done {
         Ok(ok) => ok,
+        // The reader went away: the other pools' lines have nowhere to go either.
+        Err(e) if is_broken_pipe(&e) => std::process::exit(EXIT_BROKEN_PIPE),
         Err(e) => {
             eprintln!("oxpool: {e:#}");
             false

@@ -220,7 +220,8 @@ impl<F: Future> JoinAll<F> {
             .map(|index| {
                 Arc::new(ChildWaker {
                     index,
-                    // Queued: in the woken list, or not started (its first poll queues it).
+                    // Queued: in the woken list, or not started yet (a sibling's finish puts it
+                    // in the woken list, still marked queued, so it is never queued twice).
                     queued: AtomicBool::new(true),
                     shared: shared.clone(),
                 })

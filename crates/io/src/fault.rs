@@ -62,8 +62,10 @@ pub struct FaultStats {
     pub volatile_writes: u64,
     /// Durable (FUA) writes issued.
     pub durable_writes: u64,
-    /// Most reads in flight at once, among those the wrapper delayed or altered (a latency
-    /// set, or a fault drawn): a pass-through read is not counted.
+    /// Most reads in flight at once since the wrapper was made (a high-water mark, never
+    /// reset), among the reads that went through the wrapper's own future: a latency set, a
+    /// fault drawn, or volatile writes to overlay (power-loss tracking). A read passed
+    /// straight through to `inner` is not counted.
     pub reads_in_flight_max: u64,
 }
 

@@ -250,19 +250,24 @@ fn join_all_keeps_order_and_handles_empty() {
 #[test]
 fn join_all_bounded_runs_at_most_its_limit_at_once_and_all_of_them() {
     for (count, limit) in [(0usize, 4usize), (1, 4), (10, 3), (64, 8), (5, 100), (7, 0)] {
+        let window = count.min(limit.max(1));
         let running = Rc::new(Cell::new(0usize));
         let most = Rc::new(Cell::new(0usize));
+        // (true, i) when future i starts, (false, i) when it ends.
+        let events = Rc::new(RefCell::new(Vec::new()));
         let futs: Vec<_> = (0..count as u64)
             .map(|i| {
-                let (running, most) = (running.clone(), most.clone());
+                let (running, most, events) = (running.clone(), most.clone(), events.clone());
                 async move {
+                    events.borrow_mut().push((true, i));
                     running.set(running.get() + 1);
                     most.set(most.get().max(running.get()));
-                    // Later futures finish sooner: a window that started them out of order
-                    // or let one finish without starting the next would show in `most` or
-                    // in the order of the outputs.
+                    // Later futures finish sooner, so the first to finish is the last of the
+                    // first window: a sliding window starts the next one then, long before
+                    // future 0 ends; fixed groups of `limit` would wait for future 0.
                     sleep(Duration::from_micros((count as u64 - i) * 30)).await;
                     running.set(running.get() - 1);
+                    events.borrow_mut().push((false, i));
                     i
                 }
             })
@@ -275,10 +280,20 @@ fn join_all_bounded_runs_at_most_its_limit_at_once_and_all_of_them() {
         );
         assert_eq!(
             most.get(),
-            count.min(limit.max(1)),
-            "{count} futures, limit {limit}: most running at once"
+            window,
+            "{count} futures, limit {limit}: most at once"
         );
         assert_eq!(running.get(), 0);
+        let events = events.borrow();
+        let starts: Vec<u64> = events.iter().filter(|e| e.0).map(|e| e.1).collect();
+        assert_eq!(starts, (0..count as u64).collect::<Vec<_>>(), "start order");
+        if count > window && window >= 2 {
+            let at = |e: (bool, u64)| events.iter().position(|&x| x == e).unwrap();
+            assert!(
+                at((true, window as u64)) < at((false, 0)),
+                "{count} by {limit}: future {window} waited for future 0 to end"
+            );
+        }
     }
 }
 

@@ -269,10 +269,20 @@ impl DataSync<'_> {
             // A window of merge reads, not the whole batch at once: a device queue holding a
             // batch of reads (256) is milliseconds deep, and every log write of a sync
             // writer waits behind it (see MERGE_READS_IN_FLIGHT_MAX).
+            let mut first_error = None;
             for done in join_all_bounded(merges, MERGE_READS_IN_FLIGHT_MAX).await {
-                let (i, merged) = done?;
-                prepared[i] =
-                    adopted(&batch[i].0, &merged).unwrap_or(Prepared::Content(Some(merged)));
+                match done {
+                    Ok((i, merged)) => {
+                        prepared[i] =
+                            adopted(&batch[i].0, &merged).unwrap_or(Prepared::Content(Some(merged)))
+                    }
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
             }
         }
         // How each block is stored (compressed, as is, or a hole) and the stored bytes'
