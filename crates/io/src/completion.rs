@@ -188,7 +188,7 @@ impl Drop for RequestGuard {
 }
 
 /// Client requests being served on this thread (see [`RequestGuard`]).
-pub(crate) fn requests_in_flight() -> usize {
+pub fn requests_in_flight() -> usize {
     LOAD.with(|l| l.requests_in_flight.get())
 }
 
