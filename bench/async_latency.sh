@@ -4,6 +4,8 @@
 #
 #   bench/async_latency.sh [OXPOOL_BINARY]     (default target/release/oxpool)
 #   DELAY_MS=20 bench/async_latency.sh         (the added latency, default 4 ms)
+#   REFERENCE=nbdkit bench/async_latency.sh    (also the same cells against a server that only
+#                                               sleeps: nbdkit memory + delay filter)
 #
 # On 2 vCPUs, 4 ms makes the 128K cell at iodepth 64 CPU-bound (64 x 200 IOPS of 128K reads
 # with data_cache_max=0: both cores busy, the reactor at 93 %), so it measures the CPU, not
@@ -35,21 +37,39 @@ for _ in $(seq 50); do [ -S "$D/c.run/server-$PID.sock" ] && break; sleep 0.1; d
 URI=nbd://127.0.0.1:10809/g5/v
 fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=1G --end_fsync=1 >/dev/null 2>&1
 "$B" "${C[@]}" inject -d p.img -D "${DELAY_MS:-4}" -T read g5
-for bs in 4k 128k; do
-    for qd in 1 64; do
-        fio --name=r --ioengine=nbd --uri=$URI --rw=randread --bs=$bs --iodepth=$qd --size=1G \
-            --time_based --runtime=8 --output-format=json >"$D/r-$bs-$qd.json" 2>/dev/null
-    done
-    /usr/bin/python3 - "$D" "$bs" <<'PY'
+# The four cells against URI, labelled LABEL.
+cells() {
+    local uri=$1 label=$2
+    for bs in 4k 128k; do
+        for qd in 1 64; do
+            fio --name=r --ioengine=nbd --uri=$uri --rw=randread --bs=$bs --iodepth=$qd --size=1G \
+                --time_based --runtime=8 --output-format=json >"$D/r-$bs-$qd.json" 2>/dev/null
+        done
+        /usr/bin/python3 - "$D" "$bs" "$label" <<'PY'
 import json, sys
-d, bs = sys.argv[1], sys.argv[2]
+d, bs, label = sys.argv[1], sys.argv[2], sys.argv[3]
 def cell(qd):
     t = open(f"{d}/r-{bs}-{qd}.json").read()
     j = json.loads(t[t.index("{"):])["jobs"][0]["read"]
     return j["iops"], j["lat_ns"]["mean"] / 1e6
 (i1, l1), (i64, l64) = cell(1), cell(64)
-print(f"{bs}: iodepth 1 {i1:.0f} IOPS ({l1:.2f} ms), iodepth 64 {i64:.0f} IOPS ({l64:.2f} ms): "
-      f"{100 * i64 / (64 * i1):.0f} % of 64x (goal >= 90 %)")
+print(f"{label} {bs}: iodepth 1 {i1:.0f} IOPS ({l1:.2f} ms), iodepth 64 {i64:.0f} IOPS "
+      f"({l64:.2f} ms): {100 * i64 / (64 * i1):.0f} % of 64x (goal >= 90 %)")
 PY
-done
+    done
+}
+cells "$URI" oxpool
 "$B" "${C[@]}" inject -c all >/dev/null
+# The reference (REFERENCE=nbdkit): a server that stores nothing and only sleeps, nbdkit's
+# memory plugin behind its delay filter with the same latency and 64 threads. What it reaches
+# at iodepth 64 is what this client and machine allow any server.
+if [ "${REFERENCE:-}" = nbdkit ]; then
+    PORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    nbdkit --foreground --exit-with-parent --ipaddr=127.0.0.1 --port="$PORT" --threads=64 \
+        --filter=delay memory 1G rdelay="${DELAY_MS:-4}ms" &
+    NBDKIT=$!
+    for _ in $(seq 50); do nbdinfo --size "nbd://127.0.0.1:$PORT" >/dev/null 2>&1 && break; sleep 0.1; done
+    cells "nbd://127.0.0.1:$PORT" nbdkit-delay
+    kill "$NBDKIT"
+    wait "$NBDKIT" 2>/dev/null || true
+fi
