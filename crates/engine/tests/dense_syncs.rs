@@ -6,10 +6,10 @@
 mod common;
 
 use common::pattern;
-use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
-use oxpool_format::{TopVdevKind, Txg};
+use oxpool_engine::{Pool, PoolProps, Volume};
+use oxpool_format::Txg;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, MemoryBackend};
+use oxpool_io::MemoryBackend;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,17 +23,7 @@ fn pool() -> Pool {
     let mut props = PoolProps::default();
     props.set("dirty_max", "1G").unwrap();
     props.set("txg_timeout", "3600").unwrap();
-    Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![Arc::new(dev) as Arc<dyn Backend>],
-        }],
-        props,
-        false,
-    )
-    .unwrap()
+    common::single_device_pool(Arc::new(dev), props)
 }
 
 fn volume(pool: &Pool, size_bytes: u64) -> Volume {

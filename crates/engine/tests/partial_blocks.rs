@@ -15,17 +15,7 @@ const BS: usize = 16 * 1024;
 
 fn flaky_pool(mem: &MemoryBackend) -> (Pool, Arc<FaultBackend>) {
     let flaky = Arc::new(FaultBackend::new(Arc::new(mem.clone()), 5));
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![flaky.clone() as Arc<dyn Backend>],
-        }],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let pool = common::single_device_pool(flaky.clone(), test_props());
     (pool, flaky)
 }
 

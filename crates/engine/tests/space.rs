@@ -10,8 +10,8 @@
 mod common;
 
 use common::pattern;
-use oxpool_engine::{EngineError, Pool, PoolProps, TopSpec, Volume};
-use oxpool_format::{BlockType, TopVdevKind};
+use oxpool_engine::{EngineError, Pool, PoolProps, Volume};
+use oxpool_format::BlockType;
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, MemoryBackend};
 use std::sync::Arc;
@@ -22,17 +22,7 @@ fn pool_on(dev: &MemoryBackend) -> Pool {
     let mut props = PoolProps::default();
     // Txgs end where the test says, or at the dirty-data and log-space thresholds.
     props.set("txg_timeout", "3600").unwrap();
-    Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![Arc::new(dev.clone()) as Arc<dyn Backend>],
-        }],
-        props,
-        false,
-    )
-    .unwrap()
+    common::single_device_pool(Arc::new(dev.clone()), props)
 }
 
 fn reimport(dev: &MemoryBackend) -> Pool {

@@ -65,17 +65,7 @@ fn random_writes_on_a_small_pool_never_suspend_it() {
     let mut props = PoolProps::default();
     props.set("txg_timeout", "3600").unwrap();
     props.set("dirty_max", "1G").unwrap(); // far more than the pool: the pool must cap it
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![Arc::new(dev) as Arc<dyn Backend>],
-        }],
-        props,
-        false,
-    )
-    .unwrap();
+    let pool = common::single_device_pool(Arc::new(dev), props);
     let v = pool.create_volume("v", 32 << 20, &[]).unwrap();
     // 4 KiB writes into 16 KiB blocks: each dirties a whole block (4x the space per byte).
     for k in 0..20_000u64 {
