@@ -156,6 +156,12 @@ impl DataCache {
         self.copy_out(key, in_block, out, false)
     }
 
+    /// Counts a miss found without a lookup here: a reader that read the block from the
+    /// devices with others in one request (`read_run::read_data_run`).
+    pub fn count_miss(&self) {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn copy_out(&self, key: &CacheKey, in_block: usize, out: &mut [u8], count_miss: bool) -> bool {
         let mut s = self.shards[key.shard()].lock().unwrap();
         match s.map.get_mut(key) {

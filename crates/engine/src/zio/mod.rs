@@ -385,6 +385,17 @@ impl Repairs {
     fn push(&mut self, r: Repair) {
         self.0.push(r);
     }
+
+    /// Adds the whole copy at `io`, found bad by another read, unless it is listed already.
+    pub fn add_copy(&mut self, io: LeafIo) {
+        let listed = self.0.iter().any(|r| {
+            matches!(r, Repair::Copy(c)
+                if Arc::ptr_eq(&c.leaf, &io.leaf) && c.offset_bytes == io.offset_bytes)
+        });
+        if !listed {
+            self.0.push(Repair::Copy(io));
+        }
+    }
 }
 
 /// Reads the block `bp` points to, as I/Os of `class`, and verifies it. Returns a buffer of

@@ -30,11 +30,14 @@ use crate::spa::txg::Dirtied;
 use crate::spa::Spa;
 use crate::vdev::alloc::ClassBytes;
 use crate::vdev::queue::IoClass;
+use crate::vdev::LeafIo;
 use crate::zil::{ItxKind, Zil};
 use crate::zio::data_cache::CacheKey;
+use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
 use crate::zio::{heal_copies, read_data_block_unhealed};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
+use oxpool_format::BlockPtr;
 use oxpool_io::IoBuf;
 use std::pin::pin;
 use std::sync::atomic::Ordering;
@@ -323,7 +326,6 @@ impl Volume {
         // Blocks that must come from the tree and are not in memory: (block, in-block offset,
         // output range, sectors needed). The first apart, so that a read within one block
         // builds no list.
-        type FromTree = (u64, usize, std::ops::Range<usize>, SectorMask);
         let mut first_from_tree: Option<FromTree> = None;
         let mut from_tree: Vec<FromTree> = Vec::new();
         // Bounded by the blocks of the request. Block by block: what the dirty state lacks is
@@ -382,18 +384,24 @@ impl Volume {
             return Ok(());
         }
         from_tree.insert(0, first);
-        // Issue the tree reads of one request concurrently: a 128 KiB read of 16 KiB blocks
-        // is eight device reads in flight, not eight in a row. The output ranges are disjoint
-        // and increasing, so each read gets its own slice of `out`.
-        let mut futs = Vec::with_capacity(from_tree.len());
+        // Issue the tree reads of one request concurrently, and blocks that lie side by side
+        // on a device as one read ([`read_data_run`]): a 128 KiB read of 16 KiB blocks the
+        // txg sync wrote together is one device read, not eight. A group is one block, or a
+        // run of consecutive blocks whose pointers are at hand (cached level-1 blocks); the
+        // groups' output ranges are disjoint and increasing, so each gets its own slice of
+        // `out`.
+        self.load_pointers(&from_tree).await;
+        let groups = self.plan_read_groups(&from_tree);
+        let mut futs = Vec::with_capacity(groups.len());
         let mut rest: &mut [u8] = out;
         let mut rest_start = 0;
-        for (b, in_block, range, need) in &from_tree {
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - rest_start);
-            let (mine, tail) = tail.split_at_mut(range.len());
+        for (group, bps) in &groups {
+            let span = from_tree[group.start].2.start..from_tree[group.end - 1].2.end;
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(span.start - rest_start);
+            let (mine, tail) = tail.split_at_mut(span.len());
             rest = tail;
-            rest_start = range.end;
-            futs.push(self.read_tree_into(*b, *in_block, mine, need));
+            rest_start = span.end;
+            futs.push(self.read_group(&from_tree[group.clone()], bps, mine, span.start));
         }
         let results = oxpool_io::rt::join_all(futs).await;
         // The first error fails the read (and `read_shared` then empties `parts`).
@@ -402,6 +410,107 @@ impl Volume {
         }
         if let Some(shared) = shared {
             shared.finish(out.len());
+        }
+        Ok(())
+    }
+
+    /// Brings the level-1 blocks that hold the pointers of `from_tree`'s blocks into the tree's
+    /// cache, where [`Volume::plan_read_groups`] looks: a request whose pointers were not at
+    /// hand would otherwise be read block by block. A lookup that fails is left to the read of
+    /// the block, which reports it.
+    async fn load_pointers(&self, from_tree: &[FromTree]) {
+        let tree = &self.vol.data().tree;
+        // Bounded by the blocks of the request; one lookup per level-1 block at most, as the
+        // first loads it for the others.
+        for (b, ..) in from_tree {
+            if tree.lock().unwrap().cached_data_ptr(*b).is_none() {
+                let what = &self.vol.ds.full_name;
+                let _ = lookup(tree, &self.pool.zio, IoClass::SyncRead, *b, what).await;
+            }
+        }
+    }
+
+    /// Splits `from_tree` (blocks to read from the devices, in output order) into groups to
+    /// read concurrently: runs of consecutive blocks whose first copies lie back to back on a
+    /// mirror or single device, with their pointers, and single blocks (no pointers: looked
+    /// up when read).
+    fn plan_read_groups(
+        &self,
+        from_tree: &[FromTree],
+    ) -> Vec<(std::ops::Range<usize>, Vec<BlockPtr>)> {
+        let zio = &self.pool.zio;
+        let mut groups: Vec<(std::ops::Range<usize>, Vec<BlockPtr>)> =
+            Vec::with_capacity(from_tree.len());
+        let tree = self.vol.data().tree.lock().unwrap();
+        let mut run_bytes_total = 0;
+        // Bounded by the blocks of the request.
+        for (i, (b, ..)) in from_tree.iter().enumerate() {
+            let bp = tree.cached_data_ptr(*b).filter(|bp| !bp.is_hole());
+            if let (Some(bp), Some((group, bps))) = (bp, groups.last_mut()) {
+                let joins = bps.last().is_some_and(|last| {
+                    from_tree[i - 1].0 + 1 == *b
+                        && extends_run(zio, last, run_bytes_total, &bp, READ_RUN_BYTES_MAX)
+                });
+                if joins {
+                    group.end = i + 1;
+                    run_bytes_total += run_bytes(&bp);
+                    bps.push(bp);
+                    continue;
+                }
+            }
+            run_bytes_total = bp.as_ref().map_or(0, run_bytes);
+            groups.push((i..i + 1, bp.into_iter().collect()));
+        }
+        drop(tree);
+        // A group of one is read by its block number (the pointer is looked up again then).
+        for (group, bps) in groups.iter_mut() {
+            if group.len() == 1 {
+                bps.clear();
+            }
+        }
+        groups
+    }
+
+    /// Reads `blocks` (from `from_tree`) into `out`, which holds their output ranges from
+    /// `out_start` on: with `bps` (their pointers, a run), as one device read, each block
+    /// that did not verify then read again alone; without, one block by its number.
+    async fn read_group(
+        &self,
+        blocks: &[FromTree],
+        bps: &[BlockPtr],
+        out: &mut [u8],
+        out_start: usize,
+    ) -> Result<()> {
+        let slice =
+            |range: &std::ops::Range<usize>| (range.start - out_start)..(range.end - out_start);
+        if bps.is_empty() {
+            debug_assert_eq!(blocks.len(), 1);
+            let (b, in_block, range, need) = &blocks[0];
+            let r = slice(range);
+            return self.read_tree_into(*b, *in_block, &mut out[r], need).await;
+        }
+        debug_assert_eq!(blocks.len(), bps.len());
+        let cache = &self.pool.zio.data_cache;
+        let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
+        let what = &self.vol.ds.full_name;
+        let read = read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what).await;
+        // Bounded by the blocks of the run.
+        for (((b, in_block, range, need), bp), block) in blocks.iter().zip(bps).zip(read) {
+            let r = slice(range);
+            match block {
+                RunBlock::Good(block) => {
+                    // A miss, as the block-by-block read counts it.
+                    cache.count_miss();
+                    let key = CacheKey::of(bp);
+                    copy_runs(need, &block.content, *in_block, &mut out[r]);
+                    cache.insert(key, block.content);
+                }
+                RunBlock::Retry(bad_copy) => {
+                    let bad_copy = bad_copy.map(|io| (*bp, io));
+                    self.read_tree_into_healing(*b, *in_block, &mut out[r], need, bad_copy)
+                        .await?
+                }
+            }
         }
         Ok(())
     }
@@ -454,11 +563,25 @@ impl Volume {
         out: &mut [u8],
         need: &SectorMask,
     ) -> Result<()> {
+        self.read_tree_into_healing(b, in_block, out, need, None)
+            .await
+    }
+
+    /// [`Volume::read_tree_into`] for a block whose copy at `bad_copy.1` another read (a run)
+    /// found bad when `bad_copy.0` was its pointer: rewritten too if the block is still that.
+    async fn read_tree_into_healing(
+        &self,
+        b: u64,
+        in_block: usize,
+        out: &mut [u8],
+        need: &SectorMask,
+        bad_copy: Option<(BlockPtr, LeafIo)>,
+    ) -> Result<()> {
         let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
         let all = need.contains(&SectorMask::touching(in_block, hi));
         let found = self
-            .read_tree(b, |found| match found {
+            .read_tree(b, bad_copy, |found| match found {
                 TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(()),
                 TreeRead::Cached(key) => {
                     // Bounded by the sectors of the range.
@@ -490,9 +613,10 @@ impl Volume {
     async fn read_tree<T>(
         &self,
         b: u64,
+        bad_copy: Option<(BlockPtr, LeafIo)>,
         take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
-        let read = self.read_tree_once(b, take).await;
+        let read = self.read_tree_once(b, bad_copy, take).await;
         if let Err(EngineError::Checksum { .. } | EngineError::Io { .. }) = &read {
             // No copy gave back the block or an indirect block above it: the client's range
             // is damaged (`oxpool status -v`).
@@ -506,6 +630,7 @@ impl Volume {
     async fn read_tree_once<T>(
         &self,
         b: u64,
+        mut bad_copy: Option<(BlockPtr, LeafIo)>,
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
         let zio = &self.pool.zio;
@@ -531,7 +656,10 @@ impl Volume {
             )
             .await;
             match read {
-                Ok((block, bad)) => {
+                Ok((block, mut bad)) => {
+                    if let Some((_, io)) = bad_copy.take().filter(|(run_bp, _)| *run_bp == bp) {
+                        bad.add_copy(io);
+                    }
                     // Bad copies are rewritten only if the block is still current: a block
                     // partial in a syncing txg may have been replaced while this read ran,
                     // its places freed and reused, and healing would then write the old
@@ -1285,6 +1413,10 @@ enum Change<'a> {
     /// Whole blocks, one buffer each, in order: each becomes its block's dirty state.
     Blocks(&'a mut Vec<IoBuf>),
 }
+
+/// A block a read needs from the devices: (block, in-block offset, output range, sectors
+/// needed).
+type FromTree = (u64, usize, std::ops::Range<usize>, SectorMask);
 
 /// What [`Volume::read_tree`] found for a block: its cache key (to try the data cache) or the
 /// verified block read from the devices.
