@@ -426,7 +426,7 @@ pub async fn read_block_unhealed(
     bp: &BlockPtr,
     what: &(impl Display + ?Sized),
 ) -> Result<(IoBuf, Repairs)> {
-    let (block, bad) = read_copies(zio, class, bp, None, what).await?;
+    let (block, bad) = read_copies(zio, class, bp, None, None, what).await?;
     Ok((block.content, bad))
 }
 
@@ -459,7 +459,21 @@ pub async fn read_data_block_unhealed(
     lsize_bytes: usize,
     what: &(impl Display + ?Sized),
 ) -> Result<(DataBlock, Repairs)> {
-    read_copies(zio, class, bp, Some(lsize_bytes), what).await
+    read_copies(zio, class, bp, Some(lsize_bytes), None, what).await
+}
+
+/// As [`read_data_block_unhealed`], for a block whose copy at `known_bad` another read (a run,
+/// `read_run::read_data_run`) found bad and has counted: that copy is tried last, and not
+/// charged again if it fails again, as a mirror side that missed the block's txg.
+pub async fn read_data_block_after_bad_copy(
+    zio: &Zio,
+    class: IoClass,
+    bp: &BlockPtr,
+    lsize_bytes: usize,
+    known_bad: &LeafIo,
+    what: &(impl Display + ?Sized),
+) -> Result<(DataBlock, Repairs)> {
+    read_copies(zio, class, bp, Some(lsize_bytes), Some(known_bad), what).await
 }
 
 /// As [`read_data_block_unhealed`], rewriting the bad copies at once (for a reader whose
@@ -478,12 +492,14 @@ pub async fn read_data_block(
 
 /// Reads and verifies one copy after the other until one is good (decompressed to
 /// `decode_to` if it is compressed and that is given); returns it with the copies that were
-/// bad.
+/// bad. `known_bad`, a copy already found bad and counted, is tried last and not counted
+/// again.
 async fn read_copies(
     zio: &Zio,
     class: IoClass,
     bp: &BlockPtr,
     decode_to: Option<usize>,
+    known_bad: Option<&LeafIo>,
     what: &(impl Display + ?Sized),
 ) -> Result<(DataBlock, Repairs)> {
     debug_assert!(!bp.is_hole());
@@ -533,7 +549,10 @@ async fn read_copies(
             .map(|io| (false, io))
             .chain(std::iter::once(()).flat_map(|()| top.plan_read(dva).map(|io| (true, io))));
         for (last_pass, io) in ios {
-            if io.leaf.health.missed_covers(bp.birth) != last_pass {
+            let known = known_bad.is_some_and(|k| {
+                Arc::ptr_eq(&k.leaf, &io.leaf) && k.offset_bytes == io.offset_bytes
+            });
+            if (known || io.leaf.health.missed_covers(bp.birth)) != last_pass {
                 continue;
             }
             let batch = zio.completion.batch_guard();
@@ -577,6 +596,7 @@ async fn read_copies(
                         Verdict::Undecodable => "verified but does not decompress to its size",
                     };
                     if last_pass {
+                        // Missed the block's txg, or already counted by the caller.
                         tracing::debug!(device = io.leaf.name(), %what, "lacks the block");
                     } else {
                         zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);

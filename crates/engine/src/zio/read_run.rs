@@ -250,16 +250,18 @@ pub async fn read_run(
 pub enum RunBlock {
     /// Verified (and decoded).
     Good(DataBlock),
-    /// Not had from the run: the read failed (`None`), or the copy it read does not verify
-    /// (`Some`: where that copy is, to rewrite once the block is had from another).
+    /// Not had from the run: its read failed or the block's copy in it does not verify
+    /// (`Some`: where that copy is, counted against its device already, to try last and to
+    /// rewrite once the block is had from another), or no device could take the run (`None`).
     Retry(Option<LeafIo>),
 }
 
 /// Reads the data blocks `bps`, a run that [`extends_run`] chained, as one device request, and
-/// verifies each (decoding a compressed one to `lsize_bytes`). A failed read or a copy that
-/// does not verify is counted against the device, as [`super::read_data_block_unhealed`]
-/// counts it; the caller reads each [`RunBlock::Retry`] block again the careful way, which
-/// tries every copy, and rewrites the bad one.
+/// verifies each (decoding a compressed one to `lsize_bytes`); if that read fails, each block
+/// is read alone from the same device. A failed block read or a copy that does not verify is
+/// counted against the device, as [`super::read_data_block_unhealed`] counts it; the caller reads each [`RunBlock::Retry`] block again the careful way
+/// ([`super::read_data_block_after_bad_copy`]: its other copies first, this one last and not
+/// counted again), and rewrites the bad copy.
 ///
 /// Each block is copied out of the run's buffer into one of its own (the data cache holds
 /// blocks, not runs): a copy of memory costs less than the device requests it replaces.
@@ -280,13 +282,11 @@ pub async fn read_data_run(
         "a run is at most {READ_RUN_BYTES_MAX} bytes"
     );
     let first = bps[0].dvas()[0];
-    // A mirror side that missed some of these blocks' txgs may lack them: such runs go the
-    // careful way, which reads that side last.
-    let io = zio
-        .vdevs
-        .top(first.vdev)
-        .and_then(|top| top.plan_read(&first).next())
-        .filter(|io| bps.iter().all(|bp| !io.leaf.health.missed_covers(bp.birth)));
+    // Not a mirror side that missed some of these blocks' txgs: it may lack them.
+    let io = zio.vdevs.top(first.vdev).and_then(|top| {
+        top.plan_read(&first)
+            .find(|io| bps.iter().all(|bp| !io.leaf.health.missed_covers(bp.birth)))
+    });
     let Some(io) = io else {
         return bps.iter().map(|_| RunBlock::Retry(None)).collect();
     };
@@ -296,44 +296,85 @@ pub async fn read_data_run(
         .read(class, io.offset_bytes, IoBuf::for_overwrite(bytes as usize))
         .await;
     drop(batch);
-    let run = match read {
-        Ok(run) => run,
-        Err(e) => {
-            zio.vdevs.note_error(&io.leaf, ErrorKind::Read, Some(&e));
-            tracing::warn!(device = io.leaf.name(), %what, "read failed: {e}");
-            return bps.iter().map(|_| RunBlock::Retry(None)).collect();
-        }
-    };
-    let mut at = 0usize;
-    let checks = bps.iter().map(|bp| {
-        let len = bp.dvas()[0].asize_bytes as usize;
-        let stored = IoBuf::from_slice(&run[at..at + len]);
-        let place = io.offset_bytes + at as u64;
-        at += len;
-        let check = zio.completion.verify_decode(bp, stored, Some(lsize_bytes));
-        async move { (check.await, place) }
+    // Where each block's copy is in the run.
+    let mut at = 0u64;
+    let places = bps.iter().map(|bp| {
+        let place = LeafIo {
+            leaf: io.leaf.clone(),
+            offset_bytes: io.offset_bytes + at,
+        };
+        at += run_bytes(bp);
+        place
     });
-    // Verified together: with `completion=auto` on a busy reactor, each may go to a worker.
-    oxpool_io::rt::join_all(checks.collect::<Vec<_>>())
-        .await
-        .into_iter()
-        .map(|((stored, verdict), place)| match verdict {
-            Verdict::Good(None) => RunBlock::Good(DataBlock {
-                content: stored,
-                stored: None,
-            }),
-            Verdict::Good(Some(content)) => RunBlock::Good(DataBlock {
-                content,
-                stored: Some(stored),
-            }),
-            Verdict::BadChecksum | Verdict::Undecodable => {
-                zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);
-                tracing::warn!(device = io.leaf.name(), %what, "checksum mismatch in a run");
-                RunBlock::Retry(Some(LeafIo {
-                    leaf: io.leaf.clone(),
-                    offset_bytes: place,
-                }))
+    // Each block's stored bytes: from the run's buffer, or if the run's read failed, from a
+    // read of the block alone on the same device (as ZFS reissues the parts of a failed
+    // aggregated I/O), so that a failing device is charged per block, as without runs. One
+    // after the other, and none once the device is out of service (the fault rule counts
+    // errors up to its limit, not a run's worth past it).
+    let places: Vec<LeafIo> = places.collect();
+    let mut stored: Vec<Option<IoBuf>> = Vec::with_capacity(bps.len());
+    match read {
+        Ok(run) => {
+            let mut at = 0usize;
+            for bp in bps {
+                let len = bp.dvas()[0].asize_bytes as usize;
+                stored.push(Some(IoBuf::from_slice(&run[at..at + len])));
+                at += len;
             }
-        })
-        .collect()
+        }
+        // Bounded by the blocks of the run.
+        Err(_) => {
+            for (bp, place) in bps.iter().zip(&places) {
+                if !place.leaf.health.in_service() {
+                    stored.push(None);
+                    continue;
+                }
+                let len = bp.dvas()[0].asize_bytes as usize;
+                let batch = zio.completion.batch_guard();
+                let read = place
+                    .leaf
+                    .read(class, place.offset_bytes, IoBuf::for_overwrite(len))
+                    .await;
+                drop(batch);
+                stored.push(match read {
+                    Ok(buf) => Some(buf),
+                    Err(e) => {
+                        zio.vdevs.note_error(&place.leaf, ErrorKind::Read, Some(&e));
+                        tracing::warn!(device = place.leaf.name(), %what, "read failed: {e}");
+                        None
+                    }
+                });
+            }
+        }
+    }
+    let checks = bps
+        .iter()
+        .zip(places)
+        .zip(stored)
+        .map(|((bp, place), stored)| async move {
+            let Some(stored) = stored else {
+                return RunBlock::Retry(Some(place));
+            };
+            match zio
+                .completion
+                .verify_decode(bp, stored, Some(lsize_bytes))
+                .await
+            {
+                (stored, Verdict::Good(None)) => RunBlock::Good(DataBlock {
+                    content: stored,
+                    stored: None,
+                }),
+                (stored, Verdict::Good(Some(content))) => RunBlock::Good(DataBlock {
+                    content,
+                    stored: Some(stored),
+                }),
+                (_, Verdict::BadChecksum | Verdict::Undecodable) => {
+                    zio.vdevs.note_error(&place.leaf, ErrorKind::Checksum, None);
+                    tracing::warn!(device = place.leaf.name(), %what, "checksum mismatch");
+                    RunBlock::Retry(Some(place))
+                }
+            }
+        });
+    // Verified together: with `completion=auto` on a busy reactor, each may go to a worker.
+    oxpool_io::rt::join_all(checks.collect::<Vec<_>>()).await
 }

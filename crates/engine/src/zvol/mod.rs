@@ -34,7 +34,7 @@ use crate::vdev::LeafIo;
 use crate::zil::{ItxKind, Zil};
 use crate::zio::data_cache::CacheKey;
 use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
-use crate::zio::{heal_copies, read_data_block_unhealed};
+use crate::zio::{heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
 use oxpool_format::BlockPtr;
@@ -481,36 +481,43 @@ impl Volume {
         out: &mut [u8],
         out_start: usize,
     ) -> Result<()> {
-        let slice =
-            |range: &std::ops::Range<usize>| (range.start - out_start)..(range.end - out_start);
         if bps.is_empty() {
             debug_assert_eq!(blocks.len(), 1);
-            let (b, in_block, range, need) = &blocks[0];
-            let r = slice(range);
-            return self.read_tree_into(*b, *in_block, &mut out[r], need).await;
+            let (b, in_block, _, need) = &blocks[0];
+            return self.read_tree_into(*b, *in_block, out, need).await;
         }
         debug_assert_eq!(blocks.len(), bps.len());
         let cache = &self.pool.zio.data_cache;
         let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
         let what = &self.vol.ds.full_name;
         let read = read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what).await;
+        // The blocks the run did not deliver, read again concurrently, each into its own
+        // slice of `out` (the ranges are disjoint and increasing).
+        let mut retries = Vec::new();
+        let mut rest: &mut [u8] = out;
+        let mut rest_start = out_start;
         // Bounded by the blocks of the run.
         for (((b, in_block, range, need), bp), block) in blocks.iter().zip(bps).zip(read) {
-            let r = slice(range);
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - rest_start);
+            let (mine, tail) = tail.split_at_mut(range.len());
+            rest = tail;
+            rest_start = range.end;
             match block {
                 RunBlock::Good(block) => {
                     // A miss, as the block-by-block read counts it.
                     cache.count_miss();
-                    let key = CacheKey::of(bp);
-                    copy_runs(need, &block.content, *in_block, &mut out[r]);
-                    cache.insert(key, block.content);
+                    copy_runs(need, &block.content, *in_block, mine);
+                    cache.insert(CacheKey::of(bp), block.content);
                 }
                 RunBlock::Retry(bad_copy) => {
                     let bad_copy = bad_copy.map(|io| (*bp, io));
-                    self.read_tree_into_healing(*b, *in_block, &mut out[r], need, bad_copy)
-                        .await?
+                    retries.push(self.read_tree_into_healing(*b, *in_block, mine, need, bad_copy));
                 }
             }
+        }
+        // The first error fails the read.
+        for result in oxpool_io::rt::join_all(retries).await {
+            result?;
         }
         Ok(())
     }
@@ -630,13 +637,18 @@ impl Volume {
     async fn read_tree_once<T>(
         &self,
         b: u64,
-        mut bad_copy: Option<(BlockPtr, LeafIo)>,
+        bad_copy: Option<(BlockPtr, LeafIo)>,
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
         let zio = &self.pool.zio;
         let what = &self.vol.ds.full_name;
         let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
         let mut bp = lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?;
+        // A copy of this very block another read found bad (a copy of an older version of
+        // it is nothing to this one).
+        let mut known_bad = bad_copy
+            .filter(|(run_bp, _)| *run_bp == bp)
+            .map(|(_, io)| io);
         for attempt in 0..2 {
             if bp.is_hole() {
                 return Ok(None);
@@ -647,17 +659,20 @@ impl Volume {
             }
             // The name is formatted only if the read fails. A compressed block comes back
             // decompressed (the cache holds content).
-            let read = read_data_block_unhealed(
-                zio,
-                IoClass::SyncRead,
-                &bp,
-                bs,
-                &format_args!("{what} block {b}"),
-            )
-            .await;
+            let block_what = format_args!("{what} block {b}");
+            let read = match known_bad.as_ref() {
+                None => {
+                    read_data_block_unhealed(zio, IoClass::SyncRead, &bp, bs, &block_what).await
+                }
+                Some(io) => {
+                    read_data_block_after_bad_copy(zio, IoClass::SyncRead, &bp, bs, io, &block_what)
+                        .await
+                }
+            };
             match read {
                 Ok((block, mut bad)) => {
-                    if let Some((_, io)) = bad_copy.take().filter(|(run_bp, _)| *run_bp == bp) {
+                    // Rewritten too if it was not read (another copy was good first).
+                    if let Some(io) = known_bad.take() {
                         bad.add_copy(io);
                     }
                     // Bad copies are rewritten only if the block is still current: a block
@@ -681,6 +696,7 @@ impl Volume {
                         return Err(e);
                     }
                     bp = again;
+                    known_bad = None;
                 }
             }
         }
