@@ -44,7 +44,9 @@ impl Volume {
             }
         }
         let _leave = Leave(zil);
-        self.zil_anchor().await?;
+        if let Err(e) = self.zil_anchor().await {
+            return self.zil_anchor_failed(e, target_txg).await;
+        }
         let serial = !inner.state.lock().unwrap().props.log_group_commit;
         if serial {
             return self.zil_commit_serial(target, target_txg).await;
@@ -99,7 +101,11 @@ impl Volume {
             })
             .await;
             match next {
-                Next::Anchor => self.zil_anchor().await?,
+                Next::Anchor => {
+                    if let Err(e) = self.zil_anchor().await {
+                        return self.zil_anchor_failed(e, target_txg).await;
+                    }
+                }
                 Next::Done => return Ok(()),
                 Next::FallBack => return self.zil_wait_txg(target_txg).await,
                 Next::Build => {
@@ -158,6 +164,22 @@ impl Volume {
             }
         }
         self.pool.txg.wait_synced(txg, true).await
+    }
+
+    /// A commit whose chain could not be anchored: with no room for a log block, it waits for
+    /// the sync of `txg` instead, as a commit whose log block cannot be allocated does (and
+    /// OpenZFS's zil_commit falls back to txg_wait_synced): a flush must not fail for want of
+    /// log space while the txg can carry its writes (found by `throttle.rs` on a nearly full
+    /// pool under load). Other errors are the commit's.
+    async fn zil_anchor_failed(&self, e: EngineError, txg: Txg) -> Result<()> {
+        if !matches!(e, EngineError::NoSpace { .. }) {
+            return Err(e);
+        }
+        tracing::debug!(
+            volume = self.vol.ds.full_name,
+            "no room for a log block, waiting for the txg"
+        );
+        self.zil_wait_txg(txg).await
     }
 
     /// A chain with no place yet gets one, persisted by a txg sync before any block of it is
