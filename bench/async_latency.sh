@@ -6,11 +6,20 @@
 #   DELAY_MS=20 bench/async_latency.sh         (the added latency, default 4 ms)
 #   REFERENCE=nbdkit bench/async_latency.sh    (also the same cells against a server that only
 #                                               sleeps: nbdkit memory + delay filter)
+#   SCHEDULER=on bench/async_latency.sh        (the pool's vdev queue mode, default auto)
 #
-# On 2 vCPUs, 4 ms makes the 128K cell at iodepth 64 CPU-bound (64 x 200 IOPS of 128K reads
-# with data_cache_max=0: both cores busy, the reactor at 93 %), so it measures the CPU, not
-# whether reads wait on each other; 20 ms keeps every cell below the CPU's ceiling
-# (bench/results/2026-11-26-async-latency-20ms).
+# The 4K cell at iodepth 64 forms bursts: fio's first 64 requests reach the device together,
+# each waits the same 4 ms, and nothing spreads them apart, so each burst is served by the
+# device and the reactor one request after another (latencies spread evenly from 4.1 to 5.9 ms).
+# With the vdev queue on (SCHEDULER=on: at most 10 sync reads at the device) the first burst
+# is spread out and stays so (4.1 to 4.6 ms).
+#
+# On 2 vCPUs the 128K cell at iodepth 64 is CPU-bound at 4 ms: 64 x 230 IOPS of 128K reads
+# with data_cache_max=0 would need the reactor at under 70 us per read; it spends 87-102
+# (half of it the loopback send, as for a cached read), so it measures the CPU, not whether
+# reads wait on each other. Until reads of adjacent blocks became one device read (2f7cc10),
+# each 128K read was eight 16K device reads at 156-162 us. 20 ms keeps every cell below the
+# CPU's ceiling (bench/results/2026-11-26-async-latency-20ms).
 #
 # Makes a pool on a 4 GiB file in a new directory under /var/tmp, a 1 GiB volume written whole
 # (reads must reach the device: a hole is not read), data_cache_max=0 (every read goes to the
@@ -31,6 +40,7 @@ trap cleanup EXIT
 "$B" "${C[@]}" create g5 "$D/p.img" --size 4G >/dev/null
 "$B" "${C[@]}" vol create g5/v --size 1G >/dev/null
 "$B" "${C[@]}" set data_cache_max=0 g5
+if [ -n "${SCHEDULER:-}" ]; then "$B" "${C[@]}" set scheduler="$SCHEDULER" g5; fi
 "$B" "${C[@]}" serve >"$D/serve.log" 2>&1 &
 PID=$!
 for _ in $(seq 50); do [ -S "$D/c.run/server-$PID.sock" ] && break; sleep 0.1; done
@@ -53,13 +63,13 @@ def cell(qd):
     j = json.loads(t[t.index("{"):])["jobs"][0]["read"]
     return j["iops"], j["lat_ns"]["mean"] / 1e6
 (i1, l1), (i64, l64) = cell(1), cell(64)
-goal = " (goal >= 90 %)" if label == "oxpool" else " (a reference, not a goal)"
+goal = " (goal >= 90 %)" if label.startswith("oxpool") else " (a reference, not a goal)"
 print(f"{label} {bs}: iodepth 1 {i1:.0f} IOPS ({l1:.2f} ms), iodepth 64 {i64:.0f} IOPS "
       f"({l64:.2f} ms): {100 * i64 / (64 * i1):.0f} % of 64x{goal}")
 PY
     done
 }
-cells "$URI" oxpool
+cells "$URI" "oxpool${SCHEDULER:+ scheduler=$SCHEDULER}"
 "$B" "${C[@]}" inject -c all >/dev/null
 # The reference (REFERENCE=nbdkit): a server that stores nothing and only sleeps, nbdkit's
 # memory plugin behind its delay filter with the same latency and 64 threads. What it reaches
