@@ -708,21 +708,26 @@ def load_variants(path: Path, wanted: str | None) -> list[dict]:
     return chosen
 
 
-def build_oxpool(no_build: bool, binary: str | None) -> tuple[Path | None, str | None]:
-    """(binary, error). A failed build is an error in the report, not a crash of the harness."""
+def build_oxpool(no_build: bool, binary: str | None,
+                 features: str | None = None) -> tuple[Path | None, str | None]:
+    """(binary, error). A failed build is an error in the report, not a crash of the harness.
+    `features`: cargo features of the build (e.g. vendored-openssl, docs/tls.md)."""
     if binary:
         p = Path(binary).resolve()
         return (p, None) if p.exists() else (None, f"oxpool binary {p} does not exist")
     p = REPO / "target" / "release" / "oxpool"
     if not no_build:
-        log("building oxpool: cargo build --release -p oxpool")
+        cmd = ["cargo", "build", "--release", "-p", "oxpool"]
+        if features:
+            cmd += ["--features", features]
+        log(f"building oxpool: {shlex.join(cmd)}")
         try:
-            r = subprocess.run(["cargo", "build", "--release", "-p", "oxpool"], cwd=REPO,
+            r = subprocess.run(cmd, cwd=REPO,
                                capture_output=True, text=True, timeout=3600)
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"cargo build failed to run: {e}"
         if r.returncode != 0:
-            return None, "cargo build --release -p oxpool failed:\n" + "\n".join(
+            return None, f"{shlex.join(cmd)} failed:\n" + "\n".join(
                 r.stderr.strip().splitlines()[-15:])
     if not p.exists():
         return None, f"{p} does not exist (build it, or pass --oxpool)"
@@ -1084,6 +1089,7 @@ def machine_info(args, workdir: Path, disk, binary: Path | None) -> list[str]:
         f"- tools: {cmd_output(['fio', '--version'])}, {cmd_output(['qemu-nbd', '--version'])}, "
         f"{cmd_output(['nbdkit', '--version'])}",
         f"- oxpool: commit {rev}{' + uncommitted changes' if dirty else ''}"
+        f"{f' (cargo features: {args.features})' if args.features and not args.oxpool else ''}"
         f"{'' if binary else ' (no binary)'}",
         f"- data: {workdir} on {fs} (disk {disk or 'unknown'}), volume size {human_size(args.size_bytes)} "
         f"for every server",
@@ -1262,6 +1268,8 @@ def parse_args(argv):
     ap.add_argument("--out", help="output directory (default bench/results/<date>)")
     ap.add_argument("--oxpool", help="use this oxpool binary instead of building one")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build; use target/release/oxpool")
+    ap.add_argument("--features", help="cargo features of the oxpool build, e.g. vendored-openssl "
+                                       "(OpenSSL built from source: docs/tls.md)")
     ap.add_argument("--age", action="store_true",
                     help="keep each oxpool pool from one workload to the next (default: a fresh, "
                          "preconditioned pool per workload)")
@@ -1318,7 +1326,7 @@ def main(argv) -> int:
 
     binary, binary_error = (None, None)
     if variants:
-        binary, binary_error = build_oxpool(args.no_build, args.oxpool)
+        binary, binary_error = build_oxpool(args.no_build, args.oxpool, args.features)
         if binary_error:
             log(binary_error)
     servers: list[Server] = [Oxpool(v, binary, binary_error, workdir, args.size_bytes,
