@@ -32,17 +32,7 @@ pub fn raidz(parity: u8) -> TopVdevKind {
 
 /// A pool named `tank` on one device, with `props`.
 pub fn single_device_pool(device: Arc<dyn Backend>, props: PoolProps) -> Pool {
-    Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![device],
-        }],
-        props,
-        false,
-    )
-    .unwrap()
+    Pool::create("tank", vec![TopSpec::single(device)], props, false).unwrap()
 }
 
 /// A pool of one top-level vdev over memory devices.

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
-use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
 use oxpool_io::{Backend, FileBackend};
 use oxpool_nbd::server::{Server, ServerConfig, ServerExport};
@@ -145,17 +144,7 @@ fn file_pool(dir: &std::path::Path) -> (Pool, Volume) {
     // evicts an older one, whose buffer returns to the I/O buffer pool) as a long-running
     // server's is once full.
     props.set("data_cache_max", "1M").unwrap();
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![device],
-        }],
-        props,
-        false,
-    )
-    .unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(device)], props, false).unwrap();
     let volume = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
     (pool, volume)
 }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
-use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
 use oxpool_io::{Backend, MemoryBackend};
 use oxpool_nbd::server::{Disconnect, ExportError, Server, ServerConfig, ServerExport};
@@ -36,17 +35,7 @@ fn pool() -> (Pool, Volume) {
     let device: Arc<dyn Backend> = Arc::new(MemoryBackend::new("mem0", 256 << 20));
     let mut props = PoolProps::default();
     props.set("dirty_max", "128M").unwrap();
-    let pool = Pool::create(
-        "mem",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![device],
-        }],
-        props,
-        false,
-    )
-    .unwrap();
+    let pool = Pool::create("mem", vec![TopSpec::single(device)], props, false).unwrap();
     let volume = pool.create_volume("vol0", VOLUME_BYTES, &[]).unwrap();
     (pool, volume)
 }

@@ -56,6 +56,15 @@ pub struct TopSpec {
 }
 
 impl TopSpec {
+    /// A single-device vdev on `device`.
+    pub fn single(device: Arc<dyn Backend>) -> TopSpec {
+        TopSpec {
+            kind: TopVdevKind::Single,
+            devices: vec![device],
+            log: false,
+        }
+    }
+
     /// A raidz vdev of `parity` parity columns (1 to 3) over `devices`.
     pub fn raidz(parity: u8, devices: Vec<Arc<dyn Backend>>) -> TopSpec {
         TopSpec {
