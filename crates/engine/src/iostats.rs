@@ -421,6 +421,9 @@ pub struct LogCounters {
     pub indirect_bytes: AtomicU64,
     /// Blocks written in place that a txg sync adopted instead of writing them again.
     pub adopted_blocks: AtomicU64,
+    /// Data blocks a txg sync wrote with a checksum it did not compute: whole blocks hashed
+    /// by the writer's thread on arrival (`Volume::write_blocks`), and received blocks.
+    pub presummed_blocks: AtomicU64,
     /// Device flushes of any kind (log commits and txg commits), one per leaf flushed.
     pub device_flushes: AtomicU64,
 }
@@ -446,6 +449,8 @@ pub struct LogStats {
     pub indirect_bytes: u64,
     /// Blocks written in place that a txg sync adopted.
     pub adopted_blocks: u64,
+    /// Data blocks a txg sync wrote with a checksum computed before it.
+    pub presummed_blocks: u64,
     /// Device flushes of any kind, one per leaf flushed.
     pub device_flushes: u64,
 }
@@ -454,7 +459,7 @@ impl LogStats {
     /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"device_flushes\":{}}}",
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"presummed_blocks\":{},\"device_flushes\":{}}}",
             self.commits,
             self.blocks_written,
             self.bytes_written,
@@ -464,6 +469,7 @@ impl LogStats {
             self.client_bytes,
             self.indirect_bytes,
             self.adopted_blocks,
+            self.presummed_blocks,
             self.device_flushes
         )
     }
@@ -482,6 +488,7 @@ impl LogCounters {
             client_bytes: self.client_bytes.load(Ordering::Relaxed),
             indirect_bytes: self.indirect_bytes.load(Ordering::Relaxed),
             adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
+            presummed_blocks: self.presummed_blocks.load(Ordering::Relaxed),
             device_flushes: self.device_flushes.load(Ordering::Relaxed),
         }
     }

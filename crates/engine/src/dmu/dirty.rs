@@ -1,6 +1,6 @@
 //! The dirty state of an object: per txg not yet synced, the blocks written in it (whole, or
-//! some sectors of them: [`DirtyBlock::Partial`], or whole and already in their stored form:
-//! [`DirtyBlock::Stored`]), the block ranges freed, a new size, and the
+//! some sectors of them: [`DirtyBlock::Partial`], or whole and already in their stored form,
+//! checksummed: [`DirtyBlock::Stored`]), the block ranges freed, a new size, and the
 //! indirect blocks its sync will rewrite (charged to the txg's space once). Reads look at the
 //! dirty sets (newest txg first) before the tree; the txg sync writes a txg's set and retires
 //! it. What a retired set allocated is kept for the next txgs (`DirtySpares`), so that
@@ -27,10 +27,12 @@ pub(crate) enum DirtyBlock {
     /// (txgs sync in order, and a block freed in this txg is never partial), so the sync
     /// reads the block from the tree and merges.
     Partial(Arc<IoBuf>, SectorMask),
-    /// A whole block already in the form the pool stores it (a received block, as its sender
-    /// stored it): the buffer holds its stored bytes, zero-padded to whole sectors. The sync
-    /// writes them as they are (no compression, no checksum when `form` has the volume's
-    /// checksum type); reads decode them (`StoredForm::content`).
+    /// A whole block already in the form the pool stores it: a received block, as its sender
+    /// stored it, or a block a client wrote whole that its writer found incompressible (or
+    /// `compression=off`) and hashed on arrival (`compress::written_form`). The buffer holds
+    /// its stored bytes, zero-padded to whole sectors. The sync writes them as they are (no
+    /// compression, no checksum when `form` has the volume's checksum type); reads decode
+    /// them (`StoredForm::content`).
     Stored(Arc<IoBuf>, StoredForm),
 }
 
@@ -47,7 +49,7 @@ pub struct StoredForm {
     /// The algorithm of `checksum`.
     pub checksum_type: ChecksumType,
     /// The checksum of the stored bytes, verified by whoever made the block (the stream
-    /// decoder, for a received block).
+    /// decoder, for a received block) or computed from them (the writer, on arrival).
     pub checksum: Checksum,
 }
 

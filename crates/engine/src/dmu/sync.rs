@@ -241,12 +241,36 @@ impl DataSync<'_> {
                 Prepared::Done(o.bp, None)
             })
         };
+        // The same for a block whose checksum the writer computed: no need to hash it again
+        // when the algorithms agree (an uncompressed block's content is its stored bytes).
+        let adopted_stored = |b: &u64, buf: &IoBuf, form: &StoredForm| -> Option<Prepared> {
+            let o = overrides.get(b)?;
+            let holds = if form.checksum_type == o.bp.checksum_type {
+                form.checksum == o.content_checksum
+            } else {
+                o.holds(buf)
+            };
+            holds.then(|| {
+                inner
+                    .log_counters
+                    .adopted_blocks
+                    .fetch_add(1, Ordering::Relaxed);
+                Prepared::Done(o.bp, None)
+            })
+        };
         let mut prepared: Vec<Prepared> = Vec::with_capacity(batch.len());
         let mut merges = Vec::new();
         for (i, (b, dirty_buf, written)) in batch.iter().enumerate() {
             prepared.push(match written {
                 // Written as it is: neither merged nor compared with the log's blocks (a
                 // volume that takes stored blocks is not logged).
+                // Stored as is by the writer (`compress::written_form`): its content is the
+                // buffer, which the log may have written in place.
+                Kind::Stored(form) if form.compression == Compression::Off => {
+                    adopted_stored(b, dirty_buf, form).unwrap_or(Prepared::Content(None))
+                }
+                // Received as its sender stored it: a volume that takes such blocks is not
+                // logged.
                 Kind::Stored(_) => Prepared::Content(None),
                 Kind::Whole => adopted(b, dirty_buf).unwrap_or(Prepared::Content(None)),
                 Kind::Partial(w) => {
@@ -310,20 +334,29 @@ impl DataSync<'_> {
             to_write.push(match (p, kind) {
                 (Prepared::Done(bp, unused), _) => DataWrite::Done(bp, unused),
                 (Prepared::Content(_), Kind::Stored(form)) => {
-                    // As it was stored by whoever made it (a sender): its compression and
-                    // stored size; its checksum if of the volume's type, else the volume's
-                    // checksum of the same bytes.
+                    crate::zio::compress::COMPRESS_COUNTERS.note_stored(form);
+                    // As it was stored by whoever made it (a sender, or the writer that
+                    // hashed it on arrival): its compression and stored size; its checksum if
+                    // of the volume's type, else the volume's checksum of the same bytes.
                     let nb = NewBlock {
                         psize_bytes: form.psize_bytes,
                         lsize_bytes: form.lsize_bytes,
                         compression: form.compression,
                         ..NewBlock::data(data_props, txg)
                     };
+                    let checksum =
+                        (form.checksum_type == nb.checksum_type).then_some(form.checksum);
+                    if checksum.is_some() {
+                        inner
+                            .log_counters
+                            .presummed_blocks
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     DataWrite::Write {
                         nb,
                         data: Arc::clone(dirty_buf),
                         cache: CacheAfter::Nothing,
-                        checksum: (form.checksum_type == nb.checksum_type).then_some(form.checksum),
+                        checksum,
                     }
                 }
                 (Prepared::Content(merged), _) => {

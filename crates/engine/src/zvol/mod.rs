@@ -32,6 +32,7 @@ use crate::vdev::alloc::ClassBytes;
 use crate::vdev::queue::IoClass;
 use crate::vdev::LeafIo;
 use crate::zil::{ItxKind, Zil};
+use crate::zio::compress::WrittenForms;
 use crate::zio::data_cache::CacheKey;
 use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
 use crate::zio::{heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed};
@@ -752,8 +753,19 @@ impl Volume {
         }
         let length_bytes = (bs * blocks.len()) as u64;
         let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
-        self.modify(offset_bytes, length_bytes, Change::Blocks(blocks), fua)
-            .await
+        // Hashed (and probed) first, while the blocks' bytes are in this core's cache
+        // (`compress::written_form`): before any wait for a lock or the write throttle.
+        let forms = {
+            let p = self.vol.ds.props.lock().unwrap();
+            WrittenForms::of(p.compression, p.checksum, blocks)
+        };
+        self.modify(
+            offset_bytes,
+            length_bytes,
+            Change::Blocks(blocks, forms),
+            fua,
+        )
+        .await
     }
 
     /// Writes whole blocks `blocks[0]`, `blocks[1]`, ... from `offset_bytes` (a multiple of
@@ -1048,15 +1060,15 @@ impl Volume {
         // A committed write's itx carries its bytes; whole blocks handed over are copied for
         // it here, before they become dirty blocks (only FUA and `sync=always` writes).
         let logged_blocks: Option<Arc<[u8]>> = match &change {
-            Change::Blocks(blocks) if commit_now && self.logged() => {
+            Change::Blocks(blocks, _) if commit_now && self.logged() => {
                 Some(blocks.iter().flat_map(|b| b.iter().copied()).collect())
             }
             _ => None,
         };
-        let (data, mut owned) = match change {
-            Change::Zeros => (None, None),
-            Change::Bytes(d) => (Some(d), None),
-            Change::Blocks(blocks) => (None, Some(blocks)),
+        let (data, mut owned, forms) = match change {
+            Change::Zeros => (None, None, None),
+            Change::Bytes(d) => (Some(d), None, None),
+            Change::Blocks(blocks, forms) => (None, Some(blocks), Some(forms)),
         };
         let zeros = data.is_none() && owned.is_none();
         let end = offset_bytes + length_bytes;
@@ -1136,7 +1148,12 @@ impl Volume {
                     // A whole block handed over: it replaces whatever this txg had.
                     let buf = handed.next().expect("one buffer per block (checked)");
                     debug_assert_eq!(buf.len(), bs as usize);
-                    let block = DirtyBlock::Data(spares.shell(buf));
+                    let form = forms.as_ref().and_then(|f| f.get((b - first_b) as usize));
+                    let block = match form {
+                        // Stored as is, its checksum computed on arrival.
+                        Some(form) => DirtyBlock::Stored(spares.shell(buf), form),
+                        None => DirtyBlock::Data(spares.shell(buf)),
+                    };
                     if t.blocks.insert(b, block).is_none() {
                         dirtied.new_whole_block(bs);
                         space += costs.data;
@@ -1426,8 +1443,9 @@ enum Change<'a> {
     Zeros,
     /// The client's bytes, copied into the blocks they cover.
     Bytes(&'a [u8]),
-    /// Whole blocks, one buffer each, in order: each becomes its block's dirty state.
-    Blocks(&'a mut Vec<IoBuf>),
+    /// Whole blocks, one buffer each, in order: each becomes its block's dirty state, stored
+    /// as is with its checksum where the forms say so.
+    Blocks(&'a mut Vec<IoBuf>, WrittenForms),
 }
 
 /// A block a read needs from the devices: (block, in-block offset, output range, sectors
