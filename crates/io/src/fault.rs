@@ -80,6 +80,20 @@ pub struct PowerLossReport {
     pub torn: u64,
 }
 
+/// A volatile write that a power loss dropped or tore ([`FaultBackend::lost_writes`]): what a
+/// failed crash test prints next to the blocks it could not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostWrite {
+    /// Its completion order among the device's writes.
+    pub seq: u64,
+    /// Where it was written.
+    pub offset_bytes: u64,
+    /// How long it was.
+    pub length_bytes: u64,
+    /// How much of it persisted (a prefix of whole sectors; 0 when dropped).
+    pub persisted_bytes: u64,
+}
+
 /// A completed write not yet covered by a completed flush.
 struct VolatileWrite {
     /// Completion order.
@@ -119,6 +133,8 @@ struct FaultState {
     next_write_seq: u64,
     /// Volatile writes in completion order.
     volatile: VecDeque<VolatileWrite>,
+    /// What the last power loss dropped or tore.
+    lost: Vec<LostWrite>,
     /// Reads in flight through the wrapper's own future (see `FaultStats::reads_in_flight_max`).
     reads_in_flight: u64,
     stats: FaultStats,
@@ -193,6 +209,7 @@ impl FaultBackend {
             dead: false,
             next_write_seq: 0,
             volatile: VecDeque::new(),
+            lost: Vec::new(),
             reads_in_flight: 0,
             stats: FaultStats::default(),
         };
@@ -285,6 +302,7 @@ impl FaultBackend {
         let inner = &self.shared.inner;
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut report = PowerLossReport::default();
+        let mut lost = Vec::new();
         debug_assert!(volatile.windows(2).all(|w| w[0].seq < w[1].seq));
         for write in &volatile {
             let sectors = write.data.len().div_ceil(SECTOR_BYTES);
@@ -311,6 +329,14 @@ impl FaultBackend {
                     0
                 }
             };
+            if persisted_bytes < write.data.len() {
+                lost.push(LostWrite {
+                    seq: write.seq,
+                    offset_bytes: write.offset_bytes,
+                    length_bytes: write.data.len() as u64,
+                    persisted_bytes: persisted_bytes as u64,
+                });
+            }
             if persisted_bytes > 0 {
                 let buf = IoBuf::from_slice(&write.data[..persisted_bytes]);
                 if let Err(err) = block_on(inner.write(write.offset_bytes, buf)) {
@@ -321,7 +347,14 @@ impl FaultBackend {
         if let Err(err) = block_on(inner.flush()) {
             panic!("apply_power_loss: flush of {} failed: {err}", inner.name());
         }
+        lock(&self.shared.state).lost = lost;
         report
+    }
+
+    /// The writes the last [`FaultBackend::apply_power_loss`] dropped or tore, in completion
+    /// order.
+    pub fn lost_writes(&self) -> Vec<LostWrite> {
+        lock(&self.shared.state).lost.clone()
     }
 
     /// Counts of operations, injected errors, flips, flushes.

@@ -24,7 +24,7 @@ mod scatter;
 
 pub use buf::{IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use driver::GATHER_BUFS_MAX;
-pub use fault::{FaultBackend, FaultStats, PowerLossReport};
+pub use fault::{FaultBackend, FaultStats, LostWrite, PowerLossReport};
 pub use file::FileBackend;
 pub use future::{IoFuture, IoResult};
 pub use memory::MemoryBackend;
