@@ -11,7 +11,8 @@ use crate::idhash::{IdMap, IdSet};
 use crate::props::VolumeProps;
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
 use crate::vdev::alloc::ClassBytes;
-use oxpool_format::{decompress_block, Checksum, ChecksumType, Compression, Txg};
+pub use crate::zio::compress::StoredForm;
+use oxpool_format::Txg;
 use oxpool_io::IoBuf;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,60 +35,6 @@ pub(crate) enum DirtyBlock {
     /// compression, no checksum when `form` has the volume's checksum type); reads decode
     /// them (`StoredForm::content`).
     Stored(Arc<IoBuf>, StoredForm),
-}
-
-/// How a block's bytes are stored (a [`DirtyBlock::Stored`] block's): what its block pointer
-/// will say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoredForm {
-    /// How the stored bytes are compressed.
-    pub compression: Compression,
-    /// The block's content size: the volume's block size.
-    pub lsize_bytes: u32,
-    /// Stored bytes that mean something (and are checksummed); `lsize_bytes` uncompressed.
-    pub psize_bytes: u32,
-    /// The algorithm of `checksum`.
-    pub checksum_type: ChecksumType,
-    /// The checksum of the stored bytes, verified by whoever made the block (the stream
-    /// decoder, for a received block) or computed from them (the writer, on arrival).
-    pub checksum: Checksum,
-}
-
-impl StoredForm {
-    /// The content of a block stored as `self` in `stored`: `stored` itself when not
-    /// compressed (its first `lsize_bytes` bytes), else decompressed into a new buffer.
-    ///
-    /// Whoever makes a stored dirty block checks first that it decompresses
-    /// (`Volume::write_stored`), so this cannot fail; if it ever did, the content would be
-    /// zeros and the error logged, never a panic.
-    pub(crate) fn content(&self, stored: &Arc<IoBuf>) -> Arc<IoBuf> {
-        if self.compression == Compression::Off {
-            return Arc::clone(stored);
-        }
-        // Filled exactly by a successful decode; zeroed below after a failed one.
-        let mut out = IoBuf::for_overwrite(self.lsize_bytes as usize);
-        let psize = (self.psize_bytes as usize).min(stored.len());
-        if let Err(e) = decompress_block(self.compression, &stored[..psize], &mut out) {
-            tracing::error!("a stored dirty block does not decompress ({e}): read as zeros");
-            out.fill(0);
-        }
-        Arc::new(out)
-    }
-
-    /// Whether `stored` decompresses to exactly `lsize_bytes` (always, uncompressed), using
-    /// `scratch` (grown to `lsize_bytes`).
-    pub(crate) fn decodes(&self, stored: &[u8], scratch: &mut Vec<u8>) -> bool {
-        if self.compression == Compression::Off {
-            return self.psize_bytes == self.lsize_bytes
-                && stored.len() >= self.psize_bytes as usize;
-        }
-        let psize = self.psize_bytes as usize;
-        if psize > stored.len() {
-            return false;
-        }
-        scratch.resize(self.lsize_bytes as usize, 0);
-        decompress_block(self.compression, &stored[..psize], scratch).is_ok()
-    }
 }
 
 impl DirtyBlock {

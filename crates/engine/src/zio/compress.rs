@@ -28,6 +28,7 @@ use oxpool_format::{
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How a data block's content is stored.
 pub(crate) enum StoreAs {
@@ -129,6 +130,61 @@ fn store_and_sum(setting: CompressionSetting, kind: ChecksumType, logical: &[u8]
     Stored { form, checksum }
 }
 
+/// How a block's bytes are stored (a dirty block in its stored form, `DirtyBlock::Stored`,
+/// or a received one): what its block pointer
+/// will say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredForm {
+    /// How the stored bytes are compressed.
+    pub compression: Compression,
+    /// The block's content size: the volume's block size.
+    pub lsize_bytes: u32,
+    /// Stored bytes that mean something (and are checksummed); `lsize_bytes` uncompressed.
+    pub psize_bytes: u32,
+    /// The algorithm of `checksum`.
+    pub checksum_type: ChecksumType,
+    /// The checksum of the stored bytes, verified by whoever made the block (the stream
+    /// decoder, for a received block) or computed from them (the writer, on arrival).
+    pub checksum: Checksum,
+}
+
+impl StoredForm {
+    /// The content of a block stored as `self` in `stored`: `stored` itself when not
+    /// compressed (its first `lsize_bytes` bytes), else decompressed into a new buffer.
+    ///
+    /// Whoever makes a stored dirty block checks first that it decompresses
+    /// (`Volume::write_stored`), so this cannot fail; if it ever did, the content would be
+    /// zeros and the error logged, never a panic.
+    pub(crate) fn content(&self, stored: &Arc<IoBuf>) -> Arc<IoBuf> {
+        if self.compression == Compression::Off {
+            return Arc::clone(stored);
+        }
+        // Filled exactly by a successful decode; zeroed below after a failed one.
+        let mut out = IoBuf::for_overwrite(self.lsize_bytes as usize);
+        let psize = (self.psize_bytes as usize).min(stored.len());
+        if let Err(e) = decompress_block(self.compression, &stored[..psize], &mut out) {
+            tracing::error!("a stored dirty block does not decompress ({e}): read as zeros");
+            out.fill(0);
+        }
+        Arc::new(out)
+    }
+
+    /// Whether `stored` decompresses to exactly `lsize_bytes` (always, uncompressed), using
+    /// `scratch` (grown to `lsize_bytes`).
+    pub(crate) fn decodes(&self, stored: &[u8], scratch: &mut Vec<u8>) -> bool {
+        if self.compression == Compression::Off {
+            return self.psize_bytes == self.lsize_bytes
+                && stored.len() >= self.psize_bytes as usize;
+        }
+        let psize = self.psize_bytes as usize;
+        if psize > stored.len() {
+            return false;
+        }
+        scratch.resize(self.lsize_bytes as usize, 0);
+        decompress_block(self.compression, &stored[..psize], scratch).is_ok()
+    }
+}
+
 /// The stored form of a whole block a client just wrote, when it can be decided without
 /// compressing: as is, with its checksum, if `setting` is `off` or the probe finds the block
 /// incompressible (then it is not all zeros either: the probe saw bytes that are not). `None`
@@ -143,7 +199,7 @@ pub(crate) fn written_form(
     setting: CompressionSetting,
     kind: ChecksumType,
     logical: &[u8],
-) -> Option<crate::dmu::dirty::StoredForm> {
+) -> Option<StoredForm> {
     if setting.algorithm != Compression::Off
         && oxpool_format::probe(logical) == oxpool_format::ProbeVerdict::Compress
     {
@@ -153,7 +209,7 @@ pub(crate) fn written_form(
     if !(logical.len() as u64).is_multiple_of(SECTOR_BYTES) {
         return None;
     }
-    Some(crate::dmu::dirty::StoredForm {
+    Some(StoredForm {
         compression: Compression::Off,
         lsize_bytes,
         psize_bytes: lsize_bytes,
@@ -164,13 +220,13 @@ pub(crate) fn written_form(
 
 /// [`written_form`] of each of a write's whole blocks, in order. Its vector returns to a
 /// per-thread pool when dropped, so that a reactor's writes allocate none once warm.
-pub(crate) struct WrittenForms(Vec<Option<crate::dmu::dirty::StoredForm>>);
+pub(crate) struct WrittenForms(Vec<Option<StoredForm>>);
 
 /// Vectors kept per thread for [`WrittenForms`]: one per write in flight on a reactor, at most.
 const WRITTEN_FORMS_POOL_MAX: usize = 64;
 
 thread_local! {
-    static WRITTEN_FORMS_POOL: RefCell<Vec<Vec<Option<crate::dmu::dirty::StoredForm>>>> =
+    static WRITTEN_FORMS_POOL: RefCell<Vec<Vec<Option<StoredForm>>>> =
         const { RefCell::new(Vec::new()) };
 }
 
@@ -186,7 +242,7 @@ impl WrittenForms {
     }
 
     /// The form of the `i`th block, if decided.
-    pub(crate) fn get(&self, i: usize) -> Option<crate::dmu::dirty::StoredForm> {
+    pub(crate) fn get(&self, i: usize) -> Option<StoredForm> {
         self.0.get(i).copied().flatten()
     }
 }
@@ -401,7 +457,7 @@ impl CompressCounters {
 
     /// Counts one data block written in a form decided before the sync (a received block,
     /// or one a client wrote that `written_form` stored as is).
-    pub(crate) fn note_stored(&self, form: &crate::dmu::dirty::StoredForm) {
+    pub(crate) fn note_stored(&self, form: &StoredForm) {
         self.logical_bytes
             .fetch_add(u64::from(form.lsize_bytes), Ordering::Relaxed);
         self.stored_bytes.fetch_add(
