@@ -262,15 +262,14 @@ impl DataSync<'_> {
         let mut merges = Vec::new();
         for (i, (b, dirty_buf, written)) in batch.iter().enumerate() {
             prepared.push(match written {
-                // Written as it is: neither merged nor compared with the log's blocks (a
-                // volume that takes stored blocks is not logged).
-                // Stored as is by the writer (`compress::written_form`): its content is the
-                // buffer, which the log may have written in place.
+                // Stored blocks are written as they are, never merged. Uncompressed ones
+                // (hashed on arrival by the writer, `compress::written_form`, or received so)
+                // hold their content as is, which the log may have written in place.
                 Kind::Stored(form) if form.compression == Compression::Off => {
                     adopted_stored(b, dirty_buf, form).unwrap_or(Prepared::Content(None))
                 }
-                // Received as its sender stored it: a volume that takes such blocks is not
-                // logged.
+                // Received compressed, as the sender stored it: not compared with the log's
+                // blocks (a volume that takes received blocks is not logged).
                 Kind::Stored(_) => Prepared::Content(None),
                 Kind::Whole => adopted(b, dirty_buf).unwrap_or(Prepared::Content(None)),
                 Kind::Partial(w) => {

@@ -188,7 +188,9 @@ impl StoredForm {
 /// The stored form of a whole block a client just wrote, when it can be decided without
 /// compressing: as is, with its checksum, if `setting` is `off` or the probe finds the block
 /// incompressible (then it is not all zeros either: the probe saw bytes that are not). `None`
-/// when the block may compress or is all zeros: the txg sync decides, as for any block.
+/// when the block may compress or is all zeros: the txg sync decides, as for any block, so
+/// that a zero block written under `off` still becomes a hole if `compression` is on when
+/// its txg syncs (a zero scan stops at the first nonzero word: nearly free).
 ///
 /// Why at write time: the writer's thread has just received the block and its bytes are in
 /// that core's cache, where xxh3 hashes a 16 KiB block in under half a microsecond; the txg
@@ -200,9 +202,12 @@ pub(crate) fn written_form(
     kind: ChecksumType,
     logical: &[u8],
 ) -> Option<StoredForm> {
-    if setting.algorithm != Compression::Off
-        && oxpool_format::probe(logical) == oxpool_format::ProbeVerdict::Compress
-    {
+    let decided = if setting.algorithm == Compression::Off {
+        !all_zero(logical)
+    } else {
+        oxpool_format::probe(logical) != oxpool_format::ProbeVerdict::Compress
+    };
+    if !decided {
         return None;
     }
     let lsize_bytes = u32::try_from(logical.len()).ok()?;

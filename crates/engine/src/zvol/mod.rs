@@ -755,10 +755,11 @@ impl Volume {
         let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
         // Hashed (and probed) first, while the blocks' bytes are in this core's cache
         // (`compress::written_form`): before any wait for a lock or the write throttle.
-        let forms = {
+        let (compression, checksum) = {
             let p = self.vol.ds.props.lock().unwrap();
-            WrittenForms::of(p.compression, p.checksum, blocks)
+            (p.compression, p.checksum)
         };
+        let forms = WrittenForms::of(compression, checksum, blocks);
         self.modify(
             offset_bytes,
             length_bytes,
