@@ -188,10 +188,31 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let report = format!(
         "{report}layout {layout}, volblocksize {bs}, compression {compression}, logbias {logbias}"
     );
+    let imported_txg = pool.synced_txg();
     let got = read_all(&pool).map_err(|e| {
+        // Whether the failure repeats (a wrong place on the device) or not (a race with
+        // something that ran meanwhile: the txgs synced during the read tell).
+        let synced_txg = pool.synced_txg();
+        let again = match read_all(&pool) {
+            Ok(_) => "a second whole read passed".to_string(),
+            Err(e) => format!("a second whole read failed too: {e}"),
+        };
+        // The block the error names (its message ends with the block's number).
+        let named = e
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .and_then(|b| {
+                let v = pool.volume("v").ok()?;
+                Some(format!(
+                    "block {b} now: {:?}",
+                    block_on(v.block_pointer(b)).ok()?
+                ))
+            })
+            .unwrap_or_default();
         format!(
-            "{e} ({report}; imported at txg {:?}; {})",
-            pool.synced_txg(),
+            "{e} ({report}; imported at txg {imported_txg:?}, synced {synced_txg:?} after the \
+             read; {again}; {named}; {})",
             unreadable_blocks(&pool, &group, u64::from(bs))
         )
     })?;
