@@ -46,6 +46,14 @@ fn volume(pool: &Pool, props: &[(&str, &str)]) -> Volume {
     pool.create_volume("v", BLOCKS * BLOCK, &props).unwrap()
 }
 
+/// A volume whose sync writes of whole blocks the log writes in place (`logbias=throughput`),
+/// its log chain anchored (the first commit waits for a txg sync).
+fn in_place_volume(pool: &Pool) -> Volume {
+    let v = volume(pool, &[("logbias", "throughput")]);
+    block_on(v.flush()).unwrap();
+    v
+}
+
 /// Reimports the pool (nothing cached: every block is read from the devices and verified)
 /// and checks the volume's bytes and the audit.
 fn check_after_import(mems: &[MemoryBackend], expect: &[u8], when: &str) {
@@ -151,9 +159,7 @@ fn a_checksum_changed_before_the_sync_is_computed_by_the_sync() {
 #[test]
 fn blocks_the_log_wrote_in_place_are_adopted() {
     let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    let v = volume(&pool, &[("logbias", "throughput")]);
-    // Anchors the log's chain (its first commit waits for a txg sync).
-    block_on(v.flush()).unwrap();
+    let v = in_place_volume(&pool);
     let mut expect = pattern(6, (4 * BLOCK) as usize);
     write_blocks(&v, 0, &expect, true);
     pool.sync().unwrap();
@@ -166,8 +172,6 @@ fn blocks_the_log_wrote_in_place_are_adopted() {
     check_after_import(&mems, &expect, "after adoption");
 }
 
-// Review additions (branch review-arrival): the cases the tests above leave open.
-
 /// The log wrote the blocks in place (FUA, `logbias=throughput`), then a plain write of other
 /// bytes replaced them in the same txg: the override no longer describes the dirty block and
 /// must not be adopted (adopting it would put the first write's bytes in the tree: a lost
@@ -175,8 +179,7 @@ fn blocks_the_log_wrote_in_place_are_adopted() {
 #[test]
 fn a_block_rewritten_after_the_log_wrote_it_is_not_adopted() {
     let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    let v = volume(&pool, &[("logbias", "throughput")]);
-    block_on(v.flush()).unwrap();
+    let v = in_place_volume(&pool);
     let first = pattern(7, (4 * BLOCK) as usize);
     write_blocks(&v, 0, &first, true);
     let mut expect = pattern(8, (4 * BLOCK) as usize);
@@ -201,8 +204,7 @@ fn a_block_rewritten_after_the_log_wrote_it_is_not_adopted() {
 #[test]
 fn in_place_blocks_of_another_checksum_type_are_compared_by_content() {
     let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    let v = volume(&pool, &[("logbias", "throughput")]);
-    block_on(v.flush()).unwrap();
+    let v = in_place_volume(&pool);
     let mut expect = pattern(9, (4 * BLOCK) as usize);
     write_blocks(&v, 0, &expect, false);
     pool.set_volume_prop("v", "checksum", "blake3").unwrap();
