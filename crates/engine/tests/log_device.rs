@@ -95,22 +95,41 @@ fn a_log_device_can_be_added() {
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.write(0, &pattern(1, 4096), false)).unwrap();
     // Added while the volume is open and a writer commits sync writes, which keep going.
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
     let writer = {
         let vol = vol.clone();
         let stop = stop.clone();
+        let written = written.clone();
         std::thread::spawn(move || {
             let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 100_000 {
+            while !stop.load(Ordering::Relaxed) && n < 100_000 {
                 let off = 8192 + (n % 256) * 4096;
                 block_on(vol.write(off, &pattern(100 + n % 256, 4096), true)).unwrap();
                 n += 1;
+                written.store(n, Ordering::Relaxed);
             }
             n
         })
     };
+    // Until `n` writes are done (bounded: the writer does one every few milliseconds even in
+    // a debug build on a loaded machine). The test used to set `stop` before a thread that
+    // had not been scheduled yet wrote anything.
+    let wait_for_writes = |n: u64| {
+        for _ in 0..30_000 {
+            if written.load(Ordering::Relaxed) >= n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the writer did not reach {n} writes");
+    };
+    wait_for_writes(1);
     pool.add_vdevs(vec![spec(Arc::new(log_mem.clone()), true)], false)
         .unwrap();
+    // Writes keep going across the add.
+    wait_for_writes(written.load(Ordering::Relaxed) + 1);
     let log_writes = || {
         pool.counters()
             .device_stats()
@@ -124,9 +143,9 @@ fn a_log_device_can_be_added() {
     for _ in 0..8 {
         block_on(vol.write(4096, &pattern(2, 4096), true)).unwrap();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
     let writes = writer.join().unwrap();
-    assert!(writes > 0);
+    assert!(writes >= 2, "{writes} writes");
     // Once the txg recording it was durable, the log device took the log blocks.
     assert!(
         log_writes() > before,
