@@ -231,24 +231,16 @@ impl DataSync<'_> {
         // wrote with this content. Only partial blocks wait for anything: the others are
         // prepared here, and only the merges become futures (a sequential stream has none, so
         // its batches move no futures around).
-        let adopted = |b: &u64, buf: &IoBuf| -> Option<Prepared> {
+        // `form`: the block's stored form if the writer checksummed it on arrival; then, with
+        // the log's algorithm, that checksum is compared instead of hashing the block again
+        // (an uncompressed block's content is its stored bytes).
+        let adopted = |b: &u64, buf: &IoBuf, form: Option<&StoredForm>| -> Option<Prepared> {
             let o = overrides.get(b)?;
-            o.holds(buf).then(|| {
-                inner
-                    .log_counters
-                    .adopted_blocks
-                    .fetch_add(1, Ordering::Relaxed);
-                Prepared::Done(o.bp, None)
-            })
-        };
-        // The same for a block whose checksum the writer computed: no need to hash it again
-        // when the algorithms agree (an uncompressed block's content is its stored bytes).
-        let adopted_stored = |b: &u64, buf: &IoBuf, form: &StoredForm| -> Option<Prepared> {
-            let o = overrides.get(b)?;
-            let holds = if form.checksum_type == o.bp.checksum_type {
-                form.checksum == o.content_checksum
-            } else {
-                o.holds(buf)
+            let holds = match form {
+                Some(f) if f.checksum_type == o.bp.checksum_type => {
+                    f.checksum == o.content_checksum
+                }
+                _ => o.holds(buf),
             };
             holds.then(|| {
                 inner
@@ -266,12 +258,12 @@ impl DataSync<'_> {
                 // (hashed on arrival by the writer, `compress::written_form`, or received so)
                 // hold their content as is, which the log may have written in place.
                 Kind::Stored(form) if form.compression == Compression::Off => {
-                    adopted_stored(b, dirty_buf, form).unwrap_or(Prepared::Content(None))
+                    adopted(b, dirty_buf, Some(form)).unwrap_or(Prepared::Content(None))
                 }
                 // Received compressed, as the sender stored it: not compared with the log's
                 // blocks (a volume that takes received blocks is not logged).
                 Kind::Stored(_) => Prepared::Content(None),
-                Kind::Whole => adopted(b, dirty_buf).unwrap_or(Prepared::Content(None)),
+                Kind::Whole => adopted(b, dirty_buf, None).unwrap_or(Prepared::Content(None)),
                 Kind::Partial(w) => {
                     let partial = PartialBlock {
                         index: *b,
@@ -296,8 +288,8 @@ impl DataSync<'_> {
             for done in join_all_bounded(merges, MERGE_READS_IN_FLIGHT_MAX).await {
                 match done {
                     Ok((i, merged)) => {
-                        prepared[i] =
-                            adopted(&batch[i].0, &merged).unwrap_or(Prepared::Content(Some(merged)))
+                        prepared[i] = adopted(&batch[i].0, &merged, None)
+                            .unwrap_or(Prepared::Content(Some(merged)))
                     }
                     Err(e) => {
                         first_error.get_or_insert(e);

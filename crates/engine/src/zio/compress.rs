@@ -131,8 +131,7 @@ fn store_and_sum(setting: CompressionSetting, kind: ChecksumType, logical: &[u8]
 }
 
 /// How a block's bytes are stored (a dirty block in its stored form, `DirtyBlock::Stored`,
-/// or a received one): what its block pointer
-/// will say.
+/// or a received one): what its block pointer will say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoredForm {
     /// How the stored bytes are compressed.
