@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{pattern, test_props, CrashGroup, GroupDevice};
+use common::{audit_clean, audit_result, pattern, test_props, CrashGroup, GroupDevice};
 use oxpool_engine::{Pool, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::{block_on, join_all, sleep};
@@ -225,6 +225,7 @@ fn eio_crash_case(seed: u64) -> Result<(), String> {
         }
     }
     drop(vol);
+    audit_result(&pool, &format!("after the crash ({report:?})"))?;
     pool.export().map_err(|e| e.to_string())
 }
 
@@ -425,6 +426,7 @@ fn records_of_a_failed_build_are_not_durable_before_their_txg() {
         "a FLUSH was answered, yet the write before it is gone after the crash"
     );
     drop(vol);
+    audit_clean(&pool, "after the crash");
     pool.export().unwrap();
 }
 
@@ -527,5 +529,6 @@ fn in_place_blocks_of_the_next_txg_do_not_leak_across_a_crash() {
         "allocated {after} bytes after the crash, {base} before: in-place blocks leaked"
     );
     drop(vol);
+    audit_clean(&pool, "after the crash");
     pool.export().unwrap();
 }

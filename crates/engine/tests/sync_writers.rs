@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{content, pattern, test_props, Fill};
+use common::{audit_clean, audit_result, content, pattern, test_props, Fill};
 use oxpool_engine::{Pool, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::{block_on, join_all};
@@ -201,6 +201,7 @@ fn commits_write_then_flush_where_the_device_asks() {
         assert!(got == pattern(k, 4096), "write {k} lost");
     }
     drop(vol);
+    audit_clean(&pool, "after the crash");
     pool.export().unwrap();
 }
 
@@ -444,6 +445,7 @@ fn crash_case(seed: u64) -> Result<(), String> {
         }
     }
     drop(vol);
+    audit_result(&pool, &format!("after the crash ({report:?})"))?;
     pool.export().map_err(|e| e.to_string())
 }
 
