@@ -1,5 +1,7 @@
 //! Durability across a crash of the server process: kill -9 right after a FLUSH (and FUA
-//! writes) was answered, restart, and the data reads back.
+//! writes) was answered, restart, and the data reads back; after the last crash the pool
+//! audits clean (`oxpool audit` exits non-zero on any finding: a block that does not
+//! verify, a space figure that does not recompute, a leak, a double reference).
 
 #[path = "nbd/harness.rs"]
 mod harness;
@@ -28,6 +30,16 @@ fn kill_9_after_flush_loses_nothing_flushed() {
         assert!(out.contains("durable: verified"), "{out}");
         server.kill9();
     }
+    audited_clean(&env);
+}
+
+/// `oxpool audit tank` passes (it fails the command on any finding) and verified blocks.
+fn audited_clean(env: &Env) {
+    let audit = env.ok(&["audit", "tank"]);
+    assert!(
+        audit.contains(" 0 problems") && !audit.contains(" 0 blocks verified"),
+        "{audit}"
+    );
 }
 
 /// kill -9 of the server while a real client (libnbd) is doing FUA writes and flushed writes,
@@ -92,4 +104,5 @@ fn kill_9_under_a_writing_client_twenty_times() {
     let out = python("churn.py", &args);
     assert!(out.contains("verified"), "{out}");
     server.kill9();
+    audited_clean(&env);
 }

@@ -216,6 +216,10 @@ fn a_server_killed_mid_resilver_resumes_it_when_restarted() {
     );
     let (code, output) = server.stop();
     assert!(code.success(), "{output}");
+    // The crash left no leak, double reference or wrong space figure (the command fails on
+    // any finding).
+    let audit = env.ok(&["audit", "tank"]);
+    assert!(audit.contains(" 0 problems"), "{audit}");
     // b alone has everything.
     env.ok(&["offline", "tank", "a.img"]);
     assert!(read_volume(&env, "b-alone") == image);
