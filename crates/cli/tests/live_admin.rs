@@ -261,6 +261,8 @@ fn sync_always_set_live_makes_the_next_write_durable_and_standard_does_not() {
         "present"
     );
     server.kill9();
+    // Three kills: the pool, imported with its log replayed, audits clean.
+    env.ok(&["audit", "tank"]);
 }
 
 #[test]
@@ -712,6 +714,8 @@ fn a_property_set_live_is_durable_when_the_command_returns() {
     assert!(env.ok(&["get", "sync", "tank/vol0"]).contains("always"));
     assert!(env.ok(&["get", "scheduler", "tank"]).contains("off"));
     assert!(env.ok(&["vol", "list"]).contains("tank/v2"));
+    // Killed: the pool audits clean.
+    env.ok(&["audit", "tank"]);
 }
 
 #[test]

@@ -161,6 +161,8 @@ fn iostat_reports_sync_writes_and_flushes_of_a_served_pool() {
     let mut cmd = env.oxpool_command();
     let out = cmd.args(["iostat", "tank"]).output().unwrap();
     assert!(!out.status.success());
+    // Killed: the pool audits clean.
+    env.ok(&["audit", "tank"]);
 }
 
 /// Compression through a real client: nbdcopy writes text to a volume with `compression=zstd`
@@ -224,4 +226,6 @@ fn iostat_shows_bytes_before_and_after_compression() {
     );
     assert!(table.contains("decompressed after reads"), "{table}");
     server.kill9();
+    // Killed: the pool audits clean.
+    env.ok(&["audit", "tank"]);
 }

@@ -428,6 +428,7 @@ fn blocks_written_in_place_are_compressed_adopted_and_replayed() {
             let bp = block_on(v.block_pointer(3)).unwrap();
             assert_eq!(bp.compression, Compression::Zstd, "{bp:?}");
             drop(v);
+            common::audit_clean(&pool, "after the crash and the replay");
             pool.export().unwrap();
         } else {
             pool.sync().unwrap();

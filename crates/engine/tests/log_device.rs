@@ -72,6 +72,7 @@ fn commits_go_to_the_log_device_and_replay_from_it() {
         "writes committed to the log device were lost"
     );
     drop(vol);
+    common::audit_clean(&pool, "after the crash and the replay from the log device");
     pool.export().unwrap();
     // Without its log device the pool is refused, naming what is missing.
     let e = Pool::import(vec![Arc::new(data_mem.clone())], Some("tank"))
@@ -170,5 +171,9 @@ fn a_log_device_can_be_added() {
     }
     assert_eq!(pool.status().vdevs.len(), 2);
     drop(vol);
+    common::audit_clean(
+        &pool,
+        "after the crash and the replay from the added log device",
+    );
     pool.export().unwrap();
 }

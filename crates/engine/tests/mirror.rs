@@ -180,4 +180,6 @@ fn aggregated_writes_survive_a_failing_side() {
     let v = pool.volume("v").unwrap();
     block_on(v.read(0, &mut got)).unwrap();
     assert!(got == data, "the failed sync damaged durable data");
+    drop(v);
+    common::audit_clean(&pool, "after the failed sync and the crash");
 }

@@ -83,6 +83,7 @@ fn lasting_read_error_during_merge_suspends_and_loses_nothing() {
     block_on(pool.volume("v").unwrap().read(0, &mut got)).unwrap();
     assert_eq!(&got[..512], &new[..]);
     assert!(got[512..] == old[512..], "old bytes lost");
+    common::audit_clean(&pool, "after the suspended sync, the crash and the replay");
     pool.export().unwrap();
 }
 

@@ -290,6 +290,7 @@ fn a_scrub_resumes_after_export_and_after_a_crash() {
         },
     );
     assert!(read_all(&pool.volume("v").unwrap()) == data);
+    common::audit_clean(&pool, "after the crash and the resumed scrub");
     pool.export().unwrap();
 }
 

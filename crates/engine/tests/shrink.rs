@@ -296,6 +296,7 @@ fn tail_writes_racing_a_shrink_never_come_back() {
             pool = reimport(std::slice::from_ref(&mem));
             v = pool.volume("v").unwrap();
             assert_eq!(v.size_bytes(), CUT, "the shrink did not survive a crash");
+            common::audit_clean(&pool, "after the crash right after the shrink");
         }
         set_size(&pool, SIZE);
         assert_zeros(&v, CUT, SIZE, &format!("round {round}, after the regrow"));
@@ -329,6 +330,7 @@ fn tail_writes_racing_a_shrink_never_come_back() {
     assert_zeros(&v, CUT, SIZE - 5000, "after the last crash and import");
     assert_zeros(&v, SIZE - 2000, SIZE, "after the last crash and import");
     drop(v);
+    common::audit_clean(&pool, "after the last crash and import");
     pool.export().unwrap();
 }
 
@@ -388,5 +390,6 @@ fn a_crash_during_a_shrink_keeps_the_size_with_the_tree() {
         );
     }
     drop(v);
+    common::audit_clean(&pool, "after a crash during the shrink");
     pool.export().unwrap();
 }
