@@ -338,6 +338,7 @@ pub fn audit_result(pool: &Pool, when: &str) -> Result<u64, String> {
 
 /// Panics with the problems unless the pool's audit is clean.
 pub fn audit_clean(pool: &Pool, when: &str) {
-    let r = pool.audit().unwrap();
-    assert!(r.is_clean(), "{when}: audit: {:#?}", r.problems);
+    if let Err(e) = audit_result(pool, when) {
+        panic!("{e}");
+    }
 }

@@ -194,6 +194,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
         // Whether the failure repeats (a wrong place on the device) or not (a race with
         // something that ran meanwhile: the txgs synced during the read tell).
         let synced_txg = pool.synced_txg();
+        // The block the error names (its message ends with the block's number).
         let named_block = e.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok());
         let place_then = named_block
             .map(|b| block_place(&pool, &mems, b, bs as usize))
@@ -203,11 +204,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
             Ok(_) => "a second whole read passed".to_string(),
             Err(e) => format!("a second whole read failed too: {e}"),
         };
-        // The block the error names (its message ends with the block's number).
-        let named = e
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
+        let named = named_block
             .and_then(|b| {
                 let v = pool.volume("v").ok()?;
                 Some(format!(
