@@ -483,8 +483,24 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             ));
         }
         if free_referenced > 0 {
+            // Name the first structure that references free space (the error path only).
+            let mut owners: Vec<(u64, &str)> = refs
+                .places
+                .iter()
+                .filter(|((vdev, offset), (asize, _, _))| {
+                    *vdev as usize == v && {
+                        let first = offset / SECTOR_BYTES;
+                        (first..first + u64::from(*asize).div_ceil(SECTOR_BYTES))
+                            .any(|s| !map.is_sector_allocated(s))
+                    }
+                })
+                .map(|((_, offset), (_, _, owner))| (*offset, owner.as_str()))
+                .collect();
+            owners.sort();
+            let (offset, owner) = owners.first().copied().unwrap_or((0, "?"));
             report.problems.push(format!(
-                "vdev {v}: {} bytes referenced but free in the space map",
+                "vdev {v}: {} bytes referenced but free in the space map (first at offset \
+                 {offset}, by {owner})",
                 free_referenced * SECTOR_BYTES
             ));
         }

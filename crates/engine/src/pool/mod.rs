@@ -210,11 +210,11 @@ impl Pool {
             for vm in &meta.volumes {
                 let p =
                     VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &vm.props)?;
-                // The intent log: records newer than the committed txg are replayed once the pool is
-                // up. Every place the log held (persisted list and the chain walked) is claimed now,
-                // before anything allocates, and freed by the replay's sync.
-                let mut log_blocks = vm.log_reserved.clone();
-                let mut claimed_indirect: Vec<Dva> = Vec::new();
+                // The intent log: records newer than the committed txg are replayed once the
+                // pool is up. Every place the log holds (the persisted list, the chain walked,
+                // and the in-place blocks its records point at) is claimed now, before anything
+                // allocates, and freed once by the replay's sync (see spa/claim.rs).
+                let mut walked: Vec<Dva> = Vec::new();
                 let mut next_seq = vm.log_first_seq.max(1);
                 if vm.log_first.asize_bytes > 0 {
                     let replay = read_chain(
@@ -226,31 +226,14 @@ impl Pool {
                         meta.txg,
                     )
                     .await;
-                    log_blocks.extend(replay.blocks.iter().copied());
-                    // Blocks written in place for records that are replayed: claimed like the log's
-                    // own, freed after the replay copied their data.
-                    // In-place blocks of replayed records: freed after the replay only if the
-                    // committed maps show them free (claimed here) or `log_reserved` lists them (the
-                    // sync allocated them in its maps but neither adopted nor freed them). Any other
-                    // one the maps hold allocated is covered by a deferred free or by the tree
-                    // already; freeing it again would be a double free.
-                    for d in &replay.indirect_blocks {
-                        if spa.claim(d) {
-                            claimed_indirect.push(*d);
-                        }
-                    }
+                    walked.extend(replay.blocks.iter().copied());
+                    walked.extend(replay.indirect_blocks.iter().copied());
                     next_seq = replay.end_seq;
                     if !replay.records.is_empty() {
                         replays.push((vm.name.clone(), replay.records));
                     }
                 }
-                // An in-place block both listed and claimed above is freed once.
-                log_blocks.extend(claimed_indirect);
-                log_blocks.sort_by_key(|d| (d.vdev, d.offset_bytes));
-                log_blocks.dedup();
-                for d in &log_blocks {
-                    spa.claim(d);
-                }
+                let log_blocks = spa.claim_log_places(&vm.log_reserved, &walked);
                 let zil = Arc::new(Zil::new(
                     spa.guid,
                     vm.id,

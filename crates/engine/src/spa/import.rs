@@ -271,22 +271,20 @@ pub(crate) async fn import_devices(
 }
 
 impl Spa {
-    /// Claims `dva` in the allocator if it lies on a vdev of the pool and was free; returns
-    /// whether it did (at import, for the places the intent logs hold, before anything
-    /// allocates).
-    pub(crate) fn claim(&self, dva: &Dva) -> bool {
-        let in_pool = self
-            .zio
-            .vdevs
-            .top(dva.vdev)
-            .is_some_and(|t| dva.end_bytes() <= t.asize_bytes);
-        in_pool
-            && self
-                .state
-                .lock()
-                .unwrap()
-                .alloc
-                .map_mut(dva.vdev)
-                .claim(dva)
+    /// Claims, at import and before anything allocates, the places one intent log holds:
+    /// `listed` by the committed txg, `walked` found on its chain. Returns the places the log
+    /// owns, to free once after its replay (see spa/claim.rs).
+    pub(crate) fn claim_log_places(&self, listed: &[Dva], walked: &[Dva]) -> Vec<Dva> {
+        let in_pool = |d: &&Dva| {
+            self.zio
+                .vdevs
+                .top(d.vdev)
+                .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
+        };
+        let listed: Vec<Dva> = listed.iter().filter(in_pool).copied().collect();
+        let walked: Vec<Dva> = walked.iter().filter(in_pool).copied().collect();
+        let mut s = self.state.lock().unwrap();
+        let s = &mut *s;
+        super::claim::claim_log_places(&mut s.alloc, &mut s.deferred, &listed, &walked)
     }
 }

@@ -13,6 +13,7 @@
 //! Nothing a durable uberblock references is ever overwritten before it is superseded.
 
 pub mod block;
+mod claim;
 mod config;
 mod devices;
 pub mod errlog;
