@@ -8,6 +8,10 @@ use oxpool_format::{Dva, Txg, VolumeId};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+/// The key, among a volume's persisted properties, of the txg a replay in progress replays
+/// records after (`zil::ReplayHold`); import strips it before it reads the properties.
+pub(crate) const REPLAY_TXG_KEY: &str = "zil_replay_txg";
+
 /// What the txg sync needs from a dataset's intent log (which lives above this layer): the
 /// head of its chain and the places it holds, to persist; and word that a txg is durable.
 pub(crate) trait DatasetLog: Send + Sync {
@@ -17,6 +21,9 @@ pub(crate) trait DatasetLog: Send + Sync {
     fn reserved(&self) -> Vec<Dva>;
     /// Log blocks no longer needed: freed by this sync.
     fn take_to_free(&self) -> Vec<Dva>;
+    /// While import replays a chain: the txg its records are newer than, to persist with the
+    /// chain ([`REPLAY_TXG_KEY`]).
+    fn replay_txg(&self) -> Option<Txg>;
     /// `txg` is durable (records of it and older are no longer needed).
     fn txg_synced(&self, txg: Txg);
 }

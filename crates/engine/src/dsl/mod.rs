@@ -354,10 +354,14 @@ impl SyncClient for Datasets {
                 let p = ds.props.lock().unwrap();
                 let data = ds.data();
                 let t = data.tree.lock().unwrap();
+                let mut props = p.to_pairs();
+                if let Some(t) = ds.log.replay_txg() {
+                    props.push((dataset::REPLAY_TXG_KEY.to_string(), t.0.to_string()));
+                }
                 VolumeMeta {
                     id: ds.id,
                     name: ds.name.clone(),
-                    props: p.to_pairs(),
+                    props,
                     // Not `p`'s: a resize in the open txg goes with its frees.
                     volsize_bytes: data.tree_size_bytes.load(Ordering::Relaxed),
                     volblocksize_bytes: p.volblocksize_bytes,

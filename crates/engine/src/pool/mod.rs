@@ -4,7 +4,7 @@
 
 use crate::dmu::object::Object;
 use crate::dmu::tree::{levels_for, BlockTree};
-use crate::dsl::dataset::Dataset;
+use crate::dsl::dataset::{Dataset, REPLAY_TXG_KEY};
 use crate::dsl::snapshot::Lineage;
 use crate::dsl::Datasets;
 use crate::iostats::LogStats;
@@ -34,6 +34,8 @@ type Replays = Vec<(String, Vec<ReplayRecord>)>;
 /// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
 mod bookmark;
 mod devices;
+#[cfg(test)]
+mod log_tests;
 mod recv;
 mod send;
 mod snapshot;
@@ -208,14 +210,27 @@ impl Pool {
         let mut replays = Vec::new();
         block_on(async {
             for vm in &meta.volumes {
-                let p =
-                    VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &vm.props)?;
+                // A replay a crash interrupted: its records are those after the txg it
+                // started from, whatever txg a sync committed in its middle (zil::ReplayHold).
+                let mut props = vm.props.clone();
+                let mut replay_after = meta.txg;
+                if let Some(i) = props.iter().position(|(k, _)| k == REPLAY_TXG_KEY) {
+                    let (_, v) = props.remove(i);
+                    replay_after = v.parse().map(Txg).map_err(|_| {
+                        EngineError::invalid(format!(
+                            "volume {}: bad {REPLAY_TXG_KEY} '{v}'",
+                            vm.name
+                        ))
+                    })?;
+                }
+                let p = VolumeProps::from_parts(vm.volsize_bytes, vm.volblocksize_bytes, &props)?;
                 // The intent log: records newer than the committed txg are replayed once the
                 // pool is up. Every place the log holds (the persisted list, the chain walked,
                 // and the in-place blocks its records point at) is claimed now, before anything
                 // allocates, and freed once by the replay's sync (see spa/claim.rs).
                 let mut walked: Vec<Dva> = Vec::new();
                 let mut next_seq = vm.log_first_seq.max(1);
+                let mut replaying = false;
                 if vm.log_first.asize_bytes > 0 {
                     let replay = read_chain(
                         &spa.zio,
@@ -223,7 +238,7 @@ impl Pool {
                         vm.id,
                         vm.log_first,
                         vm.log_first_seq,
-                        meta.txg,
+                        replay_after,
                     )
                     .await;
                     walked.extend(replay.blocks.iter().copied());
@@ -231,15 +246,18 @@ impl Pool {
                     next_seq = replay.end_seq;
                     if !replay.records.is_empty() {
                         replays.push((vm.name.clone(), replay.records));
+                        replaying = true;
                     }
                 }
                 let log_blocks = spa.claim_log_places(&vm.log_reserved, &walked);
-                let zil = Arc::new(Zil::new(
-                    spa.guid,
-                    vm.id,
-                    next_seq + crate::zil::SEQ_RESTART_GAP,
-                    log_blocks,
-                ));
+                let next_seq = next_seq + crate::zil::SEQ_RESTART_GAP;
+                let zil = if replaying {
+                    let zil = Zil::new(spa.guid, vm.id, next_seq, Vec::new());
+                    zil.hold_for_replay((vm.log_first, vm.log_first_seq), log_blocks, replay_after);
+                    Arc::new(zil)
+                } else {
+                    Arc::new(Zil::new(spa.guid, vm.id, next_seq, log_blocks))
+                };
                 let data = Object::new(
                     BlockTree::new(vm.levels.max(1), vm.root),
                     vm.volsize_bytes,
@@ -284,7 +302,14 @@ impl Pool {
         let pool = Pool::start(spa, dsl, volumes);
         pool.replay(replays)?;
         if had_log {
-            // Commit the replayed changes and free the old chains before serving anything.
+            // Commit the replayed changes, then free the old chains, before serving anything.
+            // Two syncs: a sync that began before the last record was applied may commit
+            // after the replay ends, without it, so the chains stay held (zil::ReplayHold)
+            // until a sync that began after the replay has committed.
+            pool.sync()?;
+            for v in pool.volumes.lock().unwrap().values() {
+                v.zil.end_replay();
+            }
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;

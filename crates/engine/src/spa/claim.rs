@@ -42,6 +42,9 @@ pub(crate) fn claim_log_places(
     listed: &[Dva],
     walked: &[Dva],
 ) -> Vec<Dva> {
+    if listed.is_empty() && walked.is_empty() {
+        return Vec::new();
+    }
     let mut deferred_at: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     for d in deferred.iter().flat_map(|f| f.dvas.iter()) {
         let (start, end) = sector_run(d);
@@ -54,6 +57,7 @@ pub(crate) fn claim_log_places(
             .is_some_and(|(&(v, _), &end)| v == vdev && sector < end)
     };
     let mut owned: Runs = BTreeMap::new();
+    let mut took_deferred = false;
     let places = listed
         .iter()
         .map(|d| (d, true))
@@ -69,38 +73,57 @@ pub(crate) fn claim_log_places(
         }
         let map = alloc.map_mut(dva.vdev);
         let runs = owned.entry(dva.vdev.0).or_default();
-        // Bounded by the place's sectors (a log block is at most 128 KiB).
-        for sector in start..end {
-            let take = if map.is_sector_allocated(sector) {
-                is_listed || is_deferred(dva.vdev.0, sector)
+        // Runs of sectors alike: free ones are claimed as one run, so that an empty slab
+        // takes the size class of the whole block, as an allocation of it would.
+        let mut sector = start;
+        // Bounded by the place's sectors: each round consumes at least one.
+        while sector < end {
+            let free = !map.is_sector_allocated(sector);
+            let mut run_end = sector + 1;
+            while run_end < end && map.is_sector_allocated(run_end) != free {
+                run_end += 1;
+            }
+            if free {
+                let claimed = map.claim(&sector_dva(dva.vdev, sector, run_end));
+                debug_assert!(claimed, "a free run is claimed");
+                push_run(runs, sector, run_end);
             } else {
-                let claimed = map.claim(&sector_dva(dva.vdev, sector, sector + 1));
-                debug_assert!(claimed, "a free sector is claimed");
-                true
-            };
-            if take {
-                match runs.last_mut() {
-                    Some((_, e)) if *e == sector => *e += 1,
-                    _ => runs.push((sector, sector + 1)),
+                for s in sector..run_end {
+                    let deferred_here = is_deferred(dva.vdev.0, s);
+                    took_deferred |= deferred_here;
+                    if is_listed || deferred_here {
+                        push_run(runs, s, s + 1);
+                    }
                 }
             }
+            sector = run_end;
         }
     }
     for runs in owned.values_mut() {
         merge(runs);
     }
-    for f in deferred.iter_mut() {
-        f.dvas = f
-            .dvas
-            .iter()
-            .flat_map(|d| subtract(d, owned.get(&d.vdev.0).map_or(&[][..], |r| r)))
-            .collect();
+    if took_deferred {
+        for f in deferred.iter_mut() {
+            f.dvas = f
+                .dvas
+                .iter()
+                .flat_map(|d| subtract(d, owned.get(&d.vdev.0).map_or(&[][..], |r| r)))
+                .collect();
+        }
+        deferred.retain(|f| !f.dvas.is_empty());
     }
-    deferred.retain(|f| !f.dvas.is_empty());
     owned
         .iter()
         .flat_map(|(v, runs)| runs.iter().flat_map(move |&(s, e)| split(VdevId(*v), s, e)))
         .collect()
+}
+
+/// Appends `[start, end)` to runs, joining it to the last run when they touch.
+fn push_run(runs: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+    match runs.last_mut() {
+        Some((_, e)) if *e == start => *e = end,
+        _ => runs.push((start, end)),
+    }
 }
 
 fn sector_run(d: &Dva) -> (u64, u64) {
@@ -141,7 +164,7 @@ fn subtract(d: &Dva, runs: &[(u64, u64)]) -> Vec<Dva> {
     let mut at = start;
     for &(s, e) in runs[first..].iter().take_while(|&&(s, _)| s < end) {
         if s > at {
-            out.push(sector_dva(d.vdev, at, s));
+            out.extend(split(d.vdev, at, s));
         }
         at = at.max(e);
     }
@@ -149,7 +172,7 @@ fn subtract(d: &Dva, runs: &[(u64, u64)]) -> Vec<Dva> {
         return vec![*d];
     }
     if at < end {
-        out.push(sector_dva(d.vdev, at, end));
+        out.extend(split(d.vdev, at, end));
     }
     out
 }
@@ -250,6 +273,23 @@ mod tests {
         let owned = claim_log_places(&mut a, &mut deferred, &[], &[place(214, 4)]);
         assert_eq!(owned, vec![place(214, 4)]);
         assert_eq!(deferred.len(), 1);
+    }
+
+    /// A block claimed in an empty slab gives the slab its size class, as allocating it
+    /// would: the slab's other half takes the next block of that size.
+    #[test]
+    fn a_claimed_block_gives_an_empty_slab_its_class() {
+        use crate::vdev::alloc::SLAB_SECTORS;
+        let mut a = Allocator::new(&[4 * SLAB_SECTORS * SECTOR_BYTES]);
+        let half = SLAB_SECTORS / 2;
+        let owned = claim_log_places(&mut a, &mut Vec::new(), &[], &[place(0, half)]);
+        assert_eq!(owned, vec![place(0, half)]);
+        let next = a.map_mut(VdevId(0)).alloc(half * SECTOR_BYTES).unwrap();
+        assert_eq!(
+            next,
+            place(half, half),
+            "the claimed slab did not take its class"
+        );
     }
 
     #[test]

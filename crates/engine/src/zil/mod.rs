@@ -292,11 +292,32 @@ pub(crate) struct ZilState {
     pub(crate) recent_used_bytes: VecDeque<u64>,
     /// Blocks no longer needed, to free at the next txg sync.
     pub(crate) to_free: Vec<Dva>,
+    /// While import replays the chain it found: that chain, persisted as the head by every
+    /// sync until the replay is done (see [`ReplayHold`]).
+    pub(crate) replay_hold: Option<ReplayHold>,
     /// Test hook ([`Volume::set_log_alloc_fault`]): log-block allocations left before every
     /// further one fails as if the pool were full.
     pub(crate) alloc_ok_left: Option<u64>,
     /// How blocks are made durable on a device that lets the log choose.
     pub(crate) durable: DurableChoice,
+}
+
+/// The chain import is replaying. A sync may commit in the middle of the replay (the dirty
+/// data of a long replay, the txg timeout); until the last record is applied, each one
+/// persists this chain as the head, its places as held, and the txg its records are newer
+/// than (`dsl::dataset::REPLAY_TXG_KEY`), so a crash in the middle replays the whole chain again (records
+/// overwrite ranges with fixed contents, in order: applying a prefix twice changes nothing).
+/// Freeing the chain, or filtering its records by the txg the later sync committed (whose
+/// numbers follow the imported txg, as the crashed run's did), would lose the records not yet
+/// replayed. As OpenZFS keeps the ZIL header on the old chain, with its replay sequence,
+/// until `zil_replay` is done.
+pub(crate) struct ReplayHold {
+    /// The chain's first block and its sequence number, as the imported txg persisted them.
+    pub(crate) first: (Dva, u64),
+    /// Every place of it the log owns (see spa/claim.rs), freed once the replay is done.
+    pub(crate) places: Vec<Dva>,
+    /// Only records of txgs after this one are replayed.
+    pub(crate) txg: Txg,
 }
 
 /// One volume's intent log.
@@ -333,6 +354,7 @@ impl Zil {
                 serial_busy: false,
                 recent_used_bytes: VecDeque::new(),
                 to_free,
+                replay_hold: None,
                 alloc_ok_left: None,
                 durable: DurableChoice::new(),
             }),
@@ -381,7 +403,35 @@ impl Zil {
 
     /// Whether import handed this log an old chain to free (then a sync must follow).
     pub fn reserved_on_import_is_empty(&self) -> bool {
-        self.state.lock().unwrap().to_free.is_empty()
+        let s = self.state.lock().unwrap();
+        s.to_free.is_empty() && s.replay_hold.is_none()
+    }
+
+    /// Import found records to replay on the chain at `first`: until [`Zil::end_replay`],
+    /// every sync persists that chain and `places` as the log's (see [`ReplayHold`]).
+    pub fn hold_for_replay(&self, first: (Dva, u64), places: Vec<Dva>, txg: Txg) {
+        let mut s = self.state.lock().unwrap();
+        assert!(s.replay_hold.is_none(), "one replay at a time");
+        s.replay_hold = Some(ReplayHold { first, places, txg });
+    }
+
+    /// Every record of the held chain is applied: its places are freed by the next sync,
+    /// which also persists this log's own head.
+    pub fn end_replay(&self) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(h) = s.replay_hold.take() {
+            s.to_free.extend(h.places);
+        }
+    }
+
+    /// The txg a replay in progress replays records after (None: no replay in progress).
+    pub fn replay_txg(&self) -> Option<Txg> {
+        self.state
+            .lock()
+            .unwrap()
+            .replay_hold
+            .as_ref()
+            .map(|h| h.txg)
     }
 
     /// Every place the log holds (to persist: import frees them after replay).
@@ -390,13 +440,17 @@ impl Zil {
         let mut v: Vec<Dva> = s.chain.iter().map(|c| c.addr).collect();
         v.extend(s.open.as_ref().map(|o| o.addr));
         v.extend(s.next_addr.map(|(a, _)| a));
+        v.extend(s.replay_hold.iter().flat_map(|h| h.places.iter().copied()));
         v
     }
 
-    /// The head to persist in the volume's metadata: the first block still needed, else where
-    /// the next block goes.
+    /// The head to persist in the volume's metadata: the chain being replayed, else the
+    /// first block still needed, else where the next block goes.
     pub fn head(&self) -> Option<(Dva, u64)> {
         let s = self.state.lock().unwrap();
+        if let Some(h) = &s.replay_hold {
+            return Some(h.first);
+        }
         if let Some(c) = s.chain.front() {
             return Some((c.addr, c.seq));
         }
@@ -1071,6 +1125,10 @@ impl DatasetLog for Zil {
 
     fn take_to_free(&self) -> Vec<Dva> {
         Zil::take_to_free(self)
+    }
+
+    fn replay_txg(&self) -> Option<Txg> {
+        Zil::replay_txg(self)
     }
 
     fn txg_synced(&self, txg: Txg) {
