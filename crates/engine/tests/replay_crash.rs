@@ -25,11 +25,23 @@ const WRITE_BYTES: usize = 32 << 10;
 /// a persisted `dirty_max` of 1 MiB, so that replaying them passes the sync threshold (a
 /// fifth of it) several times. Returns the device, the volume's expected content and the
 /// txg the crash left committed.
-fn crashed_pool() -> (MemoryBackend, Vec<u8>, u64) {
+///
+/// `in_place`: with `logbias=throughput`, the whole blocks of each write are written in place
+/// and logged as pointers (read back by the walk at import), and some writes are followed by
+/// a write-zeroes and a trim of a whole block; otherwise every record is a copy.
+fn crashed_pool(in_place: bool) -> (MemoryBackend, Vec<u8>, u64) {
     let mem = MemoryBackend::new("d0", DEVICE_BYTES);
     let fault = Arc::new(FaultBackend::new(Arc::new(mem.clone()), 1));
     let pool = single_device_pool(fault.clone(), test_props());
-    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    let props: Vec<(String, String)> = if in_place {
+        vec![
+            ("volblocksize".into(), "16K".into()),
+            ("logbias".into(), "throughput".into()),
+        ]
+    } else {
+        vec![]
+    };
+    let vol = pool.create_volume("v", VOLUME_BYTES, &props).unwrap();
     let mut expected = vec![0u8; VOLUME_BYTES as usize];
     // The first commit anchors the chain with a sync, which persists dirty_max=1M.
     pool.set_prop("dirty_max", "1M").unwrap();
@@ -44,6 +56,15 @@ fn crashed_pool() -> (MemoryBackend, Vec<u8>, u64) {
         let at = 4096 + (i * WRITE_BYTES) as u64;
         block_on(vol.write(at, chunk, true)).unwrap();
         expected[at as usize..at as usize + chunk.len()].copy_from_slice(chunk);
+        if in_place && i % 5 == 2 {
+            block_on(vol.write_zeroes(at + 4096, 8192, true)).unwrap();
+            expected[at as usize + 4096..at as usize + 4096 + 8192].fill(0);
+        }
+        if in_place && i % 7 == 3 {
+            let block = at.next_multiple_of(16 << 10);
+            block_on(vol.trim(block, 16 << 10, true)).unwrap();
+            expected[block as usize..block as usize + (16 << 10)].fill(0);
+        }
     }
     assert_eq!(
         pool.synced_txg(),
@@ -58,7 +79,16 @@ fn crashed_pool() -> (MemoryBackend, Vec<u8>, u64) {
 
 #[test]
 fn a_crash_during_replay_loses_no_acknowledged_write() {
-    let (mem, expected, crash_txg) = crashed_pool();
+    crash_at_every_write_of_the_replay(false);
+}
+
+#[test]
+fn a_crash_during_replay_of_in_place_records_loses_no_acknowledged_write() {
+    crash_at_every_write_of_the_replay(true);
+}
+
+fn crash_at_every_write_of_the_replay(in_place: bool) {
+    let (mem, expected, crash_txg) = crashed_pool(in_place);
     // Without a crash, the replay commits several syncs before its own.
     let replay_syncs = {
         let pool = Pool::import(vec![Arc::new(mem.snapshot()) as Arc<dyn Backend>], None)

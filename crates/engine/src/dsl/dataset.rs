@@ -15,17 +15,26 @@ pub(crate) const REPLAY_TXG_KEY: &str = "zil_replay_txg";
 /// What the txg sync needs from a dataset's intent log (which lives above this layer): the
 /// head of its chain and the places it holds, to persist; and word that a txg is durable.
 pub(crate) trait DatasetLog: Send + Sync {
-    /// The chain's first block and its sequence number (None: no chain).
-    fn head(&self) -> Option<(Dva, u64)>;
-    /// Every place the log holds (reserved or written, not yet freed).
+    /// What this sync persists of the log, read at one instant (under the log's one lock:
+    /// a replay ending between separate reads would leave its places neither freed nor held).
+    fn persist(&self) -> LogPersist;
+    /// Every place the log holds (reserved or written, not yet freed), for the audit.
     fn reserved(&self) -> Vec<Dva>;
-    /// Log blocks no longer needed: freed by this sync.
-    fn take_to_free(&self) -> Vec<Dva>;
-    /// While import replays a chain: the txg its records are newer than, to persist with the
-    /// chain ([`REPLAY_TXG_KEY`]).
-    fn replay_txg(&self) -> Option<Txg>;
     /// `txg` is durable (records of it and older are no longer needed).
     fn txg_synced(&self, txg: Txg);
+}
+
+/// A log's part of a txg's metadata ([`DatasetLog::persist`]).
+pub(crate) struct LogPersist {
+    /// Log blocks no longer needed: freed by this sync.
+    pub(crate) to_free: Vec<Dva>,
+    /// Every place the log holds.
+    pub(crate) reserved: Vec<Dva>,
+    /// The chain's first block and its sequence number (None: no chain).
+    pub(crate) head: Option<(Dva, u64)>,
+    /// While import replays a chain: the txg its records are newer than, persisted with the
+    /// chain ([`REPLAY_TXG_KEY`]).
+    pub(crate) replay_txg: Option<Txg>,
 }
 
 /// The objects of a dataset. A volume has one: its data, [`ObjectId::VOLUME_DATA`].

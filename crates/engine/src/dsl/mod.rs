@@ -341,21 +341,23 @@ impl SyncClient for Datasets {
         // The logs' places, without the pool's lock (committers allocate while holding
         // their log's lock).
         for ds in &destroyed {
-            freed.extend(ds.log.take_to_free());
-            freed.extend(ds.log.reserved());
+            let log = ds.log.persist();
+            freed.extend(log.to_free);
+            freed.extend(log.reserved);
         }
         let volumes = live
             .iter()
             .map(|ds| {
-                freed.extend(ds.log.take_to_free());
-                let mut reserved = ds.log.reserved();
+                let log = ds.log.persist();
+                freed.extend(log.to_free);
+                let mut reserved = log.reserved;
                 reserved.extend(ds.data().inplace_held.lock().unwrap().iter().copied());
-                let head = ds.log.head();
+                let head = log.head;
                 let p = ds.props.lock().unwrap();
                 let data = ds.data();
                 let t = data.tree.lock().unwrap();
                 let mut props = p.to_pairs();
-                if let Some(t) = ds.log.replay_txg() {
+                if let Some(t) = log.replay_txg {
                     props.push((dataset::REPLAY_TXG_KEY.to_string(), t.0.to_string()));
                 }
                 VolumeMeta {

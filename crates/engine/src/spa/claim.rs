@@ -84,8 +84,10 @@ pub(crate) fn claim_log_places(
                 run_end += 1;
             }
             if free {
-                let claimed = map.claim(&sector_dva(dva.vdev, sector, run_end));
-                debug_assert!(claimed, "a free run is claimed");
+                for piece in split(dva.vdev, sector, run_end) {
+                    let claimed = map.claim(&piece);
+                    debug_assert!(claimed, "a free run is claimed");
+                }
                 push_run(runs, sector, run_end);
             } else {
                 for s in sector..run_end {

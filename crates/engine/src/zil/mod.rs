@@ -22,7 +22,7 @@
 //! - On a log write error the committer falls back to waiting for the txg sync, and the next
 //!   txg sync starts a new chain.
 
-use crate::dsl::dataset::DatasetLog;
+use crate::dsl::dataset::{DatasetLog, LogPersist};
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::vdev::Leaf;
@@ -424,45 +424,9 @@ impl Zil {
         }
     }
 
-    /// The txg a replay in progress replays records after (None: no replay in progress).
-    pub fn replay_txg(&self) -> Option<Txg> {
-        self.state
-            .lock()
-            .unwrap()
-            .replay_hold
-            .as_ref()
-            .map(|h| h.txg)
-    }
-
     /// Every place the log holds (to persist: import frees them after replay).
     pub fn reserved(&self) -> Vec<Dva> {
-        let s = self.state.lock().unwrap();
-        let mut v: Vec<Dva> = s.chain.iter().map(|c| c.addr).collect();
-        v.extend(s.open.as_ref().map(|o| o.addr));
-        v.extend(s.next_addr.map(|(a, _)| a));
-        v.extend(s.replay_hold.iter().flat_map(|h| h.places.iter().copied()));
-        v
-    }
-
-    /// The head to persist in the volume's metadata: the chain being replayed, else the
-    /// first block still needed, else where the next block goes.
-    pub fn head(&self) -> Option<(Dva, u64)> {
-        let s = self.state.lock().unwrap();
-        if let Some(h) = &s.replay_hold {
-            return Some(h.first);
-        }
-        if let Some(c) = s.chain.front() {
-            return Some((c.addr, c.seq));
-        }
-        if let Some(o) = &s.open {
-            return Some((o.addr, o.seq));
-        }
-        s.next_addr
-    }
-
-    /// Blocks to free in the txg being synced (no longer reachable from the head it persists).
-    pub fn take_to_free(&self) -> Vec<Dva> {
-        std::mem::take(&mut self.state.lock().unwrap().to_free)
+        self.state.lock().unwrap().reserved()
     }
 
     /// After a log error: abandon the chain (called by the txg sync that just committed
@@ -510,6 +474,34 @@ impl Zil {
 }
 
 impl ZilState {
+    /// Every place the log holds.
+    pub(crate) fn reserved(&self) -> Vec<Dva> {
+        let mut v: Vec<Dva> = self.chain.iter().map(|c| c.addr).collect();
+        v.extend(self.open.as_ref().map(|o| o.addr));
+        v.extend(self.next_addr.map(|(a, _)| a));
+        v.extend(
+            self.replay_hold
+                .iter()
+                .flat_map(|h| h.places.iter().copied()),
+        );
+        v
+    }
+
+    /// The head to persist in the volume's metadata: the chain being replayed, else the
+    /// first block still needed, else where the next block goes.
+    pub(crate) fn head(&self) -> Option<(Dva, u64)> {
+        if let Some(h) = &self.replay_hold {
+            return Some(h.first);
+        }
+        if let Some(c) = self.chain.front() {
+            return Some((c.addr, c.seq));
+        }
+        if let Some(o) = &self.open {
+            return Some((o.addr, o.seq));
+        }
+        self.next_addr
+    }
+
     /// Size for the next block's place, chosen before the block it follows is written: big
     /// enough for the largest of the recent blocks' contents (commits come in similar bursts),
     /// so a queue-depth-1 writer uses small blocks and a busy one large ones (as ZFS's
@@ -1084,6 +1076,9 @@ pub(crate) async fn read_chain(
                                 "log of volume {} ends at block {seq}: an in-place block of it is unreadable",
                                 volume.0
                             );
+                            // Its place is the log's all the same (claimed, freed once), so
+                            // that a later walk, after another crash, finds the same end.
+                            out.blocks.push(addr);
                             return out;
                         }
                     }
@@ -1115,20 +1110,18 @@ pub(crate) async fn read_chain(
 }
 
 impl DatasetLog for Zil {
-    fn head(&self) -> Option<(Dva, u64)> {
-        Zil::head(self)
+    fn persist(&self) -> LogPersist {
+        let mut s = self.state.lock().unwrap();
+        LogPersist {
+            to_free: std::mem::take(&mut s.to_free),
+            reserved: s.reserved(),
+            head: s.head(),
+            replay_txg: s.replay_hold.as_ref().map(|h| h.txg),
+        }
     }
 
     fn reserved(&self) -> Vec<Dva> {
         Zil::reserved(self)
-    }
-
-    fn take_to_free(&self) -> Vec<Dva> {
-        Zil::take_to_free(self)
-    }
-
-    fn replay_txg(&self) -> Option<Txg> {
-        Zil::replay_txg(self)
     }
 
     fn txg_synced(&self, txg: Txg) {
@@ -1214,6 +1207,36 @@ mod tests {
             s.choose_durable_way(DurableWriteMode::WriteThenFlush, t3),
             Split
         );
+    }
+
+    /// A replay's chain is persisted as the head, its places as held and its txg, in one
+    /// read with the places to free; once the replay ends the places move to the frees of
+    /// the same kind of read, never in neither list.
+    #[test]
+    fn a_held_replay_is_persisted_until_it_ends_then_freed_once() {
+        let zil = Zil::new(Guid(1), VolumeId(1), 1 << 40, Vec::new());
+        let place = |o: u64| Dva {
+            vdev: oxpool_format::VdevId(0),
+            offset_bytes: o << 12,
+            asize_bytes: 8192,
+        };
+        let first = (place(10), 7);
+        zil.hold_for_replay(first, vec![place(10), place(12)], Txg(4));
+        assert!(!zil.reserved_on_import_is_empty());
+        for _ in 0..2 {
+            let p = DatasetLog::persist(&zil);
+            assert_eq!(p.head, Some(first));
+            assert_eq!(p.reserved, vec![place(10), place(12)]);
+            assert_eq!(p.replay_txg, Some(Txg(4)));
+            assert!(p.to_free.is_empty());
+        }
+        zil.end_replay();
+        let p = DatasetLog::persist(&zil);
+        assert_eq!((p.head, p.replay_txg), (None, None));
+        assert!(p.reserved.is_empty());
+        assert_eq!(p.to_free, vec![place(10), place(12)]);
+        assert!(DatasetLog::persist(&zil).to_free.is_empty(), "freed twice");
+        assert!(zil.reserved_on_import_is_empty());
     }
 
     /// The lost floor: records a failed build took out of `pending` are in no block, so the
