@@ -4,8 +4,9 @@
 //! every record again. Every acknowledged write reads back after the second import, and the
 //! pool audits clean (no place freed twice, none leaked).
 //!
-//! The crash point walks through every device write of the first import's replay, one case
-//! each.
+//! The crash point walks through every device operation of the first import's replay, one
+//! case each; the import after it crashes too, at a point spread over its own replay, and a
+//! third import checks.
 
 mod common;
 
@@ -105,22 +106,28 @@ fn crash_at_every_write_of_the_replay(in_place: bool) {
         let first = Pool::import(vec![fault.clone() as Arc<dyn Backend>], None);
         let completed = first.is_ok() && !fault.is_dead();
         drop(first);
+        // A second crash, in the import that replays again (at a point spread over the
+        // replay by the case number): the chain, its places and its txg floor survive it.
+        let again = (ops * 7919) % 600;
+        let fault = Arc::new(FaultBackend::new(Arc::new(dev.clone()), again));
+        fault.crash_after_ops(again);
+        drop(Pool::import(vec![fault as Arc<dyn Backend>], None));
         let pool = Pool::import(vec![Arc::new(dev) as Arc<dyn Backend>], None)
-            .unwrap_or_else(|e| panic!("crash after {ops} device ops: import: {e}"));
+            .unwrap_or_else(|e| panic!("crash after {ops} and {again} device ops: import: {e}"));
         let vol = pool.volume("v").unwrap();
         let mut got = vec![0u8; VOLUME_BYTES as usize];
         block_on(vol.read(0, &mut got)).unwrap();
         if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
             panic!(
-                "crash after {ops} device ops of the replay: byte {i} is {:#x}, acknowledged \
-                 {:#x}",
+                "crashes after {ops} and {again} device ops of the replays: byte {i} is {:#x}, \
+                 acknowledged {:#x}",
                 got[i], expected[i]
             );
         }
         drop(vol);
         audit_result(
             &pool,
-            &format!("crash after {ops} device ops of the replay"),
+            &format!("crashes after {ops} and {again} device ops of the replays"),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         pool.export().unwrap();
