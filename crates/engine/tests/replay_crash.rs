@@ -6,7 +6,8 @@
 //!
 //! The crash point walks through every device operation of the first import's replay, one
 //! case each; the import after it crashes too, at a point spread over its own replay, and a
-//! third import checks.
+//! third import checks. Both crashes lose power: writes not yet flushed are dropped, kept or
+//! torn.
 
 mod common;
 
@@ -101,17 +102,22 @@ fn crash_at_every_write_of_the_replay(in_place: bool) {
     // the loop.
     for ops in 0..100_000u64 {
         let dev = mem.snapshot();
+        // Writes not yet flushed at the crash are dropped, kept or torn (seeded).
         let fault = Arc::new(FaultBackend::new(Arc::new(dev.clone()), ops));
+        fault.enable_power_loss();
         fault.crash_after_ops(ops);
         let first = Pool::import(vec![fault.clone() as Arc<dyn Backend>], None);
         let completed = first.is_ok() && !fault.is_dead();
         drop(first);
+        fault.apply_power_loss(ops);
         // A second crash, in the import that replays again (at a point spread over the
         // replay by the case number): the chain, its places and its txg floor survive it.
         let again = (ops * 7919) % 600;
         let fault = Arc::new(FaultBackend::new(Arc::new(dev.clone()), again));
+        fault.enable_power_loss();
         fault.crash_after_ops(again);
-        drop(Pool::import(vec![fault as Arc<dyn Backend>], None));
+        drop(Pool::import(vec![fault.clone() as Arc<dyn Backend>], None));
+        fault.apply_power_loss(again ^ 0x5eed);
         let pool = Pool::import(vec![Arc::new(dev) as Arc<dyn Backend>], None)
             .unwrap_or_else(|e| panic!("crash after {ops} and {again} device ops: import: {e}"));
         let vol = pool.volume("v").unwrap();
