@@ -274,17 +274,11 @@ impl Spa {
     /// Claims, at import and before anything allocates, the places one intent log holds:
     /// `listed` by the committed txg, `walked` found on its chain. Returns the places the log
     /// owns, to free once after its replay (see spa/claim.rs).
+    /// Places on no vdev, or past its end, are ignored (the space maps cover each top
+    /// vdev's allocatable size exactly).
     pub(crate) fn claim_log_places(&self, listed: &[Dva], walked: &[Dva]) -> Vec<Dva> {
-        let in_pool = |d: &&Dva| {
-            self.zio
-                .vdevs
-                .top(d.vdev)
-                .is_some_and(|t| d.end_bytes() <= t.asize_bytes)
-        };
-        let listed: Vec<Dva> = listed.iter().filter(in_pool).copied().collect();
-        let walked: Vec<Dva> = walked.iter().filter(in_pool).copied().collect();
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
-        super::claim::claim_log_places(&mut s.alloc, &mut s.deferred, &listed, &walked)
+        super::claim::claim_log_places(&mut s.alloc, &mut s.deferred, listed, walked)
     }
 }
