@@ -503,15 +503,13 @@ impl Spa {
 
     /// Asks for a sync of everything dirty now and waits until it is durable.
     pub fn sync_now(&self) -> Result<()> {
-        self.txg.mark_dirty();
-        let open = self.txg.state.lock().unwrap().open;
+        let open = self.txg.mark_dirty_open();
         block_on(self.txg.wait_synced(open, true))
     }
 
     /// Asynchronous [`Spa::sync_now`], for use inside an executor.
     pub async fn sync_async(&self) -> Result<()> {
-        self.txg.mark_dirty();
-        let open = self.txg.state.lock().unwrap().open;
+        let open = self.txg.mark_dirty_open();
         self.txg.wait_synced(open, true).await
     }
 

@@ -341,6 +341,16 @@ impl TxgControl {
         self.state.lock().unwrap().open_dirty = true;
     }
 
+    /// Marks the open txg as having changes and returns it, in one step: read apart, the
+    /// sync thread could close the marked txg in between (a kick left over from an earlier
+    /// wait), and a caller waiting for the next, clean one would wait for ever (a clean txg
+    /// never syncs). Found by import's two syncs in a row hanging in replay_crash.rs.
+    pub fn mark_dirty_open(&self) -> Txg {
+        let mut s = self.state.lock().unwrap();
+        s.open_dirty = true;
+        s.open
+    }
+
     /// Waits until `txg` is durable; with `kick`, asks for a sync now.
     pub async fn wait_synced(&self, txg: Txg, kick: bool) -> Result<()> {
         poll_fn(|cx| {

@@ -197,8 +197,7 @@ impl Volume {
                 let addr = s.alloc_block(inner, size).ok_or_else(no_space)?;
                 s.next_addr = Some((addr, s.first_seq));
                 // A txg whose sync has not begun: its metadata will name this place.
-                inner.txg.mark_dirty();
-                s.anchor_txg = inner.txg.state.lock().unwrap().open;
+                s.anchor_txg = inner.txg.mark_dirty_open();
             }
             s.anchor_txg
         };
