@@ -408,10 +408,29 @@ impl InPlaceBlock {
     }
 }
 
-/// Bytes one copy of the block `bp` takes as stored (0 for a hole): what counts towards a
-/// volume's `compressratio`.
+/// The stored size of the block `bp` as ZFS counts it for `compressratio` (0 for a hole): its
+/// logical size when it is stored as is, else its compressed size rounded up to whole sectors
+/// (what compression actually saves; ZFS rounds a compressed block's `psize` the same way).
+/// Not its allocated size: raidz parity and the sector a block smaller than one takes are the
+/// layout's cost, not compression's, and with them a volume of 512-byte blocks, or any raidz
+/// volume, showed a `compressratio` below 1.00x with compression off.
+///
+/// Never more than the block's allocated size (one copy), which is what pools of format
+/// versions 1 and 2 summed before: their volumes' totals, from before this rule, only ever
+/// come down by less than they went up, never below zero (docs/compression.md).
 pub(crate) fn stored_bytes(bp: &BlockPtr) -> i64 {
-    bp.dvas().first().map_or(0, |d| i64::from(d.asize_bytes))
+    let Some(dva) = bp.dvas().first() else {
+        return 0;
+    };
+    let stored = if bp.compression == Compression::Off {
+        u64::from(bp.psize_bytes)
+    } else {
+        u64::from(bp.psize_bytes)
+            .next_multiple_of(SECTOR_BYTES)
+            .min(u64::from(bp.lsize_bytes))
+    };
+    debug_assert!(stored <= u64::from(dva.asize_bytes), "{bp:?}");
+    i64::try_from(stored.min(u64::from(dva.asize_bytes))).expect("a block's size fits i64")
 }
 
 /// Process-wide compression counters (for `oxpool iostat`): data blocks the txg syncs and the
