@@ -8,7 +8,7 @@ mod harness;
 #[path = "nbd/tls.rs"]
 mod tls;
 
-use harness::{python, random_bytes, run_unchecked, tool, Env};
+use harness::{hold, python, random_bytes, release, run_unchecked, tool, Env};
 use std::process::Command;
 use tls::*;
 
@@ -17,6 +17,9 @@ const MIB: usize = 1 << 20;
 /// The message oxpool sends with NBD_REP_ERR_POLICY. libnbd reports ERR_POLICY and
 /// ERR_TLS_REQD alike (ENOTSUP), but its debug log shows the server's message.
 const POLICY_MESSAGE: &str = "this client may not open this export";
+
+/// What GnuTLS (libnbd, qemu) reports when the server refuses the TLS handshake with an alert.
+const TLS_REFUSED: &str = "A TLS fatal alert has been received";
 
 /// Runs a client that must fail (with libnbd's debug log on); returns its stderr.
 fn refused(program: &str, args: &[&str]) -> String {
@@ -73,6 +76,8 @@ fn x509_nbdinfo_qemu_img_and_nbdcopy_move_identical_bytes() {
     let info = tool("nbdinfo", &[&uri]);
     assert!(info.contains("newstyle-fixed with TLS"), "{info}");
     assert!(info.contains("export-size: 33554432"), "{info}");
+    // nbdcopy opens its several connections below only to a server that offers multi-conn.
+    assert!(info.contains("can_multi_conn: true"), "{info}");
 
     // qemu-img in and out.
     let image = random_bytes(21, 32 * MIB);
@@ -279,21 +284,22 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     let bob = qemu_psk(host, port, "tank/alices", "bob", &pki.psk_bob);
     let mut args = vec!["info"];
     args.extend(bob.iter().map(String::as_str));
-    refused("qemu-img", &args);
+    let err = refused("qemu-img", &args);
+    assert!(err.contains(POLICY_MESSAGE), "{err}");
 
-    // A wrong key, an unknown identity: the TLS handshake fails.
-    refused(
-        "nbdinfo",
-        &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_wrong)],
-    );
-    refused(
-        "nbdinfo",
-        &[&psk_uri(&addr, "tank/vol0", "carol", &pki.psk_unknown)],
-    );
+    // A wrong key, an unknown identity: the TLS handshake fails (the server's alert ends it),
+    // before any NBD option is answered.
+    for (who, key) in [("alice", &pki.psk_wrong), ("carol", &pki.psk_unknown)] {
+        let err = refused("nbdinfo", &[&psk_uri(&addr, "tank/vol0", who, key)]);
+        assert!(err.contains(TLS_REFUSED), "{who}: {err}");
+        assert!(!err.contains("server replied"), "{who}: {err}");
+    }
     let wrong = qemu_psk(host, port, "tank/vol0", "alice", &pki.psk_wrong);
     let mut args = vec!["info"];
     args.extend(wrong.iter().map(String::as_str));
-    refused("qemu-img", &args);
+    let err = refused("qemu-img", &args);
+    assert!(err.contains("TLS handshake failed"), "{err}");
+    assert!(err.contains(TLS_REFUSED), "{err}");
 
     tool(
         "nbdinfo",
@@ -398,6 +404,9 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     ]);
     let addr = tcp_addr(&server.uris);
     let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
+    // A verified TLS client keeps its connection open through all that follows (on the same
+    // single reactor): the bad connections end, this one must not.
+    let held = hold(&uri);
 
     // An option injected right behind STARTTLS, before any TLS (CVE-2021-3716): at most the
     // ACK comes back, then the connection ends; the injected option is never answered.
@@ -439,6 +448,7 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     );
     garbage.send(b"GET / HTTP/1.1\r\nHost: oxpool\r\n\r\n");
     assert!(garbage.closed_by_server());
+    assert_eq!(release(held), "still connected");
 
     // And the server still serves, bytes intact.
     let image = random_bytes(24, 4 * MIB);

@@ -396,7 +396,10 @@ fn corrupt_compressed_blocks_on_a_mirror_are_repaired() {
 }
 
 /// On a single device there is no other copy: the read fails with a checksum error (EIO to a
-/// client) and the device's checksum-error counter counts it; the other blocks still read.
+/// client) and the device's checksum-error counter counts it, once per failed read; the
+/// other blocks still read. Both corruptions of the mirror test: a flipped bit, and a size
+/// inside the stored bytes that lies (what the decoder would trust if the checksum did not
+/// come first).
 #[test]
 fn corrupt_compressed_block_on_a_single_device_is_eio() {
     for (setting, algorithm) in [("lz4", Compression::Lz4), ("zstd", Compression::Zstd)] {
@@ -407,24 +410,40 @@ fn corrupt_compressed_block_on_a_single_device_is_eio() {
         let data = content(Fill::Compressible, 6, (8 * BLOCK) as usize);
         block_on(v.write(0, &data, false)).unwrap();
         pool.sync().unwrap();
-        let bp = compressed_pointer(&v, 4, algorithm);
+        let flipped = compressed_pointer(&v, 4, algorithm);
+        let lying = compressed_pointer(&v, 6, algorithm);
         drop(v);
         pool.export().unwrap();
-        poke(&mems[0], device_offset(&bp) + 10, |b| b[0] ^= 0x40);
+        poke(&mems[0], device_offset(&flipped) + 10, |b| b[0] ^= 0x40);
+        poke(&mems[0], device_offset(&lying), |b| match algorithm {
+            Compression::Zstd => b[5..9].copy_from_slice(&u32::MAX.to_le_bytes()),
+            _ => b[0] ^= 0xf0,
+        });
         let pool = reimport(&mems);
+        // Every read goes to the device, so each failed read is one checksum error.
+        pool.set_prop("data_cache_max", "0").unwrap();
         let v = pool.volume("v").unwrap();
-        let mut buf = vec![0u8; BLOCK as usize];
-        let err = block_on(v.read(4 * BLOCK, &mut buf)).unwrap_err();
-        assert_eq!(err.errno(), 5, "{setting}: {err}");
-        assert!(
-            matches!(err, oxpool_engine::EngineError::Checksum { .. }),
-            "{setting}: {err}"
-        );
-        assert!(
-            pool.status().vdevs[0].checksum_errors >= 1,
-            "{setting}: not counted"
-        );
-        assert!(read(&v, 0, 4 * BLOCK) == data[..(4 * BLOCK) as usize]);
+        let mut errors = 0;
+        for b in [4, 6, 4] {
+            let mut buf = vec![0u8; BLOCK as usize];
+            let err = block_on(v.read(b * BLOCK, &mut buf)).unwrap_err();
+            assert_eq!(err.errno(), 5, "{setting} block {b}: {err}");
+            assert!(
+                matches!(err, oxpool_engine::EngineError::Checksum { .. }),
+                "{setting} block {b}: {err}"
+            );
+            errors += 1;
+            assert_eq!(
+                pool.status().vdevs[0].checksum_errors,
+                errors,
+                "{setting} block {b}: one error per failed read"
+            );
+        }
+        for b in [0, 1, 2, 3, 5, 7] {
+            let want = &data[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize];
+            assert!(read(&v, b * BLOCK, BLOCK) == want, "{setting}: block {b}");
+        }
+        assert_eq!(pool.status().vdevs[0].checksum_errors, errors, "{setting}");
         drop(v);
         drop(pool);
     }

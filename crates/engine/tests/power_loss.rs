@@ -23,7 +23,7 @@ use common::{
     test_props, CrashGroup, Fill,
 };
 use oxpool_engine::{Pool, TopSpec};
-use oxpool_format::{TopVdevKind, DATA_START_BYTES};
+use oxpool_format::{Compression, TopVdevKind, DATA_START_BYTES};
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, IoBuf, MemoryBackend};
 use rand::rngs::SmallRng;
@@ -249,6 +249,26 @@ fn crash_case(seed: u64) -> Result<String, String> {
         block_on(v.write(off, &data, false)).map_err(|e| e.to_string())?;
         expect[off as usize..(off + len) as usize].copy_from_slice(&data);
         pool.sync().map_err(|e| format!("sync after crash: {e}"))?;
+    }
+    // The volume still stores blocks as its `compression` says after the crash and the
+    // import: a compressible block compressed by lz4 or zstd, as is under off (blocks under
+    // 16 KiB cannot save a sector, so they are never compressed).
+    if bs >= 16384 {
+        let data = content(Fill::Compressible, seed, bs as usize);
+        block_on(v.write(0, &data, false)).map_err(|e| e.to_string())?;
+        expect[..bs as usize].copy_from_slice(&data);
+        pool.sync().map_err(|e| format!("sync after crash: {e}"))?;
+        let bp = block_on(v.block_pointer(0)).map_err(|e| e.to_string())?;
+        let want = match compression {
+            "lz4" => Compression::Lz4,
+            "zstd" => Compression::Zstd,
+            _ => Compression::Off,
+        };
+        if bp.compression != want || (want != Compression::Off) != (bp.psize_bytes < bs) {
+            return Err(format!(
+                "a compressible block after the crash is stored as {bp:?}, not {compression} ({report})"
+            ));
+        }
     }
     drop(v);
     audit_result(

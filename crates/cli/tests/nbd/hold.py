@@ -8,6 +8,8 @@ import nbd
 
 read_only = len(sys.argv) > 2 and sys.argv[2] == "ro"
 h = nbd.NBD()
+# An nbds:// URI may name the client's certificates directory (tls-certificates=DIR).
+h.set_uri_allow_local_file(True)
 h.connect_uri(sys.argv[1])
 if read_only:
     h.pread(4096, 0)
