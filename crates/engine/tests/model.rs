@@ -9,7 +9,7 @@ mod common;
 
 use common::{content, mem_pool, pattern, reimport, Fill};
 use oxpool_engine::Pool;
-use oxpool_format::TopVdevKind;
+use oxpool_format::{Compression, TopVdevKind};
 use oxpool_io::rt::block_on;
 use proptest::prelude::*;
 
@@ -269,11 +269,55 @@ fn run_volumes(
             buf == model[i],
             "volume {name} differs from the model after reimport"
         );
+        check_stored_forms(&v, i, &model[i], &ops, vol_props)?;
     }
     for (name, value) in props {
         prop_assert_eq!(&p.get_prop(name).unwrap(), value);
     }
     p.export().unwrap();
+    Ok(())
+}
+
+/// How the blocks of volume `vol` are stored, for a volume whose `compression` never changed
+/// (`vol_props` or the default lz4): with compression on, every all-zero block is a hole
+/// and every other block is stored as is or with the setting's algorithm; with it off,
+/// every block is stored as is.
+fn check_stored_forms(
+    v: &oxpool_engine::Volume,
+    vol: usize,
+    model: &[u8],
+    ops: &[Op],
+    vol_props: &[(&str, &str)],
+) -> Result<(), TestCaseError> {
+    if ops
+        .iter()
+        .any(|op| matches!(op, Op::SetCompression { vol: changed, .. } if *changed == vol))
+    {
+        return Ok(());
+    }
+    let setting = vol_props
+        .iter()
+        .find(|(k, _)| *k == "compression")
+        .map_or("lz4", |(_, value)| *value);
+    let algorithm = match setting {
+        "off" => Compression::Off,
+        "zstd" => Compression::Zstd,
+        "lz4" => Compression::Lz4,
+        other => return Err(TestCaseError::fail(format!("no rule for {other}"))),
+    };
+    let bs = v.block_size_bytes() as usize;
+    for (b, block) in model.chunks(bs).enumerate() {
+        let bp = block_on(v.block_pointer(b as u64)).unwrap();
+        let name = VOLUMES[vol].0;
+        if algorithm != Compression::Off && block.iter().all(|&x| x == 0) {
+            prop_assert!(bp.is_hole(), "{name} block {b}: zeros stored as {bp:?}");
+        } else if !bp.is_hole() {
+            prop_assert!(
+                bp.compression == Compression::Off || bp.compression == algorithm,
+                "{name} block {b} under {setting}: {bp:?}"
+            );
+        }
+    }
     Ok(())
 }
 
