@@ -78,11 +78,13 @@ fn across_hosts_tls_is_required_by_default_on_a_non_loopback_address() {
     let uri = x509_uri(&listen, "tank/vol0", &pki.client1);
     let info = hosts.client("nbdinfo", &[&uri]);
     assert!(info.contains("newstyle-fixed with TLS"), "{info}");
+    // Refused with the protocol's NBD_REP_ERR_TLS_REQD, whose message libnbd logs.
     let plain = hosts.client_refused("nbdinfo", &[&format!("nbd://{listen}/tank/vol0")]);
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(stderr.contains("server replied with error"), "{stderr}");
     assert!(
-        String::from_utf8_lossy(&plain.stderr).contains("server replied with error"),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
+        stderr.contains("TLS is required: send NBD_OPT_STARTTLS first"),
+        "{stderr}"
     );
 
     // qemu-img in and out across the link.

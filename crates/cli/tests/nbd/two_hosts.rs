@@ -126,12 +126,14 @@ impl TwoHosts {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// Like `client`, for a command that must fail.
+    /// Like `client`, for a command that must fail; libnbd's debug log is on, so its stderr
+    /// carries the server's error message.
     pub fn client_refused(&self, program: &str, args: &[&str]) -> Output {
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &self.client_ns, program])
-            .args(args);
+            .args(args)
+            .env("LIBNBD_DEBUG", "1");
         let output = run_unchecked(command, &format!("{program} {args:?} on the client host"));
         assert!(
             !output.status.success(),
