@@ -34,7 +34,10 @@ fn check(bytes: &[u8]) {
     let mut buf = vec![0u8; LOG_BLOCK_BYTES_MAX];
     let mut w = LogBlockWriter::new();
     for r in &parsed {
-        assert!(w.push(&mut buf, r), "a decoded block's records fit a block again");
+        assert!(
+            w.push(&mut buf, r),
+            "a decoded block's records fit a block again"
+        );
     }
     let n = w.finish(&hdr, &mut buf);
     let (hdr2, records2) =
