@@ -4,7 +4,7 @@ use crate::label::VdevTreeConfigV5;
 use crate::meta::{meta_block_version, postcard_exact};
 use crate::{
     decode_meta_block, encode_meta_block, BlockPtr, BlockType, Dva, FormatError, FormatVersion,
-    Guid, Txg, VdevId, VdevTreeConfig, VolumeId, BLOCK_LEVEL_MAX, SECTOR_BYTES,
+    Guid, Txg, VdevId, VdevTreeConfig, VolumeId, BLOCK_LEVEL_MAX,
 };
 use serde::{Deserialize, Serialize};
 
@@ -556,10 +556,10 @@ struct PoolMetaV1 {
 
 impl From<VolumeMetaV1> for VolumeMeta {
     fn from(v: VolumeMetaV1) -> VolumeMeta {
-        // Version 1 stored every data block as is, in whole sectors: `fill` of them.
-        let block_bytes = u64::from(v.volblocksize_bytes).div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+        // Version 1 stored every data block as is (`fill` of them), and a block stored as is
+        // counts its logical size (`compressratio`'s rule, docs/compression.md).
         VolumeMeta {
-            compressed_bytes: v.root.fill.saturating_mul(block_bytes),
+            compressed_bytes: v.root.fill.saturating_mul(u64::from(v.volblocksize_bytes)),
             id: v.id,
             name: v.name,
             props: v.props,

@@ -323,8 +323,8 @@ fn version_1_pool_meta_decodes() {
     let v = &meta.volumes[0];
     assert_eq!((v.used_bytes, v.log_first_seq, v.root), (12345, 9, root));
     assert_eq!(v.compressed_bytes, 7 * 16384);
-    // Blocks smaller than a sector take a whole one.
-    assert_eq!(meta.volumes[1].compressed_bytes, 7 * 4096);
+    // Blocks stored as is count their logical size, even under a sector (as ZFS's `psize`).
+    assert_eq!(meta.volumes[1].compressed_bytes, 7 * 512);
     // The same payload under a version 2 header is refused: it lacks the new field.
     block[8..12].copy_from_slice(&2u32.to_le_bytes());
     reseal(&mut block[..META_HEADER_BYTES + payload.len()]);

@@ -415,9 +415,10 @@ impl InPlaceBlock {
 /// layout's cost, not compression's, and with them a volume of 512-byte blocks, or any raidz
 /// volume, showed a `compressratio` below 1.00x with compression off.
 ///
-/// Never more than the block's allocated size (one copy), which is what pools of format
-/// versions 1 and 2 summed before: their volumes' totals, from before this rule, only ever
-/// come down by less than they went up, never below zero (docs/compression.md).
+/// Never more than the block's allocated size (one copy), which is what the totals persisted
+/// before this rule summed (2026-11-28): a block counted under the old rule takes away less
+/// than it added when it is freed, so those totals can only stay high, never go below zero
+/// (docs/compression.md).
 pub(crate) fn stored_bytes(bp: &BlockPtr) -> i64 {
     let Some(dva) = bp.dvas().first() else {
         return 0;
