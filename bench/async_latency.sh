@@ -7,6 +7,8 @@
 #   REFERENCE=nbdkit bench/async_latency.sh    (also the same cells against a server that only
 #                                               sleeps: nbdkit memory + delay filter)
 #   SCHEDULER=on bench/async_latency.sh        (the pool's vdev queue mode, default auto)
+#   JITTER=1 bench/async_latency.sh            (DELAY_MS-1, DELAY_MS or DELAY_MS+1 ms per read,
+#                                               drawn per read, instead of exactly DELAY_MS)
 #
 # The 4K cell at iodepth 64 forms bursts: fio's first 64 requests reach the device together,
 # each waits the same 4 ms, and nothing spreads them apart, so each burst is served by the
@@ -46,7 +48,16 @@ PID=$!
 for _ in $(seq 50); do [ -S "$D/c.run/server-$PID.sock" ] && break; sleep 0.1; done
 URI=nbd://127.0.0.1:10809/g5/v
 fio --name=fill --ioengine=nbd --uri=$URI --rw=write --bs=1M --iodepth=8 --size=1G --end_fsync=1 >/dev/null 2>&1
-"$B" "${C[@]}" inject -d p.img -D "${DELAY_MS:-4}" -T read g5
+if [ -n "${JITTER:-}" ]; then
+    # A latency that varies, as a real device's does: each rule hits independently and the
+    # longest delay drawn applies, so reads take DELAY_MS-1 ms (37.5 %), DELAY_MS (37.5 %) or
+    # DELAY_MS+1 ms (25 %); mean DELAY_MS - 0.125 ms.
+    "$B" "${C[@]}" inject -d p.img -D "$((${DELAY_MS:-4} - 1))" -T read g5 >/dev/null
+    "$B" "${C[@]}" inject -d p.img -D "${DELAY_MS:-4}" -T read -f 50 g5 >/dev/null
+    "$B" "${C[@]}" inject -d p.img -D "$((${DELAY_MS:-4} + 1))" -T read -f 25 g5
+else
+    "$B" "${C[@]}" inject -d p.img -D "${DELAY_MS:-4}" -T read g5
+fi
 # The four cells against URI, labelled LABEL.
 cells() {
     local uri=$1 label=$2 bs qd
@@ -69,7 +80,7 @@ print(f"{label} {bs}: iodepth 1 {i1:.0f} IOPS ({l1:.2f} ms), iodepth 64 {i64:.0f
 PY
     done
 }
-cells "$URI" "oxpool${SCHEDULER:+ scheduler=$SCHEDULER}"
+cells "$URI" "oxpool${SCHEDULER:+ scheduler=$SCHEDULER}${JITTER:+ jitter}"
 "$B" "${C[@]}" inject -c all >/dev/null
 # The reference (REFERENCE=nbdkit): a server that stores nothing and only sleeps, nbdkit's
 # memory plugin behind its delay filter with the same latency and 64 threads. What it reaches
