@@ -10,7 +10,6 @@ mod common;
 
 use common::{pattern, reimport, test_props, DEVICE_BYTES};
 use oxpool_engine::{Pool, TopSpec, Volume};
-use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, IoBuf, IoFuture, MemoryBackend};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,17 +128,7 @@ impl Backend for GateDev {
 /// A one-device pool over `dev` with no data cache, so a read-modify-write of a block on the
 /// devices reads it from there.
 fn pool_over(dev: Arc<dyn Backend>) -> Pool {
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![dev],
-        }],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(dev)], test_props(), false).unwrap();
     pool.set_prop("data_cache_max", "0").unwrap();
     pool
 }

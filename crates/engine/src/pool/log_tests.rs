@@ -2,7 +2,7 @@
 
 use crate::props::PoolProps;
 use crate::{Pool, TopSpec};
-use oxpool_format::{TopVdevKind, Txg};
+use oxpool_format::Txg;
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, MemoryBackend};
 use std::sync::Arc;
@@ -16,17 +16,7 @@ fn a_build_writes_no_block_at_an_unanchored_place() {
     let mut props = PoolProps::default();
     props.set("txg_timeout", "3600").unwrap();
     let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec {
-            log: false,
-            kind: TopVdevKind::Single,
-            devices: vec![dev],
-        }],
-        props,
-        false,
-    )
-    .unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.write(0, &[1u8; 4096], true)).unwrap();
     let zil = &vol.vol.zil;
