@@ -636,6 +636,10 @@ impl SpaceMap {
     /// means the block tree and the map disagree.
     pub fn free(&mut self, dva: &Dva) {
         let (start, count) = self.run(dva);
+        debug_assert!(
+            (start..start + count).all(|s| self.bit(s)),
+            "double free of {dva:?}"
+        );
         self.set_run(start, count, false);
     }
 
