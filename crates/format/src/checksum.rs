@@ -1,17 +1,19 @@
 //! Checksums of block contents and of self-checksummed structures.
 
 use crate::FormatError;
+use oxpool_xxh3::xxh3_128;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
-use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
+use xxhash_rust::xxh3::Xxh3Default;
 
 /// Checksum algorithm of a block, stored in its block pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[repr(u8)]
 pub enum ChecksumType {
-    /// xxh3 with a 128-bit result: the default (16-33 GB/s per core). Not cryptographic:
-    /// it detects media and software damage, not a deliberate forgery.
+    /// xxh3 with a 128-bit result: the default (36 to 114 GB/s per core, by the CPU's vector
+    /// unit: `oxpool-xxh3`). Not cryptographic: it detects media and software damage, not a
+    /// deliberate forgery.
     #[default]
     Xxh3_128 = 1,
     /// BLAKE3 with a 256-bit result: cryptographic, slower.

@@ -3,7 +3,7 @@
 //! Every record starts with a header of [`RECORD_HEADER_BYTES`]; the fields of each record
 //! type live in the same 80-byte area. The tables are in `docs/format.md` ("Send streams").
 
-use xxhash_rust::xxh3::xxh3_128;
+use oxpool_xxh3::xxh3_128;
 
 /// Size of every record header.
 pub const RECORD_HEADER_BYTES: usize = 128;
