@@ -141,12 +141,15 @@ pub(crate) fn alloc_new_block_checksummed(
         }
         // The sync's blocks go to adjacent places (one aggregated write) while empty space is
         // plentiful: while the empty slabs alone hold everything pending syncs may still
-        // allocate, with the reserve, spending them cannot make a later block not fit.
+        // allocate, with the reserve, spending them cannot make a later block not fit; and
+        // only while the block's class does not hold more free slots than there are empty
+        // slabs beyond the reserve, or the class would keep the pool's free space as its own
+        // holes (`Space::sequential_ok`).
         let sequential = held.is_none() && {
             let space = s.alloc.space();
             let need = inner.txg.state.lock().unwrap().space_needed();
             let reserve = Spa::sync_reserve(&s.alloc, &space, false);
-            space.holds_all(&need, reserve, nb.copies)
+            space.sequential_ok(&need, reserve, asize, nb.copies)
         };
         let dvas = s
             .alloc
