@@ -4,8 +4,9 @@
 //! machine), and the xxhash-rust crate chooses its stripe loop when it is compiled, so every
 //! block was hashed with SSE2. Measured on this project's machine (an AMD EPYC with AVX-512,
 //! 2026-11-28, a 128 KiB block in the CPU's cache, one core): the crate 36 GB/s (3.6 us per
-//! block), this crate's AVX2 path 76 GB/s and its AVX-512 path 114 GB/s (1.15 us). Every block a client writes is hashed once on arrival, and every block read from a
-//! device once more before it is used, on the reactors (docs/io-scheduling.md).
+//! block), this crate's AVX2 path 76 GB/s and its AVX-512 path 114 GB/s (1.15 us). Every
+//! block a client writes is hashed once on arrival, and every block read from a device once
+//! more before it is used, on the reactors (docs/io-scheduling.md).
 //!
 //! Inputs of up to 240 bytes, and every input on a CPU without AVX2, go to the xxhash-rust
 //! crate. Longer inputs take the stripe loop here, with AVX-512 (foundation instructions only)
@@ -83,31 +84,39 @@ const INITIAL_ACC: [u64; 8] = [
 /// The xxh3-128 of `data`, as `xxhash_rust::xxh3::xxh3_128` computes it, with the fastest
 /// path this CPU has.
 pub fn xxh3_128(data: &[u8]) -> u128 {
-    xxh3_128_with(Isa::detected(), data)
+    // SAFETY: `detected` returns only a path the CPU can run.
+    unsafe { hash(Isa::detected(), data) }
 }
 
 /// The xxh3-128 of `data` with the path `isa`. Panics if the CPU cannot run it (see
 /// [`Isa::available`]): calling an instruction the CPU lacks would be undefined behaviour.
 pub fn xxh3_128_with(isa: Isa, data: &[u8]) -> u128 {
+    assert!(
+        isa.is_available(),
+        "this CPU cannot run the {} path",
+        isa.name()
+    );
+    // SAFETY: checked just above.
+    unsafe { hash(isa, data) }
+}
+
+/// # Safety
+///
+/// The CPU can run `isa` ([`Isa::is_available`]).
+unsafe fn hash(isa: Isa, data: &[u8]) -> u128 {
     if data.len() <= MID_SIZE_MAX_BYTES {
         return xxhash_rust::xxh3::xxh3_128(data);
     }
     match isa {
         Isa::Portable => xxhash_rust::xxh3::xxh3_128(data),
+        // SAFETY: the CPU has AVX2 (the caller's contract).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            assert!(isa.is_available(), "this CPU has no AVX2");
-            // SAFETY: the CPU has AVX2 (checked above).
-            unsafe { x86::long_avx2(data) }
-        }
+        Isa::Avx2 => unsafe { x86::long_avx2(data) },
+        // SAFETY: the CPU has AVX-512F (the caller's contract).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => {
-            assert!(isa.is_available(), "this CPU has no AVX-512F");
-            // SAFETY: the CPU has AVX-512F (checked above).
-            unsafe { x86::long_avx512(data) }
-        }
+        Isa::Avx512 => unsafe { x86::long_avx512(data) },
         #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("only x86-64 has vector paths here"),
+        _ => unreachable!("only x86-64 has vector paths here, and only they need a check"),
     }
 }
 
