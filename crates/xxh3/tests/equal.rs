@@ -3,19 +3,15 @@
 
 use oxpool_xxh3::{xxh3_128, xxh3_128_with, Isa};
 use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::{RngCore, SeedableRng};
 use xxhash_rust::xxh3::xxh3_128 as reference;
 
 /// Bytes that are not a pattern a broken lane could get right by luck.
 fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut bytes = vec![0u8; len];
+    SmallRng::seed_from_u64(seed).fill_bytes(&mut bytes);
+    bytes
 }
 
 /// The paths this CPU can run, said in the output: a path it cannot run is not tested here,
