@@ -16,13 +16,11 @@
 //! (the default secret, 64-byte stripes, a scramble every 1 KiB): nothing here is a new format.
 //!
 //! The unsafe code is the vector intrinsics: each path is entered only after the CPU said it
-//! has the instructions ([`Isa::detected`]), and every load is inside the input or the secret
+//! has the instructions ([`Isa::is_available`]), and every load is inside the input or the secret
 //! (the bounds are argued where the pointers are made).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
-
-use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Inputs up to this length take the crate's short paths (xxh3's `MID_SIZE_MAX`).
 const MID_SIZE_MAX_BYTES: usize = 240;
@@ -122,7 +120,6 @@ unsafe fn hash(isa: Isa, data: &[u8]) -> u128 {
 
 /// A path of the stripe loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
 pub enum Isa {
     /// The xxhash-rust crate as compiled (SSE2 on baseline x86-64).
     Portable = 0,
@@ -132,30 +129,14 @@ pub enum Isa {
     Avx512 = 2,
 }
 
-/// `Isa::detected`'s answer, once known (`UNKNOWN` before).
-static DETECTED: AtomicU8 = AtomicU8::new(UNKNOWN);
-const UNKNOWN: u8 = u8::MAX;
-
 impl Isa {
     /// Every path, fastest last.
     pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
 
-    /// The fastest path this CPU can run (asked once, then remembered).
+    /// The fastest path this CPU can run. Cheap: std caches the CPU's feature bits, so this
+    /// is two loads, not a CPUID.
     pub fn detected() -> Isa {
-        match DETECTED.load(Ordering::Relaxed) {
-            0 => Isa::Portable,
-            1 => Isa::Avx2,
-            2 => Isa::Avx512,
-            _ => {
-                let isa = Isa::ALL
-                    .into_iter()
-                    .rev()
-                    .find(|isa| isa.is_available())
-                    .unwrap_or(Isa::Portable);
-                DETECTED.store(isa as u8, Ordering::Relaxed);
-                isa
-            }
-        }
+        Isa::available().last().unwrap_or(Isa::Portable)
     }
 
     /// Whether this CPU can run the path.
