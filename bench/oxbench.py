@@ -738,6 +738,14 @@ def build_oxpool(no_build: bool, binary: str | None,
 # fio
 
 
+def tcp_congestion() -> str:
+    """The system's TCP congestion control, or why it is unknown."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError as e:
+        return f"unknown ({e})"
+
+
 def fio_cmd(w: Workload, uri: str, runtime: float, out: Path,
             size_bytes: int | None = None) -> list[str]:
     """The fio command of `w`: time-based for `runtime` seconds, or, with `size_bytes`, that
@@ -1085,6 +1093,9 @@ def machine_info(args, workdir: Path, disk, binary: Path | None) -> list[str]:
     return [
         f"- date: {datetime.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M:%S %Z')}",
         f"- machine: {os.cpu_count()} CPUs ({cpu}), {mem} RAM, kernel {platform.release()}",
+        f"- TCP congestion control (system, net.ipv4.tcp_congestion_control): {tcp_congestion()}; "
+        "peers use it, oxpool's default (`--tcp-congestion auto`) uses cubic instead of BBR on "
+        "same-host connections (docs/nbd.md)",
         f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"- tools: {cmd_output(['fio', '--version'])}, {cmd_output(['qemu-nbd', '--version'])}, "
         f"{cmd_output(['nbdkit', '--version'])}",

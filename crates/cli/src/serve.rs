@@ -14,7 +14,7 @@ use oxpool_engine::cachefile;
 use oxpool_engine::{Pool, PoolProps, TopSpec};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
-use oxpool_nbd::server::{EngineChangeMaps, Server, ServerConfig, ShutdownHandle};
+use oxpool_nbd::server::{EngineChangeMaps, Server, ServerConfig, ShutdownHandle, TcpCongestion};
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -49,6 +49,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 128,
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub slots: u16,
+    /// TCP congestion control of the connections: auto (the system's, but cubic for
+    /// clients on this host that BBR would pace), system, or a name the kernel offers
+    /// (docs/nbd.md).
+    #[arg(long, value_name = "auto|system|NAME", default_value = "auto",
+          value_parser = TcpCongestion::parse)]
+    pub tcp_congestion: TcpCongestion,
     /// TLS options (see docs/tls.md).
     #[command(flatten)]
     pub tls: crate::tls::TlsArgs,
@@ -109,6 +115,10 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     let signals = block_stop_signals()?;
     // TLS options are checked before any pool is opened: a mistake there changes nothing.
     let tls_config = crate::tls::server_tls(&args.tls, tls_listen_addr(&args))?;
+    // So is the congestion control: a name this kernel lacks is refused before anything.
+    args.tcp_congestion
+        .check()
+        .map_err(|err| anyhow!("--tcp-congestion {}: {err}", args.tcp_congestion.as_str()))?;
 
     let runtime = RuntimeDir::of_cache(cache);
     let pid = std::process::id();
@@ -166,6 +176,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     config.slots_per_connection = usize::from(args.slots);
     config.tls = tls_config;
+    config.tcp_congestion = args.tcp_congestion.clone();
     // Every volume and snapshot export offers `oxpool:changed-since:SNAP` for the snapshots
     // before it (docs/snapshots.md, "Change maps").
     config.change_maps = Arc::new(EngineChangeMaps);

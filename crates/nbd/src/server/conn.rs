@@ -665,7 +665,7 @@ async fn connection(
     conns: Rc<ReactorConns>,
 ) {
     let _permit = permit;
-    set_no_delay(&stream);
+    super::socket::configure(stream.as_raw_fd(), &shared.tcp_congestion);
     let conn = Rc::new(Conn::new(stream, shared.limits));
     let _registration = conns.register(conn.clone());
     let mut inbox = Inbox::new();
@@ -737,22 +737,6 @@ struct ExportRegistration<'a> {
 impl Drop for ExportRegistration<'_> {
     fn drop(&mut self) {
         self.shared.exports.unregister(self.id);
-    }
-}
-
-/// Replies are small and latency matters more than packet count: the writer already batches.
-fn set_no_delay(stream: &Stream) {
-    let one: libc::c_int = 1;
-    // SAFETY: setsockopt on a socket fd the stream owns, with a pointer to a live c_int.
-    // On a unix socket it fails with EOPNOTSUPP, which is fine.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NODELAY,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
     }
 }
 

@@ -25,6 +25,7 @@
 mod change_maps;
 mod conn;
 mod exports;
+mod socket;
 mod task;
 pub mod tls;
 mod tls_session;
@@ -50,6 +51,7 @@ pub use change_maps::{
 use conn::ReactorConns;
 pub use exports::{Disconnect, ExportError, Exports, Removed, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
+pub use socket::{TcpCongestion, SAME_HOST_CONGESTION};
 use task::{select, CatchUnwind, Either};
 pub use tls::{TlsConfig, TlsCredentials, TlsIdentity};
 
@@ -100,6 +102,9 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// TLS: off by default.
     pub tls: TlsConfig,
+    /// The TCP connections' congestion control: by default the system's, except cubic for
+    /// connections from this host that BBR would pace (see the `socket` module).
+    pub tcp_congestion: TcpCongestion,
     /// Where the volumes' change maps (`oxpool:changed-since:*` metadata contexts) come
     /// from: [`EngineChangeMaps`] for the engine's; [`NoChangeMaps`] (the default) offers
     /// none.
@@ -108,7 +113,7 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     /// One reactor per CPU, 128 slots and 64 MiB of buffers per connection, 1024 connections,
-    /// 30 s of shutdown grace, no TLS, no change maps.
+    /// 30 s of shutdown grace, no TLS, the `auto` congestion control, no change maps.
     fn default() -> Self {
         ServerConfig {
             reactors: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -117,6 +122,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(30),
             tls: TlsConfig::default(),
+            tcp_congestion: TcpCongestion::default(),
             change_maps: Arc::new(NoChangeMaps),
         }
     }
@@ -156,6 +162,11 @@ impl Server {
             .validate()
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
         let tls = config.tls.clone();
+        config
+            .tcp_congestion
+            .check()
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
+        let tcp_congestion = config.tcp_congestion.clone();
         let change_maps = config.change_maps.clone();
         let config = Limits::from_config(&config);
         let exports = ExportTable::new(exports)
@@ -171,6 +182,7 @@ impl Server {
             connections: AtomicUsize::new(0),
             limits: config,
             tls,
+            tcp_congestion,
             change_maps,
             exports,
         });
@@ -285,6 +297,7 @@ pub(crate) struct Shared {
     connections: AtomicUsize,
     limits: Limits,
     tls: TlsConfig,
+    tcp_congestion: TcpCongestion,
     change_maps: Arc<dyn ChangeMaps>,
     exports: ExportTable,
 }
