@@ -99,9 +99,10 @@ fn serve(hosts: &TwoHosts, env: &Env, extra: &[&str]) -> ServerProcess {
 fn same_host_clients_are_not_paced_by_bbr_and_other_hosts_keep_the_system_choice() {
     // Declared first so it is dropped last: the servers stop before their namespace goes.
     let hosts = TwoHosts::new("oxcc");
-    let mut sysctl = TwoHosts::command_in(&hosts.server_ns, "sysctl");
-    sysctl.args(["-w", "net.ipv4.tcp_congestion_control=bbr"]);
-    let output = sysctl.output().expect("run sysctl");
+    // /proc/sys/net is the namespace's own for a process in it.
+    let mut sysctl = TwoHosts::command_in(&hosts.server_ns, "sh");
+    sysctl.args(["-c", "echo bbr > /proc/sys/net/ipv4/tcp_congestion_control"]);
+    let output = sysctl.output().expect("run sh");
     assert!(
         output.status.success(),
         "this test needs the kernel's bbr congestion control as a namespace's default: {}",
