@@ -157,3 +157,88 @@ fn shared_reads_keep_their_bytes_while_a_writer_changes_the_blocks() {
     drop(parts);
     drop(pool);
 }
+
+/// `read_shared` of blocks that must come from the devices: a block whose bytes in the read
+/// all come from the device (the ends in part) is not copied into the output but becomes a
+/// part, shared with the data cache when the cache keeps it, handed over when the cache is
+/// off; blocks with dirty pieces inside are copied. Either way the parts put together are exactly the read,
+/// and they keep their bytes while a writer changes the blocks.
+#[test]
+fn shared_reads_of_blocks_from_the_devices_hand_them_over() {
+    use oxpool_engine::ReadPart;
+    let count =
+        |parts: &[ReadPart], kind: fn(&ReadPart) -> bool| parts.iter().filter(|p| kind(p)).count();
+    let shared = |p: &ReadPart| matches!(p, ReadPart::Shared { .. });
+    let owned = |p: &ReadPart| matches!(p, ReadPart::Owned { .. });
+    let copied = |p: &ReadPart| matches!(p, ReadPart::Copied(_));
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    pool.create_volume(
+        "vol",
+        4 << 20,
+        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
+    )
+    .unwrap();
+    let mut data = pattern(44, DATA_BYTES);
+    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
+    pool.export().unwrap();
+
+    // Cold cache: 17 blocks touched (the first and last in part), read from the device and
+    // shared with the cache, which now holds them: nothing copied.
+    let pool = reimport(&mems);
+    let v = pool.volume("vol").unwrap();
+    let (off, len) = (5000usize, 16 * BLOCK_BYTES as usize + 1000);
+    let mut out = vec![0u8; len];
+    let mut parts = Vec::new();
+    let before = pool.counters().data_cache_stats();
+    block_on(v.read_shared(off as u64, &mut out, &mut parts)).unwrap();
+    assert_eq!(count(&parts, shared), 17, "{parts:?}");
+    assert_eq!(parts.len(), 17, "{parts:?}");
+    assert_eq!(glued(&parts, &out), data[off..off + len]);
+    let after = pool.counters().data_cache_stats();
+    assert_eq!(
+        after.misses - before.misses,
+        17,
+        "each block read from the device"
+    );
+    assert_eq!(after.bytes, 17 * BLOCK_BYTES, "the blocks read are cached");
+    // The cached blocks are the shared ones: the same read again shares every block.
+    let mut again = Vec::new();
+    block_on(v.read_shared(off as u64, &mut out, &mut again)).unwrap();
+    assert_eq!(count(&again, shared), 17, "{again:?}");
+    assert_eq!(glued(&again, &out), data[off..off + len]);
+    drop((parts, again));
+
+    // The cache off: the blocks are handed over.
+    pool.set_prop("data_cache_max", "0").unwrap();
+    let mut parts = Vec::new();
+    block_on(v.read_shared(off as u64, &mut out, &mut parts)).unwrap();
+    assert_eq!(count(&parts, owned), 17, "{parts:?}");
+    assert_eq!(parts.len(), 17, "{parts:?}");
+    assert_eq!(glued(&parts, &out), data[off..off + len]);
+    // Handed over means theirs: a write and a sync of the same blocks leave them as read.
+    let new = pattern(45, len);
+    block_on(v.write(off as u64, &new, false)).unwrap();
+    pool.sync().unwrap();
+    assert_eq!(glued(&parts, &out), data[off..off + len], "after the sync");
+    data[off..off + len].copy_from_slice(&new);
+    drop(parts);
+
+    // Dirty 4 KiB pieces inside blocks that are not in memory: those blocks are copied (the
+    // dirty bytes over the device's), the others handed over, and the bytes are the newest.
+    for piece_off in [
+        3 * BLOCK_BYTES as usize + 4096,
+        9 * BLOCK_BYTES as usize + 100,
+    ] {
+        let piece = pattern(piece_off as u64, 4096);
+        block_on(v.write(piece_off as u64, &piece, false)).unwrap();
+        data[piece_off..piece_off + 4096].copy_from_slice(&piece);
+    }
+    let mut out = vec![0u8; 16 * BLOCK_BYTES as usize];
+    let mut parts = Vec::new();
+    block_on(v.read_shared(0, &mut out, &mut parts)).unwrap();
+    assert_eq!(count(&parts, owned), 14, "{parts:?}");
+    assert_eq!(count(&parts, copied), 2, "{parts:?}");
+    assert_eq!(glued(&parts, &out), data[..16 * BLOCK_BYTES as usize]);
+    drop(parts);
+    drop(pool);
+}

@@ -1296,6 +1296,7 @@ pub struct SendList {
 enum SendPiece {
     Own(std::ops::Range<usize>),
     Shared(Arc<IoBuf>, std::ops::Range<usize>),
+    Taken(IoBuf, std::ops::Range<usize>),
 }
 
 impl SendList {
@@ -1349,6 +1350,21 @@ impl SendList {
         self.pieces.push(SendPiece::Shared(buf, range));
     }
 
+    /// Appends bytes `range` of `buf`, which the list takes and drops once it is finished
+    /// (a block read for this send alone, handed over rather than copied).
+    pub fn push_taken(&mut self, buf: IoBuf, range: std::ops::Range<usize>) {
+        assert!(
+            range.start <= range.end && range.end <= buf.len(),
+            "send piece {range:?} outside its {}-byte buffer",
+            buf.len()
+        );
+        if range.is_empty() {
+            return;
+        }
+        self.len += range.len();
+        self.pieces.push(SendPiece::Taken(buf, range));
+    }
+
     /// Bytes in the list.
     pub fn len(&self) -> usize {
         self.len
@@ -1360,7 +1376,7 @@ impl SendList {
     }
 
     /// Empties the list: lets go of its shared buffers (whose last holder may free them now)
-    /// and hands back the owned buffer.
+    /// and of the ones it took, and hands back the owned buffer.
     pub fn finish(&mut self) -> Option<IoBuf> {
         self.pieces.clear();
         self.iovecs.clear();
@@ -1380,6 +1396,7 @@ impl SendList {
             let (base, range) = match piece {
                 SendPiece::Own(range) => (own.expect("owned pieces have a buffer").as_ptr(), range),
                 SendPiece::Shared(buf, range) => (buf.as_ptr(), range),
+                SendPiece::Taken(buf, range) => (buf.as_ptr(), range),
             };
             // SAFETY: `range.start <= buffer length`: in bounds (or one past the end).
             (unsafe { base.add(range.start) }.cast_mut(), range.len())
@@ -1849,7 +1866,8 @@ mod tests {
 
     /// A send list's iovecs cover exactly the bytes asked, wherever a resumed send starts,
     /// at most `SEND_IOVECS_MAX` of them (the rest goes in the next submission); adjacent
-    /// owned ranges are one iovec; `finish` lets the shared buffers go and returns the owned.
+    /// owned ranges are one iovec; taken buffers are sent in place like shared ones; `finish`
+    /// lets the shared and taken buffers go and returns the owned.
     #[test]
     fn send_list_iovecs_cover_exactly_the_range() {
         let own = IoBuf::from_slice(&(0..200u8).collect::<Vec<u8>>());
@@ -1867,13 +1885,16 @@ mod tests {
             if i % 500 == 0 {
                 list.push_own(100..104);
                 whole.extend(100..104u8);
+                let taken = IoBuf::from_slice(&[i as u8 ^ 0xa5; 9]);
+                whole.extend_from_slice(&taken[1..8]);
+                list.push_taken(taken, 1..8);
             }
         }
         list.push_own(150..150); // empty: nothing
         assert_eq!(list.len(), whole.len());
         assert_eq!(
             list.pieces.len(),
-            1 + 1500 + 3,
+            1 + 1500 + 3 + 3,
             "header merged, empty piece dropped"
         );
         let mut start = 0;

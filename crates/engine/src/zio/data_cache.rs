@@ -245,6 +245,14 @@ impl DataCache {
     /// Keeps `buf`, a verified copy of the block `key` names (its first `psize` bytes are the
     /// block), evicting others as needed.
     pub fn insert(&self, key: CacheKey, buf: IoBuf) {
+        drop(self.insert_shared(key, buf));
+    }
+
+    /// As [`DataCache::insert`], and hands back a reference to the cached block for the
+    /// caller to read in place (as [`DataCache::share`] would); `Err(buf)` when the cache
+    /// does not keep it (larger than the cache's bound, zero when the cache is off, or the
+    /// block is cached already), so that the caller has its bytes either way, uncopied.
+    pub fn insert_shared(&self, key: CacheKey, buf: IoBuf) -> Result<Arc<IoBuf>, IoBuf> {
         let len = buf.len() as u64;
         debug_assert!(buf.len() >= key.psize_bytes as usize);
         let mut s = self.shards[key.shard()].lock().unwrap();
@@ -252,7 +260,7 @@ impl DataCache {
         // under its lock, so an insert cannot slip in above a bound that was just lowered.
         let shard_max = self.shard_max_bytes.load(Ordering::Relaxed);
         if len > shard_max || s.map.contains_key(&key) {
-            return;
+            return Err(buf);
         }
         self.evict_to(&mut s, shard_max - len);
         // An evicted entry's shell if there is one (steady state: the eviction just above);
@@ -267,13 +275,14 @@ impl DataCache {
         s.map.insert(
             key,
             Entry {
-                buf,
+                buf: buf.clone(),
                 referenced: false,
             },
         );
         s.ring.push_back(key);
         s.bytes += len;
         debug_assert!(s.map.len() <= s.ring.len());
+        Ok(buf)
     }
 
     /// Evicts from `s` until it holds at most `target` bytes.

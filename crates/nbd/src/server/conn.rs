@@ -1465,8 +1465,9 @@ async fn read_in_parts(
         let mut at = data_at;
         // Bounded by the parts of the read.
         for part in parts.drain(..) {
-            if let ReadPart::Shared { block, range } = &part {
-                buf[at..at + range.len()].copy_from_slice(&block[range.clone()]);
+            if !matches!(part, ReadPart::Copied(_)) {
+                // A block's bytes (`out` is only read for copied parts).
+                buf[at..at + part.len()].copy_from_slice(part.bytes(&[]));
             }
             at += part.len();
         }
@@ -1934,7 +1935,8 @@ async fn send_parts(conn: &Conn, index: usize, header_len: usize) {
                 ReadPart::Copied(range) => {
                     list.push_own(header_len + range.start..header_len + range.end);
                 }
-                ReadPart::Shared { block, range } => list.push_shared(block, range),
+                ReadPart::Shared { block, range, .. } => list.push_shared(block, range),
+                ReadPart::Owned { block, range, .. } => list.push_taken(block, range),
             }
         }
         match conn.stream.send_list(list).await {
@@ -2158,6 +2160,7 @@ mod tests {
                     parts.push(ReadPart::Shared {
                         block: Arc::new(IoBuf::from_slice(&block)),
                         range: 7..7 + range.len(),
+                        at: range.start,
                     });
                 }
             }
