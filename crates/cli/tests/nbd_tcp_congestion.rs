@@ -13,9 +13,8 @@ mod harness;
 #[path = "nbd/two_hosts.rs"]
 mod two_hosts;
 
-use harness::{release, run, script, Env, ServerProcess, PYTHON};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
+use harness::{hold_by, release, run, Env, ServerProcess, PYTHON};
+use std::process::Child;
 use two_hosts::{TwoHosts, SERVER_IP};
 
 const PORT: &str = "10809";
@@ -23,21 +22,7 @@ const PORT: &str = "10809";
 /// `hold.py` (libnbd: connects, reads a block, waits for a line on stdin) on `uri`, run in
 /// network namespace `ns`, once it has the export open.
 fn hold_in(ns: &str, uri: &str) -> Child {
-    let mut child = TwoHosts::command_in(ns, PYTHON)
-        .arg(script("hold.py"))
-        .arg(uri)
-        .arg("ro")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start hold.py");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "open", "hold.py did not open {uri} from {ns}");
-    child
+    hold_by(TwoHosts::command_in(ns, PYTHON), uri, "ro")
 }
 
 /// The congestion control of each established connection of the server's side (local port

@@ -1338,31 +1338,28 @@ impl SendList {
 
     /// Appends bytes `range` of `buf`, which the list holds until they are sent.
     pub fn push_shared(&mut self, buf: Arc<IoBuf>, range: std::ops::Range<usize>) {
-        assert!(
-            range.start <= range.end && range.end <= buf.len(),
-            "send piece {range:?} outside its {}-byte buffer",
-            buf.len()
-        );
-        if range.is_empty() {
-            return;
+        if self.counts(&range, buf.len()) {
+            self.pieces.push(SendPiece::Shared(buf, range));
         }
-        self.len += range.len();
-        self.pieces.push(SendPiece::Shared(buf, range));
     }
 
     /// Appends bytes `range` of `buf`, which the list takes and drops once it is finished
     /// (a block read for this send alone, handed over rather than copied).
     pub fn push_taken(&mut self, buf: IoBuf, range: std::ops::Range<usize>) {
-        assert!(
-            range.start <= range.end && range.end <= buf.len(),
-            "send piece {range:?} outside its {}-byte buffer",
-            buf.len()
-        );
-        if range.is_empty() {
-            return;
+        if self.counts(&range, buf.len()) {
+            self.pieces.push(SendPiece::Taken(buf, range));
         }
+    }
+
+    /// Checks a piece `range` of a `buf_len`-byte buffer and counts its bytes; whether it
+    /// has any (an empty piece is not pushed).
+    fn counts(&mut self, range: &std::ops::Range<usize>, buf_len: usize) -> bool {
+        assert!(
+            range.start <= range.end && range.end <= buf_len,
+            "send piece {range:?} outside its {buf_len}-byte buffer"
+        );
         self.len += range.len();
-        self.pieces.push(SendPiece::Taken(buf, range));
+        !range.is_empty()
     }
 
     /// Bytes in the list.

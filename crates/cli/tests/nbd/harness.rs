@@ -402,7 +402,13 @@ pub fn hold_reading(uri: &str) -> Child {
 }
 
 fn hold_with(uri: &str, mode: &str) -> Child {
-    let mut child = Command::new(PYTHON)
+    hold_by(Command::new(PYTHON), uri, mode)
+}
+
+/// `hold.py` on `uri` in `mode` ("rw" or "ro"), run by `python` (the interpreter, or a
+/// command that runs it: in a network namespace), once it has the export open.
+pub fn hold_by(mut python: Command, uri: &str, mode: &str) -> Child {
+    let mut child = python
         .arg(script("hold.py"))
         .arg(uri)
         .arg(mode)
