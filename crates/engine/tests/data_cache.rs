@@ -84,6 +84,22 @@ fn repeated_reads_hit_stay_bounded_and_need_no_device() {
     drop(pool);
 }
 
+/// A pool on one memory device with volume `vol` (16 KiB blocks) whose first `DATA_BYTES`
+/// are `pattern(seed)`, written, exported and imported again: nothing in the data cache.
+fn written_volume(seed: u64) -> (oxpool_engine::Pool, Vec<u8>) {
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    pool.create_volume(
+        "vol",
+        4 << 20,
+        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
+    )
+    .unwrap();
+    let data = pattern(seed, DATA_BYTES);
+    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
+    pool.export().unwrap();
+    (reimport(&mems), data)
+}
+
 /// The bytes of a `read_shared` put back together, its copied parts from `out`.
 fn glued(parts: &[oxpool_engine::ReadPart], out: &[u8]) -> Vec<u8> {
     parts.iter().flat_map(|p| p.bytes(out).to_vec()).collect()
@@ -97,17 +113,7 @@ fn glued(parts: &[oxpool_engine::ReadPart], out: &[u8]) -> Vec<u8> {
 #[test]
 fn shared_reads_keep_their_bytes_while_a_writer_changes_the_blocks() {
     use oxpool_engine::ReadPart;
-    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    pool.create_volume(
-        "vol",
-        4 << 20,
-        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
-    )
-    .unwrap();
-    let mut data = pattern(42, DATA_BYTES);
-    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
-    pool.export().unwrap();
-    let pool = reimport(&mems);
+    let (pool, mut data) = written_volume(42);
     let v = pool.volume("vol").unwrap();
     assert_eq!(read_all(&pool).unwrap(), data, "warms the cache");
 
@@ -171,20 +177,9 @@ fn shared_reads_of_blocks_from_the_devices_hand_them_over() {
     let shared = |p: &ReadPart| matches!(p, ReadPart::Shared { .. });
     let owned = |p: &ReadPart| matches!(p, ReadPart::Owned { .. });
     let copied = |p: &ReadPart| matches!(p, ReadPart::Copied(_));
-    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    pool.create_volume(
-        "vol",
-        4 << 20,
-        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
-    )
-    .unwrap();
-    let mut data = pattern(44, DATA_BYTES);
-    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
-    pool.export().unwrap();
-
     // Cold cache: 17 blocks touched (the first and last in part), read from the device and
     // shared with the cache, which now holds them: nothing copied.
-    let pool = reimport(&mems);
+    let (pool, mut data) = written_volume(44);
     let v = pool.volume("vol").unwrap();
     let (off, len) = (5000usize, 16 * BLOCK_BYTES as usize + 1000);
     let mut out = vec![0u8; len];
