@@ -68,6 +68,12 @@ impl SectorMask {
         self.0.iter().zip(other.0.iter()).all(|(a, b)| a & b == *b)
     }
 
+    /// Whether every sector that bytes [lo, hi) touch is in the set: all of those bytes are
+    /// wanted from the block, none from elsewhere (a read may then take the block whole).
+    pub fn covers(&self, lo: usize, hi: usize) -> bool {
+        self.contains(&SectorMask::touching(lo, hi))
+    }
+
     /// The sectors in either set.
     pub fn union(&self, other: &SectorMask) -> SectorMask {
         let mut m = *self;

@@ -6,7 +6,7 @@ mod common;
 use common::{mem_pool, pattern, reimport};
 use oxpool_format::{TopVdevKind, DATA_START_BYTES};
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, IoBuf};
+use oxpool_io::{Backend, IoBuf, MemoryBackend};
 
 const DATA_BYTES: usize = 1 << 20;
 const BLOCK_BYTES: u64 = 16 * 1024;
@@ -29,17 +29,7 @@ fn read_all(pool: &oxpool_engine::Pool) -> oxpool_engine::Result<Vec<u8>> {
 
 #[test]
 fn repeated_reads_hit_stay_bounded_and_need_no_device() {
-    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
-    pool.create_volume(
-        "vol",
-        4 << 20,
-        &[("volblocksize".into(), BLOCK_BYTES.to_string())],
-    )
-    .unwrap();
-    let data = pattern(42, DATA_BYTES);
-    block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
-    pool.export().unwrap();
-    let pool = reimport(&mems);
+    let (pool, mems, data) = written_volume(42);
     let blocks = DATA_BYTES as u64 / BLOCK_BYTES;
 
     // Cold: every block is a miss, and is kept.
@@ -86,7 +76,8 @@ fn repeated_reads_hit_stay_bounded_and_need_no_device() {
 
 /// A pool on one memory device with volume `vol` (16 KiB blocks) whose first `DATA_BYTES`
 /// are `pattern(seed)`, written, exported and imported again: nothing in the data cache.
-fn written_volume(seed: u64) -> (oxpool_engine::Pool, Vec<u8>) {
+/// Also the device, and the data.
+fn written_volume(seed: u64) -> (oxpool_engine::Pool, Vec<MemoryBackend>, Vec<u8>) {
     let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
     pool.create_volume(
         "vol",
@@ -97,7 +88,7 @@ fn written_volume(seed: u64) -> (oxpool_engine::Pool, Vec<u8>) {
     let data = pattern(seed, DATA_BYTES);
     block_on(pool.volume("vol").unwrap().write(0, &data, false)).unwrap();
     pool.export().unwrap();
-    (reimport(&mems), data)
+    (reimport(&mems), mems, data)
 }
 
 /// The bytes of a `read_shared` put back together, its copied parts from `out`.
@@ -113,7 +104,7 @@ fn glued(parts: &[oxpool_engine::ReadPart], out: &[u8]) -> Vec<u8> {
 #[test]
 fn shared_reads_keep_their_bytes_while_a_writer_changes_the_blocks() {
     use oxpool_engine::ReadPart;
-    let (pool, mut data) = written_volume(42);
+    let (pool, _mems, mut data) = written_volume(42);
     let v = pool.volume("vol").unwrap();
     assert_eq!(read_all(&pool).unwrap(), data, "warms the cache");
 
@@ -179,7 +170,7 @@ fn shared_reads_of_blocks_from_the_devices_hand_them_over() {
     let copied = |p: &ReadPart| matches!(p, ReadPart::Copied(_));
     // Cold cache: 17 blocks touched (the first and last in part), read from the device and
     // shared with the cache, which now holds them: nothing copied.
-    let (pool, mut data) = written_volume(44);
+    let (pool, _mems, mut data) = written_volume(44);
     let v = pool.volume("vol").unwrap();
     let (off, len) = (5000usize, 16 * BLOCK_BYTES as usize + 1000);
     let mut out = vec![0u8; len];

@@ -560,8 +560,7 @@ impl Volume {
                 RunBlock::Good(block) => {
                     // A miss, as the block-by-block read counts it.
                     cache.count_miss();
-                    let whole =
-                        need.contains(&SectorMask::touching(*in_block, *in_block + range.len()));
+                    let whole = need.covers(*in_block, *in_block + range.len());
                     match shared {
                         Some(shared) if whole => {
                             match cache.insert_shared(CacheKey::of(bp), block.content) {
@@ -616,7 +615,7 @@ impl Volume {
         }
         let cache = &self.pool.zio.data_cache;
         let key = CacheKey::of(&bp);
-        let all = need.contains(&SectorMask::touching(in_block, hi));
+        let all = need.covers(in_block, hi);
         if all && share {
             return cache.try_share(&key, in_block, out.len()).map(Some);
         }
@@ -660,7 +659,7 @@ impl Volume {
     ) -> Result<()> {
         let cache = &self.pool.zio.data_cache;
         let hi = in_block + out.len();
-        let all = need.contains(&SectorMask::touching(in_block, hi));
+        let all = need.covers(in_block, hi);
         let found = self
             .read_tree(b, bad_copy, |found| match found {
                 TreeRead::Cached(key) if all => cache.read_into(key, in_block, out).then_some(()),
