@@ -20,6 +20,7 @@
 //! compressed bytes, checksummed) and `lsize_bytes` (the content); its allocation is `psize`
 //! rounded up to a sector (docs/format.md).
 
+use crate::zio::probe_streak::ProbeStreak;
 use crate::zio::verify;
 use oxpool_format::{
     all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, Checksum,
@@ -186,7 +187,8 @@ impl StoredForm {
 
 /// The stored form of a whole block a client just wrote, when it can be decided without
 /// compressing: as is, with its checksum, if `setting` is `off` or the probe finds the block
-/// incompressible (then it is not all zeros either: the probe saw bytes that are not). `None`
+/// incompressible (then it is not all zeros either: the probe saw bytes that are not), or
+/// `streak` skips its probe (`probe_streak.rs`) and it is not all zeros. `None`
 /// when the block may compress or is all zeros: the txg sync decides, as for any block, so
 /// that a zero block written under `off` still becomes a hole if `compression` is on when
 /// its txg syncs (a zero scan stops at the first nonzero word: nearly free).
@@ -200,11 +202,14 @@ pub(crate) fn written_form(
     setting: CompressionSetting,
     kind: ChecksumType,
     logical: &[u8],
+    streak: &ProbeStreak,
 ) -> Option<StoredForm> {
-    let decided = if setting.algorithm == Compression::Off {
+    let decided = if setting.algorithm == Compression::Off || streak.skips() {
         !all_zero(logical)
     } else {
-        oxpool_format::probe(logical) != oxpool_format::ProbeVerdict::Compress
+        let incompressible = oxpool_format::probe(logical) != oxpool_format::ProbeVerdict::Compress;
+        streak.note(incompressible);
+        incompressible
     };
     if !decided {
         return None;
@@ -235,13 +240,23 @@ thread_local! {
 }
 
 impl WrittenForms {
-    /// The forms of `blocks` under `setting` and `kind` (see [`written_form`]).
-    pub(crate) fn of(setting: CompressionSetting, kind: ChecksumType, blocks: &[IoBuf]) -> Self {
+    /// The forms of `blocks` under `setting` and `kind`, written to the volume whose probe
+    /// streak is `streak` (see [`written_form`]).
+    pub(crate) fn of(
+        setting: CompressionSetting,
+        kind: ChecksumType,
+        blocks: &[IoBuf],
+        streak: &ProbeStreak,
+    ) -> Self {
         let mut forms = WRITTEN_FORMS_POOL
             .with(|p| p.borrow_mut().pop())
             .unwrap_or_default();
         debug_assert!(forms.is_empty());
-        forms.extend(blocks.iter().map(|b| written_form(setting, kind, b)));
+        forms.extend(
+            blocks
+                .iter()
+                .map(|b| written_form(setting, kind, b, streak)),
+        );
         WrittenForms(forms)
     }
 
@@ -552,6 +567,52 @@ mod tests {
         };
         bp.validate().unwrap();
         bp
+    }
+
+    fn random_block(len: usize, seed: u64) -> IoBuf {
+        let mut buf = IoBuf::zeroed(len);
+        let mut x = seed | 1;
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = (x >> 24) as u8;
+        }
+        buf
+    }
+
+    #[test]
+    fn a_streak_of_incompressible_blocks_skips_probes_but_never_zeros_or_the_next_hit() {
+        use crate::zio::probe_streak::{STREAK_PROBE_EVERY, STREAK_SKIP_MIN};
+        let kind = ChecksumType::Xxh3_128;
+        let streak = ProbeStreak::default();
+        let lz4 = CompressionSetting::LZ4;
+        // Random blocks: every one stored as is, with its checksum, whether probed or not.
+        let total = STREAK_SKIP_MIN + 8 * STREAK_PROBE_EVERY;
+        for i in 0..total {
+            let block = random_block(16384, u64::from(i) + 7);
+            let form = written_form(lz4, kind, &block, &streak).expect("random: as is");
+            assert_eq!(form.compression, Compression::Off);
+            assert_eq!(form.checksum, checksum(kind, &block));
+        }
+        assert_eq!(streak.skipped(), u64::from(8 * (STREAK_PROBE_EVERY - 1)));
+        // An all-zero block in the streak is still left to the sync (a hole), probe or not.
+        let zeros = IoBuf::zeroed(16384);
+        for _ in 0..STREAK_PROBE_EVERY {
+            assert!(written_form(lz4, kind, &zeros, &streak).is_none());
+        }
+        // Compressible blocks after the streak: at most STREAK_PROBE_EVERY - 1 are stored as
+        // is before a probe finds one, then every one is left to the sync to compress.
+        let compressible = half_zero(16384);
+        let as_is = (0..STREAK_PROBE_EVERY)
+            .take_while(|_| written_form(lz4, kind, &compressible, &streak).is_some())
+            .count();
+        assert!(as_is < STREAK_PROBE_EVERY as usize, "{as_is} stored as is");
+        let skipped = streak.skipped();
+        for _ in 0..4 * STREAK_SKIP_MIN {
+            assert!(written_form(lz4, kind, &compressible, &streak).is_none());
+        }
+        assert_eq!(streak.skipped(), skipped, "no probe skipped after a hit");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 pub mod completion;
 pub mod compress;
 pub mod data_cache;
+pub mod probe_streak;
 pub(crate) mod raidz;
 pub mod read_run;
 

@@ -34,6 +34,7 @@ use crate::vdev::LeafIo;
 use crate::zil::{ItxKind, Zil};
 use crate::zio::compress::WrittenForms;
 use crate::zio::data_cache::CacheKey;
+use crate::zio::probe_streak::ProbeStreak;
 use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
 use crate::zio::{heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
@@ -178,6 +179,8 @@ pub(crate) struct VolumeInner {
     pub zil: Arc<Zil>,
     /// Calls of the data-plane API, for `oxpool iostat`.
     pub io_stats: VolumeIoStats,
+    /// Whole blocks written in a row that looked incompressible (whose probes are skipped).
+    pub probe_streak: ProbeStreak,
 }
 
 impl VolumeInner {
@@ -189,6 +192,7 @@ impl VolumeInner {
             resizing: Mutex::new(()),
             zil,
             io_stats: VolumeIoStats::default(),
+            probe_streak: ProbeStreak::default(),
         }
     }
 
@@ -831,7 +835,7 @@ impl Volume {
             let p = self.vol.ds.props.lock().unwrap();
             (p.compression, p.checksum)
         };
-        let forms = WrittenForms::of(compression, checksum, blocks);
+        let forms = WrittenForms::of(compression, checksum, blocks, &self.vol.probe_streak);
         self.modify(
             offset_bytes,
             length_bytes,
