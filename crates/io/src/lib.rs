@@ -21,6 +21,7 @@ mod memory;
 mod net;
 mod prealloc;
 mod scatter;
+pub mod spare_cpu;
 
 pub use buf::{IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
 pub use driver::GATHER_BUFS_MAX;

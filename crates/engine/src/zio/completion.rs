@@ -20,7 +20,9 @@
 //!   second completion is expected within the wait; never at queue depth 1); and verification
 //!   (with decompression) on a completion thread only when the reactor serves at least
 //!   [`AUTO_OFFLOAD_REQUESTS_MIN`] requests, was busy at least
-//!   [`AUTO_OFFLOAD_BUSY_PER_MILLE`] of its last window, and the block is large enough that its
+//!   [`AUTO_OFFLOAD_BUSY_PER_MILLE`] of its last window, the machine left
+//!   [`AUTO_OFFLOAD_SPARE_CPU_PER_MILLE`] of a core idle lately (`oxpool_io::spare_cpu`), and
+//!   the block is large enough that its
 //!   checksum ([`AUTO_OFFLOAD_MIN_BYTES`]) or its decompression
 //!   ([`auto_offload_decode_min_bytes`]) costs more than the hand-off.
 
@@ -52,12 +54,28 @@ pub const AUTO_OFFLOAD_BUSY_PER_MILLE: u32 = 500;
 /// request shows a busy fraction above 500 (it spins before it sleeps).
 pub const AUTO_OFFLOAD_REQUESTS_MIN: usize = 2;
 
+/// Idle CPU (thousandths of one CPU, over the last 10 ms: `oxpool_io::spare_cpu`) the machine
+/// must have had for `auto` to offload: a completion thread then finds a core to run on at
+/// once. A quarter of a core: below it the cores are as good as all busy (the reactors and the
+/// client take them), and a completion thread would only compete with the reactor that
+/// handed it the job (in-memory pool, two connections at iodepth 16: `worker` 26.1-27.2K
+/// reads/s against `inline`'s 27.5-33.5K).
+pub const AUTO_OFFLOAD_SPARE_CPU_PER_MILLE: u32 = 250;
+
 /// `auto`'s load rule for a heavy completion: offload it when this reactor serves
-/// `requests` client requests and was busy `busy_per_mille` of its last window. With one
-/// request, nothing else could run while a completion thread works: the hand-off and the
-/// wake-up back would be pure cost.
-pub fn auto_offloads(requests: usize, busy_per_mille: u32) -> bool {
-    requests >= AUTO_OFFLOAD_REQUESTS_MIN && busy_per_mille >= AUTO_OFFLOAD_BUSY_PER_MILLE
+/// `requests` client requests, was busy `busy_per_mille` of its last window, and the machine
+/// had `spare_cpu_per_mille` idle lately (`None`: not measured, which does not forbid it).
+/// With one request, nothing else could run while a completion thread works: the hand-off
+/// and the wake-up back would be pure cost; without an idle core, the completion thread
+/// would take the CPU from the reactor.
+pub fn auto_offloads(
+    requests: usize,
+    busy_per_mille: u32,
+    spare_cpu_per_mille: Option<u32>,
+) -> bool {
+    requests >= AUTO_OFFLOAD_REQUESTS_MIN
+        && busy_per_mille >= AUTO_OFFLOAD_BUSY_PER_MILLE
+        && spare_cpu_per_mille.is_none_or(|spare| spare >= AUTO_OFFLOAD_SPARE_CPU_PER_MILLE)
 }
 
 /// Smallest block whose verification `auto` may offload. xxh3-128 verifies about 10 GB/s on
@@ -208,11 +226,12 @@ impl CompletionControl {
                 };
                 let heavy = bp.psize_bytes >= min_bytes
                     || (decode && bp.lsize_bytes >= auto_offload_decode_min_bytes(bp.compression));
+                let requests = oxpool_io::completion::requests_in_flight();
+                let busy = oxpool_io::completion::thread_busy_per_mille();
+                // The idle CPU is sampled only when the cheaper conditions hold.
                 heavy
-                    && auto_offloads(
-                        oxpool_io::completion::requests_in_flight(),
-                        oxpool_io::completion::thread_busy_per_mille(),
-                    )
+                    && auto_offloads(requests, busy, None)
+                    && auto_offloads(requests, busy, oxpool_io::spare_cpu::spare_cpu_per_mille())
             }
             CompletionPolicy::Inline | CompletionPolicy::Batched => false,
         }
@@ -427,13 +446,19 @@ mod tests {
     /// A lone request keeps its completion however busy the reactor looks (a spinning reactor
     /// at iodepth 1 looks busy); with company, half a window busy is enough.
     #[test]
-    fn auto_offloads_only_with_company_and_half_a_busy_window() {
-        assert!(!auto_offloads(0, 1000));
-        assert!(!auto_offloads(1, 1000));
-        assert!(!auto_offloads(2, 499));
-        assert!(auto_offloads(2, 500));
-        assert!(auto_offloads(16, 700));
-        assert!(!auto_offloads(16, 0));
+    fn auto_offloads_only_with_company_half_a_busy_window_and_an_idle_core() {
+        assert!(!auto_offloads(0, 1000, None));
+        assert!(!auto_offloads(1, 1000, None));
+        assert!(!auto_offloads(2, 499, None));
+        assert!(auto_offloads(2, 500, None));
+        assert!(auto_offloads(16, 700, None));
+        assert!(!auto_offloads(16, 0, None));
+        // Every core busy: inline, however busy the reactor.
+        assert!(!auto_offloads(16, 1000, Some(0)));
+        assert!(!auto_offloads(16, 1000, Some(249)));
+        assert!(auto_offloads(16, 1000, Some(250)));
+        assert!(auto_offloads(2, 500, Some(1500)));
+        assert!(!auto_offloads(1, 1000, Some(2000)));
     }
 
     fn block(len: usize, seed: u8) -> (BlockPtr, IoBuf) {
