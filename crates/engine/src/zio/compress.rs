@@ -596,18 +596,31 @@ mod tests {
             assert_eq!(form.checksum, checksum(kind, &block));
         }
         assert_eq!(streak.skipped(), u64::from(8 * (STREAK_PROBE_EVERY - 1)));
-        // An all-zero block in the streak is still left to the sync (a hole), probe or not.
+        // The streak stands at a multiple of STREAK_PROBE_EVERY: the next block is probed.
+        // Probed, an all-zero block would end the streak (the probe finds zeros
+        // compressible), so the zero blocks come after one more random block: all skipped.
+        let block = random_block(16384, 1);
+        assert!(written_form(lz4, kind, &block, &streak).is_some());
+        let skipped = streak.skipped();
+        // An all-zero block whose probe is skipped is still left to the sync (a hole).
         let zeros = IoBuf::zeroed(16384);
-        for _ in 0..STREAK_PROBE_EVERY {
+        for _ in 1..STREAK_PROBE_EVERY {
             assert!(written_form(lz4, kind, &zeros, &streak).is_none());
         }
-        // Compressible blocks after the streak: at most STREAK_PROBE_EVERY - 1 are stored as
-        // is before a probe finds one, then every one is left to the sync to compress.
+        assert_eq!(
+            streak.skipped(),
+            skipped + u64::from(STREAK_PROBE_EVERY - 1),
+            "the zero blocks' probes were skipped"
+        );
+        let block = random_block(16384, 2);
+        assert!(written_form(lz4, kind, &block, &streak).is_some(), "probed");
+        // Compressible blocks in the streak: the STREAK_PROBE_EVERY - 1 skipped ones are
+        // stored as is, then the probe finds one, and every later one is left to the sync.
         let compressible = half_zero(16384);
         let as_is = (0..STREAK_PROBE_EVERY)
             .take_while(|_| written_form(lz4, kind, &compressible, &streak).is_some())
             .count();
-        assert!(as_is < STREAK_PROBE_EVERY as usize, "{as_is} stored as is");
+        assert_eq!(as_is, STREAK_PROBE_EVERY as usize - 1, "stored as is");
         let skipped = streak.skipped();
         for _ in 0..4 * STREAK_SKIP_MIN {
             assert!(written_form(lz4, kind, &compressible, &streak).is_none());
