@@ -13,12 +13,20 @@
 //! Measured from `/proc/stat` (the `cpu` line: idle and iowait against all time), at most once
 //! per [`SAMPLE_INTERVAL`] per thread, and only when a heavy completion asks; the file is
 //! opened once per thread, read with one `pread` into a stack buffer: nothing is allocated.
+//! The figure is the idle share of the time between this thread's last two samples, at
+//! least [`SAMPLE_INTERVAL`] apart (longer after a quiet spell: then it is that spell's
+//! average, for one interval). The kernel counts that time in ticks of 10 ms per CPU, so on
+//! 2 CPUs an interval of 100 ms holds about 20 ticks and the figure's step is about a tenth
+//! of a core (a 10 ms interval held 1-4 ticks: every figure was 0 or above half a core).
+//! `/proc/stat` describes the whole machine: in a container limited by a CPU quota the
+//! host's idle cores count too, and `auto` offloads as it did before this rule.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-/// Shortest time between two samples on one thread (also the period the figure describes).
-pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(10);
+/// Shortest time between two samples on one thread (the shortest period a figure describes):
+/// long enough for about ten of the kernel's 10 ms ticks per CPU.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Bytes of `/proc/stat` read: its first line (`cpu` and ten counters) fits with room to spare.
 const STAT_HEAD_BYTES: usize = 256;
@@ -56,22 +64,26 @@ thread_local! {
 /// this call when older), in thousandths of one CPU: 1000 is one whole core idle, 0 none.
 /// `None` until two samples exist, or where `/proc/stat` cannot be read.
 pub fn spare_cpu_per_mille() -> Option<u32> {
-    SAMPLER.with(|s| {
-        let now = Instant::now();
-        if let Some((at, _, _)) = s.last.get() {
-            if now.saturating_duration_since(at) < SAMPLE_INTERVAL {
-                return s.spare_per_mille.get();
+    // `try_with`: a thread being torn down has no sampler left, and no figure.
+    SAMPLER
+        .try_with(|s| {
+            let now = Instant::now();
+            if let Some((at, _, _)) = s.last.get() {
+                if now.saturating_duration_since(at) < SAMPLE_INTERVAL {
+                    return s.spare_per_mille.get();
+                }
             }
-        }
-        let (idle, total) = read_stat(s)?;
-        if let Some((_, idle0, total0)) = s.last.get() {
-            if let Some(spare) = spare_between((idle0, total0), (idle, total), cpus()) {
-                s.spare_per_mille.set(Some(spare));
+            let (idle, total) = read_stat(s)?;
+            if let Some((_, idle0, total0)) = s.last.get() {
+                if let Some(spare) = spare_between((idle0, total0), (idle, total), cpus()) {
+                    s.spare_per_mille.set(Some(spare));
+                }
             }
-        }
-        s.last.set(Some((now, idle, total)));
-        s.spare_per_mille.get()
-    })
+            s.last.set(Some((now, idle, total)));
+            s.spare_per_mille.get()
+        })
+        .ok()
+        .flatten()
 }
 
 /// Online CPUs.
@@ -86,7 +98,7 @@ fn cpus() -> u64 {
 pub fn spare_between(before: (u64, u64), after: (u64, u64), cpus: u64) -> Option<u32> {
     let total = after.1.checked_sub(before.1).filter(|&t| t > 0)?;
     let idle = after.0.checked_sub(before.0)?.min(total);
-    u32::try_from(idle * 1000 * cpus / total).ok()
+    u32::try_from(idle.checked_mul(1000)?.checked_mul(cpus)? / total).ok()
 }
 
 /// Reads the `cpu` line of `/proc/stat`: `(idle + iowait, all)` jiffies.
@@ -165,7 +177,7 @@ mod tests {
     fn this_machine_gives_a_figure_after_an_interval() {
         // The first call only takes a sample (or reads a figure another test left).
         let _ = spare_cpu_per_mille();
-        std::thread::sleep(SAMPLE_INTERVAL * 3);
+        std::thread::sleep(SAMPLE_INTERVAL + SAMPLE_INTERVAL / 2);
         let spare = spare_cpu_per_mille().expect("/proc/stat readable on Linux");
         assert!(spare <= 1000 * cpus() as u32, "{spare}");
     }

@@ -54,7 +54,7 @@ pub const AUTO_OFFLOAD_BUSY_PER_MILLE: u32 = 500;
 /// request shows a busy fraction above 500 (it spins before it sleeps).
 pub const AUTO_OFFLOAD_REQUESTS_MIN: usize = 2;
 
-/// Idle CPU (thousandths of one CPU, over the last 10 ms: `oxpool_io::spare_cpu`) the machine
+/// Idle CPU (thousandths of one CPU, over 100 ms or more: `oxpool_io::spare_cpu`) the machine
 /// must have had for `auto` to offload: a completion thread then finds a core to run on at
 /// once. A quarter of a core: below it the cores are as good as all busy (the reactors and the
 /// client take them), and a completion thread would only compete with the reactor that

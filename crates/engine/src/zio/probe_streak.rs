@@ -17,8 +17,11 @@
 //! [`STREAK_SKIP_MIN`] incompressible ones in a row. All-zero blocks still become holes: a
 //! skipped block is tested for zeros (a scan that stops at the first nonzero word).
 //!
-//! Writers on several reactors share a volume's streak: relaxed atomics, and a lost update
-//! only moves which block of a streak is probed.
+//! Writers on several reactors share a volume's streak. Each block takes its place in the
+//! streak and is decided on it in one atomic step, so two writers never decide on the same
+//! place (two skipping the block that was to be probed would stretch the bound above); a
+//! streak ended by one writer while another extends it only moves which block is probed
+//! next.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -33,32 +36,30 @@ pub const STREAK_PROBE_EVERY: u32 = 8;
 /// One volume's streak; see the module docs.
 #[derive(Debug, Default)]
 pub struct ProbeStreak {
-    /// Blocks in a row found (or, skipped, taken to be) incompressible.
+    /// Places taken in the current streak: blocks written (probed or not) since the last one
+    /// a probe found compressible.
     blocks: AtomicU32,
     /// Blocks whose probe was skipped, ever (for tests and statistics).
     skipped: AtomicU64,
 }
 
 impl ProbeStreak {
-    /// Whether the next block's probe is skipped (it then counts as one more incompressible
-    /// block of the streak).
+    /// Whether the next block's probe is skipped (see the module docs). Every call takes the
+    /// block's place in the streak, probed or not, in one atomic step: the place a writer
+    /// decides on is its own (wrapping past u32::MAX only starts the streak over).
     pub fn skips(&self) -> bool {
-        let n = self.blocks.load(Ordering::Relaxed);
-        let skip = n >= STREAK_SKIP_MIN && !n.is_multiple_of(STREAK_PROBE_EVERY);
+        let place = self.blocks.fetch_add(1, Ordering::Relaxed);
+        let skip = place >= STREAK_SKIP_MIN && !place.is_multiple_of(STREAK_PROBE_EVERY);
         if skip {
-            // Wrapping past u32::MAX only starts the streak over.
-            self.blocks.fetch_add(1, Ordering::Relaxed);
             self.skipped.fetch_add(1, Ordering::Relaxed);
         }
         skip
     }
 
-    /// Records a probe's verdict on a block: incompressible extends the streak, anything
-    /// else ends it.
+    /// Records the verdict of a probed block (one [`ProbeStreak::skips`] said to probe, which
+    /// already counted it): a compressible block ends the streak.
     pub fn note(&self, incompressible: bool) {
-        if incompressible {
-            self.blocks.fetch_add(1, Ordering::Relaxed);
-        } else {
+        if !incompressible {
             self.blocks.store(0, Ordering::Relaxed);
         }
     }
@@ -105,5 +106,29 @@ mod tests {
             s.note(true);
         }
         assert!(s.skips(), "a new streak skips again");
+    }
+
+    #[test]
+    fn writers_on_many_threads_probe_exactly_the_blocks_one_writer_would() {
+        // Every call moves the count by one, deciding on the value it replaces: whatever the
+        // interleaving, block n of the streak is probed exactly when one writer would probe it
+        // (n < 32 or n a multiple of 8). Deciding on a stale count could skip block 40.
+        const THREADS: u32 = 4;
+        const CALLS: u32 = 5000;
+        let s = ProbeStreak::default();
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    for _ in 0..CALLS {
+                        if !s.skips() {
+                            s.note(true);
+                        }
+                    }
+                });
+            }
+        });
+        let total = THREADS * CALLS;
+        let probed = STREAK_SKIP_MIN + (total - 1 - STREAK_SKIP_MIN) / STREAK_PROBE_EVERY + 1;
+        assert_eq!(s.skipped(), u64::from(total - probed));
     }
 }
