@@ -86,16 +86,21 @@ pub fn spare_cpu_per_mille() -> Option<u32> {
         .flatten()
 }
 
-/// Online CPUs.
+/// Online CPUs, asked once per process (glibc reads a sysfs file for it on every call). Not
+/// `available_parallelism`, which a CPU quota or an affinity mask lowers: `/proc/stat`'s
+/// totals are the sum over every online CPU of the machine.
 fn cpus() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    u64::try_from(n).unwrap_or(1).max(1)
+    static CPUS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        u64::try_from(n).unwrap_or(1).max(1)
+    })
 }
 
 /// Idle CPU between two `(idle, total)` samples of the `cpu` line on a machine of `cpus`
 /// CPUs, in thousandths of one CPU; `None` when no time passed (or the counters went back).
-pub fn spare_between(before: (u64, u64), after: (u64, u64), cpus: u64) -> Option<u32> {
+fn spare_between(before: (u64, u64), after: (u64, u64), cpus: u64) -> Option<u32> {
     let total = after.1.checked_sub(before.1).filter(|&t| t > 0)?;
     let idle = after.0.checked_sub(before.0)?.min(total);
     u32::try_from(idle.checked_mul(1000)?.checked_mul(cpus)? / total).ok()
@@ -122,7 +127,7 @@ fn read_stat(s: &Sampler) -> Option<(u64, u64)> {
 /// `(idle + iowait, sum of all fields)` of the first line of `/proc/stat` (`cpu  user nice
 /// system idle iowait irq softirq steal guest guest_nice`; guest time is already counted in
 /// user and nice, so the last two are left out). `None` for anything else.
-pub fn parse_cpu_line(bytes: &[u8]) -> Option<(u64, u64)> {
+fn parse_cpu_line(bytes: &[u8]) -> Option<(u64, u64)> {
     let line = bytes.split(|&b| b == b'\n').next()?;
     let line = std::str::from_utf8(line).ok()?;
     let mut fields = line.split_ascii_whitespace();

@@ -73,9 +73,17 @@ pub fn auto_offloads(
     busy_per_mille: u32,
     spare_cpu_per_mille: Option<u32>,
 ) -> bool {
-    requests >= AUTO_OFFLOAD_REQUESTS_MIN
-        && busy_per_mille >= AUTO_OFFLOAD_BUSY_PER_MILLE
-        && spare_cpu_per_mille.is_none_or(|spare| spare >= AUTO_OFFLOAD_SPARE_CPU_PER_MILLE)
+    reactor_would_offload(requests, busy_per_mille) && core_is_idle(spare_cpu_per_mille)
+}
+
+/// The reactor's half of [`auto_offloads`]: company, and half a window busy.
+fn reactor_would_offload(requests: usize, busy_per_mille: u32) -> bool {
+    requests >= AUTO_OFFLOAD_REQUESTS_MIN && busy_per_mille >= AUTO_OFFLOAD_BUSY_PER_MILLE
+}
+
+/// The machine's half of [`auto_offloads`]: a core idle lately (`None`: not measured).
+fn core_is_idle(spare_cpu_per_mille: Option<u32>) -> bool {
+    spare_cpu_per_mille.is_none_or(|spare| spare >= AUTO_OFFLOAD_SPARE_CPU_PER_MILLE)
 }
 
 /// Smallest block whose verification `auto` may offload. xxh3-128 verifies about 10 GB/s on
@@ -226,12 +234,14 @@ impl CompletionControl {
                 };
                 let heavy = bp.psize_bytes >= min_bytes
                     || (decode && bp.lsize_bytes >= auto_offload_decode_min_bytes(bp.compression));
-                let requests = oxpool_io::completion::requests_in_flight();
-                let busy = oxpool_io::completion::thread_busy_per_mille();
-                // The idle CPU is sampled only when the cheaper conditions hold.
+                // `auto_offloads`, in order of cost: the idle CPU is sampled only when the
+                // block is heavy and the reactor would offload it.
                 heavy
-                    && auto_offloads(requests, busy, None)
-                    && auto_offloads(requests, busy, oxpool_io::spare_cpu::spare_cpu_per_mille())
+                    && reactor_would_offload(
+                        oxpool_io::completion::requests_in_flight(),
+                        oxpool_io::completion::thread_busy_per_mille(),
+                    )
+                    && core_is_idle(oxpool_io::spare_cpu::spare_cpu_per_mille())
             }
             CompletionPolicy::Inline | CompletionPolicy::Batched => false,
         }
