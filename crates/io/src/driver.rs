@@ -1286,7 +1286,9 @@ pub const SEND_IOVECS_MAX: usize = 1024;
 /// the send is dropped midway.
 #[derive(Debug, Default)]
 pub struct SendList {
-    own: Option<IoBuf>,
+    /// The buffers the list owns, in the order they were added ([`SendList::start`],
+    /// [`SendList::add_own`]); its owned pieces are ranges of them.
+    own: Vec<IoBuf>,
     pieces: Vec<SendPiece>,
     len: usize,
     iovecs: Vec<libc::iovec>,
@@ -1294,7 +1296,8 @@ pub struct SendList {
 
 #[derive(Debug)]
 enum SendPiece {
-    Own(std::ops::Range<usize>),
+    /// Bytes of the owned buffer at this index.
+    Own(usize, std::ops::Range<usize>),
     Shared(Arc<IoBuf>, std::ops::Range<usize>),
     Taken(IoBuf, std::ops::Range<usize>),
 }
@@ -1309,16 +1312,24 @@ impl SendList {
     /// (new, or [`SendList::finish`]ed).
     pub fn start(&mut self, buf: IoBuf) {
         assert!(
-            self.own.is_none() && self.pieces.is_empty(),
+            self.own.is_empty() && self.pieces.is_empty(),
             "a send list started twice"
         );
-        self.own = Some(buf);
+        self.own.push(buf);
     }
 
-    /// Appends bytes `range` of the owned buffer (merged with the piece before it when that
-    /// one ends where `range` starts in the same buffer).
+    /// Adds another owned buffer after the pieces pushed so far: the owned pieces pushed from
+    /// now on are ranges of it (say the next reply of a batch, with its own header). The
+    /// caller bounds how many a list gets.
+    pub fn add_own(&mut self, buf: IoBuf) {
+        self.own.push(buf);
+    }
+
+    /// Appends bytes `range` of the owned buffer added last (merged with the piece before it
+    /// when that one ends where `range` starts in the same buffer).
     pub fn push_own(&mut self, range: std::ops::Range<usize>) {
-        let own_len = self.own.as_ref().map_or(0, |b| b.len());
+        let index = self.own.len().saturating_sub(1);
+        let own_len = self.own.last().map_or(0, |b| b.len());
         assert!(
             range.start <= range.end && range.end <= own_len,
             "send piece {range:?} outside its {own_len}-byte buffer"
@@ -1327,13 +1338,13 @@ impl SendList {
             return;
         }
         self.len += range.len();
-        if let Some(SendPiece::Own(last)) = self.pieces.last_mut() {
-            if last.end == range.start {
+        if let Some(SendPiece::Own(last_index, last)) = self.pieces.last_mut() {
+            if *last_index == index && last.end == range.start {
                 last.end = range.end;
                 return;
             }
         }
-        self.pieces.push(SendPiece::Own(range));
+        self.pieces.push(SendPiece::Own(index, range));
     }
 
     /// Appends bytes `range` of `buf`, which the list holds until they are sent.
@@ -1373,12 +1384,13 @@ impl SendList {
     }
 
     /// Empties the list: lets go of its shared buffers (whose last holder may free them now)
-    /// and of the ones it took, and hands back the owned buffer.
-    pub fn finish(&mut self) -> Option<IoBuf> {
+    /// and of the ones it took, and hands back the owned buffers in the order they were added
+    /// (the list keeps its capacity whether or not the caller takes them all).
+    pub fn finish(&mut self) -> std::vec::Drain<'_, IoBuf> {
         self.pieces.clear();
         self.iovecs.clear();
         self.len = 0;
-        self.own.take()
+        self.own.drain(..)
     }
 
     /// Points the iovecs at bytes `[start, start + len)` of the list, at most
@@ -1386,12 +1398,12 @@ impl SendList {
     /// and returns the array for the kernel.
     fn iovecs_for(&mut self, start: usize, len: usize) -> (*mut libc::iovec, u32) {
         debug_assert!(start + len <= self.len);
-        let own = self.own.as_ref();
+        let own = &self.own;
         // Each piece's first byte and length: `range.end <= buffer length` was checked when
         // the piece was pushed. The kernel only reads through these pointers.
         let pieces = self.pieces.iter().map(|piece| {
             let (base, range) = match piece {
-                SendPiece::Own(range) => (own.expect("owned pieces have a buffer").as_ptr(), range),
+                SendPiece::Own(index, range) => (own[*index].as_ptr(), range),
                 SendPiece::Shared(buf, range) => (buf.as_ptr(), range),
                 SendPiece::Taken(buf, range) => (buf.as_ptr(), range),
             };
@@ -1906,7 +1918,12 @@ mod tests {
             start += (got.len() - got.len() / 3).max(1);
         }
         assert_eq!(Arc::strong_count(&shared[3]), 2);
-        let own = list.finish().expect("the owned buffer back");
+        let own = {
+            let mut back = list.finish();
+            let own = back.next().expect("the owned buffer back");
+            assert!(back.next().is_none(), "one owned buffer");
+            own
+        };
         assert_eq!(own.len(), 200);
         assert_eq!(
             Arc::strong_count(&shared[3]),
@@ -1915,6 +1932,44 @@ mod tests {
         );
         assert!(list.is_empty());
         list.start(own); // reusable
+    }
+
+    /// A list of several owned buffers (replies batched into one send): each owned piece is
+    /// a range of the buffer added before it, adjacent ranges of two buffers are not merged,
+    /// and `finish` hands the buffers back in order.
+    #[test]
+    fn send_list_of_several_owned_buffers() {
+        let first = IoBuf::from_slice(&[1u8; 32]);
+        let second = IoBuf::from_slice(&[2u8; 32]);
+        let block = Arc::new(IoBuf::from_slice(&[9u8; 16]));
+        let mut list = SendList::new();
+        list.start(first);
+        list.push_own(0..8);
+        list.push_shared(block.clone(), 0..16);
+        list.push_own(8..12);
+        list.add_own(second);
+        list.push_own(12..20); // starts where the last owned piece ended, in another buffer
+        let mut whole = vec![1u8; 8];
+        whole.extend_from_slice(&[9u8; 16]);
+        whole.extend_from_slice(&[1u8; 4]);
+        whole.extend_from_slice(&[2u8; 8]);
+        assert_eq!(list.len(), whole.len());
+        assert_eq!(list.pieces.len(), 4, "no merge across buffers");
+        let (ptr, count) = list.iovecs_for(0, whole.len());
+        // SAFETY: the array and its buffers live in `list` until the next call.
+        assert_eq!(unsafe { iovec_bytes(ptr, count) }, whole);
+        let back: Vec<u8> = list.finish().map(|b| b[0]).collect();
+        assert_eq!(
+            back,
+            [1, 2],
+            "owned buffers back in the order they were added"
+        );
+        assert_eq!(
+            Arc::strong_count(&block),
+            1,
+            "finish lets shared buffers go"
+        );
+        list.start(IoBuf::from_slice(&[3u8; 4])); // reusable
     }
 
     /// A gathered write resumed after a short write points its iovecs at exactly the bytes

@@ -165,10 +165,16 @@ fn serve(volume: &Volume) -> (Server, String) {
     (server, addr)
 }
 
+/// Large READs sent together, before any reply is read: the server's writer sends replies
+/// queued behind one with it.
+const BURST_READ_COUNT: usize = 8;
+
 /// A raw client; every buffer it uses in a request is allocated here.
 struct Client {
     stream: TcpStream,
     request: [u8; REQUEST_HEADER_BYTES + IO_BYTES],
+    /// The replies to a burst of large READs (simple replies).
+    burst_replies: Vec<u8>,
     /// Room for the largest reply (a structured reply to a large READ).
     reply: Vec<u8>,
     /// A WRITE of whole blocks, header and payload.
@@ -224,6 +230,10 @@ impl Client {
                 return Client {
                     stream,
                     request: [0; REQUEST_HEADER_BYTES + IO_BYTES],
+                    burst_replies: vec![
+                        0;
+                        BURST_READ_COUNT * (SIMPLE_REPLY_BYTES + LARGE_IO_BYTES)
+                    ],
                     reply: vec![0; OFFSET_DATA_HEADER_BYTES + LARGE_IO_BYTES],
                     whole_blocks_request: vec![0; REQUEST_HEADER_BYTES + WHOLE_BLOCKS_BYTES],
                     next_cookie: 1,
@@ -288,6 +298,44 @@ impl Client {
             offset_bytes
         );
         &self.reply[OFFSET_DATA_HEADER_BYTES..OFFSET_DATA_HEADER_BYTES + length]
+    }
+
+    /// `BURST_READ_COUNT` READs of `LARGE_IO_BYTES` at `offset(0)`, `offset(1)`, ... sent
+    /// together with simple replies; checks every reply (in any order) is all `byte`.
+    fn read_burst(&mut self, offset: impl Fn(usize) -> u64, byte: u8) {
+        assert!(!self.structured);
+        let first_cookie = self.next_cookie;
+        let mut headers = [0u8; BURST_READ_COUNT * REQUEST_HEADER_BYTES];
+        for (k, header) in headers.chunks_mut(REQUEST_HEADER_BYTES).enumerate() {
+            encode_header(
+                header,
+                CMD_READ,
+                first_cookie + k as u64,
+                offset(k),
+                LARGE_IO_BYTES,
+            );
+        }
+        self.next_cookie += BURST_READ_COUNT as u64;
+        self.stream.write_all(&headers).unwrap();
+        self.stream.read_exact(&mut self.burst_replies).unwrap();
+        let mut answered = 0u32;
+        for r in self
+            .burst_replies
+            .chunks(SIMPLE_REPLY_BYTES + LARGE_IO_BYTES)
+        {
+            assert_eq!(
+                u32::from_be_bytes(r[..4].try_into().unwrap()),
+                SIMPLE_REPLY_MAGIC
+            );
+            assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 0, "error");
+            let k = u64::from_be_bytes(r[8..16].try_into().unwrap()) - first_cookie;
+            assert!(
+                k < BURST_READ_COUNT as u64 && answered & (1 << k) == 0,
+                "cookie"
+            );
+            answered |= 1 << k;
+            assert!(r[SIMPLE_REPLY_BYTES..].iter().all(|&b| b == byte), "data");
+        }
     }
 
     /// WRITE of 4 KiB of `byte`.
@@ -378,6 +426,18 @@ fn requests_allocate_nothing_in_steady_state() {
     let large_read_allocations = count_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
     let large_structured_read_allocations =
         count_read_allocations(&mut structured_client, 0x5a, LARGE_IO_BYTES);
+    // The same, `BURST_READ_COUNT` at a time.
+    let burst_offset = |i: usize| io_offset(i) % (REGION_BYTES - LARGE_IO_BYTES as u64 + 1);
+    let burst_offset = |i: usize| burst_offset(i) / 4096 * 4096;
+    let bursts = MEASURED_IO_COUNT / BURST_READ_COUNT;
+    for b in 0..bursts {
+        client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
+    }
+    let burst_read_allocations = allocations_during(|| {
+        for b in bursts..2 * bursts {
+            client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
+        }
+    });
     let cache = pool.counters().data_cache_stats();
     assert!(
         cache.bytes >= REGION_BYTES,
@@ -466,13 +526,15 @@ fn requests_allocate_nothing_in_steady_state() {
             structured_read_allocations,
             large_read_allocations,
             large_structured_read_allocations,
+            burst_read_allocations,
             overwrite_allocations,
             new_block_allocations,
             whole_block_allocations
         ),
-        (0, 0, 0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 0, 0, 0, 0),
         "allocations in {MEASURED_IO_COUNT} reads (simple replies), {MEASURED_IO_COUNT} reads \
-         (structured replies), as many 128 KiB reads of each, {MEASURED_IO_COUNT} overwrites, \
+         (structured replies), as many 128 KiB reads of each, as many {BURST_READ_COUNT} at a \
+         time, {MEASURED_IO_COUNT} overwrites, \
          {new_block_writes} writes that dirty a new block, {whole_block_writes} writes of whole \
          blocks"
     );

@@ -202,6 +202,68 @@ fn requests_beyond_the_slots_wait_and_all_complete() {
     pool.export().unwrap();
 }
 
+/// READ replies sent together (the writer puts the large replies queued behind one into its
+/// `sendmsg`): each carries its own header and data, whatever their sizes, with small
+/// replies (copied into the writer's batch) between them, from the device and then from the
+/// cache, and again when the slots are reused for replies of other sizes.
+#[test]
+fn reads_answered_together_each_carry_their_own_data() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(64, Duration::from_secs(30)));
+    let mut s = open(&addr);
+    let count = 48u64;
+    let region = 128 * 1024u64;
+    // Large replies (over the 16 KiB the writer copies), every size a different one.
+    let len_of = |i: u64| [20 * 1024, 64 * 1024, 128 * 1024, 36 * 1024 + 512][i as usize % 4];
+    for i in 0..count {
+        let mut out = request(CMD_WRITE, i, i * region, region as u32);
+        out.extend_from_slice(&pattern(i, region as usize));
+        s.write_all(&out).unwrap();
+        assert_eq!(reply(&mut s), (0, i));
+    }
+    s.write_all(&request(CMD_FLUSH, 99, 0, 0)).unwrap();
+    assert_eq!(reply(&mut s), (0, 99));
+    // Round 0 reads from the device, round 1 from the cache, round 2 in the other order.
+    for round in 0..3u64 {
+        let mut burst = Vec::new();
+        let mut expected = std::collections::HashMap::new();
+        for k in 0..count {
+            let i = if round == 2 { count - 1 - k } else { k };
+            let len = len_of(i + round);
+            let cookie = 1000 * (round + 1) + i;
+            burst.extend_from_slice(&request(CMD_READ, cookie, i * region, len as u32));
+            expected.insert(cookie, pattern(i, region as usize)[..len].to_vec());
+            if k % 5 == 4 {
+                // A small read between the large ones: a reply of another kind in the queue.
+                let cookie = 100_000 + 1000 * round + i;
+                burst.extend_from_slice(&request(CMD_READ, cookie, i * region + 512, 4096));
+                expected.insert(
+                    cookie,
+                    pattern(i, region as usize)[512..512 + 4096].to_vec(),
+                );
+            }
+        }
+        s.write_all(&burst).unwrap();
+        // Bounded by the requests sent.
+        for _ in 0..expected.len() {
+            let (error, cookie) = reply(&mut s);
+            assert_eq!(error, 0, "round {round} cookie {cookie}");
+            let want = expected
+                .remove(&cookie)
+                .expect("a cookie sent once and answered once");
+            assert!(
+                read_exact(&mut s, want.len()) == want,
+                "round {round}: the data of cookie {cookie}"
+            );
+        }
+    }
+    server.shutdown_handle().shutdown();
+    assert!(closed(&mut s));
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
+
 #[test]
 fn maximal_requests_beyond_the_buffer_budget_wait_and_complete() {
     let (pool, volume) = pool();

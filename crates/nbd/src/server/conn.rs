@@ -11,8 +11,9 @@
 //! - The **writer** task sends queued replies in completion order (any order is allowed):
 //!   small replies are copied into one batch and sent together; large ones go straight from
 //!   the slot's buffer, and a large READ's data from the data cache's blocks where they are
-//!   (`read_in_parts`: one `sendmsg` of the header and the blocks in clear text, encrypted
-//!   from them over TLS). A slot is free again once its reply is sent.
+//!   (`read_in_parts`: one `sendmsg` of the header and the blocks in clear text, with the
+//!   large READ replies queued behind it; encrypted from them over TLS). A slot is free again
+//!   once its reply is sent.
 //!
 //! Bounds: slots per connection (requests in flight); bytes of slot buffers per connection
 //! (a request that would exceed it waits for earlier ones; idle slots' buffers are dropped
@@ -1833,8 +1834,8 @@ async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
                         send_batch(&conn, &mut batch, batch_bytes).await;
                         batch_bytes = 0;
                     }
+                    // Frees the slot, and those of the replies it sends along.
                     send_parts(&conn, index, header_len).await;
-                    conn.release(index);
                     continue;
                 }
                 ReplyAt::Nowhere => {
@@ -1894,69 +1895,135 @@ async fn write_replies(conn: Rc<Conn>, mut batch: Option<IoBuf>) {
     }
 }
 
-/// Sends slot `index`'s READ reply held as parts (`ReplyAt::Parts`), then drops the parts
-/// (the cached blocks they share) and gives the buffer back to the slot.
+/// Sends slot `first`'s READ reply held as parts (`ReplyAt::Parts`), with (in clear text) the
+/// READ replies in parts queued right behind it, then drops their parts (the cached blocks
+/// they share), gives each buffer back to its slot and frees the slots.
 ///
-/// In clear text the header, the copied ranges of the buffer and the shared blocks go out
-/// as one `sendmsg` of a `SendList` (adjacent ranges of the buffer, such as the header and
-/// the bytes copied right behind it, are one iovec). The list holds the blocks until the
-/// kernel has copied them, so a writer meanwhile cannot change what is sent: a cached block
-/// is never written in place while shared (the cache gives a writer a copy of it instead).
-async fn send_parts(conn: &Conn, index: usize, header_len: usize) {
+/// In clear text the headers, the copied ranges of the buffers and the shared blocks go out
+/// as one `sendmsg` of a `SendList` (adjacent ranges of a buffer, such as the header and the
+/// bytes copied right behind it, are one iovec). The list holds the blocks until the kernel
+/// has copied them, so a writer meanwhile cannot change what is sent: a cached block is
+/// never written in place while shared (the cache gives a writer a copy of it instead).
+async fn send_parts(conn: &Conn, first: usize, header_len: usize) {
+    if conn.tls.get().is_none() && !conn.broken.get() {
+        send_parts_plain(conn, first, header_len).await;
+        return;
+    }
     // Out of the slot while they are sent (no borrow across an await); the writer owns them
     // until they are back.
     let (buffer, mut parts) = {
         let mut slots = conn.slots.borrow_mut();
-        let slot = &mut slots[index];
+        let slot = &mut slots[first];
         (slot.buffer.take(), std::mem::take(&mut slot.parts))
     };
-    let Some(buffer) = buffer else {
+    if let Some(buffer) = &buffer {
+        if !conn.broken.get() {
+            let result = conn
+                .send_parts_tls(&buffer[..header_len], &buffer[header_len..], &parts)
+                .await;
+            if let Err(err) = result {
+                send_failed(conn, &err);
+            }
+        }
+    } else {
         debug_assert!(false, "a reply in parts without its buffer");
+    }
+    parts.clear();
+    {
+        let mut slots = conn.slots.borrow_mut();
+        slots[first].buffer = buffer;
+        slots[first].parts = parts;
+    }
+    conn.release(first);
+}
+
+/// Most READ replies in parts one `sendmsg` carries in clear text. Why batch: the writer
+/// sends one reply at a time, and while a 128 KiB reply goes out the next ones queue up
+/// (5 on average, 128K reads at iodepth 8 from the cache); each `sendmsg` costs its own
+/// submission, TCP push and wake-up of the client.
+const PARTS_REPLIES_PER_SEND_MAX: usize = 16;
+
+/// [`send_parts`] in clear text: slot `first`'s reply and the READ replies in parts queued
+/// right behind it (at most [`PARTS_REPLIES_PER_SEND_MAX`] in all), in queue order, as one
+/// `SendList`.
+async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
+    let mut list = conn.send_list.take().unwrap_or_default();
+    let mut sent = [0usize; PARTS_REPLIES_PER_SEND_MAX];
+    let mut count = 0usize;
+    let mut buffers_bytes = 0usize;
+    let mut next = Some((first, first_header_len));
+    // Bounded: at most PARTS_REPLIES_PER_SEND_MAX replies.
+    while let Some((index, header_len)) = next.take() {
+        let (buffer, mut parts) = {
+            let mut slots = conn.slots.borrow_mut();
+            let slot = &mut slots[index];
+            (slot.buffer.take(), std::mem::take(&mut slot.parts))
+        };
+        if let Some(buffer) = buffer {
+            buffers_bytes += buffer.len();
+            if count == 0 {
+                list.start(buffer);
+            } else {
+                list.add_own(buffer);
+            }
+            list.push_own(0..header_len);
+            // Bounded by the parts of the read.
+            for part in parts.drain(..) {
+                match part {
+                    ReadPart::Copied(range) => {
+                        list.push_own(header_len + range.start..header_len + range.end);
+                    }
+                    ReadPart::Shared { block, range, .. } => list.push_shared(block, range),
+                    ReadPart::Owned { block, range, .. } => list.push_taken(block, range),
+                }
+            }
+            sent[count] = index;
+            count += 1;
+        } else {
+            debug_assert!(false, "a reply in parts without its buffer");
+            conn.release(index);
+        }
+        // The vector back, emptied, for its capacity.
+        conn.slots.borrow_mut()[index].parts = parts;
+        if count < PARTS_REPLIES_PER_SEND_MAX {
+            next = pop_parts_reply(conn);
+        }
+    }
+    if count == 0 {
+        conn.send_list.set(Some(list));
         return;
-    };
-    let buffer = if conn.broken.get() {
-        Some(buffer)
-    } else if conn.tls.get().is_some() {
-        let result = conn
-            .send_parts_tls(&buffer[..header_len], &buffer[header_len..], &parts)
-            .await;
-        if let Err(err) = result {
+    }
+    match conn.stream.send_list(list).await {
+        Ok(mut list) => {
+            {
+                let mut slots = conn.slots.borrow_mut();
+                for (buffer, &index) in list.finish().zip(&sent[..count]) {
+                    slots[index].buffer = Some(buffer);
+                }
+            }
+            conn.send_list.set(Some(list));
+        }
+        Err(err) => {
+            // The list went with the failed send, and the buffers in it.
+            conn.forget_buffer(buffers_bytes);
             send_failed(conn, &err);
         }
-        Some(buffer)
-    } else {
-        let buffer_bytes = buffer.len();
-        let mut list = conn.send_list.take().unwrap_or_default();
-        list.start(buffer);
-        list.push_own(0..header_len);
-        // Bounded by the parts of the read.
-        for part in parts.drain(..) {
-            match part {
-                ReadPart::Copied(range) => {
-                    list.push_own(header_len + range.start..header_len + range.end);
-                }
-                ReadPart::Shared { block, range, .. } => list.push_shared(block, range),
-                ReadPart::Owned { block, range, .. } => list.push_taken(block, range),
-            }
-        }
-        match conn.stream.send_list(list).await {
-            Ok(mut list) => {
-                let buffer = list.finish();
-                conn.send_list.set(Some(list));
-                buffer
-            }
-            Err(err) => {
-                // The list went with the failed send, and the buffer in it.
-                conn.forget_buffer(buffer_bytes);
-                send_failed(conn, &err);
-                None
-            }
-        }
+    }
+    for &index in &sent[..count] {
+        conn.release(index);
+    }
+}
+
+/// Takes the next queued reply off the queue if it is a READ reply in parts: its slot and
+/// header length.
+fn pop_parts_reply(conn: &Conn) -> Option<(usize, usize)> {
+    let mut replies = conn.replies.borrow_mut();
+    let &index = replies.front()?;
+    let ReplyAt::Parts(header_len) = conn.slots.borrow()[index].reply else {
+        return None;
     };
-    parts.clear();
-    let mut slots = conn.slots.borrow_mut();
-    slots[index].buffer = buffer;
-    slots[index].parts = parts;
+    replies.pop_front();
+    Some((index, header_len))
 }
 
 async fn send_batch(conn: &Conn, batch: &mut Option<IoBuf>, len: usize) {
