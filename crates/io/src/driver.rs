@@ -1955,9 +1955,14 @@ mod tests {
         whole.extend_from_slice(&[2u8; 8]);
         assert_eq!(list.len(), whole.len());
         assert_eq!(list.pieces.len(), 4, "no merge across buffers");
-        let (ptr, count) = list.iovecs_for(0, whole.len());
-        // SAFETY: the array and its buffers live in `list` until the next call.
-        assert_eq!(unsafe { iovec_bytes(ptr, count) }, whole);
+        // A send resumed at any byte (after a short send), inside or at the edge of either
+        // owned buffer, points at exactly the bytes left.
+        for start in 0..whole.len() {
+            let (ptr, count) = list.iovecs_for(start, whole.len() - start);
+            // SAFETY: the array and its buffers live in `list` until the next call.
+            let got = unsafe { iovec_bytes(ptr, count) };
+            assert_eq!(got, whole[start..], "from {start}");
+        }
         let back: Vec<u8> = list.finish().map(|b| b[0]).collect();
         assert_eq!(
             back,
@@ -1969,7 +1974,16 @@ mod tests {
             1,
             "finish lets shared buffers go"
         );
-        list.start(IoBuf::from_slice(&[3u8; 4])); // reusable
+        // A caller that takes only the first buffer back: the others are dropped with the
+        // drain, and the list is empty and reusable.
+        list.start(IoBuf::from_slice(&[3u8; 4]));
+        list.push_own(0..4);
+        list.add_own(IoBuf::from_slice(&[4u8; 4]));
+        list.push_own(0..4);
+        let first = list.finish().next().expect("the first buffer back");
+        assert_eq!(first[0], 3);
+        assert!(list.is_empty());
+        list.start(first); // reusable
     }
 
     /// A gathered write resumed after a short write points its iovecs at exactly the bytes

@@ -1983,7 +1983,9 @@ async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
             debug_assert!(false, "a reply in parts without its buffer");
             conn.release(index);
         }
-        // The vector back, emptied, for its capacity.
+        // The vector back, emptied, for its capacity (also when the buffer was missing: the
+        // slot is free then, and must not hold the dropped reply's cached blocks).
+        parts.clear();
         conn.slots.borrow_mut()[index].parts = parts;
         if count < PARTS_REPLIES_PER_SEND_MAX {
             next = pop_parts_reply(conn);
@@ -1997,7 +1999,11 @@ async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
         Ok(mut list) => {
             {
                 let mut slots = conn.slots.borrow_mut();
-                for (buffer, &index) in list.finish().zip(&sent[..count]) {
+                let buffers = list.finish();
+                // One owned buffer per reply sent: any other count would lose a buffer
+                // without forgetting its bytes (the budget would shrink for good).
+                debug_assert_eq!(buffers.len(), count);
+                for (buffer, &index) in buffers.zip(&sent[..count]) {
                     slots[index].buffer = Some(buffer);
                 }
             }
