@@ -24,7 +24,7 @@ use std::time::Duration;
 use oxpool_engine::{Pool, PoolProps, TopSpec, Volume};
 use oxpool_io::rt::net::Listener;
 use oxpool_io::{Backend, FileBackend};
-use oxpool_nbd::server::{Server, ServerConfig, ServerExport};
+use oxpool_nbd::server::{parts_reply_counts, Server, ServerConfig, ServerExport};
 
 struct CountingAllocator;
 
@@ -433,11 +433,21 @@ fn requests_allocate_nothing_in_steady_state() {
     for b in 0..bursts {
         client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
     }
+    let (replies_before, sends_before) = parts_reply_counts();
     let burst_read_allocations = allocations_during(|| {
         for b in bursts..2 * bursts {
             client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
         }
     });
+    // And they went out together: each burst's replies queue behind the first one's send
+    // (the reader starts all eight before the writer runs), so a send carries several.
+    let (replies_after, sends_after) = parts_reply_counts();
+    let (replies, sends) = (replies_after - replies_before, sends_after - sends_before);
+    assert_eq!(replies, (bursts * BURST_READ_COUNT) as u64);
+    assert!(
+        sends * 2 <= replies,
+        "{replies} READ replies in {sends} sends: not batched"
+    );
     let cache = pool.counters().data_cache_stats();
     assert!(
         cache.bytes >= REGION_BYTES,

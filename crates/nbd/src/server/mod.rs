@@ -48,6 +48,7 @@ use crate::proto::{Errno, ExportCaps, ExportInfo, MAX_BLOCK_BYTES};
 pub use change_maps::{
     ChangeExtent, ChangeExtentsFuture, ChangeMaps, EngineChangeMaps, NoChangeMaps,
 };
+pub use conn::parts_reply_counts;
 use conn::ReactorConns;
 pub use exports::{Disconnect, ExportError, Exports, Removed, EXPORTS_MAX};
 use exports::{ExportTable, ReactorCommand};
