@@ -1944,6 +1944,11 @@ async fn send_parts(conn: &Conn, first: usize, header_len: usize) {
 /// submission, TCP push and wake-up of the client.
 const PARTS_REPLIES_PER_SEND_MAX: usize = 16;
 
+/// No more replies join a send once it holds this many bytes: a send's fixed costs are
+/// paid off long before, and its slots are freed only when all of it is sent (on a slow
+/// link, later the larger the send).
+const PARTS_SEND_BYTES_MAX: usize = 1 << 20;
+
 /// READ replies in parts sent in clear text, and the `sendmsg`s that carried them, since
 /// the process started (every server together): their ratio is how well replies are batched
 /// ([`parts_reply_counts`]).
@@ -1961,8 +1966,8 @@ pub fn parts_reply_counts() -> (u64, u64) {
 }
 
 /// [`send_parts`] in clear text: slot `first`'s reply and the READ replies in parts queued
-/// right behind it (at most [`PARTS_REPLIES_PER_SEND_MAX`] in all), in queue order, as one
-/// `SendList`.
+/// right behind it (at most [`PARTS_REPLIES_PER_SEND_MAX`] in all, none added past
+/// [`PARTS_SEND_BYTES_MAX`]), in queue order, as one `SendList`.
 async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
     let mut list = conn.send_list.take().unwrap_or_default();
     let mut sent = [0usize; PARTS_REPLIES_PER_SEND_MAX];
@@ -2004,7 +2009,7 @@ async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
         // slot is free then, and must not hold the dropped reply's cached blocks).
         parts.clear();
         conn.slots.borrow_mut()[index].parts = parts;
-        if count < PARTS_REPLIES_PER_SEND_MAX {
+        if count < PARTS_REPLIES_PER_SEND_MAX && list.len() < PARTS_SEND_BYTES_MAX {
             next = pop_parts_reply(conn);
         }
     }
