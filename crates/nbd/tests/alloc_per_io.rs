@@ -252,13 +252,7 @@ impl Client {
     }
 
     fn check_reply(&self, cookie: u64) {
-        let r = &self.reply[..SIMPLE_REPLY_BYTES];
-        assert_eq!(
-            u32::from_be_bytes(r[..4].try_into().unwrap()),
-            SIMPLE_REPLY_MAGIC
-        );
-        assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 0, "error");
-        assert_eq!(u64::from_be_bytes(r[8..16].try_into().unwrap()), cookie);
+        assert_eq!(ok_reply_cookie(&self.reply), cookie);
     }
 
     /// READ of `length` bytes of data (not zeros); returns the data.
@@ -323,12 +317,7 @@ impl Client {
             .burst_replies
             .chunks(SIMPLE_REPLY_BYTES + LARGE_IO_BYTES)
         {
-            assert_eq!(
-                u32::from_be_bytes(r[..4].try_into().unwrap()),
-                SIMPLE_REPLY_MAGIC
-            );
-            assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 0, "error");
-            let k = u64::from_be_bytes(r[8..16].try_into().unwrap()) - first_cookie;
+            let k = ok_reply_cookie(r) - first_cookie;
             assert!(
                 k < BURST_READ_COUNT as u64 && answered & (1 << k) == 0,
                 "cookie"
@@ -362,6 +351,16 @@ impl Client {
             .unwrap();
         self.check_reply(cookie);
     }
+}
+
+/// The cookie of the simple reply at the start of `r`, checked to be one without error.
+fn ok_reply_cookie(r: &[u8]) -> u64 {
+    assert_eq!(
+        u32::from_be_bytes(r[..4].try_into().unwrap()),
+        SIMPLE_REPLY_MAGIC
+    );
+    assert_eq!(u32::from_be_bytes(r[4..8].try_into().unwrap()), 0, "error");
+    u64::from_be_bytes(r[8..16].try_into().unwrap())
 }
 
 /// A request header into `out[..REQUEST_HEADER_BYTES]`.

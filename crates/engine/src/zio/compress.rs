@@ -535,15 +535,20 @@ mod tests {
     use super::*;
     use oxpool_format::{ChecksumType, Dva, VdevId};
 
+    /// The next value of a xorshift64 sequence (test data: random-looking, reproducible).
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
     fn half_zero(len: usize) -> IoBuf {
         let mut buf = IoBuf::zeroed(len);
         let mut x = 5u64;
         for chunk in buf.chunks_mut(512) {
             for b in &mut chunk[..256] {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *b = x as u8;
+                *b = xorshift(&mut x) as u8;
             }
         }
         buf
@@ -573,10 +578,7 @@ mod tests {
         let mut buf = IoBuf::zeroed(len);
         let mut x = seed | 1;
         for b in buf.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = (x >> 24) as u8;
+            *b = (xorshift(&mut x) >> 24) as u8;
         }
         buf
     }

@@ -1910,13 +1910,7 @@ async fn send_parts(conn: &Conn, first: usize, header_len: usize) {
         send_parts_plain(conn, first, header_len).await;
         return;
     }
-    // Out of the slot while they are sent (no borrow across an await); the writer owns them
-    // until they are back.
-    let (buffer, mut parts) = {
-        let mut slots = conn.slots.borrow_mut();
-        let slot = &mut slots[first];
-        (slot.buffer.take(), std::mem::take(&mut slot.parts))
-    };
+    let (buffer, parts) = take_reply_parts(conn, first);
     if let Some(buffer) = &buffer {
         if !conn.broken.get() {
             let result = conn
@@ -1929,13 +1923,33 @@ async fn send_parts(conn: &Conn, first: usize, header_len: usize) {
     } else {
         debug_assert!(false, "a reply in parts without its buffer");
     }
-    parts.clear();
-    {
-        let mut slots = conn.slots.borrow_mut();
-        slots[first].buffer = buffer;
-        slots[first].parts = parts;
-    }
+    give_back_reply_parts(conn, first, buffer, parts);
     conn.release(first);
+}
+
+/// Takes slot `index`'s READ reply in parts out of the slot: its buffer (the header and the
+/// copied ranges) and its parts. Out of the slot while they are sent (no borrow across an
+/// await); the writer owns them until [`give_back_reply_parts`].
+fn take_reply_parts(conn: &Conn, index: usize) -> (Option<IoBuf>, Vec<ReadPart>) {
+    let mut slots = conn.slots.borrow_mut();
+    let slot = &mut slots[index];
+    (slot.buffer.take(), std::mem::take(&mut slot.parts))
+}
+
+/// Puts back into slot `index` its buffer (if it came back from the send) and its parts
+/// vector, emptied (for its capacity: the slot must not hold the sent reply's blocks).
+fn give_back_reply_parts(
+    conn: &Conn,
+    index: usize,
+    buffer: Option<IoBuf>,
+    mut parts: Vec<ReadPart>,
+) {
+    parts.clear();
+    let mut slots = conn.slots.borrow_mut();
+    if buffer.is_some() {
+        slots[index].buffer = buffer;
+    }
+    slots[index].parts = parts;
 }
 
 /// Most READ replies in parts one `sendmsg` carries in clear text. Why batch: the writer
@@ -1976,11 +1990,7 @@ async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
     let mut next = Some((first, first_header_len));
     // Bounded: at most PARTS_REPLIES_PER_SEND_MAX replies.
     while let Some((index, header_len)) = next.take() {
-        let (buffer, mut parts) = {
-            let mut slots = conn.slots.borrow_mut();
-            let slot = &mut slots[index];
-            (slot.buffer.take(), std::mem::take(&mut slot.parts))
-        };
+        let (buffer, mut parts) = take_reply_parts(conn, index);
         if let Some(buffer) = buffer {
             buffers_bytes += buffer.len();
             if count == 0 {
@@ -2005,10 +2015,10 @@ async fn send_parts_plain(conn: &Conn, first: usize, first_header_len: usize) {
             debug_assert!(false, "a reply in parts without its buffer");
             conn.release(index);
         }
-        // The vector back, emptied, for its capacity (also when the buffer was missing: the
-        // slot is free then, and must not hold the dropped reply's cached blocks).
-        parts.clear();
-        conn.slots.borrow_mut()[index].parts = parts;
+        // The vector back, emptied (also when the buffer was missing: the slot is free then,
+        // and must not hold the dropped reply's cached blocks); the buffer comes back after
+        // the send.
+        give_back_reply_parts(conn, index, None, parts);
         if count < PARTS_REPLIES_PER_SEND_MAX && list.len() < PARTS_SEND_BYTES_MAX {
             next = pop_parts_reply(conn);
         }
