@@ -24,8 +24,16 @@ for tool in fio python3; do
 done
 WORK=$(mktemp -d "$DIR/oxbench-device.XXXXXX")
 BG_PID=""
+# Ends the background writer, if one runs (by its PID).
+end_background() {
+    if [ -n "$BG_PID" ]; then
+        kill "$BG_PID" 2> /dev/null || true
+        wait "$BG_PID" 2> /dev/null || true
+        BG_PID=""
+    fi
+}
 cleanup() {
-    if [ -n "$BG_PID" ]; then kill "$BG_PID" 2> /dev/null || true; wait "$BG_PID" 2> /dev/null || true; fi
+    end_background
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -39,9 +47,6 @@ done
 sync
 
 # fio JSON on stdin -> one line: IOPS, MB/s, mean latency, and for sync jobs the fdatasync's.
-summarize() {
-    python3 "$WORK/summarize.py"
-}
 cat > "$WORK/summarize.py" <<'PY'
 import json, sys
 text = sys.stdin.read()
@@ -61,7 +66,7 @@ cell() { # LABEL FILE fio-args...
     shift 2
     printf '  %-44s ' "$label:"
     fio --name=d --filename="$file" --size=1G --direct=1 --runtime=$SECONDS_PER_CELL --time_based \
-        --output-format=json "$@" 2> /dev/null | summarize
+        --output-format=json "$@" 2> /dev/null | python3 "$WORK/summarize.py"
 }
 
 background() { # fio-args...: 16K random writes to the other file until killed
@@ -71,10 +76,8 @@ background() { # fio-args...: 16K random writes to the other file until killed
     sleep 1
 }
 
-stop_background() {
-    kill "$BG_PID" 2> /dev/null || true
-    wait "$BG_PID" 2> /dev/null || true
-    BG_PID=""
+stop_background() { # and let the disk settle before the next cell
+    end_background
     sleep 2
 }
 
