@@ -877,8 +877,14 @@ def metrics_of(w: Workload, job: dict, before: dict, after: dict, flush0, flush1
 
 
 def run_cell(server: Server, w: Workload, args, tmp: Path, disk: str | None, all_files: list[Path],
-             tag: str) -> dict:
+             tag: str, settle) -> dict:
     drop_page_cache(all_files)
+    if not w.reads:
+        # A write cell's flushes wait for whatever the disk still writes back from the cell
+        # before it (another server's gigabytes: on a virtual disk the host writes them back
+        # after the guest's fsync returned), which would land on whichever server runs next;
+        # issue 19 asks for the wait before every write cell.
+        settle(f"the cell before {tag}")
     uri = server.start()
     try:
         return measure(server, w, args, tmp, disk, tag, uri)
@@ -1380,6 +1386,12 @@ def main(argv) -> int:
                 s.stop()
                 log(f"{s.name}: unusable: {str(e).splitlines()[0]}")
         notes.append(wait_for_quiet_disk(probe, baseline_ms, "preparing the servers"))
+
+        def settle_before_cell(what: str) -> None:
+            msg = wait_for_quiet_disk(probe, baseline_ms, what)
+            if "NOT settled" in msg:
+                notes.append(msg)
+
         for i, w in enumerate(workloads):
             skip: set[str] = set()  # servers out of this workload (failed to start)
             if i > 0 and not args.age:
@@ -1408,7 +1420,7 @@ def main(argv) -> int:
                         continue
                     tag = f"{w.name}-{s.name}-{rep}"
                     try:
-                        m = run_cell(s, w, args, tmp, disk, all_files, tag)
+                        m = run_cell(s, w, args, tmp, disk, all_files, tag, settle_before_cell)
                         results[w.name].setdefault(s.name, []).append(m)
                         log(f"{w.name} [{rep + 1}/{args.repeat}] {s.name:14} {m['iops']:>10,.0f} IOPS  "
                             f"{m['mbps']:8.1f} MB/s  p99 {fmt(m['p99_us'])} us  "
