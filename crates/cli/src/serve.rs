@@ -55,6 +55,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|system|NAME", default_value = "auto",
           value_parser = TcpCongestion::parse)]
     pub tcp_congestion: TcpCongestion,
+    /// Seconds a client may take to finish its handshake (TLS included) before it is
+    /// disconnected; 0: no limit (as qemu-nbd's --handshake-limit).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub handshake_limit: u32,
     /// TLS options (see docs/tls.md).
     #[command(flatten)]
     pub tls: crate::tls::TlsArgs,
@@ -175,6 +179,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         config.reactors = usize::from(reactors);
     }
     config.slots_per_connection = usize::from(args.slots);
+    config.handshake_limit = std::time::Duration::from_secs(u64::from(args.handshake_limit));
     config.tls = tls_config;
     config.tcp_congestion = args.tcp_congestion.clone();
     // Every volume and snapshot export offers `oxpool:changed-since:SNAP` for the snapshots

@@ -281,3 +281,27 @@ fn bad_clients_harm_no_one_else() {
     assert!(!output.contains("grace period"), "{output}");
     assert!(!output.contains("panicked"), "{output}");
 }
+
+/// `--handshake-limit`: a client that connects and never finishes its handshake is
+/// disconnected once the limit has passed (here 1 s, well before the default 10 s), and a
+/// client that negotiates meanwhile is served.
+#[test]
+fn a_client_that_never_finishes_its_handshake_is_disconnected() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0", "--handshake-limit", "1"]);
+    let uri = server.uri("tank/vol0");
+    let addr = server.tcp_addr();
+    let start = std::time::Instant::now();
+    let mut silent = greet(&addr);
+    let info = tool("nbdinfo", &["--size", &uri]);
+    assert_eq!(info.trim(), (16u64 << 20).to_string());
+    expect_closed(&mut silent, "a client silent after its flags");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(9),
+        "closed after {waited:?}: not the 1 s limit"
+    );
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}

@@ -202,6 +202,53 @@ fn requests_beyond_the_slots_wait_and_all_complete() {
     pool.export().unwrap();
 }
 
+/// A client that connects and does not finish its handshake within the limit is
+/// disconnected (also one that has sent a partial option); one that finished it may stay
+/// idle past the limit, and another client is served meanwhile.
+#[test]
+fn a_handshake_not_done_within_the_limit_is_closed_and_only_it() {
+    let (pool, volume) = pool();
+    let limit = Duration::from_secs(1);
+    let mut cfg = config(4, Duration::from_secs(30));
+    cfg.handshake_limit = limit;
+    let (server, addr) = serve(&volume, cfg);
+    let start = std::time::Instant::now();
+    // Reads the greeting (NBDMAGIC, IHAVEOPT, flags), then says nothing.
+    let mut silent = connect(&addr);
+    read_exact(&mut silent, 18);
+    // Sends its flags and half an option header.
+    let mut partial = connect(&addr);
+    read_exact(&mut partial, 18);
+    let mut half = 3u32.to_be_bytes().to_vec();
+    half.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    partial.write_all(&half).unwrap();
+    // Finishes its handshake at once, then idles past the limit.
+    let mut idle = open(&addr);
+    for s in [&mut silent, &mut partial] {
+        assert!(
+            closed(s),
+            "a client still connected after {:?}",
+            start.elapsed()
+        );
+    }
+    assert!(start.elapsed() >= limit, "closed before the limit");
+    std::thread::sleep(limit);
+    let len = 4096usize;
+    let mut out = request(CMD_WRITE, 1, 0, len as u32);
+    out.extend_from_slice(&pattern(1, len));
+    idle.write_all(&out).unwrap();
+    assert_eq!(reply(&mut idle), (0, 1));
+    idle.write_all(&request(CMD_READ, 2, 0, len as u32))
+        .unwrap();
+    assert_eq!(reply(&mut idle), (0, 2));
+    assert_eq!(read_exact(&mut idle, len), pattern(1, len));
+    server.shutdown_handle().shutdown();
+    assert!(closed(&mut idle));
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
+
 /// READ replies sent together (the writer puts the large replies queued behind one into its
 /// `sendmsg`): each carries its own header and data, whatever their sizes, with small
 /// replies (copied into the writer's batch) between them, from the device and then from the

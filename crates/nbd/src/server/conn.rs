@@ -672,7 +672,25 @@ async fn connection(
     let _registration = conns.register(conn.clone());
     let mut inbox = Inbox::new();
     let mut batch = Some(IoBuf::zeroed(BATCH_BYTES));
-    let Some((session, export)) = handshake(&conn, &shared, &mut inbox, &mut batch).await else {
+    let limit = shared.limits.handshake_limit;
+    let deadline = async {
+        if limit.is_zero() {
+            std::future::pending::<()>().await;
+        }
+        rt::sleep(limit).await;
+    };
+    // Dropping the handshake at the deadline cancels its receive or send in flight.
+    let negotiated = match select(handshake(&conn, &shared, &mut inbox, &mut batch), deadline).await
+    {
+        Either::Left(negotiated) => negotiated,
+        Either::Right(()) => {
+            tracing::debug!(?limit, "nbd: handshake not done within the limit");
+            // No close_notify to a client that may have stopped mid-way through TLS.
+            conn.break_connection();
+            None
+        }
+    };
+    let Some((session, export)) = negotiated else {
         close(&conn).await;
         return;
     };

@@ -101,6 +101,12 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests and their replies before dropping the
     /// connections that are left.
     pub shutdown_grace: Duration,
+    /// How long a client may take from connecting to the end of its handshake (TLS
+    /// included) before the connection is closed; zero: no limit. A client that connects
+    /// and says nothing otherwise holds a connection (one of `max_connections`) and, after
+    /// STARTTLS, its TLS buffers for as long as it likes (qemu-nbd's `--handshake-limit`,
+    /// with its default of 10 s).
+    pub handshake_limit: Duration,
     /// TLS: off by default.
     pub tls: TlsConfig,
     /// The TCP connections' congestion control: by default the system's, except cubic for
@@ -112,9 +118,13 @@ pub struct ServerConfig {
     pub change_maps: Arc<dyn ChangeMaps>,
 }
 
+/// The default [`ServerConfig::handshake_limit`]: qemu-nbd's.
+pub const HANDSHAKE_LIMIT_DEFAULT: Duration = Duration::from_secs(10);
+
 impl Default for ServerConfig {
     /// One reactor per CPU, 128 slots and 64 MiB of buffers per connection, 1024 connections,
-    /// 30 s of shutdown grace, no TLS, the `auto` congestion control, no change maps.
+    /// 30 s of shutdown grace, 10 s for a handshake, no TLS, the `auto` congestion control,
+    /// no change maps.
     fn default() -> Self {
         ServerConfig {
             reactors: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -122,6 +132,7 @@ impl Default for ServerConfig {
             connection_buffer_bytes: 64 << 20,
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(30),
+            handshake_limit: HANDSHAKE_LIMIT_DEFAULT,
             tls: TlsConfig::default(),
             tcp_congestion: TcpCongestion::default(),
             change_maps: Arc::new(NoChangeMaps),
@@ -270,6 +281,7 @@ pub(crate) struct Limits {
     pub(crate) buffer_bytes: usize,
     pub(crate) max_connections: usize,
     pub(crate) shutdown_grace: Duration,
+    pub(crate) handshake_limit: Duration,
 }
 
 impl Limits {
@@ -282,6 +294,7 @@ impl Limits {
                 .max(CONNECTION_BUFFER_MIN_BYTES),
             max_connections: config.max_connections.max(1),
             shutdown_grace: config.shutdown_grace,
+            handshake_limit: config.handshake_limit,
         }
     }
 }
