@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import tomllib
+from collections.abc import Callable
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,9 +230,10 @@ def probe_median_ms(probe: Path, n: int) -> float:
 SETTLE_WAIT_S_MAX = 120
 
 
-def wait_for_quiet_disk(probe: Path, baseline_ms: float, what: str) -> str:
+def wait_for_quiet_disk(probe: Path, baseline_ms: float, what: str) -> tuple[bool, str]:
     """Waits until a flush costs about what it cost before the run wrote anything (median of 5
-    probes within 2x the baseline, or 0.2 ms above it), at most SETTLE_WAIT_S_MAX seconds.
+    probes within 2x the baseline, or 0.2 ms above it), at most SETTLE_WAIT_S_MAX seconds;
+    returns whether it did, and the line logged about it.
     Creating and preconditioning the data files writes gigabytes; on a virtual disk the host
     writes them back afterwards, and until it has, every guest flush waits for it (measured:
     4-5x slower flushes for over 10 s after 12 GiB, with spikes of 175 ms), which would land
@@ -243,7 +245,8 @@ def wait_for_quiet_disk(probe: Path, baseline_ms: float, what: str) -> str:
     while True:
         now = probe_median_ms(probe, 5)
         waited = time.monotonic() - t0
-        if now <= limit:
+        settled = now <= limit
+        if settled:
             msg = f"disk settled after {what} in {waited:.0f} s (flush {now:.2f} ms, baseline {baseline_ms:.2f} ms)"
             break
         if waited >= SETTLE_WAIT_S_MAX:
@@ -252,7 +255,7 @@ def wait_for_quiet_disk(probe: Path, baseline_ms: float, what: str) -> str:
             break
         time.sleep(1)
     log(msg)
-    return msg
+    return settled, msg
 
 
 def drop_page_cache(paths: list[Path]) -> None:
@@ -877,7 +880,7 @@ def metrics_of(w: Workload, job: dict, before: dict, after: dict, flush0, flush1
 
 
 def run_cell(server: Server, w: Workload, args, tmp: Path, disk: str | None, all_files: list[Path],
-             tag: str, settle) -> dict:
+             tag: str, settle: Callable[[str], None]) -> dict:
     drop_page_cache(all_files)
     if not w.reads:
         # A write cell's flushes wait for whatever the disk still writes back from the cell
@@ -1385,11 +1388,11 @@ def main(argv) -> int:
                 s.error = str(e)
                 s.stop()
                 log(f"{s.name}: unusable: {str(e).splitlines()[0]}")
-        notes.append(wait_for_quiet_disk(probe, baseline_ms, "preparing the servers"))
+        notes.append(wait_for_quiet_disk(probe, baseline_ms, "preparing the servers")[1])
 
         def settle_before_cell(what: str) -> None:
-            msg = wait_for_quiet_disk(probe, baseline_ms, what)
-            if "NOT settled" in msg:
+            settled, msg = wait_for_quiet_disk(probe, baseline_ms, what)
+            if not settled:
                 notes.append(msg)
 
         for i, w in enumerate(workloads):
@@ -1412,7 +1415,7 @@ def main(argv) -> int:
                         skip.add(s.name)
                         results[w.name].setdefault(s.name, []).append(f"fresh pool setup failed: {e}")
                         log(f"{w.name} {s.name}: fresh pool setup failed: {str(e).splitlines()[0]}")
-                notes.append(wait_for_quiet_disk(probe, baseline_ms, f"the new pools for {w.name}"))
+                notes.append(wait_for_quiet_disk(probe, baseline_ms, f"the new pools for {w.name}")[1])
             for rep in range(args.repeat):
                 k = rep % len(servers) if servers else 0
                 for s in servers[k:] + servers[:k]:  # rotate the order each repeat
