@@ -30,13 +30,35 @@ use devices::default_cache_file;
 pub use display::human;
 use host::Host;
 
+/// The log's level from `OXPOOL_LOG` (`error`, `warn`, `info`, `debug`, `trace`): warnings
+/// by default; `debug` shows each connection's handshake and TLS session (its version,
+/// suite and record layer). A value not understood is said, and the default kept.
+fn log_level(setting: Option<&str>) -> (tracing::Level, Option<String>) {
+    let Some(setting) = setting.filter(|s| !s.is_empty()) else {
+        return (tracing::Level::WARN, None);
+    };
+    match setting.parse::<tracing::Level>() {
+        Ok(level) => (level, None),
+        Err(_) => (
+            tracing::Level::WARN,
+            Some(format!(
+                "OXPOOL_LOG={setting}: not a level (error, warn, info, debug, trace); using warn"
+            )),
+        ),
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    let (log_level, log_problem) = log_level(std::env::var("OXPOOL_LOG").ok().as_deref());
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(log_level)
         .with_target(false)
         .init();
+    if let Some(problem) = log_problem {
+        tracing::warn!("{problem}");
+    }
     match run(cli) {
         Ok(0) => {}
         Ok(code) => std::process::exit(code),
@@ -420,5 +442,22 @@ fn succeeded(done: Result<bool>) -> bool {
             eprintln!("oxpool: {e:#}");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_level;
+    use tracing::Level;
+
+    #[test]
+    fn oxpool_log_sets_the_level_and_a_bad_value_is_said() {
+        assert_eq!(log_level(None), (Level::WARN, None));
+        assert_eq!(log_level(Some("")), (Level::WARN, None));
+        assert_eq!(log_level(Some("debug")), (Level::DEBUG, None));
+        assert_eq!(log_level(Some("ERROR")), (Level::ERROR, None));
+        let (level, problem) = log_level(Some("loud"));
+        assert_eq!(level, Level::WARN);
+        assert!(problem.unwrap().contains("OXPOOL_LOG=loud"));
     }
 }

@@ -144,6 +144,33 @@ impl Scatter {
         None
     }
 
+    /// The bytes not filled yet up to byte `end`, as pieces of the buffers in order, for a
+    /// receive that writes into several at once (TLS decrypting a record that straddles two
+    /// blocks); [`Scatter::mark_filled`] then counts what it wrote. Only for scatters of
+    /// initialised buffers.
+    pub fn unfilled_mut(&mut self, end: usize) -> impl Iterator<Item = &mut [u8]> {
+        assert!(
+            !self.may_be_uninit,
+            "pieces of a scatter being filled taken by hand"
+        );
+        assert!(
+            self.filled <= end && end <= self.len_bytes(),
+            "pieces past the end"
+        );
+        let (mut skip, mut left) = (self.filled, end - self.filled);
+        self.bufs.iter_mut().filter_map(move |buf| {
+            if skip >= buf.len() {
+                skip -= buf.len();
+                return None;
+            }
+            let piece = &mut buf[skip..];
+            skip = 0;
+            let take = piece.len().min(left);
+            left -= take;
+            (take > 0).then_some(&mut piece[..take])
+        })
+    }
+
     /// Puts back at `index` the buffer [`Scatter::swap_at_filled`] took.
     pub fn put_back(&mut self, index: usize, buf: IoBuf) {
         let _placeholder = std::mem::replace(&mut self.bufs[index], buf);
@@ -219,6 +246,31 @@ mod tests {
             .iter()
             .flat_map(|b| b.iter().copied())
             .collect()
+    }
+
+    #[test]
+    fn unfilled_pieces_start_at_the_filled_byte_and_stop_at_end() {
+        let mut s = Scatter::with_capacity(3);
+        for len in [4, 8, 4] {
+            s.push(IoBuf::zeroed(len));
+        }
+        s.mark_filled(3);
+        let lens: Vec<usize> = s.unfilled_mut(14).map(|piece| piece.len()).collect();
+        assert_eq!(lens, [1, 8, 2]);
+        // Written through the pieces, then counted.
+        let mut value = 0;
+        for piece in s.unfilled_mut(14) {
+            for byte in piece {
+                value += 1;
+                *byte = value;
+            }
+        }
+        s.mark_filled(11);
+        assert_eq!(
+            concat(&mut s),
+            [0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0, 0]
+        );
+        assert_eq!(s.unfilled_mut(14).count(), 0);
     }
 
     #[test]

@@ -311,26 +311,17 @@ impl Conn {
     }
 
     /// Receives into `blocks` after the bytes filled so far, up to byte `end` (one vectored
-    /// receive in plain text; through TLS, into the buffer being filled); the scatter and the
-    /// count (0: the client closed).
+    /// receive in plain text; through TLS, records opened into the blocks they span); the
+    /// scatter and the count (0: the client closed).
     async fn recv_scatter(
         &self,
-        mut blocks: Scatter,
+        blocks: Scatter,
         end: usize,
     ) -> oxpool_io::IoResult<(Scatter, usize)> {
-        let Some(tls) = self.tls.get() else {
-            return self.stream.recv_scatter(blocks, end).await;
-        };
-        // Taken out for the TLS session's receive, which takes one buffer; an empty buffer
-        // holds its place (no allocation).
-        let (index, buf, at) = blocks
-            .swap_at_filled(IoBuf::zeroed(0))
-            .ok_or_else(|| io::Error::other("a receive past the end of its blocks"))?;
-        let stop = buf.len().min(at + (end - blocks.filled_bytes()));
-        let (buf, count) = tls.recv(&self.stream, buf, at, stop).await?;
-        blocks.put_back(index, buf);
-        blocks.mark_filled(count);
-        Ok((blocks, count))
+        match self.tls.get() {
+            None => self.stream.recv_scatter(blocks, end).await,
+            Some(tls) => tls.recv_scatter(&self.stream, blocks, end).await,
+        }
     }
 
     /// Sends a READ reply held as parts through TLS: `header`, then each part's bytes (`data`

@@ -28,6 +28,7 @@ mod exports;
 mod socket;
 mod task;
 pub mod tls;
+mod tls_records;
 mod tls_session;
 
 use std::collections::VecDeque;

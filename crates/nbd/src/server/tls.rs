@@ -9,11 +9,12 @@
 //! `docs/tls.md` has the reasoning and the commands.
 //!
 //! The per-connection session (encryption on the reactor that owns the connection) is
-//! `tls_session`.
+//! `tls_session`; after a TLS 1.3 AES-GCM handshake its records are `tls_records`' (from the
+//! traffic secrets captured here).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openssl::nid::Nid;
 use openssl::ssl::{
@@ -24,6 +25,7 @@ use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use openssl::x509::X509;
 
+use super::tls_records::{Records, Suite};
 use crate::proto::{ExportAccess, TlsPolicy};
 
 /// Certificate directory file names, as qemu's `tls-creds-x509`, nbdkit and libnbd use them.
@@ -115,6 +117,43 @@ pub struct TlsCredentials {
     kind: CredentialKind,
     /// Where the PSK callback leaves the identity it accepted, per session.
     psk_identity_index: Option<openssl::ex_data::Index<Ssl, String>>,
+    /// Where the key log callback leaves a session's TLS 1.3 application traffic secrets.
+    secrets_index: SecretsIndex,
+}
+
+/// The application traffic secrets of a TLS 1.3 handshake, as OpenSSL's key log callback
+/// hands them over (`CLIENT_TRAFFIC_SECRET_0`, `SERVER_TRAFFIC_SECRET_0`): our record layer
+/// (`tls_records.rs`) takes over from them. Held per session until the handshake is done,
+/// then taken (and the copy here dropped).
+#[derive(Default)]
+pub(crate) struct TrafficSecrets {
+    client: Option<Vec<u8>>,
+    server: Option<Vec<u8>>,
+}
+
+type SecretsIndex = openssl::ex_data::Index<Ssl, Mutex<TrafficSecrets>>;
+
+/// Keeps the two application traffic secrets of each session's key log lines
+/// (`LABEL client-random secret`, in hex); the handshake secrets and TLS 1.2's lines are not
+/// kept.
+fn capture_traffic_secrets(builder: &mut SslContextBuilder, index: SecretsIndex) {
+    builder.set_keylog_callback(move |ssl, line| {
+        let mut fields = line.split(' ');
+        let (Some(label), Some(_client_random), Some(hex), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return;
+        };
+        let Some(slot) = ssl.ex_data(index) else {
+            return;
+        };
+        let mut secrets = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match label {
+            "CLIENT_TRAFFIC_SECRET_0" => secrets.client = decode_hex(hex),
+            "SERVER_TRAFFIC_SECRET_0" => secrets.server = decode_hex(hex),
+            _ => {}
+        }
+    });
 }
 
 impl fmt::Debug for TlsCredentials {
@@ -186,11 +225,12 @@ impl TlsCredentials {
                     .map_err(|e| openssl_error(&crl.display().to_string(), e))?;
             }
         }
-        common_settings(&mut builder)?;
+        let secrets_index = common_settings(&mut builder)?;
         Ok(TlsCredentials {
             context: builder.build().into_context(),
             kind: CredentialKind::X509 { verify_peer },
             psk_identity_index: None,
+            secrets_index,
         })
     }
 
@@ -225,11 +265,12 @@ impl TlsCredentials {
             ssl.set_ex_data(index, name.clone());
             Ok(key.len())
         });
-        common_settings(&mut builder)?;
+        let secrets_index = common_settings(&mut builder)?;
         Ok(TlsCredentials {
             context: builder.build(),
             kind: CredentialKind::Psk { identities },
             psk_identity_index: Some(index),
+            secrets_index,
         })
     }
 
@@ -240,7 +281,27 @@ impl TlsCredentials {
 
     /// A new server-side session object for one connection.
     pub(crate) fn new_ssl(&self) -> Result<Ssl, openssl::error::ErrorStack> {
-        Ssl::new(&self.context)
+        let mut ssl = Ssl::new(&self.context)?;
+        ssl.set_ex_data(self.secrets_index, Mutex::new(TrafficSecrets::default()));
+        Ok(ssl)
+    }
+
+    /// Our record layer for the finished handshake of `ssl`, if it agreed on TLS 1.3 with an
+    /// AES-GCM suite (and the key log gave both secrets); otherwise OpenSSL's stays.
+    pub(crate) fn take_records(&self, ssl: &openssl::ssl::SslRef) -> Option<Records> {
+        let secrets = {
+            let slot = ssl.ex_data(self.secrets_index)?;
+            let mut guard = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::take(&mut *guard)
+        };
+        if ssl.version2() != Some(SslVersion::TLS1_3) {
+            return None;
+        }
+        let suite = Suite::from_standard_name(ssl.current_cipher()?.standard_name()?)?;
+        let (Some(client), Some(server)) = (secrets.client, secrets.server) else {
+            return None;
+        };
+        Records::new(suite, client, server).ok()
     }
 
     /// The identity the client proved in the finished handshake of `ssl`, if any.
@@ -267,9 +328,10 @@ impl TlsCredentials {
 }
 
 /// Settings for both kinds: TLS 1.2 at least (the protocol's minimum), the server's suite
-/// order, no session tickets (NBD clients do not resume, and a ticket is work and bytes for
-/// nothing), no renegotiation, read-ahead.
-fn common_settings(builder: &mut SslContextBuilder) -> Result<(), TlsSetupError> {
+/// order, no session tickets (NBD clients do not resume, a ticket is work and bytes for
+/// nothing, and our record layer numbers the server's records from 0), no renegotiation, no
+/// read-ahead, the traffic secrets captured. Returns where the secrets are kept.
+fn common_settings(builder: &mut SslContextBuilder) -> Result<SecretsIndex, TlsSetupError> {
     builder
         .set_min_proto_version(Some(SslVersion::TLS1_2))
         .map_err(|e| openssl_error("TLS versions", e))?;
@@ -285,10 +347,15 @@ fn common_settings(builder: &mut SslContextBuilder) -> Result<(), TlsSetupError>
     builder
         .set_num_tickets(0)
         .map_err(|e| openssl_error("TLS session tickets", e))?;
-    // OpenSSL takes all the ciphertext it has room for in one BIO read (our BIO is memory),
-    // rather than a record header and then its body: half the calls for small records.
-    builder.set_read_ahead(true);
-    Ok(())
+    // No read-ahead: OpenSSL reads a record's header and then its body, so at the end of the
+    // handshake the client's first records are still in our receive buffer for our record
+    // layer (with read-ahead, OpenSSL would have taken them into its own). Where OpenSSL's
+    // record layer stays (TLS 1.2, ChaCha20), small records take two BIO reads instead of one.
+    builder.set_read_ahead(false);
+    let index = Ssl::new_ex_index::<Mutex<TrafficSecrets>>()
+        .map_err(|e| openssl_error("TLS context", e))?;
+    capture_traffic_secrets(builder, index);
+    Ok(index)
 }
 
 /// Parses a `psktool` key file: `identity:hexkey` lines; blank lines and `#` comments are

@@ -2,13 +2,16 @@
 //!
 //! Sans-I/O over the ring: OpenSSL never touches the socket. Its BIO is [`CipherIo`], two
 //! buffers in memory: ciphertext the reader received with the ring's `recv` (OpenSSL reads it
-//! from there), and ciphertext OpenSSL produced (sent with the ring's `send`). Plain text goes
-//! straight between OpenSSL and the connection's own buffers: `SSL_read` decrypts into the
-//! inbox or a WRITE's slot buffer, `SSL_write` encrypts from a reply's buffer or, for a large
-//! READ, from the data cache's blocks (`send_slices`). No thread, no
-//! plain-text staging buffer; the copies are OpenSSL's own (ciphertext into its record buffer,
-//! where it is decrypted in place, then out to our buffer; plain text into its record buffer,
-//! where it is encrypted in place, then out to ours), see `docs/tls.md`.
+//! from there), and ciphertext OpenSSL produced (sent with the ring's `send`). OpenSSL runs
+//! the handshake. After it, for TLS 1.3 with AES-GCM (what qemu's and libnbd's GnuTLS agree
+//! on), our record layer (`tls_records.rs`) takes over the same buffers: records are opened
+//! from the receive buffer straight into the inbox or a WRITE's blocks, and sealed from a
+//! reply's buffer or the data cache's blocks (`send_slices`) straight into the send buffer;
+//! the cipher's pass is the only one. A record that reaches past what the caller asked for
+//! (the next request's header) is opened in place in the receive buffer and handed out from
+//! there. Otherwise (TLS 1.2, ChaCha20) OpenSSL's record layer stays: `SSL_read` and
+//! `SSL_write`, with its own copies (see `docs/tls.md`). No thread, no plain-text staging
+//! buffer.
 //!
 //! Two tasks use a session: the connection's reader (`recv`) and its writer (`send_all`),
 //! never at the same moment (one thread) and never holding a borrow across an await. Sends are
@@ -16,15 +19,19 @@
 //! flushes sends everything produced so far, in order (records leave in the order OpenSSL
 //! wrote them). The reader may need to send too (a TLS 1.3 KeyUpdate answer while reading).
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::io::{self, Read, Write};
 
 use openssl::ssl::{ErrorCode, SslStream};
 use oxpool_io::rt::net::Stream;
-use oxpool_io::{IoBuf, IoResult};
+use oxpool_io::{IoBuf, IoResult, Scatter};
 
 use super::task::{wait_until, WakerCell};
 use super::tls::{TlsCredentials, TlsIdentity};
+use super::tls_records::{
+    content_bytes_max, record_bytes, Opened, Records, CLOSE_NOTIFY_RECORD_BYTES, HEADER_BYTES,
+    PLAINTEXT_MAX_BYTES, RECORD_MAX_BYTES, SEAL_EXTRA_MAX_BYTES,
+};
 
 /// Ciphertext received per `recv` (and the most OpenSSL has yet to read). Twice a 128 KiB
 /// WRITE's records: with 128 KiB a 128 KiB sequential write took 3.5 receives per request,
@@ -55,13 +62,19 @@ fn sealed_bytes_max(plain_bytes: usize) -> usize {
     plain_bytes + (plain_bytes / RECORD_PLAINTEXT_MAX_BYTES + 1) * RECORD_OVERHEAD_MAX_BYTES
 }
 
-/// OpenSSL's BIO: ciphertext in memory, on both sides.
+/// OpenSSL's BIO: ciphertext in memory, on both sides. Our record layer uses the same
+/// buffers once it takes over.
 struct CipherIo {
-    /// Received ciphertext; `rx[rx_start..rx_end]` is not yet read by OpenSSL. `None` while
-    /// the ring receives into it (or after that receive was cancelled).
+    /// Received ciphertext; `rx[rx_start..rx_end]` is not yet read by OpenSSL (or opened by
+    /// our record layer). `None` while the ring receives into it (or after that receive was
+    /// cancelled).
     rx: Option<IoBuf>,
     rx_start: usize,
     rx_end: usize,
+    /// Our record layer's plain text opened in place and not yet handed out:
+    /// `rx[plain_start..plain_end]`, before `rx_start`.
+    plain_start: usize,
+    plain_end: usize,
     /// Ciphertext to send: `tx[..tx_len]`.
     tx: Option<IoBuf>,
     tx_len: usize,
@@ -116,6 +129,10 @@ pub(crate) enum Side {
 /// The TLS state of one connection.
 pub(crate) struct TlsSession {
     ssl: RefCell<SslStream<CipherIo>>,
+    /// Our record layer, once the handshake agreed on what it does; else OpenSSL's is used.
+    records: OnceCell<RefCell<Records>>,
+    /// Our record layer opened the client's close_notify.
+    closed: Cell<bool>,
     /// The other send buffer, `None` while it is on the wire.
     tx_spare: RefCell<Option<IoBuf>>,
     /// A ciphertext send is in flight.
@@ -166,11 +183,15 @@ impl TlsSession {
             rx: Some(IoBuf::zeroed(RX_BYTES)),
             rx_start: 0,
             rx_end: 0,
+            plain_start: 0,
+            plain_end: 0,
             tx: Some(IoBuf::zeroed(TX_BYTES)),
             tx_len: 0,
         };
         let session = TlsSession {
             ssl: RefCell::new(SslStream::new(ssl, io).map_err(tls_error)?),
+            records: OnceCell::new(),
+            closed: Cell::new(false),
             tx_spare: RefCell::new(Some(IoBuf::zeroed(TX_BYTES))),
             sending: Cell::new(false),
             send_waiters: [WakerCell::default(), WakerCell::default()],
@@ -181,7 +202,19 @@ impl TlsSession {
             match result {
                 Ok(()) => {
                     session.flush(stream, Side::Reader).await?;
-                    let identity = credentials.identity(session.ssl.borrow().ssl());
+                    let (identity, records) = {
+                        let ssl = session.ssl.borrow();
+                        // Without read-ahead OpenSSL holds no record of the client's beyond
+                        // the handshake: what follows is in our receive buffer.
+                        debug_assert_eq!(ssl.ssl().pending(), 0);
+                        (
+                            credentials.identity(ssl.ssl()),
+                            credentials.take_records(ssl.ssl()),
+                        )
+                    };
+                    if let Some(records) = records {
+                        let _ = session.records.set(RefCell::new(records));
+                    }
                     return Ok((session, identity));
                 }
                 Err(err) if err.code() == ErrorCode::WANT_READ => {
@@ -299,6 +332,20 @@ impl TlsSession {
                 ),
             ));
         }
+        if self.records.get().is_some() {
+            // Bounded by the stream: each pass returns or receives more ciphertext.
+            loop {
+                match self.open_received(&mut Destination::Slice(&mut buf[start..end], 0))? {
+                    Step::Filled(count) => return Ok((buf, count)),
+                    Step::Closed => return Ok((buf, 0)),
+                    Step::NeedBytes => {
+                        if !self.fill_rx_records(stream).await? {
+                            return Ok((buf, 0));
+                        }
+                    }
+                }
+            }
+        }
         // Bounded by the stream: each pass returns, or receives ciphertext (which OpenSSL
         // consumes on the next pass), or sends what OpenSSL wrote.
         loop {
@@ -332,6 +379,156 @@ impl TlsSession {
                 },
             }
         }
+    }
+
+    /// Receives plain text into `blocks` after the bytes filled so far, up to byte `end`;
+    /// returns the blocks and the count (0: the client closed). With our record layer a
+    /// record is opened straight into the blocks it spans; with OpenSSL's, into the block
+    /// being filled.
+    pub(crate) async fn recv_scatter(
+        &self,
+        stream: &Stream,
+        mut blocks: Scatter,
+        end: usize,
+    ) -> IoResult<(Scatter, usize)> {
+        if blocks.filled_bytes() >= end || end > blocks.len_bytes() {
+            return Err(io::Error::other("a TLS receive past the end of its blocks"));
+        }
+        if self.records.get().is_none() {
+            // Taken out for OpenSSL's `SSL_read`, which takes one buffer; an empty buffer
+            // holds its place (no allocation).
+            let (index, buf, at) = blocks
+                .swap_at_filled(IoBuf::zeroed(0))
+                .ok_or_else(|| io::Error::other("a receive past the end of its blocks"))?;
+            let stop = buf.len().min(at + (end - blocks.filled_bytes()));
+            let (buf, count) = self.recv(stream, buf, at, stop).await?;
+            blocks.put_back(index, buf);
+            blocks.mark_filled(count);
+            return Ok((blocks, count));
+        }
+        // Bounded by the stream: each pass returns or receives more ciphertext.
+        loop {
+            let step = self.open_received(&mut Destination::Blocks {
+                blocks: &mut blocks,
+                end,
+            })?;
+            match step {
+                Step::Filled(count) => return Ok((blocks, count)),
+                Step::Closed => return Ok((blocks, 0)),
+                Step::NeedBytes => {
+                    if !self.fill_rx_records(stream).await? {
+                        return Ok((blocks, 0));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Our record layer: opens the whole records already received into `dest` while there
+    /// is room, without waiting.
+    fn open_received(&self, dest: &mut Destination<'_>) -> IoResult<Step> {
+        let records = self.records.get().expect("our record layer");
+        let mut records = records.borrow_mut();
+        let mut ssl = self.ssl.borrow_mut();
+        let io = ssl.get_mut();
+        let mut filled = 0;
+        let fail = |err: super::tls_records::RecordError| {
+            self.failed.set(true);
+            tls_error(err)
+        };
+        // Bounded: each pass hands out pending plain text or consumes a whole record of the
+        // receive buffer, or returns.
+        loop {
+            if self.failed.get() {
+                return Err(broken());
+            }
+            let room = dest.room();
+            if room == 0 || (filled > 0 && !dest.takes_many()) {
+                debug_assert!(filled > 0);
+                return Ok(Step::Filled(filled));
+            }
+            let Some(rx) = io.rx.as_mut() else {
+                self.failed.set(true);
+                return Err(broken());
+            };
+            if io.plain_start < io.plain_end {
+                let count = room.min(io.plain_end - io.plain_start);
+                dest.copy_in(&rx[io.plain_start..io.plain_start + count]);
+                io.plain_start += count;
+                filled += count;
+                continue;
+            }
+            let done = if filled > 0 {
+                Step::Filled(filled)
+            } else if self.closed.get() {
+                Step::Closed
+            } else {
+                Step::NeedBytes
+            };
+            if self.closed.get() {
+                return Ok(done);
+            }
+            let at = io.rx_start;
+            let len = match record_bytes(&rx[at..io.rx_end]).map_err(fail)? {
+                Some(len) if len <= io.rx_end - at => len,
+                _ => return Ok(done),
+            };
+            if content_bytes_max(len) <= room {
+                if let Some(count) = records
+                    .open_into(&rx[at..at + len], dest.pieces())
+                    .map_err(fail)?
+                {
+                    dest.commit(count);
+                    io.rx_start += len;
+                    filled += count;
+                    continue;
+                }
+                // Not application data (or padded): opened again below, in place.
+            }
+            let opened = records.open_in_place(&mut rx[at..at + len]).map_err(fail)?;
+            io.rx_start += len;
+            match opened {
+                Opened::Data(count) => {
+                    io.plain_start = at + HEADER_BYTES;
+                    io.plain_end = at + HEADER_BYTES + count;
+                }
+                Opened::Control => {}
+                Opened::Closed => self.closed.set(true),
+            }
+        }
+    }
+
+    /// Our record layer: receives more ciphertext after what is there (a partial record),
+    /// first moving that to the front when a whole record might not fit after it; false at
+    /// end of stream.
+    async fn fill_rx_records(&self, stream: &Stream) -> IoResult<bool> {
+        let (buf, at) = {
+            let mut ssl = self.ssl.borrow_mut();
+            let io = ssl.get_mut();
+            debug_assert_eq!(io.plain_start, io.plain_end, "receiving over plain text");
+            let Some(mut buf) = io.rx.take() else {
+                self.failed.set(true);
+                return Err(broken());
+            };
+            if io.rx_start == io.rx_end {
+                (io.rx_start, io.rx_end) = (0, 0);
+            } else if io.rx_start + RECORD_MAX_BYTES > buf.len() {
+                // At most one record's bytes, once per receive buffer's worth.
+                buf.copy_within(io.rx_start..io.rx_end, 0);
+                (io.rx_start, io.rx_end) = (0, io.rx_end - io.rx_start);
+            }
+            (io.plain_start, io.plain_end) = (0, 0);
+            (buf, io.rx_end)
+        };
+        // If this future is dropped the buffer goes with the cancelled receive: `rx` stays
+        // `None` and later reads fail (the connection is ending then anyway).
+        let end = buf.len();
+        let (buf, count) = stream.recv_range(buf, at, end).await?;
+        let mut ssl = self.ssl.borrow_mut();
+        let io = ssl.get_mut();
+        io.rx = Some(buf);
+        io.rx_end += count;
+        Ok(count > 0)
     }
 
     /// Encrypts and sends `buf[..len]`; returns the buffer once every record is on the wire.
@@ -372,6 +569,9 @@ impl TlsSession {
     /// Encrypts `data` into the send buffers, flushing them as they fill; the last records
     /// may still be unsent when this returns.
     async fn seal(&self, stream: &Stream, data: &[u8]) -> IoResult<()> {
+        if let Some(records) = self.records.get() {
+            return self.seal_records(stream, records, data).await;
+        }
         let len = data.len();
         let mut done = 0;
         // Bounded: each pass encrypts a chunk, or flushes the send buffer (which empties it,
@@ -404,12 +604,61 @@ impl TlsSession {
         Ok(())
     }
 
+    /// Our record layer: seals `data` in records of at most 16 KiB straight into the send
+    /// buffers, flushing them as they fill.
+    async fn seal_records(
+        &self,
+        stream: &Stream,
+        records: &RefCell<Records>,
+        data: &[u8],
+    ) -> IoResult<()> {
+        let mut done = 0;
+        // Bounded: each pass seals a record, or flushes the send buffer (which empties it, so
+        // the next pass seals).
+        while done < data.len() {
+            if self.failed.get() {
+                return Err(broken());
+            }
+            let chunk = (data.len() - done).min(PLAINTEXT_MAX_BYTES);
+            if self.tx_len() + chunk + SEAL_EXTRA_MAX_BYTES > TX_BYTES {
+                self.flush(stream, Side::Writer).await?;
+                continue;
+            }
+            let sealed = {
+                let mut ssl = self.ssl.borrow_mut();
+                let io = ssl.get_mut();
+                let tx = io
+                    .tx
+                    .as_mut()
+                    .expect("the filling buffer is always present");
+                let sealed = records
+                    .borrow_mut()
+                    .seal(&data[done..done + chunk], &mut tx[io.tx_len..]);
+                if let Ok(count) = sealed {
+                    io.tx_len += count;
+                }
+                sealed
+            };
+            if let Err(err) = sealed {
+                self.failed.set(true);
+                return Err(tls_error(err));
+            }
+            done += chunk;
+        }
+        Ok(())
+    }
+
     /// The protocol version and suite agreed, for the log (`TLSv1.3 TLS_AES_128_GCM_SHA256`).
     pub(crate) fn describe(&self) -> String {
         let ssl = self.ssl.borrow();
         let ssl = ssl.ssl();
         let cipher = ssl.current_cipher().map_or("none", |c| c.name());
-        format!("{} {cipher}", ssl.version_str())
+        let records = if self.records.get().is_some() {
+            "oxpool"
+        } else {
+            "OpenSSL"
+        };
+        format!("{} {cipher}, {records} records", ssl.version_str())
     }
 
     /// Sends close_notify (best effort) before the connection closes.
@@ -417,7 +666,88 @@ impl TlsSession {
         if self.failed.get() {
             return;
         }
-        let _ = self.ssl.borrow_mut().shutdown();
+        if let Some(records) = self.records.get() {
+            if self.tx_len() + CLOSE_NOTIFY_RECORD_BYTES > TX_BYTES
+                && self.flush(stream, Side::Writer).await.is_err()
+            {
+                return;
+            }
+            let mut ssl = self.ssl.borrow_mut();
+            let io = ssl.get_mut();
+            let Some(tx) = io.tx.as_mut() else {
+                return;
+            };
+            match records.borrow_mut().seal_close_notify(&mut tx[io.tx_len..]) {
+                Ok(count) => io.tx_len += count,
+                Err(_) => return,
+            }
+        } else {
+            let _ = self.ssl.borrow_mut().shutdown();
+        }
         let _ = self.flush(stream, Side::Writer).await;
     }
+}
+
+/// Where our record layer puts plain text.
+enum Destination<'a> {
+    /// A contiguous range, filled from the start (the second field counts what is filled).
+    Slice(&'a mut [u8], usize),
+    /// A WRITE's blocks after their filled bytes, up to byte `end`.
+    Blocks { blocks: &'a mut Scatter, end: usize },
+}
+
+impl Destination<'_> {
+    /// Whether to go on opening records once some plain text is in. Blocks: yes, up to
+    /// their end (the payload of one WRITE). A slice (the inbox, for request headers and small
+    /// payloads): one record at a time, as `SSL_read` gives, so that a large WRITE's payload
+    /// is opened into its blocks rather than into the inbox and copied from there.
+    fn takes_many(&self) -> bool {
+        matches!(self, Destination::Blocks { .. })
+    }
+
+    /// Bytes still to fill.
+    fn room(&self) -> usize {
+        match self {
+            Destination::Slice(slice, filled) => slice.len() - filled,
+            Destination::Blocks { blocks, end } => end - blocks.filled_bytes(),
+        }
+    }
+
+    /// The room, as pieces in order, for a record opened straight into it.
+    fn pieces(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        let (slice, blocks) = match self {
+            Destination::Slice(slice, filled) => (Some(&mut slice[*filled..]), None),
+            Destination::Blocks { blocks, end } => (None, Some(blocks.unfilled_mut(*end))),
+        };
+        slice.into_iter().chain(blocks.into_iter().flatten())
+    }
+
+    /// Counts `count` bytes written through [`Destination::pieces`].
+    fn commit(&mut self, count: usize) {
+        match self {
+            Destination::Slice(_, filled) => *filled += count,
+            Destination::Blocks { blocks, .. } => blocks.mark_filled(count),
+        }
+    }
+
+    /// Copies `data` (at most the room) after what is filled.
+    fn copy_in(&mut self, data: &[u8]) {
+        match self {
+            Destination::Slice(slice, filled) => {
+                slice[*filled..*filled + data.len()].copy_from_slice(data);
+                *filled += data.len();
+            }
+            Destination::Blocks { blocks, .. } => blocks.copy_in(data),
+        }
+    }
+}
+
+/// What opening the received records gave.
+enum Step {
+    /// This many bytes (more than 0) of plain text.
+    Filled(usize),
+    /// The client's close_notify, and nothing before it to hand out.
+    Closed,
+    /// No whole record yet: receive more ciphertext.
+    NeedBytes,
 }
