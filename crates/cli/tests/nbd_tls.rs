@@ -408,6 +408,119 @@ fn optional_tls_serves_plain_clients_but_not_volumes_with_an_allow_list() {
     assert!(status.success(), "{output}");
 }
 
+/// A TCP stream whose next write can have one bit flipped on its way: a record damaged on
+/// the wire.
+#[derive(Debug)]
+struct Tampered {
+    stream: std::net::TcpStream,
+    flip_byte_at: Option<usize>,
+}
+
+impl std::io::Read for Tampered {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.read(buf)
+    }
+}
+
+impl std::io::Write for Tampered {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let Some(at) = self.flip_byte_at.take() else {
+            return self.stream.write(data);
+        };
+        let mut damaged = data.to_vec();
+        damaged[at] ^= 0x10;
+        self.stream.write_all(&damaged)?;
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// After the handshake the server's own record layer (TLS 1.3, AES-GCM) carries the session:
+/// a record damaged on the wire is refused with a bad_record_mac alert and ends that
+/// connection alone; a verifying client keeps its own and a new one is served.
+#[test]
+fn a_record_damaged_after_the_handshake_gets_bad_record_mac_and_ends_only_that_connection() {
+    use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode, SslVersion};
+    use std::io::{Read, Write};
+
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let pki = make_pki(&env, &[]);
+    let server = env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+        "--reactors",
+        "1",
+    ]);
+    let addr = tcp_addr(&server.uris);
+    let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
+    let held = hold(&uri);
+
+    let mut raw = RawClient::connect(&addr);
+    raw.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
+    assert_eq!(
+        raw.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
+    let mut connector = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    connector.set_verify(SslVerifyMode::NONE);
+    connector
+        .set_min_proto_version(Some(SslVersion::TLS1_3))
+        .unwrap();
+    let tampered = Tampered {
+        stream: raw.stream,
+        flip_byte_at: None,
+    };
+    let mut tls = connector
+        .build()
+        .connect("localhost", tampered)
+        .expect("TLS handshake");
+    // First an intact option: answered (the record layer works both ways).
+    tls.write_all(&RawClient::option_bytes(OPT_LIST, &[]))
+        .unwrap();
+    let mut header = [0u8; 20];
+    tls.read_exact(&mut header).expect("a reply to LIST");
+    assert_eq!(&header[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
+    let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+    let mut rest = vec![0; len];
+    tls.read_exact(&mut rest).unwrap();
+    // Drain the list's remaining replies (one per export, then the ACK).
+    let mut kind = u32::from_be_bytes(header[12..16].try_into().unwrap());
+    for _ in 0..16 {
+        if kind == REP_ACK {
+            break;
+        }
+        tls.read_exact(&mut header).unwrap();
+        kind = u32::from_be_bytes(header[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+        let mut rest = vec![0; len];
+        tls.read_exact(&mut rest).unwrap();
+    }
+    assert_eq!(kind, REP_ACK);
+    // Then one bit of the next record's ciphertext flipped (past its 5-byte header).
+    tls.get_mut().flip_byte_at = Some(12);
+    tls.write_all(&RawClient::option_bytes(OPT_LIST, &[]))
+        .unwrap();
+    let err = tls
+        .read(&mut [0u8; 64])
+        .expect_err("the server must not answer a damaged record");
+    let message = format!("{err:?}");
+    assert!(
+        message.contains("bad record mac"),
+        "expected a bad_record_mac alert: {message}"
+    );
+
+    assert_eq!(release(held), "still connected");
+    let info = tool("nbdinfo", &[&uri]);
+    assert!(info.contains("with TLS"), "{info}");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
 #[test]
 fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_connection() {
     let env = Env::new();

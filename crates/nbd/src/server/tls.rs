@@ -25,7 +25,7 @@ use openssl::x509::store::X509Lookup;
 use openssl::x509::verify::X509VerifyFlags;
 use openssl::x509::X509;
 
-use super::tls_records::{Records, Suite};
+use super::tls_records::{Records, Secret, Suite};
 use crate::proto::{ExportAccess, TlsPolicy};
 
 /// Certificate directory file names, as qemu's `tls-creds-x509`, nbdkit and libnbd use them.
@@ -127,8 +127,8 @@ pub struct TlsCredentials {
 /// then taken (and the copy here dropped).
 #[derive(Default)]
 pub(crate) struct TrafficSecrets {
-    client: Option<Vec<u8>>,
-    server: Option<Vec<u8>>,
+    client: Option<Secret>,
+    server: Option<Secret>,
 }
 
 type SecretsIndex = openssl::ex_data::Index<Ssl, Mutex<TrafficSecrets>>;
@@ -149,8 +149,8 @@ fn capture_traffic_secrets(builder: &mut SslContextBuilder, index: SecretsIndex)
         };
         let mut secrets = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match label {
-            "CLIENT_TRAFFIC_SECRET_0" => secrets.client = decode_hex(hex),
-            "SERVER_TRAFFIC_SECRET_0" => secrets.server = decode_hex(hex),
+            "CLIENT_TRAFFIC_SECRET_0" => secrets.client = decode_hex(hex).map(Secret::new),
+            "SERVER_TRAFFIC_SECRET_0" => secrets.server = decode_hex(hex).map(Secret::new),
             _ => {}
         }
     });
@@ -294,7 +294,7 @@ impl TlsCredentials {
             let mut guard = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             std::mem::take(&mut *guard)
         };
-        if ssl.version2() != Some(SslVersion::TLS1_3) {
+        if ssl.version2() != Some(SslVersion::TLS1_3) || !handed_over_whole(ssl) {
             return None;
         }
         let suite = Suite::from_standard_name(ssl.current_cipher()?.standard_name()?)?;
@@ -325,6 +325,29 @@ impl TlsCredentials {
         }
         None
     }
+}
+
+extern "C" {
+    // libssl's (1.1.1 and later); the openssl crate does not wrap them.
+    fn SSL_has_pending(ssl: *const openssl_sys::SSL) -> std::os::raw::c_int;
+    fn SSL_SESSION_get_max_fragment_length(session: *const openssl_sys::SSL_SESSION) -> u8;
+}
+
+/// Whether OpenSSL's record layer can be left after the handshake of `ssl`: it holds no
+/// client record it has read but not processed (read-ahead is off, so it should not), and
+/// no smaller record size was agreed (RFC 6066's max_fragment_length: our records are
+/// 16 KiB).
+fn handed_over_whole(ssl: &openssl::ssl::SslRef) -> bool {
+    use foreign_types::ForeignTypeRef;
+    // SAFETY: a live SSL object, borrowed for the call.
+    let pending = unsafe { SSL_has_pending(ssl.as_ptr()) };
+    let Some(session) = ssl.session() else {
+        return false;
+    };
+    // SAFETY: the session of that SSL object, borrowed for the call.
+    let fragment = unsafe { SSL_SESSION_get_max_fragment_length(session.as_ptr()) };
+    // TLSEXT_max_fragment_length_DISABLED is 0.
+    pending == 0 && fragment == 0
 }
 
 /// Settings for both kinds: TLS 1.2 at least (the protocol's minimum), the server's suite

@@ -40,8 +40,10 @@ pub(crate) const HEADER_BYTES: usize = 5;
 const TAG_BYTES: usize = 16;
 /// Most plain text in one record (RFC 8446 section 5.1).
 pub(crate) const PLAINTEXT_MAX_BYTES: usize = 16 * 1024;
-/// Most bytes after the header of a protected record (section 5.2: 2^14 + 256).
-const CIPHERTEXT_MAX_BYTES: usize = PLAINTEXT_MAX_BYTES + 256;
+/// Most bytes after the header of a protected record: the inner plain text may be 2^14 + 1
+/// bytes (section 5.4: content, type, padding), and AES-GCM adds its tag. (Section 5.2's
+/// 2^14 + 256 is for any AEAD; a longer AES-GCM record is a record_overflow.)
+const CIPHERTEXT_MAX_BYTES: usize = PLAINTEXT_MAX_BYTES + 1 + TAG_BYTES;
 /// The largest record a client may send, header included.
 pub(crate) const RECORD_MAX_BYTES: usize = HEADER_BYTES + CIPHERTEXT_MAX_BYTES;
 /// What one record adds to its plain text: header, inner content type, tag.
@@ -50,8 +52,6 @@ const RECORD_OVERHEAD_BYTES: usize = HEADER_BYTES + 1 + TAG_BYTES;
 const KEY_UPDATE_RECORD_BYTES: usize = RECORD_OVERHEAD_BYTES + 5;
 /// The most [`Records::seal`] writes beyond its plain text (a KeyUpdate may go first).
 pub(crate) const SEAL_EXTRA_MAX_BYTES: usize = KEY_UPDATE_RECORD_BYTES + RECORD_OVERHEAD_BYTES;
-/// A close_notify record.
-pub(crate) const CLOSE_NOTIFY_RECORD_BYTES: usize = RECORD_OVERHEAD_BYTES + 2;
 
 const CONTENT_ALERT: u8 = 21;
 const CONTENT_HANDSHAKE: u8 = 22;
@@ -63,6 +63,19 @@ const ALERT_LEVEL_WARNING: u8 = 1;
 /// Control records (alerts, KeyUpdates) larger than this are refused: a KeyUpdate is five
 /// bytes, an alert two.
 const CONTROL_CONTENT_MAX_BYTES: usize = 64;
+/// Records in a row without a byte of data (KeyUpdates, warnings, empty records) after
+/// which the client is refused: each costs work (a KeyUpdate three HMACs and a key schedule),
+/// and a receive buffer holds thousands of them. OpenSSL's limits are of the same order (32
+/// KeyUpdates, 32 empty records).
+const EMPTY_RECORDS_IN_A_ROW_MAX: u32 = 32;
+/// Alert levels and the descriptions we send (RFC 8446 section 6).
+const ALERT_LEVEL_FATAL: u8 = 2;
+const ALERT_UNEXPECTED_MESSAGE: u8 = 10;
+const ALERT_BAD_RECORD_MAC: u8 = 20;
+const ALERT_RECORD_OVERFLOW: u8 = 22;
+const ALERT_INTERNAL_ERROR: u8 = 80;
+/// An alert record.
+pub(crate) const ALERT_RECORD_BYTES: usize = RECORD_OVERHEAD_BYTES + 2;
 
 /// Records sealed under one key before we move to the next ourselves: 2^24, under RFC 8446
 /// section 5.5's limit of 2^24.5 full records for AES-GCM.
@@ -121,6 +134,8 @@ impl Suite {
 pub(crate) enum RecordError {
     /// A header that is not a TLS 1.3 protected record.
     BadHeader(String),
+    /// A record longer than TLS 1.3 allows.
+    Overflow(usize),
     /// The tag did not verify (a damaged or forged record, or a key out of step).
     BadRecordMac,
     /// A record or message TLS 1.3 does not allow here.
@@ -135,10 +150,26 @@ impl fmt::Display for RecordError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RecordError::BadHeader(what) => write!(f, "bad record header: {what}"),
+            RecordError::Overflow(length) => write!(f, "a record of {length} bytes"),
             RecordError::BadRecordMac => write!(f, "a record failed its integrity check"),
             RecordError::Unexpected(what) => write!(f, "unexpected {what}"),
             RecordError::Alert(code) => write!(f, "the client sent alert {code}"),
             RecordError::Cipher(err) => write!(f, "cipher: {err}"),
+        }
+    }
+}
+
+impl RecordError {
+    /// The fatal alert that tells the client why (none after its own alert).
+    pub(crate) fn alert(&self) -> Option<u8> {
+        match self {
+            RecordError::BadHeader(_) | RecordError::Unexpected(_) => {
+                Some(ALERT_UNEXPECTED_MESSAGE)
+            }
+            RecordError::Overflow(_) => Some(ALERT_RECORD_OVERFLOW),
+            RecordError::BadRecordMac => Some(ALERT_BAD_RECORD_MAC),
+            RecordError::Cipher(_) => Some(ALERT_INTERNAL_ERROR),
+            RecordError::Alert(_) => None,
         }
     }
 }
@@ -149,6 +180,28 @@ impl From<openssl::error::ErrorStack> for RecordError {
     }
 }
 
+/// Key material (a traffic secret, a key, an IV) that is zeroed when dropped.
+pub(crate) struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Takes `bytes` as key material.
+    pub(crate) fn new(bytes: Vec<u8>) -> Secret {
+        Secret(bytes)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Secret {
+    fn drop(&mut self) {
+        // Whoever reads freed memory must not find keys; black_box keeps the stores.
+        self.0.fill(0);
+        std::hint::black_box(&self.0);
+    }
+}
+
 /// HKDF-Expand-Label(secret, label, "", len) (RFC 8446 section 7.1), for `len` up to the
 /// hash's size: a single HMAC block.
 fn expand_label(
@@ -156,7 +209,7 @@ fn expand_label(
     secret: &[u8],
     label: &[u8],
     len: usize,
-) -> Result<Vec<u8>, RecordError> {
+) -> Result<Secret, RecordError> {
     const PREFIX: &[u8] = b"tls13 ";
     debug_assert!(len <= suite.hash_bytes() && PREFIX.len() + label.len() <= 255);
     let key = PKey::hmac(secret)?;
@@ -167,8 +220,9 @@ fn expand_label(
     signer.update(PREFIX)?;
     signer.update(label)?;
     signer.update(&[0, 1])?;
-    let mut out = signer.sign_to_vec()?;
-    out.truncate(len);
+    let mut out = Secret(signer.sign_to_vec()?);
+    out.0[len..].fill(0);
+    out.0.truncate(len);
     Ok(out)
 }
 
@@ -176,7 +230,7 @@ fn expand_label(
 /// the cipher context keyed once, the IV, and the next record's sequence number.
 struct TrafficKey {
     suite: Suite,
-    secret: Vec<u8>,
+    secret: Secret,
     ctx: CipherCtx,
     iv: [u8; 12],
     sequence: u64,
@@ -184,23 +238,23 @@ struct TrafficKey {
 }
 
 impl TrafficKey {
-    fn new(suite: Suite, secret: Vec<u8>, encrypt: bool) -> Result<TrafficKey, RecordError> {
-        if secret.len() != suite.hash_bytes() {
+    fn new(suite: Suite, secret: Secret, encrypt: bool) -> Result<TrafficKey, RecordError> {
+        if secret.bytes().len() != suite.hash_bytes() {
             return Err(RecordError::Cipher(format!(
                 "a traffic secret of {} bytes for {suite:?}",
-                secret.len()
+                secret.bytes().len()
             )));
         }
-        let key = expand_label(suite, &secret, b"key", suite.key_bytes())?;
-        let iv_bytes = expand_label(suite, &secret, b"iv", 12)?;
+        let key = expand_label(suite, secret.bytes(), b"key", suite.key_bytes())?;
+        let iv_bytes = expand_label(suite, secret.bytes(), b"iv", 12)?;
         let mut iv = [0; 12];
-        iv.copy_from_slice(&iv_bytes);
+        iv.copy_from_slice(iv_bytes.bytes());
         let mut ctx = CipherCtx::new()?;
         // Keyed once (the AES key schedule and GHASH tables); each record only sets its nonce.
         if encrypt {
-            ctx.encrypt_init(Some(suite.cipher()), Some(&key), None)?;
+            ctx.encrypt_init(Some(suite.cipher()), Some(key.bytes()), None)?;
         } else {
-            ctx.decrypt_init(Some(suite.cipher()), Some(&key), None)?;
+            ctx.decrypt_init(Some(suite.cipher()), Some(key.bytes()), None)?;
         }
         Ok(TrafficKey {
             suite,
@@ -216,7 +270,7 @@ impl TrafficKey {
     fn update(&mut self) -> Result<(), RecordError> {
         let next = expand_label(
             self.suite,
-            &self.secret,
+            self.secret.bytes(),
             b"traffic upd",
             self.suite.hash_bytes(),
         )?;
@@ -258,15 +312,17 @@ impl TrafficKey {
 
 impl Drop for TrafficKey {
     fn drop(&mut self) {
-        // The secret would give every later key; the cipher context cleans its own key.
-        self.secret.fill(0);
-        std::hint::black_box(&self.secret);
+        // The secret (a `Secret`) zeroes itself; the cipher context cleans its own key; the
+        // IV is not secret alone, but goes too.
+        self.iv.fill(0);
+        std::hint::black_box(&self.iv);
     }
 }
 
 /// The length of the record starting at `bytes` (header included) once its header is there
 /// (`None` before), after checking the header: a protected record (outer type
-/// application_data, legacy version 1.2) with a length TLS 1.3 allows.
+/// application_data) with a length TLS 1.3 with AES-GCM allows. The legacy version is not
+/// looked at (RFC 8446 section 5.1: ignored for all purposes).
 pub(crate) fn record_bytes(bytes: &[u8]) -> Result<Option<usize>, RecordError> {
     if bytes.len() < HEADER_BYTES {
         return Ok(None);
@@ -277,15 +333,12 @@ pub(crate) fn record_bytes(bytes: &[u8]) -> Result<Option<usize>, RecordError> {
             bytes[0]
         )));
     }
-    if bytes[1..3] != [3, 3] {
-        return Err(RecordError::BadHeader(format!(
-            "version {:#04x}{:02x}",
-            bytes[1], bytes[2]
-        )));
-    }
     let length = usize::from(u16::from_be_bytes([bytes[3], bytes[4]]));
-    if !(TAG_BYTES + 1..=CIPHERTEXT_MAX_BYTES).contains(&length) {
+    if length < TAG_BYTES + 1 {
         return Err(RecordError::BadHeader(format!("length {length}")));
+    }
+    if length > CIPHERTEXT_MAX_BYTES {
+        return Err(RecordError::Overflow(length));
     }
     Ok(Some(HEADER_BYTES + length))
 }
@@ -316,6 +369,8 @@ pub(crate) struct Records {
     /// Records sealed under one key before we change it ([`RECORDS_PER_KEY_MAX`]; lower in
     /// tests).
     records_per_key_max: u64,
+    /// Records opened since the last one with data ([`EMPTY_RECORDS_IN_A_ROW_MAX`]).
+    empty_records_in_a_row: u32,
 }
 
 impl Records {
@@ -323,14 +378,15 @@ impl Records {
     /// the server's application traffic secrets.
     pub(crate) fn new(
         suite: Suite,
-        client_secret: Vec<u8>,
-        server_secret: Vec<u8>,
+        client_secret: Secret,
+        server_secret: Secret,
     ) -> Result<Records, RecordError> {
         Ok(Records {
             send: TrafficKey::new(suite, server_secret, true)?,
             receive: TrafficKey::new(suite, client_secret, false)?,
             key_update_owed: false,
             records_per_key_max: RECORDS_PER_KEY_MAX,
+            empty_records_in_a_row: 0,
         })
     }
 
@@ -381,7 +437,23 @@ impl Records {
             return Ok(None);
         }
         key.sequence += 1;
+        self.count_data(inner_len - 1)?;
         Ok(Some(inner_len - 1))
+    }
+
+    /// Counts records without data in a row; refuses the client past the limit.
+    fn count_data(&mut self, bytes: usize) -> Result<(), RecordError> {
+        if bytes > 0 {
+            self.empty_records_in_a_row = 0;
+            return Ok(());
+        }
+        self.empty_records_in_a_row += 1;
+        if self.empty_records_in_a_row > EMPTY_RECORDS_IN_A_ROW_MAX {
+            return Err(RecordError::Unexpected(format!(
+                "more than {EMPTY_RECORDS_IN_A_ROW_MAX} records in a row without data"
+            )));
+        }
+        Ok(())
     }
 
     /// Opens the whole record `record` where it is: application data is then at
@@ -403,14 +475,22 @@ impl Records {
             return Err(RecordError::Unexpected("a record of padding only".into()));
         };
         let content = &inner[..type_at];
-        match inner[type_at] {
-            CONTENT_APPLICATION_DATA => Ok(Opened::Data(content.len())),
-            CONTENT_ALERT => self.alert(content),
-            CONTENT_HANDSHAKE => self.handshake(content),
-            other => Err(RecordError::Unexpected(format!(
-                "record of content type {other} after the handshake"
-            ))),
+        let opened = match inner[type_at] {
+            CONTENT_APPLICATION_DATA => Opened::Data(content.len()),
+            CONTENT_ALERT => self.alert(content)?,
+            CONTENT_HANDSHAKE => self.handshake(content)?,
+            other => {
+                return Err(RecordError::Unexpected(format!(
+                    "record of content type {other} after the handshake"
+                )))
+            }
+        };
+        match opened {
+            Opened::Data(bytes) => self.count_data(bytes)?,
+            Opened::Control => self.count_data(0)?,
+            Opened::Closed => {}
         }
+        Ok(opened)
     }
 
     fn alert(&mut self, content: &[u8]) -> Result<Opened, RecordError> {
@@ -478,13 +558,23 @@ impl Records {
         Ok(written)
     }
 
-    /// Seals a close_notify alert into `out` (room for [`CLOSE_NOTIFY_RECORD_BYTES`]).
+    /// Seals a close_notify alert into `out` (room for [`ALERT_RECORD_BYTES`]).
     pub(crate) fn seal_close_notify(&mut self, out: &mut [u8]) -> Result<usize, RecordError> {
         self.seal_record(
             CONTENT_ALERT,
             &[ALERT_LEVEL_WARNING, ALERT_CLOSE_NOTIFY],
             out,
         )
+    }
+
+    /// Seals the fatal alert `description` (from [`RecordError::alert`]) into `out` (room for
+    /// [`ALERT_RECORD_BYTES`]).
+    pub(crate) fn seal_fatal_alert(
+        &mut self,
+        description: u8,
+        out: &mut [u8],
+    ) -> Result<usize, RecordError> {
+        self.seal_record(CONTENT_ALERT, &[ALERT_LEVEL_FATAL, description], out)
     }
 
     fn seal_record(
@@ -667,8 +757,8 @@ mod tests {
             .unwrap();
         let records = Records::new(
             Suite::from_standard_name(standard).unwrap(),
-            secret("CLIENT_TRAFFIC_SECRET_0"),
-            secret("SERVER_TRAFFIC_SECRET_0"),
+            Secret::new(secret("CLIENT_TRAFFIC_SECRET_0")),
+            Secret::new(secret("SERVER_TRAFFIC_SECRET_0")),
         )
         .unwrap();
         (client, records, up, down)
@@ -774,7 +864,7 @@ mod tests {
                     assert_eq!(client_reads(&mut client, len), sent, "{suite}");
                 }
             }
-            let mut out = [0; CLOSE_NOTIFY_RECORD_BYTES];
+            let mut out = [0; ALERT_RECORD_BYTES];
             let n = records.seal_close_notify(&mut out).unwrap();
             down.0.lock().unwrap().extend_from_slice(&out[..n]);
             let err = client.ssl_read(&mut [0; 8]).unwrap_err();
@@ -820,6 +910,66 @@ mod tests {
     }
 
     #[test]
+    fn records_without_data_are_refused_past_the_limit() {
+        let (mut client, mut records, up, _down) = connected("TLS_AES_128_GCM_SHA256");
+        // KeyUpdates without data between them: up to the limit they are taken (and each
+        // moves the key), the next is refused.
+        for _ in 0..EMPTY_RECORDS_IN_A_ROW_MAX + 1 {
+            request_key_update(client.ssl());
+            // SSL_key_update sends it with the next handshake step or write: drive it.
+            client.do_handshake().unwrap();
+        }
+        let wire = split_records(&take(&up));
+        assert_eq!(wire.len() as u32, EMPTY_RECORDS_IN_A_ROW_MAX + 1);
+        for (index, record) in wire.into_iter().enumerate() {
+            let opened = records.open_in_place(&mut record.clone());
+            if (index as u32) < EMPTY_RECORDS_IN_A_ROW_MAX {
+                assert_eq!(opened, Ok(Opened::Control), "KeyUpdate {index}");
+            } else {
+                assert!(
+                    matches!(opened, Err(RecordError::Unexpected(_))),
+                    "{opened:?}"
+                );
+            }
+        }
+        // Data resets the count: as many again after a byte of data are fine.
+        let (mut client, mut records, up, _down) = connected("TLS_AES_128_GCM_SHA256");
+        for round in 0..2 {
+            for _ in 0..EMPTY_RECORDS_IN_A_ROW_MAX {
+                request_key_update(client.ssl());
+                client.do_handshake().unwrap();
+            }
+            client.write_all(&[round]).unwrap();
+        }
+        let mut data = Vec::new();
+        for mut record in split_records(&take(&up)) {
+            if let Opened::Data(n) = records.open_in_place(&mut record).unwrap() {
+                data.extend_from_slice(&record[HEADER_BYTES..HEADER_BYTES + n]);
+            }
+        }
+        assert_eq!(data, [0, 1]);
+    }
+
+    #[test]
+    fn our_fatal_alert_is_read_by_openssl() {
+        let (mut client, mut records, _up, down) = connected("TLS_AES_128_GCM_SHA256");
+        let mut out = [0; ALERT_RECORD_BYTES];
+        let code = RecordError::BadRecordMac.alert().unwrap();
+        let n = records.seal_fatal_alert(code, &mut out).unwrap();
+        down.0.lock().unwrap().extend_from_slice(&out[..n]);
+        let err = client.ssl_read(&mut [0; 8]).unwrap_err();
+        assert_eq!(
+            err.code(),
+            ErrorCode::SSL,
+            "a fatal alert ends OpenSSL's session"
+        );
+        assert!(
+            err.to_string().contains("bad record mac"),
+            "OpenSSL names the alert: {err}"
+        );
+    }
+
+    #[test]
     fn damaged_or_replayed_records_and_bad_headers_are_refused() {
         let (mut client, mut records, up, _down) = connected("TLS_AES_128_GCM_SHA256");
         client.write_all(&pattern(1000, 1)).unwrap();
@@ -844,23 +994,26 @@ mod tests {
         );
         // The undamaged first still opens: failures did not move the count.
         assert_eq!(records.open_into(&wire[0], [&mut room[..]]), Ok(Some(1000)));
-        // Headers: plain handshake, another version, too long, too short for a tag.
-        for header in [
-            [22, 3, 3, 0, 40],
-            [23, 3, 1, 0, 40],
-            [23, 3, 3, 0x41, 0x01],
-            [23, 3, 3, 0, 16],
-        ] {
+        // Headers: plain handshake, too short for a tag; too long (2^14 + 1 + 16 is the most).
+        for header in [[22, 3, 3, 0, 40], [23, 3, 3, 0, 16]] {
             assert!(
                 matches!(record_bytes(&header), Err(RecordError::BadHeader(_))),
                 "{header:?}"
             );
         }
-        assert_eq!(record_bytes(&[23, 3, 3, 0x41]), Ok(None));
         assert_eq!(
-            record_bytes(&[23, 3, 3, 0x41, 0x00]),
+            record_bytes(&[23, 3, 3, 0x40, 0x12]),
+            Err(RecordError::Overflow(16402))
+        );
+        assert_eq!(RecordError::Overflow(16402).alert(), Some(22));
+        assert_eq!(RecordError::BadRecordMac.alert(), Some(20));
+        assert_eq!(record_bytes(&[23, 3, 3, 0x40]), Ok(None));
+        assert_eq!(
+            record_bytes(&[23, 3, 3, 0x40, 0x11]),
             Ok(Some(RECORD_MAX_BYTES))
         );
+        // The legacy version is ignored.
+        assert_eq!(record_bytes(&[23, 3, 1, 0, 40]), Ok(Some(45)));
     }
 
     proptest::proptest! {
@@ -878,8 +1031,8 @@ mod tests {
             }
             let mut records = Records::new(
                 Suite::Aes128GcmSha256,
-                vec![7; 32],
-                vec![9; 32],
+                Secret::new(vec![7; 32]),
+                Secret::new(vec![9; 32]),
             )
             .unwrap();
             if let Ok(Some(len)) = record_bytes(&bytes) {

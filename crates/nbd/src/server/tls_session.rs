@@ -29,7 +29,7 @@ use oxpool_io::{IoBuf, IoResult, Scatter};
 use super::task::{wait_until, WakerCell};
 use super::tls::{TlsCredentials, TlsIdentity};
 use super::tls_records::{
-    content_bytes_max, record_bytes, Opened, Records, CLOSE_NOTIFY_RECORD_BYTES, HEADER_BYTES,
+    content_bytes_max, record_bytes, Opened, Records, ALERT_RECORD_BYTES, HEADER_BYTES,
     PLAINTEXT_MAX_BYTES, RECORD_MAX_BYTES, SEAL_EXTRA_MAX_BYTES,
 };
 
@@ -133,6 +133,8 @@ pub(crate) struct TlsSession {
     records: OnceCell<RefCell<Records>>,
     /// Our record layer opened the client's close_notify.
     closed: Cell<bool>,
+    /// Our record layer refused a record: the fatal alert to send as the connection closes.
+    alert_owed: Cell<Option<u8>>,
     /// The other send buffer, `None` while it is on the wire.
     tx_spare: RefCell<Option<IoBuf>>,
     /// A ciphertext send is in flight.
@@ -192,6 +194,7 @@ impl TlsSession {
             ssl: RefCell::new(SslStream::new(ssl, io).map_err(tls_error)?),
             records: OnceCell::new(),
             closed: Cell::new(false),
+            alert_owed: Cell::new(None),
             tx_spare: RefCell::new(Some(IoBuf::zeroed(TX_BYTES))),
             sending: Cell::new(false),
             send_waiters: [WakerCell::default(), WakerCell::default()],
@@ -434,6 +437,7 @@ impl TlsSession {
         let mut filled = 0;
         let fail = |err: super::tls_records::RecordError| {
             self.failed.set(true);
+            self.alert_owed.set(err.alert());
             tls_error(err)
         };
         // Bounded: each pass hands out pending plain text or consumes a whole record of the
@@ -663,28 +667,53 @@ impl TlsSession {
 
     /// Sends close_notify (best effort) before the connection closes.
     pub(crate) async fn close(&self, stream: &Stream) {
+        if let Some(records) = self.records.get() {
+            return self.close_records(stream, records).await;
+        }
         if self.failed.get() {
             return;
         }
-        if let Some(records) = self.records.get() {
-            if self.tx_len() + CLOSE_NOTIFY_RECORD_BYTES > TX_BYTES
-                && self.flush(stream, Side::Writer).await.is_err()
-            {
-                return;
-            }
+        let _ = self.ssl.borrow_mut().shutdown();
+        let _ = self.flush(stream, Side::Writer).await;
+    }
+
+    /// Our record layer's close: close_notify, or after a record it refused the fatal alert
+    /// that says why (RFC 8446 section 5.2: bad_record_mac for a record that failed its tag).
+    async fn close_records(&self, stream: &Stream, records: &RefCell<Records>) {
+        let alert = self.alert_owed.take();
+        if self.failed.get() && alert.is_none() {
+            return;
+        }
+        if !self.failed.get()
+            && self.tx_len() + ALERT_RECORD_BYTES > TX_BYTES
+            && self.flush(stream, Side::Writer).await.is_err()
+        {
+            return;
+        }
+        let sealed = {
             let mut ssl = self.ssl.borrow_mut();
             let io = ssl.get_mut();
-            let Some(tx) = io.tx.as_mut() else {
+            let Some(mut tx) = io.tx.take() else {
                 return;
             };
-            match records.borrow_mut().seal_close_notify(&mut tx[io.tx_len..]) {
-                Ok(count) => io.tx_len += count,
-                Err(_) => return,
+            let mut records = records.borrow_mut();
+            let room = &mut tx[io.tx_len..];
+            let count = match alert {
+                _ if room.len() < ALERT_RECORD_BYTES => Err(()),
+                Some(description) => records.seal_fatal_alert(description, room).map_err(|_| ()),
+                None => records.seal_close_notify(room).map_err(|_| ()),
+            };
+            let len = io.tx_len + count.unwrap_or(0);
+            io.tx_len = 0;
+            count.map(|_| (tx, len))
+        };
+        // Best effort, straight to the socket: the session is over (failed or closing), and
+        // no send is in flight (the writer has finished).
+        if let Ok((tx, len)) = sealed {
+            if !self.sending.get() {
+                let _ = stream.send_all(tx, len).await;
             }
-        } else {
-            let _ = self.ssl.borrow_mut().shutdown();
         }
-        let _ = self.flush(stream, Side::Writer).await;
     }
 }
 
