@@ -408,6 +408,43 @@ fn optional_tls_serves_plain_clients_but_not_volumes_with_an_allow_list() {
     assert!(status.success(), "{output}");
 }
 
+/// `oxpool serve` with TLS required (the certificates of `pki`) on one reactor, so that all
+/// connections share it: a bad one must not hold up the others.
+fn serve_tls_one_reactor(env: &Env, pki: &Pki) -> ServerProcess {
+    env.serve(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certificates",
+        pki.server.to_str().unwrap(),
+        "--reactors",
+        "1",
+    ])
+}
+
+/// A clear-text client that asked for STARTTLS and got its ACK.
+fn starttls_acked(addr: &str) -> RawClient {
+    let mut client = RawClient::connect(addr);
+    client.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
+    assert_eq!(
+        client.reply().map(|r| (r.0, r.1)),
+        Some((OPT_STARTTLS, REP_ACK))
+    );
+    client
+}
+
+/// Reads one option reply from `stream` (its data too); returns its type.
+fn option_reply_kind(stream: &mut impl std::io::Read) -> u32 {
+    let mut header = [0u8; 20];
+    stream.read_exact(&mut header).expect("an option reply");
+    assert_eq!(&header[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
+    let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+    let mut data = vec![0; len];
+    stream
+        .read_exact(&mut data)
+        .expect("the option reply's data");
+    u32::from_be_bytes(header[12..16].try_into().unwrap())
+}
+
 /// A TCP stream whose next write can have one bit flipped on its way: a record damaged on
 /// the wire.
 #[derive(Debug)]
@@ -448,24 +485,12 @@ fn a_record_damaged_after_the_handshake_gets_bad_record_mac_and_ends_only_that_c
     let env = Env::new();
     env.tank(&[("vol0", "16M", &[])]);
     let pki = make_pki(&env, &[]);
-    let server = env.serve(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-certificates",
-        pki.server.to_str().unwrap(),
-        "--reactors",
-        "1",
-    ]);
+    let server = serve_tls_one_reactor(&env, &pki);
     let addr = tcp_addr(&server.uris);
     let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
     let held = hold(&uri);
 
-    let mut raw = RawClient::connect(&addr);
-    raw.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
-    assert_eq!(
-        raw.reply().map(|r| (r.0, r.1)),
-        Some((OPT_STARTTLS, REP_ACK))
-    );
+    let raw = starttls_acked(&addr);
     let mut connector = SslConnector::builder(SslMethod::tls_client()).unwrap();
     connector.set_verify(SslVerifyMode::NONE);
     connector
@@ -479,28 +504,12 @@ fn a_record_damaged_after_the_handshake_gets_bad_record_mac_and_ends_only_that_c
         .build()
         .connect("localhost", tampered)
         .expect("TLS handshake");
-    // First an intact option: answered (the record layer works both ways).
+    // First an intact option: answered (the record layer works both ways): one reply per
+    // export, then the ACK.
     tls.write_all(&RawClient::option_bytes(OPT_LIST, &[]))
         .unwrap();
-    let mut header = [0u8; 20];
-    tls.read_exact(&mut header).expect("a reply to LIST");
-    assert_eq!(&header[..8], &0x0003_e889_0455_65a9u64.to_be_bytes());
-    let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-    let mut rest = vec![0; len];
-    tls.read_exact(&mut rest).unwrap();
-    // Drain the list's remaining replies (one per export, then the ACK).
-    let mut kind = u32::from_be_bytes(header[12..16].try_into().unwrap());
-    for _ in 0..16 {
-        if kind == REP_ACK {
-            break;
-        }
-        tls.read_exact(&mut header).unwrap();
-        kind = u32::from_be_bytes(header[12..16].try_into().unwrap());
-        let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
-        let mut rest = vec![0; len];
-        tls.read_exact(&mut rest).unwrap();
-    }
-    assert_eq!(kind, REP_ACK);
+    let kinds: Vec<u32> = (0..2).map(|_| option_reply_kind(&mut tls)).collect();
+    assert_eq!(kinds, [REP_SERVER, REP_ACK]);
     // Then one bit of the next record's ciphertext flipped (past its 5-byte header).
     tls.get_mut().flip_byte_at = Some(12);
     tls.write_all(&RawClient::option_bytes(OPT_LIST, &[]))
@@ -526,14 +535,7 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     let env = Env::new();
     env.tank(&[("vol0", "16M", &[])]);
     let pki = make_pki(&env, &[]);
-    let server = env.serve(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-certificates",
-        pki.server.to_str().unwrap(),
-        "--reactors",
-        "1",
-    ]);
+    let server = serve_tls_one_reactor(&env, &pki);
     let addr = tcp_addr(&server.uris);
     let uri = x509_uri(&addr, "tank/vol0", &pki.client1);
     // A verified TLS client keeps its connection open through all that follows (on the same
@@ -558,12 +560,7 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
 
     // A client that stops halfway through a TLS record holds only its own connection: a
     // verifying client is served meanwhile, on the same (single) reactor.
-    let mut stalled = RawClient::connect(&addr);
-    stalled.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
-    assert_eq!(
-        stalled.reply().map(|r| (r.0, r.1)),
-        Some((OPT_STARTTLS, REP_ACK))
-    );
+    let mut stalled = starttls_acked(&addr);
     stalled.send(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]);
     let info = tool("nbdinfo", &[&uri]);
     assert!(info.contains("with TLS"), "{info}");
@@ -572,12 +569,7 @@ fn plain_text_after_starttls_and_garbage_in_the_tls_handshake_end_only_that_conn
     assert!(stalled.closed_by_server());
 
     // Not TLS at all after the ACK: that connection ends too.
-    let mut garbage = RawClient::connect(&addr);
-    garbage.send(&RawClient::option_bytes(OPT_STARTTLS, &[]));
-    assert_eq!(
-        garbage.reply().map(|r| (r.0, r.1)),
-        Some((OPT_STARTTLS, REP_ACK))
-    );
+    let mut garbage = starttls_acked(&addr);
     garbage.send(b"GET / HTTP/1.1\r\nHost: oxpool\r\n\r\n");
     assert!(garbage.closed_by_server());
     assert_eq!(release(held), "still connected");

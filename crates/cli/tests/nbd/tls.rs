@@ -321,6 +321,7 @@ pub const OPT_STARTTLS: u32 = 5;
 pub const OPT_GO: u32 = 7;
 pub const OPT_STRUCTURED_REPLY: u32 = 8;
 pub const REP_ACK: u32 = 1;
+pub const REP_SERVER: u32 = 2;
 pub const REP_ERR_POLICY: u32 = 0x8000_0002;
 pub const REP_ERR_TLS_REQD: u32 = 0x8000_0005;
 
