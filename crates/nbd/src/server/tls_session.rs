@@ -17,7 +17,9 @@
 //! never at the same moment (one thread) and never holding a borrow across an await. Sends are
 //! serialised: one ciphertext buffer is filled while the other is on the wire, and whoever
 //! flushes sends everything produced so far, in order (records leave in the order OpenSSL
-//! wrote them). The reader may need to send too (a TLS 1.3 KeyUpdate answer while reading).
+//! or our record layer sealed them). With OpenSSL's record layer the reader may need to send
+//! too (a KeyUpdate answer while reading); with ours it never does: the answer is sealed
+//! before the writer's next record, as RFC 8446 section 4.6.3 allows.
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::io::{self, Read, Write};
@@ -208,7 +210,9 @@ impl TlsSession {
                     let (identity, records) = {
                         let ssl = session.ssl.borrow();
                         // Without read-ahead OpenSSL holds no record of the client's beyond
-                        // the handshake: what follows is in our receive buffer.
+                        // the handshake (nor plain text from one): what follows is in our
+                        // receive buffer. `take_records` checks the records (SSL_has_pending)
+                        // and keeps OpenSSL's layer if any were held.
                         debug_assert_eq!(ssl.ssl().pending(), 0);
                         (
                             credentials.identity(ssl.ssl()),
