@@ -340,18 +340,9 @@ impl TlsSession {
             ));
         }
         if self.records.get().is_some() {
-            // Bounded by the stream: each pass returns or receives more ciphertext.
-            loop {
-                match self.open_received(&mut Destination::Slice(&mut buf[start..end], 0))? {
-                    Step::Filled(count) => return Ok((buf, count)),
-                    Step::Closed => return Ok((buf, 0)),
-                    Step::NeedBytes => {
-                        if !self.fill_rx_records(stream).await? {
-                            return Ok((buf, 0));
-                        }
-                    }
-                }
-            }
+            let dest = &mut Destination::Slice(&mut buf[start..end], 0);
+            let count = self.recv_records(stream, dest).await?;
+            return Ok((buf, count));
         }
         // Bounded by the stream: each pass returns, or receives ciphertext (which OpenSSL
         // consumes on the next pass), or sends what OpenSSL wrote.
@@ -413,18 +404,25 @@ impl TlsSession {
             blocks.mark_filled(count);
             return Ok((blocks, count));
         }
+        let dest = &mut Destination::Blocks {
+            blocks: &mut blocks,
+            end,
+        };
+        let count = self.recv_records(stream, dest).await?;
+        Ok((blocks, count))
+    }
+
+    /// Our record layer: plain text into `dest`, receiving ciphertext until a record gives
+    /// some; the count (0: the client closed).
+    async fn recv_records(&self, stream: &Stream, dest: &mut Destination<'_>) -> IoResult<usize> {
         // Bounded by the stream: each pass returns or receives more ciphertext.
         loop {
-            let step = self.open_received(&mut Destination::Blocks {
-                blocks: &mut blocks,
-                end,
-            })?;
-            match step {
-                Step::Filled(count) => return Ok((blocks, count)),
-                Step::Closed => return Ok((blocks, 0)),
+            match self.open_received(dest)? {
+                Step::Filled(count) => return Ok(count),
+                Step::Closed => return Ok(0),
                 Step::NeedBytes => {
                     if !self.fill_rx_records(stream).await? {
-                        return Ok((blocks, 0));
+                        return Ok(0);
                     }
                 }
             }
@@ -466,20 +464,21 @@ impl TlsSession {
                 filled += count;
                 continue;
             }
-            let done = if filled > 0 {
-                Step::Filled(filled)
-            } else if self.closed.get() {
-                Step::Closed
-            } else {
-                Step::NeedBytes
+            // What was filled so far, else why nothing was.
+            let so_far = |otherwise| {
+                if filled > 0 {
+                    Step::Filled(filled)
+                } else {
+                    otherwise
+                }
             };
             if self.closed.get() {
-                return Ok(done);
+                return Ok(so_far(Step::Closed));
             }
             let at = io.rx_start;
             let len = match record_bytes(&rx[at..io.rx_end]).map_err(fail)? {
                 Some(len) if len <= io.rx_end - at => len,
-                _ => return Ok(done),
+                _ => return Ok(so_far(Step::NeedBytes)),
             };
             if content_bytes_max(len) <= room {
                 if let Some(count) = records
