@@ -738,9 +738,19 @@ fn footer(out: &mut String, span: &Span) {
         per(span.log("device_flushes"), commits),
         per(span.log("log_bytes"), client)
     );
+    // Blocks written early are not durable when written: their flush is counted apart.
+    let early = span.log("log_early_blocks");
     outln!(
         out,
         "  log block write to durable: {} us on average",
-        per(span.log("log_write_us"), span.log("log_blocks"))
+        per(
+            span.log("log_write_us"),
+            span.log("log_blocks").saturating_sub(early)
+        )
+    );
+    outln!(
+        out,
+        "  log blocks written early: {early}, flushed by their commits in {} us on average",
+        per(span.log("log_early_flush_us"), early)
     );
 }

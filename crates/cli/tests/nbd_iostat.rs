@@ -229,3 +229,53 @@ fn iostat_shows_bytes_before_and_after_compression() {
     // Killed: the pool audits clean.
     env.ok(&["audit", "tank"]);
 }
+
+/// Reads the pool's counters until `name` reaches `at_least` (a bounded wait for counters
+/// published a few times a second, not a timing assertion); returns the last JSON.
+fn counters_when(env: &Env, name: &str, at_least: u64) -> String {
+    let mut json = String::new();
+    for _ in 0..100 {
+        json = env.ok(&["iostat", "--json", "tank"]);
+        if counter(&json, name) >= at_least {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    json
+}
+
+/// A database's commits over NBD (a small write, then a FLUSH, one at a time): the log
+/// blocks are written early, as the writes arrive, and the FLUSHes only flush; with
+/// `logearly=off`, set on the served pool, they are written at the FLUSHes again.
+#[test]
+fn small_writes_followed_by_flushes_are_logged_early_unless_logearly_is_off() {
+    let env = Env::new();
+    env.tank(&[("vol0", "64M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let got = env.ok(&["get", "logearly", "tank"]);
+    assert!(got.contains(" on"), "{got}");
+    let out = python("commits.py", &[&server.uri("tank/vol0"), "1", "40"]);
+    assert!(out.contains("commits: ok"), "{out}");
+    let json = counters_when(&env, "commits", 40);
+    let early = counter(&json, "log_early_blocks");
+    // The first commit anchors the log (its writes wait for a txg), and a commit may come
+    // before an early write starts: most, not all, of the forty.
+    assert!(
+        early >= 20,
+        "{early} of 40 log blocks written early: {json}"
+    );
+    assert!(counter(&json, "log_early_flush_us") > 0, "{json}");
+    let table = env.ok(&["iostat", "tank"]);
+    assert!(table.contains("log blocks written early: "), "{table}");
+    env.ok(&["set", "logearly=off", "tank"]);
+    let got = env.ok(&["get", "logearly", "tank"]);
+    assert!(got.contains(" off"), "{got}");
+    let out = python("commits.py", &[&server.uri("tank/vol0"), "2", "40"]);
+    assert!(out.contains("commits: ok"), "{out}");
+    let json = counters_when(&env, "commits", 80);
+    assert_eq!(counter(&json, "log_early_blocks"), early, "{json}");
+    assert!(counter(&json, "log_blocks") >= early + 30, "{json}");
+    drop(server);
+    let audit = env.ok(&["audit", "tank"]);
+    assert!(audit.contains(" 0 problems"), "{audit}");
+}

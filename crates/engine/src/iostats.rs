@@ -426,6 +426,11 @@ pub struct LogCounters {
     pub presummed_blocks: AtomicU64,
     /// Device flushes of any kind (log commits and txg commits), one per leaf flushed.
     pub device_flushes: AtomicU64,
+    /// Log blocks written early (ahead of their commit, without a flush; counted in
+    /// [`LogCounters::blocks_written`] too).
+    pub early_blocks: AtomicU64,
+    /// Nanoseconds commits spent flushing blocks written early, summed.
+    pub early_flush_ns_total: AtomicU64,
 }
 
 /// A snapshot of [`LogCounters`].
@@ -453,13 +458,17 @@ pub struct LogStats {
     pub presummed_blocks: u64,
     /// Device flushes of any kind, one per leaf flushed.
     pub device_flushes: u64,
+    /// Log blocks written early.
+    pub early_blocks: u64,
+    /// Nanoseconds commits spent flushing blocks written early, summed.
+    pub early_flush_ns_total: u64,
 }
 
 impl LogStats {
     /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"presummed_blocks\":{},\"device_flushes\":{}}}",
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"presummed_blocks\":{},\"device_flushes\":{},\"log_early_blocks\":{},\"log_early_flush_us\":{}}}",
             self.commits,
             self.blocks_written,
             self.bytes_written,
@@ -470,7 +479,9 @@ impl LogStats {
             self.indirect_bytes,
             self.adopted_blocks,
             self.presummed_blocks,
-            self.device_flushes
+            self.device_flushes,
+            self.early_blocks,
+            self.early_flush_ns_total / 1000
         )
     }
 }
@@ -490,6 +501,8 @@ impl LogCounters {
             adopted_blocks: self.adopted_blocks.load(Ordering::Relaxed),
             presummed_blocks: self.presummed_blocks.load(Ordering::Relaxed),
             device_flushes: self.device_flushes.load(Ordering::Relaxed),
+            early_blocks: self.early_blocks.load(Ordering::Relaxed),
+            early_flush_ns_total: self.early_flush_ns_total.load(Ordering::Relaxed),
         }
     }
 }

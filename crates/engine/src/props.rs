@@ -66,6 +66,11 @@ pub struct PoolProps {
     /// `serial` runs one commit at a time, each with its own block and flush (the behaviour
     /// before OpenZFS PR 10163, kept to measure what group commit gains).
     pub log_group_commit: bool,
+    /// `logearly`: `on` (default) writes a volume's log block as soon as a write arrives while
+    /// its log is idle, without a flush, so that the FLUSH which follows (a database's commit,
+    /// `fsync` after each write) only has to flush; `off` writes log blocks at commits only.
+    /// See `zvol/log.rs` ("Early writes").
+    pub log_early: bool,
     /// `scheduler`: the vdev queue mode of every device without its own setting: `auto`
     /// (default) bypasses the queue while the device keeps up, `on` always queues, `off`
     /// never does (see `vdev_queue.rs` for the rule).
@@ -97,6 +102,7 @@ impl Default for PoolProps {
             dirty_max_bytes: default_dirty_max_bytes(),
             cache_max_bytes: 256 << 20,
             log_group_commit: true,
+            log_early: true,
             data_cache_max_bytes: default_data_cache_max_bytes(),
             completion: CompletionPolicy::Auto,
             scheduler: SchedulerMode::Auto,
@@ -131,6 +137,7 @@ pub const POOL_PROP_NAMES: &[&str] = &[
     "dirty_max",
     "cache_max",
     "logcommit",
+    "logearly",
     "completion",
     "data_cache_max",
     "scheduler",
@@ -140,7 +147,7 @@ pub const POOL_PROP_NAMES: &[&str] = &[
 
 /// Properties persisted only when they differ from their default: a pool that never set
 /// them stays readable by a build that does not know them.
-const POOL_PROPS_PERSISTED_IF_SET: &[&str] = &["fault_errors", "fault_window"];
+const POOL_PROPS_PERSISTED_IF_SET: &[&str] = &["fault_errors", "fault_window", "logearly"];
 
 /// Names of the per-device properties, for listing.
 pub const DEVICE_PROP_NAMES: &[&str] = &["scheduler"];
@@ -168,6 +175,7 @@ impl PoolProps {
                 "serial"
             }
             .to_string(),
+            "logearly" => if self.log_early { "on" } else { "off" }.to_string(),
             "scheduler" => self.scheduler.as_str().to_string(),
             "fault_errors" => self.fault_errors.to_string(),
             "fault_window" => self.fault_window_s.to_string(),
@@ -226,6 +234,13 @@ impl PoolProps {
                     "group" => true,
                     "serial" => false,
                     _ => return Err(EngineError::invalid("logcommit must be group or serial")),
+                }
+            }
+            "logearly" => {
+                self.log_early = match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(EngineError::invalid("logearly must be on or off")),
                 }
             }
             "data_cache_max" => {

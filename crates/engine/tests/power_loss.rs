@@ -24,7 +24,7 @@ use common::{
 };
 use oxpool_engine::{Pool, TopSpec};
 use oxpool_format::{Compression, TopVdevKind, DATA_START_BYTES};
-use oxpool_io::rt::block_on;
+use oxpool_io::rt::{block_on, LocalExecutor};
 use oxpool_io::{Backend, IoBuf, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -35,6 +35,15 @@ const DEVICE_BYTES: u64 = 32 << 20;
 /// Pool layouts, chosen by `seed % LAYOUTS` (see [`crash_case`]).
 const LAYOUTS: u64 = 7;
 const VOLUME_BYTES: u64 = 512 << 10;
+
+/// Runs `fut` on `exec` (whose spawned tasks, the early log writes, stay for the next call),
+/// or with `block_on` (where nothing is spawned).
+fn drive<F: std::future::Future>(exec: Option<&LocalExecutor>, fut: F) -> F::Output {
+    match exec {
+        Some(e) => e.run_until(fut),
+        None => block_on(fut),
+    }
+}
 
 fn as_backends(mems: &[MemoryBackend]) -> Vec<Arc<dyn Backend>> {
     mems.iter()
@@ -87,6 +96,10 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let bs = [512u32, 4096, 16384, 16384, 65536][rng.random_range(0..5)];
     let compression = ["lz4", "zstd", "off"][(seed / LAYOUTS % 3) as usize];
     let logbias = ["latency", "throughput"][(seed / (LAYOUTS * 3) % 2) as usize];
+    // Half the seeds run the changes on an executor that keeps tasks between them, as the NBD
+    // server's reactors do: small writes after a commit have their log blocks written early
+    // (without a flush), so crashes land between such a write and the flush that follows.
+    let exec = (seed / (LAYOUTS * 6) % 2 == 1).then(LocalExecutor::new);
     let vol = pool
         .create_volume(
             "v",
@@ -144,9 +157,9 @@ fn crash_case(seed: u64) -> Result<String, String> {
                 let r = if shape == 1 {
                     let mut blocks: Vec<IoBuf> =
                         data.chunks(bs as usize).map(IoBuf::from_slice).collect();
-                    block_on(vol.write_blocks(off, &mut blocks, fua))
+                    drive(exec.as_ref(), vol.write_blocks(off, &mut blocks, fua))
                 } else {
-                    block_on(vol.write(off, &data, fua))
+                    drive(exec.as_ref(), vol.write(off, &data, fua))
                 };
                 // Even a failed write may have reached the media in part.
                 current[off as usize..(off + len) as usize].copy_from_slice(&data);
@@ -160,7 +173,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
             6 => {
                 let len = rng.random_range(1..100_000u64);
                 let off = rng.random_range(0..VOLUME_BYTES - len);
-                let r = block_on(vol.trim(off, len, false));
+                let r = drive(exec.as_ref(), vol.trim(off, len, false));
                 let b = bs as u64;
                 let (first, end) = (off.div_ceil(b) * b, (off + len) / b * b);
                 if first < end {
@@ -170,7 +183,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
                 r
             }
             _ => {
-                let r = block_on(vol.flush());
+                let r = drive(exec.as_ref(), vol.flush());
                 if r.is_ok() {
                     durable = current.clone();
                     since.clear();
@@ -183,11 +196,14 @@ fn crash_case(seed: u64) -> Result<String, String> {
         }
     }
     let crashed = group.members.lock().unwrap().iter().any(|m| m.is_dead());
+    let early_blocks = pool.log_stats().early_blocks;
+    drop(exec); // its tasks hold the volume
     drop(vol);
     drop(pool); // no export: the process is gone
     let (pool, report) = power_off_and_import(&group, &mems, seed)?;
     let report = format!(
-        "{report}layout {layout}, volblocksize {bs}, compression {compression}, logbias {logbias}"
+        "{report}layout {layout}, volblocksize {bs}, compression {compression}, logbias {logbias}, \
+         {early_blocks} log blocks written early"
     );
     let imported_txg = pool.synced_txg();
     let got = read_all(&pool).map_err(|e| {

@@ -548,6 +548,35 @@ impl Drop for CurrentGuard {
     }
 }
 
+/// Lets the executor run everything else that is ready, and turn the ring once (submitting
+/// what they queued), before the caller goes on: for a task that should not go before the
+/// work that spawned it (an early log write, after the reply of the write that started it).
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await
+}
+
+/// Spawns a task onto the `LocalExecutor` running on this thread, if one is: returns whether
+/// it did (under [`block_on`] there is none, and `fut` is dropped). For work a caller may
+/// start early but need not: the engine's early log writes.
+pub fn try_spawn_local(fut: impl Future<Output = ()> + 'static) -> bool {
+    match CURRENT_LOCAL.with(|c| c.borrow().clone()) {
+        Some(inner) => {
+            inner.spawn(Box::pin(fut));
+            true
+        }
+        None => false,
+    }
+}
+
 /// Spawns a task onto the `LocalExecutor` currently running on this thread.
 ///
 /// Panics with a clear message if no `LocalExecutor::run_until` is running on this thread.

@@ -171,7 +171,8 @@ pub mod rt {
         OP_TABLE_CAPACITY,
     };
     pub use crate::executor::{
-        block_on, join2, join_all, join_all_bounded, sleep, spawn_local, LocalExecutor,
+        block_on, join2, join_all, join_all_bounded, sleep, spawn_local, try_spawn_local,
+        yield_now, LocalExecutor,
     };
 
     /// Async socket operations on the ring for the NBD server (TCP and unix stream sockets),

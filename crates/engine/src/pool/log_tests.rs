@@ -75,3 +75,130 @@ fn a_build_writes_no_block_at_an_unanchored_place() {
     assert!(report.is_clean(), "{:?}", report.problems);
     pool.export().unwrap();
 }
+
+/// Counters of the log, for the early-write tests.
+fn log_stats(vol: &crate::Volume) -> crate::iostats::LogStats {
+    vol.pool.log_counters.stats()
+}
+
+/// Runs `exec` until the volume's early writes have all completed (bounded): a spawned one
+/// first waits for a turn of the executor, then claims the log.
+fn run_until_early_done(exec: &oxpool_io::rt::LocalExecutor, vol: &crate::Volume) {
+    exec.run_until(async {
+        for _ in 0..4 {
+            oxpool_io::rt::yield_now().await;
+        }
+        for _ in 0..10_000 {
+            if vol.vol.zil.state.lock().unwrap().early_in_flight == 0 {
+                return;
+            }
+            oxpool_io::rt::sleep(std::time::Duration::from_micros(100)).await;
+        }
+        panic!("an early log write did not complete");
+    });
+}
+
+/// A write that follows a commit, on an idle log, has its log block written at once without
+/// a flush (not durable yet); the FLUSH that follows writes no block, only flushes, and then
+/// the write is durable. Its records replay after a crash (`power_loss.rs` covers crashes
+/// between the two).
+#[test]
+fn an_early_write_leaves_only_the_flush_to_the_commit() {
+    let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
+    let mut props = PoolProps::default();
+    props.set("txg_timeout", "3600").unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let exec = oxpool_io::rt::LocalExecutor::new();
+    // A commit first: early writes are for volumes whose writes are followed by commits.
+    exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
+    exec.run_until(vol.flush()).unwrap();
+    run_until_early_done(&exec, &vol);
+    let before = log_stats(&vol);
+    exec.run_until(vol.write(8192, &[2u8; 4096], false))
+        .unwrap();
+    let target = vol.vol.zil.last_itx();
+    run_until_early_done(&exec, &vol);
+    let early = log_stats(&vol);
+    assert_eq!(early.early_blocks, before.early_blocks + 1, "{early:?}");
+    assert_eq!(early.blocks_written, before.blocks_written + 1);
+    assert_eq!(early.flushes, before.flushes, "an early write flushed");
+    {
+        let mut s = vol.vol.zil.state.lock().unwrap();
+        assert!(s.durable_itx <= target, "durable before any flush");
+        assert_eq!(s.unflushed_blocks().len(), 1);
+    }
+    exec.run_until(vol.flush()).unwrap();
+    let flushed = log_stats(&vol);
+    assert_eq!(
+        flushed.blocks_written, early.blocks_written,
+        "the commit wrote a block"
+    );
+    assert_eq!(flushed.flushes, early.flushes + 1);
+    {
+        let mut s = vol.vol.zil.state.lock().unwrap();
+        assert!(s.durable_itx > target, "not durable after the flush");
+        assert!(s.unflushed_blocks().is_empty());
+        assert!(s.chain.iter().all(|c| c.done));
+    }
+    drop(exec);
+    drop(vol);
+    // The sync that follows frees the log's blocks its predecessor made unneeded.
+    pool.sync().unwrap();
+    let report = pool.audit().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    pool.export().unwrap();
+}
+
+/// No early write for writes no commit follows (a bulk copy), for a change too large, with
+/// `logearly=off`, or outside an executor (`block_on`): their blocks are written at commits.
+#[test]
+fn early_writes_only_where_a_commit_follows_small_writes() {
+    let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
+    let mut props = PoolProps::default();
+    props.set("txg_timeout", "3600").unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let exec = oxpool_io::rt::LocalExecutor::new();
+    let early = |vol: &crate::Volume| log_stats(vol).early_blocks;
+    // Never committed: no early writes.
+    for i in 0..8u64 {
+        exec.run_until(vol.write(i * 4096, &[3u8; 4096], false))
+            .unwrap();
+        run_until_early_done(&exec, &vol);
+    }
+    assert_eq!(early(&vol), 0, "early writes without any commit");
+    exec.run_until(vol.flush()).unwrap();
+    // Too large for an early write (it would be written in place, or be a burst).
+    exec.run_until(vol.write(0, &[4u8; 64 << 10], false))
+        .unwrap();
+    run_until_early_done(&exec, &vol);
+    assert_eq!(early(&vol), 0, "an early write of 64 KiB");
+    exec.run_until(vol.flush()).unwrap();
+    // Under block_on there is no executor to run one.
+    block_on(vol.write(0, &[5u8; 4096], false)).unwrap();
+    assert_eq!(early(&vol), 0, "an early write under block_on");
+    exec.run_until(vol.flush()).unwrap();
+    // logearly=off.
+    pool.set_prop("logearly", "off").unwrap();
+    exec.run_until(vol.write(0, &[6u8; 4096], false)).unwrap();
+    run_until_early_done(&exec, &vol);
+    assert_eq!(early(&vol), 0, "an early write with logearly=off");
+    exec.run_until(vol.flush()).unwrap();
+    // And on again: the same write is written early.
+    pool.set_prop("logearly", "on").unwrap();
+    exec.run_until(vol.write(0, &[7u8; 4096], false)).unwrap();
+    run_until_early_done(&exec, &vol);
+    assert_eq!(early(&vol), 1, "no early write with logearly=on");
+    exec.run_until(vol.flush()).unwrap();
+    let mut got = vec![0u8; 4096];
+    exec.run_until(vol.read(0, &mut got)).unwrap();
+    assert!(got.iter().all(|&b| b == 7));
+    drop(exec);
+    drop(vol);
+    // The sync that follows frees the log's blocks its predecessor made unneeded.
+    pool.sync().unwrap();
+    let report = pool.audit().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    pool.export().unwrap();
+}

@@ -64,6 +64,14 @@ pub(crate) const DURABLE_FLUSH_WINS_BELOW_PERCENT: u128 = 75;
 /// trial is compared with: both ways have heavy tails under load (one block in ten, or
 /// most, waiting a scheduler slice), so one block says little; the mean of sixteen does.
 pub(crate) const DURABLE_TRIAL_BLOCKS: u64 = 16;
+/// Early writes (`zvol/log_early.rs`) only for a volume that committed this recently: writes
+/// that no commit follows (a bulk copy, a sequential fill) must not pay for a log block each.
+/// A database commits every few milliseconds at most while it writes.
+pub(crate) const EARLY_AFTER_COMMIT: Duration = Duration::from_millis(20);
+/// Early writes only for this much pending data (bytes written by clients) ...
+pub(crate) const EARLY_PENDING_BYTES_MAX: u64 = 32 << 10;
+/// ... in at most this many changes: the pattern of a commit record, not a burst.
+pub(crate) const EARLY_PENDING_ITXS_MAX: usize = 4;
 /// Bound on the waker list (waiters re-register on every poll; duplicates are dropped).
 pub(crate) const WAITERS_MAX: usize = 1 << 16;
 /// Bound on the chain of blocks written since the persisted head (a txg sync trims it).
@@ -126,8 +134,18 @@ pub(crate) struct ChainBlock {
     pub(crate) max_txg: Txg,
     /// Written and flushed.
     pub(crate) done: bool,
+    /// Written without a flush (an early write, `zvol/log.rs`): durable once a flush of its
+    /// device that began after the write completed has completed; until then not `done`.
+    pub(crate) unflushed: bool,
     /// The write or flush failed: never durable, and the durable point never passes it.
     pub(crate) failed: bool,
+}
+
+impl ChainBlock {
+    /// Its write (or its durable write's flush) has not completed yet.
+    pub(crate) fn in_flight(&self) -> bool {
+        !self.done && !self.failed && !self.unflushed
+    }
 }
 
 /// How one log block is made durable.
@@ -300,6 +318,14 @@ pub(crate) struct ZilState {
     pub(crate) alloc_ok_left: Option<u64>,
     /// How blocks are made durable on a device that lets the log choose.
     pub(crate) durable: DurableChoice,
+    /// Early writes (blocks written ahead of their commit, without a flush) in progress: at
+    /// most one at a time.
+    pub(crate) early_in_flight: u32,
+    /// A committer is flushing blocks written early (one at a time; the others wait for it).
+    pub(crate) flushing: bool,
+    /// When the last commit began: early writes are for volumes whose writes are followed by
+    /// commits.
+    pub(crate) last_commit: Option<Instant>,
 }
 
 /// The chain import is replaying. A sync may commit in the middle of the replay (the dirty
@@ -357,6 +383,9 @@ impl Zil {
                 replay_hold: None,
                 alloc_ok_left: None,
                 durable: DurableChoice::new(),
+                early_in_flight: 0,
+                flushing: false,
+                last_commit: None,
             }),
         }
     }
@@ -388,13 +417,17 @@ impl Zil {
         s.advance_durable();
         // Bounded by the chain's length.
         while let Some(front) = s.chain.front() {
-            if front.done && front.max_txg <= synced {
+            // A block written early and never flushed is not needed either once its txgs
+            // have synced; one still being written is kept until its write completes.
+            if (front.done || front.unflushed) && front.max_txg <= synced {
                 let b = s.chain.pop_front().unwrap();
                 s.to_free.push(b.addr);
             } else {
                 break;
             }
         }
+        // Past the records of blocks written early that just left the chain unflushed.
+        s.advance_durable();
         // Committers re-check: their txg may be durable now.
         let waiters = std::mem::take(&mut s.waiters);
         drop(s);
@@ -438,7 +471,11 @@ impl Zil {
     /// Waits (does nothing) while a block is still being written or built.
     pub fn restart_if_broken(&self, synced: Txg) {
         let mut s = self.state.lock().unwrap();
-        if !s.broken || s.building || s.chain.iter().any(|c| !c.done && !c.failed) {
+        if !s.broken
+            || s.building
+            || s.early_in_flight > 0
+            || s.chain.iter().any(ChainBlock::in_flight)
+        {
             return;
         }
         let mut dropped: Vec<(u64, Txg)> = Vec::new();
@@ -607,6 +644,74 @@ impl ZilState {
             .get_mut(usize::try_from(seq.checked_sub(first)?).ok()?)?;
         debug_assert_eq!(b.seq, seq, "chain seqs are consecutive");
         Some(b)
+    }
+
+    /// Whether an early write may start now: a commit began within [`EARLY_AFTER_COMMIT`]
+    /// (writes on this volume are followed by commits), the log is idle (no commit, build,
+    /// open block, early write or flush in progress), sound, anchored at a place named by a
+    /// synced txg, and what is pending is a few small changes (copied into the block, never
+    /// written in place).
+    pub(crate) fn early_write_allowed(&self, synced: Txg, now: Instant) -> bool {
+        let small = self.pending.len() <= EARLY_PENDING_ITXS_MAX
+            && self
+                .pending
+                .iter()
+                .map(|i| match i.kind {
+                    ItxKind::Write { length_bytes, .. } => length_bytes,
+                    ItxKind::Free { .. } | ItxKind::Zero { .. } => 0,
+                })
+                .sum::<u64>()
+                <= EARLY_PENDING_BYTES_MAX;
+        small
+            && self
+                .last_commit
+                .is_some_and(|t| now.saturating_duration_since(t) <= EARLY_AFTER_COMMIT)
+            && self.committers == 0
+            && !self.building
+            && self.open.is_none()
+            && self.early_in_flight == 0
+            && !self.flushing
+            && !self.broken
+            && !self.serial_busy
+            && self.lost_floor.is_none()
+            && !self.pending.is_empty()
+            && self.next_addr.is_some()
+            && synced >= self.anchor_txg
+    }
+
+    /// The blocks written early and not flushed since (seq and vdev of each), oldest first.
+    pub(crate) fn unflushed_blocks(&mut self) -> Vec<(u64, VdevId)> {
+        let Some(first) = self.first_unwritten().map(|b| b.seq) else {
+            return Vec::new();
+        };
+        let front = self.chain.front().map_or(first, |b| b.seq);
+        // Bounded by the chain's blocks not yet durable: those in flight and those unflushed.
+        self.chain
+            .range((first - front) as usize..)
+            .filter(|b| b.unflushed)
+            .map(|b| (b.seq, b.addr.vdev))
+            .collect()
+    }
+
+    /// After a flush that began once the blocks `seqs` were written: they are durable (`ok`),
+    /// or never will be (the log is broken, and its commits wait for the txg).
+    pub(crate) fn flushed(&mut self, seqs: &[u64], ok: bool) {
+        for &seq in seqs {
+            if let Some(c) = self.chain_block_mut(seq) {
+                if c.unflushed {
+                    c.unflushed = false;
+                    if ok {
+                        c.done = true;
+                    } else {
+                        c.failed = true;
+                    }
+                }
+            }
+        }
+        if !ok {
+            self.broken = true;
+        }
+        self.advance_durable();
     }
 
     /// The chain's first block not written yet.
@@ -781,6 +886,7 @@ pub(crate) fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
         max_txg: o.max_txg,
         done: false,
         failed: false,
+        unflushed: false,
     });
     o
 }
@@ -879,24 +985,7 @@ pub(crate) async fn write_durably(
     way: DurableWay,
 ) -> Result<()> {
     let zio = &inner.zio;
-    // Only the used part (whole sectors) is written; the rest of the place stays as it was.
-    // On a raidz vdev the block is its whole capacity (the rest zeros): the reader knows
-    // the place only, and the columns and parity depend on the block's size.
-    let (written, data) = match raidz_log_block(zio, addr) {
-        Some((dva, capacity)) => {
-            debug_assert!(data.len() <= capacity);
-            let mut whole = IoBuf::zeroed(capacity);
-            whole[..data.len()].copy_from_slice(&data);
-            (dva, whole)
-        }
-        None => (
-            Dva {
-                asize_bytes: data.len() as u32,
-                ..*addr
-            },
-            data,
-        ),
-    };
+    let (written, data) = log_block_place(zio, addr, data);
     if also_flush.is_empty() && way == DurableWay::Fua {
         crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
         let copies = zio
@@ -912,8 +1001,46 @@ pub(crate) async fn write_durably(
     crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
+    flush_log_vdevs(inner, &vdevs).await
+}
+
+/// Writes a log block without making it durable (an early write, `zvol/log_early.rs`): a
+/// later flush of its vdev's devices does.
+pub(crate) async fn write_unflushed(inner: &Spa, addr: &Dva, data: IoBuf) -> Result<()> {
+    let zio = &inner.zio;
+    let (written, data) = log_block_place(zio, addr, data);
+    crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
+    Ok(())
+}
+
+/// Where a log block's `data` is written and what: only the used part (whole sectors), the
+/// rest of the place staying as it was; on a raidz vdev the block's whole capacity (the rest
+/// zeros), because the reader knows the place only, and the columns and parity depend on the
+/// block's size.
+fn log_block_place(zio: &crate::zio::Zio, addr: &Dva, data: IoBuf) -> (Dva, IoBuf) {
+    match raidz_log_block(zio, addr) {
+        Some((dva, capacity)) => {
+            debug_assert!(data.len() <= capacity);
+            let mut whole = IoBuf::zeroed(capacity);
+            whole[..data.len()].copy_from_slice(&data);
+            (dva, whole)
+        }
+        None => (
+            Dva {
+                asize_bytes: data.len() as u32,
+                ..*addr
+            },
+            data,
+        ),
+    }
+}
+
+/// Flushes every device in service of `vdevs`: each must have flushed, because the records
+/// and the blocks they point to live there. A failing device makes the log fall back to txg
+/// syncs, which tolerate it.
+pub(crate) async fn flush_log_vdevs(inner: &Spa, vdevs: &[VdevId]) -> Result<()> {
     let mut leaves: Vec<Arc<Leaf>> = Vec::new();
-    for v in vdevs {
+    for &v in vdevs {
         let top = inner
             .zio
             .vdevs
@@ -922,8 +1049,6 @@ pub(crate) async fn write_durably(
         leaves.extend(top.leaves_in_service());
     }
     let futs: Vec<_> = leaves.iter().map(|l| l.flush()).collect();
-    // Every device involved must have flushed: the records and the blocks they point to live
-    // there. A failing device makes the log fall back to txg syncs, which tolerate it.
     let mut last = None;
     for (l, r) in leaves.iter().zip(oxpool_io::rt::join_all(futs).await) {
         inner.log_counters.flushes.fetch_add(1, Ordering::Relaxed);
@@ -1266,6 +1391,7 @@ mod tests {
                 max_txg: Txg(6),
                 done: true,
                 failed: false,
+                unflushed: false,
             });
             s.advance_durable();
             assert_eq!(s.durable_itx, lost, "passed records that are in no block");

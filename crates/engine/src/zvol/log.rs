@@ -9,7 +9,7 @@ use crate::zil::*;
 use crate::zvol::Volume;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    LogBlockHeader, LogBlockWriter, LogRecord, Txg, LOG_RECORD_DATA_BYTES_MAX,
+    LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId, LOG_RECORD_DATA_BYTES_MAX,
     LOG_RECORD_HEADER_BYTES,
 };
 use oxpool_io::{DurableWriteMode, IoBuf};
@@ -36,7 +36,11 @@ impl Volume {
         inner.txg.check_writable()?;
         inner.log_counters.commits.fetch_add(1, Ordering::Relaxed);
         let target_txg = inner.txg.state.lock().unwrap().open;
-        zil.state.lock().unwrap().committers += 1;
+        {
+            let mut s = zil.state.lock().unwrap();
+            s.committers += 1;
+            s.last_commit = Some(Instant::now());
+        }
         struct Leave<'a>(&'a Zil);
         impl Drop for Leave<'_> {
             fn drop(&mut self) {
@@ -59,6 +63,7 @@ impl Volume {
                 Build,
                 IssueAt(Instant),
                 FallBack,
+                FlushEarly(Vec<(u64, VdevId)>),
             }
             let next = poll_fn(|cx| {
                 let mut s = zil.state.lock().unwrap();
@@ -96,6 +101,15 @@ impl Volume {
                         }
                     }
                 }
+                // Blocks written early (ours may be among them): flush them, unless another
+                // committer is; one still being written wakes us when it is.
+                if !s.flushing {
+                    let early = s.unflushed_blocks();
+                    if !early.is_empty() {
+                        s.flushing = true;
+                        return Poll::Ready(Next::FlushEarly(early));
+                    }
+                }
                 register(&mut s.waiters, cx.waker());
                 Poll::Pending
             })
@@ -127,6 +141,7 @@ impl Volume {
                         zil.state.lock().unwrap().broken = true;
                     }
                 }
+                Next::FlushEarly(early) => self.zil_flush_early(early).await,
                 Next::IssueAt(deadline) => {
                     let now = Instant::now();
                     if deadline > now {
@@ -731,15 +746,29 @@ impl Volume {
         let start = Instant::now();
         // Blocks with records pointing at blocks written in place are always written and
         // flushed; only the others tell how fast each way is.
+        // Blocks written early before this one are durable only with a flush after them:
+        // this block's flush covers them (a durable write would not).
+        let early: Vec<(u64, VdevId)> = {
+            let mut s = zil.state.lock().unwrap();
+            let mut e = s.unflushed_blocks();
+            e.retain(|&(seq, _)| seq < b.seq);
+            e
+        };
+        let mut also_flush = b.flush_vdevs.clone();
+        for &(_, v) in &early {
+            if !also_flush.contains(&v) {
+                also_flush.push(v);
+            }
+        }
         let device = device_durable_mode(&self.pool, &b.addr);
-        let measured = b.flush_vdevs.is_empty() && device == DurableWriteMode::Measure;
-        let way = if b.flush_vdevs.is_empty() {
+        let measured = also_flush.is_empty() && device == DurableWriteMode::Measure;
+        let way = if also_flush.is_empty() {
             zil.state.lock().unwrap().choose_durable_way(device, start)
         } else {
             DurableWay::WriteThenFlush
         };
         let data = IoBuf::from_slice(&b.buf[..len]);
-        let r = write_durably(&self.pool, &b.addr, &b.flush_vdevs, data, way).await;
+        let r = write_durably(&self.pool, &b.addr, &also_flush, data, way).await;
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
         counters
@@ -758,7 +787,8 @@ impl Volume {
                     if let Some(c) = s.chain_block_mut(b.seq) {
                         c.done = true;
                     }
-                    s.advance_durable();
+                    let early: Vec<u64> = early.iter().map(|&(seq, _)| seq).collect();
+                    s.flushed(&early, true);
                 }
                 Err(e) => {
                     // Replay would stop at this block: nothing after it may count as durable.

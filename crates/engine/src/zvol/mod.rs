@@ -15,6 +15,7 @@
 
 mod changes;
 mod log;
+mod log_early;
 pub use crate::dmu::dirty::StoredForm;
 pub use changes::{ChangedExtent, CHANGED_RANGES_MAX};
 pub mod rangelock;
@@ -978,7 +979,11 @@ impl Volume {
         let sync = self.vol.ds.props.lock().unwrap().sync;
         match itx {
             Some(seq) if sync == SyncMode::Always || fua => self.zil_commit(seq).await,
-            _ => Ok(()),
+            Some(_) => {
+                self.zil_write_early();
+                Ok(())
+            }
+            None => Ok(()),
         }
     }
 
