@@ -128,6 +128,15 @@ fn an_early_write_leaves_only_the_flush_to_the_commit() {
         assert!(s.durable_itx <= target, "durable before any flush");
         assert_eq!(s.unflushed_blocks().len(), 1);
     }
+    // A txg sync makes its records durable through the pool, but the block stays in the
+    // chain until a flush covers it: the persisted head may name it, and replay reaches the
+    // blocks after it only through it.
+    pool.sync().unwrap();
+    assert_eq!(
+        vol.vol.zil.state.lock().unwrap().unflushed_blocks().len(),
+        1,
+        "an unflushed block left the chain"
+    );
     exec.run_until(vol.flush()).unwrap();
     let flushed = log_stats(&vol);
     assert_eq!(

@@ -68,6 +68,10 @@ pub(crate) const DURABLE_TRIAL_BLOCKS: u64 = 16;
 /// that no commit follows (a bulk copy, a sequential fill) must not pay for a log block each.
 /// A database commits every few milliseconds at most while it writes.
 pub(crate) const EARLY_AFTER_COMMIT: Duration = Duration::from_millis(20);
+/// Early writes between two commits: the first of a commit's writes is what a commit record
+/// or a single-write transaction races; a transaction of several writes gets the rest built
+/// into one block at its commit instead of a block each.
+pub(crate) const EARLY_BLOCKS_PER_COMMIT: u32 = 2;
 /// Early writes only for this much pending data (bytes written by clients) ...
 pub(crate) const EARLY_PENDING_BYTES_MAX: u64 = 32 << 10;
 /// ... in at most this many changes: the pattern of a commit record, not a burst.
@@ -323,9 +327,11 @@ pub(crate) struct ZilState {
     pub(crate) early_in_flight: u32,
     /// A committer is flushing blocks written early (one at a time; the others wait for it).
     pub(crate) flushing: bool,
-    /// When the last commit began: early writes are for volumes whose writes are followed by
-    /// commits.
+    /// When the last commit began or ended: early writes are for volumes whose writes are
+    /// followed by commits.
     pub(crate) last_commit: Option<Instant>,
+    /// Early writes since the last commit began (at most [`EARLY_BLOCKS_PER_COMMIT`]).
+    pub(crate) early_since_commit: u32,
 }
 
 /// The chain import is replaying. A sync may commit in the middle of the replay (the dirty
@@ -386,6 +392,7 @@ impl Zil {
                 early_in_flight: 0,
                 flushing: false,
                 last_commit: None,
+                early_since_commit: 0,
             }),
         }
     }
@@ -417,17 +424,16 @@ impl Zil {
         s.advance_durable();
         // Bounded by the chain's length.
         while let Some(front) = s.chain.front() {
-            // A block written early and never flushed is not needed either once its txgs
-            // have synced; one still being written is kept until its write completes.
-            if (front.done || front.unflushed) && front.max_txg <= synced {
+            // Only a durable block leaves, even when its records are all synced: the persisted
+            // head may name it, and replay reaches the blocks after it only through it. A
+            // block written early stays until a flush covers it (the next commit's).
+            if front.done && front.max_txg <= synced {
                 let b = s.chain.pop_front().unwrap();
                 s.to_free.push(b.addr);
             } else {
                 break;
             }
         }
-        // Past the records of blocks written early that just left the chain unflushed.
-        s.advance_durable();
         // Committers re-check: their txg may be durable now.
         let waiters = std::mem::take(&mut s.waiters);
         drop(s);
@@ -663,6 +669,7 @@ impl ZilState {
                 .sum::<u64>()
                 <= EARLY_PENDING_BYTES_MAX;
         small
+            && self.early_since_commit < EARLY_BLOCKS_PER_COMMIT
             && self
                 .last_commit
                 .is_some_and(|t| now.saturating_duration_since(t) <= EARLY_AFTER_COMMIT)

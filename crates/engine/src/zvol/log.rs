@@ -40,11 +40,15 @@ impl Volume {
             let mut s = zil.state.lock().unwrap();
             s.committers += 1;
             s.last_commit = Some(Instant::now());
+            s.early_since_commit = 0;
         }
         struct Leave<'a>(&'a Zil);
         impl Drop for Leave<'_> {
             fn drop(&mut self) {
-                self.0.state.lock().unwrap().committers -= 1;
+                let mut s = self.0.state.lock().unwrap();
+                s.committers -= 1;
+                // From its end too: a slow device's commit may take longer than the window.
+                s.last_commit = Some(Instant::now());
             }
         }
         let _leave = Leave(zil);

@@ -12,14 +12,17 @@
 //! When: only while the log is idle (no commit, build, open block, other early write or flush
 //! in progress), for a few small pending changes, and only on a volume that committed within
 //! [`EARLY_AFTER_COMMIT`]: writes that no commit follows (a bulk copy) never pay for a log
-//! block each. Under load the log is rarely idle and group commit works as before.
+//! block each; and at most [`EARLY_BLOCKS_PER_COMMIT`] between two commits, so that a
+//! transaction of many writes gets the rest built into one block at its commit. Under load
+//! the log is rarely idle and group commit works as before.
 //!
 //! Safety: a block written early is not durable, so it is not `done`: the durable point stays
 //! below its records until a flush of its device that began after its write completed. The
 //! committer that needs it flushes it (`Volume::zil_flush_early`), or a later block's flush
 //! covers it (`Volume::zil_issue`). Replay stops at the first block missing or torn, as for
-//! any block in flight at a crash; no record of it was answered as durable. A block whose
-//! records all belong to a synced txg leaves the chain whether it was flushed or not.
+//! any block in flight at a crash; no record of it was answered as durable. A block written
+//! early leaves the chain only once flushed, even when its records' txgs have synced: the
+//! persisted head may name it, and replay reaches the blocks after it only through it.
 
 use crate::spa::Spa;
 use crate::zil::*;
@@ -35,6 +38,18 @@ impl Volume {
     /// records if the log is idle (see the module's rules). Returns at once; the write runs
     /// as a task of this thread's executor (none under `block_on`: then nothing happens).
     pub(crate) fn zil_write_early(&self) {
+        // The log's own rules first: most writes that are not committed (a bulk copy) stop
+        // here, at one lock.
+        let allowed = self
+            .vol
+            .zil
+            .state
+            .lock()
+            .unwrap()
+            .early_write_allowed(self.pool.txg.synced(), Instant::now());
+        if !allowed {
+            return;
+        }
         let on = {
             let p = self.pool.state.lock().unwrap();
             p.props.log_early && p.props.log_group_commit
@@ -46,17 +61,7 @@ impl Volume {
             let p = self.vol.ds.props.lock().unwrap();
             !p.logbias_throughput && p.log_copy_max_bytes >= EARLY_PENDING_BYTES_MAX
         };
-        if !copied_only {
-            return;
-        }
-        let allowed = self
-            .vol
-            .zil
-            .state
-            .lock()
-            .unwrap()
-            .early_write_allowed(self.pool.txg.synced(), Instant::now());
-        if allowed {
+        if copied_only {
             let vol = self.clone();
             oxpool_io::rt::try_spawn_local(async move { vol.zil_early().await });
         }
@@ -72,7 +77,7 @@ impl Volume {
         if self.pool.txg.check_writable().is_err() {
             return;
         }
-        {
+        let first_seq = {
             let mut s = zil.state.lock().unwrap();
             // Checked again: a commit or another write may have come since.
             if !s.early_write_allowed(self.pool.txg.synced(), Instant::now()) {
@@ -80,11 +85,14 @@ impl Volume {
             }
             s.building = true;
             s.early_in_flight += 1;
-        }
+            s.early_since_commit += 1;
+            s.next_addr.map_or(0, |(_, seq)| seq)
+        };
         let mut guard = EarlyGuard {
             pool: &self.pool,
             zil,
             building: true,
+            first_seq,
             unfinished: Vec::new(),
         };
         // No committer: the build closes the last block at once.
@@ -208,6 +216,10 @@ struct EarlyGuard<'a> {
     pool: &'a Spa,
     zil: &'a Zil,
     building: bool,
+    /// The seq of the first block this build could close: every block from it on that is
+    /// still in flight while the build runs is this task's (no commit writes blocks while
+    /// the log is being built).
+    first_seq: u64,
     unfinished: Vec<u64>,
 }
 
@@ -220,6 +232,12 @@ impl Drop for EarlyGuard<'_> {
                 s.building = false;
                 if let Some(first) = s.building_first.take() {
                     s.lose_records(first, open_txg);
+                }
+                // Blocks the build had closed: never written.
+                for c in s.chain.iter_mut() {
+                    if c.seq >= self.first_seq && c.in_flight() {
+                        c.failed = true;
+                    }
                 }
                 s.broken = true;
             }
