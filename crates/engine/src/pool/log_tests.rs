@@ -159,8 +159,9 @@ fn an_early_write_leaves_only_the_flush_to_the_commit() {
     pool.export().unwrap();
 }
 
-/// No early write for writes no commit follows (a bulk copy), for a change too large, with
-/// `logearly=off`, or outside an executor (`block_on`): their blocks are written at commits.
+/// No early write for writes no commit follows (a bulk copy), for a change too large, after
+/// a commit that overlapped another, with `logearly=off`, or outside an executor (`block_on`):
+/// their blocks are written at commits.
 #[test]
 fn early_writes_only_where_a_commit_follows_small_writes() {
     let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
@@ -187,6 +188,15 @@ fn early_writes_only_where_a_commit_follows_small_writes() {
     // Under block_on there is no executor to run one.
     block_on(vol.write(0, &[5u8; 4096], false)).unwrap();
     assert_eq!(early(&vol), 0, "an early write under block_on");
+    exec.run_until(vol.flush()).unwrap();
+    // A commit that began while another was running (as another's is, simulated here): its
+    // clients commit concurrently, where group commit already shares blocks and flushes.
+    vol.vol.zil.state.lock().unwrap().committers += 1;
+    exec.run_until(vol.flush()).unwrap();
+    vol.vol.zil.state.lock().unwrap().committers -= 1;
+    exec.run_until(vol.write(0, &[8u8; 4096], false)).unwrap();
+    run_until_early_done(&exec, &vol);
+    assert_eq!(early(&vol), 0, "an early write after overlapping commits");
     exec.run_until(vol.flush()).unwrap();
     // logearly=off.
     pool.set_prop("logearly", "off").unwrap();

@@ -332,6 +332,10 @@ pub(crate) struct ZilState {
     pub(crate) last_commit: Option<Instant>,
     /// Early writes since the last commit began (at most [`EARLY_BLOCKS_PER_COMMIT`]).
     pub(crate) early_since_commit: u32,
+    /// The last commit began while no other was running: its clients commit one at a time.
+    /// Where commits overlap, group commit shares blocks and flushes among them, and a block
+    /// written early would add a write and a flush instead of saving one.
+    pub(crate) last_commit_alone: bool,
 }
 
 /// The chain import is replaying. A sync may commit in the middle of the replay (the dirty
@@ -393,6 +397,7 @@ impl Zil {
                 flushing: false,
                 last_commit: None,
                 early_since_commit: 0,
+                last_commit_alone: false,
             }),
         }
     }
@@ -652,8 +657,9 @@ impl ZilState {
         Some(b)
     }
 
-    /// Whether an early write may start now: a commit began within [`EARLY_AFTER_COMMIT`]
-    /// (writes on this volume are followed by commits), the log is idle (no commit, build,
+    /// Whether an early write may start now: a commit began or ended within
+    /// [`EARLY_AFTER_COMMIT`] (writes on this volume are followed by commits), and began
+    /// while no other commit ran (its clients commit one at a time), the log is idle (no commit, build,
     /// open block, early write or flush in progress), sound, anchored at a place named by a
     /// synced txg, and what is pending is a few small changes (copied into the block, never
     /// written in place).
@@ -669,6 +675,7 @@ impl ZilState {
                 .sum::<u64>()
                 <= EARLY_PENDING_BYTES_MAX;
         small
+            && self.last_commit_alone
             && self.early_since_commit < EARLY_BLOCKS_PER_COMMIT
             && self
                 .last_commit

@@ -40,6 +40,7 @@ impl Volume {
             let mut s = zil.state.lock().unwrap();
             s.committers += 1;
             s.last_commit = Some(Instant::now());
+            s.last_commit_alone = s.committers == 1;
             s.early_since_commit = 0;
         }
         struct Leave<'a>(&'a Zil);

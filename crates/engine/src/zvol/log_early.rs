@@ -10,8 +10,10 @@
 //! write reaches the device before its reply, so its FLUSH is a device flush too.
 //!
 //! When: only while the log is idle (no commit, build, open block, other early write or flush
-//! in progress), for a few small pending changes, and only on a volume that committed within
-//! [`EARLY_AFTER_COMMIT`]: writes that no commit follows (a bulk copy) never pay for a log
+//! in progress), for a few small pending changes, only on a volume whose last commit ran
+//! alone (where commits overlap, group commit already shares writes and flushes, and a block
+//! written early added a write and a flush: 0.10 log blocks per write instead of 0.06 at
+//! iodepth 16), and only on a volume that committed within [`EARLY_AFTER_COMMIT`]: writes that no commit follows (a bulk copy) never pay for a log
 //! block each; and at most [`EARLY_BLOCKS_PER_COMMIT`] between two commits, so that a
 //! transaction of many writes gets the rest built into one block at its commit. Under load
 //! the log is rarely idle and group commit works as before.
