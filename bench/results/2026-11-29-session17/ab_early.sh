@@ -1,7 +1,8 @@
 #!/bin/bash
-# A/B of logearly on/off: 4K write + flush qd1 cells on one served pool, alternating.
+# A/B of logearly on/off: 4K random write cells on one served pool, alternating; FIOARGS
+# (default "--iodepth=1 --fsync=1", a write + flush at queue depth 1) sets depth and flushes.
 B=/work/main/target/release/oxpool; W=/var/tmp/s17ab; rm -rf $W; mkdir -p $W
-N=${N:-4}; RT=${RT:-8}; PORT=10913
+N=${N:-4}; RT=${RT:-8}; PORT=10913; FIOARGS=${FIOARGS:---iodepth=1 --fsync=1}
 $B --cache-file $W/c create p $W/p.img --size 6G >/dev/null
 $B --cache-file $W/c vol create p/vol0 --size 2G >/dev/null
 $B --cache-file $W/c serve p --listen 127.0.0.1:$PORT > $W/log 2>&1 & echo $! > $W/pid
@@ -13,7 +14,7 @@ for r in $(seq $N); do
   for mode in on off; do
     $B --cache-file $W/c set logearly=$mode p
     c0=$(ctr)
-    fio --name=s --ioengine=nbd --uri=$U --rw=randwrite --bs=4k --iodepth=1 --fsync=1 --size=2G --runtime=$RT --time_based --output-format=json > $W/f.json
+    fio --name=s --ioengine=nbd --uri=$U --rw=randwrite --bs=4k $FIOARGS --size=2G --runtime=$RT --time_based --output-format=json > $W/f.json
     c1=$(ctr)
     python3 -c "
 import json; t=open('$W/f.json').read(); j=json.loads(t[t.index('{'):])['jobs'][0]; w=j['write']; s=j['sync']

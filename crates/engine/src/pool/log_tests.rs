@@ -76,6 +76,17 @@ fn a_build_writes_no_block_at_an_unanchored_place() {
     pool.export().unwrap();
 }
 
+/// A pool on one memory device whose txgs sync only when asked (so log blocks stay in the
+/// chain), with an 8 MiB volume.
+fn pool_without_txg_timeout() -> (Pool, crate::Volume) {
+    let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
+    let mut props = PoolProps::default();
+    props.set("txg_timeout", "3600").unwrap();
+    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    (pool, vol)
+}
+
 /// Counters of the log, for the early-write tests.
 fn log_stats(vol: &crate::Volume) -> crate::iostats::LogStats {
     vol.pool.log_counters.stats()
@@ -104,11 +115,7 @@ fn run_until_early_done(exec: &oxpool_io::rt::LocalExecutor, vol: &crate::Volume
 /// between the two).
 #[test]
 fn an_early_write_leaves_only_the_flush_to_the_commit() {
-    let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
-    let mut props = PoolProps::default();
-    props.set("txg_timeout", "3600").unwrap();
-    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
-    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let (pool, vol) = pool_without_txg_timeout();
     let exec = oxpool_io::rt::LocalExecutor::new();
     // A commit first: early writes are for volumes whose writes are followed by commits.
     exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
@@ -164,11 +171,7 @@ fn an_early_write_leaves_only_the_flush_to_the_commit() {
 /// their blocks are written at commits.
 #[test]
 fn early_writes_only_where_a_commit_follows_small_writes() {
-    let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
-    let mut props = PoolProps::default();
-    props.set("txg_timeout", "3600").unwrap();
-    let pool = Pool::create("tank", vec![TopSpec::single(dev)], props, false).unwrap();
-    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let (pool, vol) = pool_without_txg_timeout();
     let exec = oxpool_io::rt::LocalExecutor::new();
     let early = |vol: &crate::Volume| log_stats(vol).early_blocks;
     // Never committed: no early writes.

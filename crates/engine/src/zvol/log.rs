@@ -737,9 +737,9 @@ impl Volume {
         })
     }
 
-    /// Writes a closed block and flushes its devices; then marks it done and advances the
-    /// durable point through every consecutive done block.
-    pub(crate) async fn zil_issue(&self, mut b: OpenBlock) {
+    /// Writes the header of closed block `b` (its place in the chain and the next one's) and
+    /// seals it; returns the bytes to write.
+    pub(crate) fn finish_block(&self, b: &mut OpenBlock) -> usize {
         let zil = &self.vol.zil;
         let hdr = LogBlockHeader {
             pool_guid: zil.pool_guid,
@@ -747,7 +747,14 @@ impl Volume {
             seq: b.seq,
             next: b.next,
         };
-        let len = b.writer.finish(&hdr, &mut b.buf);
+        b.writer.finish(&hdr, &mut b.buf)
+    }
+
+    /// Writes a closed block and flushes its devices; then marks it done and advances the
+    /// durable point through every consecutive done block.
+    pub(crate) async fn zil_issue(&self, mut b: OpenBlock) {
+        let zil = &self.vol.zil;
+        let len = self.finish_block(&mut b);
         let start = Instant::now();
         // Blocks with records pointing at blocks written in place are always written and
         // flushed; only the others tell how fast each way is.

@@ -29,7 +29,7 @@
 use crate::spa::Spa;
 use crate::zil::*;
 use crate::zvol::Volume;
-use oxpool_format::{LogBlockHeader, VdevId};
+use oxpool_format::VdevId;
 use oxpool_io::IoBuf;
 use std::sync::atomic::Ordering;
 use std::task::Waker;
@@ -135,13 +135,7 @@ impl Volume {
     /// broken and its commits wait for the txg) and wakes the committers.
     async fn zil_write_unflushed(&self, mut b: OpenBlock) {
         let zil = &self.vol.zil;
-        let hdr = LogBlockHeader {
-            pool_guid: zil.pool_guid,
-            volume: zil.volume,
-            seq: b.seq,
-            next: b.next,
-        };
-        let len = b.writer.finish(&hdr, &mut b.buf);
+        let len = self.finish_block(&mut b);
         let data = IoBuf::from_slice(&b.buf[..len]);
         let r = write_unflushed(&self.pool, &b.addr, data).await;
         let counters = &self.pool.log_counters;
