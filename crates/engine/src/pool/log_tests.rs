@@ -87,6 +87,15 @@ fn pool_without_txg_timeout() -> (Pool, crate::Volume) {
     (pool, vol)
 }
 
+/// Syncs (which frees the log blocks its predecessor made unneeded), audits (every block
+/// verifies, every space figure recomputes, no leak) and exports.
+fn audit_clean_and_export(pool: Pool) {
+    pool.sync().unwrap();
+    let report = pool.audit().unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    pool.export().unwrap();
+}
+
 /// Counters of the log, for the early-write tests.
 fn log_stats(vol: &crate::Volume) -> crate::iostats::LogStats {
     vol.pool.log_counters.stats()
@@ -159,11 +168,7 @@ fn an_early_write_leaves_only_the_flush_to_the_commit() {
     }
     drop(exec);
     drop(vol);
-    // The sync that follows frees the log's blocks its predecessor made unneeded.
-    pool.sync().unwrap();
-    let report = pool.audit().unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    pool.export().unwrap();
+    audit_clean_and_export(pool);
 }
 
 /// No early write for writes no commit follows (a bulk copy), for a change too large, after
@@ -218,9 +223,5 @@ fn early_writes_only_where_a_commit_follows_small_writes() {
     assert!(got.iter().all(|&b| b == 7));
     drop(exec);
     drop(vol);
-    // The sync that follows frees the log's blocks its predecessor made unneeded.
-    pool.sync().unwrap();
-    let report = pool.audit().unwrap();
-    assert!(report.is_clean(), "{:?}", report.problems);
-    pool.export().unwrap();
+    audit_clean_and_export(pool);
 }
