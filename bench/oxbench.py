@@ -371,6 +371,19 @@ def disk_flushes(disk: str | None) -> int | None:
     return None
 
 
+def disk_times(disk: str | None) -> tuple[int, int] | None:
+    """Requests the disk completed (reads and writes) and the milliseconds they spent there,
+    summed (fields 4, 7, 8 and 11 of /proc/diskstats)."""
+    if disk is None:
+        return None
+    with open("/proc/diskstats") as f:
+        for line in f:
+            p = line.split()
+            if p[2] == disk and len(p) >= 11:
+                return int(p[3]) + int(p[7]), int(p[6]) + int(p[10])
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Servers
 
@@ -923,6 +936,7 @@ def measure(server: Server, w: Workload, args, tmp: Path, disk: str | None, tag:
     out = tmp / f"fio-{tag}.json"
     cnt0 = server.counters()
     flush0 = disk_flushes(disk)
+    times0 = disk_times(disk)
     s0 = proc_sample(server.proc.pid)
     ctx = CtxSampler(server.proc.pid)
     ctx.start()
@@ -939,8 +953,15 @@ def measure(server: Server, w: Workload, args, tmp: Path, disk: str | None, tag:
     s0["ctx"], s1["ctx"] = 0, ctx_n
     s1["threads"] = threads_seen
     flush1 = disk_flushes(disk)
+    times1 = disk_times(disk)
     cnt1 = server.counters()
-    return metrics_of(w, job, s0, s1, flush0, flush1, cnt0, cnt1)
+    m = metrics_of(w, job, s0, s1, flush0, flush1, cnt0, cnt1)
+    # The disk's own time per request in the cell: a virtual disk's host sometimes stalls it
+    # for seconds (tens of milliseconds per request, session 17's syncwrite-stall/), and then
+    # the cell measures the host, not the server.
+    if times0 is not None and times1 is not None and times1[0] > times0[0]:
+        m["disk_await_ms"] = (times1[1] - times0[1]) / (times1[0] - times0[0])
+    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -961,6 +982,9 @@ ROWS = [
     ("fio_cpu_pct", "client (fio) CPU (% of one core)", None),
     # No ratio: nbdkit's page cache defers its writes past the window (it shows < 1).
     ("write_amp", "server bytes written / client bytes", None),
+    # The kernel's time per request at the disk (whole disk): a few tenths of a millisecond
+    # on flash; tens of milliseconds mean the host stalled the disk in this cell.
+    ("disk_await_ms", "disk await per request (ms, whole disk)", None),
     ("flush_p50_us", "flush p50 latency (us)", "min"),
     ("flush_p99_us", "flush p99 latency (us)", "min"),
     ("nbd_flush_per_write", "NBD flushes/write (client side)", None),
@@ -1427,7 +1451,9 @@ def main(argv) -> int:
                         results[w.name].setdefault(s.name, []).append(m)
                         log(f"{w.name} [{rep + 1}/{args.repeat}] {s.name:14} {m['iops']:>10,.0f} IOPS  "
                             f"{m['mbps']:8.1f} MB/s  p99 {fmt(m['p99_us'])} us  "
-                            f"cpu {m['cpu_us_per_io']:.1f} us/IO  ctx {m['ctx_per_io']:.2f}/IO")
+                            f"cpu {m['cpu_us_per_io']:.1f} us/IO  ctx {m['ctx_per_io']:.2f}/IO"
+                            + (f"  disk await {m['disk_await_ms']:.2f} ms"
+                               if "disk_await_ms" in m else ""))
                     except (BenchError, OSError, subprocess.SubprocessError) as e:
                         results[w.name].setdefault(s.name, []).append(str(e))
                         log(f"{w.name} [{rep + 1}/{args.repeat}] {s.name}: error: {str(e).splitlines()[0]}")
