@@ -359,29 +359,31 @@ def disk_of(path: Path) -> str | None:
     return None
 
 
-def disk_flushes(disk: str | None) -> int | None:
-    """Flush requests the disk completed (field 16 of /proc/diskstats, kernels >= 5.5)."""
+def diskstats_of(disk: str | None) -> list[str] | None:
+    """The disk's line of /proc/diskstats, split into fields, if it is there."""
     if disk is None:
         return None
     with open("/proc/diskstats") as f:
         for line in f:
             p = line.split()
-            if p[2] == disk and len(p) >= 19:
-                return int(p[18])
+            if p[2] == disk:
+                return p
     return None
+
+
+def disk_flushes(disk: str | None) -> int | None:
+    """Flush requests the disk completed (field 16 of /proc/diskstats, kernels >= 5.5)."""
+    p = diskstats_of(disk)
+    return int(p[18]) if p is not None and len(p) >= 19 else None
 
 
 def disk_times(disk: str | None) -> tuple[int, int] | None:
     """Requests the disk completed (reads and writes) and the milliseconds they spent there,
     summed (fields 4, 7, 8 and 11 of /proc/diskstats)."""
-    if disk is None:
+    p = diskstats_of(disk)
+    if p is None or len(p) < 11:
         return None
-    with open("/proc/diskstats") as f:
-        for line in f:
-            p = line.split()
-            if p[2] == disk and len(p) >= 11:
-                return int(p[3]) + int(p[7]), int(p[6]) + int(p[10])
-    return None
+    return int(p[3]) + int(p[7]), int(p[6]) + int(p[10])
 
 
 # ---------------------------------------------------------------------------------------------
