@@ -745,6 +745,16 @@ impl ZilState {
     }
 }
 
+/// Adds the vdevs of `blocks` (seq and vdev of each) to `vdevs`, each once: the devices a
+/// flush covering those blocks must flush.
+pub(crate) fn add_vdevs_of(blocks: &[(u64, VdevId)], vdevs: &mut Vec<VdevId>) {
+    for &(_, v) in blocks {
+        if !vdevs.contains(&v) {
+            vdevs.push(v);
+        }
+    }
+}
+
 pub(crate) fn register(waiters: &mut Vec<Waker>, w: &Waker) {
     if !waiters.iter().any(|x| x.will_wake(w)) {
         assert!(waiters.len() < WAITERS_MAX, "log waiter list overflow");

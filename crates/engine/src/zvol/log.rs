@@ -756,8 +756,6 @@ impl Volume {
         let zil = &self.vol.zil;
         let len = self.finish_block(&mut b);
         let start = Instant::now();
-        // Blocks with records pointing at blocks written in place are always written and
-        // flushed; only the others tell how fast each way is.
         // Blocks written early before this one are durable only with a flush after them:
         // this block's flush covers them (a durable write would not).
         let early: Vec<(u64, VdevId)> = {
@@ -767,11 +765,9 @@ impl Volume {
             e
         };
         let mut also_flush = b.flush_vdevs.clone();
-        for &(_, v) in &early {
-            if !also_flush.contains(&v) {
-                also_flush.push(v);
-            }
-        }
+        add_vdevs_of(&early, &mut also_flush);
+        // Blocks with records pointing at blocks written in place, or covering blocks written
+        // early, are always written and flushed; only the others tell how fast each way is.
         let device = device_durable_mode(&self.pool, &b.addr);
         let measured = also_flush.is_empty() && device == DurableWriteMode::Measure;
         let way = if also_flush.is_empty() {

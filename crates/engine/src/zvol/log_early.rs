@@ -182,11 +182,7 @@ impl Volume {
         }
         let _flushing = Flushing(zil);
         let mut vdevs: Vec<VdevId> = Vec::new();
-        for &(_, v) in &early {
-            if !vdevs.contains(&v) {
-                vdevs.push(v);
-            }
-        }
+        add_vdevs_of(&early, &mut vdevs);
         let start = Instant::now();
         let r = flush_log_vdevs(&self.pool, &vdevs).await;
         self.pool
