@@ -225,3 +225,151 @@ fn early_writes_only_where_a_commit_follows_small_writes() {
     drop(vol);
     audit_clean_and_export(pool);
 }
+
+/// A device of the log's vdev that leaves service between an early write and the flush that
+/// covers it voids that flush: the block may be durable on no device in service (on a mirror
+/// whose other child failed that very write, which still counts as written with one copy).
+/// The commit then waits for the txg sync, which writes to the devices in service. The same
+/// round without the device leaving is the control: its commit is the log's flush alone.
+#[test]
+fn a_device_leaving_service_before_the_flush_sends_the_commit_to_the_txg() {
+    let devices: Vec<Arc<dyn Backend>> = (0..2)
+        .map(|i| Arc::new(MemoryBackend::new(&format!("m{i}"), 64 << 20)) as Arc<dyn Backend>)
+        .collect();
+    let mut props = PoolProps::default();
+    props.set("txg_timeout", "3600").unwrap();
+    let top = TopSpec {
+        kind: oxpool_format::TopVdevKind::Mirror,
+        devices,
+        log: false,
+    };
+    let pool = Pool::create("tank", vec![top], props, false).unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let exec = oxpool_io::rt::LocalExecutor::new();
+    exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
+    exec.run_until(vol.flush()).unwrap();
+    run_until_early_done(&exec, &vol);
+    // One round written early and committed by the log, one with m0 leaving service between.
+    for (round, leave) in [(2u8, false), (3u8, true)] {
+        let before = log_stats(&vol);
+        exec.run_until(vol.write(8192, &[round; 4096], false))
+            .unwrap();
+        run_until_early_done(&exec, &vol);
+        assert_eq!(
+            log_stats(&vol).early_blocks,
+            before.early_blocks + 1,
+            "round {round}: not written early"
+        );
+        if leave {
+            pool.offline("m0", true).unwrap();
+        }
+        let synced = pool.synced_txg();
+        exec.run_until(vol.flush()).unwrap();
+        let after = log_stats(&vol);
+        if leave {
+            assert!(
+                pool.synced_txg() > synced,
+                "the commit trusted a flush that m0's leaving service may have voided"
+            );
+        } else {
+            assert_eq!(
+                pool.synced_txg(),
+                synced,
+                "the control round waited for a txg"
+            );
+            assert_eq!(
+                after.flushes,
+                before.flushes + 2,
+                "one flush per mirror child"
+            );
+        }
+        let mut got = [0u8; 4096];
+        exec.run_until(vol.read(8192, &mut got)).unwrap();
+        assert!(
+            got.iter().all(|&b| b == round),
+            "round {round} reads back wrong"
+        );
+    }
+    drop(exec);
+    drop(vol);
+    audit_clean_and_export(pool);
+}
+
+/// The same for the writes of a commit itself, with early writes off: a log block written
+/// and then flushed, and (for a 64 KiB write) the blocks written in place that its records
+/// point at. m0's writes are delayed 2 s (`oxpool inject`), and another thread takes m0 out
+/// of service half a second in, while they wait: the commit's flush then reaches m1 alone,
+/// and must not count. (Ordered by the delay: the offline would have to come before the
+/// commit started writing, over 0.5 s late, for the test to miss what it checks.)
+#[test]
+fn a_device_leaving_service_during_a_commits_writes_sends_it_to_the_txg() {
+    use crate::vdev::{InjectKind, InjectOps, InjectRule};
+    for (len, what) in [
+        (4096usize, "a log block"),
+        (65536, "blocks written in place"),
+    ] {
+        // Devices without FUA (most virtual disks, files): a log block is written, then
+        // flushed. (A FUA write is durable on each copy as it completes: no gap to check.)
+        let devices: Vec<Arc<dyn Backend>> = (0..2)
+            .map(|i| {
+                let mem = Arc::new(MemoryBackend::new(&format!("m{i}"), 64 << 20));
+                let dev = oxpool_io::FaultBackend::new(mem, i);
+                dev.set_durable_write_mode(oxpool_io::DurableWriteMode::WriteThenFlush);
+                Arc::new(dev) as Arc<dyn Backend>
+            })
+            .collect();
+        let mut props = PoolProps::default();
+        props.set("txg_timeout", "3600").unwrap();
+        props.set("logearly", "off").unwrap();
+        let top = TopSpec {
+            kind: oxpool_format::TopVdevKind::Mirror,
+            devices,
+            log: false,
+        };
+        let pool = Pool::create("tank", vec![top], props, false).unwrap();
+        let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+        // A first commit anchors the log's chain (by a txg sync): the next ones use the log.
+        block_on(vol.write(1 << 20, &[1u8; 4096], true)).unwrap();
+        block_on(vol.write(1 << 20, &[2u8; 4096], true)).unwrap();
+        let m0 = pool
+            .spa
+            .zio
+            .vdevs
+            .leaves()
+            .find(|l| l.name() == "m0")
+            .unwrap();
+        pool.inject_add(InjectRule {
+            id: 1,
+            device: m0.guid,
+            kind: InjectKind::Delay { delay_ms: 2000 },
+            ops: InjectOps::Write,
+            frequency_ppm: crate::vdev::inject::FREQUENCY_PPM_ALL,
+        })
+        .unwrap();
+        let synced = pool.synced_txg();
+        let before = log_stats(&vol);
+        let offline = std::thread::scope(|scope| {
+            let offline = scope.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                pool.offline("m0", true)
+            });
+            block_on(vol.write(0, &vec![7u8; len], true)).unwrap();
+            offline.join().unwrap()
+        });
+        offline.unwrap();
+        assert!(
+            log_stats(&vol).blocks_written > before.blocks_written,
+            "{what}: the commit wrote no log block"
+        );
+        assert!(
+            pool.synced_txg() > synced,
+            "{what}: the commit trusted a flush that m0's leaving service may have voided"
+        );
+        let mut got = vec![0u8; len];
+        block_on(vol.read(0, &mut got)).unwrap();
+        assert!(got.iter().all(|&b| b == 7), "{what}: reads back wrong");
+        pool.inject_clear(None);
+        drop(vol);
+        audit_clean_and_export(pool);
+    }
+}

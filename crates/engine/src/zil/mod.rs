@@ -127,6 +127,8 @@ pub(crate) struct OpenBlock {
     /// Vdevs holding blocks written in place for this block's indirect records: flushed with
     /// the log block, so the records never point at data that is not durable.
     pub(crate) flush_vdevs: Vec<VdevId>,
+    /// The oldest [`service_stamp`] taken before the writes of those blocks.
+    pub(crate) flush_stamp: Option<u64>,
 }
 
 /// A block written (or being written) since the persisted head.
@@ -141,6 +143,8 @@ pub(crate) struct ChainBlock {
     /// Written without a flush (an early write, `zvol/log.rs`): durable once a flush of its
     /// device that began after the write completed has completed; until then not `done`.
     pub(crate) unflushed: bool,
+    /// [`service_stamp`] taken before its early write (with `unflushed`).
+    pub(crate) service_stamp: u64,
     /// The write or flush failed: never durable, and the durable point never passes it.
     pub(crate) failed: bool,
 }
@@ -693,8 +697,8 @@ impl ZilState {
             && synced >= self.anchor_txg
     }
 
-    /// The blocks written early and not flushed since (seq and vdev of each), oldest first.
-    pub(crate) fn unflushed_blocks(&mut self) -> Vec<(u64, VdevId)> {
+    /// The blocks written early and not flushed since, oldest first.
+    pub(crate) fn unflushed_blocks(&mut self) -> Vec<EarlyBlock> {
         let Some(first) = self.first_unwritten().map(|b| b.seq) else {
             return Vec::new();
         };
@@ -703,7 +707,11 @@ impl ZilState {
         self.chain
             .range((first - front) as usize..)
             .filter(|b| b.unflushed)
-            .map(|b| (b.seq, b.addr.vdev))
+            .map(|b| EarlyBlock {
+                seq: b.seq,
+                vdev: b.addr.vdev,
+                service_stamp: b.service_stamp,
+            })
             .collect()
     }
 
@@ -745,14 +753,58 @@ impl ZilState {
     }
 }
 
-/// Adds the vdevs of `blocks` (seq and vdev of each) to `vdevs`, each once: the devices a
-/// flush covering those blocks must flush.
-pub(crate) fn add_vdevs_of(blocks: &[(u64, VdevId)], vdevs: &mut Vec<VdevId>) {
-    for &(_, v) in blocks {
-        if !vdevs.contains(&v) {
-            vdevs.push(v);
+/// A block written early and not flushed since (`ZilState::unflushed_blocks`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EarlyBlock {
+    pub(crate) seq: u64,
+    pub(crate) vdev: VdevId,
+    /// [`service_stamp`] taken before the block's write.
+    pub(crate) service_stamp: u64,
+}
+
+/// Adds the vdevs of `blocks` to `vdevs`, each once: the devices a flush covering those
+/// blocks must flush.
+pub(crate) fn add_vdevs_of(blocks: &[EarlyBlock], vdevs: &mut Vec<VdevId>) {
+    for b in blocks {
+        if !vdevs.contains(&b.vdev) {
+            vdevs.push(b.vdev);
         }
     }
+}
+
+/// How many times the pool's devices left service so far (never falls).
+///
+/// Why: a block written without FUA is durable only on the devices that wrote it and were
+/// flushed after. A flush reaches the devices in service when it starts: if one that wrote
+/// the block left service in between (faulted, offlined, removed), the block may be durable
+/// on none, for instance on a mirror whose other child failed that very write (the write
+/// still counts as good with one copy). So a plain write and the flush that makes it durable
+/// count only if this figure did not change from before the write to after the flush;
+/// otherwise the log treats the flush as failed and its commits wait for the txg sync, which
+/// writes to the devices in service and tolerates the change. Pool-wide (not per vdev): a
+/// device leaves service rarely, and one figure covers a block's every copy, wherever its
+/// copies are.
+pub(crate) fn service_stamp(inner: &Spa) -> u64 {
+    inner.zio.vdevs.leaves().map(|l| l.health.outages()).sum()
+}
+
+/// An error if a device left service since [`service_stamp`] gave `stamp`: a flush that just
+/// ended may not cover what was written after the stamp.
+pub(crate) fn in_service_since(inner: &Spa, stamp: u64) -> Result<()> {
+    if service_stamp(inner) == stamp {
+        return Ok(());
+    }
+    Err(EngineError::io(
+        &inner.name,
+        std::io::Error::other("a device left service between a log write and its flush"),
+    ))
+}
+
+/// [`in_service_since`] for each of `blocks`, from its own stamp.
+pub(crate) fn early_blocks_in_service(inner: &Spa, blocks: &[EarlyBlock]) -> Result<()> {
+    blocks
+        .iter()
+        .try_for_each(|b| in_service_since(inner, b.service_stamp))
 }
 
 pub(crate) fn register(waiters: &mut Vec<Waker>, w: &Waker) {
@@ -820,6 +872,8 @@ pub(crate) enum Built {
         offset_bytes: u64,
         length_bytes: u64,
         bp: BlockPtr,
+        /// [`service_stamp`] taken before the block was written.
+        service_stamp: u64,
     },
     Free {
         txg: Txg,
@@ -851,6 +905,7 @@ impl Built {
                 offset_bytes,
                 length_bytes,
                 bp,
+                ..
             } => LogRecord::Indirect {
                 txg,
                 offset_bytes,
@@ -911,6 +966,7 @@ pub(crate) fn close(s: &mut ZilState, o: OpenBlock) -> OpenBlock {
         done: false,
         failed: false,
         unflushed: false,
+        service_stamp: 0,
     });
     o
 }
@@ -1022,10 +1078,12 @@ pub(crate) async fn write_durably(
         counters.device_flushes.fetch_add(copies, Ordering::Relaxed);
         return Ok(());
     }
+    let stamp = service_stamp(inner);
     crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
-    flush_log_vdevs(inner, &vdevs).await
+    flush_log_vdevs(inner, &vdevs).await?;
+    in_service_since(inner, stamp)
 }
 
 /// Writes a log block without making it durable (an early write, `zvol/log_early.rs`): a
@@ -1416,6 +1474,7 @@ mod tests {
                 done: true,
                 failed: false,
                 unflushed: false,
+                service_stamp: 0,
             });
             s.advance_durable();
             assert_eq!(s.durable_itx, lost, "passed records that are in no block");

@@ -9,7 +9,7 @@ use crate::zil::*;
 use crate::zvol::Volume;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    LogBlockHeader, LogBlockWriter, LogRecord, Txg, VdevId, LOG_RECORD_DATA_BYTES_MAX,
+    LogBlockHeader, LogBlockWriter, LogRecord, Txg, LOG_RECORD_DATA_BYTES_MAX,
     LOG_RECORD_HEADER_BYTES,
 };
 use oxpool_io::{DurableWriteMode, IoBuf};
@@ -68,7 +68,7 @@ impl Volume {
                 Build,
                 IssueAt(Instant),
                 FallBack,
-                FlushEarly(Vec<(u64, VdevId)>),
+                FlushEarly(Vec<EarlyBlock>),
             }
             let next = poll_fn(|cx| {
                 let mut s = zil.state.lock().unwrap();
@@ -511,6 +511,9 @@ impl Volume {
                 data: Arc::from(&data[..head]),
             });
         }
+        // Before the writes: the flush that makes them durable counts only if no device left
+        // service in between (`zil::service_stamp`).
+        let service_stamp = service_stamp(&self.pool);
         // How each block is stored (compressed, as is, or a hole) is decided here, on the
         // committer's thread, with the volume's `compression` as it is now: the block is
         // written now, as the txg sync would have written it.
@@ -612,6 +615,7 @@ impl Volume {
                     offset_bytes: b * bs,
                     length_bytes: bs,
                     bp: block.bp,
+                    service_stamp,
                 },
                 InPlace::Zeros(b) => Built::Zero {
                     txg,
@@ -685,6 +689,11 @@ impl Volume {
                                 }
                             }
                         }
+                        if let Built::Indirect { service_stamp, .. } = other {
+                            // The oldest stamp: the figure only grows.
+                            let at = o.flush_stamp.get_or_insert(*service_stamp);
+                            *at = (*at).min(*service_stamp);
+                        }
                     }
                     ok
                 }
@@ -734,6 +743,7 @@ impl Volume {
             max_txg: Txg(0),
             deadline: None,
             flush_vdevs: Vec::new(),
+            flush_stamp: None,
         })
     }
 
@@ -758,10 +768,10 @@ impl Volume {
         let start = Instant::now();
         // Blocks written early before this one are durable only with a flush after them:
         // this block's flush covers them (a durable write would not).
-        let early: Vec<(u64, VdevId)> = {
+        let early: Vec<EarlyBlock> = {
             let mut s = zil.state.lock().unwrap();
             let mut e = s.unflushed_blocks();
-            e.retain(|&(seq, _)| seq < b.seq);
+            e.retain(|e| e.seq < b.seq);
             e
         };
         let mut also_flush = b.flush_vdevs.clone();
@@ -776,7 +786,19 @@ impl Volume {
             DurableWay::WriteThenFlush
         };
         let data = IoBuf::from_slice(&b.buf[..len]);
-        let r = write_durably(&self.pool, &b.addr, &also_flush, data, way).await;
+        let r = write_durably(&self.pool, &b.addr, &also_flush, data, way)
+            .await
+            .and_then(|()| match b.flush_stamp {
+                // Its indirect records' blocks: durable only if no device left service
+                // between their writes and this flush.
+                Some(stamp) => in_service_since(&self.pool, stamp),
+                None => Ok(()),
+            });
+        // The earlier blocks this flush covers count only if their devices stayed in service.
+        let early_r = match &r {
+            Ok(()) => early_blocks_in_service(&self.pool, &early),
+            Err(_) => Ok(()),
+        };
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
         counters
@@ -795,8 +817,14 @@ impl Volume {
                     if let Some(c) = s.chain_block_mut(b.seq) {
                         c.done = true;
                     }
-                    let early: Vec<u64> = early.iter().map(|&(seq, _)| seq).collect();
-                    s.flushed(&early, true);
+                    let seqs: Vec<u64> = early.iter().map(|e| e.seq).collect();
+                    if let Err(e) = &early_r {
+                        tracing::warn!(
+                            volume = self.vol.ds.full_name,
+                            "log flush does not cover blocks written early, waiting for the txg: {e}"
+                        );
+                    }
+                    s.flushed(&seqs, early_r.is_ok());
                 }
                 Err(e) => {
                     // Replay would stop at this block: nothing after it may count as durable.

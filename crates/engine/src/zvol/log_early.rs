@@ -137,6 +137,9 @@ impl Volume {
         let zil = &self.vol.zil;
         let len = self.finish_block(&mut b);
         let data = IoBuf::from_slice(&b.buf[..len]);
+        // Before the write: a device that leaves service after this makes the flush that
+        // covers the block not count (`service_stamp`).
+        let stamp = service_stamp(&self.pool);
         let r = write_unflushed(&self.pool, &b.addr, data).await;
         let counters = &self.pool.log_counters;
         counters.blocks_written.fetch_add(1, Ordering::Relaxed);
@@ -156,7 +159,10 @@ impl Volume {
             if let Some(c) = s.chain_block_mut(b.seq) {
                 debug_assert!(c.in_flight());
                 match r {
-                    Ok(()) => c.unflushed = true,
+                    Ok(()) => {
+                        c.unflushed = true;
+                        c.service_stamp = stamp;
+                    }
                     Err(_) => c.failed = true,
                 }
             }
@@ -165,9 +171,11 @@ impl Volume {
         waiters.into_iter().for_each(Waker::wake);
     }
 
-    /// A committer's flush of the blocks written early, `early` (seq and vdev of each, all
-    /// written when it was taken): they become durable, and the durable point moves past them.
-    pub(crate) async fn zil_flush_early(&self, early: Vec<(u64, VdevId)>) {
+    /// A committer's flush of the blocks written early, `early` (all written when it was
+    /// taken): they become durable, and the durable point moves past them; unless the flush
+    /// failed, or a device of theirs left service since its write (the flush may then cover
+    /// a copy of none of them), when the log breaks and its commits wait for the txg.
+    pub(crate) async fn zil_flush_early(&self, early: Vec<EarlyBlock>) {
         let zil = &self.vol.zil;
         struct Flushing<'a>(&'a Zil);
         impl Drop for Flushing<'_> {
@@ -184,7 +192,9 @@ impl Volume {
         let mut vdevs: Vec<VdevId> = Vec::new();
         add_vdevs_of(&early, &mut vdevs);
         let start = Instant::now();
-        let r = flush_log_vdevs(&self.pool, &vdevs).await;
+        let r = flush_log_vdevs(&self.pool, &vdevs)
+            .await
+            .and_then(|()| early_blocks_in_service(&self.pool, &early));
         self.pool
             .log_counters
             .early_flush_ns_total
@@ -195,7 +205,7 @@ impl Volume {
                 "log flush failed, waiting for the txg: {e}"
             );
         }
-        let seqs: Vec<u64> = early.iter().map(|&(seq, _)| seq).collect();
+        let seqs: Vec<u64> = early.iter().map(|b| b.seq).collect();
         zil.state.lock().unwrap().flushed(&seqs, r.is_ok());
     }
 }
