@@ -334,7 +334,8 @@ def proc_sample(pid: int) -> dict:
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2:].split()
-    cpu_s = (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of proc(5)
+    user_s = int(fields[11]) / CLK_TCK  # fields 14 and 15 of proc(5)
+    sys_s = int(fields[12]) / CLK_TCK
     io = {}
     try:
         with open(f"/proc/{pid}/io") as f:
@@ -343,7 +344,8 @@ def proc_sample(pid: int) -> dict:
                 io[k] = int(v)
     except OSError:
         pass
-    return {"t": time.monotonic(), "cpu_s": cpu_s, "threads": int(fields[17]),
+    return {"t": time.monotonic(), "cpu_s": user_s + sys_s, "user_s": user_s, "sys_s": sys_s,
+            "threads": int(fields[17]),
             "write_bytes": io.get("write_bytes"), "read_bytes": io.get("read_bytes")}
 
 
@@ -869,6 +871,8 @@ def metrics_of(w: Workload, job: dict, before: dict, after: dict, flush0, flush1
         "lat_mean_us": main["lat_ns"]["mean"] / 1000,
         **{f"p{q}_us": p(q) for q in PERCENTILES},
         "cpu_us_per_io": cpu * 1e6 / ios,
+        "cpu_user_us_per_io": (after["user_s"] - before["user_s"]) * 1e6 / ios,
+        "cpu_sys_us_per_io": (after["sys_s"] - before["sys_s"]) * 1e6 / ios,
         "cpu_pct": 100 * cpu / wall if wall > 0 else None,
         "ctx_per_io": (after["ctx"] - before["ctx"]) / ios,
         "threads": after["threads"],
@@ -978,6 +982,10 @@ ROWS = [
     ("p99_us", "p99 latency (us)", "min"),
     ("p99.9_us", "p99.9 latency (us)", "min"),
     ("cpu_us_per_io", "server CPU (us/IO)", "min"),
+    # The server's own code against the kernel's work for it (on loopback the kernel's
+    # includes the client's TCP receive of every reply the server sends).
+    ("cpu_user_us_per_io", "server user CPU (us/IO)", "min"),
+    ("cpu_sys_us_per_io", "server system CPU (us/IO)", "min"),
     ("cpu_pct", "server CPU (% of one core)", None),
     ("ctx_per_io", "server context switches/IO", "min"),
     # fio's own CPU: near 100 % the client, not the server, bounds the cell.
