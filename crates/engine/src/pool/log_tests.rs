@@ -249,8 +249,18 @@ fn a_device_leaving_service_before_the_flush_sends_the_commit_to_the_txg() {
     exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
     exec.run_until(vol.flush()).unwrap();
     run_until_early_done(&exec, &vol);
-    // One round written early and committed by the log, one with m0 leaving service between.
-    for (round, leave) in [(2u8, false), (3u8, true)] {
+    // One round written early and committed by the log, one with m0 taken offline between,
+    // one with m1 detached between (m0 back first: a mirror keeps one child in service).
+    for (round, leave) in [(2u8, None), (3u8, Some("offline")), (4u8, Some("detach"))] {
+        if leave == Some("detach") {
+            pool.online("m0").unwrap();
+            pool.scan_wait(std::time::Duration::from_secs(60));
+            assert!(!pool.resilvering(), "the resilver of m0 did not end");
+            // Its early write needs a commit that ran alone, after the resilver's syncs.
+            exec.run_until(vol.write(0, &[round; 4096], false)).unwrap();
+            exec.run_until(vol.flush()).unwrap();
+            run_until_early_done(&exec, &vol);
+        }
         let before = log_stats(&vol);
         exec.run_until(vol.write(8192, &[round; 4096], false))
             .unwrap();
@@ -260,16 +270,18 @@ fn a_device_leaving_service_before_the_flush_sends_the_commit_to_the_txg() {
             before.early_blocks + 1,
             "round {round}: not written early"
         );
-        if leave {
-            pool.offline("m0", true).unwrap();
+        match leave {
+            Some("offline") => pool.offline("m0", true).unwrap(),
+            Some(_) => pool.detach("m1").unwrap(),
+            None => {}
         }
         let synced = pool.synced_txg();
         exec.run_until(vol.flush()).unwrap();
         let after = log_stats(&vol);
-        if leave {
+        if leave.is_some() {
             assert!(
                 pool.synced_txg() > synced,
-                "the commit trusted a flush that m0's leaving service may have voided"
+                "round {round}: the commit trusted a flush that {leave:?} may have voided"
             );
         } else {
             assert_eq!(
@@ -331,6 +343,15 @@ fn a_device_leaving_service_during_a_commits_writes_sends_it_to_the_txg() {
         // A first commit anchors the log's chain (by a txg sync): the next ones use the log.
         block_on(vol.write(1 << 20, &[1u8; 4096], true)).unwrap();
         block_on(vol.write(1 << 20, &[2u8; 4096], true)).unwrap();
+        let in_place = len > 32 << 10;
+        if in_place {
+            // The control: with every device in service, the sync adopts the blocks the
+            // commit wrote in place (it does not write them again).
+            let adopted = log_stats(&vol).adopted_blocks;
+            block_on(vol.write(2 << 20, &vec![3u8; len], true)).unwrap();
+            pool.sync().unwrap();
+            assert_eq!(log_stats(&vol).adopted_blocks, adopted + (len as u64 >> 14));
+        }
         let m0 = pool
             .spa
             .zio
@@ -365,6 +386,14 @@ fn a_device_leaving_service_during_a_commits_writes_sends_it_to_the_txg() {
             pool.synced_txg() > synced,
             "{what}: the commit trusted a flush that m0's leaving service may have voided"
         );
+        if in_place {
+            // Their copies may be durable nowhere: the sync wrote the data again.
+            assert_eq!(
+                log_stats(&vol).adopted_blocks,
+                before.adopted_blocks,
+                "{what}: the sync adopted blocks whose flush did not count"
+            );
+        }
         let mut got = vec![0u8; len];
         block_on(vol.read(0, &mut got)).unwrap();
         assert!(got.iter().all(|&b| b == 7), "{what}: reads back wrong");

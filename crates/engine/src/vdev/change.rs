@@ -114,7 +114,7 @@ impl VdevTree {
             },
             new: None,
         });
-        top.set_shape(next);
+        self.service_change(|| top.set_shape(next));
         Ok(())
     }
 
@@ -188,7 +188,7 @@ impl VdevTree {
                 leaf: Some(new),
             },
         ));
-        top.set_shape(next);
+        self.service_change(|| top.set_shape(next));
         Ok(gone)
     }
 
@@ -212,7 +212,7 @@ impl VdevTree {
                 next.kind = TopVdevKind::Single;
             }
         }
-        top.set_shape(next);
+        self.service_change(|| top.set_shape(next));
         Ok(())
     }
 
@@ -278,7 +278,7 @@ impl VdevTree {
                 next.kind = TopVdevKind::Single;
             }
         }
-        top.set_shape(next);
+        self.service_change(|| top.set_shape(next));
         Ok(Detached {
             leaf,
             guid,
@@ -323,7 +323,7 @@ impl VdevTree {
                 };
             }
             if let Some(next) = next {
-                top.set_shape(next);
+                self.service_change(|| top.set_shape(next));
             }
         }
         if !out.is_empty() {
@@ -476,7 +476,7 @@ impl VdevTree {
                     Some((PairKind::Spare, spare));
             }
             if let Some(next) = next {
-                top.set_shape(next);
+                self.service_change(|| top.set_shape(next));
                 any = true;
             }
         }

@@ -230,11 +230,12 @@ impl LeafHealth {
         LeafState::from_u8(self.state.load(Ordering::Relaxed))
     }
 
-    /// Whether the leaf gets reads and writes (one relaxed load: the planners ask for every
-    /// I/O).
+    /// Whether the leaf gets reads and writes (one load: the planners ask for every I/O).
+    /// Acquire: who sees a leaf out of service sees the tree's count of service changes
+    /// raised before it went (`VdevTree::service_change`); a plain load on x86.
     #[inline]
     pub fn in_service(&self) -> bool {
-        self.state.load(Ordering::Relaxed) <= LeafState::Degraded as u8
+        self.state.load(Ordering::Acquire) <= LeafState::Degraded as u8
     }
 
     /// Why the leaf is in its state.
@@ -320,7 +321,7 @@ impl LeafHealth {
         }
         d.reason = Some(reason);
         d.temporary = temporary;
-        self.state.store(state as u8, Ordering::Relaxed);
+        self.state.store(state as u8, Ordering::Release);
     }
 
     /// Returns the leaf to service; what writes skipped it since it went out joins its missed

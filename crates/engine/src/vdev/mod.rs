@@ -609,6 +609,10 @@ pub struct VdevTree {
     spares: Mutex<Vec<Member>>,
     /// Called when a hot spare stepped in (`change.rs`): the pool starts its resilver.
     pub(crate) on_spare_in: RecordListener,
+    /// Raised by one before and one after every change of which leaves get I/O (a leaf out
+    /// of service, a new shape: detach, attach, replace, a spare stepping in): odd while one
+    /// is under way. See [`VdevTree::service_stamp`].
+    service_changes: AtomicU64,
 }
 
 /// What the pool gives the tree to hear of record changes (set once, by the pool).
@@ -656,11 +660,39 @@ impl VdevTree {
             on_record_change: RecordListener::default(),
             spares: Mutex::new(Vec::new()),
             on_spare_in: RecordListener::default(),
+            service_changes: AtomicU64::new(0),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
         }
         tree
+    }
+
+    /// A figure that changes whenever the set of leaves that get I/O may have changed: take
+    /// it before a write, and after the flush meant to make the write durable check it with
+    /// [`VdevTree::in_service_since`]. Why: a flush reaches the leaves in service when it
+    /// starts; a leaf that wrote the block and left meanwhile (or was detached) is not
+    /// flushed, and on a mirror whose other child failed that very write the block is then
+    /// durable on no device.
+    pub fn service_stamp(&self) -> u64 {
+        self.service_changes.load(Ordering::SeqCst)
+    }
+
+    /// Whether no change of which leaves get I/O began since [`VdevTree::service_stamp`] gave
+    /// `stamp`, nor was under way then.
+    pub fn in_service_since(&self, stamp: u64) -> bool {
+        stamp.is_multiple_of(2) && self.service_stamp() == stamp
+    }
+
+    /// Runs `change`, which may change which leaves get I/O, counted for
+    /// [`VdevTree::service_stamp`]: a leaf's state is changed between the two raises, so
+    /// whoever sees the new state (an acquire load, [`crate::vdev::LeafHealth::in_service`])
+    /// sees the first raise.
+    pub(crate) fn service_change<R>(&self, change: impl FnOnce() -> R) -> R {
+        self.service_changes.fetch_add(1, Ordering::SeqCst);
+        let r = change();
+        self.service_changes.fetch_add(1, Ordering::SeqCst);
+        r
     }
 
     /// Appends a top-level vdev (its id must be the next one). The caller serializes

@@ -75,12 +75,14 @@ impl VdevTree {
             let _one = self.state_change.lock().unwrap();
             if leaf.health.in_service() {
                 tracing::warn!(device = leaf.name(), "device gone: {e}");
-                leaf.health.take_out(
-                    LeafState::Removed,
-                    format!("the device is gone ({e})"),
-                    self.first_not_durable(),
-                    false,
-                );
+                self.service_change(|| {
+                    leaf.health.take_out(
+                        LeafState::Removed,
+                        format!("the device is gone ({e})"),
+                        self.first_not_durable(),
+                        false,
+                    )
+                });
                 self.on_record_change.notify();
                 self.on_spare_in.notify();
             }
@@ -113,8 +115,10 @@ impl VdevTree {
         match self.check_can_lose(top, leaf) {
             Ok(()) => {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
-                leaf.health
-                    .take_out(LeafState::Faulted, why, self.first_not_durable(), false);
+                self.service_change(|| {
+                    leaf.health
+                        .take_out(LeafState::Faulted, why, self.first_not_durable(), false)
+                });
                 self.on_record_change.notify();
                 self.on_spare_in.notify();
             }
@@ -191,12 +195,14 @@ impl VdevTree {
         } else {
             "taken offline by the administrator"
         };
-        leaf.health.take_out(
-            LeafState::Offline,
-            reason.to_string(),
-            self.first_not_durable(),
-            temporary,
-        );
+        self.service_change(|| {
+            leaf.health.take_out(
+                LeafState::Offline,
+                reason.to_string(),
+                self.first_not_durable(),
+                temporary,
+            )
+        });
         Ok(())
     }
 

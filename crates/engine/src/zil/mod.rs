@@ -129,6 +129,9 @@ pub(crate) struct OpenBlock {
     pub(crate) flush_vdevs: Vec<VdevId>,
     /// The oldest [`service_stamp`] taken before the writes of those blocks.
     pub(crate) flush_stamp: Option<u64>,
+    /// Those blocks (txg, index in the volume, pointer): if the flush does not count, the
+    /// txg sync must write them again rather than adopt them.
+    pub(crate) in_place: Vec<(Txg, u64, BlockPtr)>,
 }
 
 /// A block written (or being written) since the persisted head.
@@ -772,26 +775,28 @@ pub(crate) fn add_vdevs_of(blocks: &[EarlyBlock], vdevs: &mut Vec<VdevId>) {
     }
 }
 
-/// How many times the pool's devices left service so far (never falls).
+/// The pool's count of changes to which devices get I/O ([`VdevTree::service_stamp`]),
+/// taken before a plain write the log depends on.
 ///
 /// Why: a block written without FUA is durable only on the devices that wrote it and were
 /// flushed after. A flush reaches the devices in service when it starts: if one that wrote
-/// the block left service in between (faulted, offlined, removed), the block may be durable
-/// on none, for instance on a mirror whose other child failed that very write (the write
-/// still counts as good with one copy). So a plain write and the flush that makes it durable
-/// count only if this figure did not change from before the write to after the flush;
-/// otherwise the log treats the flush as failed and its commits wait for the txg sync, which
-/// writes to the devices in service and tolerates the change. Pool-wide (not per vdev): a
-/// device leaves service rarely, and one figure covers a block's every copy, wherever its
-/// copies are.
+/// the block left service in between (faulted, offlined, removed, detached), the block may
+/// be durable on none, for instance on a mirror whose other child failed that very write
+/// (the write still counts as good with one copy). So a plain write and the flush that
+/// makes it durable count only if no such change began or was under way from before the
+/// write to after the flush ([`in_service_since`]); otherwise the log treats the flush as
+/// failed and its commits wait for the txg sync. Pool-wide: such changes are rare, and one
+/// figure covers every copy of a block wherever it is.
+///
+/// [`VdevTree::service_stamp`]: crate::vdev::VdevTree::service_stamp
 pub(crate) fn service_stamp(inner: &Spa) -> u64 {
-    inner.zio.vdevs.leaves().map(|l| l.health.outages()).sum()
+    inner.zio.vdevs.service_stamp()
 }
 
-/// An error if a device left service since [`service_stamp`] gave `stamp`: a flush that just
-/// ended may not cover what was written after the stamp.
+/// An error if the devices that get I/O may have changed since [`service_stamp`] gave
+/// `stamp`: a flush that just ended may not cover what was written after the stamp.
 pub(crate) fn in_service_since(inner: &Spa, stamp: u64) -> Result<()> {
-    if service_stamp(inner) == stamp {
+    if inner.zio.vdevs.in_service_since(stamp) {
         return Ok(());
     }
     Err(EngineError::io(

@@ -689,10 +689,18 @@ impl Volume {
                                 }
                             }
                         }
-                        if let Built::Indirect { service_stamp, .. } = other {
+                        if let Built::Indirect {
+                            txg,
+                            offset_bytes,
+                            length_bytes,
+                            bp,
+                            service_stamp,
+                        } = other
+                        {
                             // The oldest stamp: the figure only grows.
                             let at = o.flush_stamp.get_or_insert(*service_stamp);
                             *at = (*at).min(*service_stamp);
+                            o.in_place.push((*txg, offset_bytes / length_bytes, *bp));
                         }
                     }
                     ok
@@ -744,6 +752,7 @@ impl Volume {
             deadline: None,
             flush_vdevs: Vec::new(),
             flush_stamp: None,
+            in_place: Vec::new(),
         })
     }
 
@@ -758,6 +767,24 @@ impl Volume {
             next: b.next,
         };
         b.writer.finish(&hdr, &mut b.buf)
+    }
+
+    /// Blocks written in place whose flush does not count (a device left service meanwhile):
+    /// their copies may be durable nowhere, so the txg sync must not adopt them but write
+    /// their data again, from the txg's dirty blocks. Each goes to the garbage its txg's sync
+    /// frees, unless a later write already replaced it there. (A sync of their txg that
+    /// already adopted one keeps it: that sync's own flush then has the same gap.)
+    fn drop_in_place_blocks(&self, blocks: &[(Txg, u64, oxpool_format::BlockPtr)]) {
+        let data = self.vol.data();
+        let mut overrides = data.overrides.lock().unwrap();
+        let mut garbage = data.override_garbage.lock().unwrap();
+        // Bounded by the block's indirect records.
+        for &(txg, index, bp) in blocks {
+            if overrides.get(&(txg, index)).is_some_and(|o| o.bp == bp) {
+                overrides.remove(&(txg, index));
+                garbage.push((txg, bp));
+            }
+        }
     }
 
     /// Writes a closed block and flushes its devices; then marks it done and advances the
@@ -791,7 +818,9 @@ impl Volume {
             .and_then(|()| match b.flush_stamp {
                 // Its indirect records' blocks: durable only if no device left service
                 // between their writes and this flush.
-                Some(stamp) => in_service_since(&self.pool, stamp),
+                Some(stamp) => in_service_since(&self.pool, stamp).inspect_err(|_| {
+                    self.drop_in_place_blocks(&b.in_place);
+                }),
                 None => Ok(()),
             });
         // The earlier blocks this flush covers count only if their devices stayed in service.
