@@ -9,12 +9,20 @@
 #   SCHEDULER=on bench/async_latency.sh        (the pool's vdev queue mode, default auto)
 #   JITTER=1 bench/async_latency.sh            (DELAY_MS-1, DELAY_MS or DELAY_MS+1 ms per read,
 #                                               drawn per read, instead of exactly DELAY_MS)
+#   POOL_DIR=/dev/shm bench/async_latency.sh   (the pool file in that directory, default
+#                                               /var/tmp: on tmpfs the device adds no latency
+#                                               of its own, so the injected delay is the only one)
 #
 # The 4K cell at iodepth 64 forms bursts: fio's first 64 requests reach the device together,
 # each waits the same 4 ms, and nothing spreads them apart, so each burst is served by the
 # device and the reactor one request after another (latencies spread evenly from 4.1 to 5.9 ms).
 # With the vdev queue on (SCHEDULER=on: at most 10 sync reads at the device) the first burst
 # is spread out and stays so (4.1 to 4.6 ms).
+#
+# On the host's disk the 4K cell at iodepth 64 also measures the disk: the injected delay
+# comes after the read, so the reads of a burst reach the disk together, and its time per
+# read rose from 122 us at iodepth 1 to 753 us (bench/results/2026-11-29-session18). With
+# POOL_DIR=/dev/shm the device adds nothing (47 us at iodepth 1).
 #
 # On 2 vCPUs the 128K cell at iodepth 64 is CPU-bound at 4 ms: 64 x 230 IOPS of 128K reads
 # with data_cache_max=0 would need the reactor at under 70 us per read; it spends 87-102
@@ -31,7 +39,7 @@
 # everything.
 set -euo pipefail
 B=$(realpath "${1:-target/release/oxpool}")
-D=$(mktemp -d /var/tmp/oxasync.XXXX)
+D=$(mktemp -d "${POOL_DIR:-/var/tmp}/oxasync.XXXX")
 C=(--cache-file "$D/c")
 PID=
 cleanup() {
