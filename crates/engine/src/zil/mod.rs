@@ -1061,7 +1061,8 @@ pub(crate) fn device_durable_mode(inner: &Spa, addr: &Dva) -> DurableWriteMode {
 /// for this too ([`DurableWriteMode::Measure`]: the filesystem finishes a durable direct
 /// write on a kernel worker bound to one CPU, which made commits wait milliseconds whenever
 /// that CPU was busy). A durable write counts as one device flush: on a device without FUA
-/// (most virtual disks, files) the kernel flushes the cache for it.
+/// (most virtual disks, files) the kernel flushes the cache for it. A plain write and its
+/// flush fail if the devices that get I/O changed between them ([`in_service_since`]).
 pub(crate) async fn write_durably(
     inner: &Spa,
     addr: &Dva,
