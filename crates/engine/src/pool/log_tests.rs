@@ -226,6 +226,23 @@ fn early_writes_only_where_a_commit_follows_small_writes() {
     audit_clean_and_export(pool);
 }
 
+/// A pool of one mirror of `devices` with `props`, whose txgs sync only when asked, and an
+/// 8 MiB volume.
+fn mirror_pool_without_txg_timeout(
+    devices: Vec<Arc<dyn Backend>>,
+    mut props: PoolProps,
+) -> (Pool, crate::Volume) {
+    props.set("txg_timeout", "3600").unwrap();
+    let top = TopSpec {
+        kind: oxpool_format::TopVdevKind::Mirror,
+        devices,
+        log: false,
+    };
+    let pool = Pool::create("tank", vec![top], props, false).unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    (pool, vol)
+}
+
 /// A device of the log's vdev that leaves service between an early write and the flush that
 /// covers it voids that flush: the block may be durable on no device in service (on a mirror
 /// whose other child failed that very write, which still counts as written with one copy).
@@ -236,15 +253,7 @@ fn a_device_leaving_service_before_the_flush_sends_the_commit_to_the_txg() {
     let devices: Vec<Arc<dyn Backend>> = (0..2)
         .map(|i| Arc::new(MemoryBackend::new(&format!("m{i}"), 64 << 20)) as Arc<dyn Backend>)
         .collect();
-    let mut props = PoolProps::default();
-    props.set("txg_timeout", "3600").unwrap();
-    let top = TopSpec {
-        kind: oxpool_format::TopVdevKind::Mirror,
-        devices,
-        log: false,
-    };
-    let pool = Pool::create("tank", vec![top], props, false).unwrap();
-    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    let (pool, vol) = mirror_pool_without_txg_timeout(devices, PoolProps::default());
     let exec = oxpool_io::rt::LocalExecutor::new();
     exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
     exec.run_until(vol.flush()).unwrap();
@@ -331,15 +340,8 @@ fn a_device_leaving_service_during_a_commits_writes_sends_it_to_the_txg() {
             })
             .collect();
         let mut props = PoolProps::default();
-        props.set("txg_timeout", "3600").unwrap();
         props.set("logearly", "off").unwrap();
-        let top = TopSpec {
-            kind: oxpool_format::TopVdevKind::Mirror,
-            devices,
-            log: false,
-        };
-        let pool = Pool::create("tank", vec![top], props, false).unwrap();
-        let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+        let (pool, vol) = mirror_pool_without_txg_timeout(devices, props);
         // A first commit anchors the log's chain (by a txg sync): the next ones use the log.
         block_on(vol.write(1 << 20, &[1u8; 4096], true)).unwrap();
         block_on(vol.write(1 << 20, &[2u8; 4096], true)).unwrap();
