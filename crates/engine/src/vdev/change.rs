@@ -114,7 +114,7 @@ impl VdevTree {
             },
             new: None,
         });
-        self.service_change(|| top.set_shape(next));
+        self.swap_shape(top, next);
         Ok(())
     }
 
@@ -188,7 +188,7 @@ impl VdevTree {
                 leaf: Some(new),
             },
         ));
-        self.service_change(|| top.set_shape(next));
+        self.swap_shape(top, next);
         Ok(gone)
     }
 
@@ -212,7 +212,7 @@ impl VdevTree {
                 next.kind = TopVdevKind::Single;
             }
         }
-        self.service_change(|| top.set_shape(next));
+        self.swap_shape(top, next);
         Ok(())
     }
 
@@ -278,7 +278,7 @@ impl VdevTree {
                 next.kind = TopVdevKind::Single;
             }
         }
-        self.service_change(|| top.set_shape(next));
+        self.swap_shape(top, next);
         Ok(Detached {
             leaf,
             guid,
@@ -323,7 +323,7 @@ impl VdevTree {
                 };
             }
             if let Some(next) = next {
-                self.service_change(|| top.set_shape(next));
+                self.swap_shape(top, next);
             }
         }
         if !out.is_empty() {
@@ -476,7 +476,7 @@ impl VdevTree {
                     Some((PairKind::Spare, spare));
             }
             if let Some(next) = next {
-                self.service_change(|| top.set_shape(next));
+                self.swap_shape(top, next);
                 any = true;
             }
         }

@@ -688,11 +688,27 @@ impl VdevTree {
     /// [`VdevTree::service_stamp`]: a leaf's state is changed between the two raises, so
     /// whoever sees the new state (an acquire load, [`crate::vdev::LeafHealth::in_service`])
     /// sees the first raise.
-    pub(crate) fn service_change<R>(&self, change: impl FnOnce() -> R) -> R {
+    fn service_change<R>(&self, change: impl FnOnce() -> R) -> R {
         self.service_changes.fetch_add(1, Ordering::SeqCst);
         let r = change();
         self.service_changes.fetch_add(1, Ordering::SeqCst);
         r
+    }
+
+    /// Takes `leaf` out of service in `state` from the first txg not yet durable, counted
+    /// as a service change: every way a leaf goes out (offline, fault, device gone) passes
+    /// here.
+    pub(crate) fn take_out(&self, leaf: &Leaf, state: LeafState, reason: String, temporary: bool) {
+        self.service_change(|| {
+            leaf.health
+                .take_out(state, reason, self.first_not_durable(), temporary)
+        });
+    }
+
+    /// Swaps `next` in as `top`'s shape, counted as a service change: every change of a
+    /// vdev's members (attach, replace, detach, a spare) passes here.
+    pub(crate) fn swap_shape(&self, top: &TopVdev, next: Shape) {
+        self.service_change(|| top.set_shape(next));
     }
 
     /// Appends a top-level vdev (its id must be the next one). The caller serializes

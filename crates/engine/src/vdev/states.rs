@@ -75,14 +75,12 @@ impl VdevTree {
             let _one = self.state_change.lock().unwrap();
             if leaf.health.in_service() {
                 tracing::warn!(device = leaf.name(), "device gone: {e}");
-                self.service_change(|| {
-                    leaf.health.take_out(
-                        LeafState::Removed,
-                        format!("the device is gone ({e})"),
-                        self.first_not_durable(),
-                        false,
-                    )
-                });
+                self.take_out(
+                    leaf,
+                    LeafState::Removed,
+                    format!("the device is gone ({e})"),
+                    false,
+                );
                 self.on_record_change.notify();
                 self.on_spare_in.notify();
             }
@@ -115,10 +113,7 @@ impl VdevTree {
         match self.check_can_lose(top, leaf) {
             Ok(()) => {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
-                self.service_change(|| {
-                    leaf.health
-                        .take_out(LeafState::Faulted, why, self.first_not_durable(), false)
-                });
+                self.take_out(leaf, LeafState::Faulted, why, false);
                 self.on_record_change.notify();
                 self.on_spare_in.notify();
             }
@@ -195,14 +190,7 @@ impl VdevTree {
         } else {
             "taken offline by the administrator"
         };
-        self.service_change(|| {
-            leaf.health.take_out(
-                LeafState::Offline,
-                reason.to_string(),
-                self.first_not_durable(),
-                temporary,
-            )
-        });
+        self.take_out(leaf, LeafState::Offline, reason.to_string(), temporary);
         Ok(())
     }
 

@@ -124,14 +124,39 @@ pub(crate) struct OpenBlock {
     pub(crate) max_txg: Txg,
     /// When the block must be issued even if not full (set when committers are concurrent).
     pub(crate) deadline: Option<Instant>,
-    /// Vdevs holding blocks written in place for this block's indirect records: flushed with
-    /// the log block, so the records never point at data that is not durable.
-    pub(crate) flush_vdevs: Vec<VdevId>,
-    /// The oldest [`service_stamp`] taken before the writes of those blocks.
-    pub(crate) flush_stamp: Option<u64>,
-    /// Those blocks (txg, index in the volume, pointer): if the flush does not count, the
-    /// txg sync must write them again rather than adopt them.
-    pub(crate) in_place: Vec<(Txg, u64, BlockPtr)>,
+    /// The blocks written in place for this block's indirect records: their vdevs are
+    /// flushed with the log block, so the records never point at data that is not durable.
+    pub(crate) in_place: Vec<InPlaceRecord>,
+}
+
+/// A block written in place that an indirect record of an open log block points at.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InPlaceRecord {
+    pub(crate) txg: Txg,
+    /// Its index in the volume.
+    pub(crate) index: u64,
+    pub(crate) bp: BlockPtr,
+    /// [`service_stamp`] taken before it was written.
+    pub(crate) service_stamp: u64,
+}
+
+impl OpenBlock {
+    /// The vdevs holding the blocks written in place for its records, each once.
+    pub(crate) fn in_place_vdevs(&self) -> Vec<VdevId> {
+        let mut vdevs = Vec::new();
+        // Bounded by the block's records and their copies.
+        for d in self.in_place.iter().flat_map(|r| r.bp.dvas()) {
+            if !vdevs.contains(&d.vdev) {
+                vdevs.push(d.vdev);
+            }
+        }
+        vdevs
+    }
+
+    /// The oldest [`service_stamp`] of its blocks written in place (the figure only grows).
+    pub(crate) fn in_place_stamp(&self) -> Option<u64> {
+        self.in_place.iter().map(|r| r.service_stamp).min()
+    }
 }
 
 /// A block written (or being written) since the persisted head.

@@ -682,13 +682,6 @@ impl Volume {
                     let ok = o.writer.push(&mut o.buf, &r);
                     if ok {
                         o.max_txg = o.max_txg.max(r.txg());
-                        if let LogRecord::Indirect { bp, .. } = &r {
-                            for d in bp.dvas() {
-                                if !o.flush_vdevs.contains(&d.vdev) {
-                                    o.flush_vdevs.push(d.vdev);
-                                }
-                            }
-                        }
                         if let Built::Indirect {
                             txg,
                             offset_bytes,
@@ -697,10 +690,12 @@ impl Volume {
                             service_stamp,
                         } = other
                         {
-                            // The oldest stamp: the figure only grows.
-                            let at = o.flush_stamp.get_or_insert(*service_stamp);
-                            *at = (*at).min(*service_stamp);
-                            o.in_place.push((*txg, offset_bytes / length_bytes, *bp));
+                            o.in_place.push(InPlaceRecord {
+                                txg: *txg,
+                                index: offset_bytes / length_bytes,
+                                bp: *bp,
+                                service_stamp: *service_stamp,
+                            });
                         }
                     }
                     ok
@@ -750,8 +745,6 @@ impl Volume {
             itx_last: 0,
             max_txg: Txg(0),
             deadline: None,
-            flush_vdevs: Vec::new(),
-            flush_stamp: None,
             in_place: Vec::new(),
         })
     }
@@ -774,15 +767,18 @@ impl Volume {
     /// their data again, from the txg's dirty blocks. Each goes to the garbage its txg's sync
     /// frees, unless a later write already replaced it there. (A sync of their txg that
     /// already adopted one keeps it: that sync's own flush then has the same gap.)
-    fn drop_in_place_blocks(&self, blocks: &[(Txg, u64, oxpool_format::BlockPtr)]) {
+    fn drop_in_place_blocks(&self, blocks: &[InPlaceRecord]) {
+        use std::collections::hash_map::Entry;
         let data = self.vol.data();
         let mut overrides = data.overrides.lock().unwrap();
         let mut garbage = data.override_garbage.lock().unwrap();
         // Bounded by the block's indirect records.
-        for &(txg, index, bp) in blocks {
-            if overrides.get(&(txg, index)).is_some_and(|o| o.bp == bp) {
-                overrides.remove(&(txg, index));
-                garbage.push((txg, bp));
+        for r in blocks {
+            if let Entry::Occupied(o) = overrides.entry((r.txg, r.index)) {
+                if o.get().bp == r.bp {
+                    o.remove();
+                    garbage.push((r.txg, r.bp));
+                }
             }
         }
     }
@@ -801,7 +797,7 @@ impl Volume {
             e.retain(|e| e.seq < b.seq);
             e
         };
-        let mut also_flush = b.flush_vdevs.clone();
+        let mut also_flush = b.in_place_vdevs();
         add_vdevs_of(&early, &mut also_flush);
         // Blocks with records pointing at blocks written in place, or covering blocks written
         // early, are always written and flushed; only the others tell how fast each way is.
@@ -815,7 +811,7 @@ impl Volume {
         let data = IoBuf::from_slice(&b.buf[..len]);
         let r = write_durably(&self.pool, &b.addr, &also_flush, data, way)
             .await
-            .and_then(|()| match b.flush_stamp {
+            .and_then(|()| match b.in_place_stamp() {
                 // Its indirect records' blocks: durable only if no device left service
                 // between their writes and this flush.
                 Some(stamp) => in_service_since(&self.pool, stamp).inspect_err(|_| {

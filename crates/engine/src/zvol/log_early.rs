@@ -116,7 +116,7 @@ impl Volume {
             );
         }
         guard.unfinished = closed.iter().map(|b| b.seq).collect();
-        if closed.iter().any(|b| !b.flush_vdevs.is_empty()) {
+        if closed.iter().any(|b| !b.in_place.is_empty()) {
             // Records pointing at blocks written in place (the volume's properties changed
             // since the check): written and flushed as a commit's.
             self.zil_issue_all(closed).await;
