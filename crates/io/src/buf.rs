@@ -13,6 +13,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use crate::arena::HugePageArena;
+
 /// Alignment of every [`IoBuf`] allocation. 4096 covers O_DIRECT on every filesystem and block
 /// device we target (`statx` reports 512 or 4096 as `dio_mem_align`).
 pub const IO_BUF_ALIGN_BYTES: usize = 4096;
@@ -76,11 +78,59 @@ fn trim_pool() {
                 break;
             };
             POOLED_BYTES.fetch_sub(len, Ordering::Relaxed);
-            // SAFETY: a pooled allocation of exactly `len` bytes, made by `IoBuf` with its
-            // layout, owned by the pool alone and removed from it above.
-            unsafe { alloc::dealloc(ptr.as_ptr(), IoBuf::layout(len)) }
+            // SAFETY: a pooled allocation of exactly `len` bytes, made by `new_allocation`,
+            // owned by the pool alone and removed from it above.
+            unsafe { free_allocation(ptr, len) }
         }
     }
+}
+
+/// New memory for a buffer of `len` (non-zero) bytes, aligned to [`IO_BUF_ALIGN_BYTES`],
+/// zero-filled if `zeroed`; the second value is whether its bytes are initialised.
+///
+/// Block-sized lengths (those the pool keeps) come from the huge-page arena, whose bytes are
+/// always initialised; other lengths, and block-sized ones once the arena's range is used up,
+/// from the system allocator (initialised only if `zeroed`: `alloc_zeroed` lets pages never
+/// touched cost nothing until they are).
+fn new_allocation(len: usize, zeroed: bool) -> (NonNull<u8>, bool) {
+    debug_assert_ne!(len, 0);
+    if pool_class(len).is_some() {
+        if let Some(ptr) = HugePageArena::process().and_then(|arena| arena.allocate(len)) {
+            if zeroed {
+                // SAFETY: the slot holds at least `len` bytes and only this buffer uses it.
+                unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+            }
+            return (ptr, true);
+        }
+    }
+    let layout = IoBuf::layout(len);
+    // SAFETY: `layout` has a non-zero size.
+    let raw = unsafe {
+        if zeroed {
+            alloc::alloc_zeroed(layout)
+        } else {
+            alloc::alloc(layout)
+        }
+    };
+    let Some(ptr) = NonNull::new(raw) else {
+        alloc::handle_alloc_error(layout)
+    };
+    debug_assert_eq!(ptr.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
+    (ptr, zeroed)
+}
+
+/// Frees memory made by [`new_allocation`].
+///
+/// # Safety
+///
+/// `ptr` came from `new_allocation(len, _)` with this `len`, is not freed yet, and is not
+/// used afterwards.
+unsafe fn free_allocation(ptr: NonNull<u8>, len: usize) {
+    if HugePageArena::process().is_some_and(|arena| arena.release(ptr, len)) {
+        return;
+    }
+    // SAFETY: by the caller, an allocation of the system allocator with this layout.
+    unsafe { alloc::dealloc(ptr.as_ptr(), IoBuf::layout(len)) }
 }
 
 /// The pool's free list for buffers of `len` bytes, if that length is pooled.
@@ -232,14 +282,8 @@ impl IoBuf {
         if len == 0 {
             return (IoBuf::allocate_zeroed(0), true);
         }
-        let layout = Self::layout(len);
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
-        debug_assert_eq!(ptr.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
-        (IoBuf { ptr, len }, false)
+        let (ptr, initialised) = new_allocation(len, false);
+        (IoBuf { ptr, len }, initialised)
     }
 
     /// A new zero-filled allocation (not from the pool).
@@ -250,13 +294,7 @@ impl IoBuf {
                 len: 0,
             };
         }
-        let layout = Self::layout(len);
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
-        debug_assert_eq!(ptr.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
+        let (ptr, _) = new_allocation(len, true);
         IoBuf { ptr, len }
     }
 
@@ -271,16 +309,10 @@ impl IoBuf {
         if data.is_empty() {
             return IoBuf::allocate_zeroed(0);
         }
-        let layout = Self::layout(data.len());
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let raw = unsafe { alloc::alloc(layout) };
-        let Some(ptr) = NonNull::new(raw) else {
-            alloc::handle_alloc_error(layout)
-        };
+        let (ptr, _) = new_allocation(data.len(), false);
         // SAFETY: the new allocation is valid for `data.len()` bytes and cannot overlap
         // `data`; after the copy every byte is initialised, before any slice of it exists.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr.as_ptr(), data.len()) };
-        debug_assert_eq!(ptr.as_ptr() as usize % IO_BUF_ALIGN_BYTES, 0);
         IoBuf {
             ptr,
             len: data.len(),
@@ -321,9 +353,9 @@ impl IoBuf {
 impl Drop for IoBuf {
     fn drop(&mut self) {
         if self.len != 0 && !self.return_to_pool() {
-            // SAFETY: allocated in `allocate_zeroed` with exactly this layout, not freed before,
-            // and not handed to the pool.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+            // SAFETY: made by `new_allocation` for exactly this length, not freed before, and
+            // not handed to the pool.
+            unsafe { free_allocation(self.ptr, self.len) }
         }
     }
 }

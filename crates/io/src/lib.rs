@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+mod arena;
 mod buf;
 pub mod completion;
 mod driver;
