@@ -997,9 +997,17 @@ fn build_entry(desc: OpDesc, slot: &mut Slot) -> squeue::Entry {
             offset_bytes,
             start,
             len,
-        } => opcode::Read::new(fd, into_range(&mut slot.buf, start, len), len as u32)
-            .offset(offset_bytes)
-            .build(),
+        } => {
+            if let Some(OpBuf::Scatter(scatter)) = slot.buf.as_mut() {
+                let (iovecs, count) = scatter.iovecs_for(start, start + len);
+                return opcode::Readv::new(fd, iovecs, count)
+                    .offset(offset_bytes)
+                    .build();
+            }
+            opcode::Read::new(fd, into_range(&mut slot.buf, start, len), len as u32)
+                .offset(offset_bytes)
+                .build()
+        }
         OpDesc::Write {
             offset_bytes,
             start,
@@ -1453,7 +1461,7 @@ impl OpBuf {
         }
     }
 
-    /// The scatter back (a vectored receive gives one).
+    /// The scatter back (a vectored receive or read gives one).
     pub(crate) fn into_scatter(self) -> Scatter {
         match self {
             OpBuf::Scatter(s) => s,
@@ -1520,6 +1528,27 @@ impl RingOp {
             },
             Some(fd),
             Some(OpBuf::Owned(buf)),
+        );
+        op.context = Some(context);
+        op
+    }
+
+    /// Fills every buffer of `scatter`, back to back, from `offset_bytes` (vectored reads);
+    /// a short read at EOF is `UnexpectedEof`.
+    pub(crate) fn read_exact_scatter(
+        fd: Arc<OwnedFd>,
+        offset_bytes: u64,
+        scatter: Scatter,
+        context: Arc<str>,
+    ) -> RingOp {
+        debug_assert_eq!(scatter.filled_bytes(), 0);
+        let mut op = RingOp::new(
+            RingOpKind::ReadExact {
+                offset_bytes,
+                done_bytes: 0,
+            },
+            Some(fd),
+            Some(OpBuf::Scatter(scatter)),
         );
         op.context = Some(context);
         op
@@ -1731,6 +1760,10 @@ impl RingOp {
                 }
                 *done_bytes += count;
                 debug_assert!(*done_bytes <= buf_len);
+                if let Some(OpBuf::Scatter(scatter)) = self.buf.as_mut() {
+                    // The next submission resumes after these bytes.
+                    scatter.received(count);
+                }
                 if *done_bytes < buf_len {
                     return None;
                 }

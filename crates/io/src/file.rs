@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use crate::buf::{IoBuf, IO_BUF_ALIGN_BYTES};
 use crate::driver::{Gather, OpBuf, RingOp, RingOutput, GATHER_BUFS_MAX};
+use crate::scatter::Scatter;
 use crate::{Backend, DurableWriteMode, IoFuture, IoResult};
 
 /// `_IOR(0x12, 114, size_t)`: size of a block device in bytes.
@@ -255,6 +256,32 @@ impl Backend for FileBackend {
         IoFuture::ring(
             RingOp::read_exact(fd, offset_bytes, buf, self.name.clone()),
             take_buf,
+        )
+    }
+
+    fn read_scatter(&self, offset_bytes: u64, bufs: Scatter) -> IoFuture<Scatter> {
+        let len = bufs.len_bytes();
+        if let Err(err) = self.check_range(offset_bytes, len as u64, "read") {
+            return IoFuture::ready(Err(err));
+        }
+        if len == 0 {
+            return IoFuture::ready(Ok(bufs));
+        }
+        // O_DIRECT needs every piece aligned, not just the whole.
+        let align = u64::from(self.dio_align_bytes);
+        let aligned = offset_bytes.is_multiple_of(align)
+            && bufs
+                .buf_lens()
+                .all(|len| (len as u64).is_multiple_of(align));
+        let fd = self.fd_if(aligned).clone();
+        IoFuture::ring(
+            RingOp::read_exact_scatter(fd, offset_bytes, bufs, self.name.clone()),
+            |output| {
+                output
+                    .buf
+                    .expect("a read hands its scatter back")
+                    .into_scatter()
+            },
         )
     }
 

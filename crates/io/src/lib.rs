@@ -95,6 +95,20 @@ pub trait Backend: Send + Sync + 'static {
     /// an `UnexpectedEof` error.
     fn read(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
 
+    /// Fills every buffer of `bufs` (none filled yet), back to back from `offset_bytes`: the
+    /// device sees one read where it can (a vectored one), and each block of an aggregated
+    /// read lands in its own buffer instead of being copied out of one run buffer (that copy
+    /// was 12 % of the server's CPU on uncached 128K random reads; issue 19). This default
+    /// reads into one buffer and copies.
+    fn read_scatter(&self, offset_bytes: u64, mut bufs: Scatter) -> IoFuture<Scatter> {
+        let read = self.read(offset_bytes, IoBuf::for_overwrite(bufs.len_bytes()));
+        IoFuture::boxed(async move {
+            let run = read.await?;
+            bufs.copy_in(&run);
+            Ok(bufs)
+        })
+    }
+
     /// Writes the whole `buf` at `offset_bytes` and returns it.
     fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
 

@@ -59,6 +59,11 @@ impl Scatter {
         self.bufs.push(buf);
     }
 
+    /// The buffers' lengths, in order.
+    pub fn buf_lens(&self) -> impl Iterator<Item = usize> + '_ {
+        self.bufs.iter().map(IoBuf::len)
+    }
+
     /// Total bytes of the buffers.
     pub fn len_bytes(&self) -> usize {
         self.bufs.iter().map(IoBuf::len).sum()

@@ -17,7 +17,7 @@ use crate::iostats::LeafOpStats;
 use crate::vdev::inject::IoOp;
 use crate::vdev::queue::IoClass;
 use crate::vdev::Leaf;
-use oxpool_io::{IoBuf, IoFuture, IoResult};
+use oxpool_io::{IoBuf, IoFuture, IoResult, Scatter};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,6 +32,28 @@ impl Leaf {
             let injected = self
                 .inject
                 .apply(self.name(), IoOp::Read, io, |b| Some(&mut b[..]));
+            return Box::pin(injected).await;
+        }
+        io.await
+    }
+
+    /// Fills `bufs` back to back from `offset_bytes` as one I/O of `class` (see
+    /// [`oxpool_io::Backend::read_scatter`]). A corrupting fault rule corrupts the first
+    /// buffer, where a corrupted read of one buffer would start.
+    pub async fn read_scatter(
+        &self,
+        class: IoClass,
+        offset_bytes: u64,
+        bufs: Scatter,
+    ) -> IoResult<Scatter> {
+        let len_bytes = bufs.len_bytes() as u64;
+        let io = self.queued(class, len_bytes, &self.io_stats.read, || {
+            self.backend.read_scatter(offset_bytes, bufs)
+        });
+        if self.inject.armed() {
+            let injected = self.inject.apply(self.name(), IoOp::Read, io, |s| {
+                s.bufs_mut().first_mut().map(|b| &mut b[..])
+            });
             return Box::pin(injected).await;
         }
         io.await

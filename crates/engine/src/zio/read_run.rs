@@ -26,7 +26,7 @@ use crate::vdev::queue::IoClass;
 use crate::vdev::{ErrorKind, LeafIo};
 use crate::Result;
 use oxpool_format::BlockPtr;
-use oxpool_io::IoBuf;
+use oxpool_io::{IoBuf, Scatter};
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
 
@@ -290,11 +290,14 @@ pub async fn read_data_run(
     let Some(io) = io else {
         return bps.iter().map(|_| RunBlock::Retry(None)).collect();
     };
+    // Each block's copy straight into its own buffer (one vectored read).
+    let mut bufs = Scatter::with_capacity(bps.len());
+    for bp in bps {
+        bufs.push(IoBuf::for_overwrite(run_bytes(bp) as usize));
+    }
+    debug_assert_eq!(bufs.len_bytes() as u64, bytes);
     let batch = zio.completion.batch_guard();
-    let read = io
-        .leaf
-        .read(class, io.offset_bytes, IoBuf::for_overwrite(bytes as usize))
-        .await;
+    let read = io.leaf.read_scatter(class, io.offset_bytes, bufs).await;
     drop(batch);
     // Where each block's copy is in the run.
     let mut at = 0u64;
@@ -314,14 +317,7 @@ pub async fn read_data_run(
     let places: Vec<LeafIo> = places.collect();
     let mut stored: Vec<Option<IoBuf>> = Vec::with_capacity(bps.len());
     match read {
-        Ok(run) => {
-            let mut at = 0usize;
-            for bp in bps {
-                let len = bp.dvas()[0].asize_bytes as usize;
-                stored.push(Some(IoBuf::from_slice(&run[at..at + len])));
-                at += len;
-            }
-        }
+        Ok(mut run) => stored.extend(run.bufs_mut().drain(..).map(Some)),
         // Bounded by the blocks of the run.
         Err(_) => {
             for (bp, place) in bps.iter().zip(&places) {
