@@ -15,8 +15,14 @@
 //! allocated after the arena is made: the chunk table is sized for the whole range up front
 //! (80 bytes per 2 MiB), and the lists run through it.
 //!
-//! The arena only ever hands out memory the kernel zeroed or a previous buffer left behind:
-//! its bytes are always initialised, though their values are unspecified.
+//! A slot's bytes are not stable until written: a chunk given back with `MADV_FREE` reads as
+//! its old bytes or as zeros, and may turn from one to the other at any moment until it is
+//! written. Users write every byte of a slot before they read it (`IoBuf` counts arena
+//! memory as uninitialised until then).
+//!
+//! Under strict overcommit (`vm.overcommit_memory = 2`) the kernel ignores `MAP_NORESERVE`
+//! and would charge the whole range against the commit limit at once, so the process makes
+//! no arena there and its buffers come from the system allocator.
 
 use std::ptr::NonNull;
 use std::sync::Mutex;
@@ -199,14 +205,19 @@ impl HugePageArena {
                 let memory_bytes = usize::try_from(pages)
                     .unwrap_or(0)
                     .saturating_mul(usize::try_from(page_bytes).unwrap_or(0));
+                let strict_overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+                    .is_ok_and(|mode| mode.trim() == "2");
+                if strict_overcommit {
+                    return None;
+                }
                 HugePageArena::new(memory_bytes.min(PROCESS_RESERVE_BYTES_MAX))
             })
             .as_ref()
     }
 
-    /// A slot for a buffer of `len` bytes (1 to 128 KiB), aligned to 4096, holding
-    /// initialised bytes of unspecified value; `None` if the arena does not serve `len` or
-    /// its range is used up.
+    /// A slot for a buffer of `len` bytes (1 to 128 KiB), aligned to 4096, whose bytes must
+    /// be written before they are read (see the module documentation); `None` if the arena
+    /// does not serve `len` or its range is used up.
     pub(crate) fn allocate(&self, len: usize) -> Option<NonNull<u8>> {
         let class = class_of(len)?;
         let mut state = self.lock();
@@ -263,6 +274,7 @@ impl HugePageArena {
         );
         let bit = 1u64 << (slot % 64);
         assert_eq!(c.free[slot / 64] & bit, 0, "a slot released twice");
+        assert!(c.live_slots > 0, "a slot released from an empty chunk");
         let was_full = !c.has_free_slot();
         c.free[slot / 64] |= bit;
         c.live_slots -= 1;
@@ -470,6 +482,33 @@ mod tests {
         expected.sort();
         assert_eq!(again, expected);
         assert_eq!(arena.allocate(64 * 1024), None);
+    }
+
+    #[test]
+    fn a_chunk_emptied_in_the_middle_of_its_list_leaves_it_whole() {
+        let arena = arena(3);
+        let len = 64 * 1024;
+        let per_chunk = slots_per_chunk(class_of(len).unwrap());
+        let slots: Vec<_> = (0..3 * per_chunk)
+            .map(|_| arena.allocate(len).unwrap())
+            .collect();
+        let chunk_of = |ptr: NonNull<u8>| (ptr.as_ptr() as usize - arena.base) / CHUNK_BYTES;
+        // One slot freed in each chunk, the middle one second: the list is 2, 1, 0.
+        for chunk in [0, 1, 2] {
+            assert!(arena.release(slots[chunk * per_chunk], len));
+        }
+        // Chunk 1 empties: it leaves the middle of its size's list for the empty list.
+        for &ptr in &slots[per_chunk + 1..2 * per_chunk] {
+            assert!(arena.release(ptr, len));
+        }
+        assert_eq!(arena.chunks_released(), 1);
+        // The list still holds chunks 2 and 0, whose free slots come first; then chunk 1,
+        // from the empty list.
+        let mut first = [arena.allocate(len).unwrap(), arena.allocate(len).unwrap()];
+        first.sort();
+        assert_eq!(first, [slots[0], slots[2 * per_chunk]]);
+        let from_empty = arena.allocate(len).unwrap();
+        assert_eq!(chunk_of(from_empty), 1);
     }
 
     #[test]

@@ -86,12 +86,15 @@ fn trim_pool() {
 }
 
 /// New memory for a buffer of `len` (non-zero) bytes, aligned to [`IO_BUF_ALIGN_BYTES`],
-/// zero-filled if `zeroed`; the second value is whether its bytes are initialised.
+/// zero-filled if `zeroed`; the second value is whether its bytes are initialised, which is
+/// exactly when `zeroed`.
 ///
-/// Block-sized lengths (those the pool keeps) come from the huge-page arena, whose bytes are
-/// always initialised; other lengths, and block-sized ones once the arena's range is used up,
-/// from the system allocator (initialised only if `zeroed`: `alloc_zeroed` lets pages never
-/// touched cost nothing until they are).
+/// Block-sized lengths (those the pool keeps) come from the huge-page arena, other lengths,
+/// and block-sized ones once the arena's range is used up, from the system allocator
+/// (`alloc_zeroed` lets pages never touched cost nothing until they are). Memory from the
+/// arena counts as not initialised either: a chunk it gave back with `MADV_FREE` reads as its
+/// old bytes or as zeros, and may turn from one to the other until it is written, so every
+/// byte must be written (zeroed, copied or received into) before anything reads it.
 fn new_allocation(len: usize, zeroed: bool) -> (NonNull<u8>, bool) {
     debug_assert_ne!(len, 0);
     if pool_class(len).is_some() {
@@ -100,7 +103,7 @@ fn new_allocation(len: usize, zeroed: bool) -> (NonNull<u8>, bool) {
                 // SAFETY: the slot holds at least `len` bytes and only this buffer uses it.
                 unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
             }
-            return (ptr, true);
+            return (ptr, zeroed);
         }
     }
     let layout = IoBuf::layout(len);
@@ -439,6 +442,36 @@ mod tests {
         assert_eq!(copy.as_ptr(), ptr);
         assert!(copy.iter().all(|&b| b == 7));
         assert!(IoBuf::pooled_bytes() <= IoBuf::pool_limit_bytes());
+    }
+
+    /// New memory counts as initialised only when zeroed, and zeroed memory is zero even
+    /// where another buffer wrote before (the arena hands out old bytes).
+    #[test]
+    fn new_memory_is_initialised_only_when_zeroed() {
+        // A length no other test of this crate uses (the arena's 12 KiB slots).
+        let len = 9 * 1024 + 512;
+        let (ptr, initialised) = new_allocation(len, false);
+        assert!(!initialised);
+        // SAFETY: `len` bytes of new memory, used by nothing else, freed once.
+        unsafe {
+            std::ptr::write_bytes(ptr.as_ptr(), 0xa5, len);
+            free_allocation(ptr, len);
+        }
+        let (again, initialised) = new_allocation(len, true);
+        assert!(initialised);
+        if HugePageArena::process().is_some() {
+            assert_eq!(
+                again, ptr,
+                "the arena did not hand out the freed slot again"
+            );
+        }
+        // SAFETY: zeroed, `len` bytes, used by nothing else, freed once after the read.
+        let zero = unsafe { std::slice::from_raw_parts(again.as_ptr(), len) }
+            .iter()
+            .all(|&b| b == 0);
+        // SAFETY: as above.
+        unsafe { free_allocation(again, len) };
+        assert!(zero, "zeroed memory holds a former buffer's bytes");
     }
 
     #[test]

@@ -1541,7 +1541,11 @@ impl RingOp {
         scatter: Scatter,
         context: Arc<str>,
     ) -> RingOp {
-        debug_assert_eq!(scatter.filled_bytes(), 0);
+        assert_eq!(
+            scatter.filled_bytes(),
+            0,
+            "a read fills a scatter from its start"
+        );
         let mut op = RingOp::new(
             RingOpKind::ReadExact {
                 offset_bytes,

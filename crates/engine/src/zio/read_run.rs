@@ -263,8 +263,8 @@ pub enum RunBlock {
 /// ([`super::read_data_block_after_bad_copy`]: its other copies first, this one last and not
 /// counted again), and rewrites the bad copy.
 ///
-/// Each block is copied out of the run's buffer into one of its own (the data cache holds
-/// blocks, not runs): a copy of memory costs less than the device requests it replaces.
+/// The run is one vectored read straight into one buffer per block (the data cache holds
+/// blocks, not runs), so no block is copied out of a run buffer.
 pub async fn read_data_run(
     zio: &Zio,
     class: IoClass,
@@ -317,7 +317,11 @@ pub async fn read_data_run(
     let places: Vec<LeafIo> = places.collect();
     let mut stored: Vec<Option<IoBuf>> = Vec::with_capacity(bps.len());
     match read {
-        Ok(mut run) => stored.extend(run.bufs_mut().drain(..).map(Some)),
+        Ok(mut run) => {
+            let bufs = run.bufs_mut();
+            assert_eq!(bufs.len(), bps.len(), "a run read gave back every block");
+            stored.extend(bufs.drain(..).map(Some));
+        }
         // Bounded by the blocks of the run.
         Err(_) => {
             for (bp, place) in bps.iter().zip(&places) {
