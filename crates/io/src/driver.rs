@@ -1521,16 +1521,7 @@ impl RingOp {
         buf: IoBuf,
         context: Arc<str>,
     ) -> RingOp {
-        let mut op = RingOp::new(
-            RingOpKind::ReadExact {
-                offset_bytes,
-                done_bytes: 0,
-            },
-            Some(fd),
-            Some(OpBuf::Owned(buf)),
-        );
-        op.context = Some(context);
-        op
+        RingOp::read_exact_into(fd, offset_bytes, OpBuf::Owned(buf), context)
     }
 
     /// Fills every buffer of `scatter`, back to back, from `offset_bytes` (vectored reads);
@@ -1546,13 +1537,23 @@ impl RingOp {
             0,
             "a read fills a scatter from its start"
         );
+        RingOp::read_exact_into(fd, offset_bytes, OpBuf::Scatter(scatter), context)
+    }
+
+    /// Fills all of `buf` (owned or a scatter) from `offset_bytes`.
+    fn read_exact_into(
+        fd: Arc<OwnedFd>,
+        offset_bytes: u64,
+        buf: OpBuf,
+        context: Arc<str>,
+    ) -> RingOp {
         let mut op = RingOp::new(
             RingOpKind::ReadExact {
                 offset_bytes,
                 done_bytes: 0,
             },
             Some(fd),
-            Some(OpBuf::Scatter(scatter)),
+            Some(buf),
         );
         op.context = Some(context);
         op

@@ -162,6 +162,20 @@ impl FileBackend {
         self.fd_if(offset_bytes.is_multiple_of(align) && (len as u64).is_multiple_of(align))
     }
 
+    /// The descriptor for a vectored request of pieces `lens` from `offset_bytes`: O_DIRECT
+    /// needs every piece aligned, not just the whole.
+    fn fd_for_pieces(
+        &self,
+        offset_bytes: u64,
+        mut lens: impl Iterator<Item = usize>,
+    ) -> &Arc<OwnedFd> {
+        let align = u64::from(self.dio_align_bytes);
+        self.fd_if(
+            offset_bytes.is_multiple_of(align)
+                && lens.all(|len| (len as u64).is_multiple_of(align)),
+        )
+    }
+
     /// The direct descriptor if the request is `aligned`, else the buffered one.
     fn fd_if(&self, aligned: bool) -> &Arc<OwnedFd> {
         // IoBuf memory is always 4096-aligned, which covers every dio_mem_align we know
@@ -267,13 +281,7 @@ impl Backend for FileBackend {
         if len == 0 {
             return IoFuture::ready(Ok(bufs));
         }
-        // O_DIRECT needs every piece aligned, not just the whole.
-        let align = u64::from(self.dio_align_bytes);
-        let aligned = offset_bytes.is_multiple_of(align)
-            && bufs
-                .buf_lens()
-                .all(|len| (len as u64).is_multiple_of(align));
-        let fd = self.fd_if(aligned).clone();
+        let fd = self.fd_for_pieces(offset_bytes, bufs.buf_lens()).clone();
         IoFuture::ring(
             RingOp::read_exact_scatter(fd, offset_bytes, bufs, self.name.clone()),
             |output| {
@@ -351,11 +359,9 @@ impl Backend for FileBackend {
             let buf = bufs.into_iter().next().expect("one buffer");
             return self.write_shared(offset_bytes, buf);
         }
-        // O_DIRECT needs every piece aligned, not just the whole.
-        let align = self.dio_align_bytes as usize;
-        let aligned = offset_bytes.is_multiple_of(align as u64)
-            && bufs.iter().all(|b| b.len().is_multiple_of(align));
-        let fd = self.fd_if(aligned).clone();
+        let fd = self
+            .fd_for_pieces(offset_bytes, bufs.iter().map(|b| b.len()))
+            .clone();
         IoFuture::ring(
             RingOp::write_all(
                 fd,
