@@ -140,6 +140,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         default_pool(cache, &args.data_dir)?;
         names.push("oxpool".into());
     }
+    // Block-buffer memory mapped while the pools open, not by the first writes' receives
+    // (`IoBuf::warm`). Not waited for: if it cannot be done, the I/O path maps it as it goes.
+    let _warming = oxpool_io::IoBuf::warm(oxpool_io::IoBuf::warm_default_bytes());
     let mut pools = Vec::new();
     for name in &names {
         pools.push(open_pool(cache, name)?);

@@ -195,24 +195,43 @@ impl HugePageArena {
         static ARENA: std::sync::OnceLock<Option<HugePageArena>> = std::sync::OnceLock::new();
         ARENA
             .get_or_init(|| {
-                // SAFETY: sysconf has no preconditions.
-                let (pages, page_bytes) = unsafe {
-                    (
-                        libc::sysconf(libc::_SC_PHYS_PAGES),
-                        libc::sysconf(libc::_SC_PAGESIZE),
-                    )
-                };
-                let memory_bytes = usize::try_from(pages)
-                    .unwrap_or(0)
-                    .saturating_mul(usize::try_from(page_bytes).unwrap_or(0));
                 let strict_overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
                     .is_ok_and(|mode| mode.trim() == "2");
                 if strict_overcommit {
                     return None;
                 }
-                HugePageArena::new(memory_bytes.min(PROCESS_RESERVE_BYTES_MAX))
+                HugePageArena::new(machine_memory_bytes().min(PROCESS_RESERVE_BYTES_MAX))
             })
             .as_ref()
+    }
+
+    /// Maps the chunks that hold the first `bytes` of the range now, as write faults would,
+    /// without writing to them (`MADV_POPULATE_WRITE`), and returns the bytes mapped (0 on a
+    /// kernel without it, before Linux 5.14). Chunks are taken in index order, so these are
+    /// the first a process uses. Safe while buffers are in use: bytes already there stay.
+    pub(crate) fn warm(&self, bytes: usize) -> usize {
+        // The range is whole chunks: rounding up after the bound stays within it.
+        let bytes = bytes.min(self.range_bytes).next_multiple_of(CHUNK_BYTES);
+        let mut done = 0;
+        // Bounded by the range: one chunk per pass.
+        while done < bytes {
+            // SAFETY: the chunk lies within the mapping, which outlives `self`'s borrow;
+            // POPULATE_WRITE maps missing pages and writes no byte.
+            let result = unsafe {
+                libc::madvise(
+                    (self.base + done) as *mut libc::c_void,
+                    CHUNK_BYTES,
+                    libc::MADV_POPULATE_WRITE,
+                )
+            };
+            if result != 0 {
+                // EINVAL: an older kernel; ENOMEM: no memory for it now. Either way the
+                // I/O path maps the rest itself when it first uses it.
+                break;
+            }
+            done += CHUNK_BYTES;
+        }
+        done
     }
 
     /// A slot for a buffer of `len` bytes (1 to 128 KiB), aligned to 4096, whose bytes must
@@ -320,6 +339,20 @@ impl Drop for HugePageArena {
         // buffer releases its slot to the arena that made it, which outlives it).
         unsafe { libc::munmap(self.mapping.0 as *mut libc::c_void, self.mapping.1) };
     }
+}
+
+/// The machine's memory in bytes (0 if the system does not say).
+pub(crate) fn machine_memory_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page_bytes) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    usize::try_from(pages)
+        .unwrap_or(0)
+        .saturating_mul(usize::try_from(page_bytes).unwrap_or(0))
 }
 
 /// Which list of chunks.
@@ -529,6 +562,59 @@ mod tests {
         let _keep = arena.allocate(8192).unwrap();
         assert!(arena.release(a, 8192));
         arena.release(a, 8192);
+    }
+
+    /// Pages of chunk `chunk` the kernel has mapped (`mincore`).
+    fn resident_pages(arena: &HugePageArena, chunk: usize) -> usize {
+        let mut pages = vec![0u8; CHUNK_BYTES / 4096];
+        // SAFETY: the chunk lies within the arena's mapping; `pages` has a byte per page.
+        let result = unsafe {
+            libc::mincore(
+                (arena.base + chunk * CHUNK_BYTES) as *mut libc::c_void,
+                CHUNK_BYTES,
+                pages.as_mut_ptr(),
+            )
+        };
+        assert_eq!(result, 0, "mincore: {}", std::io::Error::last_os_error());
+        pages.iter().filter(|&&page| page & 1 != 0).count()
+    }
+
+    #[test]
+    fn warming_maps_the_first_chunks_and_no_more_and_keeps_bytes() {
+        let arena = arena(6);
+        let ptr = arena.allocate(64 * 1024).unwrap();
+        // SAFETY: a fresh slot of 64 KiB, used by nothing else.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0x5a, 64 * 1024) };
+        // Two chunks and a byte: three chunks.
+        let mapped = arena.warm(2 * CHUNK_BYTES + 1);
+        if mapped == 0 {
+            println!("this kernel has no MADV_POPULATE_WRITE: nothing is warmed, nothing to check");
+            assert!(arena.release(ptr, 64 * 1024));
+            return;
+        }
+        assert_eq!(mapped, 3 * CHUNK_BYTES);
+        for chunk in 0..3 {
+            assert_eq!(
+                resident_pages(&arena, chunk),
+                CHUNK_BYTES / 4096,
+                "chunk {chunk} was not mapped"
+            );
+        }
+        for chunk in 3..6 {
+            assert_eq!(resident_pages(&arena, chunk), 0, "chunk {chunk} was mapped");
+        }
+        // SAFETY: the slot written above, still this test's.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), 64 * 1024) };
+        assert!(
+            bytes.iter().all(|&b| b == 0x5a),
+            "warming changed a live buffer"
+        );
+        assert!(arena.release(ptr, 64 * 1024));
+        assert_eq!(
+            arena.warm(usize::MAX / 2),
+            6 * CHUNK_BYTES,
+            "warming stops at the range's end"
+        );
     }
 
     #[test]

@@ -24,7 +24,9 @@ mod prealloc;
 mod scatter;
 pub mod spare_cpu;
 
-pub use buf::{IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX};
+pub use buf::{
+    IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX, IO_BUF_WARM_BYTES_MAX,
+};
 pub use driver::GATHER_BUFS_MAX;
 pub use fault::{FaultBackend, FaultStats, LostWrite, PowerLossReport};
 pub use file::FileBackend;
