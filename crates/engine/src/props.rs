@@ -113,14 +113,10 @@ impl Default for PoolProps {
     }
 }
 
+/// The memory the defaults are fractions of: the machine's, or the control group's limit
+/// where lower.
 fn ram_bytes() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
-    if pages > 0 {
-        pages as u64 * 4096
-    } else {
-        4 << 30
-    }
+    oxpool_io::machine::memory_bytes()
 }
 
 fn default_dirty_max_bytes() -> u64 {

@@ -200,7 +200,7 @@ impl HugePageArena {
                 if strict_overcommit {
                     return None;
                 }
-                HugePageArena::new(machine_memory_bytes().min(PROCESS_RESERVE_BYTES_MAX))
+                HugePageArena::new(crate::buf::memory_bytes().min(PROCESS_RESERVE_BYTES_MAX))
             })
             .as_ref()
     }
@@ -208,7 +208,10 @@ impl HugePageArena {
     /// Maps the chunks that hold the first `bytes` of the range now, as write faults would,
     /// without writing to them (`MADV_POPULATE_WRITE`), and returns the bytes mapped (0 on a
     /// kernel without it, before Linux 5.14). Chunks are taken in index order, so these are
-    /// the first a process uses. Safe while buffers are in use: bytes already there stay.
+    /// the first a process uses. Safe while buffers are in use: bytes already there stay
+    /// (a page given back with `MADV_FREE` and not yet taken is kept with its bytes, which
+    /// `IoBuf` counts as unwritten anyway), and a chunk being given back meanwhile may stay
+    /// resident: memory, not correctness.
     pub(crate) fn warm(&self, bytes: usize) -> usize {
         // The range is whole chunks: rounding up after the bound stays within it.
         let bytes = bytes.min(self.range_bytes).next_multiple_of(CHUNK_BYTES);
@@ -339,20 +342,6 @@ impl Drop for HugePageArena {
         // buffer releases its slot to the arena that made it, which outlives it).
         unsafe { libc::munmap(self.mapping.0 as *mut libc::c_void, self.mapping.1) };
     }
-}
-
-/// The machine's memory in bytes (0 if the system does not say).
-pub(crate) fn machine_memory_bytes() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let (pages, page_bytes) = unsafe {
-        (
-            libc::sysconf(libc::_SC_PHYS_PAGES),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    usize::try_from(pages)
-        .unwrap_or(0)
-        .saturating_mul(usize::try_from(page_bytes).unwrap_or(0))
 }
 
 /// Which list of chunks.
@@ -582,8 +571,27 @@ mod tests {
     #[test]
     fn warming_maps_the_first_chunks_and_no_more_and_keeps_bytes() {
         let arena = arena(6);
+        // Chunk 0 filled, written and given back (MADV_FREE), then a slot of it taken again
+        // and written: warming must keep that slot's bytes.
+        let slot_bytes = 128 * 1024;
+        let all: Vec<_> = (0..CHUNK_BYTES / slot_bytes)
+            .map(|_| arena.allocate(slot_bytes).unwrap())
+            .collect();
+        for &ptr in &all {
+            // SAFETY: a fresh slot of `slot_bytes`, used by nothing else.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0xee, slot_bytes) };
+        }
+        for ptr in all {
+            assert!(arena.release(ptr, slot_bytes));
+        }
+        assert_eq!(arena.chunks_released(), 1);
         let ptr = arena.allocate(64 * 1024).unwrap();
-        // SAFETY: a fresh slot of 64 KiB, used by nothing else.
+        assert_eq!(
+            ptr.as_ptr() as usize,
+            arena.base,
+            "the chunk given back is taken again"
+        );
+        // SAFETY: a slot of 64 KiB, used by nothing else.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0x5a, 64 * 1024) };
         // Two chunks and a byte: three chunks.
         let mapped = arena.warm(2 * CHUNK_BYTES + 1);
@@ -611,7 +619,7 @@ mod tests {
         );
         assert!(arena.release(ptr, 64 * 1024));
         assert_eq!(
-            arena.warm(usize::MAX / 2),
+            arena.warm(usize::MAX),
             6 * CHUNK_BYTES,
             "warming stops at the range's end"
         );

@@ -18,6 +18,7 @@ mod executor;
 mod fault;
 mod file;
 mod future;
+pub mod machine;
 mod memory;
 mod net;
 mod prealloc;
