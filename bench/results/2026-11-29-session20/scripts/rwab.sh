@@ -4,9 +4,9 @@ R=${1:-3}
 for i in $(seq $R); do
   for v in A B; do
     eval "BINV=\${${v}_BIN}"; eval "ENVV=\${${v}_ENV}"
-    env $ENVV bash $(dirname $0)/serve.sh $BINV >/dev/null 2>&1
+    env $ENVV bash /var/tmp/s18/serve.sh $BINV >/dev/null 2>&1
     sleep 1
-    echo -n "$v: "; bash $(dirname $0)/rr.sh 32 4k randwrite | tail -1
-    kill -TERM $(cat $(dirname $0)/srv.pid); sleep 2
+    echo -n "$v: "; bash /var/tmp/s18/rr.sh 32 4k randwrite | tail -1
+    kill -TERM $(cat /var/tmp/s18/srv.pid); sleep 2
   done
 done
