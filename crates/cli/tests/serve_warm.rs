@@ -42,8 +42,7 @@ fn arena_resident_kib(pid: u32) -> Option<u64> {
 
 /// Why warming cannot be seen here, if it cannot.
 fn why_not_checkable(wanted_bytes: usize) -> Option<String> {
-    let overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
-    if overcommit.trim() == "2" {
+    if oxpool_io::machine::overcommit_is_strict() {
         return Some("vm.overcommit_memory is 2: the process has no buffer arena".into());
     }
     if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {

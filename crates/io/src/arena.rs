@@ -195,12 +195,12 @@ impl HugePageArena {
         static ARENA: std::sync::OnceLock<Option<HugePageArena>> = std::sync::OnceLock::new();
         ARENA
             .get_or_init(|| {
-                let strict_overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
-                    .is_ok_and(|mode| mode.trim() == "2");
-                if strict_overcommit {
+                if crate::machine::overcommit_is_strict() {
                     return None;
                 }
-                HugePageArena::new(crate::buf::memory_bytes().min(PROCESS_RESERVE_BYTES_MAX))
+                HugePageArena::new(
+                    crate::machine::memory_bytes_in_memory().min(PROCESS_RESERVE_BYTES_MAX),
+                )
             })
             .as_ref()
     }

@@ -125,11 +125,6 @@ fn new_allocation(len: usize, zeroed: bool) -> (NonNull<u8>, bool) {
     (ptr, zeroed)
 }
 
-/// The process's memory ([`crate::machine::memory_bytes`]) as a byte count in memory.
-pub(crate) fn memory_bytes() -> usize {
-    usize::try_from(crate::machine::memory_bytes()).unwrap_or(usize::MAX)
-}
-
 /// Frees memory made by [`new_allocation`].
 ///
 /// # Safety
@@ -259,7 +254,7 @@ impl IoBuf {
     /// server's first 2 GiB of 128K sequential writes, at about 1.6 GB/s, took 84 MB of new
     /// huge pages.
     pub fn warm_default_bytes() -> usize {
-        (memory_bytes() / 128).min(IO_BUF_WARM_BYTES_MAX)
+        (crate::machine::memory_bytes_in_memory() / 128).min(IO_BUF_WARM_BYTES_MAX)
     }
 
     /// Lets the pool keep `bytes` more of free buffers while the reservation lives: for work

@@ -22,6 +22,18 @@ pub fn memory_bytes() -> u64 {
     control_group_limit_bytes().map_or(physical_bytes, |limit| limit.min(physical_bytes))
 }
 
+/// [`memory_bytes`] as a count of bytes in this address space (saturating).
+pub(crate) fn memory_bytes_in_memory() -> usize {
+    usize::try_from(memory_bytes()).unwrap_or(usize::MAX)
+}
+
+/// Whether the kernel charges every private writable mapping against the commit limit at
+/// once (`vm.overcommit_memory = 2`), ignoring `MAP_NORESERVE`: then a reservation of
+/// address space costs as much as the memory (and the buffer arena makes none).
+pub fn overcommit_is_strict() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|mode| mode.trim() == "2")
+}
+
 /// The memory limit of this process's control group, if it has one.
 fn control_group_limit_bytes() -> Option<u64> {
     let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
