@@ -110,6 +110,10 @@ WORKLOADS = [
     Workload("randread-4k-1x64", "4k random read, 1 connection at iodepth 64", "randread", "4k", 64),
     Workload("randread-4k-4x16", "4k random read, 4 connections at iodepth 16 each (numjobs=4)",
              "randread", "4k", 16, numjobs=4),
+    # One default block (16 KiB) per read, on demand: the reply size the writer neither
+    # copied into its batch nor shared until 2026-11-29 (session 21).
+    Workload("randread-16k-qd32", "16k random read (one default block), iodepth 32",
+             "randread", "16k", 32, on_demand=True),
     # Compression (issue 20), on demand: with the oxpool-c128k-* variants (bench/README.md).
     Workload("seqwrite-128k-flush-c0", "128k sequential write, iodepth 8, final flush timed in, "
              "incompressible data (buffer_compress_percentage=0)", "write", "128k", 8,

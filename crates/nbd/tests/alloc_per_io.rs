@@ -123,6 +123,8 @@ const IO_BYTES: usize = 4096;
 const WHOLE_BLOCKS_BYTES: usize = 64 * 1024;
 /// Large READs: eight blocks of the default 16 KiB, sent from the cache's blocks.
 const LARGE_IO_BYTES: usize = 128 * 1024;
+/// READs of one block of the default 16 KiB.
+const BLOCK_IO_BYTES: usize = 16 * 1024;
 /// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
 /// syncs on its own in the middle of a measurement.
 const DEVICE_BYTES: u64 = 1 << 30;
@@ -296,27 +298,22 @@ impl Client {
 
     /// `BURST_READ_COUNT` READs of `LARGE_IO_BYTES` at `offset(0)`, `offset(1)`, ... sent
     /// together with simple replies; checks every reply (in any order) is all `byte`.
-    fn read_burst(&mut self, offset: impl Fn(usize) -> u64, byte: u8) {
+    /// `BURST_READ_COUNT` READs of `length` bytes (at most `LARGE_IO_BYTES`) sent together,
+    /// then their replies read; checks the data is `byte`.
+    fn read_burst(&mut self, offset: impl Fn(usize) -> u64, length: usize, byte: u8) {
         assert!(!self.structured);
+        assert!(length <= LARGE_IO_BYTES);
         let first_cookie = self.next_cookie;
         let mut headers = [0u8; BURST_READ_COUNT * REQUEST_HEADER_BYTES];
         for (k, header) in headers.chunks_mut(REQUEST_HEADER_BYTES).enumerate() {
-            encode_header(
-                header,
-                CMD_READ,
-                first_cookie + k as u64,
-                offset(k),
-                LARGE_IO_BYTES,
-            );
+            encode_header(header, CMD_READ, first_cookie + k as u64, offset(k), length);
         }
         self.next_cookie += BURST_READ_COUNT as u64;
         self.stream.write_all(&headers).unwrap();
-        self.stream.read_exact(&mut self.burst_replies).unwrap();
+        let replies = &mut self.burst_replies[..BURST_READ_COUNT * (SIMPLE_REPLY_BYTES + length)];
+        self.stream.read_exact(replies).unwrap();
         let mut answered = 0u32;
-        for r in self
-            .burst_replies
-            .chunks(SIMPLE_REPLY_BYTES + LARGE_IO_BYTES)
-        {
+        for r in replies.chunks(SIMPLE_REPLY_BYTES + length) {
             let k = ok_reply_cookie(r) - first_cookie;
             assert!(
                 k < BURST_READ_COUNT as u64 && answered & (1 << k) == 0,
@@ -397,6 +394,36 @@ fn count_read_allocations(client: &mut Client, byte: u8, length: usize) -> u64 {
     allocations
 }
 
+/// Allocations of `MEASURED_IO_COUNT` READs of `length` bytes, `BURST_READ_COUNT` at a time,
+/// after as many to warm up; checks the data is `byte` and that the replies went out
+/// together: each burst's replies queue behind the first one's send (the reader starts all
+/// of them before the writer runs), so a send carries several.
+fn count_burst_read_allocations(client: &mut Client, byte: u8, length: usize) -> u64 {
+    let burst_offset = |i: usize| io_offset(i) % (REGION_BYTES - length as u64 + 1) / 4096 * 4096;
+    let bursts = MEASURED_IO_COUNT / BURST_READ_COUNT;
+    for b in 0..bursts {
+        client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), length, byte);
+    }
+    let (replies_before, sends_before) = parts_reply_counts();
+    let allocations = allocations_during(|| {
+        for b in bursts..2 * bursts {
+            client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), length, byte);
+        }
+    });
+    let (replies_after, sends_after) = parts_reply_counts();
+    let (replies, sends) = (replies_after - replies_before, sends_after - sends_before);
+    assert_eq!(
+        replies,
+        (bursts * BURST_READ_COUNT) as u64,
+        "every {length}-byte READ reply sent from the cache's blocks"
+    );
+    assert!(
+        sends * 2 <= replies,
+        "{replies} READ replies of {length} bytes in {sends} sends: not batched"
+    );
+    allocations
+}
+
 fn fill_region(client: &mut Client, byte: u8) {
     for k in 0..REGION_BYTES / IO_BYTES as u64 {
         client.write(k * IO_BYTES as u64, byte);
@@ -425,28 +452,11 @@ fn requests_allocate_nothing_in_steady_state() {
     let large_read_allocations = count_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
     let large_structured_read_allocations =
         count_read_allocations(&mut structured_client, 0x5a, LARGE_IO_BYTES);
-    // The same, `BURST_READ_COUNT` at a time.
-    let burst_offset = |i: usize| io_offset(i) % (REGION_BYTES - LARGE_IO_BYTES as u64 + 1);
-    let burst_offset = |i: usize| burst_offset(i) / 4096 * 4096;
-    let bursts = MEASURED_IO_COUNT / BURST_READ_COUNT;
-    for b in 0..bursts {
-        client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
-    }
-    let (replies_before, sends_before) = parts_reply_counts();
-    let burst_read_allocations = allocations_during(|| {
-        for b in bursts..2 * bursts {
-            client.read_burst(|k| burst_offset(b * BURST_READ_COUNT + k), 0x5a);
-        }
-    });
-    // And they went out together: each burst's replies queue behind the first one's send
-    // (the reader starts all eight before the writer runs), so a send carries several.
-    let (replies_after, sends_after) = parts_reply_counts();
-    let (replies, sends) = (replies_after - replies_before, sends_after - sends_before);
-    assert_eq!(replies, (bursts * BURST_READ_COUNT) as u64);
-    assert!(
-        sends * 2 <= replies,
-        "{replies} READ replies in {sends} sends: not batched"
-    );
+    // The same, `BURST_READ_COUNT` at a time; and bursts of one-block READs, whose replies
+    // (a block and a header) are too large to be copied into the writer's batch.
+    let burst_read_allocations = count_burst_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
+    let block_burst_read_allocations =
+        count_burst_read_allocations(&mut client, 0x5a, BLOCK_IO_BYTES);
     let cache = pool.counters().data_cache_stats();
     assert!(
         cache.bytes >= REGION_BYTES,
@@ -536,14 +546,15 @@ fn requests_allocate_nothing_in_steady_state() {
             large_read_allocations,
             large_structured_read_allocations,
             burst_read_allocations,
+            block_burst_read_allocations,
             overwrite_allocations,
             new_block_allocations,
             whole_block_allocations
         ),
-        (0, 0, 0, 0, 0, 0, 0, 0),
+        (0, 0, 0, 0, 0, 0, 0, 0, 0),
         "allocations in {MEASURED_IO_COUNT} reads (simple replies), {MEASURED_IO_COUNT} reads \
          (structured replies), as many 128 KiB reads of each, as many {BURST_READ_COUNT} at a \
-         time, {MEASURED_IO_COUNT} overwrites, \
+         time, as many 16 KiB reads {BURST_READ_COUNT} at a time, {MEASURED_IO_COUNT} overwrites, \
          {new_block_writes} writes that dirty a new block, {whole_block_writes} writes of whole \
          blocks"
     );

@@ -62,7 +62,8 @@ const DIRECT_RECV_MIN_BYTES: usize = 32 * 1024;
 /// The writer's batch buffer (also the handshake's send buffer).
 const BATCH_BYTES: usize = 64 * 1024;
 
-/// Replies up to this size are copied into the batch; larger ones are sent from their slot.
+/// Replies up to this size, header included, are copied into the batch; larger READ replies
+/// are sent from the data cache's blocks (`run_request`), other large ones from their slot.
 const BATCH_COPY_MAX_BYTES: usize = 16 * 1024;
 
 /// Plain text of a full TLS record: over TLS, READ data is shared from the data cache only
@@ -1335,8 +1336,12 @@ async fn run_request(
     // Over TLS only with blocks of a whole TLS record or more: each shared block is its own
     // `SSL_write`, so smaller blocks would mean more, smaller records than one copied reply.
     // In clear text any block size: a block is one iovec of the send.
+    // Every READ reply in clear text is batched one way or the other: copied into the batch
+    // if the whole reply, header included, fits `BATCH_COPY_MAX_BYTES`, else shared. (When
+    // the data alone was compared, a 16 KiB READ, one default block, made a reply of 16 KiB
+    // and a header that was neither: it went out alone, one `send` per reply.)
     let share = request.command == Command::Read
-        && request.length_bytes as usize > BATCH_COPY_MAX_BYTES
+        && request.length_bytes as usize + OFFSET_DATA_HEADER_BYTES > BATCH_COPY_MAX_BYTES
         && (conn.tls.get().is_none()
             || session.volume.block_size_bytes() as usize >= TLS_RECORD_PLAINTEXT_BYTES);
     if share {
