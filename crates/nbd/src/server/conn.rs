@@ -1329,17 +1329,17 @@ async fn run_request(
         armed: true,
     };
     let _in_flight = oxpool_io::completion::RequestGuard::new();
-    // A READ too large for the writer's batch is sent straight from the data cache's blocks
-    // (`read_in_parts`): in clear text by one `sendmsg` of the header and the blocks, over
-    // TLS encrypted from them. Its parts vector is the slot's, reused.
+    // A READ whose reply is too large for the writer's batch (`BATCH_COPY_MAX_BYTES`, the
+    // header included) is sent straight from the data cache's blocks (`read_in_parts`): in
+    // clear text by one `sendmsg` of the header and the blocks, batched with the replies in
+    // parts queued behind it, over TLS encrypted from them. Its parts vector is the slot's,
+    // reused. So every READ reply in clear text is batched one way or the other. (When the
+    // data alone was compared, a 16 KiB READ, one default block, made a reply of 16 KiB and
+    // a header that was neither: it went out alone, one `send` per reply.)
     let mut parts = Vec::new();
     // Over TLS only with blocks of a whole TLS record or more: each shared block is its own
     // `SSL_write`, so smaller blocks would mean more, smaller records than one copied reply.
     // In clear text any block size: a block is one iovec of the send.
-    // Every READ reply in clear text is batched one way or the other: copied into the batch
-    // if the whole reply, header included, fits `BATCH_COPY_MAX_BYTES`, else shared. (When
-    // the data alone was compared, a 16 KiB READ, one default block, made a reply of 16 KiB
-    // and a header that was neither: it went out alone, one `send` per reply.)
     let share = request.command == Command::Read
         && request.length_bytes as usize + OFFSET_DATA_HEADER_BYTES > BATCH_COPY_MAX_BYTES
         && (conn.tls.get().is_none()
