@@ -4,7 +4,8 @@
 //! server over a file-backed pool on a loopback port, and a raw client (this test's thread)
 //! that sends one request at a time from preallocated buffers; READs both with simple replies
 //! and with structured replies (what libnbd, qemu and fio negotiate), of 4 KiB and of 128 KiB
-//! (sent from the data cache's blocks by one `sendmsg`, not copied into the reply).
+//! (sent from the data cache's blocks by one `sendmsg`, not copied into the reply), and
+//! bursts of 128 KiB and of 16 KiB READs (sent from the cache's blocks, several per send).
 //!
 //! Counted by this binary's global allocator on the threads that serve the requests: the
 //! server's reactor threads (named `nbd-reactor-N`, where the request tasks and their device
@@ -123,7 +124,8 @@ const IO_BYTES: usize = 4096;
 const WHOLE_BLOCKS_BYTES: usize = 64 * 1024;
 /// Large READs: eight blocks of the default 16 KiB, sent from the cache's blocks.
 const LARGE_IO_BYTES: usize = 128 * 1024;
-/// READs of one block of the default 16 KiB.
+/// READs of one default block's length (16 KiB; most of the test's offsets are 4 KiB
+/// aligned, not 16 KiB, so most span two blocks): a reply too large for the writer's batch.
 const BLOCK_IO_BYTES: usize = 16 * 1024;
 /// Sparse; large enough that the dirty limit (at most an eighth of the pool) does not start
 /// syncs on its own in the middle of a measurement.
@@ -296,10 +298,9 @@ impl Client {
         &self.reply[OFFSET_DATA_HEADER_BYTES..OFFSET_DATA_HEADER_BYTES + length]
     }
 
-    /// `BURST_READ_COUNT` READs of `LARGE_IO_BYTES` at `offset(0)`, `offset(1)`, ... sent
-    /// together with simple replies; checks every reply (in any order) is all `byte`.
-    /// `BURST_READ_COUNT` READs of `length` bytes (at most `LARGE_IO_BYTES`) sent together,
-    /// then their replies read; checks the data is `byte`.
+    /// `BURST_READ_COUNT` READs of `length` bytes (at most `LARGE_IO_BYTES`) at `offset(0)`,
+    /// `offset(1)`, ... sent together with simple replies; checks every reply (in any order)
+    /// is all `byte`.
     fn read_burst(&mut self, offset: impl Fn(usize) -> u64, length: usize, byte: u8) {
         assert!(!self.structured);
         assert!(length <= LARGE_IO_BYTES);
@@ -415,7 +416,7 @@ fn count_burst_read_allocations(client: &mut Client, byte: u8, length: usize) ->
     assert_eq!(
         replies,
         (bursts * BURST_READ_COUNT) as u64,
-        "every {length}-byte READ reply sent from the cache's blocks"
+        "every {length}-byte READ reply sent in parts (from the cache's blocks)"
     );
     assert!(
         sends * 2 <= replies,
@@ -452,8 +453,8 @@ fn requests_allocate_nothing_in_steady_state() {
     let large_read_allocations = count_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
     let large_structured_read_allocations =
         count_read_allocations(&mut structured_client, 0x5a, LARGE_IO_BYTES);
-    // The same, `BURST_READ_COUNT` at a time; and bursts of one-block READs, whose replies
-    // (a block and a header) are too large to be copied into the writer's batch.
+    // The same, `BURST_READ_COUNT` at a time; and bursts of READs of a block's length, whose
+    // replies (16 KiB and a header) are too large to be copied into the writer's batch.
     let burst_read_allocations = count_burst_read_allocations(&mut client, 0x5a, LARGE_IO_BYTES);
     let block_burst_read_allocations =
         count_burst_read_allocations(&mut client, 0x5a, BLOCK_IO_BYTES);

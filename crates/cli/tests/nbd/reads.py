@@ -104,9 +104,11 @@ def read(uri):
     data = expected()
     for structured, flags in [(True, 0), (False, 0), (True, nbd.CMD_FLAG_DF)]:
         h = connect(uri, structured)
-        # Cold (misses), then cached, with requests aligned and not to the 16K blocks.
+        # Cold (misses), then cached, with requests aligned and not to the 16K blocks; READs
+        # of one block's length (sent from the cache's blocks) and of a sector less (copied).
         for size, start in [(128 * KIB, 0), (128 * KIB + 4 * KIB, 512), (MIB, 4096),
-                            (32 * KIB + 512, 7 * KIB), (4 * MIB + 512, 512)]:
+                            (32 * KIB + 512, 7 * KIB), (4 * MIB + 512, 512),
+                            (16 * KIB, 0), (16 * KIB, 4096), (16 * KIB - 512, 7 * KIB)]:
             read_all(h, data, size, start, flags)
         check(data[:512] == h.pread(512, 0), "the first 512 bytes")
         h.shutdown()

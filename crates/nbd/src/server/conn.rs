@@ -62,8 +62,9 @@ const DIRECT_RECV_MIN_BYTES: usize = 32 * 1024;
 /// The writer's batch buffer (also the handshake's send buffer).
 const BATCH_BYTES: usize = 64 * 1024;
 
-/// Replies up to this size, header included, are copied into the batch; larger READ replies
-/// are sent from the data cache's blocks (`run_request`), other large ones from their slot.
+/// Replies up to this size, header included, are copied into the batch. Larger READ replies
+/// are sent from the data cache's blocks where `run_request` shares them (in clear text;
+/// over TLS with blocks of a record or more), other large ones from their slot.
 const BATCH_COPY_MAX_BYTES: usize = 16 * 1024;
 
 /// Plain text of a full TLS record: over TLS, READ data is shared from the data cache only
@@ -1331,17 +1332,23 @@ async fn run_request(
     let _in_flight = oxpool_io::completion::RequestGuard::new();
     // A READ whose reply is too large for the writer's batch (`BATCH_COPY_MAX_BYTES`, the
     // header included) is sent straight from the data cache's blocks (`read_in_parts`): in
-    // clear text by one `sendmsg` of the header and the blocks, batched with the replies in
-    // parts queued behind it, over TLS encrypted from them. Its parts vector is the slot's,
-    // reused. So every READ reply in clear text is batched one way or the other. (When the
-    // data alone was compared, a 16 KiB READ, one default block, made a reply of 16 KiB and
-    // a header that was neither: it went out alone, one `send` per reply.)
+    // clear text by one `sendmsg` of the header and the blocks, with the replies in parts
+    // queued behind it, over TLS encrypted from them. Its parts vector is the slot's, reused.
+    // So in clear text a READ's reply goes out with others whether it is small or large
+    // (but for a reply with a hole chunk to lay out, rare: it is copied after all). When
+    // the data alone was compared with the batch's limit, a 16 KiB READ, one default block,
+    // made a reply of 16 KiB and a header that was neither: it went out alone.
     let mut parts = Vec::new();
+    let reply_header_bytes = if session.structured() {
+        OFFSET_DATA_HEADER_BYTES
+    } else {
+        SIMPLE_REPLY_BYTES
+    };
     // Over TLS only with blocks of a whole TLS record or more: each shared block is its own
     // `SSL_write`, so smaller blocks would mean more, smaller records than one copied reply.
     // In clear text any block size: a block is one iovec of the send.
     let share = request.command == Command::Read
-        && request.length_bytes as usize + OFFSET_DATA_HEADER_BYTES > BATCH_COPY_MAX_BYTES
+        && request.length_bytes as usize + reply_header_bytes > BATCH_COPY_MAX_BYTES
         && (conn.tls.get().is_none()
             || session.volume.block_size_bytes() as usize >= TLS_RECORD_PLAINTEXT_BYTES);
     if share {
