@@ -26,8 +26,12 @@ pub(crate) fn slop_bytes(pool_bytes: u64) -> u64 {
     (pool_bytes / 32).max(4 << 20)
 }
 
-/// Syncs a writer waits through for space before it gets ENOSPC (each returns deferred frees).
+/// Syncs in which nobody got space that a writer waits through before it gets ENOSPC (each
+/// returns deferred frees).
 const SPACE_WAIT_SYNCS_MAX: u32 = 2 * DEFER_TXGS as u32 + 4;
+
+/// Bound on a writer's rounds of waiting for space, those in which others got it included.
+const SPACE_WAIT_ROUNDS_MAX: u32 = 16 * SPACE_WAIT_SYNCS_MAX;
 
 /// A writer's place in the space check, from [`Spa::wait_for_space`] until its change is
 /// charged to its txg ([`crate::spa::txg::TxgHold::note_dirty`]): while it lives, the worst case of
@@ -72,7 +76,11 @@ impl Spa {
     /// (by size class, every copy) waits until it fits beside what every unsynced txg's sync
     /// may allocate, with the reserve left over ([`Allocator::fits`]: sure to fit, not just
     /// in total bytes but in places the blocks can go). Each round asks for a sync, which
-    /// releases its txg's charge and returns deferred frees; ENOSPC after a bounded number.
+    /// releases its txg's charge and returns deferred frees; ENOSPC after a bounded number
+    /// of rounds in which no writer got space. Rounds in which others did count only against
+    /// a larger bound: with several writers waiting, the space a sync gives back may go to
+    /// the others every time, and the pool is then busy, not full (four writers of sync 4 KiB
+    /// writes on a pool half full got ENOSPC about once in ten runs when every round counted).
     /// This is what makes a sync never run out of space: everything it allocates was charged
     /// and checked here first (the intent log's allocations are checked the same way, see
     /// [`Spa::may_allocate_outside_sync`]).
@@ -81,17 +89,22 @@ impl Spa {
         bytes: ClassBytes,
         frees: bool,
     ) -> Result<SpaceAdmission<'_>> {
-        for _ in 0..SPACE_WAIT_SYNCS_MAX {
-            let held_back = {
+        let mut rounds_without_admissions = 0;
+        for _ in 0..SPACE_WAIT_ROUNDS_MAX {
+            let (held_back, admissions_before) = {
                 let s = self.state.lock().unwrap();
                 let mut t = self.txg.state.lock().unwrap();
                 let need = t.space_needed() + bytes;
                 if Self::fits(&s.alloc, &need, frees) {
                     t.space_admitting += bytes;
+                    t.space_admissions += 1;
                     return Ok(SpaceAdmission { inner: self, bytes });
                 }
                 let batch = batches_done(self);
-                pin_holds_frees(&s, t.open).then_some(batch)
+                (
+                    pin_holds_frees(&s, t.open).then_some(batch),
+                    t.space_admissions,
+                )
             };
             // A scrub batch holds back frees the next sync would give back: they come back
             // only once it is done. Not a round of its own: one batch's reads, then the sync.
@@ -101,6 +114,12 @@ impl Spa {
             let open = self.txg.state.lock().unwrap().open;
             self.txg.kick();
             self.txg.wait_synced(open, true).await?;
+            if self.txg.state.lock().unwrap().space_admissions == admissions_before {
+                rounds_without_admissions += 1;
+                if rounds_without_admissions == SPACE_WAIT_SYNCS_MAX {
+                    break;
+                }
+            }
         }
         Err(EngineError::NoSpace {
             pool: self.name.clone(),

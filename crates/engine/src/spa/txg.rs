@@ -118,6 +118,9 @@ pub(crate) struct TxgState {
     /// Worst-case space of the writers that passed the space check and have not charged
     /// their txg yet (see `pool::SpaceAdmission`): counted until they have.
     pub space_admitting: ClassBytes,
+    /// Writers that passed the space check, ever: whether a round of waiting for space let
+    /// anyone in (see `pool::Spa::wait_for_space`).
+    pub space_admissions: u64,
     kick: bool,
     /// Live [`EagerSyncs`]: while any, a txg of `EAGER_SYNC_BYTES` starts a sync.
     eager: u32,
@@ -244,6 +247,7 @@ impl TxgControl {
                 space: ClassBytes::default(),
                 txg_space: Vec::new(),
                 space_admitting: ClassBytes::default(),
+                space_admissions: 0,
                 kick: false,
                 eager: 0,
                 stop: false,
