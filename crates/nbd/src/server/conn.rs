@@ -1339,11 +1339,7 @@ async fn run_request(
     // the data alone was compared with the batch's limit, a 16 KiB READ, one default block,
     // made a reply of 16 KiB and a header that was neither: it went out alone.
     let mut parts = Vec::new();
-    let reply_header_bytes = if session.structured() {
-        OFFSET_DATA_HEADER_BYTES
-    } else {
-        SIMPLE_REPLY_BYTES
-    };
+    let reply_header_bytes = read_reply_header_bytes(session.structured());
     // Over TLS only with blocks of a whole TLS record or more: each shared block is its own
     // `SSL_write`, so smaller blocks would mean more, smaller records than one copied reply.
     // In clear text any block size: a block is one iovec of the send.
@@ -1443,6 +1439,16 @@ async fn execute(
     }
 }
 
+/// Bytes before the data in a READ reply sent in parts: a simple reply's header, or the
+/// header of its one OFFSET_DATA chunk.
+fn read_reply_header_bytes(structured: bool) -> usize {
+    if structured {
+        OFFSET_DATA_HEADER_BYTES
+    } else {
+        SIMPLE_REPLY_BYTES
+    }
+}
+
 /// READ for a reply the writer sends on its own: the data stays where the volume has it
 /// (cached blocks are shared, not copied into the buffer), and the reply is a header in the
 /// buffer followed by the read parts (`ReplyAt::Parts`). In clear text the writer sends them
@@ -1462,11 +1468,7 @@ async fn read_in_parts(
 ) -> oxpool_engine::Result<Reply> {
     let length = request.length_bytes as usize;
     let structured = session.structured();
-    let data_at = if structured {
-        OFFSET_DATA_HEADER_BYTES
-    } else {
-        SIMPLE_REPLY_BYTES
-    };
+    let data_at = read_reply_header_bytes(structured);
     session
         .volume
         .read_shared(
