@@ -18,8 +18,8 @@ fn busy_waits() {
     }
 }
 
-/// The first CPU the process may run on.
-fn a_cpu() -> usize {
+/// The CPUs the process may run on.
+fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: the set is valid for writes and its size is given.
@@ -31,9 +31,11 @@ fn a_cpu() -> usize {
         std::io::Error::last_os_error()
     );
     // SAFETY: CPU_ISSET reads the set.
-    (0..libc::CPU_SETSIZE as usize)
-        .find(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
-        .expect("the process may run on some CPU")
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect();
+    assert!(!cpus.is_empty(), "the process may run on some CPU");
+    cpus
 }
 
 /// Pins the calling thread to `cpu`.
@@ -65,13 +67,28 @@ fn spins_on(cpu: usize) -> u64 {
 
 #[test]
 fn a_thread_preempted_by_others_stops_spinning() {
-    let cpu = a_cpu();
     // Alone on its CPU (nothing else of this test runs there), nearly every wait spins;
-    // another process that happens to run there preempts it too, so the best of three.
-    let alone = (0..3).map(|_| spins_on(cpu)).max().unwrap();
+    // another process that happens to run there preempts it too (a build beside the tests,
+    // say), so the CPU that spun most in up to 4 rounds of 3 tries on each allowed CPU.
+    let mut best = (0, 0);
+    for round in 0..4 {
+        for cpu in allowed_cpus() {
+            let spins = (0..3).map(|_| spins_on(cpu)).max().unwrap();
+            if spins > best.1 {
+                best = (cpu, spins);
+            }
+        }
+        if best.1 > WAITS / 2 {
+            break;
+        }
+        println!("round {round}: every CPU busy with other work (best {best:?}); again");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let (cpu, alone) = best;
     assert!(
         alone > WAITS / 2,
-        "alone, only {alone} of {WAITS} waits spun: CPU {cpu} was busy with other work"
+        "alone, only {alone} of {WAITS} waits spun on the best CPU ({cpu}): every CPU was \
+         busy with other work"
     );
     // A thread on the same CPU that works and sleeps in turns, as a client or the txg sync
     // thread does: each time it wakes it takes the CPU from the spinning thread.
