@@ -77,10 +77,41 @@ impl Host {
 fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<T>) -> Result<T> {
     let (pool, _locks) = open_pool(cache, name)?;
     let result = f(&pool);
+    // Whatever `f` changed, even if it then failed (an attach whose resilver failed keeps its
+    // new device): the next command finds the pool by these paths.
+    let recorded = remember_if_changed(cache, &pool);
     let exported = pool.export();
     let value = result?;
+    recorded?;
     exported?;
     Ok(value)
+}
+
+/// [`remember`], when the pool's device paths differ from those the cache file lists for it
+/// (a command that only reads the pool writes nothing).
+pub fn remember_if_changed(cache: &Path, pool: &Pool) -> Result<()> {
+    let listed = cachefile::read(cache)?
+        .into_iter()
+        .find(|p| p.guid == pool.guid().0)
+        .map(|p| p.devices);
+    let mut now = canonical_paths(pool);
+    now.sort();
+    let unchanged = listed.is_some_and(|mut l| {
+        l.sort();
+        l == now
+    });
+    if unchanged {
+        return Ok(());
+    }
+    remember(cache, pool)
+}
+
+/// The pool's device paths as the cache file records them (canonical where the file exists).
+fn canonical_paths(pool: &Pool) -> Vec<PathBuf> {
+    pool.device_paths()
+        .into_iter()
+        .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(p)))
+        .collect()
 }
 
 /// Opens (imports) a pool the cache file knows; the returned locks keep its devices ours.
@@ -111,10 +142,23 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
             missing.join(", ")
         );
     }
+    // The cache file may be behind the pool (a server that attached or replaced a device
+    // and stopped before recording it): the labels' vdev tree names every device by the
+    // path it was last opened at, as ZFS's import finds devices by its config's paths.
+    for path in paths_labels_add(&devs, entry.guid, &entry.devices) {
+        // Only a candidate: import takes it if its label is the pool's.
+        if let Ok(d) = open_device(&path, None) {
+            devs.push(d);
+        }
+    }
     // Missing devices show as UNAVAIL in `oxpool status`; import refuses the pool if what is
     // missing is needed, naming it.
     let pool = Pool::import(devs.backends(), Some(name))
         .with_context(|| format!("cannot open pool '{name}'"))?;
+    // The files the pool did not take (a detached or replaced device the cache file still
+    // listed, a blank file swapped in at a device's path) are closed and unlocked: this
+    // command may name them as new devices.
+    devs.retain_named(&pool.open_device_names());
     // Its fault injection rules (`oxpool inject`) act from now on.
     crate::inject_file::apply(cache, &pool, &mut std::io::stderr())?;
     Ok((pool, devs))
@@ -122,11 +166,7 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
 
 /// Records the pool and its devices in the cache file.
 pub fn remember(cache: &Path, pool: &Pool) -> Result<()> {
-    let devices = pool
-        .device_paths()
-        .into_iter()
-        .map(|p| std::fs::canonicalize(&p).unwrap_or_else(|_| PathBuf::from(p)))
-        .collect();
+    let devices = canonical_paths(pool);
     cachefile::upsert(
         cache,
         cachefile::CachedPool {
@@ -136,4 +176,24 @@ pub fn remember(cache: &Path, pool: &Pool) -> Result<()> {
         },
     )?;
     Ok(())
+}
+
+/// Paths that the vdev trees in the labels of `devs` (those of the pool `pool_guid`) name and
+/// `listed` does not, that exist.
+fn paths_labels_add(devs: &Devices, pool_guid: u64, listed: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for b in devs.backends() {
+        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(b.as_ref()));
+        let Ok(label) = label else { continue };
+        if label.pool_guid.0 != pool_guid {
+            continue;
+        }
+        for leaf in label.tree.leaves() {
+            let path = std::fs::canonicalize(&leaf.path).unwrap_or_else(|_| (&leaf.path).into());
+            if path.exists() && !listed.contains(&path) && !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    out
 }

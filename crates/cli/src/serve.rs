@@ -259,7 +259,8 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
 }
 
 /// The stats thread: publishes every served pool's counters (pools come and go), and
-/// withdraws those of pools no longer served.
+/// withdraws those of pools no longer served; on the same beat, follows the pools' device
+/// changes ([`Served::follow_device_changes`]).
 fn publish_stats(cache: &Path, served: &Served, stop: &AtomicBool, started_ms: u64) {
     let mut published: Vec<String> = Vec::new();
     // Bounded by the server's life: it stops when the server does.
@@ -277,6 +278,9 @@ fn publish_stats(cache: &Path, served: &Served, stop: &AtomicBool, started_ms: u
             crate::iostat::publish(cache, c, &process);
         }
         drop(counters);
+        // On the same beat, beside the counters: unlocking devices the pools dropped and
+        // keeping the cache file's device paths current.
+        served.follow_device_changes();
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     for name in &published {

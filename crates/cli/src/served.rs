@@ -33,6 +33,9 @@ pub struct ServedPool {
     admin: Mutex<()>,
     /// Leaving the server (export, destroy): no command may start on it.
     leaving: AtomicBool,
+    /// The device paths last checked against the cache file (so that a cache file that
+    /// cannot be written is reported once per change, not on every beat).
+    paths_checked: Mutex<Vec<String>>,
 }
 
 impl ServedPool {
@@ -47,6 +50,25 @@ impl ServedPool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(more);
+    }
+
+    /// Closes and unlocks the files of devices the pool no longer has (detached, or
+    /// replaced once their replacement was resilvered), so they can be used again, as ZFS
+    /// frees a detached device at once; and records the pool's device paths in `cache` when
+    /// they changed. Names are taken under the devices' lock, so a device a command is adding
+    /// is either in them or not yet among the locks.
+    fn follow_device_changes(&self, cache: &Path) -> Result<()> {
+        {
+            let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+            devices.retain_named(&self.pool.open_device_names());
+        }
+        let paths = self.pool.device_paths();
+        let mut checked = self.paths_checked.lock().unwrap_or_else(|p| p.into_inner());
+        if *checked == paths {
+            return Ok(());
+        }
+        *checked = paths;
+        crate::host::remember_if_changed(cache, &self.pool)
     }
 }
 
@@ -125,6 +147,25 @@ impl Served {
         self.map().keys().cloned().collect()
     }
 
+    /// Follows the served pools' device changes, those of commands and those made without
+    /// one (a resilver detaching the device it replaced, a hot spare stepping in): see
+    /// [`ServedPool::follow_device_changes`]. Says on standard error what it could not record.
+    pub fn follow_device_changes(&self) {
+        let pools: Vec<Arc<ServedPool>> = self.map().values().cloned().collect();
+        for sp in pools {
+            if sp.leaving.load(Ordering::SeqCst) {
+                continue;
+            }
+            if let Err(e) = sp.follow_device_changes(&self.cache) {
+                eprintln!(
+                    "oxpool: pool '{}': cannot record its devices in {}: {e:#}",
+                    sp.pool.name(),
+                    self.cache.display()
+                );
+            }
+        }
+    }
+
     /// Counters of every served pool (for `oxpool iostat`).
     pub fn counters(&self) -> Vec<PoolCounters> {
         self.map().values().map(|p| p.pool.counters()).collect()
@@ -143,6 +184,7 @@ impl Served {
             devices: Mutex::new(devices),
             admin: Mutex::new(()),
             leaving: AtomicBool::new(false),
+            paths_checked: Mutex::new(Vec::new()),
         });
         let mut added = Vec::new();
         for volume in served.pool.volumes() {

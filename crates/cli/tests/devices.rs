@@ -100,6 +100,31 @@ fn device_verbs_on_a_served_pool() {
     assert!(!n.iter().any(|x| x.starts_with("replacing")), "{status}");
     read_equals(&env, &uri, &image, "replaced");
 
+    // The replaced device is let go: its file is unlocked (it can join a pool again) and
+    // the cache file names its replacement instead. The server follows such changes on a
+    // beat of 200 ms; the wait is bounded far above that, never timed.
+    let mut reused = env.run(&["add", "tank", "spare", p(&c)]);
+    for _ in 0..300 {
+        if reused.status.success() {
+            break;
+        }
+        let err = String::from_utf8_lossy(&reused.stderr);
+        assert!(err.contains("in use"), "{err}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        reused = env.run(&["add", "tank", "spare", p(&c)]);
+    }
+    assert!(
+        reused.status.success(),
+        "the replaced c.img stayed locked by the server: {}",
+        String::from_utf8_lossy(&reused.stderr)
+    );
+    env.ok(&["remove", "tank", "c.img"]);
+    let cache = std::fs::read_to_string(env.path("pools.cache")).unwrap();
+    assert!(
+        cache.contains("d.img") && !cache.contains("c.img"),
+        "{cache}"
+    );
+
     // A hot spare: listed AVAIL, then removed.
     env.ok(&["add", "tank", "spare", p(&e)]);
     let status = env.ok(&["status", "tank"]);
@@ -124,4 +149,97 @@ fn device_verbs_on_a_served_pool() {
     );
     read_equals(&env, &uri, &image, "detached");
     server.stop();
+}
+
+/// The device lines (name, state) of `oxpool status`, names without their directory.
+fn states(status: &str) -> Vec<(String, String)> {
+    status
+        .lines()
+        .skip_while(|l| !l.starts_with("config:"))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let name = w.next()?.rsplit('/').next()?.to_string();
+            let state = w.next()?.to_string();
+            name.ends_with(".img").then_some((name, state))
+        })
+        .collect()
+}
+
+fn vol_read(env: &Env, name: &str) -> Vec<u8> {
+    let out = env.path(name);
+    env.ok(&["vol", "read", "tank/vol0", p(&out)]);
+    std::fs::read(&out).unwrap()
+}
+
+/// With no server, `attach` and `replace` record the new device in the cache file, so the
+/// next command opens it (before, it showed UNAVAIL and the pool ran degraded); a cache file
+/// that is behind the pool anyway is caught up from the labels; `replace POOL OLD` takes a
+/// device swapped in at OLD's path, named by its file name, and refuses the old device
+/// itself in one line.
+#[test]
+fn device_changes_without_a_server_reach_the_next_command() {
+    let env = Env::new();
+    let a = env.path("a.img");
+    env.ok(&["create", "tank", p(&a), "--size", "128M", "--sparse"]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
+    let image = random_bytes(29, 8 * MIB);
+    let source = env.path("image.in");
+    std::fs::write(&source, &image).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", p(&source)]);
+    let (b, c) = (file(&env, "b.img", 128), file(&env, "c.img", 128));
+    let online = |names: &[&str]| {
+        let status = env.ok(&["status", "tank"]);
+        let got = states(&status);
+        let want: Vec<(String, String)> = names
+            .iter()
+            .map(|n| (n.to_string(), "ONLINE".to_string()))
+            .collect();
+        assert_eq!(got, want, "{status}");
+    };
+
+    env.ok(&["attach", "tank", "a.img", p(&b)]);
+    online(&["a.img", "b.img"]);
+    env.ok(&["replace", "tank", "b.img", p(&c)]);
+    online(&["a.img", "c.img"]);
+    let cache = std::fs::read_to_string(env.path("pools.cache")).unwrap();
+    assert!(
+        cache.contains("c.img") && !cache.contains("b.img"),
+        "{cache}"
+    );
+
+    // A cache file behind the pool (as a server killed after an attach leaves it): the
+    // labels name c.img, and the command finds it there and records it.
+    let stale = cache.replace(&format!("\t{}", c.display()), "");
+    assert!(!stale.contains("c.img"), "{stale}");
+    std::fs::write(env.path("pools.cache"), &stale).unwrap();
+    online(&["a.img", "c.img"]);
+    let cache = std::fs::read_to_string(env.path("pools.cache")).unwrap();
+    assert!(cache.contains("c.img"), "{cache}");
+
+    // The device itself is not a swapped one: refused, nothing changed.
+    let err = env.fails(&["replace", "tank", "c.img"]);
+    assert!(err.contains("still has pool 'tank''s label"), "{err}");
+    online(&["a.img", "c.img"]);
+
+    // Swapped for a blank file at the same path: UNAVAIL, then replaced by its file name.
+    std::fs::remove_file(&c).unwrap();
+    file(&env, "c.img", 128);
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        states(&status).contains(&("c.img".to_string(), "UNAVAIL".to_string())),
+        "{status}"
+    );
+    env.ok(&["replace", "tank", "c.img"]);
+    online(&["a.img", "c.img"]);
+    assert!(vol_read(&env, "back.out") == image, "bytes differ");
+
+    // Both sides hold every block: the pool reads right from c.img alone.
+    env.ok(&["offline", "tank", "a.img"]);
+    assert!(
+        vol_read(&env, "from-c.out") == image,
+        "bytes differ from c.img"
+    );
+    env.ok(&["online", "-w", "tank", "a.img"]);
+    // Exits non-zero on any bad checksum, leak or wrong space figure.
+    env.ok(&["audit", "tank"]);
 }

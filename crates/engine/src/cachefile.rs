@@ -80,16 +80,41 @@ pub fn write(path: &Path, pools: &[CachedPool]) -> Result<()> {
 
 /// Adds or replaces the entry for `pool` (by name).
 pub fn upsert(path: &Path, pool: CachedPool) -> Result<()> {
-    let mut pools = read(path)?;
-    pools.retain(|p| p.name != pool.name);
-    pools.push(pool);
-    write(path, &pools)
+    update(path, |pools| {
+        pools.retain(|p| p.name != pool.name);
+        pools.push(pool);
+    })
 }
 
 /// Removes the entry for `name`.
 pub fn remove(path: &Path, name: &str) -> Result<()> {
+    update(path, |pools| pools.retain(|p| p.name != name))
+}
+
+/// Reads, changes and writes the file under an flock of `PATH.lock`: two processes (a
+/// server recording a device change, a command creating a pool) never lose each other's
+/// entries nor write the same temporary file at once.
+fn update(path: &Path, change: impl FnOnce(&mut Vec<CachedPool>)) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let lock_path = path.with_extension("lock");
+    let io = |e| EngineError::io(&lock_path.display().to_string(), e);
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io)?;
+    // SAFETY: flock on a valid, owned file descriptor; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io(std::io::Error::last_os_error()));
+    }
     let mut pools = read(path)?;
-    pools.retain(|p| p.name != name);
+    change(&mut pools);
     write(path, &pools)
 }
 

@@ -170,6 +170,18 @@ pub struct VdevTreeConfig {
     pub spares: Vec<LeafConfig>,
 }
 
+impl VdevTreeConfig {
+    /// Every leaf the tree names: the top-level vdevs' children, the second members of their
+    /// pairs, and the hot spares (a spare in use appears twice: as a pair's member and a
+    /// spare).
+    pub fn leaves(&self) -> impl Iterator<Item = &LeafConfig> {
+        self.top
+            .iter()
+            .flat_map(|t| t.children.iter().chain(t.pairs.iter().map(|p| &p.leaf)))
+            .chain(&self.spares)
+    }
+}
+
 /// `TopVdevConfig` as format versions 1 to 5 wrote it (no pairs).
 #[derive(Deserialize)]
 pub(crate) struct TopVdevConfigV5 {

@@ -26,18 +26,33 @@ fn device_candidates(con: &dyn Console, device: &str) -> Vec<String> {
     out
 }
 
-/// The pool's name for the device `device` names (see [`device_candidates`]).
+/// The pool's name for the present device `device` names (see [`device_candidates`]).
 fn resolve(pool: &Pool, con: &dyn Console, device: &str) -> Result<String> {
+    resolve_with(con, device, |c| Ok(pool.device(c)?.1))
+}
+
+/// As [`resolve`], for a device present or not: an UNAVAIL one resolves to the path the pool
+/// recorded for it.
+fn resolve_member(pool: &Pool, con: &dyn Console, device: &str) -> Result<String> {
+    resolve_with(con, device, |c| Ok(pool.member_path(c)?))
+}
+
+/// The first of `device`'s candidates that `lookup` knows, or the first candidate's error.
+fn resolve_with(
+    con: &dyn Console,
+    device: &str,
+    lookup: impl Fn(&str) -> Result<String>,
+) -> Result<String> {
     let mut first_err = None;
     for c in device_candidates(con, device) {
-        match pool.device(&c) {
-            Ok((_, name)) => return Ok(name),
+        match lookup(&c) {
+            Ok(name) => return Ok(name),
             Err(e) => {
                 first_err.get_or_insert(e);
             }
         }
     }
-    Err(first_err.expect("at least one candidate").into())
+    Err(first_err.expect("at least one candidate"))
 }
 
 /// `oxpool offline [-t] POOL DEVICE`.
@@ -478,12 +493,43 @@ pub fn replace(
     wait: bool,
 ) -> Result<()> {
     with_new_device(host, con, pool, wait, |p, con, devs| {
-        // An absent device (UNAVAIL) is named as the pool recorded it.
-        let o = resolve(p, con, old).unwrap_or_else(|_| old.to_string());
-        // Without NEW, the device at OLD's path was swapped for a new one.
-        let backend = open_new(p, con, new.unwrap_or(&o), new.is_none(), devs)?;
+        // An absent device (UNAVAIL) is named by the path the pool recorded for it, also by
+        // its file name alone.
+        let o = resolve_member(p, con, old)?;
+        let backend = match new {
+            Some(new) => open_new(p, con, new, false, devs)?,
+            // Without NEW, the device at OLD's path was swapped for a new one.
+            None => open_swapped(p, con, &o, devs)?,
+        };
         Ok(p.replace(&o, backend, force)?)
     })
+}
+
+/// The new device at `path`, the path of the pool's device that `oxpool replace POOL OLD`
+/// names: refused while the file there still has that pool's label, i.e. it is the old
+/// device itself, not a new one swapped in at its place (opening it would only say "in use",
+/// since the pool holds it).
+fn open_swapped(
+    pool: &Pool,
+    con: &dyn Console,
+    path: &str,
+    devs: &mut crate::devices::Devices,
+) -> Result<std::sync::Arc<dyn oxpool_io::Backend>> {
+    let file = con.path(Path::new(path));
+    // Opened without its lock, to read the label only.
+    if let Ok(backend) = oxpool_io::FileBackend::open(&file, None) {
+        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(&backend));
+        if label.is_ok_and(|l| l.pool_guid == pool.guid()) {
+            bail!(
+                "{path} still has pool '{}''s label: it is the device itself, not a new one \
+                 swapped in at its path; give NEW (`oxpool replace {} {path} NEW`), or \
+                 `oxpool online` it if it came back",
+                pool.name(),
+                pool.name()
+            );
+        }
+    }
+    open_new(pool, con, path, true, devs)
 }
 
 /// `oxpool remove POOL SPARE`: an unused hot spare.

@@ -417,7 +417,7 @@ impl Pool {
         self.spa.guid
     }
 
-    /// Names (paths as opened) of the devices the pool has open.
+    /// Names (paths as opened) of the devices the pool has open, hot spares included.
     pub fn open_device_names(&self) -> Vec<String> {
         self.spa.open_device_names()
     }
@@ -663,6 +663,16 @@ impl Pool {
     pub fn device(&self, device: &str) -> Result<(Guid, String)> {
         let leaf = self.spa.leaf_named(device)?;
         Ok((leaf.guid, leaf.name().to_string()))
+    }
+
+    /// The path of the member of a top-level vdev that `device` names, present or not (an
+    /// UNAVAIL device is named by the path the pool recorded for it), as `oxpool replace`
+    /// takes its OLD.
+    pub fn member_path(&self, device: &str) -> Result<String> {
+        let m = self.spa.member_named(device)?;
+        Ok(m.leaf
+            .as_ref()
+            .map_or_else(|| m.config.path.clone(), |l| l.name().to_string()))
     }
 
     /// Sets a fault injection rule (`oxpool inject`) on its device, from now on. Refused if

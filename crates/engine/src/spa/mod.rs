@@ -476,13 +476,22 @@ impl Spa {
         })
     }
 
-    /// Names (paths as opened) of the devices the pool has open.
+    /// Names (paths as opened) of the devices the pool has open: the top-level vdevs' leaves
+    /// and the hot spares not in use (a spare in use is a leaf already), so that a caller
+    /// keeping their files locked keeps every one the pool may write.
     pub fn open_device_names(&self) -> Vec<String> {
-        self.zio
+        let mut names: Vec<String> = self
+            .zio
             .vdevs
             .leaves()
             .map(|l| l.name().to_string())
-            .collect()
+            .collect();
+        for spare in self.zio.vdevs.spare_leaves() {
+            if !names.iter().any(|n| n == spare.name()) {
+                names.push(spare.name().to_string());
+            }
+        }
+        names
     }
 
     /// Paths of the pool's devices as configured (for the cache file).
