@@ -203,6 +203,13 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::R
     for v in &s.vdevs {
         line(out, v, 1)?;
     }
+    // As `zpool status`: separate intent-log vdevs under `logs`, after the data vdevs.
+    if !s.logs.is_empty() {
+        writeln!(out, "\tlogs")?;
+        for v in &s.logs {
+            line(out, v, 1)?;
+        }
+    }
     // As `zpool status`: the hot spares, AVAIL or INUSE (and for which device).
     if !s.spares.is_empty() {
         writeln!(out, "\tspares")?;
@@ -224,7 +231,7 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::R
 fn print_damaged(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::Result<()> {
     let ranges = s.damaged.len() as u64 + s.damaged_unnamed_blocks;
     if s.damaged.is_empty() && s.damaged_unnamed_blocks == 0 {
-        let counted = if s.vdevs.iter().any(has_errors) {
+        let counted = if s.vdevs.iter().chain(&s.logs).any(has_errors) {
             " (device errors: see the counts above)"
         } else {
             ""

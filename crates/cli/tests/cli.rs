@@ -307,7 +307,21 @@ fn log_devices_at_create_and_added_later() {
         size(&after) > size(&before) + (32 << 20),
         "{before} -> {after}"
     );
-    assert!(env.ok(&["status", "two"]).contains("c.img"));
+    // As `zpool status`: the data vdevs, then the log vdev under `logs` (c.img, added after
+    // the log, is still listed before it).
+    let status = env.ok(&["status", "two"]);
+    let device_lines: Vec<&str> = status
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains(".img") || *l == "logs")
+        .map(|l| l.split_whitespace().next().unwrap())
+        .map(|w| w.rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(
+        device_lines,
+        ["b.img", "c.img", "logs", "l2.img"],
+        "{status}"
+    );
     let e = env.fails(&["add", "two", p(&env.path("nosuch.img"))]);
     assert!(e.contains("nosuch.img") && e.contains("--size"), "{e}");
     // The log device gone: the pool is refused by name, not opened without its log.

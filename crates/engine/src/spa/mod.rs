@@ -167,8 +167,11 @@ pub struct PoolStatus {
     pub txg: u64,
     /// Dirty bytes in memory.
     pub dirty_bytes: u64,
-    /// Top-level vdevs.
+    /// Top-level vdevs that hold data.
     pub vdevs: Vec<VdevStatus>,
+    /// Separate intent-log vdevs (`oxpool add POOL log DEV`), shown under `logs` as
+    /// `zpool status` does.
+    pub logs: Vec<VdevStatus>,
     /// The latest scrub since the pool was opened.
     pub scan: Option<crate::ScanStatus>,
     /// Why the pool is not ONLINE, one line per cause (ZFS's `status:`): which devices are
@@ -725,7 +728,7 @@ impl Spa {
         let mut degraded = false;
         let mut unavail_any = false;
         let mut reasons = Vec::new();
-        let vdevs = self
+        let (logs, vdevs): (Vec<_>, Vec<_>) = self
             .zio
             .vdevs
             .tops()
@@ -854,7 +857,7 @@ impl Spa {
                         k.name
                     ));
                 }
-                match t.group_name() {
+                let status = match t.group_name() {
                     None => kids.into_iter().next().unwrap(),
                     Some(name) => VdevStatus {
                         name,
@@ -873,9 +876,12 @@ impl Spa {
                         repaired_bytes: 0,
                         children: kids,
                     },
-                }
+                };
+                (t.log, status)
             })
-            .collect();
+            .partition(|(log, _)| *log);
+        let strip = |v: Vec<(bool, VdevStatus)>| v.into_iter().map(|(_, s)| s).collect();
+        let (logs, vdevs) = (strip(logs), strip(vdevs));
         let (damaged, damaged_unnamed_blocks) = self.error_log.ranges();
         PoolStatus {
             name: self.name.clone(),
@@ -895,6 +901,7 @@ impl Spa {
             txg: self.txg.synced().0,
             dirty_bytes: self.txg.dirty_bytes(),
             vdevs,
+            logs,
             scan: None,
             reasons,
             damaged,
