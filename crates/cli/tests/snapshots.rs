@@ -236,6 +236,12 @@ fn bad_snapshot_names_get_one_line_errors() {
     assert!(e.contains("already exists"), "{e}");
     let e = env.fails(&["snapshot", "tank/vol0@a@b"]);
     assert!(e.contains("POOL/VOL@SNAP"), "{e}");
+    // Two of one volume in one command: refused, nothing taken (taken together they made a
+    // pool that no longer imported), and the pool still opens.
+    let before = env.ok(&["list", "-t", "snapshot", "-H", "-p"]);
+    let e = env.fails(&["snapshot", "tank/vol0@b", "tank/vol0@c"]);
+    assert!(e.contains("one snapshot at a time"), "{e}");
+    assert_eq!(env.ok(&["list", "-t", "snapshot", "-H", "-p"]), before);
     env.ok(&["audit", "tank"]);
 }
 

@@ -44,11 +44,13 @@ struct DslState {
     ops: Vec<(Txg, String, snapshot::SnapOp)>,
 }
 
-/// Live datasets, destroyed ones, and the snapshot changes due, for one sync.
+/// Live datasets, destroyed ones, the snapshot changes due, for one sync, and whether some
+/// were left for the next.
 type TakenForSync = (
     Vec<Arc<Dataset>>,
     Vec<Arc<Dataset>>,
     Vec<(String, snapshot::SnapOp)>,
+    bool,
 );
 
 /// A pool's datasets.
@@ -281,21 +283,45 @@ impl Datasets {
         let mut s = self.state.lock().unwrap();
         let destroyed = std::mem::take(&mut s.destroyed);
         s.syncing_destroyed.extend(destroyed.iter().cloned());
-        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut s.ops)
+        let (due, mut later): (Vec<_>, Vec<_>) = std::mem::take(&mut s.ops)
             .into_iter()
             .partition(|(t, _, _)| *t <= txg);
+        // A volume's snapshots are ordered by txg, one per txg (the snapshot table refuses
+        // two of one txg at import): a second snapshot of a dataset due in this txg waits
+        // for the next. `Pool::snapshot` refuses two of one volume in one command; this
+        // keeps any other way of queueing them (two callers at once) from reaching the disk.
+        let mut snapshotted: Vec<&str> = Vec::new();
+        let mut now = Vec::with_capacity(due.len());
+        let mut deferred = Vec::new();
+        for (t, d, o) in &due {
+            if matches!(o, snapshot::SnapOp::Create { .. }) {
+                if snapshotted.contains(&d.as_str()) {
+                    tracing::warn!(dataset = d, "second snapshot in one txg: taken in the next");
+                    deferred.push((Txg(t.0.max(txg.0) + 1), d.clone(), o.clone()));
+                    continue;
+                }
+                snapshotted.push(d);
+            }
+            now.push((d.clone(), o.clone()));
+        }
+        let any_deferred = !deferred.is_empty();
+        later.extend(deferred);
         s.ops = later;
-        let due = due.into_iter().map(|(_, d, o)| (d, o)).collect();
-        (s.datasets.values().cloned().collect(), destroyed, due)
+        (
+            s.datasets.values().cloned().collect(),
+            destroyed,
+            now,
+            any_deferred,
+        )
     }
 
     /// Writes every object of every dataset for txg `txg` (destroyed ones: frees all), then
     /// applies the snapshot changes due and writes the deadlists' new entries.
     async fn sync_all(&self, spa: &Spa, txg: Txg, freed: &mut Vec<Dva>) -> Result<()> {
-        let (live, destroyed, ops) = self.take_for_sync(txg);
+        let (live, destroyed, ops, deferred) = self.take_for_sync(txg);
         // A bounded part of the queue of frees; if more is left, the next sync follows at
-        // once (each one short), until it is empty.
-        if freeing::drain(spa, &self.freeing, freed).await? {
+        // once (each one short), until it is empty. So does a deferred snapshot.
+        if freeing::drain(spa, &self.freeing, freed).await? || deferred {
             spa.txg.kick();
         }
         for ds in &live {

@@ -161,12 +161,22 @@ impl Pool {
                 || queued.iter().any(|(d, o)| {
                     d == volume && matches!(o, SnapOp::Create { name, .. } if name == snap)
                 });
-            if exists || !seen.insert((volume.to_string(), snap.to_string())) {
+            if exists {
                 return Err(EngineError::Exists(format!(
                     "{}/{volume}@{snap}",
                     self.spa.name
                 )));
             }
+            // One snapshot per volume per txg (snapshots are ordered by txg), as ZFS refuses
+            // "multiple snapshots of same fs".
+            if let Some((_, other)) = seen.iter().find(|(v, _)| v == volume) {
+                return Err(EngineError::invalid(format!(
+                    "cannot take {}/{volume}@{other} and @{snap} in one command: a volume gets \
+                     one snapshot at a time (take them one after the other)",
+                    self.spa.name
+                )));
+            }
+            seen.insert((volume.to_string(), snap.to_string()));
             ops.push((
                 volume.to_string(),
                 SnapOp::Create {
@@ -777,5 +787,67 @@ impl Pool {
             dsl: self.dsl.clone(),
             vol: Arc::new(VolumeInner::new(ds, zil)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::props::PoolProps;
+    use crate::TopSpec;
+    use oxpool_io::{Backend, MemoryBackend};
+
+    fn create(name: &str) -> SnapOp {
+        SnapOp::Create {
+            name: name.into(),
+            guid: crate::spa::random_guid(),
+            creation_s: now_s(),
+        }
+    }
+
+    /// Two snapshots of one volume in one txg would give its snapshot table two entries of
+    /// one txg, which import refuses ("snapshots out of txg order"): the pool would never
+    /// open again. `snapshot` refuses them in one command, and the sync takes a second one
+    /// queued some other way in the next txg; the pool imports with both, and audits clean.
+    #[test]
+    fn one_volume_never_gets_two_snapshots_in_one_txg() {
+        let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
+        let pool = Pool::create(
+            "tank",
+            vec![TopSpec::single(dev.clone())],
+            PoolProps::default(),
+            false,
+        )
+        .unwrap();
+        let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+        oxpool_io::rt::block_on(vol.write(0, &[7u8; 16384], true)).unwrap();
+        let err = pool
+            .snapshot(&["v@a".to_string(), "v@b".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("one snapshot at a time"), "{err}");
+        assert!(pool.snapshots("v").unwrap().is_empty(), "nothing taken");
+
+        // Queued together (as two callers at once could): the second waits a txg.
+        pool.run_ops(vec![("v".into(), create("a")), ("v".into(), create("b"))])
+            .unwrap();
+        // Bounded: the deferred one is in the next sync, which the first one kicked.
+        for _ in 0..100 {
+            if pool.snapshots("v").unwrap().len() == 2 {
+                break;
+            }
+            pool.sync().unwrap();
+        }
+        let snaps = pool.snapshots("v").unwrap();
+        let txgs: Vec<u64> = snaps.iter().map(|s| s.createtxg).collect();
+        assert_eq!(snaps.len(), 2, "{snaps:?}");
+        assert!(txgs[0] < txgs[1], "{txgs:?}");
+        drop(vol);
+        pool.export().unwrap();
+        let pool = Pool::import(vec![dev], Some("tank")).unwrap();
+        assert_eq!(pool.snapshots("v").unwrap().len(), 2);
+        let report = pool.audit().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().unwrap();
     }
 }
