@@ -249,6 +249,7 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
         ("vol0", "16M", &[]),
         ("alices", "16M", &["nbd_allow=alice"]),
     ]);
+    env.ok(&["snapshot", "tank/vol0@s"]);
     let pki = make_pki(&env, &[]);
     let server = env.serve(&[
         "--listen",
@@ -323,6 +324,27 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     tool(
         "nbdinfo",
         &[&psk_uri(&addr, "tank/vol0", "alice", &pki.psk_alice)],
+    );
+
+    // A change of a served volume's nbd_allow reaches the exports of its snapshots, which
+    // serve its data (they kept the list they were exported with before).
+    tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0@s", "bob", &pki.psk_bob)],
+    );
+    env.ok(&["set", "nbd_allow=alice", "tank/vol0"]);
+    for export in ["tank/vol0", "tank/vol0@s"] {
+        let err = refused("nbdinfo", &[&psk_uri(&addr, export, "bob", &pki.psk_bob)]);
+        assert!(err.contains(POLICY_MESSAGE), "{export}: {err}");
+        tool(
+            "nbdinfo",
+            &[&psk_uri(&addr, export, "alice", &pki.psk_alice)],
+        );
+    }
+    env.ok(&["set", "nbd_allow=*", "tank/vol0"]);
+    tool(
+        "nbdinfo",
+        &[&psk_uri(&addr, "tank/vol0@s", "bob", &pki.psk_bob)],
     );
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");

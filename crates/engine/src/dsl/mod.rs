@@ -195,6 +195,22 @@ impl Datasets {
         v.push((snapshot_guid, Arc::downgrade(view)));
     }
 
+    /// Volume `head` has a new `nbd_allow`: the views of its snapshots (datasets of its id)
+    /// take it too. A view copies the volume's properties when it is made and serves the
+    /// volume's data: an allow list left behind would keep serving it to whoever the volume
+    /// no longer allows. The caller holds `head`'s properties lock, which a view holds from
+    /// its copy until it is registered here, so none is made with the old list after this.
+    pub(crate) fn views_follow_nbd_allow(&self, head: &Dataset, nbd_allow: &Option<Vec<String>>) {
+        let v = self.views.lock().unwrap();
+        for (_, w) in v.iter() {
+            if let Some(d) = w.upgrade() {
+                if d.id == head.id && !std::ptr::eq(&*d, head) {
+                    d.props.lock().unwrap().nbd_allow = nbd_allow.clone();
+                }
+            }
+        }
+    }
+
     /// Snapshot `snapshot_guid` is destroyed: its views read no more.
     pub(crate) fn end_views(&self, snapshot_guid: oxpool_format::Guid) {
         let mut v = self.views.lock().unwrap();

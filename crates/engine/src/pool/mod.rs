@@ -624,6 +624,11 @@ impl Pool {
             q.set(name, value)?;
             q.validate()?;
             *p = q;
+            if name == "nbd_allow" {
+                // Under the volume's properties lock, so two changes reach the views in the
+                // order they reached the volume.
+                self.dsl.views_follow_nbd_allow(&vol.vol.ds, &p.nbd_allow);
+            }
         }
         self.spa.txg.mark_dirty();
         Ok(())

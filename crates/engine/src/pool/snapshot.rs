@@ -761,7 +761,10 @@ impl Pool {
                 .1
                 .clone()
         };
-        let mut p = head.props.lock().unwrap().clone();
+        // Held until the view is registered: a change of the volume's `nbd_allow` then
+        // either comes before the copy or finds the view (`views_follow_nbd_allow`).
+        let head_props = head.props.lock().unwrap();
+        let mut p = head_props.clone();
         p.volsize_bytes = s.volsize_bytes;
         p.readonly = true;
         let data = Object::new(
@@ -782,6 +785,7 @@ impl Pool {
             lineage,
         ));
         self.dsl.add_view(&head, s.guid, &ds);
+        drop(head_props);
         Ok(Volume {
             pool: self.spa.clone(),
             dsl: self.dsl.clone(),
