@@ -72,6 +72,35 @@ impl ServedPool {
     }
 }
 
+/// Why a command stops offering an export: the words of its refusal when a client has the
+/// export open.
+#[derive(Clone, Copy, Debug)]
+pub enum Unexport {
+    /// `destroy` of a snapshot, `vol destroy` (`-f` disconnects).
+    Destroy,
+    /// `rollback` of the volume, or of the later snapshots it destroys (`-f` disconnects).
+    Rollback,
+    /// `promote`: the origin's snapshots move to the clone.
+    Promote,
+    /// `recv` onto the volume (no `-f`: its clients must go first).
+    Receive,
+}
+
+impl Unexport {
+    /// The action refused and what the user can do.
+    fn words(self) -> (&'static str, &'static str) {
+        match self {
+            Unexport::Destroy => ("destroy", "-f disconnects them"),
+            Unexport::Rollback => ("roll back", "rollback -f disconnects them"),
+            Unexport::Promote => (
+                "promote the clone over",
+                "its NBD clients must disconnect first",
+            ),
+            Unexport::Receive => ("receive into", "its NBD clients must disconnect first"),
+        }
+    }
+}
+
 /// What one server serves.
 pub struct Served {
     cache: PathBuf,
@@ -226,10 +255,11 @@ impl Served {
         Ok(())
     }
 
-    /// Stops offering volume `full_name` (`pool/vol`). With `force`, its clients are
-    /// disconnected (their requests in flight answered first); without, it is refused while
-    /// any client has it open. A volume that was never exported is fine.
-    pub fn unexport_volume(&self, full_name: &str, force: bool) -> Result<()> {
+    /// Stops offering volume `full_name` (`pool/vol`) for `why` (the command and its remedy,
+    /// for the refusal). With `force`, its clients are disconnected (their requests in
+    /// flight answered first); without, it is refused while any client has it open. A
+    /// volume that was never exported is fine.
+    pub fn unexport_volume(&self, full_name: &str, force: bool, why: Unexport) -> Result<()> {
         let mode = if force {
             Disconnect::Force
         } else {
@@ -238,7 +268,10 @@ impl Served {
         match self.exports.remove(full_name, mode) {
             Ok(_) => Ok(()),
             Err(oxpool_nbd::server::ExportError::NotFound(_)) => Ok(()),
-            Err(e) => Err(anyhow!("cannot destroy {e}")),
+            Err(e) => {
+                let (action, remedy) = why.words();
+                Err(anyhow!("cannot {action} {e} ({remedy})"))
+            }
         }
     }
 

@@ -275,7 +275,8 @@ fn vol_create_is_listed_and_vol_destroy_refuses_an_open_export_unless_forced() {
     let client = hold(&format!("nbd://{}/tank/v9", server.tcp_addr()));
     let e = env.fails(&["vol", "destroy", "tank/v9"]);
     assert!(
-        e.contains("tank/v9") && e.contains("open by 1 NBD client") && e.contains("-f"),
+        e.contains("cannot destroy 'tank/v9': it is open by 1 NBD client")
+            && e.contains("-f disconnects"),
         "{e}"
     );
     // Refused means unchanged: still listed, still served, the client still reads.

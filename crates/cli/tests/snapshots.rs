@@ -142,7 +142,19 @@ fn a_clone_is_written_while_its_origin_stays() {
     let e = env.fails(&["destroy", "tank/copy@s1"]);
     assert!(e.contains("held") && e.contains("keep"), "{e}");
     assert!(env.ok(&["holds", "tank/copy@s1"]).contains("keep"));
+    // Several snapshots: checked whole first; one that cannot be held or released fails
+    // the command with nothing changed.
+    env.ok(&["snapshot", "tank/copy@s2"]);
+    let e = env.fails(&["hold", "keep", "tank/copy@s2", "tank/copy@s1"]);
+    assert!(e.contains("already exists"), "{e}");
+    let e = env.fails(&["hold", "keep", "tank/copy@s2", "tank/copy@nosuch"]);
+    assert!(e.contains("not found"), "{e}");
+    assert!(!env.ok(&["holds", "tank/copy@s2"]).contains("keep"));
+    let e = env.fails(&["release", "keep", "tank/copy@s1", "tank/copy@s2"]);
+    assert!(e.contains("not found"), "{e}");
+    assert!(env.ok(&["holds", "tank/copy@s1"]).contains("keep"));
     env.ok(&["release", "keep", "tank/copy@s1"]);
+    env.ok(&["destroy", "tank/copy@s2"]);
     let e = env.fails(&["vol", "destroy", "tank/copy"]);
     assert!(e.contains("snapshot"), "{e}");
     // -d marks the origin; it goes with its clone.
@@ -182,7 +194,8 @@ fn rollback_of_a_served_volume_disconnects_its_clients_only_with_f() {
     assert!(e.contains("not the latest") && e.contains("later"), "{e}");
     let e = env.fails(&["rollback", "-r", "tank/vol0@good"]);
     assert!(
-        e.contains("open by 1 NBD client") && e.contains("-f"),
+        e.contains("cannot roll back 'tank/vol0': it is open by 1 NBD client")
+            && e.contains("rollback -f"),
         "{e}"
     );
     assert!(exports(&server).contains("tank/vol0@later"));
@@ -210,6 +223,21 @@ fn rollback_of_a_served_volume_disconnects_its_clients_only_with_f() {
         "{out}"
     );
     assert!(exports(&server).contains("tank/vol0@good"));
+    // As the refusal says, -f disconnects the snapshot's client and destroys it.
+    let reader = hold_reading(&tcp_uri(&server, "tank/vol0@good"));
+    let e = env.fails(&["destroy", "tank/vol0@good"]);
+    assert!(
+        e.contains("cannot destroy 'tank/vol0@good': it is open by 1 NBD client")
+            && e.contains("-f disconnects"),
+        "{e}"
+    );
+    env.ok(&["destroy", "-f", "tank/vol0@good"]);
+    let said = release(reader);
+    assert!(said.starts_with("disconnected"), "{said}");
+    assert!(!exports(&server).contains("tank/vol0@good"));
+    assert!(!env
+        .ok(&["list", "-t", "snapshot"])
+        .contains("tank/vol0@good"));
     env.ok(&["audit", "tank"]);
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");

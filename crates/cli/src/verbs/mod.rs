@@ -60,7 +60,14 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 }
                 snapshot::destroy_bookmark(host, &pool)
             } else if pool.contains('@') {
-                snapshot::destroy(host, con, &pool, dry_run, verbose, parsable, defer)
+                let flags = snapshot::DestroyFlags {
+                    dry_run,
+                    verbose,
+                    parsable,
+                    defer,
+                    force,
+                };
+                snapshot::destroy(host, con, &pool, flags)
             } else if pool.contains('/') {
                 bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
             } else if dry_run || verbose || defer {

@@ -10,6 +10,7 @@ use super::volume_target;
 use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
+use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
 use oxpool_engine::{ReceiveOptions, SendOptions, SendWhat};
 use oxpool_format::ResumeToken;
@@ -224,9 +225,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         };
         if let (Some(served), true) = (served, existed) {
             // The head's contents change under its clients: they must be gone first.
-            served
-                .unexport_volume(&head, false)
-                .map_err(|e| anyhow!("{e} (its NBD clients must disconnect first)"))?;
+            served.unexport_volume(&head, false, Unexport::Receive)?;
         }
         let received = p.receive(volume, con.input(), &opts);
         if let Some(served) = served {
@@ -236,7 +235,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             };
             // Snapshots -F destroyed leave the export table; received ones join it.
             for s in before.iter().filter(|s| !after.contains(s)) {
-                served.unexport_volume(&format!("{head}@{s}"), true)?;
+                served.unexport_volume(&format!("{head}@{s}"), true, Unexport::Receive)?;
             }
             // `-u` leaves a new volume and its snapshots unexported.
             if existed || !no_export {

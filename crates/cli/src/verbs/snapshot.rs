@@ -8,6 +8,7 @@ use super::{split_assignment, volume_target};
 use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
+use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
 use oxpool_engine::Pool;
 
@@ -86,16 +87,35 @@ pub fn snapshot(host: &Host, names: &[String]) -> Result<()> {
     })
 }
 
-/// `oxpool destroy [-n] [-v] POOL/VOL@SPEC`.
+/// How `oxpool destroy POOL/VOL@SPEC` runs: its flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DestroyFlags {
+    /// `-n`: say what would go, change nothing.
+    pub dry_run: bool,
+    /// `-v`: say what goes.
+    pub verbose: bool,
+    /// `-p`: exact sizes.
+    pub parsable: bool,
+    /// `-d`: mark held or cloned snapshots, destroyed with their last hold and clone.
+    pub defer: bool,
+    /// `-f`: disconnect the NBD clients of the snapshots' exports first.
+    pub force: bool,
+}
+
+/// `oxpool destroy [-n] [-v] [-f] POOL/VOL@SPEC`.
 pub fn destroy(
     host: &Host,
     con: &mut dyn Console,
     target: &str,
-    dry_run: bool,
-    verbose: bool,
-    parsable: bool,
-    defer: bool,
+    flags: DestroyFlags,
 ) -> Result<()> {
+    let DestroyFlags {
+        dry_run,
+        verbose,
+        parsable,
+        defer,
+        force,
+    } = flags;
     let (pool_name, rest) = volume_target(target)?;
     let Some((volume, spec)) = rest.split_once('@') else {
         bail!("expected POOL/VOL@SNAP, got '{target}'");
@@ -103,7 +123,7 @@ pub fn destroy(
     host.change_pool(pool_name, |p| {
         let snaps = named_snapshots(p, volume, spec)?;
         if defer {
-            return destroy_deferred(host, con, p, pool_name, volume, &snaps);
+            return destroy_deferred(host, con, p, (pool_name, volume), &snaps, force);
         }
         let estimate = p.destroy_estimate(volume, &snaps)?;
         if verbose || dry_run {
@@ -130,7 +150,7 @@ pub fn destroy(
             let mut removed: Vec<(String, String)> = Vec::new();
             for s in &snaps {
                 let name = format!("{pool_name}/{volume}@{s}");
-                if let Err(e) = served.unexport_volume(&name, false) {
+                if let Err(e) = served.unexport_volume(&name, force, Unexport::Destroy) {
                     for (v, s) in &removed {
                         served.export_volume(p.snapshot_volume(v, s)?)?;
                     }
@@ -157,14 +177,18 @@ fn destroy_deferred(
     host: &Host,
     con: &mut dyn Console,
     p: &Pool,
-    pool_name: &str,
-    volume: &str,
+    (pool_name, volume): (&str, &str),
     snaps: &[String],
+    force: bool,
 ) -> Result<()> {
     let mut removed: Vec<String> = Vec::new();
     if let Host::Live(served) = host {
         for s in snaps {
-            if let Err(e) = served.unexport_volume(&format!("{pool_name}/{volume}@{s}"), false) {
+            if let Err(e) = served.unexport_volume(
+                &format!("{pool_name}/{volume}@{s}"),
+                force,
+                Unexport::Destroy,
+            ) {
                 for s in &removed {
                     served.export_volume(p.snapshot_volume(volume, s)?)?;
                 }
@@ -211,7 +235,11 @@ pub fn drop_gone_snapshot_exports(
         .collect();
     for s in before {
         if !now.contains(&(s.volume.clone(), s.name.clone())) {
-            served.unexport_volume(&format!("{}/{}@{}", p.name(), s.volume, s.name), true)?;
+            served.unexport_volume(
+                &format!("{}/{}@{}", p.name(), s.volume, s.name),
+                true,
+                Unexport::Destroy,
+            )?;
         }
     }
     Ok(())
@@ -241,11 +269,9 @@ pub fn rollback(host: &Host, target: &str, destroy_later: bool, force: bool) -> 
         if destroy_later {
             p.destroy_estimate(volume, &later)?;
         }
-        served
-            .unexport_volume(&head, force)
-            .map_err(|e| anyhow!("{e} (rollback -f disconnects its clients)"))?;
+        served.unexport_volume(&head, force, Unexport::Rollback)?;
         for s in &later {
-            served.unexport_volume(&format!("{head}@{s}"), force)?;
+            served.unexport_volume(&format!("{head}@{s}"), force, Unexport::Rollback)?;
         }
         let done = p.rollback(volume, snap, destroy_later);
         served.export_volume(p.volume(volume)?)?;
@@ -315,7 +341,7 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
         let mut removed: Vec<String> = Vec::new();
         for s in &moving {
             let export = format!("{pool_name}/{ovol}@{s}");
-            if let Err(e) = served.unexport_volume(&export, false) {
+            if let Err(e) = served.unexport_volume(&export, false, Unexport::Promote) {
                 for s in &removed {
                     served.export_volume(p.snapshot_volume(&ovol, s)?)?;
                 }
@@ -342,6 +368,26 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
 
 /// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`.
 pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<()> {
+    // Checked whole before anything changes (as destroy and snapshot are): every snapshot
+    // exists, and has the tag (release) or not yet (hold).
+    for n in names {
+        let (pool_name, volume, snap) = snapshot_target(n)?;
+        host.with_pool(pool_name, |p| {
+            let held = p
+                .snapshots(volume)?
+                .into_iter()
+                .find(|s| s.name == snap)
+                .ok_or_else(|| anyhow!("{n}: not found"))?
+                .holds
+                .iter()
+                .any(|t| t == tag);
+            match (release, held) {
+                (true, false) => bail!("hold '{tag}' on {n}: not found (nothing released)"),
+                (false, true) => bail!("hold '{tag}' on {n}: already exists (nothing held)"),
+                _ => Ok(()),
+            }
+        })?;
+    }
     for n in names {
         let (pool_name, volume, snap) = snapshot_target(n)?;
         host.change_pool(pool_name, |p| {

@@ -5,6 +5,7 @@ use crate::args::VolCommand;
 use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
+use crate::served::Unexport;
 use anyhow::{Context, Result};
 use oxpool_engine::props::parse_size;
 use std::io::{Read, Write};
@@ -53,7 +54,11 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 })?;
                 if !snaps.is_empty() {
                     let spec = format!("{name}@{}", snaps.join(","));
-                    super::snapshot::destroy(host, con, &spec, false, false, false, false)?;
+                    let flags = super::snapshot::DestroyFlags {
+                        force,
+                        ..Default::default()
+                    };
+                    super::snapshot::destroy(host, con, &spec, flags)?;
                 }
             }
             host.change_pool(pool, |p| {
@@ -61,7 +66,7 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 if let Host::Live(served) = host {
                     // Out of the export table first (refused while open, unless -f): no
                     // client can open it between the check and the destroy.
-                    served.unexport_volume(&name, force)?;
+                    served.unexport_volume(&name, force, Unexport::Destroy)?;
                     let before = p.all_snapshots();
                     if let Err(e) = p.destroy_volume(v) {
                         served.export_volume(volume)?;

@@ -68,7 +68,7 @@ impl fmt::Display for ExportError {
             ExportError::NotFound(name) => write!(f, "no export '{name}'"),
             ExportError::InUse { name, clients } => write!(
                 f,
-                "'{name}' is open by {clients} NBD client connection(s) (-f disconnects them)"
+                "'{name}': it is open by {clients} NBD client connection(s)"
             ),
             ExportError::Full => write!(f, "the server offers {EXPORTS_MAX} exports already"),
             ExportError::Stuck { name, clients } => write!(
