@@ -105,6 +105,62 @@ fn pool_and_volume_lifecycle() {
         std::fs::read(env.path("out.bin")).unwrap() == data,
         "read back differs"
     );
+    // A file that would run past the end: refused whole, nothing written.
+    let e = env.fails(&[
+        "vol",
+        "write",
+        "tank/vol0",
+        "--offset",
+        "62M",
+        p(&env.path("in.bin")),
+    ]);
+    assert!(
+        e.contains("past its end") && e.contains("nothing written"),
+        "{e}"
+    );
+    env.ok(&[
+        "vol",
+        "read",
+        "tank/vol0",
+        "--offset",
+        "62M",
+        "--length",
+        "2M",
+        p(&env.path("tail.bin")),
+    ]);
+    assert!(
+        std::fs::read(env.path("tail.bin")).unwrap() == vec![0u8; 2 << 20],
+        "the refused write changed the volume"
+    );
+    // USED is `used`: what a snapshot holds counts too, as `zfs list`.
+    env.ok(&["snapshot", "tank/vol0@before"]);
+    env.ok(&[
+        "vol",
+        "write",
+        "tank/vol0",
+        "--offset",
+        "12345",
+        p(&env.path("in.bin")),
+    ]);
+    let used = env.ok(&["get", "used", "tank/vol0"]);
+    let used = used
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .nth(2)
+        .unwrap();
+    let referenced = env.ok(&["get", "referenced", "tank/vol0"]);
+    assert!(
+        !referenced.contains(used),
+        "nothing held by the snapshot: {referenced}"
+    );
+    let listed = env.ok(&["vol", "list", "-H", "-p"]);
+    assert!(
+        listed.lines().any(|l| l.split('\t').nth(2) == Some(used)),
+        "vol list USED is not used ({used}):\n{listed}"
+    );
+    env.ok(&["destroy", "tank/vol0@before"]);
 
     // Properties.
     assert!(env

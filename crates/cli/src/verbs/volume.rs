@@ -6,7 +6,7 @@ use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
 use crate::served::Unexport;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use oxpool_engine::props::parse_size;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -95,6 +95,24 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             }
             host.with_pool(pool, |p| {
                 let vol = p.volume(v)?;
+                // A file's length is known: a write past the end is refused whole, before
+                // any byte is written (from standard input, the chunk that would cross the
+                // end is refused, after the ones before it).
+                if let Some(len) = file
+                    .as_ref()
+                    .and_then(|f| f.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                {
+                    let end = offset.saturating_add(len);
+                    if end > vol.size_bytes() {
+                        bail!(
+                            "{name}: {len} bytes at offset {offset} would end at {end}, past \
+                             its end ({} bytes): nothing written",
+                            vol.size_bytes()
+                        );
+                    }
+                }
                 let reader: &mut dyn Read = match file.as_mut() {
                     Some(f) => f,
                     None => con.input(),
@@ -187,17 +205,19 @@ fn list(
     }
     for name in super::pool::listed(host, named)? {
         let rows: Vec<[String; 4]> = host.with_pool(&name, |p| {
-            Ok(p.volumes()
+            p.volumes()
                 .iter()
                 .map(|v| {
-                    [
+                    // `used` as `get used` and `zfs list` have it: snapshots' space too.
+                    let used = p.dataset_space(v.name())?.used_bytes;
+                    Ok([
                         v.full_name().to_string(),
                         size(v.size_bytes(), exact),
-                        size(v.used_bytes(), exact),
+                        size(used, exact),
                         size(u64::from(v.block_size_bytes()), exact),
-                    ]
+                    ])
                 })
-                .collect())
+                .collect()
         })?;
         for r in rows {
             if scripted {
