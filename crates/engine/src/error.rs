@@ -46,10 +46,12 @@ pub enum EngineError {
     #[error("{0}")]
     Busy(String),
     /// The pool has no free space for the allocation.
-    #[error("pool {pool}: out of space")]
+    #[error("pool {pool}: out of space{detail}")]
     NoSpace {
         /// Pool name.
         pool: String,
+        /// Where the free space is, when known (starts with "; "), or empty.
+        detail: String,
     },
     /// The pool stopped accepting writes after a failed commit.
     #[error("pool {pool} is suspended: {reason}")]

@@ -130,7 +130,13 @@ fn a_full_pool_refuses_writers_and_never_suspends() {
     for c in 0..(60 << 20) / chunk {
         match block_on(vol.write(c * chunk, &pattern(c, chunk as usize), false)) {
             Ok(()) => filled = c + 1,
-            Err(EngineError::NoSpace { .. }) => {
+            Err(e @ EngineError::NoSpace { .. }) => {
+                // The error says where the free space is, not only that there is none.
+                let said = e.to_string();
+                assert!(
+                    said.contains("in empty slabs") && said.contains("reserve"),
+                    "{said}"
+                );
                 refused += 1;
                 break;
             }

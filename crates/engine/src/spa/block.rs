@@ -129,6 +129,7 @@ pub(crate) fn alloc_new_block_checksummed(
     debug_assert_eq!(asize % SECTOR_BYTES, 0);
     let no_space = || EngineError::NoSpace {
         pool: inner.name.clone(),
+        detail: String::new(),
     };
     let dvas = {
         let mut s = inner.state.lock().unwrap();

@@ -121,10 +121,39 @@ impl Spa {
                 }
             }
         }
+        let detail = {
+            let s = self.state.lock().unwrap();
+            let space = s.alloc.space();
+            where_free(&space, Self::sync_reserve(&s.alloc, &space, frees))
+        };
         Err(EngineError::NoSpace {
             pool: self.name.clone(),
+            detail,
         })
     }
+}
+
+/// Where a pool's free space is, for an out-of-space error: a write needs room in empty slabs
+/// (beyond the reserve) or in free slots of its blocks' sizes, and free space elsewhere
+/// (slots of other sizes, the unused ends of slots larger than their blocks: a compressed or
+/// raidz block takes the next power of two of sectors) cannot take it (docs/space.md).
+fn where_free(space: &crate::vdev::alloc::Space, reserve: u64) -> String {
+    let mib = |b: u64| format!("{:.1}M", b as f64 / f64::from(1u32 << 20));
+    let slots: u64 = space.free_slots.0.iter().sum();
+    let ends = space
+        .free_bytes
+        .saturating_sub(space.empty_bytes)
+        .saturating_sub(slots);
+    format!(
+        "; {} free of {}: {} in empty slabs (the txg sync's reserve is {}), {} in free slots of \
+         block sizes, {} in the unused ends of slots larger than their blocks (docs/space.md)",
+        mib(space.free_bytes),
+        mib(space.size_bytes),
+        mib(space.empty_bytes),
+        mib(reserve),
+        mib(slots),
+        mib(ends)
+    )
 }
 
 /// Bound on the list of writers waiting for a scan batch's pin to go (each re-registers on

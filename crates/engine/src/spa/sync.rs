@@ -92,6 +92,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                         let dvas = s.alloc.alloc(SECTOR_BYTES, META_COPIES).ok_or_else(|| {
                             EngineError::NoSpace {
                                 pool: inner.name.clone(),
+                                detail: String::new(),
                             }
                         })?;
                         e.insert(dvas);

@@ -107,12 +107,40 @@ fn free_slots(w: u64, k: usize) -> u64 {
     slots_all_set(!w, k)
 }
 
-/// The largest class (below a whole slab) whose aligned slots are each all free or all
-/// allocated in `w`: the class a slab written by this allocator had (see the module docs).
+/// The class a slab written by this allocator had (see the module docs), from its word `w`:
+/// the largest class (below a whole slab) whose aligned slots are each all free or all
+/// allocated; or, where that is only the smallest class, the largest whose slots each hold
+/// nothing or one block smaller than its slot.
+///
+/// A block takes the first sectors of its slot, and not every block fills it: a compressed
+/// block, a raidz block's allocated size (a 16 KiB block on a 5-wide raidz2 is 9 sectors, in
+/// a 16-sector slot), a 17-sector log block. Such slabs are an all-or-nothing union of no
+/// class but the smallest, and taking them for 4 KiB slabs left the space their blocks free
+/// to 4 KiB blocks only: a raidz2 pool 44 % full refused to rewrite its volume, with 150 MiB
+/// free in 4 KiB slots (2026-11-29). A block of class `k` is more than half its slot
+/// (`2^(k-1) < n <= 2^k` sectors), so a slot of class `k` holds nothing or a prefix of more
+/// than half of it. Where some class above the smallest is all-or-nothing, it is kept: blocks
+/// of that class explain the bits (three 8-sector blocks look like one 24-sector block in a
+/// 32-sector slot, and the old guess is the safer there). Any class is safe (a slot is free
+/// only when all its bits are clear): the guess decides which blocks reuse the slab's holes.
 fn infer_class(w: u64) -> u8 {
-    (0..CLASSES - 1)
+    let exact = (0..CLASSES - 1)
         .rev()
         .find(|&k| (slots_all_set(w, k) | free_slots(w, k)) == SLOT_STARTS[k])
+        .unwrap_or(0);
+    if exact > 0 {
+        return exact as u8;
+    }
+    (1..CLASSES - 1)
+        .rev()
+        .find(|&k| {
+            let size = 1u32 << k;
+            (0..(SLAB_SECTORS as u32 / size)).all(|slot| {
+                let bits = (w >> (slot * size)) & (u64::MAX >> (64 - size));
+                let prefix = bits.trailing_ones();
+                bits >> prefix == 0 && (prefix == 0 || prefix > size / 2)
+            })
+        })
         .unwrap_or(0) as u8
 }
 
@@ -1367,7 +1395,7 @@ mod tests {
         assert_eq!(n.class[slab(&small)], 0);
         assert_eq!(
             n.class[slab(&log)],
-            0,
+            5,
             "a 17-sector block in a 32-sector slot"
         );
         // A full slab is decided by its first free.
@@ -1383,6 +1411,46 @@ mod tests {
         assert_eq!(f.class[0], 4);
         f.check_indexes();
         assert_eq!(f.alloc(16 * SECTOR_BYTES).unwrap(), blocks[1]);
+    }
+
+    /// Blocks smaller than their slots (a raidz block's allocated size, a compressed block)
+    /// keep their class across an import, so the space they free serves their class again;
+    /// smaller blocks that only look like prefixes of larger slots keep theirs.
+    #[test]
+    fn import_keeps_the_class_of_blocks_smaller_than_their_slots() {
+        let mut m = SpaceMap::new(VdevId(0), 4 * SLAB_BYTES);
+        // Nine-sector blocks (a 16 KiB block on a 5-wide raidz2), 16-sector slots.
+        let nines: Vec<Dva> = (0..8).map(|_| m.alloc(9 * SECTOR_BYTES).unwrap()).collect();
+        m.free(&nines[2]);
+        // Four-sector blocks with every other one freed: 4 of each 8 sectors set.
+        let fours: Vec<Dva> = (0..16)
+            .map(|_| m.alloc(4 * SECTOR_BYTES).unwrap())
+            .collect();
+        for d in fours.iter().step_by(2) {
+            m.free(d);
+        }
+        let mut n = SpaceMap::new(VdevId(0), m.size_bytes());
+        let mut bits = vec![0u8; oxpool_format::SPACEMAP_CHUNK_PAYLOAD_BYTES];
+        m.chunk_bits(0, &mut bits);
+        n.load_chunk_bits(0, &bits);
+        n.check_indexes();
+        let slab = |d: &Dva| (d.offset_bytes / SLAB_BYTES) as usize;
+        assert_ne!(slab(&nines[0]), slab(&fours[0]));
+        assert_eq!(
+            n.class[slab(&nines[0])],
+            4,
+            "9-sector blocks in 16-sector slots"
+        );
+        assert_eq!(n.class[slab(&fours[1])], 2, "4-sector blocks, half freed");
+        // What a nine frees is a 16-sector slot again: another nine takes it.
+        n.free(&nines[5]);
+        let space = n.free_slot_bytes();
+        assert_eq!(space.0[4], 2 * 16 * SECTOR_BYTES, "{space:?}");
+        assert_eq!(space.0[2], 8 * 4 * SECTOR_BYTES, "{space:?}");
+        assert_eq!(space.0[0], 0, "{space:?}");
+        let again = n.alloc(9 * SECTOR_BYTES).unwrap();
+        assert_eq!(slab(&again), slab(&nines[0]));
+        n.check_indexes();
     }
 
     #[test]

@@ -212,6 +212,7 @@ impl Volume {
             if s.next_addr.is_none() && s.open.is_none() && s.chain.is_empty() {
                 let no_space = || EngineError::NoSpace {
                     pool: inner.name.clone(),
+                    detail: String::new(),
                 };
                 let size = s.predict_block_bytes();
                 let addr = s.alloc_block(inner, size).ok_or_else(no_space)?;
@@ -717,6 +718,7 @@ impl Volume {
     pub(crate) fn open_block(&self, s: &mut ZilState) -> Result<OpenBlock> {
         let no_space = || EngineError::NoSpace {
             pool: self.pool.name.clone(),
+            detail: String::new(),
         };
         let size = s.predict_block_bytes();
         // Only an anchored place (named by a synced txg) may take a block: else the chain
