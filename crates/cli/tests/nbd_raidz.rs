@@ -275,6 +275,26 @@ fn beyond_parity_blocks_give_eio_never_wrong_bytes_and_status_v_names_them() {
     env.ok(&["scrub", "-w", "tank"]);
     let status = env.ok(&["status", "-v", "tank"]);
     assert!(status.contains("errors: No known data errors"), "{status}");
+
+    // A scrub alone (no client read first) that finds blocks lost names them too: every
+    // read of three devices fails, so no block of the volume has a good copy.
+    for d in &devs[..3] {
+        env.ok(&["inject", "-d", d, "-e", "io", "-T", "read", "tank"]);
+    }
+    let scrub = env.run(&["scrub", "-w", "tank"]);
+    let said = String::from_utf8_lossy(&scrub.stdout).into_owned()
+        + &String::from_utf8_lossy(&scrub.stderr);
+    assert!(said.contains("lost"), "{said}");
+    let status = env.ok(&["status", "-v", "tank"]);
+    assert!(
+        status.contains("errors: Permanent errors have been detected in the following volumes:"),
+        "{status}"
+    );
+    let ranges = damaged_ranges(&status, "tank/vol0");
+    let listed: u64 = ranges.iter().map(|(a, b)| b + 1 - a).sum();
+    assert!(listed > 0, "{status}");
+    env.ok(&["inject", "-c", "all", "tank"]);
+    env.ok(&["clear", "tank"]);
     let (exit, output) = server.stop();
     assert!(exit.success(), "{output}");
 }

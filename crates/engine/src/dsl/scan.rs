@@ -925,6 +925,8 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
         let l = ds.lineage.lock().unwrap();
         (l.snapshots().to_vec(), l.origin_txg(), l.prev_snap_txg)
     };
+    // A volume's block size is fixed at its creation: its snapshots' too.
+    let block_bytes = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
     // The deadlists' and tables' own blocks (a few; done again when the scan resumes here).
     {
         let _pin = ScanPin::set(spa);
@@ -982,16 +984,12 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
                 let Some(cursor) = tree.start(this) else {
                     continue;
                 };
-                scan_object(
-                    ctx,
-                    &view.full_name,
-                    &view.destroyed,
-                    obj,
-                    prune,
-                    tree,
-                    cursor,
-                )
-                .await?;
+                let walked = Walked {
+                    name: &view.full_name,
+                    block_bytes,
+                    size_bytes: obj.tree_size_bytes.load(Ordering::Relaxed),
+                };
+                scan_object(ctx, &walked, &view.destroyed, obj, prune, tree, cursor).await?;
             }
         }
         prune = s.txg;
@@ -1006,9 +1004,14 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
         let Some(cursor) = tree.start(head) else {
             continue;
         };
+        let walked = Walked {
+            name: &ds.full_name,
+            block_bytes,
+            size_bytes: obj.tree_size_bytes.load(Ordering::Relaxed),
+        };
         scan_object(
             ctx,
-            &ds.full_name,
+            &walked,
             &ds.destroyed,
             obj,
             prev_snap_txg,
@@ -1047,6 +1050,16 @@ pub(crate) const SCAN_BATCH_BYTES_MAX: u64 = 16 << 20;
 /// Bound on the blocks one batch gathers: the pin holds back frees while they are read.
 pub(crate) const SCAN_BATCH_BLOCKS_MAX: usize = 2048;
 
+/// A tree the scan walks, as the error log names its damage.
+struct Walked<'a> {
+    /// `pool/vol` or `pool/vol@snap`.
+    name: &'a str,
+    /// Its data blocks' size (`volblocksize`).
+    block_bytes: u64,
+    /// The volume's size: a lost indirect block's range ends there at most.
+    size_bytes: u64,
+}
+
 /// Descends from `root` (a tree of `levels`) to the level-1 block covering `cursor`,
 /// verifying the indirect blocks on the way, and appends its children from `cursor` on that
 /// the scan reads to `gathered`. Returns the cursor past it (or past the hole or pruned
@@ -1059,8 +1072,8 @@ async fn gather_level1(
     levels: u8,
     cursor: u64,
     prune_txg: Txg,
-    what: &str,
-    gathered: &mut Vec<BlockPtr>,
+    walked: &Walked<'_>,
+    gathered: &mut Vec<(u64, BlockPtr)>,
 ) -> u64 {
     let mut bp = root;
     let mut level = levels;
@@ -1069,22 +1082,38 @@ async fn gather_level1(
         if bp.is_hole() || bp.birth <= prune_txg {
             return skip_hole(cursor, level);
         }
-        let Some(slot) = indirect(ctx, path, level, &bp, what).await else {
+        let Some(slot) = indirect(ctx, path, level, &bp, walked.name).await else {
+            // Every block below it is unreadable (`oxpool status -v` names its range, up to
+            // the volume's end).
+            let span_blocks = FANOUT.saturating_pow(u32::from(level));
+            let first = cursor - cursor % span_blocks;
+            let start = first.saturating_mul(walked.block_bytes);
+            let end = first
+                .saturating_add(span_blocks)
+                .saturating_mul(walked.block_bytes)
+                .min(walked.size_bytes);
+            if end > start {
+                ctx.spa
+                    .error_log
+                    .record_range(walked.name, start, end - start);
+            }
             return skip_hole(cursor, level);
         };
         let ptrs = &path[slot].as_ref().expect("decoded").ptrs;
         if level == 1 {
             let first = (cursor % FANOUT) as usize;
+            let base = cursor - cursor % FANOUT;
             let before = gathered.len();
             gathered.extend(
-                ptrs[first..]
-                    .iter()
-                    .filter(|p| p.birth > prune_txg && ctx.wanted(p))
-                    .copied(),
+                ptrs.iter()
+                    .enumerate()
+                    .skip(first)
+                    .filter(|(_, p)| p.birth > prune_txg && ctx.wanted(p))
+                    .map(|(i, p)| (base + i as u64, *p)),
             );
             let found: u64 = gathered[before..]
                 .iter()
-                .flat_map(|b| b.dvas().iter().map(|d| d.asize_bytes as u64))
+                .flat_map(|(_, b)| b.dvas().iter().map(|d| d.asize_bytes as u64))
                 .sum();
             ctx.dsl.scan.update(|s| s.examined_bytes += found);
             return skip_hole(cursor, 1);
@@ -1103,7 +1132,7 @@ async fn gather_level1(
 /// the position moves past it.
 async fn scan_object(
     ctx: &Ctx<'_>,
-    what: &str,
+    walked: &Walked<'_>,
     destroyed: &AtomicBool,
     obj: &Object,
     prune_txg: Txg,
@@ -1111,9 +1140,11 @@ async fn scan_object(
     mut cursor: u64,
 ) -> Result<()> {
     let spa = ctx.spa;
+    let what = walked.name;
     let prune_txg = ctx.prune(prune_txg);
     let mut path: Vec<Option<Decoded>> = Vec::new();
-    let mut gathered: Vec<BlockPtr> = Vec::new();
+    // (block index, pointer) of the data blocks of a batch.
+    let mut gathered: Vec<(u64, BlockPtr)> = Vec::new();
     let batch_blocks_max = match ctx.dsl.scan.batch_blocks_max.load(Ordering::Relaxed) {
         0 => SCAN_BATCH_BLOCKS_MAX,
         n => n.min(SCAN_BATCH_BLOCKS_MAX),
@@ -1150,18 +1181,18 @@ async fn scan_object(
                 levels,
                 cursor,
                 prune_txg,
-                what,
+                walked,
                 &mut gathered,
             )
             .await;
             gathered_bytes += gathered[before..]
                 .iter()
-                .flat_map(|b| b.dvas().iter().map(|d| d.asize_bytes as u64))
+                .flat_map(|(_, b)| b.dvas().iter().map(|d| d.asize_bytes as u64))
                 .sum::<u64>();
             debug_assert!(next > cursor);
             cursor = next;
         }
-        gathered.sort_unstable_by_key(|b| {
+        gathered.sort_unstable_by_key(|(_, b)| {
             b.dvas()
                 .first()
                 .map_or((u32::MAX, 0), |d| (d.vdev.0, d.offset_bytes))
@@ -1169,11 +1200,16 @@ async fn scan_object(
         let results = join_all(
             gathered
                 .iter()
-                .map(|c| scrub_block(&spa.zio, c, what))
+                .map(|(_, c)| scrub_block(&spa.zio, c, what))
                 .collect(),
         )
         .await;
-        for (c, (_, counts)) in gathered.iter().zip(results) {
+        for ((block, c), (_, counts)) in gathered.iter().zip(results) {
+            if counts.blocks_lost > 0 {
+                // No copy gave it back: `oxpool status -v` names the range, as a failed
+                // read does.
+                spa.error_log.record(what, *block, u64::from(c.lsize_bytes));
+            }
             issued(ctx, c, counts);
         }
         drop(pin);

@@ -56,6 +56,27 @@ impl ErrorLog {
         blocks.insert(entry);
     }
 
+    /// Records that `length_bytes` from `offset_bytes` of `dataset` could not be read (the
+    /// range below a lost indirect block), as one entry.
+    pub fn record_range(&self, dataset: &str, offset_bytes: u64, length_bytes: u64) {
+        let mut blocks = self.blocks.lock().unwrap();
+        let entry = (dataset.to_string(), offset_bytes, length_bytes);
+        if blocks.contains(&entry) {
+            return;
+        }
+        if blocks.len() >= ERROR_LOG_BLOCKS_MAX {
+            self.unnamed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        tracing::warn!(
+            dataset,
+            offset_bytes,
+            length_bytes,
+            "damaged data: no copy of an indirect block could be read"
+        );
+        blocks.insert(entry);
+    }
+
     /// The damaged ranges, adjacent blocks of a dataset merged, in dataset and offset order;
     /// and how many damaged blocks are not named.
     pub fn ranges(&self) -> (Vec<DamagedRange>, u64) {
@@ -63,10 +84,12 @@ impl ErrorLog {
         let mut out: Vec<DamagedRange> = Vec::new();
         for (dataset, offset_bytes, length_bytes) in blocks.iter() {
             if let Some(last) = out.last_mut() {
-                if last.dataset == *dataset
-                    && last.offset_bytes + last.length_bytes == *offset_bytes
-                {
-                    last.length_bytes += length_bytes;
+                // Adjacent or overlapping (a lost indirect block's range holds blocks a read
+                // named before).
+                let last_end = last.offset_bytes + last.length_bytes;
+                if last.dataset == *dataset && *offset_bytes <= last_end {
+                    last.length_bytes =
+                        last_end.max(offset_bytes + length_bytes) - last.offset_bytes;
                     continue;
                 }
             }
@@ -89,6 +112,25 @@ impl ErrorLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lost indirect block's range over blocks a read named before: one range, not two.
+    #[test]
+    fn an_indirect_blocks_range_merges_with_the_blocks_inside_it() {
+        let log = ErrorLog::default();
+        log.record("tank/b", 5, 16384);
+        log.record_range("tank/b", 4 * 16384, 8 * 16384);
+        log.record("tank/b", 12, 16384);
+        let (ranges, unnamed) = log.ranges();
+        assert_eq!(unnamed, 0);
+        assert_eq!(
+            ranges,
+            vec![DamagedRange {
+                dataset: "tank/b".into(),
+                offset_bytes: 4 * 16384,
+                length_bytes: 9 * 16384,
+            }]
+        );
+    }
 
     #[test]
     fn adjacent_blocks_merge_per_dataset_and_the_log_is_bounded() {
@@ -113,6 +155,7 @@ mod tests {
                 r("tank/b", 5 * 16384, 16384)
             ]
         );
+
         for b in 0..ERROR_LOG_BLOCKS_MAX as u64 + 10 {
             log.record("tank/c", 100 + b, 4096);
         }
