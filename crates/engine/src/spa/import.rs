@@ -33,6 +33,40 @@ pub(crate) async fn import_devices(
         .max_by_key(|t| t.top.len())
         .unwrap()
         .clone();
+    // A device smaller than the size the pool recorded for it (a truncated file, a smaller
+    // disk behind the same path) lacks its end: its last blocks and end labels. It is not
+    // taken, as ZFS does not open a device that shrank, and shows UNAVAIL with why; the
+    // pool runs from its redundancy, or import refuses it naming what is missing.
+    let mut import_refusals = Vec::new();
+    let found: Vec<(LabelConfig, Arc<dyn Backend>)> = found
+        .into_iter()
+        .filter(|(label, dev)| {
+            let recorded = config
+                .leaves()
+                .find(|l| l.guid == label.leaf_guid)
+                .map(|l| l.size_bytes);
+            match recorded {
+                Some(size) if dev.size_bytes() < size => {
+                    let why = format!(
+                        "device is {} bytes, smaller than the {size} the pool recorded \
+                         (truncated?)",
+                        dev.size_bytes()
+                    );
+                    tracing::warn!(device = dev.name(), "{why}");
+                    import_refusals.push((label.leaf_guid, why));
+                    false
+                }
+                _ => true,
+            }
+        })
+        .collect();
+    if found.is_empty() {
+        let why: Vec<&str> = import_refusals.iter().map(|(_, w)| w.as_str()).collect();
+        return Err(EngineError::NotFound(format!(
+            "pool '{pool_name}': no device can be used ({})",
+            why.join("; ")
+        )));
+    }
     let mut tops = Vec::new();
     for tcfg in &config.top {
         let children: Vec<Option<Arc<Leaf>>> = tcfg
@@ -247,6 +281,7 @@ pub(crate) async fn import_devices(
         config_change: Mutex::new(()),
         scan_batches: Default::default(),
         error_log: Default::default(),
+        import_refusals,
         txg: TxgControl::new(
             &pool_name,
             meta.txg,

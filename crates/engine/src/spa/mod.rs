@@ -125,6 +125,9 @@ pub(crate) struct Spa {
     pub scan_batches: space::ScanBatches,
     /// Ranges of volumes whose blocks no copy could give back (`oxpool status -v`).
     pub error_log: errlog::ErrorLog,
+    /// Devices present at import but not taken, by guid, with why (a device smaller than
+    /// the pool recorded: truncated); `oxpool status` shows it for their UNAVAIL line.
+    pub import_refusals: Vec<(Guid, String)>,
 }
 /// One line of `oxpool status`.
 #[derive(Clone, Debug)]
@@ -237,6 +240,7 @@ impl Spa {
             config_change: Mutex::new(()),
             scan_batches: Default::default(),
             error_log: Default::default(),
+            import_refusals: Vec::new(),
             txg: TxgControl::new(
                 name,
                 Txg(0),
@@ -717,7 +721,12 @@ impl Spa {
             None => VdevStatus {
                 name: cfg.path.clone(),
                 state: "UNAVAIL".into(),
-                reason: Some("not found at import".into()),
+                reason: Some(
+                    self.import_refusals
+                        .iter()
+                        .find(|(g, _)| *g == cfg.guid)
+                        .map_or_else(|| "not found at import".into(), |(_, why)| why.clone()),
+                ),
                 read_errors: 0,
                 write_errors: 0,
                 checksum_errors: 0,
