@@ -405,7 +405,13 @@ pub enum Command {
     /// tank/vol0` (bytes written since snapshot monday; also of a later snapshot
     /// `tank/vol0@friday`, or since a snapshot of a clone's origin, `written@vol0@monday`).
     Get {
-        /// Property name, or `all`.
+        /// Exact values: sizes in bytes, times in seconds since the epoch (as `zfs get -p`).
+        #[arg(short = 'p')]
+        parsable: bool,
+        /// Scripted: no header, fields separated by one tab.
+        #[arg(short = 'H')]
+        scripted: bool,
+        /// Property names, comma-separated (`used,referenced`), or `all`.
         prop: String,
         /// POOL or POOL/VOL.
         target: String,

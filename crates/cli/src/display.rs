@@ -4,22 +4,30 @@ use crate::progress::hms;
 use oxpool_engine::{PoolStatus, ScanKind, ScanState, ScanStatus, VdevStatus};
 use std::io::{self, Write};
 
-/// Sizes as zfs prints them: 1.5G, 512M, 16K.
+/// Sizes as zfs prints them: 1.50G, 32.8M, 512M, 16K.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
+    const UNITS: [&str; 7] = ["", "K", "M", "G", "T", "P", "E"];
+    let mut index = 0;
+    let mut whole = bytes;
+    while whole >= 1024 && index < UNITS.len() - 1 {
+        whole /= 1024;
+        index += 1;
     }
-    if u == 0 {
-        format!("{bytes}")
-    } else if v >= 10.0 {
-        format!("{v:.0}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
+    if index == 0 {
+        return bytes.to_string();
     }
+    let unit = 1u64 << (10 * index);
+    if bytes.is_multiple_of(unit) {
+        return format!("{}{}", bytes / unit, UNITS[index]);
+    }
+    // As ZFS's nicenum: three significant digits where five characters allow (32.8M,
+    // 1.50G, 118M).
+    let v = bytes as f64 / unit as f64;
+    (0..=2)
+        .rev()
+        .map(|precision| format!("{v:.precision$}{}", UNITS[index]))
+        .find(|s| s.len() <= 5)
+        .unwrap_or_else(|| format!("{v:.0}{}", UNITS[index]))
 }
 
 /// A size as `zpool status` shows what a scrub repaired: `0B`, `512B`, `1.5M`.
@@ -271,4 +279,21 @@ fn print_damaged(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::Resu
 
 fn has_errors(v: &VdevStatus) -> bool {
     v.read_errors + v.write_errors + v.checksum_errors > 0 || v.children.iter().any(has_errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_have_three_significant_digits_as_zfs_prints_them() {
+        assert_eq!(human(512), "512");
+        assert_eq!(human(16 << 10), "16K");
+        assert_eq!(human(64 << 20), "64M");
+        assert_eq!(human(34_340_864), "32.8M");
+        assert_eq!(human(3 << 29), "1.50G");
+        assert_eq!(human(123_456_789), "118M");
+        assert_eq!(human(1023 * 1024 + 1000), "1024K");
+        assert_eq!(human(u64::MAX), "16.0E");
+    }
 }

@@ -98,7 +98,7 @@ mod tests {
             "{half}"
         );
         assert!(
-            half.contains("512M / 1.0G") && half.contains("128M/s"),
+            half.contains("512M / 1G") && half.contains("128M/s"),
             "{half}"
         );
         assert!(half.ends_with("00:00:04 left"), "{half}");

@@ -142,7 +142,7 @@ fn pool_and_volume_lifecycle() {
         "12345",
         p(&env.path("in.bin")),
     ]);
-    let used = env.ok(&["get", "used", "tank/vol0"]);
+    let used = env.ok(&["get", "-p", "used", "tank/vol0"]);
     let used = used
         .lines()
         .nth(1)
@@ -150,7 +150,7 @@ fn pool_and_volume_lifecycle() {
         .split_whitespace()
         .nth(2)
         .unwrap();
-    let referenced = env.ok(&["get", "referenced", "tank/vol0"]);
+    let referenced = env.ok(&["get", "-p", "referenced", "tank/vol0"]);
     assert!(
         !referenced.contains(used),
         "nothing held by the snapshot: {referenced}"
@@ -163,9 +163,30 @@ fn pool_and_volume_lifecycle() {
     env.ok(&["destroy", "tank/vol0@before"]);
 
     // Properties.
+    assert!(env.ok(&["get", "volblocksize", "tank/vol0"]).contains("4K"));
     assert!(env
-        .ok(&["get", "volblocksize", "tank/vol0"])
+        .ok(&["get", "-p", "volblocksize", "tank/vol0"])
         .contains("4096"));
+    // As zfs get: a comma list, -H (no header, tabs), -p (exact; times in seconds).
+    let two = env.ok(&[
+        "get",
+        "-H",
+        "-p",
+        "volsize,volblocksize,creation",
+        "tank/vol0",
+    ]);
+    let rows: Vec<Vec<&str>> = two.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), 3, "{two}");
+    assert_eq!(rows[0], ["tank/vol0", "volsize", "67108864"], "{two}");
+    assert_eq!(rows[1], ["tank/vol0", "volblocksize", "4096"], "{two}");
+    let created: u64 = rows[2][2].parse().unwrap_or_else(|_| panic!("{two}"));
+    let human = env.ok(&["get", "creation,volsize", "tank/vol0"]);
+    assert!(human.lines().next().unwrap().starts_with("NAME"), "{human}");
+    assert!(
+        !human.contains(&created.to_string()),
+        "a date, not seconds: {human}"
+    );
+    assert!(human.contains("64M"), "{human}");
     env.ok(&["set", "sync=always", "tank/vol0"]);
     assert!(env.ok(&["get", "all", "tank/vol0"]).contains("always"));
     env.ok(&["set", "txg_timeout=2", "tank"]);
@@ -429,7 +450,7 @@ fn compression_property_and_its_statistics() {
     std::fs::write(&input, &text.as_bytes()[..4 << 20]).unwrap();
     env.ok(&["vol", "write", "tank/vol0", "--offset", "0", p(&input)]);
     let get = |name: &str| -> String {
-        let out = env.ok(&["get", name, "tank/vol0"]);
+        let out = env.ok(&["get", "-p", name, "tank/vol0"]);
         out.lines()
             .nth(1)
             .and_then(|l| l.split_whitespace().nth(2))

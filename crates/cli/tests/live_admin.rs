@@ -414,7 +414,7 @@ fn malformed_control_messages_end_that_connection_only() {
         exit_error(exchange(&socket, &request(&["get", "bogus", "tank"])));
     }
     assert!(env
-        .ok(&["get", "volsize", "tank/vol0"])
+        .ok(&["get", "-p", "volsize", "tank/vol0"])
         .contains("16777216"));
     // The client refuses a command line too long for one frame (the OS takes 128 KiB per
     // argument: ten long properties), at once.
@@ -451,7 +451,7 @@ fn malformed_control_messages_end_that_connection_only() {
     // The server serves on: NBD and the control socket alike.
     let size = tool("nbdinfo", &["--size", &server.uri("tank/vol0")]);
     assert_eq!(size.trim(), (16u64 << 20).to_string());
-    match exchange(&socket, &request(&["get", "volsize", "tank/vol0"])) {
+    match exchange(&socket, &request(&["get", "-p", "volsize", "tank/vol0"])) {
         Some(Message::Stdout(out)) => {
             assert!(String::from_utf8_lossy(&out).contains("16777216"))
         }

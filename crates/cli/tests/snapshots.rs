@@ -68,7 +68,7 @@ fn a_snapshot_export_keeps_the_bytes_written_before_it() {
     // Every block was overwritten: the snapshot alone holds at least the whole first copy
     // (space figures are those of the last txg, as in ZFS: a second snapshot syncs one).
     env.ok(&["snapshot", "tank/vol0@two"]);
-    let got = env.ok(&["get", "usedbysnapshots", "tank/vol0"]);
+    let got = env.ok(&["get", "-p", "usedbysnapshots", "tank/vol0"]);
     let bytes: u64 = got
         .lines()
         .last()
@@ -296,9 +296,10 @@ fn promote_lets_the_original_volume_go() {
     assert!(env
         .ok(&["get", "origin", "tank/vol0"])
         .contains("tank/new@base"));
-    assert!(env
-        .ok(&["get", "origin", "tank/new"])
-        .contains("origin         -"));
+    assert_eq!(
+        env.ok(&["get", "-H", "origin", "tank/new"]),
+        "tank/new\torigin\t-\n"
+    );
     assert!(same(&tcp_uri(&server, "tank/new@base"), &first));
     env.ok(&["vol", "destroy", "tank/vol0"]);
     assert!(
@@ -311,19 +312,14 @@ fn promote_lets_the_original_volume_go() {
     assert!(ok.success(), "{out}");
 }
 
-/// The value of a one-property `oxpool get`, checking its exact form: the header, then
-/// `TARGET PROPERTY VALUE` in columns.
+/// The value of a one-property `oxpool get -p -H`, checking its exact form: one line,
+/// `TARGET<TAB>PROPERTY<TAB>VALUE`.
 fn get_exact(env: &Env, prop: &str, target: &str) -> u64 {
-    let out = env.ok(&["get", prop, target]);
+    let out = env.ok(&["get", "-p", "-H", prop, target]);
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    assert_eq!(lines[0], format!("{:<32} {:<14} VALUE", "NAME", "PROPERTY"));
-    let value = lines[1].rsplit(' ').next().unwrap();
-    assert_eq!(
-        lines[1],
-        format!("{target:<32} {prop:<14} {value}"),
-        "{out}"
-    );
+    assert_eq!(lines.len(), 1, "{out}");
+    let value = lines[0].rsplit('\t').next().unwrap();
+    assert_eq!(lines[0], format!("{target}\t{prop}\t{value}"), "{out}");
     value
         .parse()
         .unwrap_or_else(|_| panic!("not exact bytes: {out}"))

@@ -214,10 +214,15 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         } => pool::scrub(host, con, &pool, wait, stop, pause),
         Command::Vol { command } => volume::run(host, con, command),
         Command::Get {
+            parsable,
+            scripted,
             prop,
             target,
             device,
-        } => props::get(host, con, &prop, &target, device.as_deref()),
+        } => {
+            let style = props::GetStyle { parsable, scripted };
+            props::get(host, con, &prop, &target, device.as_deref(), style)
+        }
         Command::Set {
             assignment,
             target,

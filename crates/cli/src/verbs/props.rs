@@ -8,60 +8,113 @@ use oxpool_engine::props::{
     DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES, VOLUME_STAT_NAMES,
 };
 
-/// `oxpool get PROP|all TARGET [DEVICE]`.
+/// How `oxpool get` prints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GetStyle {
+    /// `-p`: exact values.
+    pub parsable: bool,
+    /// `-H`: no header, tab-separated.
+    pub scripted: bool,
+}
+
+/// Properties whose values are byte counts: shown human (`1.50G`) unless `-p`.
+const SIZE_PROPS: &[&str] = &[
+    "volsize",
+    "volblocksize",
+    "log_copy_max",
+    "used",
+    "logicalused",
+    "logicalreferenced",
+    "referenced",
+    "written",
+    "usedbydataset",
+    "usedbysnapshots",
+    "dirty_max",
+    "cache_max",
+    "data_cache_max",
+    "freeing",
+];
+
+/// A property's value as `get` shows it: sizes human and `creation` as a date, unless
+/// `parsable`.
+fn shown(name: &str, value: String, parsable: bool) -> String {
+    if parsable {
+        return value;
+    }
+    let size = SIZE_PROPS.contains(&name) || name.starts_with("written@");
+    match value.parse::<u64>() {
+        Ok(bytes) if size => crate::human(bytes),
+        Ok(secs) if name == "creation" => crate::display::date(secs.saturating_mul(1_000_000_000)),
+        _ => value,
+    }
+}
+
+/// `oxpool get [-p] [-H] PROP[,PROP...]|all TARGET [DEVICE]`.
 pub fn get(
     host: &Host,
     con: &mut dyn Console,
     prop: &str,
     target: &str,
     device: Option<&str>,
+    style: GetStyle,
 ) -> Result<()> {
     let (pool, vol) = split_target(target);
     if device.is_some() && vol.is_some() {
         bail!("a device belongs to a pool, not to a volume");
     }
+    let asked: Vec<&str> = prop.split(',').filter(|n| !n.is_empty()).collect();
+    if asked.is_empty() {
+        bail!("no property named");
+    }
     // Read first, printed after: a failure prints nothing (no header without lines).
-    let lines = host.with_pool(pool, |p| {
-        let mut lines = Vec::new();
+    let (header, rows) = host.with_pool(pool, |p| {
+        let mut rows: Vec<Vec<String>> = Vec::new();
         let names = |all: &[&'static str]| -> Vec<String> {
-            if prop == "all" {
+            if asked == ["all"] {
                 all.iter().map(|s| s.to_string()).collect()
             } else {
-                vec![prop.to_string()]
+                asked.iter().map(|s| s.to_string()).collect()
             }
         };
+        let mut row = |what: &str, n: &str, value: String| {
+            rows.push(vec![
+                what.to_string(),
+                n.to_string(),
+                shown(n, value, style.parsable),
+            ]);
+        };
         if let Some(d) = device {
-            lines.push(format!(
-                "{:<32} {:<14} {:<10} SOURCE",
-                "NAME", "PROPERTY", "VALUE"
-            ));
+            let mut rows = Vec::new();
             for n in names(DEVICE_PROP_NAMES) {
                 let (value, source) = p.get_device_prop(d, &n)?;
-                lines.push(format!("{:<32} {:<14} {:<10} {source}", d, n, value));
+                rows.push(vec![d.to_string(), n, value, source.to_string()]);
             }
-            return Ok(lines);
+            return Ok((vec!["NAME", "PROPERTY", "VALUE", "SOURCE"], rows));
         }
-        lines.push(format!("{:<32} {:<14} VALUE", "NAME", "PROPERTY"));
         match vol {
             Some(v) if v.contains('@') => {
                 for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
                     let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
-                    lines.push(format!("{:<32} {:<14} {}", target, n, value));
+                    row(target, &n, value);
                 }
             }
-            Some(v) if prop == "receive_resume_token" => {
-                // A full stream's partial receive has no volume yet.
-                let value = p.get_dataset_prop(v, prop)?.unwrap_or_default();
-                lines.push(format!("{:<32} {:<14} {}", target, prop, value));
+            Some(v) if asked == ["receive_resume_token"] => {
+                // A full stream's partial receive has no volume yet; with neither, the
+                // name is unknown.
+                match p.get_dataset_prop(v, "receive_resume_token")? {
+                    Some(value) if value != "-" || p.volume(v).is_ok() => {
+                        row(target, "receive_resume_token", value)
+                    }
+                    _ => bail!("{target}: not found (no volume, no partial receive)"),
+                }
             }
             Some(v) => {
                 let vol = p.volume(v)?;
-                let all: Vec<&'static str> = VOLUME_PROP_NAMES
+                let mut all: Vec<&'static str> = VOLUME_PROP_NAMES
                     .iter()
                     .chain(VOLUME_STAT_NAMES)
                     .copied()
                     .collect();
-                let mut all = all;
                 all.extend(
                     oxpool_engine::DATASET_STAT_NAMES
                         .iter()
@@ -74,21 +127,57 @@ pub fn get(
                         Some(value) => value,
                         None => vol.get_prop(&n)?,
                     };
-                    lines.push(format!("{:<32} {:<14} {}", target, n, value));
+                    row(target, &n, value);
                 }
             }
             None => {
                 let all: Vec<&'static str> =
                     POOL_PROP_NAMES.iter().copied().chain(["freeing"]).collect();
                 for n in names(&all) {
-                    lines.push(format!("{:<32} {:<14} {}", target, n, p.get_prop(&n)?));
+                    let value = p.get_prop(&n)?;
+                    row(target, &n, value);
                 }
             }
         }
-        Ok(lines)
+        Ok((vec!["NAME", "PROPERTY", "VALUE"], rows))
     })?;
-    for line in lines {
-        writeln!(con.out(), "{line}")?;
+    if style.scripted {
+        for r in rows {
+            writeln!(con.out(), "{}", r.join("\t"))?;
+        }
+        return Ok(());
+    }
+    // Columns as wide as their longest field, as `zfs get`.
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            rows.iter()
+                .map(|r| r[c].len())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |fields: Vec<&str>| -> String {
+        let last = fields.len() - 1;
+        fields
+            .iter()
+            .enumerate()
+            .map(|(c, f)| {
+                if c == last {
+                    f.to_string()
+                } else {
+                    format!("{f:<w$}  ", w = widths[c])
+                }
+            })
+            .collect()
+    };
+    writeln!(con.out(), "{}", line(header))?;
+    for r in &rows {
+        writeln!(
+            con.out(),
+            "{}",
+            line(r.iter().map(String::as_str).collect())
+        )?;
     }
     Ok(())
 }
