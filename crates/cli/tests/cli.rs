@@ -134,14 +134,32 @@ fn pool_and_volume_lifecycle() {
     );
     // USED is `used`: what a snapshot holds counts too, as `zfs list`.
     env.ok(&["snapshot", "tank/vol0@before"]);
+    let other: Vec<u8> = data.iter().map(|b| !b).collect();
+    std::fs::write(env.path("other.bin"), &other).unwrap();
     env.ok(&[
         "vol",
         "write",
         "tank/vol0",
         "--offset",
         "12345",
-        p(&env.path("in.bin")),
+        p(&env.path("other.bin")),
     ]);
+    // A snapshot reads as the volume was.
+    let len = data.len().to_string();
+    for (name, want) in [("tank/vol0@before", &data), ("tank/vol0", &other)] {
+        let out = env.path("snap.bin");
+        env.ok(&[
+            "vol",
+            "read",
+            name,
+            "--offset",
+            "12345",
+            "--length",
+            &len,
+            p(&out),
+        ]);
+        assert!(std::fs::read(&out).unwrap() == *want, "{name} reads wrong");
+    }
     let used = env.ok(&["get", "-p", "used", "tank/vol0"]);
     let used = used
         .lines()
@@ -161,6 +179,14 @@ fn pool_and_volume_lifecycle() {
         "vol list USED is not used ({used}):\n{listed}"
     );
     env.ok(&["destroy", "tank/vol0@before"]);
+    env.ok(&[
+        "vol",
+        "write",
+        "tank/vol0",
+        "--offset",
+        "12345",
+        p(&env.path("in.bin")),
+    ]);
 
     // Properties.
     assert!(env.ok(&["get", "volblocksize", "tank/vol0"]).contains("4K"));

@@ -197,6 +197,11 @@ fn device_changes_without_a_server_reach_the_next_command() {
         assert_eq!(got, want, "{status}");
     };
 
+    let e = env.fails(&["attach", "tank", "a.img", "nosuch.img"]);
+    assert!(
+        e.contains("no such file") && e.contains("truncate -s") && !e.contains("--size"),
+        "{e}"
+    );
     env.ok(&["attach", "tank", "a.img", p(&b)]);
     online(&["a.img", "b.img"]);
     env.ok(&["replace", "tank", "b.img", p(&c)]);

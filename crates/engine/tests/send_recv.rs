@@ -206,7 +206,11 @@ fn wrong_base_and_modified_target_are_refused_unchanged() {
     assert!(msg.contains("base guid") && !msg.contains('\n'), "{msg}");
     // A full stream onto an existing volume.
     let err = recv(&dst, "copy", &send(&src, "src", "b", None, false), false).unwrap_err();
-    assert!(err.to_string().contains("already exists"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("copy exists: a full stream makes a new volume"),
+        "{err}"
+    );
     assert_eq!(read_all(&dst.volume("copy").unwrap()), before);
     assert_eq!(guids(&dst, "copy"), snaps);
     assert_eq!(dst.volumes().len(), 1, "no hidden volume left");

@@ -377,7 +377,17 @@ fn open_new(
     {
         bail!("{path} is already in pool '{}'", pool.name());
     }
-    let d = open_device(&con.path(Path::new(path)), None)?;
+    let file = con.path(Path::new(path));
+    if !file.exists() {
+        // attach and replace take no --size (open_device's hint): the device must exist.
+        bail!(
+            "{}: no such file (attach and replace take an existing device; create it first, \
+             e.g. `truncate -s SIZE {}`)",
+            file.display(),
+            file.display()
+        );
+    }
+    let d = open_device(&file, None)?;
     let backend = d.backend();
     devs.push(d);
     Ok(backend)

@@ -93,15 +93,20 @@ pub fn send(
             };
             // Standard output carries the stream: the report goes to standard error.
             let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
+            let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
             writeln!(
                 report,
-                "{} send of {pool_name}/{volume}@{snap} ({what}): {} streams, {} blocks, {} freed ranges",
-                if dry_run { "would" } else { "will" },
-                est.streams,
-                est.data_records,
-                est.free_records,
+                "{} {pool_name}/{volume}@{snap} ({what}): {}, {}, {}",
+                if dry_run { "would send" } else { "sending" },
+                plural(est.streams, "stream"),
+                plural(est.data_records, "block"),
+                plural(est.free_records, "freed range"),
             )?;
-            writeln!(report, "total estimated size is {}", size(est.stream_bytes, parsable))?;
+            writeln!(
+                report,
+                "total estimated size is {}",
+                size(est.stream_bytes, parsable)
+            )?;
             if dry_run {
                 return Ok(());
             }

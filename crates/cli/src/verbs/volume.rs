@@ -154,7 +154,11 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     Some(std::fs::File::create(&path).with_context(|| path.display().to_string())?);
             }
             host.with_pool(pool, |p| {
-                let vol = p.volume(v)?;
+                // A snapshot reads as the volume did when it was taken.
+                let vol = match v.split_once('@') {
+                    Some((volume, snap)) => p.snapshot_volume(volume, snap)?,
+                    None => p.volume(v)?,
+                };
                 let len = match &length {
                     Some(l) => parse_size("--length", l)?,
                     None => vol.size_bytes().saturating_sub(offset),

@@ -419,9 +419,9 @@ impl Pool {
         let target = self.dsl.get(volume);
         let Some(fromguid) = begin.fromguid else {
             if target.is_some() {
-                return Err(EngineError::Exists(format!(
-                    "{full} (a full stream makes a new volume; destroy it first or receive \
-                     into another name)"
+                return Err(EngineError::invalid(format!(
+                    "{full} exists: a full stream makes a new volume (destroy it first, receive \
+                     into another name, or send an incremental stream)"
                 )));
             }
             return Ok(Plan {

@@ -223,7 +223,8 @@ impl Pool {
         };
         if from.txg >= to.txg {
             return Err(EngineError::invalid(format!(
-                "{shown} is not earlier than @{snap}: an incremental base must be"
+                "{shown} is not earlier than @{snap}: an incremental base must be older than \
+                 the snapshot sent"
             )));
         }
         if !opts.intermediates {
