@@ -83,14 +83,17 @@ fn pool_and_volume_lifecycle() {
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
     std::fs::write(env.path("in.bin"), &data).unwrap();
-    env.ok(&[
-        "vol",
-        "write",
-        "tank/vol0",
-        "--offset",
-        "12345",
-        p(&env.path("in.bin")),
-    ]);
+    let write_at = |offset: &str, file: &str| {
+        env.ok(&[
+            "vol",
+            "write",
+            "tank/vol0",
+            "--offset",
+            offset,
+            p(&env.path(file)),
+        ])
+    };
+    write_at("12345", "in.bin");
     env.ok(&[
         "vol",
         "read",
@@ -136,14 +139,7 @@ fn pool_and_volume_lifecycle() {
     env.ok(&["snapshot", "tank/vol0@before"]);
     let other: Vec<u8> = data.iter().map(|b| !b).collect();
     std::fs::write(env.path("other.bin"), &other).unwrap();
-    env.ok(&[
-        "vol",
-        "write",
-        "tank/vol0",
-        "--offset",
-        "12345",
-        p(&env.path("other.bin")),
-    ]);
+    write_at("12345", "other.bin");
     // A snapshot reads as the volume was.
     let len = data.len().to_string();
     for (name, want) in [("tank/vol0@before", &data), ("tank/vol0", &other)] {
@@ -179,14 +175,7 @@ fn pool_and_volume_lifecycle() {
         "vol list USED is not used ({used}):\n{listed}"
     );
     env.ok(&["destroy", "tank/vol0@before"]);
-    env.ok(&[
-        "vol",
-        "write",
-        "tank/vol0",
-        "--offset",
-        "12345",
-        p(&env.path("in.bin")),
-    ]);
+    write_at("12345", "in.bin");
 
     // Properties.
     assert!(env.ok(&["get", "volblocksize", "tank/vol0"]).contains("4K"));

@@ -37,6 +37,15 @@ pub fn single_device_pool(device: Arc<dyn Backend>, props: PoolProps) -> Pool {
 
 /// A pool of one top-level vdev over memory devices.
 pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>) {
+    mem_pool_with(kind, devices, test_props())
+}
+
+/// [`mem_pool`] with `props`.
+pub fn mem_pool_with(
+    kind: TopVdevKind,
+    devices: usize,
+    props: PoolProps,
+) -> (Pool, Vec<MemoryBackend>) {
     let mems: Vec<MemoryBackend> = (0..devices)
         .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
         .collect();
@@ -60,7 +69,7 @@ pub fn mem_pool(kind: TopVdevKind, devices: usize) -> (Pool, Vec<MemoryBackend>)
             .collect(),
         TopVdevKind::Raidz(r) => vec![TopSpec::raidz(r.parity, backends)],
     };
-    let pool = Pool::create("tank", tops, test_props(), false).unwrap();
+    let pool = Pool::create("tank", tops, props, false).unwrap();
     (pool, mems)
 }
 

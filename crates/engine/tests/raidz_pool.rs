@@ -494,20 +494,7 @@ fn raidz_beside_other_vdevs_and_added_later() {
 fn a_raidz_volume_is_rewritten_whole_after_imports() {
     // The default properties, as the command had them (timed syncs, dirty_max an eighth of
     // the pool).
-    let mems: Vec<MemoryBackend> = (0..5)
-        .map(|i| MemoryBackend::new(&format!("mem{i}"), DEVICE_BYTES))
-        .collect();
-    let backends: Vec<Arc<dyn Backend>> = mems
-        .iter()
-        .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)
-        .collect();
-    let pool = Pool::create(
-        "tank",
-        vec![TopSpec::raidz(2, backends)],
-        oxpool_engine::PoolProps::default(),
-        false,
-    )
-    .unwrap();
+    let (pool, mems) = common::mem_pool_with(raidz(2), 5, oxpool_engine::PoolProps::default());
     // Each step in its own import, as each command with no server is.
     pool.export().unwrap();
     let pool = reimport(&mems);

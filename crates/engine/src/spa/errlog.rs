@@ -39,26 +39,17 @@ pub struct ErrorLog {
 impl ErrorLog {
     /// Records that block `block` (of `block_bytes`) of `dataset` could not be read.
     pub fn record(&self, dataset: &str, block: u64, block_bytes: u64) {
-        let mut blocks = self.blocks.lock().unwrap();
-        let entry = (dataset.to_string(), block * block_bytes, block_bytes);
-        if blocks.contains(&entry) {
-            return;
-        }
-        if blocks.len() >= ERROR_LOG_BLOCKS_MAX {
-            self.unnamed.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        tracing::warn!(
-            dataset,
-            offset_bytes = entry.1,
-            "damaged data: no copy of a block could be read"
-        );
-        blocks.insert(entry);
+        self.insert(dataset, block * block_bytes, block_bytes, "a block");
     }
 
     /// Records that `length_bytes` from `offset_bytes` of `dataset` could not be read (the
     /// range below a lost indirect block), as one entry.
     pub fn record_range(&self, dataset: &str, offset_bytes: u64, length_bytes: u64) {
+        self.insert(dataset, offset_bytes, length_bytes, "an indirect block");
+    }
+
+    /// One entry, once; only a count beyond [`ERROR_LOG_BLOCKS_MAX`]. `what` was lost.
+    fn insert(&self, dataset: &str, offset_bytes: u64, length_bytes: u64, what: &str) {
         let mut blocks = self.blocks.lock().unwrap();
         let entry = (dataset.to_string(), offset_bytes, length_bytes);
         if blocks.contains(&entry) {
@@ -72,7 +63,7 @@ impl ErrorLog {
             dataset,
             offset_bytes,
             length_bytes,
-            "damaged data: no copy of an indirect block could be read"
+            "damaged data: no copy of {what} could be read"
         );
         blocks.insert(entry);
     }

@@ -1375,6 +1375,16 @@ mod tests {
         a.maps[0].check_indexes();
     }
 
+    /// `m` as an import finds it: its first chunk's bits loaded into a new map.
+    fn reloaded(m: &SpaceMap) -> SpaceMap {
+        let mut n = SpaceMap::new(VdevId(0), m.size_bytes());
+        let mut bits = vec![0u8; oxpool_format::SPACEMAP_CHUNK_PAYLOAD_BYTES];
+        m.chunk_bits(0, &mut bits);
+        n.load_chunk_bits(0, &bits);
+        n.check_indexes();
+        n
+    }
+
     #[test]
     fn import_guesses_classes_from_the_bits() {
         let mut m = SpaceMap::new(VdevId(0), 8 * SLAB_BYTES);
@@ -1385,11 +1395,7 @@ mod tests {
         let small = m.alloc(SECTOR_BYTES).unwrap();
         let log = m.alloc(17 * SECTOR_BYTES).unwrap();
         m.free(&ind[3]);
-        let mut n = SpaceMap::new(VdevId(0), m.size_bytes());
-        let mut bits = vec![0u8; oxpool_format::SPACEMAP_CHUNK_PAYLOAD_BYTES];
-        m.chunk_bits(0, &mut bits);
-        n.load_chunk_bits(0, &bits);
-        n.check_indexes();
+        let n = reloaded(&m);
         let slab = |d: &Dva| (d.offset_bytes / SLAB_BYTES) as usize;
         assert_eq!(n.class[slab(&ind[0])], 3, "a slab of 8-sector blocks");
         assert_eq!(n.class[slab(&small)], 0);
@@ -1403,9 +1409,7 @@ mod tests {
         let blocks: Vec<_> = (0..4)
             .map(|_| full.alloc(16 * SECTOR_BYTES).unwrap())
             .collect();
-        full.chunk_bits(0, &mut bits);
-        let mut f = SpaceMap::new(VdevId(0), full.size_bytes());
-        f.load_chunk_bits(0, &bits);
+        let mut f = reloaded(&full);
         assert_eq!(f.class[0], UNDECIDED);
         f.free(&blocks[1]);
         assert_eq!(f.class[0], 4);
@@ -1429,11 +1433,7 @@ mod tests {
         for d in fours.iter().step_by(2) {
             m.free(d);
         }
-        let mut n = SpaceMap::new(VdevId(0), m.size_bytes());
-        let mut bits = vec![0u8; oxpool_format::SPACEMAP_CHUNK_PAYLOAD_BYTES];
-        m.chunk_bits(0, &mut bits);
-        n.load_chunk_bits(0, &bits);
-        n.check_indexes();
+        let mut n = reloaded(&m);
         let slab = |d: &Dva| (d.offset_bytes / SLAB_BYTES) as usize;
         assert_ne!(slab(&nines[0]), slab(&fours[0]));
         assert_eq!(
