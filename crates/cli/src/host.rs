@@ -78,11 +78,17 @@ fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<
     let (pool, _locks) = open_pool(cache, name)?;
     let result = f(&pool);
     // Whatever `f` changed, even if it then failed (an attach whose resilver failed keeps its
-    // new device): the next command finds the pool by these paths.
-    let recorded = remember_if_changed(cache, &pool);
+    // new device): the next command finds the pool by these paths. A cache file that cannot
+    // be written does not fail a command that did its work: the labels still name every
+    // device for the next open.
+    if let Err(e) = remember_if_changed(cache, &pool) {
+        eprintln!(
+            "oxpool: warning: could not record pool '{name}''s devices in {}: {e:#}",
+            cache.display()
+        );
+    }
     let exported = pool.export();
     let value = result?;
-    recorded?;
     exported?;
     Ok(value)
 }
@@ -127,7 +133,12 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         })?;
     let mut devs = Devices::default();
     let mut missing = Vec::new();
-    for path in &entry.devices {
+    for (i, path) in entry.devices.iter().enumerate() {
+        // Listed twice (a spare in use was, before device_paths listed each path once): one
+        // open, since a second flock of the same file would say "in use".
+        if entry.devices[..i].contains(path) {
+            continue;
+        }
         // A missing device is tolerated (a mirror can run degraded; import decides whether
         // enough is present); one that exists but cannot be opened or is in use is an error.
         if path.exists() {
@@ -146,9 +157,14 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     // and stopped before recording it): the labels' vdev tree names every device by the
     // path it was last opened at, as ZFS's import finds devices by its config's paths.
     for path in paths_labels_add(&devs, entry.guid, &entry.devices) {
-        // Only a candidate: import takes it if its label is the pool's.
+        // Only a candidate: taken if its own label is this pool's (by guid: another pool of
+        // the same name at an old path must not join the import).
         if let Ok(d) = open_device(&path, None) {
-            devs.push(d);
+            let label =
+                oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(&*d.backend()));
+            if label.is_ok_and(|l| l.pool_guid.0 == entry.guid) {
+                devs.push(d);
+            }
         }
     }
     // Missing devices show as UNAVAIL in `oxpool status`; import refuses the pool if what is

@@ -60,7 +60,12 @@ impl ServedPool {
     fn follow_device_changes(&self, cache: &Path) -> Result<()> {
         {
             let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
-            devices.retain_named(&self.pool.open_device_names());
+            // Not in the middle of a change: a detached device keeps its lock until its
+            // labels are cleared (the next beat lets it go).
+            let Some(names) = self.pool.open_device_names_settled() else {
+                return Ok(());
+            };
+            devices.retain_named(&names);
         }
         let paths = self.pool.device_paths();
         let mut checked = self.paths_checked.lock().unwrap_or_else(|p| p.into_inner());

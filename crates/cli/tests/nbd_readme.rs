@@ -22,7 +22,7 @@ fn readme_first_command_serves_a_volume_qemu_img_opens() {
     let server = env.serve(args);
     let out = server.output();
     assert!(out.contains("created pool 'oxpool'"), "{out}");
-    assert!(out.contains("sparse file of 8.0G"), "{out}");
+    assert!(out.contains("sparse file of 8G"), "{out}");
     let uri = server.uri("oxpool/vol0");
     if default_port_free {
         assert_eq!(uri, "nbd://127.0.0.1:10809/oxpool/vol0");

@@ -149,6 +149,8 @@ fn a_clone_is_written_while_its_origin_stays() {
     assert!(e.contains("already exists"), "{e}");
     let e = env.fails(&["hold", "keep", "tank/copy@s2", "tank/copy@nosuch"]);
     assert!(e.contains("not found"), "{e}");
+    let e = env.fails(&["hold", "twice", "tank/copy@s2", "tank/copy@s2"]);
+    assert!(e.contains("named twice"), "{e}");
     assert!(!env.ok(&["holds", "tank/copy@s2"]).contains("keep"));
     let e = env.fails(&["release", "keep", "tank/copy@s1", "tank/copy@s2"]);
     assert!(e.contains("not found"), "{e}");

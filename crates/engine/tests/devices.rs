@@ -252,6 +252,14 @@ fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
         "{s:?}"
     );
     assert_eq!(s.spares[0].in_use_for.as_deref(), Some("mem2"));
+    // Its path once among the pool's device paths (the cache file lists them; a path twice
+    // made the next open lock one file twice and fail).
+    let paths = pool.device_paths();
+    assert_eq!(
+        paths.iter().filter(|p| p.as_str() == "mem3").count(),
+        1,
+        "{paths:?}"
+    );
     // The spare holds mem2's columns: with mem0 out too, everything reads.
     pool.inject_clear(None);
     pool.offline("mem0", false).unwrap();

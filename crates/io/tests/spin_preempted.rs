@@ -71,15 +71,18 @@ fn a_thread_preempted_by_others_stops_spinning() {
     // another process that happens to run there preempts it too (a build beside the tests,
     // say), so the CPU that spun most in up to 4 rounds of 3 tries on each allowed CPU.
     let mut best = (0, 0);
-    for round in 0..4 {
+    'rounds: for round in 0..4 {
         for cpu in allowed_cpus() {
-            let spins = (0..3).map(|_| spins_on(cpu)).max().unwrap();
-            if spins > best.1 {
-                best = (cpu, spins);
+            for _ in 0..3 {
+                let spins = spins_on(cpu);
+                if spins > best.1 {
+                    best = (cpu, spins);
+                }
+                // One idle CPU is all it needs (a machine may have many).
+                if best.1 > WAITS / 2 {
+                    break 'rounds;
+                }
             }
-        }
-        if best.1 > WAITS / 2 {
-            break;
         }
         println!("round {round}: every CPU busy with other work (best {best:?}); again");
         std::thread::sleep(Duration::from_secs(1));

@@ -369,8 +369,11 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
 /// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`.
 pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<()> {
     // Checked whole before anything changes (as destroy and snapshot are): every snapshot
-    // exists, and has the tag (release) or not yet (hold).
-    for n in names {
+    // exists, is named once, and has the tag (release) or not yet (hold).
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            bail!("{n} is named twice: nothing held or released");
+        }
         let (pool_name, volume, snap) = snapshot_target(n)?;
         host.with_pool(pool_name, |p| {
             let held = p

@@ -167,11 +167,33 @@ impl Datasets {
     }
 
     /// Queues snapshot changes (already checked) for the sync of the open txg `open_txg`
-    /// or a later one, all in one.
-    pub(crate) fn queue_ops(&self, open_txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) {
+    /// or a later one, all in one; returns the txg they are queued for. That is `open_txg`,
+    /// unless a dataset the batch snapshots has a snapshot queued already (another caller's):
+    /// a dataset gets one snapshot per txg, so the whole batch goes to the txg after the last
+    /// such one, and stays one txg (its snapshots atomic).
+    pub(crate) fn queue_ops(&self, open_txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) -> Txg {
+        let is_create = |o: &snapshot::SnapOp| matches!(o, snapshot::SnapOp::Create { .. });
         let mut s = self.state.lock().unwrap();
-        s.ops
-            .extend(ops.into_iter().map(|(ds, op)| (open_txg, ds, op)));
+        let txg = ops
+            .iter()
+            .filter(|(_, o)| is_create(o))
+            .flat_map(|(d, _)| {
+                s.ops
+                    .iter()
+                    .filter(move |(_, d2, o2)| d2 == d && is_create(o2))
+                    .map(|(t, _, _)| Txg(t.0 + 1))
+            })
+            .fold(open_txg, Txg::max);
+        s.ops.extend(ops.into_iter().map(|(ds, op)| (txg, ds, op)));
+        txg
+    }
+
+    /// Queues `ops` for `txg` as they are, without [`Datasets::queue_ops`]'s check: for tests
+    /// of the sync's own guard.
+    #[cfg(test)]
+    pub(crate) fn queue_unchecked(&self, txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) {
+        let mut s = self.state.lock().unwrap();
+        s.ops.extend(ops.into_iter().map(|(ds, op)| (txg, ds, op)));
     }
 
     /// The queued snapshot changes, for checks against what is already asked.

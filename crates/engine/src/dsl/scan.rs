@@ -1208,7 +1208,7 @@ async fn scan_object(
             if counts.blocks_lost > 0 {
                 // No copy gave it back: `oxpool status -v` names the range, as a failed
                 // read does.
-                spa.error_log.record(what, *block, u64::from(c.lsize_bytes));
+                spa.error_log.record(what, *block, walked.block_bytes);
             }
             issued(ctx, c, counts);
         }

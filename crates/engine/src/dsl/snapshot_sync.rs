@@ -93,6 +93,17 @@ pub(crate) async fn apply(
                 tracing::warn!(dataset = ds.full_name, snapshot = name, "snapshot exists");
                 return Ok(());
             }
+            // One snapshot per txg (the table is in txg order, and import refuses it
+            // otherwise): queue_ops and take_for_sync keep two apart; a receive's snapshot of
+            // this volume in this txg would be the only way left, and is skipped, not written.
+            if l.snapshots().last().is_some_and(|s| s.txg >= txg) {
+                tracing::warn!(
+                    dataset = ds.full_name,
+                    snapshot = name,
+                    "a snapshot of this txg exists: not taken"
+                );
+                return Ok(());
+            }
             let deadlist = std::mem::take(&mut l.deadlist);
             let written_bytes = l.written_bytes;
             l.push_snapshot(Snapshot {

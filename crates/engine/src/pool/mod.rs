@@ -422,6 +422,14 @@ impl Pool {
         self.spa.open_device_names()
     }
 
+    /// [`Pool::open_device_names`], or `None` while a change of the vdev tree is under way:
+    /// a change holds the tree's change lock until the devices it drops have had their
+    /// labels cleared, so a device absent from the names here is one the pool is done with.
+    pub fn open_device_names_settled(&self) -> Option<Vec<String>> {
+        let _settled = self.spa.config_change.try_lock().ok()?;
+        Some(self.spa.open_device_names())
+    }
+
     /// Paths of the pool's devices as configured (for the cache file).
     pub fn device_paths(&self) -> Vec<String> {
         self.spa.device_paths()

@@ -142,8 +142,20 @@ impl Pool {
     fn run_ops(&self, ops: Vec<(String, SnapOp)>) -> Result<()> {
         self.spa.txg.check_writable()?;
         let open = self.spa.txg.open_txg();
-        self.dsl.queue_ops(open, ops);
-        self.spa.sync_now()
+        let queued = self.dsl.queue_ops(open, ops);
+        // Durable when this returns: through the txg they were queued for (a later one when
+        // another caller's snapshot of a volume of theirs was queued first). Each round syncs
+        // at least one txg.
+        for _ in 0..=(queued.0.saturating_sub(open.0) + 1) {
+            self.spa.sync_now()?;
+            if self.spa.txg.synced() >= queued {
+                return Ok(());
+            }
+        }
+        Err(EngineError::invalid(format!(
+            "pool {}: the snapshot changes queued for txg {} did not sync",
+            self.spa.name, queued.0
+        )))
     }
 
     /// Takes snapshots `volume@snap` of every name given, all in one txg: each holds every
@@ -832,24 +844,36 @@ mod tests {
         assert!(err.contains("one snapshot at a time"), "{err}");
         assert!(pool.snapshots("v").unwrap().is_empty(), "nothing taken");
 
-        // Queued together (as two callers at once could): the second waits a txg.
-        pool.run_ops(vec![("v".into(), create("a")), ("v".into(), create("b"))])
-            .unwrap();
-        // Bounded: the deferred one is in the next sync, which the first one kicked.
-        for _ in 0..100 {
-            if pool.snapshots("v").unwrap().len() == 2 {
-                break;
-            }
+        // Two callers at once: the second batch is queued for the txg after the first's, and
+        // its call returns once that txg is durable, with the snapshot there.
+        let open = pool.spa.txg.open_txg();
+        assert_eq!(
+            pool.dsl.queue_ops(open, vec![("v".into(), create("a"))]),
+            open
+        );
+        pool.run_ops(vec![("v".into(), create("b"))]).unwrap();
+        assert_eq!(
+            pool.snapshots("v").unwrap().len(),
+            2,
+            "b returned before it was taken"
+        );
+        // Queued together some other way: the sync takes the second in the next txg.
+        let open = pool.spa.txg.open_txg();
+        pool.dsl.queue_unchecked(
+            open,
+            vec![("v".into(), create("c")), ("v".into(), create("d"))],
+        );
+        for _ in 0..3 {
             pool.sync().unwrap();
         }
         let snaps = pool.snapshots("v").unwrap();
         let txgs: Vec<u64> = snaps.iter().map(|s| s.createtxg).collect();
-        assert_eq!(snaps.len(), 2, "{snaps:?}");
-        assert!(txgs[0] < txgs[1], "{txgs:?}");
+        assert_eq!(snaps.len(), 4, "{snaps:?}");
+        assert!(txgs.windows(2).all(|w| w[0] < w[1]), "{txgs:?}");
         drop(vol);
         pool.export().unwrap();
         let pool = Pool::import(vec![dev], Some("tank")).unwrap();
-        assert_eq!(pool.snapshots("v").unwrap().len(), 2);
+        assert_eq!(pool.snapshots("v").unwrap().len(), 4);
         let report = pool.audit().unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         pool.export().unwrap();

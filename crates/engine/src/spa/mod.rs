@@ -501,9 +501,12 @@ impl Spa {
         names
     }
 
-    /// Paths of the pool's devices as configured (for the cache file).
+    /// Paths of the pool's devices as configured (for the cache file), each once: a hot
+    /// spare in use is both a pair's member and a spare.
     pub fn device_paths(&self) -> Vec<String> {
-        self.zio
+        let mut paths: Vec<String> = Vec::new();
+        let all = self
+            .zio
             .vdevs
             .tops()
             .flat_map(|t| {
@@ -513,8 +516,13 @@ impl Spa {
                     .flat_map(|c| c.members().map(|m| m.config.path.clone()))
                     .collect::<Vec<_>>()
             })
-            .chain(self.zio.vdevs.config().spares.into_iter().map(|c| c.path))
-            .collect()
+            .chain(self.zio.vdevs.config().spares.into_iter().map(|c| c.path));
+        for p in all {
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+        paths
     }
 
     /// Asks for a sync of everything dirty now and waits until it is durable.

@@ -119,7 +119,8 @@ fn free_slots(w: u64, k: usize) -> u64 {
 /// to 4 KiB blocks only: a raidz2 pool 44 % full refused to rewrite its volume, with 150 MiB
 /// free in 4 KiB slots (2026-11-29). A block of class `k` is more than half its slot
 /// (`2^(k-1) < n <= 2^k` sectors), so a slot of class `k` holds nothing or a prefix of more
-/// than half of it. Where some class above the smallest is all-or-nothing, it is kept: blocks
+/// than half of it, and most of its used slots do (see below). Where some class above the
+/// smallest is all-or-nothing, it is kept: blocks
 /// of that class explain the bits (three 8-sector blocks look like one 24-sector block in a
 /// 32-sector slot, and the old guess is the safer there). Any class is safe (a slot is free
 /// only when all its bits are clear): the guess decides which blocks reuse the slab's holes.
@@ -135,11 +136,24 @@ fn infer_class(w: u64) -> u8 {
         .rev()
         .find(|&k| {
             let size = 1u32 << k;
-            (0..(SLAB_SECTORS as u32 / size)).all(|slot| {
+            let (mut partial, mut full) = (0u32, 0u32);
+            for slot in 0..(SLAB_SECTORS as u32 / size) {
                 let bits = (w >> (slot * size)) & (u64::MAX >> (64 - size));
                 let prefix = bits.trailing_ones();
-                bits >> prefix == 0 && (prefix == 0 || prefix > size / 2)
-            })
+                if bits >> prefix != 0 || (prefix != 0 && prefix <= size / 2) {
+                    return false;
+                }
+                if prefix == size {
+                    full += 1;
+                } else if prefix > 0 {
+                    partial += 1;
+                }
+            }
+            // Blocks smaller than their slots make most of the slab's blocks so (every raidz
+            // block of a class, most compressed ones). A slab of 4 KiB blocks with a hole or
+            // two where a slot would end, or filled sequentially up to one, has one or two
+            // such "prefixes" among full slots: it keeps the smallest class.
+            partial >= 2 && partial >= full
         })
         .unwrap_or(0) as u8
 }
@@ -1401,8 +1415,8 @@ mod tests {
         assert_eq!(n.class[slab(&small)], 0);
         assert_eq!(
             n.class[slab(&log)],
-            5,
-            "a 17-sector block in a 32-sector slot"
+            0,
+            "one 17-sector block alone in its slab: too little to tell it from 4 KiB blocks"
         );
         // A full slab is decided by its first free.
         let mut full = SpaceMap::new(VdevId(0), 2 * SLAB_BYTES);
@@ -1451,6 +1465,30 @@ mod tests {
         let again = n.alloc(9 * SECTOR_BYTES).unwrap();
         assert_eq!(slab(&again), slab(&nines[0]));
         n.check_indexes();
+    }
+
+    /// 4 KiB slabs keep their class where a few holes only look like blocks smaller than a
+    /// larger slot: a full slab whose first free ends a slot, a slab filled sequentially to
+    /// just past half a slot.
+    #[test]
+    fn four_kib_slabs_stay_four_kib_slabs() {
+        let mut m = SpaceMap::new(VdevId(0), 2 * SLAB_BYTES);
+        let ones: Vec<Dva> = (0..SLAB_SECTORS)
+            .map(|_| m.alloc(SECTOR_BYTES).unwrap())
+            .collect();
+        let mut n = reloaded(&m);
+        assert_eq!(n.class[0], UNDECIDED);
+        n.free(&ones[63]);
+        assert_eq!(n.class[0], 0, "a full slab, its last sector freed");
+        n.free(&ones[3]);
+        n.free(&ones[7]);
+        let n = reloaded(&n);
+        assert_eq!(n.class[0], 0, "holes ending 4-sector slots");
+        let mut t = SpaceMap::new(VdevId(0), 2 * SLAB_BYTES);
+        for _ in 0..41 {
+            t.alloc(SECTOR_BYTES).unwrap();
+        }
+        assert_eq!(reloaded(&t).class[0], 0, "41 sectors filled in order");
     }
 
     #[test]
