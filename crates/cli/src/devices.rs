@@ -149,13 +149,17 @@ pub fn scan_dir(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The label of device `b`, read on this thread.
+pub fn label(b: &dyn Backend) -> oxpool_engine::Result<oxpool_format::LabelConfig> {
+    oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(b))
+}
+
 /// Pools named by the labels of `devs`: (name, guid, device paths).
 pub fn probe_labels(devs: &Devices) -> Vec<(String, u64, Vec<String>)> {
     let mut out: Vec<(String, u64, Vec<String>)> = Vec::new();
     for d in &devs.0 {
         let b = d.backend();
-        if let Ok(cfg) = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(b.as_ref()))
-        {
+        if let Ok(cfg) = label(b.as_ref()) {
             match out.iter_mut().find(|(_, g, _)| *g == cfg.pool_guid.0) {
                 Some(e) => e.2.push(b.name().to_string()),
                 None => out.push((cfg.pool_name, cfg.pool_guid.0, vec![b.name().to_string()])),

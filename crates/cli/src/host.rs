@@ -160,9 +160,9 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         // Only a candidate: taken if its own label is this pool's (by guid: another pool of
         // the same name at an old path must not join the import).
         if let Ok(d) = open_device(&path, None) {
-            let label =
-                oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(&*d.backend()));
-            if label.is_ok_and(|l| l.pool_guid.0 == entry.guid) {
+            if crate::devices::label(d.backend().as_ref())
+                .is_ok_and(|l| l.pool_guid.0 == entry.guid)
+            {
                 devs.push(d);
             }
         }
@@ -199,8 +199,9 @@ pub fn remember(cache: &Path, pool: &Pool) -> Result<()> {
 fn paths_labels_add(devs: &Devices, pool_guid: u64, listed: &[PathBuf]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     for b in devs.backends() {
-        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(b.as_ref()));
-        let Ok(label) = label else { continue };
+        let Ok(label) = crate::devices::label(b.as_ref()) else {
+            continue;
+        };
         if label.pool_guid.0 != pool_guid {
             continue;
         }

@@ -208,9 +208,7 @@ fn exported_device(
             continue;
         }
         let dev = open_device(path, None)?;
-        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(
-            dev.backend().as_ref(),
-        ))?;
+        let label = crate::devices::label(dev.backend().as_ref())?;
         if label.pool_guid.0 != entry.guid {
             continue;
         }
@@ -528,8 +526,7 @@ fn open_swapped(
     let file = con.path(Path::new(path));
     // Opened without its lock, to read the label only.
     if let Ok(backend) = oxpool_io::FileBackend::open(&file, None) {
-        let label = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(&backend));
-        if label.is_ok_and(|l| l.pool_guid == pool.guid()) {
+        if crate::devices::label(&backend).is_ok_and(|l| l.pool_guid == pool.guid()) {
             bail!(
                 "{path} still has pool '{}''s label: it is the device itself, not a new one \
                  swapped in at its path; give NEW (`oxpool replace {} {path} NEW`), or \
