@@ -71,6 +71,11 @@ pub enum Command {
         /// Directory to search for devices (repeatable); default: the cache file's devices.
         #[arg(short = 'd', value_name = "DIR")]
         dirs: Vec<PathBuf>,
+        /// Import even if a separate log device is missing: the intent-log records on it
+        /// (sync writes of the last seconds before the pool stopped) are lost. `oxpool
+        /// remove POOL LOG` then takes the log vdev out.
+        #[arg(short = 'm')]
+        missing_log: bool,
         /// Pool to import; without it, list the pools found.
         pool: Option<String>,
     },
@@ -324,11 +329,13 @@ pub enum Command {
         /// The new device (at least as large as OLD).
         new: Option<String>,
     },
-    /// Remove a hot spare that is not in use.
+    /// Remove a hot spare that is not in use, or a separate log device (a log mirror by its
+    /// name, `mirror-N`): its log blocks are moved off first, and the pool serves
+    /// throughout. Data vdevs cannot be removed.
     Remove {
         /// Pool name.
         pool: String,
-        /// The spare.
+        /// The spare or the log device.
         device: String,
     },
     /// Return a device to service from OFFLINE, FAULTED or REMOVED. What was written without

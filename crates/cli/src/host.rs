@@ -58,6 +58,10 @@ impl Host {
                 let _one_change = pool.admin();
                 let value = f(&pool.pool, Some(&pool))?;
                 pool.pool.sync()?;
+                // A device the change dropped (detached, removed) is free for other uses
+                // when the command returns, as ZFS frees it, not at the server's next beat.
+                // A cache file that cannot be written is the beat's to report.
+                let _ = pool.follow_device_changes(served.cache());
                 Ok(value)
             }
         }

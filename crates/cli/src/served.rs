@@ -57,7 +57,7 @@ impl ServedPool {
     /// frees a detached device at once; and records the pool's device paths in `cache` when
     /// they changed. Names are taken under the devices' lock, so a device a command is adding
     /// is either in them or not yet among the locks.
-    fn follow_device_changes(&self, cache: &Path) -> Result<()> {
+    pub(crate) fn follow_device_changes(&self, cache: &Path) -> Result<()> {
         {
             let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
             // Not in the middle of a change: a detached device keeps its lock until its

@@ -416,10 +416,67 @@ fn log_devices_at_create_and_added_later() {
     );
     let e = env.fails(&["add", "two", p(&env.path("nosuch.img"))]);
     assert!(e.contains("nosuch.img") && e.contains("--size"), "{e}");
-    // The log device gone: the pool is refused by name, not opened without its log.
+    // The log device gone: the pool is refused by name, not opened without its log, and
+    // the refusal says how to go on.
     std::fs::remove_file(&l2).unwrap();
     let e = env.fails(&["status", "two"]);
-    assert!(e.contains("log") && e.contains("l2.img"), "{e}");
+    assert!(
+        e.contains("log") && e.contains("l2.img") && e.contains("import -m"),
+        "{e}"
+    );
+    // `import -m`: without the log's records; later commands need no -m.
+    assert!(env
+        .ok(&["import", "-m", "two"])
+        .contains("imported pool 'two'"));
+    let status = env.ok(&["status", "two"]);
+    assert!(
+        status.contains("DEGRADED") && status.contains("oxpool remove two"),
+        "{status}"
+    );
+    // `remove` takes the missing log vdev out; the pool is whole again.
+    env.ok(&["remove", "two", p(&l2)]);
+    let status = env.ok(&["status", "two"]);
+    assert!(
+        status.contains("ONLINE") && !status.contains("logs") && !status.contains("l2.img"),
+        "{status}"
+    );
+    env.ok(&["audit", "two"]);
+    // A data device cannot be removed: one line, nothing changed.
+    let e = env.fails(&["remove", "two", p(&env.path("c.img"))]);
+    assert!(e.contains("holds pool data"), "{e}");
+    assert!(env.ok(&["status", "two"]).contains("c.img"));
+}
+
+/// A pool whose devices were moved to another directory: `import -d DIR` finds them by
+/// their labels, and the commands after it open them where they are now.
+#[test]
+fn devices_moved_are_found_by_import_d_and_stay_found() {
+    let env = Env::new();
+    let (a, l) = (env.path("a.img"), env.path("l.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        p(&a),
+        "log",
+        p(&l),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/v", "--size", "8M"]);
+    let moved = env.path("moved");
+    std::fs::create_dir(&moved).unwrap();
+    std::fs::rename(&a, moved.join("a.img")).unwrap();
+    std::fs::rename(&l, moved.join("l.img")).unwrap();
+    assert!(env
+        .ok(&["import", "-d", p(&moved), "tank"])
+        .contains("imported pool 'tank'"));
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains("ONLINE") && status.contains("moved/l.img"),
+        "{status}"
+    );
+    assert!(env.ok(&["vol", "list"]).contains("tank/v"));
 }
 
 /// `compression` is a volume property (default lz4) that `oxpool set` changes for what is

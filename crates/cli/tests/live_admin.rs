@@ -96,6 +96,16 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
         "--sparse",
     ]);
     assert!(size(&env) > before + (128 << 20));
+    // The log device removed live, while fio writes: its labels are cleared (the file could
+    // start a new pool) and the pool no longer lists it.
+    env.ok(&["remove", "tank", "slog.img"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        !status.contains("slog.img") && !status.contains("logs"),
+        "{status}"
+    );
+    env.ok(&["create", "fresh", env.path("slog.img").to_str().unwrap()]);
+    env.ok(&["destroy", "fresh"]);
     let iostat = env.ok(&["iostat", "tank"]);
     assert!(iostat.contains("tank"), "{iostat}");
 

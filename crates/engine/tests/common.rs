@@ -68,6 +68,7 @@ pub fn mem_pool_with(
             })
             .collect(),
         TopVdevKind::Raidz(r) => vec![TopSpec::raidz(r.parity, backends)],
+        TopVdevKind::Hole => panic!("a pool is not made of holes"),
     };
     let pool = Pool::create("tank", tops, props, false).unwrap();
     (pool, mems)

@@ -33,6 +33,11 @@ pub enum TopVdevKind {
     /// child (`docs/format.md`, "RAID-Z layout"). Added after `Mirror` so that configurations
     /// written before it decode unchanged.
     Raidz(RaidzConfig),
+    /// The place of a removed top-level vdev (a log device, `oxpool remove`): no children,
+    /// no size, nothing on it. It keeps the index, so the vdev ids in block pointers and
+    /// space maps of the vdevs after it never change (ZFS's hole vdev). Since format
+    /// version 7.
+    Hole,
 }
 
 impl TopVdevKind {
@@ -180,6 +185,26 @@ impl VdevTreeConfig {
             .flat_map(|t| t.children.iter().chain(t.pairs.iter().map(|p| &p.leaf)))
             .chain(&self.spares)
     }
+
+    /// Checks the holes of a tree decoded from a structure of format `version`: none before
+    /// version 7, and each with no children, no pairs, no size and not a log device.
+    pub fn check_holes(&self, version: FormatVersion) -> Result<(), FormatError> {
+        for t in self.top.iter().filter(|t| t.kind == TopVdevKind::Hole) {
+            let bad = |field| {
+                Err(FormatError::BadField {
+                    field,
+                    value: u64::from(t.id.0),
+                })
+            };
+            if version < FormatVersion::V7 {
+                return bad("hole vdev before format version 7");
+            }
+            if !t.children.is_empty() || !t.pairs.is_empty() || t.asize_bytes != 0 || t.log {
+                return bad("hole vdev with children, pairs, a size or a log flag");
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `TopVdevConfig` as format versions 1 to 5 wrote it (no pairs).
@@ -257,7 +282,8 @@ impl VdevTreeConfig {
     }
 
     /// Checks the tree's shape: `top[i].id == VdevId(i)`, a `Single` vdev has exactly one
-    /// child, a `Mirror` at least one, a `Raidz` a valid record ([`RaidzConfig::validate`]). Decoders do not call this (a decoded tree is
+    /// child, a `Mirror` at least one, a `Raidz` a valid record ([`RaidzConfig::validate`]), a `Hole`
+    /// none (and no pairs, no size, no log flag). Decoders do not call this (a decoded tree is
     /// returned as written); the engine does, when it builds or imports a pool.
     pub fn validate(&self) -> Result<(), FormatError> {
         for (index, top) in self.top.iter().enumerate() {
@@ -273,6 +299,12 @@ impl VdevTreeConfig {
                 TopVdevKind::Raidz(r) => {
                     r.validate(top.children.len())?;
                     true
+                }
+                TopVdevKind::Hole => {
+                    top.children.is_empty()
+                        && top.pairs.is_empty()
+                        && top.asize_bytes == 0
+                        && !top.log
                 }
             };
             if !children_ok {
@@ -384,7 +416,9 @@ impl LabelConfig {
             "padding",
         )?;
         if version >= FormatVersion::V6 {
-            return crate::meta::postcard_exact(payload);
+            let label: LabelConfig = crate::meta::postcard_exact(payload)?;
+            label.tree.check_holes(version)?;
+            return Ok(label);
         }
         let old: LabelConfigV5 = crate::meta::postcard_exact(payload)?;
         Ok(LabelConfig {
@@ -427,6 +461,33 @@ mod tests {
         assert_eq!(r, [2, 2, 12, 1, 1, 6]);
         let back: TopVdevKind = postcard::from_bytes(&r).unwrap();
         assert_eq!(back, raidz(2, &[(1, 6)]));
+        assert_eq!(postcard::to_allocvec(&TopVdevKind::Hole).unwrap(), [3]);
+    }
+
+    /// A hole decodes from version 7 on, only empty; a version 6 label with one is refused.
+    #[test]
+    fn holes_are_checked() {
+        let hole = TopVdevConfig {
+            id: VdevId(1),
+            kind: TopVdevKind::Hole,
+            children: vec![],
+            asize_bytes: 0,
+            log: false,
+            pairs: vec![],
+        };
+        let tree = |t: TopVdevConfig| VdevTreeConfig {
+            top: vec![t],
+            spares: vec![],
+        };
+        assert!(tree(hole.clone()).check_holes(FormatVersion::V7).is_ok());
+        assert!(tree(hole.clone()).check_holes(FormatVersion::V6).is_err());
+        let sized = TopVdevConfig {
+            asize_bytes: 4096,
+            ..hole.clone()
+        };
+        assert!(tree(sized).check_holes(FormatVersion::V7).is_err());
+        let log = TopVdevConfig { log: true, ..hole };
+        assert!(tree(log).check_holes(FormatVersion::V7).is_err());
     }
 
     #[test]

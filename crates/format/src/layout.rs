@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V6 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V7 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,6 +53,11 @@ pub enum FormatVersion {
     /// pool imports (no pairs, no spares); its next txg is written as version 6, and labels
     /// written from then on (a device added, attached, replaced) too.
     V6 = 6,
+    /// Removing a log device: `TopVdevKind` gains `Hole` (variant 3), which keeps a removed
+    /// top-level vdev's index (so no block pointer's vdev id ever changes) with no children,
+    /// no size and no space map. A version 6 pool imports (no holes); its next txg is
+    /// written as version 7, and labels written from then on too.
+    V7 = 7,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -66,6 +71,7 @@ impl TryFrom<u32> for FormatVersion {
             4 => Ok(FormatVersion::V4),
             5 => Ok(FormatVersion::V5),
             6 => Ok(FormatVersion::V6),
+            7 => Ok(FormatVersion::V7),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -204,8 +210,9 @@ mod tests {
         assert_eq!(FormatVersion::try_from(4), Ok(FormatVersion::V4));
         assert_eq!(FormatVersion::try_from(5), Ok(FormatVersion::V5));
         assert_eq!(FormatVersion::try_from(6), Ok(FormatVersion::V6));
-        assert_eq!(FORMAT_VERSION, 6);
-        for found in [0, 7, u32::MAX] {
+        assert_eq!(FormatVersion::try_from(7), Ok(FormatVersion::V7));
+        assert_eq!(FORMAT_VERSION, 7);
+        for found in [0, 8, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

@@ -627,7 +627,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 6 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 7 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -641,8 +641,9 @@ impl PoolMeta {
             FormatVersion::V3 => postcard_exact::<PoolMetaV3>(payload)?.into(),
             FormatVersion::V4 => postcard_exact::<PoolMetaV4>(payload)?.into(),
             FormatVersion::V5 => postcard_exact::<PoolMetaV5>(payload)?.into(),
-            FormatVersion::V6 => postcard_exact(payload)?,
+            FormatVersion::V6 | FormatVersion::V7 => postcard_exact(payload)?,
         };
+        meta.tree.check_holes(meta_block_version(bytes)?)?;
         for volume in &meta.volumes {
             if volume.levels > BLOCK_LEVEL_MAX {
                 return Err(FormatError::BadField {

@@ -196,11 +196,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&7u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&8u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 7 })
+        Err(FormatError::UnsupportedVersion { found: 8 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");

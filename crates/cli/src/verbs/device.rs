@@ -544,9 +544,9 @@ pub fn remove(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> R
     host.change_pool(pool, |p| {
         let mut candidates = device_candidates(con, device).into_iter();
         let first = candidates.next().expect("at least one candidate");
-        let result = p.remove_spare(&first);
+        let result = p.remove(&first);
         let result = match result {
-            Err(e) => candidates.find_map(|c| p.remove_spare(&c).ok()).ok_or(e),
+            Err(e) => candidates.find_map(|c| p.remove(&c).ok()).ok_or(e),
             ok => ok,
         };
         result?;

@@ -37,7 +37,11 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             &props,
             force,
         ),
-        Command::Import { dirs, pool } => pool::import(host, con, &dirs, pool.as_deref()),
+        Command::Import {
+            dirs,
+            missing_log,
+            pool,
+        } => pool::import(host, con, &dirs, pool.as_deref(), missing_log),
         Command::Add {
             force,
             size,

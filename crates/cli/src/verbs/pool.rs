@@ -69,6 +69,7 @@ pub fn import(
     con: &mut dyn Console,
     dirs: &[PathBuf],
     name: Option<&str>,
+    missing_log: bool,
 ) -> Result<()> {
     let _one = match (host, name) {
         (Host::Live(served), Some(_)) => Some(served.membership()),
@@ -98,7 +99,11 @@ pub fn import(
     }
     match name {
         Some(n) => {
-            let pool = Pool::import(devs.backends(), Some(n))?;
+            let pool = Pool::import_with(
+                devs.backends(),
+                Some(n),
+                oxpool_engine::ImportOptions { missing_log },
+            )?;
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
             remember(cache, &pool)?;

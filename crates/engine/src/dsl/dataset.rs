@@ -4,7 +4,7 @@
 use crate::dmu::object::{Object, ObjectId};
 use crate::dsl::snapshot::Lineage;
 use crate::props::VolumeProps;
-use oxpool_format::{Dva, Txg, VolumeId};
+use oxpool_format::{Dva, Txg, VdevId, VolumeId};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +22,9 @@ pub(crate) trait DatasetLog: Send + Sync {
     fn reserved(&self) -> Vec<Dva>;
     /// `txg` is durable (records of it and older are no longer needed).
     fn txg_synced(&self, txg: Txg);
+    /// Log vdev `vdev` is leaving the pool: a chain with a place on it is abandoned by the
+    /// next sync, and new blocks go elsewhere.
+    fn leave_vdev(&self, vdev: VdevId);
 }
 
 /// A log's part of a txg's metadata ([`DatasetLog::persist`]).

@@ -156,6 +156,14 @@ impl Datasets {
     }
 
     /// Every dataset, by name.
+    /// Has every intent log abandon a chain with a place on log vdev `vdev`, which is
+    /// leaving the pool ([`DatasetLog::leave_vdev`]).
+    pub(crate) fn leave_log_vdev(&self, vdev: oxpool_format::VdevId) {
+        for ds in self.all() {
+            ds.log.leave_vdev(vdev);
+        }
+    }
+
     pub(crate) fn all(&self) -> Vec<Arc<Dataset>> {
         self.state
             .lock()

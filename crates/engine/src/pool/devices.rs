@@ -52,6 +52,17 @@ impl Pool {
         self.spa.remove_spare(device)
     }
 
+    /// Removes a hot spare, or a separate log device with its log blocks moved off it
+    /// (`oxpool remove POOL DEVICE`; a log mirror by its name, `mirror-N`). Volumes keep
+    /// serving; sync writes wait for the txg while their logs start new chains elsewhere.
+    pub fn remove(&self, device: &str) -> Result<()> {
+        if self.spa.zio.vdevs.spare_named(device).is_some() {
+            return self.spa.remove_spare(device);
+        }
+        let dsl = &self.dsl;
+        self.spa.remove_log(device, &|v| dsl.leave_log_vdev(v))
+    }
+
     /// The hot spares and their states.
     pub fn spares(&self) -> Vec<SpareStatus> {
         self.spa.zio.vdevs.spare_status()

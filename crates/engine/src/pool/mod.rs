@@ -10,6 +10,7 @@ use crate::dsl::Datasets;
 use crate::iostats::LogStats;
 use crate::iostats::VolumeStats;
 use crate::props::{PoolProps, VolumeProps};
+use crate::spa::import::ImportOptions;
 use crate::spa::sync::{sync_thread, SyncClient};
 use crate::spa::{check_name, PoolStatus, Spa, TopSpec};
 use crate::vdev::label::read_label;
@@ -156,6 +157,16 @@ impl Pool {
     /// Imports the pool found on `devices` (all devices of one pool, possibly others too).
     /// With `name`, only that pool is considered. Errors name each device and what was wrong.
     pub fn import(devices: Vec<Arc<dyn Backend>>, name: Option<&str>) -> Result<Pool> {
+        Self::import_with(devices, name, ImportOptions::default())
+    }
+
+    /// [`Pool::import`] with options: `missing_log` imports a pool whose separate log device
+    /// is gone, without its intent-log records (`oxpool import -m`).
+    pub fn import_with(
+        devices: Vec<Arc<dyn Backend>>,
+        name: Option<&str>,
+        opts: ImportOptions,
+    ) -> Result<Pool> {
         let (spa, meta) = block_on(async {
             let mut found: Vec<(LabelConfig, Arc<dyn Backend>)> = Vec::new();
             let mut rejected: Vec<String> = Vec::new();
@@ -200,7 +211,7 @@ impl Pool {
                     )));
                 }
             }
-            crate::spa::import::import_devices(found).await
+            crate::spa::import::import_devices(found, opts).await
         })?;
         // The datasets, and their intent logs: records newer than the committed txg are
         // replayed once the pool is up. Every place a log holds is claimed before anything

@@ -27,6 +27,7 @@ pub(crate) fn prepare_top(
     let n = spec.devices.len();
     match (&mut spec.kind, n) {
         (_, 0) => return Err(EngineError::invalid("a vdev needs a device")),
+        (TopVdevKind::Hole, _) => return Err(EngineError::invalid("a hole is not a vdev to add")),
         (TopVdevKind::Single, 1) => {}
         (TopVdevKind::Mirror, n) if n >= 2 => {}
         (TopVdevKind::Single, _) => {

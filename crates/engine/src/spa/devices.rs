@@ -9,6 +9,7 @@
 //! it; a detached device's labels are cleared only after that txg.
 
 use crate::spa::Spa;
+use crate::vdev::alloc::VdevRole;
 use crate::vdev::label::{clear_labels, read_label, write_labels};
 use crate::vdev::{Detached, Leaf};
 use crate::{EngineError, Result};
@@ -18,6 +19,11 @@ use oxpool_format::{
 use oxpool_io::rt::block_on;
 use oxpool_io::Backend;
 use std::sync::Arc;
+
+/// Syncs `oxpool remove` of a log device waits at most for its last log block to be freed:
+/// one abandons the chains on it, one frees their blocks, `DEFER_TXGS` more return the
+/// space, with room for a chain that was busy at the first.
+pub(crate) const REMOVE_LOG_SYNCS_MAX: usize = 12;
 
 /// A member of a top-level vdev, found by name: present or not.
 pub(crate) struct NamedMember {
@@ -267,6 +273,110 @@ impl Spa {
                 spare: false,
             }],
         )
+    }
+
+    /// Removes a separate log device (`oxpool remove POOL LOG`): `device` names a single log
+    /// device, or a log mirror by its group name (`mirror-N`). As ZFS's
+    /// `spa_vdev_remove_log`: nothing new is placed on it; `leave` has every intent log
+    /// abandon a chain with a place on it (as after a log write error, so commits wait for
+    /// the txg until a new chain is anchored elsewhere); then syncs run until its last log
+    /// block is freed, and that sync makes it a hole ([`TopVdevKind::Hole`]: its index stays,
+    /// so no other vdev's blocks change). Refused, with nothing changed, if blocks are still
+    /// on it after [`REMOVE_LOG_SYNCS_MAX`] syncs (an import's replay holds them). A crash
+    /// before the hole's txg leaves the log device in the pool as it was.
+    pub(crate) fn remove_log(&self, device: &str, leave: &dyn Fn(VdevId)) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let v = self.log_vdev_named(device)?;
+        let was_leaving = {
+            let mut s = self.state.lock().unwrap();
+            let leaving = s.alloc.roles()[v.0 as usize] == VdevRole::Leaving;
+            s.alloc.set_leaving(v, true);
+            s.hole_requested = Some(v);
+            leaving
+        };
+        let undo = |why: String| {
+            let mut s = self.state.lock().unwrap();
+            s.hole_requested = None;
+            // A sync that failed (the pool is suspended) may have made the hole in memory
+            // before it could not commit it: the next import finds the log vdev as it was.
+            if s.alloc.roles()[v.0 as usize] == VdevRole::Leaving {
+                s.alloc.set_leaving(v, was_leaving);
+            }
+            Err(EngineError::invalid(format!(
+                "cannot remove {device}: {why}"
+            )))
+        };
+        // A chain abandoned at the next sync is freed by the one after, and its space comes
+        // back DEFER_TXGS syncs later.
+        for _ in 0..REMOVE_LOG_SYNCS_MAX {
+            if self.zio.vdevs.top(v).is_some_and(|t| t.is_hole()) {
+                break;
+            }
+            leave(v);
+            if let Err(e) = self.sync_now() {
+                return undo(e.to_string());
+            }
+        }
+        if !self.zio.vdevs.top(v).is_some_and(|t| t.is_hole()) {
+            let left = self.state.lock().unwrap().alloc.map(v).allocated_bytes();
+            return undo(format!(
+                "{left} bytes of intent-log blocks are still on it after \
+                 {REMOVE_LOG_SYNCS_MAX} txgs (a replay or a scrub holds them); try again"
+            ));
+        }
+        let holed = std::mem::take(&mut self.state.lock().unwrap().holed);
+        self.relabel(&self.zio.vdevs.config(), &[])?;
+        for leaf in holed {
+            if let Err(e) = block_on(clear_labels(leaf.backend.as_ref())) {
+                tracing::warn!(
+                    device = leaf.name(),
+                    "removed; clearing its labels failed: {e}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The log vdev `device` names: a single log device (by path, guid or file name), or a
+    /// log vdev's group name (`mirror-N`). Refusals say what can be removed instead.
+    fn log_vdev_named(&self, device: &str) -> Result<VdevId> {
+        let refuse = |why: String| {
+            Err(EngineError::invalid(format!(
+                "cannot remove {device}: {why}"
+            )))
+        };
+        if let Some(top) = self
+            .zio
+            .vdevs
+            .tops()
+            .find(|t| t.group_name().as_deref() == Some(device) && !t.is_hole())
+        {
+            if !top.log {
+                return refuse(format!(
+                    "only log devices and hot spares can be removed; {device} holds pool data"
+                ));
+            }
+            return Ok(top.id);
+        }
+        let member = self.member_named(device)?;
+        let top = self
+            .zio
+            .vdevs
+            .top(member.top)
+            .expect("a member's vdev exists");
+        if !top.log {
+            return refuse(
+                "only log devices and hot spares can be removed; it holds pool data".to_string(),
+            );
+        }
+        if let Some(group) = top.group_name() {
+            return refuse(format!(
+                "it is a side of log {group}: `oxpool detach` takes out one side, `oxpool \
+                 remove {} {group}` the whole log vdev",
+                self.name
+            ));
+        }
+        Ok(top.id)
     }
 
     /// Lets hot spares stand in for faulted devices; returns whether any did (persisted).

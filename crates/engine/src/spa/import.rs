@@ -12,11 +12,22 @@ use crate::vdev::{Leaf, TopVdev, VdevTree};
 use crate::zio::{read_block, Zio};
 use crate::{EngineError, Result};
 use oxpool_format::{
-    decode_meta_block, BlockType, Dva, LabelConfig, PoolMeta, VdevId, SPACEMAP_CHUNK_PAYLOAD_BYTES,
+    decode_meta_block, BlockType, Dva, LabelConfig, PoolMeta, TopVdevKind, VdevId,
+    SPACEMAP_CHUNK_PAYLOAD_BYTES,
 };
 use oxpool_io::Backend;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// How to import a pool ([`crate::Pool::import_with`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ImportOptions {
+    /// Import even if a separate log device is missing (`oxpool import -m`, as `zpool import
+    /// -m`): the intent-log records on it are lost (acknowledged sync writes of the last
+    /// txgs before the pool stopped), and the log vdev stays UNAVAIL, used for nothing,
+    /// until `oxpool remove` takes it out.
+    pub missing_log: bool,
+}
 
 /// Assembles and loads a pool from devices whose labels name it: the newest uberblock whose
 /// metadata verifies, the vdev tree as that metadata records it, the space maps. Returns the
@@ -24,6 +35,7 @@ use std::time::Duration;
 /// places its intent logs hold, see [`Spa::claim`]) and the metadata, for the layers above.
 pub(crate) async fn import_devices(
     found: Vec<(LabelConfig, Arc<dyn Backend>)>,
+    opts: ImportOptions,
 ) -> Result<(Arc<Spa>, PoolMeta)> {
     let cfg0 = found[0].0.clone();
     let pool_name = cfg0.pool_name.clone();
@@ -79,11 +91,13 @@ pub(crate) async fn import_devices(
                     .map(|(_, dev)| Arc::new(Leaf::new(lc.guid, dev.clone())))
             })
             .collect();
-        if children.iter().all(|c| c.is_none()) {
+        // A log vdev with no device present may be one the pool's metadata records as
+        // removed (these labels are older), or may be imported without its records (`-m`):
+        // decided once the metadata is read. A hole has no device to be present.
+        if children.iter().all(|c| c.is_none()) && !tcfg.log && tcfg.kind != TopVdevKind::Hole {
             let paths: Vec<&str> = tcfg.children.iter().map(|c| c.path.as_str()).collect();
             return Err(EngineError::NotFound(format!(
-                "pool '{pool_name}': {}vdev {} has no device present (expected {})",
-                if tcfg.log { "log " } else { "" },
+                "pool '{pool_name}': vdev {} has no device present (expected {})",
                 tcfg.id.0,
                 paths.join(", ")
             )));
@@ -109,7 +123,9 @@ pub(crate) async fn import_devices(
                 )));
             }
         }
-        tops.push(TopVdev::new(tcfg, children)?);
+        tops.push(TopVdev::with_leaves(tcfg, &|g| {
+            children.iter().flatten().find(|l| l.guid == g).cloned()
+        })?);
     }
     // The completion policy and the cache size are properties, known once the metadata is
     // read (set below).
@@ -186,6 +202,22 @@ pub(crate) async fn import_devices(
         .into_iter()
         .partition(|(k, _)| k == super::SCAN_RECORD_KEY);
     let scan_record = scan_records.into_iter().next().map(|(_, v)| v);
+    // And the log vdevs an earlier import gave up (`-m`).
+    let (discarded_records, plain_props): (Vec<_>, Vec<_>) = plain_props
+        .into_iter()
+        .partition(|(k, _)| k == super::LOG_DISCARDED_KEY);
+    let mut discarded_before = Vec::new();
+    for (_, v) in &discarded_records {
+        for id in v.split(',') {
+            let id: u32 = id.parse().map_err(|_| {
+                EngineError::invalid(format!(
+                    "pool '{pool_name}': bad {} record '{v}'",
+                    super::LOG_DISCARDED_KEY
+                ))
+            })?;
+            discarded_before.push(VdevId(id));
+        }
+    }
     let props = PoolProps::from_pairs(&plain_props)?;
     zio.completion.set(props.completion);
     zio.vdevs
@@ -196,8 +228,10 @@ pub(crate) async fn import_devices(
     // the labels found no trace of (a log device added later, then lost) cannot be skipped:
     // its log blocks may hold acknowledged writes.
     if meta.tree.top.len() > zio.vdevs.top_count() {
-        let missing: Vec<String> = meta.tree.top[zio.vdevs.top_count()..]
+        let unknown = &meta.tree.top[zio.vdevs.top_count()..];
+        let lost: Vec<String> = unknown
             .iter()
+            .filter(|t| !(t.kind == TopVdevKind::Hole || t.log && opts.missing_log))
             .map(|t| {
                 let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
                 format!(
@@ -208,10 +242,21 @@ pub(crate) async fn import_devices(
                 )
             })
             .collect();
-        return Err(EngineError::NotFound(format!(
-            "pool '{pool_name}': missing {}",
-            missing.join("; ")
-        )));
+        if !lost.is_empty() {
+            return Err(EngineError::NotFound(format!(
+                "pool '{pool_name}': missing {}{}",
+                lost.join("; "),
+                missing_log_hint(unknown.iter().all(|t| t.log || t.kind == TopVdevKind::Hole))
+            )));
+        }
+        // Their devices are not present (else their labels would have named them).
+        for t in unknown {
+            if zio.vdevs.push(TopVdev::with_leaves(t, &|_| None)?).is_err() {
+                return Err(EngineError::invalid(format!(
+                    "pool '{pool_name}': too many top-level vdevs"
+                )));
+            }
+        }
     }
     // A vdev whose labels were written but whose addition never committed is not part of it.
     zio.vdevs.truncate(meta.tree.top.len());
@@ -224,11 +269,38 @@ pub(crate) async fn import_devices(
             .map(|(_, dev)| Arc::new(Leaf::new(g, dev.clone())))
     };
     zio.vdevs.reshape(&meta.tree, &find);
+    // A log vdev with no device present: refused, unless `-m` (its records are lost), or the
+    // metadata records it removed (a hole: `reshape` made it one).
+    let mut missing_logs = Vec::new();
+    for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
+        if cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
+            if !opts.missing_log && !discarded_before.contains(&cfg.id) {
+                let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
+                return Err(EngineError::NotFound(format!(
+                    "pool '{pool_name}': log vdev {} has no device present (expected {}){}",
+                    cfg.id.0,
+                    paths.join(", "),
+                    missing_log_hint(true)
+                )));
+            }
+            if !discarded_before.contains(&cfg.id) {
+                tracing::warn!(
+                    pool = pool_name,
+                    "log vdev {} is missing: imported without its intent-log records (-m)",
+                    cfg.id.0
+                );
+            }
+            missing_logs.push(cfg.id);
+        }
+    }
     // Before anything reads the pool's blocks past its metadata: an offline or faulted
     // device gets no I/O from here on.
     zio.vdevs.load_state_records(&state_records, meta.txg)?;
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
     let mut alloc = Allocator::for_tops(zio.vdevs.tops());
+    for v in &missing_logs {
+        alloc.set_leaving(*v, true);
+    }
     let mut chunk_ptrs = Vec::new();
     for (v, sm) in meta.spacemaps.iter().enumerate() {
         let map = alloc.map_mut(VdevId(v as u32));
@@ -297,12 +369,29 @@ pub(crate) async fn import_devices(
             meta_places,
             scan_pin: None,
             scan_record,
+            hole_requested: None,
+            holed: Vec::new(),
+            discarded_logs: missing_logs.clone(),
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
     });
     super::listen_to_records(&inner);
+    if !missing_logs.is_empty() {
+        // The first txg records the log vdevs given up.
+        inner.txg.mark_dirty();
+    }
     Ok((inner, meta))
+}
+
+/// What an import refused for a missing log device may say: how to import without it.
+fn missing_log_hint(only_logs: bool) -> &'static str {
+    if only_logs {
+        "; its intent-log records may hold acknowledged writes. `oxpool import -m` imports \
+         without them (they are lost), then `oxpool remove` takes the log vdev out"
+    } else {
+        ""
+    }
 }
 
 impl Spa {

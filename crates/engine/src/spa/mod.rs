@@ -100,7 +100,21 @@ pub(crate) struct SpaState {
     /// The pool's scan (scrub or resilver) as its next txg records it, under
     /// [`SCAN_RECORD_KEY`] among the pool's properties (`dsl/scan.rs` writes and reads it).
     pub scan_record: Option<String>,
+    /// A log device leaving (`oxpool remove`): the first sync that finds nothing allocated
+    /// on it makes it a hole (`spa/sync.rs`).
+    pub hole_requested: Option<VdevId>,
+    /// The leaves of the vdev that sync made a hole, for the remover to clear their labels.
+    pub holed: Vec<Arc<crate::vdev::Leaf>>,
+    /// Log vdevs imported without their devices (`import -m`), recorded under
+    /// [`LOG_DISCARDED_KEY`]: their records were given up, so a later import of the pool
+    /// without them needs no `-m` (ZFS keeps such a pool imported; here every command
+    /// imports). Until `oxpool remove` makes them holes, or their devices come back.
+    pub discarded_logs: Vec<VdevId>,
 }
+
+/// The key of the discarded log vdevs' record among the pool's persisted properties: their
+/// ids, comma-separated ([`SpaState::discarded_logs`]).
+pub const LOG_DISCARDED_KEY: &str = "log_discarded";
 
 /// The key of the scan's record among the pool's persisted properties: the position a
 /// scrub or resilver resumes from after an export or a crash.
@@ -265,6 +279,9 @@ impl Spa {
                 meta_places: Vec::new(),
                 scan_pin: None,
                 scan_record: None,
+                hole_requested: None,
+                holed: Vec::new(),
+                discarded_logs: Vec::new(),
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
@@ -354,7 +371,7 @@ impl Spa {
             .zio
             .vdevs
             .tops()
-            .any(|t| !t.log && t.kind() != TopVdevKind::Single);
+            .any(|t| !t.log && !matches!(t.kind(), TopVdevKind::Single | TopVdevKind::Hole));
         let single_data = specs
             .iter()
             .any(|s| !s.log && s.kind == TopVdevKind::Single);
@@ -501,9 +518,17 @@ impl Spa {
         names
     }
 
-    /// Paths of the pool's devices as configured (for the cache file), each once: a hot
-    /// spare in use is both a pair's member and a spare.
+    /// Paths of the pool's devices (for the cache file): where each present one was opened,
+    /// else as configured; each once (a hot spare in use is both a pair's member and a
+    /// spare).
     pub fn device_paths(&self) -> Vec<String> {
+        // Where a device is now: import may have found it at another path (`import -d` of
+        // a directory it was moved to) than the one the tree recorded.
+        let member_path = |m: &crate::vdev::Member| {
+            m.leaf
+                .as_ref()
+                .map_or_else(|| m.config.path.clone(), |l| l.name().to_string())
+        };
         let mut paths: Vec<String> = Vec::new();
         let all = self
             .zio
@@ -513,10 +538,16 @@ impl Spa {
                 t.shape()
                     .children
                     .iter()
-                    .flat_map(|c| c.members().map(|m| m.config.path.clone()))
+                    .flat_map(|c| c.members().map(member_path))
                     .collect::<Vec<_>>()
             })
-            .chain(self.zio.vdevs.config().spares.into_iter().map(|c| c.path));
+            .chain(
+                self.zio
+                    .vdevs
+                    .spare_members()
+                    .into_iter()
+                    .map(|m| member_path(&m)),
+            );
         for p in all {
             if !paths.contains(&p) {
                 paths.push(p);
@@ -749,6 +780,7 @@ impl Spa {
             .zio
             .vdevs
             .tops()
+            .filter(|t| !t.is_hole())
             .map(|t| {
                 let shape = t.shape();
                 // A pair shows as a group of its two members, as ZFS's `replacing-N` and
@@ -808,10 +840,21 @@ impl Spa {
                 let not_online = kids.iter().any(|k| k.state != "ONLINE");
                 let tolerated = shape.redundancy();
                 let unavail = out.len() > tolerated;
-                degraded |= not_online || !lacking.is_empty();
-                unavail_any |= unavail;
+                // Without its log device the pool runs on: sync writes are logged on the
+                // data vdevs (or wait for the txg).
+                degraded |= not_online || !lacking.is_empty() || unavail && t.log;
+                unavail_any |= unavail && !t.log;
                 let vdev = t.group_name().unwrap_or_else(|| kids[0].name.clone());
-                if !out.is_empty() {
+                if unavail && t.log {
+                    let names: Vec<&str> = out.iter().map(|k| k.name.as_str()).collect();
+                    reasons.push(format!(
+                        "log {vdev}: {} out of service; the pool runs on without it (sync \
+                         writes are logged on the data vdevs or wait for the txg). `oxpool \
+                         remove {} {vdev}` takes it out of the pool",
+                        names.join(", "),
+                        self.name
+                    ));
+                } else if !out.is_empty() {
                     let names: Vec<String> = out
                         .iter()
                         .map(|k| format!("{} {}", k.name, k.state))

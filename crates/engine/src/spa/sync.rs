@@ -70,6 +70,18 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                 s.alloc.free(dva);
             }
         }
+        // A log device leaving (`oxpool remove`) becomes a hole in the txg that finds nothing
+        // left on it: tree, allocator and space-map chunks change together, so this txg's
+        // metadata records all of it or, if it does not commit, none.
+        if let Some(v) = s.hole_requested {
+            if s.alloc.map(v).allocated_bytes() == 0 {
+                s.hole_requested = None;
+                s.alloc.make_hole(v);
+                let chunks = std::mem::take(&mut s.chunk_ptrs[v.0 as usize]);
+                freed.extend(chunks.iter().flat_map(|bp| bp.dvas().iter().copied()));
+                s.holed = inner.zio.vdevs.make_hole(v);
+            }
+        }
     }
     // The layer above writes its changes of this txg into blocks.
     upper.sync(inner, txg, &mut freed).await?;
@@ -170,6 +182,15 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                 if let Some(r) = &s.scan_record {
                     props.push((super::SCAN_RECORD_KEY.to_string(), r.clone()));
                 }
+                let discarded: Vec<String> = s
+                    .discarded_logs
+                    .iter()
+                    .filter(|v| inner.zio.vdevs.top(**v).is_some_and(|t| !t.is_hole()))
+                    .map(|v| v.0.to_string())
+                    .collect();
+                if !discarded.is_empty() {
+                    props.push((super::LOG_DISCARDED_KEY.to_string(), discarded.join(",")));
+                }
                 props
             },
             volumes: datasets.volumes,
@@ -250,7 +271,11 @@ async fn flush_all(inner: &Spa) -> Result<()> {
         .flat_map(|(i, t)| t.leaves_in_service().map(move |l| (i, l.clone())))
         .collect();
     let futs: Vec<_> = ios.iter().map(|(_, l)| l.flush()).collect();
-    let mut flushed = vec![false; tops.len()];
+    // A log vdev holds none of a txg's blocks (its space map lives on the data vdevs): only
+    // the uberblock, which the other devices hold too. It may be missing (imported with
+    // `-m`) or be a hole, and the pool commits without it. Its log blocks are flushed by
+    // the intent log (zil::flush_log_vdevs).
+    let mut flushed: Vec<bool> = tops.iter().map(|t| t.log || t.is_hole()).collect();
     let mut last_err = None;
     for ((top, l), r) in ios.iter().zip(join_all(futs).await) {
         inner
@@ -268,7 +293,7 @@ async fn flush_all(inner: &Spa) -> Result<()> {
             }
         }
     }
-    // Every top-level vdev must have a child whose writes are now durable: a stripe whose
+    // Every top-level data vdev must have a child whose writes are now durable: a stripe whose
     // member did not flush cannot commit, since blocks of this txg may live only there. A
     // mirror child that failed is counted and the mirror goes on with the others.
     if flushed.iter().all(|&f| f) {

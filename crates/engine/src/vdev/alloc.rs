@@ -850,6 +850,12 @@ pub enum VdevRole {
         /// A log device once active.
         log: bool,
     },
+    /// A log device being removed (`oxpool remove`), or one whose devices are all missing
+    /// (imported with `-m`): nothing new is placed on it, and its blocks are freed as usual
+    /// until none is left.
+    Leaving,
+    /// A removed vdev (a hole in the tree): its map has no sectors.
+    Hole,
 }
 
 /// All top-level vdevs' maps, with the policy that spreads blocks over them.
@@ -893,9 +899,12 @@ impl Allocator {
         let asizes: Vec<u64> = tops.iter().map(|t| t.asize_bytes).collect();
         let logs: Vec<bool> = tops.iter().map(|t| t.log).collect();
         let mut a = Allocator::with_log_devices(&asizes, &logs);
-        for (map, top) in a.maps.iter_mut().zip(&tops) {
+        for ((map, role), top) in a.maps.iter_mut().zip(&mut a.role).zip(&tops) {
             if let Some(layout) = top.raidz_layout() {
                 map.set_raidz(layout);
+            }
+            if top.is_hole() {
+                *role = VdevRole::Hole;
             }
         }
         a
@@ -931,6 +940,32 @@ impl Allocator {
         if let VdevRole::Pending { log } = *role {
             *role = if log { VdevRole::Log } else { VdevRole::Data };
         }
+    }
+
+    /// Starts (`leaving`) or ends the removal of a log device: while it leaves, nothing new
+    /// is placed on it. Only a log device leaves or comes back.
+    pub fn set_leaving(&mut self, vdev: VdevId, leaving: bool) {
+        let role = &mut self.role[vdev.0 as usize];
+        debug_assert!(matches!(role, VdevRole::Log | VdevRole::Leaving));
+        *role = if leaving {
+            VdevRole::Leaving
+        } else {
+            VdevRole::Log
+        };
+    }
+
+    /// Makes a vdev that left a hole: its map gives way to one of no sectors. Only once
+    /// nothing is allocated on it (a free of a block there would find no map).
+    pub fn make_hole(&mut self, vdev: VdevId) {
+        let i = vdev.0 as usize;
+        assert_eq!(
+            self.role[i],
+            VdevRole::Leaving,
+            "only a leaving vdev becomes a hole"
+        );
+        assert_eq!(self.maps[i].allocated_bytes(), 0, "a hole holds nothing");
+        self.maps[i] = SpaceMap::new(vdev, 0);
+        self.role[i] = VdevRole::Hole;
     }
 
     /// What may be placed on each vdev.

@@ -102,6 +102,8 @@ impl VdevTree {
             }
             TopVdevKind::Single => next.kind = TopVdevKind::Mirror,
             TopVdevKind::Mirror => {}
+            // A hole has no member to attach to.
+            TopVdevKind::Hole => return refuse("its vdev was removed".to_string()),
         }
         if shape.children[index].new.is_some() {
             return refuse(format!("{} is being replaced", existing.name()));
@@ -268,6 +270,7 @@ impl VdevTree {
                     return refuse(format!("it is the last side of mirror-{}", top.id.0))
                 }
                 TopVdevKind::Mirror => {}
+                TopVdevKind::Hole => return refuse("its vdev was removed".to_string()),
             }
             if let Err(why) = can_lose(top) {
                 return refuse(why);
@@ -406,6 +409,11 @@ impl VdevTree {
                 }
             })
             .collect()
+    }
+
+    /// The hot spares, in use or not, present or not.
+    pub(crate) fn spare_members(&self) -> Vec<Member> {
+        self.spares.lock().unwrap().clone()
     }
 
     /// Every hot spare's leaf that is present (for labels and locks).

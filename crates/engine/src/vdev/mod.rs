@@ -275,7 +275,7 @@ impl Shape {
         match &self.kind {
             TopVdevKind::Raidz(r) => usize::from(r.parity),
             TopVdevKind::Mirror => self.children.len().saturating_sub(1),
-            TopVdevKind::Single => 0,
+            TopVdevKind::Single | TopVdevKind::Hole => 0,
         }
     }
 }
@@ -403,7 +403,7 @@ impl TopVdev {
     ) -> Result<TopVdev> {
         let raidz = match &config.kind {
             TopVdevKind::Raidz(r) => Some(raidz_history(r, config.children.len())?.current()),
-            TopVdevKind::Mirror => None,
+            TopVdevKind::Mirror | TopVdevKind::Hole => None,
             TopVdevKind::Single => {
                 debug_assert_eq!(config.children.len(), 1);
                 None
@@ -458,14 +458,30 @@ impl TopVdev {
     pub fn group_name(&self) -> Option<String> {
         match &self.shape().kind {
             TopVdevKind::Single => None,
+            TopVdevKind::Hole => Some(format!("hole-{}", self.id.0)),
             TopVdevKind::Mirror => Some(format!("mirror-{}", self.id.0)),
             TopVdevKind::Raidz(r) => Some(format!("raidz{}-{}", r.parity, self.id.0)),
         }
     }
 
+    /// Whether this is the place of a removed vdev ([`TopVdevKind::Hole`]).
+    pub fn is_hole(&self) -> bool {
+        self.shape().kind == TopVdevKind::Hole
+    }
+
     /// What the pool's metadata records of this vdev.
     pub fn config(&self) -> TopVdevConfig {
         let shape = self.shape();
+        if shape.kind == TopVdevKind::Hole {
+            return TopVdevConfig {
+                id: self.id,
+                kind: TopVdevKind::Hole,
+                children: vec![],
+                asize_bytes: 0,
+                log: false,
+                pairs: vec![],
+            };
+        }
         TopVdevConfig {
             id: self.id,
             kind: shape.kind.clone(),
@@ -705,6 +721,21 @@ impl VdevTree {
         });
     }
 
+    /// Makes top-level vdev `vdev` a hole (a log device removed): no children from now on.
+    /// Returns its leaves, whose labels the caller clears once the tree is recorded.
+    pub(crate) fn make_hole(&self, vdev: VdevId) -> Vec<Arc<Leaf>> {
+        let top = self.top(vdev).expect("the vdev exists");
+        let leaves: Vec<Arc<Leaf>> = top.leaves().collect();
+        self.swap_shape(
+            top,
+            Shape {
+                kind: TopVdevKind::Hole,
+                children: vec![],
+            },
+        );
+        leaves
+    }
+
     /// Swaps `next` in as `top`'s shape, counted as a service change: every change of a
     /// vdev's members (attach, replace, detach, a spare) passes here.
     pub(crate) fn swap_shape(&self, top: &TopVdev, next: Shape) {
@@ -754,6 +785,17 @@ impl VdevTree {
         };
         let len = *self.tops.len.get_mut();
         for (slot, cfg) in self.tops.slots[..len].iter_mut().zip(&config.top) {
+            // A vdev removed since the labels that built it were written: a hole now, with
+            // no size and no log flag.
+            if cfg.kind == TopVdevKind::Hole {
+                if slot.get().is_some_and(|t| t.asize_bytes != 0 || t.log) {
+                    slot.take();
+                    if let Ok(hole) = TopVdev::with_leaves(cfg, &|_| None) {
+                        let _ = slot.set(hole);
+                    }
+                }
+                continue;
+            }
             if let Some(top) = slot.get_mut() {
                 if top.shape().kind.raidz().is_some() == cfg.kind.raidz().is_some() {
                     top.set_shape(Shape::from_config(cfg, &find));

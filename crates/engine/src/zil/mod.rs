@@ -1366,6 +1366,19 @@ impl DatasetLog for Zil {
         Zil::txg_synced(self, txg);
         self.restart_if_broken(txg);
     }
+
+    /// Marks the log broken if a place it holds is on `vdev`: as after a log write error,
+    /// commits wait for the txg, and the next sync abandons the chain
+    /// ([`Zil::restart_if_broken`]) and frees its places; the next commit anchors a new
+    /// chain where the allocator now places log blocks. The records of the abandoned chain
+    /// are covered by that sync's txg. A chain import is replaying is kept until its replay
+    /// ends (the remover then finds its blocks still there and says so).
+    fn leave_vdev(&self, vdev: VdevId) {
+        let mut s = self.state.lock().unwrap();
+        if s.replay_hold.is_none() && s.reserved().iter().any(|d| d.vdev == vdev) {
+            s.broken = true;
+        }
+    }
 }
 
 #[cfg(test)]

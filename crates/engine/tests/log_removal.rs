@@ -1,0 +1,409 @@
+//! Removing a separate log device (`oxpool remove POOL LOG`), and importing a pool whose log
+//! device is gone (`oxpool import -m`): sync writes keep their promise across the removal,
+//! the removed vdev leaves a hole whose index no other vdev takes, a crash at any point
+//! imports, and every case ends with an audit.
+
+mod common;
+
+use common::{audit_clean, pattern, test_props};
+use oxpool_engine::vdev::label::read_label;
+use oxpool_engine::{ImportOptions, Pool, TopSpec};
+use oxpool_format::TopVdevKind;
+use oxpool_io::rt::block_on;
+use oxpool_io::{Backend, MemoryBackend};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+fn spec(kind: TopVdevKind, devs: &[&MemoryBackend], log: bool) -> TopSpec {
+    TopSpec {
+        log,
+        kind,
+        devices: devs
+            .iter()
+            .map(|d| Arc::new((*d).clone()) as Arc<dyn Backend>)
+            .collect(),
+    }
+}
+
+fn single(dev: &MemoryBackend, log: bool) -> TopSpec {
+    spec(TopVdevKind::Single, &[dev], log)
+}
+
+fn backends(devs: &[&MemoryBackend]) -> Vec<Arc<dyn Backend>> {
+    devs.iter()
+        .map(|d| Arc::new((*d).clone()) as Arc<dyn Backend>)
+        .collect()
+}
+
+/// Writes through the log device's device statistics.
+fn device_writes(pool: &Pool, name: &str) -> u64 {
+    pool.counters()
+        .device_stats()
+        .iter()
+        .find(|d| d.name == name)
+        .map_or(0, |d| d.io.write.ops)
+}
+
+/// The last write of a writer that wrote `writes` FUA writes, write `n` to slot `n % 64`.
+fn check_slots(pool: &Pool, writes: u64, what: &str) {
+    let vol = pool.volume("v").unwrap();
+    for k in 0..64u64.min(writes) {
+        let last = (0..writes).filter(|n| n % 64 == k).max().unwrap();
+        let mut buf = vec![0u8; 4096];
+        block_on(vol.read(k * 4096, &mut buf)).unwrap();
+        assert!(
+            buf == pattern(1000 + last, 4096),
+            "{what}: slot {k} lost its last acknowledged write ({last})"
+        );
+    }
+}
+
+/// A log device removed while a writer commits FUA writes: the writes go on across it,
+/// the device's labels are cleared, later commits write to the data device only, a crash
+/// right after loses no acknowledged write, and a log device added later takes a new index
+/// (the hole keeps the old one) and imports.
+#[test]
+fn a_log_device_is_removed_while_a_writer_commits() {
+    let data = MemoryBackend::new("data0", 96 << 20);
+    let slog = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![single(&data, false), single(&slog, true)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    block_on(vol.flush()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (vol, stop, written) = (vol.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) && n < 200_000 {
+                block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+                n += 1;
+                written.store(n, Ordering::Relaxed);
+            }
+            n
+        })
+    };
+    let wait_for = |n: u64| {
+        for _ in 0..30_000 {
+            if written.load(Ordering::Relaxed) >= n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the writer did not reach {n} writes");
+    };
+    wait_for(20);
+    assert!(
+        device_writes(&pool, "slog0") > 0,
+        "commits used the log device"
+    );
+    pool.remove("slog0").unwrap();
+    // Writes keep going after the removal, and none of them touches the old log device.
+    let after = device_writes(&pool, "slog0");
+    let base = written.load(Ordering::Relaxed);
+    wait_for(base + 20);
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert_eq!(
+        device_writes(&pool, "slog0"),
+        after,
+        "a commit after the removal wrote to the removed device"
+    );
+    let status = pool.status();
+    assert!(status.logs.is_empty(), "{status:?}");
+    assert_eq!(status.state, "ONLINE", "{status:?}");
+    assert!(
+        block_on(read_label(&slog)).is_err(),
+        "the removed device still has labels"
+    );
+    drop(vol);
+    drop(pool); // a crash: the last commits live in a chain on the data device
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    check_slots(&pool, writes, "after the removal and a crash");
+    audit_clean(&pool, "after the removal and a crash");
+    // A new log device takes the next index: the hole keeps index 1.
+    let slog2 = MemoryBackend::new("slog1", 32 << 20);
+    pool.add_vdevs(vec![single(&slog2, true)], false).unwrap();
+    let vol = pool.volume("v").unwrap();
+    for n in writes..writes + 64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    assert!(
+        device_writes(&pool, "slog1") > 0,
+        "the new log device is used"
+    );
+    assert_eq!(block_on(read_label(&slog2)).unwrap().top.0, 2);
+    // The hole is no redundant vdev: a single data device joins a single-device pool
+    // without -f.
+    let data2 = MemoryBackend::new("data1", 64 << 20);
+    pool.add_vdevs(vec![single(&data2, false)], false).unwrap();
+    drop(vol);
+    drop(pool); // a crash: the records are on the new log device
+    let pool = Pool::import(backends(&[&data, &slog2, &data2]), Some("tank")).unwrap();
+    check_slots(&pool, writes + 64, "replayed from the new log device");
+    assert_eq!(pool.status().logs.len(), 1);
+    audit_clean(&pool, "after a new log device's replay");
+    pool.export().unwrap();
+}
+
+/// A crash after the removal's txg but before the removed device's labels were cleared
+/// (its old labels written back): the pool imports with the hole, leaves the device alone,
+/// and the device's stale tree does not bring the vdev back.
+#[test]
+fn stale_labels_of_a_removed_log_device_are_ignored() {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let slog = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![single(&data, false), single(&slog, true)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
+    for n in 0..32u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    let before = slog.snapshot();
+    pool.remove("slog0").unwrap();
+    for n in 32..64u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    drop(vol);
+    drop(pool);
+    // Only the labels come back (the first and last 512 KiB), as if never cleared.
+    let stale = MemoryBackend::new("slog0", 32 << 20);
+    for off in [0u64, (32 << 20) - (512 << 10)] {
+        let buf = block_on(before.read(off, oxpool_io::IoBuf::zeroed(512 << 10))).unwrap();
+        block_on(stale.write(off, buf)).unwrap();
+    }
+    assert!(block_on(read_label(&stale)).is_ok());
+    // Both orders: the stale tree may be the one import starts from.
+    for devs in [[&stale, &data], [&data, &stale]] {
+        let pool = Pool::import(backends(&devs), Some("tank")).unwrap();
+        check_slots(&pool, 64, "with the removed device's stale labels");
+        let status = pool.status();
+        assert!(status.logs.is_empty(), "{status:?}");
+        assert_eq!(status.state, "ONLINE", "{status:?}");
+        audit_clean(&pool, "with the removed device's stale labels");
+        drop(pool);
+    }
+}
+
+/// A pool whose log device is gone: refused with what to do; imported with `-m` without the
+/// records on it (what a txg made durable is all there), DEGRADED with the log vdev
+/// UNAVAIL, sync writes logged on the data device; later imports need no `-m`; `remove`
+/// takes the missing vdev out and the pool is ONLINE.
+#[test]
+fn a_pool_without_its_log_device_imports_with_m_and_the_log_is_removed() {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let slog = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![single(&data, false), single(&slog, true)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
+    for n in 0..64u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    pool.sync().unwrap(); // these are in the pool
+    for n in 64..96u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    drop(vol);
+    drop(pool); // a crash, then the log device is lost with writes 64..96
+    let e = Pool::import(backends(&[&data]), Some("tank"))
+        .err()
+        .expect("imported without its log device")
+        .to_string();
+    assert!(
+        e.contains("slog0") && e.contains("import -m"),
+        "the refusal says what is missing and what to do: {e}"
+    );
+    let m = ImportOptions { missing_log: true };
+    let pool = Pool::import_with(backends(&[&data]), Some("tank"), m).unwrap();
+    // What the txg made durable is there; the records on the lost device are not replayed.
+    check_slots(&pool, 64, "after import -m");
+    let status = pool.status();
+    assert_eq!(status.state, "DEGRADED", "{status:?}");
+    assert_eq!(status.logs.len(), 1, "{status:?}");
+    assert_eq!(status.logs[0].state, "UNAVAIL", "{status:?}");
+    assert!(
+        status.reasons.iter().any(|r| r.contains("oxpool remove")),
+        "{status:?}"
+    );
+    let vol = pool.volume("v").unwrap();
+    for n in 96..160u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    assert!(device_writes(&pool, "data0") > 0);
+    drop(vol);
+    drop(pool); // a crash: these commits live on the data device
+                // The record of the given-up log vdev: no -m needed now.
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    check_slots(&pool, 160, "replayed after import -m and a crash");
+    audit_clean(&pool, "after import -m and a crash");
+    pool.remove("slog0").unwrap();
+    let status = pool.status();
+    assert_eq!(status.state, "ONLINE", "{status:?}");
+    assert!(status.logs.is_empty(), "{status:?}");
+    pool.export().unwrap();
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    check_slots(&pool, 160, "after the removal of the missing log vdev");
+    assert_eq!(pool.status().state, "ONLINE");
+    audit_clean(&pool, "after the removal of the missing log vdev");
+    pool.export().unwrap();
+}
+
+/// What `remove` refuses, changing nothing: a data device, one side of a log mirror (that
+/// is `detach`), a device not in the pool. A log mirror goes by its name.
+#[test]
+fn remove_refuses_data_devices_and_takes_a_log_mirror_by_name() {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let (la, lb) = (
+        MemoryBackend::new("sloga", 32 << 20),
+        MemoryBackend::new("slogb", 32 << 20),
+    );
+    let pool = Pool::create(
+        "tank",
+        vec![
+            single(&data, false),
+            spec(TopVdevKind::Mirror, &[&la, &lb], true),
+        ],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
+    for n in 0..64u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    let refused = |dev: &str, words: &[&str]| {
+        let e = pool.remove(dev).expect_err("refused").to_string();
+        for w in words {
+            assert!(e.contains(w), "removing {dev}: {e}");
+        }
+        assert_eq!(pool.status().logs.len(), 1, "a refusal changed the pool");
+        assert!(!e.contains('\n'), "one line: {e}");
+    };
+    refused("data0", &["cannot remove data0", "holds pool data"]);
+    refused("sloga", &["mirror-1", "detach"]);
+    refused("nothere", &["nothere"]);
+    assert!(device_writes(&pool, "sloga") > 0);
+    pool.remove("mirror-1").unwrap();
+    assert!(pool.status().logs.is_empty());
+    assert!(block_on(read_label(&la)).is_err() && block_on(read_label(&lb)).is_err());
+    for n in 64..128u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    drop(vol);
+    drop(pool);
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    check_slots(&pool, 128, "after removing the log mirror and a crash");
+    audit_clean(&pool, "after removing the log mirror and a crash");
+    pool.export().unwrap();
+}
+
+/// Power fails at a seeded instant while a log device is removed under a writer of FUA
+/// writes: before the removal's first sync, while chains move, at the hole's txg, while the
+/// labels change. Every device drops, keeps or tears its unflushed writes. The pool imports
+/// from both devices (the log's records may still be needed, or its labels may be stale),
+/// every acknowledged write reads back (or a later write to its slot), and the audit is
+/// clean.
+#[test]
+fn power_loss_during_a_log_removal_loses_no_acknowledged_write() {
+    common::run_crash_cases("log_removal", removal_crash_case);
+}
+
+fn removal_crash_case(seed: u64) -> Result<String, String> {
+    use std::sync::Mutex;
+    const SLOTS: u64 = 64;
+    let mems = [
+        MemoryBackend::new("data0", 64 << 20),
+        MemoryBackend::new("slog0", 32 << 20),
+    ];
+    let (group, devs) = common::crash_devices(&mems, seed);
+    let spec = |d: &Arc<dyn Backend>, log| TopSpec {
+        log,
+        kind: TopVdevKind::Single,
+        devices: vec![d.clone()],
+    };
+    let pool = Pool::create(
+        "tank",
+        vec![spec(&devs[0], false), spec(&devs[1], true)],
+        test_props(),
+        false,
+    )
+    .map_err(|e| e.to_string())?;
+    let vol = pool
+        .create_volume("v", SLOTS * 4096, &[])
+        .map_err(|e| e.to_string())?;
+    for n in 0..SLOTS {
+        block_on(vol.write(n * 4096, &pattern(1000 + n, 4096), true)).map_err(|e| e.to_string())?;
+    }
+    // Per slot: the last write acknowledged, and the last one issued.
+    let acked = Arc::new(Mutex::new(vec![(SLOTS, SLOTS); SLOTS as usize]));
+    for (k, a) in acked.lock().unwrap().iter_mut().enumerate() {
+        *a = (k as u64, k as u64);
+    }
+    group
+        .remaining
+        .store(1 + seed % 400, std::sync::atomic::Ordering::SeqCst);
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (vol, acked, done) = (vol.clone(), acked.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut after_done = 0;
+            for n in SLOTS..SLOTS + 4000 {
+                let k = (n % SLOTS) as usize;
+                acked.lock().unwrap()[k].1 = n;
+                if block_on(vol.write(n % SLOTS * 4096, &pattern(1000 + n, 4096), true)).is_err() {
+                    return;
+                }
+                acked.lock().unwrap()[k].0 = n;
+                if done.load(Ordering::Relaxed) {
+                    after_done += 1;
+                    if after_done == 16 {
+                        return;
+                    }
+                }
+            }
+        })
+    };
+    let removed = pool.remove("slog0");
+    done.store(true, Ordering::Relaxed);
+    writer
+        .join()
+        .map_err(|_| "the writer panicked".to_string())?;
+    drop(vol);
+    drop(pool);
+    let power_failed = group.remaining.load(Ordering::SeqCst) == 0
+        || group.remaining.load(Ordering::SeqCst) > u64::MAX / 2;
+    let (pool, report) = common::power_off_and_import(&group, &mems, seed)?;
+    let vol = pool.volume("v").map_err(|e| e.to_string())?;
+    for (k, &(ok, issued)) in acked.lock().unwrap().iter().enumerate() {
+        let mut buf = vec![0u8; 4096];
+        block_on(vol.read(k as u64 * 4096, &mut buf)).map_err(|e| e.to_string())?;
+        if !(ok..=issued).any(|n| n % SLOTS == k as u64 && buf == pattern(1000 + n, 4096)) {
+            return Err(format!(
+                "slot {k}: acknowledged write {ok} lost (removal {removed:?}; {report})"
+            ));
+        }
+    }
+    drop(vol);
+    common::audit_result(&pool, "after a power loss during a log removal")?;
+    pool.export().map_err(|e| e.to_string())?;
+    Ok(format!(
+        "removal {:?}, power failed: {power_failed}",
+        removed.is_ok()
+    ))
+}
