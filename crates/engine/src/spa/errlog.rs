@@ -59,7 +59,7 @@ impl ErrorLog {
             self.unnamed.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        tracing::warn!(
+        crate::zio::warn_limit::io_warn!(
             dataset,
             offset_bytes,
             length_bytes,

@@ -11,6 +11,9 @@ pub mod data_cache;
 pub mod probe_streak;
 pub(crate) mod raidz;
 pub mod read_run;
+pub(crate) mod warn_limit;
+
+use warn_limit::io_warn;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
@@ -302,7 +305,7 @@ pub async fn write_block_owned(
 /// Counts a failed leaf write (of `blocks` blocks, aggregated) on its device and logs it.
 pub(crate) fn count_write_failure(zio: &Zio, io: &LeafIo, blocks: usize, e: &std::io::Error) {
     zio.vdevs.note_error(&io.leaf, ErrorKind::Write, Some(e));
-    tracing::warn!(
+    io_warn!(
         device = io.leaf.name(),
         offset = io.offset_bytes,
         blocks,
@@ -532,7 +535,7 @@ async fn read_copies(
                             return Ok((block, bad));
                         }
                         _ => {
-                            tracing::warn!(%what, "verified but does not decompress to its size");
+                            io_warn!(%what, "verified but does not decompress to its size");
                             checksum_failures += 1;
                         }
                     }
@@ -573,7 +576,7 @@ async fn read_copies(
             match read {
                 Err(e) => {
                     zio.vdevs.note_error(&io.leaf, ErrorKind::Read, Some(&e));
-                    tracing::warn!(device = io.leaf.name(), %what, "read failed: {e}");
+                    io_warn!(device = io.leaf.name(), %what, "read failed: {e}");
                     last_io_err = Some(EngineError::io(io.leaf.name(), e));
                     bad.push(Repair::Copy(io));
                 }
@@ -601,7 +604,7 @@ async fn read_copies(
                         tracing::debug!(device = io.leaf.name(), %what, "lacks the block");
                     } else {
                         zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);
-                        tracing::warn!(device = io.leaf.name(), %what, "{why}");
+                        io_warn!(device = io.leaf.name(), %what, "{why}");
                     }
                     checksum_failures += 1;
                     bad.push(Repair::Copy(io));
@@ -665,7 +668,7 @@ async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf) -> u64 {
             }
             Err(e) => {
                 zio.vdevs.note_error(&io.leaf, ErrorKind::Write, Some(&e));
-                tracing::warn!(device = io.leaf.name(), "self-heal write failed: {e}");
+                io_warn!(device = io.leaf.name(), "self-heal write failed: {e}");
             }
         }
     }
@@ -724,7 +727,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                     good.get_or_insert(buf);
                 }
                 Err(e) => {
-                    tracing::warn!(what, "scrub: {e}");
+                    io_warn!(what, "scrub: {e}");
                     raidz_lost += 1;
                 }
             }
@@ -761,13 +764,13 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                     // not charged.
                     if !io.leaf.health.missed_covers(bp.birth) {
                         zio.vdevs.note_error(&io.leaf, ErrorKind::Checksum, None);
-                        tracing::warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
+                        io_warn!(device = io.leaf.name(), what, "scrub: checksum mismatch");
                     }
                     bad.push(Repair::Copy(io));
                 }
                 Err(e) => {
                     zio.vdevs.note_error(&io.leaf, ErrorKind::Read, Some(&e));
-                    tracing::warn!(device = io.leaf.name(), what, "scrub: read failed: {e}");
+                    io_warn!(device = io.leaf.name(), what, "scrub: read failed: {e}");
                     bad.push(Repair::Copy(io));
                 }
             }

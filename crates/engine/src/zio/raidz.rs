@@ -23,6 +23,7 @@ use crate::vdev::raidz::{
     ReadFailure, ReadMode, ReadPlan, ReadStep, WriteOutcome, WriteSource,
 };
 use crate::vdev::{ErrorKind, Leaf, LeafIo, TopVdev};
+use crate::zio::warn_limit::io_warn;
 use crate::{EngineError, Result};
 use oxpool_format::{checksum_parts, BlockPtr, Dva, Txg, DATA_START_BYTES};
 use oxpool_io::rt::join_all;
@@ -167,7 +168,7 @@ pub(crate) async fn write_raidz(
         // Without the children known to be out: nothing to say for every block.
         WriteOutcome::Degraded { .. } if !failed_io => Ok(()),
         WriteOutcome::Degraded { missing } => {
-            tracing::warn!(
+            io_warn!(
                 vdev = vdev_name(top),
                 offset = dva.offset_bytes,
                 "raidz block written without {} of its columns",
@@ -323,7 +324,7 @@ where
                             // The leaf the read went to: the fault rule may have taken it
                             // out of service while the read ran (this very error can).
                             zio.vdevs.note_error(leaf, ErrorKind::Read, Some(&e));
-                            tracing::warn!(device = leaf.name(), %what, "read failed: {e}");
+                            io_warn!(device = leaf.name(), %what, "read failed: {e}");
                             bufs[c] = IoBuf::zeroed(map.column_bytes(c));
                             counts.columns_bad += 1;
                             plan.read_done(c, false);
@@ -335,7 +336,7 @@ where
                 for c in outcome.silent.iter() {
                     if let Some(leaf) = child(c) {
                         zio.vdevs.note_error(leaf, ErrorKind::Checksum, None);
-                        tracing::warn!(device = leaf.name(), %what, "raidz column checksum mismatch");
+                        io_warn!(device = leaf.name(), %what, "raidz column checksum mismatch");
                     }
                 }
                 counts.columns_bad += outcome.silent.len() as u64;
@@ -399,7 +400,7 @@ where
                     }
                 }
                 if blame {
-                    tracing::warn!(vdev = vdev_name(top), %what, "raidz block damaged beyond its parity");
+                    io_warn!(vdev = vdev_name(top), %what, "raidz block damaged beyond its parity");
                 }
                 return Err(EngineError::Checksum {
                     what: what.to_string(),

@@ -24,6 +24,7 @@ use super::compress::Verdict;
 use super::{read_block, verify, DataBlock, Zio};
 use crate::vdev::queue::IoClass;
 use crate::vdev::{ErrorKind, LeafIo};
+use crate::zio::warn_limit::io_warn;
 use crate::Result;
 use oxpool_format::BlockPtr;
 use oxpool_io::{IoBuf, Scatter};
@@ -340,7 +341,7 @@ pub async fn read_data_run(
                     Ok(buf) => Some(buf),
                     Err(e) => {
                         zio.vdevs.note_error(&place.leaf, ErrorKind::Read, Some(&e));
-                        tracing::warn!(device = place.leaf.name(), %what, "read failed: {e}");
+                        io_warn!(device = place.leaf.name(), %what, "read failed: {e}");
                         None
                     }
                 });
@@ -370,7 +371,7 @@ pub async fn read_data_run(
                 }),
                 (_, Verdict::BadChecksum | Verdict::Undecodable) => {
                     zio.vdevs.note_error(&place.leaf, ErrorKind::Checksum, None);
-                    tracing::warn!(device = place.leaf.name(), %what, "checksum mismatch");
+                    io_warn!(device = place.leaf.name(), %what, "checksum mismatch");
                     RunBlock::Retry(Some(place))
                 }
             }
