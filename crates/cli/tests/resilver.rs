@@ -177,6 +177,12 @@ fn a_server_killed_mid_resilver_resumes_it_when_restarted() {
         s.contains("scan: resilver in progress since") && visited(s) >= total / 4
     });
     assert!(running.contains(" resilvered, "), "{running}");
+    // What b lacks, the resilver under way repairs: not a scrub, which it refuses.
+    assert!(
+        running.contains("the resilver under way repairs them")
+            && !running.contains("oxpool scrub"),
+        "{running}"
+    );
     let before = visited(&running);
     assert!(before < total, "{running}");
     // A change waits for its txg: the position at least as far as `before` is durable.

@@ -655,8 +655,12 @@ impl Pool {
 
     /// Status of the pool and its devices, with its latest scrub.
     pub fn status(&self) -> PoolStatus {
-        let mut status = self.spa.status();
-        status.scan = self.dsl.scan_status();
+        let scan = self.dsl.scan_status();
+        let resilvering = scan.as_ref().is_some_and(|s| {
+            s.kind == crate::ScanKind::Resilver && s.state == crate::ScanState::Scanning
+        });
+        let mut status = self.spa.status(resilvering);
+        status.scan = scan;
         status
     }
 

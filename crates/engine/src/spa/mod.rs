@@ -719,8 +719,9 @@ impl Spa {
         Ok(())
     }
 
-    /// Status of the pool and its devices.
-    pub fn status(&self) -> PoolStatus {
+    /// Status of the pool and its devices; `resilvering`: a resilver is under way (it, not a
+    /// scrub, which is refused meanwhile, repairs what devices lack).
+    pub fn status(&self, resilvering: bool) -> PoolStatus {
         let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
         let suspended = self.txg.state.lock().unwrap().suspended.is_some();
         let counts = |l: &Leaf| {
@@ -878,11 +879,15 @@ impl Spa {
                 }
                 if !lacking.is_empty() {
                     let names: Vec<&str> = lacking.iter().map(|k| k.name.as_str()).collect();
+                    let repair = if resilvering {
+                        "the resilver under way repairs them".to_string()
+                    } else {
+                        format!("`oxpool scrub {}` repairs them", self.name)
+                    };
                     reasons.push(format!(
                         "{vdev}: {} lacks blocks written while it was out of service or \
-                         whose writes failed; `oxpool scrub {}` repairs them",
+                         whose writes failed; {repair}",
                         names.join(", "),
-                        self.name
                     ));
                 }
                 for c in shape.children.iter() {
