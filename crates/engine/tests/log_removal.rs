@@ -407,3 +407,46 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
         removed.is_ok()
     ))
 }
+
+/// The labels of a pool's data device may not know its log vdev (power failed after the
+/// add's txg, before the labels learned it): a lost log device is then known only to the
+/// pool's metadata. `-m` imports it all the same, and the imports after it need no `-m`.
+#[test]
+fn a_lost_log_device_unknown_to_the_labels_imports_with_m() {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let slog = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create("tank", vec![single(&data, false)], test_props(), false).unwrap();
+    let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
+    pool.sync().unwrap();
+    let old_labels = data.snapshot();
+    pool.add_vdevs(vec![single(&slog, true)], false).unwrap();
+    for n in 0..64u64 {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+    pool.sync().unwrap();
+    drop(vol);
+    drop(pool);
+    // The data device's labels as before the add (their config halves; the uberblock
+    // rings stay: they belong to the txgs since).
+    let end = 64u64 << 20;
+    for off in [0, 256 << 10, end - (512 << 10), end - (256 << 10)] {
+        let buf = block_on(old_labels.read(off, oxpool_io::IoBuf::zeroed(128 << 10))).unwrap();
+        block_on(data.write(off, buf)).unwrap();
+    }
+    assert_eq!(block_on(read_label(&data)).unwrap().tree.top.len(), 1);
+    let e = Pool::import(backends(&[&data]), Some("tank"))
+        .err()
+        .expect("imported without its log device")
+        .to_string();
+    assert!(e.contains("slog0") && e.contains("import -m"), "{e}");
+    let m = ImportOptions { missing_log: true };
+    let pool = Pool::import_with(backends(&[&data]), Some("tank"), m).unwrap();
+    check_slots(&pool, 64, "after import -m");
+    assert_eq!(pool.status().state, "DEGRADED");
+    pool.export().unwrap();
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    pool.remove("slog0").unwrap();
+    assert_eq!(pool.status().state, "ONLINE");
+    audit_clean(&pool, "after removing a log vdev the labels did not know");
+    pool.export().unwrap();
+}

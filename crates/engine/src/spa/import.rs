@@ -231,7 +231,10 @@ pub(crate) async fn import_devices(
         let unknown = &meta.tree.top[zio.vdevs.top_count()..];
         let lost: Vec<String> = unknown
             .iter()
-            .filter(|t| !(t.kind == TopVdevKind::Hole || t.log && opts.missing_log))
+            .filter(|t| {
+                let given_up = opts.missing_log || discarded_before.contains(&t.id);
+                !(t.kind == TopVdevKind::Hole || t.log && given_up)
+            })
             .map(|t| {
                 let paths: Vec<&str> = t.children.iter().map(|c| c.path.as_str()).collect();
                 format!(
@@ -243,7 +246,7 @@ pub(crate) async fn import_devices(
             })
             .collect();
         if !lost.is_empty() {
-            return Err(EngineError::NotFound(format!(
+            return Err(EngineError::invalid(format!(
                 "pool '{pool_name}': missing {}{}",
                 lost.join("; "),
                 missing_log_hint(unknown.iter().all(|t| t.log || t.kind == TopVdevKind::Hole))
@@ -276,7 +279,8 @@ pub(crate) async fn import_devices(
         if cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
             if !opts.missing_log && !discarded_before.contains(&cfg.id) {
                 let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
-                return Err(EngineError::NotFound(format!(
+                // Not `NotFound`, whose ": not found" would follow the hint.
+                return Err(EngineError::invalid(format!(
                     "pool '{pool_name}': log vdev {} has no device present (expected {}){}",
                     cfg.id.0,
                     paths.join(", "),
