@@ -355,9 +355,14 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
     for (k, a) in acked.lock().unwrap().iter_mut().enumerate() {
         *a = (k as u64, k as u64);
     }
-    group
-        .remaining
-        .store(1 + seed % 400, std::sync::atomic::Ordering::SeqCst);
+    // One case in four: the power fails the moment `remove` returns (what it said is done
+    // must be durable then); the others at a seeded operation from here.
+    let cut_at_return = seed % 4 == 0;
+    if !cut_at_return {
+        group
+            .remaining
+            .store(1 + seed % 400, std::sync::atomic::Ordering::SeqCst);
+    }
     let done = Arc::new(AtomicBool::new(false));
     let writer = {
         let (vol, acked, done) = (vol.clone(), acked.clone(), done.clone());
@@ -380,6 +385,12 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
         })
     };
     let removed = pool.remove("slog0");
+    if cut_at_return {
+        group
+            .remaining
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        group.tick();
+    }
     done.store(true, Ordering::Relaxed);
     writer
         .join()
@@ -388,7 +399,17 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
     drop(pool);
     let power_failed = group.remaining.load(Ordering::SeqCst) == 0
         || group.remaining.load(Ordering::SeqCst) > u64::MAX / 2;
-    let (pool, report) = common::power_off_and_import(&group, &mems, seed)?;
+    let (pool, report) = if cut_at_return && removed.is_ok() {
+        // Removed: the pool imports without the device.
+        for (i, m) in group.members.lock().unwrap().iter().enumerate() {
+            m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
+        }
+        let pool = Pool::import(backends(&[&mems[0]]), Some("tank"))
+            .map_err(|e| format!("import without the removed device: {e}"))?;
+        (pool, "cut when remove returned".to_string())
+    } else {
+        common::power_off_and_import(&group, &mems, seed)?
+    };
     let vol = pool.volume("v").map_err(|e| e.to_string())?;
     for (k, &(ok, issued)) in acked.lock().unwrap().iter().enumerate() {
         let mut buf = vec![0u8; 4096];

@@ -294,17 +294,18 @@ impl Spa {
             s.hole_requested = Some(v);
             leaving
         };
+        // Gives up, unless a sync made the hole meanwhile (checked under the state lock,
+        // under which a sync makes it): then None, and the removal goes on to its end.
         let undo = |why: String| {
             let mut s = self.state.lock().unwrap();
-            s.hole_requested = None;
-            // A sync that failed (the pool is suspended) may have made the hole in memory
-            // before it could not commit it: the next import finds the log vdev as it was.
-            if s.alloc.roles()[v.0 as usize] == VdevRole::Leaving {
-                s.alloc.set_leaving(v, was_leaving);
+            if s.alloc.roles()[v.0 as usize] == VdevRole::Hole {
+                return None;
             }
-            Err(EngineError::invalid(format!(
+            s.hole_requested = None;
+            s.alloc.set_leaving(v, was_leaving);
+            Some(Err(EngineError::invalid(format!(
                 "cannot remove {device}: {why}"
-            )))
+            ))))
         };
         // A chain abandoned at the next sync is freed by the one after, and its space comes
         // back DEFER_TXGS syncs later.
@@ -313,17 +314,29 @@ impl Spa {
                 break;
             }
             leave(v);
+            // A failed sync suspends the pool; if it had made the hole in memory, the sync
+            // below fails too, and the next import finds the log vdev as it was.
             if let Err(e) = self.sync_now() {
-                return undo(e.to_string());
+                if let Some(refused) = undo(e.to_string()) {
+                    return refused;
+                }
             }
         }
         if !self.zio.vdevs.top(v).is_some_and(|t| t.is_hole()) {
             let left = self.state.lock().unwrap().alloc.map(v).allocated_bytes();
-            return undo(format!(
+            if let Some(refused) = undo(format!(
                 "{left} bytes of intent-log blocks are still on it after \
                  {REMOVE_LOG_SYNCS_MAX} txgs (a replay or a scrub holds them); try again"
-            ));
+            )) {
+                return refused;
+            }
         }
+        // The hole is made at the start of a sync, which may be one the loop did not wait
+        // for (another change's, begun while the loop's last sync ended): no label may say
+        // the vdev is gone before that txg is durable, or a crash would leave a pool whose
+        // metadata still needs a device whose labels were cleared. The next sync comes
+        // after it.
+        self.sync_now()?;
         let holed = std::mem::take(&mut self.state.lock().unwrap().holed);
         self.relabel(&self.zio.vdevs.config(), &[])?;
         for leaf in holed {
