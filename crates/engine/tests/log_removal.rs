@@ -357,7 +357,7 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
     }
     // One case in four: the power fails the moment `remove` returns (what it said is done
     // must be durable then); the others at a seeded operation from here.
-    let cut_at_return = seed % 4 == 0;
+    let cut_at_return = seed.is_multiple_of(4);
     if !cut_at_return {
         group
             .remaining

@@ -539,14 +539,19 @@ fn open_swapped(
     open_new(pool, con, path, true, devs)
 }
 
-/// `oxpool remove POOL SPARE`: an unused hot spare.
+/// `oxpool remove POOL DEVICE`: an unused hot spare, or a log device (a log mirror by its
+/// name).
 pub fn remove(host: &Host, con: &mut dyn Console, pool: &str, device: &str) -> Result<()> {
     host.change_pool(pool, |p| {
         let mut candidates = device_candidates(con, device).into_iter();
         let first = candidates.next().expect("at least one candidate");
         let result = p.remove(&first);
+        // Another name of the device only if this one named nothing: a refused removal of
+        // a log device has run its syncs already.
         let result = match result {
-            Err(e) => candidates.find_map(|c| p.remove(&c).ok()).ok_or(e),
+            Err(e @ oxpool_engine::EngineError::NotFound(_)) => {
+                candidates.find_map(|c| p.remove(&c).ok()).ok_or(e)
+            }
             ok => ok,
         };
         result?;

@@ -271,7 +271,19 @@ pub(crate) async fn import_devices(
             .find(|(c, _)| c.leaf_guid == g)
             .map(|(_, dev)| Arc::new(Leaf::new(g, dev.clone())))
     };
-    zio.vdevs.reshape(&meta.tree, &find);
+    zio.vdevs.reshape(&meta.tree, &find)?;
+    // A data vdev with no device present, as the metadata records it (a label's log flag
+    // let it pass above: the label may be wrong).
+    for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
+        if !cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
+            let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
+            return Err(EngineError::NotFound(format!(
+                "pool '{pool_name}': vdev {} has no device present (expected {})",
+                cfg.id.0,
+                paths.join(", ")
+            )));
+        }
+    }
     // A log vdev with no device present: refused, unless `-m` (its records are lost), or the
     // metadata records it removed (a hole: `reshape` made it one).
     let mut missing_logs = Vec::new();
@@ -347,6 +359,17 @@ pub(crate) async fn import_devices(
             .is_some_and(|t| dva.end_bytes() <= t.asize_bytes)
         {
             alloc.map_mut(dva.vdev).claim(dva);
+        }
+    }
+    // Deferred frees reach the allocator's maps by the next syncs: one on no vdev, on a
+    // hole or past a vdev's end is damage, refused here rather than failing a sync.
+    for f in &meta.deferred_frees {
+        for dva in &f.dvas {
+            meta.tree.check_dva(dva).map_err(|e| EngineError::Corrupt {
+                device: pool_name.clone(),
+                what: format!("deferred free of txg {}", f.txg.0),
+                source: e,
+            })?;
         }
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");

@@ -222,23 +222,26 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     };
     let mut written = 0;
     let mut last_err = None;
-    // Not to a leaf out of service: it gets no I/O at all.
+    // Not to a leaf out of service: it gets no I/O at all. Only the data vdevs' copies
+    // count: a log device's flush is not required (`flush_all`), so its copy alone would not
+    // make the txg durable.
     let leaves: Vec<_> = inner
         .zio
         .vdevs
         .tops()
-        .flat_map(|t| t.leaves_in_service())
+        .flat_map(|t| t.leaves_in_service().map(move |l| (t.log, l)))
         .collect();
     let futs: Vec<_> = leaves
         .iter()
-        .map(|l| {
+        .map(|(_, l)| {
             let ub = &ub;
             async move { write_uberblock(l.backend.as_ref(), ub).await }
         })
         .collect();
-    for r in join_all(futs).await {
+    for ((log, _), r) in leaves.iter().zip(join_all(futs).await) {
         match r {
-            Ok(()) => written += 1,
+            Ok(()) if !log => written += 1,
+            Ok(()) => {}
             Err(e) => last_err = Some(e),
         }
     }

@@ -772,7 +772,11 @@ impl VdevTree {
     /// Gives each top-level vdev the children, pairs and kind `config` records, and the
     /// tree its spares (at import: the pool's metadata is the truth; labels only helped find
     /// the devices). A member's leaf is the one the tree has with its guid, else `find`'s.
-    pub fn reshape(&mut self, config: &VdevTreeConfig, find: &dyn Fn(Guid) -> Option<Arc<Leaf>>) {
+    pub fn reshape(
+        &mut self,
+        config: &VdevTreeConfig,
+        find: &dyn Fn(Guid) -> Option<Arc<Leaf>>,
+    ) -> Result<()> {
         // One leaf per guid: a spare in use is both in a pair and among the spares.
         let known = std::cell::RefCell::new(self.leaves().collect::<Vec<Arc<Leaf>>>());
         let find = |g: Guid| {
@@ -787,19 +791,22 @@ impl VdevTree {
         for (slot, cfg) in self.tops.slots[..len].iter_mut().zip(&config.top) {
             // A vdev removed since the labels that built it were written: a hole now, with
             // no size and no log flag.
-            if cfg.kind == TopVdevKind::Hole {
-                if slot.get().is_some_and(|t| t.asize_bytes != 0 || t.log) {
-                    slot.take();
-                    if let Ok(hole) = TopVdev::with_leaves(cfg, &|_| None) {
-                        let _ = slot.set(hole);
-                    }
-                }
-                continue;
-            }
-            if let Some(top) = slot.get_mut() {
-                if top.shape().kind.raidz().is_some() == cfg.kind.raidz().is_some() {
+            // The labels that built the vdev may be older or newer than the metadata (a log
+            // vdev removed since, or a removal whose txg never committed): where they differ
+            // in more than the children, the vdev is built again as the metadata says.
+            let same = slot.get().is_some_and(|t| {
+                t.asize_bytes == cfg.asize_bytes
+                    && t.log == cfg.log
+                    && t.is_hole() == (cfg.kind == TopVdevKind::Hole)
+                    && t.raidz.is_some() == cfg.kind.raidz().is_some()
+            });
+            if same {
+                if let Some(top) = slot.get_mut() {
                     top.set_shape(Shape::from_config(cfg, &find));
                 }
+            } else {
+                slot.take();
+                let _ = slot.set(TopVdev::with_leaves(cfg, &find)?);
             }
         }
         *self.spares.get_mut().unwrap() = config
@@ -810,6 +817,7 @@ impl VdevTree {
                 leaf: find(c.guid),
             })
             .collect();
+        Ok(())
     }
 
     /// Top-level vdevs, in id order.
