@@ -416,16 +416,21 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             ));
         }
     }
-    // The intent logs' places and the pool's own metadata.
+    // The intent logs' places and the pool's own metadata. No sync runs (the caller holds
+    // `sync_gate`), so only commits allocate meanwhile: a log block between these reads and
+    // the allocator's (an intent log's lock comes before the allocator's), and blocks
+    // written in place, which are held under the allocator's lock and read under it here.
     for ds in &datasets {
         for d in ds.log.reserved() {
             refs.add(&d, None, &|| format!("{} intent log", ds.full_name));
         }
+    }
+    let s = spa.state.lock().unwrap();
+    for ds in &datasets {
         for d in ds.data().inplace_held.lock().unwrap().iter() {
             refs.add(d, None, &|| format!("{} in-place log block", ds.full_name));
         }
     }
-    let s = spa.state.lock().unwrap();
     for d in &s.meta_places {
         refs.add(d, None, &|| "pool metadata".into());
     }

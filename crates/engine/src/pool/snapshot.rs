@@ -759,6 +759,9 @@ impl Pool {
     /// referenced with the allocator. Run it on a pool nothing writes to meanwhile.
     pub fn audit(&self) -> Result<crate::dsl::audit::AuditReport> {
         self.spa.sync_now()?;
+        // No txg syncs while the trees are walked and compared with the allocator: on a
+        // served pool, writes go on into memory meanwhile (up to `dirty_max`, then wait).
+        let _gate = self.spa.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
         oxpool_io::rt::block_on(crate::dsl::audit::audit(&self.spa, &self.dsl))
     }
 

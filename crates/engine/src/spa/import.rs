@@ -378,6 +378,7 @@ pub(crate) async fn import_devices(
         guid: cfg0.pool_guid,
         zio,
         config_change: Mutex::new(()),
+        sync_gate: Mutex::new(()),
         scan_batches: Default::default(),
         error_log: Default::default(),
         import_refusals,

@@ -135,6 +135,9 @@ pub(crate) struct Spa {
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
     /// Held across a change of the vdev tree (`oxpool add`): one at a time.
     pub config_change: Mutex<()>,
+    /// Held by the sync thread while it syncs a txg, and by an audit while it compares the
+    /// pool's trees with its allocator: no sync may change either in between.
+    pub sync_gate: Mutex<()>,
     /// Scrub batches and the writers waiting for one (see `space.rs`).
     pub scan_batches: space::ScanBatches,
     /// Ranges of volumes whose blocks no copy could give back (`oxpool status -v`).
@@ -252,6 +255,7 @@ impl Spa {
                 props.data_cache_max_bytes,
             ),
             config_change: Mutex::new(()),
+            sync_gate: Mutex::new(()),
             scan_batches: Default::default(),
             error_log: Default::default(),
             import_refusals: Vec::new(),

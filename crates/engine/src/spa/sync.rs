@@ -320,6 +320,7 @@ pub(crate) fn sync_thread(pool: Weak<Spa>, upper: Weak<dyn SyncClient>) {
         // A panic here (a bug) must not leave every sync waiter asleep forever: it fails the
         // txg like a write error, which suspends the pool with the reason and wakes them.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _gate = inner.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
             block_on(sync_txg(&inner, upper.as_ref(), txg))
         }))
         .unwrap_or_else(|panic| {

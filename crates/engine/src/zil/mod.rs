@@ -500,11 +500,6 @@ impl Zil {
         }
     }
 
-    /// Every place the log holds (to persist: import frees them after replay).
-    pub fn reserved(&self) -> Vec<Dva> {
-        self.state.lock().unwrap().reserved()
-    }
-
     /// After a log error: abandon the chain (called by the txg sync that just committed
     /// `synced`). The next commit anchors a new chain at a fresh place, and that anchor's txg
     /// sync makes every record of the old chain redundant. Blocks that will never be written
@@ -1358,8 +1353,12 @@ impl DatasetLog for Zil {
         }
     }
 
+    /// With the blocks it no longer needs: still allocated until the next sync frees them.
     fn reserved(&self) -> Vec<Dva> {
-        Zil::reserved(self)
+        let s = self.state.lock().unwrap();
+        let mut places = s.reserved();
+        places.extend_from_slice(&s.to_free);
+        places
     }
 
     fn txg_synced(&self, txg: Txg) {
