@@ -416,6 +416,21 @@ fn log_devices_at_create_and_added_later() {
     );
     let e = env.fails(&["add", "two", p(&env.path("nosuch.img"))]);
     assert!(e.contains("nosuch.img") && e.contains("--size"), "{e}");
+    // Said as it is: a device of this pool, one named twice, the only log device.
+    let e = env.fails(&["add", "two", "log", p(&l2)]);
+    assert!(e.contains("already in pool 'two'"), "{e}");
+    let m = env.path("m.img");
+    let e = env.fails(&["add", "two", "log", "mirror", p(&m), p(&m), "--size", "64M"]);
+    assert!(e.contains("named twice"), "{e}");
+    assert!(!m.exists(), "a refused add left its file");
+    let e = env.fails(&["detach", "two", p(&l2)]);
+    assert!(e.contains("oxpool remove"), "{e}");
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    let e = env.fails(&["import", "-d", &dir, "nosuch"]);
+    assert!(
+        e.contains("no pool 'nosuch'") && !e.contains("not found"),
+        "{e}"
+    );
     // The log device gone: the pool is refused by name, not opened without its log, and
     // the refusal says how to go on.
     std::fs::remove_file(&l2).unwrap();

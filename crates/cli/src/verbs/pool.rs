@@ -186,6 +186,7 @@ pub fn add(
         return add_spares(host, con, name, &vdevs[1..], create, force);
     }
     host.change_served_pool(name, |pool, served| {
+        refuse_known_paths(pool, con, vdevs)?;
         let mut devs = Devices::default();
         // As in create: until the pool holds the new devices, a failure removes the files
         // this command made.
@@ -206,6 +207,32 @@ pub fn add(
     })
 }
 
+/// Refuses, before any device is opened, a path `add` names twice or one already in the
+/// pool: opening it would find it locked, and the message would blame another process.
+fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let ours: Vec<PathBuf> = pool
+        .device_paths()
+        .iter()
+        .map(|p| canonical(Path::new(p)))
+        .collect();
+    let mut seen: Vec<PathBuf> = Vec::new();
+    for w in words {
+        if matches!(w.as_str(), "log" | "mirror" | "spare") || raidz_parity(w).is_some() {
+            continue;
+        }
+        let path = canonical(&con.path(Path::new(w)));
+        if ours.contains(&path) {
+            bail!("{w} is already in pool '{}'", pool.name());
+        }
+        if seen.contains(&path) {
+            bail!("{w} is named twice");
+        }
+        seen.push(path);
+    }
+    Ok(())
+}
+
 /// `oxpool add POOL spare PATH...`: hot spares.
 fn add_spares(
     host: &Host,
@@ -219,6 +246,7 @@ fn add_spares(
         bail!("spare needs devices");
     }
     host.change_served_pool(name, |pool, served| {
+        refuse_known_paths(pool, con, paths)?;
         let mut devs = Devices::default();
         let made = paths
             .iter()

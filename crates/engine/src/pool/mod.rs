@@ -190,14 +190,16 @@ impl Pool {
             match guids.len() {
                 0 => {
                     let what = name
-                        .map(|n| format!("pool '{n}'"))
-                        .unwrap_or("a pool".into());
+                        .map(|n| format!("no pool '{n}'"))
+                        .unwrap_or("no pool".into());
                     let why = if rejected.is_empty() {
                         "no devices given".to_string()
                     } else {
                         rejected.join("; ")
                     };
-                    return Err(EngineError::NotFound(format!("{what}: {why}")));
+                    return Err(EngineError::invalid(format!(
+                        "{what} on the devices searched ({why})"
+                    )));
                 }
                 1 => {}
                 _ => {

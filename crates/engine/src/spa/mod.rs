@@ -851,12 +851,18 @@ impl Spa {
                 unavail_any |= unavail && !t.log;
                 let vdev = t.group_name().unwrap_or_else(|| kids[0].name.clone());
                 if unavail && t.log {
-                    let names: Vec<&str> = out.iter().map(|k| k.name.as_str()).collect();
+                    // A single log device is its vdev: named once.
+                    let which = match t.group_name() {
+                        Some(_) => {
+                            let names: Vec<&str> = out.iter().map(|k| k.name.as_str()).collect();
+                            format!("{vdev}: {}", names.join(", "))
+                        }
+                        None => vdev.clone(),
+                    };
                     reasons.push(format!(
-                        "log {vdev}: {} out of service; the pool runs on without it (sync \
+                        "log {which} out of service; the pool runs on without it (sync \
                          writes are logged on the data vdevs or wait for the txg). `oxpool \
                          remove {} {vdev}` takes it out of the pool",
-                        names.join(", "),
                         self.name
                     ));
                 } else if !out.is_empty() {

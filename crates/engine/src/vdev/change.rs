@@ -263,6 +263,13 @@ impl VdevTree {
                         r.parity, top.id.0
                     ))
                 }
+                TopVdevKind::Single if top.log => {
+                    return refuse(
+                        "it is the only device of its log vdev (`oxpool remove` takes a log \
+                         device out)"
+                            .to_string(),
+                    )
+                }
                 TopVdevKind::Single => {
                     return refuse("it is the only device of its vdev".to_string())
                 }
