@@ -130,6 +130,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     runtime.clean_stale();
 
     let mut names = args.pools.clone();
+    let named = !names.is_empty();
     if names.is_empty() {
         names = cachefile::read(cache)?
             .into_iter()
@@ -145,7 +146,19 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     let _warming = oxpool_io::IoBuf::warm(oxpool_io::IoBuf::warm_default_bytes());
     let mut pools = Vec::new();
     for name in &names {
-        pools.push(open_pool(cache, name)?);
+        match open_pool(cache, name) {
+            Ok(p) => pools.push(p),
+            // Serving every known pool: one that cannot be opened (a device lost) does not
+            // keep the others from being served, as ZFS imports at boot what it can. It is
+            // said why, and `oxpool import` brings it in once it can be opened.
+            Err(e) if !named => {
+                eprintln!("oxpool: pool '{name}' is not served: {e:#}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if pools.is_empty() {
+        bail!("no pool could be opened");
     }
     for name in &args.read_only {
         let known = pools

@@ -816,6 +816,31 @@ fn importing_into_a_server_locks_only_the_imported_pools_devices() {
     assert!(ok.success(), "{out}");
 }
 
+/// `serve` with no pool named serves every known pool it can open: one whose log device
+/// was lost is left out with why (and imported later with `-m`), not the end of the server.
+#[test]
+fn serve_serves_the_pools_it_can_open_and_says_why_not_the_others() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    tank2(&env);
+    let slog = env.path("slog.img");
+    let slog = slog.to_str().unwrap();
+    env.ok(&["add", "tank2", "log", slog, "--size", "64M", "--sparse"]);
+    std::fs::remove_file(slog).unwrap();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    assert!(exports(&server).contains("tank/vol0"));
+    assert!(!exports(&server).contains("tank2/w0"));
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    env.ok(&["import", "-m", "-d", &dir, "tank2"]);
+    assert!(exports(&server).contains("tank2/w0"));
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    assert!(
+        out.contains("pool 'tank2' is not served") && out.contains("import -m"),
+        "{out}"
+    );
+}
+
 /// A server whose control socket file someone removed (a cleaner of the run directory) still
 /// stops on SIGTERM and exports its pools: stopping the control server used to wake its
 /// blocked accept by connecting to the file, and with the file gone it waited forever.

@@ -363,10 +363,21 @@ impl Spa {
         let _one_change = inner.config_change.lock().unwrap();
         let base = inner.zio.vdevs.top_count();
         if base + specs.len() > TOP_VDEVS_MAX {
+            // Holes keep their index for good (their reuse is not written yet): say so, or
+            // the count would not match what status shows.
+            let holes = inner.zio.vdevs.tops().filter(|t| t.is_hole()).count();
             return Err(EngineError::invalid(format!(
-                "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}",
+                "pool '{}' would have {} top-level vdevs; at most {TOP_VDEVS_MAX}{}",
                 inner.name,
-                base + specs.len()
+                base + specs.len(),
+                if holes > 0 {
+                    format!(
+                        " ({holes} of them are the places of removed log devices, which are \
+                         not reused)"
+                    )
+                } else {
+                    String::new()
+                }
             )));
         }
         // As `zpool add`: a single device beside mirrors or raidz would leave data with no
