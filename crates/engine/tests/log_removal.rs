@@ -35,6 +35,27 @@ fn backends(devs: &[&MemoryBackend]) -> Vec<Arc<dyn Backend>> {
         .collect()
 }
 
+/// A pool `tank` of a data device `data0` and a log device `slog0`.
+fn data_and_log() -> (Pool, MemoryBackend, MemoryBackend) {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let slog = MemoryBackend::new("slog0", 32 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![single(&data, false), single(&slog, true)],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    (pool, data, slog)
+}
+
+/// FUA writes `ns`: write `n` to slot `n % 64` (what [`check_slots`] checks).
+fn fua_writes(vol: &oxpool_engine::Volume, ns: std::ops::Range<u64>) {
+    for n in ns {
+        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+    }
+}
+
 /// Writes through the log device's device statistics.
 fn device_writes(pool: &Pool, name: &str) -> u64 {
     pool.counters()
@@ -64,15 +85,7 @@ fn check_slots(pool: &Pool, writes: u64, what: &str) {
 /// (the hole keeps the old one) and imports.
 #[test]
 fn a_log_device_is_removed_while_a_writer_commits() {
-    let data = MemoryBackend::new("data0", 96 << 20);
-    let slog = MemoryBackend::new("slog0", 32 << 20);
-    let pool = Pool::create(
-        "tank",
-        vec![single(&data, false), single(&slog, true)],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let (pool, data, slog) = data_and_log();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.flush()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -131,9 +144,7 @@ fn a_log_device_is_removed_while_a_writer_commits() {
     let slog2 = MemoryBackend::new("slog1", 32 << 20);
     pool.add_vdevs(vec![single(&slog2, true)], false).unwrap();
     let vol = pool.volume("v").unwrap();
-    for n in writes..writes + 64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, writes..writes + 64);
     assert!(
         device_writes(&pool, "slog1") > 0,
         "the new log device is used"
@@ -157,24 +168,12 @@ fn a_log_device_is_removed_while_a_writer_commits() {
 /// and the device's stale tree does not bring the vdev back.
 #[test]
 fn stale_labels_of_a_removed_log_device_are_ignored() {
-    let data = MemoryBackend::new("data0", 64 << 20);
-    let slog = MemoryBackend::new("slog0", 32 << 20);
-    let pool = Pool::create(
-        "tank",
-        vec![single(&data, false), single(&slog, true)],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let (pool, data, slog) = data_and_log();
     let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
-    for n in 0..32u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 0..32u64);
     let before = slog.snapshot();
     pool.remove("slog0").unwrap();
-    for n in 32..64u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 32..64u64);
     drop(vol);
     drop(pool);
     // Only the labels come back (the first and last 512 KiB), as if never cleared.
@@ -202,23 +201,11 @@ fn stale_labels_of_a_removed_log_device_are_ignored() {
 /// takes the missing vdev out and the pool is ONLINE.
 #[test]
 fn a_pool_without_its_log_device_imports_with_m_and_the_log_is_removed() {
-    let data = MemoryBackend::new("data0", 64 << 20);
-    let slog = MemoryBackend::new("slog0", 32 << 20);
-    let pool = Pool::create(
-        "tank",
-        vec![single(&data, false), single(&slog, true)],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let (pool, data, _slog) = data_and_log();
     let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
-    for n in 0..64u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 0..64u64);
     pool.sync().unwrap(); // these are in the pool
-    for n in 64..96u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 64..96u64);
     drop(vol);
     drop(pool); // a crash, then the log device is lost with writes 64..96
     let e = Pool::import(backends(&[&data]), Some("tank"))
@@ -242,9 +229,7 @@ fn a_pool_without_its_log_device_imports_with_m_and_the_log_is_removed() {
         "{status:?}"
     );
     let vol = pool.volume("v").unwrap();
-    for n in 96..160u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 96..160u64);
     assert!(device_writes(&pool, "data0") > 0);
     drop(vol);
     drop(pool); // a crash: these commits live on the data device
@@ -284,9 +269,7 @@ fn remove_refuses_data_devices_and_takes_a_log_mirror_by_name() {
     )
     .unwrap();
     let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
-    for n in 0..64u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 0..64u64);
     let refused = |dev: &str, words: &[&str]| {
         let e = pool.remove(dev).expect_err("refused").to_string();
         for w in words {
@@ -302,9 +285,7 @@ fn remove_refuses_data_devices_and_takes_a_log_mirror_by_name() {
     pool.remove("mirror-1").unwrap();
     assert!(pool.status().logs.is_empty());
     assert!(block_on(read_label(&la)).is_err() && block_on(read_label(&lb)).is_err());
-    for n in 64..128u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 64..128u64);
     drop(vol);
     drop(pool);
     let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
@@ -441,9 +422,7 @@ fn a_lost_log_device_unknown_to_the_labels_imports_with_m() {
     pool.sync().unwrap();
     let old_labels = data.snapshot();
     pool.add_vdevs(vec![single(&slog, true)], false).unwrap();
-    for n in 0..64u64 {
-        block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-    }
+    fua_writes(&vol, 0..64u64);
     pool.sync().unwrap();
     drop(vol);
     drop(pool);
