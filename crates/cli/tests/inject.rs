@@ -243,3 +243,42 @@ fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status()
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
 }
+
+/// `online` of a device that fails again at once (its resilver cannot write it) ends with
+/// a warning naming its state, as `zpool online` warns, not as if it had worked.
+#[test]
+fn online_of_a_device_that_fails_again_says_so() {
+    let env = Env::new();
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        "128M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    env.ok(&["offline", "tank", "b.img"]);
+    let source = env.path("image.in");
+    std::fs::write(&source, random_bytes(5, 8 * MIB)).unwrap();
+    tool("nbdcopy", &[p(&source), &uri]);
+    env.ok(&["inject", "-d", "b.img", "-e", "io", "-T", "write", "tank"]);
+    let out = env.run(&["online", "-w", "tank", "b.img"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let status = env.ok(&["status", "tank"]);
+    let (state, _, writes, _) = state_and_counts(device_line(&status, "b.img"));
+    assert_eq!(state, "FAULTED", "the resilver's writes failed: {status}");
+    assert!(writes > 0, "{status}");
+    assert!(
+        err.contains("warning:") && err.contains("b.img") && err.contains("FAULTED"),
+        "online said nothing of the fault: {err}"
+    );
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}

@@ -92,21 +92,53 @@ pub fn online(
             if wait {
                 super::pool::wait_for_scan(con, p)?;
             }
-            Ok(())
+            warn_if_still_out(con, p, &d)
         }),
         Host::Live(served) => {
-            host.change_pool(pool, |p| {
+            let d = host.change_pool(pool, |p| {
                 let d = resolve(p, con, device)?;
-                Ok(p.online(&d)?)
+                p.online(&d)?;
+                Ok(d)
             })?;
-            if !wait {
-                return Ok(());
-            }
             // Not under the pool's lock: waiting must not hold up other changes.
             let served = served.pool(pool)?;
-            super::pool::wait_for_scan(con, &served.pool)
+            if wait {
+                super::pool::wait_for_scan(con, &served.pool)?;
+            }
+            warn_if_still_out(con, &served.pool, &d)
         }
     }
+}
+
+/// As `zpool online`: a device returned to service that failed again at once (its resilver
+/// could not write it, say) is left FAULTED by the fault rule; the command says so rather
+/// than end as if it had worked.
+fn warn_if_still_out(con: &mut dyn Console, p: &Pool, device: &str) -> Result<()> {
+    fn find<'a>(
+        v: &'a oxpool_engine::VdevStatus,
+        name: &str,
+    ) -> Option<&'a oxpool_engine::VdevStatus> {
+        if v.name == name && v.children.is_empty() {
+            return Some(v);
+        }
+        v.children.iter().find_map(|c| find(c, name))
+    }
+    let s = p.status();
+    let leaf = s.vdevs.iter().chain(&s.logs).find_map(|v| find(v, device));
+    if let Some(v) = leaf.filter(|v| !matches!(v.state.as_str(), "ONLINE" | "DEGRADED")) {
+        writeln!(
+            con.err(),
+            "warning: {device} was returned to service but is {}{}; `oxpool replace {} {device} \
+             NEW` replaces a device that no longer works",
+            v.state,
+            v.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            p.name()
+        )?;
+    }
+    Ok(())
 }
 
 /// `oxpool clear POOL [DEVICE]`.
