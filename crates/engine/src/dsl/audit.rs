@@ -417,9 +417,11 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
         }
     }
     // The intent logs' places and the pool's own metadata. No sync runs (the caller holds
-    // `sync_gate`), so only commits allocate meanwhile: a log block between these reads and
-    // the allocator's (an intent log's lock comes before the allocator's), and blocks
-    // written in place, which are held under the allocator's lock and read under it here.
+    // `sync_gate`), so only commits allocate meanwhile: blocks written in place are held
+    // under the allocator's lock and read under it here, but a log block allocated between
+    // these reads and the allocator's (an intent log's lock comes before the allocator's)
+    // shows as leaked. An audit while clients commit can name one; holding every log's lock
+    // across the reads would close it.
     for ds in &datasets {
         for d in ds.log.reserved() {
             refs.add(&d, None, &|| format!("{} intent log", ds.full_name));
