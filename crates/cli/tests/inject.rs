@@ -16,6 +16,22 @@ fn p(path: &std::path::Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// Pool `tank`, a mirror of a.img and b.img of `size` each (sparse); returns their paths.
+fn mirror_pool(env: &Env, size: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        size,
+        "--sparse",
+    ]);
+    (a, b)
+}
+
 /// Reads the whole volume at `uri` with nbdcopy and asserts it is `image`.
 fn read_equals(env: &Env, uri: &str, image: &[u8], name: &str) {
     let back = env.path(&format!("{name}.out"));
@@ -60,17 +76,7 @@ fn hits(listing: &str, id: u64) -> String {
 #[test]
 fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status() {
     let env = Env::new();
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&b),
-        "--size",
-        "256M",
-        "--sparse",
-    ]);
+    let (a, _b) = mirror_pool(&env, "256M");
     env.ok(&["vol", "create", "tank/vol0", "--size", "32M"]);
     // Every read goes to the devices, not to the cache of verified blocks.
     env.ok(&["set", "data_cache_max=0", "tank"]);
@@ -249,17 +255,7 @@ fn faults_injected_on_a_served_mirror_keep_every_byte_right_and_show_in_status()
 #[test]
 fn online_of_a_device_that_fails_again_says_so() {
     let env = Env::new();
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&b),
-        "--size",
-        "128M",
-        "--sparse",
-    ]);
+    mirror_pool(&env, "128M");
     env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let uri = server.uri("tank/vol0");
