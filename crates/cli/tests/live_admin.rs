@@ -817,9 +817,10 @@ fn importing_into_a_server_locks_only_the_imported_pools_devices() {
 }
 
 /// `serve` with no pool named serves every known pool it can open: one whose log device
-/// was lost is left out with why (and imported later with `-m`), not the end of the server.
+/// was lost is left out with why (and imported later with `-m`), not the end of the server;
+/// meanwhile `list` shows it UNAVAIL and `status` says why.
 #[test]
-fn serve_serves_the_pools_it_can_open_and_says_why_not_the_others() {
+fn serve_serves_the_pools_it_can_open_and_list_shows_the_others_unavail() {
     let env = Env::new();
     env.tank(&[("vol0", "16M", &[])]);
     tank2(&env);
@@ -830,6 +831,34 @@ fn serve_serves_the_pools_it_can_open_and_says_why_not_the_others() {
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     assert!(exports(&server).contains("tank/vol0"));
     assert!(!exports(&server).contains("tank2/w0"));
+    // `list` shows the served pool and the one that cannot be opened UNAVAIL, and exits 0
+    // (as `zpool list`); `status` of it says why and lists the device it lacks.
+    let list = env.ok(&["list", "-H"]);
+    let rows: Vec<Vec<&str>> = list.lines().map(|l| l.split('\t').collect()).collect();
+    assert!(
+        rows.iter().any(|r| r[0] == "tank" && r[4] == "ONLINE"),
+        "{list}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r[..] == ["tank2", "-", "-", "-", "UNAVAIL", "-"]),
+        "{list}"
+    );
+    let status = env.ok(&["status", "tank2"]);
+    assert!(status.contains(" state: UNAVAIL"), "{status}");
+    assert!(status.contains("import -m"), "the reason: {status}");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains(slog) && l.contains("UNAVAIL") && l.contains("not found")),
+        "{status}"
+    );
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains("tank2.img") && l.contains("found")),
+        "{status}"
+    );
     let dir = env.dir.path().to_str().unwrap().to_string();
     env.ok(&["import", "-m", "-d", &dir, "tank2"]);
     assert!(exports(&server).contains("tank2/w0"));

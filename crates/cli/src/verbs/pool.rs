@@ -308,15 +308,25 @@ pub fn list(
         list_header(con)?;
     }
     for name in listed(host, named)? {
-        let s = host.with_pool(&name, |p| Ok(p.status()))?;
-        let fields = [
-            s.name.clone(),
-            size(s.size_bytes, exact),
-            size(s.allocated_bytes, exact),
-            size(s.size_bytes - s.allocated_bytes, exact),
-            s.state.clone(),
-            s.txg.to_string(),
-        ];
+        let fields = match host.with_pool(&name, |p| Ok(p.status())) {
+            Ok(s) => [
+                s.name.clone(),
+                size(s.size_bytes, exact),
+                size(s.allocated_bytes, exact),
+                size(s.size_bytes - s.allocated_bytes, exact),
+                s.state.clone(),
+                s.txg.to_string(),
+            ],
+            // A pool this machine knows but cannot open is listed UNAVAIL, as `zpool list`
+            // lists it; `oxpool status` says why.
+            Err(e) => {
+                unavailable(host, &name, e)?;
+                let mut fields = ["-"; 6].map(String::from);
+                fields[0] = name.clone();
+                fields[4] = "UNAVAIL".to_string();
+                fields
+            }
+        };
         if scripted {
             writeln!(con.out(), "{}", fields.join("\t"))?;
         } else {
@@ -342,9 +352,75 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
         writeln!(con.out(), "no pools")?;
     }
     for name in names {
-        let s = host.with_pool(&name, |p| Ok(p.status()))?;
-        print_status(con.out(), &s, verbose)?;
+        match host.with_pool(&name, |p| Ok(p.status())) {
+            Ok(s) => print_status(con.out(), &s, verbose)?,
+            Err(e) => print_unavailable(con.out(), &name, &unavailable(host, &name, e)?)?,
+        }
     }
+    Ok(())
+}
+
+/// A pool this machine knows (its cache file lists it) that could not be opened.
+pub struct Unavailable {
+    /// Why, as the open said it.
+    pub why: String,
+    /// The devices the cache file lists, each with whether a file or device is at its path.
+    pub devices: Vec<(PathBuf, bool)>,
+}
+
+/// `err`, from opening pool `name` here, as an [`Unavailable`] pool if the cache file lists
+/// it; else `err` itself (a pool nobody knows, or a served pool's error, is not UNAVAIL).
+pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavailable> {
+    let Host::Local { cache } = host else {
+        return Err(err);
+    };
+    let known = cachefile::read(cache)
+        .ok()
+        .and_then(|pools| pools.into_iter().find(|p| p.name == name));
+    let Some(entry) = known else {
+        return Err(err);
+    };
+    Ok(Unavailable {
+        why: format!("{err:#}"),
+        devices: entry
+            .devices
+            .into_iter()
+            .map(|d| {
+                let present = d.exists();
+                (d, present)
+            })
+            .collect(),
+    })
+}
+
+/// `oxpool status` of a pool that could not be opened, in `zpool status`'s shape: the
+/// reason, what to do, and the devices the cache file expects, found or not.
+fn print_unavailable(out: &mut dyn std::io::Write, name: &str, u: &Unavailable) -> Result<()> {
+    writeln!(out, "  pool: {name}")?;
+    writeln!(out, " state: UNAVAIL")?;
+    writeln!(out, "status: {}", u.why)?;
+    writeln!(
+        out,
+        "action: make its devices available (or find them with 'oxpool import -d DIR'), then \
+         run the command again"
+    )?;
+    writeln!(out, "config: the devices the cache file lists\n")?;
+    writeln!(out, "\t{:<40} {:<9}", "NAME", "STATE")?;
+    writeln!(out, "\t{:<40} {:<9}", name, "UNAVAIL")?;
+    for (path, present) in &u.devices {
+        let (state, note) = if *present {
+            ("-", "found")
+        } else {
+            ("UNAVAIL", "not found")
+        };
+        writeln!(
+            out,
+            "\t  {:<38} {:<9}  {note}",
+            path.display().to_string(),
+            state
+        )?;
+    }
+    writeln!(out)?;
     Ok(())
 }
 
