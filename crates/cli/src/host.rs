@@ -3,7 +3,7 @@
 
 use crate::devices::{open_device, Devices};
 use crate::served::{Served, ServedPool};
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::Pool;
 use std::path::{Path, PathBuf};
@@ -152,10 +152,10 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         }
     }
     if devs.backends().is_empty() {
-        bail!(
+        return Err(anyhow::Error::new(Unavailable(anyhow!(
             "pool '{name}': none of its devices exists ({})",
             missing.join(", ")
-        );
+        ))));
     }
     // The cache file may be behind the pool (a server that attached or replaced a device
     // and stopped before recording it): the labels' vdev tree names every device by the
@@ -173,8 +173,11 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     }
     // Missing devices show as UNAVAIL in `oxpool status`; import refuses the pool if what is
     // missing is needed, naming it.
-    let pool = Pool::import(devs.backends(), Some(name))
-        .with_context(|| format!("cannot open pool '{name}'"))?;
+    let pool = Pool::import(devs.backends(), Some(name)).map_err(|e| {
+        anyhow::Error::new(Unavailable(
+            anyhow::Error::new(e).context(format!("cannot open pool '{name}'")),
+        ))
+    })?;
     // The files the pool did not take (a detached or replaced device the cache file still
     // listed, a blank file swapped in at a device's path) are closed and unlocked: this
     // command may name them as new devices.
@@ -183,6 +186,21 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     crate::inject_file::apply(cache, &pool, &mut std::io::stderr())?;
     Ok((pool, devs))
 }
+
+/// Why [`open_pool`] could not open a pool whose devices it could open: none of them
+/// exists, or import refused what they hold (a device it needs is missing, labels are
+/// damaged). `list` and `status` show such a pool UNAVAIL; other failures (a device in use
+/// by another process, no permission) stay errors.
+#[derive(Debug)]
+pub struct Unavailable(pub anyhow::Error);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:#}", self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
 
 /// Records the pool and its devices in the cache file.
 pub fn remember(cache: &Path, pool: &Pool) -> Result<()> {

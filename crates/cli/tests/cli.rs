@@ -432,13 +432,18 @@ fn log_devices_at_create_and_added_later() {
         "{e}"
     );
     // The log device gone: the pool is refused by name, not opened without its log, and
-    // the refusal says how to go on.
+    // the refusal says how to go on: `status` shows it UNAVAIL with why, and a command
+    // that needs it open fails with the same reason.
     std::fs::remove_file(&l2).unwrap();
-    let e = env.fails(&["status", "two"]);
+    let status = env.ok(&["status", "two"]);
+    assert!(status.contains(" state: UNAVAIL"), "{status}");
+    let why = status.lines().find(|l| l.starts_with("status:")).unwrap();
     assert!(
-        e.contains("log") && e.contains("l2.img") && e.contains("import -m"),
-        "{e}"
+        why.contains("log") && why.contains("l2.img") && why.contains("import -m"),
+        "{status}"
     );
+    let e = env.fails(&["vol", "list", "two"]);
+    assert!(e.contains("l2.img") && e.contains("import -m"), "{e}");
     // `import -m`: without the log's records; later commands need no -m.
     assert!(env
         .ok(&["import", "-m", "two"])

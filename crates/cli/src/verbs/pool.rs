@@ -3,7 +3,7 @@
 use crate::console::Console;
 use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles};
 use crate::display::{print_status, size};
-use crate::host::{open_pool, remember, Host};
+use crate::host::{self, open_pool, remember, Host};
 use anyhow::{bail, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::props::parse_size;
@@ -368,12 +368,16 @@ pub struct Unavailable {
     pub devices: Vec<(PathBuf, bool)>,
 }
 
-/// `err`, from opening pool `name` here, as an [`Unavailable`] pool if the cache file lists
-/// it; else `err` itself (a pool nobody knows, or a served pool's error, is not UNAVAIL).
+/// `err`, from opening pool `name` here, as an [`Unavailable`] pool if the open failed for
+/// what the pool's devices hold or lack ([`host::Unavailable`]) and the cache file lists it;
+/// else `err` itself (a pool nobody knows, a device in use, a served pool's error).
 pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavailable> {
     let Host::Local { cache } = host else {
         return Err(err);
     };
+    if err.downcast_ref::<host::Unavailable>().is_none() {
+        return Err(err);
+    }
     let known = cachefile::read(cache)
         .ok()
         .and_then(|pools| pools.into_iter().find(|p| p.name == name));
