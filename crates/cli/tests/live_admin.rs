@@ -96,6 +96,28 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
         "--sparse",
     ]);
     assert!(size(&env) > before + (128 << 20));
+    // The log device taken offline live, while fio writes: its chains move to the data
+    // vdevs and the pool is DEGRADED until `online` returns it (lacking nothing).
+    let slog = env.path("slog.img");
+    let slog = slog.to_str().unwrap();
+    env.ok(&["offline", "tank", slog]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains(" state: DEGRADED")
+            && status
+                .lines()
+                .any(|l| l.contains("slog.img") && l.contains("OFFLINE")),
+        "{status}"
+    );
+    env.ok(&["online", "tank", slog]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains(" state: ONLINE")
+            && status
+                .lines()
+                .any(|l| l.contains("slog.img") && l.contains("ONLINE")),
+        "{status}"
+    );
     // The log device removed live, while fio writes: its labels are cleared (the file could
     // start a new pool) and the pool no longer lists it.
     env.ok(&["remove", "tank", "slog.img"]);

@@ -302,10 +302,30 @@ fn remove_refuses_data_devices_and_takes_a_log_mirror_by_name() {
 /// clean.
 #[test]
 fn power_loss_during_a_log_removal_loses_no_acknowledged_write() {
-    common::run_crash_cases("log_removal", removal_crash_case);
+    common::run_crash_cases("log_removal", |seed| {
+        removal_crash_case(seed, Leave::Remove)
+    });
 }
 
-fn removal_crash_case(seed: u64) -> Result<String, String> {
+/// As [`power_loss_during_a_log_removal_loses_no_acknowledged_write`], for `oxpool offline`
+/// of the single log device, which moves the chains off it the same way and keeps the vdev.
+#[test]
+fn power_loss_during_a_log_offline_loses_no_acknowledged_write() {
+    common::run_crash_cases("log_offline", |seed| {
+        removal_crash_case(seed, Leave::Offline)
+    });
+}
+
+/// How the log device leaves service in a crash case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Leave {
+    /// `oxpool remove`: a hole in its place.
+    Remove,
+    /// `oxpool offline`: the vdev stays, out of service.
+    Offline,
+}
+
+fn removal_crash_case(seed: u64, how: Leave) -> Result<String, String> {
     use std::sync::Mutex;
     const SLOTS: u64 = 64;
     let mems = [
@@ -365,7 +385,10 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
             }
         })
     };
-    let removed = pool.remove("slog0");
+    let removed = match how {
+        Leave::Remove => pool.remove("slog0"),
+        Leave::Offline => pool.offline("slog0", false),
+    };
     if cut_at_return {
         group
             .remaining
@@ -380,7 +403,9 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
     drop(pool);
     let power_failed = group.remaining.load(Ordering::SeqCst) == 0
         || group.remaining.load(Ordering::SeqCst) > u64::MAX / 2;
-    let (pool, report) = if cut_at_return && removed.is_ok() {
+    // An offline is recorded by the next sync, so the device may still be needed: both
+    // devices are imported, as for a crash during a removal.
+    let (pool, report) = if cut_at_return && removed.is_ok() && how == Leave::Remove {
         // Removed: the pool imports without the device.
         for (i, m) in group.members.lock().unwrap().iter().enumerate() {
             m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -397,15 +422,15 @@ fn removal_crash_case(seed: u64) -> Result<String, String> {
         block_on(vol.read(k as u64 * 4096, &mut buf)).map_err(|e| e.to_string())?;
         if !(ok..=issued).any(|n| n % SLOTS == k as u64 && buf == pattern(1000 + n, 4096)) {
             return Err(format!(
-                "slot {k}: acknowledged write {ok} lost (removal {removed:?}; {report})"
+                "slot {k}: acknowledged write {ok} lost ({how:?} {removed:?}; {report})"
             ));
         }
     }
     drop(vol);
-    common::audit_result(&pool, "after a power loss during a log removal")?;
+    common::audit_result(&pool, &format!("after a power loss during a log {how:?}"))?;
     pool.export().map_err(|e| e.to_string())?;
     Ok(format!(
-        "removal {:?}, power failed: {power_failed}",
+        "{how:?} {:?}, power failed: {power_failed}",
         removed.is_ok()
     ))
 }
@@ -448,5 +473,124 @@ fn a_lost_log_device_unknown_to_the_labels_imports_with_m() {
     pool.remove("slog0").unwrap();
     assert_eq!(pool.status().state, "ONLINE");
     audit_clean(&pool, "after removing a log vdev the labels did not know");
+    pool.export().unwrap();
+}
+
+/// `oxpool offline` of the only log device, while a writer commits FUA writes: the chains
+/// move off it and the writes go on, the device gets no more I/O, and the pool shows
+/// DEGRADED with the way back. Crashes then import without `-m`, with the device present
+/// or gone (it holds nothing), with every acknowledged write; `online` has new chains use it
+/// again, and a replay reads them from it. A temporary offline is forgotten by a crash.
+#[test]
+fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
+    let (pool, data, slog) = data_and_log();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    block_on(vol.flush()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (vol, stop, written) = (vol.clone(), stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) && n < 200_000 {
+                block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+                n += 1;
+                written.store(n, Ordering::Relaxed);
+            }
+            n
+        })
+    };
+    let wait_for = |n: u64| {
+        for _ in 0..30_000 {
+            if written.load(Ordering::Relaxed) >= n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the writer did not reach {n} writes");
+    };
+    wait_for(20);
+    assert!(
+        device_writes(&pool, "slog0") > 0,
+        "commits used the log device"
+    );
+    pool.offline("slog0", false).unwrap();
+    let after = device_writes(&pool, "slog0");
+    let base = written.load(Ordering::Relaxed);
+    wait_for(base + 20);
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert_eq!(
+        device_writes(&pool, "slog0"),
+        after,
+        "a commit after the offline wrote to the offline device"
+    );
+    let status = pool.status();
+    assert_eq!(status.state, "DEGRADED", "{status:?}");
+    assert_eq!(status.logs[0].state, "OFFLINE", "{status:?}");
+    assert!(
+        status.reasons.iter().any(|r| r.contains("oxpool online")),
+        "{status:?}"
+    );
+    audit_clean(&pool, "after the offline");
+    drop(vol);
+    drop(pool); // a crash: the last commits live in a chain on the data device
+    let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
+    check_slots(&pool, writes, "after the offline and a crash");
+    assert_eq!(pool.status().logs[0].state, "OFFLINE");
+    let (blocks, txg) = (pool.log_stats().blocks_written, pool.synced_txg());
+    fua_writes(&pool.volume("v").unwrap(), writes..writes + 64);
+    assert_eq!(device_writes(&pool, "slog0"), 0);
+    // The commits went to a log on the data device, not to a log block placed on the
+    // offline vdev (whose write fails, so that each commit waits for a txg).
+    assert!(
+        pool.log_stats().blocks_written >= blocks + 32,
+        "commits after an import with the log device offline did not use the intent log"
+    );
+    assert!(
+        pool.synced_txg().0 < txg.0 + 16,
+        "commits waited for txgs: {:?} -> {:?}",
+        txg,
+        pool.synced_txg()
+    );
+    audit_clean(&pool, "imported with the log device offline");
+    drop(pool); // a crash, and the log device is gone: nothing of it is needed
+    let pool = Pool::import(backends(&[&data]), Some("tank")).unwrap();
+    check_slots(
+        &pool,
+        writes + 64,
+        "imported without the offline log device",
+    );
+    audit_clean(&pool, "imported without the offline log device");
+    pool.export().unwrap();
+    // Back, and online: new chains use it, and a replay reads them from it.
+    let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
+    pool.online("slog0").unwrap();
+    let vol = pool.volume("v").unwrap();
+    fua_writes(&vol, writes + 64..writes + 128);
+    assert!(
+        device_writes(&pool, "slog0") > 0,
+        "the log device is used again once online"
+    );
+    drop(vol);
+    drop(pool); // a crash: the records are on the log device
+    let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
+    check_slots(
+        &pool,
+        writes + 128,
+        "replayed from the log device back online",
+    );
+    let status = pool.status();
+    assert_eq!(status.state, "ONLINE", "{status:?}");
+    audit_clean(&pool, "after the log device came back");
+    // -t: until the pool is exported, so a crash forgets it.
+    pool.offline("slog0", true).unwrap();
+    assert_eq!(pool.status().logs[0].state, "OFFLINE");
+    drop(pool);
+    let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
+    assert_eq!(pool.status().logs[0].state, "ONLINE");
+    fua_writes(&pool.volume("v").unwrap(), 0..64);
+    assert!(device_writes(&pool, "slog0") > 0);
+    audit_clean(&pool, "after a temporary offline and a crash");
     pool.export().unwrap();
 }

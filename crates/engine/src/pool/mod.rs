@@ -670,8 +670,12 @@ impl Pool {
     /// offline: it gets no more I/O. `temporary`: until the pool is exported; otherwise
     /// persisted. Refused, with the reason, when its vdev could not give back every block
     /// without it.
+    /// The last device of a log vdev goes offline after its log blocks are moved off it:
+    /// sync writes wait for the txg meanwhile, and are logged on the data vdevs after.
     pub fn offline(&self, device: &str, temporary: bool) -> Result<()> {
-        self.spa.offline(device, temporary)
+        let dsl = &self.dsl;
+        self.spa
+            .offline(device, temporary, &|v| dsl.leave_log_vdev(v))
     }
 
     /// Returns a device to service from OFFLINE, FAULTED or REMOVED. What was written

@@ -350,6 +350,94 @@ impl Spa {
         Ok(())
     }
 
+    /// The log vdev that taking `leaf` out of service would leave with no device in service
+    /// (a single log device, or the last side of a log mirror in service), if any: its
+    /// blocks must be moved off it first ([`Spa::offline_log`]).
+    pub(crate) fn log_vdev_lost_with(&self, leaf: &Leaf) -> Option<VdevId> {
+        if !leaf.health.in_service() {
+            return None;
+        }
+        let (top, _) = self.zio.vdevs.position(leaf)?;
+        (top.log && self.zio.vdevs.check_can_lose(top, leaf).is_err()).then_some(top.id)
+    }
+
+    /// Takes `leaf`, the last device in service of log vdev `v`, offline (`oxpool offline`
+    /// of a single log device, as ZFS's `spa_offline_log`): nothing new is placed on the
+    /// vdev, every intent log with a place there abandons its chain (as [`Spa::remove_log`]
+    /// has them do), syncs run until no block is left on it, and only then does the device
+    /// go out of service. The vdev keeps its index and its role comes back with `online`.
+    /// An import of a pool whose log vdev is offline needs nothing from it, even if its
+    /// device is gone. Refused, with nothing changed, if blocks are still on it after
+    /// [`REMOVE_LOG_SYNCS_MAX`] syncs.
+    pub(crate) fn offline_log(
+        &self,
+        v: VdevId,
+        leaf: &Leaf,
+        temporary: bool,
+        leave: &dyn Fn(VdevId),
+    ) -> Result<()> {
+        let _one = self.config_change.lock().unwrap();
+        let refuse = |why: String| {
+            EngineError::invalid(format!("cannot take {} offline: {why}", leaf.name()))
+        };
+        let was_leaving = {
+            let mut s = self.state.lock().unwrap();
+            if s.hole_requested == Some(v) {
+                return Err(refuse("its log vdev is being removed".to_string()));
+            }
+            let leaving = s.alloc.roles()[v.0 as usize] == VdevRole::Leaving;
+            s.alloc.set_leaving(v, true);
+            leaving
+        };
+        let left = || self.state.lock().unwrap().alloc.map(v).allocated_bytes();
+        let mut result = Ok(());
+        for _ in 0..REMOVE_LOG_SYNCS_MAX {
+            if left() == 0 {
+                break;
+            }
+            leave(v);
+            if let Err(e) = self.sync_now() {
+                result = Err(refuse(e.to_string()));
+                break;
+            }
+        }
+        if result.is_ok() && left() > 0 {
+            result = Err(refuse(format!(
+                "{} bytes of intent-log blocks are still on its log vdev after \
+                 {REMOVE_LOG_SYNCS_MAX} txgs (a replay or a scrub holds them); try again",
+                left()
+            )));
+        }
+        if let Err(e) = result {
+            self.state.lock().unwrap().alloc.set_leaving(v, was_leaving);
+            return Err(e);
+        }
+        // Empty, and nothing new lands on it: out of service, persisted by the next sync.
+        self.zio.vdevs.offline_emptied_log(leaf, temporary);
+        self.txg.mark_dirty();
+        Ok(())
+    }
+
+    /// After `leaf` came back into service: its log vdev takes log blocks again, unless it
+    /// is being removed. A log vdev out of service held nothing (it was emptied first, and
+    /// took no block while out), so the device lacks nothing: no resilver for it.
+    pub(crate) fn log_back_in_service(&self, leaf: &Leaf) {
+        let _one = self.config_change.lock().unwrap();
+        let Some((top, _)) = self.zio.vdevs.position(leaf) else {
+            return;
+        };
+        let mut s = self.state.lock().unwrap();
+        if top.log
+            && s.hole_requested != Some(top.id)
+            && !s.discarded_logs.contains(&top.id)
+            && s.alloc.roles()[top.id.0 as usize] == VdevRole::Leaving
+        {
+            s.alloc.set_leaving(top.id, false);
+            leaf.health
+                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+        }
+    }
+
     /// The log vdev `device` names: a single log device (by path, guid or file name), or a
     /// log vdev's group name (`mirror-N`). Refusals say what can be removed instead.
     fn log_vdev_named(&self, device: &str) -> Result<VdevId> {

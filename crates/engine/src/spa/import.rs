@@ -286,9 +286,20 @@ pub(crate) async fn import_devices(
     }
     // A log vdev with no device present: refused, unless `-m` (its records are lost), or the
     // metadata records it removed (a hole: `reshape` made it one).
+    // One whose devices were all taken offline holds nothing (`Spa::offline_log` emptied it
+    // first): imported without them and without `-m`, taking no log blocks.
     let mut missing_logs = Vec::new();
+    let mut logs_out = Vec::new();
     for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
         if cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
+            let offline = cfg
+                .children
+                .iter()
+                .all(|c| crate::vdev::offline_recorded(&state_records, c.guid));
+            if offline {
+                logs_out.push(cfg.id);
+                continue;
+            }
             if !opts.missing_log && !discarded_before.contains(&cfg.id) {
                 let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
                 // Not `NotFound`, whose ": not found" would follow the hint.
@@ -314,7 +325,16 @@ pub(crate) async fn import_devices(
     zio.vdevs.load_state_records(&state_records, meta.txg)?;
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
     let mut alloc = Allocator::for_tops(zio.vdevs.tops());
-    for v in &missing_logs {
+    // Log vdevs with no device in service (taken offline, or present but out) take no log
+    // blocks until `online` brings one back.
+    logs_out.extend(
+        zio.vdevs
+            .tops()
+            .filter(|t| t.log && !t.is_hole() && t.leaves().next().is_some())
+            .filter(|t| t.leaves_in_service().next().is_none())
+            .map(|t| t.id),
+    );
+    for v in missing_logs.iter().chain(&logs_out) {
         alloc.set_leaving(*v, true);
     }
     let mut chunk_ptrs = Vec::new();

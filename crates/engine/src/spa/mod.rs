@@ -670,17 +670,25 @@ impl Spa {
     /// Takes a device offline (`oxpool offline`; `temporary`: until export). Refused, with
     /// the reason, when its vdev could not give back every block without it. Persisted by
     /// the next sync.
-    pub fn offline(&self, device: &str, temporary: bool) -> Result<()> {
+    /// The last device in service of a log vdev is taken offline once its log blocks are
+    /// moved off it ([`Spa::offline_log`]; `leave` has the intent logs abandon their chains
+    /// there).
+    pub fn offline(&self, device: &str, temporary: bool, leave: &dyn Fn(VdevId)) -> Result<()> {
         let leaf = self.leaf_named(device)?;
+        if let Some(v) = self.log_vdev_lost_with(&leaf) {
+            return self.offline_log(v, &leaf, temporary, leave);
+        }
         self.zio.vdevs.offline(&leaf, temporary)?;
         self.txg.mark_dirty();
         Ok(())
     }
 
-    /// Returns a device to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED.
+    /// Returns a device to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED. A log
+    /// vdev that was out of service takes log blocks again.
     pub fn online(&self, device: &str) -> Result<()> {
         let leaf = self.leaf_named(device)?;
         self.zio.vdevs.online(&leaf);
+        self.log_back_in_service(&leaf);
         self.txg.mark_dirty();
         Ok(())
     }
@@ -870,10 +878,16 @@ impl Spa {
                         }
                         None => vdev.clone(),
                     };
+                    // Taken offline: `online` returns it (it holds nothing meanwhile).
+                    let back = if out.iter().all(|k| k.state == "OFFLINE") {
+                        format!("`oxpool online {} DEVICE` returns it; ", self.name)
+                    } else {
+                        String::new()
+                    };
                     reasons.push(format!(
                         "log {which} out of service; the pool runs on without it (sync \
-                         writes are logged on the data vdevs or wait for the txg). `oxpool \
-                         remove {} {vdev}` takes it out of the pool",
+                         writes are logged on the data vdevs or wait for the txg). {back}\
+                         `oxpool remove {} {vdev}` takes it out of the pool",
                         self.name
                     ));
                 } else if !out.is_empty() {

@@ -185,13 +185,27 @@ impl VdevTree {
                 EngineError::invalid(format!("cannot take {} offline: {why}", leaf.name()))
             })?;
         }
-        let reason = if temporary {
-            "taken offline by the administrator until the pool is exported"
-        } else {
-            "taken offline by the administrator"
-        };
-        self.take_out(leaf, LeafState::Offline, reason.to_string(), temporary);
+        self.take_out(
+            leaf,
+            LeafState::Offline,
+            offline_reason(temporary),
+            temporary,
+        );
         Ok(())
+    }
+
+    /// Takes `leaf`, the last device in service of a log vdev that holds no block any more
+    /// (`Spa::offline_log` emptied it), offline: without [`VdevTree::offline`]'s check,
+    /// since nothing needs it.
+    pub(crate) fn offline_emptied_log(&self, leaf: &Leaf, temporary: bool) {
+        let _one = self.state_change.lock().unwrap();
+        debug_assert!(self.position(leaf).is_some_and(|(top, _)| top.log));
+        self.take_out(
+            leaf,
+            LeafState::Offline,
+            offline_reason(temporary),
+            temporary,
+        );
     }
 
     /// Returns `leaf` to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED. The
@@ -308,8 +322,14 @@ impl VdevTree {
             // A vdev that would lack more children than its redundancy takes back its
             // faulted, then its offline ones: blocks read from them are checked like any,
             // and a vdev that cannot give back its blocks is worse than one that uses a
-            // doubtful device.
-            for wanted in [LeafState::Faulted, LeafState::Offline] {
+            // doubtful device. Not a log vdev's offline ones: the last of them went offline
+            // only once no block was left on it (`Spa::offline_log`).
+            let wanted_states: &[LeafState] = if top.log {
+                &[LeafState::Faulted]
+            } else {
+                &[LeafState::Faulted, LeafState::Offline]
+            };
+            for &wanted in wanted_states {
                 for (i, child) in shape.children.iter().enumerate() {
                     let out = (0..shape.children.len())
                         .filter(|&c| shape.child_in_service(c).is_none())
@@ -341,4 +361,24 @@ impl VdevTree {
         }
         Ok(())
     }
+}
+
+/// Why a device `oxpool offline` took out is out of service.
+fn offline_reason(temporary: bool) -> String {
+    if temporary {
+        "taken offline by the administrator until the pool is exported".to_string()
+    } else {
+        "taken offline by the administrator".to_string()
+    }
+}
+
+/// Whether `records` (the pool's device state records) say device `guid` was taken offline
+/// for good (not `-t`): a record that cannot be read says no.
+pub fn offline_recorded(records: &[(String, String)], guid: Guid) -> bool {
+    let name = format!("{STATE_RECORD_PREFIX}{:x}", guid.0);
+    records
+        .iter()
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| StateRecord::parse(v).ok())
+        .is_some_and(|r| r.state == LeafState::Offline)
 }
