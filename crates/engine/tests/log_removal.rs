@@ -563,17 +563,25 @@ fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
     );
     audit_clean(&pool, "imported without the offline log device");
     pool.export().unwrap();
-    // Back, and online: new chains use it, and a replay reads them from it.
+    // Back, and online while a chain is anchored on the data device: the chain goes on onto
+    // the log device, with no sync after the online's own, and a replay reads it from there.
     let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
-    pool.online("slog0").unwrap();
     let vol = pool.volume("v").unwrap();
-    fua_writes(&vol, writes + 64..writes + 128);
+    fua_writes(&vol, writes + 64..writes + 72);
+    pool.online("slog0").unwrap();
+    fua_writes(&vol, writes + 72..writes + 128);
     assert!(
         device_writes(&pool, "slog0") > 0,
         "the log device is used again once online"
     );
     drop(vol);
-    drop(pool); // a crash: the records are on the log device
+    drop(pool); // a crash: the last records are on the log device
+                // The txg that returned it recorded it no longer emptied: without it, the import
+                // refuses rather than lose what is on it.
+    let Err(e) = Pool::import(backends(&[&data]), Some("tank")) else {
+        panic!("imported without the log device that holds the last records");
+    };
+    assert!(e.to_string().contains("import -m"), "{e}");
     let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
     check_slots(
         &pool,
@@ -592,5 +600,16 @@ fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
     fua_writes(&pool.volume("v").unwrap(), 0..64);
     assert!(device_writes(&pool, "slog0") > 0);
     audit_clean(&pool, "after a temporary offline and a crash");
+    // -t, then an export: back in service at the import, lacking nothing (no resilver for a
+    // log device: it held nothing while out, and its blocks are in no block tree).
+    pool.offline("slog0", true).unwrap();
+    fua_writes(&pool.volume("v").unwrap(), 0..64);
+    pool.export().unwrap();
+    let pool = Pool::import(backends(&[&data, &slog]), Some("tank")).unwrap();
+    let status = pool.status();
+    assert!(
+        status.state == "ONLINE" && status.logs[0].reason.is_none() && status.scan.is_none(),
+        "{status:?}"
+    );
     pool.export().unwrap();
 }

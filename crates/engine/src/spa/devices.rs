@@ -11,7 +11,7 @@
 use crate::spa::Spa;
 use crate::vdev::alloc::VdevRole;
 use crate::vdev::label::{clear_labels, read_label, write_labels};
-use crate::vdev::{Detached, Leaf};
+use crate::vdev::{Detached, Leaf, LeafState};
 use crate::{EngineError, Result};
 use oxpool_format::{
     Guid, LabelConfig, LeafConfig, PairKind, Txg, VdevId, MIN_DEVICE_BYTES, SPARE_TOP,
@@ -350,28 +350,27 @@ impl Spa {
         Ok(())
     }
 
-    /// The log vdev that taking `leaf` out of service would leave with no device in service
+    /// The log vdev that taking `leaf` offline would leave with no other device in service
     /// (a single log device, or the last side of a log mirror in service), if any: its
-    /// blocks must be moved off it first ([`Spa::offline_log`]).
+    /// blocks must be moved off it first ([`Spa::offline_log`]), also when `leaf` is out
+    /// already (faulted or gone, its chains still there).
     pub(crate) fn log_vdev_lost_with(&self, leaf: &Leaf) -> Option<VdevId> {
-        if !leaf.health.in_service() {
-            return None;
-        }
         let (top, _) = self.zio.vdevs.position(leaf)?;
-        (top.log && self.zio.vdevs.check_can_lose(top, leaf).is_err()).then_some(top.id)
+        let others_in_service = top.leaves_in_service().any(|l| l.guid != leaf.guid);
+        (top.log && !others_in_service).then_some(top.id)
     }
 
-    /// Takes `leaf`, the last device in service of log vdev `v`, offline (`oxpool offline`
-    /// of a single log device, as ZFS's `spa_offline_log`): nothing new is placed on the
-    /// vdev, every intent log with a place there abandons its chain (as [`Spa::remove_log`]
-    /// has them do), syncs run until no block is left on it, and only then does the device
-    /// go out of service. The vdev keeps its index and its role comes back with `online`.
-    /// An import of a pool whose log vdev is offline needs nothing from it, even if its
-    /// device is gone. Refused, with nothing changed, if blocks are still on it after
-    /// [`REMOVE_LOG_SYNCS_MAX`] syncs.
+    /// Takes `leaf`, the last device in service of a log vdev, offline (`oxpool offline` of
+    /// a single log device, as ZFS's `spa_offline_log`): nothing new is placed on the vdev,
+    /// every intent log with a place there abandons its chain (as [`Spa::remove_log`] has
+    /// them do), syncs run until no block is left on it, and only then does the device go
+    /// out of service. Unless `temporary`, the vdev is then recorded as emptied
+    /// ([`SpaState::emptied_logs`]) in the same txg as the device's offline state: an import
+    /// then needs nothing from it, not even its device. Refused, with nothing changed, if
+    /// blocks are still on it after [`REMOVE_LOG_SYNCS_MAX`] syncs, or if the vdev changed
+    /// meanwhile (a removal).
     pub(crate) fn offline_log(
         &self,
-        v: VdevId,
         leaf: &Leaf,
         temporary: bool,
         leave: &dyn Fn(VdevId),
@@ -380,14 +379,25 @@ impl Spa {
         let refuse = |why: String| {
             EngineError::invalid(format!("cannot take {} offline: {why}", leaf.name()))
         };
+        // Again under the lock: a removal may have made the vdev a hole meanwhile.
+        let Some(v) = self.log_vdev_lost_with(leaf) else {
+            return Err(refuse(
+                "its log vdev changed meanwhile; try again".to_string(),
+            ));
+        };
         let was_leaving = {
             let mut s = self.state.lock().unwrap();
-            if s.hole_requested == Some(v) {
+            let role = s.alloc.roles()[v.0 as usize];
+            if s.hole_requested == Some(v) || !matches!(role, VdevRole::Log | VdevRole::Leaving) {
                 return Err(refuse("its log vdev is being removed".to_string()));
             }
-            let leaving = s.alloc.roles()[v.0 as usize] == VdevRole::Leaving;
+            // Offline already, and recorded emptied: nothing to do (a second `offline`, or
+            // `-t` after a lasting one, changes nothing).
+            if s.emptied_logs.contains(&v) && leaf.health.state() == LeafState::Offline {
+                return Ok(());
+            }
             s.alloc.set_leaving(v, true);
-            leaving
+            role == VdevRole::Leaving
         };
         let left = || self.state.lock().unwrap().alloc.map(v).allocated_bytes();
         let mut result = Ok(());
@@ -408,34 +418,57 @@ impl Spa {
                 left()
             )));
         }
+        let mut s = self.state.lock().unwrap();
         if let Err(e) = result {
-            self.state.lock().unwrap().alloc.set_leaving(v, was_leaving);
+            s.alloc.set_leaving(v, was_leaving);
             return Err(e);
         }
-        // Empty, and nothing new lands on it: out of service, persisted by the next sync.
+        // Empty, and nothing new lands on it: out of service. The device's state and the
+        // emptied mark change under the state lock, under which a sync reads both, so one
+        // txg records both.
         self.zio.vdevs.offline_emptied_log(leaf, temporary);
+        if !temporary && !s.emptied_logs.contains(&v) {
+            s.emptied_logs.push(v);
+        }
+        drop(s);
         self.txg.mark_dirty();
         Ok(())
     }
 
-    /// After `leaf` came back into service: its log vdev takes log blocks again, unless it
-    /// is being removed. A log vdev out of service held nothing (it was emptied first, and
-    /// took no block while out), so the device lacks nothing: no resilver for it.
-    pub(crate) fn log_back_in_service(&self, leaf: &Leaf) {
+    /// `oxpool online` of a device of a log vdev that is out of service: back in service,
+    /// lacking nothing (the vdev held nothing and took nothing while out: no resilver), and
+    /// taking log blocks again, but only once a durable txg no longer records the vdev as
+    /// emptied, or an import after a crash would skip the blocks placed on it. Returns
+    /// false if `leaf` is not such a device (the caller brings it back as any other).
+    pub(crate) fn online_log(&self, leaf: &Leaf) -> Result<bool> {
         let _one = self.config_change.lock().unwrap();
         let Some((top, _)) = self.zio.vdevs.position(leaf) else {
-            return;
+            return Ok(false);
         };
+        let v = top.id;
         let mut s = self.state.lock().unwrap();
-        if top.log
-            && s.hole_requested != Some(top.id)
-            && !s.discarded_logs.contains(&top.id)
-            && s.alloc.roles()[top.id.0 as usize] == VdevRole::Leaving
-        {
-            s.alloc.set_leaving(top.id, false);
-            leaf.health
-                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+        let usable = top.log
+            && s.hole_requested != Some(v)
+            && !s.discarded_logs.contains(&v)
+            && s.alloc.roles()[v.0 as usize] == VdevRole::Leaving;
+        if !usable {
+            return Ok(false);
         }
+        self.zio.vdevs.online(leaf);
+        leaf.health
+            .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+        let was_emptied = s.emptied_logs.contains(&v);
+        s.emptied_logs.retain(|&x| x != v);
+        drop(s);
+        self.txg.mark_dirty();
+        if was_emptied {
+            // The txg that records the device online and the vdev no longer emptied.
+            self.sync_now()?;
+        }
+        if leaf.health.in_service() {
+            self.state.lock().unwrap().alloc.set_leaving(v, false);
+        }
+        Ok(true)
     }
 
     /// The log vdev `device` names: a single log device (by path, guid or file name), or a

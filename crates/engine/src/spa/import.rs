@@ -206,18 +206,20 @@ pub(crate) async fn import_devices(
     let (discarded_records, plain_props): (Vec<_>, Vec<_>) = plain_props
         .into_iter()
         .partition(|(k, _)| k == super::LOG_DISCARDED_KEY);
-    let mut discarded_before = Vec::new();
-    for (_, v) in &discarded_records {
-        for id in v.split(',') {
-            let id: u32 = id.parse().map_err(|_| {
-                EngineError::invalid(format!(
-                    "pool '{pool_name}': bad {} record '{v}'",
-                    super::LOG_DISCARDED_KEY
-                ))
-            })?;
-            discarded_before.push(VdevId(id));
-        }
-    }
+    let discarded_before = vdev_ids(&pool_name, super::LOG_DISCARDED_KEY, &discarded_records)?;
+    // And the log vdevs emptied and taken offline (`Spa::offline_log`).
+    let (emptied_records, plain_props): (Vec<_>, Vec<_>) = plain_props
+        .into_iter()
+        .partition(|(k, _)| k == super::LOG_EMPTIED_KEY);
+    let emptied: Vec<VdevId> = vdev_ids(&pool_name, super::LOG_EMPTIED_KEY, &emptied_records)?
+        .into_iter()
+        .filter(|v| {
+            meta.tree
+                .top
+                .get(v.0 as usize)
+                .is_some_and(|t| t.log && t.kind != TopVdevKind::Hole)
+        })
+        .collect();
     let props = PoolProps::from_pairs(&plain_props)?;
     zio.completion.set(props.completion);
     zio.vdevs
@@ -286,17 +288,13 @@ pub(crate) async fn import_devices(
     }
     // A log vdev with no device present: refused, unless `-m` (its records are lost), or the
     // metadata records it removed (a hole: `reshape` made it one).
-    // One whose devices were all taken offline holds nothing (`Spa::offline_log` emptied it
-    // first): imported without them and without `-m`, taking no log blocks.
+    // One recorded emptied holds nothing (`Spa::offline_log` emptied it before its devices
+    // went offline): imported without them and without `-m`, taking no log blocks.
     let mut missing_logs = Vec::new();
     let mut logs_out = Vec::new();
     for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
         if cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
-            let offline = cfg
-                .children
-                .iter()
-                .all(|c| crate::vdev::offline_recorded(&state_records, c.guid));
-            if offline {
+            if emptied.contains(&cfg.id) {
                 logs_out.push(cfg.id);
                 continue;
             }
@@ -322,16 +320,17 @@ pub(crate) async fn import_devices(
     }
     // Before anything reads the pool's blocks past its metadata: an offline or faulted
     // device gets no I/O from here on.
-    zio.vdevs.load_state_records(&state_records, meta.txg)?;
+    zio.vdevs
+        .load_state_records(&state_records, meta.txg, &emptied)?;
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
     let mut alloc = Allocator::for_tops(zio.vdevs.tops());
-    // Log vdevs with no device in service (taken offline, or present but out) take no log
-    // blocks until `online` brings one back.
+    // Log vdevs emptied, and any with no device in service, take no log blocks until
+    // `online` brings one back.
     logs_out.extend(
         zio.vdevs
             .tops()
             .filter(|t| t.log && !t.is_hole() && t.leaves().next().is_some())
-            .filter(|t| t.leaves_in_service().next().is_none())
+            .filter(|t| emptied.contains(&t.id) || t.leaves_in_service().next().is_none())
             .map(|t| t.id),
     );
     for v in missing_logs.iter().chain(&logs_out) {
@@ -420,6 +419,7 @@ pub(crate) async fn import_devices(
             hole_requested: None,
             holed: Vec::new(),
             discarded_logs: missing_logs.clone(),
+            emptied_logs: emptied,
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
@@ -430,6 +430,21 @@ pub(crate) async fn import_devices(
         inner.txg.mark_dirty();
     }
     Ok((inner, meta))
+}
+
+/// The vdev ids of a `key` record (comma-separated), as [`super::LOG_DISCARDED_KEY`] and
+/// [`super::LOG_EMPTIED_KEY`] keep them.
+fn vdev_ids(pool_name: &str, key: &str, records: &[(String, String)]) -> Result<Vec<VdevId>> {
+    let mut out = Vec::new();
+    for (_, v) in records {
+        for id in v.split(',') {
+            let id: u32 = id.parse().map_err(|_| {
+                EngineError::invalid(format!("pool '{pool_name}': bad {key} record '{v}'"))
+            })?;
+            out.push(VdevId(id));
+        }
+    }
+    Ok(out)
 }
 
 /// What an import refused for a missing log device may say: how to import without it.

@@ -110,7 +110,16 @@ pub(crate) struct SpaState {
     /// without them needs no `-m` (ZFS keeps such a pool imported; here every command
     /// imports). Until `oxpool remove` makes them holes, or their devices come back.
     pub discarded_logs: Vec<VdevId>,
+    /// Log vdevs emptied and taken offline (`Spa::offline_log`), recorded under
+    /// [`LOG_EMPTIED_KEY`] in the txg that records their device offline: they hold no
+    /// block, so an import needs nothing from them (no `-m` if their devices are gone, and
+    /// their offline devices are not taken back). Until `online` returns a device.
+    pub emptied_logs: Vec<VdevId>,
 }
+
+/// The key of the emptied log vdevs' record among the pool's persisted properties: their
+/// ids, comma-separated ([`SpaState::emptied_logs`]).
+pub const LOG_EMPTIED_KEY: &str = "log_emptied";
 
 /// The key of the discarded log vdevs' record among the pool's persisted properties: their
 /// ids, comma-separated ([`SpaState::discarded_logs`]).
@@ -286,6 +295,7 @@ impl Spa {
                 hole_requested: None,
                 holed: Vec::new(),
                 discarded_logs: Vec::new(),
+                emptied_logs: Vec::new(),
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
@@ -647,7 +657,8 @@ impl Spa {
                 });
                 Err(EngineError::NotFound(if absent {
                     format!(
-                        "device '{device}' of pool '{}': it was not found at import",
+                        "device '{device}' of pool '{}': it was not found at import (if it \
+                         is back, `oxpool export` and `oxpool import -d DIR` open it)",
                         self.name
                     )
                 } else {
@@ -675,8 +686,8 @@ impl Spa {
     /// there).
     pub fn offline(&self, device: &str, temporary: bool, leave: &dyn Fn(VdevId)) -> Result<()> {
         let leaf = self.leaf_named(device)?;
-        if let Some(v) = self.log_vdev_lost_with(&leaf) {
-            return self.offline_log(v, &leaf, temporary, leave);
+        if self.log_vdev_lost_with(&leaf).is_some() {
+            return self.offline_log(&leaf, temporary, leave);
         }
         self.zio.vdevs.offline(&leaf, temporary)?;
         self.txg.mark_dirty();
@@ -684,11 +695,13 @@ impl Spa {
     }
 
     /// Returns a device to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED. A log
-    /// vdev that was out of service takes log blocks again.
+    /// vdev that was out of service takes log blocks again ([`Spa::online_log`]).
     pub fn online(&self, device: &str) -> Result<()> {
         let leaf = self.leaf_named(device)?;
+        if self.online_log(&leaf)? {
+            return Ok(());
+        }
         self.zio.vdevs.online(&leaf);
-        self.log_back_in_service(&leaf);
         self.txg.mark_dirty();
         Ok(())
     }
@@ -880,7 +893,8 @@ impl Spa {
                     };
                     // Taken offline: `online` returns it (it holds nothing meanwhile).
                     let back = if out.iter().all(|k| k.state == "OFFLINE") {
-                        format!("`oxpool online {} DEVICE` returns it; ", self.name)
+                        let names: Vec<&str> = out.iter().map(|k| k.name.as_str()).collect();
+                        format!("`oxpool online {} {}` returns it; ", self.name, names[0])
                     } else {
                         String::new()
                     };
@@ -919,8 +933,13 @@ impl Spa {
                     } else {
                         format!("`oxpool scrub {}` repairs them", self.name)
                     };
+                    // A single device is its vdev: named once.
+                    let prefix = match t.group_name() {
+                        Some(_) => format!("{vdev}: "),
+                        None => String::new(),
+                    };
                     reasons.push(format!(
-                        "{vdev}: {} lacks blocks written while it was out of service or \
+                        "{prefix}{} lacks blocks written while it was out of service or \
                          whose writes failed; {repair}",
                         names.join(", "),
                     ));

@@ -182,14 +182,18 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                 if let Some(r) = &s.scan_record {
                     props.push((super::SCAN_RECORD_KEY.to_string(), r.clone()));
                 }
-                let discarded: Vec<String> = s
-                    .discarded_logs
-                    .iter()
-                    .filter(|v| inner.zio.vdevs.top(**v).is_some_and(|t| !t.is_hole()))
-                    .map(|v| v.0.to_string())
-                    .collect();
-                if !discarded.is_empty() {
-                    props.push((super::LOG_DISCARDED_KEY.to_string(), discarded.join(",")));
+                for (key, logs) in [
+                    (super::LOG_DISCARDED_KEY, &s.discarded_logs),
+                    (super::LOG_EMPTIED_KEY, &s.emptied_logs),
+                ] {
+                    let ids: Vec<String> = logs
+                        .iter()
+                        .filter(|v| inner.zio.vdevs.top(**v).is_some_and(|t| !t.is_hole()))
+                        .map(|v| v.0.to_string())
+                        .collect();
+                    if !ids.is_empty() {
+                        props.push((key.to_string(), ids.join(",")));
+                    }
                 }
                 props
             },

@@ -1072,16 +1072,21 @@ impl Allocator {
     }
 
     /// Allocates one intent-log block: on a separate log device if there is one with room
-    /// (round-robin over several), else on the pool's data vdevs if `data_ok`. Log blocks are
-    /// allocated outside the txg sync, at commit time; they reach the persisted maps with the
-    /// next sync like any allocation.
-    pub fn alloc_log(&mut self, size_bytes: u64, data_ok: bool) -> Option<Dva> {
+    /// and `in_service` says it can take writes (round-robin over several), else on the
+    /// pool's data vdevs if `data_ok`. Log blocks are allocated outside the txg sync, at
+    /// commit time; they reach the persisted maps with the next sync like any allocation.
+    pub fn alloc_log(
+        &mut self,
+        size_bytes: u64,
+        data_ok: bool,
+        in_service: impl Fn(VdevId) -> bool,
+    ) -> Option<Dva> {
         let n = self.maps.len();
         let first = self.rotor % n;
         self.rotor = self.rotor.wrapping_add(1);
         for k in 0..n {
             let v = (first + k) % n;
-            if self.role[v] == VdevRole::Log {
+            if self.role[v] == VdevRole::Log && in_service(VdevId(v as u32)) {
                 if let Some(d) = self.maps[v].alloc(size_bytes) {
                     return Some(d);
                 }
@@ -1175,15 +1180,24 @@ mod tests {
             for d in a.alloc(4 * SECTOR_BYTES, 3).unwrap() {
                 assert_eq!(d.vdev, VdevId(0), "a block on a pending vdev");
             }
-            let l = a.alloc_log(32 * SECTOR_BYTES, true).unwrap();
+            let l = a.alloc_log(32 * SECTOR_BYTES, true, |_| true).unwrap();
             assert_eq!(l.vdev, VdevId(0), "a log block on a pending vdev");
         }
-        assert_eq!(a.alloc_log(SECTOR_BYTES, false), None);
+        assert_eq!(a.alloc_log(SECTOR_BYTES, false, |_| true), None);
         a.activate(data);
         a.activate(log);
         assert!(a.totals_bytes().0 > size_before);
         assert!(a.has_log_device());
-        assert_eq!(a.alloc_log(SECTOR_BYTES, false).unwrap().vdev, log);
+        assert_eq!(
+            a.alloc_log(SECTOR_BYTES, false, |_| true).unwrap().vdev,
+            log
+        );
+        // A log vdev with no device in service takes no log block: the data vdevs do.
+        assert_ne!(
+            a.alloc_log(SECTOR_BYTES, true, |v| v != log).unwrap().vdev,
+            log
+        );
+        assert_eq!(a.alloc_log(SECTOR_BYTES, false, |v| v != log), None);
         let used: std::collections::HashSet<VdevId> = (0..64)
             .flat_map(|_| a.alloc(4 * SECTOR_BYTES, 1).unwrap())
             .map(|d| d.vdev)

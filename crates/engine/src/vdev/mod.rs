@@ -20,7 +20,7 @@ mod stats;
 pub use change::{Detached, SpareStatus};
 pub use health::{ErrorKind, FaultPolicy, LeafHealth, LeafState, StateRecord};
 pub use inject::{InjectKind, InjectOps, InjectRule, InjectRuleStatus};
-pub use states::{offline_recorded, OutageMarks, STATE_RECORD_PREFIX};
+pub use states::{OutageMarks, STATE_RECORD_PREFIX};
 pub use stats::{DeviceErrors, DeviceStats};
 
 use crate::iostats::LeafIoStats;

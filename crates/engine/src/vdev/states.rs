@@ -12,7 +12,7 @@
 use crate::vdev::health::{ErrorKind, LeafState, StateRecord};
 use crate::vdev::{Leaf, TopVdev, VdevTree};
 use crate::{EngineError, Result};
-use oxpool_format::{Guid, Txg};
+use oxpool_format::{Guid, Txg, VdevId};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -110,7 +110,15 @@ impl VdevTree {
             return;
         };
         let why = format!("too many I/O errors ({n} within {window_s} s)");
-        match self.check_can_lose(top, leaf) {
+        // A log vdev is faulted even when it has no other device, as ZFS faults a slog: the
+        // pool runs on without it (new log blocks go elsewhere), and import still reads it
+        // back if a chain needs it (a faulted log device is taken back into service).
+        let can_lose = if top.log {
+            Ok(())
+        } else {
+            self.check_can_lose(top, leaf)
+        };
+        match can_lose {
             Ok(()) => {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
                 self.take_out(leaf, LeafState::Faulted, why, false);
@@ -284,7 +292,14 @@ impl VdevTree {
 
     /// Sets the leaves up from their records at import (the pool was committed at
     /// `imported`). A child absent now is recorded as lacking every txg from the next one.
-    pub fn load_state_records(&self, records: &[(String, String)], imported: Txg) -> Result<()> {
+    /// `emptied`: log vdevs recorded emptied (`Spa::offline_log`), whose offline devices
+    /// stay offline.
+    pub fn load_state_records(
+        &self,
+        records: &[(String, String)],
+        imported: Txg,
+        emptied: &[VdevId],
+    ) -> Result<()> {
         let mut by_guid = std::collections::BTreeMap::new();
         for (name, value) in records {
             let hex = name.strip_prefix(STATE_RECORD_PREFIX).unwrap_or(name);
@@ -305,6 +320,13 @@ impl VdevTree {
                         if let Some(r) = record {
                             leaf.health.load_record(r, imported);
                         }
+                        // What a single log device missed while out of service (offline -t
+                        // until an export) is nothing a resilver could give it: log blocks
+                        // are in no block tree, and no other child holds them.
+                        if top.log && shape.children.len() == 1 {
+                            leaf.health
+                                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+                        }
                     }
                     None => {
                         let mut r = record.copied().unwrap_or(StateRecord {
@@ -322,9 +344,9 @@ impl VdevTree {
             // A vdev that would lack more children than its redundancy takes back its
             // faulted, then its offline ones: blocks read from them are checked like any,
             // and a vdev that cannot give back its blocks is worse than one that uses a
-            // doubtful device. Not a log vdev's offline ones: the last of them went offline
-            // only once no block was left on it (`Spa::offline_log`).
-            let wanted_states: &[LeafState] = if top.log {
+            // doubtful device. Not the offline devices of a log vdev recorded emptied: the
+            // last of them went offline only once no block was left on it.
+            let wanted_states: &[LeafState] = if emptied.contains(&top.id) {
                 &[LeafState::Faulted]
             } else {
                 &[LeafState::Faulted, LeafState::Offline]
@@ -370,15 +392,4 @@ fn offline_reason(temporary: bool) -> String {
     } else {
         "taken offline by the administrator".to_string()
     }
-}
-
-/// Whether `records` (the pool's device state records) say device `guid` was taken offline
-/// for good (not `-t`): a record that cannot be read says no.
-pub fn offline_recorded(records: &[(String, String)], guid: Guid) -> bool {
-    let name = format!("{STATE_RECORD_PREFIX}{:x}", guid.0);
-    records
-        .iter()
-        .find(|(k, _)| *k == name)
-        .and_then(|(_, v)| StateRecord::parse(v).ok())
-        .is_some_and(|r| r.state == LeafState::Offline)
 }

@@ -854,7 +854,14 @@ pub(crate) fn alloc_log_block(inner: &Spa, size_bytes: u64) -> Option<Dva> {
         let mut extra = crate::vdev::alloc::ClassBytes::default();
         extra.add_blocks(size, 1, 1);
         let data_ok = inner.may_allocate_outside_sync(&st.alloc, extra);
-        let dva = st.alloc.alloc_log(size, data_ok)?;
+        // Not on a log vdev whose devices are all out of service (faulted, gone, offline):
+        // the block's write would fail and the commit wait for the txg.
+        let vdevs = &inner.zio.vdevs;
+        let dva = st.alloc.alloc_log(size, data_ok, |v| {
+            vdevs
+                .top(v)
+                .is_some_and(|t| t.leaves_in_service().next().is_some())
+        })?;
         (dva, st.alloc.totals_bytes().0)
     };
     let since = inner
