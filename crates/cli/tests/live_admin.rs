@@ -881,6 +881,12 @@ fn serve_serves_the_pools_it_can_open_and_list_shows_the_others_unavail() {
             .any(|l| l.contains("tank2.img") && l.contains("found")),
         "{status}"
     );
+    // `export` forgets it (as `zpool export` of a faulted pool), saying how to find it again.
+    let out = env.run(&["export", "tank2"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("import -d"), "{err}");
+    assert!(!env.ok(&["list", "-H"]).contains("tank2"));
     let dir = env.dir.path().to_str().unwrap().to_string();
     env.ok(&["import", "-m", "-d", &dir, "tank2"]);
     assert!(exports(&server).contains("tank2/w0"));

@@ -138,10 +138,20 @@ pub fn import(
 /// flight are answered) and the server stops serving it.
 pub fn export(host: &Host, name: &str) -> Result<()> {
     match host {
-        Host::Local { cache } => {
-            let (pool, _locks) = open_pool(cache, name)?;
-            pool.export()?;
-        }
+        Host::Local { cache } => match open_pool(cache, name) {
+            Ok((pool, _locks)) => pool.export()?,
+            // As `zpool export` of a pool that cannot be opened: this machine forgets it
+            // (it was listed UNAVAIL); its devices are left as they are.
+            Err(e) if e.downcast_ref::<host::Unavailable>().is_some() => {
+                eprintln!(
+                    "oxpool: pool '{name}' could not be opened ({}); forgotten by this \
+                     machine, its devices untouched (`oxpool import -d DIR {name}` finds it \
+                     again)",
+                    unavailable_why(&e)
+                );
+            }
+            Err(e) => return Err(e),
+        },
         Host::Live(served) => {
             let _one = served.membership();
             let (pool, devices) = served.release(name, false)?;
@@ -385,7 +395,7 @@ pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavai
         return Err(err);
     };
     Ok(Unavailable {
-        why: format!("{err:#}"),
+        why: unavailable_why(&err),
         devices: entry
             .devices
             .into_iter()
@@ -395,6 +405,15 @@ pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavai
             })
             .collect(),
     })
+}
+
+/// Why a pool could not be opened, without the "cannot open pool" the error starts with
+/// (the reason names the pool itself).
+fn unavailable_why(err: &anyhow::Error) -> String {
+    match err.downcast_ref::<host::Unavailable>() {
+        Some(u) => u.0.root_cause().to_string(),
+        None => format!("{err:#}"),
+    }
 }
 
 /// `oxpool status` of a pool that could not be opened, in `zpool status`'s shape: the
