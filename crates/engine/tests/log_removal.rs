@@ -65,6 +65,59 @@ fn device_writes(pool: &Pool, name: &str) -> u64 {
         .map_or(0, |d| d.io.write.ops)
 }
 
+/// A thread of FUA writes, write `n` to slot `n % 64`, until stopped.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    written: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Writer {
+    fn start(vol: &oxpool_engine::Volume) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (vol, stop, written) = (vol.clone(), stop.clone(), written.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) && n < 200_000 {
+                    block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
+                    n += 1;
+                    written.store(n, Ordering::Relaxed);
+                }
+                n
+            })
+        };
+        Writer {
+            stop,
+            written,
+            thread,
+        }
+    }
+
+    /// Writes acknowledged so far.
+    fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+
+    /// Waits (polling, bounded) until `n` writes were acknowledged.
+    fn wait_for(&self, n: u64) {
+        for _ in 0..30_000 {
+            if self.written() >= n {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        panic!("the writer did not reach {n} writes");
+    }
+
+    /// Stops the writer; returns how many writes it made.
+    fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
 /// The last write of a writer that wrote `writes` FUA writes, write `n` to slot `n % 64`.
 fn check_slots(pool: &Pool, writes: u64, what: &str) {
     let vol = pool.volume("v").unwrap();
@@ -88,30 +141,8 @@ fn a_log_device_is_removed_while_a_writer_commits() {
     let (pool, data, slog) = data_and_log();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.flush()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (vol, stop, written) = (vol.clone(), stop.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) && n < 200_000 {
-                block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-                n += 1;
-                written.store(n, Ordering::Relaxed);
-            }
-            n
-        })
-    };
-    let wait_for = |n: u64| {
-        for _ in 0..30_000 {
-            if written.load(Ordering::Relaxed) >= n {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        panic!("the writer did not reach {n} writes");
-    };
-    wait_for(20);
+    let w = Writer::start(&vol);
+    w.wait_for(20);
     assert!(
         device_writes(&pool, "slog0") > 0,
         "commits used the log device"
@@ -119,10 +150,8 @@ fn a_log_device_is_removed_while_a_writer_commits() {
     pool.remove("slog0").unwrap();
     // Writes keep going after the removal, and none of them touches the old log device.
     let after = device_writes(&pool, "slog0");
-    let base = written.load(Ordering::Relaxed);
-    wait_for(base + 20);
-    stop.store(true, Ordering::Relaxed);
-    let writes = writer.join().unwrap();
+    w.wait_for(w.written() + 20);
+    let writes = w.stop();
     assert_eq!(
         device_writes(&pool, "slog0"),
         after,
@@ -486,40 +515,16 @@ fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
     let (pool, data, slog) = data_and_log();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     block_on(vol.flush()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (vol, stop, written) = (vol.clone(), stop.clone(), written.clone());
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) && n < 200_000 {
-                block_on(vol.write((n % 64) * 4096, &pattern(1000 + n, 4096), true)).unwrap();
-                n += 1;
-                written.store(n, Ordering::Relaxed);
-            }
-            n
-        })
-    };
-    let wait_for = |n: u64| {
-        for _ in 0..30_000 {
-            if written.load(Ordering::Relaxed) >= n {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        panic!("the writer did not reach {n} writes");
-    };
-    wait_for(20);
+    let w = Writer::start(&vol);
+    w.wait_for(20);
     assert!(
         device_writes(&pool, "slog0") > 0,
         "commits used the log device"
     );
     pool.offline("slog0", false).unwrap();
     let after = device_writes(&pool, "slog0");
-    let base = written.load(Ordering::Relaxed);
-    wait_for(base + 20);
-    stop.store(true, Ordering::Relaxed);
-    let writes = writer.join().unwrap();
+    w.wait_for(w.written() + 20);
+    let writes = w.stop();
     assert_eq!(
         device_writes(&pool, "slog0"),
         after,
