@@ -160,6 +160,8 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     if pools.is_empty() {
         bail!("no pool could be opened");
     }
+    // The banner names the pools served, not those left out above.
+    let names: Vec<String> = pools.iter().map(|(p, _)| p.name().to_string()).collect();
     for name in &args.read_only {
         let known = pools
             .iter()

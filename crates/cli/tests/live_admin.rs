@@ -896,6 +896,15 @@ fn serve_serves_the_pools_it_can_open_and_list_shows_the_others_unavail() {
         out.contains("pool 'tank2' is not served") && out.contains("import -m"),
         "{out}"
     );
+    // The banner names only the pools it serves.
+    let banner = out
+        .lines()
+        .find(|l| l.starts_with("serving pool(s)"))
+        .unwrap_or_default();
+    assert!(
+        banner.contains("tank") && !banner.contains("tank2"),
+        "{banner}"
+    );
 }
 
 /// A server whose control socket file someone removed (a cleaner of the run directory) still
