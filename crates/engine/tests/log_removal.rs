@@ -618,3 +618,46 @@ fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
     );
     pool.export().unwrap();
 }
+
+/// A log mirror whose one side was taken offline the ordinary way (the other served): the
+/// chains after it are on the other side only. With that side gone, the offline side is
+/// present but lacks them, so the import refuses, naming it, rather than read the chains as
+/// ending early; `-m` imports without those records.
+#[test]
+fn a_log_mirror_whose_only_whole_side_is_gone_needs_m() {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let (a, b) = (
+        MemoryBackend::new("sloga", 32 << 20),
+        MemoryBackend::new("slogb", 32 << 20),
+    );
+    let pool = Pool::create(
+        "tank",
+        vec![
+            single(&data, false),
+            spec(TopVdevKind::Mirror, &[&a, &b], true),
+        ],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    fua_writes(&vol, 0..16);
+    pool.offline("sloga", false).unwrap();
+    pool.sync().unwrap();
+    fua_writes(&vol, 16..80);
+    assert!(device_writes(&pool, "slogb") > 0);
+    drop(vol);
+    drop(pool); // a crash: the last records are on slogb alone
+    let Err(e) = Pool::import(backends(&[&data, &a]), Some("tank")) else {
+        panic!("imported from the side that lacks the last records");
+    };
+    assert!(
+        e.to_string().contains("sloga") && e.to_string().contains("import -m"),
+        "{e}"
+    );
+    // With both sides the records are all there.
+    let pool = Pool::import(backends(&[&data, &a, &b]), Some("tank")).unwrap();
+    check_slots(&pool, 80, "replayed from the log mirror");
+    audit_clean(&pool, "after the replay from the log mirror");
+    pool.export().unwrap();
+}

@@ -25,6 +25,12 @@ use std::sync::Arc;
 /// space, with room for a chain that was busy at the first.
 pub(crate) const REMOVE_LOG_SYNCS_MAX: usize = 12;
 
+/// Pause between two of those syncs while blocks are left: a log block being written when
+/// the chains were abandoned joins its chain only when its write completes, and on a busy
+/// machine back-to-back syncs could use up the budget before the committing thread ran
+/// again (a removal refused with 16 KiB left under a parallel test run).
+const LEAVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// A member of a top-level vdev, found by name: present or not.
 pub(crate) struct NamedMember {
     /// Its top-level vdev.
@@ -321,6 +327,10 @@ impl Spa {
                     return refused;
                 }
             }
+            let left = self.state.lock().unwrap().alloc.map(v).allocated_bytes();
+            if left > 0 {
+                std::thread::sleep(LEAVE_PAUSE);
+            }
         }
         if !self.zio.vdevs.top(v).is_some_and(|t| t.is_hole()) {
             let left = self.state.lock().unwrap().alloc.map(v).allocated_bytes();
@@ -392,8 +402,15 @@ impl Spa {
                 return Err(refuse("its log vdev is being removed".to_string()));
             }
             // Offline already, and recorded emptied: nothing to do (a second `offline`, or
-            // `-t` after a lasting one, changes nothing).
-            if s.emptied_logs.contains(&v) && leaf.health.state() == LeafState::Offline {
+            // `-t` after a lasting one, changes nothing; a lasting one after `-t` records it).
+            let offline_for_good = leaf
+                .health
+                .record()
+                .is_some_and(|r| r.state == LeafState::Offline);
+            if s.emptied_logs.contains(&v)
+                && leaf.health.state() == LeafState::Offline
+                && (temporary || offline_for_good)
+            {
                 return Ok(());
             }
             s.alloc.set_leaving(v, true);
@@ -409,6 +426,9 @@ impl Spa {
             if let Err(e) = self.sync_now() {
                 result = Err(refuse(e.to_string()));
                 break;
+            }
+            if left() > 0 {
+                std::thread::sleep(LEAVE_PAUSE);
             }
         }
         if result.is_ok() && left() > 0 {
@@ -435,36 +455,48 @@ impl Spa {
         Ok(())
     }
 
-    /// `oxpool online` of a device of a log vdev that is out of service: back in service,
-    /// lacking nothing (the vdev held nothing and took nothing while out: no resilver), and
-    /// taking log blocks again, but only once a durable txg no longer records the vdev as
-    /// emptied, or an import after a crash would skip the blocks placed on it. Returns
-    /// false if `leaf` is not such a device (the caller brings it back as any other).
-    pub(crate) fn online_log(&self, leaf: &Leaf) -> Result<bool> {
+    /// Returns `leaf`, a device of a log vdev with no device in service (taken offline,
+    /// gone), to service (`oxpool online`, `oxpool clear`, by `back`): the vdev takes no log
+    /// block until a sync has recorded the device in service (and the vdev no longer
+    /// emptied), or an import after a crash would leave the device out and skip the blocks
+    /// placed on it. A vdev that was emptied lacks nothing (it held nothing and took
+    /// nothing: no resilver). Returns false, having done nothing, if `leaf` is not such a
+    /// device (the caller brings it back as any other).
+    pub(crate) fn return_log_device(&self, leaf: &Leaf, back: &dyn Fn(&Leaf)) -> Result<bool> {
         let _one = self.config_change.lock().unwrap();
         let Some((top, _)) = self.zio.vdevs.position(leaf) else {
             return Ok(false);
         };
         let v = top.id;
         let mut s = self.state.lock().unwrap();
+        let role = s.alloc.roles()[v.0 as usize];
+        let out = role == VdevRole::Leaving || top.leaves_in_service().next().is_none();
         let usable = top.log
             && s.hole_requested != Some(v)
             && !s.discarded_logs.contains(&v)
-            && s.alloc.roles()[v.0 as usize] == VdevRole::Leaving;
-        if !usable {
+            && matches!(role, VdevRole::Log | VdevRole::Leaving)
+            && out;
+        if !usable || leaf.health.in_service() {
             return Ok(false);
         }
-        self.zio.vdevs.online(leaf);
-        leaf.health
-            .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
-        let was_emptied = s.emptied_logs.contains(&v);
+        s.alloc.set_leaving(v, true);
+        back(leaf);
+        if !leaf.health.in_service() {
+            // `back` left it out (`clear` leaves an offline device offline).
+            s.alloc.set_leaving(v, role == VdevRole::Leaving);
+            return Ok(true);
+        }
+        if s.emptied_logs.contains(&v) {
+            leaf.health
+                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+        }
         s.emptied_logs.retain(|&x| x != v);
         drop(s);
         self.txg.mark_dirty();
-        if was_emptied {
-            // The txg that records the device online and the vdev no longer emptied.
-            self.sync_now()?;
-        }
+        // The txg that records the device in service (and the vdev no longer emptied).
+        // On an error the device is in service, not yet durably: the vdev stays Leaving (a
+        // retry syncs again).
+        self.sync_now()?;
         if leaf.health.in_service() {
             self.state.lock().unwrap().alloc.set_leaving(v, false);
         }

@@ -322,6 +322,40 @@ pub(crate) async fn import_devices(
     // device gets no I/O from here on.
     zio.vdevs
         .load_state_records(&state_records, meta.txg, &emptied)?;
+    // A log vdev whose devices are present but cannot give back every block (a mirror whose
+    // side in service lacks txgs it missed while offline, the other side gone): its chains
+    // would read as ending early, so it counts as missing, as when no device is present.
+    for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
+        let known = missing_logs.contains(&cfg.id) || emptied.contains(&cfg.id);
+        if !cfg.log || cfg.kind == TopVdevKind::Hole || known || t.leaves().next().is_none() {
+            continue;
+        }
+        let shape = t.shape();
+        let not_whole: Vec<&str> = shape
+            .children
+            .iter()
+            .filter(|c| !c.whole())
+            .map(|c| c.old.config.path.as_str())
+            .collect();
+        if not_whole.len() <= shape.redundancy() {
+            continue;
+        }
+        if !opts.missing_log && !discarded_before.contains(&cfg.id) {
+            return Err(EngineError::invalid(format!(
+                "pool '{pool_name}': log vdev {} cannot give back every block (out of service \
+                 or lacking txgs: {}){}",
+                cfg.id.0,
+                not_whole.join(", "),
+                missing_log_hint(true)
+            )));
+        }
+        tracing::warn!(
+            pool = pool_name,
+            "log vdev {} lacks blocks: imported without its intent-log records (-m)",
+            cfg.id.0
+        );
+        missing_logs.push(cfg.id);
+    }
     let asizes: Vec<u64> = zio.vdevs.tops().map(|t| t.asize_bytes).collect();
     let mut alloc = Allocator::for_tops(zio.vdevs.tops());
     // Log vdevs emptied, and any with no device in service, take no log blocks until

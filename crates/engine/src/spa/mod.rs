@@ -695,10 +695,10 @@ impl Spa {
     }
 
     /// Returns a device to service (`oxpool online`): from OFFLINE, FAULTED or REMOVED. A log
-    /// vdev that was out of service takes log blocks again ([`Spa::online_log`]).
+    /// vdev that was out of service takes log blocks again ([`Spa::return_log_device`]).
     pub fn online(&self, device: &str) -> Result<()> {
         let leaf = self.leaf_named(device)?;
-        if self.online_log(&leaf)? {
+        if self.return_log_device(&leaf, &|l| self.zio.vdevs.online(l))? {
             return Ok(());
         }
         self.zio.vdevs.online(&leaf);
@@ -714,7 +714,9 @@ impl Spa {
             None => self.zio.vdevs.leaves().collect(),
         };
         for leaf in &leaves {
-            self.zio.vdevs.clear(leaf);
+            if !self.return_log_device(leaf, &|l| self.zio.vdevs.clear(l))? {
+                self.zio.vdevs.clear(leaf);
+            }
         }
         self.txg.mark_dirty();
         Ok(())

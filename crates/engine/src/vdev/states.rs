@@ -110,15 +110,7 @@ impl VdevTree {
             return;
         };
         let why = format!("too many I/O errors ({n} within {window_s} s)");
-        // A log vdev is faulted even when it has no other device, as ZFS faults a slog: the
-        // pool runs on without it (new log blocks go elsewhere), and import still reads it
-        // back if a chain needs it (a faulted log device is taken back into service).
-        let can_lose = if top.log {
-            Ok(())
-        } else {
-            self.check_can_lose(top, leaf)
-        };
-        match can_lose {
+        match self.check_can_lose(top, leaf) {
             Ok(()) => {
                 tracing::warn!(device = leaf.name(), "faulted: {why}");
                 self.take_out(leaf, LeafState::Faulted, why, false);
@@ -320,13 +312,6 @@ impl VdevTree {
                         if let Some(r) = record {
                             leaf.health.load_record(r, imported);
                         }
-                        // What a single log device missed while out of service (offline -t
-                        // until an export) is nothing a resilver could give it: log blocks
-                        // are in no block tree, and no other child holds them.
-                        if top.log && shape.children.len() == 1 {
-                            leaf.health
-                                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
-                        }
                     }
                     None => {
                         let mut r = record.copied().unwrap_or(StateRecord {
@@ -378,6 +363,15 @@ impl VdevTree {
                         top.group_name()
                             .unwrap_or_else(|| child.old.config.path.clone())
                     ));
+                }
+            }
+            // What a single log device missed while out of service (offline -t until an
+            // export, failed writes) is nothing a resilver could give it: log blocks are in
+            // no block tree, and no other child holds them.
+            if top.log && shape.children.len() == 1 {
+                for leaf in top.leaves_in_service() {
+                    leaf.health
+                        .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
                 }
             }
         }
