@@ -49,6 +49,26 @@ fn data_and_log() -> (Pool, MemoryBackend, MemoryBackend) {
     (pool, data, slog)
 }
 
+/// A pool `tank` of a data device `data0` and a log mirror of `sloga` and `slogb`.
+fn data_and_log_mirror() -> (Pool, MemoryBackend, MemoryBackend, MemoryBackend) {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let (a, b) = (
+        MemoryBackend::new("sloga", 32 << 20),
+        MemoryBackend::new("slogb", 32 << 20),
+    );
+    let pool = Pool::create(
+        "tank",
+        vec![
+            single(&data, false),
+            spec(TopVdevKind::Mirror, &[&a, &b], true),
+        ],
+        test_props(),
+        false,
+    )
+    .unwrap();
+    (pool, data, a, b)
+}
+
 /// FUA writes `ns`: write `n` to slot `n % 64` (what [`check_slots`] checks).
 fn fua_writes(vol: &oxpool_engine::Volume, ns: std::ops::Range<u64>) {
     for n in ns {
@@ -282,21 +302,7 @@ fn a_pool_without_its_log_device_imports_with_m_and_the_log_is_removed() {
 /// is `detach`), a device not in the pool. A log mirror goes by its name.
 #[test]
 fn remove_refuses_data_devices_and_takes_a_log_mirror_by_name() {
-    let data = MemoryBackend::new("data0", 64 << 20);
-    let (la, lb) = (
-        MemoryBackend::new("sloga", 32 << 20),
-        MemoryBackend::new("slogb", 32 << 20),
-    );
-    let pool = Pool::create(
-        "tank",
-        vec![
-            single(&data, false),
-            spec(TopVdevKind::Mirror, &[&la, &lb], true),
-        ],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let (pool, data, la, lb) = data_and_log_mirror();
     let vol = pool.create_volume("v", 4 << 20, &[]).unwrap();
     fua_writes(&vol, 0..64u64);
     let refused = |dev: &str, words: &[&str]| {
@@ -621,25 +627,11 @@ fn the_only_log_device_goes_offline_under_a_writer_and_comes_back() {
 
 /// A log mirror whose one side was taken offline the ordinary way (the other served): the
 /// chains after it are on the other side only. With that side gone, the offline side is
-/// present but lacks them, so the import refuses, naming it, rather than read the chains as
-/// ending early; `-m` imports without those records.
+/// present but lacks them, so the import refuses, naming it and pointing to `-m`, rather
+/// than read the chains as ending early.
 #[test]
 fn a_log_mirror_whose_only_whole_side_is_gone_needs_m() {
-    let data = MemoryBackend::new("data0", 64 << 20);
-    let (a, b) = (
-        MemoryBackend::new("sloga", 32 << 20),
-        MemoryBackend::new("slogb", 32 << 20),
-    );
-    let pool = Pool::create(
-        "tank",
-        vec![
-            single(&data, false),
-            spec(TopVdevKind::Mirror, &[&a, &b], true),
-        ],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let (pool, data, a, b) = data_and_log_mirror();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     fua_writes(&vol, 0..16);
     pool.offline("sloga", false).unwrap();

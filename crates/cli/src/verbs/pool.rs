@@ -371,17 +371,17 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
 }
 
 /// A pool this machine knows (its cache file lists it) that could not be opened.
-pub struct Unavailable {
+pub struct UnavailablePool {
     /// Why, as the open said it.
     pub why: String,
     /// The devices the cache file lists, each with whether a file or device is at its path.
     pub devices: Vec<(PathBuf, bool)>,
 }
 
-/// `err`, from opening pool `name` here, as an [`Unavailable`] pool if the open failed for
+/// `err`, from opening pool `name` here, as an [`UnavailablePool`] if the open failed for
 /// what the pool's devices hold or lack ([`host::Unavailable`]) and the cache file lists it;
 /// else `err` itself (a pool nobody knows, a device in use, a served pool's error).
-pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavailable> {
+pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<UnavailablePool> {
     let Host::Local { cache } = host else {
         return Err(err);
     };
@@ -394,7 +394,7 @@ pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavai
     let Some(entry) = known else {
         return Err(err);
     };
-    Ok(Unavailable {
+    Ok(UnavailablePool {
         why: unavailable_why(&err),
         devices: entry
             .devices
@@ -418,7 +418,7 @@ fn unavailable_why(err: &anyhow::Error) -> String {
 
 /// `oxpool status` of a pool that could not be opened, in `zpool status`'s shape: the
 /// reason, what to do, and the devices the cache file expects, found or not.
-fn print_unavailable(out: &mut dyn std::io::Write, name: &str, u: &Unavailable) -> Result<()> {
+fn print_unavailable(out: &mut dyn std::io::Write, name: &str, u: &UnavailablePool) -> Result<()> {
     writeln!(out, "  pool: {name}")?;
     writeln!(out, " state: UNAVAIL")?;
     writeln!(out, "status: {}", u.why)?;
