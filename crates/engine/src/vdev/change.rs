@@ -116,7 +116,7 @@ impl VdevTree {
             },
             new: None,
         });
-        self.swap_shape(top, next);
+        self.swap_shape_adding(top, next);
         Ok(())
     }
 
@@ -190,7 +190,7 @@ impl VdevTree {
                 leaf: Some(new),
             },
         ));
-        self.swap_shape(top, next);
+        self.swap_shape_adding(top, next);
         Ok(gone)
     }
 
@@ -491,7 +491,7 @@ impl VdevTree {
                     Some((PairKind::Spare, spare));
             }
             if let Some(next) = next {
-                self.swap_shape(top, next);
+                self.swap_shape_adding(top, next);
                 any = true;
             }
         }

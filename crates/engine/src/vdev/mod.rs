@@ -629,6 +629,9 @@ pub struct VdevTree {
     /// of service, a new shape: detach, attach, replace, a spare stepping in): odd while one
     /// is under way. See [`VdevTree::service_stamp`].
     service_changes: AtomicU64,
+    /// The txg that records the last member added to a vdev (attach, replace, a spare
+    /// stepping in); see [`VdevTree::swap_shape_adding`].
+    members_added_txg: AtomicU64,
 }
 
 /// What the pool gives the tree to hear of record changes (set once, by the pool).
@@ -677,6 +680,7 @@ impl VdevTree {
             spares: Mutex::new(Vec::new()),
             on_spare_in: RecordListener::default(),
             service_changes: AtomicU64::new(0),
+            members_added_txg: AtomicU64::new(0),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
@@ -696,8 +700,12 @@ impl VdevTree {
 
     /// Whether no change of which leaves get I/O began since [`VdevTree::service_stamp`] gave
     /// `stamp`, nor was under way then.
+    /// Also false until a member added since is recorded by a durable txg
+    /// ([`VdevTree::swap_shape_adding`]).
     pub fn in_service_since(&self, stamp: u64) -> bool {
-        stamp.is_multiple_of(2) && self.service_stamp() == stamp
+        stamp.is_multiple_of(2)
+            && self.service_stamp() == stamp
+            && self.synced.load(Ordering::SeqCst) >= self.members_added_txg.load(Ordering::SeqCst)
     }
 
     /// Runs `change`, which may change which leaves get I/O, counted for
@@ -740,6 +748,19 @@ impl VdevTree {
     /// vdev's members (attach, replace, detach, a spare) passes here.
     pub(crate) fn swap_shape(&self, top: &TopVdev, next: Shape) {
         self.service_change(|| top.set_shape(next));
+    }
+
+    /// [`VdevTree::swap_shape`] for a shape that adds a member (attach, replace, a spare
+    /// stepping in). Until the txg that records it is durable, [`VdevTree::in_service_since`]
+    /// is false for every stamp: a write that only the new member took (the old one failing
+    /// it, or out of service) is acknowledged as durable, yet an import after a crash reads
+    /// the shape before, which does not know that member. So the intent log's writes count
+    /// only from then on, and its commits wait for that txg meanwhile. The txg is the one
+    /// after the last whose sync began: a sync under way may have taken the shape before.
+    pub(crate) fn swap_shape_adding(&self, top: &TopVdev, next: Shape) {
+        self.members_added_txg
+            .fetch_max(self.last_written().0, Ordering::SeqCst);
+        self.swap_shape(top, next);
     }
 
     /// Appends a top-level vdev (its id must be the next one). The caller serializes

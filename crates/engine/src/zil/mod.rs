@@ -814,14 +814,19 @@ pub(crate) fn service_stamp(inner: &Spa) -> u64 {
 }
 
 /// An error if the devices that get I/O may have changed since [`service_stamp`] gave
-/// `stamp`: a flush that just ended may not cover what was written after the stamp.
+/// `stamp` (a flush that just ended may not cover what was written after the stamp), or a
+/// device added to a vdev is not yet recorded by a durable txg (a write it alone took is
+/// not where an import would look).
 pub(crate) fn in_service_since(inner: &Spa, stamp: u64) -> Result<()> {
     if inner.zio.vdevs.in_service_since(stamp) {
         return Ok(());
     }
     Err(EngineError::io(
         &inner.name,
-        std::io::Error::other("a device left service between a log write and its flush"),
+        std::io::Error::other(
+            "the devices that get I/O changed during a log write, or a device added is not \
+             yet recorded durably",
+        ),
     ))
 }
 
@@ -1099,8 +1104,12 @@ pub(crate) async fn write_durably(
 ) -> Result<()> {
     let zio = &inner.zio;
     let (written, data) = log_block_place(zio, addr, data);
+    let stamp = service_stamp(inner);
     if also_flush.is_empty() && way == DurableWay::Fua {
         crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, true).await?;
+        // Durable on each device that took it; but a member added meanwhile, or not yet
+        // recorded durably, may be the only one that did (`VdevTree::swap_shape_adding`).
+        in_service_since(inner, stamp)?;
         let copies = zio
             .vdevs
             .top(addr.vdev)
@@ -1111,7 +1120,6 @@ pub(crate) async fn write_durably(
         counters.device_flushes.fetch_add(copies, Ordering::Relaxed);
         return Ok(());
     }
-    let stamp = service_stamp(inner);
     crate::zio::write_block_owned(zio, IoClass::SyncWrite, &[written], data, false).await?;
     let mut vdevs = vec![addr.vdev];
     vdevs.extend(also_flush.iter().filter(|v| **v != addr.vdev));
