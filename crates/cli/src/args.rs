@@ -91,7 +91,8 @@ pub enum Command {
     /// (refused, with the reason, for a held snapshot, one open by an NBD client, or the
     /// origin of a clone).
     Destroy {
-        /// Disconnect the NBD clients of a served pool first.
+        /// Disconnect the NBD clients of a served pool first; destroy a pool that cannot be
+        /// opened (clearing the labels of those of its devices that are found).
         #[arg(short, long)]
         force: bool,
         /// Snapshots: print what would be destroyed and freed, and change nothing.

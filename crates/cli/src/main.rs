@@ -260,11 +260,27 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
         writeln!(std::io::stdout(), "no pools")?;
         return Ok(0);
     }
-    if let (Some(header), false) = (header, scripted) {
-        header(&mut con)?;
+    // Pools neither served nor known here first: each fails with why, and with no header
+    // if no pool is left to list, as `zpool list nosuch` says only that it does not exist.
+    let known = local.known_pools()?;
+    let (unknown, names): (Vec<String>, Vec<String>) = names
+        .into_iter()
+        .partition(|n| !known.contains(n) && matches!(runtime.server_of(n), Ok(Found::None)));
+    let listing_pools = matches!(&command, Command::List { types: None, .. });
+    if listing_pools && !scripted && named.is_empty() && names.is_empty() {
+        use std::io::Write;
+        writeln!(std::io::stdout(), "no pools available")?;
     }
+    // As `zfs list`: a pool that cannot be opened has no datasets to list, unless named.
+    let skip_unavailable = matches!(&command, Command::List { types: Some(_), .. })
+        || matches!(&command, Command::Vol { .. });
+    let skip_unavailable = skip_unavailable && named.is_empty();
+    let first_known = unknown.len();
     let mut failed = 0;
-    for name in names {
+    for (i, name) in unknown.into_iter().chain(names).enumerate() {
+        if let (Some(h), true, false) = (&header, i == first_known, scripted) {
+            h(&mut con)?;
+        }
         // One pool's part, without the header: the same verb with -H and that pool.
         let one = match &command {
             Command::List {
@@ -305,7 +321,12 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             Ok(Found::Server(socket, stream)) => {
                 control::client::forward(stream, &socket, command_line(&one)).map(|code| code == 0)
             }
-            Ok(Found::None) => verbs::run(one, local, &mut con).map(|()| true),
+            Ok(Found::None) => match verbs::run(one, local, &mut con) {
+                Err(e) if skip_unavailable => {
+                    verbs::pool::unavailable(local, &name, e).map(|_| true)
+                }
+                done => done.map(|()| true),
+            },
             Err(e) => Err(e),
         };
         failed += u32::from(!succeeded(done));

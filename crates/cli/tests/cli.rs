@@ -575,3 +575,74 @@ fn compression_property_and_its_statistics() {
     let err = env.fails(&["set", "compression=gzip", "tank/vol0"]);
     assert!(err.contains("compression"), "{err}");
 }
+
+/// A known pool that cannot be opened (a device truncated, so the import refuses it):
+/// `list` shows it UNAVAIL with no warning on the error stream, `status` says why (the
+/// truncation, not only "not found"), listings of datasets leave it out unless it is
+/// named, a pool nobody knows is said in one line with no header, and `destroy` refuses
+/// without `-f` (changing nothing) and with `-f` clears the labels of its devices and
+/// forgets it.
+#[test]
+fn a_pool_that_cannot_be_opened_is_listed_unavail_and_destroyed_only_with_f() {
+    let env = Env::new();
+    let (a, b, c) = (env.path("a.img"), env.path("b.img"), env.path("c.img"));
+    env.ok(&["create", "tank", p(&a), p(&b), "--size", "64M", "--sparse"]);
+    env.ok(&["create", "other", p(&c), "--size", "64M", "--sparse"]);
+    env.ok(&["vol", "create", "other/v0", "--size", "8M"]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&b)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let out = env.run(&["list", "-H"]);
+    assert!(out.status.success());
+    let list = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        list.lines().any(|l| l == "tank\t-\t-\t-\tUNAVAIL\t-"),
+        "{list}"
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = env.ok(&["status", "tank"]);
+    let why = status.lines().find(|l| l.starts_with("status:")).unwrap();
+    assert!(
+        why.contains("b.img") && why.contains("smaller than") && why.contains("truncated"),
+        "{status}"
+    );
+    // Datasets: the pool that cannot be opened has none to list, unless named.
+    let vols = env.ok(&["list", "-t", "volume", "-H", "-o", "name"]);
+    assert_eq!(vols.trim(), "other/v0");
+    let e = env.fails(&["list", "-t", "volume", "tank"]);
+    assert!(e.contains("truncated"), "{e}");
+    // A pool nobody knows: one line, no header.
+    let out = env.run(&["list", "nosuch"]);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
+    let e = String::from_utf8(out.stderr).unwrap();
+    assert!(e.contains("'nosuch'") && e.lines().count() == 1, "{e}");
+    // `destroy` without -f: refused in one line saying both ways on; nothing changed.
+    let e = env.fails(&["destroy", "tank"]);
+    assert!(
+        e.contains("oxpool export tank") && e.contains("destroy -f tank"),
+        "{e}"
+    );
+    assert!(env.ok(&["list", "-H"]).contains("tank\t"));
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    let found = env.ok(&["import", "-d", &dir]);
+    assert!(found.contains("tank"), "{found}");
+    // With -f: each device's labels cleared and said, the pool forgotten, its devices no
+    // longer found by an import; the other pool untouched.
+    let out = env.ok(&["destroy", "-f", "tank"]);
+    assert!(
+        out.contains("a.img: labels cleared") && out.contains("b.img: labels cleared"),
+        "{out}"
+    );
+    let list = env.ok(&["list", "-H"]);
+    assert!(!list.contains("tank") && list.contains("other\t"), "{list}");
+    let found = env.ok(&["import", "-d", &dir]);
+    assert!(!found.contains("tank"), "{found}");
+    env.ok(&["audit", "other"]);
+}

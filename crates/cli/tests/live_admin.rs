@@ -866,6 +866,9 @@ fn serve_serves_the_pools_it_can_open_and_list_shows_the_others_unavail() {
             .any(|r| r[..] == ["tank2", "-", "-", "-", "UNAVAIL", "-"]),
         "{list}"
     );
+    // Datasets: the served pool's, and none of the pool that cannot be opened (exit 0).
+    let vols = env.ok(&["list", "-t", "volume", "-H", "-o", "name"]);
+    assert_eq!(vols.trim(), "tank/vol0");
     let status = env.ok(&["status", "tank2"]);
     assert!(status.contains(" state: UNAVAIL"), "{status}");
     assert!(status.contains("import -m"), "the reason: {status}");

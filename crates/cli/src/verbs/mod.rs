@@ -77,7 +77,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             } else if dry_run || verbose || defer {
                 bail!("-n, -v and -d are for snapshots")
             } else {
-                pool::destroy(host, &pool, force)
+                pool::destroy(host, con, &pool, force)
             }
         }
         Command::Snapshot { names } => snapshot::snapshot(host, &names),

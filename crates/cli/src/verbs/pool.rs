@@ -164,12 +164,12 @@ pub fn export(host: &Host, name: &str) -> Result<()> {
 }
 
 /// `oxpool destroy [-f] POOL`.
-pub fn destroy(host: &Host, name: &str, force: bool) -> Result<()> {
+pub fn destroy(host: &Host, con: &mut dyn Console, name: &str, force: bool) -> Result<()> {
     match host {
-        Host::Local { cache } => {
-            let (pool, _locks) = open_pool(cache, name)?;
-            pool.destroy()?;
-        }
+        Host::Local { cache } => match open_pool(cache, name) {
+            Ok((pool, _locks)) => pool.destroy()?,
+            Err(e) => destroy_unavailable(cache, con, name, force, e)?,
+        },
         Host::Live(served) => {
             let _one = served.membership();
             let (pool, devices) = served.release(name, !force)?;
@@ -178,6 +178,63 @@ pub fn destroy(host: &Host, name: &str, force: bool) -> Result<()> {
         }
     }
     cachefile::remove(host.cache(), name)?;
+    Ok(())
+}
+
+/// `oxpool destroy [-f] POOL` of a pool the cache file lists that cannot be opened (`err`,
+/// [`host::Unavailable`]; other errors are returned as they are). Without `-f`, refused:
+/// its devices may be missing only for now, and a destroy cannot be taken back (`export`
+/// forgets the pool and leaves its devices alone). With `-f`, the labels of the devices
+/// found at the listed paths that still name this pool (by guid) are cleared, each said on
+/// a line, and the pool is forgotten.
+fn destroy_unavailable(
+    cache: &Path,
+    con: &mut dyn Console,
+    name: &str,
+    force: bool,
+    err: anyhow::Error,
+) -> Result<()> {
+    if err.downcast_ref::<host::Unavailable>().is_none() {
+        return Err(err);
+    }
+    let Some(entry) = cachefile::read(cache)?.into_iter().find(|p| p.name == name) else {
+        return Err(err);
+    };
+    if !force {
+        bail!(
+            "cannot destroy pool '{name}': it cannot be opened ({}); `oxpool export {name}` \
+             forgets it and leaves its devices as they are, `oxpool destroy -f {name}` also \
+             clears the labels of those of its devices that are found",
+            unavailable_why(&err)
+        );
+    }
+    // Opened (and locked) first, all of them: a device in use by another process stops the
+    // destroy before any label is cleared.
+    let mut ours = Vec::new();
+    for path in entry.devices.iter().filter(|p| p.exists()) {
+        let dev = open_device(path, None)?;
+        match crate::devices::label(dev.backend().as_ref()) {
+            Ok(l) if l.pool_guid.0 == entry.guid => ours.push((path, dev)),
+            Ok(l) => writeln!(
+                con.out(),
+                "{}: left as it is (it belongs to pool '{}' now)",
+                path.display(),
+                l.pool_name
+            )?,
+            Err(e) => writeln!(
+                con.out(),
+                "{}: left as it is (no label read: {e})",
+                path.display()
+            )?,
+        }
+    }
+    for (path, dev) in &ours {
+        oxpool_io::rt::block_on(oxpool_engine::vdev::label::clear_labels(
+            dev.backend().as_ref(),
+        ))
+        .map_err(|e| anyhow::anyhow!("{}: clearing its labels failed: {e}", path.display()))?;
+        writeln!(con.out(), "{}: labels cleared", path.display())?;
+    }
     Ok(())
 }
 
@@ -314,9 +371,8 @@ pub fn list(
     no_header: bool,
     named: &[String],
 ) -> Result<()> {
-    if !scripted && !no_header {
-        list_header(con)?;
-    }
+    let mut rows = Vec::new();
+    let mut failed = Vec::new();
     for name in listed(host, named)? {
         let fields = match host.with_pool(&name, |p| Ok(p.status())) {
             Ok(s) => [
@@ -329,14 +385,27 @@ pub fn list(
             ],
             // A pool this machine knows but cannot open is listed UNAVAIL, as `zpool list`
             // lists it; `oxpool status` says why.
-            Err(e) => {
-                unavailable(host, &name, e)?;
-                let mut fields = ["-"; 6].map(String::from);
-                fields[0] = name.clone();
-                fields[4] = "UNAVAIL".to_string();
-                fields
-            }
+            Err(e) => match unavailable(host, &name, e) {
+                Ok(_) => {
+                    let mut fields = ["-"; 6].map(String::from);
+                    fields[0] = name.clone();
+                    fields[4] = "UNAVAIL".to_string();
+                    fields
+                }
+                Err(e) => {
+                    failed.push(e);
+                    continue;
+                }
+            },
         };
+        rows.push(fields);
+    }
+    // As `zpool list`: the pools it can list (with the header only if there are some), then
+    // why it could not list the others.
+    if !scripted && !no_header && !rows.is_empty() {
+        list_header(con)?;
+    }
+    for fields in rows {
         if scripted {
             writeln!(con.out(), "{}", fields.join("\t"))?;
         } else {
@@ -352,7 +421,19 @@ pub fn list(
             )?;
         }
     }
-    Ok(())
+    last_of(con, failed)
+}
+
+/// Ok if `failed` is empty; else every error but the last on `con`'s error stream, as `main`
+/// prints one, and the last returned (the command exits 1).
+pub fn last_of(con: &mut dyn Console, mut failed: Vec<anyhow::Error>) -> Result<()> {
+    let Some(last) = failed.pop() else {
+        return Ok(());
+    };
+    for e in failed {
+        writeln!(con.err(), "oxpool: {e:#}")?;
+    }
+    Err(last)
 }
 
 /// `oxpool status [POOL...]`.

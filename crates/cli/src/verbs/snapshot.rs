@@ -665,9 +665,8 @@ pub fn list_datasets(
         .split(',')
         .map(Column::parse)
         .collect::<Result<_>>()?;
-    if !scripted && !no_header {
-        datasets_header(con, columns)?;
-    }
+    let mut all_rows = Vec::new();
+    let mut failed = Vec::new();
     for name in super::pool::listed(host, pools)? {
         let rows = host.with_pool(&name, |p| {
             let mut rows: Vec<Vec<String>> = Vec::new();
@@ -737,14 +736,28 @@ pub fn list_datasets(
                 }
             }
             Ok(rows)
-        })?;
-        for r in rows {
-            if scripted {
-                writeln!(con.out(), "{}", r.join("\t"))?;
-            } else {
-                writeln!(con.out(), "{}", format_row(&cols, &r))?;
+        });
+        match rows {
+            Ok(rows) => all_rows.extend(rows),
+            // As `zfs list`: a pool that cannot be opened has no datasets to list, unless it
+            // was named.
+            Err(e) if pools.is_empty() => {
+                if let Err(e) = super::pool::unavailable(host, &name, e) {
+                    failed.push(e);
+                }
             }
+            Err(e) => failed.push(e),
         }
     }
-    Ok(())
+    if !scripted && !no_header && !all_rows.is_empty() {
+        datasets_header(con, columns)?;
+    }
+    for r in all_rows {
+        if scripted {
+            writeln!(con.out(), "{}", r.join("\t"))?;
+        } else {
+            writeln!(con.out(), "{}", format_row(&cols, &r))?;
+        }
+    }
+    super::pool::last_of(con, failed)
 }

@@ -64,7 +64,7 @@ pub(crate) async fn import_devices(
                          (truncated?)",
                         dev.size_bytes()
                     );
-                    tracing::warn!(device = dev.name(), "{why}");
+                    // Said once the pool is open (below), and in any refusal that names it.
                     import_refusals.push((label.leaf_guid, why));
                     false
                 }
@@ -79,6 +79,14 @@ pub(crate) async fn import_devices(
             why.join("; ")
         )));
     }
+    // A device's path, with why it was not taken if it was present but refused.
+    let named = |lc: &oxpool_format::LeafConfig| match import_refusals
+        .iter()
+        .find(|(g, _)| *g == lc.guid)
+    {
+        Some((_, why)) => format!("{}: {why}", lc.path),
+        None => lc.path.clone(),
+    };
     let mut tops = Vec::new();
     for tcfg in &config.top {
         let children: Vec<Option<Arc<Leaf>>> = tcfg
@@ -95,7 +103,7 @@ pub(crate) async fn import_devices(
         // removed (these labels are older), or may be imported without its records (`-m`):
         // decided once the metadata is read. A hole has no device to be present.
         if children.iter().all(|c| c.is_none()) && !tcfg.log && tcfg.kind != TopVdevKind::Hole {
-            let paths: Vec<&str> = tcfg.children.iter().map(|c| c.path.as_str()).collect();
+            let paths: Vec<String> = tcfg.children.iter().map(named).collect();
             return Err(EngineError::NotFound(format!(
                 "pool '{pool_name}': vdev {} has no device present (expected {})",
                 tcfg.id.0,
@@ -105,12 +113,12 @@ pub(crate) async fn import_devices(
         // A raidz vdev missing more children than its parity cannot give back any block
         // that spans them: refuse with what is missing rather than fail on its first read.
         if let oxpool_format::TopVdevKind::Raidz(r) = &tcfg.kind {
-            let missing: Vec<&str> = tcfg
+            let missing: Vec<String> = tcfg
                 .children
                 .iter()
                 .zip(&children)
                 .filter(|(_, c)| c.is_none())
-                .map(|(lc, _)| lc.path.as_str())
+                .map(|(lc, _)| named(lc))
                 .collect();
             if missing.len() > usize::from(r.parity) {
                 return Err(EngineError::NotFound(format!(
@@ -278,7 +286,7 @@ pub(crate) async fn import_devices(
     // let it pass above: the label may be wrong).
     for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
         if !cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
-            let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
+            let paths: Vec<String> = cfg.children.iter().map(named).collect();
             return Err(EngineError::NotFound(format!(
                 "pool '{pool_name}': vdev {} has no device present (expected {})",
                 cfg.id.0,
@@ -299,7 +307,7 @@ pub(crate) async fn import_devices(
                 continue;
             }
             if !opts.missing_log && !discarded_before.contains(&cfg.id) {
-                let paths: Vec<&str> = cfg.children.iter().map(|c| c.path.as_str()).collect();
+                let paths: Vec<String> = cfg.children.iter().map(named).collect();
                 // Not `NotFound`, whose ": not found" would follow the hint.
                 return Err(EngineError::invalid(format!(
                     "pool '{pool_name}': log vdev {} has no device present (expected {}){}",
@@ -426,6 +434,12 @@ pub(crate) async fn import_devices(
         }
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
+    // At info, as a missing device: `status` shows it UNAVAIL with why, and a warning here
+    // would repeat on every command that opens the pool.
+    for (guid, why) in &import_refusals {
+        let path = config.leaves().find(|l| l.guid == *guid).map(|l| &l.path);
+        tracing::info!(pool = pool_name, device = path, "not opened: {why}");
+    }
     let inner = Arc::new(Spa {
         name: pool_name.clone(),
         guid: cfg0.pool_guid,
