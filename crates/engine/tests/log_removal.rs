@@ -653,3 +653,41 @@ fn a_log_mirror_whose_only_whole_side_is_gone_needs_m() {
     audit_clean(&pool, "after the replay from the log mirror");
     pool.export().unwrap();
 }
+
+/// A log device taken offline (its vdev emptied), then a new device attached to it: the
+/// vdev takes log blocks again through the new device, not only after an `online` of the
+/// old one. The txg that records it no longer emptied comes first: after a crash the import
+/// needs the new device (without it, it refuses rather than lose what is on it), and with
+/// it every acknowledged write replays.
+#[test]
+fn a_device_attached_to_an_offlined_log_device_takes_log_blocks() {
+    let (pool, data, slog) = data_and_log();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    fua_writes(&vol, 0..16);
+    pool.offline("slog0", false).unwrap();
+    let slog0_writes = device_writes(&pool, "slog0");
+    fua_writes(&vol, 16..32);
+    let slog1 = MemoryBackend::new("slog1", 32 << 20);
+    pool.attach("slog0", Arc::new(slog1.clone()), false)
+        .unwrap();
+    fua_writes(&vol, 32..96);
+    assert!(
+        device_writes(&pool, "slog1") > 0,
+        "the attached device took no log block"
+    );
+    assert_eq!(
+        device_writes(&pool, "slog0"),
+        slog0_writes,
+        "the offline device"
+    );
+    drop(vol);
+    drop(pool); // a crash: the last records are on slog1
+    let Err(e) = Pool::import(backends(&[&data, &slog]), Some("tank")) else {
+        panic!("imported without the device that holds the last records");
+    };
+    assert!(e.to_string().contains("import -m"), "{e}");
+    let pool = Pool::import(backends(&[&data, &slog, &slog1]), Some("tank")).unwrap();
+    check_slots(&pool, 96, "replayed from the attached log device");
+    audit_clean(&pool, "after the attach to an offlined log device");
+    pool.export().unwrap();
+}

@@ -185,7 +185,34 @@ impl Spa {
         let (leaf, config) =
             self.check_new_device(&what, new, old.config.size_bytes, force, None)?;
         self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
-        self.commit_tree_change(&[(leaf, old.top)], Vec::new())
+        self.commit_tree_change(&[(leaf.clone(), old.top)], Vec::new())?;
+        self.log_vdev_joined(old.top, &leaf)
+    }
+
+    /// After `leaf` joined log vdev `v` (attach, replace) and a txg recorded it: a vdev
+    /// emptied by `offline` of its last device (role Leaving, `emptied_logs`) takes log
+    /// blocks again through `leaf`, once a durable txg no longer records it emptied (an
+    /// import ignores what an emptied vdev holds). Else it would stay unused until `online`.
+    fn log_vdev_joined(&self, v: VdevId, leaf: &Leaf) -> Result<()> {
+        {
+            let mut s = self.state.lock().unwrap();
+            if !s.emptied_logs.contains(&v) || !leaf.health.in_service() {
+                return Ok(());
+            }
+            debug_assert_eq!(s.alloc.roles()[v.0 as usize], VdevRole::Leaving);
+            // It lacks nothing needed: the vdev held nothing since it was emptied, and has
+            // taken no block since (Leaving).
+            leaf.health
+                .forget_missed_through(Txg(u64::MAX), leaf.health.outages());
+            s.emptied_logs.retain(|&x| x != v);
+        }
+        self.txg.mark_dirty();
+        // On an error the vdev stays Leaving: no block goes where an import may not look.
+        self.sync_now()?;
+        if leaf.health.in_service() {
+            self.state.lock().unwrap().alloc.set_leaving(v, false);
+        }
+        Ok(())
     }
 
     /// Replaces `old` with `new` (`oxpool replace`): the child becomes a replacing pair until
@@ -217,7 +244,8 @@ impl Spa {
             config,
             PairKind::Replacing,
         )?;
-        self.commit_tree_change(&[(leaf, member.top)], gone.into_iter().collect())
+        self.commit_tree_change(&[(leaf.clone(), member.top)], gone.into_iter().collect())?;
+        self.log_vdev_joined(member.top, &leaf)
     }
 
     /// Detaches `device` (`oxpool detach`): a mirror side, a member of a replacing pair, or
