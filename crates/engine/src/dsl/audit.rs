@@ -22,6 +22,10 @@ use oxpool_format::{decode_indirect, BlockPtr, Dva, Txg, INDIRECT_FANOUT, SECTOR
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
+/// Reads of the intent logs' places before an audit gives up on a moment with no log block
+/// allocated between them and the allocator's (each read takes microseconds).
+const LOG_READ_ATTEMPTS_MAX: u32 = 1000;
+
 /// What an audit found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AuditReport {
@@ -418,16 +422,39 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     }
     // The intent logs' places and the pool's own metadata. No sync runs (the caller holds
     // `sync_gate`), so only commits allocate meanwhile: blocks written in place are held
-    // under the allocator's lock and read under it here, but a log block allocated between
-    // these reads and the allocator's (an intent log's lock comes before the allocator's)
-    // shows as leaked. An audit while clients commit can name one; holding every log's lock
-    // across the reads would close it.
-    for ds in &datasets {
-        for d in ds.log.reserved() {
-            refs.add(&d, None, &|| format!("{} intent log", ds.full_name));
+    // under the allocator's lock and read under it here. A log block is allocated under its
+    // log's lock (which comes before the allocator's, so the logs cannot be read under it)
+    // and recorded in the log before that lock is released: if the count of log blocks
+    // allocated (kept under the allocator's lock) is the same before the logs are read and
+    // under the allocator's lock, every log block the allocator holds is in what was read.
+    // Otherwise, read again (bounded: commits allocate a block per many writes).
+    let mut attempts = 0;
+    let (s, log_places) = loop {
+        let before = spa.log_blocks_allocated.load(Ordering::SeqCst);
+        let places: Vec<(usize, Dva)> = datasets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, ds)| ds.log.reserved().into_iter().map(move |d| (i, d)))
+            .collect();
+        let s = spa.state.lock().unwrap();
+        attempts += 1;
+        if spa.log_blocks_allocated.load(Ordering::SeqCst) == before {
+            break (s, places);
         }
+        if attempts == LOG_READ_ATTEMPTS_MAX {
+            report.problems.push(format!(
+                "intent logs allocated blocks during each of {attempts} reads of their places: \
+                 a log block may show as leaked; audit again when fewer clients commit"
+            ));
+            break (s, places);
+        }
+        drop(s);
+    };
+    for (i, d) in &log_places {
+        refs.add(d, None, &|| {
+            format!("{} intent log", datasets[*i].full_name)
+        });
     }
-    let s = spa.state.lock().unwrap();
     for ds in &datasets {
         for d in ds.data().inplace_held.lock().unwrap().iter() {
             refs.add(d, None, &|| format!("{} in-place log block", ds.full_name));

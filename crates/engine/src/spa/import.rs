@@ -471,6 +471,7 @@ pub(crate) async fn import_devices(
         }),
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
+        log_blocks_allocated: Default::default(),
     });
     super::listen_to_records(&inner);
     if !missing_logs.is_empty() {

@@ -142,6 +142,9 @@ pub(crate) struct Spa {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
+    /// Log blocks allocated since the pool opened, counted under the state lock: an audit
+    /// reads the logs' places, then the allocator, and reads again if this moved between.
+    pub log_blocks_allocated: std::sync::atomic::AtomicU64,
     /// Held across a change of the vdev tree (`oxpool add`): one at a time.
     pub config_change: Mutex<()>,
     /// Held by the sync thread while it syncs a txg, and by an audit while it compares the
@@ -299,6 +302,7 @@ impl Spa {
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            log_blocks_allocated: Default::default(),
         });
         // Before the first I/O (an import's first reads run in `auto`: the properties are
         // on disk).

@@ -867,6 +867,8 @@ pub(crate) fn alloc_log_block(inner: &Spa, size_bytes: u64) -> Option<Dva> {
                 .top(v)
                 .is_some_and(|t| t.leaves_in_service().next().is_some())
         })?;
+        // Under the state lock, as the audit reads it (`dsl/audit.rs`).
+        inner.log_blocks_allocated.fetch_add(1, Ordering::SeqCst);
         (dva, st.alloc.totals_bytes().0)
     };
     let since = inner
