@@ -154,6 +154,13 @@ pub fn label(b: &dyn Backend) -> oxpool_engine::Result<oxpool_format::LabelConfi
     oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_label(b))
 }
 
+/// The label of the device at `path`, read without taking it (no lock: another process may
+/// hold it); None if it cannot be opened or has no valid label.
+pub fn peek_label(path: &Path) -> Option<oxpool_format::LabelConfig> {
+    let backend = FileBackend::open(path, None).ok()?;
+    label(&backend).ok()
+}
+
 /// Pools named by the labels of `devs`: (name, guid, device paths).
 pub fn probe_labels(devs: &Devices) -> Vec<(String, u64, Vec<String>)> {
     let mut out: Vec<(String, u64, Vec<String>)> = Vec::new();

@@ -145,15 +145,32 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
         }
         // A missing device is tolerated (a mirror can run degraded; import decides whether
         // enough is present); one that exists but cannot be opened or is in use is an error.
-        if path.exists() {
-            devs.push(open_device(path, None)?);
-        } else {
+        // A device at a listed path whose label names another pool (by guid) is not this
+        // pool's (its device was moved or reused): left alone, as missing. Else an import
+        // by name could open that other pool, of the same name, under this entry.
+        if !path.exists() {
             missing.push(path.display().to_string());
+            continue;
+        }
+        let another_pool = |l: &oxpool_format::LabelConfig| l.pool_guid.0 != entry.guid;
+        match open_device(path, None) {
+            Ok(d) => {
+                if crate::devices::label(d.backend().as_ref()).is_ok_and(|l| another_pool(&l)) {
+                    missing.push(path.display().to_string());
+                } else {
+                    devs.push(d);
+                }
+            }
+            // In use: by a server of this pool (an error), or one of another pool's device.
+            Err(e) => match crate::devices::peek_label(path) {
+                Some(l) if another_pool(&l) => missing.push(path.display().to_string()),
+                _ => return Err(e),
+            },
         }
     }
     if devs.backends().is_empty() {
         return Err(anyhow::Error::new(Unavailable(anyhow!(
-            "pool '{name}': none of its devices exists ({})",
+            "pool '{name}': none of its devices is found ({})",
             missing.join(", ")
         ))));
     }
@@ -178,6 +195,17 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
             anyhow::Error::new(e).context(format!("cannot open pool '{name}'")),
         ))
     })?;
+    // Devices with no readable label were passed too (damaged ones of this pool): the pool
+    // they make must be this one.
+    if pool.guid().0 != entry.guid {
+        let found = pool.guid().0;
+        drop(pool);
+        return Err(anyhow::Error::new(Unavailable(anyhow!(
+            "cannot open pool '{name}': the devices found hold another pool of that name \
+             (guid {found:x}, this machine knows guid {:x})",
+            entry.guid
+        ))));
+    }
     // The files the pool did not take (a detached or replaced device the cache file still
     // listed, a blank file swapped in at a device's path) are closed and unlocked: this
     // command may name them as new devices.

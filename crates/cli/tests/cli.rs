@@ -646,3 +646,47 @@ fn a_pool_that_cannot_be_opened_is_listed_unavail_and_destroyed_only_with_f() {
     assert!(!found.contains("tank"), "{found}");
     env.ok(&["audit", "other"]);
 }
+
+/// A path the cache file lists for pool `tank` now holds a device of another pool that is
+/// also called `tank` (another machine's, or one exported and re-created): that device is
+/// not taken. The pool shows UNAVAIL naming what is there, a command does not open the
+/// other pool under this name, and `destroy -f` clears nothing of it.
+#[test]
+fn a_device_of_another_pool_of_the_same_name_is_not_taken() {
+    let env = Env::new();
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&["create", "tank", p(&a), "--size", "64M", "--sparse"]);
+    let other = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_oxpool"))
+            .arg("--cache-file")
+            .arg(env.path("other.cache"))
+            .args(args)
+            .current_dir(env.dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    other(&["create", "tank", p(&b), "--size", "64M", "--sparse"]);
+    other(&["vol", "create", "tank/theirs", "--size", "8M"]);
+    std::fs::copy(&b, &a).unwrap();
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        status.contains(" state: UNAVAIL")
+            && status
+                .lines()
+                .any(|l| l.contains("a.img") && l.contains("a device of another pool, 'tank'")),
+        "{status}"
+    );
+    let e = env.fails(&["vol", "list", "tank"]);
+    assert!(!e.contains("theirs"), "{e}");
+    let out = env.ok(&["destroy", "-f", "tank"]);
+    assert!(
+        out.contains("a.img: left as it is (a device of another pool, 'tank'"),
+        "{out}"
+    );
+    // Theirs is whole: its labels were not cleared (at b.img nor at the copy).
+    assert!(other(&["vol", "list", "-H", "tank"]).contains("tank/theirs"));
+    let dir = env.dir.path().to_str().unwrap().to_string();
+    assert!(env.ok(&["import", "-d", &dir]).contains("tank"));
+}

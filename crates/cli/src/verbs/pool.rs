@@ -217,9 +217,10 @@ fn destroy_unavailable(
             Ok(l) if l.pool_guid.0 == entry.guid => ours.push((path, dev)),
             Ok(l) => writeln!(
                 con.out(),
-                "{}: left as it is (it belongs to pool '{}' now)",
+                "{}: left as it is (a device of another pool, '{}', guid {:x})",
                 path.display(),
-                l.pool_name
+                l.pool_name,
+                l.pool_guid.0
             )?,
             Err(e) => writeln!(
                 con.out(),
@@ -227,6 +228,12 @@ fn destroy_unavailable(
                 path.display()
             )?,
         }
+    }
+    if ours.is_empty() {
+        writeln!(
+            con.out(),
+            "none of the devices of pool '{name}' is found: only forgotten"
+        )?;
     }
     for (path, dev) in &ours {
         oxpool_io::rt::block_on(oxpool_engine::vdev::label::clear_labels(
@@ -455,8 +462,35 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
 pub struct UnavailablePool {
     /// Why, as the open said it.
     pub why: String,
-    /// The devices the cache file lists, each with whether a file or device is at its path.
-    pub devices: Vec<(PathBuf, bool)>,
+    /// The devices the cache file lists, each with what is at its path.
+    pub devices: Vec<(PathBuf, DeviceFound)>,
+}
+
+/// What is at a path the cache file lists for a pool that could not be opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceFound {
+    /// Nothing.
+    Missing,
+    /// A device whose label names this pool.
+    Ours,
+    /// A device with no valid label (damaged, blank, or not a pool device).
+    NoLabel,
+    /// A device of another pool (its name and guid).
+    Another(String, u64),
+}
+
+impl DeviceFound {
+    /// What `path` holds for the pool of guid `guid`.
+    fn at(path: &Path, guid: u64) -> DeviceFound {
+        if !path.exists() {
+            return DeviceFound::Missing;
+        }
+        match crate::devices::peek_label(path) {
+            Some(l) if l.pool_guid.0 == guid => DeviceFound::Ours,
+            Some(l) => DeviceFound::Another(l.pool_name, l.pool_guid.0),
+            None => DeviceFound::NoLabel,
+        }
+    }
 }
 
 /// `err`, from opening pool `name` here, as an [`UnavailablePool`] if the open failed for
@@ -481,8 +515,8 @@ pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<Unavai
             .devices
             .into_iter()
             .map(|d| {
-                let present = d.exists();
-                (d, present)
+                let found = DeviceFound::at(&d, entry.guid);
+                (d, found)
             })
             .collect(),
     })
@@ -511,11 +545,15 @@ fn print_unavailable(out: &mut dyn std::io::Write, name: &str, u: &UnavailablePo
     writeln!(out, "config: the devices the cache file lists\n")?;
     writeln!(out, "\t{:<40} {:<9}", "NAME", "STATE")?;
     writeln!(out, "\t{:<40} {:<9}", name, "UNAVAIL")?;
-    for (path, present) in &u.devices {
-        let (state, note) = if *present {
-            ("-", "found")
-        } else {
-            ("UNAVAIL", "not found")
+    for (path, found) in &u.devices {
+        let (state, note) = match found {
+            DeviceFound::Ours => ("-", "found".to_string()),
+            DeviceFound::NoLabel => ("-", "found, with no valid label".to_string()),
+            DeviceFound::Missing => ("UNAVAIL", "not found".to_string()),
+            DeviceFound::Another(pool, guid) => (
+                "UNAVAIL",
+                format!("holds a device of another pool, '{pool}' (guid {guid:x})"),
+            ),
         };
         writeln!(
             out,

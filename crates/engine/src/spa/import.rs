@@ -87,6 +87,18 @@ pub(crate) async fn import_devices(
         Some((_, why)) => format!("{}: {why}", lc.path),
         None => lc.path.clone(),
     };
+    // "Not found" only if none of `children` was found and refused; otherwise the refusal
+    // named with the path says why, and a ": not found" after it would contradict it.
+    let missing_error = |children: &[oxpool_format::LeafConfig], what: String| {
+        if children
+            .iter()
+            .any(|lc| import_refusals.iter().any(|(g, _)| *g == lc.guid))
+        {
+            EngineError::invalid(what)
+        } else {
+            EngineError::NotFound(what)
+        }
+    };
     let mut tops = Vec::new();
     for tcfg in &config.top {
         let children: Vec<Option<Arc<Leaf>>> = tcfg
@@ -104,11 +116,14 @@ pub(crate) async fn import_devices(
         // decided once the metadata is read. A hole has no device to be present.
         if children.iter().all(|c| c.is_none()) && !tcfg.log && tcfg.kind != TopVdevKind::Hole {
             let paths: Vec<String> = tcfg.children.iter().map(named).collect();
-            return Err(EngineError::NotFound(format!(
-                "pool '{pool_name}': vdev {} has no device present (expected {})",
-                tcfg.id.0,
-                paths.join(", ")
-            )));
+            return Err(missing_error(
+                &tcfg.children,
+                format!(
+                    "pool '{pool_name}': vdev {} has no device present (expected {})",
+                    tcfg.id.0,
+                    paths.join(", ")
+                ),
+            ));
         }
         // A raidz vdev missing more children than its parity cannot give back any block
         // that spans them: refuse with what is missing rather than fail on its first read.
@@ -121,14 +136,18 @@ pub(crate) async fn import_devices(
                 .map(|(lc, _)| named(lc))
                 .collect();
             if missing.len() > usize::from(r.parity) {
-                return Err(EngineError::NotFound(format!(
-                    "pool '{pool_name}': raidz{}-{} can lose {} of its devices, {} are missing ({})",
-                    r.parity,
-                    tcfg.id.0,
-                    r.parity,
-                    missing.len(),
-                    missing.join(", ")
-                )));
+                return Err(missing_error(
+                    &tcfg.children,
+                    format!(
+                        "pool '{pool_name}': raidz{}-{} can lose {} of its devices, {} are \
+                         missing ({})",
+                        r.parity,
+                        tcfg.id.0,
+                        r.parity,
+                        missing.len(),
+                        missing.join(", ")
+                    ),
+                ));
             }
         }
         tops.push(TopVdev::with_leaves(tcfg, &|g| {
@@ -173,20 +192,28 @@ pub(crate) async fn import_devices(
     }
     let mut last_err = None;
     let mut chosen = None;
-    for ub in ubs {
-        match load_meta(&zio, &ub.root, &pool_name).await {
-            Ok(meta) => {
-                chosen = Some((ub, meta));
-                break;
+    // The uberblocks that could not be used are said once an older one is (the pool goes
+    // back to it), or by the error if none can be: not a line per bad copy on every command
+    // that opens a damaged pool.
+    let mut unusable = Vec::new();
+    {
+        let _quiet = crate::zio::warn_limit::Quiet::enter();
+        for ub in ubs {
+            match load_meta(&zio, &ub.root, &pool_name).await {
+                Ok(meta) => {
+                    chosen = Some((ub, meta));
+                    break;
+                }
+                Err(e) => {
+                    unusable.push(format!("uberblock of txg {} unusable: {e}", ub.txg.0));
+                    last_err = Some(e);
+                }
             }
-            Err(e) => {
-                tracing::warn!(
-                    pool = pool_name,
-                    "uberblock of txg {} unusable: {e}",
-                    ub.txg.0
-                );
-                last_err = Some(e);
-            }
+        }
+    }
+    if chosen.is_some() {
+        for u in &unusable {
+            tracing::warn!(pool = pool_name, "{u}");
         }
     }
     let Some((ub, (meta, meta_places))) = chosen else {
@@ -287,11 +314,14 @@ pub(crate) async fn import_devices(
     for (t, cfg) in zio.vdevs.tops().zip(&meta.tree.top) {
         if !cfg.log && cfg.kind != TopVdevKind::Hole && t.leaves().next().is_none() {
             let paths: Vec<String> = cfg.children.iter().map(named).collect();
-            return Err(EngineError::NotFound(format!(
-                "pool '{pool_name}': vdev {} has no device present (expected {})",
-                cfg.id.0,
-                paths.join(", ")
-            )));
+            return Err(missing_error(
+                &cfg.children,
+                format!(
+                    "pool '{pool_name}': vdev {} has no device present (expected {})",
+                    cfg.id.0,
+                    paths.join(", ")
+                ),
+            ));
         }
     }
     // A log vdev with no device present: refused, unless `-m` (its records are lost), or the

@@ -50,8 +50,42 @@ impl WarnLimit {
 static IO_WARNINGS: WarnLimit = WarnLimit::new();
 static START: OnceLock<Instant> = OnceLock::new();
 
+thread_local! {
+    /// Set while this thread runs [`quietly`].
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While it lives, this thread's I/O warnings are left out: for a caller that says what
+/// failed itself, once (an import probing its uberblocks: each bad copy of an unusable one
+/// would print a line on every command that opens a damaged pool). The errors are still
+/// counted on their devices. For work polled on this thread only (`block_on`).
+pub(crate) struct Quiet {
+    was: bool,
+    /// Not sent to another thread, whose flag it would restore.
+    _here: std::marker::PhantomData<*const ()>,
+}
+
+impl Quiet {
+    /// Leaves this thread's I/O warnings out until dropped.
+    pub(crate) fn enter() -> Quiet {
+        Quiet {
+            was: QUIET.with(|q| q.replace(true)),
+            _here: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        QUIET.with(|q| q.set(self.was));
+    }
+}
+
 /// Whether an I/O warning may be printed now (see [`WarnLimit::allow_at`]).
 pub(crate) fn allow() -> Option<u64> {
+    if QUIET.with(|q| q.get()) {
+        return None;
+    }
     let now_s = START.get_or_init(Instant::now).elapsed().as_secs();
     IO_WARNINGS.allow_at(now_s)
 }
