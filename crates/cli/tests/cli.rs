@@ -632,7 +632,12 @@ fn a_pool_that_cannot_be_opened_is_listed_unavail_and_destroyed_only_with_f() {
     assert!(env.ok(&["list", "-H"]).contains("tank\t"));
     let dir = env.dir.path().to_str().unwrap().to_string();
     let found = env.ok(&["import", "-d", &dir]);
-    assert!(found.contains("tank"), "{found}");
+    assert!(
+        found
+            .lines()
+            .any(|l| l.starts_with("pool: tank ") && l.ends_with("(imported already)")),
+        "{found}"
+    );
     // With -f: each device's labels cleared and said, the pool forgotten, its devices no
     // longer found by an import; the other pool untouched.
     let out = env.ok(&["destroy", "-f", "tank"]);
@@ -687,6 +692,11 @@ fn a_device_of_another_pool_of_the_same_name_is_not_taken() {
     );
     // Theirs is whole: its labels were not cleared (at b.img nor at the copy).
     assert!(other(&["vol", "list", "-H", "tank"]).contains("tank/theirs"));
+    // Theirs is found by an import, and not marked as imported here.
     let dir = env.dir.path().to_str().unwrap().to_string();
-    assert!(env.ok(&["import", "-d", &dir]).contains("tank"));
+    let found = env.ok(&["import", "-d", &dir]);
+    assert!(
+        found.contains("pool: tank ") && !found.contains("imported already"),
+        "{found}"
+    );
 }

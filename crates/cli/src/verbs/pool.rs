@@ -122,10 +122,19 @@ pub fn import(
             if found.is_empty() {
                 writeln!(con.out(), "no pools available to import")?;
             }
+            // Pools this machine knows already are marked: importing one again only records
+            // where its devices are now (after they moved), unlike `zpool import`, which
+            // lists only pools not imported.
+            let known = cachefile::read(cache)?;
             for (pool, guid, paths) in found {
+                let mark = if known.iter().any(|p| p.guid == guid) {
+                    "  (imported already)"
+                } else {
+                    ""
+                };
                 writeln!(
                     con.out(),
-                    "pool: {pool}  id: {guid:x}  devices: {}",
+                    "pool: {pool}  id: {guid:x}  devices: {}{mark}",
                     paths.join(" ")
                 )?;
             }
