@@ -700,3 +700,26 @@ fn a_device_of_another_pool_of_the_same_name_is_not_taken() {
         "{found}"
     );
 }
+
+/// `destroy -f` of a pool that cannot be opened clears only devices whose start still
+/// carries the pool's label: a device another tool reused (mkfs, pvcreate: its start
+/// rewritten, the pool's end labels left) is left as it is, end labels and all.
+#[test]
+fn destroy_f_leaves_a_device_whose_start_was_reused() {
+    let env = Env::new();
+    let (x, y) = (env.path("x.img"), env.path("y.img"));
+    env.ok(&["create", "tank", p(&x), p(&y), "--size", "64M", "--sparse"]);
+    // Another tool's header over the first MiB of x; y gone.
+    let f = std::fs::OpenOptions::new().write(true).open(&x).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &vec![0x5a; 1 << 20], 0).unwrap();
+    drop(f);
+    std::fs::remove_file(&y).unwrap();
+    let before = std::fs::read(&x).unwrap();
+    let out = env.ok(&["destroy", "-f", "tank"]);
+    assert!(
+        out.contains("x.img: left as it is (no label of this pool at its start"),
+        "{out}"
+    );
+    assert!(std::fs::read(&x).unwrap() == before, "x.img was changed");
+    assert!(!env.ok(&["list", "-H"]).contains("tank"));
+}

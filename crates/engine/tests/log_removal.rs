@@ -691,3 +691,33 @@ fn a_device_attached_to_an_offlined_log_device_takes_log_blocks() {
     audit_clean(&pool, "after the attach to an offlined log device");
     pool.export().unwrap();
 }
+
+/// `replace` (not attach) of the offlined device of an emptied log vdev: the replacement
+/// ends at once (the new device lacks nothing, so no resilver would end it), the new device
+/// takes the log blocks, and a crash replays from it.
+#[test]
+fn replacing_an_offlined_log_device_ends_at_once() {
+    let (pool, data, _slog) = data_and_log();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    fua_writes(&vol, 0..16);
+    pool.offline("slog0", false).unwrap();
+    fua_writes(&vol, 16..32);
+    let slog1 = MemoryBackend::new("slog1", 32 << 20);
+    pool.replace("slog0", Arc::new(slog1.clone()), false)
+        .unwrap();
+    let status = pool.status();
+    assert_eq!(status.state, "ONLINE", "{status:?}");
+    let shown = format!("{:?}", status.logs);
+    assert!(
+        shown.contains("slog1") && !shown.contains("slog0") && !shown.contains("replacing"),
+        "{status:?}"
+    );
+    fua_writes(&vol, 32..96);
+    assert!(device_writes(&pool, "slog1") > 0);
+    drop(vol);
+    drop(pool); // a crash: the last records are on slog1
+    let pool = Pool::import(backends(&[&data, &slog1]), Some("tank")).unwrap();
+    check_slots(&pool, 96, "replayed from the replacing log device");
+    audit_clean(&pool, "after the replace of an offlined log device");
+    pool.export().unwrap();
+}

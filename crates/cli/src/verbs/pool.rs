@@ -222,7 +222,12 @@ fn destroy_unavailable(
     let mut ours = Vec::new();
     for path in entry.devices.iter().filter(|p| p.exists()) {
         let dev = open_device(path, None)?;
-        match crate::devices::label(dev.backend().as_ref()) {
+        // Only a device whose start still carries this pool's label: one reused by another
+        // tool (a filesystem, an LVM header) keeps only its end labels, which must not count.
+        let front = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_front_label(
+            dev.backend().as_ref(),
+        ));
+        match front {
             Ok(l) if l.pool_guid.0 == entry.guid => ours.push((path, dev)),
             Ok(l) => writeln!(
                 con.out(),
@@ -233,7 +238,7 @@ fn destroy_unavailable(
             )?,
             Err(e) => writeln!(
                 con.out(),
-                "{}: left as it is (no label read: {e})",
+                "{}: left as it is (no label of this pool at its start: {e})",
                 path.display()
             )?,
         }

@@ -184,7 +184,13 @@ impl Spa {
         })?;
         let (leaf, config) =
             self.check_new_device(&what, new, old.config.size_bytes, force, None)?;
-        self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
+        {
+            // Not in the middle of a txg sync: its tree would not list the new device while
+            // its writes (the uberblock's too) go to it, and one the old device failed would
+            // count as written.
+            let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
+        }
         self.commit_tree_change(&[(leaf.clone(), old.top)], Vec::new())?;
         self.log_vdev_joined(old.top, &leaf)
     }
@@ -212,6 +218,12 @@ impl Spa {
         if leaf.health.in_service() {
             self.state.lock().unwrap().alloc.set_leaving(v, false);
         }
+        // A replacement of the offline device ends now: the new one lacks nothing, so no
+        // resilver will end it.
+        let gone = self.zio.vdevs.finish_replacements();
+        if !gone.is_empty() {
+            self.commit_tree_change(&[], gone)?;
+        }
         Ok(())
     }
 
@@ -237,13 +249,17 @@ impl Spa {
         }
         let (leaf, config) =
             self.check_new_device(&what, new, member.config.size_bytes, force, same_path)?;
-        let gone = self.zio.vdevs.replace(
-            member.top,
-            member.config.guid,
-            leaf.clone(),
-            config,
-            PairKind::Replacing,
-        )?;
+        let gone = {
+            // As in `attach`: not in the middle of a txg sync.
+            let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.zio.vdevs.replace(
+                member.top,
+                member.config.guid,
+                leaf.clone(),
+                config,
+                PairKind::Replacing,
+            )?
+        };
         self.commit_tree_change(&[(leaf.clone(), member.top)], gone.into_iter().collect())?;
         self.log_vdev_joined(member.top, &leaf)
     }

@@ -67,6 +67,17 @@ pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
 /// Reads the labels' configuration. Returns the first label that verifies; if none does, the
 /// error names the device and what was wrong with its first label.
 pub async fn read_label(dev: &dyn Backend) -> Result<LabelConfig> {
+    read_label_of(dev, false).await
+}
+
+/// [`read_label`] of the two labels at the device's start only. For a decision to clear a
+/// device's labels (a destroy of a pool that cannot be opened): a tool that reused the device
+/// (a filesystem, an LVM header) rewrote its start and left the end labels as they were.
+pub async fn read_front_label(dev: &dyn Backend) -> Result<LabelConfig> {
+    read_label_of(dev, true).await
+}
+
+async fn read_label_of(dev: &dyn Backend, front_only: bool) -> Result<LabelConfig> {
     let size = dev.size_bytes();
     if size < MIN_DEVICE_BYTES {
         return Err(EngineError::Corrupt {
@@ -79,7 +90,9 @@ pub async fn read_label(dev: &dyn Backend) -> Result<LabelConfig> {
         });
     }
     let mut first_err = None;
-    for (i, off) in label_offsets(size).into_iter().enumerate() {
+    let offsets = label_offsets(size);
+    let count = if front_only { 2 } else { offsets.len() };
+    for (i, off) in offsets.into_iter().take(count).enumerate() {
         let buf = match dev
             .read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize))
             .await

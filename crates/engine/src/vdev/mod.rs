@@ -632,6 +632,8 @@ pub struct VdevTree {
     /// The txg that records the last member added to a vdev (attach, replace, a spare
     /// stepping in); see [`VdevTree::swap_shape_adding`].
     members_added_txg: AtomicU64,
+    /// Shapes that add a member being swapped in now (their txg not yet recorded).
+    members_adding: AtomicU64,
 }
 
 /// What the pool gives the tree to hear of record changes (set once, by the pool).
@@ -681,6 +683,7 @@ impl VdevTree {
             on_spare_in: RecordListener::default(),
             service_changes: AtomicU64::new(0),
             members_added_txg: AtomicU64::new(0),
+            members_adding: AtomicU64::new(0),
         };
         for top in tops {
             tree.push(top).expect("within TOP_VDEVS_MAX");
@@ -705,6 +708,7 @@ impl VdevTree {
     pub fn in_service_since(&self, stamp: u64) -> bool {
         stamp.is_multiple_of(2)
             && self.service_stamp() == stamp
+            && self.members_adding.load(Ordering::SeqCst) == 0
             && self.synced.load(Ordering::SeqCst) >= self.members_added_txg.load(Ordering::SeqCst)
     }
 
@@ -756,11 +760,17 @@ impl VdevTree {
     /// it, or out of service) is acknowledged as durable, yet an import after a crash reads
     /// the shape before, which does not know that member. So the intent log's writes count
     /// only from then on, and its commits wait for that txg meanwhile. The txg is the one
-    /// after the last whose sync began: a sync under way may have taken the shape before.
+    /// after the last whose sync began, read once the shape is in: a sync under way may have
+    /// taken the shape before, and one that begins after that read takes the new one (the
+    /// fence pairs with the one in [`VdevTree::note_sync_started`]). Until it is recorded,
+    /// `members_adding` says a change is under way.
     pub(crate) fn swap_shape_adding(&self, top: &TopVdev, next: Shape) {
+        self.members_adding.fetch_add(1, Ordering::SeqCst);
+        self.swap_shape(top, next);
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.members_added_txg
             .fetch_max(self.last_written().0, Ordering::SeqCst);
-        self.swap_shape(top, next);
+        self.members_adding.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Appends a top-level vdev (its id must be the next one). The caller serializes

@@ -34,9 +34,12 @@ impl VdevTree {
         self.sync_started.fetch_max(txg.0, Ordering::Relaxed);
     }
 
-    /// The pool began writing `txg`: the next one is open from now on.
+    /// The pool began writing `txg`: the next one is open from now on. The fence orders this
+    /// before the sync's reading of the vdev shapes, against a shape swapped in and then
+    /// this figure read ([`VdevTree::swap_shape_adding`]): one of the two sees the other.
     pub fn note_sync_started(&self, txg: Txg) {
-        self.sync_started.fetch_max(txg.0, Ordering::Relaxed);
+        self.sync_started.fetch_max(txg.0, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     /// The first txg not yet durable: the first a leaf going out now may lack.
