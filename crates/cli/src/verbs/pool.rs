@@ -220,8 +220,33 @@ fn destroy_unavailable(
     // Opened (and locked) first, all of them: a device in use by another process stops the
     // destroy before any label is cleared.
     let mut ours = Vec::new();
-    for path in entry.devices.iter().filter(|p| p.exists()) {
-        let dev = open_device(path, None)?;
+    for path in &entry.devices {
+        if !path.exists() {
+            writeln!(
+                con.out(),
+                "{}: not found (if it comes back, it still carries the pool's labels)",
+                path.display()
+            )?;
+            continue;
+        }
+        let dev = match open_device(path, None) {
+            Ok(d) => d,
+            // In use: another pool's device (served) is left alone; else this pool's is in
+            // use somewhere, and nothing is cleared.
+            Err(e) => match crate::devices::peek_label(path) {
+                Some(l) if l.pool_guid.0 != entry.guid => {
+                    writeln!(
+                        con.out(),
+                        "{}: left as it is (a device of another pool, '{}', guid {:x}, in use)",
+                        path.display(),
+                        l.pool_name,
+                        l.pool_guid.0
+                    )?;
+                    continue;
+                }
+                _ => return Err(e),
+            },
+        };
         // Only a device whose start still carries this pool's label: one reused by another
         // tool (a filesystem, an LVM header) keeps only its end labels, which must not count.
         let front = oxpool_io::rt::block_on(oxpool_engine::vdev::label::read_front_label(

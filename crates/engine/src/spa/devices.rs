@@ -138,6 +138,17 @@ impl Spa {
     /// other devices' labels, then the labels of the detached devices cleared (spares'
     /// rewritten as spares).
     fn commit_tree_change(&self, new: &[(Arc<Leaf>, VdevId)], gone: Vec<Detached>) -> Result<()> {
+        self.label_new_members(new)?;
+        self.commit_labelled_change(new, gone)
+    }
+
+    /// The labels of the members just put in the tree (whole, flushed); on an error they are
+    /// taken out again, so that nothing changed. Call it before any txg sync can see the
+    /// new tree (`attach` and `replace` hold the sync gate from their swap through this): a
+    /// txg that records a device whose labels a power cut then loses names a device no
+    /// import finds (a crash test found it, the writer's commits syncing a txg between the
+    /// swap and the labels).
+    fn label_new_members(&self, new: &[(Arc<Leaf>, VdevId)]) -> Result<()> {
         let labelled = block_on(async {
             for (leaf, top) in new {
                 write_labels(leaf.backend.as_ref(), &self.label_now(leaf.guid, *top)).await?;
@@ -155,6 +166,15 @@ impl Spa {
             }
             return Err(e);
         }
+        Ok(())
+    }
+
+    /// [`Spa::commit_tree_change`] once the new members are labelled.
+    fn commit_labelled_change(
+        &self,
+        new: &[(Arc<Leaf>, VdevId)],
+        gone: Vec<Detached>,
+    ) -> Result<()> {
         super::apply_scheduler(self);
         self.sync_now()?;
         let skip: Vec<Arc<Leaf>> = new.iter().map(|(l, _)| l.clone()).collect();
@@ -184,14 +204,17 @@ impl Spa {
         })?;
         let (leaf, config) =
             self.check_new_device(&what, new, old.config.size_bytes, force, None)?;
+        let new = [(leaf.clone(), old.top)];
         {
             // Not in the middle of a txg sync: its tree would not list the new device while
             // its writes (the uberblock's too) go to it, and one the old device failed would
-            // count as written.
+            // count as written. And no sync records the new device before its labels are
+            // durable.
             let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
             self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
+            self.label_new_members(&new)?;
         }
-        self.commit_tree_change(&[(leaf.clone(), old.top)], Vec::new())?;
+        self.commit_labelled_change(&new, Vec::new())?;
         self.log_vdev_joined(old.top, &leaf)
     }
 
@@ -249,18 +272,21 @@ impl Spa {
         }
         let (leaf, config) =
             self.check_new_device(&what, new, member.config.size_bytes, force, same_path)?;
+        let new = [(leaf.clone(), member.top)];
         let gone = {
-            // As in `attach`: not in the middle of a txg sync.
+            // As in `attach`: not in the middle of a txg sync, and labelled before one.
             let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
-            self.zio.vdevs.replace(
+            let gone = self.zio.vdevs.replace(
                 member.top,
                 member.config.guid,
                 leaf.clone(),
                 config,
                 PairKind::Replacing,
-            )?
+            )?;
+            self.label_new_members(&new)?;
+            gone
         };
-        self.commit_tree_change(&[(leaf.clone(), member.top)], gone.into_iter().collect())?;
+        self.commit_labelled_change(&new, gone.into_iter().collect())?;
         self.log_vdev_joined(member.top, &leaf)
     }
 
@@ -520,7 +546,10 @@ impl Spa {
             && !s.discarded_logs.contains(&v)
             && matches!(role, VdevRole::Log | VdevRole::Leaving)
             && out;
-        if !usable || leaf.health.in_service() {
+        // A device in service on an emptied vdev: attached to it, and a crash came before
+        // the sync that would have dropped the record (`log_vdev_joined`); returned the same
+        // way.
+        if !usable || (leaf.health.in_service() && !s.emptied_logs.contains(&v)) {
             return Ok(false);
         }
         s.alloc.set_leaving(v, true);

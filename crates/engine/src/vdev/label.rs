@@ -14,7 +14,11 @@ use oxpool_format::{
 use oxpool_io::rt::join_all;
 use oxpool_io::{Backend, IoBuf};
 
-/// Writes the configuration half of all four labels and clears their uberblock rings.
+/// Writes the configuration half of all four labels and clears their uberblock rings, and
+/// flushes them: the caller then records the device in a txg (create, add, attach,
+/// replace), and a txg durable with the device's labels lost in a power cut names a device
+/// no import can find (a crash test found it: the txg's flush of the new device may come
+/// after the power cut, its uberblock already durable on another device).
 pub async fn write_labels(dev: &dyn Backend, cfg: &LabelConfig) -> Result<()> {
     let encoded = IoBuf::from_slice(&cfg.encode());
     debug_assert_eq!(encoded.len() as u64, LABEL_CONFIG_BYTES);
@@ -27,7 +31,9 @@ pub async fn write_labels(dev: &dyn Backend, cfg: &LabelConfig) -> Result<()> {
     for r in join_all(futs).await {
         r.map_err(|e| EngineError::io(dev.name(), e))?;
     }
-    Ok(())
+    dev.flush()
+        .await
+        .map_err(|e| EngineError::io(dev.name(), e))
 }
 
 /// Rewrites only the configuration half of the labels (the vdev tree changed), the even

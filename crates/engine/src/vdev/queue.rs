@@ -519,8 +519,12 @@ impl VdevQueue {
         if c != IoClass::Scrub.index() {
             return limit;
         }
-        let others_active =
-            self.active_total.load(Ordering::SeqCst) - self.active[c].load(Ordering::SeqCst);
+        // Two loads, not one snapshot: an admission or completion between them can make the
+        // second larger (a debug build panicked on the underflow in a crash test).
+        let others_active = self
+            .active_total
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.active[c].load(Ordering::SeqCst));
         let idle = others_active == 0
             && self.scrub_alone.load(Ordering::Relaxed) >= SCRUB_IDLE_AFTER_COMPLETIONS;
         if idle {
