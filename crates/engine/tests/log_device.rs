@@ -180,23 +180,25 @@ fn a_log_device_can_be_added() {
     pool.export().unwrap();
 }
 
+/// A pool `tank` of a memory data device and a memory log device.
+fn data_and_log_pool() -> Pool {
+    let data = MemoryBackend::new("data0", 64 << 20);
+    let log = MemoryBackend::new("slog0", 32 << 20);
+    Pool::create(
+        "tank",
+        vec![spec(Arc::new(data), false), spec(Arc::new(log), true)],
+        test_props(),
+        false,
+    )
+    .unwrap()
+}
+
 /// An audit right after sync writes, with the log's blocks in every state (a chain in use,
 /// blocks no longer needed and waiting for the next sync to free them, blocks freed and
 /// deferred): each is accounted for.
 #[test]
 fn an_audit_between_commits_counts_every_log_block() {
-    let data_mem = MemoryBackend::new("data0", 64 << 20);
-    let log_mem = MemoryBackend::new("slog0", 32 << 20);
-    let pool = Pool::create(
-        "tank",
-        vec![
-            spec(Arc::new(data_mem.clone()), false),
-            spec(Arc::new(log_mem.clone()), true),
-        ],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let pool = data_and_log_pool();
     let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
     for round in 0..5u64 {
         for k in 0..64u64 {
@@ -213,18 +215,7 @@ fn an_audit_between_commits_counts_every_log_block() {
 /// as leaked (CI caught it once). Each audit must find nothing wrong.
 #[test]
 fn audits_while_writers_commit_find_nothing_wrong() {
-    let data_mem = MemoryBackend::new("data0", 64 << 20);
-    let log_mem = MemoryBackend::new("slog0", 32 << 20);
-    let pool = Pool::create(
-        "tank",
-        vec![
-            spec(Arc::new(data_mem.clone()), false),
-            spec(Arc::new(log_mem.clone()), true),
-        ],
-        test_props(),
-        false,
-    )
-    .unwrap();
+    let pool = data_and_log_pool();
     let vols = [
         pool.create_volume("v", 8 << 20, &[]).unwrap(),
         pool.create_volume("w", 8 << 20, &[]).unwrap(),
