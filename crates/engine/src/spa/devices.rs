@@ -621,7 +621,13 @@ impl Spa {
     /// Lets hot spares stand in for faulted devices; returns whether any did (persisted).
     pub(crate) fn spares_step_in(&self) -> bool {
         let _one = self.config_change.lock().unwrap();
-        if !self.zio.vdevs.spares_step_in() {
+        // As `attach`: not in the middle of a txg sync, whose tree would not list the spare
+        // while its writes go to it (session 25's reviewer).
+        let stepped_in = {
+            let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.zio.vdevs.spares_step_in()
+        };
+        if !stepped_in {
             return false;
         }
         if let Err(e) = self.commit_tree_change(&[], Vec::new()) {

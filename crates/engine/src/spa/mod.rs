@@ -1045,8 +1045,11 @@ pub(crate) fn apply_scheduler(inner: &Spa) {
 }
 
 /// Has a device state change that the tree makes on its own (a fault, a failed write) mark
-/// the open txg dirty: the next sync records it (`vdev/states.rs`).
+/// the open txg dirty: the next sync records it (`vdev/states.rs`); and the txg engine tell
+/// the tree when a txg closes (`VdevTree::last_written`).
 pub(crate) fn listen_to_records(inner: &Arc<Spa>) {
+    // The tree's missed ranges reach the open txg from the moment a txg closes.
+    let _ = inner.txg.closed.set(inner.zio.vdevs.sync_started_handle());
     let weak = Arc::downgrade(inner);
     inner.zio.vdevs.on_record_change.set(Box::new(move || {
         if let Some(spa) = weak.upgrade() {

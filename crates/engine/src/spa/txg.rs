@@ -146,6 +146,11 @@ pub(crate) struct TxgControl {
     /// Wakes the sync thread (kick, dirty threshold, hold drained, stop).
     pub cv: Condvar,
     pool_name: String,
+    /// Told the txg closed, under the state lock, as it closes (`next_to_sync`): from then
+    /// on writers' blocks are born in the next txg, before the closed txg's sync begins.
+    /// The vdev tree measures missed ranges up to the open txg from it
+    /// (`VdevTree::note_sync_started`).
+    pub closed: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// While it lives, a txg holding [`EAGER_SYNC_BYTES`] of dirty data starts a sync
@@ -259,6 +264,7 @@ impl TxgControl {
             }),
             cv: Condvar::new(),
             pool_name: pool_name.to_string(),
+            closed: std::sync::OnceLock::new(),
         }
     }
 
@@ -406,6 +412,10 @@ impl TxgControl {
         // Close the open txg; new writers go to the next one.
         let txg = s.open;
         s.open = Txg(txg.0 + 1);
+        if let Some(closed) = self.closed.get() {
+            closed.fetch_max(txg.0, std::sync::atomic::Ordering::SeqCst);
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        }
         s.open_dirty = false;
         s.kick = false;
         // From here a FLUSH must wait for `txg`, even while it is still quiescing.

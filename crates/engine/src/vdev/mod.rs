@@ -612,8 +612,9 @@ pub struct VdevTree {
     /// The last durable txg, as the pool last said (`note_synced`): what the leaves' missed
     /// ranges are measured against.
     synced: AtomicU64,
-    /// The last txg whose sync began (`note_sync_started`): the open one is the next.
-    sync_started: AtomicU64,
+    /// The last txg closed or whose sync began (`note_sync_started`, and the txg engine as
+    /// it closes one: [`VdevTree::sync_started_handle`]): the open one is the next.
+    sync_started: Arc<AtomicU64>,
     /// Held while a leaf's state changes: one decision at a time about what a vdev can lose.
     state_change: Mutex<()>,
     /// State records of children absent at import, by guid (carried to the next import).
@@ -675,7 +676,7 @@ impl VdevTree {
             },
             fault_policy: FaultPolicy::default(),
             synced: AtomicU64::new(0),
-            sync_started: AtomicU64::new(0),
+            sync_started: Arc::new(AtomicU64::new(0)),
             state_change: Mutex::new(()),
             absent: Mutex::new(BTreeMap::new()),
             on_record_change: RecordListener::default(),
@@ -752,6 +753,14 @@ impl VdevTree {
     /// vdev's members (attach, replace, detach, a spare) passes here.
     pub(crate) fn swap_shape(&self, top: &TopVdev, next: Shape) {
         self.service_change(|| top.set_shape(next));
+    }
+
+    /// The figure [`VdevTree::note_sync_started`] raises, for the txg engine to raise as it
+    /// closes a txg: writers' blocks are born in the next one from then, before the closed
+    /// txg's sync begins, and a missed range measured up to the open txg
+    /// ([`VdevTree::last_written`]) must cover them.
+    pub(crate) fn sync_started_handle(&self) -> Arc<AtomicU64> {
+        self.sync_started.clone()
     }
 
     /// [`VdevTree::swap_shape`] for a shape that adds a member (attach, replace, a spare

@@ -49,9 +49,11 @@ impl VdevTree {
 
     /// The last txg whose blocks may be being written now: the open one (the intent log
     /// writes blocks of it in place; the syncing one is older). Once it is durable, every
-    /// block written now is.
+    /// block written now is. The txg engine raises the figure as it closes a txg, before
+    /// that txg's sync begins: else, in between, a block born in the open txg would be one
+    /// past a missed range ending here, and a resilver would skip it (session 25's reviewer).
     pub(crate) fn last_written(&self) -> Txg {
-        Txg(self.sync_started.load(Ordering::Relaxed) + 1)
+        Txg(self.sync_started.load(Ordering::SeqCst) + 1)
     }
 
     /// The top-level vdev and child index of `leaf`.
