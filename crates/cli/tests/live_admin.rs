@@ -926,3 +926,36 @@ fn a_server_whose_control_socket_was_removed_still_stops() {
     // Exported cleanly: the pool imports without the unclean-shutdown replay.
     env.ok(&["vol", "list", "tank"]);
 }
+
+/// A pool that cannot be opened, one of whose listed paths now holds a device of another
+/// pool that a server serves (and holds): that device is not this pool's, so the pool is
+/// listed UNAVAIL naming what is at the path, and `export` forgets it. It used to fail
+/// every command with "in use by another oxpool process".
+#[test]
+fn a_listed_path_holding_a_served_pool_s_device_does_not_block_the_pool() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let (b1, b2) = (env.path("b1.img"), env.path("b2.img"));
+    let (b1, b2) = (b1.to_str().unwrap(), b2.to_str().unwrap());
+    env.ok(&["create", "brk", b1, b2, "--size", "64M", "--sparse"]);
+    std::fs::remove_file(b2).unwrap();
+    env.ok(&["create", "reuse", b2, "--size", "64M", "--sparse"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let list = env.ok(&["list", "-H"]);
+    assert!(
+        list.lines().any(|l| l == "brk\t-\t-\t-\tUNAVAIL\t-")
+            && list.lines().any(|l| l.starts_with("reuse\t")),
+        "{list}"
+    );
+    let status = env.ok(&["status", "brk"]);
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains("b2.img") && l.contains("a device of another pool, 'reuse'")),
+        "{status}"
+    );
+    env.ok(&["export", "brk"]);
+    assert!(!env.ok(&["list", "-H"]).contains("brk"));
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
