@@ -654,6 +654,19 @@ fn a_log_mirror_whose_only_whole_side_is_gone_needs_m() {
     pool.export().unwrap();
 }
 
+/// [`data_and_log`] with a volume `v`: 16 FUA writes, `offline` of the log device (its vdev
+/// emptied), 16 more; with a new device `slog1` not yet in the pool. Devices: data0, slog0,
+/// slog1.
+fn offlined_log_device() -> (Pool, oxpool_engine::Volume, [MemoryBackend; 3]) {
+    let (pool, data, slog) = data_and_log();
+    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+    fua_writes(&vol, 0..16);
+    pool.offline("slog0", false).unwrap();
+    fua_writes(&vol, 16..32);
+    let slog1 = MemoryBackend::new("slog1", 32 << 20);
+    (pool, vol, [data, slog, slog1])
+}
+
 /// A log device taken offline (its vdev emptied), then a new device attached to it: the
 /// vdev takes log blocks again through the new device, not only after an `online` of the
 /// old one. The txg that records it no longer emptied comes first: after a crash the import
@@ -661,13 +674,8 @@ fn a_log_mirror_whose_only_whole_side_is_gone_needs_m() {
 /// it every acknowledged write replays.
 #[test]
 fn a_device_attached_to_an_offlined_log_device_takes_log_blocks() {
-    let (pool, data, slog) = data_and_log();
-    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
-    fua_writes(&vol, 0..16);
-    pool.offline("slog0", false).unwrap();
+    let (pool, vol, [data, slog, slog1]) = offlined_log_device();
     let slog0_writes = device_writes(&pool, "slog0");
-    fua_writes(&vol, 16..32);
-    let slog1 = MemoryBackend::new("slog1", 32 << 20);
     pool.attach("slog0", Arc::new(slog1.clone()), false)
         .unwrap();
     fua_writes(&vol, 32..96);
@@ -697,12 +705,7 @@ fn a_device_attached_to_an_offlined_log_device_takes_log_blocks() {
 /// takes the log blocks, and a crash replays from it.
 #[test]
 fn replacing_an_offlined_log_device_ends_at_once() {
-    let (pool, data, _slog) = data_and_log();
-    let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
-    fua_writes(&vol, 0..16);
-    pool.offline("slog0", false).unwrap();
-    fua_writes(&vol, 16..32);
-    let slog1 = MemoryBackend::new("slog1", 32 << 20);
+    let (pool, vol, [data, _slog, slog1]) = offlined_log_device();
     pool.replace("slog0", Arc::new(slog1.clone()), false)
         .unwrap();
     let status = pool.status();
