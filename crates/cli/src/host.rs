@@ -58,6 +58,9 @@ impl Host {
                 let _one_change = pool.admin();
                 let value = f(&pool.pool, Some(&pool))?;
                 pool.pool.sync()?;
+                // A `clear` is not undone by a crash of the server; counts found since the
+                // last change are kept too.
+                keep_error_counts(served.cache(), &pool.pool);
                 // A device the change dropped (detached, removed) is free for other uses
                 // when the command returns, as ZFS frees it, not at the server's next beat.
                 // A cache file that cannot be written is the beat's to report.
@@ -91,6 +94,7 @@ fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<
             cache.display()
         );
     }
+    keep_error_counts(cache, &pool);
     let exported = pool.export();
     let value = result?;
     exported?;
@@ -210,9 +214,46 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     // listed, a blank file swapped in at a device's path) are closed and unlocked: this
     // command may name them as new devices.
     devs.retain_named(&pool.open_device_names());
-    // Its fault injection rules (`oxpool inject`) act from now on.
-    crate::inject_file::apply(cache, &pool, &mut std::io::stderr())?;
+    adopt_host_state(cache, &pool, &mut std::io::stderr())?;
     Ok((pool, devs))
+}
+
+/// Sets what this machine keeps about `pool` (just opened) on it: its fault injection rules
+/// (`oxpool inject`) act from now on, and the error counts of the commands before this one
+/// are back (`errors_file.rs`).
+pub fn adopt_host_state(
+    cache: &Path,
+    pool: &Pool,
+    warnings: &mut dyn std::io::Write,
+) -> Result<()> {
+    crate::inject_file::apply(cache, pool, warnings)?;
+    crate::errors_file::restore(cache, pool, warnings)
+}
+
+/// Keeps `pool`'s error counts for its next open (before it is let go, or after a served
+/// pool's admin command). A file that cannot be written is said, and does not fail a
+/// command that did its work.
+pub fn keep_error_counts(cache: &Path, pool: &Pool) {
+    if let Err(e) = crate::errors_file::keep(cache, pool) {
+        eprintln!(
+            "oxpool: warning: could not keep pool '{}''s error counts: {e:#}",
+            pool.name()
+        );
+    }
+}
+
+/// This machine forgets pool `name` (exported or destroyed): the cache file's entry and the
+/// error counts kept for it.
+pub fn forget(cache: &Path, name: &str) -> Result<()> {
+    let guid = cachefile::read(cache)?
+        .into_iter()
+        .find(|p| p.name == name)
+        .map(|p| p.guid);
+    cachefile::remove(cache, name)?;
+    if let Some(guid) = guid {
+        crate::errors_file::forget(cache, guid)?;
+    }
+    Ok(())
 }
 
 /// Why [`open_pool`] could not open a pool whose devices it could open: none of them

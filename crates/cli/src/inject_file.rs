@@ -13,16 +13,14 @@
 //! as zinject's handler numbers within a boot); then one line per rule, tab-separated: pool
 //! name, pool guid (hex), rule id, device guid (hex), device path, kind (`io`, `corrupt`,
 //! `delay:MS`), ops (`read`, `write`, `flush`, `all`), frequency (parts per million). Written
-//! whole to a
-//! temporary file, synced and renamed over the old one, under an flock of `pools.inject.lock`
-//! so that two commands do not lose each other's rules.
+//! as `beside_cache.rs` says.
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::beside_cache;
+use anyhow::{anyhow, Result};
 use oxpool_engine::vdev::{InjectKind, InjectOps, InjectRule};
 use oxpool_engine::Pool;
 use oxpool_format::Guid;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// One rule as the file keeps it.
@@ -60,16 +58,14 @@ impl Rules {
 
 /// The rules file beside the cache file `cache`.
 pub fn path_of(cache: &Path) -> PathBuf {
-    cache.with_extension("inject")
+    beside_cache::path_of(cache, "inject")
 }
 
 const NEXT_ID: &str = "#next-id ";
 
 fn read(path: &Path) -> Result<Rules> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Rules::default()),
-        Err(e) => return Err(e).with_context(|| path.display().to_string()),
+    let Some(text) = beside_cache::read_text(path)? else {
+        return Ok(Rules::default());
     };
     let mut out = Vec::new();
     let mut next_id = 1;
@@ -113,19 +109,14 @@ fn read(path: &Path) -> Result<Rules> {
 }
 
 fn write(path: &Path, all: &Rules) -> Result<()> {
-    let ctx = || path.display().to_string();
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    let mut f = std::fs::File::create(&tmp).with_context(ctx)?;
-    writeln!(
-        f,
+    let mut text = String::from(
         "# oxpool inject rules: pool, pool guid, id, device guid, device, kind, ops, \
-         frequency (ppm); tab-separated"
-    )?;
-    writeln!(f, "{NEXT_ID}{}", all.next_id)?;
+         frequency (ppm); tab-separated\n",
+    );
+    text += &format!("{NEXT_ID}{}\n", all.next_id);
     for s in &all.rules {
-        writeln!(
-            f,
-            "{}\t{:x}\t{}\t{:x}\t{}\t{}\t{}\t{}",
+        text += &format!(
+            "{}\t{:x}\t{}\t{:x}\t{}\t{}\t{}\t{}\n",
             s.pool,
             s.pool_guid,
             s.rule.id,
@@ -134,10 +125,9 @@ fn write(path: &Path, all: &Rules) -> Result<()> {
             s.rule.kind.as_string(),
             s.rule.ops.as_str(),
             s.rule.frequency_ppm
-        )?;
+        );
     }
-    f.sync_all().with_context(ctx)?;
-    std::fs::rename(&tmp, path).with_context(ctx)
+    beside_cache::replace(path, &text)
 }
 
 /// Every rule the file beside `cache` holds (no lock: a reader sees the old or the new file).
@@ -149,31 +139,15 @@ pub fn rules(cache: &Path) -> Result<Vec<SavedRule>> {
 /// changed them.
 pub fn update<T>(cache: &Path, f: impl FnOnce(&mut Rules) -> Result<T>) -> Result<T> {
     let path = path_of(cache);
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-    }
-    let lock_path = PathBuf::from(format!("{}.lock", path.display()));
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| lock_path.display().to_string())?;
-    // SAFETY: flock on a valid, owned file descriptor; released when `lock` closes.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        bail!(
-            "{}: cannot lock: {}",
-            lock_path.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    let mut rules = read(&path)?;
-    let before = rules.clone();
-    let value = f(&mut rules)?;
-    if rules != before {
-        write(&path, &rules)?;
-    }
-    Ok(value)
+    beside_cache::locked(&path, || {
+        let mut rules = read(&path)?;
+        let before = rules.clone();
+        let value = f(&mut rules)?;
+        if rules != before {
+            write(&path, &rules)?;
+        }
+        Ok(value)
+    })
 }
 
 /// Sets the saved rules of `pool` (just opened) on it; a rule whose device the pool does not

@@ -8,10 +8,12 @@
 //! never open one pool.
 
 mod args;
+mod beside_cache;
 mod console;
 mod control;
 mod devices;
 mod display;
+mod errors_file;
 mod host;
 mod inject_file;
 mod iostat;

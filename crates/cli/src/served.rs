@@ -398,6 +398,7 @@ impl Served {
             }
             match released {
                 Ok((pool, devices)) => {
+                    crate::host::keep_error_counts(self.cache(), &pool);
                     match pool.export() {
                         Ok(()) => done.push(name),
                         Err(e) => failed.push(format!("{name}: {e}")),

@@ -278,3 +278,108 @@ fn online_of_a_device_that_fails_again_says_so() {
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
 }
+
+/// The `oxpool status` device lines (NAME STATE READ WRITE CKSUM, and what was repaired).
+fn device_lines(status: &str) -> Vec<&str> {
+    status
+        .lines()
+        .filter(|l| l.contains(".img") || l.contains("repaired"))
+        .collect()
+}
+
+/// Without a server each command opens the pool and exports it after. What one command
+/// found (a read that repaired b's corrupt blocks; blocks no copy could give back) is kept
+/// for the commands after it, carried into a server, zeroed by `clear` even if that server
+/// is then killed, and forgotten at export.
+#[test]
+fn error_counts_outlive_the_command_that_found_them_until_clear_or_export() {
+    let env = Env::new();
+    mirror_pool(&env, "64M");
+    env.ok(&["vol", "create", "tank/vol0", "--size", "4M"]);
+    let image = random_bytes(23, 4 * MIB);
+    let source = env.path("image.in");
+    std::fs::write(&source, &image).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", p(&source)]);
+    let read_back = |name: &str| {
+        let out = env.path(name);
+        env.ok(&["vol", "read", "tank/vol0", p(&out)]);
+        assert!(
+            std::fs::read(&out).unwrap() == image,
+            "{name}: bytes differ"
+        );
+    };
+
+    // A read through a corrupt b: every byte right, b's blocks repaired and counted, and
+    // the count is still there for the next command.
+    env.ok(&["inject", "-d", "b.img", "-e", "corrupt", "tank"]);
+    read_back("repaired.out");
+    env.ok(&["inject", "-c", "all"]);
+    let status = env.ok(&["status", "tank"]);
+    let (state, _, _, cksum) = state_and_counts(device_line(&status, "b.img"));
+    assert!(state == "ONLINE" && cksum > 0, "{status}");
+    assert!(status.contains("(repaired "), "{status}");
+    assert_eq!(
+        state_and_counts(device_line(&status, "a.img")).3,
+        0,
+        "{status}"
+    );
+    // Commands that find nothing leave the counts as they are.
+    read_back("clean.out");
+    assert_eq!(
+        device_lines(&env.ok(&["status", "tank"])),
+        device_lines(&status)
+    );
+
+    // Blocks no copy gives back: `status -v` names them in the commands after.
+    env.ok(&["inject", "-d", "a.img", "-e", "corrupt", "tank"]);
+    env.ok(&["inject", "-d", "b.img", "-e", "corrupt", "tank"]);
+    let lost = env.run(&["vol", "read", "tank/vol0", p(&env.path("lost.out"))]);
+    assert!(!lost.status.success(), "a read of lost blocks succeeded");
+    env.ok(&["inject", "-c", "all"]);
+    let verbose = env.ok(&["status", "-v", "tank"]);
+    assert!(
+        verbose.contains("Permanent errors") && verbose.contains("tank/vol0: bytes "),
+        "{verbose}"
+    );
+    let lost_cksum = state_and_counts(device_line(&verbose, "b.img")).3;
+    assert!(lost_cksum > cksum, "{verbose}");
+
+    // Carried into a server. Its `clear` zeroes the counts (the damage stays listed until
+    // a scrub finds it gone, as in ZFS) and holds even though the server is then killed.
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let served = env.ok(&["status", "-v", "tank"]);
+    assert_eq!(
+        state_and_counts(device_line(&served, "b.img")).3,
+        lost_cksum,
+        "{served}"
+    );
+    assert!(served.contains("tank/vol0: bytes "), "{served}");
+    env.ok(&["clear", "tank"]);
+    server.kill9();
+    let status = env.ok(&["status", "-v", "tank"]);
+    for device in ["a.img", "b.img"] {
+        assert_eq!(
+            state_and_counts(device_line(&status, device)),
+            ("ONLINE".to_string(), 0, 0, 0),
+            "{status}"
+        );
+    }
+    assert!(status.contains("tank/vol0: bytes "), "{status}");
+    // The scrub reads every block back whole (the rules are gone): nothing is lost now.
+    env.ok(&["scrub", "-w", "tank"]);
+    read_back("scrubbed.out");
+    let status = env.ok(&["status", "-v", "tank"]);
+    assert!(status.contains("errors: No known data errors"), "{status}");
+
+    // Exported, the machine forgets them: an import starts from zero, as ZFS's does.
+    env.ok(&["inject", "-d", "b.img", "-e", "corrupt", "tank"]);
+    read_back("again.out");
+    env.ok(&["inject", "-c", "all"]);
+    assert!(state_and_counts(device_line(&env.ok(&["status", "tank"]), "b.img")).3 > 0);
+    env.ok(&["export", "tank"]);
+    env.ok(&["import", "-d", p(&env.path("")), "tank"]);
+    assert_eq!(
+        state_and_counts(device_line(&env.ok(&["status", "tank"]), "b.img")),
+        ("ONLINE".to_string(), 0, 0, 0)
+    );
+}

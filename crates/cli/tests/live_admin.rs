@@ -251,9 +251,13 @@ fn status_of_a_served_pool_shows_the_servers_own_counters() {
     env.ok(&["vol", "read", "tank/vol0", out.to_str().unwrap()]);
     back.copy_from_slice(&std::fs::read(&out).unwrap());
     assert!(back == data, "read back differs");
+    let served = status_counts(&env.ok(&["status", "tank"]), "b.img");
     let (ok, _) = server.stop();
     assert!(ok.success());
-    // Exported: the counts lived in the server; a fresh open starts from zero.
+    // The server stopped, the machine still knows the pool: its counts are kept for the
+    // commands that open it after (errors_file.rs), until `clear`.
+    assert_eq!(status_counts(&env.ok(&["status", "tank"]), "b.img"), served);
+    env.ok(&["clear", "tank"]);
     assert_eq!(
         status_counts(&env.ok(&["status", "tank"]), "b.img"),
         (0, 0, 0)

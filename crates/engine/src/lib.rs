@@ -37,9 +37,9 @@ pub use dsl::scan::{ScanKind, ScanPosition, ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{
-    BookmarkInfo, DatasetSpace, Pool, PoolCounters, ReceiveOptions, Received, SendOptions,
-    SendStats, SendWhat, SnapshotInfo, DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT,
-    SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
+    BookmarkInfo, DatasetSpace, ErrorRecord, Pool, PoolCounters, ReceiveOptions, Received,
+    SendOptions, SendStats, SendWhat, SnapshotInfo, DATASET_STAT_NAMES,
+    SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::import::ImportOptions;

@@ -107,9 +107,12 @@ pub fn import(
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
             remember(cache, &pool)?;
-            crate::inject_file::apply(cache, &pool, con.err())?;
+            host::adopt_host_state(cache, &pool, con.err())?;
             match host {
-                Host::Local { .. } => pool.export()?,
+                Host::Local { .. } => {
+                    host::keep_error_counts(cache, &pool);
+                    pool.export()?
+                }
                 Host::Live(served) => {
                     served.adopt(pool, devs)?;
                 }
@@ -168,7 +171,7 @@ pub fn export(host: &Host, name: &str) -> Result<()> {
             drop(devices);
         }
     }
-    cachefile::remove(host.cache(), name)?;
+    host::forget(host.cache(), name)?;
     Ok(())
 }
 
@@ -186,7 +189,7 @@ pub fn destroy(host: &Host, con: &mut dyn Console, name: &str, force: bool) -> R
             drop(devices);
         }
     }
-    cachefile::remove(host.cache(), name)?;
+    host::forget(host.cache(), name)?;
     Ok(())
 }
 

@@ -31,22 +31,24 @@ use std::time::Duration;
 /// Log records to replay, per volume name.
 type Replays = Vec<(String, Vec<ReplayRecord>)>;
 
-/// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
-/// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
 mod bookmark;
 mod devices;
+mod error_record;
 #[cfg(test)]
 mod log_tests;
 mod recv;
 mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
+pub use error_record::ErrorRecord;
 pub use recv::{ReceiveOptions, Received};
 pub use send::{
     SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
 };
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
 
+/// An imported pool. Dropping it without [`Pool::export`] stops its sync thread without a final
+/// sync (as a process exit would): data not yet synced or flushed is lost, nothing else.
 pub struct Pool {
     spa: Arc<Spa>,
     dsl: Arc<Datasets>,

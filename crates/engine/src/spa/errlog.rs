@@ -5,8 +5,10 @@
 //! A read that fails on every copy (a volume read, a send, a scrub) records the block here.
 //! The log lives while the pool is open, and a scrub that finishes with no block lost empties
 //! it (the scrub read every block the pool references, so nothing listed is still damaged:
-//! an overwrite or a destroy took it away). ZFS also keeps its log across imports; this one
-//! starts empty at import, and the next scrub finds the damage again.
+//! an overwrite or a destroy took it away). ZFS also keeps its log across exports and
+//! imports; this one starts empty at import, and the host puts back what a command before
+//! found while the pool stays imported on that host ([`ErrorLog::restore`]; `oxpool` keeps
+//! it beside its pool cache file until the pool's export).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,6 +93,20 @@ impl ErrorLog {
             });
         }
         (out, self.unnamed.load(Ordering::Relaxed))
+    }
+
+    /// Puts back ranges [`ErrorLog::ranges`] gave (of a command before this import, kept by
+    /// the host): no warning, since they were said when first found.
+    pub fn restore(&self, ranges: &[DamagedRange], unnamed: u64) {
+        let mut blocks = self.blocks.lock().unwrap();
+        for r in ranges {
+            if blocks.len() >= ERROR_LOG_BLOCKS_MAX {
+                self.unnamed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            blocks.insert((r.dataset.clone(), r.offset_bytes, r.length_bytes));
+        }
+        self.unnamed.fetch_add(unnamed, Ordering::Relaxed);
     }
 
     /// Empties the log (a scrub found nothing lost).
