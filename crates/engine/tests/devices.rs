@@ -8,10 +8,10 @@ mod common;
 
 use common::{mem_pool, pattern, raidz, test_props, DEVICE_BYTES};
 use oxpool_engine::vdev::{InjectKind, InjectOps, InjectRule};
-use oxpool_engine::{Pool, PoolStatus, ScanState, Volume};
+use oxpool_engine::{Pool, PoolStatus, ScanState, VdevStatus, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::block_on;
-use oxpool_io::{Backend, MemoryBackend};
+use oxpool_io::{Backend, FaultBackend, MemoryBackend};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,8 +202,9 @@ fn wait_resilvered_or_stuck(pool: &Pool) {
     }
 }
 
-#[test]
-fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
+/// A raidz1 of mem0-mem2, filled, with hot spare mem3 standing in (resilvered) for mem2,
+/// faulted by read errors. Returns the pool, its devices, the spare and the data.
+fn spare_in_for_mem2() -> (Pool, Vec<MemoryBackend>, MemoryBackend, Vec<u8>) {
     let (pool, mems) = mem_pool(raidz(1), 3);
     let data = fill(&pool, 5);
     let m3 = mem(3);
@@ -230,6 +231,13 @@ fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     wait_resilvered(&pool);
+    (pool, mems, m3, data)
+}
+
+#[test]
+fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
+    let (pool, mems, m3, data) = spare_in_for_mem2();
+    let v = pool.volume("v").unwrap();
     let s = pool.status();
     let pair = &s.vdevs[0].children[2];
     assert_eq!(pair.name, "spare-2", "{s:?}");
@@ -295,6 +303,53 @@ fn a_hot_spare_steps_in_for_a_faulted_device_and_replace_returns_it() {
     pool.remove_spare("mem3").unwrap();
     assert!(pool.spares().is_empty());
     assert!(!labelled(&m3));
+}
+
+/// The tree as `status` shows it: each vdev's name and state, children in order.
+fn tree(s: &VdevStatus) -> String {
+    let children: Vec<String> = s.children.iter().map(tree).collect();
+    format!("{} {} [{}]", s.name, s.state, children.join(", "))
+}
+
+/// A replace of the device a spare stands in for takes that device out and makes the
+/// spare a plain member until the new one is resilvered. If the new device's labels cannot
+/// be written, the replace fails and all of that is undone: the faulted device is back in
+/// its pair with the spare, in memory and after an import.
+#[test]
+fn a_replace_whose_labels_fail_leaves_the_spare_pair_as_it_was() {
+    let (pool, mems, m3, data) = spare_in_for_mem2();
+    let before = pool.status();
+    let m4 = mem(4);
+    let failing = Arc::new(FaultBackend::new(dev(&m4), 7));
+    failing.set_write_error_probability(1.0);
+    let e = pool.replace("mem2", failing, false).unwrap_err();
+    assert!(!e.to_string().is_empty());
+    let after = pool.status();
+    assert_eq!(tree(&after.vdevs[0]), tree(&before.vdevs[0]));
+    assert!(
+        tree(&after.vdevs[0]).contains("spare-2 DEGRADED [mem2 FAULTED [], mem3 ONLINE []]"),
+        "{after:?}"
+    );
+    assert_eq!(after.spares[0].in_use_for.as_deref(), Some("mem2"));
+    // Recorded so: the import finds the same tree, and mem2 keeps its labels.
+    pool.sync().unwrap();
+    pool.export().unwrap();
+    assert!(labelled(&mems[2]), "the faulted device was let go");
+    let all: Vec<Arc<dyn Backend>> = mems.iter().chain([&m3]).map(dev).collect();
+    let pool = Pool::import(all, Some("tank")).unwrap();
+    let imported = pool.status();
+    assert_eq!(
+        imported.vdevs[0].children[2].children.len(),
+        2,
+        "{imported:?}"
+    );
+    assert_eq!(imported.spares[0].in_use_for.as_deref(), Some("mem2"));
+    assert!(read_all(&pool.volume("v").unwrap()).unwrap() == data);
+    // A replace that can be done still is.
+    let m5 = mem(5);
+    pool.replace("mem2", dev(&m5), false).unwrap();
+    wait_resilvered(&pool);
+    assert_eq!(names(&pool.status()), ["mem0", "mem1", "mem5"]);
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use crate::spa::Spa;
 use crate::vdev::alloc::VdevRole;
 use crate::vdev::label::{clear_labels, read_label, write_labels};
-use crate::vdev::{Detached, Leaf, LeafState};
+use crate::vdev::{Detached, Leaf, LeafState, Shape};
 use crate::{EngineError, Result};
 use oxpool_format::{
     Guid, LabelConfig, LeafConfig, PairKind, Txg, VdevId, MIN_DEVICE_BYTES, SPARE_TOP,
@@ -122,6 +122,11 @@ impl Spa {
         Ok((Arc::new(Leaf::new(guid, dev)), config))
     }
 
+    /// Vdev `top`'s shape now (to put back if a change of it cannot be recorded).
+    fn shape_of(&self, top: VdevId) -> Option<Shape> {
+        self.zio.vdevs.top(top).map(|t| t.shape().clone())
+    }
+
     /// The label a device of this pool gets now (`top`: its vdev, or [`SPARE_TOP`]).
     fn label_now(&self, leaf_guid: Guid, top: VdevId) -> LabelConfig {
         LabelConfig {
@@ -138,17 +143,22 @@ impl Spa {
     /// other devices' labels, then the labels of the detached devices cleared (spares'
     /// rewritten as spares).
     fn commit_tree_change(&self, new: &[(Arc<Leaf>, VdevId)], gone: Vec<Detached>) -> Result<()> {
-        self.label_new_members(new)?;
+        self.label_new_members(new, None)?;
         self.commit_labelled_change(new, gone)
     }
 
     /// The labels of the members just put in the tree (whole, flushed); on an error they are
-    /// taken out again, so that nothing changed. Call it before any txg sync can see the
+    /// taken out again, so that nothing changed: spares from the spares, a member added to a
+    /// vdev by putting back `before`, that vdev's shape before the change. Call it before any txg sync can see the
     /// new tree (`attach` and `replace` hold the sync gate from their swap through this): a
     /// txg that records a device whose labels a power cut then loses names a device no
     /// import finds (a crash test found it, the writer's commits syncing a txg between the
     /// swap and the labels).
-    fn label_new_members(&self, new: &[(Arc<Leaf>, VdevId)]) -> Result<()> {
+    fn label_new_members(
+        &self,
+        new: &[(Arc<Leaf>, VdevId)],
+        mut before: Option<Shape>,
+    ) -> Result<()> {
         let labelled = block_on(async {
             for (leaf, top) in new {
                 write_labels(leaf.backend.as_ref(), &self.label_now(leaf.guid, *top)).await?;
@@ -160,8 +170,8 @@ impl Spa {
             for (leaf, top) in new {
                 if *top == SPARE_TOP {
                     let _ = self.zio.vdevs.remove_spare(leaf.guid);
-                } else {
-                    let _ = self.zio.vdevs.undo_member(*top, leaf.guid);
+                } else if let Some(shape) = before.take() {
+                    let _ = self.zio.vdevs.undo_member(*top, shape);
                 }
             }
             return Err(e);
@@ -211,8 +221,9 @@ impl Spa {
             // count as written. And no sync records the new device before its labels are
             // durable.
             let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            let before = self.shape_of(old.top);
             self.zio.vdevs.attach(&old_leaf, leaf.clone(), config)?;
-            self.label_new_members(&new)?;
+            self.label_new_members(&new, before)?;
         }
         self.commit_labelled_change(&new, Vec::new())?;
         self.log_vdev_joined(old.top, &leaf)
@@ -276,6 +287,7 @@ impl Spa {
         let gone = {
             // As in `attach`: not in the middle of a txg sync, and labelled before one.
             let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            let before = self.shape_of(member.top);
             let gone = self.zio.vdevs.replace(
                 member.top,
                 member.config.guid,
@@ -283,7 +295,7 @@ impl Spa {
                 config,
                 PairKind::Replacing,
             )?;
-            self.label_new_members(&new)?;
+            self.label_new_members(&new, before)?;
             gone
         };
         self.commit_labelled_change(&new, gone.into_iter().collect())?;

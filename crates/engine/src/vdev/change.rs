@@ -194,27 +194,18 @@ impl VdevTree {
         Ok(gone)
     }
 
-    /// Takes out a member just added (attached or replacing) whose labels could not be
-    /// written, with no check: it holds nothing yet.
-    pub(crate) fn undo_member(&self, top: VdevId, guid: Guid) -> Result<()> {
+    /// Puts back `before`, the shape of vdev `top` before a member was added to it (attached
+    /// or replacing) whose labels could not be written: that member holds nothing yet, and
+    /// the change is undone whole. Whole matters for a replace of a device a hot spare stood
+    /// in for: it also took that device out and made the spare a plain member, which taking
+    /// out only the new member would have kept (the caller holds the configuration lock and
+    /// the sync gate since the change: no other change and no txg came between).
+    pub(crate) fn undo_member(&self, top: VdevId, before: Shape) -> Result<()> {
         let _one = self.state_change.lock().unwrap();
-        let (top, index) = self.member_place(top, guid)?;
-        let shape = top.shape();
-        let mut next = (*shape).clone();
-        let child = &shape.children[index];
-        if child
-            .new
-            .as_ref()
-            .is_some_and(|(_, m)| m.config.guid == guid)
-        {
-            next.children[index].new = None;
-        } else if child.new.is_none() && shape.children.len() > 1 {
-            next.children.remove(index);
-            if next.children.len() == 1 {
-                next.kind = TopVdevKind::Single;
-            }
-        }
-        self.swap_shape(top, next);
+        let t = self
+            .top(top)
+            .ok_or_else(|| EngineError::NotFound(format!("vdev {}", top.0)))?;
+        self.swap_shape(t, before);
         Ok(())
     }
 
