@@ -329,10 +329,16 @@ impl Spa {
         }
         let leaves: Vec<(Arc<Leaf>, VdevId)> =
             new.iter().map(|(l, _)| (l.clone(), SPARE_TOP)).collect();
-        self.zio
-            .vdevs
-            .add_spares(new.into_iter().map(|(l, c)| (c, l)).collect());
-        self.commit_tree_change(&leaves, Vec::new())
+        {
+            // As in `attach`: no txg records the spares before their labels are durable (a
+            // power cut then would leave the pool naming spares no import finds).
+            let _no_sync = self.sync_gate.lock().unwrap_or_else(|p| p.into_inner());
+            self.zio
+                .vdevs
+                .add_spares(new.into_iter().map(|(l, c)| (c, l)).collect());
+            self.label_new_members(&leaves, None)?;
+        }
+        self.commit_labelled_change(&leaves, Vec::new())
     }
 
     /// Removes an unused hot spare (`oxpool remove POOL SPARE`).
