@@ -404,3 +404,29 @@ fn a_device_leaving_service_during_a_commits_writes_sends_it_to_the_txg() {
         audit_clean_and_export(pool);
     }
 }
+
+/// The txg engine raises the vdev tree's figure of the last txg closed as it closes one
+/// (`spa/txg.rs` tests the raise): wired at create and at import, so that the intent log's
+/// blocks written in place in the open txg are inside any missed range measured meanwhile.
+#[test]
+fn the_txg_engine_tells_the_vdev_tree_when_a_txg_closes() {
+    let mut props = PoolProps::default();
+    props.set("txg_timeout", "3600").unwrap();
+    let mem = MemoryBackend::new("d0", 64 << 20);
+    let dev: Arc<dyn Backend> = Arc::new(mem.clone());
+    let pool = Pool::create("tank", vec![TopSpec::single(dev.clone())], props, false).unwrap();
+    let wired = |pool: &Pool| {
+        let spa = &pool.spa;
+        spa.txg
+            .closed
+            .get()
+            .is_some_and(|c| Arc::ptr_eq(c, &spa.zio.vdevs.sync_started_handle()))
+    };
+    assert!(wired(&pool), "not wired at create");
+    pool.export().unwrap();
+    let pool = Pool::import(vec![dev], Some("tank")).unwrap();
+    assert!(wired(&pool), "not wired at import");
+    let open = pool.spa.txg.mark_dirty_open();
+    pool.sync().unwrap();
+    assert!(pool.spa.zio.vdevs.last_written() > open);
+}

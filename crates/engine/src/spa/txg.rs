@@ -588,4 +588,27 @@ mod tests {
         assert!(!kicks_at(partial, false));
         assert!(!kicks_at(scattered(e * 2), false));
     }
+
+    /// Closing a txg raises the figure the vdev tree reads as the last txg whose blocks may
+    /// be being written (`VdevTree::last_written`, that figure plus one) to it, before the
+    /// txg's sync begins: from the close on, writers' blocks are born in the open txg, and
+    /// a missed range measured in between must reach it (else it ends one txg short and a
+    /// resilver skips a log block written in place; session 25's reviewer).
+    #[test]
+    fn closing_a_txg_raises_the_closed_figure_before_its_sync_begins() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let ctl = TxgControl::new("p", Txg(4), 1 << 30, Duration::from_secs(1000));
+        let closed = std::sync::Arc::new(AtomicU64::new(4));
+        assert!(ctl.closed.set(closed.clone()).is_ok());
+        let open = ctl.mark_dirty_open();
+        ctl.kick();
+        let txg = ctl.next_to_sync().unwrap();
+        assert_eq!(txg, open);
+        assert_eq!(closed.load(Ordering::SeqCst), txg.0);
+        assert_eq!(
+            Txg(closed.load(Ordering::SeqCst) + 1),
+            ctl.state.lock().unwrap().open,
+            "the figure plus one is the open txg"
+        );
+    }
 }
