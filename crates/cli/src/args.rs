@@ -42,7 +42,8 @@ pub enum Command {
         /// Pool name.
         pool: String,
         /// Vdevs: device paths, each group optionally preceded by `mirror`, `raidz` (`raidz1`),
-        /// `raidz2` or `raidz3`.
+        /// `raidz2` or `raidz3`; then `log [mirror] PATH...` (separate intent-log devices)
+        /// and `spare PATH...` (hot spares), as `zpool create`.
         #[arg(required = true, num_args = 1..)]
         vdevs: Vec<String>,
     },

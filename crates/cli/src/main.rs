@@ -325,7 +325,7 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             }
             Ok(Found::None) => match verbs::run(one, local, &mut con) {
                 Err(e) if skip_unavailable => {
-                    verbs::pool::unavailable(local, &name, e).map(|_| true)
+                    verbs::unavailable::unavailable(local, &name, e).map(|_| true)
                 }
                 done => done.map(|()| true),
             },

@@ -723,3 +723,130 @@ fn destroy_f_leaves_a_device_whose_start_was_reused() {
     assert!(std::fs::read(&x).unwrap() == before, "x.img was changed");
     assert!(!env.ok(&["list", "-H"]).contains("tank"));
 }
+
+/// `create` takes `log` and `spare` devices as `zpool create` does (a `spare` word used to
+/// become a device file named "spare"); `cache`, `special` and `dedup` are refused in one
+/// line, with no file left behind.
+#[test]
+fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
+    let env = Env::new();
+    let f = |n: &str| p(&env.path(n)).to_string();
+    let (r1, r2, r3, l1, s1) = (
+        f("r1.img"),
+        f("r2.img"),
+        f("r3.img"),
+        f("l1.img"),
+        f("s1.img"),
+    );
+    env.ok(&[
+        "create", "tank", "raidz1", &r1, &r2, &r3, "log", &l1, "spare", &s1, "--size", "64M",
+        "--sparse",
+    ]);
+    let status = env.ok(&["status", "tank"]);
+    let lines: Vec<&str> = status.lines().map(str::trim).collect();
+    let at = |word: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(word))
+            .unwrap_or_else(|| panic!("no {word} in:\n{status}"))
+    };
+    assert!(at("logs") < at(&l1) && at(&l1) < at("spares") && at("spares") < at(&s1));
+    assert!(lines[at(&s1)].contains("AVAIL"), "{status}");
+    assert!(!env.path("spare").exists(), "a device file named 'spare'");
+    for class in ["cache", "special", "dedup"] {
+        let x = f("x.img");
+        let e = env.fails(&[
+            "create",
+            "t2",
+            &x,
+            class,
+            &f("y.img"),
+            "--size",
+            "64M",
+            "--sparse",
+        ]);
+        assert!(
+            e.contains(&format!("{class} vdevs are not supported")),
+            "{e}"
+        );
+        assert!(!env.path("x.img").exists() && !env.path("y.img").exists());
+    }
+    let e = env.fails(&[
+        "create",
+        "t2",
+        &f("x.img"),
+        "spare",
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    assert!(e.contains("spare needs devices"), "{e}");
+    // A spare that cannot be added (r1 is tank's): no pool, no file.
+    let e = env.fails(&[
+        "create",
+        "t2",
+        &f("x.img"),
+        "spare",
+        &r1,
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    assert!(e.contains("belongs to pool 'tank'"), "{e}");
+    assert!(!env.path("x.img").exists());
+    assert!(!env.ok(&["list", "-H"]).contains("t2"));
+}
+
+/// `status` of a pool that cannot be opened shows its vdev tree as the newest label found
+/// records it, as `zpool status` does: which vdev lacks too many devices, which devices
+/// are found, and its logs and spares.
+#[test]
+fn status_of_an_unavailable_pool_shows_its_vdev_tree() {
+    let env = Env::new();
+    let f = |n: &str| p(&env.path(n)).to_string();
+    let names = ["a.img", "b.img", "c.img", "d.img", "l.img", "s.img"];
+    let [a, b, c, d, l, s] = names.map(f);
+    env.ok(&[
+        "create", "tank", "mirror", &a, &b, "mirror", &c, &d, "log", &l, "spare", &s, "--size",
+        "64M", "--sparse",
+    ]);
+    for gone in ["a.img", "b.img", "l.img"] {
+        std::fs::rename(env.path(gone), env.path(&format!("{gone}.away"))).unwrap();
+    }
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: UNAVAIL"), "{status}");
+    let rows: Vec<Vec<&str>> = status
+        .lines()
+        .skip_while(|l| !l.contains("NAME"))
+        .map(|l| l.split_whitespace().collect())
+        .filter(|w: &Vec<&str>| !w.is_empty())
+        .collect();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|w| w[0] == name)
+            .unwrap_or_else(|| panic!("no {name} in:\n{status}"))
+            .join(" ")
+    };
+    assert_eq!(row("mirror-0"), "mirror-0 UNAVAIL insufficient replicas");
+    assert_eq!(row(&a), format!("{a} UNAVAIL not found"));
+    assert_eq!(row("mirror-1"), "mirror-1 -");
+    assert_eq!(row(&c), format!("{c} - found"));
+    assert_eq!(row(&l), format!("{l} UNAVAIL not found"));
+    assert_eq!(row(&s), format!("{s} - found"));
+    let order: Vec<&str> = rows.iter().map(|w| w[0]).collect();
+    let pos = |n: &str| order.iter().position(|x| *x == n).unwrap();
+    assert!(pos("mirror-0") < pos(&a) && pos(&b) < pos("mirror-1") && pos(&d) < pos("logs"));
+    assert!(pos("logs") < pos(&l) && pos(&l) < pos("spares") && pos("spares") < pos(&s));
+    // One device of mirror-0 back: that vdev can do without the other; the log device,
+    // still missing, keeps the pool closed (import -m would give it up).
+    std::fs::rename(env.path("a.img.away"), env.path("a.img")).unwrap();
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains(" state: UNAVAIL"), "{status}");
+    assert!(
+        status
+            .lines()
+            .any(|x| x.split_whitespace().collect::<Vec<_>>().join(" ")
+                == "mirror-0 DEGRADED 1 of its devices not found"),
+        "{status}"
+    );
+}

@@ -10,6 +10,7 @@ mod props;
 pub mod send;
 pub mod snapshot;
 mod stream;
+pub mod unavailable;
 pub mod volume;
 
 use crate::args::Command;

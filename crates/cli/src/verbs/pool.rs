@@ -1,5 +1,6 @@
 //! The pool verbs: create, import, export, destroy, add, list, status, scrub.
 
+use super::unavailable::{print_unavailable, unavailable, unavailable_why};
 use crate::console::Console;
 use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles};
 use crate::display::{print_status, size};
@@ -10,6 +11,7 @@ use oxpool_engine::props::parse_size;
 use oxpool_engine::{Pool, PoolProps, ScanKind, ScanState, TopSpec};
 use oxpool_format::TopVdevKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How often `scrub -w` redraws its progress.
@@ -41,11 +43,22 @@ pub fn create(
         let (k, v) = super::split_assignment(a)?;
         pool_props.set(k, v)?;
     }
+    let (vdevs, spares) = split_spares(vdevs)?;
     let mut devs = Devices::default();
-    // Until the pool exists, a failure removes the files this command made (once it exists,
-    // they are the pool's: `import` finds it).
-    let made = parse_vdevs(con, vdevs, create, &mut devs)
-        .and_then(|tops| Ok(Pool::create(name, tops, pool_props, force)?));
+    // Until the pool exists with its spares, a failure removes the files this command made
+    // (once it exists, they are the pool's: `import` finds it).
+    let made = parse_vdevs(con, vdevs, create, &mut devs).and_then(|tops| {
+        let spares = open_all(con, spares, create, &mut devs)?;
+        let pool = Pool::create(name, tops, pool_props, force)?;
+        if !spares.is_empty() {
+            if let Err(e) = pool.add_spares(spares, force) {
+                // As if never made: a create that fails creates nothing.
+                let _ = pool.destroy();
+                return Err(e.into());
+            }
+        }
+        Ok(pool)
+    });
     let pool = match made {
         Ok(pool) => pool,
         Err(e) => {
@@ -298,8 +311,17 @@ pub fn add(
     force: bool,
 ) -> Result<()> {
     let create = new_files(size, sparse)?;
-    if vdevs.first().is_some_and(|w| w == "spare") {
-        return add_spares(host, con, name, &vdevs[1..], create, force);
+    let (vdevs, spares) = split_spares(vdevs)?;
+    if vdevs.is_empty() {
+        return add_spares(host, con, name, spares, create, force);
+    }
+    if !spares.is_empty() {
+        // ZFS adds both in one command; here the spares would be a second change, and a
+        // failure of it would leave the first done.
+        bail!(
+            "add the hot spares by themselves, after the vdevs: oxpool add {name} spare {}",
+            spares.join(" ")
+        );
     }
     host.change_served_pool(name, |pool, served| {
         refuse_known_paths(pool, con, vdevs)?;
@@ -334,7 +356,7 @@ fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Resul
         .collect();
     let mut seen: Vec<PathBuf> = Vec::new();
     for w in words {
-        if matches!(w.as_str(), "log" | "mirror" | "spare") || raidz_parity(w).is_some() {
+        if is_keyword(w) {
             continue;
         }
         let path = canonical(&con.path(Path::new(w)));
@@ -364,15 +386,7 @@ fn add_spares(
     host.change_served_pool(name, |pool, served| {
         refuse_known_paths(pool, con, paths)?;
         let mut devs = Devices::default();
-        let made = paths
-            .iter()
-            .map(|p| {
-                let d = open_device(&con.path(Path::new(p)), create)?;
-                let backend = d.backend();
-                devs.push(d);
-                Ok(backend)
-            })
-            .collect::<Result<Vec<_>>>()
+        let made = open_all(con, paths, create, &mut devs)
             .and_then(|backends| Ok(pool.add_spares(backends, force)?));
         if let Err(e) = made {
             let ours = pool.device_paths();
@@ -500,114 +514,6 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
     Ok(())
 }
 
-/// A pool this machine knows (its cache file lists it) that could not be opened.
-pub struct UnavailablePool {
-    /// Why, as the open said it.
-    pub why: String,
-    /// The devices the cache file lists, each with what is at its path.
-    pub devices: Vec<(PathBuf, DeviceFound)>,
-}
-
-/// What is at a path the cache file lists for a pool that could not be opened.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeviceFound {
-    /// Nothing.
-    Missing,
-    /// A device whose label names this pool.
-    Ours,
-    /// A device with no valid label (damaged, blank, or not a pool device).
-    NoLabel,
-    /// A device of another pool (its name and guid).
-    Another(String, u64),
-}
-
-impl DeviceFound {
-    /// What `path` holds for the pool of guid `guid`.
-    fn at(path: &Path, guid: u64) -> DeviceFound {
-        if !path.exists() {
-            return DeviceFound::Missing;
-        }
-        match crate::devices::peek_label(path) {
-            Some(l) if l.pool_guid.0 == guid => DeviceFound::Ours,
-            Some(l) => DeviceFound::Another(l.pool_name, l.pool_guid.0),
-            None => DeviceFound::NoLabel,
-        }
-    }
-}
-
-/// `err`, from opening pool `name` here, as an [`UnavailablePool`] if the open failed for
-/// what the pool's devices hold or lack ([`host::Unavailable`]) and the cache file lists it;
-/// else `err` itself (a pool nobody knows, a device in use, a served pool's error).
-pub fn unavailable(host: &Host, name: &str, err: anyhow::Error) -> Result<UnavailablePool> {
-    let Host::Local { cache } = host else {
-        return Err(err);
-    };
-    if err.downcast_ref::<host::Unavailable>().is_none() {
-        return Err(err);
-    }
-    let known = cachefile::read(cache)
-        .ok()
-        .and_then(|pools| pools.into_iter().find(|p| p.name == name));
-    let Some(entry) = known else {
-        return Err(err);
-    };
-    Ok(UnavailablePool {
-        why: unavailable_why(&err),
-        devices: entry
-            .devices
-            .into_iter()
-            .map(|d| {
-                let found = DeviceFound::at(&d, entry.guid);
-                (d, found)
-            })
-            .collect(),
-    })
-}
-
-/// Why a pool could not be opened, without the "cannot open pool" the error starts with
-/// (the reason names the pool itself).
-fn unavailable_why(err: &anyhow::Error) -> String {
-    match err.downcast_ref::<host::Unavailable>() {
-        Some(u) => u.0.root_cause().to_string(),
-        None => format!("{err:#}"),
-    }
-}
-
-/// `oxpool status` of a pool that could not be opened, in `zpool status`'s shape: the
-/// reason, what to do, and the devices the cache file expects, found or not.
-fn print_unavailable(out: &mut dyn std::io::Write, name: &str, u: &UnavailablePool) -> Result<()> {
-    writeln!(out, "  pool: {name}")?;
-    writeln!(out, " state: UNAVAIL")?;
-    writeln!(out, "status: {}", u.why)?;
-    writeln!(
-        out,
-        "action: make its devices available (or find them with 'oxpool import -d DIR'), then \
-         run the command again"
-    )?;
-    writeln!(out, "config: the devices the cache file lists\n")?;
-    writeln!(out, "\t{:<40} {:<9}", "NAME", "STATE")?;
-    writeln!(out, "\t{:<40} {:<9}", name, "UNAVAIL")?;
-    for (path, found) in &u.devices {
-        let (state, note) = match found {
-            DeviceFound::Ours => ("-", "found".to_string()),
-            DeviceFound::NoLabel => ("-", "found, with no valid label".to_string()),
-            DeviceFound::Missing => ("UNAVAIL", "not found".to_string()),
-            DeviceFound::Another(pool, guid) => (
-                "UNAVAIL",
-                format!("holds a device of another pool, '{pool}' (guid {guid:x})"),
-            ),
-        };
-        writeln!(
-            out,
-            "\t  {:<38} {:<9}  {note}",
-            path.display().to_string(),
-            state
-        )?;
-    }
-    writeln!(out)?;
-    Ok(())
-}
-
 /// `oxpool scrub [-w | -s | -p] POOL`.
 pub fn scrub(
     host: &Host,
@@ -723,6 +629,48 @@ fn raidz_parity(word: &str) -> Option<u8> {
     }
 }
 
+/// The vdev words before the keyword `spare` and the hot spares after it (as `zpool
+/// create`'s last class). Refused: `spare` with no device, and a keyword among the spares.
+fn split_spares(words: &[String]) -> Result<(&[String], &[String])> {
+    let Some(at) = words.iter().position(|w| w == "spare") else {
+        return Ok((words, &[]));
+    };
+    let spares = &words[at + 1..];
+    if spares.is_empty() {
+        bail!("spare needs devices");
+    }
+    if let Some(w) = spares.iter().find(|w| is_keyword(w)) {
+        bail!("{w} after spare: the hot spares come last, single devices");
+    }
+    Ok((&words[..at], spares))
+}
+
+/// Whether `word` is a vdev keyword of `zpool create` rather than a path.
+fn is_keyword(word: &str) -> bool {
+    matches!(
+        word,
+        "log" | "mirror" | "spare" | "cache" | "special" | "dedup"
+    ) || raidz_parity(word).is_some()
+}
+
+/// Opens (with `create`, creates) each of `paths`, kept in `devs`.
+fn open_all(
+    con: &dyn Console,
+    paths: &[String],
+    create: Option<NewFiles>,
+    devs: &mut Devices,
+) -> Result<Vec<Arc<dyn oxpool_io::Backend>>> {
+    paths
+        .iter()
+        .map(|p| {
+            let d = open_device(&con.path(Path::new(p)), create)?;
+            let backend = d.backend();
+            devs.push(d);
+            Ok(backend)
+        })
+        .collect()
+}
+
 /// Parses `[mirror|raidz[1-3]] PATH... [mirror|raidz[1-3] PATH...] [log [mirror] PATH...]`
 /// into top-level vdevs, opening (and with `create`, creating) the devices.
 fn parse_vdevs(
@@ -747,14 +695,13 @@ fn parse_vdevs(
                 log = true;
                 i += 1;
             }
+            class @ ("cache" | "special" | "dedup") => {
+                bail!("{class} vdevs are not supported (oxpool has data, log and spare devices)")
+            }
             group @ ("mirror" | "raidz" | "raidz1" | "raidz2" | "raidz3") => {
                 let start = i + 1;
                 let mut end = start;
-                while end < words.len()
-                    && words[end] != "mirror"
-                    && words[end] != "log"
-                    && raidz_parity(&words[end]).is_none()
-                {
+                while end < words.len() && !is_keyword(&words[end]) {
                     end += 1;
                 }
                 if let Some(parity) = raidz_parity(group) {

@@ -742,7 +742,7 @@ pub fn list_datasets(
             // As `zfs list`: a pool that cannot be opened has no datasets to list, unless it
             // was named.
             Err(e) if pools.is_empty() => {
-                if let Err(e) = super::pool::unavailable(host, &name, e) {
+                if let Err(e) = super::unavailable::unavailable(host, &name, e) {
                     failed.push(e);
                 }
             }
