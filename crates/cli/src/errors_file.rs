@@ -16,15 +16,19 @@
 //! from zero), and it needs no txg.
 //!
 //! Format: `#` comment lines, then tab-separated lines of three kinds, each for the pool of
-//! guid `POOL` (hex): `device POOL DEVICE READ WRITE CHECKSUM REPAIRED_BYTES` (a device by
-//! guid, hex), `damaged POOL OFFSET LENGTH DATASET` (bytes; the dataset last, as it is
-//! written), `unnamed POOL COUNT`. Written as `beside_cache.rs` says.
+//! guid `POOL` (hex): `device POOL DEVICE READ WRITE CHECKSUM REPAIRED_BYTES DEGRADED` (a
+//! device by guid, hex; DEGRADED is why the fault rule made it so, empty if it is not),
+//! `damaged POOL OFFSET LENGTH DATASET` (bytes), `unnamed POOL COUNT`. The last field of a
+//! `device` or `damaged` line is taken whole. Written as `beside_cache.rs` says.
+//!
+//! The record outlives a reboot, unlike ZFS's counters (a boot imports the pools again):
+//! here a pool stays imported, for this machine, until `export`.
 
 use crate::beside_cache;
 use anyhow::{anyhow, Result};
 use oxpool_engine::spa::errlog::DamagedRange;
 use oxpool_engine::vdev::DeviceErrors;
-use oxpool_engine::{ErrorRecord, Pool};
+use oxpool_engine::{DeviceRecord, ErrorRecord, Pool};
 use oxpool_format::Guid;
 use std::path::{Path, PathBuf};
 
@@ -45,9 +49,12 @@ fn parse(path: &Path, text: &str) -> Result<Records> {
         let bad = || anyhow!("{}: line {}: malformed", path.display(), n + 1);
         let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|_| bad());
         let dec = |s: &str| s.parse::<u64>().map_err(|_| bad());
-        // The dataset, last on a `damaged` line, is taken whole.
+        // The last field of a `device` (why it is degraded) or `damaged` line (the dataset)
+        // is taken whole.
         let f: Vec<&str> = if line.starts_with("damaged\t") {
             line.splitn(5, '\t').collect()
+        } else if line.starts_with("device\t") {
+            line.splitn(8, '\t').collect()
         } else {
             line.split('\t').collect()
         };
@@ -61,16 +68,17 @@ fn parse(path: &Path, text: &str) -> Result<Records> {
         };
         let record = &mut out[i].1;
         match f[..] {
-            ["device", _, device, read, write, checksum, repaired] => {
-                record.devices.push((
-                    Guid(hex(device)?),
-                    DeviceErrors {
+            ["device", _, device, read, write, checksum, repaired, degraded] => {
+                record.devices.push(DeviceRecord {
+                    guid: Guid(hex(device)?),
+                    counts: DeviceErrors {
                         read: dec(read)?,
                         write: dec(write)?,
                         checksum: dec(checksum)?,
                         repaired_bytes: dec(repaired)?,
                     },
-                ));
+                    degraded: (!degraded.is_empty()).then(|| degraded.to_string()),
+                });
             }
             ["damaged", _, offset, length, dataset] => {
                 let (offset_bytes, length_bytes) = (dec(offset)?, dec(length)?);
@@ -100,10 +108,17 @@ fn text_of(records: &Records) -> String {
          until `oxpool clear` or export; tab-separated\n",
     );
     for (pool, r) in records {
-        for (device, c) in &r.devices {
+        for d in &r.devices {
+            let c = &d.counts;
+            // One line: a reason never holds a line break.
+            let why = d
+                .degraded
+                .as_deref()
+                .unwrap_or("")
+                .replace(['\n', '\r'], " ");
             text += &format!(
-                "device\t{pool:x}\t{:x}\t{}\t{}\t{}\t{}\n",
-                device.0, c.read, c.write, c.checksum, c.repaired_bytes
+                "device\t{pool:x}\t{:x}\t{}\t{}\t{}\t{}\t{why}\n",
+                d.guid.0, c.read, c.write, c.checksum, c.repaired_bytes
             );
         }
         for d in &r.damaged {
@@ -126,15 +141,24 @@ fn read(path: &Path) -> Result<Records> {
     }
 }
 
-/// Sets the record of pool `guid` (none if `record` is empty) under the file's lock; writes
-/// the file only if that changes it.
-fn set(cache: &Path, guid: u64, record: Option<ErrorRecord>) -> Result<()> {
+/// Sets the record of pool `guid` to what `record` makes of the one kept (none if that is
+/// empty) under the file's lock; writes the file only if that changes it.
+fn set(
+    cache: &Path,
+    guid: u64,
+    record: impl FnOnce(&ErrorRecord) -> Option<ErrorRecord>,
+) -> Result<()> {
     let path = path_of(cache);
     beside_cache::locked(&path, || {
         let mut records = read(&path)?;
         let before = records.clone();
+        let kept = records
+            .iter()
+            .find(|(g, _)| *g == guid)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default();
         records.retain(|(g, _)| *g != guid);
-        if let Some(r) = record.filter(|r| !r.is_empty()) {
+        if let Some(r) = record(&kept).filter(|r| !r.is_empty()) {
             records.push((guid, r));
             records.sort_by_key(|(g, _)| *g);
         }
@@ -163,15 +187,18 @@ pub fn restore(cache: &Path, pool: &Pool, warnings: &mut dyn std::io::Write) -> 
     Ok(())
 }
 
-/// Keeps what `pool`'s counters and damaged-data log hold now, for its next open.
+/// Keeps what `pool`'s counters and damaged-data log hold now, for its next open (and what
+/// was kept of devices it names but has not open: `Pool::error_record_after`).
 pub fn keep(cache: &Path, pool: &Pool) -> Result<()> {
-    set(cache, pool.guid().0, Some(pool.error_record()))
+    set(cache, pool.guid().0, |kept| {
+        Some(pool.error_record_after(kept))
+    })
 }
 
 /// Forgets the record of pool `guid` (exported or destroyed: its next import starts from
 /// zero, as ZFS's counters do).
 pub fn forget(cache: &Path, guid: u64) -> Result<()> {
-    set(cache, guid, None)
+    set(cache, guid, |_| None)
 }
 
 #[cfg(test)]
@@ -180,15 +207,23 @@ mod tests {
 
     fn record(seed: u64) -> ErrorRecord {
         ErrorRecord {
-            devices: vec![(
-                Guid(0xabc0 + seed),
-                DeviceErrors {
-                    read: 1,
-                    write: 0,
-                    checksum: 3 + seed,
-                    repaired_bytes: 16384,
+            devices: vec![
+                DeviceRecord {
+                    guid: Guid(0xabc0 + seed),
+                    counts: DeviceErrors {
+                        read: 1,
+                        write: 0,
+                        checksum: 3 + seed,
+                        repaired_bytes: 16384,
+                    },
+                    degraded: None,
                 },
-            )],
+                DeviceRecord {
+                    guid: Guid(0xdef0 + seed),
+                    counts: DeviceErrors::default(),
+                    degraded: Some("too many checksum errors (10 within 600 s)".into()),
+                },
+            ],
             damaged: vec![DamagedRange {
                 dataset: "tank/vol 0".into(),
                 offset_bytes: 65536,
@@ -202,15 +237,19 @@ mod tests {
     fn records_round_trip_per_pool_and_forget_drops_only_that_pool() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("pools.cache");
-        set(&cache, 0x11, Some(record(0))).unwrap();
-        set(&cache, 0x22, Some(record(5))).unwrap();
+        set(&cache, 0x11, |_| Some(record(0))).unwrap();
+        set(&cache, 0x22, |_| Some(record(5))).unwrap();
         let path = path_of(&cache);
         assert_eq!(
             read(&path).unwrap(),
             vec![(0x11, record(0)), (0x22, record(5))]
         );
         // An empty record is no record.
-        set(&cache, 0x11, Some(ErrorRecord::default())).unwrap();
+        set(&cache, 0x11, |kept| {
+            assert_eq!(*kept, record(0), "the kept record is given to the change");
+            Some(ErrorRecord::default())
+        })
+        .unwrap();
         assert_eq!(read(&path).unwrap(), vec![(0x22, record(5))]);
         forget(&cache, 0x22).unwrap();
         assert!(read(&path).unwrap().is_empty());
@@ -222,7 +261,8 @@ mod tests {
         let path = dir.path().join("pools.errors");
         for bad in [
             "device\t11\tabc\t1\t2\t3\n",
-            "device\t11\tabc\t1\t2\t3\t4\t5\n",
+            "device\t11\tabc\t1\t2\t3\t4\n",
+            "device\t11\tabc\t1\t2\tx\t4\t\n",
             "damaged\t11\t18446744073709551615\t2\ttank/v\n",
             "damaged\t11\t0\t0\ttank/v\n",
             "damaged\t11\t0\t4096\t\n",

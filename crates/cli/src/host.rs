@@ -251,7 +251,11 @@ pub fn forget(cache: &Path, name: &str) -> Result<()> {
         .map(|p| p.guid);
     cachefile::remove(cache, name)?;
     if let Some(guid) = guid {
-        crate::errors_file::forget(cache, guid)?;
+        // The pool is forgotten already: a file that cannot be written is said, and does
+        // not fail the export or destroy that was done.
+        if let Err(e) = crate::errors_file::forget(cache, guid) {
+            eprintln!("oxpool: warning: could not forget pool '{name}''s error counts: {e:#}");
+        }
     }
     Ok(())
 }

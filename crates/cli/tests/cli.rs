@@ -781,6 +781,22 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
         "--sparse",
     ]);
     assert!(e.contains("spare needs devices"), "{e}");
+    // A path named twice, however written: said so, not "in use by another process".
+    let e = env.fails(&[
+        "create",
+        "t2",
+        "mirror",
+        &f("x.img"),
+        &f("y.img"),
+        "spare",
+        "z.img",
+        "./z.img",
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    assert!(e.contains("./z.img is named twice"), "{e}");
+    assert!(!env.path("x.img").exists());
     // A spare that cannot be added (r1 is tank's): no pool, no file.
     let e = env.fails(&[
         "create",
@@ -795,6 +811,9 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
     assert!(e.contains("belongs to pool 'tank'"), "{e}");
     assert!(!env.path("x.img").exists());
     assert!(!env.ok(&["list", "-H"]).contains("t2"));
+    // destroy clears the spare's labels too: another pool takes it without -f.
+    env.ok(&["destroy", "tank"]);
+    env.ok(&["create", "t3", &s1]);
 }
 
 /// `status` of a pool that cannot be opened shows its vdev tree as the newest label found
@@ -837,6 +856,25 @@ fn status_of_an_unavailable_pool_shows_its_vdev_tree() {
     let pos = |n: &str| order.iter().position(|x| *x == n).unwrap();
     assert!(pos("mirror-0") < pos(&a) && pos(&b) < pos("mirror-1") && pos(&d) < pos("logs"));
     assert!(pos("logs") < pos(&l) && pos(&l) < pos("spares") && pos("spares") < pos(&s));
+    // A device of this pool cut short is not "found": mirror-1 lacks it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(env.path("c.img"))
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let status = env.ok(&["status", "tank"]);
+    let squeezed: Vec<String> = status
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert!(
+        squeezed.contains(&"mirror-1 DEGRADED 1 of its devices not found".to_string())
+            && squeezed.iter().any(|l| l.starts_with(&format!(
+                "{c} UNAVAIL truncated: 33554432 bytes, the pool recorded "
+            ))),
+        "{status}"
+    );
     // One device of mirror-0 back: that vdev can do without the other; the log device,
     // still missing, keeps the pool closed (import -m would give it up).
     std::fs::rename(env.path("a.img.away"), env.path("a.img")).unwrap();

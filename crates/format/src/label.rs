@@ -344,7 +344,9 @@ pub struct LabelConfig {
     /// The top-level vdev this device is a child of ([`SPARE_TOP`] for a hot spare not in
     /// use).
     pub top: VdevId,
-    /// The txg the pool was created in.
+    /// The txg the label was written for: the first not yet durable when it was written (1
+    /// at the pool's creation; each rewrite of the labels for a new tree takes the txg then),
+    /// so that of two labels the later one names the newer tree. (Named for its first use.)
     pub create_txg: Txg,
     /// The vdev tree when the label was written.
     pub tree: VdevTreeConfig,

@@ -43,6 +43,7 @@ pub fn create(
         let (k, v) = super::split_assignment(a)?;
         pool_props.set(k, v)?;
     }
+    refuse_paths_twice(con, vdevs, &[], name)?;
     let (vdevs, spares) = split_spares(vdevs)?;
     let mut devs = Devices::default();
     // Until the pool exists with its spares, a failure removes the files this command made
@@ -53,7 +54,12 @@ pub fn create(
         if !spares.is_empty() {
             if let Err(e) = pool.add_spares(spares, force) {
                 // As if never made: a create that fails creates nothing.
-                let _ = pool.destroy();
+                if let Err(d) = pool.destroy() {
+                    return Err(anyhow::anyhow!(
+                        "{e}; and the pool just made could not be destroyed ({d}): `oxpool \
+                         import -d DIR {name}` finds it, `oxpool destroy` removes it"
+                    ));
+                }
                 return Err(e.into());
             }
         }
@@ -119,6 +125,19 @@ pub fn import(
             )?;
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
+            // A pool this machine did not know starts from zero, whatever an old record
+            // says (one left by a cache file removed by hand, say).
+            let known = cachefile::read(cache)?
+                .iter()
+                .any(|p| p.guid == pool.guid().0);
+            if !known {
+                if let Err(e) = crate::errors_file::forget(cache, pool.guid().0) {
+                    writeln!(
+                        con.err(),
+                        "oxpool: warning: old error counts not dropped: {e:#}"
+                    )?;
+                }
+            }
             remember(cache, &pool)?;
             host::adopt_host_state(cache, &pool, con.err())?;
             match host {
@@ -348,12 +367,34 @@ pub fn add(
 /// Refuses, before any device is opened, a path `add` names twice or one already in the
 /// pool: opening it would find it locked, and the message would blame another process.
 fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
-    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let ours: Vec<PathBuf> = pool
         .device_paths()
         .iter()
         .map(|p| canonical(Path::new(p)))
         .collect();
+    refuse_paths_twice(con, words, &ours, pool.name())
+}
+
+/// A path as the file system names it; one that does not exist yet (a file `create` makes)
+/// by its directory's such path and its name, so that `s.img` and `./s.img` are one.
+fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| {
+        match (p.parent().map(std::fs::canonicalize), p.file_name()) {
+            (Some(Ok(dir)), Some(name)) => dir.join(name),
+            _ => p.to_path_buf(),
+        }
+    })
+}
+
+/// Refuses a path that `words` names twice (`a.img` and `./a.img` too), or one of `ours`,
+/// the devices pool `pool` has already: opening it a second time would find it locked, and
+/// the message would blame another process.
+fn refuse_paths_twice(
+    con: &dyn Console,
+    words: &[String],
+    ours: &[PathBuf],
+    pool: &str,
+) -> Result<()> {
     let mut seen: Vec<PathBuf> = Vec::new();
     for w in words {
         if is_keyword(w) {
@@ -361,7 +402,7 @@ fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Resul
         }
         let path = canonical(&con.path(Path::new(w)));
         if ours.contains(&path) {
-            bail!("{w} is already in pool '{}'", pool.name());
+            bail!("{w} is already in pool '{pool}'");
         }
         if seen.contains(&path) {
             bail!("{w} is named twice");

@@ -32,6 +32,9 @@ pub enum DeviceFound {
     Missing,
     /// A device whose label names this pool (its leaf guid).
     Ours(u64),
+    /// A device whose label names this pool (its leaf guid), smaller than the pool
+    /// recorded: its bytes, and the size recorded (a truncated file).
+    Truncated(u64, u64, u64),
     /// A device with no valid label (damaged, blank, or not a pool device).
     NoLabel,
     /// A device of another pool (its name and guid).
@@ -45,9 +48,33 @@ impl DeviceFound {
             return (DeviceFound::Missing, None);
         }
         match crate::devices::peek_label(path) {
-            Some(l) if l.pool_guid.0 == guid => (DeviceFound::Ours(l.leaf_guid.0), Some(l)),
+            Some(l) if l.pool_guid.0 == guid => {
+                let leaf = l.leaf_guid.0;
+                let recorded = l
+                    .tree
+                    .leaves()
+                    .find(|c| c.guid.0 == leaf)
+                    .map(|c| c.size_bytes);
+                // A file's length (a block device's is not in its metadata).
+                let bytes = std::fs::metadata(path)
+                    .ok()
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len());
+                match (bytes, recorded) {
+                    (Some(b), Some(r)) if b < r => (DeviceFound::Truncated(leaf, b, r), Some(l)),
+                    _ => (DeviceFound::Ours(leaf), Some(l)),
+                }
+            }
             Some(l) => (DeviceFound::Another(l.pool_name, l.pool_guid.0), None),
             None => (DeviceFound::NoLabel, None),
+        }
+    }
+
+    /// The pool's leaf guid the device's label names, if it is the pool's.
+    fn leaf(&self) -> Option<u64> {
+        match self {
+            DeviceFound::Ours(g) | DeviceFound::Truncated(g, _, _) => Some(*g),
+            _ => None,
         }
     }
 
@@ -55,7 +82,11 @@ impl DeviceFound {
     fn state_and_note(&self) -> (&'static str, String) {
         match self {
             DeviceFound::Ours(_) => ("-", "found".to_string()),
-            DeviceFound::NoLabel => ("-", "found, with no valid label".to_string()),
+            DeviceFound::Truncated(_, bytes, recorded) => (
+                "UNAVAIL",
+                format!("truncated: {bytes} bytes, the pool recorded {recorded}"),
+            ),
+            DeviceFound::NoLabel => ("UNAVAIL", "found, with no valid label".to_string()),
             DeviceFound::Missing => ("UNAVAIL", "not found".to_string()),
             DeviceFound::Another(pool, guid) => (
                 "UNAVAIL",
@@ -181,7 +212,7 @@ pub fn print_unavailable(
     // path): left over from an older shape, or another device put there.
     let named = |path: &Path, found: &DeviceFound| {
         tree.leaves()
-            .any(|l| *found == DeviceFound::Ours(l.guid.0) || same_path(Path::new(&l.path), path))
+            .any(|l| found.leaf() == Some(l.guid.0) || same_path(Path::new(&l.path), path))
     };
     let others: Vec<&(PathBuf, DeviceFound)> =
         u.devices.iter().filter(|(p, f)| !named(p, f)).collect();
@@ -211,7 +242,7 @@ fn leaf_found(u: &UnavailablePool, leaf: &LeafConfig) -> (String, DeviceFound) {
     if let Some((path, found)) = u
         .devices
         .iter()
-        .find(|(_, f)| *f == DeviceFound::Ours(leaf.guid.0))
+        .find(|(_, f)| f.leaf() == Some(leaf.guid.0))
     {
         return (path.display().to_string(), found.clone());
     }
@@ -220,8 +251,8 @@ fn leaf_found(u: &UnavailablePool, leaf: &LeafConfig) -> (String, DeviceFound) {
         .iter()
         .find(|(p, _)| same_path(p, Path::new(&leaf.path)))
         .map(|(_, f)| f.clone())
-        // Ours, but another leaf's label: not this leaf.
-        .filter(|f| !matches!(f, DeviceFound::Ours(_)));
+        // The pool's, but another leaf's label: not this leaf.
+        .filter(|f| f.leaf().is_none());
     (leaf.path.clone(), at_path.unwrap_or(DeviceFound::Missing))
 }
 

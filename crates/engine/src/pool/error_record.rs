@@ -6,23 +6,38 @@
 //! without a server) would lose them with every command: a read that repaired a mirror's bad
 //! side would leave no trace for the `status` after it. So the host takes them out before it
 //! lets the pool go ([`Pool::error_record`]) and puts them back at the next open
-//! ([`Pool::restore_error_record`]), until `clear` zeroes them or the pool is exported.
+//! ([`Pool::restore_error_record`]), until `clear` zeroes them or the pool is exported. A
+//! device DEGRADED by the fault rule (checksum errors) is carried the same way: ZFS records
+//! that state in the pool's configuration; here the pool's metadata records FAULTED and
+//! OFFLINE devices, and DEGRADED lives with the counts that caused it.
 
 use super::Pool;
 use crate::spa::errlog::DamagedRange;
-use crate::vdev::DeviceErrors;
+use crate::vdev::{DeviceErrors, LeafState};
 use oxpool_format::Guid;
 use std::sync::atomic::Ordering;
 
 /// What a pool's error counters and damaged-data log hold.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ErrorRecord {
-    /// Each device with a count that is not zero, by guid (in-service members and spares).
-    pub devices: Vec<(Guid, DeviceErrors)>,
+    /// Each device with a count that is not zero or DEGRADED, by guid (members and spares).
+    pub devices: Vec<DeviceRecord>,
     /// The damaged ranges (`oxpool status -v`).
     pub damaged: Vec<DamagedRange>,
     /// Damaged blocks beyond the log's capacity, only counted.
     pub damaged_unnamed: u64,
+}
+
+/// One device's part of an [`ErrorRecord`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceRecord {
+    /// The device.
+    pub guid: Guid,
+    /// Its counters.
+    pub counts: DeviceErrors,
+    /// Why it is DEGRADED (too many checksum errors, say), if it is. FAULTED and OFFLINE
+    /// are in the pool's own metadata already; DEGRADED, as the counts, lives in memory.
+    pub degraded: Option<String>,
 }
 
 impl ErrorRecord {
@@ -37,9 +52,9 @@ impl Pool {
     /// log, to carry to the pool's next open on this host.
     pub fn error_record(&self) -> ErrorRecord {
         let vdevs = &self.spa.zio.vdevs;
-        let mut devices: Vec<(Guid, DeviceErrors)> = Vec::new();
+        let mut devices: Vec<DeviceRecord> = Vec::new();
         for leaf in vdevs.leaves().chain(vdevs.spare_leaves()) {
-            if devices.iter().any(|(g, _)| *g == leaf.guid) {
+            if devices.iter().any(|d| d.guid == leaf.guid) {
                 continue;
             }
             let c = &leaf.counters;
@@ -49,11 +64,18 @@ impl Pool {
                 checksum: c.checksum_errors.load(Ordering::Relaxed),
                 repaired_bytes: c.repaired_bytes.load(Ordering::Relaxed),
             };
-            if counts != DeviceErrors::default() {
-                devices.push((leaf.guid, counts));
+            let degraded = (leaf.health.state() == LeafState::Degraded)
+                .then(|| leaf.health.reason())
+                .map(|why| why.unwrap_or_else(|| "degraded".to_string()));
+            if counts != DeviceErrors::default() || degraded.is_some() {
+                devices.push(DeviceRecord {
+                    guid: leaf.guid,
+                    counts,
+                    degraded,
+                });
             }
         }
-        devices.sort_by_key(|(g, _)| g.0);
+        devices.sort_by_key(|d| d.guid.0);
         let (damaged, damaged_unnamed) = self.spa.error_log.ranges();
         ErrorRecord {
             devices,
@@ -62,24 +84,55 @@ impl Pool {
         }
     }
 
+    /// [`Pool::error_record`], keeping from `before` (the record kept at the last open) the
+    /// devices the pool still names but has not open now (missing for this import): ZFS
+    /// keeps a missing device's counts while the pool is imported, and a device absent for
+    /// one command must not come back clean.
+    pub fn error_record_after(&self, before: &ErrorRecord) -> ErrorRecord {
+        let mut now = self.error_record();
+        let config = self.spa.zio.vdevs.config();
+        let vdevs = &self.spa.zio.vdevs;
+        let open = |g: Guid| {
+            vdevs.leaves().any(|l| l.guid == g) || vdevs.spare_leaves().iter().any(|l| l.guid == g)
+        };
+        for d in &before.devices {
+            let named = config.leaves().any(|l| l.guid == d.guid);
+            if named && !open(d.guid) && !now.devices.iter().any(|n| n.guid == d.guid) {
+                now.devices.push(d.clone());
+            }
+        }
+        now.devices.sort_by_key(|d| d.guid.0);
+        now
+    }
+
     /// Adds what `record` holds to the pool's counters and damaged-data log (just opened:
-    /// what its import found is kept too). A device the pool no longer has (detached,
-    /// replaced) is skipped: its counts went with it.
+    /// what its import found is kept too), and marks DEGRADED again the devices that were
+    /// (those still in service). A device the pool no longer has (detached, replaced) is
+    /// skipped: its counts went with it.
     pub fn restore_error_record(&self, record: &ErrorRecord) {
         let vdevs = &self.spa.zio.vdevs;
-        for (guid, counts) in &record.devices {
+        for d in &record.devices {
             let leaf = vdevs
                 .leaves()
-                .find(|l| l.guid == *guid)
-                .or_else(|| vdevs.spare_leaves().into_iter().find(|l| l.guid == *guid));
+                .find(|l| l.guid == d.guid)
+                .or_else(|| vdevs.spare_leaves().into_iter().find(|l| l.guid == d.guid));
             let Some(leaf) = leaf else { continue };
+            if let Some(why) = &d.degraded {
+                leaf.health.degrade(why.clone());
+            }
+            let counts = &d.counts;
             let c = &leaf.counters;
-            c.read_errors.fetch_add(counts.read, Ordering::Relaxed);
-            c.write_errors.fetch_add(counts.write, Ordering::Relaxed);
-            c.checksum_errors
-                .fetch_add(counts.checksum, Ordering::Relaxed);
-            c.repaired_bytes
-                .fetch_add(counts.repaired_bytes, Ordering::Relaxed);
+            // Saturating: the record comes from a file, and a count must not wrap to small.
+            for (counter, n) in [
+                (&c.read_errors, counts.read),
+                (&c.write_errors, counts.write),
+                (&c.checksum_errors, counts.checksum),
+                (&c.repaired_bytes, counts.repaired_bytes),
+            ] {
+                let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_add(n))
+                });
+            }
         }
         self.spa
             .error_log

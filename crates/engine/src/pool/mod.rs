@@ -40,7 +40,7 @@ mod recv;
 mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
-pub use error_record::ErrorRecord;
+pub use error_record::{DeviceRecord, ErrorRecord};
 pub use recv::{ReceiveOptions, Received};
 pub use send::{
     SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,

@@ -166,8 +166,11 @@ impl Spa {
             Ok::<(), EngineError>(())
         });
         if let Err(e) = labelled {
-            // Nothing recorded yet: take the new members out again, so that nothing changed.
+            // Nothing recorded yet: take the new members out again, so that nothing changed,
+            // and clear what labels did land (best effort): labels naming this pool would
+            // make a retry with the same device refused as "already in the pool".
             for (leaf, top) in new {
+                let _ = block_on(clear_labels(leaf.backend.as_ref()));
                 if *top == SPARE_TOP {
                     let _ = self.zio.vdevs.remove_spare(leaf.guid);
                 } else if let Some(shape) = before.take() {

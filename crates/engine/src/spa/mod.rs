@@ -350,8 +350,16 @@ impl Spa {
     /// Clears every device's labels (the pool is destroyed; its sync thread has stopped).
     pub(crate) fn clear_labels(&self) -> Result<()> {
         block_on(async {
-            for leaf in self.zio.vdevs.leaves() {
+            // The hot spares too: a spare left labelled would name a pool that is gone, and
+            // another pool could not take it without -f.
+            let vdevs = &self.zio.vdevs;
+            let mut cleared: Vec<Guid> = Vec::new();
+            for leaf in vdevs.leaves().chain(vdevs.spare_leaves()) {
+                if cleared.contains(&leaf.guid) {
+                    continue;
+                }
                 crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
+                cleared.push(leaf.guid);
             }
             Ok(())
         })
@@ -715,7 +723,17 @@ impl Spa {
     pub fn clear(&self, device: Option<&str>) -> Result<()> {
         let leaves: Vec<Arc<Leaf>> = match device {
             Some(d) => vec![self.leaf_named(d)?],
-            None => self.zio.vdevs.leaves().collect(),
+            None => {
+                // The hot spares' counts too (a spare not in use is no tree leaf).
+                let vdevs = &self.zio.vdevs;
+                let mut all: Vec<Arc<Leaf>> = vdevs.leaves().collect();
+                for s in vdevs.spare_leaves() {
+                    if !all.iter().any(|l| l.guid == s.guid) {
+                        all.push(s);
+                    }
+                }
+                all
+            }
         };
         for leaf in &leaves {
             if !self.return_log_device(leaf, &|l| self.zio.vdevs.clear(l))? {
