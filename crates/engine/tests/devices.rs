@@ -597,3 +597,37 @@ fn no_txg_records_a_spare_before_its_labels() {
     });
     assert_eq!(pool.spares()[0].state, "AVAIL");
 }
+
+/// The error record a host keeps between opens covers the hot spares, and `clear` zeroes a
+/// spare's counts as it does the tree's devices' (a spare not in use is no tree leaf).
+#[test]
+fn clear_zeroes_the_counts_of_a_spare_not_in_use() {
+    use oxpool_engine::vdev::DeviceErrors;
+    use oxpool_engine::{DeviceRecord, ErrorRecord};
+    let (pool, _mems) = mem_pool(TopVdevKind::Mirror, 2);
+    let m2 = mem(2);
+    pool.add_spares(vec![dev(&m2)], false).unwrap();
+    let spare = pool.spares()[0].guid;
+    let counts = DeviceErrors {
+        read: 0,
+        write: 0,
+        checksum: 3,
+        repaired_bytes: 0,
+    };
+    pool.restore_error_record(&ErrorRecord {
+        devices: vec![DeviceRecord {
+            guid: spare,
+            counts,
+            degraded: None,
+        }],
+        ..Default::default()
+    });
+    let kept = pool.error_record();
+    assert_eq!(kept.devices.len(), 1, "{kept:?}");
+    assert_eq!(
+        (kept.devices[0].guid, kept.devices[0].counts),
+        (spare, counts)
+    );
+    pool.clear(None).unwrap();
+    assert!(pool.error_record().is_empty(), "{:?}", pool.error_record());
+}
