@@ -362,6 +362,17 @@ impl BlockTree {
         }
     }
 
+    /// The level of the first block on data block `b`'s path, from the root down, that is not
+    /// cached (its parent is), or None if the path is cached down to `b`'s level-1 block
+    /// (or a hole covers it). Right after a lookup of `b` failed to read a block, that is the
+    /// block it could not read (unless an eviction came between: then a block above it).
+    pub fn first_uncached_level(&mut self, b: u64) -> Option<u8> {
+        match self.step(b, 1, false) {
+            Step::Load { level, .. } => Some(level),
+            Step::Done(_) => None,
+        }
+    }
+
     /// Every block pointer reachable in the cache plus the root (for destroy).
     pub fn pointer_to_block(&self, level: u8, idx: u64) -> Option<BlockPtr> {
         self.pointer_to(level, idx)

@@ -40,7 +40,7 @@ use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ
 use crate::zio::{heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
-use oxpool_format::BlockPtr;
+use oxpool_format::{BlockPtr, INDIRECT_FANOUT};
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
 use std::pin::pin;
@@ -704,9 +704,29 @@ impl Volume {
         let read = self.read_tree_once(b, bad_copy, take).await;
         if let Err(EngineError::Checksum { .. } | EngineError::Io { .. }) = &read {
             // No copy gave back the block or an indirect block above it: the client's range
-            // is damaged (`oxpool status -v`).
-            let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as u64;
-            self.pool.error_log.record(&self.vol.ds.full_name, b, bs);
+            // is damaged (`oxpool status -v`): the block, or all below the indirect block
+            // (up to the volume's end), as a scrub names it.
+            let (bs, size) = {
+                let p = self.vol.ds.props.lock().unwrap();
+                (p.volblocksize_bytes as u64, p.volsize_bytes)
+            };
+            let lost_level = self.vol.data().tree.lock().unwrap().first_uncached_level(b);
+            let name = &self.vol.ds.full_name;
+            match lost_level {
+                Some(level) => {
+                    let span_blocks = (INDIRECT_FANOUT as u64).saturating_pow(u32::from(level));
+                    let first = b - b % span_blocks;
+                    let start = first.saturating_mul(bs);
+                    let end = first
+                        .saturating_add(span_blocks)
+                        .saturating_mul(bs)
+                        .min(size);
+                    if end > start {
+                        self.pool.error_log.record_range(name, start, end - start);
+                    }
+                }
+                None => self.pool.error_log.record(name, b, bs),
+            }
         }
         read
     }
