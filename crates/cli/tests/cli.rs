@@ -888,3 +888,48 @@ fn status_of_an_unavailable_pool_shows_its_vdev_tree() {
         "{status}"
     );
 }
+
+/// A pool that opens without one of its devices says what is at that device's path when
+/// something is: another pool's device, or a file with no valid label (it said "not found
+/// at import").
+#[test]
+fn status_says_what_is_at_the_path_of_a_device_the_pool_opened_without() {
+    let env = Env::new();
+    let f = |n: &str| p(&env.path(n)).to_string();
+    let (a, b, c) = (f("a.img"), f("b.img"), f("c.img"));
+    env.ok(&[
+        "create", "tank", "mirror", &a, &b, "--size", "64M", "--sparse",
+    ]);
+    env.ok(&["create", "other", &c, "--size", "64M", "--sparse"]);
+    env.ok(&["export", "other"]);
+    std::fs::rename(&b, env.path("b.saved")).unwrap();
+    std::fs::copy(&c, &b).unwrap();
+    let line = |status: &str| {
+        status
+            .lines()
+            .find(|l| l.trim_start().starts_with(&b))
+            .unwrap_or_else(|| panic!("no {b} in:\n{status}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let status = env.ok(&["status", "tank"]);
+    assert!(
+        line(&status).starts_with(&format!(
+            "{b} UNAVAIL 0 0 0 holds a device of another pool, 'other' (guid "
+        )),
+        "{status}"
+    );
+    std::fs::write(&b, b"").unwrap();
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(
+        line(&status),
+        format!("{b} UNAVAIL 0 0 0 found, with no valid label")
+    );
+    std::fs::remove_file(&b).unwrap();
+    let status = env.ok(&["status", "tank"]);
+    assert_eq!(
+        line(&status),
+        format!("{b} UNAVAIL 0 0 0 not found at import")
+    );
+}

@@ -548,7 +548,10 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
     }
     for name in names {
         match host.with_pool(&name, |p| Ok(p.status())) {
-            Ok(s) => print_status(con.out(), &s, verbose)?,
+            Ok(mut s) => {
+                super::unavailable::explain_not_found(&mut s);
+                print_status(con.out(), &s, verbose)?
+            }
             Err(e) => print_unavailable(con.out(), &name, &unavailable(host, &name, e)?)?,
         }
     }

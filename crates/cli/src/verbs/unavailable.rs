@@ -8,6 +8,7 @@
 use crate::host;
 use anyhow::Result;
 use oxpool_engine::cachefile;
+use oxpool_engine::VdevStatus;
 use oxpool_format::{
     LabelConfig, LeafConfig, PairKind, TopVdevConfig, TopVdevKind, VdevTreeConfig,
 };
@@ -136,6 +137,36 @@ pub fn unavailable_why(err: &anyhow::Error) -> String {
     match err.downcast_ref::<host::Unavailable>() {
         Some(u) => u.0.root_cause().to_string(),
         None => format!("{err:#}"),
+    }
+}
+
+/// The engine's reason for a device of an open pool it did not get at import.
+const NOT_FOUND_AT_IMPORT: &str = "not found at import";
+
+/// In the status of a pool that opened without some devices: says, for each device the
+/// import did not get, what is at its path when something is (another pool's device, one
+/// with no valid label, this pool's device cut short), rather than "not found".
+pub fn explain_not_found(status: &mut oxpool_engine::PoolStatus) {
+    let guid = status.guid;
+    let mut explain = |v: &mut VdevStatus| {
+        if v.state == "UNAVAIL"
+            && v.children.is_empty()
+            && v.reason.as_deref() == Some(NOT_FOUND_AT_IMPORT)
+        {
+            let (found, _) = DeviceFound::at(Path::new(&v.name), guid);
+            if !matches!(found, DeviceFound::Missing) {
+                v.reason = Some(found.state_and_note().1);
+            }
+        }
+    };
+    fn each(v: &mut VdevStatus, f: &mut dyn FnMut(&mut VdevStatus)) {
+        f(v);
+        for c in &mut v.children {
+            each(c, f);
+        }
+    }
+    for v in status.vdevs.iter_mut().chain(status.logs.iter_mut()) {
+        each(v, &mut explain);
     }
 }
 
