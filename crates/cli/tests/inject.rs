@@ -351,6 +351,10 @@ fn error_counts_outlive_the_command_that_found_them_until_clear_or_export() {
     env.ok(&["inject", "-d", "b.img", "-e", "corrupt", "tank"]);
     let lost = env.run(&["vol", "read", "tank/vol0", p(&env.path("lost.out"))]);
     assert!(!lost.status.success(), "a read of lost blocks succeeded");
+    assert!(
+        !env.path("lost.out").exists(),
+        "a failed read left its output file"
+    );
     env.ok(&["inject", "-c", "all"]);
     let verbose = env.ok(&["status", "-v", "tank"]);
     // The read failed on the indirect block above every data block: all of it is damaged,

@@ -148,12 +148,19 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             let (pool, v) = volume_target(&name)?;
             let offset = parse_size("--offset", &offset)?;
             let mut file = None;
+            // A file this command makes is removed if the read fails: an empty or partial
+            // file would pass for the volume's bytes (one that was there is left as `cp`
+            // leaves it).
+            let mut made = None;
             if output != Path::new("-") {
                 let path = con.path(&output);
+                if !path.exists() {
+                    made = Some(path.clone());
+                }
                 file =
                     Some(std::fs::File::create(&path).with_context(|| path.display().to_string())?);
             }
-            host.with_pool(pool, |p| {
+            let read = host.with_pool(pool, |p| {
                 // A snapshot reads as the volume did when it was taken.
                 let vol = match v.split_once('@') {
                     Some((volume, snap)) => p.snapshot_volume(volume, snap)?,
@@ -177,7 +184,14 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 }
                 out.flush()?;
                 Ok(())
-            })
+            });
+            if read.is_err() {
+                if let Some(path) = made {
+                    drop(file);
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            read
         }
     }
 }
