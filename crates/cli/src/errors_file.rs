@@ -68,7 +68,10 @@ fn parse(path: &Path, text: &str) -> Result<Records> {
         };
         let record = &mut out[i].1;
         match f[..] {
-            ["device", _, device, read, write, checksum, repaired, degraded] => {
+            // Seven fields: written before the DEGRADED field (2026-11-30), not degraded.
+            ["device", _, device, read, write, checksum, repaired]
+            | ["device", _, device, read, write, checksum, repaired, _] => {
+                let degraded = f.get(7).copied().unwrap_or("");
                 record.devices.push(DeviceRecord {
                     guid: Guid(hex(device)?),
                     counts: DeviceErrors {
@@ -195,6 +198,12 @@ pub fn keep(cache: &Path, pool: &Pool) -> Result<()> {
     })
 }
 
+/// After `clear` of the whole pool: keeps what `pool` holds now and nothing of the devices
+/// it has not open (missing now): `zpool clear` clears those too.
+pub fn keep_cleared(cache: &Path, pool: &Pool) -> Result<()> {
+    set(cache, pool.guid().0, |_| Some(pool.error_record()))
+}
+
 /// Forgets the record of pool `guid` (exported or destroyed: its next import starts from
 /// zero, as ZFS's counters do).
 pub fn forget(cache: &Path, guid: u64) -> Result<()> {
@@ -261,7 +270,6 @@ mod tests {
         let path = dir.path().join("pools.errors");
         for bad in [
             "device\t11\tabc\t1\t2\t3\n",
-            "device\t11\tabc\t1\t2\t3\t4\n",
             "device\t11\tabc\t1\t2\tx\t4\t\n",
             "damaged\t11\t18446744073709551615\t2\ttank/v\n",
             "damaged\t11\t0\t0\ttank/v\n",
@@ -274,5 +282,9 @@ mod tests {
             let err = parse(&path, &text).unwrap_err().to_string();
             assert!(err.contains("line 2: malformed"), "{bad:?}: {err}");
         }
+        // A device line of seven fields (before the DEGRADED field): not degraded.
+        let old = parse(&path, "device\t11\tabc\t1\t2\t3\t4\n").unwrap();
+        assert_eq!(old[0].1.devices[0].degraded, None);
+        assert_eq!(old[0].1.devices[0].counts.repaired_bytes, 4);
     }
 }

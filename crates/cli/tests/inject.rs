@@ -405,4 +405,20 @@ fn error_counts_outlive_the_command_that_found_them_until_clear_or_export() {
         state_and_counts(device_line(&env.ok(&["status", "tank"]), "b.img")),
         ("ONLINE".to_string(), 0, 0, 0)
     );
+
+    // `clear` of the pool clears a device missing meanwhile too, as `zpool clear` does.
+    env.ok(&["inject", "-d", "b.img", "-e", "corrupt", "tank"]);
+    read_back("before-clear.out");
+    env.ok(&["inject", "-c", "all"]);
+    assert_eq!(
+        state_and_counts(device_line(&env.ok(&["status", "tank"]), "b.img")).0,
+        "DEGRADED"
+    );
+    std::fs::rename(env.path("b.img"), env.path("b.away")).unwrap();
+    env.ok(&["clear", "tank"]);
+    std::fs::rename(env.path("b.away"), env.path("b.img")).unwrap();
+    assert_eq!(
+        state_and_counts(device_line(&env.ok(&["status", "tank"]), "b.img")),
+        ("ONLINE".to_string(), 0, 0, 0)
+    );
 }

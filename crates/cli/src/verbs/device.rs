@@ -145,7 +145,12 @@ fn warn_if_still_out(con: &mut dyn Console, p: &Pool, device: &str) -> Result<()
 pub fn clear(host: &Host, con: &mut dyn Console, pool: &str, device: Option<&str>) -> Result<()> {
     host.change_pool(pool, |p| {
         let d = device.map(|d| resolve(p, con, d)).transpose()?;
-        Ok(p.clear(d.as_deref())?)
+        p.clear(d.as_deref())?;
+        if d.is_none() {
+            // The counts kept of devices missing now are cleared too.
+            crate::errors_file::keep_cleared(host.cache(), p)?;
+        }
+        Ok(())
     })
 }
 

@@ -154,9 +154,13 @@ pub fn explain_not_found(status: &mut oxpool_engine::PoolStatus) {
             && v.reason.as_deref() == Some(NOT_FOUND_AT_IMPORT)
         {
             let (found, _) = DeviceFound::at(Path::new(&v.name), guid);
-            if !matches!(found, DeviceFound::Missing) {
-                v.reason = Some(found.state_and_note().1);
-            }
+            v.reason = match found {
+                DeviceFound::Missing => return,
+                // Import would have taken this device's own label: another device of the
+                // pool is there.
+                DeviceFound::Ours(g) => Some(format!("holds another device of this pool ({g:x})")),
+                other => Some(other.state_and_note().1),
+            };
         }
     };
     fn each(v: &mut VdevStatus, f: &mut dyn FnMut(&mut VdevStatus)) {

@@ -154,7 +154,8 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             let mut made = None;
             if output != Path::new("-") {
                 let path = con.path(&output);
-                if !path.exists() {
+                // Not even a link: a dangling one would be removed, not the file made.
+                if std::fs::symlink_metadata(&path).is_err() {
                     made = Some(path.clone());
                 }
                 file =

@@ -13,7 +13,7 @@
 
 use super::Pool;
 use crate::spa::errlog::DamagedRange;
-use crate::vdev::{DeviceErrors, LeafState};
+use crate::vdev::DeviceErrors;
 use oxpool_format::Guid;
 use std::sync::atomic::Ordering;
 
@@ -64,9 +64,9 @@ impl Pool {
                 checksum: c.checksum_errors.load(Ordering::Relaxed),
                 repaired_bytes: c.repaired_bytes.load(Ordering::Relaxed),
             };
-            let degraded = (leaf.health.state() == LeafState::Degraded)
-                .then(|| leaf.health.reason())
-                .map(|why| why.unwrap_or_else(|| "degraded".to_string()));
+            // Only what the fault rule decided: a DEGRADED the import decided (a device
+            // FAULTED at export that its vdev cannot do without) each import decides again.
+            let degraded = leaf.health.degraded_by_rule();
             if counts != DeviceErrors::default() || degraded.is_some() {
                 devices.push(DeviceRecord {
                     guid: leaf.guid,
@@ -118,7 +118,7 @@ impl Pool {
                 .or_else(|| vdevs.spare_leaves().into_iter().find(|l| l.guid == d.guid));
             let Some(leaf) = leaf else { continue };
             if let Some(why) = &d.degraded {
-                leaf.health.degrade(why.clone());
+                leaf.health.degrade_by_rule(why.clone());
             }
             let counts = &d.counts;
             let c = &leaf.counters;

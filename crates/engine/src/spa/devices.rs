@@ -170,7 +170,13 @@ impl Spa {
             // and clear what labels did land (best effort): labels naming this pool would
             // make a retry with the same device refused as "already in the pool".
             for (leaf, top) in new {
-                let _ = block_on(clear_labels(leaf.backend.as_ref()));
+                // Only a device whose labels now say it is this leaf of this pool: one not
+                // written yet may hold another pool's labels (taken with -f).
+                let ours = block_on(read_label(leaf.backend.as_ref()))
+                    .is_ok_and(|l| l.pool_guid == self.guid && l.leaf_guid == leaf.guid);
+                if ours {
+                    let _ = block_on(clear_labels(leaf.backend.as_ref()));
+                }
                 if *top == SPARE_TOP {
                     let _ = self.zio.vdevs.remove_spare(leaf.guid);
                 } else if let Some(shape) = before.take() {

@@ -353,13 +353,22 @@ impl Spa {
             // The hot spares too: a spare left labelled would name a pool that is gone, and
             // another pool could not take it without -f.
             let vdevs = &self.zio.vdevs;
-            let mut cleared: Vec<Guid> = Vec::new();
-            for leaf in vdevs.leaves().chain(vdevs.spare_leaves()) {
-                if cleared.contains(&leaf.guid) {
+            let members: Vec<Guid> = vdevs.leaves().map(|l| l.guid).collect();
+            for leaf in vdevs.leaves() {
+                crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
+            }
+            // Best effort for a spare not in use: the pool is gone once its members' labels
+            // are (a spare's failure must not leave it half destroyed and still listed).
+            for spare in vdevs.spare_leaves() {
+                if members.contains(&spare.guid) {
                     continue;
                 }
-                crate::vdev::label::clear_labels(leaf.backend.as_ref()).await?;
-                cleared.push(leaf.guid);
+                if let Err(e) = crate::vdev::label::clear_labels(spare.backend.as_ref()).await {
+                    tracing::warn!(
+                        device = spare.name(),
+                        "clearing the hot spare's labels: {e}"
+                    );
+                }
             }
             Ok(())
         })
@@ -724,12 +733,13 @@ impl Spa {
         let leaves: Vec<Arc<Leaf>> = match device {
             Some(d) => vec![self.leaf_named(d)?],
             None => {
-                // The hot spares' counts too (a spare not in use is no tree leaf).
+                // The counts of the hot spares not in use too (no tree leaf); only the counts:
+                // a REMOVED spare stays out until its device is seen again.
                 let vdevs = &self.zio.vdevs;
-                let mut all: Vec<Arc<Leaf>> = vdevs.leaves().collect();
+                let all: Vec<Arc<Leaf>> = vdevs.leaves().collect();
                 for s in vdevs.spare_leaves() {
                     if !all.iter().any(|l| l.guid == s.guid) {
-                        all.push(s);
+                        s.counters.zero();
                     }
                 }
                 all

@@ -159,6 +159,9 @@ struct Detail {
     io_errors: VecDeque<Instant>,
     /// When its recent checksum errors happened.
     checksum_errors: VecDeque<Instant>,
+    /// DEGRADED by the fault rule (its errors), not by the import (a device FAULTED at export
+    /// that its vdev cannot do without, which each import decides again).
+    degraded_by_rule: bool,
 }
 
 /// What a leaf's state record (persisted in the pool's metadata) says.
@@ -346,14 +349,33 @@ impl LeafHealth {
         self.state.store(LeafState::Online as u8, Ordering::Relaxed);
     }
 
-    /// Marks the in-service leaf DEGRADED (still used) for `reason`.
+    /// Marks the in-service leaf DEGRADED (still used) for `reason`, found at import.
     pub(crate) fn degrade(&self, reason: String) {
+        self.degrade_as(reason, false);
+    }
+
+    /// Marks the in-service leaf DEGRADED (still used) for `reason`, by the fault rule (its
+    /// errors): a state the host keeps with its counts until `clear`
+    /// ([`LeafHealth::degraded_by_rule`]).
+    pub(crate) fn degrade_by_rule(&self, reason: String) {
+        self.degrade_as(reason, true);
+    }
+
+    fn degrade_as(&self, reason: String, by_rule: bool) {
         let mut d = self.detail.lock().unwrap();
         if self.in_service() {
             d.reason = Some(reason);
+            d.degraded_by_rule = by_rule;
             self.state
                 .store(LeafState::Degraded as u8, Ordering::Relaxed);
         }
+    }
+
+    /// Why the fault rule made the leaf DEGRADED, if it did and the leaf still is.
+    pub(crate) fn degraded_by_rule(&self) -> Option<String> {
+        let d = self.detail.lock().unwrap();
+        (self.state() == LeafState::Degraded && d.degraded_by_rule)
+            .then(|| d.reason.clone().unwrap_or_else(|| "degraded".to_string()))
     }
 
     /// Forgets the recent errors (`oxpool clear`) and a DEGRADED state.

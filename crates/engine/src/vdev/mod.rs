@@ -95,6 +95,20 @@ pub struct LeafCounters {
     pub repaired_bytes: AtomicU64,
 }
 
+impl LeafCounters {
+    /// Sets every counter to zero (`oxpool clear`).
+    pub fn zero(&self) {
+        for counter in [
+            &self.read_errors,
+            &self.write_errors,
+            &self.checksum_errors,
+            &self.repaired_bytes,
+        ] {
+            counter.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One device of the pool. Its I/O goes through [`Leaf::read`], [`Leaf::write`] and
 /// [`Leaf::flush`] (`leaf_io.rs`), never to `backend` directly (labels aside).
 pub struct Leaf {

@@ -102,7 +102,7 @@ impl VdevTree {
             if leaf.health.state() == LeafState::Online {
                 tracing::warn!(device = leaf.name(), "degraded: {n} checksum errors");
             }
-            leaf.health.degrade(format!(
+            leaf.health.degrade_by_rule(format!(
                 "too many checksum errors ({n} within {window_s} s)"
             ));
             return;
@@ -126,7 +126,8 @@ impl VdevTree {
                 if leaf.health.state() == LeafState::Online {
                     tracing::warn!(device = leaf.name(), "{why}; not faulted: {no}");
                 }
-                leaf.health.degrade(format!("{why}; not faulted: {no}"));
+                leaf.health
+                    .degrade_by_rule(format!("{why}; not faulted: {no}"));
             }
         }
     }
@@ -226,15 +227,7 @@ impl VdevTree {
     /// or REMOVED leaf back in service. An OFFLINE one stays offline.
     pub fn clear(&self, leaf: &Leaf) {
         let _one = self.state_change.lock().unwrap();
-        let c = &leaf.counters;
-        for counter in [
-            &c.read_errors,
-            &c.write_errors,
-            &c.checksum_errors,
-            &c.repaired_bytes,
-        ] {
-            counter.store(0, Ordering::Relaxed);
-        }
+        leaf.counters.zero();
         leaf.health.clear_errors();
         if matches!(leaf.health.state(), LeafState::Faulted | LeafState::Removed) {
             leaf.health.bring_back(self.last_written());
