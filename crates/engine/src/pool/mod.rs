@@ -36,6 +36,8 @@ mod devices;
 mod error_record;
 #[cfg(test)]
 mod log_tests;
+#[cfg(test)]
+mod read_damage_tests;
 mod recv;
 mod send;
 mod snapshot;

@@ -16,8 +16,6 @@
 mod changes;
 mod log;
 mod log_early;
-#[cfg(test)]
-mod read_damage_tests;
 pub use crate::dmu::dirty::StoredForm;
 pub use changes::{ChangedExtent, CHANGED_RANGES_MAX};
 pub mod rangelock;

@@ -1,6 +1,6 @@
 //! Unit tests of what a volume read records as damaged (`oxpool status -v`) when no copy of a
 //! block gives it back: a lost level-1 block names exactly the blocks below it, a lost data
-//! block names itself.
+//! block names itself. They need a whole pool (the pool layer is above the volume's).
 
 use crate::props::PoolProps;
 use crate::spa::errlog::DamagedRange;
