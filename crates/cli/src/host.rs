@@ -94,8 +94,8 @@ fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<
             cache.display()
         );
     }
-    keep_error_counts(cache, &pool);
-    let exported = pool.export();
+    // After the final sync: its write errors are counted too.
+    let exported = pool.export_then(|p| keep_error_counts(cache, p));
     let value = result?;
     exported?;
     Ok(value)

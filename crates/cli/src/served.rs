@@ -398,8 +398,8 @@ impl Served {
             }
             match released {
                 Ok((pool, devices)) => {
-                    crate::host::keep_error_counts(self.cache(), &pool);
-                    match pool.export() {
+                    let cache = self.cache();
+                    match pool.export_then(|p| crate::host::keep_error_counts(cache, p)) {
                         Ok(()) => done.push(name),
                         Err(e) => failed.push(format!("{name}: {e}")),
                     }

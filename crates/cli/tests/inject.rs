@@ -422,3 +422,22 @@ fn error_counts_outlive_the_command_that_found_them_until_clear_or_export() {
         ("ONLINE".to_string(), 0, 0, 0)
     );
 }
+
+/// Write errors that a command's last txg sync (the one its export makes) finds are kept
+/// for the commands after it, as the errors its own work found are.
+#[test]
+fn write_errors_of_the_final_sync_are_kept() {
+    let env = Env::new();
+    mirror_pool(&env, "64M");
+    env.ok(&["vol", "create", "tank/vol0", "--size", "4M"]);
+    let source = env.path("image.in");
+    std::fs::write(&source, random_bytes(29, 4 * MIB)).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", p(&source)]);
+    env.ok(&["inject", "-d", "b.img", "-e", "io", "-T", "write", "tank"]);
+    // A change with no sync of its own: the export's sync writes it, and b fails that.
+    env.ok(&["set", "txg_timeout=7", "tank"]);
+    env.ok(&["inject", "-c", "all"]);
+    let status = env.ok(&["status", "tank"]);
+    let (_, _, write, _) = state_and_counts(device_line(&status, "b.img"));
+    assert!(write > 0, "{status}");
+}

@@ -397,8 +397,16 @@ impl Pool {
     /// Writes everything dirty, stops the sync thread and closes the pool. A volume handle
     /// that outlives it gets errors from then on: nothing more is written to the devices,
     /// which another process may own next.
-    pub fn export(mut self) -> Result<()> {
+    pub fn export(self) -> Result<()> {
+        self.export_then(|_| ())
+    }
+
+    /// [`Pool::export`], running `last` on the pool once its final sync is done and before
+    /// its devices close: what that sync found (write errors, say) is in its counters then,
+    /// for a host that keeps them ([`Pool::error_record`]).
+    pub fn export_then(mut self, last: impl FnOnce(&Pool)) -> Result<()> {
         self.stop_sync_thread();
+        last(&self);
         self.spa.close()
     }
 
