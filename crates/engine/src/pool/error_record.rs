@@ -57,13 +57,7 @@ impl Pool {
             if devices.iter().any(|d| d.guid == leaf.guid) {
                 continue;
             }
-            let c = &leaf.counters;
-            let counts = DeviceErrors {
-                read: c.read_errors.load(Ordering::Relaxed),
-                write: c.write_errors.load(Ordering::Relaxed),
-                checksum: c.checksum_errors.load(Ordering::Relaxed),
-                repaired_bytes: c.repaired_bytes.load(Ordering::Relaxed),
-            };
+            let counts = leaf.counters.snapshot();
             // Only what the fault rule decided: a DEGRADED the import decided (a device
             // FAULTED at export that its vdev cannot do without) each import decides again.
             let degraded = leaf.health.degraded_by_rule();

@@ -97,12 +97,7 @@ impl PoolCounters {
                     scheduler: leaf.queue.mode().as_str().to_string(),
                     io: leaf.io_stats.snapshot(),
                     queue: leaf.queue.snapshot(),
-                    errors: crate::vdev::DeviceErrors {
-                        read: leaf.counters.read_errors.load(Ordering::Relaxed),
-                        write: leaf.counters.write_errors.load(Ordering::Relaxed),
-                        checksum: leaf.counters.checksum_errors.load(Ordering::Relaxed),
-                        repaired_bytes: leaf.counters.repaired_bytes.load(Ordering::Relaxed),
-                    },
+                    errors: leaf.counters.snapshot(),
                 });
             }
         }

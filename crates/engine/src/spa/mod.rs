@@ -38,7 +38,6 @@ use oxpool_format::{
 };
 use oxpool_io::rt::block_on;
 use oxpool_io::Backend;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -795,12 +794,8 @@ impl Spa {
         let (size, allocated) = self.state.lock().unwrap().alloc.totals_bytes();
         let suspended = self.txg.state.lock().unwrap().suspended.is_some();
         let counts = |l: &Leaf| {
-            (
-                l.counters.read_errors.load(Ordering::Relaxed),
-                l.counters.write_errors.load(Ordering::Relaxed),
-                l.counters.checksum_errors.load(Ordering::Relaxed),
-                l.counters.repaired_bytes.load(Ordering::Relaxed),
-            )
+            let c = l.counters.snapshot();
+            (c.read, c.write, c.checksum, c.repaired_bytes)
         };
         let leaf_status = |l: &Option<Arc<Leaf>>, cfg: &LeafConfig| match l {
             Some(l) => {

@@ -96,6 +96,16 @@ pub struct LeafCounters {
 }
 
 impl LeafCounters {
+    /// The counters now, as `oxpool status` and `iostat` show them.
+    pub fn snapshot(&self) -> DeviceErrors {
+        DeviceErrors {
+            read: self.read_errors.load(Ordering::Relaxed),
+            write: self.write_errors.load(Ordering::Relaxed),
+            checksum: self.checksum_errors.load(Ordering::Relaxed),
+            repaired_bytes: self.repaired_bytes.load(Ordering::Relaxed),
+        }
+    }
+
     /// Sets every counter to zero (`oxpool clear`).
     pub fn zero(&self) {
         for counter in [
