@@ -987,3 +987,51 @@ fn pool_line(pool: &Pool, volume: &str) -> Vec<String> {
     out.reverse();
     out
 }
+
+/// A read that is loading an indirect block when a rollback replaces the volume's tree must
+/// not leave that block of the old tree in the new one: reads after the rollback return the
+/// snapshot's bytes, not the rolled-back ones (whose places the rollback freed).
+#[test]
+fn a_read_loading_the_tree_during_a_rollback_leaves_nothing_of_the_old_tree() {
+    use oxpool_io::{Backend, FaultBackend};
+    use std::sync::Arc;
+    use std::time::Duration;
+    let (pool, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    let at_snapshot = content(Fill::Random, 1, VOLUME_BYTES as usize);
+    write(&vol, 0, &at_snapshot);
+    pool.snapshot(&["v@s".to_string()]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 2, VOLUME_BYTES as usize));
+    drop(vol);
+    pool.export().unwrap();
+    // Imported again, so that no indirect block is cached; reads are slowed at will.
+    let fault = Arc::new(FaultBackend::new(Arc::new(mems[0].clone()), 1));
+    let pool = Pool::import(vec![fault.clone() as Arc<dyn Backend>], Some("tank")).unwrap();
+    let vol = pool.volume("v").unwrap();
+    let reads_before = fault.stats().reads;
+    fault.set_read_latency(Duration::from_millis(1500));
+    std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
+            let mut buf = vec![0u8; 4096];
+            oxpool_io::rt::block_on(vol.read(0, &mut buf)).unwrap();
+        });
+        // Until the reader's indirect-block read is issued (bounded: 10 s).
+        for _ in 0..10_000 {
+            if fault.stats().reads > reads_before {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(fault.stats().reads > reads_before, "the reader read nothing");
+        // The reader's read keeps its latency; the rollback's reads go fast, so the swap
+        // comes while the reader is still loading.
+        fault.set_read_latency(Duration::ZERO);
+        pool.rollback("v", "s", false).unwrap();
+        reader.join().unwrap();
+    });
+    assert!(
+        read_all(&vol) == at_snapshot,
+        "the volume after the rollback is not @s"
+    );
+    audit_clean(&pool, "after the rollback");
+}

@@ -113,6 +113,24 @@ impl BlockTree {
         }
     }
 
+    /// Makes this the tree of `levels` levels under `root` in place (a rollback, a receive's
+    /// swap): every cached block goes, and the generation moves on instead of starting again,
+    /// so a walker that began reading an indirect block of the old tree does not cache it in
+    /// the new one (with a new `BlockTree` both generations could be 0). Walkers reading or
+    /// waiting for a load keep their entries here: their claims end on this tree and wake
+    /// their waiters, who then walk the new tree.
+    pub fn reset(&mut self, levels: u8, root: BlockPtr) {
+        debug_assert!(levels >= 1);
+        debug_assert!(
+            self.cache.values().all(|c| !c.dirty),
+            "a tree replaced with changes not written"
+        );
+        self.levels = levels;
+        self.root = root;
+        self.cache.clear();
+        self.generation += 1;
+    }
+
     /// Number of indirect levels.
     pub fn levels(&self) -> u8 {
         self.levels
@@ -570,6 +588,36 @@ mod tests {
         let old = t.finish_block(1, 2, BlockPtr::HOLE).unwrap();
         assert!(old.is_hole());
         assert_eq!(t.cached_data_ptr(600), None);
+    }
+
+    #[test]
+    fn a_load_begun_before_a_reset_is_not_cached_after_it() {
+        let mut t = BlockTree::new(2, BlockPtr::HOLE);
+        let old_root = BlockPtr {
+            ndvas: 1,
+            fill: 1,
+            ..BlockPtr::HOLE
+        };
+        t.reset(2, old_root);
+        // A walker of the old tree's block L1/0 (its claim taken as `walk` does).
+        let Step::Load {
+            level, generation, ..
+        } = t.step(0, 1, false)
+        else {
+            panic!("L2/0 is not cached: it must be loaded")
+        };
+        assert_eq!(level, 2);
+        t.loading.push((2, 0));
+        // A rollback's swap meanwhile; the new tree is empty.
+        t.reset(2, BlockPtr::HOLE);
+        t.insert_loaded(2, 0, Box::new([old_root; INDIRECT_FANOUT]), generation);
+        assert!(
+            !t.cache.contains_key(&(2, 0)),
+            "the old tree's block cached"
+        );
+        assert_eq!(t.step(0, 1, false), Step::Done(Walk::Hole { level: 2 }));
+        // The claim is still there to end (and its waiters to wake).
+        assert_eq!(t.loading, [(2, 0)]);
     }
 
     #[test]

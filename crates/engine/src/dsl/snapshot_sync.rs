@@ -3,7 +3,6 @@
 
 use crate::dmu::dirty::indirect_copies;
 use crate::dmu::sync::{sync_object, Kills};
-use crate::dmu::tree::BlockTree;
 use crate::dsl::dataset::Dataset;
 use crate::dsl::deadlist::Deadlist;
 use crate::dsl::snapshot::{SnapOp, Snapshot};
@@ -202,7 +201,10 @@ pub(crate) async fn apply(
             };
             // Its entries are the head's again: only the deadlist's own blocks go.
             free_deadlist(spa, deadlist, false, freed).await?;
-            *obj.tree.lock().unwrap() = BlockTree::new(target.levels.max(1), target.root);
+            obj.tree
+                .lock()
+                .unwrap()
+                .reset(target.levels.max(1), target.root);
             // This txg's dirty data is in the tree just replaced: reads must not find it in
             // the dirty sets either (they are retired when the txg is durable, later).
             obj.dirty.lock().unwrap().retire(txg);
