@@ -252,6 +252,95 @@ fn wrong_base_and_modified_target_are_refused_unchanged() {
     audit_clean(&dst, "after -F over later snapshots");
 }
 
+/// A stream reader that, once `at` bytes of the stream have been read, makes a durable write
+/// to the target (as an NBD client or `vol write` may while a receive runs on a served pool).
+struct WriteMidway<'a> {
+    stream: &'a [u8],
+    read: usize,
+    at: usize,
+    write: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl std::io::Read for WriteMidway<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.read >= self.at {
+            if let Some(w) = self.write.take() {
+                w();
+            }
+        }
+        // Small reads, so that the write comes while records are still arriving.
+        let n = buf.len().min(4096).min(self.stream.len() - self.read);
+        buf[..n].copy_from_slice(&self.stream[self.read..self.read + n]);
+        self.read += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_write_to_the_target_during_an_incremental_receive_is_never_discarded_without_force() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    let ab = send(&src, "src", "b", Some("a"), false);
+    let vol = dst.volume("copy").unwrap();
+    let written = content(Fill::Random, 77, 8192);
+    let receive = |force: bool| {
+        let mut input = WriteMidway {
+            stream: &ab,
+            read: 0,
+            at: ab.len() / 2,
+            write: Some(Box::new(|| {
+                // Acknowledged durable (FUA), after the receive's own check of the target.
+                oxpool_io::rt::block_on(vol.write(0, &written, true)).unwrap();
+            })),
+        };
+        let opts = ReceiveOptions {
+            force,
+            resumable: false,
+        };
+        let got = dst.receive("copy", &mut input, &opts).map(|_| ());
+        assert!(
+            input.write.is_none(),
+            "the write was made during the receive"
+        );
+        got
+    };
+    // Without -F: the receive is refused at its end and the write stays.
+    let err = receive(false).unwrap_err().to_string();
+    assert!(
+        err.contains("was written to") && err.contains("nothing was applied"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+    let now = read_all(&vol);
+    assert_eq!(
+        &now[..written.len()],
+        &written[..],
+        "the acknowledged write"
+    );
+    assert_eq!(
+        &now[written.len()..],
+        &snap_bytes(&src, "src", "a")[written.len()..],
+        "the rest as at @a"
+    );
+    assert_eq!(
+        guids(&dst, "copy")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect::<Vec<_>>(),
+        ["a"]
+    );
+    assert_eq!(dst.volumes().len(), 1, "no hidden volume left");
+    audit_clean(&dst, "after the refused receive");
+    // With -F the target's changes are discarded, as asked: the volume is @b.
+    receive(true).unwrap();
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        snap_bytes(&src, "src", "b")
+    );
+    audit_clean(&dst, "after the forced receive");
+}
+
 #[test]
 fn damaged_and_cut_streams_change_nothing() {
     let (src, _m1) = source();

@@ -20,7 +20,6 @@
 //!
 //! For a full stream the target is a new dataset that enters the registry in this sync.
 
-use crate::dmu::tree::BlockTree;
 use crate::dsl::dataset::Dataset;
 use crate::dsl::snapshot::SnapOp;
 use crate::dsl::snapshot_sync::{free_born_after, free_deadlist};
@@ -53,6 +52,11 @@ pub(crate) struct ReceiveSwap {
     pub snapshot: String,
     pub guid: Guid,
     pub creation_s: u64,
+    /// `recv -F`: what the target wrote since its base is discarded. Without it the swap is
+    /// skipped if the target was written since its base, even while the stream was being
+    /// received (the check when the receive began cannot see those writes, and they were
+    /// acknowledged).
+    pub force: bool,
 }
 
 impl std::fmt::Debug for ReceiveSwap {
@@ -66,6 +70,7 @@ impl std::fmt::Debug for ReceiveSwap {
             .field("base_guid", &self.base_guid)
             .field("snapshot", &self.snapshot)
             .field("guid", &self.guid)
+            .field("force", &self.force)
             .finish()
     }
 }
@@ -115,6 +120,8 @@ pub(crate) async fn apply(
         },
         ReceiveTarget::New(ds) => ds.clone(),
     };
+    // Taken before the lineage's lock, not under it.
+    let root_birth = target.data().tree.lock().unwrap().root().birth;
     {
         let l = target.lineage.lock().unwrap();
         let latest = l.snapshots().last().map(|s| s.guid);
@@ -122,6 +129,16 @@ pub(crate) async fn apply(
             tracing::warn!(
                 target = target.full_name,
                 "receive: the target's latest snapshot changed since the receive began"
+            );
+            return Ok(());
+        }
+        // Written since its base (the root is born after it): refused without -F, as at the
+        // receive's start, since the writes may have come after that check.
+        let existing = matches!(swap.target, ReceiveTarget::Existing(_));
+        if existing && !swap.force && root_birth > l.prev_snap_txg {
+            tracing::warn!(
+                target = target.full_name,
+                "receive: the target was written since its base snapshot"
             );
             return Ok(());
         }
@@ -161,7 +178,7 @@ pub(crate) async fn apply(
         debug_assert_eq!(hl.prev_snap_txg, base_txg, "the hidden clone's base");
         (std::mem::take(&mut hl.deadlist), hl.written_bytes)
     };
-    *head.tree.lock().unwrap() = BlockTree::new(levels.max(1), root);
+    head.tree.lock().unwrap().reset(levels.max(1), root);
     head.dirty.lock().unwrap().retire(txg);
     *head.written_root.lock().unwrap() = (root, levels.max(1));
     head.used_bytes

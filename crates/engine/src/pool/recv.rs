@@ -591,6 +591,7 @@ impl Pool {
                 snapshot: plan.snapshot.clone(),
                 guid: begin.toguid,
                 creation_s: begin.creation_time_ns / 1_000_000_000,
+                force: opts.force,
             }),
         ));
         let queued = self.spa.txg.check_writable().and_then(|()| {
@@ -603,8 +604,8 @@ impl Pool {
             let _ = self.destroy_hidden(&hidden_name);
             queued?;
             return Err(EngineError::Busy(format!(
-                "cannot receive: {full} changed while the stream was received; nothing was \
-                 applied"
+                "cannot receive: {full} was written to, or its snapshots changed, while the \
+                 stream was received; nothing was applied"
             )));
         }
         self.volumes.lock().unwrap().remove(&hidden_name);
