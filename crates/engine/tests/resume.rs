@@ -280,12 +280,27 @@ fn stale_and_forged_tokens_are_refused_and_abort_discards() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no partially received stream"), "{err}");
-    assert!(fresh.dataset_space("copy%recv").is_err());
+    assert!(!fresh.receive_datasets().iter().any(|n| n == "copy%recv"));
+
+    // The saved state's hidden dataset is out of reach of every lookup by a user's name:
+    // written to, snapshotted or set, it would no longer hold what the sender sent.
+    assert_eq!(dst.receive_datasets(), ["copy%recv"]);
+    let hidden = [
+        dst.volume("copy%recv").map(|_| ()),
+        dst.snapshot(&["copy%recv@x".to_string()]),
+        dst.set_volume_prop("copy%recv", "sync", "always"),
+        dst.destroy_volume("copy%recv"),
+    ];
+    for (i, r) in hidden.into_iter().enumerate() {
+        let err = r.expect_err("a hidden dataset found by name").to_string();
+        assert!(err.contains("not found"), "lookup {i}: {err}");
+    }
+    assert_eq!(dst.receive_datasets(), ["copy%recv"]);
 
     // -A discards it, nothing leaks, and the stream then arrives whole.
     dst.abort_receive("copy").unwrap();
     assert!(dst.receive_resume_token("copy").is_none());
-    assert!(dst.dataset_space("copy%recv").is_err());
+    assert!(!dst.receive_datasets().iter().any(|n| n == "copy%recv"));
     assert!(dst.volumes().is_empty());
     audit_clean(&dst, "after recv -A");
     let err = dst.abort_receive("copy").unwrap_err().to_string();
@@ -297,6 +312,6 @@ fn stale_and_forged_tokens_are_refused_and_abort_discards() {
     let inc = send(&src, "b", Some("a"));
     recv_s(&dst, &inc[..inc.len() / 2], false).unwrap_err();
     assert!(dst.receive_resume_token("copy").is_none());
-    assert!(dst.dataset_space("copy%recv").is_err());
+    assert!(!dst.receive_datasets().iter().any(|n| n == "copy%recv"));
     audit_clean(&dst, "after a cut plain receive");
 }

@@ -22,6 +22,7 @@ use crate::{EngineError, Result, ScanStatus, Volume};
 use oxpool_format::{BlockPtr, Dva, Guid, LabelConfig, TopVdevKind, Txg, VolumeId};
 use oxpool_io::rt::block_on;
 use oxpool_io::Backend;
+use recv::is_hidden;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -532,7 +533,7 @@ impl Pool {
     /// Refused while it has snapshots (destroy them first: `vol destroy -r`).
     pub fn destroy_volume(&self, name: &str) -> Result<()> {
         let mut volumes = self.volumes.lock().unwrap();
-        if !volumes.contains_key(name) {
+        if !volumes.contains_key(name) || is_hidden(name) {
             return Err(EngineError::NotFound(format!("{}/{name}", self.spa.name)));
         }
         if let Some(ds) = self.dsl.get(name) {
@@ -581,6 +582,7 @@ impl Pool {
             .lock()
             .unwrap()
             .get(name)
+            .filter(|_| !is_hidden(name))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.spa.name)))?
             .clone();
         Ok(Volume {
@@ -596,7 +598,7 @@ impl Pool {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(name, _)| !name.contains('%'))
+            .filter(|(name, _)| !is_hidden(name))
             .map(|(_, v)| v)
             .map(|v| Volume {
                 pool: self.spa.clone(),

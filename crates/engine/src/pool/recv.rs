@@ -361,6 +361,13 @@ struct Plan {
     base: Option<(String, Vec<String>)>,
 }
 
+/// Whether `name` is a receive's hidden dataset (`VOL%recv`; `%` is in no name a user can
+/// make, `check_name`). Lookups by a user's name do not find them: written to, snapshotted or
+/// set, one would no longer hold what the sender sent.
+pub(crate) fn is_hidden(name: &str) -> bool {
+    name.contains('%')
+}
+
 impl Pool {
     /// Receives the stream(s) on `input` into volume `volume`. Each stream is applied whole
     /// or not at all; an error names the first stream that failed (those before it are
@@ -400,6 +407,21 @@ impl Pool {
 
     fn hidden_name(volume: &str) -> String {
         format!("{volume}%recv")
+    }
+
+    /// The hidden datasets receives write into (`VOL%recv`), by name: one per receive in
+    /// progress, saved by `recv -s`, or left by a crash until the next import. No other
+    /// lookup finds them ([`is_hidden`]).
+    pub fn receive_datasets(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .dsl
+            .all()
+            .into_iter()
+            .filter(|d| is_hidden(&d.name))
+            .map(|d| d.name.clone())
+            .collect();
+        names.sort();
+        names
     }
 
     /// Checks BEGIN against the target.

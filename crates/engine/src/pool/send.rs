@@ -11,6 +11,7 @@
 //! write.
 
 use super::bookmark::IncrementalBase;
+use super::recv::is_hidden;
 use super::Pool;
 use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
@@ -189,7 +190,7 @@ impl Pool {
         let ds = self
             .dsl
             .get(volume)
-            .filter(|d| !d.name.contains('%'))
+            .filter(|d| !is_hidden(&d.name))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
         let source = Source {
             volume: ds.name.clone(),
@@ -282,7 +283,7 @@ impl Pool {
         }
         // Bounded by the pool's datasets.
         for ds in self.dsl.all() {
-            if ds.name.contains('%') {
+            if is_hidden(&ds.name) {
                 continue;
             }
             let l = ds.lineage.lock().unwrap();

@@ -3,6 +3,7 @@
 //! anything is queued (an impossible request says why and changes nothing), then applied by
 //! one txg sync (dsl/snapshot_sync.rs), which this waits for.
 
+use super::recv::is_hidden;
 use super::Pool;
 use crate::dmu::object::Object;
 use crate::dmu::tree::BlockTree;
@@ -131,6 +132,7 @@ impl Pool {
     pub(crate) fn dataset(&self, volume: &str) -> Result<Arc<Dataset>> {
         self.dsl
             .get(volume)
+            .filter(|_| !is_hidden(volume))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))
     }
 
