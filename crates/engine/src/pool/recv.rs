@@ -73,6 +73,9 @@ type NewTarget = (Arc<Dataset>, Arc<Zil>);
 /// `zfs_recv_queue_length` is 16 MiB).
 const RECEIVE_QUEUE_BYTES_MAX: usize = 32 << 20;
 
+/// What one queued item takes besides its blocks' bytes (see [`ApplyQueue::push`]).
+const QUEUED_ITEM_BYTES: usize = std::mem::size_of::<(Applied, usize)>();
+
 /// Contiguous blocks handed to the volume in one write (one range lock, one txg hold).
 const WRITE_RUN_BYTES_MAX: u64 = 1 << 20;
 
@@ -293,9 +296,12 @@ impl ApplyQueue {
         }
     }
 
-    /// Queues `item` (of `bytes`), waiting while the queue is full; false if the applying
-    /// thread is gone.
+    /// Queues `item` (of `bytes` of blocks), waiting while the queue is full; false if the
+    /// applying thread is gone. Every item also counts its own memory, so that records
+    /// without blocks (FREE, a stream of nothing else) are bounded too: counted as 0 bytes
+    /// they never waited, and the reading thread queued as many as the input held.
     fn push(&self, item: Applied, bytes: usize) -> bool {
+        let bytes = bytes + QUEUED_ITEM_BYTES;
         let mut st = self.state.lock().unwrap();
         // Bounded: the applying thread takes items until it is gone.
         while !st.abandoned && st.bytes > 0 && st.bytes + bytes > RECEIVE_QUEUE_BYTES_MAX {
@@ -1088,4 +1094,30 @@ fn apply_queued(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records without blocks count against the queue's bound: a stream of FREE records fills
+    /// the queue to its bound and no further (counted as 0 bytes, they never waited).
+    #[test]
+    fn records_without_blocks_fill_the_queue_to_its_bound() {
+        let q = ApplyQueue::new();
+        let free = || Applied::Free {
+            offset_bytes: 0,
+            length_bytes: 4096,
+        };
+        let fit = RECEIVE_QUEUE_BYTES_MAX / QUEUED_ITEM_BYTES;
+        // Bounded: as many as fit, each returning at once (no applying thread takes any).
+        for _ in 0..fit {
+            assert!(q.push(free(), 0));
+        }
+        let st = q.state.lock().unwrap();
+        assert_eq!(st.items.len(), fit);
+        assert_eq!(st.bytes, fit * QUEUED_ITEM_BYTES);
+        // The next one would wait for the applying thread.
+        assert!(st.bytes + QUEUED_ITEM_BYTES > RECEIVE_QUEUE_BYTES_MAX);
+    }
 }
