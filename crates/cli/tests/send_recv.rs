@@ -7,7 +7,7 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{exports, random_bytes, tcp_uri, tool, Env};
+use harness::{exports, hold_reading, random_bytes, release, tcp_uri, tool, Env};
 use std::process::{Command, Stdio};
 
 /// Runs `oxpool SEND_ARGS | oxpool RECV_ARGS`; returns (send ok, recv ok, recv stderr).
@@ -204,6 +204,53 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     assert!(exports(&server).contains("dest/copy@two"));
     assert!(same("dest/copy", &second));
     assert!(same("dest/copy@two", &second));
+    assert!(same("dest/copy@one", &first));
+    // -F onto a target with a later snapshot that a client has open: refused in one line,
+    // as `destroy` of that snapshot would be; the exports stay. Once the client is gone, -F
+    // destroys it, and the snapshots it keeps are exported again.
+    env.ok(&["snapshot", "dest/copy@local"]);
+    let third = env.path("third.raw");
+    bytes[5 << 20..6 << 20].copy_from_slice(&random_bytes(9, 1 << 20));
+    std::fs::write(&third, &bytes).unwrap();
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            third.to_str().unwrap(),
+            &tcp_uri(&server, "tank/vol0"),
+        ],
+    );
+    env.ok(&["snapshot", "tank/vol0@three"]);
+    let client = hold_reading(&tcp_uri(&server, "dest/copy@local"));
+    let incremental = ["send", "-i", "@two", "tank/vol0@three"];
+    // (The send may fail too: its pipe closes when the receive refuses.)
+    let (_, r, err) = pipe(&env, &incremental, &["recv", "-F", "dest/copy"]);
+    assert!(!r, "recv -F destroyed a snapshot a client had open");
+    assert!(
+        err.contains("dest/copy@local") && err.contains("open by 1 NBD client"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let listed = exports(&server);
+    for export in ["dest/copy", "dest/copy@one", "dest/copy@two", "dest/copy@local"] {
+        assert!(listed.contains(&format!("export=\"{export}\"")), "{export}: {listed}");
+    }
+    assert!(same("dest/copy", &second));
+    let said = release(client);
+    assert!(!said.starts_with("disconnected"), "{said}");
+    let (s, r, err) = pipe(&env, &incremental, &["recv", "-F", "dest/copy"]);
+    assert!(s && r, "recv -F failed: {err}");
+    let listed = exports(&server);
+    for export in ["dest/copy", "dest/copy@one", "dest/copy@two", "dest/copy@three"] {
+        assert!(listed.contains(&format!("export=\"{export}\"")), "{export}: {listed}");
+    }
+    assert!(!listed.contains("dest/copy@local"), "{listed}");
+    assert!(same("dest/copy@three", &third));
     assert!(same("dest/copy@one", &first));
     // -u: a new volume received but not exported.
     let (s, r, err) = pipe(

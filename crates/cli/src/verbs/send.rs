@@ -228,9 +228,27 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         } else {
             Vec::new()
         };
+        // Snapshots whose exports were taken down for the receive.
+        let mut taken_down: Vec<String> = Vec::new();
         if let (Some(served), true) = (served, existed) {
             // The head's contents change under its clients: they must be gone first.
             served.unexport_volume(&head, false, Unexport::Receive)?;
+            // -F may destroy any snapshot after the stream's base (which only the stream
+            // says): as `destroy` and `rollback` do, refused while a client has one open.
+            for s in before.iter().filter(|_| force) {
+                if let Err(e) =
+                    served.unexport_volume(&format!("{head}@{s}"), false, Unexport::Receive)
+                {
+                    // Back as they were (best effort): the head, and the snapshots already
+                    // taken down.
+                    let _ = served.export_volume(p.volume(volume)?);
+                    for t in &taken_down {
+                        let _ = served.export_volume(p.snapshot_volume(volume, t)?);
+                    }
+                    return Err(e);
+                }
+                taken_down.push(s.clone());
+            }
         }
         let received = p.receive(volume, con.input(), &opts);
         if let Some(served) = served {
@@ -238,18 +256,36 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
                 Ok(s) => s.into_iter().map(|s| s.name).collect(),
                 Err(_) => Vec::new(),
             };
-            // Snapshots -F destroyed leave the export table; received ones join it.
-            for s in before.iter().filter(|s| !after.contains(s)) {
-                served.unexport_volume(&format!("{head}@{s}"), true, Unexport::Receive)?;
-            }
-            // `-u` leaves a new volume and its snapshots unexported.
+            // Received snapshots join the export table, and those taken down that are still
+            // there come back; `-u` leaves a new volume and its snapshots unexported. The
+            // receive's own error comes first: an export that fails after it is only said.
+            let mut export_error: Option<anyhow::Error> = None;
+            let mut export = |r: Result<()>| {
+                if let Err(e) = r {
+                    export_error.get_or_insert(e);
+                }
+            };
             if existed || !no_export {
                 if let Ok(vol) = p.volume(volume) {
-                    served.export_volume(vol)?;
+                    export(served.export_volume(vol));
                 }
-                for s in after.iter().filter(|s| !before.contains(s)) {
-                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+                for s in after
+                    .iter()
+                    .filter(|s| !before.contains(s) || taken_down.contains(s))
+                {
+                    export(
+                        p.snapshot_volume(volume, s)
+                            .map_err(anyhow::Error::from)
+                            .and_then(|v| served.export_volume(v)),
+                    );
                 }
+            }
+            match (export_error, &received) {
+                (Some(e), Err(_)) => {
+                    writeln!(con.err(), "oxpool: after the failed receive: {e:#}")?
+                }
+                (Some(e), Ok(_)) => return Err(e),
+                (None, _) => {}
             }
         }
         let received = received?;
