@@ -1022,7 +1022,10 @@ fn a_read_loading_the_tree_during_a_rollback_leaves_nothing_of_the_old_tree() {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert!(fault.stats().reads > reads_before, "the reader read nothing");
+        assert!(
+            fault.stats().reads > reads_before,
+            "the reader read nothing"
+        );
         // The reader's read keeps its latency; the rollback's reads go fast, so the swap
         // comes while the reader is still loading.
         fault.set_read_latency(Duration::ZERO);
