@@ -237,8 +237,16 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let listed = exports(&server);
-    for export in ["dest/copy", "dest/copy@one", "dest/copy@two", "dest/copy@local"] {
-        assert!(listed.contains(&format!("export=\"{export}\"")), "{export}: {listed}");
+    for export in [
+        "dest/copy",
+        "dest/copy@one",
+        "dest/copy@two",
+        "dest/copy@local",
+    ] {
+        assert!(
+            listed.contains(&format!("export=\"{export}\"")),
+            "{export}: {listed}"
+        );
     }
     assert!(same("dest/copy", &second));
     let said = release(client);
@@ -246,8 +254,16 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     let (s, r, err) = pipe(&env, &incremental, &["recv", "-F", "dest/copy"]);
     assert!(s && r, "recv -F failed: {err}");
     let listed = exports(&server);
-    for export in ["dest/copy", "dest/copy@one", "dest/copy@two", "dest/copy@three"] {
-        assert!(listed.contains(&format!("export=\"{export}\"")), "{export}: {listed}");
+    for export in [
+        "dest/copy",
+        "dest/copy@one",
+        "dest/copy@two",
+        "dest/copy@three",
+    ] {
+        assert!(
+            listed.contains(&format!("export=\"{export}\"")),
+            "{export}: {listed}"
+        );
     }
     assert!(!listed.contains("dest/copy@local"), "{listed}");
     assert!(same("dest/copy@three", &third));
