@@ -227,3 +227,30 @@ fn pool_metadata_larger_than_a_slab_is_written_in_pieces() {
     drop(vol);
     pool.export().unwrap();
 }
+
+/// What a txg frees leaves the allocated figure (`oxpool list`'s ALLOC) once that txg is
+/// synced, as in ZFS, though the places become allocatable only `DEFER_TXGS` txgs later: an
+/// idle pool syncs no later txg, and a destroy's space did not show until more writes came.
+#[test]
+fn frees_leave_the_allocated_figure_when_their_txg_is_synced() {
+    let dev = MemoryBackend::new("mem0", 64 << 20);
+    let pool = pool_on(&dev);
+    let vol = pool
+        .create_volume("v", 8 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    block_on(vol.write(0, &pattern(1, 4 << 20), false)).unwrap();
+    // Past the deferral of everything the writes' txg replaced.
+    for _ in 0..5 {
+        pool.sync().unwrap();
+    }
+    let before = pool.status().allocated_bytes;
+    block_on(vol.trim(0, 4 << 20, false)).unwrap();
+    pool.sync().unwrap();
+    let after = pool.status().allocated_bytes;
+    // The 4 MiB and their indirect blocks go; the sync's own metadata comes and goes.
+    assert!(
+        after + (4 << 20) - (64 << 10) <= before,
+        "allocated {before} before the trim's txg, {after} after it"
+    );
+    pool.export().unwrap();
+}
