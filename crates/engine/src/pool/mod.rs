@@ -36,6 +36,8 @@ mod bookmark;
 mod devices;
 mod error_record;
 #[cfg(test)]
+mod heal_tests;
+#[cfg(test)]
 mod log_tests;
 #[cfg(test)]
 mod read_damage_tests;

@@ -61,9 +61,14 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     {
         let mut s = inner.state.lock().unwrap();
         let pin = s.scan_pin;
-        let (ready, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.deferred)
-            .into_iter()
-            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0 && pin.is_none_or(|p| d.txg <= p));
+        let healing = std::mem::take(&mut s.healing);
+        let (ready, keep): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut s.deferred).into_iter().partition(|d| {
+                d.txg.0 + DEFER_TXGS < txg.0
+                    && pin.is_none_or(|p| d.txg <= p)
+                    && !d.dvas.iter().any(|dva| healing.contains(dva))
+            });
+        s.healing = healing;
         s.deferred = keep;
         for d in ready {
             for dva in &d.dvas {

@@ -27,6 +27,7 @@ use crate::dsl::Datasets;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
+use crate::spa::space::HealGuard;
 use crate::spa::txg::Dirtied;
 use crate::spa::Spa;
 use crate::vdev::alloc::ClassBytes;
@@ -777,11 +778,13 @@ impl Volume {
                     // partial in a syncing txg may have been replaced while this read ran,
                     // its places freed and reused, and healing would then write the old
                     // block over another one.
-                    if !bad.is_empty()
-                        && lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?
+                    if !bad.is_empty() {
+                        let _places = HealGuard::new(&self.pool, bp.dvas());
+                        if lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?
                             == bp
-                    {
-                        heal_copies(zio, &bad, block.stored()).await;
+                        {
+                            heal_copies(zio, &bad, block.stored()).await;
+                        }
                     }
                     let v = take(TreeRead::Read(key, block.content));
                     debug_assert!(v.is_some(), "a read block must be taken");
