@@ -135,11 +135,31 @@ fn pool_and_volume_lifecycle() {
         std::fs::read(env.path("tail.bin")).unwrap() == vec![0u8; 2 << 20],
         "the refused write changed the volume"
     );
+    // A read past the end: refused before a byte goes out, in the terms asked.
+    let past = env.run(&[
+        "vol",
+        "read",
+        "tank/vol0",
+        "--offset",
+        "63M",
+        "--length",
+        "2M",
+        "-",
+    ]);
+    let e = String::from_utf8_lossy(&past.stderr);
+    assert!(!past.status.success() && past.stdout.is_empty(), "{e}");
+    assert!(
+        e.contains("2097152 bytes at offset 66060288") && e.contains("nothing read"),
+        "{e}"
+    );
     // USED is `used`: what a snapshot holds counts too, as `zfs list`.
     env.ok(&["snapshot", "tank/vol0@before"]);
     let other: Vec<u8> = data.iter().map(|b| !b).collect();
     std::fs::write(env.path("other.bin"), &other).unwrap();
     write_at("12345", "other.bin");
+    // A snapshot is read-only, and says so.
+    let e = env.fails(&["vol", "write", "tank/vol0@before", p(&env.path("in.bin"))]);
+    assert!(e.contains("a snapshot is read-only"), "{e}");
     // A snapshot reads as the volume was.
     let len = data.len().to_string();
     for (name, want) in [("tank/vol0@before", &data), ("tank/vol0", &other)] {

@@ -94,6 +94,11 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     Some(std::fs::File::open(&path).with_context(|| path.display().to_string())?);
             }
             host.with_pool(pool, |p| {
+                if let Some((volume, snap)) = v.split_once('@') {
+                    // Named as `zfs` would say it, rather than "not found".
+                    p.snapshot_volume(volume, snap)?;
+                    bail!("{name}: a snapshot is read-only; write to {pool}/{volume}");
+                }
                 let vol = p.volume(v)?;
                 // A file's length is known: a write past the end is refused whole, before
                 // any byte is written (from standard input, the chunk that would cross the
@@ -171,6 +176,15 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     Some(l) => parse_size("--length", l)?,
                     None => vol.size_bytes().saturating_sub(offset),
                 };
+                // Refused whole, before any byte is read or written, in the terms asked.
+                let end = offset.saturating_add(len);
+                if end > vol.size_bytes() {
+                    bail!(
+                        "{name}: {len} bytes at offset {offset} would end at {end}, past its \
+                         end ({} bytes): nothing read",
+                        vol.size_bytes()
+                    );
+                }
                 let out: &mut dyn Write = match file.as_mut() {
                     Some(f) => f,
                     None => con.out(),
