@@ -446,11 +446,21 @@ fn log_devices_at_create_and_added_later() {
     let e = env.fails(&["detach", "two", p(&l2)]);
     assert!(e.contains("oxpool remove"), "{e}");
     let dir = env.dir.path().to_str().unwrap().to_string();
+    // A directory of many files: the other pools by name, and a count of the files that
+    // hold none, not each file's reason.
+    for i in 0..6 {
+        std::fs::write(env.path(&format!("junk{i}.bin")), b"not a device").unwrap();
+    }
     let e = env.fails(&["import", "-d", &dir, "nosuch"]);
     assert!(
         e.contains("no pool 'nosuch'") && !e.contains("not found"),
         "{e}"
     );
+    assert!(
+        e.contains("other pools found: 'tank', 'two'") && e.contains("without a pool's label"),
+        "{e}"
+    );
+    assert!(!e.contains("junk5.bin"), "every file named: {e}");
     // The log device gone: the pool is refused by name, not opened without its log, and
     // the refusal says how to go on: `status` shows it UNAVAIL with why, and a command
     // that needs it open fails with the same reason.

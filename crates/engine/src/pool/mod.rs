@@ -125,6 +125,10 @@ impl PoolCounters {
     }
 }
 
+/// Devices an import that found no pool names one by one, with what each held; beyond it,
+/// a summary (a directory search reads every file in it).
+const REJECTED_NAMED_MAX: usize = 3;
+
 impl Pool {
     /// Creates a pool on `tops`. Refuses devices that belong to a pool unless `force`.
     pub fn create(name: &str, tops: Vec<TopSpec>, props: PoolProps, force: bool) -> Result<Pool> {
@@ -172,15 +176,25 @@ impl Pool {
         let (spa, meta) = block_on(async {
             let mut found: Vec<(LabelConfig, Arc<dyn Backend>)> = Vec::new();
             let mut rejected: Vec<String> = Vec::new();
+            // Other pools' names, and what the devices with no label were, apart: a search
+            // of a whole directory (`import -d`) finds many files that hold no pool.
+            let mut others: Vec<String> = Vec::new();
+            let mut unlabelled: Vec<String> = Vec::new();
             for dev in devices {
                 match read_label(dev.as_ref()).await {
                     Ok(cfg) if name.is_none_or(|n| n == cfg.pool_name) => found.push((cfg, dev)),
-                    Ok(cfg) => rejected.push(format!(
-                        "{}: belongs to pool '{}'",
-                        dev.name(),
-                        cfg.pool_name
-                    )),
-                    Err(e) => rejected.push(e.to_string()),
+                    Ok(cfg) => {
+                        rejected.push(format!(
+                            "{}: belongs to pool '{}'",
+                            dev.name(),
+                            cfg.pool_name
+                        ));
+                        others.push(format!("'{}'", cfg.pool_name));
+                    }
+                    Err(e) => {
+                        rejected.push(e.to_string());
+                        unlabelled.push(e.to_string());
+                    }
                 }
             }
             let mut guids: Vec<(Guid, String)> = found
@@ -196,8 +210,22 @@ impl Pool {
                         .unwrap_or("no pool".into());
                     let why = if rejected.is_empty() {
                         "no devices given".to_string()
-                    } else {
+                    } else if rejected.len() <= REJECTED_NAMED_MAX {
                         rejected.join("; ")
+                    } else {
+                        others.sort();
+                        others.dedup();
+                        let mut parts = Vec::new();
+                        if !others.is_empty() {
+                            parts.push(format!("other pools found: {}", others.join(", ")));
+                        }
+                        if let Some(first) = unlabelled.first() {
+                            parts.push(format!(
+                                "{} without a pool's label, the first {first}",
+                                unlabelled.len()
+                            ));
+                        }
+                        format!("{} devices: {}", rejected.len(), parts.join("; "))
                     };
                     return Err(EngineError::invalid(format!(
                         "{what} on the devices searched ({why})"
