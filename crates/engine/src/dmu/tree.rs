@@ -10,10 +10,10 @@
 
 use crate::idhash::IdMap;
 use crate::vdev::queue::IoClass;
-use crate::zio::read_block;
-use crate::zio::Zio;
+use crate::zio::{heal_copies, read_block_unhealed, HealGuard, Repairs, Zio};
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
+use oxpool_io::IoBuf;
 use std::future::poll_fn;
 use std::sync::Mutex;
 use std::task::{Poll, Waker};
@@ -72,6 +72,9 @@ pub struct BlockTree {
     loading: Vec<(u8, u64)>,
     /// Walkers waiting for one of `loading`: (level, index, waker).
     load_waiters: Vec<(u8, u64, Waker)>,
+    /// Its dataset was destroyed (or the snapshot a view reads): its blocks' places may be
+    /// freed and reused while it is still read, and no walk heals them ([`walk`]).
+    retired: bool,
 }
 
 /// One step of a walk.
@@ -110,7 +113,14 @@ impl BlockTree {
             tick: 0,
             loading: Vec::new(),
             load_waiters: Vec::new(),
+            retired: false,
         }
+    }
+
+    /// Its dataset is destroyed (or the snapshot a view reads): set before its blocks are
+    /// freed, so that a walk that sees it clear may heal what it read ([`walk`]).
+    pub fn retire(&mut self) {
+        self.retired = true;
     }
 
     /// Makes this the tree of `levels` levels under `root` in place (a rollback, a receive's
@@ -436,7 +446,8 @@ pub async fn walk(
         };
         // Ends the claim however this walk ends (read error, corrupt block, dropped future).
         let claim = LoadClaim { tree, level, idx };
-        let buf = read_block(
+        // Bad copies are rewritten below, once the block is known to be still current.
+        let (buf, bad) = read_block_unhealed(
             zio,
             class,
             &ptr,
@@ -463,10 +474,39 @@ pub async fn walk(
             claim.end(&mut t);
         }
         std::mem::forget(claim);
+        if !bad.is_empty() {
+            heal_if_current(tree, zio, level, idx, &ptr, &bad, &buf).await;
+        }
     }
     Err(EngineError::invalid(format!(
         "{what}: block tree kept changing during a lookup of block {b}"
     )))
+}
+
+/// Rewrites the bad copies of indirect block (level, idx), read through `ptr`, if the tree
+/// still points there. The places are registered first ([`HealGuard`]), so none is released
+/// and reused under the rewrite: a pointer replaced after the check is freed only later, and
+/// stays deferred until the rewrite ends. A retired tree heals nothing (its pointers never
+/// change, so the check would say nothing).
+async fn heal_if_current(
+    tree: &Mutex<BlockTree>,
+    zio: &Zio,
+    level: u8,
+    idx: u64,
+    ptr: &BlockPtr,
+    bad: &Repairs,
+    buf: &IoBuf,
+) {
+    let Some(_places) = HealGuard::new(zio, ptr.dvas()) else {
+        return;
+    };
+    let current = {
+        let t = tree.lock().unwrap();
+        !t.retired && t.pointer_to(level, idx) == Some(*ptr)
+    };
+    if current {
+        heal_copies(zio, bad, buf).await;
+    }
 }
 
 /// A walker's claim on reading indirect block (level, idx) (see `BlockTree::loading`).

@@ -105,4 +105,12 @@ impl Dataset {
     pub(crate) fn data(&self) -> &Object {
         self.objset.data()
     }
+
+    /// It is destroyed (or, for a view, its snapshot): its handles read and write no more,
+    /// and its tree heals nothing it reads (`BlockTree::retire`). Before its blocks are freed.
+    pub(crate) fn mark_destroyed(&self) {
+        self.destroyed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.data().tree.lock().unwrap().retire();
+    }
 }

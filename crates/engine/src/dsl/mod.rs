@@ -150,7 +150,7 @@ impl Datasets {
             .datasets
             .remove(name)
             .ok_or_else(|| EngineError::NotFound(format!("{}/{name}", self.pool_name)))?;
-        ds.destroyed.store(true, Ordering::Release);
+        ds.mark_destroyed();
         s.destroyed.push(ds.clone());
         Ok(ds)
     }
@@ -247,7 +247,7 @@ impl Datasets {
         for (g, w) in v.iter() {
             if *g == snapshot_guid {
                 if let Some(d) = w.upgrade() {
-                    d.destroyed.store(true, Ordering::Release);
+                    d.mark_destroyed();
                 }
             }
         }

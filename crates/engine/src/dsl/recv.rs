@@ -80,7 +80,7 @@ impl Datasets {
     /// owner is now another dataset); its handles read and write no more.
     fn forget(&self, name: &str) -> Option<Arc<Dataset>> {
         let ds = self.state.lock().unwrap().datasets.remove(name)?;
-        ds.destroyed.store(true, Ordering::Release);
+        ds.mark_destroyed();
         Some(ds)
     }
 }

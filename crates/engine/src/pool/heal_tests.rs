@@ -4,8 +4,8 @@
 //! volume's).
 
 use crate::props::PoolProps;
-use crate::spa::space::HealGuard;
 use crate::vdev::alloc::DEFER_TXGS;
+use crate::zio::HealGuard;
 use crate::{Pool, TopSpec};
 use oxpool_io::rt::block_on;
 use oxpool_io::{Backend, MemoryBackend};
@@ -25,17 +25,32 @@ fn a_place_being_healed_is_not_released_until_the_heal_ends() {
     pool.sync().unwrap();
     let old = block_on(vol.block_pointer(0)).unwrap();
     let dva = old.dvas()[0];
-    let allocated = || {
+    // The level-1 block above it, freed in the same txg when the block is replaced.
+    let old_l1 = vol
+        .vol
+        .data()
+        .tree
+        .lock()
+        .unwrap()
+        .pointer_to_block(1, 0)
+        .unwrap();
+    let is_allocated = |d: &oxpool_format::Dva| {
         let s = pool.spa.state.lock().unwrap();
-        s.alloc.map(dva.vdev).is_allocated(&dva)
+        s.alloc.map(d.vdev).is_allocated(d)
     };
-    let guard = HealGuard::new(&pool.spa, old.dvas());
+    let allocated = || is_allocated(&dva);
+    let guard = HealGuard::new(&pool.spa.zio, old.dvas()).unwrap();
     // The block is replaced: its old place is freed, deferred, and past the deferral.
     block_on(vol.write(0, &vec![2u8; bs], false)).unwrap();
     for _ in 0..DEFER_TXGS + 3 {
         pool.sync().unwrap();
     }
     assert!(allocated(), "a place being healed was released");
+    // Only that place waits: the other frees of its txg are released.
+    assert!(
+        old_l1.dvas().iter().all(|d| !is_allocated(d)),
+        "a heal held back the other frees of its txg"
+    );
     drop(guard);
     for _ in 0..DEFER_TXGS + 2 {
         pool.sync().unwrap();

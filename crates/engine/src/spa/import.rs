@@ -493,7 +493,6 @@ pub(crate) async fn import_devices(
             meta_ptr: ub.root,
             meta_places,
             scan_pin: None,
-            healing: Vec::new(),
             scan_record,
             hole_requested: None,
             holed: Vec::new(),

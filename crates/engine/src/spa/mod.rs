@@ -96,9 +96,6 @@ pub(crate) struct SpaState {
     /// While a scrub reads a batch of blocks: no deferred free of a txg after this one is
     /// released (see `dsl/scan.rs`).
     pub scan_pin: Option<Txg>,
-    /// Places a self-heal is rewriting (`HealGuard`): their deferred frees stay deferred until
-    /// the rewrite is done, so the place cannot be reused under it.
-    pub healing: Vec<Dva>,
     /// The pool's scan (scrub or resilver) as its next txg records it, under
     /// [`SCAN_RECORD_KEY`] among the pool's properties (`dsl/scan.rs` writes and reads it).
     pub scan_record: Option<String>,
@@ -297,7 +294,6 @@ impl Spa {
                 meta_ptr: BlockPtr::HOLE,
                 meta_places: Vec::new(),
                 scan_pin: None,
-                healing: Vec::new(),
                 scan_record: None,
                 hole_requested: None,
                 holed: Vec::new(),

@@ -5,7 +5,7 @@
 use crate::spa::{Spa, SpaState};
 use crate::vdev::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
 use crate::{EngineError, Result};
-use oxpool_format::{Dva, Txg};
+use oxpool_format::Txg;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -196,48 +196,6 @@ impl Drop for ScanPin<'_> {
         }
     }
 }
-
-/// Keeps the places of a block that a self-heal rewrites from being released while it lives
-/// (`SpaState::healing`): a heal of a block no longer current would write the old block over
-/// whatever reused its place. Made before the check that the block is still current, so a
-/// free before it is seen by that check and one after it stays deferred until the rewrite is
-/// done, however long a failing device takes (a reviewer found the check alone left that
-/// window open). Only these places wait, not every free.
-pub(crate) struct HealGuard<'a> {
-    spa: &'a Spa,
-    dvas: Vec<Dva>,
-}
-
-impl<'a> HealGuard<'a> {
-    /// Registers the places of `dvas`.
-    pub(crate) fn new(spa: &'a Spa, dvas: &[Dva]) -> HealGuard<'a> {
-        let mut s = spa.state.lock().unwrap();
-        // Bounded by the heals in flight: one block's copies each.
-        assert!(
-            s.healing.len() < HEALING_PLACES_MAX,
-            "heal registry overflow"
-        );
-        s.healing.extend_from_slice(dvas);
-        HealGuard {
-            spa,
-            dvas: dvas.to_vec(),
-        }
-    }
-}
-
-impl Drop for HealGuard<'_> {
-    fn drop(&mut self) {
-        let mut s = self.spa.state.lock().unwrap();
-        for dva in &self.dvas {
-            if let Some(i) = s.healing.iter().position(|d| d == dva) {
-                s.healing.swap_remove(i);
-            }
-        }
-    }
-}
-
-/// Most places registered by heals in flight at once (each read heals at most one block).
-const HEALING_PLACES_MAX: usize = 1 << 16;
 
 /// The number of scan batches done so far (to wait for the next with [`wait_batch_done`]).
 fn batches_done(spa: &Spa) -> u64 {

@@ -61,20 +61,31 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     {
         let mut s = inner.state.lock().unwrap();
         let pin = s.scan_pin;
-        let healing = std::mem::take(&mut s.healing);
-        let (ready, keep): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut s.deferred).into_iter().partition(|d| {
-                d.txg.0 + DEFER_TXGS < txg.0
-                    && pin.is_none_or(|p| d.txg <= p)
-                    && !d.dvas.iter().any(|dva| healing.contains(dva))
-            });
-        s.healing = healing;
-        s.deferred = keep;
+        let (ready, mut keep): (Vec<_>, Vec<_>) = std::mem::take(&mut s.deferred)
+            .into_iter()
+            .partition(|d| d.txg.0 + DEFER_TXGS < txg.0 && pin.is_none_or(|p| d.txg <= p));
+        // Places a self-heal is rewriting stay deferred, alone (`HealGuard`). Taken under the
+        // state lock, the only nesting of the two.
+        let healing = inner.zio.healing.lock().unwrap();
+        // Bounded by the frees of the txgs released.
         for d in ready {
-            for dva in &d.dvas {
-                s.alloc.free(dva);
+            let mut held = Vec::new();
+            for dva in d.dvas {
+                if healing.contains(&dva) {
+                    held.push(dva);
+                } else {
+                    s.alloc.free(&dva);
+                }
+            }
+            if !held.is_empty() {
+                keep.push(DeferredFree {
+                    txg: d.txg,
+                    dvas: held,
+                });
             }
         }
+        drop(healing);
+        s.deferred = keep;
         // A log device leaving (`oxpool remove`) becomes a hole in the txg that finds nothing
         // left on it: tree, allocator and space-map chunks change together, so this txg's
         // metadata records all of it or, if it does not commit, none.

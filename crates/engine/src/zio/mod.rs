@@ -8,6 +8,7 @@
 pub mod completion;
 pub mod compress;
 pub mod data_cache;
+mod heal_guard;
 pub mod probe_streak;
 pub(crate) mod raidz;
 pub mod read_run;
@@ -17,6 +18,7 @@ use warn_limit::io_warn;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
+pub use self::heal_guard::HealGuard;
 
 /// What the pipeline runs on: the vdev tree it plans with, where completions run (the
 /// `completion` property), and the cache of verified data blocks (`data_cache_max`).
@@ -27,6 +29,9 @@ pub struct Zio {
     pub completion: CompletionControl,
     /// Verified data blocks kept after reads.
     pub data_cache: DataCache,
+    /// Places a self-heal is rewriting ([`HealGuard`]): the txg sync releases none of their
+    /// deferred frees while they are here.
+    pub healing: Mutex<Vec<Dva>>,
 }
 
 impl Zio {
@@ -37,6 +42,7 @@ impl Zio {
             vdevs,
             completion: CompletionControl::new(policy),
             data_cache: DataCache::new(data_cache_max_bytes),
+            healing: Mutex::new(Vec::new()),
         }
     }
 }
@@ -57,7 +63,7 @@ use oxpool_io::rt::{join2, join_all};
 use oxpool_io::IoBuf;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
 /// `class`. Succeeds when each DVA has at least one good leaf write; failed leaves are counted.

@@ -27,7 +27,6 @@ use crate::dsl::Datasets;
 use crate::iostats::{VolumeIoStats, VolumeOp};
 use crate::props::{SyncMode, VolumeProps};
 use crate::sector_mask::{copy_runs, zero_runs, SectorMask};
-use crate::spa::space::HealGuard;
 use crate::spa::txg::Dirtied;
 use crate::spa::Spa;
 use crate::vdev::alloc::ClassBytes;
@@ -38,7 +37,9 @@ use crate::zio::compress::WrittenForms;
 use crate::zio::data_cache::CacheKey;
 use crate::zio::probe_streak::ProbeStreak;
 use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
-use crate::zio::{heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed};
+use crate::zio::{
+    heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed, HealGuard,
+};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, INDIRECT_FANOUT};
@@ -778,11 +779,18 @@ impl Volume {
                     // partial in a syncing txg may have been replaced while this read ran,
                     // its places freed and reused, and healing would then write the old
                     // block over another one.
-                    if !bad.is_empty() {
-                        let _places = HealGuard::new(&self.pool, bp.dvas());
-                        if lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?
-                            == bp
-                        {
+                    // The places are registered first (`HealGuard`), then checked: the
+                    // volume (or the snapshot a view reads) not destroyed, and the tree still
+                    // pointing there (a view's tree never changes, so it alone says nothing).
+                    if let Some(_places) = (!bad.is_empty())
+                        .then(|| HealGuard::new(zio, bp.dvas()))
+                        .flatten()
+                    {
+                        let current = !self.vol.ds.destroyed.load(Ordering::Acquire)
+                            && lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what)
+                                .await?
+                                == bp;
+                        if current {
                             heal_copies(zio, &bad, block.stored()).await;
                         }
                     }
