@@ -263,16 +263,16 @@ impl Served {
     /// Stops offering volume `full_name` (`pool/vol`) for `why` (the command and its remedy,
     /// for the refusal). With `force`, its clients are disconnected (their requests in
     /// flight answered first); without, it is refused while any client has it open. A
-    /// volume that was never exported is fine.
-    pub fn unexport_volume(&self, full_name: &str, force: bool, why: Unexport) -> Result<()> {
+    /// volume that was never exported is fine: false then, true if an export was removed.
+    pub fn unexport_volume(&self, full_name: &str, force: bool, why: Unexport) -> Result<bool> {
         let mode = if force {
             Disconnect::Force
         } else {
             Disconnect::Refuse
         };
         match self.exports.remove(full_name, mode) {
-            Ok(_) => Ok(()),
-            Err(oxpool_nbd::server::ExportError::NotFound(_)) => Ok(()),
+            Ok(_) => Ok(true),
+            Err(oxpool_nbd::server::ExportError::NotFound(_)) => Ok(false),
             Err(e) => {
                 let (action, remedy) = why.words();
                 Err(anyhow!("cannot {action} {e} ({remedy})"))

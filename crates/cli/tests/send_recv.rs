@@ -251,8 +251,12 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     assert!(same("dest/copy", &second));
     let said = release(client);
     assert!(!said.starts_with("disconnected"), "{said}");
+    // A client on the base, which -F keeps, neither blocks it nor is disconnected.
+    let on_base = hold_reading(&tcp_uri(&server, "dest/copy@two"));
     let (s, r, err) = pipe(&env, &incremental, &["recv", "-F", "dest/copy"]);
     assert!(s && r, "recv -F failed: {err}");
+    let said = release(on_base);
+    assert!(!said.starts_with("disconnected"), "{said}");
     let listed = exports(&server);
     for export in [
         "dest/copy",

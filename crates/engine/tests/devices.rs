@@ -631,3 +631,37 @@ fn clear_zeroes_the_counts_of_a_spare_not_in_use() {
     pool.clear(None).unwrap();
     assert!(pool.error_record().is_empty(), "{:?}", pool.error_record());
 }
+
+/// An import that finds no pool among many devices sums up those that never held one, but
+/// names a device whose labels are damaged: it may be a member of the pool looked for.
+#[test]
+fn an_import_that_finds_nothing_names_the_devices_with_damaged_labels() {
+    use oxpool_engine::TopSpec;
+    let member = MemoryBackend::new("member", 64 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::single(Arc::new(member.clone()))],
+        oxpool_engine::PoolProps::default(),
+        false,
+    )
+    .unwrap();
+    pool.export().unwrap();
+    // Every label's bytes after its magic damaged: the labels fail their checksums.
+    for (i, at) in oxpool_format::label_offsets(member.size_bytes())
+        .into_iter()
+        .enumerate()
+    {
+        member.corrupt(at + 64, 64, i as u64 + 1);
+    }
+    let mut devices: Vec<Arc<dyn Backend>> = (0..6)
+        .map(|i| Arc::new(MemoryBackend::new(&format!("junk{i}"), 1 << 20)) as Arc<dyn Backend>)
+        .collect();
+    devices.push(Arc::new(member));
+    let err = Pool::import(devices, Some("tank"))
+        .err()
+        .expect("imported")
+        .to_string();
+    assert!(err.contains("member: label 0"), "{err}");
+    assert!(err.contains("6 without a pool's label"), "{err}");
+    assert!(!err.contains("junk5"), "{err}");
+}

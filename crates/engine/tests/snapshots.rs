@@ -1009,7 +1009,7 @@ fn a_read_loading_the_tree_during_a_rollback_leaves_nothing_of_the_old_tree() {
     let pool = Pool::import(vec![fault.clone() as Arc<dyn Backend>], Some("tank")).unwrap();
     let vol = pool.volume("v").unwrap();
     let reads_before = fault.stats().reads;
-    fault.set_read_latency(Duration::from_millis(1500));
+    fault.set_read_latency(Duration::from_millis(4000));
     std::thread::scope(|scope| {
         let reader = scope.spawn(|| {
             let mut buf = vec![0u8; 4096];

@@ -14,6 +14,7 @@ use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
 use oxpool_engine::{ReceiveOptions, SendOptions, SendWhat};
 use oxpool_format::ResumeToken;
+use std::cell::RefCell;
 use std::io::IsTerminal;
 
 /// The flags of `oxpool send`.
@@ -228,29 +229,34 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         } else {
             Vec::new()
         };
-        // Snapshots whose exports were taken down for the receive.
-        let mut taken_down: Vec<String> = Vec::new();
         if let (Some(served), true) = (served, existed) {
             // The head's contents change under its clients: they must be gone first.
             served.unexport_volume(&head, false, Unexport::Receive)?;
-            // -F may destroy any snapshot after the stream's base (which only the stream
-            // says): as `destroy` and `rollback` do, refused while a client has one open.
-            for s in before.iter().filter(|_| force) {
-                if let Err(e) =
-                    served.unexport_volume(&format!("{head}@{s}"), false, Unexport::Receive)
-                {
-                    // Back as they were (best effort): the head, and the snapshots already
-                    // taken down.
-                    let _ = served.export_volume(p.volume(volume)?);
-                    for t in &taken_down {
-                        let _ = served.export_volume(p.snapshot_volume(volume, t)?);
-                    }
-                    return Err(e);
-                }
-                taken_down.push(s.clone());
-            }
         }
-        let received = p.receive(volume, con.input(), &opts);
+        // The snapshots -F is to destroy (those after the stream's base, which only the
+        // stream names) leave the export table before anything is applied: as `destroy` and
+        // `rollback`, refused while a client has one open. Those still there after the
+        // receive (it failed) come back.
+        let taken_down: RefCell<Vec<String>> = RefCell::new(Vec::new());
+        let before_destroy = |vol: &str, later: &[String]| -> std::result::Result<(), String> {
+            let Some(served) = served else {
+                return Ok(());
+            };
+            for s in later {
+                match served.unexport_volume(
+                    &format!("{pool_name}/{vol}@{s}"),
+                    false,
+                    Unexport::Receive,
+                ) {
+                    Ok(true) => taken_down.borrow_mut().push(s.clone()),
+                    Ok(false) => {}
+                    Err(e) => return Err(format!("{e:#}")),
+                }
+            }
+            Ok(())
+        };
+        let received = p.receive_with(volume, con.input(), &opts, &before_destroy);
+        let taken_down = taken_down.into_inner();
         if let Some(served) = served {
             let after: Vec<String> = match p.snapshots(volume) {
                 Ok(s) => s.into_iter().map(|s| s.name).collect(),

@@ -46,7 +46,7 @@ mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
 pub use error_record::{DeviceRecord, ErrorRecord};
-pub use recv::{ReceiveOptions, Received};
+pub use recv::{BeforeDestroy, ReceiveOptions, Received};
 pub use send::{
     SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
 };
@@ -125,6 +125,21 @@ impl PoolCounters {
     }
 }
 
+/// Whether a device's label error says it never held a pool (too small, all zeros, no
+/// magic), not that a label is damaged or unreadable: only those are summed up in a count.
+fn holds_no_label(e: &EngineError) -> bool {
+    use oxpool_format::FormatError;
+    matches!(
+        e,
+        EngineError::Corrupt {
+            source: FormatError::Truncated { .. }
+                | FormatError::BadMagic { .. }
+                | FormatError::Empty,
+            ..
+        }
+    )
+}
+
 /// Devices an import that found no pool names one by one, with what each held; beyond it,
 /// a summary (a directory search reads every file in it).
 const REJECTED_NAMED_MAX: usize = 3;
@@ -180,6 +195,9 @@ impl Pool {
             // of a whole directory (`import -d`) finds many files that hold no pool.
             let mut others: Vec<String> = Vec::new();
             let mut unlabelled: Vec<String> = Vec::new();
+            // Devices whose label could not be read or is damaged: always named, as one may
+            // be the pool's.
+            let mut damaged: Vec<String> = Vec::new();
             for dev in devices {
                 match read_label(dev.as_ref()).await {
                     Ok(cfg) if name.is_none_or(|n| n == cfg.pool_name) => found.push((cfg, dev)),
@@ -192,8 +210,12 @@ impl Pool {
                         others.push(format!("'{}'", cfg.pool_name));
                     }
                     Err(e) => {
+                        if holds_no_label(&e) {
+                            unlabelled.push(e.to_string());
+                        } else {
+                            damaged.push(e.to_string());
+                        }
                         rejected.push(e.to_string());
-                        unlabelled.push(e.to_string());
                     }
                 }
             }
@@ -218,6 +240,13 @@ impl Pool {
                         let mut parts = Vec::new();
                         if !others.is_empty() {
                             parts.push(format!("other pools found: {}", others.join(", ")));
+                        }
+                        parts.extend(damaged.iter().take(REJECTED_NAMED_MAX).cloned());
+                        if damaged.len() > REJECTED_NAMED_MAX {
+                            parts.push(format!(
+                                "{} more with damaged or unreadable labels",
+                                damaged.len() - REJECTED_NAMED_MAX
+                            ));
                         }
                         if let Some(first) = unlabelled.first() {
                             parts.push(format!(

@@ -40,6 +40,10 @@ use std::io::{IoSliceMut, Read};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 
+/// What [`Pool::receive_with`] calls before `-F` destroys anything: the target volume and
+/// the snapshots to destroy; an error (one line) refuses the stream.
+pub type BeforeDestroy<'a> = dyn Fn(&str, &[String]) -> std::result::Result<(), String> + 'a;
+
 /// How to receive.
 #[derive(Clone, Debug, Default)]
 pub struct ReceiveOptions {
@@ -299,9 +303,15 @@ impl ApplyQueue {
     /// Queues `item` (of `bytes` of blocks), waiting while the queue is full; false if the
     /// applying thread is gone. Every item also counts its own memory, so that records
     /// without blocks (FREE, a stream of nothing else) are bounded too: counted as 0 bytes
-    /// they never waited, and the reading thread queued as many as the input held.
+    /// they never waited, and the reading thread queued as many as the input held. So does
+    /// a run's vector, allocated at a run's full length: a stream of lone blocks queued
+    /// runs of one block in vectors of thousands of slots.
     fn push(&self, item: Applied, bytes: usize) -> bool {
-        let bytes = bytes + QUEUED_ITEM_BYTES;
+        let vector_bytes = match &item {
+            Applied::Blocks(_, blocks) => blocks.capacity() * std::mem::size_of::<StoredBlock>(),
+            _ => 0,
+        };
+        let bytes = bytes + QUEUED_ITEM_BYTES + vector_bytes;
         let mut st = self.state.lock().unwrap();
         // Bounded: the applying thread takes items until it is gone.
         while !st.abandoned && st.bytes > 0 && st.bytes + bytes > RECEIVE_QUEUE_BYTES_MAX {
@@ -384,6 +394,20 @@ impl Pool {
         input: &mut dyn Read,
         opts: &ReceiveOptions,
     ) -> Result<Vec<Received>> {
+        self.receive_with(volume, input, opts, &|_, _| Ok(()))
+    }
+
+    /// [`Pool::receive`], calling `before_destroy` with the target and the snapshots `-F`
+    /// is to destroy (those after the stream's base) before anything is applied: its error
+    /// (one line) refuses the stream with nothing changed. A server takes down those
+    /// snapshots' exports there, refusing while a client has one open, as `destroy` does.
+    pub fn receive_with(
+        &self,
+        volume: &str,
+        input: &mut dyn Read,
+        opts: &ReceiveOptions,
+        before_destroy: &BeforeDestroy<'_>,
+    ) -> Result<Vec<Received>> {
         check_name("volume", volume)?;
         // The blocks of each synced txg are kept for the blocks read next, instead of going
         // back to the allocator and coming out again as fresh pages (page faults, zeroing):
@@ -401,7 +425,7 @@ impl Pool {
             if input.at_end()? {
                 break;
             }
-            received.push(self.receive_one(volume, &mut input, opts)?);
+            received.push(self.receive_one(volume, &mut input, opts, before_destroy)?);
         }
         if received.is_empty() {
             return Err(EngineError::invalid(
@@ -527,6 +551,7 @@ impl Pool {
         volume: &str,
         input: &mut Input<'_>,
         opts: &ReceiveOptions,
+        before_destroy: &BeforeDestroy<'_>,
     ) -> Result<Received> {
         let mut dec = StreamDecoder::new();
         let Record::Begin(begin) = input.next(&mut dec)? else {
@@ -554,6 +579,9 @@ impl Pool {
             (None, false) => {}
         }
         let plan = self.receive_plan(volume, &begin, opts)?;
+        if let Some((_, later)) = plan.base.as_ref().filter(|(_, l)| !l.is_empty()) {
+            before_destroy(volume, later).map_err(EngineError::Busy)?;
+        }
         let (hidden, new_target) = if resuming {
             let hidden = self.hidden_volume(&hidden_name)?;
             let target = match &plan.base {
@@ -1119,5 +1147,14 @@ mod tests {
         assert_eq!(st.bytes, fit * QUEUED_ITEM_BYTES);
         // The next one would wait for the applying thread.
         assert!(st.bytes + QUEUED_ITEM_BYTES > RECEIVE_QUEUE_BYTES_MAX);
+    }
+
+    /// A run counts the vector it was gathered in, not only its blocks' bytes.
+    #[test]
+    fn a_run_counts_its_vector() {
+        let q = ApplyQueue::new();
+        assert!(q.push(Applied::Blocks(0, Vec::with_capacity(2048)), 0));
+        let st = q.state.lock().unwrap();
+        assert!(st.bytes >= 2048 * std::mem::size_of::<StoredBlock>());
     }
 }
