@@ -7,7 +7,7 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{exports, hold_reading, random_bytes, release, tcp_uri, tool, Env};
+use harness::{exports, hold_reading, put, random_bytes, release, tcp_uri, Env};
 use std::process::{Command, Stdio};
 
 /// Runs `oxpool SEND_ARGS | oxpool RECV_ARGS`; returns (send ok, recv ok, recv stderr).
@@ -139,19 +139,7 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let first = env.path("first.raw");
     std::fs::write(&first, random_bytes(7, 8 << 20)).unwrap();
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            first.to_str().unwrap(),
-            &tcp_uri(&server, "tank/vol0"),
-        ],
-    );
+    put(&first, &tcp_uri(&server, "tank/vol0"));
     env.ok(&["snapshot", "tank/vol0@one"]);
     // Both pools are served: each command runs in the server, the stream through its
     // control socket.
@@ -181,19 +169,7 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     let mut bytes = std::fs::read(&first).unwrap();
     bytes[1 << 20..3 << 20].copy_from_slice(&random_bytes(8, 2 << 20));
     std::fs::write(&second, &bytes).unwrap();
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            second.to_str().unwrap(),
-            &tcp_uri(&server, "tank/vol0"),
-        ],
-    );
+    put(&second, &tcp_uri(&server, "tank/vol0"));
     env.ok(&["snapshot", "tank/vol0@two"]);
     let (s, r, err) = pipe(
         &env,
@@ -212,19 +188,7 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     let third = env.path("third.raw");
     bytes[5 << 20..6 << 20].copy_from_slice(&random_bytes(9, 1 << 20));
     std::fs::write(&third, &bytes).unwrap();
-    tool(
-        "qemu-img",
-        &[
-            "convert",
-            "-n",
-            "-f",
-            "raw",
-            "-O",
-            "raw",
-            third.to_str().unwrap(),
-            &tcp_uri(&server, "tank/vol0"),
-        ],
-    );
+    put(&third, &tcp_uri(&server, "tank/vol0"));
     env.ok(&["snapshot", "tank/vol0@three"]);
     let client = hold_reading(&tcp_uri(&server, "dest/copy@local"));
     let incremental = ["send", "-i", "@two", "tank/vol0@three"];

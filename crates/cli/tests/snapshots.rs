@@ -4,20 +4,12 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{exports, hold_reading, random_bytes, release, tcp_uri, tool, Env};
+use harness::{exports, hold_reading, put, random_bytes, release, tcp_uri, tool, Env};
 
 fn write_file(env: &Env, name: &str, seed: u64, len: usize) -> String {
     let path = env.path(name);
     std::fs::write(&path, random_bytes(seed, len)).unwrap();
     path.to_str().unwrap().to_string()
-}
-
-/// `qemu-img convert` of a raw file onto an export (its whole size).
-fn put(file: &str, uri: &str) {
-    tool(
-        "qemu-img",
-        &["convert", "-n", "-f", "raw", "-O", "raw", file, uri],
-    );
 }
 
 /// `qemu-img compare` of an export with a raw file: identical bytes, or it fails.

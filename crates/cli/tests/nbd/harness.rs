@@ -390,6 +390,15 @@ pub fn exports(server: &ServerProcess) -> String {
     )
 }
 
+/// `qemu-img convert` of a raw file onto an export (its whole size).
+pub fn put(file: impl AsRef<std::path::Path>, uri: &str) {
+    let file = file.as_ref().to_str().expect("a UTF-8 path");
+    tool(
+        "qemu-img",
+        &["convert", "-n", "-f", "raw", "-O", "raw", file, uri],
+    );
+}
+
 /// `hold.py` on `uri`, once it has the export open (it wrote and flushed a block).
 pub fn hold(uri: &str) -> Child {
     hold_with(uri, "rw")
