@@ -192,9 +192,10 @@ impl BlockTree {
     /// The pointer to block (level, idx): the root for the top block, else the parent's slot
     /// if the parent is cached.
     fn pointer_to(&self, level: u8, idx: u64) -> Option<BlockPtr> {
-        if level == self.levels {
-            debug_assert_eq!(idx, 0);
-            return Some(self.root);
+        // At or above the root's level only (level, 0) is the root: a walker of a tree that
+        // a rollback replaced with a shallower one may ask for another.
+        if level >= self.levels {
+            return (level == self.levels && idx == 0).then_some(self.root);
         }
         self.cache
             .get(&(level + 1, idx / FANOUT))

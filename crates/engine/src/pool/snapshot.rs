@@ -803,6 +803,20 @@ impl Pool {
         ));
         self.dsl.add_view(&head, s.guid, &ds);
         drop(head_props);
+        // A destroy that ended the snapshot's views between the lookup above and the
+        // registration missed this one: its blocks are being freed, and a view not marked
+        // destroyed would read (and heal) their places after reuse.
+        let still_there = head
+            .lineage
+            .lock()
+            .unwrap()
+            .snapshots()
+            .iter()
+            .any(|x| x.guid == s.guid);
+        if !still_there {
+            ds.mark_destroyed();
+            return Err(self.no_snapshot(volume, snap));
+        }
         Ok(Volume {
             pool: self.spa.clone(),
             dsl: self.dsl.clone(),

@@ -71,7 +71,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         for d in ready {
             let mut held = Vec::new();
             for dva in d.dvas {
-                if healing.contains(&dva) {
+                if !healing.is_empty() && healing.contains(&dva) {
                     held.push(dva);
                 } else {
                     s.alloc.free(&dva);
