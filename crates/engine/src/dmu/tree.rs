@@ -10,10 +10,9 @@
 
 use crate::idhash::IdMap;
 use crate::vdev::queue::IoClass;
-use crate::zio::{heal_copies, read_block_unhealed, HealGuard, Repairs, Zio};
+use crate::zio::{heal_if_current, read_block_unhealed, Zio};
 use crate::{EngineError, Result};
 use oxpool_format::{decode_indirect, encode_indirect, BlockPtr, INDIRECT_FANOUT};
-use oxpool_io::IoBuf;
 use std::future::poll_fn;
 use std::sync::Mutex;
 use std::task::{Poll, Waker};
@@ -475,39 +474,17 @@ pub async fn walk(
             claim.end(&mut t);
         }
         std::mem::forget(claim);
-        if !bad.is_empty() {
-            heal_if_current(tree, zio, level, idx, &ptr, &bad, &buf).await;
-        }
+        // Healed only if the tree still points there, and is not retired (a retired tree's
+        // pointers never change, so the check would say nothing).
+        heal_if_current(zio, ptr.dvas(), &bad, &buf, async {
+            let t = tree.lock().unwrap();
+            !t.retired && t.pointer_to(level, idx) == Some(ptr)
+        })
+        .await;
     }
     Err(EngineError::invalid(format!(
         "{what}: block tree kept changing during a lookup of block {b}"
     )))
-}
-
-/// Rewrites the bad copies of indirect block (level, idx), read through `ptr`, if the tree
-/// still points there. The places are registered first ([`HealGuard`]), so none is released
-/// and reused under the rewrite: a pointer replaced after the check is freed only later, and
-/// stays deferred until the rewrite ends. A retired tree heals nothing (its pointers never
-/// change, so the check would say nothing).
-async fn heal_if_current(
-    tree: &Mutex<BlockTree>,
-    zio: &Zio,
-    level: u8,
-    idx: u64,
-    ptr: &BlockPtr,
-    bad: &Repairs,
-    buf: &IoBuf,
-) {
-    let Some(_places) = HealGuard::new(zio, ptr.dvas()) else {
-        return;
-    };
-    let current = {
-        let t = tree.lock().unwrap();
-        !t.retired && t.pointer_to(level, idx) == Some(*ptr)
-    };
-    if current {
-        heal_copies(zio, bad, buf).await;
-    }
 }
 
 /// A walker's claim on reading indirect block (level, idx) (see `BlockTree::loading`).

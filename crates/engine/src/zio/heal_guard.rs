@@ -1,8 +1,10 @@
 //! [`HealGuard`]: the places of a block that a self-heal rewrites, kept from reuse while it
 //! does.
 
-use super::Zio;
+use super::{heal_copies, Repairs, Zio};
 use oxpool_format::Dva;
+use oxpool_io::IoBuf;
+use std::future::Future;
 
 /// Most places registered by heals in flight at once (each reader heals one block at a time);
 /// beyond it a heal is skipped (the bad copy is found again later, by a read or a scrub).
@@ -44,5 +46,27 @@ impl Drop for HealGuard<'_> {
                 healing.swap_remove(i);
             }
         }
+    }
+}
+
+/// Rewrites the copies `bad` of a block at `dvas` with `good` if `current` says the block is
+/// still the one they held. `current` is awaited only once the places are registered (a
+/// future does nothing until then): the order [`HealGuard`] needs, in one place for every
+/// reader that heals a block whose pointer may change under it.
+pub async fn heal_if_current(
+    zio: &Zio,
+    dvas: &[Dva],
+    bad: &Repairs,
+    good: &IoBuf,
+    current: impl Future<Output = bool>,
+) {
+    if bad.is_empty() {
+        return;
+    }
+    let Some(_places) = HealGuard::new(zio, dvas) else {
+        return;
+    };
+    if current.await {
+        heal_copies(zio, bad, good).await;
     }
 }

@@ -18,7 +18,7 @@ use warn_limit::io_warn;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
-pub use self::heal_guard::HealGuard;
+pub use self::heal_guard::{heal_if_current, HealGuard};
 
 /// What the pipeline runs on: the vdev tree it plans with, where completions run (the
 /// `completion` property), and the cache of verified data blocks (`data_cache_max`).

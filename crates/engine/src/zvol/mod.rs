@@ -37,9 +37,7 @@ use crate::zio::compress::WrittenForms;
 use crate::zio::data_cache::CacheKey;
 use crate::zio::probe_streak::ProbeStreak;
 use crate::zio::read_run::{extends_run, read_data_run, run_bytes, RunBlock, READ_RUN_BYTES_MAX};
-use crate::zio::{
-    heal_copies, read_data_block_after_bad_copy, read_data_block_unhealed, HealGuard,
-};
+use crate::zio::{heal_if_current, read_data_block_after_bad_copy, read_data_block_unhealed};
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, INDIRECT_FANOUT};
@@ -779,22 +777,18 @@ impl Volume {
                     // partial in a syncing txg may have been replaced while this read ran,
                     // its places freed and reused, and healing would then write the old
                     // block over another one.
-                    // The places are registered first (`HealGuard`), then checked: the
+                    // Checked once the places are registered (`heal_if_current`): the
                     // volume (or the snapshot a view reads) not destroyed, and the tree still
                     // pointing there (a view's tree never changes, so it alone says nothing).
-                    if let Some(_places) = (!bad.is_empty())
-                        .then(|| HealGuard::new(zio, bp.dvas()))
-                        .flatten()
-                    {
-                        // A lookup that fails only skips the heal: the read itself is good.
-                        let current = !self.vol.ds.destroyed.load(Ordering::Acquire)
-                            && lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what)
+                    // A lookup that fails only skips the heal: the read itself is good.
+                    let tree = &self.vol.data().tree;
+                    heal_if_current(zio, bp.dvas(), &bad, block.stored(), async {
+                        !self.vol.ds.destroyed.load(Ordering::Acquire)
+                            && lookup(tree, zio, IoClass::SyncRead, b, what)
                                 .await
-                                .is_ok_and(|now| now == bp);
-                        if current {
-                            heal_copies(zio, &bad, block.stored()).await;
-                        }
-                    }
+                                .is_ok_and(|now| now == bp)
+                    })
+                    .await;
                     let v = take(TreeRead::Read(key, block.content));
                     debug_assert!(v.is_some(), "a read block must be taken");
                     return Ok(v);
