@@ -136,7 +136,7 @@ pub(crate) fn alloc_new_block_checksummed(
         if held.is_some() {
             let mut extra = ClassBytes::default();
             extra.add_blocks(asize, nb.copies as u64, 1);
-            if !inner.may_allocate_outside_sync(&s.alloc, extra) {
+            if !inner.may_allocate_outside_sync(&mut s.alloc, extra) {
                 return Err(no_space());
             }
         }
@@ -146,15 +146,17 @@ pub(crate) fn alloc_new_block_checksummed(
         // only while the block's class does not hold more free slots than there are empty
         // slabs beyond the reserve, or the class would keep the pool's free space as its own
         // holes (`Space::sequential_ok`).
+        let space = s.alloc.space();
+        let reserve = Spa::sync_reserve(&s.alloc, &space, false);
         let sequential = held.is_none() && {
-            let space = s.alloc.space();
             let need = inner.txg.state.lock().unwrap().space_needed();
-            let reserve = Spa::sync_reserve(&s.alloc, &space, false);
-            space.sequential_ok(&need, reserve, asize, nb.copies)
+            space.sequential_ok(&need, reserve.total_bytes(), asize, nb.copies)
         };
+        // The reserve is also the floor below which a block borrows a larger class's free
+        // slot before it takes an empty slab: what the write throttle counted on.
         let dvas = s
             .alloc
-            .alloc_with(asize, nb.copies, sequential)
+            .alloc_with(asize, nb.copies, sequential, reserve.total_bytes())
             .ok_or_else(no_space)?;
         if let Some(h) = held {
             h.lock().unwrap().extend(dvas.iter().copied());

@@ -3,7 +3,7 @@
 //! scrub batch holds on deferred frees, with the writers that wait for it.
 
 use crate::spa::{Spa, SpaState};
-use crate::vdev::alloc::{Allocator, ClassBytes, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
+use crate::vdev::alloc::{Allocator, ClassBytes, Reserve, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
 use crate::{EngineError, Result};
 use oxpool_format::Txg;
 use std::future::poll_fn;
@@ -52,22 +52,42 @@ impl Spa {
     /// Empty-slab space that must stay free beside what the pending syncs need: the slop
     /// (half of it for `frees`), and one slab per size class and data vdev that a sync may
     /// leave partly filled (see [`Allocator::fits`]).
-    pub(crate) fn sync_reserve(alloc: &Allocator, space: &Space, frees: bool) -> u64 {
+    ///
+    /// Half the slop may be held in free slots that the charged blocks leave over, of any
+    /// class: the small uncharged blocks (space-map chunks, indirect blocks) borrow them
+    /// (`Placement::Borrow`). The other half (the PoolMeta, up to a slab a piece) and the
+    /// partly filled slabs stay in empty slabs. Before, all of it had to be empty slabs:
+    /// writers fill a pool until the empty slabs are the reserve, a sync then dips into it
+    /// (it may), and frees come back as slots, not slabs, while every slab keeps a live
+    /// block. A raidz2 pool then refused every write with 150 MiB free in slots, 11.2 MiB of
+    /// empty slabs against a reserve of 11.5 (`space.rs`, 2026-11-30). Now writers still stop
+    /// at the whole reserve while slots are full, and are refused only once the sync has
+    /// taken more than half the slop.
+    pub(crate) fn sync_reserve(alloc: &Allocator, space: &Space, frees: bool) -> Reserve {
         let slop = slop_bytes(space.size_bytes);
         let slop = if frees { slop / 2 } else { slop };
-        slop + CLASSES as u64 * SLAB_BYTES * alloc.data_vdevs() as u64
+        Reserve {
+            empty_bytes: slop - slop / 2 + CLASSES as u64 * SLAB_BYTES * alloc.data_vdevs() as u64,
+            slots_bytes: slop / 2,
+        }
     }
 
-    /// Whether `need` fits with the reserve left over (see [`Allocator::fits`]).
-    fn fits(alloc: &Allocator, need: &ClassBytes, frees: bool) -> bool {
+    /// Whether `need` fits with the reserve left over, once slabs of classes with free slots
+    /// to spare are given to those short of them ([`Allocator::make_room`]).
+    fn fits(alloc: &mut Allocator, need: &ClassBytes, frees: bool) -> bool {
         let space = alloc.space();
-        space.fits(need, Self::sync_reserve(alloc, &space, frees))
+        let reserve = Self::sync_reserve(alloc, &space, frees);
+        alloc.make_room(need, reserve)
     }
 
     /// Whether something outside the txg sync (the intent log) may allocate `extra` now: it
     /// must leave the pending syncs everything they may need and the slop. Called with the
     /// pool's state locked (the allocator) and allocating under the same lock.
-    pub(crate) fn may_allocate_outside_sync(&self, alloc: &Allocator, extra: ClassBytes) -> bool {
+    pub(crate) fn may_allocate_outside_sync(
+        &self,
+        alloc: &mut Allocator,
+        extra: ClassBytes,
+    ) -> bool {
         let need = self.txg.state.lock().unwrap().space_needed() + extra;
         Self::fits(alloc, &need, false)
     }
@@ -92,10 +112,10 @@ impl Spa {
         let mut rounds_without_admissions = 0;
         for _ in 0..SPACE_WAIT_ROUNDS_MAX {
             let (held_back, admissions_before) = {
-                let s = self.state.lock().unwrap();
+                let mut s = self.state.lock().unwrap();
                 let mut t = self.txg.state.lock().unwrap();
                 let need = t.space_needed() + bytes;
-                if Self::fits(&s.alloc, &need, frees) {
+                if Self::fits(&mut s.alloc, &need, frees) {
                     t.space_admitting += bytes;
                     t.space_admissions += 1;
                     return Ok(SpaceAdmission { inner: self, bytes });
@@ -137,7 +157,7 @@ impl Spa {
 /// (beyond the reserve) or in free slots of its blocks' sizes, and free space elsewhere
 /// (slots of other sizes, the unused ends of slots larger than their blocks: a compressed or
 /// raidz block takes the next power of two of sectors) cannot take it (docs/space.md).
-fn where_free(space: &crate::vdev::alloc::Space, reserve: u64) -> String {
+fn where_free(space: &crate::vdev::alloc::Space, reserve: Reserve) -> String {
     let mib = |b: u64| format!("{:.1}M", b as f64 / f64::from(1u32 << 20));
     let slots: u64 = space.free_slots.0.iter().sum();
     let ends = space
@@ -150,7 +170,7 @@ fn where_free(space: &crate::vdev::alloc::Space, reserve: u64) -> String {
         mib(space.free_bytes),
         mib(space.size_bytes),
         mib(space.empty_bytes),
-        mib(reserve),
+        mib(reserve.total_bytes()),
         mib(slots),
         mib(ends)
     )

@@ -109,6 +109,8 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         let mut s = inner.state.lock().unwrap();
         let nvdevs = s.alloc.maps().len();
         let chunk_total: usize = s.chunk_ptrs.iter().map(|c| c.len()).sum();
+        let space = s.alloc.space();
+        let reserve = Spa::sync_reserve(&s.alloc, &space, false).total_bytes();
         for _round in 0..=chunk_total + 1 {
             let mut added = false;
             for v in 0..nvdevs {
@@ -117,12 +119,13 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                     if let std::collections::btree_map::Entry::Vacant(e) =
                         pending.entry((v as u32, c))
                     {
-                        let dvas = s.alloc.alloc(SECTOR_BYTES, META_COPIES).ok_or_else(|| {
-                            EngineError::NoSpace {
+                        let dvas = s
+                            .alloc
+                            .alloc_with(SECTOR_BYTES, META_COPIES, false, reserve)
+                            .ok_or_else(|| EngineError::NoSpace {
                                 pool: inner.name.clone(),
                                 detail: String::new(),
-                            }
-                        })?;
+                            })?;
                         e.insert(dvas);
                         added = true;
                     }
