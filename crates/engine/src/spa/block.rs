@@ -3,7 +3,7 @@
 
 use crate::props::VolumeProps;
 use crate::spa::Spa;
-use crate::vdev::alloc::ClassBytes;
+use crate::vdev::alloc::{ClassBytes, Keep};
 use crate::vdev::queue::IoClass;
 use crate::zio::{write_block_shared, write_blocks_shared};
 use crate::{EngineError, Result};
@@ -148,15 +148,18 @@ pub(crate) fn alloc_new_block_checksummed(
         // holes (`Space::sequential_ok`).
         let space = s.alloc.space();
         let reserve = Spa::sync_reserve(&s.alloc, &space, false);
-        let sequential = held.is_none() && {
-            let need = inner.txg.state.lock().unwrap().space_needed();
-            space.sequential_ok(&need, reserve.total_bytes(), asize, nb.copies)
+        let need = inner.txg.state.lock().unwrap().space_needed();
+        let sequential =
+            held.is_none() && space.sequential_ok(&need, reserve.total_bytes(), asize, nb.copies);
+        // Below the reserve's empty part a block borrows a larger class's spare slot before
+        // it takes an empty slab, never a slot the pending blocks need.
+        let keep = Keep {
+            empty_bytes: reserve.empty_bytes,
+            need,
         };
-        // The reserve is also the floor below which a block borrows a larger class's free
-        // slot before it takes an empty slab: what the write throttle counted on.
         let dvas = s
             .alloc
-            .alloc_with(asize, nb.copies, sequential, reserve.total_bytes())
+            .alloc_with(asize, nb.copies, sequential, &keep)
             .ok_or_else(no_space)?;
         if let Some(h) = held {
             h.lock().unwrap().extend(dvas.iter().copied());

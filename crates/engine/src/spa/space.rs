@@ -3,7 +3,9 @@
 //! scrub batch holds on deferred frees, with the writers that wait for it.
 
 use crate::spa::{Spa, SpaState};
-use crate::vdev::alloc::{Allocator, ClassBytes, Reserve, Space, CLASSES, DEFER_TXGS, SLAB_BYTES};
+use crate::vdev::alloc::{
+    Allocator, ClassBytes, Keep, Reserve, Space, CLASSES, DEFER_TXGS, SLAB_BYTES,
+};
 use crate::{EngineError, Result};
 use oxpool_format::Txg;
 use std::future::poll_fn;
@@ -53,9 +55,9 @@ impl Spa {
     /// (half of it for `frees`), and one slab per size class and data vdev that a sync may
     /// leave partly filled (see [`Allocator::fits`]).
     ///
-    /// Half the slop may be held in free slots that the charged blocks leave over, of any
-    /// class: the small uncharged blocks (space-map chunks, indirect blocks) borrow them
-    /// (`Placement::Borrow`). The other half (the PoolMeta, up to a slab a piece) and the
+    /// Half the slop may be held in free slots that the charged blocks leave over, in the
+    /// classes a one-sector block can use: the small uncharged blocks (space-map chunks,
+    /// indirect blocks) take them, their own class's or larger ones' (`Placement::Borrow`). The other half (the PoolMeta, up to a slab a piece) and the
     /// partly filled slabs stay in empty slabs. Before, all of it had to be empty slabs:
     /// writers fill a pool until the empty slabs are the reserve, a sync then dips into it
     /// (it may), and frees come back as slots, not slabs, while every slab keeps a live
@@ -69,6 +71,15 @@ impl Spa {
         Reserve {
             empty_bytes: slop - slop / 2 + CLASSES as u64 * SLAB_BYTES * alloc.data_vdevs() as u64,
             slots_bytes: slop / 2,
+        }
+    }
+
+    /// What an allocation of the txg sync or the intent log leaves to others
+    /// ([`Allocator::alloc_with`]): the reserve's empty part, and the pending charges.
+    pub(crate) fn keep(&self, alloc: &Allocator) -> Keep {
+        Keep {
+            empty_bytes: Self::sync_reserve(alloc, &alloc.space(), false).empty_bytes,
+            need: self.txg.state.lock().unwrap().space_needed(),
         }
     }
 

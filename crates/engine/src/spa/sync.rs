@@ -109,8 +109,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         let mut s = inner.state.lock().unwrap();
         let nvdevs = s.alloc.maps().len();
         let chunk_total: usize = s.chunk_ptrs.iter().map(|c| c.len()).sum();
-        let space = s.alloc.space();
-        let reserve = Spa::sync_reserve(&s.alloc, &space, false).total_bytes();
+        let keep = inner.keep(&s.alloc);
         for _round in 0..=chunk_total + 1 {
             let mut added = false;
             for v in 0..nvdevs {
@@ -121,7 +120,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
                     {
                         let dvas = s
                             .alloc
-                            .alloc_with(SECTOR_BYTES, META_COPIES, false, reserve)
+                            .alloc_with(SECTOR_BYTES, META_COPIES, false, &keep)
                             .ok_or_else(|| EngineError::NoSpace {
                                 pool: inner.name.clone(),
                                 detail: String::new(),

@@ -74,8 +74,12 @@ const SLOT_STARTS: [u64; CLASSES] = [
 ];
 
 /// Bound on the slabs one [`Allocator::make_room`] gives to another class (each moves at
-/// least one free slot).
-const MAKE_ROOM_SLABS_MAX: usize = 1024;
+/// least one free slot; 256 slabs are 64 MiB, more than a request's worst case).
+const MAKE_ROOM_SLABS_MAX: usize = 256;
+
+/// Slabs of one fill bucket [`SpaceMap::slab_to_give`] looks at (within a bucket they differ
+/// by less than a quarter of a slab's slots).
+const GIVE_CANDIDATES_MAX: u64 = 16;
 
 /// Fill buckets of the slabs of a class with a free slot (a quarter of the slots each):
 /// coarse, so the indexes cost 4 bits per slab and class rather than one per free-slot count.
@@ -174,8 +178,9 @@ pub struct Reserve {
     /// Bytes that must stay in empty slabs: uncharged blocks of any size (PoolMeta pieces of
     /// up to a slab) and the slabs a sync leaves partly filled.
     pub empty_bytes: u64,
-    /// Bytes more, in empty slabs or in free slots the charged blocks leave over: the small
-    /// uncharged blocks borrow such slots ([`Placement::Borrow`]).
+    /// Bytes more, in empty slabs or in free slots the charged blocks leave over (in classes
+    /// a one-sector block can use): the small uncharged blocks take such slots, their own or
+    /// larger ones ([`Placement::Borrow`]).
     pub slots_bytes: u64,
 }
 
@@ -184,6 +189,17 @@ impl Reserve {
     pub fn total_bytes(&self) -> u64 {
         self.empty_bytes + self.slots_bytes
     }
+}
+
+/// What the txg sync leaves to others as it places a block ([`Allocator::alloc_with`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Keep {
+    /// Empty slabs at or below which a block with no slot of its class borrows a larger
+    /// class's spare slot before it takes an empty slab ([`Reserve::empty_bytes`]).
+    pub empty_bytes: u64,
+    /// What the pending syncs may still allocate (charges, physical sizes): a block borrows
+    /// only a slot beyond its class's part of it.
+    pub need: ClassBytes,
 }
 
 /// Bytes by size class: what a set of blocks needs (each block counted at its slot size), or
@@ -294,12 +310,21 @@ impl Space {
     /// [`Allocator::fits`], on this snapshot of the counters.
     pub fn fits(&self, need: &ClassBytes, reserve: Reserve) -> bool {
         let need = self.inflated(need);
-        let (from_empty, spare) = need.0.iter().zip(self.free_slots.0).fold(
+        // Spare slots count toward the reserve only in classes the smallest uncharged block
+        // (a space-map chunk, one sector) can use: its own and larger ones (a block borrows
+        // upward only). On a 5-wide raidz2 a sector takes 3, in a 4-sector slot.
+        let smallest = self.inflation[0].0 as usize;
+        let (from_empty, spare) = need.0.iter().zip(self.free_slots.0).enumerate().fold(
             (0u64, 0u64),
-            |(from_empty, spare), (&n, f)| {
+            |(from_empty, spare), (k, (&n, f))| {
+                let extra = if k >= smallest {
+                    f.saturating_sub(n)
+                } else {
+                    0
+                };
                 (
                     from_empty.saturating_add(n.saturating_sub(f)),
-                    spare + f.saturating_sub(n),
+                    spare + extra,
                 )
             },
         );
@@ -410,12 +435,13 @@ pub enum Placement {
     /// Adjacent to the last block of its class (its fresh slab), else a new empty slab, else
     /// a free slot: only while empty slabs hold everything pending ([`Space::holds_all`]).
     Sequential,
-    /// A free slot of the smallest larger class that has one (none: no allocation). The
-    /// block takes the start of the slot, as a compressed or raidz block takes the start of
-    /// its own, and the slab keeps its class: freeing the block frees the whole slot again.
-    /// The rest of the slot stays unused while the block lives, so this is the last resort
-    /// before an empty slab is taken from the reserve ([`Allocator::alloc_with`]).
-    Borrow,
+    /// A free slot of the smallest larger class that has one among the classes whose bit is
+    /// set (none: no allocation). The block takes the start of the slot, as a compressed or
+    /// raidz block takes the start of its own, and the slab keeps its class: freeing the
+    /// block frees the whole slot again. The rest of the slot stays unused while the block
+    /// lives, so this is the last resort before an empty slab is taken from the reserve,
+    /// and only from classes with slots beyond their pending need ([`Allocator::alloc_with`]).
+    Borrow(u8),
 }
 
 /// The allocation bitmap of one top-level vdev.
@@ -670,9 +696,10 @@ impl SpaceMap {
                 && free_slots(w, k) != 0
         };
         let mut class = k;
-        let slab = if placement == Placement::Borrow {
+        let slab = if let Placement::Borrow(lenders) = placement {
             // The smallest larger class with a free slot wastes the least of it.
-            class = (k + 1..CLASSES).find(|&j| self.free_slot_sectors[j] > 0)?;
+            class = (k + 1..CLASSES)
+                .find(|&j| lenders >> j & 1 == 1 && self.free_slot_sectors[j] > 0)?;
             self.fullest_open(class)?
         } else if sequential && fresh_open {
             fresh
@@ -740,18 +767,24 @@ impl SpaceMap {
         next_set(&self.open[k][b], self.cursor[k], slabs)
     }
 
-    /// The free bytes of a slab of class `from` with a free slot, at most `bytes_max`: the
-    /// sparsest such (most free) first; None if there is none.
+    /// A slab of class `from` with free slots of at most `bytes_max` in all, and those bytes:
+    /// from the sparsest bucket first (the most free space changes hands per slab); None if
+    /// there is none among the first [`GIVE_CANDIDATES_MAX`] slabs of each bucket.
     fn slab_to_give(&self, from: usize, bytes_max: u64) -> Option<(u64, u64)> {
         let slabs = self.words.len() as u64;
         (0..OPEN_BUCKETS).rev().find_map(|b| {
-            if self.open_slabs[from][b] == 0 {
-                return None;
+            let bits = &self.open[from][b];
+            let mut at = 0;
+            for _ in 0..self.open_slabs[from][b].min(GIVE_CANDIDATES_MAX) {
+                let slab = next_set(bits, at, slabs)?;
+                let free = u64::from(free_slots(self.words[slab as usize], from).count_ones());
+                let bytes = (free << from) * SECTOR_BYTES;
+                if bytes <= bytes_max {
+                    return Some((slab, bytes));
+                }
+                at = slab + 1;
             }
-            let slab = next_set(&self.open[from][b], 0, slabs)?;
-            let free = u64::from(free_slots(self.words[slab as usize], from).count_ones());
-            let bytes = (free << from) * SECTOR_BYTES;
-            (bytes <= bytes_max).then_some((slab, bytes))
+            None
         })
     }
 
@@ -1070,7 +1103,7 @@ impl Allocator {
     /// different top-level vdev when there are enough and they have room, else on the same one.
     /// Returns the DVAs or None (out of space; any partial allocation is undone).
     pub fn alloc(&mut self, size_bytes: u64, copies: usize) -> Option<Vec<Dva>> {
-        self.alloc_with(size_bytes, copies, false, 0)
+        self.alloc_with(size_bytes, copies, false, &Keep::default())
     }
 
     /// As [`Allocator::alloc`], placing each copy as [`SpaceMap::alloc_placed`] does with
@@ -1079,18 +1112,21 @@ impl Allocator {
     /// the caller checks that ([`Space::holds_all`]).
     ///
     /// A block with no free slot of its class takes an empty slab while the pool's empty
-    /// slabs are more than `empty_floor_bytes` (the txg sync's reserve), else a free slot of
-    /// a larger class ([`Placement::Borrow`]), and only without one an empty slab below the
-    /// floor. That is the order [`Space::fits`] counts on: writers are admitted against
-    /// larger classes' free slots too, so the sync must not spend the reserve on blocks
-    /// those slots can hold, or the pool refuses every write with free slots left (a raidz2
-    /// pool at 29 % allocated, its free space in the data blocks' slots, 2026-11-30).
+    /// slabs are more than `keep.empty_bytes` (the part of the reserve that must stay empty
+    /// slabs), else a free slot of a larger class that has slots beyond what its pending
+    /// blocks need (`keep.need`: [`Placement::Borrow`]), and only without one an empty slab
+    /// below the floor. Charged blocks then go where [`Space::fits`] counted them (their own
+    /// slots, empty slabs down to the floor); what nobody charged (space-map chunks, a tree's
+    /// new level, log blocks) takes the spare slots `fits` counted toward the reserve before
+    /// it dips into the reserve's empty slabs. Borrowing from a class's pending need instead
+    /// would push that class's blocks out to empty slabs nobody counted, and the sync could
+    /// fail (found by review, 2026-11-30).
     pub fn alloc_with(
         &mut self,
         size_bytes: u64,
         copies: usize,
         sequential: bool,
-        empty_floor_bytes: u64,
+        keep: &Keep,
     ) -> Option<Vec<Dva>> {
         debug_assert!((1..=3).contains(&copies));
         debug_assert!(size_bytes <= SLAB_BYTES, "{size_bytes} bytes in one block");
@@ -1109,27 +1145,30 @@ impl Allocator {
         // the promise is bounded by those copies (docs/space.md, "Limits").
         // Each pass: distinct vdevs only, the placement, and whether only while the empty
         // slabs are above the floor.
+        // (`Borrow(0)` stands for the classes with spare slots, worked out when reached.)
+        const BORROW: Placement = Placement::Borrow(0);
         const FIRST: &[(bool, Placement, bool)] = &[
             (false, Placement::SlotOnly, false),
             (false, Placement::SlotFirst, true),
-            (false, Placement::Borrow, false),
+            (false, BORROW, false),
             (false, Placement::SlotFirst, false),
         ];
         const DITTO: &[(bool, Placement, bool)] = &[
             (true, Placement::SlotOnly, false),
             (true, Placement::SlotFirst, true),
-            (true, Placement::Borrow, false),
             (false, Placement::SlotOnly, false),
             (false, Placement::SlotFirst, true),
-            (false, Placement::Borrow, false),
+            (true, BORROW, false),
+            (false, BORROW, false),
             (true, Placement::SlotFirst, false),
             (false, Placement::SlotFirst, false),
         ];
         const SEQUENTIAL: &[(bool, Placement, bool)] = &[
             (true, Placement::Sequential, false),
             (false, Placement::Sequential, false),
-            (false, Placement::Borrow, false),
+            (false, BORROW, false),
         ];
+        let mut lenders = None;
         for c in 0..copies {
             let passes = match (sequential, c) {
                 (true, _) => SEQUENTIAL,
@@ -1137,9 +1176,16 @@ impl Allocator {
                 (false, _) => DITTO,
             };
             let mut got = None;
-            'passes: for &(distinct, placement, above_floor) in passes {
-                if above_floor && self.data_empty_bytes() <= empty_floor_bytes {
+            'passes: for &(distinct, mut placement, above_floor) in passes {
+                if above_floor && self.data_empty_bytes() <= keep.empty_bytes {
                     continue;
+                }
+                if placement == BORROW {
+                    let mask = *lenders.get_or_insert_with(|| self.spare_classes(&keep.need));
+                    if mask == 0 {
+                        continue;
+                    }
+                    placement = Placement::Borrow(mask);
                 }
                 for k in 0..n {
                     let v = (first + c + k) % n;
@@ -1170,13 +1216,13 @@ impl Allocator {
     /// Allocates one intent-log block: on a separate log device if there is one with room
     /// and `in_service` says it can take writes (round-robin over several), else on the
     /// pool's data vdevs if `data_ok` (placed as [`Allocator::alloc_with`] does with
-    /// `empty_floor_bytes`). Log blocks are allocated outside the txg sync, at
+    /// `keep`). Log blocks are allocated outside the txg sync, at
     /// commit time; they reach the persisted maps with the next sync like any allocation.
     pub fn alloc_log(
         &mut self,
         size_bytes: u64,
         data_ok: bool,
-        empty_floor_bytes: u64,
+        keep: &Keep,
         in_service: impl Fn(VdevId) -> bool,
     ) -> Option<Dva> {
         let n = self.maps.len();
@@ -1193,8 +1239,7 @@ impl Allocator {
         if !data_ok {
             return None;
         }
-        self.alloc_with(size_bytes, 1, false, empty_floor_bytes)
-            .map(|v| v[0])
+        self.alloc_with(size_bytes, 1, false, keep).map(|v| v[0])
     }
 
     /// Returns a block's space (only called when its deferral has passed).
@@ -1231,6 +1276,16 @@ impl Allocator {
             out.free_slots += m.free_slot_bytes();
         }
         out
+    }
+
+    /// Bitmask of the classes whose free slots (pool-wide) are more than `need` (charges,
+    /// physical sizes) asks of them by at least one slot: those a block may borrow from.
+    fn spare_classes(&self, need: &ClassBytes) -> u8 {
+        let space = self.space();
+        let need = space.inflated(need);
+        (0..CLASSES)
+            .filter(|&j| space.free_slots.0[j] >= need.0[j] + (SECTOR_BYTES << j))
+            .fold(0u8, |m, j| m | 1 << j)
     }
 
     /// Bytes of empty slabs on the data vdevs.
@@ -1334,26 +1389,36 @@ mod tests {
             for d in a.alloc(4 * SECTOR_BYTES, 3).unwrap() {
                 assert_eq!(d.vdev, VdevId(0), "a block on a pending vdev");
             }
-            let l = a.alloc_log(32 * SECTOR_BYTES, true, 0, |_| true).unwrap();
+            let l = a
+                .alloc_log(32 * SECTOR_BYTES, true, &Keep::default(), |_| true)
+                .unwrap();
             assert_eq!(l.vdev, VdevId(0), "a log block on a pending vdev");
         }
-        assert_eq!(a.alloc_log(SECTOR_BYTES, false, 0, |_| true), None);
+        assert_eq!(
+            a.alloc_log(SECTOR_BYTES, false, &Keep::default(), |_| true),
+            None
+        );
         a.activate(data);
         a.activate(log);
         assert!(a.totals_bytes().0 > size_before);
         assert!(a.has_log_device());
         assert_eq!(
-            a.alloc_log(SECTOR_BYTES, false, 0, |_| true).unwrap().vdev,
-            log
-        );
-        // A log vdev with no device in service takes no log block: the data vdevs do.
-        assert_ne!(
-            a.alloc_log(SECTOR_BYTES, true, 0, |v| v != log)
+            a.alloc_log(SECTOR_BYTES, false, &Keep::default(), |_| true)
                 .unwrap()
                 .vdev,
             log
         );
-        assert_eq!(a.alloc_log(SECTOR_BYTES, false, 0, |v| v != log), None);
+        // A log vdev with no device in service takes no log block: the data vdevs do.
+        assert_ne!(
+            a.alloc_log(SECTOR_BYTES, true, &Keep::default(), |v| v != log)
+                .unwrap()
+                .vdev,
+            log
+        );
+        assert_eq!(
+            a.alloc_log(SECTOR_BYTES, false, &Keep::default(), |v| v != log),
+            None
+        );
         let used: std::collections::HashSet<VdevId> = (0..64)
             .flat_map(|_| a.alloc(4 * SECTOR_BYTES, 1).unwrap())
             .map(|d| d.vdev)
@@ -1819,14 +1884,16 @@ mod tests {
         );
         a.map(VdevId(0)).check_indexes();
         for _ in 0..60 {
-            let d = a.alloc_with(SECTOR_BYTES, 1, false, u64::MAX).unwrap()[0];
+            let d = a
+                .alloc_with(SECTOR_BYTES, 1, false, &floor(u64::MAX))
+                .unwrap()[0];
             assert!(
                 d.offset_bytes < 2 * SLAB_BYTES,
                 "{d:?} in a slab given away"
             );
         }
         for _ in 0..12 {
-            a.alloc_with(slot, 1, false, u64::MAX).unwrap();
+            a.alloc_with(slot, 1, false, &floor(u64::MAX)).unwrap();
         }
         // The live 64 KiB block in slab 0 comes back as 4 KiB slots.
         let before = a.space().free_slots.0[0];
@@ -1849,6 +1916,65 @@ mod tests {
         assert_eq!(a.space(), before);
     }
 
+    /// A floor of empty slabs and no pending need.
+    fn floor(empty_bytes: u64) -> Keep {
+        Keep {
+            empty_bytes,
+            need: ClassBytes::default(),
+        }
+    }
+
+    /// The review's case (2026-11-30): blocks of a small class with no slot of their own
+    /// placed first, near the floor, while a larger class's free slots are just what its own
+    /// pending blocks need. The small blocks must take empty slabs down to the floor, not
+    /// the larger class's slots, or the larger blocks find neither (the sync fails).
+    #[test]
+    fn borrowing_never_takes_slots_a_larger_class_needs() {
+        let slabs = 16;
+        let mut a = Allocator::new(&[slabs * SLAB_BYTES]);
+        let slot = 16 * SECTOR_BYTES;
+        // 12 slabs of 64 KiB blocks, half of them freed: 24 free 64 KiB slots; 4 empty slabs.
+        let big: Vec<Dva> = (0..12 * 4).map(|_| a.alloc(slot, 1).unwrap()[0]).collect();
+        for d in big.iter().step_by(2) {
+            a.free(d);
+        }
+        let mut need = ClassBytes::default();
+        need.add_blocks(slot, 1, 24);
+        need.add_blocks(SECTOR_BYTES, 1, 128);
+        let reserve = Reserve {
+            empty_bytes: 2 * SLAB_BYTES,
+            slots_bytes: 0,
+        };
+        assert!(a.fits(&need, reserve));
+        let keep = Keep {
+            empty_bytes: reserve.empty_bytes,
+            need,
+        };
+        for i in 0..128 {
+            a.alloc_with(SECTOR_BYTES, 1, false, &keep)
+                .unwrap_or_else(|| panic!("4 KiB block {i}"));
+        }
+        assert_eq!(
+            a.space().empty_bytes,
+            reserve.empty_bytes,
+            "down to the floor"
+        );
+        // Then blocks nobody charged (space-map chunks): no 4 KiB slot is left, and the
+        // 64 KiB slots are all needed, so they take an empty slab of the reserve.
+        for i in 0..8 {
+            a.alloc_with(SECTOR_BYTES, 1, false, &keep)
+                .unwrap_or_else(|| panic!("uncharged block {i}"));
+        }
+        for i in 0..24 {
+            a.alloc_with(slot, 1, false, &keep)
+                .unwrap_or_else(|| panic!("64 KiB block {i}"));
+        }
+        // Borrowing the needed slots would have sent eight 64 KiB blocks to the reserve's
+        // last slabs (and with less reserve, the sync to ENOSPC).
+        assert_eq!(a.space().empty_bytes, reserve.empty_bytes - SLAB_BYTES);
+        a.map(VdevId(0)).check_indexes();
+    }
+
     /// Above the floor (the txg sync's reserve) a block with no slot of its class takes an
     /// empty slab; at or below it, a larger class's free slot first, and only without one
     /// the empty slab.
@@ -1859,14 +1985,20 @@ mod tests {
         let full: Vec<Dva> = (0..8).map(|_| a.alloc(slot, 1).unwrap()[0]).collect();
         a.free(&full[1]);
         assert_eq!(a.space().empty_bytes, SLAB_BYTES);
-        let borrowed = a.alloc_with(SECTOR_BYTES, 1, false, SLAB_BYTES).unwrap()[0];
+        let borrowed = a
+            .alloc_with(SECTOR_BYTES, 1, false, &floor(SLAB_BYTES))
+            .unwrap()[0];
         assert_eq!(borrowed.offset_bytes, full[1].offset_bytes);
         assert_eq!(a.space().empty_bytes, SLAB_BYTES, "the empty slab is kept");
-        let below = a.alloc_with(SECTOR_BYTES, 1, false, SLAB_BYTES).unwrap()[0];
+        let below = a
+            .alloc_with(SECTOR_BYTES, 1, false, &floor(SLAB_BYTES))
+            .unwrap()[0];
         assert_eq!(a.space().empty_bytes, 0, "no slot left: the empty slab");
         a.free(&below);
         a.free(&borrowed);
-        let above = a.alloc_with(SECTOR_BYTES, 1, false, 0).unwrap()[0];
+        let above = a
+            .alloc_with(SECTOR_BYTES, 1, false, &Keep::default())
+            .unwrap()[0];
         assert_eq!(
             above.offset_bytes,
             2 * SLAB_BYTES,
@@ -1877,14 +2009,21 @@ mod tests {
 
     proptest! {
         /// The map agrees with a model set of sectors under random alloc (in a slot of its
-        /// class or an empty slab, or borrowing a larger class's slot) and free.
+        /// class or an empty slab, or borrowing a larger class's slot), free, and slabs given
+        /// to smaller classes.
         #[test]
-        fn map_matches_model(ops in proptest::collection::vec((0u8..4, 1u64..=64), 1..300)) {
+        fn map_matches_model(ops in proptest::collection::vec((0u8..5, 1u64..=64), 1..300)) {
             let mut m = SpaceMap::new(VdevId(0), 300 * SECTOR_BYTES);
             let mut live: Vec<Dva> = Vec::new();
             for (op, n) in ops {
-                if op < 2 || live.is_empty() {
-                    let placement = if op == 1 { Placement::Borrow } else { Placement::SlotFirst };
+                if op == 4 {
+                    // Give a slab of a larger class to a smaller one, as make_room does.
+                    let from = (n as usize % (CLASSES - 1)) + 1;
+                    if let Some((slab, _)) = m.slab_to_give(from, u64::MAX) {
+                        m.give_slab(slab, n as usize % from);
+                    }
+                } else if op < 2 || live.is_empty() {
+                    let placement = if op == 1 { Placement::Borrow(u8::MAX) } else { Placement::SlotFirst };
                     if let Some(d) = m.alloc_placed(n * SECTOR_BYTES, placement) {
                         for o in &live {
                             let (a0, a1) = (d.offset_bytes, d.offset_bytes + d.asize_bytes as u64);

@@ -859,11 +859,11 @@ pub(crate) fn alloc_log_block(inner: &Spa, size_bytes: u64) -> Option<Dva> {
         let mut extra = crate::vdev::alloc::ClassBytes::default();
         extra.add_blocks(size, 1, 1);
         let data_ok = inner.may_allocate_outside_sync(&mut st.alloc, extra);
-        let floor = Spa::sync_reserve(&st.alloc, &st.alloc.space(), false).total_bytes();
+        let keep = inner.keep(&st.alloc);
         // Not on a log vdev whose devices are all out of service (faulted, gone, offline):
         // the block's write would fail and the commit wait for the txg.
         let vdevs = &inner.zio.vdevs;
-        let dva = st.alloc.alloc_log(size, data_ok, floor, |v| {
+        let dva = st.alloc.alloc_log(size, data_ok, &keep, |v| {
             vdevs
                 .top(v)
                 .is_some_and(|t| t.leaves_in_service().next().is_some())
