@@ -3,7 +3,7 @@
 
 use crate::props::VolumeProps;
 use crate::spa::Spa;
-use crate::vdev::alloc::{ClassBytes, Keep};
+use crate::vdev::alloc::ClassBytes;
 use crate::vdev::queue::IoClass;
 use crate::zio::{write_block_shared, write_blocks_shared};
 use crate::{EngineError, Result};
@@ -148,15 +148,11 @@ pub(crate) fn alloc_new_block_checksummed(
         // holes (`Space::sequential_ok`).
         let space = s.alloc.space();
         let reserve = Spa::sync_reserve(&s.alloc, &space, false);
-        let need = inner.txg.state.lock().unwrap().space_needed();
-        let sequential =
-            held.is_none() && space.sequential_ok(&need, reserve.total_bytes(), asize, nb.copies);
         // Below the reserve's empty part a block borrows a larger class's spare slot before
         // it takes an empty slab, never a slot the pending blocks need.
-        let keep = Keep {
-            empty_bytes: reserve.empty_bytes,
-            need,
-        };
+        let keep = inner.keep(&s.alloc);
+        let sequential = held.is_none()
+            && space.sequential_ok(&keep.need, reserve.total_bytes(), asize, nb.copies);
         let dvas = s
             .alloc
             .alloc_with(asize, nb.copies, sequential, &keep)

@@ -141,6 +141,10 @@ pub(crate) struct Spa {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
+    /// The txg whose sync has placed every block it was charged for (0: none): what the sync
+    /// allocates after that (space-map chunks, the PoolMeta) may borrow the slots that txg's
+    /// charge kept from other blocks ([`Spa::keep`]).
+    pub charged_placed_txg: std::sync::atomic::AtomicU64,
     /// Log blocks allocated since the pool opened, counted under the state lock: an audit
     /// reads the logs' places, then the allocator, and reads again if this moved between.
     pub log_blocks_allocated: std::sync::atomic::AtomicU64,
@@ -302,6 +306,7 @@ impl Spa {
             }),
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
+            charged_placed_txg: Default::default(),
             log_blocks_allocated: Default::default(),
         });
         // Before the first I/O (an import's first reads run in `auto`: the properties are

@@ -75,11 +75,21 @@ impl Spa {
     }
 
     /// What an allocation of the txg sync or the intent log leaves to others
-    /// ([`Allocator::alloc_with`]): the reserve's empty part, and the pending charges.
+    /// ([`Allocator::alloc_with`]): the reserve's empty part, and the pending charges. Once
+    /// the syncing txg has placed every block it was charged for, its charge no longer
+    /// holds slots back: the uncharged blocks after it (space-map chunks, the PoolMeta) may
+    /// borrow the slots it left, which `fits` counted toward the reserve (found by review:
+    /// with the charge still counted, those blocks found no slot to borrow and took the
+    /// reserve's empty slabs only).
     pub(crate) fn keep(&self, alloc: &Allocator) -> Keep {
+        let placed = self.charged_placed_txg.load(Ordering::SeqCst);
+        let t = self.txg.state.lock().unwrap();
         Keep {
             empty_bytes: Self::sync_reserve(alloc, &alloc.space(), false).empty_bytes,
-            need: self.txg.state.lock().unwrap().space_needed(),
+            need: match placed {
+                0 => t.space_needed(),
+                txg => t.space_needed_after(Txg(txg)),
+            },
         }
     }
 

@@ -101,6 +101,10 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     }
     // The layer above writes its changes of this txg into blocks.
     upper.sync(inner, txg, &mut freed).await?;
+    // Every block this txg was charged for is placed: what follows may borrow what its
+    // charge held back (`Spa::keep`). Cleared when the sync ends, however it ends.
+    inner.charged_placed_txg.store(txg.0, Ordering::SeqCst);
+    let _placed = PlacedGuard(inner);
     // Space maps: give every changed chunk a new place until no allocation changes a chunk
     // that has none yet (each round only allocates for chunks new to the set: bounded by the
     // number of chunks), then write them with their final bits.
@@ -285,6 +289,15 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     }
     upper.synced(txg, cache_max_bytes);
     Ok(())
+}
+
+/// Clears [`Spa::charged_placed_txg`] when the sync that set it ends.
+struct PlacedGuard<'a>(&'a Spa);
+
+impl Drop for PlacedGuard<'_> {
+    fn drop(&mut self) {
+        self.0.charged_placed_txg.store(0, Ordering::SeqCst);
+    }
 }
 
 async fn flush_all(inner: &Spa) -> Result<()> {

@@ -138,6 +138,19 @@ impl TxgState {
     pub fn space_needed(&self) -> ClassBytes {
         self.space + self.space_admitting
     }
+
+    /// [`TxgState::space_needed`] without `placed`'s charge: what is still to come once
+    /// txg `placed`'s sync has placed every block it was charged for.
+    pub fn space_needed_after(&self, placed: Txg) -> ClassBytes {
+        let mut need = self.space_needed();
+        if let Some((_, c)) = self.txg_space.iter().find(|(t, _)| *t == placed) {
+            for (n, c) in need.0.iter_mut().zip(c.0) {
+                debug_assert!(*n >= c, "a txg's charge is part of the total");
+                *n = n.saturating_sub(c);
+            }
+        }
+        need
+    }
 }
 
 /// The txg state machine shared by writers and the sync thread.
@@ -610,5 +623,34 @@ mod tests {
             ctl.state.lock().unwrap().open,
             "the figure plus one is the open txg"
         );
+    }
+
+    /// What is still to come once a txg's sync has placed its charged blocks: every other
+    /// txg's charge and what writers were admitted for, not that txg's.
+    #[test]
+    fn space_needed_after_a_txg_leaves_out_its_charge_only() {
+        let ctl = TxgControl::new("p", Txg(4), 1 << 30, Duration::from_secs(1000));
+        let charge = |blocks: u64| {
+            let mut c = ClassBytes::default();
+            c.add_blocks(4096, 1, blocks);
+            c
+        };
+        let first = oxpool_io::rt::block_on(ctl.hold(4096)).unwrap();
+        let txg = first.txg();
+        first.note_dirty(Dirtied::default(), charge(3));
+        drop(first);
+        ctl.kick();
+        assert_eq!(ctl.next_to_sync(), Some(txg));
+        let later = oxpool_io::rt::block_on(ctl.hold(4096)).unwrap();
+        assert_ne!(later.txg(), txg);
+        later.note_dirty(Dirtied::default(), charge(5));
+        let mut s = ctl.state.lock().unwrap();
+        s.space_admitting += charge(7);
+        assert_eq!(s.space_needed(), charge(15));
+        assert_eq!(s.space_needed_after(txg), charge(12));
+        assert_eq!(s.space_needed_after(Txg(txg.0 + 100)), charge(15));
+        s.space_admitting = ClassBytes::default();
+        drop(s);
+        drop(later);
     }
 }

@@ -1168,8 +1168,9 @@ impl Allocator {
             (false, Placement::Sequential, false),
             (false, BORROW, false),
         ];
-        let mut lenders = None;
         for c in 0..copies {
+            // Per copy: a copy that borrowed took one of a class's spare slots.
+            let mut lenders = None;
             let passes = match (sequential, c) {
                 (true, _) => SEQUENTIAL,
                 (false, 0) => FIRST,
@@ -1304,11 +1305,12 @@ impl Allocator {
     }
 
     /// Whether blocks needing `need` (bytes of slots per class, every copy counted) are sure
-    /// to fit in the data vdevs with `reserve` bytes of empty slabs left over: each class
-    /// first takes its own free slots, and what they cannot hold takes empty slabs. Sure, not
-    /// just likely: an empty slab holds a block of any class wherever it is (see the module
-    /// docs). The part of a slab a class takes and leaves partly empty becomes free slots of
-    /// that class; the reserve must cover one such slab per class and vdev.
+    /// to fit in the data vdevs with `reserve` left over ([`Space::fits`]: its empty part in
+    /// empty slabs, the rest in empty slabs or spare free slots): each class first takes its
+    /// own free slots, and what they cannot hold takes empty slabs. Sure, not just likely: an
+    /// empty slab holds a block of any class wherever it is (see the module docs). The part
+    /// of a slab a class takes and leaves partly empty becomes free slots of that class; the
+    /// reserve must cover one such slab per class and vdev.
     pub fn fits(&self, need: &ClassBytes, reserve: Reserve) -> bool {
         self.space().fits(need, reserve)
     }
@@ -2019,8 +2021,11 @@ mod tests {
                 if op == 4 {
                     // Give a slab of a larger class to a smaller one, as make_room does.
                     let from = (n as usize % (CLASSES - 1)) + 1;
-                    if let Some((slab, _)) = m.slab_to_give(from, u64::MAX) {
-                        m.give_slab(slab, n as usize % from);
+                    let to = (n as usize / CLASSES) % from;
+                    let bytes_max = (n % 3 + 1) * 16 * SECTOR_BYTES;
+                    if let Some((slab, bytes)) = m.slab_to_give(from, bytes_max) {
+                        prop_assert!(bytes <= bytes_max);
+                        m.give_slab(slab, to);
                     }
                 } else if op < 2 || live.is_empty() {
                     let placement = if op == 1 { Placement::Borrow(u8::MAX) } else { Placement::SlotFirst };
