@@ -141,7 +141,8 @@ pub(crate) struct Spa {
     /// Log space allocated since the last txg sync began (a lot of it kicks a sync, which
     /// trims the chains and frees their blocks).
     pub log_alloc_bytes_since_sync: std::sync::atomic::AtomicU64,
-    /// The txg whose sync has placed every block it was charged for (0: none): what the sync
+    /// The txg whose sync has placed every block it was charged for (0: none; were txg 0
+    /// ever synced, it would count as none, which only borrows less): what the sync
     /// allocates after that (space-map chunks, the PoolMeta) may borrow the slots that txg's
     /// charge kept from other blocks ([`Spa::keep`]).
     pub charged_placed_txg: std::sync::atomic::AtomicU64,

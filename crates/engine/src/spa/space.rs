@@ -82,10 +82,11 @@ impl Spa {
     /// with the charge still counted, those blocks found no slot to borrow and took the
     /// reserve's empty slabs only).
     pub(crate) fn keep(&self, alloc: &Allocator) -> Keep {
+        let empty_bytes = Self::sync_reserve(alloc, &alloc.space(), false).empty_bytes;
         let placed = self.charged_placed_txg.load(Ordering::SeqCst);
         let t = self.txg.state.lock().unwrap();
         Keep {
-            empty_bytes: Self::sync_reserve(alloc, &alloc.space(), false).empty_bytes,
+            empty_bytes,
             need: match placed {
                 0 => t.space_needed(),
                 txg => t.space_needed_after(Txg(txg)),

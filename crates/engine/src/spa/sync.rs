@@ -37,7 +37,9 @@ pub(crate) struct UpperMeta {
 /// datasets, and nothing below calls up; this is what is passed down for it to call.
 pub(crate) trait SyncClient: Send + Sync {
     /// Writes the changes of txg `txg` into blocks (through `spa`); the places they free go
-    /// to `freed`.
+    /// to `freed`. Every block the txg was charged for (the write throttle's space charges)
+    /// is placed before this returns: the sync then lets what follows borrow the slots that
+    /// charge held back ([`Spa::charged_placed_txg`]).
     fn sync<'a>(
         &'a self,
         spa: &'a Spa,
