@@ -57,8 +57,9 @@ impl Spa {
     ///
     /// Half the slop may be held in free slots that the charged blocks leave over, in the
     /// classes a one-sector block can use: the small uncharged blocks (space-map chunks,
-    /// indirect blocks) take them, their own class's or larger ones' (`Placement::Borrow`). The other half (the PoolMeta, up to a slab a piece) and the
-    /// partly filled slabs stay in empty slabs. Before, all of it had to be empty slabs:
+    /// indirect blocks) take them, their own class's or larger ones' (`Placement::Borrow`).
+    /// The other half (the PoolMeta, up to a slab a piece) and the partly filled slabs stay
+    /// in empty slabs. Before, all of it had to be empty slabs:
     /// writers fill a pool until the empty slabs are the reserve, a sync then dips into it
     /// (it may), and frees come back as slots, not slabs, while every slab keeps a live
     /// block. A raidz2 pool then refused every write with 150 MiB free in slots, 11.2 MiB of

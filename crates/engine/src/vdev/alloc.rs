@@ -2028,7 +2028,10 @@ mod tests {
                         m.give_slab(slab, to);
                     }
                 } else if op < 2 || live.is_empty() {
-                    let placement = if op == 1 { Placement::Borrow(u8::MAX) } else { Placement::SlotFirst };
+                    let placement = match op {
+                        1 => Placement::Borrow(u8::MAX),
+                        _ => Placement::SlotFirst,
+                    };
                     if let Some(d) = m.alloc_placed(n * SECTOR_BYTES, placement) {
                         for o in &live {
                             let (a0, a1) = (d.offset_bytes, d.offset_bytes + d.asize_bytes as u64);
