@@ -10,6 +10,7 @@ use crate::{EngineError, Result};
 use oxpool_format::{checksum, BlockPtr, BlockType, Compression, Dva, Txg, SECTOR_BYTES};
 use oxpool_io::IoBuf;
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 /// Blocks one sync handles as a batch: merged (their reads in flight together), given
@@ -150,7 +151,8 @@ pub(crate) fn alloc_new_block_checksummed(
         let reserve = Spa::sync_reserve(&s.alloc, &space, false);
         // Below the reserve's empty part a block borrows a larger class's spare slot before
         // it takes an empty slab, never a slot the pending blocks need.
-        let keep = inner.keep(&s.alloc);
+        let charged = held.is_none() && inner.charged_placed_txg.load(Ordering::SeqCst) == 0;
+        let keep = inner.keep(&s.alloc, charged);
         let sequential = held.is_none()
             && space.sequential_ok(&keep.need, reserve.total_bytes(), asize, nb.copies);
         let dvas = s

@@ -82,8 +82,22 @@ impl Spa {
     /// borrow the slots it left, which `fits` counted toward the reserve (found by review:
     /// with the charge still counted, those blocks found no slot to borrow and took the
     /// reserve's empty slabs only).
-    pub(crate) fn keep(&self, alloc: &Allocator) -> Keep {
-        let empty_bytes = Self::sync_reserve(alloc, &alloc.space(), false).empty_bytes;
+    ///
+    /// The floor: a `charged` block (data and indirect blocks of the txg being synced, which
+    /// `fits` counted against the empty slabs above the reserve's empty part) takes empty
+    /// slabs down to that part. Any other (space-map chunks, the PoolMeta, log blocks) takes
+    /// a larger class's spare slots first once the empty slabs are down to the whole
+    /// reserve: else, on a pool whose writers had taken the empty slabs down to the empty
+    /// part, the first of them took it below, and with every slab keeping a live block the
+    /// pool refused all writes from then on (a raidz2 pool with 131 MiB free in slots,
+    /// `space.rs` under load, 2026-11-30).
+    pub(crate) fn keep(&self, alloc: &Allocator, charged: bool) -> Keep {
+        let reserve = Self::sync_reserve(alloc, &alloc.space(), false);
+        let empty_bytes = if charged {
+            reserve.empty_bytes
+        } else {
+            reserve.total_bytes()
+        };
         let placed = self.charged_placed_txg.load(Ordering::SeqCst);
         let t = self.txg.state.lock().unwrap();
         Keep {

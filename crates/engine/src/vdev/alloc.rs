@@ -1182,6 +1182,15 @@ impl Allocator {
                     continue;
                 }
                 if placement == BORROW {
+                    // First a whole slab of a class with slots to spare, given to this
+                    // block's class: no slot is half wasted, and the next blocks of the
+                    // class find slots of their own (borrowing one slot per block left a
+                    // raidz2 pool 16 MiB of unused slot ends and its empty slabs below the
+                    // reserve, where it refused writers: space.rs under load, 2026-11-30).
+                    if let Some(d) = self.give_and_place(size_bytes, &keep.need, distinct, &out) {
+                        got = Some(d);
+                        break 'passes;
+                    }
                     let mask = *lenders.get_or_insert_with(|| self.spare_classes(&keep.need));
                     if mask == 0 {
                         continue;
@@ -1277,6 +1286,39 @@ impl Allocator {
             out.free_slots += m.free_slot_bytes();
         }
         out
+    }
+
+    /// Gives a data vdev's slab of a larger class, with no more free slots than that class
+    /// has beyond its part of `need` (pool-wide), to the class of a block of `size_bytes`
+    /// there, and places the block in it: the sync's way to a slot when its class has none
+    /// and the empty slabs are down to the floor. With `distinct`, not on a vdev `out` uses.
+    fn give_and_place(
+        &mut self,
+        size_bytes: u64,
+        need: &ClassBytes,
+        distinct: bool,
+        out: &[Dva],
+    ) -> Option<Dva> {
+        let space = self.space();
+        let wanted = space.inflated(need);
+        for v in 0..self.maps.len() {
+            if self.role[v] != VdevRole::Data
+                || (distinct && out.iter().any(|d| d.vdev.0 as usize == v))
+            {
+                continue;
+            }
+            let Some(to) = class_of(self.maps[v].asize_of(size_bytes)) else {
+                continue;
+            };
+            for from in to + 1..CLASSES {
+                let surplus = space.free_slots.0[from].saturating_sub(wanted.0[from]);
+                if let Some((slab, _)) = self.maps[v].slab_to_give(from, surplus) {
+                    self.maps[v].give_slab(slab, to);
+                    return self.maps[v].alloc_placed(size_bytes, Placement::SlotOnly);
+                }
+            }
+        }
+        None
     }
 
     /// Bitmask of the classes whose free slots (pool-wide) are more than `need` (charges,
@@ -1827,12 +1869,12 @@ mod tests {
         let space = a.space();
         assert_eq!(space.empty_bytes, 0);
         assert_eq!(space.free_slots.0[4], slabs * 2 * slot);
-        let small = a
-            .alloc(SECTOR_BYTES, 1)
-            .expect("a 4 KiB block in a 64 KiB slot")[0];
-        let mid = a
-            .alloc(8 * SECTOR_BYTES, 1)
-            .expect("a 32 KiB block in a 64 KiB slot")[0];
+        let borrow = |a: &mut Allocator, sectors: u64| {
+            a.map_mut(VdevId(0))
+                .alloc_placed(sectors * SECTOR_BYTES, Placement::Borrow(u8::MAX))
+        };
+        let small = borrow(&mut a, 1).expect("a 4 KiB block in a 64 KiB slot");
+        let mid = borrow(&mut a, 8).expect("a 32 KiB block in a 64 KiB slot");
         for d in [small, mid] {
             assert_eq!(d.offset_bytes % slot, 0, "{d:?} at the start of a slot");
             assert!(all
@@ -1978,26 +2020,39 @@ mod tests {
     }
 
     /// Above the floor (the txg sync's reserve) a block with no slot of its class takes an
-    /// empty slab; at or below it, a larger class's free slot first, and only without one
-    /// the empty slab.
+    /// empty slab; at or below it, a slab given by a larger class with slots to spare
+    /// first (and the next blocks of its class find slots there), the empty slab only
+    /// without one.
     #[test]
-    fn below_the_floor_a_block_borrows_before_it_takes_an_empty_slab() {
-        let mut a = Allocator::new(&[3 * SLAB_BYTES]);
+    fn below_the_floor_a_block_gets_a_spare_slab_before_an_empty_one() {
         let slot = 16 * SECTOR_BYTES;
-        let full: Vec<Dva> = (0..8).map(|_| a.alloc(slot, 1).unwrap()[0]).collect();
-        a.free(&full[1]);
-        assert_eq!(a.space().empty_bytes, SLAB_BYTES);
-        let borrowed = a
+        let setup = || {
+            let mut a = Allocator::new(&[3 * SLAB_BYTES]);
+            let full: Vec<Dva> = (0..8).map(|_| a.alloc(slot, 1).unwrap()[0]).collect();
+            a.free(&full[1]);
+            assert_eq!(a.space().empty_bytes, SLAB_BYTES);
+            (a, full)
+        };
+        let (mut a, full) = setup();
+        let given = a
             .alloc_with(SECTOR_BYTES, 1, false, &floor(SLAB_BYTES))
             .unwrap()[0];
-        assert_eq!(borrowed.offset_bytes, full[1].offset_bytes);
+        assert_eq!(given.offset_bytes, full[1].offset_bytes);
         assert_eq!(a.space().empty_bytes, SLAB_BYTES, "the empty slab is kept");
+        // The slab was given whole: the next block finds a slot of its own class there.
         let below = a
             .alloc_with(SECTOR_BYTES, 1, false, &floor(SLAB_BYTES))
             .unwrap()[0];
-        assert_eq!(a.space().empty_bytes, 0, "no slot left: the empty slab");
+        assert_eq!(below.offset_bytes, full[1].offset_bytes + SECTOR_BYTES);
+        assert_eq!(
+            a.space().empty_bytes,
+            SLAB_BYTES,
+            "the empty slab is still kept"
+        );
+        a.map(VdevId(0)).check_indexes();
         a.free(&below);
-        a.free(&borrowed);
+        a.free(&given);
+        let (mut a, _) = setup();
         let above = a
             .alloc_with(SECTOR_BYTES, 1, false, &Keep::default())
             .unwrap()[0];
