@@ -152,7 +152,7 @@ pub(crate) fn alloc_new_block_checksummed(
         // Below the reserve's empty part a block borrows a larger class's spare slot before
         // it takes an empty slab, never a slot the pending blocks need.
         let charged = held.is_none() && inner.charged_placed_txg.load(Ordering::SeqCst) == 0;
-        let keep = inner.keep(&s.alloc, charged);
+        let keep = inner.keep(&s.alloc, &space, charged);
         let sequential = held.is_none()
             && space.sequential_ok(&keep.need, reserve.total_bytes(), asize, nb.copies);
         let dvas = s

@@ -91,8 +91,8 @@ impl Spa {
     /// part, the first of them took it below, and with every slab keeping a live block the
     /// pool refused all writes from then on (a raidz2 pool with 131 MiB free in slots,
     /// `space.rs` under load, 2026-11-30).
-    pub(crate) fn keep(&self, alloc: &Allocator, charged: bool) -> Keep {
-        let reserve = Self::sync_reserve(alloc, &alloc.space(), false);
+    pub(crate) fn keep(&self, alloc: &Allocator, space: &Space, charged: bool) -> Keep {
+        let reserve = Self::sync_reserve(alloc, space, false);
         let empty_bytes = if charged {
             reserve.empty_bytes
         } else {

@@ -115,7 +115,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         let mut s = inner.state.lock().unwrap();
         let nvdevs = s.alloc.maps().len();
         let chunk_total: usize = s.chunk_ptrs.iter().map(|c| c.len()).sum();
-        let keep = inner.keep(&s.alloc, false);
+        let keep = inner.keep(&s.alloc, &s.alloc.space(), false);
         for _round in 0..=chunk_total + 1 {
             let mut added = false;
             for v in 0..nvdevs {

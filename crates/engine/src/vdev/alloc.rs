@@ -1310,15 +1310,25 @@ impl Allocator {
             let Some(to) = class_of(self.maps[v].asize_of(size_bytes)) else {
                 continue;
             };
-            for from in to + 1..CLASSES {
-                let surplus = space.free_slots.0[from].saturating_sub(wanted.0[from]);
-                if let Some((slab, _)) = self.maps[v].slab_to_give(from, surplus) {
-                    self.maps[v].give_slab(slab, to);
-                    return self.maps[v].alloc_placed(size_bytes, Placement::SlotOnly);
-                }
+            if self.give_spare_slab(v, to, &wanted, &space) {
+                return self.maps[v].alloc_placed(size_bytes, Placement::SlotOnly);
             }
         }
         None
+    }
+
+    /// Gives vdev `v`'s slab of the smallest class above `to` that has free slots beyond
+    /// its part of `wanted` (inflated pending need; pool-wide, as `space` counts them), with
+    /// no more free slots than that surplus, to class `to`. Whether it gave one.
+    fn give_spare_slab(&mut self, v: usize, to: usize, wanted: &ClassBytes, space: &Space) -> bool {
+        for from in to + 1..CLASSES {
+            let surplus = space.free_slots.0[from].saturating_sub(wanted.0[from]);
+            if let Some((slab, _)) = self.maps[v].slab_to_give(from, surplus) {
+                self.maps[v].give_slab(slab, to);
+                return true;
+            }
+        }
+        false
     }
 
     /// Bitmask of the classes whose free slots (pool-wide) are more than `need` (charges,
@@ -1375,29 +1385,17 @@ impl Allocator {
                 return true;
             }
             let wanted = space.inflated(need);
-            let short = (0..CLASSES).filter(|&k| wanted.0[k] > space.free_slots.0[k]);
-            let mut give = None;
-            'find: for to in short {
-                for from in to + 1..CLASSES {
-                    let surplus = space.free_slots.0[from].saturating_sub(wanted.0[from]);
-                    if surplus == 0 {
-                        continue;
-                    }
-                    for (v, m) in self.maps.iter().enumerate() {
-                        if self.role[v] != VdevRole::Data {
-                            continue;
-                        }
-                        if let Some((slab, _)) = m.slab_to_give(from, surplus) {
-                            give = Some((v, slab, to));
-                            break 'find;
-                        }
-                    }
-                }
-            }
-            let Some((v, slab, to)) = give else {
+            let gave = (0..CLASSES)
+                .filter(|&k| wanted.0[k] > space.free_slots.0[k])
+                .any(|to| {
+                    (0..self.maps.len()).any(|v| {
+                        self.role[v] == VdevRole::Data
+                            && self.give_spare_slab(v, to, &wanted, &space)
+                    })
+                });
+            if !gave {
                 return false;
-            };
-            self.maps[v].give_slab(slab, to);
+            }
         }
         self.fits(need, reserve)
     }

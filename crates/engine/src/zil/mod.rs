@@ -859,7 +859,7 @@ pub(crate) fn alloc_log_block(inner: &Spa, size_bytes: u64) -> Option<Dva> {
         let mut extra = crate::vdev::alloc::ClassBytes::default();
         extra.add_blocks(size, 1, 1);
         let data_ok = inner.may_allocate_outside_sync(&mut st.alloc, extra);
-        let keep = inner.keep(&st.alloc, false);
+        let keep = inner.keep(&st.alloc, &st.alloc.space(), false);
         // Not on a log vdev whose devices are all out of service (faulted, gone, offline):
         // the block's write would fail and the commit wait for the txg.
         let vdevs = &inner.zio.vdevs;
