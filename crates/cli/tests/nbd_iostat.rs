@@ -244,14 +244,18 @@ fn counters_when(env: &Env, name: &str, at_least: u64) -> String {
     json
 }
 
-/// A database's commits over NBD (a small write, then a FLUSH, one at a time): the log
-/// blocks are written early, as the writes arrive, and the FLUSHes only flush; with
-/// `logearly=off`, set on the served pool, they are written at the FLUSHes again.
+/// A database's commits over NBD (a small write, then a FLUSH, one at a time): with
+/// `logearly=on`, set on the served pool, the log blocks are written early, as the writes
+/// arrive, and the FLUSHes only flush; with `logearly=off` (the default) they are written at
+/// the FLUSHes again.
 #[test]
-fn small_writes_followed_by_flushes_are_logged_early_unless_logearly_is_off() {
+fn small_writes_followed_by_flushes_are_logged_early_with_logearly_on() {
     let env = Env::new();
     env.tank(&[("vol0", "64M", &[])]);
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let got = env.ok(&["get", "logearly", "tank"]);
+    assert!(got.contains(" off"), "not off by default: {got}");
+    env.ok(&["set", "logearly=on", "tank"]);
     let got = env.ok(&["get", "logearly", "tank"]);
     assert!(got.contains(" on"), "{got}");
     let out = python("commits.py", &[&server.uri("tank/vol0"), "1", "40"]);

@@ -125,6 +125,7 @@ fn run_until_early_done(exec: &oxpool_io::rt::LocalExecutor, vol: &crate::Volume
 #[test]
 fn an_early_write_leaves_only_the_flush_to_the_commit() {
     let (pool, vol) = pool_without_txg_timeout();
+    pool.set_prop("logearly", "on").unwrap();
     let exec = oxpool_io::rt::LocalExecutor::new();
     // A commit first: early writes are for volumes whose writes are followed by commits.
     exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
@@ -177,6 +178,9 @@ fn an_early_write_leaves_only_the_flush_to_the_commit() {
 #[test]
 fn early_writes_only_where_a_commit_follows_small_writes() {
     let (pool, vol) = pool_without_txg_timeout();
+    // Off by default: every case below would pass trivially without this.
+    assert_eq!(pool.get_prop("logearly").unwrap(), "off");
+    pool.set_prop("logearly", "on").unwrap();
     let exec = oxpool_io::rt::LocalExecutor::new();
     let early = |vol: &crate::Volume| log_stats(vol).early_blocks;
     // Never committed: no early writes.
@@ -253,7 +257,9 @@ fn a_device_leaving_service_before_the_flush_sends_the_commit_to_the_txg() {
     let devices: Vec<Arc<dyn Backend>> = (0..2)
         .map(|i| Arc::new(MemoryBackend::new(&format!("m{i}"), 64 << 20)) as Arc<dyn Backend>)
         .collect();
-    let (pool, vol) = mirror_pool_without_txg_timeout(devices, PoolProps::default());
+    let mut props = PoolProps::default();
+    props.set("logearly", "on").unwrap();
+    let (pool, vol) = mirror_pool_without_txg_timeout(devices, props);
     let exec = oxpool_io::rt::LocalExecutor::new();
     exec.run_until(vol.write(0, &[1u8; 4096], false)).unwrap();
     exec.run_until(vol.flush()).unwrap();

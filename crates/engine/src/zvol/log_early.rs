@@ -1,5 +1,7 @@
 //! Early writes: a volume's log block written as soon as a write arrives, without a flush, so
-//! that the commit which follows only has to flush.
+//! that the commit which follows only has to flush. Only with `logearly=on` (off by default:
+//! on the guest the project is measured on, the extra completion and separate flush cost
+//! more than they saved; docs/durability.md, "Early writes").
 //!
 //! Why: a database's commit is a write followed by a FLUSH (`fsync`), one at a time. Without
 //! this, the log block is built and written durably when the FLUSH arrives: the client waits
