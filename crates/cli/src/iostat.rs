@@ -753,4 +753,13 @@ fn footer(out: &mut String, span: &Span) {
         "  log blocks written early: {early}, flushed by their commits in {} us on average",
         per(span.log("log_early_flush_us"), early)
     );
+    let delays = span.log("throttle_delays");
+    let waits = span.log("throttle_waits");
+    outln!(
+        out,
+        "write throttle: {delays} writes delayed, {} us on average; {waits} waited at \
+         dirty_max, {} us on average",
+        per(span.log("throttle_delay_us"), delays),
+        per(span.log("throttle_wait_us"), waits)
+    );
 }

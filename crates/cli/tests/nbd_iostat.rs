@@ -271,6 +271,12 @@ fn small_writes_followed_by_flushes_are_logged_early_with_logearly_on() {
     assert!(counter(&json, "log_early_flush_us") > 0, "{json}");
     let table = env.ok(&["iostat", "tank"]);
     assert!(table.contains("log blocks written early: "), "{table}");
+    // No writer came near dirty_max: the throttle's line, with nothing in it.
+    assert!(
+        table.contains("write throttle: 0 writes delayed, - us on average; 0 waited"),
+        "{table}"
+    );
+    assert_eq!(counter(&json, "throttle_waits"), 0, "{json}");
     env.ok(&["set", "logearly=off", "tank"]);
     let got = env.ok(&["get", "logearly", "tank"]);
     assert!(got.contains(" off"), "{got}");

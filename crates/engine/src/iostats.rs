@@ -462,13 +462,21 @@ pub struct LogStats {
     pub early_blocks: u64,
     /// Nanoseconds commits spent flushing blocks written early, summed.
     pub early_flush_ns_total: u64,
+    /// Writers the write throttle delayed (dirty data above 60 % of `dirty_max`).
+    pub throttle_delays: u64,
+    /// Nanoseconds they slept, summed.
+    pub throttle_delay_ns_total: u64,
+    /// Writers that waited outright, dirty data being at `dirty_max`.
+    pub throttle_waits: u64,
+    /// Nanoseconds they waited, summed.
+    pub throttle_wait_ns_total: u64,
 }
 
 impl LogStats {
     /// The counters as a one-line JSON object (for `oxpool iostat --json` and the benchmark).
     pub fn to_json(&self) -> String {
         format!(
-            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"presummed_blocks\":{},\"device_flushes\":{},\"log_early_blocks\":{},\"log_early_flush_us\":{}}}",
+            "{{\"commits\":{},\"log_blocks\":{},\"log_bytes\":{},\"log_flushes\":{},\"log_durable_writes\":{},\"log_write_us\":{},\"client_bytes\":{},\"indirect_bytes\":{},\"adopted_blocks\":{},\"presummed_blocks\":{},\"device_flushes\":{},\"log_early_blocks\":{},\"log_early_flush_us\":{},\"throttle_delays\":{},\"throttle_delay_us\":{},\"throttle_waits\":{},\"throttle_wait_us\":{}}}",
             self.commits,
             self.blocks_written,
             self.bytes_written,
@@ -481,7 +489,11 @@ impl LogStats {
             self.presummed_blocks,
             self.device_flushes,
             self.early_blocks,
-            self.early_flush_ns_total / 1000
+            self.early_flush_ns_total / 1000,
+            self.throttle_delays,
+            self.throttle_delay_ns_total / 1000,
+            self.throttle_waits,
+            self.throttle_wait_ns_total / 1000
         )
     }
 }
@@ -503,6 +515,11 @@ impl LogCounters {
             device_flushes: self.device_flushes.load(Ordering::Relaxed),
             early_blocks: self.early_blocks.load(Ordering::Relaxed),
             early_flush_ns_total: self.early_flush_ns_total.load(Ordering::Relaxed),
+            // The write throttle's, filled in by the pool (`ThrottleCounters::fill`).
+            throttle_delays: 0,
+            throttle_delay_ns_total: 0,
+            throttle_waits: 0,
+            throttle_wait_ns_total: 0,
         }
     }
 }

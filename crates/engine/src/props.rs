@@ -701,6 +701,13 @@ mod tests {
                 .count(),
             1
         );
+        // logearly: off by default and then not persisted; on is, and comes back.
+        assert!(!p.to_pairs().iter().any(|(k, _)| k == "logearly"));
+        p.set("logearly", "on").unwrap();
+        assert!(p
+            .to_pairs()
+            .contains(&("logearly".to_string(), "on".to_string())));
+        assert_eq!(PoolProps::from_pairs(&p.to_pairs()).unwrap(), p);
         assert_eq!(p.device_scheduler(Guid(0xabc)), SchedulerMode::Off);
         assert_eq!(p.device_scheduler(Guid(1)), SchedulerMode::On);
         p.set_device(Guid(0xabc), "scheduler", "inherit").unwrap();

@@ -75,9 +75,9 @@ impl PoolCounters {
         &self.spa.name
     }
 
-    /// Intent-log and flush counters.
+    /// Intent-log, flush and write-throttle counters.
     pub fn log_stats(&self) -> LogStats {
-        self.spa.log_counters.stats()
+        self.spa.pool_stats()
     }
 
     /// The last durable txg.
@@ -436,9 +436,9 @@ impl Pool {
         Ok(())
     }
 
-    /// Intent-log counters since the pool was opened.
+    /// Intent-log, flush and write-throttle counters since the pool was opened.
     pub fn log_stats(&self) -> LogStats {
-        self.spa.log_counters.stats()
+        self.spa.pool_stats()
     }
 
     /// A handle that reads the pool's counters from another thread while the pool is served.

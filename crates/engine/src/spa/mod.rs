@@ -223,6 +223,13 @@ pub struct PoolStatus {
 }
 
 impl Spa {
+    /// The pool-wide counters: the intent log's and flushes, with the write throttle's.
+    pub(crate) fn pool_stats(&self) -> crate::iostats::LogStats {
+        let mut stats = self.log_counters.stats();
+        self.txg.throttle.fill(&mut stats);
+        stats
+    }
+
     /// A new, empty pool on `tops`: labels written, txg 1 (the empty pool's metadata and
     /// first uberblock) synced with `upper`'s part. Refuses devices that belong to a pool
     /// unless `force`.

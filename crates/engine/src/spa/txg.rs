@@ -7,12 +7,14 @@
 //! asks for eager syncs, or in a dense txg: [`DENSE_WHOLE_NEW_EIGHTHS_MIN`]), or when someone
 //! waits for durability (FLUSH, FUA). The write throttle follows ZFS's curve: no delay below 60 % of
 //! `dirty_max`, then a delay of `scale * (d - m) / (D - d)` capped at 100 ms, and writers wait
-//! outright at `dirty_max`, so dirty memory stays bounded.
+//! outright at `dirty_max`, so dirty memory stays bounded. Delays are counted and timed
+//! ([`ThrottleCounters`], shown by `oxpool iostat`).
 
 use crate::vdev::alloc::ClassBytes;
 use crate::{EngineError, Result};
 use oxpool_format::{Txg, INDIRECT_FANOUT};
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -153,6 +155,34 @@ impl TxgState {
     }
 }
 
+/// What the write throttle did to writers, since the pool was opened.
+#[derive(Debug, Default)]
+pub struct ThrottleCounters {
+    /// Writers delayed above [`DELAY_MIN_DIRTY_PERCENT`] of `dirty_max`.
+    pub delays: AtomicU64,
+    /// Nanoseconds they slept, summed.
+    pub delay_ns_total: AtomicU64,
+    /// Writers that waited outright, dirty data being at `dirty_max`.
+    pub waits: AtomicU64,
+    /// Nanoseconds they waited, summed.
+    pub wait_ns_total: AtomicU64,
+}
+
+impl ThrottleCounters {
+    /// Copies the counters into `stats`.
+    pub fn fill(&self, stats: &mut crate::iostats::LogStats) {
+        stats.throttle_delays = self.delays.load(Ordering::Relaxed);
+        stats.throttle_delay_ns_total = self.delay_ns_total.load(Ordering::Relaxed);
+        stats.throttle_waits = self.waits.load(Ordering::Relaxed);
+        stats.throttle_wait_ns_total = self.wait_ns_total.load(Ordering::Relaxed);
+    }
+}
+
+fn add_ns(counter: &AtomicU64, d: Duration) {
+    let ns = d.as_nanos().min(u128::from(u64::MAX)) as u64;
+    counter.fetch_add(ns, Ordering::Relaxed);
+}
+
 /// The txg state machine shared by writers and the sync thread.
 pub(crate) struct TxgControl {
     pub state: Mutex<TxgState>,
@@ -164,6 +194,8 @@ pub(crate) struct TxgControl {
     /// The vdev tree measures missed ranges up to the open txg from it
     /// (`VdevTree::note_sync_started`).
     pub closed: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// What the write throttle did.
+    pub throttle: ThrottleCounters,
 }
 
 /// While it lives, a txg holding [`EAGER_SYNC_BYTES`] of dirty data starts a sync
@@ -278,6 +310,7 @@ impl TxgControl {
             cv: Condvar::new(),
             pool_name: pool_name.to_string(),
             closed: std::sync::OnceLock::new(),
+            throttle: ThrottleCounters::default(),
         }
     }
 
@@ -291,6 +324,7 @@ impl TxgControl {
     /// Takes a hold on the open txg for a writer about to dirty about `bytes`, after the write
     /// throttle: waits while dirty data is at `dirty_max`, delays above 60 % of it.
     pub async fn hold(&self, bytes: u64) -> Result<TxgHold<'_>> {
+        let mut waited_since: Option<Instant> = None;
         let delay_ns = poll_fn(|cx| {
             let mut s = self.state.lock().unwrap();
             if let Some(r) = &s.suspended {
@@ -301,6 +335,7 @@ impl TxgControl {
                 s.kick = true;
                 self.cv.notify_all();
                 register(&mut s.waiters, cx.waker());
+                waited_since.get_or_insert_with(Instant::now);
                 return Poll::Pending;
             }
             let min = max / 100 * DELAY_MIN_DIRTY_PERCENT;
@@ -314,8 +349,15 @@ impl TxgControl {
             Poll::Ready(Ok(delay))
         })
         .await?;
+        if let Some(since) = waited_since {
+            self.throttle.waits.fetch_add(1, Ordering::Relaxed);
+            add_ns(&self.throttle.wait_ns_total, since.elapsed());
+        }
         if delay_ns > 0 {
+            let start = Instant::now();
             oxpool_io::rt::sleep(Duration::from_nanos(delay_ns)).await;
+            self.throttle.delays.fetch_add(1, Ordering::Relaxed);
+            add_ns(&self.throttle.delay_ns_total, start.elapsed());
         }
         let mut s = self.state.lock().unwrap();
         if let Some(r) = &s.suspended {
@@ -549,6 +591,54 @@ mod tests {
             client_bytes: bytes,
             whole_new_bytes: bytes,
         }
+    }
+
+    /// The throttle's counters: a writer above 60 % of `dirty_max` is delayed and counted
+    /// with the time it slept; one at `dirty_max` waits for the sync and is counted apart.
+    #[test]
+    fn the_write_throttle_counts_its_delays_and_waits() {
+        const MAX: u64 = 16 << 20;
+        let ctl = TxgControl::new("p", Txg(1), MAX, Duration::from_secs(1000));
+        let counts = |c: &TxgControl| {
+            let mut s = crate::iostats::LogStats::default();
+            c.throttle.fill(&mut s);
+            (
+                s.throttle_delays,
+                s.throttle_delay_ns_total,
+                s.throttle_waits,
+            )
+        };
+        // 50 %: no delay.
+        let hold = block_on(ctl.hold(BLOCK)).unwrap();
+        hold.note_dirty(scattered(MAX / 2), ClassBytes::default());
+        drop(hold);
+        assert_eq!(counts(&ctl), (0, 0, 0));
+        // 80 %: a delay of scale * 20 / 20, 500 us.
+        let hold = block_on(ctl.hold(BLOCK)).unwrap();
+        hold.note_dirty(scattered(MAX * 3 / 10), ClassBytes::default());
+        drop(hold);
+        let hold = block_on(ctl.hold(BLOCK)).unwrap();
+        let (delays, delay_ns, waits) = counts(&ctl);
+        assert_eq!((delays, waits), (1, 0));
+        assert!(delay_ns >= DELAY_SCALE_NS, "slept {delay_ns} ns");
+        // At dirty_max: the writer waits until the sync retires the txg.
+        hold.note_dirty(scattered(MAX / 5), ClassBytes::default());
+        drop(hold);
+        let txg = ctl.next_to_sync().expect("a txg to sync");
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // Until the writer is waiting (bounded).
+                for _ in 0..10_000 {
+                    if !ctl.state.lock().unwrap().waiters.is_empty() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                ctl.finish_sync(txg, &Ok(()));
+            });
+            drop(block_on(ctl.hold(BLOCK)).unwrap());
+        });
+        assert_eq!(counts(&ctl).2, 1, "the wait at dirty_max was not counted");
     }
 
     #[test]
