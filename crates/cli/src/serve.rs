@@ -141,9 +141,12 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         default_pool(cache, &args.data_dir)?;
         names.push("oxpool".into());
     }
-    // Block-buffer memory mapped while the pools open, not by the first writes' receives
-    // (`IoBuf::warm`). Not waited for: if it cannot be done, the I/O path maps it as it goes.
-    let _warming = oxpool_io::IoBuf::warm(oxpool_io::IoBuf::warm_default_bytes());
+    // Block-buffer memory mapped while the pools open, and then ahead of use, not by the
+    // receives of the writes that first need it (`IoBuf::warm`). Not waited for: if it cannot
+    // be done, the I/O path maps it as it goes.
+    if let Err(e) = oxpool_io::IoBuf::warm(oxpool_io::IoBuf::warm_default_bytes()) {
+        tracing::debug!("no thread to map buffer memory ahead of use: {e}");
+    }
     let mut pools = Vec::new();
     for name in &names {
         match open_pool(cache, name) {

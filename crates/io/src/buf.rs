@@ -235,18 +235,21 @@ impl IoBuf {
         }
     }
 
-    /// Maps the first `bytes` of block-buffer memory (the huge-page arena's first chunks)
-    /// on a thread of its own, and returns that thread, whose result is the bytes mapped
-    /// (none without an arena or on a kernel without `MADV_POPULATE_WRITE`). For a server
-    /// at start: the kernel zeroes memory at its first touch, and a fresh server's first
-    /// writes otherwise take those faults on the reactor receiving into new chunks (an
-    /// eighth of the server's CPU in its first 2 GiB of sequential writes on this VM, whose
-    /// host backs again the huge pages the guest frees: issue 19, docs/memory.md). Buffers
-    /// already in use keep their bytes. The memory stays the process's.
-    pub fn warm(bytes: usize) -> std::io::Result<std::thread::JoinHandle<usize>> {
-        std::thread::Builder::new()
-            .name("oxpool-warm".into())
-            .spawn(move || HugePageArena::process().map_or(0, |arena| arena.warm(bytes)))
+    /// Maps block-buffer memory ahead of its use, on a thread of its own (the huge-page
+    /// arena's warmer): the first `bytes` at once, then always some chunks beyond the last
+    /// one in use, for the life of the process. For a server: the kernel zeroes memory at its
+    /// first touch (and this project's VM also has its host back it, 7.5 ms per 2 MiB chunk),
+    /// and without the warmer those faults are taken on the reactor receiving into a new
+    /// chunk, stalling every request on it: an eighth of a fresh server's CPU in its first
+    /// 2 GiB of sequential writes, and the write tail of 4K sync writes at iodepth 16 while
+    /// the data cache grew (issue 19, docs/memory.md). Buffers already in use keep their
+    /// bytes. Nothing is done without an arena; an error if the thread cannot be started. A
+    /// second call raises the first `bytes` of the running warmer.
+    pub fn warm(bytes: usize) -> std::io::Result<()> {
+        match HugePageArena::process() {
+            Some(arena) => arena.start_warmer(bytes),
+            None => Ok(()),
+        }
     }
 
     /// What a server warms at start ([`IoBuf::warm`]): 1/128 of the process's memory
