@@ -28,13 +28,22 @@ use oxpool_io::rt::{block_on, LocalExecutor};
 use oxpool_io::{Backend, IoBuf, MemoryBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const DEVICE_BYTES: u64 = 32 << 20;
 /// Pool layouts, chosen by `seed % LAYOUTS` (see [`crash_case`]).
 const LAYOUTS: u64 = 7;
 const VOLUME_BYTES: u64 = 512 << 10;
+
+/// Cases run with `logearly=on`, and those among them that lost power after writing a log
+/// block early: the test fails if the seeds stop reaching that path (a change of the rules
+/// for early writes, or of the workload, would otherwise leave it untested silently).
+static EARLY_CASES: AtomicU64 = AtomicU64::new(0);
+static EARLY_CASES_CRASHED_AFTER_ONE: AtomicU64 = AtomicU64::new(0);
+
+/// Fewest cases with `logearly=on` for the check above to mean something.
+const EARLY_CASES_CHECKED_MIN: u64 = 100;
 
 /// Runs `fut` on `exec` (whose spawned tasks, the early log writes, stay for the next call),
 /// or with `block_on` (where nothing is spawned).
@@ -203,6 +212,12 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     let crashed = group.members.lock().unwrap().iter().any(|m| m.is_dead());
     let early_blocks = pool.log_stats().early_blocks;
+    if early {
+        EARLY_CASES.fetch_add(1, Ordering::Relaxed);
+        if crashed && early_blocks > 0 {
+            EARLY_CASES_CRASHED_AFTER_ONE.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     drop(exec); // its tasks hold the volume
     drop(vol);
     drop(pool); // no export: the process is gone
@@ -386,4 +401,22 @@ fn unreadable_blocks(pool: &Pool, group: &CrashGroup, bs: u64) -> String {
 #[test]
 fn power_loss_at_seeded_crash_points() {
     run_crash_cases("power_loss", crash_case);
+    let early = EARLY_CASES.load(Ordering::Relaxed);
+    let crashed_after_one = EARLY_CASES_CRASHED_AFTER_ONE.load(Ordering::Relaxed);
+    println!(
+        "{early} cases with logearly=on, {crashed_after_one} of them lost power after writing \
+         a log block early"
+    );
+    if early < EARLY_CASES_CHECKED_MIN {
+        println!(
+            "early writes not checked: under {EARLY_CASES_CHECKED_MIN} cases ran with \
+             logearly=on"
+        );
+        return;
+    }
+    assert!(
+        crashed_after_one > 0,
+        "none of {early} cases with logearly=on lost power after writing a log block early: \
+         the early path went untested"
+    );
 }
