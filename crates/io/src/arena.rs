@@ -41,11 +41,11 @@ const SLOT_UNIT_BYTES: usize = 4096;
 
 /// Chunks the warmer keeps mapped beyond the last chunk the arena has taken into use (32
 /// MiB), so that the I/O path does not take the first-touch fault of a new chunk itself
-/// while the arena grows more slowly than the warmer maps. A
-/// first touch of a huge page zeroes 2 MiB, and on this project's VM also makes the host back
-/// it: 7.5 ms per chunk in the median (issue 19: each stalled a reactor and every request on
-/// it, the write tail at iodepth 16). The arena grows by about 40 chunks a second while the
-/// data cache fills under 4K random writes, and the warmer maps 130 a second there.
+/// while the arena grows more slowly than the warmer maps. A first touch of a huge page
+/// zeroes 2 MiB, and on this project's VM also makes the host back it: 7.5 ms per chunk in
+/// the median (issue 19: each stalled a reactor and every request on it, the write tail at
+/// iodepth 16). The arena grows by about 40 chunks a second while the data cache fills
+/// under 4K writes at iodepth 16, and the warmer maps about 130 a second there.
 const WARM_AHEAD_CHUNKS: u32 = 16;
 
 /// Largest slot: the largest block.
@@ -146,8 +146,9 @@ struct State {
     /// Chunks whose memory was given back, over the arena's life.
     chunks_released: u64,
     /// Chunks below this one are mapped: by the warmer, or by their users (every chunk below
-    /// `next_unused` was). Memory the kernel took back from an empty chunk under pressure is
-    /// not tracked: its next user maps it again.
+    /// `next_unused` was), but for the one a caught-up warmer skipped, which the arena takes
+    /// next ([`State::warm_next`]). Memory the kernel took back from an empty chunk under
+    /// pressure is not tracked: its next user maps it again.
     warmed_until: u32,
     /// The warmer maps at least the chunks below this one (a server's start).
     warm_floor: u32,
