@@ -145,7 +145,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     // receives of the writes that first need it (`IoBuf::warm`). Not waited for: if it cannot
     // be done, the I/O path maps it as it goes.
     if let Err(e) = oxpool_io::IoBuf::warm(oxpool_io::IoBuf::warm_default_bytes()) {
-        tracing::debug!("no thread to map buffer memory ahead of use: {e}");
+        tracing::warn!("no thread to map buffer memory ahead of use: {e}");
     }
     let mut pools = Vec::new();
     for name in &names {

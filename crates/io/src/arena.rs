@@ -44,7 +44,7 @@ const SLOT_UNIT_BYTES: usize = 4096;
 /// while the arena grows more slowly than the warmer maps. A first touch of a huge page
 /// zeroes 2 MiB, and on this project's VM also makes the host back it: 7.5 ms per chunk in
 /// the median (issue 19: each stalled a reactor and every request on it, the write tail at
-/// iodepth 16). The arena grows by about 40 chunks a second while the data cache fills
+/// iodepth 16). The arena grew by about 19 chunks a second while the data cache filled
 /// under 4K writes at iodepth 16, and the warmer maps about 130 a second there.
 const WARM_AHEAD_CHUNKS: u32 = 16;
 
@@ -146,9 +146,8 @@ struct State {
     /// Chunks whose memory was given back, over the arena's life.
     chunks_released: u64,
     /// Chunks below this one are mapped: by the warmer, or by their users (every chunk below
-    /// `next_unused` was), but for the one a caught-up warmer skipped, which the arena takes
-    /// next ([`State::warm_next`]). Memory the kernel took back from an empty chunk under
-    /// pressure is not tracked: its next user maps it again.
+    /// `next_unused` was). Memory the kernel took back from an empty chunk under pressure is
+    /// not tracked: its next user maps it again.
     warmed_until: u32,
     /// The warmer maps at least the chunks below this one (a server's start).
     warm_floor: u32,
@@ -238,9 +237,10 @@ impl HugePageArena {
 
     /// Maps `chunk` as write faults would, without writing to it (`MADV_POPULATE_WRITE`:
     /// pages already there, and so their bytes, stay). EINVAL on a kernel before Linux
-    /// 5.14; ENOMEM or EFAULT when there is no memory for it now (in a memory cgroup at its
-    /// limit the kernel reclaims first, as for any fault). The process's `mmap_lock` is held
-    /// (shared) for the whole chunk: an mmap or munmap elsewhere in the process waits for it.
+    /// 5.14; ENOMEM or EFAULT when the kernel gives up finding memory for it. Short of
+    /// memory (in a memory cgroup at its limit, say) it reclaims first and may invoke the
+    /// OOM killer, as any fault may. The process's `mmap_lock` is held (shared) for the
+    /// whole chunk: an mmap or munmap elsewhere in the process waits for it.
     fn populate(&self, chunk: ChunkIndex) -> std::io::Result<()> {
         assert!((chunk.get() + 1) * CHUNK_BYTES <= self.range_bytes);
         // SAFETY: the chunk lies within the mapping, which outlives `self`'s borrow;
@@ -288,6 +288,20 @@ impl HugePageArena {
     /// then maps chunks as it takes them, as without a warmer. A chunk it cannot map for
     /// want of memory is tried again a second later, or when the arena takes a new chunk.
     fn run_warmer(&self) {
+        /// Clears `warmer_running` however the thread ends, a panic included: the I/O path
+        /// then stops waking it, and a later `start_warmer` starts another.
+        struct Stopped<'a>(&'a HugePageArena);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                let mut state = self
+                    .0
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                state.warmer_running = false;
+            }
+        }
+        let _stopped = Stopped(self);
         let mut failure_told = false;
         // Unbounded by design (the process's lifetime), but each round maps one chunk (at
         // most the range's count in all), or sleeps until woken, or a second after a
@@ -313,7 +327,6 @@ impl HugePageArena {
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     tracing::debug!("buffer memory is not mapped ahead of use: {e}");
-                    self.lock().warmer_running = false;
                     return;
                 }
                 Err(e) => {
@@ -505,14 +518,12 @@ impl State {
     }
 
     /// The next chunk the warmer maps, or `None` at its target. Chunks taken into use were
-    /// mapped by their users. A warmer the arena has caught up with (growing faster than it
-    /// maps) skips the chunk the arena takes next: both would fault it at once.
+    /// mapped by their users. (A warmer the arena has caught up with may map the chunk the
+    /// arena takes next while the arena's user faults it: the kernel maps it once, and the
+    /// fault waits no longer than it would have alone. Skipping that chunk instead made its
+    /// user take the whole fault whenever the warmer had merely fallen behind.)
     fn warm_next(&mut self) -> Option<ChunkIndex> {
-        let len = self.chunks.len() as u32;
-        if self.warmed_until <= self.next_unused {
-            let caught_up = self.warmed_until > 0 && self.next_unused < len;
-            self.warmed_until = self.next_unused + u32::from(caught_up);
-        }
+        self.warmed_until = self.warmed_until.max(self.next_unused);
         (self.warmed_until < self.warm_target()).then_some(ChunkIndex(self.warmed_until))
     }
 
@@ -796,6 +807,36 @@ mod tests {
     }
 
     #[test]
+    fn the_warmers_target_and_wake_ups_follow_use() {
+        let arena = arena(40);
+        let mut state = arena.lock();
+        // (floor, next unused, warmed until) -> (target, woken, next chunk to map, warmed
+        // until after the choice)
+        let cases = [
+            ((0, 0, 0), (16, true, Some(0), 0)),
+            ((0, 10, 5), (26, true, Some(10), 10)),
+            ((0, 10, 26), (26, false, None, 26)),
+            ((0, 17, 26), (33, false, Some(26), 26)),
+            ((0, 18, 26), (34, true, Some(26), 26)),
+            ((30, 2, 20), (30, false, Some(20), 20)),
+            ((100, 2, 20), (40, false, Some(20), 20)),
+            ((0, 40, 38), (40, true, None, 40)),
+            ((0, 40, 40), (40, false, None, 40)),
+        ];
+        for ((floor, next, warmed), (target, woken, chunk, after)) in cases {
+            state.warm_floor = floor;
+            state.next_unused = next;
+            state.warmed_until = warmed;
+            let case = format!("floor {floor}, next unused {next}, warmed until {warmed}");
+            assert_eq!(state.warm_target(), target, "target, {case}");
+            assert_eq!(state.warmer_wanted(), woken, "woken, {case}");
+            assert_eq!(state.warm_next().map(|c| c.0), chunk, "next chunk, {case}");
+            assert_eq!(state.warmed_until, after, "warmed until, {case}");
+        }
+        state.next_unused = 0;
+    }
+
+    #[test]
     fn the_warmer_maps_its_floor_then_stays_ahead_of_use() {
         if !populate_write_supported() {
             println!("this kernel has no MADV_POPULATE_WRITE: there is no warmer to check");
@@ -815,19 +856,20 @@ mod tests {
         wait_warmed(arena, 21);
         assert_mapped(arena, 1..21, true);
         assert_mapped(arena, 21..CHUNKS, false);
-        // Chunks 1 to 14 taken into use (untouched by this test): 6 ahead is under half of
-        // 16, so the warmer is woken and maps up to 16 beyond them, and no further.
+        // Chunks 1 to 12 taken into use (untouched by this test): taking chunk 12 leaves the
+        // warmer 8 ahead, half of 16, which wakes it (no chunk before did), and it maps up to
+        // 16 beyond them, and no further.
         let slot_bytes = 128 * 1024;
         let per_chunk = CHUNK_BYTES / slot_bytes;
-        let mut taken: Vec<_> = (0..14 * per_chunk)
+        let mut taken: Vec<_> = (0..12 * per_chunk)
             .map(|_| arena.allocate(slot_bytes).unwrap())
             .collect();
-        assert_eq!(arena.lock().next_unused, 15);
-        wait_warmed(arena, 15 + WARM_AHEAD_CHUNKS);
-        assert_mapped(arena, 21..31, true);
-        assert_mapped(arena, 31..CHUNKS, false);
+        assert_eq!(arena.lock().next_unused, 13);
+        wait_warmed(arena, 13 + WARM_AHEAD_CHUNKS);
+        assert_mapped(arena, 21..29, true);
+        assert_mapped(arena, 29..CHUNKS, false);
         // Up to the range's end: the warmer stops there.
-        taken.extend((0..(CHUNKS - 15) * per_chunk).map(|_| arena.allocate(slot_bytes).unwrap()));
+        taken.extend((0..(CHUNKS - 13) * per_chunk).map(|_| arena.allocate(slot_bytes).unwrap()));
         assert!(arena.allocate(slot_bytes).is_none(), "the range is used up");
         wait_warmed(arena, CHUNKS as u32);
         assert_eq!(arena.lock().warmed_until, CHUNKS as u32);
