@@ -53,23 +53,8 @@ fn why_not_checkable(wanted_bytes: usize) -> Option<String> {
             "{wanted_bytes} bytes warmed: too few to tell from the buffers of the pools' opening"
         ));
     }
-    // SAFETY: a new private anonymous mapping of one page, unmapped below.
-    let probe = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(probe, libc::MAP_FAILED);
-    // SAFETY: the page mapped above.
-    let populated = unsafe { libc::madvise(probe, 4096, libc::MADV_POPULATE_WRITE) } == 0;
-    // SAFETY: the page mapped above, used by nothing else.
-    unsafe { libc::munmap(probe, 4096) };
-    (!populated).then(|| "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)".into())
+    (!oxpool_io::machine::populate_write_supported())
+        .then(|| "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)".into())
 }
 
 #[test]

@@ -709,31 +709,9 @@ mod tests {
         pages.iter().filter(|&&page| page & 1 != 0).count()
     }
 
-    /// Whether this kernel has `MADV_POPULATE_WRITE` (Linux 5.14), probed on a page of its
-    /// own.
-    fn populate_write_supported() -> bool {
-        // SAFETY: a new private anonymous mapping of one page, unmapped below.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(page, libc::MAP_FAILED);
-        // SAFETY: the page mapped above.
-        let supported = unsafe { libc::madvise(page, 4096, libc::MADV_POPULATE_WRITE) } == 0;
-        // SAFETY: the page mapped above, used by nothing else.
-        unsafe { libc::munmap(page, 4096) };
-        supported
-    }
-
     #[test]
     fn populating_maps_a_chunk_and_keeps_the_bytes_of_its_slots() {
-        if !populate_write_supported() {
+        if !crate::machine::populate_write_supported() {
             println!("this kernel has no MADV_POPULATE_WRITE: nothing is mapped ahead");
             return;
         }
@@ -838,7 +816,7 @@ mod tests {
 
     #[test]
     fn the_warmer_maps_its_floor_then_stays_ahead_of_use() {
-        if !populate_write_supported() {
+        if !crate::machine::populate_write_supported() {
             println!("this kernel has no MADV_POPULATE_WRITE: there is no warmer to check");
             return;
         }

@@ -34,6 +34,30 @@ pub fn overcommit_is_strict() -> bool {
     std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|mode| mode.trim() == "2")
 }
 
+/// Whether this kernel maps memory ahead of use on request (`MADV_POPULATE_WRITE`, Linux
+/// 5.14), which the buffer arena's warmer needs; probed on a page of its own.
+pub fn populate_write_supported() -> bool {
+    // SAFETY: a new private anonymous mapping of one page, unmapped below.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if page == libc::MAP_FAILED {
+        return false;
+    }
+    // SAFETY: the page mapped above.
+    let supported = unsafe { libc::madvise(page, 4096, libc::MADV_POPULATE_WRITE) } == 0;
+    // SAFETY: the page mapped above, used by nothing else.
+    unsafe { libc::munmap(page, 4096) };
+    supported
+}
+
 /// The memory limit of this process's control group, if it has one.
 fn control_group_limit_bytes() -> Option<u64> {
     let groups = std::fs::read_to_string("/proc/self/cgroup").ok()?;
