@@ -43,7 +43,8 @@ const VOLUME_BYTES: u64 = 512 << 10;
 static EARLY_CASES: AtomicU64 = AtomicU64::new(0);
 static EARLY_CASES_CRASHED_AFTER_ONE: AtomicU64 = AtomicU64::new(0);
 
-/// Fewest cases with `logearly=on` for the check above to mean something.
+/// Fewest cases with `logearly=on` and `logbias=latency` for the check above to mean
+/// something.
 const EARLY_CASES_CHECKED_MIN: u64 = 100;
 
 /// Runs `fut` on `exec` (whose spawned tasks, the early log writes, stay for the next call),

@@ -238,7 +238,7 @@ impl IoBuf {
     /// Maps block-buffer memory ahead of its use, on a thread of its own (the huge-page
     /// arena's warmer): the first `bytes` at once, then always some chunks beyond the last
     /// one in use, for the life of the process. For a server: the kernel zeroes memory at its
-    /// first touch (and this project's VM also has its host back it, 7.5 ms per 2 MiB chunk),
+    /// first touch (and this project's VM also has its host back it, 7.6 ms per 2 MiB chunk),
     /// and without the warmer those faults are taken on the reactor receiving into a new
     /// chunk, stalling every request on it: an eighth of a fresh server's CPU in its first
     /// 2 GiB of sequential writes, and the write tail of 4K sync writes at iodepth 16 while
