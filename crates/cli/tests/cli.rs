@@ -827,6 +827,31 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
     ]);
     assert!(e.contains("./z.img is named twice"), "{e}");
     assert!(!env.path("x.img").exists());
+    // A symbolic link to a file this create would make, and a second hard link to a file:
+    // each is the file named twice (the link was found locked, "in use by another oxpool
+    // process", before its target was resolved).
+    std::os::unix::fs::symlink(env.path("w.img"), env.path("w-link.img")).unwrap();
+    let e = env.fails(&[
+        "create",
+        "t2",
+        &f("w.img"),
+        &f("w-link.img"),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    assert!(e.contains("w-link.img is named twice"), "{e}");
+    assert!(!env.path("w.img").exists());
+    std::fs::remove_file(env.path("w-link.img")).unwrap();
+    std::fs::File::create(env.path("h.img"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    std::fs::hard_link(env.path("h.img"), env.path("h2.img")).unwrap();
+    let e = env.fails(&["create", "t2", "mirror", &f("h.img"), &f("h2.img")]);
+    assert!(e.contains("h2.img is named twice"), "{e}");
+    std::fs::remove_file(env.path("h.img")).unwrap();
+    std::fs::remove_file(env.path("h2.img")).unwrap();
     // A spare that cannot be added (r1 is tank's): no pool, no file.
     let e = env.fails(&[
         "create",

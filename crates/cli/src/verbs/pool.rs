@@ -375,39 +375,68 @@ fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Resul
     refuse_paths_twice(con, words, &ours, pool.name())
 }
 
+/// Symbolic links followed at most, as the kernel's own limit (`SYMLOOP_MAX` is 40).
+const SYMLINKS_FOLLOWED_MAX: usize = 40;
+
 /// A path as the file system names it; one that does not exist yet (a file `create` makes)
-/// by its directory's such path and its name, so that `s.img` and `./s.img` are one.
+/// by its directory's such path and its name, so that `s.img` and `./s.img` are one, and a
+/// symbolic link to such a file as the file it will be (else the link, opened after the
+/// file was made, found it locked, and the message blamed another process).
 fn canonical(p: &Path) -> PathBuf {
-    std::fs::canonicalize(p).unwrap_or_else(|_| {
-        match (p.parent().map(std::fs::canonicalize), p.file_name()) {
-            (Some(Ok(dir)), Some(name)) => dir.join(name),
-            _ => p.to_path_buf(),
+    let mut p = p.to_path_buf();
+    for _ in 0..SYMLINKS_FOLLOWED_MAX {
+        if let Ok(c) = std::fs::canonicalize(&p) {
+            return c;
         }
-    })
+        // A dangling link: where it points (relative to the link's directory).
+        match std::fs::read_link(&p) {
+            Ok(target) => p = p.parent().map_or(target.clone(), |dir| dir.join(&target)),
+            Err(_) => break,
+        }
+    }
+    match (p.parent().map(std::fs::canonicalize), p.file_name()) {
+        (Some(Ok(dir)), Some(name)) => dir.join(name),
+        _ => p,
+    }
 }
 
-/// Refuses a path that `words` names twice (`a.img` and `./a.img` too), or one of `ours`,
-/// the devices pool `pool` has already: opening it a second time would find it locked, and
-/// the message would blame another process.
+/// Which file an existing path is (device and inode): two hard links to one file, or a
+/// block device and a node of it elsewhere, have different paths and one identity.
+fn file_identity(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(p).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+/// Refuses a path that `words` names twice (`a.img` and `./a.img` too, a symbolic link to a
+/// file named beside it, a second hard link to one), or one of `ours`, the devices pool
+/// `pool` has already: opening it a second time would find it locked, and the message would
+/// blame another process.
 fn refuse_paths_twice(
     con: &dyn Console,
     words: &[String],
     ours: &[PathBuf],
     pool: &str,
 ) -> Result<()> {
-    let mut seen: Vec<PathBuf> = Vec::new();
+    let ours_ids: Vec<(u64, u64)> = ours.iter().filter_map(|p| file_identity(p)).collect();
+    let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
+    // Bounded by the words of one command.
     for w in words {
         if is_keyword(w) {
             continue;
         }
         let path = canonical(&con.path(Path::new(w)));
-        if ours.contains(&path) {
+        let id = file_identity(&path);
+        if ours.contains(&path) || id.is_some_and(|id| ours_ids.contains(&id)) {
             bail!("{w} is already in pool '{pool}'");
         }
-        if seen.contains(&path) {
+        if seen
+            .iter()
+            .any(|(p, i)| *p == path || (id.is_some() && *i == id))
+        {
             bail!("{w} is named twice");
         }
-        seen.push(path);
+        seen.push((path, id));
     }
     Ok(())
 }
