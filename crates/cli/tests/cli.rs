@@ -783,6 +783,19 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
     assert!(at("logs") < at(&l1) && at(&l1) < at("spares") && at("spares") < at(&s1));
     assert!(lines[at(&s1)].contains("AVAIL"), "{status}");
     assert!(!env.path("spare").exists(), "a device file named 'spare'");
+    // A second hard link to one of tank's devices, or a link to one by a relative path, is
+    // that device: at add, attach and replace too.
+    std::fs::hard_link(env.path("r2.img"), env.path("r2-hard.img")).unwrap();
+    std::os::unix::fs::symlink("r3.img", env.path("r3-link.img")).unwrap();
+    for link in ["r2-hard.img", "r3-link.img"] {
+        let e = env.fails(&["add", "tank", "spare", &f(link)]);
+        assert!(e.contains("is already in pool 'tank'"), "{link}: {e}");
+        let e = env.fails(&["attach", "tank", &l1, &f(link)]);
+        assert!(e.contains("is already in pool 'tank'"), "{link}: {e}");
+        let e = env.fails(&["replace", "tank", &l1, &f(link)]);
+        assert!(e.contains("is already in pool 'tank'"), "{link}: {e}");
+        std::fs::remove_file(env.path(link)).unwrap();
+    }
     for class in ["cache", "special", "dedup"] {
         let x = f("x.img");
         let e = env.fails(&[

@@ -412,6 +412,10 @@ fn open_new(
     {
         bail!("{path} is already in pool '{}'", pool.name());
     }
+    if !swapped {
+        // Through a link to one of its devices, or a second hard link to one.
+        super::pool::refuse_known_paths(pool, con, &[path.to_string()])?;
+    }
     let file = con.path(Path::new(path));
     if !file.exists() {
         // attach and replace take no --size (open_device's hint): the device must exist.

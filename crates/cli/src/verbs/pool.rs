@@ -364,9 +364,10 @@ pub fn add(
     })
 }
 
-/// Refuses, before any device is opened, a path `add` names twice or one already in the
-/// pool: opening it would find it locked, and the message would blame another process.
-fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
+/// Refuses, before any device is opened, a path `add` (or `attach`, `replace`) names twice
+/// or one already in the pool: opening it would find it locked, and the message would blame
+/// another process.
+pub(super) fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
     let ours: Vec<PathBuf> = pool
         .device_paths()
         .iter()
@@ -375,13 +376,16 @@ fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Resul
     refuse_paths_twice(con, words, &ours, pool.name())
 }
 
-/// Symbolic links followed at most, as the kernel's own limit (`SYMLOOP_MAX` is 40).
+/// Dangling symbolic links followed at most (Linux follows at most 40 in a lookup,
+/// `MAXSYMLINKS`; here each is the last component of the path before it).
 const SYMLINKS_FOLLOWED_MAX: usize = 40;
 
 /// A path as the file system names it; one that does not exist yet (a file `create` makes)
 /// by its directory's such path and its name, so that `s.img` and `./s.img` are one, and a
-/// symbolic link to such a file as the file it will be (else the link, opened after the
-/// file was made, found it locked, and the message blamed another process).
+/// dangling symbolic link by the path it names, so that a link to a file the same command
+/// makes is that file (else the link, opened after the file was made, found it locked, and
+/// the message blamed another process). A lone dangling link is not created through: its
+/// open fails.
 fn canonical(p: &Path) -> PathBuf {
     let mut p = p.to_path_buf();
     for _ in 0..SYMLINKS_FOLLOWED_MAX {
@@ -390,7 +394,12 @@ fn canonical(p: &Path) -> PathBuf {
         }
         // A dangling link: where it points (relative to the link's directory).
         match std::fs::read_link(&p) {
-            Ok(target) => p = p.parent().map_or(target.clone(), |dir| dir.join(&target)),
+            Ok(target) => {
+                p = match p.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                }
+            }
             Err(_) => break,
         }
     }
@@ -400,16 +409,20 @@ fn canonical(p: &Path) -> PathBuf {
     }
 }
 
-/// Which file an existing path is (device and inode): two hard links to one file, or a
-/// block device and a node of it elsewhere, have different paths and one identity.
+/// Which file an existing path is: two hard links to one file have different paths and one
+/// device and inode; two nodes of one block device have different inodes (and locks) and one
+/// device number, which is the identity of a block device.
 fn file_identity(p: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let m = std::fs::metadata(p).ok()?;
-    Some((m.dev(), m.ino()))
+    Some(match m.file_type().is_block_device() {
+        true => (u64::MAX, m.rdev()),
+        false => (m.dev(), m.ino()),
+    })
 }
 
 /// Refuses a path that `words` names twice (`a.img` and `./a.img` too, a symbolic link to a
-/// file named beside it, a second hard link to one), or one of `ours`, the devices pool
+/// file another word names, a second hard link to one), or one of `ours`, the devices pool
 /// `pool` has already: opening it a second time would find it locked, and the message would
 /// blame another process.
 fn refuse_paths_twice(
