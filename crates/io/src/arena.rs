@@ -42,7 +42,7 @@ const SLOT_UNIT_BYTES: usize = 4096;
 /// Chunks the warmer keeps mapped beyond the last chunk the arena has taken into use (32
 /// MiB), so that the I/O path does not take the first-touch fault of a new chunk itself
 /// while the arena grows more slowly than the warmer maps. A first touch of a huge page
-/// zeroes 2 MiB, and on this project's VM also makes the host back it: 7.5 ms per chunk in
+/// zeroes 2 MiB, and on this project's VM also makes the host back it: 7.6 ms per chunk in
 /// the median (issue 19: each stalled a reactor and every request on it, the write tail at
 /// iodepth 16). The arena grew by about 19 chunks a second while the data cache filled
 /// under 4K writes at iodepth 16, and the warmer maps about 130 a second there.

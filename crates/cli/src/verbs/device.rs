@@ -403,18 +403,10 @@ fn open_new(
     swapped: bool,
     devs: &mut crate::devices::Devices,
 ) -> Result<std::sync::Arc<dyn oxpool_io::Backend>> {
-    // Before opening it: the pool's own open device would answer "in use".
-    let known = pool.device_paths();
-    if !swapped
-        && device_candidates(con, path)
-            .iter()
-            .any(|c| known.contains(c))
-    {
-        bail!("{path} is already in pool '{}'", pool.name());
-    }
+    // Before opening it: the pool's own open device would answer "in use" (named as the
+    // pool names it, through a link, or as a second hard link).
     if !swapped {
-        // Through a link to one of its devices, or a second hard link to one.
-        super::pool::refuse_known_paths(pool, con, &[path.to_string()])?;
+        super::pool::refuse_pool_device(pool, con, path)?;
     }
     let file = con.path(Path::new(path));
     if !file.exists() {

@@ -43,7 +43,7 @@ pub fn create(
         let (k, v) = super::split_assignment(a)?;
         pool_props.set(k, v)?;
     }
-    refuse_paths_twice(con, vdevs, &[], name)?;
+    refuse_paths_twice(con, vdevs, &Known::default(), name)?;
     let (vdevs, spares) = split_spares(vdevs)?;
     let mut devs = Devices::default();
     // Until the pool exists with its spares, a failure removes the files this command made
@@ -364,16 +364,45 @@ pub fn add(
     })
 }
 
-/// Refuses, before any device is opened, a path `add` (or `attach`, `replace`) names twice
-/// or one already in the pool: opening it would find it locked, and the message would blame
-/// another process.
-pub(super) fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
-    let ours: Vec<PathBuf> = pool
-        .device_paths()
-        .iter()
-        .map(|p| canonical(Path::new(p)))
-        .collect();
-    refuse_paths_twice(con, words, &ours, pool.name())
+/// Refuses, before any device is opened, a path `add` names twice or one already in the
+/// pool: opening it would find it locked, and the message would blame another process.
+fn refuse_known_paths(pool: &Pool, con: &dyn Console, words: &[String]) -> Result<()> {
+    refuse_paths_twice(con, words, &Known::devices_of(pool), pool.name())
+}
+
+/// Refuses `path` (a device for `attach` or `replace`) if it is one of the pool's devices,
+/// however named (see [`refuse_paths_twice`]).
+pub(super) fn refuse_pool_device(pool: &Pool, con: &dyn Console, path: &str) -> Result<()> {
+    let path_named = canonical(&con.path(Path::new(path)));
+    if Known::devices_of(pool).holds(&path_named, file_identity(&path_named)) {
+        bail!("{path} is already in pool '{}'", pool.name());
+    }
+    Ok(())
+}
+
+/// Devices a pool has: their [`canonical`] paths and, of those that exist, their
+/// [`file_identity`].
+#[derive(Default)]
+struct Known {
+    paths: Vec<PathBuf>,
+    ids: Vec<(u64, u64)>,
+}
+
+impl Known {
+    fn devices_of(pool: &Pool) -> Known {
+        let paths: Vec<PathBuf> = pool
+            .device_paths()
+            .iter()
+            .map(|p| canonical(Path::new(p)))
+            .collect();
+        let ids = paths.iter().filter_map(|p| file_identity(p)).collect();
+        Known { paths, ids }
+    }
+
+    /// Whether the file at canonical `path`, of identity `id`, is one of them.
+    fn holds(&self, path: &Path, id: Option<(u64, u64)>) -> bool {
+        self.paths.iter().any(|p| p == path) || id.is_some_and(|id| self.ids.contains(&id))
+    }
 }
 
 /// Dangling symbolic links followed at most (Linux follows at most 40 in a lookup,
@@ -425,13 +454,7 @@ fn file_identity(p: &Path) -> Option<(u64, u64)> {
 /// file another word names, a second hard link to one), or one of `ours`, the devices pool
 /// `pool` has already: opening it a second time would find it locked, and the message would
 /// blame another process.
-fn refuse_paths_twice(
-    con: &dyn Console,
-    words: &[String],
-    ours: &[PathBuf],
-    pool: &str,
-) -> Result<()> {
-    let ours_ids: Vec<(u64, u64)> = ours.iter().filter_map(|p| file_identity(p)).collect();
+fn refuse_paths_twice(con: &dyn Console, words: &[String], ours: &Known, pool: &str) -> Result<()> {
     let mut seen: Vec<(PathBuf, Option<(u64, u64)>)> = Vec::new();
     // Bounded by the words of one command.
     for w in words {
@@ -440,7 +463,7 @@ fn refuse_paths_twice(
         }
         let path = canonical(&con.path(Path::new(w)));
         let id = file_identity(&path);
-        if ours.contains(&path) || id.is_some_and(|id| ours_ids.contains(&id)) {
+        if ours.holds(&path, id) {
             bail!("{w} is already in pool '{pool}'");
         }
         if seen
