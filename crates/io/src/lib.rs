@@ -116,13 +116,19 @@ pub trait Backend: Send + Sync + 'static {
     fn write(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf>;
 
     /// Writes the whole `buf`, which others may be reading at the same time, at
-    /// `offset_bytes`; the write holds its reference until the device is done with the bytes.
-    /// It saves the copy `write` would need of a buffer the caller cannot give up (a block
-    /// still visible to readers, one buffer written to several devices). This default copies;
-    /// backends that can write from shared memory override it.
+    /// `offset_bytes`; the write holds its reference until the device is done with the bytes,
+    /// even when its future is dropped first (a self-heal relies on that: its places stay
+    /// held while the buffer lives). It saves the copy `write` would need of a buffer the
+    /// caller cannot give up (a block still visible to readers, one buffer written to several
+    /// devices). This default copies and holds the reference until its own future ends: a
+    /// backend whose writes outlive their futures (io_uring's do) must override it.
     fn write_shared(&self, offset_bytes: u64, buf: std::sync::Arc<IoBuf>) -> IoFuture<()> {
         let write = self.write(offset_bytes, IoBuf::from_slice(&buf));
-        IoFuture::boxed(async move { write.await.map(drop) })
+        IoFuture::boxed(async move {
+            let written = write.await.map(drop);
+            drop(buf);
+            written
+        })
     }
 
     /// Writes `bufs` back to back from `offset_bytes` (each shared as in `write_shared`): the

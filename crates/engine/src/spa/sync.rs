@@ -68,7 +68,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
             .partition(|d| d.txg.0 + DEFER_TXGS < txg.0 && pin.is_none_or(|p| d.txg <= p));
         // Places a self-heal is rewriting stay deferred, alone (`HealGuard`). Taken under the
         // state lock, the only nesting of the two.
-        let healing = inner.zio.healing.lock().unwrap();
+        let healing = inner.zio.healing.held();
         // Bounded by the frees of the txgs released.
         for d in ready {
             let mut held = Vec::new();

@@ -18,7 +18,7 @@ use warn_limit::io_warn;
 
 use self::completion::{CompletionControl, CompletionPolicy};
 use self::data_cache::DataCache;
-pub use self::heal_guard::{heal_if_current, HealGuard};
+pub use self::heal_guard::{heal_if_current, HealGuard, HealRegistry};
 
 /// What the pipeline runs on: the vdev tree it plans with, where completions run (the
 /// `completion` property), and the cache of verified data blocks (`data_cache_max`).
@@ -31,7 +31,7 @@ pub struct Zio {
     pub data_cache: DataCache,
     /// Places a self-heal is rewriting ([`HealGuard`]): the txg sync releases none of their
     /// deferred frees while they are here.
-    pub healing: Mutex<Vec<Dva>>,
+    pub healing: HealRegistry,
 }
 
 impl Zio {
@@ -42,7 +42,7 @@ impl Zio {
             vdevs,
             completion: CompletionControl::new(policy),
             data_cache: DataCache::new(data_cache_max_bytes),
-            healing: Mutex::new(Vec::new()),
+            healing: HealRegistry::default(),
         }
     }
 }
@@ -63,7 +63,7 @@ use oxpool_io::rt::{join2, join_all};
 use oxpool_io::IoBuf;
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Writes `data` (already padded to the allocated size) to every copy in `dvas`, as I/Os of
 /// `class`. Succeeds when each DVA has at least one good leaf write; failed leaves are counted.
@@ -421,7 +421,7 @@ pub async fn read_block(
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
     let (buf, bad) = read_block_unhealed(zio, class, bp, what).await?;
-    heal(zio, &bad.0, &buf).await;
+    heal(zio, &bad.0, &buf, None).await;
     Ok(buf)
 }
 
@@ -639,33 +639,40 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 /// has checked that the block is still current.
 pub async fn heal_copies(zio: &Zio, bad: &Repairs, good: &IoBuf) {
     if !bad.is_empty() {
-        heal(zio, &bad.0, good).await;
+        heal(zio, &bad.0, good, None).await;
     }
 }
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
 /// the verified buffer fits every bad location; a raidz column carries its own bytes. Errors
 /// here are counted, not returned: the read itself succeeded. Async writes: nobody waits for
-/// a repair. Returns the places rewritten.
-async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf) -> u64 {
+/// a repair. Each write goes from a shared buffer that `places` (the heal's guard, if the
+/// block may stop being current) tracks: the I/O driver holds that buffer until the device
+/// is done, even if this future is dropped, and the places stay held as long. Returns the
+/// places rewritten.
+async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf, places: Option<&HealGuard<'_>>) -> u64 {
     let mut repaired = 0;
     for r in bad {
         let (io, buf) = match r {
-            Repair::Copy(io) => (io, good.clone()),
-            Repair::Column { io, data } => (io, data.clone()),
+            Repair::Copy(io) => (io, good),
+            Repair::Column { io, data } => (io, data),
         };
         // Faulted or taken offline since the read: it gets no I/O (the bad copy is found
         // again, and repaired, once it is back).
         if !io.leaf.health.in_service() {
             continue;
         }
+        let buf = Arc::new(buf.clone());
+        if let Some(places) = places {
+            places.track(Arc::downgrade(&buf));
+        }
         let len_bytes = buf.len() as u64;
         match io
             .leaf
-            .write(IoClass::AsyncWrite, io.offset_bytes, buf)
+            .write_shared(IoClass::AsyncWrite, io.offset_bytes, buf)
             .await
         {
-            Ok(_) => {
+            Ok(()) => {
                 io.leaf
                     .counters
                     .repaired_bytes
@@ -726,7 +733,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                 Ok((buf, repairs, _)) => {
                     if !repairs.is_empty() {
                         counts.copies_bad += 1;
-                        if heal(zio, &repairs.0, &buf).await == repairs.len() as u64 {
+                        if heal(zio, &repairs.0, &buf, None).await == repairs.len() as u64 {
                             counts.copies_repaired += 1;
                         }
                     }
@@ -804,7 +811,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
         Some(buf) => {
             // A whole copy takes the block at its allocated size; a raidz read returns the
             // data size, which is that size on a single device or mirror.
-            counts.copies_repaired += heal(zio, &bad, buf).await;
+            counts.copies_repaired += heal(zio, &bad, buf, None).await;
         }
         None => counts.blocks_lost = 1,
     }
