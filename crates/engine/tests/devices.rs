@@ -653,15 +653,34 @@ fn an_import_that_finds_nothing_names_the_devices_with_damaged_labels() {
     {
         member.corrupt(at + 64, 64, i as u64 + 1);
     }
+    // A second member whose first label was wiped (zeros) and the others damaged: it held a
+    // pool, whatever its first label says.
+    let wiped = MemoryBackend::new("wiped", 64 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::single(Arc::new(wiped.clone()))],
+        oxpool_engine::PoolProps::default(),
+        false,
+    )
+    .unwrap();
+    pool.export().unwrap();
+    let labels = oxpool_format::label_offsets(wiped.size_bytes());
+    let zeros = oxpool_io::IoBuf::zeroed(oxpool_format::LABEL_BYTES as usize);
+    oxpool_io::rt::block_on(wiped.write(labels[0], zeros)).unwrap();
+    for (i, at) in labels.into_iter().enumerate().skip(1) {
+        wiped.corrupt(at + 64, 64, i as u64 + 11);
+    }
     let mut devices: Vec<Arc<dyn Backend>> = (0..6)
         .map(|i| Arc::new(MemoryBackend::new(&format!("junk{i}"), 1 << 20)) as Arc<dyn Backend>)
         .collect();
     devices.push(Arc::new(member));
+    devices.push(Arc::new(wiped));
     let err = Pool::import(devices, Some("tank"))
         .err()
         .expect("imported")
         .to_string();
     assert!(err.contains("member: label 0"), "{err}");
+    assert!(err.contains("wiped: label 1"), "{err}");
     assert!(err.contains("6 without a pool's label"), "{err}");
     assert!(!err.contains("junk5"), "{err}");
 }

@@ -13,7 +13,7 @@ use crate::props::{PoolProps, VolumeProps};
 use crate::spa::import::ImportOptions;
 use crate::spa::sync::{sync_thread, SyncClient};
 use crate::spa::{check_name, PoolStatus, Spa, TopSpec};
-use crate::vdev::label::read_label;
+use crate::vdev::label::{holds_no_label, read_label};
 use crate::vdev::{DeviceStats, InjectRule, InjectRuleStatus};
 use crate::zil::{read_chain, ReplayRecord, Zil};
 use crate::zio::ScrubCounts;
@@ -123,21 +123,6 @@ impl PoolCounters {
     pub fn data_cache_stats(&self) -> crate::zio::data_cache::DataCacheStats {
         self.spa.zio.data_cache.stats()
     }
-}
-
-/// Whether a device's label error says it never held a pool (too small, all zeros, no
-/// magic), not that a label is damaged or unreadable: only those are summed up in a count.
-fn holds_no_label(e: &EngineError) -> bool {
-    use oxpool_format::FormatError;
-    matches!(
-        e,
-        EngineError::Corrupt {
-            source: FormatError::Truncated { .. }
-                | FormatError::BadMagic { .. }
-                | FormatError::Empty,
-            ..
-        }
-    )
 }
 
 /// Devices an import that found no pool names one by one, with what each held; beyond it,

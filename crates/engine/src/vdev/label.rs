@@ -71,7 +71,9 @@ pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
 }
 
 /// Reads the labels' configuration. Returns the first label that verifies; if none does, the
-/// error names the device and what was wrong with its first label.
+/// error names the device and what was wrong with its first label, or with the first damaged
+/// or unreadable one if any is: a label that is all zeros or lacks the magic beside a damaged
+/// one does not make the device one that never held a pool ([`holds_no_label`]).
 pub async fn read_label(dev: &dyn Backend) -> Result<LabelConfig> {
     read_label_of(dev, false).await
 }
@@ -105,22 +107,48 @@ async fn read_label_of(dev: &dyn Backend, front_only: bool) -> Result<LabelConfi
         {
             Ok(b) => b,
             Err(e) => {
-                first_err.get_or_insert(EngineError::io(dev.name(), e));
+                keep_first_damage(&mut first_err, EngineError::io(dev.name(), e));
                 continue;
             }
         };
         match LabelConfig::decode(&buf) {
             Ok(cfg) => return Ok(cfg),
             Err(e) => {
-                first_err.get_or_insert(EngineError::Corrupt {
+                let err = EngineError::Corrupt {
                     device: dev.name().to_string(),
                     what: format!("label {i} (offset {off})"),
                     source: e,
-                });
+                };
+                keep_first_damage(&mut first_err, err);
             }
         }
     }
     Err(first_err.expect("LABEL_COUNT > 0"))
+}
+
+/// Keeps in `kept` the first label error, or the first that says more than "no label here".
+fn keep_first_damage(kept: &mut Option<EngineError>, err: EngineError) {
+    if kept
+        .as_ref()
+        .is_none_or(|k| holds_no_label(k) && !holds_no_label(&err))
+    {
+        *kept = Some(err);
+    }
+}
+
+/// Whether a device's label error ([`read_label`]) says it never held a pool (too small, all
+/// zeros, no magic), not that a label is damaged or unreadable.
+pub fn holds_no_label(e: &EngineError) -> bool {
+    use oxpool_format::FormatError;
+    matches!(
+        e,
+        EngineError::Corrupt {
+            source: FormatError::Truncated { .. }
+                | FormatError::BadMagic { .. }
+                | FormatError::Empty,
+            ..
+        }
+    )
 }
 
 /// Writes `ub` into its slot (`txg % UBERBLOCK_SLOTS`) of all four labels.
