@@ -392,12 +392,17 @@ impl FaultBackend {
     }
 
     /// A write, durable (FUA) or not; see the module docs for the model.
-    fn write_kind(&self, offset_bytes: u64, buf: IoBuf, durable: bool) -> IoFuture<IoBuf> {
+    /// Admits a write of `len` bytes: its added latency, whether it fails, whether power-loss
+    /// tracking takes it.
+    fn admit_write(
+        &self,
+        offset_bytes: u64,
+        len: usize,
+        durable: bool,
+    ) -> IoResult<(Duration, bool, bool)> {
         let (latency, inject_error, tracking) = {
             let mut state = lock(&self.shared.state);
-            if let Err(err) = Self::admit(&mut state, OpClass::Write) {
-                return IoFuture::ready(Err(err));
-            }
+            Self::admit(&mut state, OpClass::Write)?;
             state.stats.durable_writes += u64::from(durable);
             let p_error = state.write_error_probability;
             let inject_error = draw(&mut state.rng, p_error);
@@ -408,13 +413,33 @@ impl FaultBackend {
         };
         if tracking {
             // The overlay would accept anything; the device would not.
-            if let Err(err) = self.check_range(offset_bytes, buf.len()) {
-                return IoFuture::ready(Err(err));
-            }
+            self.check_range(offset_bytes, len)?;
         }
+        Ok((latency, inject_error, tracking))
+    }
+
+    fn write_kind(&self, offset_bytes: u64, buf: IoBuf, durable: bool) -> IoFuture<IoBuf> {
+        let (latency, inject_error, tracking) =
+            match self.admit_write(offset_bytes, buf.len(), durable) {
+                Ok(admitted) => admitted,
+                Err(err) => return IoFuture::ready(Err(err)),
+            };
         if latency.is_zero() && !inject_error && !tracking {
             return write_to(&*self.shared.inner, offset_bytes, buf, durable);
         }
+        self.write_admitted(offset_bytes, buf, durable, latency, inject_error, tracking)
+    }
+
+    /// The injected path of an admitted write: latency, error, the power-loss overlay.
+    fn write_admitted(
+        &self,
+        offset_bytes: u64,
+        buf: IoBuf,
+        durable: bool,
+        latency: Duration,
+        inject_error: bool,
+        tracking: bool,
+    ) -> IoFuture<IoBuf> {
         let shared = self.shared.clone();
         IoFuture::boxed(async move {
             delay_or_fail(latency, inject_error).await?;
@@ -576,6 +601,36 @@ impl Backend for FaultBackend {
 
     fn write_durable(&self, offset_bytes: u64, buf: IoBuf) -> IoFuture<IoBuf> {
         self.write_kind(offset_bytes, buf, true)
+    }
+
+    /// Forwards the shared buffer to the inner device, so a write that outlives its future
+    /// there (io_uring's) keeps holding it, as the trait asks. Only the power-loss overlay,
+    /// which completes in memory, takes a copy.
+    fn write_shared(&self, offset_bytes: u64, buf: Arc<IoBuf>) -> IoFuture<()> {
+        let (latency, inject_error, tracking) =
+            match self.admit_write(offset_bytes, buf.len(), false) {
+                Ok(admitted) => admitted,
+                Err(err) => return IoFuture::ready(Err(err)),
+            };
+        if tracking {
+            let write = self.write_admitted(
+                offset_bytes,
+                IoBuf::from_slice(&buf),
+                false,
+                latency,
+                inject_error,
+                tracking,
+            );
+            return IoFuture::boxed(async move { write.await.map(drop) });
+        }
+        if latency.is_zero() && !inject_error {
+            return self.shared.inner.write_shared(offset_bytes, buf);
+        }
+        let shared = self.shared.clone();
+        IoFuture::boxed(async move {
+            delay_or_fail(latency, inject_error).await?;
+            shared.inner.write_shared(offset_bytes, buf).await
+        })
     }
 
     fn durable_write_mode(&self) -> DurableWriteMode {

@@ -1,10 +1,13 @@
 //! FileBackend: O_DIRECT on ext4, buffered fallback, tmpfs, unaligned requests, bounds,
 //! flush, discard, and many reads in flight.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
 
-use oxpool_io::rt::{block_on, join_all};
+use oxpool_io::rt::{block_on, join_all, sleep};
 use oxpool_io::{Backend, DurableWriteMode, FaultBackend, FileBackend, IoBuf};
 
 fn pattern(len: usize, seed: u64) -> IoBuf {
@@ -427,4 +430,51 @@ fn submit_queued_starts_io_before_the_next_turn() {
     })
     .unwrap();
     assert_eq!(back.to_vec(), expected);
+}
+
+/// A shared write whose future is dropped once the driver has it: the buffer stays referenced
+/// until the write has ended, then is let go, and the bytes land. A self-heal's places stay
+/// held exactly that long (`HealGuard` in the engine tracks the buffer).
+fn a_dropped_shared_write_holds_its_buffer_until_it_ends(dev: &dyn Backend) {
+    let data = pattern(64 << 10, 9);
+    let buf = Arc::new(data.clone());
+    let weak = Arc::downgrade(&buf);
+    let mut write = Box::pin(dev.write_shared(0, buf));
+    let mut cx = Context::from_waker(Waker::noop());
+    // The first poll starts the write (its submission waits for the driver's next turn).
+    assert!(write.as_mut().poll(&mut cx).is_pending());
+    drop(write);
+    assert!(
+        weak.strong_count() > 0,
+        "{}: the buffer went with the future while the write was in flight",
+        dev.name()
+    );
+    // The driver's turns submit the write and reap its completion; bounded at 10 s.
+    for _ in 0..1000 {
+        if weak.strong_count() == 0 {
+            break;
+        }
+        block_on(sleep(Duration::from_millis(10)));
+    }
+    assert_eq!(
+        weak.strong_count(),
+        0,
+        "{}: the buffer outlived its write",
+        dev.name()
+    );
+    let back = block_on(dev.read(0, IoBuf::zeroed(data.len()))).unwrap();
+    assert!(
+        back == data,
+        "{}: the dropped write did not land",
+        dev.name()
+    );
+}
+
+#[test]
+fn a_dropped_shared_write_holds_its_buffer_on_a_file_and_through_a_fault_backend() {
+    let dir = disk_dir();
+    let file = Arc::new(FileBackend::open(&dir.path().join("dev0"), Some(8 << 20)).unwrap());
+    a_dropped_shared_write_holds_its_buffer_until_it_ends(file.as_ref());
+    let faulty = FaultBackend::new(file, 1);
+    a_dropped_shared_write_holds_its_buffer_until_it_ends(&faulty);
 }

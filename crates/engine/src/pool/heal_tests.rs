@@ -5,7 +5,8 @@
 
 use crate::props::PoolProps;
 use crate::vdev::alloc::DEFER_TXGS;
-use crate::zio::HealGuard;
+use crate::vdev::queue::IoClass;
+use crate::zio::{read_data_block, HealGuard};
 use crate::{Pool, TopSpec};
 use oxpool_format::DATA_START_BYTES;
 use oxpool_io::rt::block_on;
@@ -125,6 +126,25 @@ impl Backend for HeldWrite {
 /// the hold on the place: the write still lands, so the place is not released until it has.
 #[test]
 fn a_heal_write_outliving_its_reader_keeps_its_place_held() {
+    heal_write_outlives_its_reader(Reader::Volume);
+}
+
+/// The same for a reader whose pointer is stable only while it lives (a send's, holding its
+/// snapshot), which heals without a currency check.
+#[test]
+fn a_heal_write_outliving_a_plain_block_read_keeps_its_place_held() {
+    heal_write_outlives_its_reader(Reader::Block);
+}
+
+/// Who reads the damaged block.
+enum Reader {
+    /// The volume's read path (`heal_if_current`).
+    Volume,
+    /// `zio::read_data_block`, which heals at once.
+    Block,
+}
+
+fn heal_write_outlives_its_reader(reader: Reader) {
     let mut props = PoolProps::default();
     props.set("txg_timeout", "3600").unwrap();
     let mem = MemoryBackend::new("d0", 64 << 20);
@@ -170,7 +190,15 @@ fn a_heal_write_outliving_its_reader_keeps_its_place_held() {
     let vol = pool.volume("v").unwrap();
     {
         let mut out = vec![0u8; bs];
-        let mut read = Box::pin(vol.read(0, &mut out));
+        let mut read: std::pin::Pin<Box<dyn Future<Output = ()> + '_>> = match reader {
+            Reader::Volume => Box::pin(async { vol.read(0, &mut out).await.unwrap() }),
+            Reader::Block => Box::pin(async {
+                let zio = &pool.spa.zio;
+                read_data_block(zio, IoClass::SyncRead, &old, bs, "the block")
+                    .await
+                    .unwrap();
+            }),
+        };
         let mut cx = Context::from_waker(Waker::noop());
         // Bounded: the read reaches its heal within a few polls; a second at most.
         for _ in 0..1000 {

@@ -1,7 +1,7 @@
 //! [`HealGuard`]: the places of a block that a self-heal rewrites, kept from reuse while it
 //! does, and while any write it started may still reach the device.
 
-use super::{heal, Repairs, Zio};
+use super::{heal_held, Repairs, Zio};
 use oxpool_format::Dva;
 use oxpool_io::IoBuf;
 use std::future::Future;
@@ -41,6 +41,12 @@ impl Places {
     fn len(&self) -> usize {
         self.live.len() + self.orphans.iter().map(|o| o.dvas.len()).sum::<usize>()
     }
+
+    /// Drops the orphans none of whose writes is in flight any more.
+    fn forget_ended_orphans(&mut self) {
+        self.orphans
+            .retain(|o| o.writes.iter().any(|w| w.strong_count() > 0));
+    }
 }
 
 /// The places no free may release now, for one pass of the txg sync over its frees.
@@ -62,9 +68,7 @@ impl HealRegistry {
     /// The places held now. Orphaned heals whose writes have all ended are forgotten first.
     pub fn held(&self) -> HeldPlaces<'_> {
         let mut places = self.places.lock().unwrap();
-        places
-            .orphans
-            .retain(|o| o.writes.iter().any(|w| w.strong_count() > 0));
+        places.forget_ended_orphans();
         HeldPlaces(places)
     }
 }
@@ -93,6 +97,9 @@ impl<'a> HealGuard<'a> {
     /// Registers the places of `dvas`; None (no heal) if too many are registered already.
     pub fn new(zio: &'a Zio, dvas: &[Dva]) -> Option<HealGuard<'a>> {
         let mut places = zio.healing.places.lock().unwrap();
+        // Orphans whose writes ended count no more (the sync prunes too, but may be hours away
+        // on an idle pool).
+        places.forget_ended_orphans();
         if places.len() + dvas.len() > HEALING_PLACES_MAX {
             return None;
         }
@@ -148,6 +155,6 @@ pub async fn heal_if_current(
         return;
     };
     if current.await {
-        heal(zio, &bad.0, good, Some(&places)).await;
+        heal_held(zio, &bad.0, good, &places).await;
     }
 }

@@ -377,7 +377,7 @@ pub enum Repair {
     },
 }
 
-/// The places a read found bad ([`read_block_unhealed`]), for [`heal_copies`].
+/// The places a read found bad ([`read_block_unhealed`]), for [`heal_if_current`].
 #[derive(Debug, Default)]
 pub struct Repairs(Vec<Repair>);
 
@@ -421,12 +421,12 @@ pub async fn read_block(
     what: &(impl Display + ?Sized),
 ) -> Result<IoBuf> {
     let (buf, bad) = read_block_unhealed(zio, class, bp, what).await?;
-    heal(zio, &bad.0, &buf, None).await;
+    heal(zio, bp.dvas(), &bad.0, &buf).await;
     Ok(buf)
 }
 
 /// As [`read_block`], without rewriting the copies that were bad: returns them with the
-/// block, for [`heal_copies`]. For a reader whose block pointer may stop being current while
+/// block, for [`heal_if_current`]. For a reader whose block pointer may stop being current while
 /// it reads (the txg sync may replace the block and free its places): healing then must wait
 /// until the caller has checked that the pointer is still current, or it could write the
 /// old block over a place already reused.
@@ -496,7 +496,7 @@ pub async fn read_data_block(
     what: &(impl Display + ?Sized),
 ) -> Result<DataBlock> {
     let (block, bad) = read_data_block_unhealed(zio, class, bp, lsize_bytes, what).await?;
-    heal_copies(zio, &bad, block.stored()).await;
+    heal(zio, bp.dvas(), &bad.0, block.stored()).await;
     Ok(block)
 }
 
@@ -634,23 +634,29 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
     psize <= buf.len() && checksum(bp.checksum_type, &buf[..psize]) == bp.checksum
 }
 
-/// Rewrites `good`, a verified block, over its copies in `bad` (from
-/// [`read_block_unhealed`]), and the raidz columns in `bad` with their own bytes; the caller
-/// has checked that the block is still current.
-pub async fn heal_copies(zio: &Zio, bad: &Repairs, good: &IoBuf) {
-    if !bad.is_empty() {
-        heal(zio, &bad.0, good, None).await;
+/// Rewrites good data over the copies that failed, of a block at `dvas` whose pointer cannot
+/// change under the caller (see [`heal_if_current`] for one that may). The places are held
+/// ([`HealGuard`]) while a write may still reach them, even past this future: a reader
+/// dropped mid-heal (a send whose receiver went away) also ends what kept the pointer
+/// current (the snapshot's hold). Returns the places rewritten; none if too many heals are
+/// in flight.
+async fn heal(zio: &Zio, dvas: &[Dva], bad: &[Repair], good: &IoBuf) -> u64 {
+    if bad.is_empty() {
+        return 0;
     }
+    let Some(places) = HealGuard::new(zio, dvas) else {
+        return 0;
+    };
+    heal_held(zio, bad, good, &places).await
 }
 
 /// Rewrites good data over the copies that failed. Each copy of a DVA has the same size, so
 /// the verified buffer fits every bad location; a raidz column carries its own bytes. Errors
 /// here are counted, not returned: the read itself succeeded. Async writes: nobody waits for
-/// a repair. Each write goes from a shared buffer that `places` (the heal's guard, if the
-/// block may stop being current) tracks: the I/O driver holds that buffer until the device
-/// is done, even if this future is dropped, and the places stay held as long. Returns the
-/// places rewritten.
-async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf, places: Option<&HealGuard<'_>>) -> u64 {
+/// a repair. Each write goes from a shared buffer that `places` tracks: the I/O driver holds
+/// that buffer until the device is done, even if this future is dropped, and the places stay
+/// held as long. Returns the places rewritten.
+async fn heal_held(zio: &Zio, bad: &[Repair], good: &IoBuf, places: &HealGuard<'_>) -> u64 {
     let mut repaired = 0;
     for r in bad {
         let (io, buf) = match r {
@@ -663,9 +669,7 @@ async fn heal(zio: &Zio, bad: &[Repair], good: &IoBuf, places: Option<&HealGuard
             continue;
         }
         let buf = Arc::new(buf.clone());
-        if let Some(places) = places {
-            places.track(Arc::downgrade(&buf));
-        }
+        places.track(Arc::downgrade(&buf));
         let len_bytes = buf.len() as u64;
         match io
             .leaf
@@ -733,7 +737,9 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                 Ok((buf, repairs, _)) => {
                     if !repairs.is_empty() {
                         counts.copies_bad += 1;
-                        if heal(zio, &repairs.0, &buf, None).await == repairs.len() as u64 {
+                        if heal(zio, std::slice::from_ref(dva), &repairs.0, &buf).await
+                            == repairs.len() as u64
+                        {
                             counts.copies_repaired += 1;
                         }
                     }
@@ -811,7 +817,7 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
         Some(buf) => {
             // A whole copy takes the block at its allocated size; a raidz read returns the
             // data size, which is that size on a single device or mirror.
-            counts.copies_repaired += heal(zio, &bad, buf, None).await;
+            counts.copies_repaired += heal(zio, bp.dvas(), &bad, buf).await;
         }
         None => counts.blocks_lost = 1,
     }
