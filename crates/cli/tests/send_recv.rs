@@ -248,6 +248,20 @@ fn recv_into_a_served_pool_exports_what_it_received() {
         !listed.contains("dest/quiet\n") && !listed.contains("export=\"dest/quiet\""),
         "{listed}"
     );
+    // An incremental into it leaves it as it was: not exported, nor its new snapshot.
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "-i", "@one", "tank/vol0@two"],
+        &["recv", "dest/quiet"],
+    );
+    assert!(
+        s && r,
+        "incremental into the unexported volume failed: {err}"
+    );
+    let listed = exports(&server);
+    assert!(!listed.contains("\"dest/quiet"), "{listed}");
+    let snapshots = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name"]);
+    assert!(snapshots.contains("dest/quiet@two\n"), "{snapshots}");
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
     for pool in ["tank", "dest"] {

@@ -229,10 +229,12 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         } else {
             Vec::new()
         };
-        if let (Some(served), true) = (served, existed) {
-            // The head's contents change under its clients: they must be gone first.
-            served.unexport_volume(&head, false, Unexport::Receive)?;
-        }
+        // The head's contents change under its clients: they must be gone first. It comes
+        // back only if it was exported (or is new, without -u).
+        let head_was_exported = match (served, existed) {
+            (Some(served), true) => served.unexport_volume(&head, false, Unexport::Receive)?,
+            _ => false,
+        };
         // The snapshots -F is to destroy (those after the stream's base, which only the
         // stream names) leave the export table before anything is applied: as `destroy` and
         // `rollback`, refused while a client has one open. Those still there after the
@@ -263,28 +265,33 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
                 Err(_) => Vec::new(),
             };
             // Received snapshots join the export table, and those taken down that are still
-            // there come back; `-u` leaves a new volume and its snapshots unexported. The
-            // receive's own error comes first: an export that fails after it is only said.
+            // there come back; `-u` leaves a new volume and its snapshots unexported, and a
+            // head that was not exported (received with -u) stays so, as ZFS leaves an
+            // unmounted filesystem unmounted. The receive's own error comes first: an export
+            // that fails after it is only said.
             let mut export_error: Option<anyhow::Error> = None;
             let mut export = |r: Result<()>| {
                 if let Err(e) = r {
                     export_error.get_or_insert(e);
                 }
             };
-            if existed || !no_export {
+            let head_exported = head_was_exported || (!existed && !no_export);
+            if head_exported {
                 if let Ok(vol) = p.volume(volume) {
                     export(served.export_volume(vol));
                 }
-                for s in after
-                    .iter()
-                    .filter(|s| !before.contains(s) || taken_down.contains(s))
-                {
-                    export(
-                        p.snapshot_volume(volume, s)
-                            .map_err(anyhow::Error::from)
-                            .and_then(|v| served.export_volume(v)),
-                    );
-                }
+            }
+            // New snapshots follow the head (exported only if it is); those taken down come
+            // back whatever it is.
+            for s in after
+                .iter()
+                .filter(|s| (head_exported && !before.contains(s)) || taken_down.contains(s))
+            {
+                export(
+                    p.snapshot_volume(volume, s)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|v| served.export_volume(v)),
+                );
             }
             match (export_error, &received) {
                 (Some(e), Err(_)) => {
