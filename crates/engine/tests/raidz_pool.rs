@@ -247,10 +247,26 @@ fn silent_damage_is_found_and_a_scrub_repairs_it() {
         // Import reads (and repairs) the pool's metadata; the volume's blocks are the scrub's.
         let pool = reimport(&mems);
         pool.set_prop("data_cache_max", "0").unwrap();
+        let devices_repaired = |pool: &Pool| -> u64 {
+            pool.status().vdevs[0]
+                .children
+                .iter()
+                .map(|c| c.repaired_bytes)
+                .sum()
+        };
+        let before = devices_repaired(&pool);
         let scrub = pool.scrub().unwrap();
         assert_eq!(scrub.blocks_lost, 0, "{scrub:?}");
         assert!(scrub.copies_bad > 0, "{scrub:?}");
         assert_eq!(scrub.copies_bad, scrub.copies_repaired, "{scrub:?}");
+        // The scrub's "repaired" is what the devices count: the bad columns' bytes, not the
+        // whole raidz copies they belong to.
+        let status = pool.scan_status().expect("a scrub ran");
+        assert_eq!(
+            status.repaired_bytes,
+            devices_repaired(&pool) - before,
+            "raidz{parity}/{width}"
+        );
         let s = pool.status();
         for &i in &damaged {
             assert!(s.vdevs[0].children[i].checksum_errors > 0, "{s:?}");

@@ -815,14 +815,9 @@ fn account(ctx: &Ctx<'_>, bp: &BlockPtr, counts: ScrubCounts) {
 /// Adds the findings of one block read (its walk counted it found already).
 fn issued(ctx: &Ctx<'_>, bp: &BlockPtr, counts: ScrubCounts) {
     let copies: u64 = bp.dvas().iter().map(|d| d.asize_bytes as u64).sum();
-    let repaired = if counts.copies_repaired > 0 {
-        counts.copies_repaired * bp.dvas().first().map_or(0, |d| d.asize_bytes as u64)
-    } else {
-        0
-    };
     ctx.dsl.scan.update(|s| {
         s.issued_bytes += copies;
-        s.repaired_bytes += repaired;
+        s.repaired_bytes += counts.repaired_bytes;
         s.blocks_visited += 1;
         s.counts += counts;
     });

@@ -638,14 +638,14 @@ pub fn verify(bp: &BlockPtr, buf: &[u8]) -> bool {
 /// change under the caller (see [`heal_if_current`] for one that may). The places are held
 /// ([`HealGuard`]) while a write may still reach them, even past this future: a reader
 /// dropped mid-heal (a send whose receiver went away) also ends what kept the pointer
-/// current (the snapshot's hold). Returns the places rewritten; none if too many heals are
+/// current (the snapshot's hold). Returns what was rewritten; nothing if too many heals are
 /// in flight.
-async fn heal(zio: &Zio, dvas: &[Dva], bad: &[Repair], good: &IoBuf) -> u64 {
+async fn heal(zio: &Zio, dvas: &[Dva], bad: &[Repair], good: &IoBuf) -> Healed {
     if bad.is_empty() {
-        return 0;
+        return Healed::default();
     }
     let Some(places) = HealGuard::new(zio, dvas) else {
-        return 0;
+        return Healed::default();
     };
     heal_held(zio, bad, good, &places).await
 }
@@ -655,9 +655,9 @@ async fn heal(zio: &Zio, dvas: &[Dva], bad: &[Repair], good: &IoBuf) -> u64 {
 /// here are counted, not returned: the read itself succeeded. Async writes: nobody waits for
 /// a repair. Each write goes from a shared buffer that `places` tracks: the I/O driver holds
 /// that buffer until the device is done, even if this future is dropped, and the places stay
-/// held as long. Returns the places rewritten.
-async fn heal_held(zio: &Zio, bad: &[Repair], good: &IoBuf, places: &HealGuard<'_>) -> u64 {
-    let mut repaired = 0;
+/// held as long. Returns what was rewritten.
+async fn heal_held(zio: &Zio, bad: &[Repair], good: &IoBuf, places: &HealGuard<'_>) -> Healed {
+    let mut repaired = Healed::default();
     for r in bad {
         let (io, buf) = match r {
             Repair::Copy(io) => (io, good),
@@ -681,7 +681,8 @@ async fn heal_held(zio: &Zio, bad: &[Repair], good: &IoBuf, places: &HealGuard<'
                     .counters
                     .repaired_bytes
                     .fetch_add(len_bytes, Ordering::Relaxed);
-                repaired += 1;
+                repaired.places += 1;
+                repaired.bytes += len_bytes;
             }
             Err(e) => {
                 zio.vdevs.note_error(&io.leaf, ErrorKind::Write, Some(&e));
@@ -690,6 +691,15 @@ async fn heal_held(zio: &Zio, bad: &[Repair], good: &IoBuf, places: &HealGuard<'
         }
     }
     repaired
+}
+
+/// What a heal rewrote.
+#[derive(Clone, Copy, Debug, Default)]
+struct Healed {
+    /// Places (copies, raidz columns) rewritten.
+    places: u64,
+    /// Bytes written to them: what the devices count as repaired.
+    bytes: u64,
 }
 
 /// What a scrub of one block found.
@@ -703,6 +713,9 @@ pub struct ScrubCounts {
     pub copies_repaired: u64,
     /// Blocks with no good copy at all.
     pub blocks_lost: u64,
+    /// Bytes the rewrites put on the devices (a raidz copy's bad columns only, not its
+    /// whole size): the sum of what the devices count as repaired.
+    pub repaired_bytes: u64,
 }
 
 impl std::ops::AddAssign for ScrubCounts {
@@ -711,6 +724,7 @@ impl std::ops::AddAssign for ScrubCounts {
         self.copies_bad += o.copies_bad;
         self.copies_repaired += o.copies_repaired;
         self.blocks_lost += o.blocks_lost;
+        self.repaired_bytes += o.repaired_bytes;
     }
 }
 
@@ -737,9 +751,9 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
                 Ok((buf, repairs, _)) => {
                     if !repairs.is_empty() {
                         counts.copies_bad += 1;
-                        if heal(zio, std::slice::from_ref(dva), &repairs.0, &buf).await
-                            == repairs.len() as u64
-                        {
+                        let healed = heal(zio, std::slice::from_ref(dva), &repairs.0, &buf).await;
+                        counts.repaired_bytes += healed.bytes;
+                        if healed.places == repairs.len() as u64 {
                             counts.copies_repaired += 1;
                         }
                     }
@@ -817,7 +831,9 @@ pub async fn scrub_block(zio: &Zio, bp: &BlockPtr, what: &str) -> (Option<IoBuf>
         Some(buf) => {
             // A whole copy takes the block at its allocated size; a raidz read returns the
             // data size, which is that size on a single device or mirror.
-            counts.copies_repaired += heal(zio, bp.dvas(), &bad, buf).await;
+            let healed = heal(zio, bp.dvas(), &bad, buf).await;
+            counts.copies_repaired += healed.places;
+            counts.repaired_bytes += healed.bytes;
         }
         None => counts.blocks_lost = 1,
     }
