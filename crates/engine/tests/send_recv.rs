@@ -1154,3 +1154,26 @@ fn a_snapshot_being_sent_cannot_be_destroyed_until_the_send_ends() {
     src.destroy_snapshots("src", &["b".to_string()]).unwrap();
     audit_clean(&src, "after the held send");
 }
+
+/// An `-I` input is several streams back to back: an error in a later one says where it is
+/// in the input, not only in its own stream (a new user's finding: the offset given was the
+/// stream's, which no tool could find in the file).
+#[test]
+fn an_error_in_a_later_stream_of_the_input_is_placed_in_the_input() {
+    let (src, _mems) = source();
+    let dst = mem_pool(TopVdevKind::Single, 1).0;
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    // @b, @c and @d, one stream each.
+    let all = send(&src, "src", "d", Some("a"), true);
+    let cut_at = all.len() - 10;
+    let err = recv(&dst, "copy", &all[..cut_at], false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("byte {cut_at} of the input")) && err.contains("its stream 3"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+    // The two whole streams before it were received, each whole.
+    assert_eq!(guids(&dst, "copy").len(), 3, "@a, @b and @c");
+}

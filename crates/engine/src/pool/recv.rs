@@ -117,6 +117,10 @@ struct Input<'a> {
     head: [u8; RECORD_HEADER_BYTES],
     head_len: usize,
     eof: bool,
+    /// Streams decoded to their END, and their bytes: where in the input the current one
+    /// starts, for its errors (a decoder counts from its stream's start).
+    streams_ended: u32,
+    streams_ended_bytes: u64,
 }
 
 impl Input<'_> {
@@ -165,18 +169,22 @@ impl Input<'_> {
                 self.read_into(&mut [])?;
             }
             if self.head_len == 0 {
-                return Err(stream_error(dec.finish().err()));
+                return Err(self.stream_error(dec.finish().err()));
             }
             // At most one header: the decoder stops at its end (or takes what the end of
             // the input left of it).
             let d = dec
                 .decode(&self.head[..self.head_len])
-                .map_err(|e| stream_error(Some(e)))?;
+                .map_err(|e| self.stream_error(Some(e)))?;
             let consumed = d.consumed_bytes;
             let record = d.record.map(owned);
             self.head.copy_within(consumed..self.head_len, 0);
             self.head_len -= consumed;
             if let Some(record) = record {
+                if matches!(record, Record::End) {
+                    self.streams_ended += 1;
+                    self.streams_ended_bytes += dec.position_bytes();
+                }
                 return Ok(record);
             }
             let pending = dec.payload_pending_bytes();
@@ -197,10 +205,10 @@ impl Input<'_> {
             }
             let d = dec
                 .decode(&buf[..filled])
-                .map_err(|e| stream_error(Some(e)))?;
+                .map_err(|e| self.stream_error(Some(e)))?;
             let Some(record) = d.record else {
                 // Cut inside the payload: the decoder took what there was.
-                return Err(stream_error(dec.finish().err()));
+                return Err(self.stream_error(dec.finish().err()));
             };
             // A DATA record's payload is `buf` itself: its fields are copied out, and `buf`
             // becomes the block.
@@ -215,6 +223,22 @@ impl Input<'_> {
                 },
                 Err(other) => other,
             });
+        }
+    }
+
+    /// `e` (None: the input ended before the stream did) as a receive's error. Past the
+    /// input's first stream (`-I`), it says where in the input as well as in its stream.
+    fn stream_error(&self, e: Option<oxpool_format::stream::StreamError>) -> EngineError {
+        match e {
+            Some(e) if self.streams_ended > 0 => EngineError::invalid(format!(
+                "cannot receive: byte {} of the input (byte {} of its stream {}): {}",
+                self.streams_ended_bytes + e.offset_bytes,
+                e.offset_bytes,
+                self.streams_ended + 1,
+                e.kind
+            )),
+            Some(e) => EngineError::invalid(format!("cannot receive: {e}")),
+            None => EngineError::invalid("cannot receive: the stream ended early"),
         }
     }
 }
@@ -362,13 +386,6 @@ impl ApplyQueue {
     }
 }
 
-fn stream_error(e: Option<oxpool_format::stream::StreamError>) -> EngineError {
-    match e {
-        Some(e) => EngineError::invalid(format!("cannot receive: {e}")),
-        None => EngineError::invalid("cannot receive: the stream ended early"),
-    }
-}
-
 /// What a stream's BEGIN asks of the target, checked.
 struct Plan {
     /// The snapshot name after `@`.
@@ -418,6 +435,8 @@ impl Pool {
             head: [0; RECORD_HEADER_BYTES],
             head_len: 0,
             eof: false,
+            streams_ended: 0,
+            streams_ended_bytes: 0,
         };
         let mut received = Vec::new();
         // Bounded by the input: each stream consumes at least its BEGIN.
@@ -827,7 +846,7 @@ impl Pool {
                 (Ok(()), Ok(Some(counts))) => Ok(counts),
                 // Unreachable: the reader queues END before it returns Ok, unless the applier
                 // is gone (an error).
-                (Ok(()), Ok(None)) => Err(stream_error(None)),
+                (Ok(()), Ok(None)) => Err(input.stream_error(None)),
                 (Ok(()), Err(e)) | (Err(e), Ok(_)) => Err(e),
                 (Err(read), Err(apply)) => Err(EngineError::invalid(format!(
                     "{read}; writing the records received before it failed too: {apply}"
