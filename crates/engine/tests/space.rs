@@ -252,6 +252,13 @@ fn frees_leave_the_allocated_figure_when_their_txg_is_synced() {
         after + (4 << 20) - (64 << 10) <= before,
         "allocated {before} before the trim's txg, {after} after it"
     );
+    // A scrub's total is the same figure: the freed places are no blocks it visits.
+    pool.scrub().unwrap();
+    let total = pool.scan_status().expect("a scrub ran").total_bytes;
+    assert!(
+        total + (4 << 20) - (64 << 10) <= before,
+        "the scrub's total {total} counts the trimmed blocks (allocated {before} before)"
+    );
     pool.export().unwrap();
 }
 

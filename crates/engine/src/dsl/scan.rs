@@ -472,7 +472,8 @@ impl Datasets {
     /// answered before it started.
     fn fresh(spa: &Spa, kind: ScanKind, window: Option<(Txg, Txg)>) -> Result<ScanStatus> {
         spa.sync_now()?;
-        let total_bytes = spa.state.lock().unwrap().alloc.totals_bytes().1;
+        // ALLOC as `list` shows it: what synced txgs freed is no block a scan visits.
+        let total_bytes = spa.size_and_alloc_bytes().1;
         Ok(ScanStatus::new(kind, spa.synced_txg(), window, total_bytes))
     }
 

@@ -802,32 +802,34 @@ impl Spa {
         Ok(())
     }
 
+    /// The data vdevs' size and ALLOC. As ZFS counts ALLOC: what a synced txg freed is not
+    /// allocated, though it becomes allocatable only `DEFER_TXGS` txgs later, and an idle
+    /// pool syncs none (a destroy's space showed only after later writes). The space check
+    /// still counts it as taken.
+    pub fn size_and_alloc_bytes(&self) -> (u64, u64) {
+        let s = self.state.lock().unwrap();
+        let (size, allocated) = s.alloc.totals_bytes();
+        let roles = s.alloc.roles();
+        let deferred: u64 = s
+            .deferred
+            .iter()
+            .flat_map(|d| &d.dvas)
+            .filter(|dva| {
+                roles.get(dva.vdev.0 as usize) == Some(&crate::vdev::alloc::VdevRole::Data)
+            })
+            .map(|dva| u64::from(dva.asize_bytes))
+            .sum();
+        debug_assert!(
+            deferred <= allocated,
+            "deferred frees of unallocated places"
+        );
+        (size, allocated.saturating_sub(deferred))
+    }
+
     /// Status of the pool and its devices; `resilvering`: a resilver is under way (it, not a
     /// scrub, which is refused meanwhile, repairs what devices lack).
     pub fn status(&self, resilvering: bool) -> PoolStatus {
-        let (size, allocated) = {
-            let s = self.state.lock().unwrap();
-            let (size, allocated) = s.alloc.totals_bytes();
-            // As ZFS counts ALLOC: what a synced txg freed is not allocated, though it becomes
-            // allocatable only `DEFER_TXGS` txgs later, and an idle pool syncs none (a
-            // destroy's space showed only after later writes). The space check still counts
-            // it as taken.
-            let roles = s.alloc.roles();
-            let deferred: u64 = s
-                .deferred
-                .iter()
-                .flat_map(|d| &d.dvas)
-                .filter(|dva| {
-                    roles.get(dva.vdev.0 as usize) == Some(&crate::vdev::alloc::VdevRole::Data)
-                })
-                .map(|dva| u64::from(dva.asize_bytes))
-                .sum();
-            debug_assert!(
-                deferred <= allocated,
-                "deferred frees of unallocated places"
-            );
-            (size, allocated.saturating_sub(deferred))
-        };
+        let (size, allocated) = self.size_and_alloc_bytes();
         let suspended = self.txg.state.lock().unwrap().suspended.is_some();
         let counts = |l: &Leaf| {
             let c = l.counters.snapshot();
