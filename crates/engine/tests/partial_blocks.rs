@@ -372,3 +372,44 @@ fn merge_reads_stay_within_their_window() {
     }
     assert!(got == want, "a merged block reads back wrong");
 }
+
+/// The merge of a partial block takes the old block's cached copy as the new block only if
+/// nothing else reads it: a block a snapshot keeps stays cached for the snapshot's readers
+/// (a reviewer's finding: the merge took it, and the snapshot's next read went to the disk).
+#[test]
+fn a_merge_leaves_a_snapshots_block_in_the_cache() {
+    let mem = MemoryBackend::new("mem0", common::DEVICE_BYTES);
+    let pool = common::single_device_pool(Arc::new(mem), test_props());
+    let v = pool
+        .create_volume("v", 1 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    let old = pattern(21, 2 * BS);
+    block_on(v.write(0, &old, false)).unwrap();
+    pool.sync().unwrap();
+    pool.snapshot(&["v@s".to_string()]).unwrap();
+    // The snapshot read once: its pointers and both blocks are cached.
+    let snap = pool.snapshot_volume("v", "s").unwrap();
+    let mut got = vec![0u8; 2 * BS];
+    block_on(snap.read(0, &mut got)).unwrap();
+    // Partial writes into both blocks of the head, then the sync merges them.
+    let new = pattern(22, 512);
+    block_on(v.write(0, &new, false)).unwrap();
+    block_on(v.write(BS as u64, &new, false)).unwrap();
+    pool.sync().unwrap();
+    let misses = || pool.counters().data_cache_stats().misses;
+    let before = misses();
+    block_on(snap.read(0, &mut got)).unwrap();
+    assert!(got == old, "the snapshot changed");
+    assert_eq!(
+        misses() - before,
+        0,
+        "the snapshot's blocks left the cache with the merge"
+    );
+    // The head has the merged blocks.
+    block_on(v.read(0, &mut got)).unwrap();
+    for b in 0..2 {
+        let blk = &got[b * BS..(b + 1) * BS];
+        assert_eq!(&blk[..512], &new[..], "block {b}");
+        assert!(blk[512..] == old[b * BS + 512..(b + 1) * BS], "block {b}");
+    }
+}

@@ -206,6 +206,9 @@ struct DataSync<'a> {
     props: &'a VolumeProps,
     /// Blocks the intent log wrote in place in this txg, by block index.
     overrides: &'a HashMap<u64, crate::zio::compress::InPlaceBlock>,
+    /// The dataset's previous snapshot's txg: an old block born at or before it stays, a
+    /// snapshot's (`Kills`).
+    prev_snap_txg: Txg,
 }
 
 impl DataSync<'_> {
@@ -223,6 +226,7 @@ impl DataSync<'_> {
             txg,
             props: data_props,
             overrides,
+            prev_snap_txg,
         } = *self;
         let bs = data_props.volblocksize_bytes;
         let compression = data_props.compression;
@@ -271,8 +275,16 @@ impl DataSync<'_> {
                         written: w,
                     };
                     merges.push(async move {
-                        let merged =
-                            merge_partial(inner, obj, what, txg, partial, bs as usize).await?;
+                        let merged = merge_partial(
+                            inner,
+                            obj,
+                            what,
+                            txg,
+                            partial,
+                            bs as usize,
+                            prev_snap_txg,
+                        )
+                        .await?;
                         Ok::<_, EngineError>((i, merged))
                     });
                     // Filled in below, when the merge is done.
@@ -565,6 +577,7 @@ pub(crate) async fn sync_object(
         txg,
         props: &props,
         overrides: &overrides,
+        prev_snap_txg: kills.prev_snap_txg,
     };
     // A two-stage pipeline: while one batch's writes are in flight (and then its blocks go
     // into the tree), the next batch is prepared (merge reads, compression, checksums,
@@ -746,6 +759,7 @@ pub(crate) async fn merge_partial(
     txg: Txg,
     partial: PartialBlock<'_>,
     bs: usize,
+    prev_snap_txg: Txg,
 ) -> Result<IoBuf> {
     let PartialBlock {
         index: b,
@@ -760,9 +774,20 @@ pub(crate) async fn merge_partial(
     } else {
         // The old block's cached copy becomes the new block: its place is freed by this sync,
         // so nobody can hit it afterwards anyway (a reader that misses meanwhile reads the old
-        // place, which stays allocated until the sync's frees are deferred past).
+        // place, which stays allocated until the sync's frees are deferred past). Unless a
+        // snapshot keeps it (born at or before the previous snapshot): then its readers keep
+        // the cached copy, and the merge takes a copy of it.
         let key = CacheKey::of(&bp);
-        match inner.zio.data_cache.take(&key) {
+        let cached = if bp.birth > prev_snap_txg {
+            inner.zio.data_cache.take(&key)
+        } else {
+            inner
+                .zio
+                .data_cache
+                .share(&key, 0, bs)
+                .map(|kept| IoBuf::from_slice(&kept))
+        };
+        match cached {
             Some(old) => old,
             None => {
                 let name = format_args!("{what} block {b}");
