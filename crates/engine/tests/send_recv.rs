@@ -1174,6 +1174,22 @@ fn an_error_in_a_later_stream_of_the_input_is_placed_in_the_input() {
         "{err}"
     );
     assert!(!err.contains('\n'), "{err}");
-    // The two whole streams before it were received, each whole.
+    // The two whole streams before it were received, each whole, and the error says so.
+    assert!(
+        err.contains("stream 3 of the input; 2 received before it, up to "),
+        "{err}"
+    );
+    assert!(err.contains("copy@c"), "{err}");
     assert_eq!(guids(&dst, "copy").len(), 3, "@a, @b and @c");
+    // A refusal of a later stream's BEGIN (not the decoder's) says which stream too: @c to
+    // @d, then @b to @c, whose base is no longer the latest.
+    let mut again = send(&src, "src", "d", Some("c"), false);
+    again.extend(send(&src, "src", "c", Some("b"), false));
+    let err = recv(&dst, "copy", &again, false).unwrap_err().to_string();
+    assert!(
+        err.contains("stream 2 of the input; 1 received before it, up to ")
+            && err.contains("copy@d"),
+        "{err}"
+    );
+    assert_eq!(guids(&dst, "copy").len(), 4, "@a to @d");
 }

@@ -322,7 +322,11 @@ impl ScanStatus {
                 "examined" => s.examined_bytes = num()?,
                 "issued" => s.issued_bytes = num()?,
                 "total" => s.total_bytes = num()?,
-                "repaired" => s.repaired_bytes = num()?,
+                "repaired" => {
+                    // One figure, kept in both places (`issued` adds to both).
+                    s.repaired_bytes = num()?;
+                    s.counts.repaired_bytes = s.repaired_bytes;
+                }
                 "visited" => s.blocks_visited = num()?,
                 "checked" => s.counts.copies_checked = num()?,
                 "bad" => s.counts.copies_bad = num()?,
@@ -1244,6 +1248,7 @@ mod tests {
         s.examined_bytes = 11;
         s.issued_bytes = 10;
         s.repaired_bytes = 9;
+        s.counts.repaired_bytes = 9;
         s.blocks_visited = 8;
         s.counts.copies_checked = 7;
         s.counts.copies_bad = 6;
@@ -1262,6 +1267,8 @@ mod tests {
         assert_eq!(back.position, s.position);
         assert_eq!(back.window, s.window);
         assert_eq!(back.blocks_visited, 8);
+        // What `Pool::scrub` returns after a resumed scrub counts the bytes of every run.
+        assert_eq!(back.counts.repaired_bytes, 9);
         let scrub = ScanStatus::new(ScanKind::Scrub, Txg(5), None, 0);
         let back = ScanStatus::parse(&scrub.encode()).unwrap();
         assert_eq!((back.window, back.position), (None, None));

@@ -243,6 +243,25 @@ impl Input<'_> {
     }
 }
 
+/// `e`, which stopped a stream of the input after `received` (`-I`: one stream per
+/// snapshot), saying which were received, each whole, and stay.
+fn after_received(e: EngineError, received: &[Received]) -> EngineError {
+    let Some(last) = received.last() else {
+        return e;
+    };
+    let kept = format!(
+        " (stream {} of the input; {} received before it, up to {})",
+        received.len() + 1,
+        received.len(),
+        last.snapshot
+    );
+    match e {
+        EngineError::Invalid(m) => EngineError::Invalid(m + &kept),
+        EngineError::Busy(m) => EngineError::Busy(m + &kept),
+        other => other,
+    }
+}
+
 /// A DATA record's offset and how its block is stored.
 fn stored_form(data: &DataRecord<'_>) -> (u64, StoredForm) {
     let form = StoredForm {
@@ -444,7 +463,10 @@ impl Pool {
             if input.at_end()? {
                 break;
             }
-            received.push(self.receive_one(volume, &mut input, opts, before_destroy)?);
+            match self.receive_one(volume, &mut input, opts, before_destroy) {
+                Ok(r) => received.push(r),
+                Err(e) => return Err(after_received(e, &received)),
+            }
         }
         if received.is_empty() {
             return Err(EngineError::invalid(

@@ -377,6 +377,15 @@ pub enum Repair {
     },
 }
 
+impl Repair {
+    /// The device it would rewrite.
+    fn leaf_name(&self) -> &str {
+        match self {
+            Repair::Copy(io) | Repair::Column { io, .. } => io.leaf.name(),
+        }
+    }
+}
+
 /// The places a read found bad ([`read_block_unhealed`]), for [`heal_if_current`].
 #[derive(Debug, Default)]
 pub struct Repairs(Vec<Repair>);
@@ -645,6 +654,11 @@ async fn heal(zio: &Zio, dvas: &[Dva], bad: &[Repair], good: &IoBuf) -> Healed {
         return Healed::default();
     }
     let Some(places) = HealGuard::new(zio, dvas) else {
+        // Unrepaired, and counted so by a scrub: a read or a later scrub finds it again.
+        io_warn!(
+            device = bad.first().map(|r| r.leaf_name()),
+            "self-heal skipped: too many heals in flight"
+        );
         return Healed::default();
     };
     heal_held(zio, bad, good, &places).await
