@@ -684,3 +684,48 @@ fn an_import_that_finds_nothing_names_the_devices_with_damaged_labels() {
     assert!(err.contains("6 without a pool's label"), "{err}");
     assert!(!err.contains("junk5"), "{err}");
 }
+
+/// Labels damaged on a device are written again at the next import: the pool survives a
+/// second incident that damages the device's other labels (a new user's finding: the first
+/// labels stayed damaged through import, scrub and export, and damage to the last two then
+/// left a pool no import could find).
+#[test]
+fn an_import_mends_damaged_labels() {
+    use oxpool_engine::TopSpec;
+    let dev = MemoryBackend::new("dev", 64 << 20);
+    let pool = Pool::create(
+        "tank",
+        vec![TopSpec::single(Arc::new(dev.clone()))],
+        oxpool_engine::PoolProps::default(),
+        false,
+    )
+    .unwrap();
+    let v = pool.create_volume("v", 1 << 20, &[]).unwrap();
+    let data = vec![7u8; 1 << 20];
+    oxpool_io::rt::block_on(v.write(0, &data, false)).unwrap();
+    drop(v);
+    pool.export().unwrap();
+    let labels = oxpool_format::label_offsets(dev.size_bytes());
+    let damage = |which: &[usize], seed: u64| {
+        for &i in which {
+            dev.corrupt(labels[i] + 64, 64, seed + i as u64);
+        }
+    };
+    damage(&[0, 1], 1);
+    let import = || {
+        Pool::import(
+            vec![Arc::new(dev.clone()) as Arc<dyn Backend>],
+            Some("tank"),
+        )
+    };
+    let pool = import().expect("the end labels find the pool");
+    pool.export().unwrap();
+    damage(&[2, 3], 11);
+    let pool = import().expect("the labels damaged first were mended at the last import");
+    let v = pool.volume("v").unwrap();
+    let mut got = vec![0u8; 1 << 20];
+    oxpool_io::rt::block_on(v.read(0, &mut got)).unwrap();
+    assert!(got == data);
+    drop(v);
+    pool.export().unwrap();
+}

@@ -370,6 +370,9 @@ impl Pool {
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;
+        // Labels damaged or overwritten since the last import are written again, before a
+        // second such incident could leave a device with none.
+        pool.spa.mend_labels();
         // A replacement or spare an export or crash interrupted resilvers again.
         pool.wire_devices();
         // A scan the pool recorded resumes; a device that lacks txgs is resilvered. Not a

@@ -529,6 +529,71 @@ impl Spa {
     /// of service gets no I/O; its labels keep the old tree (import takes the pool's
     /// metadata as the truth, labels only find the devices).
     pub(crate) fn relabel(&self, config: &VdevTreeConfig, skip: &[Arc<Leaf>]) -> Result<()> {
+        self.relabel_where(config, |leaf| !skip.iter().any(|s| Arc::ptr_eq(s, leaf)))
+    }
+
+    /// Rewrites the configuration half of the labels of every device in service (and hot
+    /// spare) whose four labels do not all hold this pool's configuration of it: damaged,
+    /// unreadable, or overwritten by another tool. Import calls it, as ZFS rewrites its
+    /// labels at import: otherwise a device whose first labels were damaged imports and
+    /// serves on the others, and a second such incident makes the pool unimportable.
+    /// Returns the devices mended with the labels that were bad; a device that cannot be
+    /// written is warned about and left (its other labels still find it).
+    pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
+        let mut leaves: Vec<Arc<Leaf>> = self.zio.vdevs.leaves().collect();
+        for spare in self.zio.vdevs.spare_leaves() {
+            if !leaves.iter().any(|l| Arc::ptr_eq(l, &spare)) {
+                leaves.push(spare);
+            }
+        }
+        let damaged: Vec<(Arc<Leaf>, Vec<usize>)> = block_on(async {
+            let mut damaged = Vec::new();
+            // Bounded by the pool's devices.
+            for leaf in leaves {
+                if !leaf.health.in_service() {
+                    continue;
+                }
+                let bad =
+                    crate::vdev::label::labels_not_of(leaf.backend.as_ref(), self.guid, leaf.guid)
+                        .await;
+                if !bad.is_empty() {
+                    damaged.push((leaf, bad));
+                }
+            }
+            damaged
+        });
+        if damaged.is_empty() {
+            return Vec::new();
+        }
+        let config = self.zio.vdevs.config();
+        let mut mended = Vec::new();
+        for (leaf, bad) in damaged {
+            let one = self.relabel_where(&config, |l| Arc::ptr_eq(l, &leaf));
+            match one {
+                Ok(()) => {
+                    tracing::warn!(
+                        pool = self.name,
+                        device = leaf.name(),
+                        "labels {bad:?} did not hold this pool's configuration: rewritten"
+                    );
+                    mended.push((leaf.name().to_string(), bad));
+                }
+                Err(e) => tracing::warn!(
+                    pool = self.name,
+                    device = leaf.name(),
+                    "labels {bad:?} are damaged and could not be rewritten: {e}"
+                ),
+            }
+        }
+        mended
+    }
+
+    /// [`Spa::relabel`] of the leaves `which` picks.
+    fn relabel_where(
+        &self,
+        config: &VdevTreeConfig,
+        which: impl Fn(&Arc<Leaf>) -> bool,
+    ) -> Result<()> {
         let synced = self.txg.synced();
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: self.guid,
@@ -549,7 +614,7 @@ impl Spa {
         }
         block_on(async {
             for (leaf, top) in targets {
-                if skip.iter().any(|s| Arc::ptr_eq(s, &leaf)) || !leaf.health.in_service() {
+                if !which(&leaf) || !leaf.health.in_service() {
                     continue;
                 }
                 let cfg = label(leaf.guid, top);

@@ -8,7 +8,7 @@
 
 use crate::{EngineError, Result};
 use oxpool_format::{
-    label_offsets, uberblock_slot_offset, FormatError, LabelConfig, Uberblock, LABEL_BYTES,
+    label_offsets, uberblock_slot_offset, FormatError, Guid, LabelConfig, Uberblock, LABEL_BYTES,
     LABEL_CONFIG_BYTES, LABEL_COUNT, MIN_DEVICE_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES,
 };
 use oxpool_io::rt::join_all;
@@ -53,6 +53,26 @@ pub async fn update_label_config(dev: &dyn Backend, cfg: &LabelConfig) -> Result
             .map_err(|e| EngineError::io(dev.name(), e))?;
     }
     Ok(())
+}
+
+/// Which of the device's labels do not hold a configuration of leaf `leaf_guid` of pool
+/// `pool_guid` (unreadable, damaged, overwritten, another pool's), by index.
+pub async fn labels_not_of(dev: &dyn Backend, pool_guid: Guid, leaf_guid: Guid) -> Vec<usize> {
+    let mut bad = Vec::new();
+    for (i, off) in label_offsets(dev.size_bytes()).into_iter().enumerate() {
+        let ours = match dev
+            .read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize))
+            .await
+        {
+            Ok(buf) => LabelConfig::decode(&buf)
+                .is_ok_and(|c| c.pool_guid == pool_guid && c.leaf_guid == leaf_guid),
+            Err(_) => false,
+        };
+        if !ours {
+            bad.push(i);
+        }
+    }
+    bad
 }
 
 /// Zeroes all four labels (pool destroy): the device no longer belongs to any pool.
