@@ -48,6 +48,16 @@ pub fn size(bytes: u64, exact: bool) -> String {
     }
 }
 
+/// A size of bytes that may be under 1K, human with a unit (`263B`, as `zfs send -nv`) or
+/// exact.
+pub fn size_with_unit(bytes: u64, exact: bool) -> String {
+    if exact {
+        bytes.to_string()
+    } else {
+        human_bytes(bytes)
+    }
+}
+
 /// A time (ns since the epoch) as `zpool status` shows it: `Wed Nov 25 14:03:59 2026`, local.
 pub fn date(ns: u64) -> String {
     let t = (ns / 1_000_000_000) as libc::time_t;

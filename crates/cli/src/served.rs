@@ -237,6 +237,12 @@ impl Served {
         Ok(added)
     }
 
+    /// Whether `full_name` (`pool/vol` or `pool/vol@snap`) is offered now. A volume received
+    /// with `recv -u` is not, until the server starts again; its new snapshots follow it.
+    pub fn is_exported(&self, full_name: &str) -> bool {
+        self.exports.clients(full_name).is_some()
+    }
+
     /// Offers a volume over NBD from now on (and says where, on the server's output).
     pub fn export_volume(&self, volume: oxpool_engine::Volume) -> Result<()> {
         let name = volume.full_name().to_string();

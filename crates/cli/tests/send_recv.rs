@@ -100,6 +100,18 @@ fn send_piped_into_recv_between_pools() {
     );
     let dump = env.ok(&["stream", "dump", stream.to_str().unwrap()]);
     assert!(dump.contains("tank/vol0@two"), "{dump}");
+    // Human sizes under 1K carry their unit, as `zfs send -nv` prints them.
+    env.ok(&["snapshot", "tank/vol0@same"]);
+    let estimate = env.ok(&["send", "-n", "-v", "-i", "@three", "tank/vol0@same"]);
+    let total = estimate
+        .lines()
+        .find_map(|l| l.strip_prefix("total estimated size is "))
+        .unwrap_or_else(|| panic!("{estimate}"));
+    assert!(
+        total.ends_with('B') && total[..total.len() - 1].parse::<u64>().is_ok(),
+        "{estimate}"
+    );
+    env.ok(&["destroy", "tank/vol0@same"]);
     // The wrong base: @two..@three onto a copy whose latest is @one.
     let (_, r, err) = pipe(
         &env,
@@ -262,6 +274,11 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     assert!(!listed.contains("\"dest/quiet"), "{listed}");
     let snapshots = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name"]);
     assert!(snapshots.contains("dest/quiet@two\n"), "{snapshots}");
+    // Its own snapshots and a rollback leave it so too.
+    env.ok(&["snapshot", "dest/quiet@mine"]);
+    env.ok(&["rollback", "dest/quiet@mine"]);
+    let listed = exports(&server);
+    assert!(!listed.contains("\"dest/quiet"), "{listed}");
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
     for pool in ["tank", "dest"] {

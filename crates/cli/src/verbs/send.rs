@@ -8,7 +8,7 @@
 use super::snapshot::snapshot_target;
 use super::volume_target;
 use crate::console::Console;
-use crate::display::size;
+use crate::display::size_with_unit;
 use crate::host::Host;
 use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
@@ -106,7 +106,7 @@ pub fn send(
             writeln!(
                 report,
                 "total estimated size is {}",
-                size(est.stream_bytes, parsable)
+                size_with_unit(est.stream_bytes, parsable)
             )?;
             if dry_run {
                 return Ok(());
@@ -141,7 +141,7 @@ fn send_resume(
             let report: &mut dyn std::io::Write = if flags.dry_run { con.out() } else { con.err() };
             writeln!(
                 report,
-                "{} resume send from byte {}: {} blocks, {} freed ranges",
+                "{} resume send from volume offset {}: {} blocks, {} freed ranges",
                 if flags.dry_run { "would" } else { "will" },
                 token.offset_bytes,
                 est.data_records,
@@ -150,7 +150,7 @@ fn send_resume(
             writeln!(
                 report,
                 "total estimated size is {}",
-                size(est.stream_bytes, flags.parsable)
+                size_with_unit(est.stream_bytes, flags.parsable)
             )?;
             if flags.dry_run {
                 return Ok(());

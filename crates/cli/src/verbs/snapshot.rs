@@ -80,7 +80,10 @@ pub fn snapshot(host: &Host, names: &[String]) -> Result<()> {
         if let Host::Live(served) = host {
             for n in &inside {
                 let (v, s) = n.split_once('@').expect("checked above");
-                served.export_volume(p.snapshot_volume(v, s)?)?;
+                // A snapshot follows its volume: not offered if the volume is not.
+                if served.is_exported(&format!("{pool_name}/{v}")) {
+                    served.export_volume(p.snapshot_volume(v, s)?)?;
+                }
             }
         }
         Ok(())
@@ -269,12 +272,14 @@ pub fn rollback(host: &Host, target: &str, destroy_later: bool, force: bool) -> 
         if destroy_later {
             p.destroy_estimate(volume, &later)?;
         }
-        served.unexport_volume(&head, force, Unexport::Rollback)?;
+        let head_was_exported = served.unexport_volume(&head, force, Unexport::Rollback)?;
         for s in &later {
             served.unexport_volume(&format!("{head}@{s}"), force, Unexport::Rollback)?;
         }
         let done = p.rollback(volume, snap, destroy_later);
-        served.export_volume(p.volume(volume)?)?;
+        if head_was_exported {
+            served.export_volume(p.volume(volume)?)?;
+        }
         if done.is_err() {
             for s in &later {
                 served.export_volume(p.snapshot_volume(volume, s)?)?;

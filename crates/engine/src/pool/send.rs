@@ -294,7 +294,7 @@ impl Pool {
             let from = match token.fromguid {
                 None => None,
                 Some(guid) => Some(Pool::incremental_base_by_guid(&l, guid).ok_or_else(|| {
-                    EngineError::NotFound(format!(
+                    EngineError::invalid(format!(
                         "cannot resume send of {full_name}: its base (guid {:016x}) is no \
                              longer a snapshot or bookmark of {}",
                         guid.0, ds.full_name
@@ -323,7 +323,8 @@ impl Pool {
             };
             return Ok((source, vec![leg]));
         }
-        Err(EngineError::NotFound(format!(
+        // Not `NotFound`, whose ": not found" would follow the sentence.
+        Err(EngineError::invalid(format!(
             "cannot resume send: pool {} has no snapshot with the token's guid {:016x} \
              (destroyed since, or the token is for another pool)",
             self.spa.name, token.toguid.0
