@@ -161,17 +161,88 @@ pub fn peek_label(path: &Path) -> Option<oxpool_format::LabelConfig> {
     label(&backend).ok()
 }
 
-/// Pools named by the labels of `devs`: (name, guid, device paths).
-pub fn probe_labels(devs: &Devices) -> Vec<(String, u64, Vec<String>)> {
-    let mut out: Vec<(String, u64, Vec<String>)> = Vec::new();
+/// A pool the labels of some devices name, for `import -d DIR` with no pool given.
+pub struct Probed {
+    /// Its name.
+    pub name: String,
+    /// Its guid.
+    pub guid: u64,
+    /// The devices found, as opened.
+    pub paths: Vec<String>,
+    /// Devices the newest tree among their labels names that none of them is (the paths
+    /// the tree recorded): the pool is degraded at best without them.
+    pub missing: Vec<String>,
+    /// Devices found twice (two files holding one device's labels: a copy, one of them
+    /// old), by the paths found.
+    pub twice: Vec<(String, String)>,
+}
+
+/// A pool being probed: what is shown, the leaves found (guid, path) and the newest tree.
+struct Probing {
+    probed: Probed,
+    leaves: Vec<(u64, String)>,
+    tree: oxpool_format::VdevTreeConfig,
+}
+
+/// Pools named by the labels of `devs`, with what their trees say is missing.
+pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
+    let mut out: Vec<Probing> = Vec::new();
     for d in &devs.0 {
         let b = d.backend();
-        if let Ok(cfg) = label(b.as_ref()) {
-            match out.iter_mut().find(|(_, g, _)| *g == cfg.pool_guid.0) {
-                Some(e) => e.2.push(b.name().to_string()),
-                None => out.push((cfg.pool_name, cfg.pool_guid.0, vec![b.name().to_string()])),
+        let Ok(cfg) = label(b.as_ref()) else {
+            continue;
+        };
+        let name = b.name().to_string();
+        let i = match out.iter().position(|p| p.probed.guid == cfg.pool_guid.0) {
+            Some(i) => i,
+            None => {
+                let probed = Probed {
+                    name: cfg.pool_name.clone(),
+                    guid: cfg.pool_guid.0,
+                    paths: Vec::new(),
+                    missing: Vec::new(),
+                    twice: Vec::new(),
+                };
+                out.push(Probing {
+                    probed,
+                    leaves: Vec::new(),
+                    tree: cfg.tree.clone(),
+                });
+                out.len() - 1
             }
+        };
+        let Probing {
+            probed,
+            leaves,
+            tree,
+        } = &mut out[i];
+        probed.paths.push(name.clone());
+        if let Some((_, first)) = leaves.iter().find(|(g, _)| *g == cfg.leaf_guid.0) {
+            probed.twice.push((first.clone(), name.clone()));
+        }
+        leaves.push((cfg.leaf_guid.0, name));
+        // The newest tree is the one with the most vdevs, as import takes it.
+        if cfg.tree.top.len() > tree.top.len() {
+            *tree = cfg.tree;
         }
     }
-    out
+    out.into_iter()
+        .map(|p| {
+            let Probing {
+                mut probed,
+                leaves,
+                tree,
+            } = p;
+            // A spare is not needed to import.
+            let spares: Vec<u64> = tree.spares.iter().map(|l| l.guid.0).collect();
+            probed.missing = tree
+                .leaves()
+                .filter(|l| !spares.contains(&l.guid.0))
+                .filter(|l| !leaves.iter().any(|(g, _)| *g == l.guid.0))
+                .map(|l| l.path.clone())
+                .collect();
+            probed.missing.dedup();
+            probed
+        })
+        .collect()
 }

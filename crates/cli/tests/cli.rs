@@ -529,6 +529,43 @@ fn devices_moved_are_found_by_import_d_and_stay_found() {
     assert!(env.ok(&["vol", "list"]).contains("tank/v"));
 }
 
+/// `import -d DIR` with no pool lists each pool with the devices its labels name that the
+/// directory lacks, and two files holding one device (an old copy beside the device), as
+/// `zpool import` shows a pool's missing devices (a new user found a pool listed as if whole
+/// that then could not be imported).
+#[test]
+fn import_d_lists_missing_devices_and_copies() {
+    let env = Env::new();
+    let dir = env.path("devs");
+    std::fs::create_dir(&dir).unwrap();
+    let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    env.ok(&["export", "tank"]);
+    let whole = env.ok(&["import", "-d", p(&dir)]);
+    assert!(
+        whole.contains("pool: tank") && !whole.contains("missing") && !whole.contains("copy"),
+        "{whole}"
+    );
+    std::fs::rename(&b, env.path("b.img")).unwrap();
+    std::fs::copy(&a, dir.join("a-old.img")).unwrap();
+    let listed = env.ok(&["import", "-d", p(&dir)]);
+    assert!(listed.contains(&format!("missing: {}", p(&b))), "{listed}");
+    assert!(
+        listed.contains("hold one device: one is a copy"),
+        "{listed}"
+    );
+    assert!(listed.contains("a-old.img"), "{listed}");
+}
+
 /// `compression` is a volume property (default lz4) that `oxpool set` changes for what is
 /// written afterwards; `compressratio`, `logicalused`, `logicalreferenced` and `used` are
 /// read-only statistics shown by `oxpool get`.

@@ -161,16 +161,27 @@ pub fn import(
             // where its devices are now (after they moved), unlike `zpool import`, which
             // lists only pools not imported.
             let known = cachefile::read(cache)?;
-            for (pool, guid, paths) in found {
-                let mark = if known.iter().any(|p| p.guid == guid) {
+            for probed in found {
+                let mark = if known.iter().any(|p| p.guid == probed.guid) {
                     "  (imported already)"
                 } else {
                     ""
                 };
+                // As `zpool import` shows a pool's missing devices: import may still take it
+                // (redundancy) or say why not.
+                let mut notes = String::new();
+                if !probed.missing.is_empty() {
+                    notes += &format!("  missing: {}", probed.missing.join(" "));
+                }
+                for (a, b) in &probed.twice {
+                    notes += &format!("  ({a} and {b} hold one device: one is a copy)");
+                }
                 writeln!(
                     con.out(),
-                    "pool: {pool}  id: {guid:x}  devices: {}{mark}",
-                    paths.join(" ")
+                    "pool: {}  id: {:x}  devices: {}{notes}{mark}",
+                    probed.name,
+                    probed.guid,
+                    probed.paths.join(" ")
                 )?;
             }
         }
