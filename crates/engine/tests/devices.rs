@@ -706,9 +706,21 @@ fn an_import_mends_damaged_labels() {
     drop(v);
     pool.export().unwrap();
     let labels = oxpool_format::label_offsets(dev.size_bytes());
+    // Each label whole, its configuration and its uberblock ring, overwritten with noise (as
+    // the new user's dd from /dev/urandom).
     let damage = |which: &[usize], seed: u64| {
         for &i in which {
-            dev.corrupt(labels[i] + 64, 64, seed + i as u64);
+            let mut x = (seed + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let noise: Vec<u8> = (0..oxpool_format::LABEL_BYTES)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let noise = oxpool_io::IoBuf::from_slice(&noise);
+            oxpool_io::rt::block_on(dev.write(labels[i], noise)).unwrap();
         }
     };
     damage(&[0, 1], 1);

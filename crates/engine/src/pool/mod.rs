@@ -371,8 +371,12 @@ impl Pool {
         }
         pool.destroy_stale_receives()?;
         // Labels damaged or overwritten since the last import are written again, before a
-        // second such incident could leave a device with none.
-        pool.spa.mend_labels();
+        // second such incident could leave a device with none; a txg then puts an uberblock
+        // into their rings (an import with nothing to write commits none).
+        if !pool.spa.mend_labels().is_empty() {
+            pool.spa.txg.mark_dirty();
+            pool.sync()?;
+        }
         // A replacement or spare an export or crash interrupted resilvers again.
         pool.wire_devices();
         // A scan the pool recorded resumes; a device that lacks txgs is resilvered. Not a

@@ -524,76 +524,74 @@ impl Spa {
         self.relabel(&config, &skip)
     }
 
+    /// Rewrites the configuration half of each label of a device in service (or hot spare)
+    /// that does not hold this pool's configuration of it: damaged, unreadable, or
+    /// overwritten. Import calls it, as ZFS rewrites its labels at import: otherwise a
+    /// device whose first labels were damaged imports and serves on the others, and a second
+    /// such incident makes the pool unimportable. Only the bad labels are written, so a crash
+    /// meanwhile leaves the good ones; their uberblock rings fill again with the next txg,
+    /// which the caller commits. A label overwritten by another tool is rewritten too, as
+    /// ZFS does: the device is this pool's by its other labels, and the pool writes its data
+    /// all over it anyway. Returns the devices mended with the labels that were bad; a
+    /// device that cannot be written is warned about and left (its other labels still find
+    /// it).
+    pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
+        let mut leaves: Vec<(Arc<Leaf>, VdevId)> = Vec::new();
+        for top in self.zio.vdevs.tops() {
+            leaves.extend(top.leaves_in_service().map(|l| (l, top.id)));
+        }
+        for spare in self.zio.vdevs.spare_leaves() {
+            if !leaves.iter().any(|(l, _)| Arc::ptr_eq(l, &spare)) {
+                leaves.push((spare, oxpool_format::SPARE_TOP));
+            }
+        }
+        let config = self.zio.vdevs.config();
+        let synced = self.txg.synced();
+        block_on(async {
+            let mut mended = Vec::new();
+            // Bounded by the pool's devices.
+            for (leaf, top) in leaves {
+                if !leaf.health.in_service() {
+                    continue;
+                }
+                let dev = leaf.backend.as_ref();
+                let bad = crate::vdev::label::labels_not_of(dev, self.guid, leaf.guid).await;
+                if bad.is_empty() {
+                    continue;
+                }
+                let cfg = LabelConfig {
+                    pool_guid: self.guid,
+                    pool_name: self.name.clone(),
+                    leaf_guid: leaf.guid,
+                    top,
+                    create_txg: Txg(synced.0 + 1),
+                    tree: config.clone(),
+                };
+                match crate::vdev::label::rewrite_labels(dev, &cfg, &bad).await {
+                    Ok(()) => {
+                        tracing::warn!(
+                            pool = self.name,
+                            device = leaf.name(),
+                            "labels {bad:?} did not hold this pool's configuration: rewritten"
+                        );
+                        mended.push((leaf.name().to_string(), bad));
+                    }
+                    Err(e) => tracing::warn!(
+                        pool = self.name,
+                        device = leaf.name(),
+                        "labels {bad:?} are damaged and could not be rewritten: {e}"
+                    ),
+                }
+            }
+            mended
+        })
+    }
+
     /// Writes the tree `config` into the label configs of every leaf in service (and of the
     /// hot spares), but those in `skip` (whose whole labels were just written). A leaf out
     /// of service gets no I/O; its labels keep the old tree (import takes the pool's
     /// metadata as the truth, labels only find the devices).
     pub(crate) fn relabel(&self, config: &VdevTreeConfig, skip: &[Arc<Leaf>]) -> Result<()> {
-        self.relabel_where(config, |leaf| !skip.iter().any(|s| Arc::ptr_eq(s, leaf)))
-    }
-
-    /// Rewrites the configuration half of the labels of every device in service (and hot
-    /// spare) whose four labels do not all hold this pool's configuration of it: damaged,
-    /// unreadable, or overwritten by another tool. Import calls it, as ZFS rewrites its
-    /// labels at import: otherwise a device whose first labels were damaged imports and
-    /// serves on the others, and a second such incident makes the pool unimportable.
-    /// Returns the devices mended with the labels that were bad; a device that cannot be
-    /// written is warned about and left (its other labels still find it).
-    pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
-        let mut leaves: Vec<Arc<Leaf>> = self.zio.vdevs.leaves().collect();
-        for spare in self.zio.vdevs.spare_leaves() {
-            if !leaves.iter().any(|l| Arc::ptr_eq(l, &spare)) {
-                leaves.push(spare);
-            }
-        }
-        let damaged: Vec<(Arc<Leaf>, Vec<usize>)> = block_on(async {
-            let mut damaged = Vec::new();
-            // Bounded by the pool's devices.
-            for leaf in leaves {
-                if !leaf.health.in_service() {
-                    continue;
-                }
-                let bad =
-                    crate::vdev::label::labels_not_of(leaf.backend.as_ref(), self.guid, leaf.guid)
-                        .await;
-                if !bad.is_empty() {
-                    damaged.push((leaf, bad));
-                }
-            }
-            damaged
-        });
-        if damaged.is_empty() {
-            return Vec::new();
-        }
-        let config = self.zio.vdevs.config();
-        let mut mended = Vec::new();
-        for (leaf, bad) in damaged {
-            let one = self.relabel_where(&config, |l| Arc::ptr_eq(l, &leaf));
-            match one {
-                Ok(()) => {
-                    tracing::warn!(
-                        pool = self.name,
-                        device = leaf.name(),
-                        "labels {bad:?} did not hold this pool's configuration: rewritten"
-                    );
-                    mended.push((leaf.name().to_string(), bad));
-                }
-                Err(e) => tracing::warn!(
-                    pool = self.name,
-                    device = leaf.name(),
-                    "labels {bad:?} are damaged and could not be rewritten: {e}"
-                ),
-            }
-        }
-        mended
-    }
-
-    /// [`Spa::relabel`] of the leaves `which` picks.
-    fn relabel_where(
-        &self,
-        config: &VdevTreeConfig,
-        which: impl Fn(&Arc<Leaf>) -> bool,
-    ) -> Result<()> {
         let synced = self.txg.synced();
         let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
             pool_guid: self.guid,
@@ -614,7 +612,7 @@ impl Spa {
         }
         block_on(async {
             for (leaf, top) in targets {
-                if !which(&leaf) || !leaf.health.in_service() {
+                if skip.iter().any(|s| Arc::ptr_eq(s, &leaf)) || !leaf.health.in_service() {
                     continue;
                 }
                 let cfg = label(leaf.guid, top);

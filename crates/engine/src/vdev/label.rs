@@ -56,23 +56,44 @@ pub async fn update_label_config(dev: &dyn Backend, cfg: &LabelConfig) -> Result
 }
 
 /// Which of the device's labels do not hold a configuration of leaf `leaf_guid` of pool
-/// `pool_guid` (unreadable, damaged, overwritten, another pool's), by index.
+/// `pool_guid` (unreadable, damaged, overwritten, another pool's), by index. The four are
+/// read at once.
 pub async fn labels_not_of(dev: &dyn Backend, pool_guid: Guid, leaf_guid: Guid) -> Vec<usize> {
-    let mut bad = Vec::new();
-    for (i, off) in label_offsets(dev.size_bytes()).into_iter().enumerate() {
-        let ours = match dev
-            .read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize))
-            .await
-        {
-            Ok(buf) => LabelConfig::decode(&buf)
-                .is_ok_and(|c| c.pool_guid == pool_guid && c.leaf_guid == leaf_guid),
-            Err(_) => false,
-        };
-        if !ours {
-            bad.push(i);
-        }
+    let reads: Vec<_> = label_offsets(dev.size_bytes())
+        .into_iter()
+        .map(|off| dev.read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize)))
+        .collect();
+    join_all(reads)
+        .await
+        .into_iter()
+        .enumerate()
+        .filter(|(_, read)| {
+            !read.as_ref().is_ok_and(|buf| {
+                LabelConfig::decode(buf)
+                    .is_ok_and(|c| c.pool_guid == pool_guid && c.leaf_guid == leaf_guid)
+            })
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Rewrites the configuration half of the labels `which` only, and flushes: the others,
+/// good, are not touched, so a crash meanwhile leaves them as they were (rewriting all four,
+/// even ones first, could tear the only good ones).
+pub async fn rewrite_labels(dev: &dyn Backend, cfg: &LabelConfig, which: &[usize]) -> Result<()> {
+    let encoded = IoBuf::from_slice(&cfg.encode());
+    let offs = label_offsets(dev.size_bytes());
+    let writes: Vec<_> = which
+        .iter()
+        .filter_map(|&i| offs.get(i))
+        .map(|&off| dev.write(off, encoded.clone()))
+        .collect();
+    for r in join_all(writes).await {
+        r.map_err(|e| EngineError::io(dev.name(), e))?;
     }
-    bad
+    dev.flush()
+        .await
+        .map_err(|e| EngineError::io(dev.name(), e))
 }
 
 /// Zeroes all four labels (pool destroy): the device no longer belongs to any pool.
