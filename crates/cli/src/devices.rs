@@ -182,6 +182,8 @@ struct Probing {
     probed: Probed,
     leaves: Vec<(u64, String)>,
     tree: oxpool_format::VdevTreeConfig,
+    /// The txg `tree`'s label was written for.
+    newest: oxpool_format::Txg,
 }
 
 /// Pools named by the labels of `devs`, with what their trees say is missing.
@@ -207,6 +209,7 @@ pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
                     probed,
                     leaves: Vec::new(),
                     tree: cfg.tree.clone(),
+                    newest: cfg.create_txg,
                 });
                 out.len() - 1
             }
@@ -215,15 +218,18 @@ pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
             probed,
             leaves,
             tree,
+            newest,
         } = &mut out[i];
         probed.paths.push(name.clone());
         if let Some((_, first)) = leaves.iter().find(|(g, _)| *g == cfg.leaf_guid.0) {
             probed.twice.push((first.clone(), name.clone()));
         }
         leaves.push((cfg.leaf_guid.0, name));
-        // The newest tree is the one with the most vdevs, as import takes it.
-        if cfg.tree.top.len() > tree.top.len() {
+        // The newest tree: the one last written (an old copy or a device offline through a
+        // detach carries an older one, which would name devices gone since).
+        if cfg.create_txg > *newest {
             *tree = cfg.tree;
+            *newest = cfg.create_txg;
         }
     }
     out.into_iter()
@@ -232,16 +238,34 @@ pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
                 mut probed,
                 leaves,
                 tree,
+                ..
             } = p;
-            // A spare is not needed to import.
-            let spares: Vec<u64> = tree.spares.iter().map(|l| l.guid.0).collect();
+            // A spare is not needed to import, unless it stands in for a device (a pair's
+            // member, holding data).
+            let in_use: Vec<u64> = tree
+                .top
+                .iter()
+                .flat_map(|t| t.pairs.iter().map(|p| p.leaf.guid.0))
+                .collect();
+            let spares: Vec<u64> = tree
+                .spares
+                .iter()
+                .map(|l| l.guid.0)
+                .filter(|g| !in_use.contains(g))
+                .collect();
             probed.missing = tree
                 .leaves()
                 .filter(|l| !spares.contains(&l.guid.0))
                 .filter(|l| !leaves.iter().any(|(g, _)| *g == l.guid.0))
                 .map(|l| l.path.clone())
                 .collect();
-            probed.missing.dedup();
+            // A spare in use is named twice (a pair's member and a spare).
+            let mut seen = Vec::new();
+            probed.missing.retain(|m| {
+                let first = !seen.contains(m);
+                seen.push(m.clone());
+                first
+            });
             probed
         })
         .collect()

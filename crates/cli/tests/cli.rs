@@ -564,6 +564,20 @@ fn import_d_lists_missing_devices_and_copies() {
         "{listed}"
     );
     assert!(listed.contains("a-old.img"), "{listed}");
+    // b detached since the copy: the old copy's tree, which names b, is not the one read
+    // (it sorts first).
+    std::fs::rename(env.path("b.img"), &b).unwrap();
+    std::fs::rename(dir.join("a-old.img"), env.path("a-old.img")).unwrap();
+    env.ok(&["import", "-d", p(&dir), "tank"]);
+    env.ok(&["detach", "tank", p(&b)]);
+    env.ok(&["export", "tank"]);
+    std::fs::remove_file(&b).unwrap();
+    std::fs::rename(env.path("a-old.img"), dir.join("a-old.img")).unwrap();
+    let listed = env.ok(&["import", "-d", p(&dir)]);
+    assert!(
+        !listed.contains("missing") && listed.contains("one is a copy"),
+        "{listed}"
+    );
 }
 
 /// `compression` is a volume property (default lz4) that `oxpool set` changes for what is

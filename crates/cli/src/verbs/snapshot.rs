@@ -272,20 +272,34 @@ pub fn rollback(host: &Host, target: &str, destroy_later: bool, force: bool) -> 
         if destroy_later {
             p.destroy_estimate(volume, &later)?;
         }
+        // What is taken down comes back as it was: the head if it was exported, and on a
+        // failure (or a refusal half way) the later snapshots that were.
         let head_was_exported = served.unexport_volume(&head, force, Unexport::Rollback)?;
+        let mut taken_down = Vec::new();
+        let mut refused = None;
         for s in &later {
-            served.unexport_volume(&format!("{head}@{s}"), force, Unexport::Rollback)?;
+            match served.unexport_volume(&format!("{head}@{s}"), force, Unexport::Rollback) {
+                Ok(true) => taken_down.push(s),
+                Ok(false) => {}
+                Err(e) => {
+                    refused = Some(e);
+                    break;
+                }
+            }
         }
-        let done = p.rollback(volume, snap, destroy_later);
+        let done = match refused {
+            Some(e) => Err(e),
+            None => p.rollback(volume, snap, destroy_later).map_err(Into::into),
+        };
         if head_was_exported {
             served.export_volume(p.volume(volume)?)?;
         }
         if done.is_err() {
-            for s in &later {
+            for s in taken_down {
                 served.export_volume(p.snapshot_volume(volume, s)?)?;
             }
         }
-        Ok(done?)
+        done
     })
 }
 
