@@ -710,15 +710,7 @@ fn an_import_mends_damaged_labels() {
     // the new user's dd from /dev/urandom).
     let damage = |which: &[usize], seed: u64| {
         for &i in which {
-            let mut x = (seed + i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let noise: Vec<u8> = (0..oxpool_format::LABEL_BYTES)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+            let noise = pattern(seed + i as u64, oxpool_format::LABEL_BYTES as usize);
             let noise = oxpool_io::IoBuf::from_slice(&noise);
             oxpool_io::rt::block_on(dev.write(labels[i], noise)).unwrap();
         }

@@ -524,6 +524,24 @@ impl Spa {
         self.relabel(&config, &skip)
     }
 
+    /// The leaves whose labels name the pool, with the vdev each label names: the top-level
+    /// vdevs' leaves in service and the hot spares ([`SPARE_TOP`]; a spare in use once, as
+    /// its vdev's).
+    ///
+    /// [`SPARE_TOP`]: oxpool_format::SPARE_TOP
+    fn labelled_leaves(&self) -> Vec<(Arc<Leaf>, VdevId)> {
+        let mut leaves: Vec<(Arc<Leaf>, VdevId)> = Vec::new();
+        for top in self.zio.vdevs.tops() {
+            leaves.extend(top.leaves_in_service().map(|l| (l, top.id)));
+        }
+        for spare in self.zio.vdevs.spare_leaves() {
+            if !leaves.iter().any(|(l, _)| Arc::ptr_eq(l, &spare)) {
+                leaves.push((spare, oxpool_format::SPARE_TOP));
+            }
+        }
+        leaves
+    }
+
     /// Rewrites the configuration half of each label of a device in service (or hot spare)
     /// that does not hold this pool's configuration of it: damaged, unreadable, or
     /// overwritten. Import calls it, as ZFS rewrites its labels at import: otherwise a
@@ -536,15 +554,7 @@ impl Spa {
     /// device that cannot be written is warned about and left (its other labels still find
     /// it).
     pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
-        let mut leaves: Vec<(Arc<Leaf>, VdevId)> = Vec::new();
-        for top in self.zio.vdevs.tops() {
-            leaves.extend(top.leaves_in_service().map(|l| (l, top.id)));
-        }
-        for spare in self.zio.vdevs.spare_leaves() {
-            if !leaves.iter().any(|(l, _)| Arc::ptr_eq(l, &spare)) {
-                leaves.push((spare, oxpool_format::SPARE_TOP));
-            }
-        }
+        let leaves = self.labelled_leaves();
         let config = self.zio.vdevs.config();
         let synced = self.txg.synced();
         block_on(async {
@@ -601,15 +611,7 @@ impl Spa {
             create_txg: Txg(synced.0 + 1),
             tree: config.clone(),
         };
-        let mut targets: Vec<(Arc<Leaf>, VdevId)> = Vec::new();
-        for top in self.zio.vdevs.tops() {
-            targets.extend(top.leaves_in_service().map(|l| (l, top.id)));
-        }
-        for spare in self.zio.vdevs.spare_leaves() {
-            if !targets.iter().any(|(l, _)| Arc::ptr_eq(l, &spare)) {
-                targets.push((spare, oxpool_format::SPARE_TOP));
-            }
-        }
+        let targets = self.labelled_leaves();
         block_on(async {
             for (leaf, top) in targets {
                 if skip.iter().any(|s| Arc::ptr_eq(s, &leaf)) || !leaf.health.in_service() {
