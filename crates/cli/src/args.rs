@@ -420,6 +420,10 @@ pub enum Command {
         /// Scripted: no header, fields separated by one tab.
         #[arg(short = 'H')]
         scripted: bool,
+        /// Fields to show, comma-separated, in order: `name`, `property`, `value`, and for a
+        /// device's properties `source` (as `zfs get -o`; `-H -o value` gives bare values).
+        #[arg(short = 'o', value_name = "FIELDS")]
+        fields: Option<String>,
         /// Property names, comma-separated (`used,referenced`), or `all`.
         prop: String,
         /// POOL or POOL/VOL.

@@ -215,6 +215,43 @@ fn pool_and_volume_lifecycle() {
     assert_eq!(rows[0], ["tank/vol0", "volsize", "67108864"], "{two}");
     assert_eq!(rows[1], ["tank/vol0", "volblocksize", "4096"], "{two}");
     let created: u64 = rows[2][2].parse().unwrap_or_else(|_| panic!("{two}"));
+    // -o picks fields in the order asked; `-H -o value` gives bare values for scripts.
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "value",
+            "volsize,volblocksize",
+            "tank/vol0"
+        ]),
+        "67108864\n4096\n"
+    );
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "-H",
+            "-o",
+            "property,name",
+            "volblocksize",
+            "tank/vol0"
+        ]),
+        "volblocksize\ttank/vol0\n"
+    );
+    let picked = env.ok(&["get", "-o", "value", "volsize", "tank/vol0"]);
+    assert_eq!(
+        picked.lines().collect::<Vec<_>>(),
+        ["VALUE", "64M"],
+        "{picked}"
+    );
+    let e = env.fails(&["get", "-o", "value,size", "volsize", "tank/vol0"]);
+    assert!(
+        e.contains("no field 'size'") && e.contains("name, property, value"),
+        "{e}"
+    );
+    let e = env.fails(&["get", "-o", "source", "volsize", "tank/vol0"]);
+    assert!(e.contains("device"), "{e}");
     let human = env.ok(&["get", "creation,volsize", "tank/vol0"]);
     assert!(human.lines().next().unwrap().starts_with("NAME"), "{human}");
     assert!(
@@ -239,6 +276,18 @@ fn pool_and_volume_lifecycle() {
     env.ok(&["set", "scheduler=off", "tank", p(&b)]);
     let dev = env.ok(&["get", "scheduler", "tank", p(&b)]);
     assert!(dev.contains("off") && dev.contains("local"), "{dev}");
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "-H",
+            "-o",
+            "source,value",
+            "scheduler",
+            "tank",
+            p(&b)
+        ]),
+        "local\toff\n"
+    );
     let dev = env.ok(&["get", "all", "tank", p(&a)]);
     assert!(dev.contains(" on ") && dev.contains("default"), "{dev}");
     env.ok(&["set", "scheduler=inherit", "tank", p(&b)]);

@@ -51,6 +51,15 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
     assert!(env.ok(&["get", "sync", "tank/v1"]).contains("always"));
     env.ok(&["set", "txg_timeout=3", "tank"]);
     assert!(env.ok(&["get", "txg_timeout", "tank"]).contains(" 3"));
+    // -o on a served pool too: the server prints what the local path prints.
+    assert_eq!(
+        env.ok(&["get", "-H", "-o", "value", "txg_timeout", "tank"]),
+        "3\n"
+    );
+    assert_eq!(
+        env.ok(&["get", "-H", "-o", "name,value", "sync", "tank/v1"]),
+        "tank/v1\talways\n"
+    );
 
     // A new volume is an export at once; a resize is seen by the next connection.
     env.ok(&["vol", "create", "tank/v2", "--size", "8M"]);

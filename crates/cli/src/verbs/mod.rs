@@ -221,11 +221,16 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         Command::Get {
             parsable,
             scripted,
+            fields,
             prop,
             target,
             device,
         } => {
-            let style = props::GetStyle { parsable, scripted };
+            let style = props::GetStyle {
+                parsable,
+                scripted,
+                fields: fields.as_deref(),
+            };
             props::get(host, con, &prop, &target, device.as_deref(), style)
         }
         Command::Set {

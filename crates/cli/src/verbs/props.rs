@@ -10,11 +10,39 @@ use oxpool_engine::props::{
 
 /// How `oxpool get` prints.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct GetStyle {
+pub struct GetStyle<'a> {
     /// `-p`: exact values.
     pub parsable: bool,
     /// `-H`: no header, tab-separated.
     pub scripted: bool,
+    /// `-o`: the fields to show, comma-separated, in order; `None` shows every field.
+    pub fields: Option<&'a str>,
+}
+
+/// The columns `-o` picks from `header` (upper case) by their lower-case names, in the order
+/// asked. Checked before anything is read, so a bad list changes nothing and prints nothing.
+fn picked_columns(fields: &str, header: &[&str]) -> Result<Vec<usize>> {
+    let mut picked = Vec::new();
+    for f in fields.split(',').filter(|f| !f.is_empty()) {
+        match header.iter().position(|h| h.eq_ignore_ascii_case(f)) {
+            Some(c) => picked.push(c),
+            None if f == "source" => {
+                bail!("field 'source' is shown for a device's properties only")
+            }
+            None => bail!(
+                "no field '{f}': the fields are {}",
+                header
+                    .iter()
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    if picked.is_empty() {
+        bail!("-o names no field");
+    }
+    Ok(picked)
 }
 
 /// Properties whose values are byte counts: shown human (`1.50G`) unless `-p`.
@@ -66,8 +94,17 @@ pub fn get(
     if asked.is_empty() {
         bail!("no property named");
     }
+    let header: &[&str] = if device.is_some() {
+        &["NAME", "PROPERTY", "VALUE", "SOURCE"]
+    } else {
+        &["NAME", "PROPERTY", "VALUE"]
+    };
+    let columns: Vec<usize> = match style.fields {
+        Some(fields) => picked_columns(fields, header)?,
+        None => (0..header.len()).collect(),
+    };
     // Read first, printed after: a failure prints nothing (no header without lines).
-    let (header, rows) = host.with_pool(pool, |p| {
+    let rows = host.with_pool(pool, |p| {
         let mut rows: Vec<Vec<String>> = Vec::new();
         let names = |all: &[&'static str]| -> Vec<String> {
             if asked == ["all"] {
@@ -89,7 +126,7 @@ pub fn get(
                 let (value, source) = p.get_device_prop(d, &n)?;
                 rows.push(vec![d.to_string(), n, value, source.to_string()]);
             }
-            return Ok((vec!["NAME", "PROPERTY", "VALUE", "SOURCE"], rows));
+            return Ok(rows);
         }
         match vol {
             Some(v) if v.contains('@') => {
@@ -139,8 +176,14 @@ pub fn get(
                 }
             }
         }
-        Ok((vec!["NAME", "PROPERTY", "VALUE"], rows))
+        Ok(rows)
     })?;
+    // Keep the columns asked, in their order.
+    let header: Vec<&str> = columns.iter().map(|&c| header[c]).collect();
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| columns.iter().map(|&c| r[c].clone()).collect())
+        .collect();
     if style.scripted {
         for r in rows {
             writeln!(con.out(), "{}", r.join("\t"))?;
