@@ -58,6 +58,17 @@ pub fn size_with_unit(bytes: u64, exact: bool) -> String {
     }
 }
 
+/// A path in a line of space-separated paths: as is when it holds only characters a shell
+/// leaves alone, else in single quotes (a `'` inside as `'\''`), so a path with a space reads
+/// as one path and pastes into a shell as one word.
+pub fn shell_word(path: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./:@%+=,-".contains(c);
+    if !path.is_empty() && path.chars().all(plain) {
+        return path.to_string();
+    }
+    format!("'{}'", path.replace('\'', "'\\''"))
+}
+
 /// A time (ns since the epoch) as `zpool status` shows it: `Wed Nov 25 14:03:59 2026`, local.
 pub fn date(ns: u64) -> String {
     let t = (ns / 1_000_000_000) as libc::time_t;
@@ -293,6 +304,18 @@ fn has_errors(v: &VdevStatus) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn paths_with_spaces_or_quotes_are_one_shell_word() {
+        assert_eq!(super::shell_word("/dev/sdb"), "/dev/sdb");
+        assert_eq!(
+            super::shell_word("/var/my devs/a.img"),
+            "'/var/my devs/a.img'"
+        );
+        assert_eq!(super::shell_word("it's"), "'it'\\''s'");
+        assert_eq!(super::shell_word(""), "''");
+    }
+
     use super::*;
 
     #[test]

@@ -629,6 +629,25 @@ fn import_d_lists_missing_devices_and_copies() {
     );
 }
 
+/// Paths with spaces in `import -d`'s listing are quoted as one shell word each, so the
+/// listing says which path is missing and pastes into a shell.
+#[test]
+fn import_d_quotes_paths_with_spaces() {
+    let env = Env::new();
+    let dir = env.path("my devs");
+    std::fs::create_dir(&dir).unwrap();
+    let (a, b) = (dir.join("a 1.img"), dir.join("b.img"));
+    let args = ["create", "tank", "mirror", p(&a), p(&b), "--size", "64M"];
+    env.ok(&[&args[..], &["--sparse"]].concat());
+    env.ok(&["export", "tank"]);
+    std::fs::rename(&b, env.path("b.img")).unwrap();
+    let listed = env.ok(&["import", "-d", p(&dir)]);
+    assert!(
+        listed.contains(&format!("devices: '{}'  missing: '{}'", p(&a), p(&b))),
+        "{listed}"
+    );
+}
+
 /// `compression` is a volume property (default lz4) that `oxpool set` changes for what is
 /// written afterwards; `compressratio`, `logicalused`, `logicalreferenced` and `used` are
 /// read-only statistics shown by `oxpool get`.

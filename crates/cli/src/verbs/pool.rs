@@ -3,7 +3,7 @@
 use super::unavailable::{print_unavailable, unavailable, unavailable_why};
 use crate::console::Console;
 use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles};
-use crate::display::{print_status, size};
+use crate::display::{print_status, shell_word, size};
 use crate::host::{self, open_pool, remember, Host};
 use anyhow::{bail, Result};
 use oxpool_engine::cachefile;
@@ -169,11 +169,16 @@ pub fn import(
                 };
                 // As `zpool import` shows a pool's missing devices: import may still take it
                 // (redundancy) or say why not.
+                let words = |paths: &[String]| -> String {
+                    let quoted: Vec<String> = paths.iter().map(|p| shell_word(p)).collect();
+                    quoted.join(" ")
+                };
                 let mut notes = String::new();
                 if !probed.missing.is_empty() {
-                    notes += &format!("  missing: {}", probed.missing.join(" "));
+                    notes += &format!("  missing: {}", words(&probed.missing));
                 }
                 for (a, b) in &probed.twice {
+                    let (a, b) = (shell_word(a), shell_word(b));
                     notes += &format!("  ({a} and {b} hold one device: one is a copy)");
                 }
                 writeln!(
@@ -181,7 +186,7 @@ pub fn import(
                     "pool: {}  id: {:x}  devices: {}{notes}{mark}",
                     probed.name,
                     probed.guid,
-                    probed.paths.join(" ")
+                    words(&probed.paths)
                 )?;
             }
         }
