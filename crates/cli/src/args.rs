@@ -193,6 +193,22 @@ pub enum Command {
         #[arg(short = 'o', value_name = "PROP=VALUE")]
         props: Vec<String>,
     },
+    /// Offer a volume or snapshot of a served pool over NBD again: one `recv -u` or
+    /// `unshare` left unoffered (as `zfs share`). Until the server restarts, which offers
+    /// every volume.
+    Share {
+        /// POOL/VOL or POOL/VOL@SNAP.
+        name: String,
+    },
+    /// Stop offering a volume or snapshot of a served pool over NBD; its data and its
+    /// snapshots stay as they are (as `zfs unshare`).
+    Unshare {
+        /// Disconnect its NBD clients (their requests in flight are answered first).
+        #[arg(short = 'f')]
+        force: bool,
+        /// POOL/VOL or POOL/VOL@SNAP.
+        name: String,
+    },
     /// Promote a clone: its origin's snapshots up to its origin become its own, and the
     /// origin's volume becomes a clone of it (so that volume can then be destroyed).
     Promote {

@@ -134,7 +134,9 @@ fn target(command: &Command) -> Target {
         // `send -t TOKEN` alone: resolved to the only pool known before this.
         Command::Send { snapshot: None, .. } => Target::Here,
         Command::Recv { target, .. } => pool_of(target),
-        Command::Promote { name } => pool_of(name),
+        Command::Promote { name } | Command::Share { name } | Command::Unshare { name, .. } => {
+            pool_of(name)
+        }
         Command::Bookmark { source, .. } => pool_of(source),
         Command::Snapshot { names }
         | Command::Hold { names, .. }

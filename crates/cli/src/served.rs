@@ -89,6 +89,8 @@ pub enum Unexport {
     Promote,
     /// `recv` onto the volume (no `-f`: its clients must go first).
     Receive,
+    /// `unshare` (`-f` disconnects).
+    Unshare,
 }
 
 impl Unexport {
@@ -102,6 +104,7 @@ impl Unexport {
                 "its NBD clients must disconnect first",
             ),
             Unexport::Receive => ("receive into", "its NBD clients must disconnect first"),
+            Unexport::Unshare => ("unshare", "unshare -f disconnects them"),
         }
     }
 }
@@ -238,7 +241,8 @@ impl Served {
     }
 
     /// Whether `full_name` (`pool/vol` or `pool/vol@snap`) is offered now. A volume received
-    /// with `recv -u` is not, until the server starts again; its new snapshots follow it.
+    /// with `recv -u` or unshared is not, until `share` or the server starts again; its new
+    /// snapshots follow it.
     pub fn is_exported(&self, full_name: &str) -> bool {
         self.exports.clients(full_name).is_some()
     }

@@ -215,6 +215,9 @@ fn pool_and_volume_lifecycle() {
     assert_eq!(rows[0], ["tank/vol0", "volsize", "67108864"], "{two}");
     assert_eq!(rows[1], ["tank/vol0", "volblocksize", "4096"], "{two}");
     let created: u64 = rows[2][2].parse().unwrap_or_else(|_| panic!("{two}"));
+    // share/unshare act on a server's exports: a pool no server has is refused in one line.
+    let e = env.fails(&["share", "tank/vol0"]);
+    assert!(e.contains("not served"), "{e}");
     // -o picks fields in the order asked; `-H -o value` gives bare values for scripts.
     assert_eq!(
         env.ok(&[

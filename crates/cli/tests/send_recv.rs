@@ -279,6 +279,36 @@ fn recv_into_a_served_pool_exports_what_it_received() {
     env.ok(&["rollback", "dest/quiet@mine"]);
     let listed = exports(&server);
     assert!(!listed.contains("\"dest/quiet"), "{listed}");
+    // `share` offers it (and one of its snapshots) by hand, with its data, as `zfs share`.
+    env.ok(&["share", "dest/quiet"]);
+    env.ok(&["share", "dest/quiet@two"]);
+    let listed = exports(&server);
+    assert!(
+        listed.contains("export=\"dest/quiet\"") && listed.contains("export=\"dest/quiet@two\""),
+        "{listed}"
+    );
+    assert!(!listed.contains("\"dest/quiet@mine"), "{listed}");
+    assert!(same("dest/quiet", &second) && same("dest/quiet@two", &second));
+    let e = env.fails(&["share", "dest/quiet"]);
+    assert!(e.contains("shared already"), "{e}");
+    let e = env.fails(&["share", "dest/nosuch"]);
+    assert!(e.contains("not found"), "{e}");
+    // `unshare` is refused while a client has it open, `-f` disconnects the client; the
+    // volume's data and snapshots stay.
+    let client = hold_reading(&tcp_uri(&server, "dest/quiet"));
+    let e = env.fails(&["unshare", "dest/quiet"]);
+    assert!(e.contains("unshare -f"), "{e}");
+    assert!(exports(&server).contains("export=\"dest/quiet\""));
+    env.ok(&["unshare", "-f", "dest/quiet"]);
+    let said = release(client);
+    assert!(said.starts_with("disconnected"), "{said}");
+    env.ok(&["unshare", "dest/quiet@two"]);
+    let listed = exports(&server);
+    assert!(!listed.contains("\"dest/quiet"), "{listed}");
+    let e = env.fails(&["unshare", "dest/quiet"]);
+    assert!(e.contains("not shared"), "{e}");
+    let snapshots = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name"]);
+    assert!(snapshots.contains("dest/quiet@two\n"), "{snapshots}");
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
     for pool in ["tank", "dest"] {

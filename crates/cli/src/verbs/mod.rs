@@ -8,6 +8,7 @@ pub mod device;
 pub mod pool;
 mod props;
 pub mod send;
+mod share;
 pub mod snapshot;
 mod stream;
 pub mod unavailable;
@@ -93,6 +94,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             props,
         } => snapshot::clone(host, &target, &name, &props),
         Command::Promote { name } => snapshot::promote(host, &name),
+        Command::Share { name } => share::share(host, &name),
+        Command::Unshare { force, name } => share::unshare(host, &name, force),
         Command::Send {
             token,
             incremental,
