@@ -905,11 +905,17 @@ impl Spa {
                 let (r, w, c, rep) = counts(l);
                 let state = l.health.state();
                 let missed = l.health.missed().filter(|_| state.in_service());
+                // What repairs it, in the words of the pool's status line below.
+                let repair = if resilvering {
+                    "the resilver under way repairs them"
+                } else {
+                    "a scrub repairs them"
+                };
                 let reason = match (l.health.reason(), missed) {
                     (why, None) => why,
                     (why, Some((f, t))) => Some(format!(
-                        "{}lacks the blocks of txgs {}-{} (out of service or failed writes); a \
-                         scrub repairs them",
+                        "{}lacks the blocks of txgs {}-{} (out of service or failed writes); \
+                         {repair}",
                         why.map(|w| format!("{w}; ")).unwrap_or_default(),
                         f.0,
                         t.0
