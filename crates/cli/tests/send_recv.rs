@@ -429,12 +429,17 @@ fn recv_s_send_t_and_recv_a_on_the_command_line() {
     );
     assert!(rest.stdout.len() < stream.len());
     std::fs::write(&stream_file, &rest.stdout).unwrap();
-    let done = recv_from(&stream_file, &["-s", "tank/copy"]);
-    assert!(
-        done.status.success(),
-        "{}",
-        String::from_utf8_lossy(&done.stderr)
-    );
+    let done = recv_from(&stream_file, &["-s", "-v", "tank/copy"]);
+    let said = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{said}");
+    // -v says the counts are the resumed part's, and where it resumed.
+    let at: u64 = said
+        .split("(full, resumed at volume offset ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(at > 0 && at < 8 << 20, "{said}");
     assert!(read(&env, "tank/copy") == image, "resumed copy differs");
     assert_eq!(token_of(), None);
     // recv -A discards a saved partial receive, and then there is none to discard.

@@ -304,9 +304,15 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         let received = received?;
         if verbose {
             for r in &received {
+                // A resumed stream's counts are its own (as `zfs recv -v` counts the bytes
+                // of the stream it read): said so, with where it resumed.
+                let resumed = match r.resumed_at_bytes {
+                    0 => String::new(),
+                    at => format!(", resumed at volume offset {at}"),
+                };
                 writeln!(
                     con.err(),
-                    "received {} ({}, {} blocks, {} freed ranges)",
+                    "received {} ({}{resumed}, {} blocks, {} freed ranges)",
                     r.snapshot,
                     if r.incremental { "incremental" } else { "full" },
                     r.data_records,

@@ -63,10 +63,13 @@ pub struct Received {
     pub guid: u64,
     /// Whether the stream was incremental.
     pub incremental: bool,
-    /// DATA records applied.
+    /// DATA records applied (by this receive: a resumed one counts from where it resumed).
     pub data_records: u64,
-    /// FREE records applied.
+    /// FREE records applied (likewise).
     pub free_records: u64,
+    /// Where a resumed stream (`send -t`) began: the volume offset below which an earlier,
+    /// interrupted receive had applied every record. 0 for a stream from the start.
+    pub resumed_at_bytes: u64,
 }
 
 /// A full receive's new volume, registered when the receive ends: its dataset and log.
@@ -719,6 +722,7 @@ impl Pool {
             incremental: begin.fromguid.is_some(),
             data_records,
             free_records,
+            resumed_at_bytes: begin.resume_offset_bytes,
         })
     }
 
