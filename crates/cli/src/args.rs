@@ -136,7 +136,7 @@ pub enum Command {
     /// a stream an interrupted `recv -s` stopped in.
     Send {
         /// Resume: the receiver's receive_resume_token. The token names snapshots by guid:
-        /// give the pool holding them if more than one pool is known.
+        /// the pool known here that holds its snapshot sends (name it if several do).
         #[arg(short = 't', value_name = "TOKEN", conflicts_with_all = ["incremental", "intermediates"])]
         token: Option<String>,
         /// Incremental from this earlier snapshot of the volume (@BASE), or from a bookmark
@@ -155,7 +155,7 @@ pub enum Command {
         /// Exact sizes (bytes) with -v.
         #[arg(short = 'p')]
         parsable: bool,
-        /// POOL/VOL@SNAP (with -t: the POOL, optional when only one is known).
+        /// POOL/VOL@SNAP (with -t: the POOL, optional: found by the token's snapshot).
         #[arg(required_unless_present = "token")]
         snapshot: Option<String>,
     },
@@ -437,7 +437,8 @@ pub enum Command {
         #[arg(short = 'H')]
         scripted: bool,
         /// Fields to show, comma-separated, in order: `name`, `property`, `value`, and for a
-        /// device's properties `source` (as `zfs get -o`; `-H -o value` gives bare values).
+        /// device's properties `source`; or `all` (as `zfs get -o`; `-H -o value` gives bare
+        /// values).
         #[arg(short = 'o', value_name = "FIELDS")]
         fields: Option<String>,
         /// Property names, comma-separated (`used,referenced`), or `all`.

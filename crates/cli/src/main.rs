@@ -170,13 +170,24 @@ fn run(mut cli: Cli) -> Result<i32> {
     let local = Host::Local {
         cache: cache.clone(),
     };
+    // `send -t TOKEN` without a pool: the pool holding the token's snapshot, named on the
+    // command line a server gets too.
+    let mut found_pool = None;
     if let Command::Send {
         snapshot: snapshot @ None,
+        token: Some(token),
         ..
     } = &mut cli.command
     {
-        *snapshot = Some(verbs::send::only_pool(&local)?);
+        let pool = verbs::send::pool_of_token(&local, &runtime, token)?;
+        *snapshot = Some(pool.clone());
+        found_pool = Some(pool);
     }
+    let forwarded = || -> Result<Vec<String>> {
+        let mut args = own_args()?;
+        args.extend(found_pool.clone());
+        Ok(args)
+    };
     let mut con = LocalConsole::new();
     match target(&cli.command) {
         Target::Here => {
@@ -190,7 +201,7 @@ fn run(mut cli: Cli) -> Result<i32> {
         }
         Target::Pool(pool) => {
             if let Found::Server(socket, stream) = runtime.server_of(&pool)? {
-                return control::client::forward(stream, &socket, own_args()?);
+                return control::client::forward(stream, &socket, forwarded()?);
             }
         }
         Target::NewPool => match runtime.servers()?.as_slice() {

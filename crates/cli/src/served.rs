@@ -283,6 +283,8 @@ impl Served {
         match self.exports.remove(full_name, mode) {
             Ok(_) => Ok(true),
             Err(oxpool_nbd::server::ExportError::NotFound(_)) => Ok(false),
+            // With `force` the remedy was taken already: the error alone.
+            Err(e) if force => Err(anyhow!("cannot {} {e}", why.words().0)),
             Err(e) => {
                 let (action, remedy) = why.words();
                 Err(anyhow!("cannot {action} {e} ({remedy})"))

@@ -255,6 +255,12 @@ fn pool_and_volume_lifecycle() {
     );
     let e = env.fails(&["get", "-o", "source", "volsize", "tank/vol0"]);
     assert!(e.contains("device"), "{e}");
+    assert_eq!(
+        env.ok(&["get", "-H", "-o", "all", "volsize", "tank/vol0"]),
+        env.ok(&["get", "-H", "volsize", "tank/vol0"])
+    );
+    let e = env.fails(&["get", "-o", "VALUE", "volsize", "tank/vol0"]);
+    assert!(e.contains("no field 'VALUE'"), "{e}");
     let human = env.ok(&["get", "creation,volsize", "tank/vol0"]);
     assert!(human.lines().next().unwrap().starts_with("NAME"), "{human}");
     assert!(

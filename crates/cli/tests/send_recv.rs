@@ -371,6 +371,94 @@ fn bookmarks_replace_replicated_snapshots_as_incremental_bases() {
     }
 }
 
+/// `send -t TOKEN` without a pool, as `zfs send -t`: of several pools known, the one holding
+/// the token's snapshot sends, read here or asked of the server serving it; when several or
+/// none hold it, one line says so.
+#[test]
+fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    second_pool(&env);
+    write(&env, "tank/vol0", 0, 5, 8 << 20);
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    // A cut stream received with -s into the other pool: its token.
+    let cut_into_copy = |send: &[&str]| -> String {
+        let out = env.run(send);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cut = env.path("cut.stream");
+        std::fs::write(&cut, &out.stdout[..out.stdout.len() / 2]).unwrap();
+        let mut recv = env.oxpool_command();
+        recv.args(["recv", "-s", "dest/copy"])
+            .stdin(std::fs::File::open(&cut).unwrap());
+        assert!(!recv.output().unwrap().status.success());
+        let args = [
+            "get",
+            "-H",
+            "-o",
+            "value",
+            "receive_resume_token",
+            "dest/copy",
+        ];
+        let token = env.ok(&args).trim().to_string();
+        assert!(token.starts_with("oxp1-"), "{token}");
+        token
+    };
+    // The rest, sent with no pool named, received into the copy.
+    let resume = |token: &str| {
+        let rest = env.run(&["send", "-t", token]);
+        assert!(
+            rest.status.success(),
+            "{}",
+            String::from_utf8_lossy(&rest.stderr)
+        );
+        let file = env.path("rest.stream");
+        std::fs::write(&file, &rest.stdout).unwrap();
+        let mut recv = env.oxpool_command();
+        recv.args(["recv", "-s", "dest/copy"])
+            .stdin(std::fs::File::open(&file).unwrap());
+        let done = recv.output().unwrap();
+        assert!(
+            done.status.success(),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    };
+    // Neither pool served: each is read here.
+    let token = cut_into_copy(&["send", "tank/vol0@one"]);
+    resume(&token);
+    assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
+    // Now both pools hold @one (a received snapshot keeps its guid): the pool must be named.
+    let e = env.fails(&["send", "-t", &token]);
+    assert!(
+        e.contains("several pools hold") && e.contains("dest, tank"),
+        "{e}"
+    );
+    // Both served: each server is asked, and the one holding @two sends.
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    write(&env, "tank/vol0", 1 << 20, 6, 2 << 20);
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    let token = cut_into_copy(&["send", "-i", "@one", "tank/vol0@two"]);
+    resume(&token);
+    assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
+    // A token whose snapshot no pool holds any more.
+    env.ok(&["destroy", "tank/vol0@two"]);
+    env.ok(&["destroy", "dest/copy@two"]);
+    let e = env.fails(&["send", "-t", &token]);
+    assert!(
+        e.contains("no pool known here (dest, tank) holds the token's snapshot"),
+        "{e}"
+    );
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    for pool in ["tank", "dest"] {
+        env.ok(&["audit", pool]);
+    }
+}
+
 /// `recv -s` of a cut stream saves a partial receive: `get receive_resume_token` shows it,
 /// a plain `recv` is refused while it is there, `send -t` continues it (the pool found
 /// without being named), `recv -A` discards one; a damaged token is refused in one line.

@@ -306,6 +306,58 @@ fn promote_lets_the_original_volume_go() {
     assert!(ok.success(), "{out}");
 }
 
+/// What `unshare` (or `recv -u`) leaves out stays out: new snapshots follow their volume, and a
+/// `vol destroy`, `destroy`, `destroy -d` or `promote` that fails, or a promote that moves a
+/// snapshot, never offers again one that was not offered.
+#[test]
+fn what_unshare_leaves_out_stays_out() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let offered = |name: &str| exports(&server).contains(&format!("export=\"{name}\""));
+    env.ok(&["unshare", "tank/vol0"]);
+    env.ok(&["snapshot", "tank/vol0@a"]);
+    assert!(!offered("tank/vol0") && !offered("tank/vol0@a"));
+    env.ok(&["share", "tank/vol0"]);
+    env.ok(&["snapshot", "tank/vol0@b"]);
+    assert!(offered("tank/vol0") && offered("tank/vol0@b") && !offered("tank/vol0@a"));
+    // A failed vol destroy (it has snapshots) leaves the volume as it was: unshared.
+    env.ok(&["unshare", "tank/vol0"]);
+    let e = env.fails(&["vol", "destroy", "tank/vol0"]);
+    assert!(e.contains("snapshot"), "{e}");
+    assert!(
+        !offered("tank/vol0"),
+        "a failed vol destroy offered the volume"
+    );
+    // A destroy of @a and @b refused (a client has @b open) leaves @a unshared.
+    let client = hold_reading(&tcp_uri(&server, "tank/vol0@b"));
+    let e = env.fails(&["destroy", "tank/vol0@a,b"]);
+    assert!(e.contains("NBD client"), "{e}");
+    assert!(!offered("tank/vol0@a"), "a failed destroy offered @a");
+    assert!(offered("tank/vol0@b"));
+    release(client);
+    // destroy -d of a held snapshot marks it; unshared, it stays so.
+    env.ok(&["hold", "keep", "tank/vol0@a"]);
+    let said = env.ok(&["destroy", "-d", "tank/vol0@a"]);
+    assert!(said.contains("held or cloned"), "{said}");
+    assert!(!offered("tank/vol0@a"), "a marked snapshot was offered");
+    env.ok(&["release", "keep", "tank/vol0@a"]);
+    // A promote moves @b (offered) and a new @c (not offered: it followed its unshared
+    // volume) to the clone, each as it was.
+    env.ok(&["snapshot", "tank/vol0@c"]);
+    assert!(!offered("tank/vol0@c"));
+    env.ok(&["clone", "tank/vol0@c", "tank/new"]);
+    env.ok(&["promote", "tank/new"]);
+    assert!(offered("tank/new@b") && !offered("tank/vol0@b"));
+    assert!(
+        !offered("tank/new@c"),
+        "promote offered an unshared snapshot"
+    );
+    env.ok(&["audit", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
 /// The value of a one-property `oxpool get -p -H`, checking its exact form: one line,
 /// `TARGET<TAB>PROPERTY<TAB>VALUE`.
 fn get_exact(env: &Env, prop: &str, target: &str) -> u64 {

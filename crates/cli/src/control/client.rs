@@ -17,35 +17,9 @@ const _: () = assert!(STDIN_CHUNK_BYTES + 64 <= PAYLOAD_BYTES_MAX);
 /// `stream` (connected to `socket`); returns the command's exit status. Interrupting this
 /// process leaves the command running in the server.
 pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<i32> {
-    let cwd = std::env::current_dir()?;
-    let cwd = cwd
-        .to_str()
-        .ok_or_else(|| anyhow!("the working directory is not UTF-8"))?
-        .to_string();
     let stderr_is_terminal = std::io::stderr().is_terminal();
-    let lost = |e: &dyn std::fmt::Display| {
-        anyhow!(
-            "lost the connection to the server at {} ({e}); the command may still run there",
-            socket.display()
-        )
-    };
-    // A server that refuses (another user's, one too busy) answers and closes without
-    // reading: the request's write may fail, and the answer is still there to read.
-    let sent = write_message(
-        &mut stream,
-        &Message::Request(Request {
-            args,
-            cwd,
-            stderr_is_terminal,
-        }),
-    );
-    if let Err(e) = &sent {
-        if e.kind() == std::io::ErrorKind::InvalidInput {
-            return Err(anyhow!(
-                "the command line is too long to send to the server: {e}"
-            ));
-        }
-    }
+    let lost = |e: &dyn std::fmt::Display| lost_connection(socket, e);
+    let sent = send_request(&mut stream, args, stderr_is_terminal)?;
     let mut bar = Bar::new(stderr_is_terminal);
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr();
@@ -92,6 +66,68 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
             },
         }
     }
+}
+
+/// Runs `args` in the server at the other end of `stream` as [`forward`] does, for a question
+/// one command asks (which pool holds a snapshot): what the command prints to standard
+/// output is kept and returned with its exit status; its standard error and progress are
+/// dropped, and it gets no standard input.
+pub fn ask(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<(i32, Vec<u8>)> {
+    let sent = send_request(&mut stream, args, false)?;
+    let lost = |e: &dyn std::fmt::Display| lost_connection(socket, e);
+    let mut out = Vec::new();
+    // Bounded by the command: the server sends a finite stream ending with Exit.
+    loop {
+        match (read_message(&mut stream), &sent) {
+            (Ok(Some(Message::Stdout(data))), _) => out.extend_from_slice(&data),
+            (Ok(Some(Message::Stderr(_) | Message::Progress { .. })), _) => {}
+            (Ok(Some(Message::Exit { code, .. })), _) => return Ok((code, out)),
+            (Ok(Some(other)), _) => return Err(lost(&format!("unexpected {other:?}"))),
+            (Ok(None), Err(e)) | (Err(_), Err(e)) => return Err(lost(e)),
+            (Ok(None), Ok(())) => return Err(lost(&"it closed the connection")),
+            (Err(e), Ok(())) => return Err(lost(&e)),
+        }
+    }
+}
+
+/// The error of a connection to the server at `socket` lost in the middle of a command.
+fn lost_connection(socket: &Path, e: &dyn std::fmt::Display) -> anyhow::Error {
+    anyhow!(
+        "lost the connection to the server at {} ({e}); the command may still run there",
+        socket.display()
+    )
+}
+
+/// Sends the request to run `args` (in this process's working directory). A server that
+/// refuses (another user's, one too busy) answers and closes without reading: the write may
+/// fail and the answer still be there to read, so that failure is returned for the caller
+/// to report only if no answer comes. A command line too long to send is an error at once.
+fn send_request(
+    stream: &mut UnixStream,
+    args: Vec<String>,
+    stderr_is_terminal: bool,
+) -> Result<std::io::Result<()>> {
+    let cwd = std::env::current_dir()?;
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| anyhow!("the working directory is not UTF-8"))?
+        .to_string();
+    let sent = write_message(
+        stream,
+        &Message::Request(Request {
+            args,
+            cwd,
+            stderr_is_terminal,
+        }),
+    );
+    if let Err(e) = &sent {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            return Err(anyhow!(
+                "the command line is too long to send to the server: {e}"
+            ));
+        }
+    }
+    Ok(sent)
 }
 
 /// Sends standard input to the server, then its end. If reading it fails, the end is not

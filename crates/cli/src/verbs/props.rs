@@ -22,9 +22,13 @@ pub struct GetStyle<'a> {
 /// The columns `-o` picks from `header` (upper case) by their lower-case names, in the order
 /// asked. Checked before anything is read, so a bad list changes nothing and prints nothing.
 fn picked_columns(fields: &str, header: &[&str]) -> Result<Vec<usize>> {
+    if fields == "all" {
+        return Ok((0..header.len()).collect());
+    }
     let mut picked = Vec::new();
     for f in fields.split(',').filter(|f| !f.is_empty()) {
-        match header.iter().position(|h| h.eq_ignore_ascii_case(f)) {
+        // Lower case only, as `zfs get -o`.
+        match header.iter().position(|h| h.to_ascii_lowercase() == f) {
             Some(c) => picked.push(c),
             None if f == "source" => {
                 bail!("field 'source' is shown for a device's properties only")
@@ -77,7 +81,7 @@ fn shown(name: &str, value: String, parsable: bool) -> String {
     }
 }
 
-/// `oxpool get [-p] [-H] PROP[,PROP...]|all TARGET [DEVICE]`.
+/// `oxpool get [-p] [-H] [-o FIELD[,FIELD...]|all] PROP[,PROP...]|all TARGET [DEVICE]`.
 pub fn get(
     host: &Host,
     con: &mut dyn Console,

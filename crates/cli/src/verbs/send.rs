@@ -8,6 +8,8 @@
 use super::snapshot::snapshot_target;
 use super::volume_target;
 use crate::console::Console;
+use crate::control::client::ask;
+use crate::control::runtime::{Found, RuntimeDir};
 use crate::display::size_with_unit;
 use crate::host::Host;
 use crate::served::Unexport;
@@ -33,16 +35,67 @@ pub struct SendFlags<'a> {
     pub parsable: bool,
 }
 
-/// The pool `send -t TOKEN` looks in when none is named: the only one known.
-pub fn only_pool(host: &Host) -> Result<String> {
-    match host.known_pools()?.as_slice() {
-        [one] => Ok(one.clone()),
+/// The pool `send -t TOKEN` sends from when none is named, as `zfs send -t` needs none: the
+/// only pool known, or of several the one holding a snapshot with the token's guid (its pool
+/// asked through its server when one serves it). Pools that cannot be opened are passed
+/// over, and named if no pool is found.
+pub fn pool_of_token(host: &Host, runtime: &RuntimeDir, token: &str) -> Result<String> {
+    let token: ResumeToken = token
+        .parse()
+        .map_err(|e| anyhow!("cannot resume send: {e}"))?;
+    let mut known = host.known_pools()?;
+    known.sort();
+    match known.as_slice() {
+        [one] => return Ok(one.clone()),
         [] => bail!("no pool is known here: import the pool that holds the token's snapshot"),
-        several => bail!(
-            "several pools are known ({}): name the one that holds the token's snapshot: \
-             oxpool send -t TOKEN POOL",
+        _ => {}
+    }
+    let guid = token.toguid.0;
+    let mut holding = Vec::new();
+    let mut unreadable = Vec::new();
+    for pool in &known {
+        match pool_has_snapshot(host, runtime, pool, guid) {
+            Ok(true) => holding.push(pool.as_str()),
+            Ok(false) => {}
+            Err(_) => unreadable.push(pool.as_str()),
+        }
+    }
+    match (holding.as_slice(), unreadable.as_slice()) {
+        ([one], _) => Ok(one.to_string()),
+        ([], []) => bail!(
+            "no pool known here ({}) holds the token's snapshot (guid {guid})",
+            known.join(", ")
+        ),
+        ([], cannot) => bail!(
+            "no pool that could be read holds the token's snapshot (guid {guid}); not read: {}",
+            cannot.join(", ")
+        ),
+        (several, _) => bail!(
+            "several pools hold the token's snapshot (guid {guid}: {}): name the one to send \
+             from: oxpool send -t TOKEN POOL",
             several.join(", ")
         ),
+    }
+}
+
+/// Whether pool `pool` has a snapshot whose guid is `guid`: asked of the server that serves
+/// it (its snapshot list, as `list -t snapshot -H -o guid POOL` prints it), or read here.
+fn pool_has_snapshot(host: &Host, runtime: &RuntimeDir, pool: &str, guid: u64) -> Result<bool> {
+    match runtime.server_of(pool)? {
+        Found::Server(socket, stream) => {
+            let args = ["list", "-t", "snapshot", "-H", "-o", "guid", pool];
+            let (code, out) = ask(stream, &socket, args.map(String::from).to_vec())?;
+            if code != 0 {
+                bail!("cannot list the snapshots of {pool}");
+            }
+            let want = guid.to_string();
+            Ok(String::from_utf8_lossy(&out)
+                .lines()
+                .any(|l| l.trim() == want))
+        }
+        Found::None => host.with_pool(pool, |p| {
+            Ok(p.all_snapshots().iter().any(|s| s.guid == guid))
+        }),
     }
 }
 
@@ -54,9 +107,10 @@ pub fn send(
     snapshot: Option<&str>,
     flags: SendFlags,
 ) -> Result<()> {
-    let snapshot = match snapshot {
-        Some(s) => s.to_string(),
-        None => only_pool(host)?,
+    // The command line names the pool, or the client found it (`pool_of_token`) and passed
+    // it on: a server never sees `send -t` without one.
+    let Some(snapshot) = snapshot.map(str::to_string) else {
+        bail!("name the pool that holds the token's snapshot: oxpool send -t TOKEN POOL");
     };
     if let Some(token) = flags.token {
         return send_resume(host, con, &snapshot, token, flags);
@@ -307,8 +361,8 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
                 // A resumed stream's counts are its own (as `zfs recv -v` counts the bytes
                 // of the stream it read): said so, with where it resumed.
                 let resumed = match r.resumed_at_bytes {
-                    0 => String::new(),
-                    at => format!(", resumed at volume offset {at}"),
+                    None => String::new(),
+                    Some(at) => format!(", resumed at volume offset {at}"),
                 };
                 writeln!(
                     con.err(),

@@ -149,17 +149,21 @@ pub fn destroy(
             return Ok(());
         }
         if let Host::Live(served) = host {
-            // Out of the export table first (refused while a client has one open).
+            // Out of the export table first (refused while a client has one open). Only
+            // those that were offered are recorded, so a failure offers back exactly those.
             let mut removed: Vec<(String, String)> = Vec::new();
             for s in &snaps {
                 let name = format!("{pool_name}/{volume}@{s}");
-                if let Err(e) = served.unexport_volume(&name, force, Unexport::Destroy) {
-                    for (v, s) in &removed {
-                        served.export_volume(p.snapshot_volume(v, s)?)?;
+                match served.unexport_volume(&name, force, Unexport::Destroy) {
+                    Ok(true) => removed.push((volume.to_string(), s.clone())),
+                    Ok(false) => {}
+                    Err(e) => {
+                        for (v, s) in &removed {
+                            served.export_volume(p.snapshot_volume(v, s)?)?;
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
-                removed.push((volume.to_string(), s.clone()));
             }
             if let Err(e) = p.destroy_snapshots(volume, &snaps) {
                 for (v, s) in &removed {
@@ -187,24 +191,25 @@ fn destroy_deferred(
     let mut removed: Vec<String> = Vec::new();
     if let Host::Live(served) = host {
         for s in snaps {
-            if let Err(e) = served.unexport_volume(
-                &format!("{pool_name}/{volume}@{s}"),
-                force,
-                Unexport::Destroy,
-            ) {
-                for s in &removed {
-                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+            let name = format!("{pool_name}/{volume}@{s}");
+            match served.unexport_volume(&name, force, Unexport::Destroy) {
+                Ok(true) => removed.push(s.clone()),
+                Ok(false) => {}
+                Err(e) => {
+                    for s in &removed {
+                        served.export_volume(p.snapshot_volume(volume, s)?)?;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
-            removed.push(s.clone());
         }
     }
     let done = p.destroy_snapshots_deferred(volume, snaps);
     if let Host::Live(served) = host {
-        // Marked ones (or all, on failure) are still there: served again.
+        // Marked ones (or all, on failure) are still there: served again if they were
+        // offered before (one `unshare` left out stays out).
         let back: Vec<&String> = match &done {
-            Ok((_, marked)) => marked.iter().collect(),
+            Ok((_, marked)) => marked.iter().filter(|s| removed.contains(s)).collect(),
             Err(_) => removed.iter().collect(),
         };
         for s in back {
@@ -357,20 +362,25 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
             .take(upto + 1)
             .map(|(_, s)| s.clone())
             .collect();
+        // Only those offered are recorded: each moved snapshot keeps its own state (one
+        // `recv -u` or `unshare` left out stays out, under its new name too).
         let mut removed: Vec<String> = Vec::new();
         for s in &moving {
             let export = format!("{pool_name}/{ovol}@{s}");
-            if let Err(e) = served.unexport_volume(&export, false, Unexport::Promote) {
-                for s in &removed {
-                    served.export_volume(p.snapshot_volume(&ovol, s)?)?;
+            match served.unexport_volume(&export, false, Unexport::Promote) {
+                Ok(true) => removed.push(s.clone()),
+                Ok(false) => {}
+                Err(e) => {
+                    for s in &removed {
+                        served.export_volume(p.snapshot_volume(&ovol, s)?)?;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
-            removed.push(s.clone());
         }
         match p.promote(clone) {
             Ok(()) => {
-                for s in &moving {
+                for s in &removed {
                     served.export_volume(p.snapshot_volume(clone, s)?)?;
                 }
                 Ok(())

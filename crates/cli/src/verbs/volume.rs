@@ -66,10 +66,13 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 if let Host::Live(served) = host {
                     // Out of the export table first (refused while open, unless -f): no
                     // client can open it between the check and the destroy.
-                    served.unexport_volume(&name, force, Unexport::Destroy)?;
+                    let was_exported = served.unexport_volume(&name, force, Unexport::Destroy)?;
                     let before = p.all_snapshots();
                     if let Err(e) = p.destroy_volume(v) {
-                        served.export_volume(volume)?;
+                        // Back as it was: one `recv -u` or `unshare` left out stays out.
+                        if was_exported {
+                            served.export_volume(volume)?;
+                        }
                         return Err(e.into());
                     }
                     // A clone's origin marked by `destroy -d` went with it.

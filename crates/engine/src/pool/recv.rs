@@ -67,9 +67,10 @@ pub struct Received {
     pub data_records: u64,
     /// FREE records applied (likewise).
     pub free_records: u64,
-    /// Where a resumed stream (`send -t`) began: the volume offset below which an earlier,
-    /// interrupted receive had applied every record. 0 for a stream from the start.
-    pub resumed_at_bytes: u64,
+    /// Where a resumed stream (`send -t`, marked `RESUMING`) began: the volume offset below
+    /// which an earlier, interrupted receive had applied every record (0 if it applied
+    /// none). None for a stream from the start.
+    pub resumed_at_bytes: Option<u64>,
 }
 
 /// A full receive's new volume, registered when the receive ends: its dataset and log.
@@ -722,7 +723,10 @@ impl Pool {
             incremental: begin.fromguid.is_some(),
             data_records,
             free_records,
-            resumed_at_bytes: begin.resume_offset_bytes,
+            resumed_at_bytes: begin
+                .features
+                .contains(StreamFeatures::RESUMING)
+                .then_some(begin.resume_offset_bytes),
         })
     }
 
