@@ -6,6 +6,7 @@ use oxpool_io::{Backend, FileBackend};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An open device and the lock that keeps other oxpool processes off it.
 pub struct Device {
@@ -96,6 +97,16 @@ pub struct NewFiles {
 /// Opens `path` as a device, creating it as `create` says if it is missing, and locks it
 /// (flock, exclusive, non-blocking).
 pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
+    open_device_within(path, create, Duration::ZERO)
+}
+
+/// How often a device another process holds is tried again while waiting for it.
+const LOCK_RETRY: Duration = Duration::from_millis(20);
+
+/// As [`open_device`], waiting up to `wait` for another process to release the device's
+/// lock (tried every [`LOCK_RETRY`]), for a command that opens a pool another short command
+/// may have open for a moment.
+pub fn open_device_within(path: &Path, create: Option<NewFiles>, wait: Duration) -> Result<Device> {
     let mut created = None;
     if !path.exists() {
         let Some(new) = create else {
@@ -119,13 +130,21 @@ pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
     let backend = FileBackend::open(path, create_sparse)
         .with_context(|| format!("cannot open {}", path.display()))?;
     let lock = std::fs::File::open(path).with_context(|| path.display().to_string())?;
-    // SAFETY: flock on a valid, owned file descriptor.
-    let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(anyhow!(
-            "{}: in use by another oxpool process (is `oxpool serve` running?)",
-            path.display()
-        ));
+    let deadline = std::time::Instant::now() + wait;
+    // Bounded by the deadline.
+    loop {
+        // SAFETY: flock on a valid, owned file descriptor.
+        let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(anyhow!(
+                "{}: in use by another oxpool process (is `oxpool serve` running?)",
+                path.display()
+            ));
+        }
+        std::thread::sleep(LOCK_RETRY);
     }
     Ok(Device {
         backend: Arc::new(backend),

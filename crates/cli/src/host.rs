@@ -1,13 +1,14 @@
 //! Where a command finds its pools: opened by the command itself (no server owns them), or,
 //! for a command a server runs on a client's behalf, the server's live pools.
 
-use crate::devices::{open_device, Devices};
+use crate::devices::{open_device, open_device_within, Devices};
 use crate::served::{Served, ServedPool};
 use anyhow::{anyhow, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::Pool;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The pools a command works on.
 #[derive(Clone)]
@@ -128,6 +129,13 @@ fn canonical_paths(pool: &Pool) -> Vec<PathBuf> {
         .collect()
 }
 
+/// How long a command that opens a pool waits for another process to let go of one of its
+/// devices before saying it is in use: another short command may have the pool open for a
+/// moment (`send -t` with no pool looks in each pool known here, while the `recv` at the
+/// other end of its pipeline opens one of them). A server holds its devices for good: the
+/// command then fails after this wait, as before.
+const POOL_LOCK_WAIT: Duration = Duration::from_secs(3);
+
 /// Opens (imports) a pool the cache file knows; the returned locks keep its devices ours.
 pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     let entry = cachefile::read(cache)?
@@ -157,7 +165,7 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
             continue;
         }
         let another_pool = |l: &oxpool_format::LabelConfig| l.pool_guid.0 != entry.guid;
-        match open_device(path, None) {
+        match open_device_within(path, None, POOL_LOCK_WAIT) {
             Ok(d) => {
                 if crate::devices::label(d.backend().as_ref()).is_ok_and(|l| another_pool(&l)) {
                     missing.push(path.display().to_string());

@@ -131,7 +131,7 @@ fn target(command: &Command) -> Target {
             snapshot: Some(snapshot),
             ..
         } => pool_of(snapshot),
-        // `send -t TOKEN` alone: resolved to the only pool known before this.
+        // `send -t TOKEN` alone: resolved to its pool before this (`pool_of_token`).
         Command::Send { snapshot: None, .. } => Target::Here,
         Command::Recv { target, .. } => pool_of(target),
         Command::Promote { name } | Command::Share { name } | Command::Unshare { name, .. } => {
@@ -176,10 +176,12 @@ fn run(mut cli: Cli) -> Result<i32> {
     if let Command::Send {
         snapshot: snapshot @ None,
         token: Some(token),
+        dry_run,
         ..
     } = &mut cli.command
     {
-        let pool = verbs::send::pool_of_token(&local, &runtime, token)?;
+        let dry_run = *dry_run;
+        let pool = verbs::send::pool_of_token(&local, &runtime, token, dry_run)?;
         *snapshot = Some(pool.clone());
         found_pool = Some(pool);
     }

@@ -450,6 +450,15 @@ fn a_pool_in_use_is_locked() {
     assert_eq!(unsafe { libc_flock(f.as_raw_fd(), 2 | 4) }, 0);
     let e = env.fails(&["status", "tank"]);
     assert!(e.contains("in use"), "{e}");
+    // A holder that lets go within a few seconds (another short command: `send -t` looking
+    // for its pool beside the `recv` of its pipeline) is waited for.
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        drop(f);
+    });
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains("ONLINE"), "{status}");
+    holder.join().unwrap();
 }
 
 extern "C" {

@@ -427,9 +427,11 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
             String::from_utf8_lossy(&done.stderr)
         );
     };
-    // Neither pool served: each is read here.
+    // Neither pool served: each is read here, while the receiving end of the pipeline opens
+    // one of them (it waits for the search to let go of it).
     let token = cut_into_copy(&["send", "tank/vol0@one"]);
-    resume(&token);
+    let (s, r, err) = pipe(&env, &["send", "-t", &token], &["recv", "-s", "dest/copy"]);
+    assert!(s && r, "send -t | recv -s failed: {err}");
     assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
     // Now both pools hold @one (a received snapshot keeps its guid): the pool must be named.
     let e = env.fails(&["send", "-t", &token]);

@@ -39,10 +39,19 @@ pub struct SendFlags<'a> {
 /// only pool known, or of several the one holding a snapshot with the token's guid (its pool
 /// asked through its server when one serves it). Pools that cannot be opened are passed
 /// over, and named if no pool is found.
-pub fn pool_of_token(host: &Host, runtime: &RuntimeDir, token: &str) -> Result<String> {
+pub fn pool_of_token(
+    host: &Host,
+    runtime: &RuntimeDir,
+    token: &str,
+    dry_run: bool,
+) -> Result<String> {
     let token: ResumeToken = token
         .parse()
         .map_err(|e| anyhow!("cannot resume send: {e}"))?;
+    // Refused before any pool is opened to look.
+    if !dry_run && std::io::stdout().is_terminal() {
+        bail!("a stream cannot be written to a terminal: redirect standard output");
+    }
     let mut known = host.known_pools()?;
     known.sort();
     match known.as_slice() {
@@ -57,7 +66,12 @@ pub fn pool_of_token(host: &Host, runtime: &RuntimeDir, token: &str) -> Result<S
         match pool_has_snapshot(host, runtime, pool, guid) {
             Ok(true) => holding.push(pool.as_str()),
             Ok(false) => {}
-            Err(_) => unreadable.push(pool.as_str()),
+            // Why, in a few words: the first line of the error's last cause.
+            Err(e) => {
+                let why = format!("{:#}", e.root_cause());
+                let why = why.lines().next().unwrap_or_default().to_string();
+                unreadable.push(format!("{pool} ({why})"));
+            }
         }
     }
     match (holding.as_slice(), unreadable.as_slice()) {
