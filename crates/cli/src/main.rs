@@ -170,18 +170,23 @@ fn run(mut cli: Cli) -> Result<i32> {
     let local = Host::Local {
         cache: cache.clone(),
     };
+    // A stream is refused a terminal here, before any pool is opened and before a server
+    // (whose standard output is the control socket) could write it to one, as `zfs send`.
+    if matches!(cli.command, Command::Send { dry_run: false, .. })
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        bail!("a stream cannot be written to a terminal: redirect standard output");
+    }
     // `send -t TOKEN` without a pool: the pool holding the token's snapshot, named on the
     // command line a server gets too.
     let mut found_pool = None;
     if let Command::Send {
         snapshot: snapshot @ None,
         token: Some(token),
-        dry_run,
         ..
     } = &mut cli.command
     {
-        let dry_run = *dry_run;
-        let pool = verbs::send::pool_of_token(&local, &runtime, token, dry_run)?;
+        let pool = verbs::send::pool_of_token(&local, &runtime, token)?;
         *snapshot = Some(pool.clone());
         found_pool = Some(pool);
     }

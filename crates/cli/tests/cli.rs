@@ -218,6 +218,8 @@ fn pool_and_volume_lifecycle() {
     // share/unshare act on a server's exports: a pool no server has is refused in one line.
     let e = env.fails(&["share", "tank/vol0"]);
     assert!(e.contains("not served"), "{e}");
+    let e = env.fails(&["share", "nosuch/vol0"]);
+    assert!(e.contains("no pool 'nosuch'"), "{e}");
     // -o picks fields in the order asked; `-H -o value` gives bare values for scripts.
     assert_eq!(
         env.ok(&[

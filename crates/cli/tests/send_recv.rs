@@ -172,6 +172,23 @@ fn recv_into_a_served_pool_exports_what_it_received() {
             .success()
     };
     assert!(same("dest/copy", &first), "the received volume differs");
+    // A stream is refused a terminal on a served pool too (the server writes to its control
+    // socket, so only the client can tell): run on a pseudo-terminal by `script`.
+    let line = format!(
+        "'{}' --cache-file '{}' send tank/vol0@one",
+        env!("CARGO_BIN_EXE_oxpool"),
+        env.path("pools.cache").display()
+    );
+    let on_tty = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .output()
+        .expect("run script (util-linux)");
+    let shown = String::from_utf8_lossy(&on_tty.stdout);
+    assert!(
+        !on_tty.status.success() && shown.contains("cannot be written to a terminal"),
+        "{shown}"
+    );
+    assert!(on_tty.stdout.len() < 1000, "a stream reached the terminal");
     assert!(
         same("dest/copy@one", &first),
         "the received snapshot differs"

@@ -17,7 +17,6 @@ use anyhow::{anyhow, bail, Result};
 use oxpool_engine::{ReceiveOptions, SendOptions, SendWhat};
 use oxpool_format::ResumeToken;
 use std::cell::RefCell;
-use std::io::IsTerminal;
 
 /// The flags of `oxpool send`.
 pub struct SendFlags<'a> {
@@ -39,19 +38,10 @@ pub struct SendFlags<'a> {
 /// only pool known, or of several the one holding a snapshot with the token's guid (its pool
 /// asked through its server when one serves it). Pools that cannot be opened are passed
 /// over, and named if no pool is found.
-pub fn pool_of_token(
-    host: &Host,
-    runtime: &RuntimeDir,
-    token: &str,
-    dry_run: bool,
-) -> Result<String> {
+pub fn pool_of_token(host: &Host, runtime: &RuntimeDir, token: &str) -> Result<String> {
     let token: ResumeToken = token
         .parse()
         .map_err(|e| anyhow!("cannot resume send: {e}"))?;
-    // Refused before any pool is opened to look.
-    if !dry_run && std::io::stdout().is_terminal() {
-        bail!("a stream cannot be written to a terminal: redirect standard output");
-    }
     let mut known = host.known_pools()?;
     known.sort();
     match known.as_slice() {
@@ -149,9 +139,6 @@ pub fn send(
         intermediates: intermediates.is_some(),
         prefetch_bytes_max: 0,
     };
-    if !dry_run && matches!(host, Host::Local { .. }) && std::io::stdout().is_terminal() {
-        bail!("a stream cannot be written to a terminal: redirect standard output");
-    }
     host.with_pool(pool_name, |p| {
         if dry_run || verbose {
             let est = p.send_estimate(volume, snap, &opts)?;
@@ -200,9 +187,6 @@ fn send_resume(
         .map_err(|e| anyhow!("cannot resume send: {e}"))?;
     let what = SendWhat::Resume(&token);
     let opts = SendOptions::default();
-    if !flags.dry_run && matches!(host, Host::Local { .. }) && std::io::stdout().is_terminal() {
-        bail!("a stream cannot be written to a terminal: redirect standard output");
-    }
     host.with_pool(pool_name, |p| {
         if flags.dry_run || flags.verbose {
             let est = p.send_estimate_what(&what, &opts)?;

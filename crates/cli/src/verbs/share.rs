@@ -46,10 +46,13 @@ fn on_served(
     verb: &str,
     f: impl FnOnce(&Served, &Pool, &str) -> Result<()>,
 ) -> Result<()> {
+    let (pool, v) = volume_target(name)?;
     let Host::Live(served) = host else {
+        if !host.known_pools()?.iter().any(|p| p == pool) {
+            bail!("cannot {verb} {name}: no pool '{pool}' is known here");
+        }
         bail!("cannot {verb} {name}: its pool is not served (oxpool serve offers every volume)");
     };
-    let (pool, v) = volume_target(name)?;
     let pool = served.pool(pool)?;
     let _one_change = pool.admin();
     f(served, &pool.pool, v)
