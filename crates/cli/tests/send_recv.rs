@@ -450,6 +450,8 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
     let (s, r, err) = pipe(&env, &["send", "-t", &token], &["recv", "-s", "dest/copy"]);
     assert!(s && r, "send -t | recv -s failed: {err}");
     assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
+    let e = env.fails(&["send", "-t", &token, "tank/vol0@one"]);
+    assert!(e.contains("name only the pool"), "{e}");
     // Now both pools hold @one (a received snapshot keeps its guid): the pool must be named.
     let e = env.fails(&["send", "-t", &token]);
     assert!(

@@ -181,7 +181,11 @@ fn send_resume(
     token: &str,
     flags: SendFlags,
 ) -> Result<()> {
-    let pool_name = pool.split('/').next().unwrap_or(pool);
+    // The token names the snapshot; a volume or snapshot named beside it would be ignored.
+    if pool.contains(['/', '@', '#']) {
+        bail!("with -t, name only the pool that holds the token's snapshot, not {pool}");
+    }
+    let pool_name = pool;
     let token: ResumeToken = token
         .parse()
         .map_err(|e| anyhow!("cannot resume send: {e}"))?;
