@@ -8,7 +8,7 @@ use super::{split_assignment, volume_target};
 use crate::console::Console;
 use crate::display::size;
 use crate::host::Host;
-use crate::served::Unexport;
+use crate::served::{Served, Unexport};
 use anyhow::{anyhow, bail, Result};
 use oxpool_engine::Pool;
 
@@ -149,25 +149,11 @@ pub fn destroy(
             return Ok(());
         }
         if let Host::Live(served) = host {
-            // Out of the export table first (refused while a client has one open). Only
-            // those that were offered are recorded, so a failure offers back exactly those.
-            let mut removed: Vec<(String, String)> = Vec::new();
-            for s in &snaps {
-                let name = format!("{pool_name}/{volume}@{s}");
-                match served.unexport_volume(&name, force, Unexport::Destroy) {
-                    Ok(true) => removed.push((volume.to_string(), s.clone())),
-                    Ok(false) => {}
-                    Err(e) => {
-                        for (v, s) in &removed {
-                            served.export_volume(p.snapshot_volume(v, s)?)?;
-                        }
-                        return Err(e);
-                    }
-                }
-            }
+            // Out of the export table first (refused while a client has one open).
+            let removed = unexport_snapshots(served, p, volume, &snaps, force, Unexport::Destroy)?;
             if let Err(e) = p.destroy_snapshots(volume, &snaps) {
-                for (v, s) in &removed {
-                    served.export_volume(p.snapshot_volume(v, s)?)?;
+                for s in &removed {
+                    served.export_volume(p.snapshot_volume(volume, s)?)?;
                 }
                 return Err(e.into());
             }
@@ -176,6 +162,34 @@ pub fn destroy(
         p.destroy_snapshots(volume, &snaps)?;
         Ok(())
     })
+}
+
+/// Takes snapshots `snaps` of `volume` out of the export table for `why`, all or none: on a
+/// refusal, those taken out are offered again and the refusal returned. Returns those that
+/// were offered, the ones to offer again if the change they make room for fails; one
+/// `recv -u` or `unshare` left out is not among them, so it stays out.
+fn unexport_snapshots(
+    served: &Served,
+    p: &Pool,
+    volume: &str,
+    snaps: &[String],
+    force: bool,
+    why: Unexport,
+) -> Result<Vec<String>> {
+    let mut removed: Vec<String> = Vec::new();
+    for s in snaps {
+        match served.unexport_volume(&format!("{}/{volume}@{s}", p.name()), force, why) {
+            Ok(true) => removed.push(s.clone()),
+            Ok(false) => {}
+            Err(e) => {
+                for s in &removed {
+                    served.export_volume(p.snapshot_volume(volume, s)?)?;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// `destroy -d`: what can go now goes; held or cloned snapshots are marked, and go with
@@ -188,22 +202,12 @@ fn destroy_deferred(
     snaps: &[String],
     force: bool,
 ) -> Result<()> {
-    let mut removed: Vec<String> = Vec::new();
-    if let Host::Live(served) = host {
-        for s in snaps {
-            let name = format!("{pool_name}/{volume}@{s}");
-            match served.unexport_volume(&name, force, Unexport::Destroy) {
-                Ok(true) => removed.push(s.clone()),
-                Ok(false) => {}
-                Err(e) => {
-                    for s in &removed {
-                        served.export_volume(p.snapshot_volume(volume, s)?)?;
-                    }
-                    return Err(e);
-                }
-            }
+    let removed = match host {
+        Host::Live(served) => {
+            unexport_snapshots(served, p, volume, snaps, force, Unexport::Destroy)?
         }
-    }
+        Host::Local { .. } => Vec::new(),
+    };
     let done = p.destroy_snapshots_deferred(volume, snaps);
     if let Host::Live(served) = host {
         // Marked ones (or all, on failure) are still there: served again if they were
@@ -362,22 +366,9 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
             .take(upto + 1)
             .map(|(_, s)| s.clone())
             .collect();
-        // Only those offered are recorded: each moved snapshot keeps its own state (one
-        // `recv -u` or `unshare` left out stays out, under its new name too).
-        let mut removed: Vec<String> = Vec::new();
-        for s in &moving {
-            let export = format!("{pool_name}/{ovol}@{s}");
-            match served.unexport_volume(&export, false, Unexport::Promote) {
-                Ok(true) => removed.push(s.clone()),
-                Ok(false) => {}
-                Err(e) => {
-                    for s in &removed {
-                        served.export_volume(p.snapshot_volume(&ovol, s)?)?;
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        // Each moved snapshot keeps its own state: one `recv -u` or `unshare` left out stays
+        // out, under its new name too.
+        let removed = unexport_snapshots(served, p, &ovol, &moving, false, Unexport::Promote)?;
         match p.promote(clone) {
             Ok(()) => {
                 for s in &removed {
