@@ -619,6 +619,12 @@ fn import_d_lists_missing_devices_and_copies() {
         "--sparse",
     ]);
     env.ok(&["export", "tank"]);
+    // Without -d only known pools' devices are searched: an exported pool is not one, and
+    // both forms say how to find it.
+    let e = env.fails(&["import", "tank"]);
+    assert!(e.contains("import -d DIR tank"), "{e}");
+    let none = env.ok(&["import"]);
+    assert!(none.contains("import -d DIR"), "{none}");
     let whole = env.ok(&["import", "-d", p(&dir)]);
     assert!(
         whole.contains("pool: tank") && !whole.contains("missing") && !whole.contains("copy"),

@@ -102,7 +102,17 @@ pub fn import(
     let cache = host.cache();
     let mut paths: Vec<PathBuf> = Vec::new();
     if dirs.is_empty() {
-        for p in cachefile::read(cache)? {
+        let known = cachefile::read(cache)?;
+        // Unlike `zpool import`, nothing scans /dev: with no directory named, only the
+        // devices of pools this machine knows are looked at, and an exported pool is known
+        // no more.
+        if let Some(n) = name.filter(|n| !known.iter().any(|p| p.name == *n)) {
+            bail!(
+                "pool '{n}' is not known here: name the directory that holds its devices: \
+                 oxpool import -d DIR {n}"
+            );
+        }
+        for p in known {
             paths.extend(p.devices);
         }
     }
@@ -155,7 +165,12 @@ pub fn import(
             // List what could be imported: one line per pool found in the labels.
             let found = probe_labels(&devs);
             if found.is_empty() {
-                writeln!(con.out(), "no pools available to import")?;
+                let hint = if dirs.is_empty() {
+                    " (only the devices of known pools were searched: oxpool import -d DIR)"
+                } else {
+                    ""
+                };
+                writeln!(con.out(), "no pools available to import{hint}")?;
             }
             // Pools this machine knows already are marked: importing one again only records
             // where its devices are now (after they moved), unlike `zpool import`, which
