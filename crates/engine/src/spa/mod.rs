@@ -542,6 +542,24 @@ impl Spa {
         leaves
     }
 
+    /// The label configuration of leaf `leaf_guid` (of top-level vdev `top`) holding the
+    /// tree `config`, written for `create_txg` (one txg for all of a rewrite's leaves).
+    fn label_config(
+        &self,
+        (leaf_guid, top): (Guid, VdevId),
+        config: &VdevTreeConfig,
+        create_txg: Txg,
+    ) -> LabelConfig {
+        LabelConfig {
+            pool_guid: self.guid,
+            pool_name: self.name.clone(),
+            leaf_guid,
+            top,
+            create_txg,
+            tree: config.clone(),
+        }
+    }
+
     /// Rewrites the configuration half of each label of a device in service (or hot spare)
     /// that does not hold this pool's configuration of it: damaged, unreadable, or
     /// overwritten. Import calls it, as ZFS rewrites its labels at import: otherwise a
@@ -556,7 +574,7 @@ impl Spa {
     pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
         let leaves = self.labelled_leaves();
         let config = self.zio.vdevs.config();
-        let synced = self.txg.synced();
+        let create_txg = Txg(self.txg.synced().0 + 1);
         block_on(async {
             let mut mended = Vec::new();
             // Bounded by the pool's devices.
@@ -569,14 +587,7 @@ impl Spa {
                 if bad.is_empty() {
                     continue;
                 }
-                let cfg = LabelConfig {
-                    pool_guid: self.guid,
-                    pool_name: self.name.clone(),
-                    leaf_guid: leaf.guid,
-                    top,
-                    create_txg: Txg(synced.0 + 1),
-                    tree: config.clone(),
-                };
+                let cfg = self.label_config((leaf.guid, top), &config, create_txg);
                 match crate::vdev::label::rewrite_labels(dev, &cfg, &bad).await {
                     Ok(()) => {
                         tracing::warn!(
@@ -602,22 +613,14 @@ impl Spa {
     /// of service gets no I/O; its labels keep the old tree (import takes the pool's
     /// metadata as the truth, labels only find the devices).
     pub(crate) fn relabel(&self, config: &VdevTreeConfig, skip: &[Arc<Leaf>]) -> Result<()> {
-        let synced = self.txg.synced();
-        let label = |leaf_guid: Guid, top: VdevId| LabelConfig {
-            pool_guid: self.guid,
-            pool_name: self.name.clone(),
-            leaf_guid,
-            top,
-            create_txg: Txg(synced.0 + 1),
-            tree: config.clone(),
-        };
         let targets = self.labelled_leaves();
+        let create_txg = Txg(self.txg.synced().0 + 1);
         block_on(async {
             for (leaf, top) in targets {
                 if skip.iter().any(|s| Arc::ptr_eq(s, &leaf)) || !leaf.health.in_service() {
                     continue;
                 }
-                let cfg = label(leaf.guid, top);
+                let cfg = self.label_config((leaf.guid, top), config, create_txg);
                 crate::vdev::label::update_label_config(leaf.backend.as_ref(), &cfg).await?;
             }
             Ok::<(), EngineError>(())

@@ -43,16 +43,24 @@ pub async fn update_label_config(dev: &dyn Backend, cfg: &LabelConfig) -> Result
     let encoded = IoBuf::from_slice(&cfg.encode());
     let offs = label_offsets(dev.size_bytes());
     for half in [[offs[0], offs[2]], [offs[1], offs[3]]] {
-        for off in half {
-            dev.write(off, encoded.clone())
-                .await
-                .map_err(|e| EngineError::io(dev.name(), e))?;
-        }
-        dev.flush()
-            .await
-            .map_err(|e| EngineError::io(dev.name(), e))?;
+        write_then_flush(dev, &encoded, &half).await?;
     }
     Ok(())
+}
+
+/// Writes `buf` at every offset of `offs` at once, then flushes the device: durable
+/// together when this returns.
+async fn write_then_flush(dev: &dyn Backend, buf: &IoBuf, offs: &[u64]) -> Result<()> {
+    let writes: Vec<_> = offs
+        .iter()
+        .map(|&off| dev.write(off, buf.clone()))
+        .collect();
+    for r in join_all(writes).await {
+        r.map_err(|e| EngineError::io(dev.name(), e))?;
+    }
+    dev.flush()
+        .await
+        .map_err(|e| EngineError::io(dev.name(), e))
 }
 
 /// Which of the device's labels do not hold a configuration of leaf `leaf_guid` of pool
@@ -83,32 +91,14 @@ pub async fn labels_not_of(dev: &dyn Backend, pool_guid: Guid, leaf_guid: Guid) 
 pub async fn rewrite_labels(dev: &dyn Backend, cfg: &LabelConfig, which: &[usize]) -> Result<()> {
     let encoded = IoBuf::from_slice(&cfg.encode());
     let offs = label_offsets(dev.size_bytes());
-    let writes: Vec<_> = which
-        .iter()
-        .filter_map(|&i| offs.get(i))
-        .map(|&off| dev.write(off, encoded.clone()))
-        .collect();
-    for r in join_all(writes).await {
-        r.map_err(|e| EngineError::io(dev.name(), e))?;
-    }
-    dev.flush()
-        .await
-        .map_err(|e| EngineError::io(dev.name(), e))
+    let picked: Vec<u64> = which.iter().filter_map(|&i| offs.get(i).copied()).collect();
+    write_then_flush(dev, &encoded, &picked).await
 }
 
 /// Zeroes all four labels (pool destroy): the device no longer belongs to any pool.
 pub async fn clear_labels(dev: &dyn Backend) -> Result<()> {
     let zeros = IoBuf::zeroed(LABEL_BYTES as usize);
-    let futs: Vec<_> = label_offsets(dev.size_bytes())
-        .into_iter()
-        .map(|off| dev.write(off, zeros.clone()))
-        .collect();
-    for r in join_all(futs).await {
-        r.map_err(|e| EngineError::io(dev.name(), e))?;
-    }
-    dev.flush()
-        .await
-        .map_err(|e| EngineError::io(dev.name(), e))
+    write_then_flush(dev, &zeros, &label_offsets(dev.size_bytes())).await
 }
 
 /// Reads the labels' configuration. Returns the first label that verifies; if none does, the
