@@ -436,9 +436,9 @@ pub enum Command {
         /// Scripted: no header, fields separated by one tab.
         #[arg(short = 'H')]
         scripted: bool,
-        /// Fields to show, comma-separated, in order: `name`, `property`, `value`, and for a
-        /// device's properties `source`; or `all` (as `zfs get -o`; `-H -o value` gives bare
-        /// values).
+        /// Fields to show, comma-separated, in order: `name`, `property`, `value`, `source`
+        /// (`default`, `local`, or `-` for a statistic); or `all` (as `zfs get -o`; `-H -o
+        /// value` gives bare values).
         #[arg(short = 'o', value_name = "FIELDS")]
         fields: Option<String>,
         /// Property names, comma-separated (`used,referenced`), or `all`.

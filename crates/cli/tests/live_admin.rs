@@ -57,8 +57,8 @@ fn every_verb_works_on_a_served_pool_while_a_client_verifies_its_writes() {
         "3\n"
     );
     assert_eq!(
-        env.ok(&["get", "-H", "-o", "name,value", "sync", "tank/v1"]),
-        "tank/v1\talways\n"
+        env.ok(&["get", "-H", "-o", "name,value,source", "sync", "tank/v1"]),
+        "tank/v1\talways\tlocal\n"
     );
 
     // A new volume is an export at once; a resize is seen by the next connection.

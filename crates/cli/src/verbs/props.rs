@@ -5,7 +5,8 @@ use crate::console::Console;
 use crate::host::Host;
 use anyhow::{bail, Result};
 use oxpool_engine::props::{
-    DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES, VOLUME_STAT_NAMES,
+    PoolProps, VolumeProps, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES,
+    VOLUME_STAT_NAMES,
 };
 
 /// How `oxpool get` prints.
@@ -30,9 +31,6 @@ fn picked_columns(fields: &str, header: &[&str]) -> Result<Vec<usize>> {
         // Lower case only, as `zfs get -o`.
         match header.iter().position(|h| h.to_ascii_lowercase() == f) {
             Some(c) => picked.push(c),
-            None if f == "source" => {
-                bail!("field 'source' is shown for a device's properties only")
-            }
             None => bail!(
                 "no field '{f}': the fields are {}",
                 header
@@ -81,6 +79,38 @@ fn shown(name: &str, value: String, parsable: bool) -> String {
     }
 }
 
+/// A setting's SOURCE as `zfs get` shows it: `default` while it holds its default value,
+/// `local` once it holds another. The pool keeps a setting's value, not whether it was ever
+/// set, so a value set equal to its default reads `default` where ZFS would say `local`.
+fn setting_source(value: &str, default: Option<String>) -> &'static str {
+    if default.as_deref() == Some(value) {
+        "default"
+    } else {
+        "local"
+    }
+}
+
+/// The SOURCE of a volume's property `name` holding `value` (raw): `volsize` is always
+/// `local`, as in ZFS; a statistic is `-`.
+fn volume_source(name: &str, value: &str) -> &'static str {
+    match name {
+        "volsize" => "local",
+        _ if VOLUME_PROP_NAMES.contains(&name) => {
+            setting_source(value, VolumeProps::new(0).get(name).ok())
+        }
+        _ => "-",
+    }
+}
+
+/// The SOURCE of a pool's property `name` holding `value` (raw); `freeing` is `-`.
+fn pool_source(name: &str, value: &str) -> &'static str {
+    if POOL_PROP_NAMES.contains(&name) {
+        setting_source(value, PoolProps::default().get(name).ok())
+    } else {
+        "-"
+    }
+}
+
 /// `oxpool get [-p] [-H] [-o FIELD[,FIELD...]|all] PROP[,PROP...]|all TARGET [DEVICE]`.
 pub fn get(
     host: &Host,
@@ -98,11 +128,7 @@ pub fn get(
     if asked.is_empty() {
         bail!("no property named");
     }
-    let header: &[&str] = if device.is_some() {
-        &["NAME", "PROPERTY", "VALUE", "SOURCE"]
-    } else {
-        &["NAME", "PROPERTY", "VALUE"]
-    };
+    let header: &[&str] = &["NAME", "PROPERTY", "VALUE", "SOURCE"];
     let columns: Vec<usize> = match style.fields {
         Some(fields) => picked_columns(fields, header)?,
         None => (0..header.len()).collect(),
@@ -117,11 +143,12 @@ pub fn get(
                 asked.iter().map(|s| s.to_string()).collect()
             }
         };
-        let mut row = |what: &str, n: &str, value: String| {
+        let mut row = |what: &str, n: &str, value: String, source: &str| {
             rows.push(vec![
                 what.to_string(),
                 n.to_string(),
                 shown(n, value, style.parsable),
+                source.to_string(),
             ]);
         };
         if let Some(d) = device {
@@ -135,8 +162,9 @@ pub fn get(
         match vol {
             Some(v) if v.contains('@') => {
                 for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
+                    // A snapshot's properties are all read-only.
                     let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
-                    row(target, &n, value);
+                    row(target, &n, value, "-");
                 }
             }
             Some(v) if asked == ["receive_resume_token"] => {
@@ -144,7 +172,7 @@ pub fn get(
                 // name is unknown.
                 match p.get_dataset_prop(v, "receive_resume_token")? {
                     Some(value) if value != "-" || p.volume(v).is_ok() => {
-                        row(target, "receive_resume_token", value)
+                        row(target, "receive_resume_token", value, "-")
                     }
                     _ => bail!("{target}: not found (no volume, no partial receive)"),
                 }
@@ -168,7 +196,8 @@ pub fn get(
                         Some(value) => value,
                         None => vol.get_prop(&n)?,
                     };
-                    row(target, &n, value);
+                    let source = volume_source(&n, &value);
+                    row(target, &n, value, source);
                 }
             }
             None => {
@@ -176,7 +205,8 @@ pub fn get(
                     POOL_PROP_NAMES.iter().copied().chain(["freeing"]).collect();
                 for n in names(&all) {
                     let value = p.get_prop(&n)?;
-                    row(target, &n, value);
+                    let source = pool_source(&n, &value);
+                    row(target, &n, value, source);
                 }
             }
         }
