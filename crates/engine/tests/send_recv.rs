@@ -1193,3 +1193,119 @@ fn an_error_in_a_later_stream_of_the_input_is_placed_in_the_input() {
     );
     assert_eq!(guids(&dst, "copy").len(), 4, "@a to @d");
 }
+
+/// `stream` (one stream, format version 2) with its BEGIN changed by `edit`, every record
+/// written again: the checksums are the encoder's, so only the change is wrong in it.
+fn with_begin(stream: &[u8], edit: impl FnOnce(&mut oxpool_format::StreamBegin)) -> Vec<u8> {
+    use oxpool_format::{StreamDecoder, StreamEncoder, StreamRecord};
+    let mut out = Vec::new();
+    let mut decoder = StreamDecoder::new();
+    let mut encoder: Option<StreamEncoder> = None;
+    let mut edit = Some(edit);
+    let mut rest = stream;
+    while !decoder.is_done() {
+        let d = decoder.decode(rest).unwrap();
+        rest = &rest[d.consumed_bytes..];
+        match d.record {
+            None => {}
+            Some(StreamRecord::Begin(b)) => {
+                let mut b = b.clone();
+                (edit.take().unwrap())(&mut b);
+                let (e, header) = StreamEncoder::new(&b);
+                out.extend_from_slice(&header);
+                out.extend_from_slice(b.name.as_bytes());
+                encoder = Some(e);
+            }
+            Some(StreamRecord::Data(r)) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().data(&r));
+                out.extend_from_slice(r.payload);
+            }
+            Some(StreamRecord::Free {
+                offset_bytes,
+                length_bytes,
+            }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().free(offset_bytes, length_bytes))
+            }
+            Some(StreamRecord::SetSize { volsize_bytes }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().set_size(volsize_bytes))
+            }
+            Some(StreamRecord::End { .. }) => {
+                out.extend_from_slice(&encoder.take().unwrap().end().0);
+            }
+        }
+    }
+    out
+}
+
+/// A volume received from another volume of the same pool keeps its snapshots' guids, as
+/// ZFS's `send pool/a@s | recv pool/b` does: a guid names a snapshot within its volume,
+/// not within the pool. Destroying the copy's snapshot leaves the original's readers and
+/// clones alone (before: the original's views stopped reading, and the destroy was refused
+/// as "the origin of" the original's clone). A promote moves its snapshots' views with them.
+#[test]
+fn a_copy_within_the_pool_shares_its_guids_but_not_its_readers_or_clones() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", 4 * MIB, &[]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 1, (4 * MIB) as usize));
+    snap(&pool, "v@a");
+    write(&vol, 0, &content(Fill::Random, 2, MIB as usize));
+    snap(&pool, "v@s");
+    recv(&pool, "x", &send(&pool, "v", "s", None, false), false).unwrap();
+    assert_eq!(guids(&pool, "x")[0].1, guids(&pool, "v")[1].1, "x@s is v@s");
+    pool.clone_snapshot("v", "s", "c", &[]).unwrap();
+    let view_s = pool.snapshot_volume("v", "s").unwrap();
+    let view_a = pool.snapshot_volume("v", "a").unwrap();
+    let s_bytes = read_all(&view_s);
+
+    pool.destroy_snapshots("x", &["s".to_string()]).unwrap();
+    let mut again = vec![0u8; s_bytes.len()];
+    oxpool_io::rt::block_on(view_s.read(0, &mut again))
+        .expect("a reader of v@s reads on after x@s is destroyed");
+    assert!(again == s_bytes, "v@s read back changed");
+    let v_snaps = pool.snapshots("v").unwrap();
+    assert_eq!(v_snaps[1].clones, [format!("{}/c", pool.name())]);
+
+    // c takes v@a and v@s; destroying c@a ends the views of v@a made before.
+    pool.promote("c").unwrap();
+    pool.destroy_snapshots("c", &["a".to_string()]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    assert!(
+        oxpool_io::rt::block_on(view_a.read(0, &mut buf)).is_err(),
+        "a view of a snapshot destroyed after it moved with a promote still reads"
+    );
+    assert!(oxpool_io::rt::block_on(view_s.read(0, &mut buf)).is_ok());
+    audit_clean(
+        &pool,
+        "after the copy's snapshot and a promoted one were destroyed",
+    );
+}
+
+/// An incremental stream whose snapshot guid the target already has for another of its
+/// snapshots is refused, unchanged: a guid names one snapshot of a volume.
+#[test]
+fn an_incremental_repeating_a_guid_of_the_target_is_refused() {
+    let (src, _mems) = source();
+    let (dst, _dmems) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    recv(
+        &dst,
+        "copy",
+        &send(&src, "src", "b", Some("a"), false),
+        false,
+    )
+    .unwrap();
+    let a_guid = oxpool_format::Guid(guids(&dst, "copy")[0].1);
+    let inc = send(&src, "src", "c", Some("b"), false);
+    let crafted = with_begin(&inc, |b| b.toguid = a_guid);
+    let err = recv(&dst, "copy", &crafted, false).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("copy@a already has the stream's snapshot guid"),
+        "{err}"
+    );
+    let names: Vec<String> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a", "b"]);
+    // The stream as sent is taken.
+    recv(&dst, "copy", &inc, false).unwrap();
+    audit_clean(&dst, "after the refused stream");
+}

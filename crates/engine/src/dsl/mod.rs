@@ -53,20 +53,34 @@ type TakenForSync = (
     bool,
 );
 
+/// A read-only view of a snapshot, handed out.
+struct SnapshotView {
+    /// The volume the snapshot belongs to (`promote` moves snapshots between volumes).
+    head: oxpool_format::VolumeId,
+    /// The snapshot's guid: unique within its volume, not within the pool.
+    snapshot_guid: oxpool_format::Guid,
+    /// The view.
+    view: std::sync::Weak<Dataset>,
+}
+
 /// A pool's datasets.
 pub(crate) struct Datasets {
     pool_name: String,
     state: Mutex<DslState>,
     /// The scrub, if one ran since the pool was opened.
     pub scan: scan::Scan,
-    /// Read-only views of snapshots handed out (by snapshot guid): marked destroyed when
-    /// their snapshot is. Pruned of dropped views as views are added.
-    views: Mutex<Vec<(oxpool_format::Guid, std::sync::Weak<Dataset>)>>,
+    /// Read-only views of snapshots handed out: marked destroyed when their snapshot is.
+    /// Pruned of dropped views as views are added.
+    views: Mutex<Vec<SnapshotView>>,
     /// Blocks of destroyed snapshots still to free, drained a few per txg.
     pub(crate) freeing: Mutex<freeing::FreeQueue>,
     /// Snapshots that a running command needs until it ends (a send, by snapshot guid: how
     /// many such users), as ZFS's long holds: such a snapshot cannot be destroyed meanwhile.
-    /// In memory only: no command survives a crash or an export.
+    /// In memory only: no command survives a crash or an export. By guid alone, unlike views
+    /// and clones: a guid can name two snapshots of the pool (a volume received from
+    /// another of the same pool keeps its snapshots' guids), and a hold then also keeps the
+    /// other one until the send ends, which errs on the safe side and needs no re-keying
+    /// when `promote` moves a held snapshot to another volume.
     long_holds: Mutex<std::collections::HashMap<oxpool_format::Guid, usize>>,
 }
 
@@ -213,16 +227,35 @@ impl Datasets {
             .collect()
     }
 
-    /// Records `view`, a read-only view of snapshot `snapshot_guid` of `_head`.
+    /// Records `view`, a read-only view of snapshot `snapshot_guid` of `head`.
     pub(crate) fn add_view(
         &self,
-        _head: &Dataset,
+        head: &Dataset,
         snapshot_guid: oxpool_format::Guid,
         view: &Arc<Dataset>,
     ) {
         let mut v = self.views.lock().unwrap();
-        v.retain(|(_, w)| w.strong_count() > 0);
-        v.push((snapshot_guid, Arc::downgrade(view)));
+        v.retain(|e| e.view.strong_count() > 0);
+        v.push(SnapshotView {
+            head: head.id,
+            snapshot_guid,
+            view: Arc::downgrade(view),
+        });
+    }
+
+    /// `promote` moved the snapshots `moved` of volume `from` to volume `to`: their views
+    /// follow them, so that destroying one there ends them.
+    fn move_views(
+        &self,
+        from: oxpool_format::VolumeId,
+        to: oxpool_format::VolumeId,
+        moved: &[oxpool_format::Guid],
+    ) {
+        for e in self.views.lock().unwrap().iter_mut() {
+            if e.head == from && moved.contains(&e.snapshot_guid) {
+                e.head = to;
+            }
+        }
     }
 
     /// Volume `head` has a new `nbd_allow`: the views of its snapshots (datasets of its id)
@@ -232,26 +265,30 @@ impl Datasets {
     /// its copy until it is registered here, so none is made with the old list after this.
     pub(crate) fn views_follow_nbd_allow(&self, head: &Dataset, nbd_allow: &Option<Vec<String>>) {
         let v = self.views.lock().unwrap();
-        for (_, w) in v.iter() {
-            if let Some(d) = w.upgrade() {
-                if d.id == head.id && !std::ptr::eq(&*d, head) {
+        for e in v.iter().filter(|e| e.head == head.id) {
+            if let Some(d) = e.view.upgrade() {
+                if !std::ptr::eq(&*d, head) {
                     d.props.lock().unwrap().nbd_allow = nbd_allow.clone();
                 }
             }
         }
     }
 
-    /// Snapshot `snapshot_guid` is destroyed: its views read no more.
-    pub(crate) fn end_views(&self, snapshot_guid: oxpool_format::Guid) {
+    /// Snapshot `snapshot_guid` of volume `head` is destroyed: its views read no more. Those
+    /// of a snapshot of another volume with the same guid read on.
+    pub(crate) fn end_views(
+        &self,
+        head: oxpool_format::VolumeId,
+        snapshot_guid: oxpool_format::Guid,
+    ) {
         let mut v = self.views.lock().unwrap();
-        for (g, w) in v.iter() {
-            if *g == snapshot_guid {
-                if let Some(d) = w.upgrade() {
-                    d.mark_destroyed();
-                }
+        let ended = |e: &SnapshotView| e.head == head && e.snapshot_guid == snapshot_guid;
+        for e in v.iter().filter(|e| ended(e)) {
+            if let Some(d) = e.view.upgrade() {
+                d.mark_destroyed();
             }
         }
-        v.retain(|(g, w)| *g != snapshot_guid && w.strong_count() > 0);
+        v.retain(|e| !ended(e) && e.view.strong_count() > 0);
     }
 
     /// Queues the buckets a destroy frees (their in-memory entries are freed at once, into
@@ -298,13 +335,23 @@ impl Datasets {
         }
     }
 
-    /// How many datasets are clones of the snapshot with guid `snapshot_guid`.
-    pub(crate) fn clones_of(&self, snapshot_guid: oxpool_format::Guid) -> usize {
-        self.clone_names(snapshot_guid).len()
+    /// How many datasets are clones of the snapshot with guid `snapshot_guid` of volume
+    /// `head`.
+    pub(crate) fn clones_of(
+        &self,
+        head: oxpool_format::VolumeId,
+        snapshot_guid: oxpool_format::Guid,
+    ) -> usize {
+        self.clone_names(head, snapshot_guid).len()
     }
 
-    /// The names of the clones of the snapshot with guid `snapshot_guid`.
-    pub(crate) fn clone_names(&self, snapshot_guid: oxpool_format::Guid) -> Vec<String> {
+    /// The names of the clones of the snapshot with guid `snapshot_guid` of volume `head`
+    /// (not of another volume's snapshot with the same guid).
+    pub(crate) fn clone_names(
+        &self,
+        head: oxpool_format::VolumeId,
+        snapshot_guid: oxpool_format::Guid,
+    ) -> Vec<String> {
         self.all()
             .iter()
             .filter(|d| {
@@ -313,7 +360,7 @@ impl Datasets {
                     .unwrap()
                     .origin
                     .as_ref()
-                    .is_some_and(|o| o.snapshot_guid == snapshot_guid)
+                    .is_some_and(|o| o.volume == head && o.snapshot_guid == snapshot_guid)
             })
             .map(|d| d.full_name.clone())
             .collect()

@@ -135,7 +135,7 @@ pub(crate) async fn apply(
                 return Ok(());
             };
             // Not under this dataset's lock: it looks at every dataset's.
-            let cloned = dsl.clones_of(guid) > 0;
+            let cloned = dsl.clones_of(ds.id, guid) > 0;
             let to_free = {
                 let mut l = ds.lineage.lock().unwrap();
                 let (i, s) = l.find(name).expect("only syncs change snapshots");
@@ -169,7 +169,7 @@ pub(crate) async fn apply(
             };
             // Readers of the snapshot stop before its blocks are freed (and those in flight
             // finish: frees are deferred past this txg).
-            dsl.end_views(guid);
+            dsl.end_views(ds.id, guid);
             // Freed in the background, a bounded part per txg (dsl/freeing.rs).
             dsl.queue_frees(to_free, freed);
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "destroyed");
@@ -282,6 +282,7 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
             }
         }
     }
+    dsl.move_views(src.id, ds.id, &moved_guids);
     dsl.link_origins();
     tracing::info!(dataset = ds.full_name, "promoted");
 }

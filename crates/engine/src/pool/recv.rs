@@ -575,6 +575,15 @@ impl Pool {
         if l.snapshots()[..=i].iter().any(|s| s.name == snapshot) {
             return Err(EngineError::Exists(format!("{full}@{snapshot}")));
         }
+        // A guid names one snapshot of a volume: the views, clones and base lookups of the
+        // volume go by it.
+        if let Some(s) = l.snapshots()[..=i].iter().find(|s| s.guid == begin.toguid) {
+            return Err(EngineError::invalid(format!(
+                "cannot receive incremental stream: {full}@{} already has the stream's \
+                 snapshot guid {:016x}",
+                s.name, begin.toguid.0
+            )));
+        }
         // Not under the lineage's lock: the refusals take it, and the clones' lookup takes
         // every dataset's. The later snapshots get the refusals `destroy` gives them (held,
         // the origin of a clone, being sent).

@@ -219,7 +219,7 @@ impl Pool {
             let tags: Vec<_> = holds.into_iter().collect();
             return Ok(Some(format!("{full} is held ({})", tags.join(", "))));
         }
-        let clones = self.dsl.clone_names(guid);
+        let clones = self.dsl.clone_names(ds.id, guid);
         if !clones.is_empty() {
             return Ok(Some(format!(
                 "{full} is the origin of {}",
@@ -571,7 +571,7 @@ impl Pool {
                 logical_referenced_bytes: s.root.fill.saturating_mul(block_bytes),
                 volsize_bytes: s.volsize_bytes,
                 holds: s.holds.iter().cloned().collect(),
-                clones: self.dsl.clone_names(s.guid),
+                clones: self.dsl.clone_names(ds.id, s.guid),
                 defer_destroy: s.defer_destroy,
             })
             .collect())
