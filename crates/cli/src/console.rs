@@ -81,3 +81,18 @@ impl Console for LocalConsole {
         &self.cwd
     }
 }
+
+/// Writes one line to this process's standard output, ignoring a failure. For what a server
+/// says while it runs (exports added, its shutdown): its output may be a pipe whose reader
+/// has left (`oxpool serve | head -3`), where `println!` would panic in the thread saying it.
+pub fn say_out(line: std::fmt::Arguments) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// As [`say_out`], to standard error. The signal thread says "stopping" here: had it
+/// panicked on a closed pipe, no later SIGTERM or SIGINT could stop the server.
+pub fn say_err(line: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}

@@ -90,10 +90,10 @@ fn with_local_pool<T>(cache: &Path, name: &str, f: impl FnOnce(&Pool) -> Result<
     // be written does not fail a command that did its work: the labels still name every
     // device for the next open.
     if let Err(e) = remember_if_changed(cache, &pool) {
-        eprintln!(
+        crate::console::say_err(format_args!(
             "oxpool: warning: could not record pool '{name}''s devices in {}: {e:#}",
             cache.display()
-        );
+        ));
     }
     // After the final sync: its write errors are counted too.
     let exported = pool.export_then(|p| keep_error_counts(cache, p));
@@ -243,10 +243,10 @@ pub fn adopt_host_state(
 /// command that did its work.
 pub fn keep_error_counts(cache: &Path, pool: &Pool) {
     if let Err(e) = crate::errors_file::keep(cache, pool) {
-        eprintln!(
+        crate::console::say_err(format_args!(
             "oxpool: warning: could not keep pool '{}''s error counts: {e:#}",
             pool.name()
-        );
+        ));
     }
 }
 
@@ -262,7 +262,9 @@ pub fn forget(cache: &Path, name: &str) -> Result<()> {
         // The pool is forgotten already: a file that cannot be written is said, and does
         // not fail the export or destroy that was done.
         if let Err(e) = crate::errors_file::forget(cache, guid) {
-            eprintln!("oxpool: warning: could not forget pool '{name}''s error counts: {e:#}");
+            crate::console::say_err(format_args!(
+                "oxpool: warning: could not forget pool '{name}''s error counts: {e:#}"
+            ));
         }
     }
     Ok(())

@@ -100,12 +100,12 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
         false,
     )?;
     pool.create_volume("vol0", DEFAULT_VOLUME_BYTES, &[])?;
-    println!(
+    crate::console::say_out(format_args!(
         "created pool 'oxpool' on {} (sparse file of {}) with volume 'vol0' of {}",
         file.display(),
         crate::human(DEFAULT_POOL_FILE_BYTES),
         crate::human(DEFAULT_VOLUME_BYTES)
-    );
+    ));
     remember(cache, &pool)?;
     pool.export()?;
     Ok(())
@@ -155,7 +155,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             // keep the others from being served, as ZFS imports at boot what it can. It is
             // said why, and `oxpool import` brings it in once it can be opened.
             Err(e) if !named => {
-                eprintln!("oxpool: pool '{name}' is not served: {e:#}");
+                crate::console::say_err(format_args!("oxpool: pool '{name}' is not served: {e:#}"));
             }
             Err(e) => return Err(e),
         }
@@ -220,11 +220,11 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
         endpoints,
         tls,
     ));
-    println!(
+    crate::console::say_out(format_args!(
         "serving pool(s) {} with {reactors} reactor(s):",
         names.join(", ")
-    );
-    println!("{tls_line}");
+    ));
+    crate::console::say_out(format_args!("{tls_line}"));
     // The socket first: a pool's record in the runtime directory always names a socket
     // that answers.
     let control = ControlServer::start(served.clone(), &control_socket)?;
@@ -234,10 +234,10 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             served.adopt(pool, devices)?;
         }
     }
-    println!(
+    crate::console::say_out(format_args!(
         "control socket: {} (oxpool commands on these pools go through it)",
         control.socket().display()
-    );
+    ));
     std::thread::Builder::new()
         .name("oxpool-signals".into())
         .spawn({
@@ -245,7 +245,9 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
             move || wait_for_stop_signals(signals, handle)
         })
         .context("spawn the signal thread")?;
-    println!("ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools");
+    crate::console::say_out(format_args!(
+        "ready; SIGINT (Ctrl-C) or SIGTERM stops the server and exports the pools"
+    ));
 
     // Live counters for `oxpool iostat`: written beside the cache file five times a second.
     let started_ms = crate::iostat::now_ms();
@@ -263,7 +265,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     control.stop();
     stop_stats.store(true, Ordering::Relaxed);
     let _ = stats_thread.join();
-    eprintln!("oxpool: server stopped; exporting the pools");
+    crate::console::say_err(format_args!("oxpool: server stopped; exporting the pools"));
     let (exported, failed) = served.shutdown();
     if let Some(path) = socket_created {
         let _ = std::fs::remove_file(path);
@@ -272,7 +274,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     if !failed.is_empty() {
         bail!("export failed: {}", failed.join("; "));
     }
-    println!("exported {}", exported.join(", "));
+    crate::console::say_out(format_args!("exported {}", exported.join(", ")));
     Ok(())
 }
 
@@ -409,12 +411,14 @@ fn wait_for_stop_signals(set: libc::sigset_t, handle: ShutdownHandle) {
         }
         received += 1;
         if received == 1 {
-            eprintln!(
+            crate::console::say_err(format_args!(
                 "oxpool: signal {signal}: stopping (finishing requests in flight; again to exit now)"
-            );
+            ));
             handle.shutdown();
         } else {
-            eprintln!("oxpool: signal {signal} again: exiting without exporting");
+            crate::console::say_err(format_args!(
+                "oxpool: signal {signal} again: exiting without exporting"
+            ));
             std::process::exit(130);
         }
     }

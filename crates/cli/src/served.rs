@@ -194,11 +194,11 @@ impl Served {
                 continue;
             }
             if let Err(e) = sp.follow_device_changes(&self.cache) {
-                eprintln!(
+                crate::console::say_err(format_args!(
                     "oxpool: pool '{}': cannot record its devices in {}: {e:#}",
                     sp.pool.name(),
                     self.cache.display()
-                );
+                ));
             }
         }
     }
@@ -265,7 +265,10 @@ impl Served {
             })
             .map_err(|e| anyhow!("{e}"))?;
         for endpoint in &self.endpoints {
-            println!("  {}  ({size}, {access})", endpoint.uri(&name, self.tls));
+            crate::console::say_out(format_args!(
+                "  {}  ({size}, {access})",
+                endpoint.uri(&name, self.tls)
+            ));
         }
         Ok(())
     }

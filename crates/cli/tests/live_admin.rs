@@ -972,3 +972,44 @@ fn a_listed_path_holding_a_served_pool_s_device_does_not_block_the_pool() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+/// A server whose standard output and error were pipes whose reader left (`oxpool serve
+/// 2>&1 | head -3`) still serves, adds exports, and stops on SIGTERM, exporting its pools.
+/// The signal thread used to panic on saying "stopping" to the closed pipe: the server
+/// served on, and no later signal stopped it (a new user's finding).
+#[test]
+fn a_server_whose_output_reader_left_still_stops() {
+    use std::io::BufRead;
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let mut command = env.oxpool_command();
+    command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().expect("start oxpool serve");
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    // Bounded by the server's banner: it ends with "ready", or the pipe closes.
+    let ready = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("ready"));
+    assert!(ready, "the server did not say ready");
+    // The reader leaves: both pipes' read ends close.
+    drop(lines);
+    drop(stderr);
+    // A new export prints its URI to the closed standard output.
+    env.ok(&["vol", "create", "tank/vol1", "--size", "16M"]);
+    assert!(env.ok(&["vol", "list", "tank"]).contains("vol1"));
+    // SAFETY: kill(2) on our own child's PID.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    // Fails (and kills the server) if it is still running after the harness's hang limit.
+    let status = harness::wait_bounded(&mut child, "oxpool serve with its output closed");
+    assert!(status.success(), "{status}");
+    // Exported: the pool opens here, with both volumes.
+    let vols = env.ok(&["vol", "list", "tank"]);
+    assert!(vols.contains("vol0") && vols.contains("vol1"), "{vols}");
+}

@@ -284,7 +284,8 @@ impl Drop for ServerProcess {
     }
 }
 
-fn wait_bounded(child: &mut Child, what: &str) -> ExitStatus {
+/// Waits for `child` to exit, killing it (by PID) and failing after [`HANG_LIMIT`].
+pub fn wait_bounded(child: &mut Child, what: &str) -> ExitStatus {
     let deadline = Instant::now() + HANG_LIMIT;
     // Bounded by the deadline.
     loop {
