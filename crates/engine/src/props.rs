@@ -553,9 +553,17 @@ impl VolumeProps {
         Ok(())
     }
 
-    /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize).
+    /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize, at
+    /// most [`oxpool_format::VOLSIZE_MAX_BYTES`]).
     pub fn validate(&self) -> Result<()> {
         let bs = self.volblocksize_bytes as u64;
+        if self.volsize_bytes > oxpool_format::VOLSIZE_MAX_BYTES {
+            return Err(EngineError::invalid(format!(
+                "volsize {} is over the largest, {} (4E)",
+                self.volsize_bytes,
+                oxpool_format::VOLSIZE_MAX_BYTES
+            )));
+        }
         if self.volsize_bytes == 0 || !self.volsize_bytes.is_multiple_of(bs) {
             return Err(EngineError::invalid(format!(
                 "volsize {} must be a non-zero multiple of volblocksize {bs}",

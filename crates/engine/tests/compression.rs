@@ -169,7 +169,7 @@ fn zero_blocks_are_holes_with_their_birth_unless_compression_is_off() {
         "the hole keeps its birth txg: {hole:?}"
     );
     assert_eq!(hole.fill, 0);
-    let runs = block_on(v.block_status(0, 8 * BLOCK)).unwrap();
+    let runs = block_on(v.block_status(0, 8 * BLOCK, usize::MAX)).unwrap();
     assert_eq!(
         runs,
         vec![

@@ -93,6 +93,10 @@ pub const UBERBLOCK_SLOTS: u64 = 32;
 pub const DATA_START_BYTES: u64 = 1024 * 1024;
 /// Smallest device a pool accepts: 2 MiB of labels and reserved space plus a useful data area.
 pub const MIN_DEVICE_BYTES: u64 = 16 * 1024 * 1024;
+/// Largest volume size, 4 EiB: every byte offset of a volume, and the end of any block or
+/// 4 KiB piece that holds it, stays far below 2^64, so offset arithmetic cannot overflow;
+/// and a volume stays below the 2^63 bytes Linux and qemu take as a disk's size.
+pub const VOLSIZE_MAX_BYTES: u64 = 1 << 62;
 
 const _: () = assert!(LABEL_CONFIG_BYTES + UBERBLOCK_SLOTS * UBERBLOCK_SLOT_BYTES == LABEL_BYTES);
 const _: () = assert!(2 * LABEL_BYTES <= DATA_START_BYTES);

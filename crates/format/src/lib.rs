@@ -58,7 +58,7 @@ pub use label::{
 pub use layout::{
     check_device_bytes, data_end_bytes, label_offsets, uberblock_slot_offset, FormatVersion,
     DATA_START_BYTES, FORMAT_VERSION, LABEL_BYTES, LABEL_CONFIG_BYTES, LABEL_COUNT,
-    MIN_DEVICE_BYTES, SECTOR_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES,
+    MIN_DEVICE_BYTES, SECTOR_BYTES, UBERBLOCK_SLOTS, UBERBLOCK_SLOT_BYTES, VOLSIZE_MAX_BYTES,
 };
 pub use log::{
     decode_log_block, log_records, LogBlockHeader, LogBlockWriter, LogRecord, LOG_BLOCK_BYTES_MAX,

@@ -847,6 +847,15 @@ fn each_rule_is_enforced_under_valid_checksums() {
             32,
         ),
         (
+            "a volume size over the largest",
+            Box::new(move |b| put_u64(b, begin + 32, oxpool_format::VOLSIZE_MAX_BYTES + 4096)),
+            StreamErrorKind::BadField {
+                field: "volsize",
+                value: oxpool_format::VOLSIZE_MAX_BYTES + 4096,
+            },
+            32,
+        ),
+        (
             "a block size that is not a power of two",
             Box::new(move |b| put_u32(b, begin + 20, 3000)),
             StreamErrorKind::BadField {

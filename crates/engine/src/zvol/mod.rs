@@ -1415,19 +1415,20 @@ impl Volume {
     }
 
     /// Allocation state of the blocks covering [offset, offset+length), as runs of
-    /// (length_bytes, state) that add up to the range.
+    /// (length_bytes, state), each state other than the one before it. At most `runs_max`
+    /// (at least 1): they add up to the range, or, where more runs would follow, to the part
+    /// of it those runs cover from its start (an NBD reply describes no more than its
+    /// descriptors, so the walk stops where they do, not at the range's end).
     pub async fn block_status(
         &self,
         offset_bytes: u64,
         length_bytes: u64,
+        runs_max: usize,
     ) -> Result<Vec<(u64, BlockState)>> {
+        assert!(runs_max >= 1, "block_status asked for no run");
         let bs = self.check_range(offset_bytes, length_bytes, false)? as u64;
         let end = offset_bytes + length_bytes;
         let mut runs: Vec<(u64, BlockState)> = Vec::new();
-        let mut push = |len: u64, s: BlockState| match runs.last_mut() {
-            Some((l, last)) if *last == s => *l += len,
-            _ => runs.push((len, s)),
-        };
         let mut pos = offset_bytes;
         // Bounded by the blocks in the range; holes in the tree are skipped a subtree at a time.
         while pos < end {
@@ -1483,8 +1484,19 @@ impl Volume {
             } else {
                 next_b
             };
-            let next_pos = (next_b * bs).min(end);
-            push(next_pos - pos, state);
+            // A skipped hole subtree can end past 2^64 bytes (its span is 255^levels
+            // blocks); the range's end bounds it.
+            let next_pos = next_b.checked_mul(bs).map_or(end, |p| p.min(end));
+            assert!(next_pos > pos, "block_status made no progress at {pos}");
+            match runs.last_mut() {
+                Some((len, last)) if *last == state => *len += next_pos - pos,
+                _ => runs.push((next_pos - pos, state)),
+            }
+            if runs.len() > runs_max {
+                // A run past the last one asked for began: the runs before it are whole.
+                runs.pop();
+                break;
+            }
             pos = next_pos;
         }
         Ok(runs)

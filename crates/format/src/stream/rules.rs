@@ -56,7 +56,7 @@ pub(crate) fn check_begin(begin: &StreamBegin) -> Result<(), Violation> {
         return Err(bad(BEGIN_VOLBLOCKSIZE_AT, "volblocksize", u64::from(bs)));
     }
     let size = begin.volsize_bytes;
-    if size == 0 || !size.is_multiple_of(u64::from(bs)) {
+    if size == 0 || !size.is_multiple_of(u64::from(bs)) || size > crate::VOLSIZE_MAX_BYTES {
         return Err(bad(BEGIN_VOLSIZE_AT, "volsize", size));
     }
     if begin.pool_guid == Guid(0) {

@@ -1718,7 +1718,7 @@ async fn block_status(
             MetaContext::BaseAllocation => {
                 let runs = session
                     .volume
-                    .block_status(request.offset_bytes, query_bytes)
+                    .block_status(request.offset_bytes, query_bytes, max)
                     .await?;
                 let runs = runs.iter().map(|&(len, state)| {
                     let flags = match state {
