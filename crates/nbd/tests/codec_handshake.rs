@@ -7,6 +7,7 @@ use oxpool_nbd::proto::wire::*;
 use oxpool_nbd::proto::{
     EnteredBy, ExportCaps, ExportInfo, Handshake, HandshakeProgress, HandshakeStatus,
     MetaContextId, Negotiated, ProtocolError, MAX_OPTIONS_PER_HANDSHAKE, MAX_OPTION_DATA_BYTES,
+    REPLIES_PAUSE_BYTES,
 };
 use proptest::prelude::*;
 
@@ -162,6 +163,33 @@ fn run(
     let mut out = Vec::new();
     let result = handshake.receive(input, &mut out);
     (out, result)
+}
+
+/// Feeds all of `input` as a server loop does: what a call leaves (it pauses once its replies
+/// pass [`REPLIES_PAUSE_BYTES`]) is given again. Returns the replies of each call and the
+/// final result.
+fn run_paused(
+    handshake: &mut Handshake,
+    input: &[u8],
+) -> (Vec<Vec<u8>>, Result<HandshakeProgress, ProtocolError>) {
+    let mut outs = Vec::new();
+    let mut position = 0;
+    // Bounded: every call that pauses has consumed an option.
+    loop {
+        let mut out = Vec::new();
+        let result = handshake.receive(&input[position..], &mut out);
+        outs.push(out);
+        match result {
+            Ok(p)
+                if p.status == HandshakeStatus::Continue
+                    && position + p.consumed_bytes < input.len() =>
+            {
+                assert!(p.consumed_bytes > 0, "a pause consumed nothing");
+                position += p.consumed_bytes;
+            }
+            result => return (outs, result),
+        }
+    }
 }
 
 /// Feeds `input` in pieces of the given sizes (cycled), as a server loop would; stops at the
@@ -643,9 +671,9 @@ fn too_many_options_end_the_connection() {
     for _ in 0..MAX_OPTIONS_PER_HANDSHAKE {
         input.extend(option(OPT_STRUCTURED_REPLY, &[]));
     }
-    let (out, result) = run(&mut handshake, &input);
+    let (outs, result) = run_paused(&mut handshake, &input);
     assert_eq!(
-        parse_replies(&out).len(),
+        parse_replies(&outs.concat()).len(),
         MAX_OPTIONS_PER_HANDSHAKE as usize
     );
     assert_eq!(result.unwrap().status, HandshakeStatus::Continue);
@@ -919,4 +947,33 @@ proptest! {
             Err(error) => prop_assert_eq!(error, ProtocolError::UnknownExport),
         }
     }
+}
+
+/// A packet of many LIST options is answered a part at a time: a call stops after the option
+/// whose replies pass REPLIES_PAUSE_BYTES, and the rest, given again, gets the same replies
+/// as options sent one by one. Before, one call answered them all in memory (20 MB for 4096
+/// LISTs of 100 exports) before the first byte was sent.
+#[test]
+fn a_packet_of_options_is_answered_a_part_at_a_time() {
+    let (mut handshake, mut input) = start();
+    let one_list = option(OPT_LIST, &[]);
+    for _ in 0..MAX_OPTIONS_PER_HANDSHAKE {
+        input.extend_from_slice(&one_list);
+    }
+    let (outs, result) = run_paused(&mut handshake, &input);
+    assert_eq!(result.unwrap().status, HandshakeStatus::Continue);
+    let (mut alone, flags) = start();
+    let (one_reply, _) = run(&mut alone, &[flags, one_list].concat());
+    assert!(outs.len() > 2, "{} calls", outs.len());
+    for out in &outs[..outs.len() - 1] {
+        assert!(
+            (REPLIES_PAUSE_BYTES..REPLIES_PAUSE_BYTES + one_reply.len()).contains(&out.len()),
+            "a call's replies: {} bytes",
+            out.len()
+        );
+    }
+    assert_eq!(
+        outs.concat(),
+        one_reply.repeat(MAX_OPTIONS_PER_HANDSHAKE as usize)
+    );
 }

@@ -29,7 +29,9 @@
 //! are skipped byte by byte and answered `NBD_REP_ERR_TOO_BIG`); a handshake takes at most
 //! [`MAX_OPTIONS_PER_HANDSHAKE`] options; the replies to one option are bounded by the size of
 //! the export list (LIST), by [`CHANGE_MAPS_LISTED_MAX`] context names (LIST_META_CONTEXT), or
-//! by a few hundred bytes (everything else).
+//! by a few hundred bytes (everything else); and one call of [`Handshake::receive`] stops
+//! after the option whose replies pass [`REPLIES_PAUSE_BYTES`], so that a packet of options
+//! is answered a part at a time, not all at once in memory.
 
 use super::error::ProtocolError;
 use super::meta::{
@@ -53,6 +55,11 @@ pub const MAX_OPTION_DATA_BYTES: u32 = 64 * 1024;
 /// `nbdinfo --list` over many exports (a few options per export), small enough that a client
 /// cannot keep a connection in negotiation forever.
 pub const MAX_OPTIONS_PER_HANDSHAKE: u32 = 4096;
+
+/// Replies one call of [`Handshake::receive`] appends before it stops, after the option that
+/// passed it, for the caller to send them. Otherwise a packet of 4096 LIST options of 16
+/// bytes (64 KiB) against 100 exports built 20 MB of replies before anything was sent.
+pub const REPLIES_PAUSE_BYTES: usize = 64 * 1024;
 
 /// Zero bytes that follow the EXPORT_NAME reply unless the client asked for NO_ZEROES.
 const EXPORT_NAME_PADDING_BYTES: usize = 124;
@@ -242,9 +249,11 @@ impl Handshake {
     /// Feeds received bytes (any split, down to one byte at a time); appends the replies to
     /// `out`.
     ///
-    /// Processes every complete option in `input` until the input ends or the handshake
-    /// finishes. On `Err` the connection must be closed; `out` may hold replies to earlier
-    /// options of the same call, which the caller may send or drop.
+    /// Processes every complete option in `input` until the input ends, the handshake
+    /// finishes, or this call's replies pass [`REPLIES_PAUSE_BYTES`] (then `Continue` with
+    /// less than all of `input` consumed: the caller sends `out` and gives the rest again).
+    /// On `Err` the connection must be closed; `out` may hold replies to earlier options of
+    /// the same call, which the caller may send or drop.
     pub fn receive(
         &mut self,
         input: &[u8],
@@ -263,6 +272,13 @@ impl Handshake {
         out: &mut Vec<u8>,
     ) -> Result<HandshakeProgress, ProtocolError> {
         let mut position = 0usize;
+        let out_start_bytes = out.len();
+        let paused = |position: usize, out: &Vec<u8>| {
+            (out.len() - out_start_bytes >= REPLIES_PAUSE_BYTES).then_some(HandshakeProgress {
+                consumed_bytes: position,
+                status: HandshakeStatus::Continue,
+            })
+        };
         // Every pass consumes input or moves to a state that needs input (a zero-length
         // option is processed and moves on to the next header), so the loop ends.
         loop {
@@ -328,6 +344,9 @@ impl Handshake {
                             status,
                         });
                     }
+                    if let Some(progress) = paused(position, out) {
+                        return Ok(progress);
+                    }
                 }
                 State::SkipOption {
                     option,
@@ -351,6 +370,9 @@ impl Handshake {
                         &[b"option data too large"],
                     );
                     self.state = State::OptionHeader;
+                    if let Some(progress) = paused(position, out) {
+                        return Ok(progress);
+                    }
                 }
             }
         }

@@ -90,7 +90,7 @@ pub mod wire;
 pub use error::{EncodeError, ProtocolError};
 pub use handshake::{
     Handshake, HandshakeProgress, HandshakeStatus, GREETING_BYTES, MAX_OPTIONS_PER_HANDSHAKE,
-    MAX_OPTION_DATA_BYTES,
+    MAX_OPTION_DATA_BYTES, REPLIES_PAUSE_BYTES,
 };
 pub use meta::{
     ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext, CHANGED_SINCE_PREFIX,
