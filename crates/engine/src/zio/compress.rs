@@ -207,7 +207,8 @@ pub(crate) fn written_form(
     let decided = if setting.algorithm == Compression::Off || streak.skips() {
         !all_zero(logical)
     } else {
-        let incompressible = oxpool_format::probe(logical) != oxpool_format::ProbeVerdict::Compress;
+        let incompressible = oxpool_format::probe(logical, setting.algorithm)
+            != oxpool_format::ProbeVerdict::Compress;
         streak.note(incompressible);
         incompressible
     };
