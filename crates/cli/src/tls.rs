@@ -53,7 +53,8 @@ fn default_certificate_dir() -> PathBuf {
 }
 
 /// `--tls` when not given: `require` when another host can reach the TCP address (it is not
-/// a loopback address) or credentials were given, else `off`.
+/// a loopback address) or a TLS option was given (credentials, `--tls-verify-peer`), else
+/// `off`.
 fn default_mode(tcp: Option<SocketAddr>, credentials_given: bool) -> TlsArg {
     let exposed = tcp.is_some_and(|addr| !addr.ip().is_loopback());
     if exposed || credentials_given {
@@ -66,12 +67,12 @@ fn default_mode(tcp: Option<SocketAddr>, credentials_given: bool) -> TlsArg {
 /// The server's TLS configuration from the options and the TCP address it listens on.
 pub fn server_tls(args: &TlsArgs, tcp: Option<SocketAddr>) -> Result<TlsConfig> {
     let credentials_given = args.tls_certificates.is_some() || args.tls_psk.is_some();
-    let mode = args
-        .tls
-        .unwrap_or_else(|| default_mode(tcp, credentials_given));
+    let tls_asked = credentials_given || args.tls_verify_peer;
+    let mode = args.tls.unwrap_or_else(|| default_mode(tcp, tls_asked));
     if mode == TlsArg::Off {
-        if credentials_given || args.tls_verify_peer {
-            bail!("--tls off: the TLS credentials given would not be used");
+        // Only `--tls off` itself: any TLS option makes the default `require`.
+        if tls_asked {
+            bail!("--tls off: the TLS options given would not be used");
         }
         return Ok(TlsConfig::default());
     }
@@ -86,7 +87,12 @@ pub fn server_tls(args: &TlsArgs, tcp: Option<SocketAddr>) -> Result<TlsConfig> 
                 .clone()
                 .unwrap_or_else(default_certificate_dir);
             TlsCredentials::from_certificate_dir(&dir, args.tls_verify_peer).map_err(|err| {
-                if args.tls_certificates.is_none() && args.tls.is_none() {
+                if args.tls_certificates.is_none() && args.tls_verify_peer {
+                    anyhow::anyhow!(
+                        "--tls-verify-peer checks client certificates against the server's CA, \
+                         and {err}: give --tls-certificates DIR"
+                    )
+                } else if args.tls_certificates.is_none() && args.tls.is_none() {
                     anyhow::anyhow!(
                         "TLS is required on a non-loopback address, and {err}: give \
                          --tls-certificates DIR or --tls-psk FILE (or --tls off to serve in \
@@ -168,6 +174,23 @@ mod tests {
         verify_psk.tls_verify_peer = true;
         let err = server_tls(&verify_psk, None).unwrap_err().to_string();
         assert!(err.contains("--tls-verify-peer"), "{err}");
+        // --tls-verify-peer alone asks for TLS, with the default certificates: what is
+        // missing is said about it, not about --tls off, which was not given.
+        let mut verify_alone = args();
+        verify_alone.tls_verify_peer = true;
+        let loopback = Some("127.0.0.1:1".parse::<SocketAddr>().unwrap());
+        match server_tls(&verify_alone, loopback) {
+            Ok(config) => assert_eq!(config.policy, TlsPolicy::Required),
+            Err(err) => {
+                let err = err.to_string();
+                assert!(
+                    err.contains("--tls-verify-peer")
+                        && err.contains("--tls-certificates DIR")
+                        && !err.contains("--tls off"),
+                    "{err}"
+                );
+            }
+        }
         let mut missing = args();
         missing.tls_certificates = Some("/nonexistent-dir".into());
         let err = server_tls(&missing, None).unwrap_err().to_string();

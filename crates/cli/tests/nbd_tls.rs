@@ -348,6 +348,15 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     );
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
+    // Each refused handshake (two nbdinfo, one qemu-img) left a warning naming the client.
+    let refusals = output
+        .lines()
+        .filter(|l| l.contains("TLS handshake failed") && l.contains("peer=127.0.0.1:"))
+        .count();
+    assert!(
+        refusals >= 3,
+        "{refusals} warnings of refused handshakes:\n{output}"
+    );
 }
 
 #[test]

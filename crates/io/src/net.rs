@@ -75,6 +75,19 @@ impl Stream {
         }
     }
 
+    /// Who is at the other end, for messages: `IP:port`, or `a unix-socket client`. Costs a
+    /// `dup` and a `getpeername`: for what is logged, not for the I/O path.
+    pub fn peer_name(&self) -> String {
+        let peer = self
+            .fd
+            .try_clone()
+            .and_then(|fd| std::net::TcpStream::from(fd).peer_addr());
+        match peer {
+            Ok(addr) => addr.to_string(),
+            Err(_) => "a unix-socket client".to_string(),
+        }
+    }
+
     /// Receives into `buf[offset..]` and returns the buffer and the byte count (0 = EOF).
     pub async fn recv(&self, buf: IoBuf, offset: usize) -> IoResult<(IoBuf, usize)> {
         let end = buf.len();

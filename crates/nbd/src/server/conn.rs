@@ -975,7 +975,14 @@ async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> 
             Some(identity)
         }
         Err(err) => {
-            tracing::debug!(%err, "nbd: TLS handshake failed; closing the connection");
+            // A warning, as an authentication failure is: a wrong key, an unknown identity,
+            // a certificate the CA did not sign or that was revoked (a new user found a
+            // refused client left no trace at the default level).
+            tracing::warn!(
+                peer = %conn.stream.peer_name(),
+                %err,
+                "nbd: TLS handshake failed; closing the connection"
+            );
             None
         }
     }
