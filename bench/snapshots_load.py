@@ -85,7 +85,7 @@ def main():
             results["while_destroying_1000"] = fio(server.uri, a.runtime, "destroy")
             destroy.wait()
             results["destroy_s"] = time.time() - start
-            results["freeing_after"] = ox("get", "freeing", "tank").stdout.split()[-1]
+            results["freeing_after"] = ox("get", "-H", "-o", "value", "freeing", "tank").stdout.strip()
         finally:
             server.stop()
         base = results["alone"]["iops"]

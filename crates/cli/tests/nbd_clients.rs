@@ -385,8 +385,12 @@ fn fio_verify_under_each_completion_policy() {
         assert!(status.success(), "{policy}: {output}");
         let got = env.ok(&["get", "completion", "tank"]);
         assert!(
-            got.lines()
-                .any(|l| l.split_whitespace().eq(["tank", "completion", policy])),
+            got.lines().any(|l| l.split_whitespace().eq([
+                "tank",
+                "completion",
+                policy,
+                if policy == "auto" { "default" } else { "local" }
+            ])),
             "the property persists: {got}"
         );
         let server = env.serve(&["--listen", "127.0.0.1:0"]);

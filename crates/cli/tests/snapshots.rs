@@ -60,12 +60,19 @@ fn a_snapshot_export_keeps_the_bytes_written_before_it() {
     // Every block was overwritten: the snapshot alone holds at least the whole first copy
     // (space figures are those of the last txg, as in ZFS: a second snapshot syncs one).
     env.ok(&["snapshot", "tank/vol0@two"]);
-    let got = env.ok(&["get", "-p", "usedbysnapshots", "tank/vol0"]);
+    let got = env.ok(&[
+        "get",
+        "-p",
+        "-H",
+        "-o",
+        "value",
+        "usedbysnapshots",
+        "tank/vol0",
+    ]);
     let bytes: u64 = got
-        .lines()
-        .last()
-        .and_then(|l| l.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
+        .trim_end()
+        .parse()
+        .ok()
         .unwrap_or_else(|| panic!("no value in {got}"));
     assert!(bytes >= 8 << 20, "usedbysnapshots {bytes}");
     let (ok, out) = server.stop();
@@ -292,7 +299,7 @@ fn promote_lets_the_original_volume_go() {
         .contains("tank/new@base"));
     assert_eq!(
         env.ok(&["get", "-H", "origin", "tank/new"]),
-        "tank/new\torigin\t-\n"
+        "tank/new\torigin\t-\t-\n"
     );
     assert!(same(&tcp_uri(&server, "tank/new@base"), &first));
     env.ok(&["vol", "destroy", "tank/vol0"]);
@@ -359,13 +366,13 @@ fn what_unshare_leaves_out_stays_out() {
 }
 
 /// The value of a one-property `oxpool get -p -H`, checking its exact form: one line,
-/// `TARGET<TAB>PROPERTY<TAB>VALUE`.
+/// `TARGET<TAB>PROPERTY<TAB>VALUE<TAB>-` (a statistic has no source).
 fn get_exact(env: &Env, prop: &str, target: &str) -> u64 {
     let out = env.ok(&["get", "-p", "-H", prop, target]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
-    let value = lines[0].rsplit('\t').next().unwrap();
-    assert_eq!(lines[0], format!("{target}\t{prop}\t{value}"), "{out}");
+    let value = lines[0].split('\t').nth(2).unwrap_or_default();
+    assert_eq!(lines[0], format!("{target}\t{prop}\t{value}\t-"), "{out}");
     value
         .parse()
         .unwrap_or_else(|_| panic!("not exact bytes: {out}"))

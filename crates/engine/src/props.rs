@@ -534,8 +534,8 @@ impl VolumeProps {
             "compression" => {
                 self.compression = value.parse().map_err(|_| {
                     EngineError::invalid(format!(
-                        "bad value '{value}' for compression: expected off, lz4, zstd, \
-                         zstd-1 .. zstd-19 or zle"
+                        "bad value '{value}' for compression: expected off, on (lz4), lz4, \
+                         zstd, zstd-1 .. zstd-19 or zle"
                     ))
                 })?
             }

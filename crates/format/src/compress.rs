@@ -80,8 +80,12 @@ impl std::str::FromStr for CompressionSetting {
         let bad = || crate::ParseNameError {
             what: "compression",
             found: s.to_owned(),
-            expected: "off, lz4, zstd, zstd-1 .. zstd-19, zle",
+            expected: "off, on (lz4), lz4, zstd, zstd-1 .. zstd-19, zle",
         };
+        // As ZFS's `compression=on`: the default algorithm, which is lz4 there and here.
+        if s == "on" {
+            return Ok(CompressionSetting::LZ4);
+        }
         if let Some(level) = s.strip_prefix("zstd-") {
             // Digits only: no sign, no leading zero.
             let level: u8 = match level.as_bytes() {
@@ -800,6 +804,11 @@ mod tests {
         }
         let z: CompressionSetting = "zstd".parse().unwrap();
         assert_eq!(z.zstd_level(), 3);
+        // As ZFS: `on` is the default algorithm, lz4.
+        assert_eq!(
+            "on".parse::<CompressionSetting>(),
+            Ok(CompressionSetting::LZ4)
+        );
         for s in [
             "zstd-0", "zstd-20", "zstd-", "zstd-03", "zstd-+3", "gzip", "LZ4", "",
         ] {

@@ -738,6 +738,7 @@ pub(crate) fn wait_for_scan(con: &mut dyn Console, pool: &Pool) -> Result<()> {
         (ScanState::Canceled, Some(e)) => bail!("{kind} of {} stopped: {e}", pool.name()),
         (ScanState::Canceled, None) => bail!("{kind} of {} was canceled", pool.name()),
         (ScanState::Paused, _) => bail!("{kind} of {} was paused", pool.name()),
+        _ if c.blocks_lost == 1 => bail!("1 block has no good copy"),
         _ if c.blocks_lost > 0 => bail!("{} blocks have no good copy", c.blocks_lost),
         _ => Ok(()),
     }

@@ -69,6 +69,10 @@ const SIZE_PROPS: &[&str] = &[
 /// `parsable`.
 fn shown(name: &str, value: String, parsable: bool) -> String {
     if parsable {
+        // As `zfs get -p`: a ratio is a bare number (`1.53`, not `1.53x`).
+        if name == "compressratio" {
+            return value.trim_end_matches('x').to_string();
+        }
         return value;
     }
     let size = SIZE_PROPS.contains(&name) || name.starts_with("written@");
