@@ -292,6 +292,31 @@ fn pool_and_volume_lifecycle() {
         env.ok(&["get", "-H", "-o", "source", "cache_max,freeing", "tank"]),
         "default\n-\n"
     );
+    // The pool's space and health beside its settings, as zpool get: what list shows.
+    let listed = env.ok(&["list", "-H", "-p", "tank"]);
+    let listed: Vec<&str> = listed.trim_end().split('\t').collect();
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "value",
+            "size,allocated,free,health",
+            "tank"
+        ]),
+        format!(
+            "{}\n{}\n{}\n{}\n",
+            listed[1], listed[2], listed[3], listed[4]
+        )
+    );
+    let size: u64 = listed[1].parse().unwrap();
+    let allocated: u64 = listed[2].parse().unwrap();
+    assert_eq!(
+        env.ok(&["get", "-H", "-p", "-o", "value", "capacity", "tank"]),
+        format!("{}\n", allocated * 100 / size)
+    );
+    assert!(env.fails(&["set", "size=1G", "tank"]).contains("read-only"));
     assert_eq!(
         env.ok(&["get", "-H", "-o", "all", "volsize", "tank/vol0"]),
         env.ok(&["get", "-H", "volsize", "tank/vol0"])

@@ -63,15 +63,24 @@ const SIZE_PROPS: &[&str] = &[
     "cache_max",
     "data_cache_max",
     "freeing",
+    "size",
+    "allocated",
+    "free",
 ];
+
+/// A pool's read-only statistics, as `zpool get` shows them beside its settings: `size`,
+/// `allocated`, `free` (as `oxpool list`), `capacity` (allocated, in percent of size) and
+/// `health` (the pool's state); and `freeing` (what destroyed snapshots still hold).
+const POOL_STAT_NAMES: &[&str] = &["size", "allocated", "free", "capacity", "health", "freeing"];
 
 /// A property's value as `get` shows it: sizes human and `creation` as a date, unless
 /// `parsable`.
 fn shown(name: &str, value: String, parsable: bool) -> String {
     if parsable {
-        // As `zfs get -p`: a ratio is a bare number (`1.53`, not `1.53x`).
-        if name == "compressratio" {
-            return value.trim_end_matches('x').to_string();
+        // As `zfs get -p`: a ratio is a bare number (`1.53`, not `1.53x`), and so is a
+        // percentage.
+        if name == "compressratio" || name == "capacity" {
+            return value.trim_end_matches(['x', '%']).to_string();
         }
         return value;
     }
@@ -205,10 +214,31 @@ pub fn get(
                 }
             }
             None => {
-                let all: Vec<&'static str> =
-                    POOL_PROP_NAMES.iter().copied().chain(["freeing"]).collect();
+                let all: Vec<&'static str> = POOL_PROP_NAMES
+                    .iter()
+                    .chain(POOL_STAT_NAMES)
+                    .copied()
+                    .collect();
+                let mut status = None;
                 for n in names(&all) {
-                    let value = p.get_prop(&n)?;
+                    let mut space = || {
+                        let s = status.get_or_insert_with(|| p.status());
+                        (s.size_bytes, s.allocated_bytes, s.state.clone())
+                    };
+                    let value = match n.as_str() {
+                        "size" => space().0.to_string(),
+                        "allocated" => space().1.to_string(),
+                        "free" => {
+                            let (size, allocated, _) = space();
+                            size.saturating_sub(allocated).to_string()
+                        }
+                        "capacity" => {
+                            let (size, allocated, _) = space();
+                            format!("{}%", allocated.saturating_mul(100) / size.max(1))
+                        }
+                        "health" => space().2,
+                        _ => p.get_prop(&n)?,
+                    };
                     let source = pool_source(&n, &value);
                     row(target, &n, value, source);
                 }
@@ -268,6 +298,9 @@ pub fn get(
 pub fn set(host: &Host, assignment: &str, target: &str, device: Option<&str>) -> Result<()> {
     let (k, v) = split_assignment(assignment)?;
     let (pool, vol) = split_target(target);
+    if vol.is_none() && device.is_none() && POOL_STAT_NAMES.contains(&k) {
+        bail!("property '{k}' is read-only");
+    }
     host.change_pool(pool, |p| {
         match (vol, device) {
             (Some(_), Some(_)) => bail!("a device belongs to a pool, not to a volume"),
