@@ -456,3 +456,54 @@ fn bookmarks_serve_change_maps_after_their_snapshot_is_gone() {
     let r = pool.audit().unwrap();
     assert!(r.is_clean(), "audit: {:#?}", r.problems);
 }
+
+/// A copy of the volume received within the pool has the same snapshot guids, other txgs,
+/// and a name that sorts first: the change map of the original's snapshot export still goes
+/// by the original's lineage. Before, the view's volume was found by guid across the pool,
+/// the copy's, whose base is younger than every block of the original: the map said
+/// nothing changed, and an incremental backup built from it would miss every change.
+#[test]
+fn a_copy_within_the_pool_does_not_answer_for_the_original() {
+    use oxpool_engine::{ReceiveOptions, SendOptions};
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = filled_volume(&pool);
+    snap(&pool, "vol@a");
+    let changed = (4 * MIB, 5 * MIB);
+    write(
+        &vol,
+        changed.0,
+        &vec![0x5a; (changed.1 - changed.0) as usize],
+    );
+    snap(&pool, "vol@s");
+    let copy = |snap: &str, base: Option<&str>| {
+        let opts = SendOptions {
+            base: base.map(str::to_string),
+            ..SendOptions::default()
+        };
+        let mut stream = Vec::new();
+        pool.send("vol", snap, &opts, &mut stream).unwrap();
+        let recv = ReceiveOptions {
+            force: false,
+            resumable: false,
+        };
+        pool.receive("backup", &mut stream.as_slice(), &recv)
+            .unwrap();
+    };
+    copy("a", None);
+    copy("s", Some("a"));
+    let view = pool.snapshot_volume("vol", "s").unwrap();
+    let extents = on(view.changed_extents(&base("a"), 0, VOLUME_BYTES)).unwrap();
+    let flagged = |at: u64| {
+        extents
+            .iter()
+            .scan(0u64, |pos, e| {
+                let start = *pos;
+                *pos += e.length_bytes;
+                Some((start, *pos, e.changed))
+            })
+            .any(|(start, end, changed)| changed && start <= at && at < end)
+    };
+    for at in [changed.0, changed.1 - 1] {
+        assert!(flagged(at), "byte {at} changed since @a: {extents:?}");
+    }
+}

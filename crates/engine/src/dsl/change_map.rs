@@ -71,22 +71,24 @@ struct Candidate {
 impl Datasets {
     /// The dataset whose lineage `ds` is part of, and where in it `ds` stands: `ds` itself
     /// for a head (None), or for a read-only view of a snapshot (a `VOL@SNAP` export) the
-    /// dataset that owns that snapshot now (found by guid: a promote moves snapshots) and the
-    /// snapshot's txg. None once the head or the snapshot is gone.
+    /// volume that owns that snapshot now (as the view's registration says: a promote moves
+    /// snapshots) and the snapshot's txg. Not by guid across the pool: a copy of the volume
+    /// received within the pool has the same guids, and its snapshots other txgs. None once
+    /// the head or the snapshot is gone.
     fn lineage_position(&self, ds: &Dataset) -> Option<(Arc<Dataset>, Option<Txg>)> {
         if ds.name.contains('@') {
             let guid = ds.lineage.lock().unwrap().guid;
-            return self.all().into_iter().find_map(|d| {
-                let txg = d
-                    .lineage
-                    .lock()
-                    .unwrap()
-                    .snapshots()
-                    .iter()
-                    .find(|s| s.guid == guid)
-                    .map(|s| s.txg)?;
-                Some((d, Some(txg)))
-            });
+            let head = self.view_head(ds)?;
+            let d = self.all().into_iter().find(|d| d.id == head)?;
+            let txg = d
+                .lineage
+                .lock()
+                .unwrap()
+                .snapshots()
+                .iter()
+                .find(|s| s.guid == guid)
+                .map(|s| s.txg)?;
+            return Some((d, Some(txg)));
         }
         let head = self.get(&ds.name)?;
         std::ptr::eq(Arc::as_ptr(&head), ds).then_some((head, None))

@@ -243,6 +243,16 @@ impl Datasets {
         });
     }
 
+    /// The volume whose snapshot `view` shows (None if it is not a registered view).
+    pub(crate) fn view_head(&self, view: &Dataset) -> Option<oxpool_format::VolumeId> {
+        self.views
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|e| std::ptr::eq(e.view.as_ptr(), view))
+            .map(|e| e.head)
+    }
+
     /// `promote` moved the snapshots `moved` of volume `from` to volume `to`: their views
     /// follow them, so that destroying one there ends them.
     fn move_views(
