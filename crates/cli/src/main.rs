@@ -57,6 +57,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_max_level(log_level)
         .with_target(false)
+        // A log line that cannot be written is dropped: by default tracing-subscriber says
+        // so with `eprintln!`, which panics when standard error is a pipe whose reader left
+        // (`oxpool serve 2>&1 | head`), in whichever thread logged: the txg sync's.
+        .log_internal_errors(false)
         .init();
     if let Some(problem) = log_problem {
         tracing::warn!("{problem}");

@@ -974,9 +974,11 @@ fn a_listed_path_holding_a_served_pool_s_device_does_not_block_the_pool() {
 }
 
 /// A server whose standard output and error were pipes whose reader left (`oxpool serve
-/// 2>&1 | head -3`) still serves, adds exports, and stops on SIGTERM, exporting its pools.
-/// The signal thread used to panic on saying "stopping" to the closed pipe: the server
-/// served on, and no later signal stopped it (a new user's finding).
+/// 2>&1 | head -3`) still serves, adds exports, logs, and stops on SIGTERM, exporting its
+/// pools. The signal thread used to panic on saying "stopping" to the closed pipe: the
+/// server served on, and no later signal stopped it (a new user's finding); and a log line
+/// that could not be written panicked the thread that logged it (the txg sync's, here at
+/// `OXPOOL_LOG=info`, which logs each snapshot).
 #[test]
 fn a_server_whose_output_reader_left_still_stops() {
     use std::io::BufRead;
@@ -985,6 +987,7 @@ fn a_server_whose_output_reader_left_still_stops() {
     let mut command = env.oxpool_command();
     command
         .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("OXPOOL_LOG", "info")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -1004,6 +1007,10 @@ fn a_server_whose_output_reader_left_still_stops() {
     // A new export prints its URI to the closed standard output.
     env.ok(&["vol", "create", "tank/vol1", "--size", "16M"]);
     assert!(env.ok(&["vol", "list", "tank"]).contains("vol1"));
+    // The sync logs the snapshot to the closed standard error, and goes on syncing.
+    env.ok(&["snapshot", "tank/vol1@s"]);
+    env.ok(&["snapshot", "tank/vol1@t"]);
+    assert!(env.ok(&["list", "-t", "snapshot"]).contains("tank/vol1@t"));
     // SAFETY: kill(2) on our own child's PID.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     // Fails (and kills the server) if it is still running after the harness's hang limit.
