@@ -1309,3 +1309,42 @@ fn an_incremental_repeating_a_guid_of_the_target_is_refused() {
     recv(&dst, "copy", &inc, false).unwrap();
     audit_clean(&dst, "after the refused stream");
 }
+
+/// A send holds its snapshots by guid, so a copy's snapshot within the pool waits for it
+/// too: `destroy -d` of the copy's snapshot during the send marks it, and the end of the
+/// send destroys it. Before, only the sent volume's marked snapshots were looked at: the
+/// copy's stayed marked, and its space held, until something else released it.
+#[test]
+fn a_copy_s_snapshot_marked_during_a_send_of_the_original_goes_when_the_send_ends() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", 4 * MIB, &[]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 1, (4 * MIB) as usize));
+    snap(&pool, "v@s");
+    recv(&pool, "x", &send(&pool, "v", "s", None, false), false).unwrap();
+    let (started_tx, started) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        let sender = scope.spawn(|| {
+            let mut sink = GatedSink {
+                started: started_tx,
+                go: go_rx,
+                waited: false,
+                bytes: Vec::new(),
+            };
+            pool.send("v", "s", &SendOptions::default(), &mut sink)
+        });
+        started.recv().unwrap();
+        let (now, later) = pool
+            .destroy_snapshots_deferred("x", &["s".to_string()])
+            .unwrap();
+        assert!(
+            now.is_empty() && later == ["s".to_string()],
+            "{now:?} {later:?}"
+        );
+        go.send(()).unwrap();
+        sender.join().unwrap().unwrap();
+    });
+    assert!(guids(&pool, "x").is_empty(), "x@s is still there");
+    assert_eq!(guids(&pool, "v").len(), 1);
+    audit_clean(&pool, "after the deferred destroy");
+}

@@ -111,8 +111,6 @@ struct Leg {
 
 /// The sending volume, as the walks need it.
 struct Source {
-    /// The volume's name in its pool (for a `destroy -d` the send deferred).
-    volume: String,
     id: VolumeId,
     full_name: String,
     volblocksize_bytes: u32,
@@ -193,7 +191,6 @@ impl Pool {
             .filter(|d| !is_hidden(&d.name))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
         let source = Source {
-            volume: ds.name.clone(),
             id: ds.id,
             full_name: ds.full_name.clone(),
             volblocksize_bytes: ds.props.lock().unwrap().volblocksize_bytes,
@@ -310,7 +307,6 @@ impl Pool {
                 )));
             }
             let source = Source {
-                volume: ds.name.clone(),
                 id: ds.id,
                 full_name: ds.full_name.clone(),
                 volblocksize_bytes: bs as u32,
@@ -368,15 +364,38 @@ impl Pool {
             .iter()
             .try_for_each(|leg| send_leg(&self.spa, &source, leg, prefetch, out, &mut stats))
             .and_then(|()| out.flush().map_err(|e| EngineError::io("send stream", e)));
-        // The holds go with the legs; a `destroy -d` asked meanwhile happens now.
-        let names: Vec<String> = legs.iter().map(|leg| leg.to.name.clone()).collect();
+        // The holds go with the legs; a `destroy -d` asked meanwhile happens now. The holds go
+        // by guid, so that includes one asked of a copy of a sent snapshot within the pool.
+        let guids: Vec<oxpool_format::Guid> = legs.iter().map(|leg| leg.to.guid).collect();
         drop(legs);
-        for name in names {
-            if let Err(e) = self.destroy_if_deferred(&source.volume, &name) {
-                tracing::warn!(snapshot = name, "deferred destroy after a send: {e}");
+        for (volume, name) in self.deferred_snapshots_of(&guids) {
+            if let Err(e) = self.destroy_if_deferred(&volume, &name) {
+                tracing::warn!(
+                    snapshot = format!("{volume}@{name}"),
+                    "deferred destroy after a send: {e}"
+                );
             }
         }
         sent.map(|()| stats)
+    }
+
+    /// The snapshots marked by `destroy -d` whose guid is one of `guids`, in every volume:
+    /// (volume, snapshot).
+    fn deferred_snapshots_of(&self, guids: &[oxpool_format::Guid]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        // Bounded by the pool's datasets and their snapshots.
+        for ds in self.dsl.all() {
+            if is_hidden(&ds.name) {
+                continue;
+            }
+            let l = ds.lineage.lock().unwrap();
+            for s in l.snapshots() {
+                if s.defer_destroy && guids.contains(&s.guid) {
+                    out.push((ds.name.clone(), s.name.clone()));
+                }
+            }
+        }
+        out
     }
 
     /// What [`Pool::send`] would write (`send -n -v`): the same walks, reading the indirect
