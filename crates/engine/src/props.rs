@@ -553,17 +553,23 @@ impl VolumeProps {
         Ok(())
     }
 
-    /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize, at
-    /// most [`oxpool_format::VOLSIZE_MAX_BYTES`]).
-    pub fn validate(&self) -> Result<()> {
-        let bs = self.volblocksize_bytes as u64;
-        if self.volsize_bytes > oxpool_format::VOLSIZE_MAX_BYTES {
+    /// Checks a size a volume is being given (created, resized, received) against
+    /// [`oxpool_format::VOLSIZE_MAX_BYTES`]. Not part of [`VolumeProps::validate`], which
+    /// every property change runs: a volume made larger before the limit existed keeps its
+    /// other properties settable.
+    pub fn check_new_volsize(volsize_bytes: u64) -> Result<()> {
+        if volsize_bytes > oxpool_format::VOLSIZE_MAX_BYTES {
             return Err(EngineError::invalid(format!(
-                "volsize {} is over the largest, {} (4E)",
-                self.volsize_bytes,
+                "volsize {volsize_bytes} is over the largest, {} (4E)",
                 oxpool_format::VOLSIZE_MAX_BYTES
             )));
         }
+        Ok(())
+    }
+
+    /// Checks the cross-property rules (volsize is a non-zero multiple of volblocksize).
+    pub fn validate(&self) -> Result<()> {
+        let bs = self.volblocksize_bytes as u64;
         if self.volsize_bytes == 0 || !self.volsize_bytes.is_multiple_of(bs) {
             return Err(EngineError::invalid(format!(
                 "volsize {} must be a non-zero multiple of volblocksize {bs}",

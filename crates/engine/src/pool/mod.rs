@@ -542,6 +542,7 @@ impl Pool {
             }
             p.set_initial(k, v)?;
         }
+        VolumeProps::check_new_volsize(size_bytes)?;
         p.validate()?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(name) {
@@ -693,6 +694,7 @@ impl Pool {
             let new_size = {
                 let mut q = vol.vol.ds.props.lock().unwrap().clone();
                 q.set(name, value)?;
+                VolumeProps::check_new_volsize(q.volsize_bytes)?;
                 q.validate()?;
                 q.volsize_bytes
             };

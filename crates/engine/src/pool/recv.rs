@@ -952,6 +952,7 @@ impl Pool {
     fn new_target(&self, volume: &str, begin: &StreamBegin) -> Result<NewTarget> {
         let mut p = VolumeProps::new(begin.volsize_bytes);
         p.set_initial("volblocksize", &begin.volblocksize_bytes.to_string())?;
+        VolumeProps::check_new_volsize(begin.volsize_bytes)?;
         p.validate()?;
         let id = VolumeId(self.dsl.next_id());
         let zil = Arc::new(Zil::new(self.spa.guid, id, 1, Vec::new()));
