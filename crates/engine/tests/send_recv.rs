@@ -1348,3 +1348,27 @@ fn a_copy_s_snapshot_marked_during_a_send_of_the_original_goes_when_the_send_end
     assert_eq!(guids(&pool, "v").len(), 1);
     audit_clean(&pool, "after the deferred destroy");
 }
+
+/// A promote that would move a snapshot beside one of the clone's with the same guid (a
+/// crafted stream gave the clone a snapshot with the guid of its origin volume's older
+/// one) is refused, unchanged: a guid names one snapshot of a volume.
+#[test]
+fn a_promote_that_would_repeat_a_guid_in_the_clone_is_refused() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("v", 4 * MIB, &[]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 1, MIB as usize));
+    snap(&pool, "v@a");
+    snap(&pool, "v@b");
+    let c = pool.clone_snapshot("v", "b", "c", &[]).unwrap();
+    snap(&pool, "c@x");
+    write(&c, 0, &content(Fill::Random, 2, MIB as usize));
+    snap(&pool, "c@y");
+    let a_guid = oxpool_format::Guid(guids(&pool, "v")[0].1);
+    let inc = send(&pool, "c", "y", Some("x"), false);
+    pool.destroy_snapshots("c", &["y".to_string()]).unwrap();
+    recv(&pool, "c", &with_begin(&inc, |b| b.toguid = a_guid), true).unwrap();
+    let err = pool.promote("c").unwrap_err();
+    assert!(err.to_string().contains("has the guid of"), "{err}");
+    assert_eq!(guids(&pool, "v").len(), 2, "nothing moved");
+    audit_clean(&pool, "after the refused promote");
+}

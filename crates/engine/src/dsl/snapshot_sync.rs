@@ -249,11 +249,13 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
             tracing::warn!(dataset = ds.full_name, "origin snapshot gone: no promote");
             return;
         };
-        if theirs.snapshots()[..=i]
-            .iter()
-            .any(|s| mine.find(&s.name).is_some())
-        {
-            tracing::warn!(dataset = ds.full_name, "snapshot names collide: no promote");
+        if theirs.snapshots()[..=i].iter().any(|s| {
+            mine.find(&s.name).is_some() || mine.snapshots().iter().any(|m| m.guid == s.guid)
+        }) {
+            tracing::warn!(
+                dataset = ds.full_name,
+                "snapshot names or guids collide: no promote"
+            );
             return;
         }
         let moved: Vec<Snapshot> = theirs.snapshots_mut().drain(..=i).collect();

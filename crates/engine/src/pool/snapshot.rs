@@ -479,20 +479,35 @@ impl Pool {
             .into_iter()
             .find(|d| d.id == origin.volume)
             .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
-        let moving: Vec<String> = {
+        let moving: Vec<(String, oxpool_format::Guid)> = {
             let l = src.lineage.lock().unwrap();
             let i = l
                 .snapshots()
                 .iter()
                 .position(|s| s.guid == origin.snapshot_guid)
                 .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
-            l.snapshots()[..=i].iter().map(|s| s.name.clone()).collect()
+            l.snapshots()[..=i]
+                .iter()
+                .map(|s| (s.name.clone(), s.guid))
+                .collect()
         };
         {
             let l = ds.lineage.lock().unwrap();
-            if let Some(n) = moving.iter().find(|n| l.find(n).is_some()) {
+            if let Some((n, _)) = moving.iter().find(|(n, _)| l.find(n).is_some()) {
                 return Err(EngineError::Busy(format!(
                     "{}@{n} exists: it would collide with {}@{n}; rename or destroy it first",
+                    ds.full_name, src.full_name
+                )));
+            }
+            // A guid names one snapshot of a volume (views, clones and bases go by it).
+            let same_guid = |(n, g): &(String, oxpool_format::Guid)| {
+                let mine = l.snapshots().iter().find(|s| s.guid == *g)?;
+                Some((n.clone(), mine.name.clone()))
+            };
+            if let Some((n, mine)) = moving.iter().find_map(same_guid) {
+                return Err(EngineError::Busy(format!(
+                    "{}@{mine} has the guid of {}@{n}, which the promote would move beside it; \
+                     destroy one of them first",
                     ds.full_name, src.full_name
                 )));
             }
