@@ -140,7 +140,9 @@ pub fn open_device_within(path: &Path, create: Option<NewFiles>, wait: Duration)
         }
         if std::time::Instant::now() >= deadline {
             return Err(anyhow!(
-                "{}: in use by another oxpool process (is `oxpool serve` running?)",
+                "{}: in use by another oxpool process: a server (with another cache file?) \
+                 or a command that has the pool open, such as the other end of a `send | \
+                 recv` within one pool (serve the pool to run both)",
                 path.display()
             ));
         }

@@ -515,7 +515,12 @@ fn a_pool_in_use_is_locked() {
     // SAFETY: flock on a valid descriptor we own.
     assert_eq!(unsafe { libc_flock(f.as_raw_fd(), 2 | 4) }, 0);
     let e = env.fails(&["status", "tank"]);
-    assert!(e.contains("in use"), "{e}");
+    // The holder may be another command, not a server: a `send | recv` within one pool
+    // with no server is told what to do (a new user read "is `oxpool serve` running?").
+    assert!(
+        e.contains("in use") && e.contains("send | recv") && e.contains("serve the pool"),
+        "{e}"
+    );
     // A holder that lets go within a few seconds (another short command: `send -t` looking
     // for its pool beside the `recv` of its pipeline) is waited for.
     let holder = std::thread::spawn(move || {

@@ -75,16 +75,22 @@ impl Stream {
         }
     }
 
-    /// Who is at the other end, for messages: `IP:port`, or `a unix-socket client`. Costs a
-    /// `dup` and a `getpeername`: for what is logged, not for the I/O path.
+    /// Who is at the other end, for messages: `IP:port`, `a unix-socket client`, or why it
+    /// is not known (a TCP client that already reset: `ENOTCONN`). Costs a `dup` and a
+    /// `getsockname`/`getpeername`: for what is logged, not for the I/O path.
     pub fn peer_name(&self) -> String {
-        let peer = self
-            .fd
-            .try_clone()
-            .and_then(|fd| std::net::TcpStream::from(fd).peer_addr());
-        match peer {
+        let fd = match self.fd.try_clone() {
+            Ok(fd) => fd,
+            Err(err) => return format!("unknown ({err})"),
+        };
+        let socket = std::net::TcpStream::from(fd);
+        // getsockname answers for a TCP socket even once its peer is gone.
+        if socket.local_addr().is_err() {
+            return "a unix-socket client".to_string();
+        }
+        match socket.peer_addr() {
             Ok(addr) => addr.to_string(),
-            Err(_) => "a unix-socket client".to_string(),
+            Err(err) => format!("a TCP client no longer connected ({err})"),
         }
     }
 
