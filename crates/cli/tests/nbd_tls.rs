@@ -348,14 +348,15 @@ fn psk_nbdinfo_and_qemu_img_move_identical_bytes_and_wrong_keys_are_refused() {
     );
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
-    // Each refused handshake (two nbdinfo, one qemu-img) left a warning naming the client.
-    let refusals = output
+    // Each refused handshake (two nbdinfo, one qemu-img) left a warning naming the client
+    // (by address, unless it had already reset: then it says so).
+    let refusals: Vec<&str> = output
         .lines()
-        .filter(|l| l.contains("TLS handshake failed") && l.contains("peer=127.0.0.1:"))
-        .count();
+        .filter(|l| l.contains("TLS handshake failed") && l.contains("peer="))
+        .collect();
     assert!(
-        refusals >= 3,
-        "{refusals} warnings of refused handshakes:\n{output}"
+        refusals.len() >= 3 && refusals.iter().any(|l| l.contains("peer=127.0.0.1:")),
+        "warnings of refused handshakes:\n{output}"
     );
 }
 
