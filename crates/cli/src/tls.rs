@@ -23,7 +23,7 @@ pub enum TlsArg {
 #[derive(Args, Debug, Clone)]
 pub struct TlsArgs {
     /// TLS: off, on (clients choose) or require [default: require when --listen is not a
-    /// loopback address or credentials are given, else off].
+    /// loopback address or a TLS option is given (credentials, --tls-verify-peer), else off].
     #[arg(long, value_enum)]
     pub tls: Option<TlsArg>,
     /// Directory with ca-cert.pem, server-cert.pem, server-key.pem and optionally ca-crl.pem
