@@ -94,6 +94,18 @@ pub struct NewFiles {
     pub sparse: bool,
 }
 
+/// A device file another process (or another open of this one) holds locked.
+#[derive(Debug)]
+pub struct InUse(pub String);
+
+impl std::fmt::Display for InUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InUse {}
+
 /// Opens `path` as a device, creating it as `create` says if it is missing, and locks it
 /// (flock, exclusive, non-blocking).
 pub fn open_device(path: &Path, create: Option<NewFiles>) -> Result<Device> {
@@ -139,12 +151,12 @@ pub fn open_device_within(path: &Path, create: Option<NewFiles>, wait: Duration)
             break;
         }
         if std::time::Instant::now() >= deadline {
-            return Err(anyhow!(
+            return Err(anyhow::Error::new(InUse(format!(
                 "{}: in use by another oxpool process: a server (with another cache file?) \
                  or a command that has the pool open, such as the other end of a `send | \
                  recv` within one pool (serve the pool to run both)",
                 path.display()
-            ));
+            ))));
         }
         std::thread::sleep(LOCK_RETRY);
     }

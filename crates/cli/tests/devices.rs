@@ -289,3 +289,42 @@ fn a_truncated_device_is_unavail_with_why() {
     );
     env.ok(&["audit", "tank"]);
 }
+
+/// On a served pool, a device overwritten in place (a new user zeroed a raidz member with dd)
+/// is the same file the server holds open: `replace POOL DEV` at its path cannot lock it,
+/// and says why and what to do, where it said "in use by another oxpool process (is
+/// `oxpool serve` running?)" of the server running the command. Done as it says, it works.
+#[test]
+fn a_device_overwritten_in_place_is_replaced_by_a_new_file_at_its_path() {
+    let env = Env::new();
+    let (a, c) = (env.path("a.img"), env.path("c.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&c),
+        "--size",
+        "128M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
+    let image = random_bytes(31, 8 * MIB);
+    let source = env.path("image.in");
+    std::fs::write(&source, &image).unwrap();
+    env.ok(&["vol", "write", "tank/vol0", p(&source)]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    std::fs::write(&c, vec![0u8; 128 << 20]).unwrap();
+    let err = env.fails(&["replace", "tank", "c.img"]);
+    assert!(
+        err.contains("overwritten in place") && err.contains("move the old one away"),
+        "{err}"
+    );
+    std::fs::rename(&c, env.path("c.old")).unwrap();
+    file(&env, "c.img", 128);
+    env.ok(&["replace", "-w", "tank", "c.img"]);
+    assert!(vol_read(&env, "back.out") == image, "bytes differ");
+    env.ok(&["audit", "tank"]);
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}

@@ -418,7 +418,20 @@ fn open_new(
             file.display()
         );
     }
-    let d = open_device(&file, None)?;
+    let d = match open_device(&file, None) {
+        Ok(d) => d,
+        // The file at the replaced device's own path, locked: by the pool itself, which
+        // still has it open when it was overwritten in place rather than swapped for a new
+        // file (a new user zeroed a raidz member with dd and replaced it at its path).
+        Err(e) if swapped && e.downcast_ref::<crate::devices::InUse>().is_some() => bail!(
+            "{path} is in use, most likely by this pool, whose device it still is: a file \
+             overwritten in place is the same file. A replace at the same path needs a new \
+             file there (move the old one away, create the new one at {path}, then replace \
+             again), or give NEW (`oxpool replace {} {path} NEW`)",
+            pool.name()
+        ),
+        Err(e) => return Err(e),
+    };
     let backend = d.backend();
     devs.push(d);
     Ok(backend)
