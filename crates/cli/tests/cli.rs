@@ -241,16 +241,10 @@ fn pool_and_volume_lifecycle() {
     let e = env.fails(&["share", "nosuch/vol0"]);
     assert!(e.contains("no pool 'nosuch'"), "{e}");
     // -o picks fields in the order asked; `-H -o value` gives bare values for scripts.
+    let values =
+        |props: &str, target: &str| env.ok(&["get", "-H", "-p", "-o", "value", props, target]);
     assert_eq!(
-        env.ok(&[
-            "get",
-            "-H",
-            "-p",
-            "-o",
-            "value",
-            "volsize,volblocksize",
-            "tank/vol0"
-        ]),
+        values("volsize,volblocksize", "tank/vol0"),
         "67108864\n4096\n"
     );
     assert_eq!(
@@ -296,15 +290,7 @@ fn pool_and_volume_lifecycle() {
     let listed = env.ok(&["list", "-H", "-p", "tank"]);
     let listed: Vec<&str> = listed.trim_end().split('\t').collect();
     assert_eq!(
-        env.ok(&[
-            "get",
-            "-H",
-            "-p",
-            "-o",
-            "value",
-            "size,allocated,free,health",
-            "tank"
-        ]),
+        values("size,allocated,free,health", "tank"),
         format!(
             "{}\n{}\n{}\n{}\n",
             listed[1], listed[2], listed[3], listed[4]
@@ -313,7 +299,7 @@ fn pool_and_volume_lifecycle() {
     let size: u64 = listed[1].parse().unwrap();
     let allocated: u64 = listed[2].parse().unwrap();
     assert_eq!(
-        env.ok(&["get", "-H", "-p", "-o", "value", "capacity", "tank"]),
+        values("capacity", "tank"),
         format!("{}\n", allocated * 100 / size)
     );
     assert!(env.fails(&["set", "size=1G", "tank"]).contains("read-only"));

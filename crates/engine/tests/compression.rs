@@ -249,12 +249,7 @@ fn compressratio_and_logical_sizes() {
         v.get_prop("logicalreferenced").unwrap(),
         logical.to_string()
     );
-    let ratio: f64 = v
-        .get_prop("compressratio")
-        .unwrap()
-        .trim_end_matches('x')
-        .parse()
-        .unwrap();
+    let ratio = compressratio(&v);
     assert!(ratio > 1.3 && ratio < 3.0, "compressratio {ratio}");
     assert_eq!(
         format!("{:.2}x", logical as f64 / v.compressed_bytes() as f64),
@@ -690,16 +685,20 @@ fn a_zstd_volume_compresses_what_only_an_entropy_coder_can() {
         block_on(v.write((2 << 20) + (i as u64) * 4096, piece, false)).unwrap();
     }
     pool.sync().unwrap();
-    let ratio: f64 = v
-        .get_prop("compressratio")
-        .unwrap()
-        .trim_end_matches('x')
-        .parse()
-        .unwrap();
+    let ratio = compressratio(&v);
     // zstd stores each block in a little over 8 KiB, three sectors: 1.33x. Had either half
     // been stored as is, 1.14x at most.
     assert!(ratio >= 1.3, "compressratio {ratio}");
     let mut back = vec![0u8; 2 << 20];
     block_on(v.read(2 << 20, &mut back)).unwrap();
     assert!(back == letters);
+}
+
+/// A volume's `compressratio`, as a number (`1.53x` is 1.53).
+fn compressratio(v: &Volume) -> f64 {
+    v.get_prop("compressratio")
+        .unwrap()
+        .trim_end_matches('x')
+        .parse()
+        .unwrap()
 }
