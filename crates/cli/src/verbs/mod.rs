@@ -137,8 +137,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             },
         ),
         Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),
-        Command::Hold { tag, names } => snapshot::hold(host, &tag, &names, false),
-        Command::Release { tag, names } => snapshot::hold(host, &tag, &names, true),
+        Command::Hold { tag, names } => snapshot::hold(host, con, &tag, &names, false),
+        Command::Release { tag, names } => snapshot::hold(host, con, &tag, &names, true),
         Command::Holds { names } => snapshot::holds(host, con, &names),
         Command::Audit { pool } => snapshot::audit(host, con, &pool),
         Command::List {

@@ -386,8 +386,17 @@ pub fn promote(host: &Host, name: &str) -> Result<()> {
     })
 }
 
-/// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`.
-pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<()> {
+/// `oxpool hold TAG SNAP...` and `oxpool release TAG SNAP...`. A release that lets a
+/// snapshot marked by `destroy -d` go says so: unlike `zfs release`, which says nothing,
+/// since here the snapshot may be an NBD export whose clients it disconnects (a new user
+/// found a reader cut off by a silent release, where `destroy` refuses without `-f`).
+pub fn hold(
+    host: &Host,
+    con: &mut dyn Console,
+    tag: &str,
+    names: &[String],
+    release: bool,
+) -> Result<()> {
     // Checked whole before anything changes (as destroy and snapshot are): every snapshot
     // exists, is named once, and has the tag (release) or not yet (hold).
     for (i, n) in names.iter().enumerate() {
@@ -418,6 +427,17 @@ pub fn hold(host: &Host, tag: &str, names: &[String], release: bool) -> Result<(
                 let before = p.all_snapshots();
                 p.release(tag, volume, snap)?;
                 drop_gone_snapshot_exports(host, p, &before)?;
+                let gone = !p
+                    .all_snapshots()
+                    .iter()
+                    .any(|s| s.volume == volume && s.name == snap);
+                if gone {
+                    writeln!(
+                        con.out(),
+                        "{n} destroyed: destroy -d marked it, and this was its last hold \
+                         (its NBD clients, if any, are disconnected)"
+                    )?;
+                }
             } else {
                 p.hold(tag, volume, snap)?;
             }
