@@ -328,3 +328,44 @@ fn a_device_overwritten_in_place_is_replaced_by_a_new_file_at_its_path() {
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");
 }
+
+/// A served pool that opened without a device (not found at import) whose device then
+/// comes back at its path: `status` says it is back and what opens it. It said the path
+/// "holds another device of this pool", naming the device's own guid (a new user's
+/// finding); the export and import it says then take it back.
+#[test]
+fn a_device_back_at_its_path_after_the_import_is_said_to_be_back() {
+    let env = Env::new();
+    let (a, b) = (env.path("a.img"), env.path("b.img"));
+    env.ok(&[
+        "create",
+        "tank",
+        "mirror",
+        p(&a),
+        p(&b),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
+    std::fs::rename(&b, env.path("b.away")).unwrap();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(status.contains("not found at import"), "{status}");
+    std::fs::rename(env.path("b.away"), &b).unwrap();
+    let status = env.ok(&["status", "tank"]);
+    let line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with(p(&b)))
+        .unwrap_or_else(|| panic!("no b.img in:\n{status}"));
+    assert!(
+        line.contains("UNAVAIL") && line.contains("back at its path since the import"),
+        "{status}"
+    );
+    env.ok(&["export", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    env.ok(&["import", "-d", p(&env.path("")), "tank"]);
+    let status = env.ok(&["status", "tank"]);
+    assert!(!status.contains("UNAVAIL"), "{status}");
+}

@@ -153,11 +153,24 @@ pub fn explain_not_found(status: &mut oxpool_engine::PoolStatus) {
             && v.children.is_empty()
             && v.reason.as_deref() == Some(NOT_FOUND_AT_IMPORT)
         {
-            let (found, _) = DeviceFound::at(Path::new(&v.name), guid);
+            let (found, label) = DeviceFound::at(Path::new(&v.name), guid);
+            // The device's own label records it at this very path: it is this device, back
+            // since the import (a served pool opened without it). Else another device of the
+            // pool is there: import would have taken this one's own label.
+            let back = |g: u64| {
+                label.as_ref().is_some_and(|l| {
+                    l.tree
+                        .leaves()
+                        .any(|leaf| leaf.guid.0 == g && Path::new(&leaf.path) == Path::new(&v.name))
+                })
+            };
             v.reason = match found {
                 DeviceFound::Missing => return,
-                // Import would have taken this device's own label: another device of the
-                // pool is there.
+                DeviceFound::Ours(g) if back(g) => Some(
+                    "back at its path since the import (`oxpool export` and `oxpool import` \
+                     open it)"
+                        .to_string(),
+                ),
                 DeviceFound::Ours(g) => Some(format!("holds another device of this pool ({g:x})")),
                 other => Some(other.state_and_note().1),
             };
