@@ -297,17 +297,7 @@ fn a_truncated_device_is_unavail_with_why() {
 #[test]
 fn a_device_overwritten_in_place_is_replaced_by_a_new_file_at_its_path() {
     let env = Env::new();
-    let (a, c) = (env.path("a.img"), env.path("c.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&c),
-        "--size",
-        "128M",
-        "--sparse",
-    ]);
+    let (_, c) = env.mirror_tank("a.img", "c.img", "128M");
     env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
     let image = random_bytes(31, 8 * MIB);
     let source = env.path("image.in");
@@ -336,17 +326,7 @@ fn a_device_overwritten_in_place_is_replaced_by_a_new_file_at_its_path() {
 #[test]
 fn a_device_back_at_its_path_after_the_import_is_said_to_be_back() {
     let env = Env::new();
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&b),
-        "--size",
-        "64M",
-        "--sparse",
-    ]);
+    let (_, b) = env.mirror_tank("a.img", "b.img", "64M");
     env.ok(&["vol", "create", "tank/vol0", "--size", "8M"]);
     std::fs::rename(&b, env.path("b.away")).unwrap();
     let server = env.serve(&["--listen", "127.0.0.1:0"]);

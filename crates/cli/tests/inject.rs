@@ -18,18 +18,7 @@ fn p(path: &std::path::Path) -> &str {
 
 /// Pool `tank`, a mirror of a.img and b.img of `size` each (sparse); returns their paths.
 fn mirror_pool(env: &Env, size: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&b),
-        "--size",
-        size,
-        "--sparse",
-    ]);
-    (a, b)
+    env.mirror_tank("a.img", "b.img", size)
 }
 
 /// Reads the whole volume at `uri` with nbdcopy and asserts it is `image`.

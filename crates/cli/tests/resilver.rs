@@ -19,17 +19,7 @@ fn p(path: &std::path::Path) -> &str {
 /// A mirror of a.img and b.img with volume vol0 (16 MiB of 4 KiB blocks, no compression),
 /// written with `seed`'s bytes; its data cache off.
 fn mirror_with_data(env: &Env, seed: u64) -> Vec<u8> {
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        p(&a),
-        p(&b),
-        "--size",
-        "128M",
-        "--sparse",
-    ]);
+    env.mirror_tank("a.img", "b.img", "128M");
     env.ok(&[
         "vol",
         "create",

@@ -63,6 +63,23 @@ impl Env {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// Creates pool `tank`, a mirror of the sparse files `first` and `second` (in the test's
+    /// directory) of `size` each; returns their paths.
+    pub fn mirror_tank(&self, first: &str, second: &str, size: &str) -> (PathBuf, PathBuf) {
+        let (a, b) = (self.path(first), self.path(second));
+        self.ok(&[
+            "create",
+            "tank",
+            "mirror",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--size",
+            size,
+            "--sparse",
+        ]);
+        (a, b)
+    }
+
     /// Creates pool `tank` on a sparse 1 GiB file with the given volumes (name, size, extra
     /// `-o` properties). Sparse: these tests are about the protocol and the clients, and a
     /// zero-written gigabyte per test would cost CI a second each and a gigabyte of disk.
