@@ -155,7 +155,8 @@ pub enum Command {
         /// Exact sizes (bytes) with -v.
         #[arg(short = 'p')]
         parsable: bool,
-        /// POOL/VOL@SNAP (with -t: the POOL, optional: found by the token's snapshot).
+        /// POOL/VOL@SNAP (with -t: the POOL, optional: found by the token's snapshot; or
+        /// POOL/VOL, when several volumes of the pool hold the token's snapshot).
         #[arg(required_unless_present = "token")]
         snapshot: Option<String>,
     },

@@ -424,9 +424,10 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
         assert!(token.starts_with("oxp1-"), "{token}");
         token
     };
-    // The rest, sent with no pool named, received into the copy.
-    let resume = |token: &str| {
-        let rest = env.run(&["send", "-t", token]);
+    // The rest, sent with `from` named after the token (none: no pool named), received
+    // into the copy.
+    let resume = |token: &str, from: &[&str]| {
+        let rest = env.run(&[&["send", "-t", token], from].concat());
         assert!(
             rest.status.success(),
             "{}",
@@ -451,7 +452,7 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
     assert!(s && r, "send -t | recv -s failed: {err}");
     assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
     let e = env.fails(&["send", "-t", &token, "tank/vol0@one"]);
-    assert!(e.contains("name only the pool"), "{e}");
+    assert!(e.contains("name only the pool or volume"), "{e}");
     // Now both pools hold @one (a received snapshot keeps its guid): the pool must be named.
     let e = env.fails(&["send", "-t", &token]);
     assert!(
@@ -463,7 +464,7 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
     write(&env, "tank/vol0", 1 << 20, 6, 2 << 20);
     env.ok(&["snapshot", "tank/vol0@two"]);
     let token = cut_into_copy(&["send", "-i", "@one", "tank/vol0@two"]);
-    resume(&token);
+    resume(&token, &[]);
     assert!(read(&env, "dest/copy") == read(&env, "tank/vol0"));
     // A token whose snapshot no pool holds any more.
     env.ok(&["destroy", "tank/vol0@two"]);
@@ -473,6 +474,23 @@ fn send_t_finds_the_pool_holding_the_tokens_snapshot() {
         e.contains("no pool known here (dest, tank) holds the token's snapshot"),
         "{e}"
     );
+    // A copy of vol0 within tank keeps @one's guid: a token for @one then needs the volume
+    // named, which the served pool takes as it takes the pool.
+    let (s, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "tank/dup"]);
+    assert!(s && r, "send | recv within tank failed: {err}");
+    env.ok(&["vol", "destroy", "-r", "dest/copy"]);
+    let token = cut_into_copy(&["send", "tank/vol0@one"]);
+    let e = env.fails(&["send", "-t", &token]);
+    assert!(
+        e.contains("volumes tank/dup, tank/vol0 each hold a snapshot with the token's guid")
+            && e.contains("oxpool send -t TOKEN tank/dup"),
+        "{e}"
+    );
+    let e = env.fails(&["send", "-t", &token, "tank/vol0@one"]);
+    assert!(e.contains("name only the pool or volume"), "{e}");
+    resume(&token, &["tank/vol0"]);
+    // vol0 has changed since @one; dup is @one.
+    assert!(read(&env, "dest/copy") == read(&env, "tank/dup"));
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
     for pool in ["tank", "dest"] {

@@ -352,3 +352,58 @@ pub fn audit_clean(pool: &Pool, when: &str) {
         panic!("{e}");
     }
 }
+
+/// Every stream of `stream` (one after another) decoded and written again in stream format
+/// `version`, each BEGIN changed by `edit` first: the checksums are the encoder's, so only
+/// the change is wrong in it.
+pub fn reencode(
+    stream: &[u8],
+    version: u32,
+    mut edit: impl FnMut(&mut oxpool_format::StreamBegin),
+) -> Vec<u8> {
+    use oxpool_format::{StreamDecoder, StreamEncoder, StreamRecord};
+    let mut out = Vec::new();
+    let mut decoder = StreamDecoder::new();
+    let mut encoder: Option<StreamEncoder> = None;
+    let mut rest = stream;
+    while !rest.is_empty() {
+        if decoder.is_done() {
+            decoder = StreamDecoder::new();
+        }
+        let d = decoder.decode(rest).unwrap();
+        rest = &rest[d.consumed_bytes..];
+        match d.record {
+            None => {}
+            Some(StreamRecord::Begin(b)) => {
+                let mut b = b.clone();
+                edit(&mut b);
+                let (e, header) = StreamEncoder::with_version(&b, version);
+                out.extend_from_slice(&header);
+                out.extend_from_slice(b.name.as_bytes());
+                encoder = Some(e);
+            }
+            Some(StreamRecord::Data(r)) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().data(&r));
+                out.extend_from_slice(r.payload);
+            }
+            Some(StreamRecord::Free {
+                offset_bytes,
+                length_bytes,
+            }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().free(offset_bytes, length_bytes))
+            }
+            Some(StreamRecord::SetSize { volsize_bytes }) => {
+                out.extend_from_slice(&encoder.as_mut().unwrap().set_size(volsize_bytes))
+            }
+            Some(StreamRecord::End { .. }) => {
+                out.extend_from_slice(&encoder.take().unwrap().end().0);
+            }
+        }
+    }
+    out
+}
+
+/// `stream` (one stream) in the current format with its BEGIN changed by `edit`.
+pub fn with_begin(stream: &[u8], edit: impl FnMut(&mut oxpool_format::StreamBegin)) -> Vec<u8> {
+    reencode(stream, oxpool_format::stream::STREAM_VERSION, edit)
+}

@@ -269,7 +269,10 @@ fn crash_case(seed: u64) -> Result<String, String> {
         let mut rest = Vec::new();
         src.pool
             .send_what(
-                &SendWhat::Resume(&token),
+                &SendWhat::Resume {
+                    token: &token,
+                    volume: None,
+                },
                 &SendOptions::default(),
                 &mut rest,
             )

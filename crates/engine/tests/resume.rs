@@ -25,11 +25,24 @@ fn send(pool: &Pool, snap: &str, base: Option<&str>) -> Vec<u8> {
 
 /// The stream `send -t token` writes, checked against its estimate.
 fn send_resume(pool: &Pool, token: &str) -> oxpool_engine::Result<Vec<u8>> {
+    send_resume_from(pool, token, None)
+}
+
+/// [`send_resume`] naming the volume that holds the token's snapshot.
+fn send_resume_from(
+    pool: &Pool,
+    token: &str,
+    volume: Option<&str>,
+) -> oxpool_engine::Result<Vec<u8>> {
     let token: ResumeToken = token.parse().expect("a token the receiver made parses");
+    let what = SendWhat::Resume {
+        token: &token,
+        volume,
+    };
     let opts = SendOptions::default();
     let mut out = Vec::new();
-    let stats = pool.send_what(&SendWhat::Resume(&token), &opts, &mut out)?;
-    let estimate = pool.send_estimate_what(&SendWhat::Resume(&token), &opts)?;
+    let stats = pool.send_what(&what, &opts, &mut out)?;
+    let estimate = pool.send_estimate_what(&what, &opts)?;
     assert_eq!(estimate.stream_bytes, out.len() as u64);
     assert_eq!(estimate.data_records, stats.data_records);
     Ok(out)
@@ -315,4 +328,69 @@ fn stale_and_forged_tokens_are_refused_and_abort_discards() {
     assert!(dst.receive_resume_token("copy").is_none());
     assert!(!dst.receive_datasets().iter().any(|n| n == "copy%recv"));
     audit_clean(&dst, "after a cut plain receive");
+}
+
+/// A guid names a snapshot within its volume, not within the pool: another volume of the
+/// sending pool may hold a snapshot with the token's guid (a copy received within the pool,
+/// or, here, one made from a crafted stream with other bytes). `send -t` then refuses to
+/// pick one, and with the volume named continues from the blocks the receive started with.
+#[test]
+fn a_token_whose_guid_two_volumes_hold_needs_the_volume_named() {
+    let (src, _m) = source(256 * KIB, 4 * KIB, 3);
+    let full = send(&src, "a", None);
+    let guid_a = guids(&src, "src")[0].1;
+    // "dup" sorts before "src": a lookup by guid alone meets it first.
+    let other = src
+        .create_volume(
+            "other",
+            256 * KIB,
+            &[("volblocksize".into(), "4096".into())],
+        )
+        .unwrap();
+    write(&other, 0, &content(Fill::Random, 99, (128 * KIB) as usize));
+    src.snapshot(&["other@a".into()]).unwrap();
+    let mut stream = Vec::new();
+    src.send("other", "a", &SendOptions::default(), &mut stream)
+        .unwrap();
+    let crafted = with_begin(&stream, |b| b.toguid = oxpool_format::Guid(guid_a));
+    let opts = ReceiveOptions {
+        force: false,
+        resumable: false,
+    };
+    src.receive("dup", &mut crafted.as_slice(), &opts).unwrap();
+    assert_eq!(guids(&src, "dup")[0].1, guid_a);
+    assert_ne!(snap_bytes(&src, "dup", "a"), snap_bytes(&src, "src", "a"));
+
+    let (dst, _d) = mem_pool(TopVdevKind::Single, 1);
+    let ends = record_ends(&full);
+    recv_s(&dst, &full[..ends[10]], true).unwrap_err();
+    let token = dst.receive_resume_token("copy").unwrap();
+    let pool = src.name();
+    let err = send_resume(&src, &token).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{pool}/dup, {pool}/src"))
+            && err.contains("oxpool send -t TOKEN")
+            && !err.contains('\n'),
+        "{err}"
+    );
+    let err = send_resume_from(&src, &token, Some("other"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "{pool}/other has no snapshot with the token's guid"
+        )),
+        "{err}"
+    );
+    let err = send_resume_from(&src, &token, Some("gone"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not found"), "{err}");
+
+    let rest = send_resume_from(&src, &token, Some("src")).unwrap();
+    recv_s(&dst, &rest, true).unwrap();
+    assert_eq!(snap_bytes(&dst, "copy", "a"), snap_bytes(&src, "src", "a"));
+    assert_eq!(guids(&dst, "copy"), guids(&src, "src")[..1]);
+    audit_clean(&dst, "after the resume from the named volume");
+    audit_clean(&src, "the sender");
 }

@@ -640,56 +640,6 @@ fn to_version_1(stream: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Every stream of `stream` (one after another) decoded and written again in stream format
-/// `version`, each BEGIN changed by `edit` first: the checksums are the encoder's, so only
-/// the change is wrong in it.
-fn reencode(
-    stream: &[u8],
-    version: u32,
-    mut edit: impl FnMut(&mut oxpool_format::StreamBegin),
-) -> Vec<u8> {
-    use oxpool_format::{StreamDecoder, StreamEncoder, StreamRecord};
-    let mut out = Vec::new();
-    let mut decoder = StreamDecoder::new();
-    let mut encoder: Option<StreamEncoder> = None;
-    let mut rest = stream;
-    while !rest.is_empty() {
-        if decoder.is_done() {
-            decoder = StreamDecoder::new();
-        }
-        let d = decoder.decode(rest).unwrap();
-        rest = &rest[d.consumed_bytes..];
-        match d.record {
-            None => {}
-            Some(StreamRecord::Begin(b)) => {
-                let mut b = b.clone();
-                edit(&mut b);
-                let (e, header) = StreamEncoder::with_version(&b, version);
-                out.extend_from_slice(&header);
-                out.extend_from_slice(b.name.as_bytes());
-                encoder = Some(e);
-            }
-            Some(StreamRecord::Data(r)) => {
-                out.extend_from_slice(&encoder.as_mut().unwrap().data(&r));
-                out.extend_from_slice(r.payload);
-            }
-            Some(StreamRecord::Free {
-                offset_bytes,
-                length_bytes,
-            }) => {
-                out.extend_from_slice(&encoder.as_mut().unwrap().free(offset_bytes, length_bytes))
-            }
-            Some(StreamRecord::SetSize { volsize_bytes }) => {
-                out.extend_from_slice(&encoder.as_mut().unwrap().set_size(volsize_bytes))
-            }
-            Some(StreamRecord::End { .. }) => {
-                out.extend_from_slice(&encoder.take().unwrap().end().0);
-            }
-        }
-    }
-    out
-}
-
 /// Every data block's pointer of `vol` (its stored form), block by block.
 fn stored_forms(vol: &oxpool_engine::Volume) -> Vec<(oxpool_format::Compression, u32, u32, u64)> {
     let bs = u64::from(vol.block_size_bytes());
@@ -1206,11 +1156,6 @@ fn an_error_in_a_later_stream_of_the_input_is_placed_in_the_input() {
         "{err}"
     );
     assert_eq!(guids(&dst, "copy").len(), 4, "@a to @d");
-}
-
-/// `stream` (one stream) in the current format with its BEGIN changed by `edit`.
-fn with_begin(stream: &[u8], edit: impl FnMut(&mut oxpool_format::StreamBegin)) -> Vec<u8> {
-    reencode(stream, oxpool_format::stream::STREAM_VERSION, edit)
 }
 
 /// A volume received from another volume of the same pool keeps its snapshots' guids, as

@@ -104,7 +104,7 @@ fn pool_has_snapshot(host: &Host, runtime: &RuntimeDir, pool: &str, guid: u64) -
 }
 
 /// `oxpool send [-n] [-v] [-p] [-i @BASE | -I @BASE] POOL/VOL@SNAP`, or
-/// `oxpool send [-n] [-v] [-p] -t TOKEN [POOL]`.
+/// `oxpool send [-n] [-v] [-p] -t TOKEN [POOL[/VOL]]`.
 pub fn send(
     host: &Host,
     con: &mut dyn Console,
@@ -172,24 +172,33 @@ pub fn send(
     })
 }
 
-/// `oxpool send -t TOKEN [POOL]`: the rest of the stream an interrupted `recv -s` stopped
-/// in.
+/// `oxpool send -t TOKEN [POOL[/VOL]]`: the rest of the stream an interrupted `recv -s`
+/// stopped in. The volume is needed only when several volumes of the pool hold the token's
+/// snapshot guid (copies made within the pool).
 fn send_resume(
     host: &Host,
     con: &mut dyn Console,
-    pool: &str,
+    target: &str,
     token: &str,
     flags: SendFlags,
 ) -> Result<()> {
-    // The token names the snapshot; a volume or snapshot named beside it would be ignored.
-    if pool.contains(['/', '@', '#']) {
-        bail!("with -t, name only the pool that holds the token's snapshot, not {pool}");
+    // The token names the snapshot; a snapshot or bookmark named beside it would be ignored.
+    if target.contains(['@', '#']) {
+        bail!(
+            "with -t, name only the pool or volume that holds the token's snapshot, not {target}"
+        );
     }
-    let pool_name = pool;
+    let (pool_name, volume) = match target.split_once('/') {
+        Some((pool, volume)) => (pool, Some(volume)),
+        None => (target, None),
+    };
     let token: ResumeToken = token
         .parse()
         .map_err(|e| anyhow!("cannot resume send: {e}"))?;
-    let what = SendWhat::Resume(&token);
+    let what = SendWhat::Resume {
+        token: &token,
+        volume,
+    };
     let opts = SendOptions::default();
     host.with_pool(pool_name, |p| {
         if flags.dry_run || flags.verbose {

@@ -16,6 +16,7 @@ use super::Pool;
 use crate::dsl::send::{Change, ChangeWalker};
 use crate::dsl::snapshot::Snapshot;
 use crate::dsl::LongHold;
+use crate::spa::check_name;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_run::{
@@ -68,9 +69,16 @@ pub enum SendWhat<'a> {
         /// The snapshot's name after the `@`.
         snap: &'a str,
     },
-    /// `send -t TOKEN`: the stream an interrupted `recv -s` stopped in, from where it
-    /// stopped.
-    Resume(&'a ResumeToken),
+    /// `send -t TOKEN [VOLUME]`: the stream an interrupted `recv -s` stopped in, from where
+    /// it stopped.
+    Resume {
+        /// The receiver's token.
+        token: &'a ResumeToken,
+        /// The volume the interrupted stream came from, when several volumes of the pool
+        /// hold a snapshot with the token's guid (copies made by a send and receive within
+        /// the pool keep their guids): the token names the snapshot by guid only.
+        volume: Option<&'a str>,
+    },
 }
 
 /// What a send wrote (or, estimated, would write).
@@ -268,8 +276,15 @@ impl Pool {
     }
 
     /// The stream that continues an interrupted receive: `token` (a `receive_resume_token`)
-    /// names the snapshot and base by guid and the offset the receiver stopped at.
-    fn resume_legs(&self, token: &ResumeToken) -> Result<(Source, Vec<Leg>)> {
+    /// names the snapshot and base by guid and the offset the receiver stopped at; `volume`,
+    /// if given, the volume holding that snapshot.
+    ///
+    /// A guid names a snapshot within its volume, not within the pool: a copy received from
+    /// another volume of the pool keeps its guids, and a stream made by hand can give any
+    /// snapshot any guid. When several volumes hold the token's guid the resume is refused
+    /// unless `volume` names one: continuing a receive from another volume's blocks than it
+    /// started with would end in a snapshot that matches neither.
+    fn resume_legs(&self, token: &ResumeToken, volume: Option<&str>) -> Result<(Source, Vec<Leg>)> {
         let known = StreamFeatures::COMPRESSED.0 | StreamFeatures::RESUMING.0;
         if token.features.0 & !known != 0 || !token.features.contains(StreamFeatures::COMPRESSED) {
             return Err(EngineError::invalid(format!(
@@ -278,60 +293,102 @@ impl Pool {
                 token.features
             )));
         }
-        // Bounded by the pool's datasets.
-        for ds in self.dsl.all() {
-            if is_hidden(&ds.name) {
-                continue;
-            }
-            let l = ds.lineage.lock().unwrap();
-            let Some(to) = l.snapshots().iter().find(|s| s.guid == token.toguid) else {
-                continue;
-            };
-            let full_name = format!("{}@{}", ds.full_name, to.name);
-            let from = match token.fromguid {
-                None => None,
-                Some(guid) => Some(Pool::incremental_base_by_guid(&l, guid).ok_or_else(|| {
-                    EngineError::invalid(format!(
-                        "cannot resume send of {full_name}: its base (guid {:016x}) is no \
-                             longer a snapshot or bookmark of {}",
-                        guid.0, ds.full_name
-                    ))
-                })?),
-            };
-            let bs = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
-            let offset = token.offset_bytes;
-            if !offset.is_multiple_of(bs) || offset > to.volsize_bytes {
-                return Err(EngineError::invalid(format!(
-                    "cannot resume send of {full_name}: the token's offset {offset} is not a \
-                     block boundary within the volume"
+        if let Some(v) = volume {
+            check_name("volume", v)?;
+            if self.dsl.get(v).is_none() || is_hidden(v) {
+                return Err(EngineError::NotFound(format!(
+                    "volume {}/{v}",
+                    self.spa.name
                 )));
             }
-            let source = Source {
-                id: ds.id,
-                full_name: ds.full_name.clone(),
-                volblocksize_bytes: bs as u32,
-            };
-            let leg = Leg {
-                from,
-                to: to.clone(),
-                resume_offset_bytes: Some(offset),
-                _hold: self.dsl.long_hold(to.guid),
-            };
-            return Ok((source, vec![leg]));
         }
-        // Not `NotFound`, whose ": not found" would follow the sentence.
-        Err(EngineError::invalid(format!(
-            "cannot resume send: pool {} has no snapshot with the token's guid {:016x} \
-             (destroyed since, or the token is for another pool)",
-            self.spa.name, token.toguid.0
-        )))
+        // Bounded by the pool's datasets.
+        let holding: Vec<_> = self
+            .dsl
+            .all()
+            .into_iter()
+            .filter(|ds| !is_hidden(&ds.name) && volume.is_none_or(|v| ds.name == v))
+            .filter(|ds| {
+                let l = ds.lineage.lock().unwrap();
+                l.snapshots().iter().any(|s| s.guid == token.toguid)
+            })
+            .collect();
+        let ds = match holding.as_slice() {
+            [one] => one,
+            [] => {
+                // Not `NotFound`, whose ": not found" would follow the sentence.
+                return Err(EngineError::invalid(match volume {
+                    Some(v) => format!(
+                        "cannot resume send: {}/{v} has no snapshot with the token's guid \
+                         {:016x} (destroyed since, or the token is for another volume)",
+                        self.spa.name, token.toguid.0
+                    ),
+                    None => format!(
+                        "cannot resume send: pool {} has no snapshot with the token's guid \
+                         {:016x} (destroyed since, or the token is for another pool)",
+                        self.spa.name, token.toguid.0
+                    ),
+                }));
+            }
+            several => {
+                let names: Vec<&str> = several.iter().map(|ds| ds.full_name.as_str()).collect();
+                return Err(EngineError::invalid(format!(
+                    "cannot resume send: volumes {} each hold a snapshot with the token's guid \
+                     {:016x}: name the one the interrupted send came from: oxpool send -t \
+                     TOKEN {}",
+                    names.join(", "),
+                    token.toguid.0,
+                    names[0]
+                )));
+            }
+        };
+        let l = ds.lineage.lock().unwrap();
+        // Found above under an earlier hold of this lock: a destroy in between is possible.
+        let Some(to) = l.snapshots().iter().find(|s| s.guid == token.toguid) else {
+            return Err(EngineError::invalid(format!(
+                "cannot resume send: the snapshot of {} with the token's guid {:016x} was \
+                 destroyed just now",
+                ds.full_name, token.toguid.0
+            )));
+        };
+        let full_name = format!("{}@{}", ds.full_name, to.name);
+        let from = match token.fromguid {
+            None => None,
+            Some(guid) => Some(Pool::incremental_base_by_guid(&l, guid).ok_or_else(|| {
+                EngineError::invalid(format!(
+                    "cannot resume send of {full_name}: its base (guid {:016x}) is no \
+                         longer a snapshot or bookmark of {}",
+                    guid.0, ds.full_name
+                ))
+            })?),
+        };
+        let bs = u64::from(ds.props.lock().unwrap().volblocksize_bytes);
+        let offset = token.offset_bytes;
+        if !offset.is_multiple_of(bs) || offset > to.volsize_bytes {
+            return Err(EngineError::invalid(format!(
+                "cannot resume send of {full_name}: the token's offset {offset} is not a \
+                 block boundary within the volume"
+            )));
+        }
+        let source = Source {
+            id: ds.id,
+            full_name: ds.full_name.clone(),
+            volblocksize_bytes: bs as u32,
+        };
+        let leg = Leg {
+            from,
+            to: to.clone(),
+            resume_offset_bytes: Some(offset),
+            _hold: self.dsl.long_hold(to.guid),
+        };
+        Ok((source, vec![leg]))
     }
 
     /// The legs of a send of `what`.
     fn legs(&self, what: &SendWhat<'_>, opts: &SendOptions) -> Result<(Source, Vec<Leg>)> {
         match what {
             SendWhat::Snapshot { volume, snap } => self.send_legs(volume, snap, opts),
-            SendWhat::Resume(token) => self.resume_legs(token),
+            SendWhat::Resume { token, volume } => self.resume_legs(token, *volume),
         }
     }
 
