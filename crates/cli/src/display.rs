@@ -216,12 +216,14 @@ pub fn print_status(out: &mut dyn Write, s: &PoolStatus, verbose: bool) -> io::R
             "\t{:<40} {:<9} {:>5} {:>5} {:>5}{note}",
             name, v.state, v.read_errors, v.write_errors, v.checksum_errors
         )?;
+        // A count like the error counts (kept until `clear` or export), not the last scan's:
+        // said so, since the scan line above may say "repaired 0B".
         if v.repaired_bytes > 0 {
             writeln!(
                 out,
-                "\t{}  (repaired {} bytes)",
+                "\t{}  (repaired {} since the import or the last clear)",
                 "  ".repeat(depth),
-                v.repaired_bytes
+                human_bytes(v.repaired_bytes)
             )?;
         }
         for c in &v.children {

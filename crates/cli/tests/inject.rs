@@ -310,7 +310,10 @@ fn error_counts_outlive_the_command_that_found_them_until_clear_or_export() {
     // Ten checksum errors within the fault window: DEGRADED, and still so for this command.
     assert!(state == "DEGRADED" && cksum >= 10, "{status}");
     assert!(status.contains("too many checksum errors"), "{status}");
-    assert!(status.contains("(repaired "), "{status}");
+    assert!(
+        status.contains("(repaired ") && status.contains("since the import or the last clear)"),
+        "{status}"
+    );
     assert_eq!(
         state_and_counts(device_line(&status, "a.img")).3,
         0,
