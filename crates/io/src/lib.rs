@@ -24,6 +24,7 @@ mod net;
 mod prealloc;
 mod scatter;
 pub mod spare_cpu;
+pub mod warn_limit;
 
 pub use buf::{
     IoBuf, PoolReservation, IO_BUF_ALIGN_BYTES, IO_BUF_POOL_BYTES_MAX, IO_BUF_WARM_BYTES_MAX,

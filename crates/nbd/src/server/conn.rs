@@ -31,6 +31,7 @@ use std::sync::Arc;
 use oxpool_engine::{BlockState, ReadPart, Volume};
 use oxpool_io::rt;
 use oxpool_io::rt::net::{SendList, Stream};
+use oxpool_io::warn_limit::WarnLimit;
 use oxpool_io::{IoBuf, Scatter};
 
 use super::change_maps::{ChangeMaps, ExportCatalog};
@@ -953,6 +954,9 @@ fn export_access(
     tls::export_access(allow_lists, shared.tls.policy, tls_active, identity)
 }
 
+/// The bound on the log lines of refused TLS handshakes, over every connection.
+static TLS_WARNINGS: WarnLimit = WarnLimit::new(10);
+
 /// The TLS handshake after STARTTLS's ACK; the client's identity, or `None` if the
 /// connection must end (a failed handshake, shutdown, the client gone).
 async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> {
@@ -977,12 +981,22 @@ async fn start_tls(conn: &Conn, shared: &Shared) -> Option<Option<TlsIdentity>> 
         Err(err) => {
             // A warning, as an authentication failure is: a wrong key, an unknown identity,
             // a certificate the CA did not sign or that was revoked (a new user found a
-            // refused client left no trace at the default level).
-            tracing::warn!(
-                peer = %conn.stream.peer_name(),
-                %err,
-                "nbd: TLS handshake failed; closing the connection"
-            );
+            // refused client left no trace at the default level). Bounded: a client
+            // retrying in a loop would otherwise fill the log.
+            if let Some(left_out) = TLS_WARNINGS.allow() {
+                if left_out > 0 {
+                    tracing::warn!(
+                        "nbd: {left_out} more TLS handshake failures were left out of the log \
+                         (at most {} a second)",
+                        TLS_WARNINGS.per_second()
+                    );
+                }
+                tracing::warn!(
+                    peer = %conn.stream.peer_name(),
+                    %err,
+                    "nbd: TLS handshake failed; closing the connection"
+                );
+            }
             None
         }
     }
