@@ -327,8 +327,24 @@ fn vol_create_is_listed_and_vol_destroy_refuses_an_open_export_unless_forced() {
     // Refused means unchanged: still listed, still served, the client still reads.
     assert!(env.ok(&["vol", "list"]).contains("tank/v9"));
     assert!(exports(&server).contains("tank/v9"));
+    // With -r too: its snapshot stays (it went first, before the refusal, once).
+    env.ok(&["snapshot", "tank/v9@keep"]);
+    let e = env.fails(&["vol", "destroy", "-r", "tank/v9"]);
+    assert!(e.contains("it is open by 1 NBD client"), "{e}");
+    let snaps = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name"]);
+    assert!(snaps.contains("tank/v9@keep"), "{snaps}");
+    assert!(exports(&server).contains("tank/v9"));
+    // A snapshot that cannot go (held): refused before -f disconnects anyone.
+    env.ok(&["hold", "k", "tank/v9@keep"]);
+    let e = env.fails(&["vol", "destroy", "-r", "-f", "tank/v9"]);
+    assert!(e.contains("tank/v9@keep is held (k)"), "{e}");
+    assert!(exports(&server).contains("tank/v9"));
+    assert!(env
+        .ok(&["list", "-t", "snapshot", "-H", "-o", "name"])
+        .contains("tank/v9@keep"));
+    env.ok(&["release", "k", "tank/v9@keep"]);
     let other = hold(&server.uri("tank/vol0"));
-    env.ok(&["vol", "destroy", "-f", "tank/v9"]);
+    env.ok(&["vol", "destroy", "-r", "-f", "tank/v9"]);
     let said = release(client);
     assert!(said.starts_with("disconnected"), "{said}");
     assert_eq!(release(other), "still connected");

@@ -47,41 +47,32 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             recursive,
         } => {
             let (pool, v) = volume_target(&name)?;
-            if recursive {
-                // Its snapshots first (each refused, with the reason, if it cannot go).
-                let snaps: Vec<String> = host.with_pool(pool, |p| {
-                    Ok(p.snapshots(v)?.into_iter().map(|s| s.name).collect())
-                })?;
-                if !snaps.is_empty() {
-                    let spec = format!("{name}@{}", snaps.join(","));
-                    let flags = super::snapshot::DestroyFlags {
-                        force,
-                        ..Default::default()
-                    };
-                    super::snapshot::destroy(host, con, &spec, flags)?;
+            // On a served pool, out of the export table first (refused while open, unless -f),
+            // before anything is destroyed: a refusal changes nothing (its snapshots went
+            // first, before a new user found `-r` destroying them and then refusing), and no
+            // client can open it between the check and the destroy.
+            // With -r, its snapshots are checked first too (held, cloned: refused), so that
+            // -f disconnects no client for a destroy that cannot be done.
+            host.with_pool(pool, |p| {
+                p.volume(v)?;
+                if recursive {
+                    let snaps: Vec<String> = p.snapshots(v)?.into_iter().map(|s| s.name).collect();
+                    p.destroy_estimate(v, &snaps)?;
+                }
+                Ok(())
+            })?;
+            let was_exported = match host {
+                Host::Live(served) => served.unexport_volume(&name, force, Unexport::Destroy)?,
+                _ => false,
+            };
+            let destroyed = destroy_volume(host, con, &name, force, recursive);
+            if let (Err(_), true, Host::Live(served)) = (&destroyed, was_exported, host) {
+                // Back as it was: one `recv -u` or `unshare` left out stays out.
+                if let Ok(volume) = host.with_pool(pool, |p| Ok(p.volume(v)?)) {
+                    served.export_volume(volume)?;
                 }
             }
-            host.change_pool(pool, |p| {
-                let volume = p.volume(v)?;
-                if let Host::Live(served) = host {
-                    // Out of the export table first (refused while open, unless -f): no
-                    // client can open it between the check and the destroy.
-                    let was_exported = served.unexport_volume(&name, force, Unexport::Destroy)?;
-                    let before = p.all_snapshots();
-                    if let Err(e) = p.destroy_volume(v) {
-                        // Back as it was: one `recv -u` or `unshare` left out stays out.
-                        if was_exported {
-                            served.export_volume(volume)?;
-                        }
-                        return Err(e.into());
-                    }
-                    // A clone's origin marked by `destroy -d` went with it.
-                    super::snapshot::drop_gone_snapshot_exports(host, p, &before)?;
-                    return Ok(());
-                }
-                drop(volume);
-                Ok(p.destroy_volume(v)?)
-            })
+            destroyed
         }
         VolCommand::Write {
             name,
@@ -271,4 +262,39 @@ fn list(
         }
     }
     Ok(())
+}
+
+/// `vol destroy [-r] POOL/VOL` once a served volume is out of the export table: its
+/// snapshots first with `-r` (each refused, with the reason, if it cannot go), then the
+/// volume.
+fn destroy_volume(
+    host: &Host,
+    con: &mut dyn Console,
+    name: &str,
+    force: bool,
+    recursive: bool,
+) -> Result<()> {
+    let (pool, v) = volume_target(name)?;
+    if recursive {
+        let snaps: Vec<String> = host.with_pool(pool, |p| {
+            Ok(p.snapshots(v)?.into_iter().map(|s| s.name).collect())
+        })?;
+        if !snaps.is_empty() {
+            let spec = format!("{name}@{}", snaps.join(","));
+            let flags = super::snapshot::DestroyFlags {
+                force,
+                ..Default::default()
+            };
+            super::snapshot::destroy(host, con, &spec, flags)?;
+        }
+    }
+    host.change_pool(pool, |p| {
+        let before = p.all_snapshots();
+        p.destroy_volume(v)?;
+        if let Host::Live(_) = host {
+            // A clone's origin marked by `destroy -d` went with it.
+            super::snapshot::drop_gone_snapshot_exports(host, p, &before)?;
+        }
+        Ok(())
+    })
 }
