@@ -653,6 +653,42 @@ fn devices_moved_are_found_by_import_d_and_stay_found() {
     assert!(env.ok(&["vol", "list"]).contains("tank/v"));
 }
 
+/// Another pool of the same name in `-d DIR` is refused while one is imported here, which
+/// stays (a new user found the first replaced in the cache file, dropped from every list);
+/// the same pool again is still fine (it records where its devices are).
+#[test]
+fn import_of_a_second_pool_with_a_name_in_use_is_refused() {
+    let env = Env::new();
+    let other = Env::new();
+    for (e, vol) in [(&env, "tank/v"), (&other, "tank/w")] {
+        let a = e.path("a.img");
+        e.ok(&["create", "tank", p(&a), "--size", "64M", "--sparse"]);
+        e.ok(&["vol", "create", vol, "--size", "8M"]);
+    }
+    other.ok(&["export", "tank"]);
+    let e = env.fails(&["import", "-d", p(other.dir.path()), "tank"]);
+    assert!(
+        e.contains("cannot import 'tank'")
+            && e.contains("a pool with that name is imported already")
+            && e.contains("oxpool export tank")
+            && !e.trim().contains('\n'),
+        "{e}"
+    );
+    let volumes = env.ok(&["vol", "list"]);
+    assert!(
+        volumes.contains("tank/v") && !volumes.contains("tank/w"),
+        "{volumes}"
+    );
+    assert!(env
+        .ok(&["import", "-d", p(env.dir.path()), "tank"])
+        .contains("imported pool 'tank'"));
+    assert!(env.ok(&["vol", "list"]).contains("tank/v"));
+    // Once the first is exported, the second may come in.
+    env.ok(&["export", "tank"]);
+    env.ok(&["import", "-d", p(other.dir.path()), "tank"]);
+    assert!(env.ok(&["vol", "list"]).contains("tank/w"));
+}
+
 /// `import -d DIR` with no pool lists each pool with the devices its labels name that the
 /// directory lacks, and two files holding one device (an old copy beside the device), as
 /// `zpool import` shows a pool's missing devices (a new user found a pool listed as if whole

@@ -128,6 +128,21 @@ pub fn import(
     }
     match name {
         Some(n) => {
+            // Another pool of this name is imported here (another guid): importing this one
+            // would take its place in the cache file, and it would drop out of every list.
+            // Importing the same pool again only records where its devices are now.
+            if let Some(known) = cachefile::read(cache)?.into_iter().find(|p| p.name == n) {
+                let found = probe_labels(&devs);
+                let named: Vec<&_> = found.iter().filter(|f| f.name == n).collect();
+                if !named.is_empty() && !named.iter().any(|f| f.guid == known.guid) {
+                    bail!(
+                        "cannot import '{n}' (id {:x}): a pool with that name is imported \
+                         already (id {:x}); export that one first (oxpool export {n})",
+                        named[0].guid,
+                        known.guid
+                    );
+                }
+            }
             let pool = Pool::import_with(
                 devs.backends(),
                 Some(n),
