@@ -356,6 +356,43 @@ fn vol_create_is_listed_and_vol_destroy_refuses_an_open_export_unless_forced() {
     assert!(ok.success(), "{out}");
 }
 
+/// A served volume open by a client may grow, not shrink: the client was told its size, and
+/// its data past a new end would be gone while its requests there fail (a new user's
+/// finding). Once no client has it open, it shrinks.
+#[test]
+fn volsize_does_not_shrink_under_an_open_client() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let volsize = || env.ok(&["get", "-H", "-p", "-o", "value", "volsize", "tank/vol0"]);
+    let client = hold(&server.uri("tank/vol0"));
+    let e = env.fails(&["set", "volsize=8M", "tank/vol0"]);
+    assert!(
+        e.contains("cannot shrink tank/vol0 from 16M to 8M: it is open by 1 NBD client")
+            && e.contains("oxpool unshare -f tank/vol0"),
+        "{e}"
+    );
+    assert_eq!(volsize().trim(), (16u64 << 20).to_string());
+    env.ok(&["set", "volsize=32M", "tank/vol0"]);
+    assert_eq!(volsize().trim(), (32u64 << 20).to_string());
+    assert_eq!(release(client), "still connected");
+    // The server counts the connection closed once it has read the client's disconnect,
+    // which may be just after the client exits: a bounded wait for that.
+    let mut tries = 0;
+    while !env
+        .run(&["set", "volsize=8M", "tank/vol0"])
+        .status
+        .success()
+    {
+        tries += 1;
+        assert!(tries < 500, "still refused 10 s after the client left");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(volsize().trim(), (8u64 << 20).to_string());
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
 #[test]
 fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let env = Env::new();

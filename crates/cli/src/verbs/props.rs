@@ -304,10 +304,45 @@ pub fn set(host: &Host, assignment: &str, target: &str, device: Option<&str>) ->
     host.change_pool(pool, |p| {
         match (vol, device) {
             (Some(_), Some(_)) => bail!("a device belongs to a pool, not to a volume"),
-            (Some(v2), None) => p.set_volume_prop(v2, k, v)?,
+            (Some(v2), None) => {
+                if let (Host::Live(served), "volsize") = (host, k) {
+                    refuse_shrink_under_clients(served, p, v2, v)?;
+                }
+                p.set_volume_prop(v2, k, v)?
+            }
             (None, Some(d)) => p.set_device_prop(d, k, v)?,
             (None, None) => p.set_prop(k, v)?,
         }
         Ok(())
     })
+}
+
+/// A served volume's size may not shrink while NBD clients have it open: they were told
+/// the old size, and their requests past the new end would fail (EINVAL) while their data
+/// there is gone (a new user's finding). `destroy`, `rollback` and `unshare` refuse an open
+/// volume the same way; growing is fine (clients see the new size when they reconnect, as
+/// with qemu-nbd). A value that does not parse is left to the engine to refuse.
+fn refuse_shrink_under_clients(
+    served: &crate::served::Served,
+    p: &oxpool_engine::Pool,
+    volume: &str,
+    value: &str,
+) -> Result<()> {
+    let Ok(new_bytes) = oxpool_engine::props::parse_size("volsize", value) else {
+        return Ok(());
+    };
+    let old_bytes = p.volume(volume)?.size_bytes();
+    let full = format!("{}/{volume}", p.name());
+    let clients = served.clients(&full);
+    if new_bytes < old_bytes && clients > 0 {
+        bail!(
+            "cannot shrink {full} from {} to {}: it is open by {clients} NBD client \
+             connection(s), told its size is {} (disconnect them first: oxpool unshare -f \
+             {full}, then share it again)",
+            crate::human(old_bytes),
+            crate::human(new_bytes),
+            crate::human(old_bytes)
+        );
+    }
+    Ok(())
 }
