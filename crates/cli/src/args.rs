@@ -272,7 +272,8 @@ pub enum Command {
         /// clones, creation, createtxg, guid, volsize, userrefs).
         #[arg(short = 'o', value_name = "COLUMNS", requires = "types")]
         columns: Option<String>,
-        /// Pools (default: every pool the cache file knows).
+        /// Pools (default: every pool the cache file knows), or datasets: POOL/VOL (the
+        /// volume; with -t snapshot its snapshots), POOL/VOL@SNAP, POOL/VOL#BOOKMARK.
         pools: Vec<String>,
     },
     /// Read and verify every copy of every block, repairing bad copies from good ones; or

@@ -243,8 +243,35 @@ type Header = Box<dyn Fn(&mut dyn console::Console) -> Result<()>>;
 
 /// `list`, `status` and `vol list` over several pools: the header once, then each pool's
 /// lines from wherever the pool is (its server, or opened here).
-fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32> {
+fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32> {
     let mut con = LocalConsole::new();
+    // `list tank/vol0` (no -t) lists that volume, as `zfs list tank/vol0`; a snapshot or
+    // bookmark named lists it: the types named, not the pools.
+    if let Command::List {
+        types: types @ None,
+        pools,
+        ..
+    } = &mut command
+    {
+        let mut named = Vec::new();
+        for n in pools.iter() {
+            let kind = if n.contains('@') {
+                "snapshot"
+            } else if n.contains('#') {
+                "bookmark"
+            } else if n.contains('/') {
+                "volume"
+            } else {
+                continue;
+            };
+            if !named.contains(&kind) {
+                named.push(kind);
+            }
+        }
+        if !named.is_empty() {
+            *types = Some(named.join(","));
+        }
+    }
     let (named, scripted, header): (Vec<String>, bool, Option<Header>) = match &command {
         Command::List {
             pools,
@@ -281,6 +308,8 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
         _ => unreachable!("each_pool is for list, status and vol list"),
     };
     let names = verbs::pool::listed(local, &named)?;
+    // `list` takes datasets too (`tank/vol0`, `tank/vol0@snap`): each goes to its pool.
+    let pool_part = |n: &str| n.split(['/', '@', '#']).next().unwrap_or(n).to_string();
     if let (Command::Status { .. }, true) = (&command, names.is_empty()) {
         use std::io::Write;
         writeln!(std::io::stdout(), "no pools")?;
@@ -289,9 +318,10 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
     // Pools neither served nor known here first: each fails with why, and with no header
     // if no pool is left to list, as `zpool list nosuch` says only that it does not exist.
     let known = local.known_pools()?;
-    let (unknown, names): (Vec<String>, Vec<String>) = names
-        .into_iter()
-        .partition(|n| !known.contains(n) && matches!(runtime.server_of(n), Ok(Found::None)));
+    let (unknown, names): (Vec<String>, Vec<String>) = names.into_iter().partition(|n| {
+        let pool = pool_part(n);
+        !known.contains(&pool) && matches!(runtime.server_of(&pool), Ok(Found::None))
+    });
     let listing_pools = matches!(&command, Command::List { types: None, .. });
     if listing_pools && !scripted && named.is_empty() && names.is_empty() {
         use std::io::Write;
@@ -343,7 +373,7 @@ fn each_pool(command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32
             _ => unreachable!(),
         };
         // A pool that cannot be listed is reported, and the others are listed still.
-        let done = match runtime.server_of(&name) {
+        let done = match runtime.server_of(&pool_part(&name)) {
             Ok(Found::Server(socket, stream)) => {
                 control::client::forward(stream, &socket, command_line(&one)).map(|code| code == 0)
             }

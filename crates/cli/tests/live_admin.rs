@@ -393,6 +393,73 @@ fn volsize_does_not_shrink_under_an_open_client() {
     assert!(ok.success(), "{out}");
 }
 
+/// `list` takes datasets as `zfs list` does: a volume lists itself (its snapshots with
+/// `-t snapshot`), a snapshot itself, a name that does not exist is an error; `creation` is
+/// a date unless -p. The same with and without a server (a new user found `list tank/v`
+/// refused as no pool, and on a served pool an internal path in the error).
+#[test]
+fn list_takes_volumes_and_snapshots_by_name() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    env.ok(&["snapshot", "tank/a@s1"]);
+    env.ok(&["snapshot", "tank/b@s2"]);
+    let check = |served: &str| {
+        let names = |args: &[&str]| -> Vec<String> {
+            let out = env.ok(&[&["list", "-H", "-o", "name"][..], args].concat());
+            out.lines().map(str::to_string).collect()
+        };
+        assert_eq!(names(&["-t", "volume", "tank/a"]), ["tank/a"], "{served}");
+        assert_eq!(
+            env.ok(&["list", "-H", "tank/a"]).lines().count(),
+            1,
+            "{served}"
+        );
+        assert!(
+            env.ok(&["list", "-H", "tank/a"]).starts_with("tank/a\t"),
+            "{served}"
+        );
+        assert_eq!(
+            names(&["-t", "snapshot", "tank/a"]),
+            ["tank/a@s1"],
+            "{served}"
+        );
+        assert_eq!(
+            names(&["-t", "all", "tank/b"]),
+            ["tank/b", "tank/b@s2"],
+            "{served}"
+        );
+        assert_eq!(
+            names(&["-t", "snapshot", "tank/b@s2"]),
+            ["tank/b@s2"],
+            "{served}"
+        );
+        let e = env.fails(&["list", "tank/nosuch"]);
+        assert!(
+            e.contains("nosuch") && !e.contains(".run/"),
+            "{served}: {e}"
+        );
+        let e = env.fails(&["list", "tank/a@nosuch"]);
+        assert!(
+            e.contains("nosuch") && !e.contains(".run/"),
+            "{served}: {e}"
+        );
+        let dated = env.ok(&["list", "-H", "-t", "snapshot", "-o", "creation", "tank/a"]);
+        assert!(
+            dated.trim().ends_with(|c: char| c.is_ascii_digit()) && dated.contains(':'),
+            "{dated}"
+        );
+        let secs = env.ok(&[
+            "list", "-H", "-p", "-t", "snapshot", "-o", "creation", "tank/a",
+        ]);
+        assert!(secs.trim().parse::<u64>().is_ok(), "{secs}");
+    };
+    check("not served");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    check("served");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
 #[test]
 fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let env = Env::new();

@@ -640,6 +640,7 @@ impl Column {
             Column::Name => (32, true),
             Column::Origin | Column::Clones => (24, true),
             Column::Type => (8, true),
+            Column::Creation => (24, true),
             Column::Guid => (20, false),
             _ => (10, false),
         }
@@ -651,6 +652,16 @@ fn written_since(p: &Pool, target: &str, snap: &str, exact: bool) -> String {
     match p.written_since(target, snap) {
         Ok(bytes) => size(bytes, exact),
         Err(_) => "-".into(),
+    }
+}
+
+/// A `creation` cell: the date, as `get creation` shows it; seconds since the epoch with -p
+/// (as `zfs list -p`).
+fn creation(secs: u64, exact: bool) -> String {
+    if exact {
+        secs.to_string()
+    } else {
+        crate::display::date(secs.saturating_mul(1_000_000_000))
     }
 }
 
@@ -689,7 +700,43 @@ pub fn datasets_header(con: &mut dyn Console, columns: &str) -> Result<()> {
     Ok(())
 }
 
-/// `oxpool list -t TYPES [-o COLUMNS] [-H] [-p] [POOL...]`: volumes and snapshots.
+/// Which datasets of a pool `list` shows, from the name it was given.
+#[derive(Default)]
+struct DatasetFilter {
+    /// Only this volume's (and its snapshots' or bookmarks').
+    volume: Option<String>,
+    /// Only this snapshot of it.
+    snapshot: Option<String>,
+    /// Only this bookmark of it.
+    bookmark: Option<String>,
+}
+
+impl DatasetFilter {
+    /// From `POOL`, `POOL/VOL`, `POOL/VOL@SNAP` or `POOL/VOL#BOOKMARK`.
+    fn parse(target: &str) -> DatasetFilter {
+        let Some((_, rest)) = target.split_once('/') else {
+            return DatasetFilter::default();
+        };
+        let (volume, snapshot, bookmark) = match (rest.split_once('@'), rest.split_once('#')) {
+            (Some((v, s)), _) => (v, Some(s.to_string()), None),
+            (None, Some((v, b))) => (v, None, Some(b.to_string())),
+            (None, None) => (rest, None, None),
+        };
+        DatasetFilter {
+            volume: Some(volume.to_string()),
+            snapshot,
+            bookmark,
+        }
+    }
+
+    /// Whether the volume's own row is wanted (not only one of its snapshots or bookmarks).
+    fn wants_volume_row(&self) -> bool {
+        self.snapshot.is_none() && self.bookmark.is_none()
+    }
+}
+
+/// `oxpool list -t TYPES [-o COLUMNS] [-H] [-p] [POOL|POOL/VOL[@SNAP|#BOOKMARK]...]`:
+/// volumes, snapshots and bookmarks.
 #[allow(clippy::too_many_arguments)]
 pub fn list_datasets(
     host: &Host,
@@ -707,12 +754,35 @@ pub fn list_datasets(
         .collect::<Result<_>>()?;
     let mut all_rows = Vec::new();
     let mut failed = Vec::new();
-    for name in super::pool::listed(host, pools)? {
+    for target in super::pool::listed(host, pools)? {
+        // POOL, or a dataset of it: POOL/VOL (the volume, and its snapshots or bookmarks
+        // with -t), POOL/VOL@SNAP or POOL/VOL#BOOKMARK (that one).
+        let name = target
+            .split(['/', '@', '#'])
+            .next()
+            .unwrap_or(&target)
+            .to_string();
+        let wanted = DatasetFilter::parse(&target);
         let rows = host.with_pool(&name, |p| {
             let mut rows: Vec<Vec<String>> = Vec::new();
+            if let Some(v) = &wanted.volume {
+                // As `zfs list`: a dataset named that does not exist is an error.
+                p.volume(v)?;
+                if let Some(s) = &wanted.snapshot {
+                    p.snapshot_volume(v, s)?;
+                }
+                if let Some(b) = &wanted.bookmark {
+                    if !p.bookmarks(v)?.iter().any(|x| x.name == *b) {
+                        bail!("{target}: no such bookmark");
+                    }
+                }
+            }
             for vol in p.volumes() {
                 let v = vol.name().to_string();
-                if types.volumes {
+                if wanted.volume.as_ref().is_some_and(|w| *w != v) {
+                    continue;
+                }
+                if types.volumes && wanted.wants_volume_row() {
                     let s = p.dataset_space(&v)?;
                     let value = |c: &Column| match c {
                         Column::Name => vol.full_name().to_string(),
@@ -726,15 +796,18 @@ pub fn list_datasets(
                         Column::UsedBySnapshots => size(s.used_by_snapshots_bytes, exact),
                         Column::Origin => s.origin.clone().unwrap_or_else(|| "-".into()),
                         Column::Clones | Column::UserRefs => "-".into(),
-                        Column::Creation => s.creation_s.to_string(),
+                        Column::Creation => creation(s.creation_s, exact),
                         Column::CreateTxg => s.createtxg.to_string(),
                         Column::Guid => s.guid.to_string(),
                         Column::Volsize => size(vol.size_bytes(), exact),
                     };
                     rows.push(cols.iter().map(value).collect());
                 }
-                if types.snapshots {
+                if types.snapshots && wanted.bookmark.is_none() {
                     for s in p.snapshots(&v)? {
+                        if wanted.snapshot.as_ref().is_some_and(|w| *w != s.name) {
+                            continue;
+                        }
                         let value = |c: &Column| match c {
                             Column::Name => format!("{}@{}", vol.full_name(), s.name),
                             Column::Type => "snapshot".into(),
@@ -750,7 +823,7 @@ pub fn list_datasets(
                             }
                             Column::Clones if s.clones.is_empty() => "-".into(),
                             Column::Clones => s.clones.join(","),
-                            Column::Creation => s.creation_s.to_string(),
+                            Column::Creation => creation(s.creation_s, exact),
                             Column::CreateTxg => s.createtxg.to_string(),
                             Column::Guid => s.guid.to_string(),
                             Column::Volsize => size(s.volsize_bytes, exact),
@@ -759,13 +832,16 @@ pub fn list_datasets(
                         rows.push(cols.iter().map(value).collect());
                     }
                 }
-                if types.bookmarks {
+                if types.bookmarks && wanted.snapshot.is_none() {
                     for b in p.bookmarks(&v)? {
+                        if wanted.bookmark.as_ref().is_some_and(|w| *w != b.name) {
+                            continue;
+                        }
                         // A bookmark holds no block: no space figure is its own.
                         let value = |c: &Column| match c {
                             Column::Name => format!("{}#{}", vol.full_name(), b.name),
                             Column::Type => "bookmark".into(),
-                            Column::Creation => b.creation_s.to_string(),
+                            Column::Creation => creation(b.creation_s, exact),
                             Column::CreateTxg => b.txg.to_string(),
                             Column::Guid => b.guid.to_string(),
                             Column::Volsize => size(b.volsize_bytes, exact),
