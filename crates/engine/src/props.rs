@@ -622,22 +622,61 @@ fn parse_u64(name: &str, value: &str) -> Result<u64> {
         .map_err(|_| EngineError::invalid(format!("bad value '{value}' for {name}: not a number")))
 }
 
-/// Parses a size with an optional binary suffix: `512`, `16K`, `64M`, `10G`, `1T`.
+/// Parses a size as `zfs` does: a number of bytes, or a number (a fraction allowed) with a
+/// binary suffix, any case, optionally followed by `B` or `iB`: `512`, `16K`, `64M`, `1.5G`,
+/// `10GB`, `1TiB`, `2P`, `1E`. A size that is not a whole number of bytes is refused.
 pub fn parse_size(name: &str, value: &str) -> Result<u64> {
-    let v = value.trim();
-    let (digits, shift) = match v.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&v[..v.len() - 1], 10),
-        Some('M') => (&v[..v.len() - 1], 20),
-        Some('G') => (&v[..v.len() - 1], 30),
-        Some('T') => (&v[..v.len() - 1], 40),
-        _ => (v, 0),
+    let bad = || {
+        EngineError::invalid(format!(
+            "bad size '{value}' for {name}: expected bytes, or a number with K, M, G, T, P or E \
+             (binary: 16K, 1.5G, 10GiB)"
+        ))
     };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| EngineError::invalid(format!("bad size '{value}' for {name}")))?;
-    n.checked_shl(shift)
-        .filter(|r| r >> shift == n)
-        .ok_or_else(|| EngineError::invalid(format!("size '{value}' for {name} is too large")))
+    let v = value.trim();
+    let number_end = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (number, suffix) = v.split_at(number_end);
+    let shift: u32 = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        "P" | "PB" | "PIB" => 50,
+        "E" | "EB" | "EIB" => 60,
+        _ => return Err(bad()),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    // Bounded: u64 has 20 digits; more fraction digits than 2^60 needs change nothing.
+    if whole.is_empty() && fraction.is_empty()
+        || whole.len() > 20
+        || fraction.len() > 19
+        || !fraction.bytes().all(|b| b.is_ascii_digit())
+    {
+        return Err(bad());
+    }
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| bad())?
+    };
+    let scaled_fraction: u128 = if fraction.is_empty() {
+        0
+    } else {
+        let digits: u128 = fraction.parse().map_err(|_| bad())?;
+        let denominator = 10u128.pow(fraction.len() as u32);
+        let scaled = digits << shift;
+        if scaled % denominator != 0 {
+            return Err(EngineError::invalid(format!(
+                "size '{value}' for {name} is not a whole number of bytes"
+            )));
+        }
+        scaled / denominator
+    };
+    let bytes = (whole << shift) + scaled_fraction;
+    u64::try_from(bytes)
+        .map_err(|_| EngineError::invalid(format!("size '{value}' for {name} is too large")))
 }
 
 #[cfg(test)]
@@ -651,6 +690,34 @@ mod tests {
         assert_eq!(parse_size("x", "64m").unwrap(), 64 << 20);
         assert!(parse_size("x", "12Q").is_err());
         assert!(parse_size("x", "99999999999T").is_err());
+        // As zfs: fractions, P and E, and B or iB after the unit.
+        assert_eq!(parse_size("x", "1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("x", "0.5k").unwrap(), 512);
+        assert_eq!(parse_size("x", ".25M").unwrap(), 1 << 18);
+        assert_eq!(parse_size("x", "100MB").unwrap(), 100 << 20);
+        assert_eq!(parse_size("x", "100MiB").unwrap(), 100 << 20);
+        assert_eq!(parse_size("x", "1P").unwrap(), 1 << 50);
+        assert_eq!(parse_size("x", "8E").unwrap(), 8 << 60);
+        assert_eq!(parse_size("x", "4096B").unwrap(), 4096);
+        let e = parse_size("x", "16E").unwrap_err().to_string();
+        assert!(e.contains("too large"), "{e}");
+        let e = parse_size("x", "1.5").unwrap_err().to_string();
+        assert!(e.contains("not a whole number of bytes"), "{e}");
+        let e = parse_size("x", "1.1K").unwrap_err().to_string();
+        assert!(e.contains("not a whole number of bytes"), "{e}");
+        for bad in [
+            "", ".", "1..5G", "1.5.G", "-1", "1 G", "G", "1GG", "1KiBB", "1e3",
+        ] {
+            let e = parse_size("x", bad).unwrap_err().to_string();
+            assert!(e.contains("bad size") && e.contains("1.5G"), "{bad}: {e}");
+        }
+        assert_eq!(
+            parse_size("x", "18446744073709551615").unwrap(),
+            u64::MAX,
+            "the largest"
+        );
+        assert!(parse_size("x", "18446744073709551616").is_err());
+        assert!(parse_size("x", "99999999999999999999999E").is_err());
     }
 
     #[test]
