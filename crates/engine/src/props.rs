@@ -667,7 +667,7 @@ pub fn parse_size(name: &str, value: &str) -> Result<u64> {
         let digits: u128 = fraction.parse().map_err(|_| bad())?;
         let denominator = 10u128.pow(fraction.len() as u32);
         let scaled = digits << shift;
-        if scaled % denominator != 0 {
+        if !scaled.is_multiple_of(denominator) {
             return Err(EngineError::invalid(format!(
                 "size '{value}' for {name} is not a whole number of bytes"
             )));
