@@ -137,6 +137,15 @@ fn scrub_pause_resume_stop_and_wait_with_status_lines() {
     env.ok(&["inject", "-d", "a.img", "-D", "20", "-T", "read", "tank"]);
     let started = env.ok(&["scrub", "tank"]);
     assert!(started.contains("started"), "{started}");
+    // Status says what carries it on, with no server (a new user saw one "in progress" at
+    // 0.09 % across commands and took it for stuck).
+    let waiting = env.ok(&["status", "tank"]);
+    assert!(
+        waiting.contains("scrub in progress since")
+            && waiting.contains("no server has the pool open, so the scrub advances only")
+            && waiting.contains("oxpool scrub -w tank"),
+        "{waiting}"
+    );
     env.ok(&["scrub", "-p", "tank"]);
     assert!(env.ok(&["status", "tank"]).contains("scrub paused since"));
     env.ok(&["scrub", "-s", "tank"]);

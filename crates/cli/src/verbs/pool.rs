@@ -661,6 +661,21 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
         match host.with_pool(&name, |p| Ok(p.status())) {
             Ok(mut s) => {
                 super::unavailable::explain_not_found(&mut s);
+                // With no server, a scan advances only while a command has the pool open:
+                // said, or a resilver "in progress" at 0.09% across commands looks stuck (a
+                // new user).
+                let scanning = s.scan.as_ref().filter(|c| c.state == ScanState::Scanning);
+                if let (Host::Local { .. }, Some(scan)) = (host, scanning) {
+                    let also = match scan.kind {
+                        ScanKind::Scrub => format!(", or `oxpool scrub -w {name}` here"),
+                        _ => String::new(),
+                    };
+                    s.reasons.push(format!(
+                        "no server has the pool open, so the {} advances only while a command \
+                         does: `oxpool serve` carries it on{also}",
+                        scan.kind.as_str()
+                    ));
+                }
                 print_status(con.out(), &s, verbose)?
             }
             Err(e) => print_unavailable(con.out(), &name, &unavailable(host, &name, e)?)?,
