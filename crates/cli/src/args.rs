@@ -450,16 +450,15 @@ pub enum Command {
         /// A device of POOL (its path): read the device's property.
         device: Option<String>,
     },
-    /// Set a property: `oxpool set sync=always tank/vol0`, `oxpool set scheduler=off tank`
-    /// (every device), `oxpool set scheduler=on tank /dev/sdb` (one device; `inherit` to
-    /// follow the pool's again).
+    /// Set properties: `oxpool set sync=always tank/vol0`, `oxpool set sync=always
+    /// compression=zstd tank/vol0` (all or none), `oxpool set scheduler=off tank` (every
+    /// device), `oxpool set scheduler=on tank /dev/sdb` (one device; `inherit` to follow the
+    /// pool's again).
     Set {
-        /// name=value.
-        assignment: String,
-        /// POOL or POOL/VOL.
-        target: String,
-        /// A device of POOL (its path): set the device's property.
-        device: Option<String>,
+        /// PROP=VALUE... then POOL or POOL/VOL, then (for a device's property) the device of
+        /// POOL (its path).
+        #[arg(value_name = "PROP=VALUE... TARGET [DEVICE]", num_args = 2.., required = true)]
+        words: Vec<String>,
     },
     /// I/O statistics of a served pool: operations, bandwidth and latency per pool, device and
     /// volume; CPU time, context switches and completions per I/O; the vdev queues; the

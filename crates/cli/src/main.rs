@@ -146,7 +146,12 @@ fn target(command: &Command) -> Target {
         | Command::Hold { names, .. }
         | Command::Release { names, .. }
         | Command::Holds { names } => pool_of(names.first().map_or("", |n| n.as_str())),
-        Command::Get { target, .. } | Command::Set { target, .. } => pool_of(target),
+        Command::Get { target, .. } => pool_of(target),
+        // A line that does not parse is refused, with why, here.
+        Command::Set { words } => match verbs::props::set_words(words) {
+            Ok((_, target, _)) => pool_of(target),
+            Err(_) => Target::Here,
+        },
         Command::Vol { command } => match command {
             VolCommand::List { .. } => Target::EachPool,
             VolCommand::Create { name, .. }

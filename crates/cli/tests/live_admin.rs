@@ -460,6 +460,56 @@ fn list_takes_volumes_and_snapshots_by_name() {
     assert!(ok.success(), "{out}");
 }
 
+/// `set` takes several assignments, as `zfs set`, all or none: one refused sets the others
+/// back (a new user's `set readonly=off sync=standard tank/v0` was refused as "pool
+/// 'sync=standard' not found"). The same with and without a server.
+#[test]
+fn set_takes_several_assignments_all_or_none() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let values = |props: &str| env.ok(&["get", "-H", "-o", "value", props, "tank/vol0"]);
+    let check = |served: &str| {
+        env.ok(&["set", "sync=always", "compression=zstd", "tank/vol0"]);
+        assert_eq!(values("sync,compression"), "always\nzstd\n", "{served}");
+        // volsize goes last; a bad value after good ones undoes them.
+        let e = env.fails(&[
+            "set",
+            "sync=disabled",
+            "volsize=32M",
+            "checksum=md5",
+            "tank/vol0",
+        ]);
+        assert!(e.contains("md5"), "{served}: {e}");
+        assert_eq!(
+            values("sync,volsize,checksum"),
+            "always\n16M\nxxh3-128\n",
+            "{served}"
+        );
+        let e = env.fails(&["set", "sync=disabled", "sync=always", "tank/vol0"]);
+        assert!(e.contains("set twice"), "{served}: {e}");
+        let e = env.fails(&["set", "sync=disabled", "tank/vol0", "tank/other", "x"]);
+        assert!(e.contains("unexpected 'x'"), "{served}: {e}");
+        env.ok(&[
+            "set",
+            "sync=standard",
+            "compression=lz4",
+            "volsize=24M",
+            "tank/vol0",
+        ]);
+        assert_eq!(
+            values("sync,compression,volsize"),
+            "standard\nlz4\n24M\n",
+            "{served}"
+        );
+        env.ok(&["set", "volsize=16M", "tank/vol0"]);
+    };
+    check("not served");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    check("served");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
 #[test]
 fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let env = Env::new();

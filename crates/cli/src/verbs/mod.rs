@@ -6,7 +6,7 @@
 
 pub mod device;
 pub mod pool;
-mod props;
+pub mod props;
 pub mod send;
 mod share;
 pub mod snapshot;
@@ -236,11 +236,10 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             };
             props::get(host, con, &prop, &target, device.as_deref(), style)
         }
-        Command::Set {
-            assignment,
-            target,
-            device,
-        } => props::set(host, &assignment, &target, device.as_deref()),
+        Command::Set { words } => {
+            let (assignments, target, device) = props::set_words(&words)?;
+            props::set(host, &assignments, target, device)
+        }
         Command::Iostat {
             latency,
             histograms,

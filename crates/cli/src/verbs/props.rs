@@ -293,25 +293,97 @@ pub fn get(
     Ok(())
 }
 
-/// `oxpool set PROP=VALUE TARGET [DEVICE]`: takes effect for the next request of a served
-/// pool (e.g. `sync=always`: the next write is durable before it is answered).
-pub fn set(host: &Host, assignment: &str, target: &str, device: Option<&str>) -> Result<()> {
-    let (k, v) = split_assignment(assignment)?;
+/// The words of `oxpool set`: the assignments (each `PROP=VALUE`), the target, and the
+/// device if one is named.
+pub fn set_words(words: &[String]) -> Result<(Vec<&str>, &str, Option<&str>)> {
+    let assignments: Vec<&str> = words
+        .iter()
+        .map(String::as_str)
+        .take_while(|w| w.contains('='))
+        .collect();
+    let rest = &words[assignments.len()..];
+    match (assignments.is_empty(), rest) {
+        (true, _) => bail!("expected PROP=VALUE, got '{}'", words[0]),
+        (false, []) => bail!("name what to set: oxpool set PROP=VALUE... POOL[/VOL] [DEVICE]"),
+        (false, [target]) => Ok((assignments, target, None)),
+        (false, [target, device]) => Ok((assignments, target, Some(device))),
+        (false, [_, _, extra, ..]) => bail!(
+            "unexpected '{extra}': oxpool set PROP=VALUE... POOL[/VOL] [DEVICE] (one target; \
+             every PROP=VALUE before it)"
+        ),
+    }
+}
+
+/// `oxpool set PROP=VALUE... TARGET [DEVICE]`: takes effect for the next request of a
+/// served pool (e.g. `sync=always`: the next write is durable before it is answered).
+/// Several are set all or none: if one is refused, those set before it get their old values
+/// back. `volsize` goes last, since a shrink cannot be undone.
+pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>) -> Result<()> {
+    let mut pairs = Vec::with_capacity(assignments.len());
+    for a in assignments {
+        let (k, v) = split_assignment(a)?;
+        if pairs.iter().any(|(seen, _)| *seen == k) {
+            bail!("property '{k}' is set twice");
+        }
+        pairs.push((k, v));
+    }
+    pairs.sort_by_key(|(k, _)| *k == "volsize");
     let (pool, vol) = split_target(target);
-    if vol.is_none() && device.is_none() && POOL_STAT_NAMES.contains(&k) {
+    if let Some((k, _)) = pairs
+        .iter()
+        .find(|(k, _)| vol.is_none() && device.is_none() && POOL_STAT_NAMES.contains(k))
+    {
         bail!("property '{k}' is read-only");
     }
     host.change_pool(pool, |p| {
-        match (vol, device) {
-            (Some(_), Some(_)) => bail!("a device belongs to a pool, not to a volume"),
-            (Some(v2), None) => {
-                if let (Host::Live(served), "volsize") = (host, k) {
-                    refuse_shrink_under_clients(served, p, v2, v)?;
+        // The value to restore each property to: read before it changes.
+        let old = |k: &str| -> Result<String> {
+            Ok(match (vol, device) {
+                (Some(v2), _) => p.volume(v2)?.props().get(k)?,
+                (None, Some(d)) => match p.get_device_prop(d, k)? {
+                    (value, "local") => value,
+                    _ => "inherit".to_string(),
+                },
+                (None, None) => p.get_prop(k)?,
+            })
+        };
+        let apply = |k: &str, v: &str| -> Result<()> {
+            match (vol, device) {
+                (Some(_), Some(_)) => bail!(
+                    "a device belongs to a pool, not to a volume: oxpool set PROP=VALUE POOL \
+                     DEVICE"
+                ),
+                (Some(v2), None) => {
+                    if let (Host::Live(served), "volsize") = (host, k) {
+                        refuse_shrink_under_clients(served, p, v2, v)?;
+                    }
+                    p.set_volume_prop(v2, k, v)?
                 }
-                p.set_volume_prop(v2, k, v)?
+                (None, Some(d)) => p.set_device_prop(d, k, v)?,
+                (None, None) => p.set_prop(k, v)?,
             }
-            (None, Some(d)) => p.set_device_prop(d, k, v)?,
-            (None, None) => p.set_prop(k, v)?,
+            Ok(())
+        };
+        let mut done: Vec<(&str, String)> = Vec::new();
+        for (k, v) in &pairs {
+            let before = if pairs.len() > 1 {
+                old(k)
+            } else {
+                Ok(String::new())
+            };
+            let result = before.and_then(|before| apply(k, v).map(|()| before));
+            match result {
+                Ok(before) => done.push((k, before)),
+                Err(e) => {
+                    // Back as it was, newest first; a failure there is named with the first.
+                    for (k, before) in done.iter().rev() {
+                        if let Err(undo) = apply(k, before) {
+                            bail!("{e:#}; and {k} could not be set back to {before}: {undo:#}");
+                        }
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     })
