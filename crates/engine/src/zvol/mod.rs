@@ -1221,11 +1221,18 @@ impl Volume {
         // writer waits (or gets ENOSPC) if the worst case does not fit.
         let costs = self.space_costs();
         let mut space = ClassBytes::default();
-        let _admission = self
-            .pool
-            .wait_for_space(costs.worst(first_b, last_b), false)
-            .await?;
-        let hold = self.pool.txg.hold(length_bytes.max(bs)).await?;
+        // Zeros dirty their two edge blocks at most: the whole blocks between become a free
+        // range, which costs only the indirect blocks at its ends. Counted as data, a zero
+        // larger than the pool's free space was refused (ENOSPC) while it gives space back,
+        // and one larger than the dirty limit waited for a sync it did not need.
+        let (worst, dirty_bytes) = if zeros {
+            let edges = costs.worst(first_b, first_b) + costs.worst(last_b, last_b);
+            (edges + costs.worst_free(), length_bytes.min(2 * bs))
+        } else {
+            (costs.worst(first_b, last_b), length_bytes.max(bs))
+        };
+        let _admission = self.pool.wait_for_space(worst, false).await?;
+        let hold = self.pool.txg.hold(dirty_bytes.max(bs)).await?;
         {
             let mut d = self.vol.data().dirty.lock().unwrap();
             // The newest state of the partial blocks new to this txg, which start from it,
