@@ -277,6 +277,42 @@ fn nbdcopy_with_several_connections_is_identical() {
     assert!(status.success(), "{output}");
 }
 
+/// nbdcopy of a sparse image onto a volume full of data: it zeroes each hole in one
+/// WRITE_ZEROES of the hole's length, here 112 MiB, past the 32 MiB maximum block size that
+/// bounds payloads (a new user's copy failed with "Invalid argument" when the server bounded
+/// zeroes by it too). The volume ends as the image, holes read as zeros.
+#[test]
+fn nbdcopy_of_a_sparse_image_zeroes_holes_larger_than_a_block() {
+    let env = Env::new();
+    env.tank(&[("vol0", "128M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    let full = env.path("full.raw");
+    std::fs::write(&full, random_bytes(3, 128 * MIB)).unwrap();
+    tool("nbdcopy", &[full.to_str().unwrap(), &uri]);
+    // 8 MiB of data, a 112 MiB hole, 8 MiB of data.
+    let sparse = env.path("sparse.raw");
+    let mut image = vec![0u8; 128 * MIB];
+    image[..8 * MIB].copy_from_slice(&random_bytes(4, 8 * MIB));
+    image[120 * MIB..].copy_from_slice(&random_bytes(5, 8 * MIB));
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::File::create(&sparse).unwrap();
+        f.write_all(&image[..8 * MIB]).unwrap();
+        f.seek(SeekFrom::Start((120 * MIB) as u64)).unwrap();
+        f.write_all(&image[120 * MIB..]).unwrap();
+    }
+    tool("nbdcopy", &[sparse.to_str().unwrap(), &uri]);
+    let back = env.path("back.raw");
+    tool("nbdcopy", &[&uri, back.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&back).unwrap() == image,
+        "bytes differ after nbdcopy of the sparse image"
+    );
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+}
+
 #[test]
 fn fio_random_read_write_with_crc32c_verify() {
     let env = Env::new();

@@ -239,6 +239,17 @@ fn start() -> (Handshake, Vec<u8>) {
     (Handshake::new(exports()), client_flags(FIXED_NO_ZEROES))
 }
 
+/// A handshake offering "vol0" alone: the one an empty export name selects.
+fn start_one() -> (Handshake, Vec<u8>) {
+    let mut exports = exports();
+    exports.truncate(1);
+    (Handshake::new(exports), client_flags(FIXED_NO_ZEROES))
+}
+
+/// The error reply to an empty export name when several exports are offered.
+const SEVERAL_EXPORTS: &[u8] = b"several exports are offered, so an empty export name \
+    selects none: name one (nbdinfo --list shows them)";
+
 // ---------------------------------------------------------------------------------------
 // Greeting and client flags.
 
@@ -305,7 +316,7 @@ fn export_name_with_no_zeroes() {
 
 #[test]
 fn export_name_without_fixed_newstyle_still_works() {
-    let mut handshake = Handshake::new(exports());
+    let (mut handshake, _) = start_one();
     let mut input = client_flags(0);
     input.extend(option(OPT_EXPORT_NAME, b""));
     let (out, result) = run(&mut handshake, &input);
@@ -313,8 +324,19 @@ fn export_name_without_fixed_newstyle_still_works() {
     assert_eq!(
         done(result).export_index,
         0,
-        "empty name is the default export"
+        "empty name is the only export"
     );
+}
+
+/// With several exports an empty name selects none: "the first" would be another disk as
+/// soon as an export sorts before it. EXPORT_NAME has no error reply: the session ends.
+#[test]
+fn export_name_empty_with_several_exports_ends_the_connection() {
+    let (mut handshake, mut input) = start();
+    input.extend(option(OPT_EXPORT_NAME, b""));
+    let (out, result) = run(&mut handshake, &input);
+    assert!(out.is_empty());
+    assert_eq!(result, Err(ProtocolError::NoDefaultExport));
 }
 
 #[test]
@@ -428,7 +450,7 @@ fn go_default_export_reports_canonical_name_and_skips_empty_description() {
     );
     assert_eq!(done(result).export_index, 1);
 
-    let (mut handshake, mut input) = start();
+    let (mut handshake, mut input) = start_one();
     input.extend(go("", &[INFO_NAME]));
     let (out, result) = run(&mut handshake, &input);
     let replies = parse_replies(&out);
@@ -437,6 +459,58 @@ fn go_default_export_reports_canonical_name_and_skips_empty_description() {
         reply(OPT_GO, REP_INFO, &info_string(INFO_NAME, "vol0"))
     );
     assert_eq!(done(result).export_index, 0);
+}
+
+#[test]
+fn empty_name_with_several_exports_is_unknown_and_says_why() {
+    for code in [OPT_INFO, OPT_GO] {
+        let (mut handshake, mut input) = start();
+        input.extend(option(code, &info_data("", &[INFO_NAME])));
+        // Negotiation goes on: the client may name one.
+        input.extend(go("ro", &[]));
+        let (out, result) = run(&mut handshake, &input);
+        let replies = parse_replies(&out);
+        assert_eq!(replies[0], reply(code, REP_ERR_UNKNOWN, SEVERAL_EXPORTS));
+        assert_eq!(done(result).export_index, 1);
+    }
+    for code in [OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT] {
+        let (replies, _) = meta_replies(&[
+            option(OPT_STRUCTURED_REPLY, &[]),
+            option(code, &meta_data("", &["base:allocation"])),
+        ]);
+        assert_eq!(replies[1], reply(code, REP_ERR_UNKNOWN, SEVERAL_EXPORTS));
+    }
+}
+
+/// A server whose exports change pins its default: an empty name selects that export only
+/// while it is the sole one, and none once it is gone, even with another left alone.
+#[test]
+fn a_pinned_default_export_is_selected_only_while_it_is_the_sole_export() {
+    let go_empty = |exports: Vec<ExportInfo>, pinned: Option<usize>| {
+        let mut handshake = Handshake::new(exports);
+        handshake.set_default_export(pinned);
+        let mut input = client_flags(FIXED_NO_ZEROES);
+        input.extend(go("", &[]));
+        let (out, result) = run(&mut handshake, &input);
+        (parse_replies(&out), result)
+    };
+    let (_, result) = go_empty(exports()[..1].to_vec(), Some(0));
+    assert_eq!(done(result).export_index, 0);
+    let (replies, _) = go_empty(exports(), Some(0));
+    assert_eq!(
+        replies,
+        vec![reply(OPT_GO, REP_ERR_UNKNOWN, SEVERAL_EXPORTS)]
+    );
+    let (replies, _) = go_empty(exports()[1..].to_vec(), None);
+    assert_eq!(
+        replies,
+        vec![reply(
+            OPT_GO,
+            REP_ERR_UNKNOWN,
+            b"the export an empty export name selected is no longer offered: \
+              name an export (nbdinfo --list shows them)"
+        )]
+    );
 }
 
 #[test]
@@ -806,12 +880,15 @@ fn set_meta_context_for_another_export_does_not_carry_over() {
         go("vol0", &[]),
     ]);
     assert_eq!(done(result).base_allocation(), None);
-    // The default name and the canonical name are the same export.
-    let (_, result) = meta_replies(&[
-        option(OPT_STRUCTURED_REPLY, &[]),
-        option(OPT_SET_META_CONTEXT, &meta_data("", &["base:allocation"])),
-        go("vol0", &[]),
-    ]);
+    // The default name and the canonical name are the same export (with "vol0" alone).
+    let (mut handshake, mut input) = start_one();
+    input.extend(option(OPT_STRUCTURED_REPLY, &[]));
+    input.extend(option(
+        OPT_SET_META_CONTEXT,
+        &meta_data("", &["base:allocation"]),
+    ));
+    input.extend(go("vol0", &[]));
+    let (_, result) = run(&mut handshake, &input);
     assert_eq!(done(result).base_allocation(), Some(MetaContextId(1)));
 }
 
@@ -944,7 +1021,10 @@ proptest! {
                 prop_assert!(last.reply_type == REP_ACK || last.reply_type & REP_FLAG_ERROR != 0);
             }
             Ok(_) => prop_assert!(code == OPT_GO || code == OPT_ABORT || code == OPT_EXPORT_NAME),
-            Err(error) => prop_assert_eq!(error, ProtocolError::UnknownExport),
+            Err(error) => prop_assert!(
+                error == ProtocolError::UnknownExport || error == ProtocolError::NoDefaultExport,
+                "{error:?}"
+            ),
         }
     }
 }

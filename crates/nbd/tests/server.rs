@@ -18,6 +18,7 @@ const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+const OPT_EXPORT_NAME: u32 = 1;
 const OPT_GO: u32 = 7;
 const REP_ACK: u32 = 1;
 const REP_INFO: u32 = 3;
@@ -26,6 +27,8 @@ const REP_ERR_UNKNOWN: u32 = (1 << 31) | 6;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
 const CMD_FLUSH: u16 = 3;
+const CMD_CACHE: u16 = 5;
+const CMD_WRITE_ZEROES: u16 = 6;
 
 const VOLUME_BYTES: u64 = 96 << 20;
 const MIB: usize = 1 << 20;
@@ -83,6 +86,12 @@ fn open(addr: &str) -> TcpStream {
 
 /// NBD_OPT_GO for export `name`: the stream and the export's size, or the error reply type.
 fn open_export(addr: &str, name: &str) -> Result<(TcpStream, u64), u32> {
+    go_export(addr, name).map_err(|(reply_type, _)| reply_type)
+}
+
+/// NBD_OPT_GO for export `name`: the stream and the export's size, or the error reply's type
+/// and message.
+fn go_export(addr: &str, name: &str) -> Result<(TcpStream, u64), (u32, String)> {
     let mut s = connect(addr);
     let greeting = read_exact(&mut s, 18);
     assert_eq!(
@@ -105,7 +114,7 @@ fn open_export(addr: &str, name: &str) -> Result<(TcpStream, u64), u32> {
         let len = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
         let payload = read_exact(&mut s, len);
         if reply_type >> 31 != 0 {
-            return Err(reply_type);
+            return Err((reply_type, String::from_utf8_lossy(&payload).into_owned()));
         }
         // NBD_REP_INFO with NBD_INFO_EXPORT: u16 type 0, u64 size, u16 flags.
         if reply_type == REP_INFO && payload.len() == 12 && payload[..2] == [0, 0] {
@@ -116,6 +125,33 @@ fn open_export(addr: &str, name: &str) -> Result<(TcpStream, u64), u32> {
         }
     }
     panic!("no ACK");
+}
+
+/// Old-style NBD_OPT_EXPORT_NAME for export `name`: the export's size, or `None` if the
+/// server closed the connection (its only way to refuse that option).
+fn export_name(addr: &str, name: &str) -> Option<u64> {
+    let mut s = connect(addr);
+    read_exact(&mut s, 18);
+    let mut out = 3u32.to_be_bytes().to_vec();
+    out.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    out.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
+    out.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    s.write_all(&out).unwrap();
+    // NO_ZEROES: the size (8 bytes) and the transmission flags (2), no padding.
+    let mut reply = [0u8; 10];
+    match s.read_exact(&mut reply) {
+        Ok(()) => Some(u64::from_be_bytes(reply[..8].try_into().unwrap())),
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset
+            ) =>
+        {
+            None
+        }
+        Err(e) => panic!("EXPORT_NAME reply: {e}"),
+    }
 }
 
 fn request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
@@ -194,6 +230,63 @@ fn requests_beyond_the_slots_wait_and_all_complete() {
         assert_eq!(error, 0);
         let i = cookie - 1000;
         assert_eq!(read_exact(&mut s, len), pattern(i, len), "read {i}");
+    }
+    server.shutdown_handle().shutdown();
+    assert!(closed(&mut s));
+    server.join().unwrap();
+    drop(volume);
+    pool.export().unwrap();
+}
+
+/// WRITE_ZEROES and CACHE carry no payload, so the maximum block size (32 MiB) does not bound
+/// them: a 64 MiB WRITE_ZEROES without FAST_ZERO (as nbdcopy sends for a large hole) over
+/// written data, with edges inside blocks, reads back as zeros, and the data on either side
+/// is intact.
+#[test]
+fn write_zeroes_longer_than_the_maximum_block_size() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(16, Duration::from_secs(30)));
+    let mut s = open(&addr);
+    let chunk = 32 * MIB;
+    let mut expected = Vec::with_capacity(VOLUME_BYTES as usize);
+    for i in 0..3u64 {
+        let data = pattern(i + 1, chunk);
+        let mut out = request(CMD_WRITE, i, i * chunk as u64, chunk as u32);
+        out.extend_from_slice(&data);
+        s.write_all(&out).unwrap();
+        assert_eq!(reply(&mut s), (0, i));
+        expected.extend_from_slice(&data);
+    }
+    let zero_at = 16 * MIB + 512;
+    let zero_len = 64 * MIB - 1024;
+    assert!(zero_len > 32 * MIB);
+    s.write_all(&request(
+        CMD_WRITE_ZEROES,
+        10,
+        zero_at as u64,
+        zero_len as u32,
+    ))
+    .unwrap();
+    assert_eq!(reply(&mut s), (0, 10), "WRITE_ZEROES of {zero_len} bytes");
+    expected[zero_at..zero_at + zero_len].fill(0);
+    // CACHE is advisory, and just as unbounded.
+    s.write_all(&request(CMD_CACHE, 11, 0, 64 * MIB as u32))
+        .unwrap();
+    assert_eq!(reply(&mut s), (0, 11), "CACHE of 64 MiB");
+    for i in 0..3u64 {
+        s.write_all(&request(CMD_READ, 20 + i, i * chunk as u64, chunk as u32))
+            .unwrap();
+        assert_eq!(reply(&mut s), (0, 20 + i));
+        let got = read_exact(&mut s, chunk);
+        let want = &expected[i as usize * chunk..(i as usize + 1) * chunk];
+        if let Some(at) = (0..chunk).find(|&k| got[k] != want[k]) {
+            panic!(
+                "byte {} reads {:#x}, expected {:#x}",
+                i as usize * chunk + at,
+                got[at],
+                want[at]
+            );
+        }
     }
     server.shutdown_handle().shutdown();
     assert!(closed(&mut s));
@@ -567,11 +660,21 @@ fn a_forced_removal_shuts_down_a_client_that_stops_reading() {
     pool.export().unwrap();
 }
 
+/// An empty export name (`nbdinfo nbd://HOST:PORT`) reaches a volume only while it is the
+/// only export: with several, "the first" would change as volumes are added (after a restart,
+/// one whose name sorts first), sending the same client URI to another disk. It is refused
+/// then (EXPORT_NAME, which has no error reply, by closing), and never moves to another
+/// volume: once the volume it reached is removed, it reaches none, even with one left alone.
 #[test]
-fn the_default_export_never_moves_to_another_volume() {
+fn the_default_export_is_the_only_export_and_never_moves() {
     let (pool, volume) = pool();
     let (server, addr) = serve(&volume, config(16, Duration::from_secs(30)));
     let exports = server.exports();
+    // One volume: an empty name reaches it, with GO and with EXPORT_NAME.
+    assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
+    assert_eq!(export_name(&addr, ""), Some(VOLUME_BYTES));
+
+    // Two: refused, saying why and how to find the names.
     let vol1 = pool.create_volume("vol1", 8 << 20, &[]).unwrap();
     exports
         .add(ServerExport {
@@ -580,11 +683,21 @@ fn the_default_export_never_moves_to_another_volume() {
             read_only: false,
         })
         .unwrap();
-    // An empty name selects the first export, by size here.
-    assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
+    let (reply_type, message) = go_export(&addr, "").expect_err("an empty name refused");
+    assert_eq!(reply_type, REP_ERR_UNKNOWN);
+    assert!(
+        message.contains("several exports are offered") && message.contains("nbdinfo --list"),
+        "{message}"
+    );
+    assert_eq!(export_name(&addr, ""), None);
+    // Named, both are served.
+    assert_eq!(open_export(&addr, "mem/vol0").unwrap().1, VOLUME_BYTES);
+    assert_eq!(export_name(&addr, "mem/vol1"), Some(8 << 20));
+
     drop(exports.remove("mem/vol0", Disconnect::Force).unwrap());
     // Gone: an empty name selects nothing, never mem/vol1 in its place.
     assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
+    assert_eq!(export_name(&addr, ""), None);
     assert_eq!(open_export(&addr, "mem/vol1").unwrap().1, 8 << 20);
     // Not even once it is back under the same name: it is another export now.
     exports

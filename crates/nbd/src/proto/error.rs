@@ -28,6 +28,10 @@ pub enum ProtocolError {
     /// reply, so the protocol requires terminating the session.
     #[error("NBD_OPT_EXPORT_NAME asked for an unknown export")]
     UnknownExport,
+    /// `NBD_OPT_EXPORT_NAME` gave an empty name, which selects no export when the client may
+    /// open several (it cannot be told so: the session ends as for an unknown export).
+    #[error("NBD_OPT_EXPORT_NAME gave an empty name, and several exports are offered (name one)")]
+    NoDefaultExport,
     /// `NBD_OPT_EXPORT_NAME` carried more than a protocol string may hold; it cannot be
     /// answered with an error, and reading it would buffer untrusted data.
     #[error("NBD_OPT_EXPORT_NAME data of {length_bytes} bytes exceeds the string limit")]

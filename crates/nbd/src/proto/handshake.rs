@@ -138,20 +138,54 @@ pub struct Handshake {
     default_export: DefaultExport,
 }
 
-/// What an empty export name in GO, INFO or EXPORT_NAME selects.
+/// Which export an empty export name (GO, INFO, EXPORT_NAME, the meta context options) may
+/// select. In either case it selects one only when it is the sole export this client may open
+/// (see [`Handshake::find_export`]); never "the first one" of several, which changes with
+/// every export added in front of it and so sends the same client URI to another disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DefaultExport {
-    /// The first export this client may open (a fixed list of exports).
-    FirstAllowed,
-    /// This export, or none: a server whose exports change pins its default, so that a
-    /// client reconnecting without a name never lands on another volume.
+    /// Whichever export is the sole one (a fixed list of exports).
+    Sole,
+    /// This export only, or none: a server whose exports change pins its default, so that a
+    /// client reconnecting without a name never lands on another volume, even one left
+    /// alone after the pinned one was removed.
     Fixed(Option<usize>),
+}
+
+/// Why an export name selects no export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NoExport {
+    /// No export has that name.
+    Unknown,
+    /// The name is empty and this client may open several exports: none is the default.
+    Several,
+    /// The name is empty, and the export the server pinned as its default was removed.
+    DefaultGone,
+}
+
+impl NoExport {
+    /// The message of the option's error reply (`NBD_REP_ERR_UNKNOWN` in every case: the
+    /// client asked for an export that, as named, does not exist).
+    fn message(self) -> &'static [u8] {
+        match self {
+            NoExport::Unknown => b"unknown export",
+            NoExport::Several => {
+                b"several exports are offered, so an empty export name selects none: \
+                  name one (nbdinfo --list shows them)"
+            }
+            NoExport::DefaultGone => {
+                b"the export an empty export name selected is no longer offered: \
+                  name an export (nbdinfo --list shows them)"
+            }
+        }
+    }
 }
 
 impl Handshake {
     /// A handshake offering `exports`, without TLS (STARTTLS is answered
-    /// `NBD_REP_ERR_UNSUP`). An empty name in GO/INFO/EXPORT_NAME selects the default export,
-    /// which is the first one this client may open (unless an export is literally named "").
+    /// `NBD_REP_ERR_UNSUP`). An empty name in GO/INFO/EXPORT_NAME selects the only export this
+    /// client may open (unless an export is literally named ""); with several, it selects
+    /// none (`NBD_REP_ERR_UNKNOWN`, or the connection closes for EXPORT_NAME).
     pub fn new(exports: Vec<ExportInfo>) -> Self {
         Handshake::with_tls(exports, TlsPolicy::Off)
     }
@@ -176,12 +210,13 @@ impl Handshake {
             meta_selection: None,
             change_maps: Box::new(EmptyCatalog),
             options_received: 0,
-            default_export: DefaultExport::FirstAllowed,
+            default_export: DefaultExport::Sole,
         }
     }
 
-    /// Pins what an empty export name selects: export `index` (refused with the reason if
-    /// this client may not open it), or with `None` nothing (`NBD_REP_ERR_UNKNOWN`).
+    /// Pins what an empty export name may select: export `index`, and only while it is the
+    /// sole export this client may open (refused with the reason if the client may open no
+    /// export at all); with `None`, nothing (`NBD_REP_ERR_UNKNOWN`).
     pub fn set_default_export(&mut self, index: Option<usize>) {
         debug_assert!(index.is_none_or(|i| i < self.exports.len()));
         self.default_export = DefaultExport::Fixed(index.filter(|&i| i < self.exports.len()));
@@ -571,9 +606,10 @@ impl Handshake {
     }
 
     fn export_name(&mut self, out: &mut Vec<u8>) -> Result<HandshakeStatus, ProtocolError> {
-        let index = self
-            .find_export(&self.data)
-            .ok_or(ProtocolError::UnknownExport)?;
+        let index = self.find_export(&self.data).map_err(|no| match no {
+            NoExport::Unknown | NoExport::DefaultGone => ProtocolError::UnknownExport,
+            NoExport::Several => ProtocolError::NoDefaultExport,
+        })?;
         if self.refusal(index).is_some() {
             // No error reply exists for EXPORT_NAME.
             return Err(ProtocolError::ExportRefused);
@@ -602,9 +638,12 @@ impl Handshake {
             );
             return HandshakeStatus::Continue;
         };
-        let Some(index) = self.find_export(request.name) else {
-            put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]);
-            return HandshakeStatus::Continue;
+        let index = match self.find_export(request.name) {
+            Ok(index) => index,
+            Err(no) => {
+                put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[no.message()]);
+                return HandshakeStatus::Continue;
+            }
         };
         if let Some((reply_type, message)) = self.refusal(index) {
             put_option_reply(out, option, reply_type, &[message]);
@@ -690,8 +729,8 @@ impl Handshake {
             return;
         };
         match self.find_export(request.export_name) {
-            None => put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[b"unknown export"]),
-            Some(index) => match self.refusal(index) {
+            Err(no) => put_option_reply(out, option, wire::REP_ERR_UNKNOWN, &[no.message()]),
+            Ok(index) => match self.refusal(index) {
                 Some((reply_type, message)) => {
                     put_option_reply(out, option, reply_type, &[message])
                 }
@@ -831,23 +870,38 @@ impl Handshake {
         }
     }
 
-    fn find_export(&self, name: &[u8]) -> Option<usize> {
+    /// The export `name` selects: the one of that name, or for an empty name the default
+    /// export, if there is one.
+    ///
+    /// An empty name selects an export only when it is the sole export this client may open.
+    /// Every such export counts, snapshot exports included, because the client can name and
+    /// open each of them, and they are what `NBD_OPT_LIST` shows it: so the empty name works
+    /// exactly when `nbdinfo --list` shows one export, and the refusal's advice (list them)
+    /// shows the choice. Exports it may not open do not count: they would be refused anyway
+    /// and are not listed to it. If it may open none, the sole export, or the first of
+    /// several, is selected only to be refused with its reason (TLS required, or not
+    /// allowed), never opened.
+    fn find_export(&self, name: &[u8]) -> Result<usize, NoExport> {
         if let Some(index) = self.exports.iter().position(|e| e.name.as_bytes() == name) {
-            return Some(index);
+            return Ok(index);
         }
-        if name.is_empty() && !self.exports.is_empty() {
-            return match self.default_export {
-                // The first one this client may open (else the first one, which is then
-                // refused with the reason).
-                DefaultExport::FirstAllowed => Some(
-                    (0..self.exports.len())
-                        .find(|&i| self.access(i) == ExportAccess::Allowed)
-                        .unwrap_or(0),
-                ),
-                DefaultExport::Fixed(index) => index,
-            };
+        if !name.is_empty() || self.exports.is_empty() {
+            return Err(NoExport::Unknown);
         }
-        None
+        let mut allowed =
+            (0..self.exports.len()).filter(|&i| self.access(i) == ExportAccess::Allowed);
+        let sole = match (allowed.next(), allowed.next()) {
+            (Some(index), None) => index,
+            (Some(_), Some(_)) => return Err(NoExport::Several),
+            (None, _) => return Ok(0),
+        };
+        match self.default_export {
+            DefaultExport::Sole => Ok(sole),
+            // Another export than `sole` only if this client may not open it: selected to be
+            // refused with the reason, as an export named explicitly would be.
+            DefaultExport::Fixed(Some(pinned)) => Ok(pinned),
+            DefaultExport::Fixed(None) => Err(NoExport::DefaultGone),
+        }
     }
 }
 

@@ -214,8 +214,11 @@ impl RequestDecoder {
 /// 5. FLUSH with a nonzero offset or length (reserved fields): EINVAL;
 /// 6. zero length (unspecified by the protocol; refused rather than passed to the volume
 ///    layer as a degenerate range, without disconnecting): EINVAL;
-/// 7. READ, WRITE, CACHE, or WRITE_ZEROES without FAST_ZERO longer than the maximum block
-///    size: EINVAL (TRIM, FAST_ZERO and BLOCK_STATUS lengths are not bounded by it);
+/// 7. READ or WRITE longer than the maximum block size: EINVAL. The protocol's maximum block
+///    size bounds payloads (the data a READ returns or a WRITE carries); TRIM, WRITE_ZEROES
+///    (with or without FAST_ZERO), CACHE and BLOCK_STATUS carry none and need no buffer of
+///    their length, and clients such as nbdcopy zero a large hole in one request, as qemu-nbd
+///    and nbdkit allow;
 /// 8. a range past the end of the export (or overflowing 64 bits): ENOSPC for WRITE and
 ///    WRITE_ZEROES, EINVAL otherwise.
 pub fn validate(
@@ -283,12 +286,9 @@ pub fn validate(
     if request.length_bytes == 0 {
         return Err(Errno::Inval);
     }
-    let bounded_by_max_block = match command {
-        Command::Read | Command::Write | Command::Cache => true,
-        Command::WriteZeroes => !request.flags.contains(CommandFlags::FAST_ZERO),
-        _ => false,
-    };
-    if bounded_by_max_block && request.length_bytes > MAX_BLOCK_BYTES {
+    // Only the commands with a payload: their length sizes a buffer (see rule 7).
+    let carries_payload = matches!(command, Command::Read | Command::Write);
+    if carries_payload && request.length_bytes > MAX_BLOCK_BYTES {
         return Err(Errno::Inval);
     }
 

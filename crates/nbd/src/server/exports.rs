@@ -96,16 +96,18 @@ struct Entry {
 }
 
 struct TableState {
-    /// In the order they were added (the first is the default export: an empty name in the
-    /// handshake selects it).
+    /// In the order they were added.
     entries: Vec<Entry>,
     /// Registered connections per export, including exports removed whose connections have
     /// not ended yet.
     connections: HashMap<ExportId, usize>,
     next_id: u64,
-    /// The export an empty name selects: the first one the table ever held, for good (a
-    /// client reconnecting without a name must never land on another volume; once it is
-    /// removed, an empty name selects nothing).
+    /// The only export an empty name may select: the first one the table ever held, for good
+    /// (a client reconnecting without a name must never land on another volume; once it is
+    /// removed, an empty name selects nothing). Even it is selected only while it is the sole
+    /// export the client may open (`Handshake::find_export`): the order of the exports is
+    /// the order of their names at the server's start, so "the first" of several would be
+    /// another volume after a restart with a volume whose name sorts before it.
     default: Option<ExportId>,
 }
 
@@ -130,7 +132,8 @@ impl fmt::Debug for ExportTable {
 pub(crate) struct Offer {
     pub(crate) infos: Vec<ExportInfo>,
     pub(crate) targets: Vec<(ExportId, Volume)>,
-    /// Index of the default export, if it is still offered.
+    /// Index of the pinned default export, if it is still offered (an empty name selects it
+    /// only while it is the sole export the client may open).
     pub(crate) default_index: Option<usize>,
 }
 

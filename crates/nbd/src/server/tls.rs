@@ -115,8 +115,8 @@ pub enum CredentialKind {
 pub struct TlsCredentials {
     context: SslContext,
     kind: CredentialKind,
-    /// Where the PSK callback leaves the identity it accepted, per session.
-    psk_identity_index: Option<openssl::ex_data::Index<Ssl, String>>,
+    /// Where the PSK callback leaves the identity it was last asked about, per session.
+    psk_identity_index: Option<openssl::ex_data::Index<Ssl, PskLookup>>,
     /// Where the key log callback leaves a session's TLS 1.3 application traffic secrets.
     secrets_index: SecretsIndex,
 }
@@ -132,6 +132,44 @@ pub(crate) struct TrafficSecrets {
 }
 
 type SecretsIndex = openssl::ex_data::Index<Ssl, Mutex<TrafficSecrets>>;
+
+/// What the PSK callback found for the last identity a session's client offered (a TLS 1.3
+/// client may offer several; OpenSSL asks until one is found).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PskLookup {
+    /// In the key file: the client must now prove it holds the key.
+    Known(String),
+    /// Not in the key file, as the client sent it, escaped for the log
+    /// ([`quoted_identity`]). Kept so that a failed handshake is reported as what it is:
+    /// OpenSSL's own error is a follow-on one (in TLS 1.3 it falls back to a certificate
+    /// handshake, and with no certificate fails with "no suitable signature algorithm").
+    Unknown(String),
+}
+
+/// Bytes of a client's PSK identity shown in the log; the rest is counted, not shown.
+const IDENTITY_SHOWN_MAX_BYTES: usize = 64;
+
+/// A PSK identity the client sent, for the log: quoted, its first
+/// [`IDENTITY_SHOWN_MAX_BYTES`] bytes shown with every byte that is not printable ASCII (a
+/// control character, an escape sequence, invalid UTF-8) and the quote and backslash escaped
+/// as `\xNN`, so that a client cannot forge or hide log lines; longer ones say how long.
+fn quoted_identity(identity: &[u8]) -> String {
+    let shown = &identity[..identity.len().min(IDENTITY_SHOWN_MAX_BYTES)];
+    let mut out = String::with_capacity(shown.len() + 2);
+    out.push('\'');
+    for &byte in shown {
+        if (0x20..0x7f).contains(&byte) && byte != b'\'' && byte != b'\\' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("\\x{byte:02x}"));
+        }
+    }
+    out.push('\'');
+    if identity.len() > shown.len() {
+        out.push_str(&format!("... ({} bytes)", identity.len()));
+    }
+    out
+}
 
 /// Keeps the two application traffic secrets of each session's key log lines
 /// (`LABEL client-random secret`, in hex); the handshake secrets and TLS 1.2's lines are not
@@ -242,7 +280,8 @@ impl TlsCredentials {
             parse_psk_file(&text)
                 .map_err(|e| TlsSetupError::new(format!("{}: {e}", path.display())))?,
         );
-        let index = Ssl::new_ex_index::<String>().map_err(|e| openssl_error("TLS context", e))?;
+        let index =
+            Ssl::new_ex_index::<PskLookup>().map_err(|e| openssl_error("TLS context", e))?;
         let mut builder = SslContextBuilder::new(SslMethod::tls_server())
             .map_err(|e| openssl_error("TLS context", e))?;
         builder
@@ -256,13 +295,15 @@ impl TlsCredentials {
             let Some((name, key)) = keys.iter().find(|(name, _)| name.as_bytes() == identity)
             else {
                 // Unknown: 0 makes OpenSSL refuse the handshake (no PSK, no certificate).
+                // Noted for the failure's log line (`handshake_failure`).
+                ssl.set_ex_data(index, PskLookup::Unknown(quoted_identity(identity)));
                 return Ok(0);
             };
             if key.len() > key_out.len() {
                 return Ok(0);
             }
             key_out[..key.len()].copy_from_slice(key);
-            ssl.set_ex_data(index, name.clone());
+            ssl.set_ex_data(index, PskLookup::Known(name.clone()));
             Ok(key.len())
         });
         let secrets_index = common_settings(&mut builder)?;
@@ -304,10 +345,24 @@ impl TlsCredentials {
         Records::new(suite, client, server).ok()
     }
 
+    /// Why the handshake of `ssl` failed, when the server knows better than OpenSSL's error:
+    /// the client offered a PSK identity the key file does not have (OpenSSL's error is
+    /// then a follow-on one, such as "no suitable signature algorithm").
+    pub(crate) fn handshake_failure(&self, ssl: &openssl::ssl::SslRef) -> Option<String> {
+        match ssl.ex_data(self.psk_identity_index?)? {
+            PskLookup::Unknown(quoted) => Some(format!(
+                "unknown PSK identity {quoted} (not in the server's key file)"
+            )),
+            PskLookup::Known(_) => None,
+        }
+    }
+
     /// The identity the client proved in the finished handshake of `ssl`, if any.
     pub(crate) fn identity(&self, ssl: &openssl::ssl::SslRef) -> Option<TlsIdentity> {
         if let Some(index) = self.psk_identity_index {
-            if let Some(name) = ssl.ex_data(index) {
+            // A known identity whose key the finished handshake proved. (An unknown one
+            // finishes no handshake: OpenSSL has no key for it, and no certificate.)
+            if let Some(PskLookup::Known(name)) = ssl.ex_data(index) {
                 return Some(TlsIdentity::Psk(name.clone()));
             }
         }
@@ -520,6 +575,103 @@ mod tests {
         assert!(parse_psk_file("a:00\na:01").unwrap_err().contains("twice"));
         assert!(parse_psk_file("\n").is_err());
         assert!(parse_psk_file(&format!("a:{}", "00".repeat(PSK_KEY_MAX_BYTES + 1))).is_err());
+    }
+
+    /// A PSK handshake between these credentials (the server, on a thread) and an OpenSSL
+    /// client offering `identity` with `key` (at most `version`): the client's identity as
+    /// the server has it, or the server's reason for the failure (`handshake_failure`, else
+    /// OpenSSL's error).
+    fn psk_handshake(
+        credentials: &TlsCredentials,
+        identity: &[u8],
+        key: &[u8],
+        version: SslVersion,
+    ) -> Result<Option<TlsIdentity>, String> {
+        use openssl::ssl::{HandshakeError, SslConnector, SslVerifyMode};
+        use std::os::unix::net::UnixStream;
+        use std::time::Duration;
+
+        let (server_end, client_end) = UnixStream::pair().unwrap();
+        for end in [&server_end, &client_end] {
+            end.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        }
+        let server = {
+            let credentials = credentials.clone();
+            std::thread::spawn(move || {
+                let ssl = credentials.new_ssl().unwrap();
+                match ssl.accept(server_end) {
+                    Ok(stream) => Ok(credentials.identity(stream.ssl())),
+                    Err(HandshakeError::Failure(mid)) => Err(credentials
+                        .handshake_failure(mid.ssl())
+                        .unwrap_or_else(|| mid.error().to_string())),
+                    Err(err) => Err(err.to_string()),
+                }
+            })
+        };
+        let mut client = SslConnector::builder(SslMethod::tls_client()).unwrap();
+        client.set_max_proto_version(Some(version)).unwrap();
+        client.set_cipher_list(TLS12_PSK_CIPHERS).unwrap();
+        client.set_verify(SslVerifyMode::NONE);
+        let (identity, key) = (identity.to_vec(), key.to_vec());
+        client.set_psk_client_callback(move |_, _hint, identity_out, key_out| {
+            identity_out[..identity.len()].copy_from_slice(&identity);
+            identity_out[identity.len()] = 0;
+            key_out[..key.len()].copy_from_slice(&key);
+            Ok(key.len())
+        });
+        let config = client.build().configure().unwrap();
+        // The client fails too when the server does; the server's side is what is checked.
+        let _ = config
+            .verify_hostname(false)
+            .connect("localhost", client_end);
+        server.join().unwrap()
+    }
+
+    #[test]
+    fn an_unknown_psk_identity_is_named_in_the_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.psk");
+        let key = [0x5au8; 32];
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        std::fs::write(&path, format!("alice:{hex}\n")).unwrap();
+        let credentials = TlsCredentials::from_psk_file(&path).unwrap();
+
+        for version in [SslVersion::TLS1_3, SslVersion::TLS1_2] {
+            assert_eq!(
+                psk_handshake(&credentials, b"alice", &key, version),
+                Ok(Some(TlsIdentity::Psk("alice".into()))),
+                "{version:?}"
+            );
+            // Before, OpenSSL's follow-on error: in TLS 1.3 "no suitable signature
+            // algorithm" (a certificate handshake, for lack of a known PSK).
+            assert_eq!(
+                psk_handshake(&credentials, b"mallory", &key, version),
+                Err("unknown PSK identity 'mallory' (not in the server's key file)".into()),
+                "{version:?}"
+            );
+        }
+        // From the client, so escaped (no terminal escapes, no forged lines) and bounded.
+        let err = psk_handshake(
+            &credentials,
+            b"evil\x1b[2J\nWARN forged 'x' \\",
+            &key,
+            SslVersion::TLS1_3,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "unknown PSK identity 'evil\\x1b[2J\\x0aWARN forged \\x27x\\x27 \\x5c' \
+             (not in the server's key file)"
+        );
+        let long = [b'm'; 200];
+        let err = psk_handshake(&credentials, &long, &key, SslVersion::TLS1_3).unwrap_err();
+        assert_eq!(
+            err,
+            format!(
+                "unknown PSK identity '{}'... (200 bytes) (not in the server's key file)",
+                "m".repeat(IDENTITY_SHOWN_MAX_BYTES)
+            )
+        );
     }
 
     #[test]

@@ -239,7 +239,13 @@ impl TlsSession {
                 Err(err) => {
                     // The alert OpenSSL queued tells the client why; best effort.
                     let _ = session.flush(stream, Side::Reader).await;
-                    return Err(tls_error(err));
+                    // The server's own reason (an unknown PSK identity) over OpenSSL's
+                    // follow-on error, which would send the reader of the log astray.
+                    let reason = credentials.handshake_failure(session.ssl.borrow().ssl());
+                    return Err(match reason {
+                        Some(reason) => tls_error(reason),
+                        None => tls_error(err),
+                    });
                 }
             }
         }
