@@ -477,6 +477,13 @@ fn errors_are_one_clear_line() {
     assert!(e.contains("missing.img") && e.contains("--size"), "{e}");
     let e = env.fails(&["create", "bad/name", p(&env.path("x.img")), "--size", "64M"]);
     assert!(e.contains("invalid pool name"), "{e}");
+    // As zpool create: a letter first, and no vdev kind's word (a new user made pools named
+    // mirror, log, spare and 1pool).
+    for name in ["mirror", "log", "spare", "raidz2x", "1pool", "_x"] {
+        let e = env.fails(&["create", name, p(&env.path("x.img")), "--size", "64M"]);
+        assert!(e.contains(&format!("invalid pool name '{name}'")), "{e}");
+        assert!(!env.path("x.img").exists(), "{name}: nothing made");
+    }
     std::fs::write(env.path("junk.img"), vec![7u8; 32 << 20]).unwrap();
     let e = env.fails(&["import", "-d", p(env.dir.path()), "tank"]);
     assert!(e.contains("junk.img"), "{e}");

@@ -136,3 +136,30 @@ pub fn check_name(kind: &str, name: &str) -> Result<()> {
         )))
     }
 }
+
+/// The words a device list uses for its vdev kinds: a pool named so would read as one
+/// (`oxpool create mirror a b` is a pool named `mirror`, or a mirror with no name).
+const POOL_NAME_RESERVED_PREFIXES: &[&str] = &["mirror", "raidz", "draid", "spare"];
+const POOL_NAME_RESERVED: &[&str] = &["log", "cache", "special", "dedup"];
+
+/// A new pool's name, beyond [`check_name`]: as `zpool create`, it starts with a letter
+/// and is not a vdev kind's word. Checked at create only: a pool made before keeps its name.
+pub fn check_new_pool_name(name: &str) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(EngineError::invalid(format!(
+            "invalid pool name '{name}': {why}"
+        )))
+    };
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return refuse("it must start with a letter");
+    }
+    let lower = name.to_ascii_lowercase();
+    if POOL_NAME_RESERVED.contains(&lower.as_str())
+        || POOL_NAME_RESERVED_PREFIXES
+            .iter()
+            .any(|p| lower.starts_with(p))
+    {
+        return refuse("names that are, or start with, a vdev kind's word (mirror, raidz, draid, spare, log, cache, special, dedup) are reserved");
+    }
+    Ok(())
+}

@@ -41,7 +41,7 @@ use oxpool_io::Backend;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use config::check_name;
+pub use config::{check_name, check_new_pool_name};
 pub(crate) use space::effective_dirty_max;
 
 /// One top-level vdev to create: a single device, a mirror of several, or a raidz.
@@ -241,6 +241,7 @@ impl Spa {
         upper: &dyn sync::SyncClient,
     ) -> Result<Arc<Spa>> {
         check_name("pool", name)?;
+        check_new_pool_name(name)?;
         if tops.is_empty() {
             return Err(EngineError::invalid("a pool needs at least one device"));
         }
