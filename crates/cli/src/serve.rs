@@ -59,6 +59,11 @@ pub struct ServeArgs {
     /// disconnected; 0: no limit (as qemu-nbd's --handshake-limit).
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub handshake_limit: u32,
+    /// Client connections open at once, over every export (as qemu-nbd's --shared, whose
+    /// default is 1); a connection past it is closed at once, and the server logs why.
+    #[arg(short = 'e', long = "shared", value_name = "NUM", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub shared: u32,
     /// TLS options (see docs/tls.md).
     #[command(flatten)]
     pub tls: crate::tls::TlsArgs,
@@ -201,6 +206,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     }
     config.slots_per_connection = usize::from(args.slots);
     config.handshake_limit = std::time::Duration::from_secs(u64::from(args.handshake_limit));
+    config.max_connections = args.shared as usize;
     config.tls = tls_config;
     config.tcp_congestion = args.tcp_congestion.clone();
     // Every volume and snapshot export offers `oxpool:changed-since:SNAP` for the snapshots

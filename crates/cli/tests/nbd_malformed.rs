@@ -5,7 +5,7 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{script, tool, Env, PYTHON};
+use harness::{hold, release, run_unchecked, script, tool, Env, PYTHON};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::process::{Command, Stdio};
@@ -280,6 +280,47 @@ fn bad_clients_harm_no_one_else() {
     assert!(status.success(), "{output}");
     assert!(!output.contains("grace period"), "{output}");
     assert!(!output.contains("panicked"), "{output}");
+}
+
+/// `--shared N` (qemu-nbd's flag): with N connections open, the next is closed at once and
+/// the server's log says why and names the flag; once one leaves, a new one is served.
+#[test]
+fn connections_past_shared_are_closed_and_logged() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0", "--shared", "2"]);
+    let uri = server.uri("tank/vol0");
+    let first = hold(&uri);
+    let second = hold(&uri);
+    let mut nbdinfo = Command::new("nbdinfo");
+    nbdinfo.args(["--size", &uri]);
+    let refused = run_unchecked(nbdinfo, "nbdinfo past --shared");
+    assert!(!refused.status.success(), "a third connection was served");
+    assert_eq!(release(first), "still connected");
+    // The server counts the first closed once it has read its disconnect: a bounded wait.
+    let mut tries = 0;
+    loop {
+        let mut nbdinfo = Command::new("nbdinfo");
+        nbdinfo.args(["--size", &uri]);
+        let out = run_unchecked(nbdinfo, "nbdinfo within --shared");
+        if out.status.success() {
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                (16u64 << 20).to_string()
+            );
+            break;
+        }
+        tries += 1;
+        assert!(tries < 500, "still refused 10 s after a client left");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(release(second), "still connected");
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
+    assert!(
+        output.contains("too many connections (oxpool serve --shared)"),
+        "{output}"
+    );
 }
 
 /// `--handshake-limit`: a client that connects and never finishes its handshake is

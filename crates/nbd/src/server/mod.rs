@@ -356,10 +356,14 @@ impl Shared {
         let open = self.connections.fetch_add(1, Ordering::AcqRel);
         let permit = ConnectionPermit(self.clone());
         if open >= self.limits.max_connections {
-            tracing::warn!(
-                limit = self.limits.max_connections,
-                "nbd: too many connections; closing a new one"
-            );
+            // Bounded: a client reconnecting in a loop would otherwise fill the log.
+            if let Some(left_out) = FULL_WARNINGS.allow() {
+                tracing::warn!(
+                    limit = self.limits.max_connections,
+                    left_out,
+                    "nbd: too many connections (oxpool serve --shared); closing a new one"
+                );
+            }
             return;
         }
         let index = self.next_reactor.fetch_add(1, Ordering::Relaxed) % self.mailboxes.len();
@@ -371,6 +375,10 @@ impl Shared {
         }
     }
 }
+
+/// The bound on the log lines of connections closed for the limit (`left_out` counts the
+/// lines not written since the last one).
+static FULL_WARNINGS: oxpool_io::warn_limit::WarnLimit = oxpool_io::warn_limit::WarnLimit::new(10);
 
 /// Counts one open connection in [`Shared::connections`] until dropped.
 #[derive(Debug)]
