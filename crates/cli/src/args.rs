@@ -427,7 +427,7 @@ pub enum Command {
         #[command(subcommand)]
         command: VolCommand,
     },
-    /// Read a property: `oxpool get volsize tank/vol0`, `oxpool get all tank`,
+    /// Read properties: `oxpool get volsize tank/vol0 tank/vol1`, `oxpool get all tank`,
     /// `oxpool get scheduler tank /dev/sdb` (a device's), `oxpool get written@monday
     /// tank/vol0` (bytes written since snapshot monday; also of a later snapshot
     /// `tank/vol0@friday`, or since a snapshot of a clone's origin, `written@vol0@monday`).
@@ -447,8 +447,9 @@ pub enum Command {
         prop: String,
         /// POOL or POOL/VOL.
         target: String,
-        /// A device of POOL (its path): read the device's property.
-        device: Option<String>,
+        /// More volumes or snapshots of the same pool; or, after a POOL, one of its devices
+        /// (its path): read the device's property.
+        more: Vec<String>,
     },
     /// Set properties: `oxpool set sync=always tank/vol0`, `oxpool set sync=always
     /// compression=zstd tank/vol0` (all or none), `oxpool set scheduler=off tank` (every

@@ -510,6 +510,48 @@ fn set_takes_several_assignments_all_or_none() {
     assert!(ok.success(), "{out}");
 }
 
+/// `get` takes several targets of one pool, as `zfs get` (a new user's `get volsize
+/// tank/v0 tank/vc` was read as a device and refused as such); a device still follows its
+/// pool. The same with and without a server.
+#[test]
+fn get_takes_several_targets_of_one_pool() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "16M", &[])]);
+    env.ok(&["snapshot", "tank/a@s"]);
+    let check = |served: &str| {
+        let got = env.ok(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "name,value",
+            "volsize",
+            "tank/a",
+            "tank/b",
+            "tank/a@s",
+        ]);
+        assert_eq!(
+            got,
+            format!(
+                "tank/a\t{}\ntank/b\t{}\ntank/a@s\t{}\n",
+                8 << 20,
+                16 << 20,
+                8 << 20
+            ),
+            "{served}"
+        );
+        let e = env.fails(&["get", "volsize", "tank/a", "other/b"]);
+        assert!(e.contains("other/b is not in tank"), "{served}: {e}");
+        let e = env.fails(&["get", "scheduler", "tank", "x.img", "y.img"]);
+        assert!(e.contains("unexpected 'y.img'"), "{served}: {e}");
+    };
+    check("not served");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    check("served");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
+
 #[test]
 fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let env = Env::new();

@@ -227,14 +227,32 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             fields,
             prop,
             target,
-            device,
+            more,
         } => {
             let style = props::GetStyle {
                 parsable,
                 scripted,
                 fields: fields.as_deref(),
             };
-            props::get(host, con, &prop, &target, device.as_deref(), style)
+            // After a volume, or when each names a dataset of the pool (`POOL/...`), more
+            // targets (as `zfs get`); after a POOL, one other word is its device.
+            let pool_prefix = format!("{}/", split_target(&target).0);
+            let more_targets = target.contains('/')
+                || more
+                    .iter()
+                    .all(|m| m.starts_with(&pool_prefix) && !m.starts_with('/'));
+            let (mut targets, device) = match (more_targets, more.as_slice()) {
+                (true, _) | (false, []) => (vec![target.as_str()], None),
+                (false, [device]) => (vec![target.as_str()], Some(device.as_str())),
+                (false, [_, extra, ..]) => bail!(
+                    "unexpected '{extra}': oxpool get PROP POOL [DEVICE], or PROP TARGET... of \
+                     one pool"
+                ),
+            };
+            if more_targets {
+                targets.extend(more.iter().map(String::as_str));
+            }
+            props::get(host, con, &prop, &targets, device, style)
         }
         Command::Set { words } => {
             let (assignments, target, device) = props::set_words(&words)?;

@@ -129,13 +129,19 @@ pub fn get(
     host: &Host,
     con: &mut dyn Console,
     prop: &str,
-    target: &str,
+    targets: &[&str],
     device: Option<&str>,
     style: GetStyle,
 ) -> Result<()> {
-    let (pool, vol) = split_target(target);
-    if device.is_some() && vol.is_some() {
-        bail!("a device belongs to a pool, not to a volume");
+    let Some(first) = targets.first() else {
+        bail!("name what to read: oxpool get PROP TARGET...");
+    };
+    let (pool, _) = split_target(first);
+    if let Some(other) = targets.iter().find(|t| split_target(t).0 != pool) {
+        bail!("get reads one pool's targets at a time: {other} is not in {pool}");
+    }
+    if device.is_some() && (targets.len() > 1 || split_target(first).1.is_some()) {
+        bail!("a device belongs to a pool, not to a volume: oxpool get PROP POOL DEVICE");
     }
     let asked: Vec<&str> = prop.split(',').filter(|n| !n.is_empty()).collect();
     if asked.is_empty() {
@@ -172,75 +178,79 @@ pub fn get(
             }
             return Ok(rows);
         }
-        match vol {
-            Some(v) if v.contains('@') => {
-                for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
-                    // A snapshot's properties are all read-only.
-                    let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
-                    row(target, &n, value, "-");
-                }
-            }
-            Some(v) if asked == ["receive_resume_token"] => {
-                // A full stream's partial receive has no volume yet; with neither, the
-                // name is unknown.
-                match p.get_dataset_prop(v, "receive_resume_token")? {
-                    Some(value) if value != "-" || p.volume(v).is_ok() => {
-                        row(target, "receive_resume_token", value, "-")
+        // Bounded by the command line.
+        for &target in targets {
+            let (_, vol) = split_target(target);
+            match vol {
+                Some(v) if v.contains('@') => {
+                    for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
+                        // A snapshot's properties are all read-only.
+                        let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
+                        row(target, &n, value, "-");
                     }
-                    _ => bail!("{target}: not found (no volume, no partial receive)"),
                 }
-            }
-            Some(v) => {
-                let vol = p.volume(v)?;
-                let mut all: Vec<&'static str> = VOLUME_PROP_NAMES
-                    .iter()
-                    .chain(VOLUME_STAT_NAMES)
-                    .copied()
-                    .collect();
-                all.extend(
-                    oxpool_engine::DATASET_STAT_NAMES
+                Some(v) if asked == ["receive_resume_token"] => {
+                    // A full stream's partial receive has no volume yet; with neither, the
+                    // name is unknown.
+                    match p.get_dataset_prop(v, "receive_resume_token")? {
+                        Some(value) if value != "-" || p.volume(v).is_ok() => {
+                            row(target, "receive_resume_token", value, "-")
+                        }
+                        _ => bail!("{target}: not found (no volume, no partial receive)"),
+                    }
+                }
+                Some(v) => {
+                    let vol = p.volume(v)?;
+                    let mut all: Vec<&'static str> = VOLUME_PROP_NAMES
                         .iter()
-                        .filter(|n| !all.contains(n))
+                        .chain(VOLUME_STAT_NAMES)
                         .copied()
-                        .collect::<Vec<_>>(),
-                );
-                for n in names(&all) {
-                    let value = match p.get_dataset_prop(v, &n)? {
-                        Some(value) => value,
-                        None => vol.get_prop(&n)?,
-                    };
-                    let source = volume_source(&n, &value);
-                    row(target, &n, value, source);
+                        .collect();
+                    all.extend(
+                        oxpool_engine::DATASET_STAT_NAMES
+                            .iter()
+                            .filter(|n| !all.contains(n))
+                            .copied()
+                            .collect::<Vec<_>>(),
+                    );
+                    for n in names(&all) {
+                        let value = match p.get_dataset_prop(v, &n)? {
+                            Some(value) => value,
+                            None => vol.get_prop(&n)?,
+                        };
+                        let source = volume_source(&n, &value);
+                        row(target, &n, value, source);
+                    }
                 }
-            }
-            None => {
-                let all: Vec<&'static str> = POOL_PROP_NAMES
-                    .iter()
-                    .chain(POOL_STAT_NAMES)
-                    .copied()
-                    .collect();
-                let mut status = None;
-                for n in names(&all) {
-                    let mut space = || {
-                        let s = status.get_or_insert_with(|| p.status());
-                        (s.size_bytes, s.allocated_bytes, s.state.clone())
-                    };
-                    let value = match n.as_str() {
-                        "size" => space().0.to_string(),
-                        "allocated" => space().1.to_string(),
-                        "free" => {
-                            let (size, allocated, _) = space();
-                            size.saturating_sub(allocated).to_string()
-                        }
-                        "capacity" => {
-                            let (size, allocated, _) = space();
-                            format!("{}%", allocated.saturating_mul(100) / size.max(1))
-                        }
-                        "health" => space().2,
-                        _ => p.get_prop(&n)?,
-                    };
-                    let source = pool_source(&n, &value);
-                    row(target, &n, value, source);
+                None => {
+                    let all: Vec<&'static str> = POOL_PROP_NAMES
+                        .iter()
+                        .chain(POOL_STAT_NAMES)
+                        .copied()
+                        .collect();
+                    let mut status = None;
+                    for n in names(&all) {
+                        let mut space = || {
+                            let s = status.get_or_insert_with(|| p.status());
+                            (s.size_bytes, s.allocated_bytes, s.state.clone())
+                        };
+                        let value = match n.as_str() {
+                            "size" => space().0.to_string(),
+                            "allocated" => space().1.to_string(),
+                            "free" => {
+                                let (size, allocated, _) = space();
+                                size.saturating_sub(allocated).to_string()
+                            }
+                            "capacity" => {
+                                let (size, allocated, _) = space();
+                                format!("{}%", allocated.saturating_mul(100) / size.max(1))
+                            }
+                            "health" => space().2,
+                            _ => p.get_prop(&n)?,
+                        };
+                        let source = pool_source(&n, &value);
+                        row(target, &n, value, source);
+                    }
                 }
             }
         }
