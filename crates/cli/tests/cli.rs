@@ -487,6 +487,24 @@ fn errors_are_one_clear_line() {
     std::fs::write(env.path("junk.img"), vec![7u8; 32 << 20]).unwrap();
     let e = env.fails(&["import", "-d", p(env.dir.path()), "tank"]);
     assert!(e.contains("junk.img"), "{e}");
+    std::fs::remove_file(env.path("junk.img")).unwrap();
+    // A name that is no volume is said so before what destroys a volume; a listing that
+    // fails prints no header.
+    env.ok(&[
+        "create",
+        "tank",
+        p(&env.path("t.img")),
+        "--size",
+        "64M",
+        "--sparse",
+    ]);
+    env.ok(&["vol", "create", "tank/v", "--size", "8M"]);
+    let e = env.fails(&["destroy", "tank/nonexist"]);
+    assert!(e.contains("tank/nonexist: not found"), "{e}");
+    let e = env.fails(&["destroy", "tank/v"]);
+    assert!(e.contains("oxpool vol destroy"), "{e}");
+    let out = env.run(&["holds", "tank/v@nosuch"]);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
     // Every verb has --help.
     for verb in [
         "create", "import", "export", "destroy", "list", "status", "vol", "get", "set", "serve",

@@ -74,7 +74,11 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                     force,
                 };
                 snapshot::destroy(host, con, &pool, flags)
-            } else if pool.contains('/') {
+            } else if let Some((pool_name, volume)) = pool.split_once('/') {
+                // A name that is no volume is said so first, as zfs destroy says.
+                host.with_pool(pool_name, |p| {
+                    p.volume(volume).map(drop).map_err(Into::into)
+                })?;
                 bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
             } else if dry_run || verbose || defer {
                 bail!("-n, -v and -d are for snapshots")

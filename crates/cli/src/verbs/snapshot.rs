@@ -479,7 +479,8 @@ pub fn destroy_bookmark(host: &Host, target: &str) -> Result<()> {
 
 /// `oxpool holds SNAP...`.
 pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()> {
-    writeln!(con.out(), "{:<32} {:<16}", "NAME", "TAG")?;
+    // Read first, printed after: a failure prints no header without lines.
+    let mut rows = Vec::new();
     for n in names {
         let (pool_name, volume, snap) = snapshot_target(n)?;
         let tags = host.with_pool(pool_name, |p| {
@@ -490,9 +491,11 @@ pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()>
                 .ok_or_else(|| anyhow!("{n}: not found"))?;
             Ok(s.holds)
         })?;
-        for t in tags {
-            writeln!(con.out(), "{n:<32} {t:<16}")?;
-        }
+        rows.extend(tags.into_iter().map(|t| (n, t)));
+    }
+    writeln!(con.out(), "{:<32} {:<16}", "NAME", "TAG")?;
+    for (n, t) in rows {
+        writeln!(con.out(), "{n:<32} {t:<16}")?;
     }
     Ok(())
 }
