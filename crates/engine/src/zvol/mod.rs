@@ -1257,8 +1257,15 @@ impl Volume {
             }
             let whole = SectorMask::whole(bs as usize);
             let mut handed = owned.as_mut().map(|blocks| blocks.drain(..));
-            // Bounded by the blocks of the request.
-            for b in first_b..=last_b {
+            // Bounded by the blocks of the request; for zeros by its two edge blocks, as the
+            // whole blocks between are freed above (a zero may span 4 GiB: 8 million blocks
+            // of 512 bytes, each visited under the dirty lock, before).
+            let second = if zeros {
+                last_b.max(first_b + 1)
+            } else {
+                first_b + 1
+            };
+            for b in std::iter::once(first_b).chain(second..=last_b) {
                 if let Some(handed) = handed.as_mut() {
                     // A whole block handed over: it replaces whatever this txg had.
                     let buf = handed.next().expect("one buffer per block (checked)");
@@ -1404,6 +1411,10 @@ impl Volume {
             };
             self.vol.zil.append(hold.txg(), kind)
         });
+        debug_assert!(
+            space.0.iter().zip(worst.0.iter()).all(|(charged, admitted)| charged <= admitted),
+            "charged {space:?} beyond the admitted worst case {worst:?}"
+        );
         hold.note_dirty(dirtied, space);
         drop(hold);
         Ok(itx)
