@@ -1412,7 +1412,11 @@ impl Volume {
             self.vol.zil.append(hold.txg(), kind)
         });
         debug_assert!(
-            space.0.iter().zip(worst.0.iter()).all(|(charged, admitted)| charged <= admitted),
+            space
+                .0
+                .iter()
+                .zip(worst.0.iter())
+                .all(|(charged, admitted)| charged <= admitted),
             "charged {space:?} beyond the admitted worst case {worst:?}"
         );
         hold.note_dirty(dirtied, space);
