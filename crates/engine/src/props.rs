@@ -648,13 +648,24 @@ pub fn parse_size(name: &str, value: &str) -> Result<u64> {
         _ => return Err(bad()),
     };
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    // Bounded: u64 has 20 digits; more fraction digits than 2^60 needs change nothing.
-    if whole.is_empty() && fraction.is_empty()
-        || whole.len() > 20
-        || fraction.len() > 19
-        || !fraction.bytes().all(|b| b.is_ascii_digit())
-    {
+    if whole.is_empty() && fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
+    }
+    // Zeros that change nothing go before the bounds: a u64 has 20 digits, and a fraction's
+    // digits past 19 can make no whole byte of at most 2^60 per unit.
+    let (whole, fraction) = (
+        whole.trim_start_matches('0'),
+        fraction.trim_end_matches('0'),
+    );
+    if whole.len() > 20 {
+        return Err(EngineError::invalid(format!(
+            "size '{value}' for {name} is too large"
+        )));
+    }
+    if fraction.len() > 19 {
+        return Err(EngineError::invalid(format!(
+            "size '{value}' for {name} is not a whole number of bytes"
+        )));
     }
     let whole: u128 = if whole.is_empty() {
         0
@@ -718,6 +729,15 @@ mod tests {
         );
         assert!(parse_size("x", "18446744073709551616").is_err());
         assert!(parse_size("x", "99999999999999999999999E").is_err());
+        assert_eq!(
+            parse_size("x", "1.50000000000000000000000G").unwrap(),
+            3 << 29
+        );
+        assert_eq!(
+            parse_size("x", "0000000000000000000000016K").unwrap(),
+            16384
+        );
+        assert_eq!(parse_size("x", "0.0").unwrap(), 0);
     }
 
     #[test]
