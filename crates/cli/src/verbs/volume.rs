@@ -47,15 +47,18 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             recursive,
         } => {
             let (pool, v) = volume_target(&name)?;
-            // On a served pool, out of the export table first (refused while open, unless -f),
-            // before anything is destroyed: a refusal changes nothing (its snapshots went
-            // first, before a new user found `-r` destroying them and then refusing), and no
-            // client can open it between the check and the destroy.
-            // With -r, its snapshots are checked first too (held, cloned: refused), so that
-            // -f disconnects no client for a destroy that cannot be done.
+            // What the engine would refuse is checked first (no such volume; snapshots
+            // without -r; with -r, a held or cloned one), so that -f disconnects no client
+            // for a destroy that cannot be done. Then, on a served pool, out of the export
+            // table (refused while open, unless -f) before anything is destroyed: a refusal
+            // changes nothing (its snapshots went first, before a new user found `-r`
+            // destroying them and then refusing), and no client can open it between the
+            // check and the destroy.
             host.with_pool(pool, |p| {
-                p.volume(v)?;
-                if recursive {
+                if !recursive {
+                    p.check_destroy_volume(v)?;
+                } else {
+                    p.volume(v)?;
                     let snaps: Vec<String> = p.snapshots(v)?.into_iter().map(|s| s.name).collect();
                     p.destroy_estimate(v, &snaps)?;
                 }
@@ -66,10 +69,13 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                 _ => false,
             };
             let destroyed = destroy_volume(host, con, &name, force, recursive);
-            if let (Err(_), true, Host::Live(served)) = (&destroyed, was_exported, host) {
+            if let (Err(e), true, Host::Live(served)) = (&destroyed, was_exported, host) {
                 // Back as it was: one `recv -u` or `unshare` left out stays out.
-                if let Ok(volume) = host.with_pool(pool, |p| Ok(p.volume(v)?)) {
-                    served.export_volume(volume)?;
+                let back = host
+                    .with_pool(pool, |p| Ok(p.volume(v)?))
+                    .and_then(|volume| served.export_volume(volume));
+                if let Err(again) = back {
+                    bail!("{e:#}; and {name} could not be offered again: {again:#}");
                 }
             }
             destroyed

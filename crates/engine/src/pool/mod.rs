@@ -581,11 +581,17 @@ impl Pool {
         })
     }
 
-    /// Destroys a volume; its space is freed by the next sync.
-    /// Refused while it has snapshots (destroy them first: `vol destroy -r`).
-    pub fn destroy_volume(&self, name: &str) -> Result<()> {
-        let mut volumes = self.volumes.lock().unwrap();
-        if !volumes.contains_key(name) || is_hidden(name) {
+    /// Why [`Pool::destroy_volume`] of `name` would be refused now (no such volume, or it
+    /// has snapshots), for a caller that must know before it acts: a served volume leaves
+    /// its export table first, disconnecting its clients with `-f`.
+    pub fn check_destroy_volume(&self, name: &str) -> Result<()> {
+        let known = self.volumes.lock().unwrap().contains_key(name);
+        self.volume_destroy_refusal(known, name)
+    }
+
+    /// The refusal of a destroy of volume `name` (`known`: in the table of volumes).
+    fn volume_destroy_refusal(&self, known: bool, name: &str) -> Result<()> {
+        if !known || is_hidden(name) {
             return Err(EngineError::NotFound(format!("{}/{name}", self.spa.name)));
         }
         if let Some(ds) = self.dsl.get(name) {
@@ -603,6 +609,14 @@ impl Pool {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Destroys a volume; its space is freed by the next sync.
+    /// Refused while it has snapshots (destroy them first: `vol destroy -r`).
+    pub fn destroy_volume(&self, name: &str) -> Result<()> {
+        let mut volumes = self.volumes.lock().unwrap();
+        self.volume_destroy_refusal(volumes.contains_key(name), name)?;
         volumes.remove(name);
         let ds = self.dsl.destroy(name)?;
         self.spa.txg.mark_dirty();
