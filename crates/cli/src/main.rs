@@ -105,7 +105,7 @@ enum Target {
 }
 
 fn target(command: &Command) -> Target {
-    let pool_of = |name: &str| Target::Pool(name.split('/').next().unwrap_or(name).to_string());
+    let pool_of = |name: &str| Target::Pool(verbs::pool_part(name).to_string());
     match command {
         Command::Create { .. } | Command::Import { pool: Some(_), .. } => Target::NewPool,
         Command::Import { pool: None, .. }
@@ -314,7 +314,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     };
     let names = verbs::pool::listed(local, &named)?;
     // `list` takes datasets too (`tank/vol0`, `tank/vol0@snap`): each goes to its pool.
-    let pool_part = |n: &str| n.split(['/', '@', '#']).next().unwrap_or(n).to_string();
+    let pool_part = |n: &str| verbs::pool_part(n).to_string();
     if let (Command::Status { .. }, true) = (&command, names.is_empty()) {
         use std::io::Write;
         writeln!(std::io::stdout(), "no pools")?;

@@ -91,6 +91,8 @@ pub enum Unexport {
     Receive,
     /// `unshare` (`-f` disconnects).
     Unshare,
+    /// `set volsize` smaller: its clients were told the old size.
+    Shrink,
 }
 
 impl Unexport {
@@ -105,6 +107,10 @@ impl Unexport {
             ),
             Unexport::Receive => ("receive into", "its NBD clients must disconnect first"),
             Unexport::Unshare => ("unshare", "unshare -f disconnects them"),
+            Unexport::Shrink => (
+                "shrink",
+                "they were told its size; oxpool unshare -f disconnects them, share offers it again",
+            ),
         }
     }
 }
@@ -245,11 +251,6 @@ impl Served {
     /// snapshots follow it.
     pub fn is_exported(&self, full_name: &str) -> bool {
         self.exports.clients(full_name).is_some()
-    }
-
-    /// Client connections that have export `full_name` open now (0 if it is not offered).
-    pub fn clients(&self, full_name: &str) -> usize {
-        self.exports.clients(full_name).unwrap_or(0)
     }
 
     /// Offers a volume over NBD from now on (and says where, on the server's output).

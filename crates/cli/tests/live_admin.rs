@@ -339,6 +339,15 @@ fn vol_create_is_listed_and_vol_destroy_refuses_an_open_export_unless_forced() {
     let e = env.fails(&["vol", "destroy", "-r", "-f", "tank/v9"]);
     assert!(e.contains("tank/v9@keep is held (k)"), "{e}");
     assert!(exports(&server).contains("tank/v9"));
+    // Snapshots without -r: refused before -f disconnects anyone too.
+    let e = env.fails(&["vol", "destroy", "-f", "tank/v9"]);
+    assert!(e.contains("has 1 snapshot (keep)"), "{e}");
+    assert_eq!(
+        release(client),
+        "still connected",
+        "a refused -f disconnected it"
+    );
+    let client = hold(&format!("nbd://{}/tank/v9", server.tcp_addr()));
     assert!(env
         .ok(&["list", "-t", "snapshot", "-H", "-o", "name"])
         .contains("tank/v9@keep"));
@@ -368,8 +377,8 @@ fn volsize_does_not_shrink_under_an_open_client() {
     let client = hold(&server.uri("tank/vol0"));
     let e = env.fails(&["set", "volsize=8M", "tank/vol0"]);
     assert!(
-        e.contains("cannot shrink tank/vol0 from 16M to 8M: it is open by 1 NBD client")
-            && e.contains("oxpool unshare -f tank/vol0"),
+        e.contains("cannot shrink 'tank/vol0': it is open by 1 NBD client")
+            && e.contains("oxpool unshare -f disconnects them"),
         "{e}"
     );
     assert_eq!(volsize().trim(), (16u64 << 20).to_string());
@@ -438,6 +447,8 @@ fn list_takes_volumes_and_snapshots_by_name() {
             e.contains("nosuch") && !e.contains(".run/"),
             "{served}: {e}"
         );
+        let e = env.fails(&["list", "tank@s1"]);
+        assert!(e.contains("a pool has no snapshots"), "{served}: {e}");
         let e = env.fails(&["list", "tank/a@nosuch"]);
         assert!(
             e.contains("nosuch") && !e.contains(".run/"),
@@ -487,6 +498,37 @@ fn set_takes_several_assignments_all_or_none() {
         );
         let e = env.fails(&["set", "sync=disabled", "sync=always", "tank/vol0"]);
         assert!(e.contains("set twice"), "{served}: {e}");
+        // A shrink with a refused value changes nothing: the data past the new end stays.
+        let data = env.path("past8m.bin");
+        std::fs::write(&data, vec![0x5au8; 1 << 20]).unwrap();
+        env.ok(&[
+            "vol",
+            "write",
+            "tank/vol0",
+            "--offset",
+            "12M",
+            data.to_str().unwrap(),
+        ]);
+        let e = env.fails(&["set", "volsize=8M", "checksum=md5", "tank/vol0"]);
+        assert!(e.contains("md5"), "{served}: {e}");
+        let back = env.path("back.bin");
+        env.ok(&[
+            "vol",
+            "read",
+            "tank/vol0",
+            "--offset",
+            "12M",
+            "--length",
+            "1M",
+            back.to_str().unwrap(),
+        ]);
+        assert!(
+            std::fs::read(&back).unwrap() == vec![0x5au8; 1 << 20],
+            "{served}: data lost"
+        );
+        // A read-only statistic among them is called read-only.
+        let e = env.fails(&["set", "sync=always", "used=1", "tank/vol0"]);
+        assert!(e.contains("read-only"), "{served}: {e}");
         let e = env.fails(&["set", "sync=disabled", "tank/vol0", "tank/other", "x"]);
         assert!(e.contains("unexpected 'x'"), "{served}: {e}");
         env.ok(&[

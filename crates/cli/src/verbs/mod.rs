@@ -292,6 +292,12 @@ pub fn split_assignment(a: &str) -> Result<(&str, &str)> {
 }
 
 /// `POOL` or `POOL/VOL`.
+/// The pool of a name: `POOL`, `POOL/VOL`, `POOL/VOL@SNAP`, `POOL/VOL#BOOKMARK` (and, to
+/// be refused by what reads it, `POOL@...`).
+pub fn pool_part(name: &str) -> &str {
+    name.split(['/', '@', '#']).next().unwrap_or(name)
+}
+
 pub fn split_target(t: &str) -> (&str, Option<&str>) {
     match t.split_once('/') {
         Some((p, v)) => (p, Some(v)),

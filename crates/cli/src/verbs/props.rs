@@ -346,6 +346,15 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
         bail!("property '{k}' is read-only");
     }
     host.change_pool(pool, |p| {
+        if let (Some(v2), None) = (vol, device) {
+            // Every value checked first, together, on a copy: a refusal then changes
+            // nothing, and a read-only name is called so (not unknown to the rollback).
+            let mut q = p.volume(v2)?.props();
+            for (k, v) in &pairs {
+                q.set(k, v)?;
+            }
+            q.validate()?;
+        }
         // The value to restore each property to: read before it changes.
         let old = |k: &str| -> Result<String> {
             Ok(match (vol, device) {
@@ -363,68 +372,65 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
                     "a device belongs to a pool, not to a volume: oxpool set PROP=VALUE POOL \
                      DEVICE"
                 ),
-                (Some(v2), None) => {
-                    if let (Host::Live(served), "volsize") = (host, k) {
-                        refuse_shrink_under_clients(served, p, v2, v)?;
-                    }
-                    p.set_volume_prop(v2, k, v)?
-                }
+                (Some(v2), None) => match (host, k) {
+                    (Host::Live(served), "volsize") => resize_served(served, p, v2, v)?,
+                    _ => p.set_volume_prop(v2, k, v)?,
+                },
                 (None, Some(d)) => p.set_device_prop(d, k, v)?,
                 (None, None) => p.set_prop(k, v)?,
             }
             Ok(())
         };
-        let mut done: Vec<(&str, String)> = Vec::new();
+        let mut done: Vec<(&str, Option<String>)> = Vec::new();
         for (k, v) in &pairs {
-            let before = if pairs.len() > 1 {
-                old(k)
-            } else {
-                Ok(String::new())
-            };
-            let result = before.and_then(|before| apply(k, v).map(|()| before));
-            match result {
-                Ok(before) => done.push((k, before)),
-                Err(e) => {
-                    // Back as it was, newest first; a failure there is named with the first.
-                    for (k, before) in done.iter().rev() {
-                        if let Err(undo) = apply(k, before) {
-                            bail!("{e:#}; and {k} could not be set back to {before}: {undo:#}");
-                        }
+            // Only a change of several needs the old values.
+            let before = if pairs.len() > 1 { Some(old(k)?) } else { None };
+            if let Err(e) = apply(k, v) {
+                // Back as it was, newest first, every one tried; those that could not be set
+                // back are named with the refusal.
+                let mut not_undone = Vec::new();
+                for (k, before) in done.iter().rev() {
+                    let Some(before) = before else { continue };
+                    if let Err(undo) = apply(k, before) {
+                        not_undone.push(format!("{k} stays changed ({undo:#})"));
                     }
+                }
+                if not_undone.is_empty() {
                     return Err(e);
                 }
+                bail!("{e:#}; and {}", not_undone.join("; "));
             }
+            done.push((k, before));
         }
         Ok(())
     })
 }
 
-/// A served volume's size may not shrink while NBD clients have it open: they were told
-/// the old size, and their requests past the new end would fail (EINVAL) while their data
-/// there is gone (a new user's finding). `destroy`, `rollback` and `unshare` refuse an open
-/// volume the same way; growing is fine (clients see the new size when they reconnect, as
-/// with qemu-nbd). A value that does not parse is left to the engine to refuse.
-fn refuse_shrink_under_clients(
+/// `volsize` of a served volume. Its size may not shrink while NBD clients have it open:
+/// they were told the old size, and their requests past the new end would fail (EINVAL)
+/// while their data there is gone (a new user's finding). `destroy`, `rollback` and
+/// `unshare` refuse an open volume the same way, and as they do, a shrink takes the volume
+/// out of the export table first (refused while open): no client can connect and be told
+/// the old size between the check and the shrink. It is offered again after, at its new
+/// size. Growing is done in place (clients see the new size when they reconnect, as with
+/// qemu-nbd). A value that does not parse is left to the engine to refuse.
+fn resize_served(
     served: &crate::served::Served,
     p: &oxpool_engine::Pool,
     volume: &str,
     value: &str,
 ) -> Result<()> {
-    let Ok(new_bytes) = oxpool_engine::props::parse_size("volsize", value) else {
-        return Ok(());
-    };
-    let old_bytes = p.volume(volume)?.size_bytes();
-    let full = format!("{}/{volume}", p.name());
-    let clients = served.clients(&full);
-    if new_bytes < old_bytes && clients > 0 {
-        bail!(
-            "cannot shrink {full} from {} to {}: it is open by {clients} NBD client \
-             connection(s), told its size is {} (disconnect them first: oxpool unshare -f \
-             {full}, then share it again)",
-            crate::human(old_bytes),
-            crate::human(new_bytes),
-            crate::human(old_bytes)
-        );
+    let vol = p.volume(volume)?;
+    let old_bytes = vol.size_bytes();
+    let shrink = oxpool_engine::props::parse_size("volsize", value).is_ok_and(|b| b < old_bytes);
+    if !shrink {
+        return Ok(p.set_volume_prop(volume, "volsize", value)?);
     }
-    Ok(())
+    let full = format!("{}/{volume}", p.name());
+    let was_exported = served.unexport_volume(&full, false, crate::served::Unexport::Shrink)?;
+    let resized = p.set_volume_prop(volume, "volsize", value);
+    if was_exported {
+        served.export_volume(vol)?;
+    }
+    Ok(resized?)
 }

@@ -716,20 +716,23 @@ struct DatasetFilter {
 
 impl DatasetFilter {
     /// From `POOL`, `POOL/VOL`, `POOL/VOL@SNAP` or `POOL/VOL#BOOKMARK`.
-    fn parse(target: &str) -> DatasetFilter {
+    fn parse(target: &str) -> Result<DatasetFilter> {
         let Some((_, rest)) = target.split_once('/') else {
-            return DatasetFilter::default();
+            if target.contains(['@', '#']) {
+                bail!("{target}: a pool has no snapshots or bookmarks; name POOL/VOL@SNAP");
+            }
+            return Ok(DatasetFilter::default());
         };
         let (volume, snapshot, bookmark) = match (rest.split_once('@'), rest.split_once('#')) {
             (Some((v, s)), _) => (v, Some(s.to_string()), None),
             (None, Some((v, b))) => (v, None, Some(b.to_string())),
             (None, None) => (rest, None, None),
         };
-        DatasetFilter {
+        Ok(DatasetFilter {
             volume: Some(volume.to_string()),
             snapshot,
             bookmark,
-        }
+        })
     }
 
     /// Whether the volume's own row is wanted (not only one of its snapshots or bookmarks).
@@ -760,12 +763,8 @@ pub fn list_datasets(
     for target in super::pool::listed(host, pools)? {
         // POOL, or a dataset of it: POOL/VOL (the volume, and its snapshots or bookmarks
         // with -t), POOL/VOL@SNAP or POOL/VOL#BOOKMARK (that one).
-        let name = target
-            .split(['/', '@', '#'])
-            .next()
-            .unwrap_or(&target)
-            .to_string();
-        let wanted = DatasetFilter::parse(&target);
+        let name = super::pool_part(&target).to_string();
+        let wanted = DatasetFilter::parse(&target)?;
         let rows = host.with_pool(&name, |p| {
             let mut rows: Vec<Vec<String>> = Vec::new();
             if let Some(v) = &wanted.volume {
