@@ -8,7 +8,7 @@ mod fio_loop;
 mod harness;
 
 use fio_loop::FioLoop;
-use harness::{exports, hold, python, release, run, tool, Env, ServerProcess};
+use harness::{exports, hold, python, release, run, tool, until_bounded, Env, ServerProcess};
 use oxpool_control::{decode, encode, Message, Request};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -387,16 +387,11 @@ fn volsize_does_not_shrink_under_an_open_client() {
     assert_eq!(release(client), "still connected");
     // The server counts the connection closed once it has read the client's disconnect,
     // which may be just after the client exits: a bounded wait for that.
-    let mut tries = 0;
-    while !env
-        .run(&["set", "volsize=8M", "tank/vol0"])
-        .status
-        .success()
-    {
-        tries += 1;
-        assert!(tries < 500, "still refused 10 s after the client left");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    until_bounded("the shrink after the client left", || {
+        env.run(&["set", "volsize=8M", "tank/vol0"])
+            .status
+            .success()
+    });
     assert_eq!(volsize().trim(), (8u64 << 20).to_string());
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
@@ -464,11 +459,7 @@ fn list_takes_volumes_and_snapshots_by_name() {
         ]);
         assert!(secs.trim().parse::<u64>().is_ok(), "{secs}");
     };
-    check("not served");
-    let server = env.serve(&["--listen", "127.0.0.1:0"]);
-    check("served");
-    let (ok, out) = server.stop();
-    assert!(ok.success(), "{out}");
+    unserved_then_served(&env, check);
 }
 
 /// `set` takes several assignments, as `zfs set`, all or none: one refused sets the others
@@ -545,11 +536,7 @@ fn set_takes_several_assignments_all_or_none() {
         );
         env.ok(&["set", "volsize=16M", "tank/vol0"]);
     };
-    check("not served");
-    let server = env.serve(&["--listen", "127.0.0.1:0"]);
-    check("served");
-    let (ok, out) = server.stop();
-    assert!(ok.success(), "{out}");
+    unserved_then_served(&env, check);
 }
 
 /// `get` takes several targets of one pool, as `zfs get` (a new user's `get volsize
@@ -587,11 +574,7 @@ fn get_takes_several_targets_of_one_pool() {
         let e = env.fails(&["get", "scheduler", "tank", "x.img", "y.img"]);
         assert!(e.contains("unexpected 'y.img'"), "{served}: {e}");
     };
-    check("not served");
-    let server = env.serve(&["--listen", "127.0.0.1:0"]);
-    check("served");
-    let (ok, out) = server.stop();
-    assert!(ok.success(), "{out}");
+    unserved_then_served(&env, check);
 }
 
 #[test]
@@ -1273,4 +1256,14 @@ fn a_server_whose_output_reader_left_still_stops() {
     // Exported: the pool opens here, with both volumes.
     let vols = env.ok(&["vol", "list", "tank"]);
     assert!(vols.contains("vol0") && vols.contains("vol1"), "{vols}");
+}
+
+/// Runs `check` on the pool with no server, then served (what a command does must not
+/// depend on which runs it), and stops the server.
+fn unserved_then_served(env: &Env, check: impl Fn(&str)) {
+    check("not served");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    check("served");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
 }

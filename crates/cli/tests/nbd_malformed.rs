@@ -5,7 +5,7 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{hold, release, run_unchecked, script, tool, Env, PYTHON};
+use harness::{hold, release, run_unchecked, script, tool, until_bounded, Env, PYTHON};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::process::{Command, Stdio};
@@ -298,22 +298,13 @@ fn connections_past_shared_are_closed_and_logged() {
     assert!(!refused.status.success(), "a third connection was served");
     assert_eq!(release(first), "still connected");
     // The server counts the first closed once it has read its disconnect: a bounded wait.
-    let mut tries = 0;
-    loop {
+    until_bounded("a connection within --shared after one left", || {
         let mut nbdinfo = Command::new("nbdinfo");
         nbdinfo.args(["--size", &uri]);
         let out = run_unchecked(nbdinfo, "nbdinfo within --shared");
-        if out.status.success() {
-            assert_eq!(
-                String::from_utf8_lossy(&out.stdout).trim(),
-                (16u64 << 20).to_string()
-            );
-            break;
-        }
-        tries += 1;
-        assert!(tries < 500, "still refused 10 s after a client left");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).trim() == (16u64 << 20).to_string()
+    });
     assert_eq!(release(second), "still connected");
     let (status, output) = server.stop();
     assert!(status.success(), "{output}");

@@ -301,6 +301,18 @@ impl Drop for ServerProcess {
     }
 }
 
+/// Tries `done` until it holds, every 20 ms, failing after 10 s: for what the server does
+/// just after a client has gone (it counts a connection closed once it has read the
+/// disconnect). A bound on a wait, not a timing assertion.
+pub fn until_bounded(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline.
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: still not so after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits for `child` to exit, killing it (by PID) and failing after [`HANG_LIMIT`].
 pub fn wait_bounded(child: &mut Child, what: &str) -> ExitStatus {
     let deadline = Instant::now() + HANG_LIMIT;
