@@ -80,10 +80,13 @@ pub enum Command {
         /// Pool to import; without it, list the pools found.
         pool: Option<String>,
     },
-    /// Export a pool: write everything and forget it. A served pool's clients are
-    /// disconnected (their requests in flight are answered first) and the server stops
-    /// serving it.
+    /// Export a pool: write everything and forget it. A served pool is refused while NBD
+    /// clients have any of its volumes open (as `zpool export` refuses a busy pool), unless
+    /// -f; then the server stops serving it.
     Export {
+        /// Disconnect the pool's NBD clients first (their requests in flight are answered).
+        #[arg(short = 'f', long)]
+        force: bool,
         /// Pool name.
         pool: String,
     },

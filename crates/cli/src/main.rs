@@ -115,7 +115,7 @@ fn target(command: &Command) -> Target {
         | Command::Stream { .. } => Target::Here,
         Command::List { .. } | Command::Status { .. } => Target::EachPool,
         Command::Add { pool, .. }
-        | Command::Export { pool }
+        | Command::Export { pool, .. }
         | Command::Destroy { pool, .. }
         | Command::Audit { pool }
         | Command::Offline { pool, .. }

@@ -577,6 +577,9 @@ fn get_takes_several_targets_of_one_pool() {
     unserved_then_served(&env, check);
 }
 
+/// `export` of a pool an NBD client has open is refused, as `zpool export` refuses a busy
+/// pool (it used to disconnect them: a new user expected the refusal that destroy and
+/// rollback give); `export -f` disconnects that pool's clients only.
 #[test]
 fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let env = Env::new();
@@ -585,7 +588,15 @@ fn export_of_one_of_two_pools_disconnects_only_its_clients() {
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let on_tank = hold(&server.uri("tank/vol0"));
     let on_tank2 = hold(&server.uri("tank2/w0"));
-    env.ok(&["export", "tank2"]);
+    let e = env.fails(&["export", "tank2"]);
+    assert!(
+        e.contains("pool 'tank2' is in use: tank2/w0 is open by 1 NBD client")
+            && e.contains("-f disconnects them"),
+        "{e}"
+    );
+    assert!(exports(&server).contains("tank2/w0"));
+    assert!(env.ok(&["list", "-H"]).contains("tank2"));
+    env.ok(&["export", "-f", "tank2"]);
     let said = release(on_tank2);
     assert!(said.starts_with("disconnected"), "{said}");
     assert_eq!(release(on_tank), "still connected");

@@ -51,7 +51,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             pool,
             vdevs,
         } => pool::add(host, con, &pool, &vdevs, size.as_deref(), sparse, force),
-        Command::Export { pool } => pool::export(host, &pool),
+        Command::Export { pool, force } => pool::export(host, &pool, force),
         Command::Destroy {
             force,
             dry_run,

@@ -224,9 +224,10 @@ pub fn import(
     Ok(())
 }
 
-/// `oxpool export POOL`. A served pool's clients are disconnected (after their requests in
-/// flight are answered) and the server stops serving it.
-pub fn export(host: &Host, name: &str) -> Result<()> {
+/// `oxpool export [-f] POOL`. A served pool is refused while clients have it open; with
+/// `-f` they are disconnected (after their requests in flight are answered) and the server
+/// stops serving it.
+pub fn export(host: &Host, name: &str, force: bool) -> Result<()> {
     match host {
         Host::Local { cache } => match open_pool(cache, name) {
             Ok((pool, _locks)) => pool.export()?,
@@ -244,7 +245,9 @@ pub fn export(host: &Host, name: &str) -> Result<()> {
         },
         Host::Live(served) => {
             let _one = served.membership();
-            let (pool, devices) = served.release(name, false)?;
+            // A client's disk going away under it is refused, as `zpool export` refuses a
+            // busy pool: -f disconnects them (after answering what they sent).
+            let (pool, devices) = served.release(name, !force)?;
             pool.export()?;
             drop(devices);
         }
