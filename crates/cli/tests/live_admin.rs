@@ -442,6 +442,8 @@ fn list_takes_volumes_and_snapshots_by_name() {
             e.contains("nosuch") && !e.contains(".run/"),
             "{served}: {e}"
         );
+        let e = env.fails(&["list", "-t", "volume", "tank/a@s1"]);
+        assert!(e.contains("list it with -t snapshot"), "{served}: {e}");
         let e = env.fails(&["list", "tank@s1"]);
         assert!(e.contains("a pool has no snapshots"), "{served}: {e}");
         let e = env.fails(&["list", "tank/a@nosuch"]);

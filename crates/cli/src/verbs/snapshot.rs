@@ -765,6 +765,13 @@ pub fn list_datasets(
         // with -t), POOL/VOL@SNAP or POOL/VOL#BOOKMARK (that one).
         let name = super::pool_part(&target).to_string();
         let wanted = DatasetFilter::parse(&target)?;
+        // A snapshot or bookmark named, of a type not listed, would list nothing silently.
+        if wanted.snapshot.is_some() && !types.snapshots {
+            bail!("{target} is a snapshot: list it with -t snapshot (or all)");
+        }
+        if wanted.bookmark.is_some() && !types.bookmarks {
+            bail!("{target} is a bookmark: list it with -t bookmark (or all)");
+        }
         let rows = host.with_pool(&name, |p| {
             let mut rows: Vec<Vec<String>> = Vec::new();
             if let Some(v) = &wanted.volume {
