@@ -664,7 +664,8 @@ fn a_forced_removal_shuts_down_a_client_that_stops_reading() {
 /// only export: with several, "the first" would change as volumes are added (after a restart,
 /// one whose name sorts first), sending the same client URI to another disk. It is refused
 /// then (EXPORT_NAME, which has no error reply, by closing), and never moves to another
-/// volume: once the volume it reached is removed, it reaches none, even with one left alone.
+/// volume: while the volume it reached is not offered, it reaches none, even with one left
+/// alone; offered again under its name, it is the default again.
 #[test]
 fn the_default_export_is_the_only_export_and_never_moves() {
     let (pool, volume) = pool();
@@ -699,7 +700,8 @@ fn the_default_export_is_the_only_export_and_never_moves() {
     assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
     assert_eq!(export_name(&addr, ""), None);
     assert_eq!(open_export(&addr, "mem/vol1").unwrap().1, 8 << 20);
-    // Not even once it is back under the same name: it is another export now.
+    // Back under its name (offered again after a refused destroy, a shrink, unshare and
+    // share): the default again, once it is the only export.
     exports
         .add(ServerExport {
             name: "mem/vol0".into(),
@@ -707,7 +709,10 @@ fn the_default_export_is_the_only_export_and_never_moves() {
             read_only: false,
         })
         .unwrap();
-    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
+    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN), "two exports");
+    drop(exports.remove("mem/vol1", Disconnect::Force).unwrap());
+    assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
+    assert_eq!(export_name(&addr, ""), Some(VOLUME_BYTES));
     server.shutdown_handle().shutdown();
     server.join().unwrap();
     drop((volume, vol1));

@@ -102,13 +102,16 @@ struct TableState {
     /// not ended yet.
     connections: HashMap<ExportId, usize>,
     next_id: u64,
-    /// The only export an empty name may select: the first one the table ever held, for good
-    /// (a client reconnecting without a name must never land on another volume; once it is
-    /// removed, an empty name selects nothing). Even it is selected only while it is the sole
-    /// export the client may open (`Handshake::find_export`): the order of the exports is
-    /// the order of their names at the server's start, so "the first" of several would be
-    /// another volume after a restart with a volume whose name sorts before it.
-    default: Option<ExportId>,
+    /// The only export an empty name may select: the name of the first one the table ever
+    /// held, for good (a client reconnecting without a name must never land on another
+    /// volume; while no export has that name, an empty name selects nothing). By name, not
+    /// id: an export taken out and offered again (a refused destroy, a shrink, `unshare`
+    /// then `share`) is the same volume and stays the default. Even it is selected only
+    /// while it is the sole export the client may open (`Handshake::find_export`): the order
+    /// of the exports is the order of their names at the server's start, so "the first" of
+    /// several would be another volume after a restart with a volume whose name sorts
+    /// before it.
+    default: Option<String>,
 }
 
 /// The export table, shared by the reactors and the administrator.
@@ -169,7 +172,9 @@ impl ExportTable {
         }
         let id = ExportId(state.next_id);
         state.next_id += 1;
-        state.default.get_or_insert(id);
+        if state.default.is_none() {
+            state.default = Some(export.name.clone());
+        }
         state.entries.push(Entry { id, export });
         Ok(())
     }
@@ -190,7 +195,8 @@ impl ExportTable {
                 .collect(),
             default_index: state
                 .default
-                .and_then(|d| state.entries.iter().position(|e| e.id == d)),
+                .as_ref()
+                .and_then(|d| state.entries.iter().position(|e| e.export.name == *d)),
         }
     }
 
