@@ -709,7 +709,11 @@ fn the_default_export_is_the_only_export_and_never_moves() {
             read_only: false,
         })
         .unwrap();
-    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN), "two exports");
+    assert_eq!(
+        open_export(&addr, "").err(),
+        Some(REP_ERR_UNKNOWN),
+        "two exports"
+    );
     drop(exports.remove("mem/vol1", Disconnect::Force).unwrap());
     assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
     assert_eq!(export_name(&addr, ""), Some(VOLUME_BYTES));
