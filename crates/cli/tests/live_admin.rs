@@ -202,17 +202,7 @@ fn status_counts(status: &str, device: &str) -> (u64, u64, u64) {
 #[test]
 fn status_of_a_served_pool_shows_the_servers_own_counters() {
     let env = Env::new();
-    let (a, b) = (env.path("a.img"), env.path("b.img"));
-    env.ok(&[
-        "create",
-        "tank",
-        "mirror",
-        a.to_str().unwrap(),
-        b.to_str().unwrap(),
-        "--size",
-        "256M",
-        "--sparse",
-    ]);
+    let (_, b) = env.mirror_tank("a.img", "b.img", "256M");
     env.ok(&["vol", "create", "tank/vol0", "--size", "16M"]);
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let data = harness::random_bytes(3, 16 << 20);
