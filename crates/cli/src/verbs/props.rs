@@ -339,10 +339,14 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
     }
     pairs.sort_by_key(|(k, _)| *k == "volsize");
     let (pool, vol) = split_target(target);
-    if let Some((k, _)) = pairs
-        .iter()
-        .find(|(k, _)| vol.is_none() && device.is_none() && POOL_STAT_NAMES.contains(k))
-    {
+    // Statistics kept outside the properties are refused by name here (the engine would
+    // call them unknown).
+    let read_only = |k: &str| match (vol, device) {
+        (None, None) => POOL_STAT_NAMES.contains(&k),
+        (Some(_), None) => oxpool_engine::DATASET_STAT_NAMES.contains(&k),
+        _ => false,
+    };
+    if let Some((k, _)) = pairs.iter().find(|(k, _)| read_only(k)) {
         bail!("property '{k}' is read-only");
     }
     host.change_pool(pool, |p| {
@@ -353,9 +357,12 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
             for (k, v) in &pairs {
                 q.set(k, v)?;
             }
+            VolumeProps::check_new_volsize(q.volsize_bytes)?;
             q.validate()?;
         }
-        // The value to restore each property to: read before it changes.
+        // The value to restore each property to, all read before anything changes: a name
+        // the target does not have is refused here, with nothing to undo. Only a change of
+        // several needs them.
         let old = |k: &str| -> Result<String> {
             Ok(match (vol, device) {
                 (Some(v2), _) => p.volume(v2)?.props().get(k)?,
@@ -366,25 +373,41 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
                 (None, None) => p.get_prop(k)?,
             })
         };
+        let befores: Vec<Option<String>> = if pairs.len() > 1 {
+            pairs
+                .iter()
+                .map(|(k, _)| old(k).map(Some))
+                .collect::<Result<_>>()?
+        } else {
+            vec![None]
+        };
         let apply = |k: &str, v: &str| -> Result<()> {
             match (vol, device) {
                 (Some(_), Some(_)) => bail!(
                     "a device belongs to a pool, not to a volume: oxpool set PROP=VALUE POOL \
                      DEVICE"
                 ),
-                (Some(v2), None) => match (host, k) {
-                    (Host::Live(served), "volsize") => resize_served(served, p, v2, v)?,
-                    _ => p.set_volume_prop(v2, k, v)?,
-                },
+                (Some(v2), None) => p.set_volume_prop(v2, k, v)?,
                 (None, Some(d)) => p.set_device_prop(d, k, v)?,
                 (None, None) => p.set_prop(k, v)?,
             }
             Ok(())
         };
-        let mut done: Vec<(&str, Option<String>)> = Vec::new();
-        for (k, v) in &pairs {
-            // Only a change of several needs the old values.
-            let before = if pairs.len() > 1 { Some(old(k)?) } else { None };
+        // A served shrink takes the volume out of the export table before anything is
+        // applied: the other values (a wider `nbd_allow`, say) never hold while it is
+        // offered at its old size, nor would a client let in by them see the shrink.
+        let shrink = match (host, vol, device) {
+            (Host::Live(served), Some(v2), None) => {
+                match pairs.iter().find(|(k, _)| *k == "volsize") {
+                    Some((_, v)) => unexport_for_shrink(served, p, v2, v)?,
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let mut done: Vec<(&str, &Option<String>)> = Vec::new();
+        let mut outcome = Ok(());
+        for ((k, v), before) in pairs.iter().zip(&befores) {
             if let Err(e) = apply(k, v) {
                 // Back as it was, newest first, every one tried; those that could not be set
                 // back are named with the refusal.
@@ -395,14 +418,25 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
                         not_undone.push(format!("{k} stays changed ({undo:#})"));
                     }
                 }
-                if not_undone.is_empty() {
-                    return Err(e);
-                }
-                bail!("{e:#}; and {}", not_undone.join("; "));
+                outcome = if not_undone.is_empty() {
+                    Err(e)
+                } else {
+                    Err(anyhow::anyhow!("{e:#}; and {}", not_undone.join("; ")))
+                };
+                break;
             }
             done.push((k, before));
         }
-        Ok(())
+        if let Some((served, vol)) = shrink {
+            // Offered again, at whatever size it now has.
+            if let Err(e) = served.export_volume(vol) {
+                return match outcome {
+                    Ok(()) => Err(e),
+                    Err(first) => bail!("{first:#}; and it is not offered again: {e:#}"),
+                };
+            }
+        }
+        outcome
     })
 }
 
@@ -411,26 +445,23 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
 /// while their data there is gone (a new user's finding). `destroy`, `rollback` and
 /// `unshare` refuse an open volume the same way, and as they do, a shrink takes the volume
 /// out of the export table first (refused while open): no client can connect and be told
-/// the old size between the check and the shrink. It is offered again after, at its new
-/// size. Growing is done in place (clients see the new size when they reconnect, as with
+/// the old size between the check and the shrink. The caller offers it again after, at its
+/// new size; what to offer is returned (`None`: no shrink, or the volume was not offered).
+/// Growing is done in place (clients see the new size when they reconnect, as with
 /// qemu-nbd). A value that does not parse is left to the engine to refuse.
-fn resize_served(
-    served: &crate::served::Served,
+fn unexport_for_shrink<'a>(
+    served: &'a crate::served::Served,
     p: &oxpool_engine::Pool,
     volume: &str,
     value: &str,
-) -> Result<()> {
+) -> Result<Option<(&'a crate::served::Served, oxpool_engine::Volume)>> {
     let vol = p.volume(volume)?;
-    let old_bytes = vol.size_bytes();
-    let shrink = oxpool_engine::props::parse_size("volsize", value).is_ok_and(|b| b < old_bytes);
+    let shrink =
+        oxpool_engine::props::parse_size("volsize", value).is_ok_and(|b| b < vol.size_bytes());
     if !shrink {
-        return Ok(p.set_volume_prop(volume, "volsize", value)?);
+        return Ok(None);
     }
     let full = format!("{}/{volume}", p.name());
     let was_exported = served.unexport_volume(&full, false, crate::served::Unexport::Shrink)?;
-    let resized = p.set_volume_prop(volume, "volsize", value);
-    if was_exported {
-        served.export_volume(vol)?;
-    }
-    Ok(resized?)
+    Ok(was_exported.then_some((served, vol)))
 }
