@@ -717,8 +717,25 @@ fn the_default_export_is_the_only_export_and_never_moves() {
     drop(exports.remove("mem/vol1", Disconnect::Force).unwrap());
     assert_eq!(open_export(&addr, "").unwrap().1, VOLUME_BYTES);
     assert_eq!(export_name(&addr, ""), Some(VOLUME_BYTES));
+
+    // Destroyed and created again under its name: another volume, never the default, though
+    // it is the only export.
+    drop(exports.remove("mem/vol0", Disconnect::Force).unwrap());
+    drop(volume);
+    pool.destroy_volume("vol0").unwrap();
+    let again = pool.create_volume("vol0", 4 << 20, &[]).unwrap();
+    exports
+        .add(ServerExport {
+            name: "mem/vol0".into(),
+            volume: again.clone(),
+            read_only: false,
+        })
+        .unwrap();
+    assert_eq!(open_export(&addr, "").err(), Some(REP_ERR_UNKNOWN));
+    assert_eq!(export_name(&addr, ""), None);
+    assert_eq!(open_export(&addr, "mem/vol0").unwrap().1, 4 << 20);
     server.shutdown_handle().shutdown();
     server.join().unwrap();
-    drop((volume, vol1));
+    drop((again, vol1));
     pool.export().unwrap();
 }

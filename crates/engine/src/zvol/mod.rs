@@ -241,6 +241,12 @@ impl Volume {
         &self.vol.ds.name
     }
 
+    /// The guid of the volume's dataset: which volume this is, for good. One destroyed and
+    /// created again under the same name has another; a rename or a rollback keeps it.
+    pub fn dataset_guid(&self) -> oxpool_format::Guid {
+        self.vol.ds.lineage.lock().unwrap().guid
+    }
+
     /// Current size in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.vol.ds.props.lock().unwrap().volsize_bytes

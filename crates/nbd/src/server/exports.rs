@@ -102,16 +102,17 @@ struct TableState {
     /// not ended yet.
     connections: HashMap<ExportId, usize>,
     next_id: u64,
-    /// The only export an empty name may select: the name of the first one the table ever
-    /// held, for good (a client reconnecting without a name must never land on another
-    /// volume; while no export has that name, an empty name selects nothing). By name, not
-    /// id: an export taken out and offered again (a refused destroy, a shrink, `unshare`
-    /// then `share`) is the same volume and stays the default. Even it is selected only
-    /// while it is the sole export the client may open (`Handshake::find_export`): the order
-    /// of the exports is the order of their names at the server's start, so "the first" of
-    /// several would be another volume after a restart with a volume whose name sorts
-    /// before it.
-    default: Option<String>,
+    /// The only export an empty name may select: the first one the table ever held, for
+    /// good (a client reconnecting without a name must never land on another volume; while
+    /// no export is that one, an empty name selects nothing). By name and dataset guid, not
+    /// by export id: an export taken out and offered again (a refused destroy, a shrink,
+    /// `unshare` then `share`) is the same volume and stays the default, while a volume
+    /// destroyed and created again under its name is another, and does not. Even it is
+    /// selected only while it is the sole export the client may open
+    /// (`Handshake::find_export`): the order of the exports is the order of their names at
+    /// the server's start, so "the first" of several would be another volume after a
+    /// restart with a volume whose name sorts before it.
+    default: Option<(String, oxpool_format::Guid)>,
 }
 
 /// The export table, shared by the reactors and the administrator.
@@ -173,7 +174,7 @@ impl ExportTable {
         let id = ExportId(state.next_id);
         state.next_id += 1;
         if state.default.is_none() {
-            state.default = Some(export.name.clone());
+            state.default = Some((export.name.clone(), export.volume.dataset_guid()));
         }
         state.entries.push(Entry { id, export });
         Ok(())
@@ -193,10 +194,12 @@ impl ExportTable {
                 .iter()
                 .map(|e| (e.id, e.export.volume.clone()))
                 .collect(),
-            default_index: state
-                .default
-                .as_ref()
-                .and_then(|d| state.entries.iter().position(|e| e.export.name == *d)),
+            default_index: state.default.as_ref().and_then(|(name, guid)| {
+                state
+                    .entries
+                    .iter()
+                    .position(|e| e.export.name == *name && e.export.volume.dataset_guid() == *guid)
+            }),
         }
     }
 
