@@ -316,6 +316,27 @@ impl Served {
     ///    export, persisted, and resumes at the next import).
     pub fn release(&self, name: &str, refuse_if_open: bool) -> Result<(Pool, Devices)> {
         let served = self.pool(name)?;
+        let in_use = |export: &str, clients: usize| {
+            anyhow!(
+                "pool '{name}' is in use: {export} is open by {clients} NBD client \
+                 connection(s) (-f disconnects them)"
+            )
+        };
+        if refuse_if_open {
+            // Refused before the mark, so that other commands on the pool are not refused
+            // meanwhile; step 3 checks again, under the table's lock.
+            let prefix = format!("{name}/");
+            let open = self.exports.names().into_iter().find_map(|e| {
+                if !e.starts_with(&prefix) {
+                    return None;
+                }
+                let n = self.exports.clients(&e).filter(|&n| n > 0)?;
+                Some((e, n))
+            });
+            if let Some((export, clients)) = open {
+                return Err(in_use(&export, clients));
+            }
+        }
         served.leaving.store(true, Ordering::SeqCst);
         let fail = |why: anyhow::Error| {
             served.leaving.store(false, Ordering::SeqCst);
@@ -343,12 +364,7 @@ impl Served {
             Err(oxpool_nbd::server::ExportError::InUse {
                 name: export,
                 clients,
-            }) => {
-                return fail(anyhow!(
-                    "pool '{name}' is in use: {export} is open by {clients} NBD client \
-                     connection(s) (-f disconnects them)"
-                ))
-            }
+            }) => return fail(in_use(&export, clients)),
             Err(e) => return fail(anyhow!("{e}")),
         };
         if !removed.stuck.is_empty() {

@@ -291,13 +291,13 @@ pub fn split_assignment(a: &str) -> Result<(&str, &str)> {
         .ok_or_else(|| anyhow!("expected PROP=VALUE, got '{a}'"))
 }
 
-/// `POOL` or `POOL/VOL`.
 /// The pool of a name: `POOL`, `POOL/VOL`, `POOL/VOL@SNAP`, `POOL/VOL#BOOKMARK` (and, to
 /// be refused by what reads it, `POOL@...`).
 pub fn pool_part(name: &str) -> &str {
     name.split(['/', '@', '#']).next().unwrap_or(name)
 }
 
+/// `POOL` or `POOL/VOL`: the pool, and the volume if one is named.
 pub fn split_target(t: &str) -> (&str, Option<&str>) {
     match t.split_once('/') {
         Some((p, v)) => (p, Some(v)),
