@@ -112,13 +112,21 @@ pub enum Command {
         /// destroyed when their last hold is released and their last clone destroyed.
         #[arg(short = 'd')]
         defer: bool,
-        /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], or a bookmark POOL/VOL#NAME.
+        /// Snapshots: `POOL@SNAP[,SNAP|%SNAP]` destroys them in every volume that has them
+        /// (as `zfs destroy -r`).
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], -r POOL@SNAP, or a bookmark POOL/VOL#NAME.
         pool: String,
     },
     /// Take snapshots, all of them in one txg (atomically): each holds every write
     /// answered before the command started (clients flush their own caches first).
     Snapshot {
-        /// POOL/VOL@SNAP (one or more, of one pool).
+        /// Recursive: `POOL@SNAP` names SNAP of every volume in the pool (all in the same
+        /// txg). A volume has no descendants, so `-r POOL/VOL@SNAP` is that volume's.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// POOL/VOL@SNAP, or with -r POOL@SNAP (one or more, of one pool).
         #[arg(required = true)]
         names: Vec<String>,
     },

@@ -142,7 +142,7 @@ fn target(command: &Command) -> Target {
             pool_of(name)
         }
         Command::Bookmark { source, .. } => pool_of(source),
-        Command::Snapshot { names }
+        Command::Snapshot { names, .. }
         | Command::Hold { names, .. }
         | Command::Release { names, .. }
         | Command::Holds { names } => pool_of(names.first().map_or("", |n| n.as_str())),

@@ -468,3 +468,74 @@ fn written_since_a_snapshot_and_logicalreferenced() {
     env.fails(&["get", "written@", "tank/vol0"]);
     env.ok(&["audit", "tank"]);
 }
+
+/// `snapshot -r POOL@SNAP` takes SNAP of every volume in one command, and `destroy -r
+/// POOL@SNAP` destroys it wherever it is, as their `zfs` namesakes do for a pool's
+/// descendants; without -r a pool's own snapshot is refused with the -r form named. With no
+/// server, then served: the snapshot exports come and go with them, and a destroy refused
+/// for an open one (or a held one) destroys none.
+#[test]
+fn snapshot_and_destroy_recursive_cover_every_volume() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    let snapshots = || env.ok(&["list", "-H", "-o", "name", "-t", "snapshot"]);
+    let e = env.fails(&["snapshot", "tank@s"]);
+    assert!(e.contains("snapshot -r tank@s"), "{e}");
+    let e = env.fails(&["destroy", "tank@s"]);
+    assert!(e.contains("destroy -r tank@s"), "{e}");
+    env.ok(&["snapshot", "-r", "tank@s"]);
+    assert_eq!(snapshots(), "tank/a@s\ntank/b@s\n");
+    // One volume already has it: refused whole.
+    env.ok(&["snapshot", "tank/a@t"]);
+    let e = env.fails(&["snapshot", "-r", "tank@t"]);
+    assert!(e.contains("tank/a@t"), "{e}");
+    assert_eq!(snapshots(), "tank/a@s\ntank/a@t\ntank/b@s\n");
+    // Held on one volume: nothing destroyed.
+    env.ok(&["hold", "keep", "tank/b@s"]);
+    let e = env.fails(&["destroy", "-r", "tank@s"]);
+    assert!(e.contains("tank/b@s") && e.contains("held"), "{e}");
+    assert_eq!(snapshots(), "tank/a@s\ntank/a@t\ntank/b@s\n");
+    env.ok(&["release", "keep", "tank/b@s"]);
+    let plan = env.ok(&["destroy", "-r", "-n", "-v", "tank@s,t"]);
+    assert!(
+        plan.contains("would destroy tank/a@s")
+            && plan.contains("would destroy tank/a@t")
+            && plan.contains("would destroy tank/b@s"),
+        "{plan}"
+    );
+    assert_eq!(snapshots(), "tank/a@s\ntank/a@t\ntank/b@s\n");
+    // A volume without it is passed over; a name no volume has is an error.
+    env.ok(&["destroy", "-r", "tank@t"]);
+    assert_eq!(snapshots(), "tank/a@s\ntank/b@s\n");
+    let e = env.fails(&["destroy", "-r", "tank@nosuch"]);
+    assert!(e.contains("no volume of 'tank' has such a snapshot"), "{e}");
+    env.ok(&["destroy", "-r", "tank@s"]);
+    assert_eq!(snapshots(), "");
+
+    // Served: exported as taken; refused while one is open, and then none goes.
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    env.ok(&["snapshot", "-r", "tank@u"]);
+    let listed = exports(&server);
+    assert!(
+        listed.contains("tank/a@u") && listed.contains("tank/b@u"),
+        "{listed}"
+    );
+    let client = hold_reading(&tcp_uri(&server, "tank/b@u"));
+    let e = env.fails(&["destroy", "-r", "tank@u"]);
+    assert!(e.contains("tank/b@u"), "{e}");
+    assert_eq!(snapshots(), "tank/a@u\ntank/b@u\n");
+    let listed = exports(&server);
+    assert!(
+        listed.contains("tank/a@u") && listed.contains("tank/b@u"),
+        "offered again after the refusal: {listed}"
+    );
+    assert_eq!(release(client), "still connected");
+    harness::until_bounded("the destroy after the client left", || {
+        env.run(&["destroy", "-r", "tank@u"]).status.success()
+    });
+    assert_eq!(snapshots(), "");
+    let listed = exports(&server);
+    assert!(!listed.contains("@u"), "{listed}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}

@@ -58,11 +58,12 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             verbose,
             parsable,
             defer,
+            recursive,
             pool,
         } => {
             if pool.contains('#') {
-                if dry_run || verbose || defer {
-                    bail!("-n, -v and -d are for snapshots");
+                if dry_run || verbose || defer || recursive {
+                    bail!("-n, -v, -d and -r are for snapshots");
                 }
                 snapshot::destroy_bookmark(host, &pool)
             } else if pool.contains('@') {
@@ -73,20 +74,21 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                     defer,
                     force,
                 };
-                snapshot::destroy(host, con, &pool, flags)
+                snapshot::destroy(host, con, &pool, flags, recursive)
             } else if let Some((pool_name, volume)) = pool.split_once('/') {
                 // A name that is no volume is said so first, as zfs destroy says.
                 host.with_pool(pool_name, |p| {
                     p.volume(volume).map(drop).map_err(Into::into)
                 })?;
-                bail!("'{pool}': destroy a volume with `oxpool vol destroy`")
-            } else if dry_run || verbose || defer {
-                bail!("-n, -v and -d are for snapshots")
+                let r = if recursive { " -r" } else { "" };
+                bail!("'{pool}': destroy a volume with `oxpool vol destroy{r} {pool}`")
+            } else if dry_run || verbose || defer || recursive {
+                bail!("-n, -v, -d and -r are for snapshots")
             } else {
                 pool::destroy(host, con, &pool, force)
             }
         }
-        Command::Snapshot { names } => snapshot::snapshot(host, &names),
+        Command::Snapshot { names, recursive } => snapshot::snapshot(host, &names, recursive),
         Command::Rollback {
             recursive,
             force,

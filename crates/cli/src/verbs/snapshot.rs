@@ -57,12 +57,30 @@ fn named_snapshots(pool: &Pool, volume: &str, spec: &str) -> Result<Vec<String>>
     Ok(out)
 }
 
-/// `oxpool snapshot POOL/VOL@SNAP...`: every one in one txg.
-pub fn snapshot(host: &Host, names: &[String]) -> Result<()> {
+/// `oxpool snapshot [-r] POOL/VOL@SNAP...`: every one in one txg. With `-r`, `POOL@SNAP`
+/// is SNAP of every volume in the pool, as `zfs snapshot -r` of a pool's root takes every
+/// descendant: the volumes are read under the pool's admin lock, so a volume created by
+/// another command is in or out whole.
+pub fn snapshot(host: &Host, names: &[String], recursive: bool) -> Result<()> {
     let mut pool_name = None;
-    let mut inside = Vec::new();
+    // (volume, or None for every volume with -r; snapshot)
+    let mut named: Vec<(Option<&str>, &str)> = Vec::new();
     for n in names {
-        let (p, v, s) = snapshot_target(n)?;
+        let (p, v, s) = match n.split_once('@') {
+            Some((p, s)) if !p.is_empty() && !p.contains('/') && !s.is_empty() => {
+                if !recursive {
+                    bail!(
+                        "'{n}': a pool holds no data of its own, only volumes; `oxpool \
+                         snapshot -r {n}` snapshots every volume in it"
+                    );
+                }
+                (p, None, s)
+            }
+            _ => {
+                let (p, v, s) = snapshot_target(n)?;
+                (p, Some(v), s)
+            }
+        };
         if pool_name.is_some_and(|q| q != p) {
             bail!(
                 "snapshots in one command must be of one pool ({} and {p})",
@@ -70,16 +88,32 @@ pub fn snapshot(host: &Host, names: &[String]) -> Result<()> {
             );
         }
         pool_name = Some(p);
-        inside.push(format!("{v}@{s}"));
+        named.push((v, s));
     }
     let Some(pool_name) = pool_name else {
         bail!("name at least one POOL/VOL@SNAP");
     };
     host.change_pool(pool_name, |p| {
+        let mut inside = Vec::new();
+        for (v, s) in &named {
+            match v {
+                Some(v) => inside.push(format!("{v}@{s}")),
+                None => {
+                    let mut volumes: Vec<String> =
+                        p.volumes().iter().map(|v| v.name().to_string()).collect();
+                    if volumes.is_empty() {
+                        bail!("'{pool_name}@{s}': pool '{pool_name}' has no volumes");
+                    }
+                    volumes.sort();
+                    inside.extend(volumes.into_iter().map(|v| format!("{v}@{s}")));
+                }
+            }
+        }
+        // One name twice (`-r tank@s tank/a@s`) is refused, as the engine refuses it.
         p.snapshot(&inside)?;
         if let Host::Live(served) = host {
             for n in &inside {
-                let (v, s) = n.split_once('@').expect("checked above");
+                let (v, s) = n.split_once('@').expect("built above");
                 // A snapshot follows its volume: not offered if the volume is not.
                 if served.is_exported(&format!("{pool_name}/{v}")) {
                     served.export_volume(p.snapshot_volume(v, s)?)?;
@@ -105,12 +139,40 @@ pub struct DestroyFlags {
     pub force: bool,
 }
 
-/// `oxpool destroy [-n] [-v] [-f] POOL/VOL@SPEC`.
+/// The snapshots of `volume` that `spec` names and it has, for `destroy -r POOL@SPEC`: as
+/// `zfs destroy -r`, a volume without them is passed over (a range counts where both its
+/// ends are found).
+fn snapshots_if_any(pool: &Pool, volume: &str, spec: &str) -> Result<Vec<String>> {
+    let all: Vec<String> = pool
+        .snapshots(volume)?
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let has = |n: &str| n.is_empty() || all.iter().any(|s| s == n);
+    let present: Vec<&str> = spec
+        .split(',')
+        .filter(|part| match part.split_once('%') {
+            Some((a, c)) => has(a) && has(c),
+            None => has(part),
+        })
+        .collect();
+    if present.is_empty() {
+        return Ok(Vec::new());
+    }
+    named_snapshots(pool, volume, &present.join(","))
+}
+
+/// `oxpool destroy [-n] [-v] [-f] [-r] POOL/VOL@SPEC`, or `-r POOL@SPEC`: those snapshots
+/// of every volume that has them. Every refusal (held, cloned, open by a client without
+/// `-f`) is found before anything is destroyed. The volumes' snapshots are destroyed one
+/// volume after the other under the pool's admin lock; a crash between two volumes leaves
+/// the first ones destroyed, and the same command finishes the rest.
 pub fn destroy(
     host: &Host,
     con: &mut dyn Console,
     target: &str,
     flags: DestroyFlags,
+    recursive: bool,
 ) -> Result<()> {
     let DestroyFlags {
         dry_run,
@@ -119,47 +181,104 @@ pub fn destroy(
         defer,
         force,
     } = flags;
-    let (pool_name, rest) = volume_target(target)?;
-    let Some((volume, spec)) = rest.split_once('@') else {
-        bail!("expected POOL/VOL@SNAP, got '{target}'");
+    let (pool_name, volume, spec) = match target.split_once('@') {
+        Some((p, spec)) if !p.is_empty() && !p.contains('/') => {
+            if !recursive {
+                bail!(
+                    "'{target}': a pool holds no snapshots of its own; `oxpool destroy -r \
+                     {target}` destroys that snapshot of every volume"
+                );
+            }
+            (p, None, spec)
+        }
+        _ => {
+            let (p, rest) = volume_target(target)?;
+            let Some((volume, spec)) = rest.split_once('@') else {
+                bail!("expected POOL/VOL@SNAP, got '{target}'");
+            };
+            (p, Some(volume), spec)
+        }
     };
     host.change_pool(pool_name, |p| {
-        let snaps = named_snapshots(p, volume, spec)?;
-        if defer {
-            return destroy_deferred(host, con, p, (pool_name, volume), &snaps, force);
-        }
-        let estimate = p.destroy_estimate(volume, &snaps)?;
-        if verbose || dry_run {
-            for s in &snaps {
-                let verb = if dry_run {
-                    "would destroy"
-                } else {
-                    "will destroy"
-                };
-                writeln!(con.out(), "{verb} {pool_name}/{volume}@{s}")?;
+        let plan: Vec<(String, Vec<String>)> = match volume {
+            Some(v) => vec![(v.to_string(), named_snapshots(p, v, spec)?)],
+            None => {
+                let mut volumes: Vec<String> =
+                    p.volumes().iter().map(|v| v.name().to_string()).collect();
+                volumes.sort();
+                let mut plan = Vec::new();
+                for v in volumes {
+                    let snaps = snapshots_if_any(p, &v, spec)?;
+                    if !snaps.is_empty() {
+                        plan.push((v, snaps));
+                    }
+                }
+                if plan.is_empty() {
+                    bail!("'{target}': no volume of '{pool_name}' has such a snapshot");
+                }
+                plan
             }
-            let verb = if dry_run {
-                "would reclaim"
+        };
+        if defer {
+            for (v, snaps) in &plan {
+                destroy_deferred(host, con, p, (pool_name, v), snaps, force)?;
+            }
+            return Ok(());
+        }
+        // Every volume's refusals first: one refused changes nothing.
+        let mut estimate = 0;
+        for (v, snaps) in &plan {
+            estimate += p.destroy_estimate(v, snaps)?;
+        }
+        if verbose || dry_run {
+            let (destroy, reclaim) = if dry_run {
+                ("would destroy", "would reclaim")
             } else {
-                "will reclaim"
+                ("will destroy", "will reclaim")
             };
-            writeln!(con.out(), "{verb} {}", size(estimate, parsable))?;
+            for (v, snaps) in &plan {
+                for s in snaps {
+                    writeln!(con.out(), "{destroy} {pool_name}/{v}@{s}")?;
+                }
+            }
+            writeln!(con.out(), "{reclaim} {}", size(estimate, parsable))?;
         }
         if dry_run {
             return Ok(());
         }
-        if let Host::Live(served) = host {
-            // Out of the export table first (refused while a client has one open).
-            let removed = unexport_snapshots(served, p, volume, &snaps, force, Unexport::Destroy)?;
-            if let Err(e) = p.destroy_snapshots(volume, &snaps) {
-                for s in &removed {
-                    served.export_volume(p.snapshot_volume(volume, s)?)?;
-                }
-                return Err(e.into());
+        let Host::Live(served) = host else {
+            for (v, snaps) in &plan {
+                p.destroy_snapshots(v, snaps)?;
             }
             return Ok(());
+        };
+        // Out of the export table first, every volume's (refused while a client has one
+        // open): all or none.
+        let mut removed: Vec<(&str, Vec<String>)> = Vec::new();
+        let offer_again = |removed: &[(&str, Vec<String>)]| -> Result<()> {
+            for (v, snaps) in removed {
+                for s in snaps {
+                    served.export_volume(p.snapshot_volume(v, s)?)?;
+                }
+            }
+            Ok(())
+        };
+        for (v, snaps) in &plan {
+            match unexport_snapshots(served, p, v, snaps, force, Unexport::Destroy) {
+                Ok(out) => removed.push((v, out)),
+                Err(e) => {
+                    offer_again(&removed)?;
+                    return Err(e);
+                }
+            }
         }
-        p.destroy_snapshots(volume, &snaps)?;
+        for (i, (v, snaps)) in plan.iter().enumerate() {
+            if let Err(e) = p.destroy_snapshots(v, snaps) {
+                // This volume's and the later ones' are still there.
+                offer_again(&removed[i..])?;
+                return Err(e.into());
+            }
+        }
         Ok(())
     })
 }

@@ -291,7 +291,7 @@ fn destroy_volume(
                 force,
                 ..Default::default()
             };
-            super::snapshot::destroy(host, con, &spec, flags)?;
+            super::snapshot::destroy(host, con, &spec, flags, false)?;
         }
     }
     host.change_pool(pool, |p| {
