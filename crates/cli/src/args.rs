@@ -462,6 +462,17 @@ pub enum Command {
         /// (its path): read the device's property.
         more: Vec<String>,
     },
+    /// Return a property to its default: `oxpool inherit compression tank/vol0 tank/vol1`
+    /// (as `zfs inherit`: a volume's property then reads `default`), `oxpool inherit
+    /// scheduler tank /dev/sdb` (a device follows its pool's value again). `volsize` and
+    /// `volblocksize` are the volume's own and cannot be inherited.
+    Inherit {
+        /// The property.
+        prop: String,
+        /// POOL/VOL (one or more, of one pool); or POOL and one of its devices (its path).
+        #[arg(required = true)]
+        targets: Vec<String>,
+    },
     /// Set properties: `oxpool set sync=always tank/vol0`, `oxpool set sync=always
     /// compression=zstd tank/vol0` (all or none), `oxpool set scheduler=off tank` (every
     /// device), `oxpool set scheduler=on tank /dev/sdb` (one device; `inherit` to follow the

@@ -573,6 +573,67 @@ fn pool_and_device_properties_are_set_all_or_none() {
     unserved_then_served(&env, check);
 }
 
+/// `inherit PROP VOL...` returns a volume's property to its default (SOURCE `default`), as
+/// `zfs inherit`; `inherit PROP POOL DEVICE` makes a device follow its pool again. What
+/// cannot be inherited is refused in one line and changes nothing. The same with and
+/// without a server.
+#[test]
+fn inherit_returns_properties_to_their_defaults() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    let device = env.path("tank.img");
+    let device = device.to_str().unwrap();
+    let got = |args: &[&str]| {
+        let mut all = vec!["get", "-H", "-o", "name,value,source"];
+        all.extend_from_slice(args);
+        env.ok(&all)
+    };
+    let check = |served: &str| {
+        env.ok(&["set", "compression=zstd", "sync=always", "tank/a"]);
+        env.ok(&["set", "compression=zle", "tank/b"]);
+        env.ok(&["inherit", "compression", "tank/a", "tank/b"]);
+        assert_eq!(
+            got(&["compression,sync", "tank/a", "tank/b"]),
+            "tank/a\tlz4\tdefault\ntank/a\talways\tlocal\n\
+             tank/b\tlz4\tdefault\ntank/b\tstandard\tdefault\n",
+            "{served}"
+        );
+        for (args, why) in [
+            (&["inherit", "volsize", "tank/a"][..], "cannot be inherited"),
+            (&["inherit", "used", "tank/a"], "read-only"),
+            (
+                &["inherit", "bogus", "tank/a"],
+                "unknown volume property 'bogus'",
+            ),
+            (&["inherit", "sync", "tank"], "no parent to inherit from"),
+            (&["inherit", "sync", "tank/a", "tank/nosuch"], "tank/nosuch"),
+        ] {
+            let e = env.fails(args);
+            assert!(e.contains(why), "{served}: {args:?}: {e}");
+        }
+        // Nothing changed by a refusal naming a good volume first.
+        assert_eq!(
+            got(&["sync", "tank/a"]),
+            "tank/a\talways\tlocal\n",
+            "{served}"
+        );
+        env.ok(&["inherit", "sync", "tank/a"]);
+        assert_eq!(
+            got(&["sync", "tank/a"]),
+            "tank/a\tstandard\tdefault\n",
+            "{served}"
+        );
+        env.ok(&["set", "scheduler=on", "tank", device]);
+        env.ok(&["inherit", "scheduler", "tank", device]);
+        assert_eq!(
+            got(&["scheduler", "tank", device]),
+            format!("{device}\tauto\tdefault\n"),
+            "{served}"
+        );
+    };
+    unserved_then_served(&env, check);
+}
+
 /// `get` takes several targets of one pool, as `zfs get` (a new user's `get volsize
 /// tank/v0 tank/vc` was read as a device and refused as such); a device still follows its
 /// pool. The same with and without a server.

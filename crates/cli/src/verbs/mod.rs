@@ -227,6 +227,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             pool,
         } => pool::scrub(host, con, &pool, wait, stop, pause),
         Command::Vol { command } => volume::run(host, con, command),
+        Command::Inherit { prop, targets } => props::inherit(host, &prop, &targets),
         Command::Get {
             parsable,
             scripted,

@@ -440,6 +440,58 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
     })
 }
 
+/// `oxpool inherit PROP POOL/VOL...`, or `PROP POOL DEVICE`: the property back at its
+/// default, as `zfs inherit` returns one to its parent's value (a volume's parent here is
+/// the default; a device's is its pool). Every target is checked before any changes.
+pub fn inherit(host: &Host, prop: &str, targets: &[String]) -> Result<()> {
+    let (pool, _) = split_target(&targets[0]);
+    // After a pool, the one word left is its device (a pool alone has nothing to inherit).
+    if let [pool_only, device] = targets {
+        if !pool_only.contains(['/', '@']) {
+            return set(host, &[&format!("{prop}=inherit")], pool_only, Some(device));
+        }
+    }
+    let mut volumes = Vec::with_capacity(targets.len());
+    for t in targets {
+        match split_target(t) {
+            (p, _) if p != pool => {
+                bail!("targets in one command must be of one pool ({pool} and {p})")
+            }
+            (p, None) => bail!(
+                "'{p}' is a pool: its properties have no parent to inherit from; set one back \
+                 with `oxpool set {prop}=VALUE {p}`"
+            ),
+            (_, Some(v)) if v.contains('@') => {
+                bail!("'{t}': a snapshot's properties are read-only")
+            }
+            (_, Some(v)) => volumes.push(v),
+        }
+    }
+    match prop {
+        "volsize" | "volblocksize" => {
+            bail!("'{prop}' is the volume's own and cannot be inherited")
+        }
+        _ if oxpool_engine::DATASET_STAT_NAMES.contains(&prop)
+            || oxpool_engine::props::VOLUME_STAT_NAMES.contains(&prop) =>
+        {
+            bail!("property '{prop}' is read-only")
+        }
+        _ if !VOLUME_PROP_NAMES.contains(&prop) => bail!("unknown volume property '{prop}'"),
+        _ => {}
+    }
+    // The defaults, every volume found first.
+    let defaults = host.with_pool(pool, |p| {
+        volumes
+            .iter()
+            .map(|v| Ok(VolumeProps::new(p.volume(v)?.size_bytes()).get(prop)?))
+            .collect::<Result<Vec<String>>>()
+    })?;
+    for (t, default) in targets.iter().zip(defaults) {
+        set(host, &[&format!("{prop}={default}")], t, None)?;
+    }
+    Ok(())
+}
+
 /// `volsize` of a served volume. Its size may not shrink while NBD clients have it open:
 /// they were told the old size, and their requests past the new end would fail (EINVAL)
 /// while their data there is gone (a new user's finding). `destroy`, `rollback` and
