@@ -278,10 +278,14 @@ pub enum Command {
         /// List datasets instead of pools: volume, snapshot or all (comma-separated).
         #[arg(short = 't', value_name = "TYPE")]
         types: Option<String>,
-        /// With -t: the columns, comma-separated (name, type, used, referenced,
+        /// Recursive, as `zfs list -r`: a pool's volumes (with -t, the types named) rather
+        /// than the pool. A volume has no descendants: `-r POOL/VOL` is that volume.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// With -t, -r or a dataset named: the columns, comma-separated (name, type, used, referenced,
         /// logicalreferenced, written, written@SNAP, usedbysnapshots, usedbydataset, origin,
         /// clones, creation, createtxg, guid, volsize, userrefs).
-        #[arg(short = 'o', value_name = "COLUMNS", requires = "types")]
+        #[arg(short = 'o', value_name = "COLUMNS")]
         columns: Option<String>,
         /// Pools (default: every pool the cache file knows), or datasets: POOL/VOL (the
         /// volume; with -t snapshot its snapshots), POOL/VOL@SNAP, POOL/VOL#BOOKMARK.
@@ -430,6 +434,11 @@ pub enum Command {
         /// could give back.
         #[arg(short = 'v')]
         verbose: bool,
+        /// Only pools that are not healthy: not ONLINE, with device errors, damaged data, a
+        /// resilver or an unavailable spare ("all pools are healthy" if none), as
+        /// `zpool status -x`.
+        #[arg(short = 'x')]
+        unhealthy: bool,
         /// Pools (default: all).
         pools: Vec<String>,
     },

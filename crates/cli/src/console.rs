@@ -36,9 +36,26 @@ pub trait Console {
     }
 }
 
+/// A writer that counts the bytes written through it.
+pub struct Counted<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// This process's standard streams.
 pub struct LocalConsole {
-    out: std::io::Stdout,
+    out: Counted<std::io::Stdout>,
     err: std::io::Stderr,
     input: std::io::Stdin,
     bar: Bar,
@@ -49,12 +66,22 @@ impl LocalConsole {
     /// The process's own streams and working directory.
     pub fn new() -> LocalConsole {
         LocalConsole {
-            out: std::io::stdout(),
+            out: Counted {
+                inner: std::io::stdout(),
+                bytes: 0,
+            },
             err: std::io::stderr(),
             input: std::io::stdin(),
             bar: Bar::new(std::io::stderr().is_terminal()),
             cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
         }
+    }
+}
+
+impl LocalConsole {
+    /// Bytes printed to standard output so far.
+    pub fn out_bytes(&self) -> u64 {
+        self.out.bytes
     }
 }
 

@@ -255,6 +255,14 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     // bookmark named lists it: the types named, not the pools.
     if let Command::List {
         types: types @ None,
+        recursive: true,
+        ..
+    } = &mut command
+    {
+        *types = Some("volume".to_string());
+    }
+    if let Command::List {
+        types: types @ None,
         pools,
         ..
     } = &mut command
@@ -277,6 +285,35 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         if !named.is_empty() {
             *types = Some(named.join(","));
         }
+    }
+    if let Command::List { types, pools, .. } = &mut command {
+        // A name given twice, or a dataset of a pool also named whole, is listed once.
+        let mut seen: Vec<String> = Vec::new();
+        for n in pools.drain(..) {
+            if !seen.contains(&n) {
+                seen.push(n);
+            }
+        }
+        let whole: Vec<String> = seen
+            .iter()
+            .filter(|n| !n.contains(['/', '@', '#']))
+            .cloned()
+            .collect();
+        let covered = |n: &String| {
+            n.contains(['/', '@', '#']) && whole.contains(&verbs::pool_part(n).to_string())
+        };
+        if types.is_some() {
+            seen.retain(|n| !covered(n));
+        }
+        *pools = seen;
+    }
+    if let Command::List {
+        types: None,
+        columns: Some(_),
+        ..
+    } = &command
+    {
+        bail!("-o is for datasets: with -t TYPE, -r, or a POOL/VOL named");
     }
     let (named, scripted, header): (Vec<String>, bool, Option<Header>) = match &command {
         Command::List {
@@ -339,6 +376,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     let skip_unavailable = skip_unavailable && named.is_empty();
     let first_known = unknown.len();
     let mut failed = 0;
+    let mut served_out_bytes = 0;
     for (i, name) in unknown.into_iter().chain(names).enumerate() {
         if let (Some(h), true, false) = (&header, i == first_known, scripted) {
             h(&mut con)?;
@@ -354,13 +392,17 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             } => Command::List {
                 scripted: *scripted,
                 parsable: *parsable,
+                recursive: false,
                 no_header: true,
                 types: types.clone(),
                 columns: columns.clone(),
                 pools: vec![name.clone()],
             },
-            Command::Status { verbose, .. } => Command::Status {
+            Command::Status {
+                verbose, unhealthy, ..
+            } => Command::Status {
                 verbose: *verbose,
+                unhealthy: *unhealthy,
                 pools: vec![name.clone()],
             },
             Command::Vol {
@@ -379,9 +421,15 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             _ => unreachable!(),
         };
         // A pool that cannot be listed is reported, and the others are listed still.
+        let printed_before = served_out_bytes + con.out_bytes();
         let done = match runtime.server_of(&pool_part(&name)) {
             Ok(Found::Server(socket, stream)) => {
-                control::client::forward(stream, &socket, command_line(&one)).map(|code| code == 0)
+                control::client::forward_counted(stream, &socket, command_line(&one)).map(
+                    |(code, bytes)| {
+                        served_out_bytes += bytes;
+                        code == 0
+                    },
+                )
             }
             Ok(Found::None) => match verbs::run(one, local, &mut con) {
                 Err(e) if skip_unavailable => {
@@ -391,7 +439,30 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             },
             Err(e) => Err(e),
         };
-        failed += u32::from(!succeeded(done));
+        let ok = succeeded(done);
+        failed += u32::from(!ok);
+        let passed_over = ok && served_out_bytes + con.out_bytes() == printed_before;
+        if let (
+            Command::Status {
+                unhealthy: true, ..
+            },
+            true,
+            false,
+        ) = (&command, passed_over, named.is_empty())
+        {
+            // Named, as `zpool status -x tank` says it.
+            writeln!(console::Console::out(&mut con), "pool '{name}' is healthy")?;
+        }
+    }
+    if let Command::Status {
+        unhealthy: true, ..
+    } = command
+    {
+        // Every pool passed over (an error printed is on standard error, and counts below).
+        if served_out_bytes + con.out_bytes() == 0 && failed == 0 {
+            use std::io::Write;
+            writeln!(std::io::stdout(), "all pools are healthy")?;
+        }
     }
     Ok(if failed > 0 { 1 } else { 0 })
 }
@@ -484,9 +555,16 @@ fn command_line(command: &Command) -> Vec<String> {
             }
             (&["list", "--no-header"], *scripted, *parsable, pools)
         }
-        Command::Status { verbose, pools } => {
+        Command::Status {
+            verbose,
+            unhealthy,
+            pools,
+        } => {
             if *verbose {
                 args.push("-v".into());
+            }
+            if *unhealthy {
+                args.push("-x".into());
             }
             (&["status"], false, false, pools)
         }

@@ -412,6 +412,18 @@ fn list_takes_volumes_and_snapshots_by_name() {
             out.lines().map(str::to_string).collect()
         };
         assert_eq!(names(&["-t", "volume", "tank/a"]), ["tank/a"], "{served}");
+        // Named twice, or with its pool: once. -r lists a pool's volumes.
+        assert_eq!(names(&["tank/a", "tank/a"]), ["tank/a"], "{served}");
+        assert_eq!(names(&["tank", "tank/a"]), ["tank/a", "tank/b"], "{served}");
+        assert_eq!(names(&["-r", "tank"]), ["tank/a", "tank/b"], "{served}");
+        assert_eq!(names(&["-r", "tank/b"]), ["tank/b"], "{served}");
+        assert_eq!(
+            names(&["-r", "-t", "all", "tank"]),
+            ["tank/a", "tank/a@s1", "tank/b", "tank/b@s2"],
+            "{served}"
+        );
+        let e = env.fails(&["list", "-o", "name", "tank"]);
+        assert!(e.contains("-o is for datasets"), "{served}: {e}");
         assert_eq!(
             env.ok(&["list", "-H", "tank/a"]).lines().count(),
             1,
@@ -628,6 +640,43 @@ fn inherit_returns_properties_to_their_defaults() {
         assert_eq!(
             got(&["scheduler", "tank", device]),
             format!("{device}\tauto\tdefault\n"),
+            "{served}"
+        );
+    };
+    unserved_then_served(&env, check);
+}
+
+/// `status -x` shows only pools with something to act on, as `zpool status -x`: "all pools
+/// are healthy" when none has, "pool 'tank' is healthy" for one named; a device out of
+/// service shows its pool. The same with and without a server.
+#[test]
+fn status_x_shows_only_unhealthy_pools() {
+    let env = Env::new();
+    let (_, b) = env.mirror_tank("a.img", "b.img", "128M");
+    let b = b.to_str().unwrap();
+    env.ok(&["vol", "create", "tank/v", "--size", "8M"]);
+    let check = |served: &str| {
+        assert_eq!(
+            env.ok(&["status", "-x"]),
+            "all pools are healthy\n",
+            "{served}"
+        );
+        assert_eq!(
+            env.ok(&["status", "-x", "tank"]),
+            "pool 'tank' is healthy\n",
+            "{served}"
+        );
+        env.ok(&["offline", "tank", b]);
+        let shown = env.ok(&["status", "-x"]);
+        assert!(
+            shown.contains("pool: tank") && shown.contains("DEGRADED") && shown.contains("OFFLINE"),
+            "{served}: {shown}"
+        );
+        assert!(!shown.contains("healthy"), "{served}: {shown}");
+        env.ok(&["online", "-w", "tank", b]);
+        assert_eq!(
+            env.ok(&["status", "-x"]),
+            "all pools are healthy\n",
             "{served}"
         );
     };

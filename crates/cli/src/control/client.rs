@@ -16,7 +16,18 @@ const _: () = assert!(STDIN_CHUNK_BYTES + 64 <= PAYLOAD_BYTES_MAX);
 /// Runs `args` (the command line after the program name) in the server at the other end of
 /// `stream` (connected to `socket`); returns the command's exit status. Interrupting this
 /// process leaves the command running in the server.
-pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<i32> {
+pub fn forward(stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<i32> {
+    forward_counted(stream, socket, args).map(|(code, _)| code)
+}
+
+/// As [`forward`], also returning how many bytes the command printed to standard output
+/// (`status -x` says "all pools are healthy" when no pool printed anything).
+pub fn forward_counted(
+    mut stream: UnixStream,
+    socket: &Path,
+    args: Vec<String>,
+) -> Result<(i32, u64)> {
+    let mut stdout_bytes = 0u64;
     let stderr_is_terminal = std::io::stderr().is_terminal();
     let lost = |e: &dyn std::fmt::Display| lost_connection(socket, e);
     let sent = send_request(&mut stream, args, stderr_is_terminal)?;
@@ -35,6 +46,7 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
             Some(Message::Stdout(data)) => {
                 bar.clear(&mut stderr);
                 stdout.write_all(&data)?;
+                stdout_bytes += data.len() as u64;
             }
             Some(Message::Stderr(data)) => {
                 bar.clear(&mut stderr);
@@ -57,7 +69,7 @@ pub fn forward(mut stream: UnixStream, socket: &Path, args: Vec<String>) -> Resu
                 if !error.is_empty() {
                     eprintln!("oxpool: {error}");
                 }
-                return Ok(code);
+                return Ok((code, stdout_bytes));
             }
             Some(other) => return Err(lost(&format!("unexpected {other:?}"))),
             None => match &sent {

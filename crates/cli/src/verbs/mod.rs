@@ -154,6 +154,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             types,
             columns,
             pools,
+            // Made a type by the caller (`main.rs`, `each_pool`).
+            recursive: _,
         } => match types {
             Some(t) => snapshot::list_datasets(
                 host,
@@ -167,7 +169,11 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             ),
             None => pool::list(host, con, scripted, parsable, no_header, &pools),
         },
-        Command::Status { verbose, pools } => pool::status(host, con, &pools, verbose),
+        Command::Status {
+            verbose,
+            unhealthy,
+            pools,
+        } => pool::status(host, con, &pools, verbose, unhealthy),
         Command::Offline {
             temporary,
             pool,

@@ -655,13 +655,20 @@ pub fn last_of(con: &mut dyn Console, mut failed: Vec<anyhow::Error>) -> Result<
 }
 
 /// `oxpool status [POOL...]`.
-pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: bool) -> Result<()> {
+pub fn status(
+    host: &Host,
+    con: &mut dyn Console,
+    named: &[String],
+    verbose: bool,
+    unhealthy_only: bool,
+) -> Result<()> {
     let names = listed(host, named)?;
     if names.is_empty() {
         writeln!(con.out(), "no pools")?;
     }
     for name in names {
         match host.with_pool(&name, |p| Ok(p.status())) {
+            Ok(s) if unhealthy_only && healthy(&s) => {}
             Ok(mut s) => {
                 super::unavailable::explain_not_found(&mut s);
                 // With no server, a scan advances only while a command has the pool open:
@@ -685,6 +692,30 @@ pub fn status(host: &Host, con: &mut dyn Console, named: &[String], verbose: boo
         }
     }
     Ok(())
+}
+
+/// Whether `status -x` passes over a pool, as `zpool status -x` does one with nothing to
+/// act on: ONLINE with no reason given, no device (data, log, its children) with errors or
+/// not ONLINE, no damaged data, no resilver running, every spare available or in use.
+fn healthy(s: &oxpool_engine::PoolStatus) -> bool {
+    fn clean(v: &oxpool_engine::VdevStatus) -> bool {
+        v.state == "ONLINE"
+            && v.read_errors == 0
+            && v.write_errors == 0
+            && v.checksum_errors == 0
+            && v.children.iter().all(clean)
+    }
+    let resilvering = s
+        .scan
+        .as_ref()
+        .is_some_and(|c| c.kind == ScanKind::Resilver && c.state == ScanState::Scanning);
+    s.state == "ONLINE"
+        && s.reasons.is_empty()
+        && s.vdevs.iter().chain(&s.logs).all(clean)
+        && s.damaged.is_empty()
+        && s.damaged_unnamed_blocks == 0
+        && !resilvering
+        && s.spares.iter().all(|sp| sp.state != "UNAVAIL")
 }
 
 /// `oxpool scrub [-w | -s | -p] POOL`.
