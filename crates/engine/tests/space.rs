@@ -134,7 +134,9 @@ fn a_full_pool_refuses_writers_and_never_suspends() {
                 // The error says where the free space is, not only that there is none.
                 let said = e.to_string();
                 assert!(
-                    said.contains("in empty slabs") && said.contains("reserve"),
+                    said.contains("in empty slabs")
+                        && said.contains("kept for the txg sync")
+                        && said.contains("oxpool add"),
                     "{said}"
                 );
                 refused += 1;

@@ -201,13 +201,17 @@ fn where_free(space: &crate::vdev::alloc::Space, reserve: Reserve) -> String {
         .free_bytes
         .saturating_sub(space.empty_bytes)
         .saturating_sub(slots);
+    // What to do first, in the administrator's words; where the free space lies (what only
+    // docs/space.md explains) after it, for a report.
     format!(
-        "; {} free of {}: {} in empty slabs (the txg sync's reserve is {}), {} in free slots of \
-         block sizes, {} in the unused ends of slots larger than their blocks (docs/space.md)",
+        "; {} free of {}, {} of it kept for the txg sync; make room (destroy snapshots or \
+         volumes, trim or discard from the client) or add a device (oxpool add). Where the \
+         free space is: {} in empty slabs, {} in free slots of block sizes, {} in the unused \
+         ends of slots larger than their blocks (docs/space.md)",
         mib(space.free_bytes),
         mib(space.size_bytes),
-        mib(space.empty_bytes),
         mib(reserve.total_bytes()),
+        mib(space.empty_bytes),
         mib(slots),
         mib(ends)
     )
