@@ -683,6 +683,67 @@ fn status_x_shows_only_unhealthy_pools() {
     unserved_then_served(&env, check);
 }
 
+/// User properties, as ZFS's (`module:property`): set with others, read by name and in
+/// `get all` (SOURCE `local`, `-` when not set), removed by `inherit`, kept across export
+/// and import; a bad name, a pool target and a value over the bounds are refused. The same
+/// with and without a server.
+#[test]
+fn user_properties_are_kept_on_volumes() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    let got = |args: &[&str]| {
+        let mut all = vec!["get", "-H", "-o", "name,property,value,source"];
+        all.extend_from_slice(args);
+        env.ok(&all)
+    };
+    let check = |served: &str| {
+        env.ok(&[
+            "set",
+            "com.example:backup=daily at 02:00",
+            "sync=always",
+            "tank/a",
+        ]);
+        assert_eq!(
+            got(&["com.example:backup", "tank/a", "tank/b"]),
+            "tank/a\tcom.example:backup\tdaily at 02:00\tlocal\n\
+             tank/b\tcom.example:backup\t-\t-\n",
+            "{served}"
+        );
+        let all = got(&["all", "tank/a"]);
+        assert!(
+            all.ends_with("tank/a\tcom.example:backup\tdaily at 02:00\tlocal\n"),
+            "{served}: {all}"
+        );
+        for (args, why) in [
+            (&["set", "Com:x=1", "tank/a"][..], "bad user property name"),
+            (&["set", "com:x=1", "tank"], "kept on volumes"),
+            (&["set", "com:x=1", "checksum=md5", "tank/a"], "md5"),
+        ] {
+            let e = env.fails(args);
+            assert!(e.contains(why), "{served}: {args:?}: {e}");
+        }
+        let big = format!("com:big={}", "x".repeat(20_000));
+        let e = env.fails(&["set", &big, "tank/a"]);
+        assert!(e.contains("at most"), "{served}: {e}");
+        // Refusals left nothing behind.
+        assert_eq!(
+            got(&["com:x,com:big", "tank/a"]).matches("\t-\t-").count(),
+            2
+        );
+    };
+    unserved_then_served(&env, check);
+    // Kept across the export the server did when it stopped.
+    assert_eq!(
+        got(&["com.example:backup", "tank/a"]),
+        "tank/a\tcom.example:backup\tdaily at 02:00\tlocal\n"
+    );
+    env.ok(&["inherit", "com.example:backup", "tank/a"]);
+    assert_eq!(
+        got(&["com.example:backup", "tank/a"]),
+        "tank/a\tcom.example:backup\t-\t-\n"
+    );
+}
+
 /// `get` takes several targets of one pool, as `zfs get` (a new user's `get volsize
 /// tank/v0 tank/vc` was read as a device and refused as such); a device still follows its
 /// pool. The same with and without a server.

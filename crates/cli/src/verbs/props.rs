@@ -5,7 +5,7 @@ use crate::console::Console;
 use crate::host::Host;
 use anyhow::{bail, Result};
 use oxpool_engine::props::{
-    PoolProps, VolumeProps, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES,
+    is_user_prop, PoolProps, VolumeProps, DEVICE_PROP_NAMES, POOL_PROP_NAMES, VOLUME_PROP_NAMES,
     VOLUME_STAT_NAMES,
 };
 
@@ -213,7 +213,18 @@ pub fn get(
                             .copied()
                             .collect::<Vec<_>>(),
                     );
-                    for n in names(&all) {
+                    let user = vol.props().user;
+                    let mut listed = names(&all);
+                    if asked == ["all"] {
+                        // User properties after the native ones, as `zfs get all`.
+                        listed.extend(user.keys().cloned());
+                    }
+                    for n in listed {
+                        if is_user_prop(&n) {
+                            let source = if user.contains_key(&n) { "local" } else { "-" };
+                            row(target, &n, vol.get_prop(&n)?, source);
+                            continue;
+                        }
                         let value = match p.get_dataset_prop(v, &n)? {
                             Some(value) => value,
                             None => vol.get_prop(&n)?,
@@ -346,6 +357,9 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
         (Some(_), None) => oxpool_engine::DATASET_STAT_NAMES.contains(&k),
         _ => false,
     };
+    if let Some((k, _)) = pairs.iter().find(|(k, _)| vol.is_none() && is_user_prop(k)) {
+        bail!("'{k}': user properties are kept on volumes (POOL/VOL), not on pools or devices");
+    }
     if let Some((k, _)) = pairs.iter().find(|(k, _)| read_only(k)) {
         bail!("property '{k}' is read-only");
     }
@@ -466,6 +480,18 @@ pub fn inherit(host: &Host, prop: &str, targets: &[String]) -> Result<()> {
             }
             (_, Some(v)) => volumes.push(v),
         }
+    }
+    if is_user_prop(prop) {
+        // Removed: a volume's user property has no parent's value to fall back to.
+        return host.change_pool(pool, |p| {
+            for v in &volumes {
+                p.volume(v)?;
+            }
+            for v in &volumes {
+                p.unset_volume_user_prop(v, prop)?;
+            }
+            Ok(())
+        });
     }
     match prop {
         "volsize" | "volblocksize" => {

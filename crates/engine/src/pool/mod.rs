@@ -731,6 +731,15 @@ impl Pool {
         Ok(())
     }
 
+    /// Removes user property `name` (`module:property`) of `volume` (`oxpool inherit`);
+    /// one not set is not an error, as with `zfs inherit`.
+    pub fn unset_volume_user_prop(&self, volume: &str, name: &str) -> Result<()> {
+        let vol = self.volume(volume)?;
+        vol.vol.ds.props.lock().unwrap().unset_user(name)?;
+        self.spa.txg.mark_dirty();
+        Ok(())
+    }
+
     /// Status of the pool and its devices, with its latest scrub.
     pub fn status(&self) -> PoolStatus {
         let scan = self.dsl.scan_status();
