@@ -509,7 +509,12 @@ fn snapshot_and_destroy_recursive_cover_every_volume() {
     assert_eq!(snapshots(), "tank/a@s\ntank/b@s\n");
     let e = env.fails(&["destroy", "-r", "tank@nosuch"]);
     assert!(e.contains("no volume of 'tank' has such a snapshot"), "{e}");
-    env.ok(&["destroy", "-r", "tank@s"]);
+    // `@%` is every snapshot; a volume with none is passed over (tank/c), and named alone
+    // it has nothing to destroy.
+    env.ok(&["vol", "create", "tank/c", "--size", "8M"]);
+    let e = env.fails(&["destroy", "tank/c@%"]);
+    assert!(e.contains("could not find any snapshots"), "{e}");
+    env.ok(&["destroy", "-r", "tank@%"]);
     assert_eq!(snapshots(), "");
 
     // Served: exported as taken; refused while one is open, and then none goes.
@@ -523,7 +528,11 @@ fn snapshot_and_destroy_recursive_cover_every_volume() {
     let client = hold_reading(&tcp_uri(&server, "tank/b@u"));
     let e = env.fails(&["destroy", "-r", "tank@u"]);
     assert!(e.contains("tank/b@u"), "{e}");
-    assert_eq!(snapshots(), "tank/a@u\ntank/b@u\n");
+    assert_eq!(snapshots(), "tank/a@u\ntank/b@u\ntank/c@u\n");
+    // Deferred too: every volume's exports leave before any snapshot is destroyed.
+    let e = env.fails(&["destroy", "-r", "-d", "tank@u"]);
+    assert!(e.contains("tank/b@u"), "{e}");
+    assert_eq!(snapshots(), "tank/a@u\ntank/b@u\ntank/c@u\n");
     let listed = exports(&server);
     assert!(
         listed.contains("tank/a@u") && listed.contains("tank/b@u"),

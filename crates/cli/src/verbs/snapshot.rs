@@ -42,7 +42,11 @@ fn named_snapshots(pool: &Pool, volume: &str, spec: &str) -> Result<Vec<String>>
                     .position(|s| s == n)
                     .ok_or_else(|| anyhow!("{}/{volume}@{n}: not found", pool.name()))
             };
-            let (i, j) = (find(a, 0)?, find(c, all.len().saturating_sub(1))?);
+            if all.is_empty() {
+                // `@%` of a volume with no snapshots: nothing in range.
+                continue;
+            }
+            let (i, j) = (find(a, 0)?, find(c, all.len() - 1)?);
             if i > j {
                 bail!("range @{a}%{c}: {a} is newer than {c}");
             }
@@ -148,7 +152,8 @@ fn snapshots_if_any(pool: &Pool, volume: &str, spec: &str) -> Result<Vec<String>
         .into_iter()
         .map(|s| s.name)
         .collect();
-    let has = |n: &str| n.is_empty() || all.iter().any(|s| s == n);
+    // An empty end of a range stands for the first or the last: there only if any is.
+    let has = |n: &str| (n.is_empty() && !all.is_empty()) || all.iter().any(|s| s == n);
     let present: Vec<&str> = spec
         .split(',')
         .filter(|part| match part.split_once('%') {
@@ -201,7 +206,13 @@ pub fn destroy(
     };
     host.change_pool(pool_name, |p| {
         let plan: Vec<(String, Vec<String>)> = match volume {
-            Some(v) => vec![(v.to_string(), named_snapshots(p, v, spec)?)],
+            Some(v) => {
+                let snaps = named_snapshots(p, v, spec)?;
+                if snaps.is_empty() {
+                    bail!("'{target}': could not find any snapshots to destroy");
+                }
+                vec![(v.to_string(), snaps)]
+            }
             None => {
                 let mut volumes: Vec<String> =
                     p.volumes().iter().map(|v| v.name().to_string()).collect();
@@ -219,18 +230,15 @@ pub fn destroy(
                 plan
             }
         };
-        if defer {
-            for (v, snaps) in &plan {
-                destroy_deferred(host, con, p, (pool_name, v), snaps, force)?;
-            }
-            return Ok(());
-        }
-        // Every volume's refusals first: one refused changes nothing.
+        // Every volume's refusals first: one refused changes nothing (a deferred destroy
+        // refuses nothing the engine would; held or cloned ones are marked).
         let mut estimate = 0;
-        for (v, snaps) in &plan {
-            estimate += p.destroy_estimate(v, snaps)?;
+        if !defer {
+            for (v, snaps) in &plan {
+                estimate += p.destroy_estimate(v, snaps)?;
+            }
         }
-        if verbose || dry_run {
+        if (verbose || dry_run) && !defer {
             let (destroy, reclaim) = if dry_run {
                 ("would destroy", "would reclaim")
             } else {
@@ -246,41 +254,64 @@ pub fn destroy(
         if dry_run {
             return Ok(());
         }
-        let Host::Live(served) = host else {
-            for (v, snaps) in &plan {
-                p.destroy_snapshots(v, snaps)?;
-            }
-            return Ok(());
-        };
         // Out of the export table first, every volume's (refused while a client has one
-        // open): all or none.
+        // open): all or none. Bounded by the plan: the pool's volumes.
         let mut removed: Vec<(&str, Vec<String>)> = Vec::new();
-        let offer_again = |removed: &[(&str, Vec<String>)]| -> Result<()> {
-            for (v, snaps) in removed {
-                for s in snaps {
-                    served.export_volume(p.snapshot_volume(v, s)?)?;
-                }
-            }
-            Ok(())
-        };
-        for (v, snaps) in &plan {
-            match unexport_snapshots(served, p, v, snaps, force, Unexport::Destroy) {
-                Ok(out) => removed.push((v, out)),
-                Err(e) => {
-                    offer_again(&removed)?;
-                    return Err(e);
+        if let Host::Live(served) = host {
+            for (v, snaps) in &plan {
+                match unexport_snapshots(served, p, v, snaps, force, Unexport::Destroy) {
+                    Ok(out) => removed.push((v, out)),
+                    Err(e) => {
+                        offer_again(host, p, &removed)?;
+                        return Err(e);
+                    }
                 }
             }
         }
         for (i, (v, snaps)) in plan.iter().enumerate() {
-            if let Err(e) = p.destroy_snapshots(v, snaps) {
-                // This volume's and the later ones' are still there.
-                offer_again(&removed[i..])?;
-                return Err(e.into());
+            let marked = if defer {
+                p.destroy_snapshots_deferred(v, snaps)
+                    .map(|(_, marked)| marked)
+            } else {
+                p.destroy_snapshots(v, snaps).map(|_| Vec::new())
+            };
+            let marked = match marked {
+                Ok(marked) => marked,
+                Err(e) => {
+                    // This volume's and the later ones' are still there.
+                    offer_again(host, p, removed.get(i..).unwrap_or_default())?;
+                    return Err(e.into());
+                }
+            };
+            // Marked ones are still there: served again if they were offered before (one
+            // `unshare` left out stays out).
+            if let Some((_, out)) = removed.get(i) {
+                let back: Vec<String> =
+                    marked.iter().filter(|s| out.contains(s)).cloned().collect();
+                offer_again(host, p, &[(v.as_str(), back)])?;
+            }
+            for s in marked {
+                writeln!(
+                    con.out(),
+                    "{pool_name}/{v}@{s}: held or cloned; destroyed when its last hold and clone go"
+                )?;
             }
         }
         Ok(())
     })
+}
+
+/// Offers again the snapshot exports `removed` (volume, snapshots) of a served pool.
+fn offer_again(host: &Host, p: &Pool, removed: &[(&str, Vec<String>)]) -> Result<()> {
+    let Host::Live(served) = host else {
+        return Ok(());
+    };
+    for (v, snaps) in removed {
+        for s in snaps {
+            served.export_volume(p.snapshot_volume(v, s)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// Takes snapshots `snaps` of `volume` out of the export table for `why`, all or none: on a
@@ -309,44 +340,6 @@ fn unexport_snapshots(
         }
     }
     Ok(removed)
-}
-
-/// `destroy -d`: what can go now goes; held or cloned snapshots are marked, and go with
-/// their last hold or clone.
-fn destroy_deferred(
-    host: &Host,
-    con: &mut dyn Console,
-    p: &Pool,
-    (pool_name, volume): (&str, &str),
-    snaps: &[String],
-    force: bool,
-) -> Result<()> {
-    let removed = match host {
-        Host::Live(served) => {
-            unexport_snapshots(served, p, volume, snaps, force, Unexport::Destroy)?
-        }
-        Host::Local { .. } => Vec::new(),
-    };
-    let done = p.destroy_snapshots_deferred(volume, snaps);
-    if let Host::Live(served) = host {
-        // Marked ones (or all, on failure) are still there: served again if they were
-        // offered before (one `unshare` left out stays out).
-        let back: Vec<&String> = match &done {
-            Ok((_, marked)) => marked.iter().filter(|s| removed.contains(s)).collect(),
-            Err(_) => removed.iter().collect(),
-        };
-        for s in back {
-            served.export_volume(p.snapshot_volume(volume, s)?)?;
-        }
-    }
-    let (_, marked) = done?;
-    for s in marked {
-        writeln!(
-            con.out(),
-            "{pool_name}/{volume}@{s}: held or cloned; destroyed when its last hold and clone go"
-        )?;
-    }
-    Ok(())
 }
 
 /// Snapshot exports of snapshots that no longer exist (a deferred destroy that happened on
