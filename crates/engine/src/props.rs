@@ -9,6 +9,7 @@ use crate::zio::completion::CompletionPolicy;
 use crate::{EngineError, Result};
 use oxpool_format::{ChecksumType, CompressionSetting, Guid};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Smallest `volblocksize`.
 pub const VOLBLOCKSIZE_MIN_BYTES: u32 = 512;
@@ -357,21 +358,26 @@ pub struct VolumeProps {
     /// compressed only if that saves an eighth of it and a whole sector; an all-zero block
     /// becomes a hole unless this is `off`. Blocks already written keep their form.
     pub compression: CompressionSetting,
-    /// User properties (`com.example:backup=daily`), as ZFS's: names with a colon, any
-    /// value, kept and shown, meaning nothing to the pool. Bounded by [`USER_PROPS_MAX`] and
-    /// [`USER_PROPS_BYTES_MAX`].
-    pub user: BTreeMap<String, String>,
+    /// User properties (`com.example:backup=daily`), as ZFS's: names with a colon, values
+    /// without control characters, kept and shown, meaning nothing to the pool. Bounded by
+    /// [`USER_PROPS_MAX`] and [`USER_PROPS_BYTES_MAX`], so private: changed only through
+    /// [`VolumeProps::set`] and [`VolumeProps::unset_user`], which check them. Shared: the
+    /// properties are copied on the sync-write path, the user properties never there.
+    user: Arc<BTreeMap<String, String>>,
 }
 
 /// Most user properties one volume holds.
 pub const USER_PROPS_MAX: usize = 64;
-/// Longest user property name, in bytes (ZFS's limit).
-pub const USER_PROP_NAME_MAX_BYTES: usize = 256;
-/// Most bytes of one volume's user properties, names and values together. ZFS allows 8 KiB
-/// per value, in a ZAP of its own; here they are stored with the volume in the pool's
-/// metadata, rewritten at every sync that changes a volume, so a volume's share is kept small
-/// (4096 volumes at the limit add 64 MiB).
-pub const USER_PROPS_BYTES_MAX: usize = 16 << 10;
+/// Longest user property name, in bytes (ZFS's: its ZAP names are under 256).
+pub const USER_PROP_NAME_MAX_BYTES: usize = 255;
+/// Most bytes of one volume's user properties, names and values together (as ZFS's limit on
+/// one value). ZFS keeps them in a ZAP of their own; here they are stored with the volume in
+/// the pool's metadata, which every sync that changes a volume rewrites whole, so they are
+/// bounded per volume and per pool ([`USER_PROPS_POOL_BYTES_MAX`]).
+pub const USER_PROPS_BYTES_MAX: usize = 8 << 10;
+/// Most bytes of user properties in one pool, every volume's together: the metadata they
+/// add to a sync stays at 1 MiB, far inside `META_PAYLOAD_BYTES_MAX`.
+pub const USER_PROPS_POOL_BYTES_MAX: usize = 1 << 20;
 
 /// Whether `name` is a user property's (it has a colon, as in ZFS).
 pub fn is_user_prop(name: &str) -> bool {
@@ -467,15 +473,35 @@ impl VolumeProps {
             log_copy_max_bytes: 32 << 10,
             nbd_allow: None,
             compression: CompressionSetting::default(),
-            user: BTreeMap::new(),
+            user: Arc::default(),
         }
     }
 
+    /// The user properties, by name.
+    pub fn user_props(&self) -> &BTreeMap<String, String> {
+        &self.user
+    }
+
+    /// Bytes of the user properties, names and values together (what the bounds count).
+    pub fn user_props_bytes(&self) -> usize {
+        self.user.iter().map(|(k, v)| k.len() + v.len()).sum()
+    }
+
+    /// Drops every user property (a clone starts without its origin's, as in ZFS, where a
+    /// clone inherits from its parent, not from its origin).
+    pub fn clear_user(&mut self) {
+        self.user = Arc::default();
+    }
+
     /// Removes user property `name` (`oxpool inherit`); not set is not an error, as in ZFS.
-    pub fn unset_user(&mut self, name: &str) -> Result<()> {
+    /// Returns whether it was set.
+    pub fn unset_user(&mut self, name: &str) -> Result<bool> {
         check_user_prop_name(name)?;
-        self.user.remove(name);
-        Ok(())
+        if !self.user.contains_key(name) {
+            return Ok(false);
+        }
+        Arc::make_mut(&mut self.user).remove(name);
+        Ok(true)
     }
 
     fn set_user(&mut self, name: &str, value: &str) -> Result<()> {
@@ -502,7 +528,7 @@ impl VolumeProps {
                 "user property {name}: a volume holds at most {USER_PROPS_MAX}"
             )));
         }
-        self.user.insert(name.to_string(), value.to_string());
+        Arc::make_mut(&mut self.user).insert(name.to_string(), value.to_string());
         Ok(())
     }
 
@@ -662,7 +688,8 @@ impl VolumeProps {
 
     /// The persisted form (volsize and volblocksize are stored in their own fields).
     /// `nbd_allow` only when set, so that a pool that does not use it stays readable by a
-    /// version without it.
+    /// version without it; the user properties last, each as its name and value
+    /// (docs/format.md).
     pub fn to_pairs(&self) -> Vec<(String, String)> {
         let mut names = vec![
             "checksum",

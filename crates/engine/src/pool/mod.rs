@@ -544,6 +544,7 @@ impl Pool {
         }
         VolumeProps::check_new_volsize(size_bytes)?;
         p.validate()?;
+        self.check_user_props_budget(name, &p)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(name) {
             return Err(EngineError::Exists(format!("{}/{name}", self.spa.name)));
@@ -716,6 +717,14 @@ impl Pool {
         }
         {
             // Checked and stored in one step: a concurrent change is not undone.
+            if crate::props::is_user_prop(name) {
+                // The pool's budget, checked on a copy and not under this volume's lock
+                // (summing takes the other volumes'): two changes at once may pass it by a
+                // value each, which the per-volume bound keeps small.
+                let mut q = vol.props();
+                q.set(name, value)?;
+                self.check_user_props_budget(volume, &q)?;
+            }
             let mut p = vol.vol.ds.props.lock().unwrap();
             let mut q = p.clone();
             q.set(name, value)?;
@@ -735,8 +744,37 @@ impl Pool {
     /// one not set is not an error, as with `zfs inherit`.
     pub fn unset_volume_user_prop(&self, volume: &str, name: &str) -> Result<()> {
         let vol = self.volume(volume)?;
-        vol.vol.ds.props.lock().unwrap().unset_user(name)?;
-        self.spa.txg.mark_dirty();
+        if vol.vol.ds.props.lock().unwrap().unset_user(name)? {
+            self.spa.txg.mark_dirty();
+        }
+        Ok(())
+    }
+
+    /// Checks that volume `volume` (in the pool or not yet) holding `props` in place of what
+    /// it holds keeps the pool's user properties within
+    /// [`crate::props::USER_PROPS_POOL_BYTES_MAX`] (a change of several checks here first).
+    pub fn check_user_props_budget(&self, volume: &str, props: &VolumeProps) -> Result<()> {
+        let mine = props.user_props_bytes();
+        if mine == 0 {
+            return Ok(());
+        }
+        let others: usize = self
+            .volumes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| name.as_str() != volume)
+            .map(|(_, v)| v.ds.props.lock().unwrap().user_props_bytes())
+            .sum();
+        if others + mine > crate::props::USER_PROPS_POOL_BYTES_MAX {
+            return Err(EngineError::invalid(format!(
+                "pool {}: its volumes' user properties would take {} bytes, over the pool's \
+                 {} (they are rewritten with the pool's metadata)",
+                self.spa.name,
+                others + mine,
+                crate::props::USER_PROPS_POOL_BYTES_MAX
+            )));
+        }
         Ok(())
     }
 

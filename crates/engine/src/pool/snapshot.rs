@@ -409,6 +409,7 @@ impl Pool {
         let mut p = src.props.lock().unwrap().clone();
         p.volsize_bytes = s.volsize_bytes;
         p.readonly = false;
+        p.clear_user();
         for (k, v) in props {
             if k == "volsize" || k == "volblocksize" {
                 return Err(EngineError::invalid(format!(
@@ -418,6 +419,7 @@ impl Pool {
             p.set_initial(k, v)?;
         }
         p.validate()?;
+        self.check_user_props_budget(new_name, &p)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(new_name) {
             return Err(EngineError::Exists(format!("{}/{new_name}", self.spa.name)));
