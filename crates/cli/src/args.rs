@@ -21,8 +21,12 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`,
-    /// `oxpool create tank raidz2 a.img b.img c.img d.img e.img f.img`.
+    /// `oxpool create tank raidz2 a.img b.img c.img d.img e.img f.img`; or, with -V, a
+    /// volume: `oxpool create -V 10G tank/vol1` (as `zfs create -V`; `vol create` the same).
     Create {
+        /// Create volume POOL/VOL of this size instead of a pool, as `zfs create -V`.
+        #[arg(short = 'V', value_name = "SIZE", conflicts_with_all = ["force", "size", "sparse"])]
+        volume_size: Option<String>,
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
         force: bool,
@@ -36,15 +40,15 @@ pub enum Command {
         /// of space under the pool.
         #[arg(long)]
         sparse: bool,
-        /// Pool property, name=value (repeatable).
+        /// Pool property, name=value (repeatable); with -V, the volume's.
         #[arg(short = 'o', value_name = "PROP=VALUE")]
         props: Vec<String>,
-        /// Pool name.
+        /// Pool name (with -V, POOL/VOL).
         pool: String,
         /// Vdevs: device paths, each group optionally preceded by `mirror`, `raidz` (`raidz1`),
         /// `raidz2` or `raidz3`; then `log [mirror] PATH...` (separate intent-log devices)
         /// and `spare PATH...` (hot spares), as `zpool create`.
-        #[arg(required = true, num_args = 1..)]
+        #[arg(required_unless_present = "volume_size", num_args = 1..)]
         vdevs: Vec<String>,
     },
     /// Add devices to a pool: `oxpool add tank log /fast/slog.img` (a separate intent log),
@@ -540,7 +544,7 @@ pub enum VolCommand {
         /// POOL/VOL.
         name: String,
         /// Volume size (e.g. 1G).
-        #[arg(long, value_name = "SIZE")]
+        #[arg(short = 'V', long, value_name = "SIZE")]
         size: String,
         /// Volume property, name=value (repeatable), e.g. volblocksize=4K.
         #[arg(short = 'o', value_name = "PROP=VALUE")]

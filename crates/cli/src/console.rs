@@ -56,6 +56,8 @@ impl<W: Write> Write for Counted<W> {
 /// This process's standard streams.
 pub struct LocalConsole {
     out: Counted<std::io::Stdout>,
+    /// Standard output while muted.
+    muted: Option<std::io::Sink>,
     err: std::io::Stderr,
     input: std::io::Stdin,
     bar: Bar,
@@ -70,6 +72,7 @@ impl LocalConsole {
                 inner: std::io::stdout(),
                 bytes: 0,
             },
+            muted: None,
             err: std::io::stderr(),
             input: std::io::stdin(),
             bar: Bar::new(std::io::stderr().is_terminal()),
@@ -83,11 +86,20 @@ impl LocalConsole {
     pub fn out_bytes(&self) -> u64 {
         self.out.bytes
     }
+
+    /// While `muted`, standard output is discarded (a listing run for its errors only);
+    /// standard error is not.
+    pub fn set_muted(&mut self, muted: bool) {
+        self.muted = muted.then(std::io::sink);
+    }
 }
 
 impl Console for LocalConsole {
     fn out(&mut self) -> &mut dyn Write {
-        &mut self.out
+        match &mut self.muted {
+            Some(sink) => sink,
+            None => &mut self.out,
+        }
     }
     fn err(&mut self) -> &mut dyn Write {
         &mut self.err

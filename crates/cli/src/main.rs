@@ -31,6 +31,7 @@ use control::runtime::{Found, RuntimeDir};
 use devices::default_cache_file;
 pub use display::human;
 use host::Host;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The log's level from `OXPOOL_LOG` (`error`, `warn`, `info`, `debug`, `trace`): warnings
 /// by default; `debug` shows each connection's handshake and TLS session (its version,
@@ -107,6 +108,11 @@ enum Target {
 fn target(command: &Command) -> Target {
     let pool_of = |name: &str| Target::Pool(verbs::pool_part(name).to_string());
     match command {
+        Command::Create {
+            volume_size: Some(_),
+            pool,
+            ..
+        } => pool_of(pool),
         Command::Create { .. } | Command::Import { pool: Some(_), .. } => Target::NewPool,
         Command::Import { pool: None, .. }
         | Command::Inject { pool: None, .. }
@@ -251,59 +257,58 @@ type Header = Box<dyn Fn(&mut dyn console::Console) -> Result<()>>;
 /// lines from wherever the pool is (its server, or opened here).
 fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32> {
     let mut con = LocalConsole::new();
-    // `list tank/vol0` (no -t) lists that volume, as `zfs list tank/vol0`; a snapshot or
-    // bookmark named lists it: the types named, not the pools.
+    // `list tank/vol0` (no -t) lists that volume, as `zfs list tank/vol0`, and a snapshot or
+    // bookmark named lists it; with -r, or beside a dataset, a pool named lists its volumes.
+    // Each name lists its own type then (`list -r tank tank/a@s`: tank's volumes and that
+    // snapshot), as `zfs list` lists a name given whatever the type it recurses over.
+    let mut own_types: BTreeMap<String, String> = BTreeMap::new();
+    // Names whose rows are among another name's (a volume of a pool also named): listed once,
+    // run for their errors only (`tank/nosuch` beside `tank` is still refused).
+    let mut muted: BTreeSet<String> = BTreeSet::new();
     if let Command::List {
-        types: types @ None,
-        recursive: true,
-        ..
-    } = &mut command
-    {
-        *types = Some("volume".to_string());
-    }
-    if let Command::List {
-        types: types @ None,
+        types,
         pools,
+        recursive,
         ..
     } = &mut command
     {
-        let mut named = Vec::new();
-        for n in pools.iter() {
-            let kind = if n.contains('@') {
-                "snapshot"
-            } else if n.contains('#') {
-                "bookmark"
-            } else if n.contains('/') {
-                "volume"
-            } else {
-                continue;
-            };
-            if !named.contains(&kind) {
-                named.push(kind);
-            }
-        }
-        if !named.is_empty() {
-            *types = Some(named.join(","));
-        }
-    }
-    if let Command::List { types, pools, .. } = &mut command {
-        // A name given twice, or a dataset of a pool also named whole, is listed once.
         let mut seen: Vec<String> = Vec::new();
         for n in pools.drain(..) {
             if !seen.contains(&n) {
                 seen.push(n);
             }
         }
-        let whole: Vec<String> = seen
-            .iter()
-            .filter(|n| !n.contains(['/', '@', '#']))
-            .cloned()
-            .collect();
-        let covered = |n: &String| {
-            n.contains(['/', '@', '#']) && whole.contains(&verbs::pool_part(n).to_string())
-        };
-        if types.is_some() {
-            seen.retain(|n| !covered(n));
+        let is_dataset = |n: &str| n.contains(['/', '@', '#']);
+        if types.is_none() && (*recursive || seen.iter().any(|n| is_dataset(n))) {
+            let kind_of = |n: &str| {
+                if n.contains('@') {
+                    "snapshot"
+                } else if n.contains('#') {
+                    "bookmark"
+                } else {
+                    "volume"
+                }
+            };
+            let mut union: Vec<&str> = Vec::new();
+            for n in &seen {
+                own_types.insert(n.clone(), kind_of(n).to_string());
+                if !union.contains(&kind_of(n)) {
+                    union.push(kind_of(n));
+                }
+            }
+            if union.is_empty() {
+                // -r alone: every pool's volumes.
+                union.push("volume");
+            }
+            *types = Some(union.join(","));
+        }
+        // Rows of one type set within a pool are among the pool's own listing of it.
+        for n in seen.iter().filter(|n| is_dataset(n)) {
+            let pool = verbs::pool_part(n);
+            let types_of = |m: &str| own_types.get(m).or(types.as_ref()).cloned();
+            if seen.iter().any(|m| m == pool) && types_of(pool) == types_of(n) {
+                muted.insert(n.clone());
+            }
         }
         *pools = seen;
     }
@@ -355,7 +360,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     let pool_part = |n: &str| verbs::pool_part(n).to_string();
     if let (Command::Status { .. }, true) = (&command, names.is_empty()) {
         use std::io::Write;
-        writeln!(std::io::stdout(), "no pools")?;
+        writeln!(std::io::stdout(), "no pools available")?;
         return Ok(0);
     }
     // Pools neither served nor known here first: each fails with why, and with no header
@@ -394,7 +399,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 parsable: *parsable,
                 recursive: false,
                 no_header: true,
-                types: types.clone(),
+                types: own_types.get(&name).or(types.as_ref()).cloned(),
                 columns: columns.clone(),
                 pools: vec![name.clone()],
             },
@@ -422,9 +427,11 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         };
         // A pool that cannot be listed is reported, and the others are listed still.
         let printed_before = served_out_bytes + con.out_bytes();
+        let mute = muted.contains(&name);
+        con.set_muted(mute);
         let done = match runtime.server_of(&pool_part(&name)) {
             Ok(Found::Server(socket, stream)) => {
-                control::client::forward_counted(stream, &socket, command_line(&one)).map(
+                control::client::forward_counted(stream, &socket, command_line(&one), mute).map(
                     |(code, bytes)| {
                         served_out_bytes += bytes;
                         code == 0
@@ -439,6 +446,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             },
             Err(e) => Err(e),
         };
+        con.set_muted(false);
         let ok = succeeded(done);
         failed += u32::from(!ok);
         let passed_over = ok && served_out_bytes + con.out_bytes() == printed_before;

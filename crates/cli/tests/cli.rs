@@ -368,6 +368,10 @@ fn pool_and_volume_lifecycle() {
     // Export, then import from the directory.
     env.ok(&["export", "tank"]);
     assert!(!env.ok(&["list"]).contains("tank"));
+    // As zpool: with no pools, status (-x too) and list say so.
+    for args in [&["status"][..], &["status", "-x"], &["list"]] {
+        assert_eq!(env.ok(args), "no pools available\n", "{args:?}");
+    }
     let found = env.ok(&["import", "-d", p(env.dir.path())]);
     assert!(found.contains("pool: tank"), "{found}");
     env.ok(&["import", "-d", p(env.dir.path()), "tank"]);
@@ -391,6 +395,10 @@ fn pool_and_volume_lifecycle() {
     assert!(!env.ok(&["vol", "list"]).contains("vol0"));
     env.ok(&["destroy", "tank"]);
     assert!(!env.ok(&["list"]).contains("tank"));
+    // As zpool: with no pools, status (-x too) and list say so.
+    for args in [&["status"][..], &["status", "-x"], &["list"]] {
+        assert_eq!(env.ok(args), "no pools available\n", "{args:?}");
+    }
     let found = env.ok(&["import", "-d", p(env.dir.path())]);
     assert!(found.contains("no pools"), "{found}");
 }

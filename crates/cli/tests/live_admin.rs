@@ -372,6 +372,12 @@ fn volsize_does_not_shrink_under_an_open_client() {
         "{e}"
     );
     assert_eq!(volsize().trim(), (16u64 << 20).to_string());
+    // Refused with another value: neither applies (the shrink is checked first).
+    let sync = || env.ok(&["get", "-H", "-o", "value", "sync", "tank/vol0"]);
+    let e = env.fails(&["set", "sync=always", "volsize=8M", "tank/vol0"]);
+    assert!(e.contains("cannot shrink"), "{e}");
+    assert_eq!(sync().trim(), "standard");
+    assert_eq!(volsize().trim(), (16u64 << 20).to_string());
     env.ok(&["set", "volsize=32M", "tank/vol0"]);
     assert_eq!(volsize().trim(), (32u64 << 20).to_string());
     assert_eq!(release(client), "still connected");
@@ -417,6 +423,20 @@ fn list_takes_volumes_and_snapshots_by_name() {
         assert_eq!(names(&["tank", "tank/a"]), ["tank/a", "tank/b"], "{served}");
         assert_eq!(names(&["-r", "tank"]), ["tank/a", "tank/b"], "{served}");
         assert_eq!(names(&["-r", "tank/b"]), ["tank/b"], "{served}");
+        // Each name lists its own type: a snapshot beside its pool is listed, not passed
+        // over as the pool's; a volume beside it that does not exist is still refused.
+        assert_eq!(
+            names(&["-r", "tank", "tank/b@s2"]),
+            ["tank/a", "tank/b", "tank/b@s2"],
+            "{served}"
+        );
+        assert_eq!(
+            names(&["tank", "tank/a@s1"]),
+            ["tank/a", "tank/b", "tank/a@s1"],
+            "{served}"
+        );
+        let e = env.fails(&["list", "-t", "volume", "tank", "tank/nosuch"]);
+        assert!(e.contains("tank/nosuch"), "{served}: {e}");
         assert_eq!(
             names(&["-r", "-t", "all", "tank"]),
             ["tank/a", "tank/a@s1", "tank/b", "tank/b@s2"],
@@ -691,6 +711,7 @@ fn status_x_shows_only_unhealthy_pools() {
 fn user_properties_are_kept_on_volumes() {
     let env = Env::new();
     env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    env.ok(&["snapshot", "tank/a@s"]);
     let got = |args: &[&str]| {
         let mut all = vec!["get", "-H", "-o", "name,property,value,source"];
         all.extend_from_slice(args);
@@ -709,6 +730,14 @@ fn user_properties_are_kept_on_volumes() {
              tank/b\tcom.example:backup\t-\t-\n",
             "{served}"
         );
+        // A pool and a snapshot keep none: shown unset, as `zfs get` and `zpool get` do.
+        for other in ["tank", "tank/a@s"] {
+            assert_eq!(
+                got(&["com.example:backup", other]),
+                format!("{other}\tcom.example:backup\t-\t-\n"),
+                "{served}"
+            );
+        }
         let all = got(&["all", "tank/a"]);
         assert!(
             all.ends_with("tank/a\tcom.example:backup\tdaily at 02:00\tlocal\n"),
@@ -717,6 +746,10 @@ fn user_properties_are_kept_on_volumes() {
         for (args, why) in [
             (&["set", "Com:x=1", "tank/a"][..], "bad user property name"),
             (&["set", "com:x=1", "tank"], "kept on volumes"),
+            (
+                &["set", "com:x=1", "tank/a@s"],
+                "a snapshot's properties are read-only",
+            ),
             (&["set", "com:x=1", "checksum=md5", "tank/a"], "md5"),
         ] {
             let e = env.fails(args);
@@ -742,6 +775,35 @@ fn user_properties_are_kept_on_volumes() {
         got(&["com.example:backup", "tank/a"]),
         "tank/a\tcom.example:backup\t-\t-\n"
     );
+}
+
+/// `create -V SIZE POOL/VOL` makes a volume, as `zfs create -V` (and `vol create -V` as
+/// `--size`); pool options and devices with -V are refused in one line. With and without a
+/// server (served, it is offered at once).
+#[test]
+fn create_v_makes_a_volume_as_zfs_create() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[])]);
+    let check = |served: &str| {
+        let (one, two) = match served {
+            "served" => ("tank/s1", "tank/s2"),
+            _ => ("tank/u1", "tank/u2"),
+        };
+        env.ok(&["create", "-V", "16M", "-o", "sync=always", one]);
+        env.ok(&["vol", "create", "-V", "4M", two]);
+        let got = env.ok(&["get", "-H", "-p", "-o", "value", "volsize,sync", one, two]);
+        assert_eq!(
+            got,
+            format!("{}\nalways\n{}\nstandard\n", 16u64 << 20, 4u64 << 20),
+            "{served}"
+        );
+        let e = env.fails(&["create", "-V", "8M", "tank/x", "x.img"]);
+        assert!(e.contains("takes no devices"), "{served}: {e}");
+        let e = env.fails(&["create", "-V", "8M", "tank"]);
+        assert!(e.contains("POOL/VOL"), "{served}: {e}");
+        assert!(env.run(&["get", "volsize", "tank/x"]).status.code() == Some(1));
+    };
+    unserved_then_served(&env, check);
 }
 
 /// `get` takes several targets of one pool, as `zfs get` (a new user's `get volsize

@@ -17,15 +17,17 @@ const _: () = assert!(STDIN_CHUNK_BYTES + 64 <= PAYLOAD_BYTES_MAX);
 /// `stream` (connected to `socket`); returns the command's exit status. Interrupting this
 /// process leaves the command running in the server.
 pub fn forward(stream: UnixStream, socket: &Path, args: Vec<String>) -> Result<i32> {
-    forward_counted(stream, socket, args).map(|(code, _)| code)
+    forward_counted(stream, socket, args, false).map(|(code, _)| code)
 }
 
 /// As [`forward`], also returning how many bytes the command printed to standard output
-/// (`status -x` says "all pools are healthy" when no pool printed anything).
+/// (`status -x` says "all pools are healthy" when no pool printed anything). With
+/// `discard_stdout`, that output is not printed (a listing run for its errors only).
 pub fn forward_counted(
     mut stream: UnixStream,
     socket: &Path,
     args: Vec<String>,
+    discard_stdout: bool,
 ) -> Result<(i32, u64)> {
     let mut stdout_bytes = 0u64;
     let stderr_is_terminal = std::io::stderr().is_terminal();
@@ -43,6 +45,7 @@ pub fn forward_counted(
             (Err(e), Ok(())) => return Err(lost(&e)),
         };
         match message {
+            Some(Message::Stdout(_)) if discard_stdout => {}
             Some(Message::Stdout(data)) => {
                 bar.clear(&mut stderr);
                 stdout.write_all(&data)?;

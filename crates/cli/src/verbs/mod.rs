@@ -14,7 +14,7 @@ mod stream;
 pub mod unavailable;
 pub mod volume;
 
-use crate::args::Command;
+use crate::args::{Command, VolCommand};
 use crate::console::Console;
 use crate::host::Host;
 use anyhow::{anyhow, bail, Result};
@@ -23,6 +23,19 @@ use anyhow::{anyhow, bail, Result};
 pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
     match command {
         Command::Create {
+            volume_size: Some(size),
+            props,
+            pool: name,
+            vdevs,
+            ..
+        } => {
+            if !vdevs.is_empty() {
+                bail!("create -V makes volume POOL/VOL and takes no devices");
+            }
+            volume::run(host, con, VolCommand::Create { name, size, props })
+        }
+        Command::Create {
+            volume_size: None,
             force,
             size,
             sparse,

@@ -664,7 +664,7 @@ pub fn status(
 ) -> Result<()> {
     let names = listed(host, named)?;
     if names.is_empty() {
-        writeln!(con.out(), "no pools")?;
+        writeln!(con.out(), "no pools available")?;
     }
     for name in names {
         match host.with_pool(&name, |p| Ok(p.status())) {

@@ -184,6 +184,12 @@ pub fn get(
             match vol {
                 Some(v) if v.contains('@') => {
                     for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
+                        if is_user_prop(&n) {
+                            // None kept here: shown unset, as `zfs get` shows any dataset's.
+                            p.get_dataset_prop(v, "guid")?;
+                            row(target, &n, "-".to_string(), "-");
+                            continue;
+                        }
                         // A snapshot's properties are all read-only.
                         let value = p.get_dataset_prop(v, &n)?.unwrap_or_default();
                         row(target, &n, value, "-");
@@ -213,7 +219,7 @@ pub fn get(
                             .copied()
                             .collect::<Vec<_>>(),
                     );
-                    let user = vol.props().user;
+                    let user = vol.props().user_props().clone();
                     let mut listed = names(&all);
                     if asked == ["all"] {
                         // User properties after the native ones, as `zfs get all`.
@@ -241,6 +247,11 @@ pub fn get(
                         .collect();
                     let mut status = None;
                     for n in names(&all) {
+                        if is_user_prop(&n) {
+                            // None kept on a pool: shown unset, as `zpool get` shows them.
+                            row(target, &n, "-".to_string(), "-");
+                            continue;
+                        }
                         let mut space = || {
                             let s = status.get_or_insert_with(|| p.status());
                             (s.size_bytes, s.allocated_bytes, s.state.clone())
@@ -357,6 +368,9 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
         (Some(_), None) => oxpool_engine::DATASET_STAT_NAMES.contains(&k),
         _ => false,
     };
+    if vol.is_some_and(|v| v.contains('@')) {
+        bail!("'{target}': a snapshot's properties are read-only");
+    }
     if let Some((k, _)) = pairs.iter().find(|(k, _)| vol.is_none() && is_user_prop(k)) {
         bail!("'{k}': user properties are kept on volumes (POOL/VOL), not on pools or devices");
     }
@@ -373,21 +387,28 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
             }
             VolumeProps::check_new_volsize(q.volsize_bytes)?;
             q.validate()?;
+            p.check_user_props_budget(v2, &q)?;
         }
         // The value to restore each property to, all read before anything changes: a name
         // the target does not have is refused here, with nothing to undo. Only a change of
         // several needs them.
-        let old = |k: &str| -> Result<String> {
+        let old = |k: &str| -> Result<Before> {
             Ok(match (vol, device) {
-                (Some(v2), _) => p.volume(v2)?.props().get(k)?,
+                (Some(v2), _) if is_user_prop(k) => {
+                    match p.volume(v2)?.props().user_props().get(k) {
+                        Some(value) => Before::Value(value.clone()),
+                        None => Before::Unset,
+                    }
+                }
+                (Some(v2), _) => Before::Value(p.volume(v2)?.props().get(k)?),
                 (None, Some(d)) => match p.get_device_prop(d, k)? {
-                    (value, "local") => value,
-                    _ => "inherit".to_string(),
+                    (value, "local") => Before::Value(value),
+                    _ => Before::Value("inherit".to_string()),
                 },
-                (None, None) => p.get_prop(k)?,
+                (None, None) => Before::Value(p.get_prop(k)?),
             })
         };
-        let befores: Vec<Option<String>> = if pairs.len() > 1 {
+        let befores: Vec<Option<Before>> = if pairs.len() > 1 {
             pairs
                 .iter()
                 .map(|(k, _)| old(k).map(Some))
@@ -419,35 +440,25 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
             }
             _ => None,
         };
-        let mut done: Vec<(&str, &Option<String>)> = Vec::new();
-        let mut outcome = Ok(());
-        for ((k, v), before) in pairs.iter().zip(&befores) {
-            if let Err(e) = apply(k, v) {
-                // Back as it was, newest first, every one tried; those that could not be set
-                // back are named with the refusal.
-                let mut not_undone = Vec::new();
-                for (k, before) in done.iter().rev() {
-                    let Some(before) = before else { continue };
-                    if let Err(undo) = apply(k, before) {
-                        not_undone.push(format!("{k} stays changed ({undo:#})"));
-                    }
-                }
-                outcome = if not_undone.is_empty() {
-                    Err(e)
-                } else {
-                    Err(anyhow::anyhow!("{e:#}; and {}", not_undone.join("; ")))
-                };
-                break;
-            }
-            done.push((k, before));
-        }
+        let steps: Vec<_> = pairs.iter().zip(&befores).collect();
+        let outcome = all_or_none(
+            &steps,
+            |((k, v), _)| apply(k, v),
+            |((k, _), before)| match (before, vol) {
+                (None, _) => Ok(()),
+                (Some(Before::Value(v)), _) => apply(k, v),
+                (Some(Before::Unset), Some(v2)) => Ok(p.unset_volume_user_prop(v2, k)?),
+                (Some(Before::Unset), None) => Ok(()),
+            },
+            |((k, _), _)| k.to_string(),
+        );
         if let Some((served, vol)) = shrink {
             // Offered again, at whatever size it now has.
             if let Err(e) = served.export_volume(vol) {
-                return match outcome {
-                    Ok(()) => Err(e),
+                match outcome {
+                    Ok(()) => bail!("volsize is set, but the volume is not offered again: {e:#}"),
                     Err(first) => bail!("{first:#}; and it is not offered again: {e:#}"),
-                };
+                }
             }
         }
         outcome
@@ -505,15 +516,58 @@ pub fn inherit(host: &Host, prop: &str, targets: &[String]) -> Result<()> {
         _ if !VOLUME_PROP_NAMES.contains(&prop) => bail!("unknown volume property '{prop}'"),
         _ => {}
     }
-    // The defaults, every volume found first.
-    let defaults = host.with_pool(pool, |p| {
-        volumes
+    // In one change, all or none: every volume found and its value read first.
+    host.change_pool(pool, |p| {
+        let steps = volumes
             .iter()
-            .map(|v| Ok(VolumeProps::new(p.volume(v)?.size_bytes()).get(prop)?))
-            .collect::<Result<Vec<String>>>()
-    })?;
-    for (t, default) in targets.iter().zip(defaults) {
-        set(host, &[&format!("{prop}={default}")], t, None)?;
+            .map(|v| {
+                let vol = p.volume(v)?;
+                let default = VolumeProps::new(vol.size_bytes()).get(prop)?;
+                Ok((*v, default, vol.props().get(prop)?))
+            })
+            .collect::<Result<Vec<(&str, String, String)>>>()?;
+        all_or_none(
+            &steps,
+            |(v, default, _)| Ok(p.set_volume_prop(v, prop, default)?),
+            |(v, _, before)| Ok(p.set_volume_prop(v, prop, before)?),
+            |(v, _, _)| format!("{prop} of {v}"),
+        )
+    })
+}
+
+/// What a property held before a change of several, to put back if a later one is refused.
+enum Before {
+    /// A value, set back with `set`.
+    Value(String),
+    /// A user property that was not set, removed again.
+    Unset,
+}
+
+/// Applies every step in order; if one is refused, those applied before it are undone,
+/// newest first, every one tried, and those that could not be are named (by `what`) with the
+/// refusal. Bounded by `steps`.
+fn all_or_none<T>(
+    steps: &[T],
+    apply: impl Fn(&T) -> Result<()>,
+    undo: impl Fn(&T) -> Result<()>,
+    what: impl Fn(&T) -> String,
+) -> Result<()> {
+    for (i, step) in steps.iter().enumerate() {
+        if let Err(e) = apply(step) {
+            let not_undone: Vec<String> = steps[..i]
+                .iter()
+                .rev()
+                .filter_map(|done| {
+                    undo(done)
+                        .err()
+                        .map(|u| format!("{} stays changed ({u:#})", what(done)))
+                })
+                .collect();
+            if not_undone.is_empty() {
+                return Err(e);
+            }
+            bail!("{e:#}; and {}", not_undone.join("; "));
+        }
     }
     Ok(())
 }
