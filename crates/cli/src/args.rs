@@ -27,6 +27,13 @@ pub enum Command {
         /// Create volume POOL/VOL of this size instead of a pool, as `zfs create -V`.
         #[arg(short = 'V', value_name = "SIZE", conflicts_with_all = ["force", "size", "sparse"])]
         volume_size: Option<String>,
+        /// With -V: the volume's volblocksize (as `zfs create -b`).
+        #[arg(short = 'b', value_name = "BLOCKSIZE", requires = "volume_size")]
+        blocksize: Option<String>,
+        /// With -V: thin, as `zfs create -s`. Every volume is (none reserves space), so this
+        /// changes nothing; taken for a ZFS user's habit.
+        #[arg(short = 's', requires = "volume_size")]
+        thin: bool,
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
         force: bool,
@@ -286,9 +293,10 @@ pub enum Command {
         /// than the pool. A volume has no descendants: `-r POOL/VOL` is that volume.
         #[arg(short = 'r')]
         recursive: bool,
-        /// With -t, -r or a dataset named: the columns, comma-separated (name, type, used, referenced,
-        /// logicalreferenced, written, written@SNAP, usedbysnapshots, usedbydataset, origin,
-        /// clones, creation, createtxg, guid, volsize, userrefs).
+        /// The columns, comma-separated. Of pools (as `zpool list -o`): name, size, alloc,
+        /// free, cap, health, txg. With -t, -r or a dataset named: name, type, used,
+        /// referenced, logicalreferenced, written, written@SNAP, usedbysnapshots,
+        /// usedbydataset, origin, clones, creation, createtxg, guid, volsize, userrefs.
         #[arg(short = 'o', value_name = "COLUMNS")]
         columns: Option<String>,
         /// Pools (default: every pool the cache file knows), or datasets: POOL/VOL (the
@@ -546,6 +554,12 @@ pub enum VolCommand {
         /// Volume size (e.g. 1G).
         #[arg(short = 'V', long, value_name = "SIZE")]
         size: String,
+        /// The volume's volblocksize (as `zfs create -b`; also `-o volblocksize=`).
+        #[arg(short = 'b', value_name = "BLOCKSIZE")]
+        blocksize: Option<String>,
+        /// Thin, as `zfs create -s`: every volume is, so this changes nothing.
+        #[arg(short = 's')]
+        thin: bool,
         /// Volume property, name=value (repeatable), e.g. volblocksize=4K.
         #[arg(short = 'o', value_name = "PROP=VALUE")]
         props: Vec<String>,

@@ -302,23 +302,20 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             }
             *types = Some(union.join(","));
         }
-        // Rows of one type set within a pool are among the pool's own listing of it.
+        // With the same types, a dataset's rows are among its pool's, and a snapshot's or
+        // bookmark's among its volume's (`-t snapshot tank/a tank/a@s`).
         for n in seen.iter().filter(|n| is_dataset(n)) {
-            let pool = verbs::pool_part(n);
+            let volume = n.split(['@', '#']).next().unwrap_or(n);
+            let ancestors = [verbs::pool_part(n), volume];
             let types_of = |m: &str| own_types.get(m).or(types.as_ref()).cloned();
-            if seen.iter().any(|m| m == pool) && types_of(pool) == types_of(n) {
+            if seen
+                .iter()
+                .any(|m| m != n && ancestors.contains(&m.as_str()) && types_of(m) == types_of(n))
+            {
                 muted.insert(n.clone());
             }
         }
         *pools = seen;
-    }
-    if let Command::List {
-        types: None,
-        columns: Some(_),
-        ..
-    } = &command
-    {
-        bail!("-o is for datasets: with -t TYPE, -r, or a POOL/VOL named");
     }
     let (named, scripted, header): (Vec<String>, bool, Option<Header>) = match &command {
         Command::List {
@@ -339,7 +336,16 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                         verbs::snapshot::datasets_header(con, &columns)
                     })
                 }
-                None => Box::new(verbs::pool::list_header),
+                None => {
+                    // The pool listing's columns (`zpool list -o name,size`).
+                    let columns = columns
+                        .clone()
+                        .unwrap_or_else(|| verbs::pool::POOL_DEFAULT_COLUMNS.to_string());
+                    verbs::pool::parse_pool_columns(&columns)?;
+                    Box::new(move |con: &mut dyn console::Console| {
+                        verbs::pool::list_header(con, &columns)
+                    })
+                }
             };
             (pools.clone(), *scripted, Some(header))
         }
@@ -381,6 +387,8 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     let skip_unavailable = skip_unavailable && named.is_empty();
     let first_known = unknown.len();
     let mut failed = 0;
+    // Bounded by the names listed.
+    let mut failed_names: BTreeSet<String> = BTreeSet::new();
     let mut served_out_bytes = 0;
     for (i, name) in unknown.into_iter().chain(names).enumerate() {
         if let (Some(h), true, false) = (&header, i == first_known, scripted) {
@@ -428,6 +436,11 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         // A pool that cannot be listed is reported, and the others are listed still.
         let printed_before = served_out_bytes + con.out_bytes();
         let mute = muted.contains(&name);
+        if mute && failed_names.contains(pool_part(&name).as_str()) {
+            // Its pool's error is printed already; the name fails with it.
+            failed += 1;
+            continue;
+        }
         con.set_muted(mute);
         let done = match runtime.server_of(&pool_part(&name)) {
             Ok(Found::Server(socket, stream)) => {
@@ -449,6 +462,9 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         con.set_muted(false);
         let ok = succeeded(done);
         failed += u32::from(!ok);
+        if !ok {
+            failed_names.insert(name.clone());
+        }
         let passed_over = ok && served_out_bytes + con.out_bytes() == printed_before;
         if let (
             Command::Status {

@@ -437,13 +437,30 @@ fn list_takes_volumes_and_snapshots_by_name() {
         );
         let e = env.fails(&["list", "-t", "volume", "tank", "tank/nosuch"]);
         assert!(e.contains("tank/nosuch"), "{served}: {e}");
+        // A snapshot beside its volume, of the same types: once.
+        assert_eq!(
+            names(&["-t", "snapshot", "tank/a", "tank/a@s1"]),
+            ["tank/a@s1"],
+            "{served}"
+        );
+        // Without -t, -o picks the pool listing's columns, as `zpool list -H -o name`.
+        assert_eq!(env.ok(&["list", "-H", "-o", "name"]), "tank\n", "{served}");
+        let pools = env.ok(&["list", "-o", "name,cap,health"]);
+        assert_eq!(
+            pools
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+            [vec!["NAME", "CAP", "HEALTH"], vec!["tank", "0%", "ONLINE"]],
+            "{served}: {pools}"
+        );
+        let e = env.fails(&["list", "-o", "name,bogus"]);
+        assert!(e.contains("unknown pool column 'bogus'"), "{served}: {e}");
         assert_eq!(
             names(&["-r", "-t", "all", "tank"]),
             ["tank/a", "tank/a@s1", "tank/b", "tank/b@s2"],
             "{served}"
         );
-        let e = env.fails(&["list", "-o", "name", "tank"]);
-        assert!(e.contains("-o is for datasets"), "{served}: {e}");
         assert_eq!(
             env.ok(&["list", "-H", "tank/a"]).lines().count(),
             1,
@@ -737,6 +754,8 @@ fn user_properties_are_kept_on_volumes() {
                 format!("{other}\tcom.example:backup\t-\t-\n"),
                 "{served}"
             );
+            let e = env.fails(&["get", "Com:x", other]);
+            assert!(e.contains("bad user property name"), "{served}: {e}");
         }
         let all = got(&["all", "tank/a"]);
         assert!(
@@ -789,14 +808,31 @@ fn create_v_makes_a_volume_as_zfs_create() {
             "served" => ("tank/s1", "tank/s2"),
             _ => ("tank/u1", "tank/u2"),
         };
-        env.ok(&["create", "-V", "16M", "-o", "sync=always", one]);
-        env.ok(&["vol", "create", "-V", "4M", two]);
-        let got = env.ok(&["get", "-H", "-p", "-o", "value", "volsize,sync", one, two]);
+        env.ok(&["create", "-s", "-V", "16M", "-o", "sync=always", one]);
+        env.ok(&["vol", "create", "-V", "4M", "-b", "8K", two]);
+        let got = env.ok(&[
+            "get",
+            "-H",
+            "-p",
+            "-o",
+            "value",
+            "volsize,sync,volblocksize",
+            one,
+            two,
+        ]);
         assert_eq!(
             got,
-            format!("{}\nalways\n{}\nstandard\n", 16u64 << 20, 4u64 << 20),
+            format!(
+                "{}\nalways\n{}\n{}\nstandard\n{}\n",
+                16u64 << 20,
+                oxpool_engine::props::VOLBLOCKSIZE_DEFAULT_BYTES,
+                4u64 << 20,
+                8 << 10
+            ),
             "{served}"
         );
+        let e = env.fails(&["create", "-V", "1x", "tank/x"]);
+        assert!(e.contains("volsize (-V)"), "{served}: {e}");
         let e = env.fails(&["create", "-V", "8M", "tank/x", "x.img"]);
         assert!(e.contains("takes no devices"), "{served}: {e}");
         let e = env.fails(&["create", "-V", "8M", "tank"]);

@@ -386,7 +386,7 @@ pub fn is_user_prop(name: &str) -> bool {
 
 /// Checks a user property's name as ZFS does: lowercase letters, digits, and `: - . _`,
 /// with a colon, not starting with `-`, at most [`USER_PROP_NAME_MAX_BYTES`].
-fn check_user_prop_name(name: &str) -> Result<()> {
+pub fn check_user_prop_name(name: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || ":-._".contains(c);
     if !is_user_prop(name)
         || name.starts_with('-')

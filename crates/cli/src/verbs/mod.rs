@@ -24,6 +24,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
     match command {
         Command::Create {
             volume_size: Some(size),
+            blocksize,
+            thin,
             props,
             pool: name,
             vdevs,
@@ -32,7 +34,14 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             if !vdevs.is_empty() {
                 bail!("create -V makes volume POOL/VOL and takes no devices");
             }
-            volume::run(host, con, VolCommand::Create { name, size, props })
+            let command = VolCommand::Create {
+                name,
+                size,
+                blocksize,
+                thin,
+                props,
+            };
+            volume::run(host, con, command)
         }
         Command::Create {
             volume_size: None,
@@ -42,6 +51,9 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             props,
             pool,
             vdevs,
+            // Only with -V (clap requires it).
+            blocksize: _,
+            thin: _,
         } => pool::create(
             host,
             con,
@@ -180,7 +192,15 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 no_header,
                 &pools,
             ),
-            None => pool::list(host, con, scripted, parsable, no_header, &pools),
+            None => pool::list(
+                host,
+                con,
+                scripted,
+                parsable,
+                no_header,
+                columns.as_deref().unwrap_or(pool::POOL_DEFAULT_COLUMNS),
+                &pools,
+            ),
         },
         Command::Status {
             verbose,

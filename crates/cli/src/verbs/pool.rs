@@ -565,30 +565,121 @@ pub fn listed(host: &Host, named: &[String]) -> Result<Vec<String>> {
     }
 }
 
-/// The header of `oxpool list`.
-pub fn list_header(con: &mut dyn Console) -> Result<()> {
-    writeln!(
-        con.out(),
-        "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
-        "NAME",
-        "SIZE",
-        "ALLOC",
-        "FREE",
-        "HEALTH",
-        "TXG"
-    )?;
+/// A column of `oxpool list` (of pools): the names `-o` takes for it, its header, its width
+/// and whether it is aligned left.
+struct PoolColumn {
+    names: &'static [&'static str],
+    header: &'static str,
+    width: usize,
+    left: bool,
+}
+
+/// Every column of the pool listing, in the order of a row's fields.
+const POOL_COLUMNS: &[PoolColumn] = &[
+    PoolColumn {
+        names: &["name"],
+        header: "NAME",
+        width: 16,
+        left: true,
+    },
+    PoolColumn {
+        names: &["size"],
+        header: "SIZE",
+        width: 10,
+        left: false,
+    },
+    PoolColumn {
+        names: &["alloc", "allocated"],
+        header: "ALLOC",
+        width: 10,
+        left: false,
+    },
+    PoolColumn {
+        names: &["free"],
+        header: "FREE",
+        width: 10,
+        left: false,
+    },
+    PoolColumn {
+        names: &["cap", "capacity"],
+        header: "CAP",
+        width: 5,
+        left: false,
+    },
+    PoolColumn {
+        names: &["health"],
+        header: "HEALTH",
+        width: 9,
+        left: false,
+    },
+    PoolColumn {
+        names: &["txg"],
+        header: "TXG",
+        width: 8,
+        left: false,
+    },
+];
+
+/// The columns `oxpool list` shows without `-o`.
+pub const POOL_DEFAULT_COLUMNS: &str = "name,size,alloc,free,health,txg";
+
+/// The pool listing's columns `-o` names (as `zpool list -o name,size`), as indexes into a
+/// row's fields; an unknown one is refused with the names there are.
+pub fn parse_pool_columns(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|c| {
+            POOL_COLUMNS
+                .iter()
+                .position(|col| col.names.contains(&c))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "unknown pool column '{c}': name, size, alloc, free, cap, health, txg \
+                         (a dataset's columns with -t TYPE, -r, or a POOL/VOL named)"
+                    )
+                })
+        })
+        .collect()
+}
+
+/// One line of the pool listing: `fields` (all of a row's) at `columns`, as `zpool list`
+/// lays them out, or tab-separated when `scripted`.
+fn pool_line(fields: &[String], columns: &[usize], scripted: bool) -> String {
+    let picked = columns
+        .iter()
+        .map(|&c| (&POOL_COLUMNS[c], fields[c].as_str()));
+    if scripted {
+        return picked.map(|(_, f)| f).collect::<Vec<_>>().join("\t");
+    }
+    picked
+        .map(|(col, f)| match col.left {
+            true => format!("{f:<w$}", w = col.width),
+            false => format!("{f:>w$}", w = col.width),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+        .trim_end()
+        .to_string()
+}
+
+/// The header of `oxpool list` with `columns` (`-o`).
+pub fn list_header(con: &mut dyn Console, columns: &str) -> Result<()> {
+    let columns = parse_pool_columns(columns)?;
+    let headers: Vec<String> = POOL_COLUMNS.iter().map(|c| c.header.to_string()).collect();
+    writeln!(con.out(), "{}", pool_line(&headers, &columns, false))?;
     Ok(())
 }
 
-/// `oxpool list [-H] [-p] [POOL...]`.
+/// `oxpool list [-H] [-p] [-o COLUMNS] [POOL...]`.
 pub fn list(
     host: &Host,
     con: &mut dyn Console,
     scripted: bool,
     exact: bool,
     no_header: bool,
+    columns: &str,
     named: &[String],
 ) -> Result<()> {
+    let picked = parse_pool_columns(columns)?;
     let mut rows = Vec::new();
     let mut failed = Vec::new();
     for name in listed(host, named)? {
@@ -598,6 +689,10 @@ pub fn list(
                 size(s.size_bytes, exact),
                 size(s.allocated_bytes, exact),
                 size(s.size_bytes - s.allocated_bytes, exact),
+                format!(
+                    "{}%",
+                    s.allocated_bytes.saturating_mul(100) / s.size_bytes.max(1)
+                ),
                 s.state.clone(),
                 s.txg.to_string(),
             ],
@@ -605,9 +700,9 @@ pub fn list(
             // lists it; `oxpool status` says why.
             Err(e) => match unavailable(host, &name, e) {
                 Ok(_) => {
-                    let mut fields = ["-"; 6].map(String::from);
+                    let mut fields = ["-"; 7].map(String::from);
                     fields[0] = name.clone();
-                    fields[4] = "UNAVAIL".to_string();
+                    fields[5] = "UNAVAIL".to_string();
                     fields
                 }
                 Err(e) => {
@@ -621,23 +716,10 @@ pub fn list(
     // As `zpool list`: the pools it can list (with the header only if there are some), then
     // why it could not list the others.
     if !scripted && !no_header && !rows.is_empty() {
-        list_header(con)?;
+        list_header(con, columns)?;
     }
     for fields in rows {
-        if scripted {
-            writeln!(con.out(), "{}", fields.join("\t"))?;
-        } else {
-            writeln!(
-                con.out(),
-                "{:<16} {:>10} {:>10} {:>10} {:>9} {:>8}",
-                fields[0],
-                fields[1],
-                fields[2],
-                fields[3],
-                fields[4],
-                fields[5]
-            )?;
-        }
+        writeln!(con.out(), "{}", pool_line(&fields, &picked, scripted))?;
     }
     last_of(con, failed)
 }

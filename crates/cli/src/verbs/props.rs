@@ -186,6 +186,7 @@ pub fn get(
                     for n in names(oxpool_engine::SNAPSHOT_PROP_NAMES) {
                         if is_user_prop(&n) {
                             // None kept here: shown unset, as `zfs get` shows any dataset's.
+                            oxpool_engine::props::check_user_prop_name(&n)?;
                             p.get_dataset_prop(v, "guid")?;
                             row(target, &n, "-".to_string(), "-");
                             continue;
@@ -249,6 +250,7 @@ pub fn get(
                     for n in names(&all) {
                         if is_user_prop(&n) {
                             // None kept on a pool: shown unset, as `zpool get` shows them.
+                            oxpool_engine::props::check_user_prop_name(&n)?;
                             row(target, &n, "-".to_string(), "-");
                             continue;
                         }
@@ -596,4 +598,45 @@ fn unexport_for_shrink<'a>(
     let full = format!("{}/{volume}", p.name());
     let was_exported = served.unexport_volume(&full, false, crate::served::Unexport::Shrink)?;
     Ok(was_exported.then_some((served, vol)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    /// A step refused after others were applied undoes those, newest first, every one
+    /// tried; one that cannot be undone is named with the refusal. What a refused change of
+    /// several leaves (with `Before::Unset` putting an unset user property back unset)
+    /// rests on this.
+    #[test]
+    fn all_or_none_undoes_what_it_applied_newest_first() {
+        let log = RefCell::new(Vec::new());
+        let steps = ["a", "b", "c", "d"];
+        let apply = |s: &&str| {
+            if *s == "c" {
+                bail!("c refused");
+            }
+            log.borrow_mut().push(format!("set {s}"));
+            Ok(())
+        };
+        let undo = |s: &&str| {
+            log.borrow_mut().push(format!("undo {s}"));
+            Ok(())
+        };
+        let e = all_or_none(&steps, apply, undo, |s| s.to_string()).unwrap_err();
+        assert_eq!(e.to_string(), "c refused");
+        assert_eq!(*log.borrow(), ["set a", "set b", "undo b", "undo a"]);
+        log.borrow_mut().clear();
+        let stuck = |s: &&str| match *s {
+            "a" => bail!("device gone"),
+            _ => Ok(()),
+        };
+        let e = all_or_none(&steps, apply, stuck, |s| s.to_string()).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            "c refused; and a stays changed (device gone)"
+        );
+        assert!(all_or_none(&["a", "b"], apply, undo, |s| s.to_string()).is_ok());
+    }
 }

@@ -18,10 +18,22 @@ const COPY_CHUNK_BYTES: usize = 1 << 20;
 /// Runs one `oxpool vol` verb.
 pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
     match cmd {
-        VolCommand::Create { name, size, props } => {
+        VolCommand::Create {
+            name,
+            size,
+            blocksize,
+            thin: _,
+            props,
+        } => {
             let (pool, v) = volume_target(&name)?;
-            let size = parse_size("--size", &size)?;
+            let size = parse_size("volsize (-V)", &size)?;
             let mut pairs = Vec::new();
+            if let Some(b) = blocksize {
+                if props.iter().any(|a| a.starts_with("volblocksize=")) {
+                    bail!("volblocksize given twice: -b and -o volblocksize=");
+                }
+                pairs.push(("volblocksize".to_string(), b));
+            }
             for a in &props {
                 let (k, val) = split_assignment(a)?;
                 pairs.push((k.to_string(), val.to_string()));

@@ -753,20 +753,23 @@ impl Pool {
     /// Checks that volume `volume` (in the pool or not yet) holding `props` in place of what
     /// it holds keeps the pool's user properties within
     /// [`crate::props::USER_PROPS_POOL_BYTES_MAX`] (a change of several checks here first).
+    /// Only a change that adds bytes is refused: one that keeps or lowers a volume's is not,
+    /// whatever the pool holds.
     pub fn check_user_props_budget(&self, volume: &str, props: &VolumeProps) -> Result<()> {
         let mine = props.user_props_bytes();
         if mine == 0 {
             return Ok(());
         }
-        let others: usize = self
-            .volumes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(name, _)| name.as_str() != volume)
-            .map(|(_, v)| v.ds.props.lock().unwrap().user_props_bytes())
-            .sum();
-        if others + mine > crate::props::USER_PROPS_POOL_BYTES_MAX {
+        let mut had = 0;
+        let mut others = 0;
+        for (name, v) in self.volumes.lock().unwrap().iter() {
+            let bytes = v.ds.props.lock().unwrap().user_props_bytes();
+            match name.as_str() == volume {
+                true => had = bytes,
+                false => others += bytes,
+            }
+        }
+        if mine > had && others + mine > crate::props::USER_PROPS_POOL_BYTES_MAX {
             return Err(EngineError::invalid(format!(
                 "pool {}: its volumes' user properties would take {} bytes, over the pool's \
                  {} (they are rewritten with the pool's metadata)",

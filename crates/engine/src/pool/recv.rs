@@ -910,6 +910,9 @@ impl Pool {
         let mut p = src.props.lock().unwrap().clone();
         p.volsize_bytes = s.volsize_bytes;
         p.readonly = false;
+        // Never the target's: its end takes only the data (and would count them twice in
+        // the pool's user-property budget meanwhile).
+        p.clear_user();
         // Nothing of a receive is logged: it is durable at its END, by the sync.
         p.sync = SyncMode::Disabled;
         let data = Object::new(
