@@ -440,6 +440,13 @@ pub enum Command {
         /// Pool name (required to add a rule).
         pool: Option<String>,
     },
+    /// Write what is dirty in pools to their devices now, as `zpool sync`: a txg sync of
+    /// each, so every write answered before it is in the pool proper, not only in its intent
+    /// log. Works on a served pool. Without POOL, every pool.
+    Sync {
+        /// Pools (default: all).
+        pools: Vec<String>,
+    },
     /// Show pools' vdev trees with states and error counts, and their latest scrub.
     Status {
         /// Also list the damaged data: which ranges of which volumes have a block no copy

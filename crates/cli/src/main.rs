@@ -119,7 +119,7 @@ fn target(command: &Command) -> Target {
         | Command::Iostat { .. }
         | Command::Serve(_)
         | Command::Stream { .. } => Target::Here,
-        Command::List { .. } | Command::Status { .. } => Target::EachPool,
+        Command::List { .. } | Command::Status { .. } | Command::Sync { .. } => Target::EachPool,
         Command::Add { pool, .. }
         | Command::Export { pool, .. }
         | Command::Destroy { pool, .. }
@@ -350,6 +350,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             (pools.clone(), *scripted, Some(header))
         }
         Command::Status { pools, .. } => (pools.clone(), true, None),
+        Command::Sync { pools } => (pools.clone(), true, None),
         Command::Vol {
             command: VolCommand::List {
                 pools, scripted, ..
@@ -359,7 +360,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             *scripted,
             Some(Box::new(verbs::volume::list_header) as Header),
         ),
-        _ => unreachable!("each_pool is for list, status and vol list"),
+        _ => unreachable!("each_pool is for list, status, sync and vol list"),
     };
     let names = verbs::pool::listed(local, &named)?;
     // `list` takes datasets too (`tank/vol0`, `tank/vol0@snap`): each goes to its pool.
@@ -409,6 +410,9 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 no_header: true,
                 types: own_types.get(&name).or(types.as_ref()).cloned(),
                 columns: columns.clone(),
+                pools: vec![name.clone()],
+            },
+            Command::Sync { .. } => Command::Sync {
                 pools: vec![name.clone()],
             },
             Command::Status {
@@ -592,6 +596,7 @@ fn command_line(command: &Command) -> Vec<String> {
             }
             (&["status"], false, false, pools)
         }
+        Command::Sync { pools } => (&["sync"], false, false, pools),
         Command::Vol {
             command:
                 VolCommand::List {

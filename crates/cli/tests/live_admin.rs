@@ -263,6 +263,51 @@ fn status_of_a_served_pool_shows_the_servers_own_counters() {
     );
 }
 
+/// `oxpool sync` (as `zpool sync`) makes what a served pool holds dirty durable: a write
+/// without FUA or FLUSH survives a kill -9 after it, and (the control) one after the sync
+/// does not. Without a pool named, every pool; a pool not known is an error.
+#[test]
+fn sync_makes_unflushed_writes_durable() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    // No timed txg sync: only `oxpool sync` can make the write durable before the kill.
+    env.ok(&["set", "txg_timeout=3600", "tank"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let out = python("unflushed.py", &["write", &server.uri("tank/vol0"), "7"]);
+    assert!(out.contains("written"), "{out}");
+    env.ok(&["sync", "tank"]);
+    server.kill9();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "7"]).trim(),
+        "present"
+    );
+    let out = python("unflushed.py", &["write", &uri, "8"]);
+    assert!(out.contains("written"), "{out}");
+    env.ok(&["sync"]);
+    let out = python("unflushed.py", &["write", &uri, "9"]);
+    assert!(out.contains("written"), "{out}");
+    server.kill9();
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "9"]).trim(),
+        "absent",
+        "the write after the last sync was never promised"
+    );
+    assert_eq!(
+        python("unflushed.py", &["check", &uri, "8"]).trim(),
+        "present",
+        "`sync` with no pool named synced tank"
+    );
+    let e = env.fails(&["sync", "nosuch"]);
+    assert!(e.contains("'nosuch' not found"), "{e}");
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    env.ok(&["audit", "tank"]);
+}
+
 #[test]
 fn sync_always_set_live_makes_the_next_write_durable_and_standard_does_not() {
     let env = Env::new();

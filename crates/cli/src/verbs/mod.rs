@@ -202,6 +202,13 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 &pools,
             ),
         },
+        Command::Sync { pools } => {
+            // Bounded by the names given (one, from `each_pool`).
+            for name in pool::listed(host, &pools)? {
+                host.with_pool(&name, |p| Ok(p.sync()?))?;
+            }
+            Ok(())
+        }
         Command::Status {
             verbose,
             unhealthy,
