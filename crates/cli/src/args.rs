@@ -299,6 +299,13 @@ pub enum Command {
         /// usedbydataset, origin, clones, creation, createtxg, guid, volsize, userrefs.
         #[arg(short = 'o', value_name = "COLUMNS")]
         columns: Option<String>,
+        /// Of datasets: sort by this column, ascending (as `zfs list -s`; repeatable, the
+        /// first most important; sizes and times as numbers). Sorted within each pool.
+        #[arg(short = 's', value_name = "COLUMN")]
+        sort_ascending: Vec<String>,
+        /// As -s, descending (after every -s in importance).
+        #[arg(short = 'S', value_name = "COLUMN")]
+        sort_descending: Vec<String>,
         /// Pools (default: every pool the cache file knows), or datasets: POOL/VOL (the
         /// volume; with -t snapshot its snapshots), POOL/VOL@SNAP, POOL/VOL#BOOKMARK.
         pools: Vec<String>,

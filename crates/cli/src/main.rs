@@ -323,8 +323,12 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             scripted,
             types,
             columns,
+            sort_ascending,
+            sort_descending,
             ..
         } => {
+            // Checked before any header is printed.
+            let sorted: Vec<&String> = sort_ascending.iter().chain(sort_descending).collect();
             let header: Header = match types {
                 Some(t) => {
                     verbs::snapshot::ListTypes::parse(t)?;
@@ -332,9 +336,15 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                         .clone()
                         .unwrap_or_else(|| verbs::snapshot::DEFAULT_COLUMNS.to_string());
                     verbs::snapshot::parse_columns(&columns)?;
+                    for c in sorted {
+                        verbs::snapshot::parse_columns(c).map_err(|e| anyhow!("-s/-S: {e:#}"))?;
+                    }
                     Box::new(move |con: &mut dyn console::Console| {
                         verbs::snapshot::datasets_header(con, &columns)
                     })
+                }
+                None if !sorted.is_empty() => {
+                    bail!("-s and -S sort datasets: with -t TYPE, -r, or a POOL/VOL named")
                 }
                 None => {
                     // The pool listing's columns (`zpool list -o name,size`).
@@ -402,6 +412,8 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 parsable,
                 types,
                 columns,
+                sort_ascending,
+                sort_descending,
                 ..
             } => Command::List {
                 scripted: *scripted,
@@ -410,6 +422,8 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 no_header: true,
                 types: own_types.get(&name).or(types.as_ref()).cloned(),
                 columns: columns.clone(),
+                sort_ascending: sort_ascending.clone(),
+                sort_descending: sort_descending.clone(),
                 pools: vec![name.clone()],
             },
             Command::Sync { .. } => Command::Sync {
@@ -573,6 +587,8 @@ fn command_line(command: &Command) -> Vec<String> {
             pools,
             types,
             columns,
+            sort_ascending,
+            sort_descending,
             ..
         } => {
             if let Some(t) = types {
@@ -580,6 +596,12 @@ fn command_line(command: &Command) -> Vec<String> {
             }
             if let Some(c) = columns {
                 args.extend(["-o".to_string(), c.clone()]);
+            }
+            for c in sort_ascending {
+                args.extend(["-s".to_string(), c.clone()]);
+            }
+            for c in sort_descending {
+                args.extend(["-S".to_string(), c.clone()]);
             }
             (&["list", "--no-header"], *scripted, *parsable, pools)
         }

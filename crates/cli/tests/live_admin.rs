@@ -488,6 +488,19 @@ fn list_takes_volumes_and_snapshots_by_name() {
             ["tank/a@s1"],
             "{served}"
         );
+        // Sorted as `zfs list -s/-S`, by a column shown or not, numbers as numbers.
+        assert_eq!(
+            names(&["-t", "snapshot", "-S", "createtxg", "tank"]),
+            ["tank/b@s2", "tank/a@s1"],
+            "{served}"
+        );
+        assert_eq!(
+            names(&["-t", "snapshot", "-s", "type", "-S", "name"]),
+            ["tank/b@s2", "tank/a@s1"],
+            "{served}"
+        );
+        let e = env.fails(&["list", "-s", "name"]);
+        assert!(e.contains("-s and -S sort datasets"), "{served}: {e}");
         // Without -t, -o picks the pool listing's columns, as `zpool list -H -o name`.
         assert_eq!(env.ok(&["list", "-H", "-o", "name"]), "tank\n", "{served}");
         let pools = env.ok(&["list", "-o", "name,cap,health"]);

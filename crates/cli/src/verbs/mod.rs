@@ -19,6 +19,14 @@ use crate::console::Console;
 use crate::host::Host;
 use anyhow::{anyhow, bail, Result};
 
+/// `list`'s sort keys, most important first: every `-s` (ascending), then every `-S`.
+fn sort_keys(ascending: Vec<String>, descending: Vec<String>) -> Vec<(String, bool)> {
+    let ascending = ascending.into_iter().map(|c| (c, false));
+    ascending
+        .chain(descending.into_iter().map(|c| (c, true)))
+        .collect()
+}
+
 /// Runs `command` on `host`'s pools, printing on `con`.
 pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
     match command {
@@ -178,6 +186,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             no_header,
             types,
             columns,
+            sort_ascending,
+            sort_descending,
             pools,
             // Made a type by the caller (`main.rs`, `each_pool`).
             recursive: _,
@@ -187,11 +197,15 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 con,
                 snapshot::ListTypes::parse(&t)?,
                 columns.as_deref().unwrap_or(snapshot::DEFAULT_COLUMNS),
+                &sort_keys(sort_ascending, sort_descending),
                 scripted,
                 parsable,
                 no_header,
                 &pools,
             ),
+            None if !sort_ascending.is_empty() || !sort_descending.is_empty() => {
+                bail!("-s and -S sort datasets: with -t TYPE, -r, or a POOL/VOL named")
+            }
             None => pool::list(
                 host,
                 con,

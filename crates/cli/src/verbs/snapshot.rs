@@ -853,14 +853,16 @@ impl DatasetFilter {
     }
 }
 
-/// `oxpool list -t TYPES [-o COLUMNS] [-H] [-p] [POOL|POOL/VOL[@SNAP|#BOOKMARK]...]`:
-/// volumes, snapshots and bookmarks.
+/// `oxpool list -t TYPES [-o COLUMNS] [-s COL] [-S COL] [-H] [-p]
+/// [POOL|POOL/VOL[@SNAP|#BOOKMARK]...]`: volumes, snapshots and bookmarks; sorted by `sort`
+/// (each a column and whether descending, most important first), else in the pool's order.
 #[allow(clippy::too_many_arguments)]
 pub fn list_datasets(
     host: &Host,
     con: &mut dyn Console,
     types: ListTypes,
     columns: &str,
+    sort: &[(String, bool)],
     scripted: bool,
     exact: bool,
     no_header: bool,
@@ -869,6 +871,10 @@ pub fn list_datasets(
     let cols: Vec<Column> = columns
         .split(',')
         .map(Column::parse)
+        .collect::<Result<_>>()?;
+    let keys: Vec<(Column, bool)> = sort
+        .iter()
+        .map(|(c, descending)| Ok((Column::parse(c)?, *descending)))
         .collect::<Result<_>>()?;
     let mut all_rows = Vec::new();
     let mut failed = Vec::new();
@@ -885,7 +891,9 @@ pub fn list_datasets(
             bail!("{target} is a bookmark: list it with -t bookmark (or all)");
         }
         let rows = host.with_pool(&name, |p| {
-            let mut rows: Vec<Vec<String>> = Vec::new();
+            // Each row's fields, and its sort keys (exact, so that sizes and times compare
+            // as numbers).
+            let mut rows: Vec<(Vec<String>, Vec<String>)> = Vec::new();
             if let Some(v) = &wanted.volume {
                 // As `zfs list`: a dataset named that does not exist is an error.
                 p.volume(v)?;
@@ -905,7 +913,7 @@ pub fn list_datasets(
                 }
                 if types.volumes && wanted.wants_volume_row() {
                     let s = p.dataset_space(&v)?;
-                    let value = |c: &Column| match c {
+                    let value = |c: &Column, exact: bool| match c {
                         Column::Name => vol.full_name().to_string(),
                         Column::Type => "volume".into(),
                         Column::Used => size(s.used_bytes, exact),
@@ -922,14 +930,17 @@ pub fn list_datasets(
                         Column::Guid => s.guid.to_string(),
                         Column::Volsize => size(vol.size_bytes(), exact),
                     };
-                    rows.push(cols.iter().map(value).collect());
+                    rows.push((
+                        cols.iter().map(|c| value(c, exact)).collect(),
+                        keys.iter().map(|(c, _)| value(c, true)).collect(),
+                    ));
                 }
                 if types.snapshots && wanted.bookmark.is_none() {
                     for s in p.snapshots(&v)? {
                         if wanted.snapshot.as_ref().is_some_and(|w| *w != s.name) {
                             continue;
                         }
-                        let value = |c: &Column| match c {
+                        let value = |c: &Column, exact: bool| match c {
                             Column::Name => format!("{}@{}", vol.full_name(), s.name),
                             Column::Type => "snapshot".into(),
                             Column::Used => size(s.used_bytes, exact),
@@ -950,7 +961,10 @@ pub fn list_datasets(
                             Column::Volsize => size(s.volsize_bytes, exact),
                             Column::UserRefs => s.holds.len().to_string(),
                         };
-                        rows.push(cols.iter().map(value).collect());
+                        rows.push((
+                            cols.iter().map(|c| value(c, exact)).collect(),
+                            keys.iter().map(|(c, _)| value(c, true)).collect(),
+                        ));
                     }
                 }
                 if types.bookmarks && wanted.snapshot.is_none() {
@@ -959,7 +973,7 @@ pub fn list_datasets(
                             continue;
                         }
                         // A bookmark holds no block: no space figure is its own.
-                        let value = |c: &Column| match c {
+                        let value = |c: &Column, exact: bool| match c {
                             Column::Name => format!("{}#{}", vol.full_name(), b.name),
                             Column::Type => "bookmark".into(),
                             Column::Creation => creation(b.creation_s, exact),
@@ -968,7 +982,10 @@ pub fn list_datasets(
                             Column::Volsize => size(b.volsize_bytes, exact),
                             _ => "-".into(),
                         };
-                        rows.push(cols.iter().map(value).collect());
+                        rows.push((
+                            cols.iter().map(|c| value(c, exact)).collect(),
+                            keys.iter().map(|(c, _)| value(c, true)).collect(),
+                        ));
                     }
                 }
             }
@@ -986,10 +1003,28 @@ pub fn list_datasets(
             Err(e) => failed.push(e),
         }
     }
+    // Stable: rows equal in every key keep the pool's order, as `zfs list -s` keeps them.
+    all_rows.sort_by(|(_, a), (_, b)| {
+        keys.iter()
+            .zip(a.iter().zip(b))
+            .map(|((_, descending), (x, y))| {
+                let order = match (x.parse::<u64>(), y.parse::<u64>()) {
+                    (Ok(x), Ok(y)) => x.cmp(&y),
+                    _ => x.cmp(y),
+                };
+                if *descending {
+                    order.reverse()
+                } else {
+                    order
+                }
+            })
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
     if !scripted && !no_header && !all_rows.is_empty() {
         datasets_header(con, columns)?;
     }
-    for r in all_rows {
+    for (r, _) in all_rows {
         if scripted {
             writeln!(con.out(), "{}", r.join("\t"))?;
         } else {
