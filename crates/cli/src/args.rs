@@ -489,6 +489,15 @@ pub enum Command {
         /// value` gives bare values).
         #[arg(short = 'o', value_name = "FIELDS")]
         fields: Option<String>,
+        /// Only properties whose SOURCE is one of these, comma-separated: `local`, `default`,
+        /// `none` (a statistic's `-`); also `inherited`, `temporary`, `received`, which no
+        /// property here has (as `zfs get -s`).
+        #[arg(short = 's', value_name = "SOURCES")]
+        sources: Option<String>,
+        /// A POOL named stands for its volumes (as `zfs get -r` of a pool's datasets; the
+        /// pool's own properties are read without -r).
+        #[arg(short = 'r')]
+        recursive: bool,
         /// Property names, comma-separated (`used,referenced`), or `all`.
         prop: String,
         /// POOL or POOL/VOL.

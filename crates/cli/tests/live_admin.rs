@@ -854,6 +854,49 @@ fn user_properties_are_kept_on_volumes() {
     );
 }
 
+/// `get -r POOL` reads every volume of the pool, each once; `get -s SOURCES` keeps the rows
+/// of those sources (`none` is a statistic's `-`), as `zfs get -r` and `-s`. With and
+/// without a server.
+#[test]
+fn get_r_and_s_select_targets_and_sources() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[])]);
+    let check = |served: &str| {
+        env.ok(&["set", "compression=zstd", "tank/a"]);
+        let got = env.ok(&[
+            "get",
+            "-H",
+            "-r",
+            "-s",
+            "local",
+            "-o",
+            "name,property",
+            "all",
+            "tank",
+            "tank/b",
+        ]);
+        assert_eq!(
+            got, "tank/a\tvolsize\ntank/a\tcompression\ntank/b\tvolsize\n",
+            "{served}"
+        );
+        let got = env.ok(&[
+            "get",
+            "-H",
+            "-s",
+            "none",
+            "-o",
+            "property",
+            "used,sync",
+            "tank/a",
+        ]);
+        assert_eq!(got, "used\n", "{served}");
+        let e = env.fails(&["get", "-s", "bogus", "sync", "tank/a"]);
+        assert!(e.contains("a source is local, default"), "{served}: {e}");
+        env.ok(&["inherit", "compression", "tank/a"]);
+    };
+    unserved_then_served(&env, check);
+}
+
 /// `create -V SIZE POOL/VOL` makes a volume, as `zfs create -V` (and `vol create -V` as
 /// `--size`); pool options and devices with -V are refused in one line. With and without a
 /// server (served, it is offered at once).

@@ -292,6 +292,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             parsable,
             scripted,
             fields,
+            sources,
+            recursive,
             prop,
             target,
             more,
@@ -300,6 +302,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 parsable,
                 scripted,
                 fields: fields.as_deref(),
+                sources: sources.as_deref(),
             };
             // After a volume, or when each names a dataset of the pool (`POOL/...`), more
             // targets (as `zfs get`); after a POOL, one other word is its device.
@@ -318,6 +321,36 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             };
             if more_targets {
                 targets.extend(more.iter().map(String::as_str));
+            }
+            if recursive {
+                if device.is_some() {
+                    bail!("-r is for a pool's volumes, not a device");
+                }
+                // Each POOL named stands for its volumes, in the pool's order.
+                let mut expanded = Vec::with_capacity(targets.len());
+                for t in &targets {
+                    match split_target(t) {
+                        (pool, None) => expanded.extend(host.with_pool(pool, |p| {
+                            Ok(p.volumes()
+                                .iter()
+                                .map(|v| v.full_name().to_string())
+                                .collect::<Vec<_>>())
+                        })?),
+                        _ => expanded.push(t.to_string()),
+                    }
+                }
+                if expanded.is_empty() {
+                    // As `zfs get -r` of a pool with no datasets below it: nothing to show.
+                    return Ok(());
+                }
+                // Each once, as `zfs get -r tank tank/a` lists tank/a once.
+                let mut seen = std::collections::BTreeSet::new();
+                let targets: Vec<&str> = expanded
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| seen.insert(*t))
+                    .collect();
+                return props::get(host, con, &prop, &targets, None, style);
             }
             props::get(host, con, &prop, &targets, device, style)
         }

@@ -18,6 +18,22 @@ pub struct GetStyle<'a> {
     pub scripted: bool,
     /// `-o`: the fields to show, comma-separated, in order; `None` shows every field.
     pub fields: Option<&'a str>,
+    /// `-s`: only rows whose SOURCE is one of these, comma-separated (`none` is `-`).
+    pub sources: Option<&'a str>,
+}
+
+/// The SOURCE values `-s` keeps (`none` shown as `-`), checked before anything is read.
+fn picked_sources(sources: &str) -> Result<Vec<&str>> {
+    sources
+        .split(',')
+        .map(|s| match s {
+            "local" | "default" | "inherited" | "temporary" | "received" => Ok(s),
+            "none" => Ok("-"),
+            _ => {
+                bail!("-s {s}: a source is local, default, inherited, temporary, received or none")
+            }
+        })
+        .collect()
 }
 
 /// The columns `-o` picks from `header` (upper case) by their lower-case names, in the order
@@ -152,6 +168,7 @@ pub fn get(
         Some(fields) => picked_columns(fields, header)?,
         None => (0..header.len()).collect(),
     };
+    let sources = style.sources.map(picked_sources).transpose()?;
     // Read first, printed after: a failure prints nothing (no header without lines).
     let rows = host.with_pool(pool, |p| {
         let mut rows: Vec<Vec<String>> = Vec::new();
@@ -280,10 +297,11 @@ pub fn get(
         }
         Ok(rows)
     })?;
-    // Keep the columns asked, in their order.
+    // Keep the rows of the sources asked, and the columns asked, in their order.
     let header: Vec<&str> = columns.iter().map(|&c| header[c]).collect();
     let rows: Vec<Vec<String>> = rows
         .into_iter()
+        .filter(|r| sources.as_ref().is_none_or(|s| s.contains(&r[3].as_str())))
         .map(|r| columns.iter().map(|&c| r[c].clone()).collect())
         .collect();
     if style.scripted {
