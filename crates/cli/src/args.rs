@@ -34,7 +34,8 @@ pub enum Command {
         /// changes nothing; taken for a ZFS user's habit.
         #[arg(short = 's', requires = "volume_size")]
         thin: bool,
-        /// Overwrite devices that belong to another pool.
+        /// Overwrite devices that belong to another pool (an exported or foreign one: never
+        /// a device of a pool imported here).
         #[arg(short, long)]
         force: bool,
         /// Size of device files to create where they do not exist (e.g. 10G). They are
@@ -62,7 +63,8 @@ pub enum Command {
     /// `oxpool add tank mirror c.img d.img` (more space, striped), `oxpool add tank spare
     /// e.img` (hot spares). Works on a served pool.
     Add {
-        /// Overwrite devices that belong to another pool.
+        /// Overwrite devices that belong to another pool (an exported or foreign one: never
+        /// a device of a pool imported here).
         #[arg(short, long)]
         force: bool,
         /// Size of device files to create where they do not exist (allocated and
@@ -344,7 +346,7 @@ pub enum Command {
     /// side. NEW is resilvered (it lacks everything until then). Refused on a raidz column
     /// (raidz expansion is not supported). See docs/devices.md.
     Attach {
-        /// Overwrite NEW if it belongs to another pool.
+        /// Overwrite NEW if it belongs to another pool (not one imported here).
         #[arg(short, long)]
         force: bool,
         /// Wait until NEW is resilvered (with a progress bar on a terminal).
@@ -370,7 +372,7 @@ pub enum Command {
     /// resilvered, then OLD is detached and its labels cleared. Without NEW, OLD's path
     /// holds a new device (it was swapped).
     Replace {
-        /// Overwrite NEW if it belongs to another pool.
+        /// Overwrite NEW if it belongs to another pool (not one imported here).
         #[arg(short, long)]
         force: bool,
         /// Wait until NEW is resilvered (with a progress bar on a terminal).

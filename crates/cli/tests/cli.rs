@@ -461,11 +461,35 @@ fn creates_device_files_allocated_unless_asked_for_sparse() {
     assert!(env.ok(&["status", "thick"]).contains("thick"));
 }
 
+/// A device of an exported pool is taken with -f; one of a pool imported here is not, with
+/// -f or without, by create, add, attach or replace (as ZFS refuses a device of an active
+/// pool), and the pool it belongs to stays as it was.
 #[test]
 fn refuses_a_device_of_another_pool_unless_forced() {
     let env = Env::new();
     let a = env.path("a.img");
     env.ok(&["create", "one", p(&a), "--size", "64M"]);
+    let b = env.path("b.img");
+    env.ok(&["create", "other", p(&b), "--size", "64M"]);
+    for args in [
+        &["create", "-f", "two", p(&a)][..],
+        &["add", "-f", "other", p(&a)],
+        &["add", "-f", "other", "spare", p(&a)],
+        &["attach", "-f", "other", p(&b), p(&a)],
+        &["replace", "-f", "other", p(&b), p(&a)],
+    ] {
+        let e = env.fails(args);
+        assert!(
+            e.contains("is a device of pool 'one', imported here"),
+            "{args:?}: {e}"
+        );
+    }
+    let status = env.ok(&["status", "-x", "one"]);
+    assert_eq!(status, "pool 'one' is healthy\n");
+    env.ok(&["audit", "one"]);
+    // A device of the pool itself is the engine's to refuse, as before.
+    let e = env.fails(&["attach", "other", p(&b), p(&b)]);
+    assert!(e.contains("already in pool 'other'"), "{e}");
     env.ok(&["export", "one"]);
     let e = env.fails(&["create", "two", p(&a)]);
     assert!(
@@ -1161,7 +1185,7 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
         "64M",
         "--sparse",
     ]);
-    assert!(e.contains("belongs to pool 'tank'"), "{e}");
+    assert!(e.contains("is a device of pool 'tank', imported here"), "{e}");
     assert!(!env.path("x.img").exists());
     assert!(!env.ok(&["list", "-H"]).contains("t2"));
     // destroy clears the spare's labels too: another pool takes it without -f.

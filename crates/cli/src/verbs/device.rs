@@ -519,6 +519,8 @@ pub fn attach(
     force: bool,
     wait: bool,
 ) -> Result<()> {
+    let words = [new.to_string()];
+    super::pool::refuse_devices_of_imported(host.cache(), con, &words, Some(pool))?;
     with_new_device(host, con, pool, wait, |p, con, devs| {
         let d = resolve(p, con, device)?;
         let backend = open_new(p, con, new, false, devs)?;
@@ -546,6 +548,8 @@ pub fn replace(
     force: bool,
     wait: bool,
 ) -> Result<()> {
+    let words: Vec<String> = new.iter().map(|n| n.to_string()).collect();
+    super::pool::refuse_devices_of_imported(host.cache(), con, &words, Some(pool))?;
     with_new_device(host, con, pool, wait, |p, con, devs| {
         // An absent device (UNAVAIL) is named by the path the pool recorded for it, also by
         // its file name alone.

@@ -44,6 +44,7 @@ pub fn create(
         pool_props.set(k, v)?;
     }
     refuse_paths_twice(con, vdevs, &Known::default(), name)?;
+    refuse_devices_of_imported(cache, con, vdevs, None)?;
     let (vdevs, spares) = split_spares(vdevs)?;
     let mut devs = Devices::default();
     // Until the pool exists with its spares, a failure removes the files this command made
@@ -379,6 +380,7 @@ pub fn add(
     force: bool,
 ) -> Result<()> {
     let create = new_files(size, sparse)?;
+    refuse_devices_of_imported(host.cache(), con, vdevs, Some(name))?;
     let (vdevs, spares) = split_spares(vdevs)?;
     if vdevs.is_empty() {
         return add_spares(host, con, name, spares, create, force);
@@ -497,6 +499,37 @@ fn file_identity(p: &Path) -> Option<(u64, u64)> {
         true => (u64::MAX, m.rdev()),
         false => (m.dev(), m.ino()),
     })
+}
+
+/// Refuses, with -f or without, a device among `words` whose label names a pool imported
+/// here (in the cache file) other than `own`: ZFS's -f takes a device of an exported or
+/// foreign pool, never one of an active pool, whose data writing it would destroy (a new
+/// user's `create -f other r1.img` over a device of an imported raidz left it DEGRADED).
+/// A pool served with another cache file holds its devices locked: opening them refuses.
+pub(crate) fn refuse_devices_of_imported(
+    cache: &Path,
+    con: &dyn Console,
+    words: &[String],
+    own: Option<&str>,
+) -> Result<()> {
+    let known = cachefile::read(cache)?;
+    // Bounded by the words of one command.
+    for w in words.iter().filter(|w| !is_keyword(w)) {
+        let Some(label) = crate::devices::peek_label(&con.path(Path::new(w))) else {
+            continue;
+        };
+        let Some(pool) = known.iter().find(|p| p.guid == label.pool_guid.0) else {
+            continue;
+        };
+        if Some(pool.name.as_str()) != own {
+            bail!(
+                "{w} is a device of pool '{}', imported here: not taken, with -f or without \
+                 (export or destroy that pool first, or detach or remove the device from it)",
+                pool.name
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a path that `words` names twice (`a.img` and `./a.img` too, a symbolic link to a
