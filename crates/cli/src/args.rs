@@ -104,7 +104,8 @@ pub enum Command {
         pool: String,
     },
     /// Destroy a pool (clear its devices' labels; refused while NBD clients use a served
-    /// pool, unless -f), or snapshots: `POOL/VOL@SNAP`, a list `@A,B`, a range `@A%C`
+    /// pool, unless -f); a volume, `POOL/VOL` (-r: its snapshots too, as `zfs destroy`;
+    /// `vol destroy` the same); or snapshots: `POOL/VOL@SNAP`, a list `@A,B`, a range `@A%C`
     /// (refused, with the reason, for a held snapshot, one open by an NBD client, or the
     /// origin of a clone).
     Destroy {
@@ -126,7 +127,7 @@ pub enum Command {
         #[arg(short = 'd')]
         defer: bool,
         /// Snapshots: `POOL@SNAP[,SNAP|%SNAP]` destroys them in every volume that has them
-        /// (as `zfs destroy -r`).
+        /// (as `zfs destroy -r`); a volume: with its snapshots.
         #[arg(short = 'r')]
         recursive: bool,
         /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], -r POOL@SNAP, or a bookmark POOL/VOL#NAME.

@@ -898,8 +898,8 @@ fn get_r_and_s_select_targets_and_sources() {
 }
 
 /// `create -V SIZE POOL/VOL` makes a volume, as `zfs create -V` (and `vol create -V` as
-/// `--size`); pool options and devices with -V are refused in one line. With and without a
-/// server (served, it is offered at once).
+/// `--size`), and `destroy [-r] POOL/VOL` removes it; pool options and devices with -V are
+/// refused in one line. With and without a server.
 #[test]
 fn create_v_makes_a_volume_as_zfs_create() {
     let env = Env::new();
@@ -939,6 +939,18 @@ fn create_v_makes_a_volume_as_zfs_create() {
         let e = env.fails(&["create", "-V", "8M", "tank"]);
         assert!(e.contains("POOL/VOL"), "{served}: {e}");
         assert!(env.run(&["get", "volsize", "tank/x"]).status.code() == Some(1));
+        // And `destroy POOL/VOL` removes one, as `zfs destroy` (-r with its snapshots).
+        env.ok(&["snapshot", &format!("{two}@s")]);
+        let e = env.fails(&["destroy", two]);
+        assert!(e.contains("snapshot"), "{served}: {e}");
+        let e = env.fails(&["destroy", "-n", two]);
+        assert!(e.contains("are for snapshots"), "{served}: {e}");
+        env.ok(&["destroy", one]);
+        env.ok(&["destroy", "-r", two]);
+        let left = env.ok(&["list", "-H", "-o", "name", "-t", "all", "tank"]);
+        assert_eq!(left, "tank/a\n", "{served}");
+        let e = env.fails(&["destroy", one]);
+        assert!(e.contains("not found"), "{served}: {e}");
     };
     unserved_then_served(&env, check);
 }

@@ -108,13 +108,17 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                     force,
                 };
                 snapshot::destroy(host, con, &pool, flags, recursive)
-            } else if let Some((pool_name, volume)) = pool.split_once('/') {
-                // A name that is no volume is said so first, as zfs destroy says.
-                host.with_pool(pool_name, |p| {
-                    p.volume(volume).map(drop).map_err(Into::into)
-                })?;
-                let r = if recursive { " -r" } else { "" };
-                bail!("'{pool}': destroy a volume with `oxpool vol destroy{r} {pool}`")
+            } else if pool.contains('/') {
+                // A volume, as `zfs destroy [-r] [-f] POOL/VOL` (`vol destroy` the same).
+                if dry_run || verbose || defer || parsable {
+                    bail!("-n, -v, -p and -d are for snapshots; a volume takes -r and -f");
+                }
+                let command = VolCommand::Destroy {
+                    name: pool,
+                    force,
+                    recursive,
+                };
+                volume::run(host, con, command)
             } else if dry_run || verbose || defer || recursive {
                 bail!("-n, -v, -d and -r are for snapshots")
             } else {
