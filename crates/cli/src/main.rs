@@ -250,9 +250,6 @@ fn run(mut cli: Cli) -> Result<i32> {
     Ok(0)
 }
 
-/// Prints a listing's header.
-type Header = Box<dyn Fn(&mut dyn console::Console) -> Result<()>>;
-
 /// `list`, `status` and `vol list` over several pools: the header once, then each pool's
 /// lines from wherever the pool is (its server, or opened here).
 fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result<i32> {
@@ -317,7 +314,9 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         }
         *pools = seen;
     }
-    let (named, scripted, header): (Vec<String>, bool, Option<Header>) = match &command {
+    // Whether the listing has a header: printed by the first pool's part that has lines (its
+    // `no_header` false until something is printed), so an error alone prints none.
+    let (named, scripted, headed): (Vec<String>, bool, bool) = match &command {
         Command::List {
             pools,
             scripted,
@@ -329,7 +328,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
         } => {
             // Checked before any header is printed.
             let sorted: Vec<&String> = sort_ascending.iter().chain(sort_descending).collect();
-            let header: Header = match types {
+            match types {
                 Some(t) => {
                     verbs::snapshot::ListTypes::parse(t)?;
                     let columns = columns
@@ -339,9 +338,6 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                     for c in sorted {
                         verbs::snapshot::parse_columns(c).map_err(|e| anyhow!("-s/-S: {e:#}"))?;
                     }
-                    Box::new(move |con: &mut dyn console::Console| {
-                        verbs::snapshot::datasets_header(con, &columns)
-                    })
                 }
                 None if !sorted.is_empty() => {
                     bail!("-s and -S sort datasets: with -t TYPE, -r, or a POOL/VOL named")
@@ -352,24 +348,17 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                         .clone()
                         .unwrap_or_else(|| verbs::pool::POOL_DEFAULT_COLUMNS.to_string());
                     verbs::pool::parse_pool_columns(&columns)?;
-                    Box::new(move |con: &mut dyn console::Console| {
-                        verbs::pool::list_header(con, &columns)
-                    })
                 }
             };
-            (pools.clone(), *scripted, Some(header))
+            (pools.clone(), *scripted, true)
         }
-        Command::Status { pools, .. } => (pools.clone(), true, None),
-        Command::Sync { pools } => (pools.clone(), true, None),
+        Command::Status { pools, .. } => (pools.clone(), true, false),
+        Command::Sync { pools } => (pools.clone(), true, false),
         Command::Vol {
             command: VolCommand::List {
                 pools, scripted, ..
             },
-        } => (
-            pools.clone(),
-            *scripted,
-            Some(Box::new(verbs::volume::list_header) as Header),
-        ),
+        } => (pools.clone(), *scripted, true),
         _ => unreachable!("each_pool is for list, status, sync and vol list"),
     };
     let names = verbs::pool::listed(local, &named)?;
@@ -396,16 +385,14 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
     let skip_unavailable = matches!(&command, Command::List { types: Some(_), .. })
         || matches!(&command, Command::Vol { .. });
     let skip_unavailable = skip_unavailable && named.is_empty();
-    let first_known = unknown.len();
     let mut failed = 0;
     // Bounded by the names listed.
     let mut failed_names: BTreeSet<String> = BTreeSet::new();
     let mut served_out_bytes = 0;
-    for (i, name) in unknown.into_iter().chain(names).enumerate() {
-        if let (Some(h), true, false) = (&header, i == first_known, scripted) {
-            h(&mut con)?;
-        }
-        // One pool's part, without the header: the same verb with -H and that pool.
+    for name in unknown.into_iter().chain(names) {
+        // The header goes with the first lines printed; none before.
+        let no_header = !headed || served_out_bytes + con.out_bytes() > 0;
+        // One pool's part: the same verb with that pool.
         let one = match &command {
             Command::List {
                 scripted,
@@ -419,7 +406,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 scripted: *scripted,
                 parsable: *parsable,
                 recursive: false,
-                no_header: true,
+                no_header,
                 types: own_types.get(&name).or(types.as_ref()).cloned(),
                 columns: columns.clone(),
                 sort_ascending: sort_ascending.clone(),
@@ -445,7 +432,7 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 command: VolCommand::List {
                     scripted: *scripted,
                     parsable: *parsable,
-                    no_header: true,
+                    no_header,
                     pools: vec![name.clone()],
                 },
             },
@@ -495,6 +482,12 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             // Named, as `zpool status -x tank` says it.
             writeln!(console::Console::out(&mut con), "pool '{name}' is healthy")?;
         }
+    }
+    if let (Command::List { types: Some(_), .. }, 0, 0) =
+        (&command, served_out_bytes + con.out_bytes(), failed)
+    {
+        // As `zfs list` says it, on standard error: nothing matched.
+        eprintln!("no datasets available");
     }
     if let Command::Status {
         unhealthy: true, ..
@@ -589,6 +582,7 @@ fn command_line(command: &Command) -> Vec<String> {
             columns,
             sort_ascending,
             sort_descending,
+            no_header,
             ..
         } => {
             if let Some(t) = types {
@@ -603,7 +597,10 @@ fn command_line(command: &Command) -> Vec<String> {
             for c in sort_descending {
                 args.extend(["-S".to_string(), c.clone()]);
             }
-            (&["list", "--no-header"], *scripted, *parsable, pools)
+            if *no_header {
+                args.push("--no-header".to_string());
+            }
+            (&["list"], *scripted, *parsable, pools)
         }
         Command::Status {
             verbose,
@@ -625,9 +622,14 @@ fn command_line(command: &Command) -> Vec<String> {
                     scripted,
                     parsable,
                     pools,
-                    ..
+                    no_header,
                 },
-        } => (&["vol", "list", "--no-header"], *scripted, *parsable, pools),
+        } => {
+            if *no_header {
+                args.push("--no-header".to_string());
+            }
+            (&["vol", "list"], *scripted, *parsable, pools)
+        }
         _ => unreachable!("a listing"),
     };
     let options = std::mem::take(&mut args);

@@ -548,6 +548,16 @@ fn list_takes_volumes_and_snapshots_by_name() {
             e.contains("nosuch") && !e.contains(".run/"),
             "{served}: {e}"
         );
+        // An error alone has no header with it; nothing matched says so, as zfs list.
+        let out = env.run(&["list", "tank/nosuch"]);
+        assert!(out.stdout.is_empty(), "{served}: {out:?}");
+        let out = env.run(&["list", "-t", "bookmark"]);
+        assert!(out.status.success() && out.stdout.is_empty(), "{served}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            "no datasets available\n",
+            "{served}"
+        );
         let e = env.fails(&["list", "-t", "volume", "tank/a@s1"]);
         assert!(e.contains("list it with -t snapshot"), "{served}: {e}");
         let e = env.fails(&["list", "tank@s1"]);

@@ -245,9 +245,7 @@ fn list(
     no_header: bool,
     named: &[String],
 ) -> Result<()> {
-    if !scripted && !no_header {
-        list_header(con)?;
-    }
+    let mut headed = scripted || no_header;
     for name in super::pool::listed(host, named)? {
         let rows: Vec<[String; 4]> = host.with_pool(&name, |p| {
             p.volumes()
@@ -265,6 +263,11 @@ fn list(
                 .collect()
         })?;
         for r in rows {
+            if !headed {
+                // With the first line: none before an error, or with no volume.
+                list_header(con)?;
+                headed = true;
+            }
             if scripted {
                 writeln!(con.out(), "{}", r.join("\t"))?;
             } else {
