@@ -169,6 +169,17 @@ pub fn import(
                 new_name,
                 oxpool_engine::ImportOptions { missing_log },
             )?;
+            // A rename a crash interrupted brings the pool up under the name its last txg
+            // recorded, which its labels may not have shown: that name must be free too.
+            if pool.name() != target {
+                let name = pool.name().to_string();
+                if let Err(e) =
+                    refuse_name_in_use(host, cache, dirs, n, Some(&name), &name, chosen)
+                {
+                    pool.export()?;
+                    return Err(e);
+                }
+            }
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
             // A pool this machine did not know starts from zero, whatever an old record
