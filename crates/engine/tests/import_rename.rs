@@ -47,7 +47,7 @@ fn tops(layout: u64, devs: &[Arc<dyn Backend>]) -> Vec<TopSpec> {
 }
 
 fn device_count(layout: u64) -> usize {
-    if layout % 3 == 0 {
+    if layout.is_multiple_of(3) {
         1
     } else {
         2
@@ -231,7 +231,7 @@ fn rename_crash_case(seed: u64) -> Result<String, String> {
     {
         REACHED[2].fetch_add(1, Ordering::Relaxed);
     }
-    let names = if seed % 2 == 0 {
+    let names = if seed.is_multiple_of(2) {
         ["tank", "tank2"]
     } else {
         ["tank2", "tank"]

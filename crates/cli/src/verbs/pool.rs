@@ -173,8 +173,7 @@ pub fn import(
             // recorded, which its labels may not have shown: that name must be free too.
             if pool.name() != target {
                 let name = pool.name().to_string();
-                if let Err(e) =
-                    refuse_name_in_use(host, cache, dirs, n, Some(&name), &name, chosen)
+                if let Err(e) = refuse_name_in_use(host, cache, dirs, n, Some(&name), &name, chosen)
                 {
                     pool.export()?;
                     return Err(e);
