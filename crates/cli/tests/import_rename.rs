@@ -71,7 +71,7 @@ fn a_second_pool_named_tank_is_imported_by_id_as_tank2_and_served_under_that_nam
     let e = env.fails(&["import", "-d", p(&b), "tank", "a/b"]);
     assert!(e.contains("invalid pool name 'a/b'"), "{e}");
     let e = env.fails(&["import", "-d", p(&b), "nosuch", "tank9"]);
-    assert!(e.contains("no pool named or of id 'nosuch'"), "{e}");
+    assert!(e.contains("no pool 'nosuch'"), "{e}");
 
     assert!(env
         .ok(&["import", "-d", p(&a), "tank"])
