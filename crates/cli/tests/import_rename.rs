@@ -87,8 +87,13 @@ fn a_second_pool_named_tank_is_imported_by_id_as_tank2_and_served_under_that_nam
         "{e}"
     );
 
-    // Into a running server, by id, under the new name.
+    // Into a running server, by id, under the new name; the server says the same.
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let e = env.fails(&["import", "-d", p(&b), "tank"]);
+    assert!(
+        e.contains("a pool named tank is imported already") && e.contains(&format!("{id} NEWNAME")),
+        "{e}"
+    );
     let out = env.ok(&["import", "-d", p(&b), &id, "tank2"]);
     assert!(
         out.contains(&format!("imported pool 'tank' (id {id}) as 'tank2'")),
