@@ -296,3 +296,31 @@ fn a_power_loss_during_a_rename_leaves_a_pool_found_by_the_old_or_the_new_name()
         );
     }
 }
+
+/// A device absent during the rename keeps the old name in its labels; when it is back, an
+/// import by the new name takes it too (by guid: its pool is the one the name selected) and
+/// rewrites its labels, and the old name finds nothing.
+#[test]
+fn a_device_absent_during_the_rename_rejoins_under_the_new_name() {
+    let mems = mems("d", 2);
+    make_pool("tank", 1, &mems, 5);
+    let pool = import(&mems[..1], PoolRef::Name("tank"), Some("tank2")).unwrap();
+    check_data(&pool, 5).unwrap();
+    pool.export().unwrap();
+    assert_eq!(
+        label_names(&mems),
+        [["tank2"; 4], ["tank"; 4]]
+            .concat()
+            .iter()
+            .map(|n| Some(n.to_string()))
+            .collect::<Vec<_>>()
+    );
+    let pool = import(&mems, PoolRef::Name("tank2"), None).unwrap();
+    assert_eq!(pool.status().vdevs[0].children.len(), 2);
+    check_data(&pool, 5).unwrap();
+    pool.export().unwrap();
+    assert!(label_names(&mems)
+        .iter()
+        .all(|n| n.as_deref() == Some("tank2")));
+    assert!(import(&mems, PoolRef::Name("tank"), None).is_err());
+}
