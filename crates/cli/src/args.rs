@@ -90,8 +90,12 @@ pub enum Command {
         /// remove POOL LOG` then takes the log vdev out.
         #[arg(short = 'm')]
         missing_log: bool,
-        /// Pool to import; without it, list the pools found.
+        /// Pool to import, by name or by the id that `oxpool import` lists (two pools of
+        /// one name are told apart by id); without it, list the pools found.
         pool: Option<String>,
+        /// Import the pool under this name (as `zpool import pool newpool`): written to its
+        /// metadata and every device's labels, so it is found by it from then on.
+        new_name: Option<String>,
     },
     /// Export a pool: write everything and forget it. A served pool is refused while NBD
     /// clients have any of its volumes open (as `zpool export` refuses a busy pool), unless

@@ -724,7 +724,7 @@ fn import_of_a_second_pool_with_a_name_in_use_is_refused() {
     let e = env.fails(&["import", "-d", p(other.dir.path()), "tank"]);
     assert!(
         e.contains("cannot import 'tank'")
-            && e.contains("a pool with that name is imported already")
+            && e.contains("a pool named tank is imported already")
             && e.contains("oxpool export tank")
             && !e.trim().contains('\n'),
         "{e}"

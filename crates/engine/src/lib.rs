@@ -42,7 +42,7 @@ pub use pool::{
     SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
-pub use spa::import::ImportOptions;
+pub use spa::import::{parse_id, ImportOptions, PoolRef};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;
 pub use zvol::{

@@ -76,7 +76,15 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             dirs,
             missing_log,
             pool,
-        } => pool::import(host, con, &dirs, pool.as_deref(), missing_log),
+            new_name,
+        } => pool::import(
+            host,
+            con,
+            &dirs,
+            pool.as_deref(),
+            new_name.as_deref(),
+            missing_log,
+        ),
         Command::Add {
             force,
             size,

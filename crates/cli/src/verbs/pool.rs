@@ -2,14 +2,14 @@
 
 use super::unavailable::{print_unavailable, unavailable, unavailable_why};
 use crate::console::Console;
-use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles};
+use crate::devices::{open_device, probe_labels, scan_dir, Devices, NewFiles, Probed};
 use crate::display::{print_status, shell_word, size};
 use crate::host::{self, open_pool, remember, Host};
 use anyhow::{bail, Result};
 use oxpool_engine::cachefile;
 use oxpool_engine::props::parse_size;
-use oxpool_engine::{Pool, PoolProps, ScanKind, ScanState, TopSpec};
-use oxpool_format::TopVdevKind;
+use oxpool_engine::{Pool, PoolProps, PoolRef, ScanKind, ScanState, TopSpec};
+use oxpool_format::{Guid, TopVdevKind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,22 +83,24 @@ pub fn create(
     Ok(())
 }
 
-/// `oxpool import [-d DIR]... [POOL]`. In a server, the imported pool is served at once.
+/// `oxpool import [-d DIR]... [POOL|ID [NEWNAME]]`. In a server, the imported pool is served
+/// at once (under NEWNAME if given: its volumes' exports are NEWNAME/VOL).
 pub fn import(
     host: &Host,
     con: &mut dyn Console,
     dirs: &[PathBuf],
     name: Option<&str>,
+    new_name: Option<&str>,
     missing_log: bool,
 ) -> Result<()> {
     let _one = match (host, name) {
         (Host::Live(served), Some(_)) => Some(served.membership()),
         _ => None,
     };
-    if let (Host::Live(served), Some(n)) = (host, name) {
-        if served.serves(n) {
-            bail!("pool '{n}' is imported already (this server serves it)");
-        }
+    // A bad new name is refused before any device is read.
+    if let Some(new) = new_name {
+        oxpool_engine::spa::check_name("pool", new)?;
+        oxpool_engine::spa::check_new_pool_name(new)?;
     }
     let cache = host.cache();
     let mut paths: Vec<PathBuf> = Vec::new();
@@ -107,10 +109,21 @@ pub fn import(
         // Unlike `zpool import`, nothing scans /dev: with no directory named, only the
         // devices of pools this machine knows are looked at, and an exported pool is known
         // no more.
-        if let Some(n) = name.filter(|n| !known.iter().any(|p| p.name == *n)) {
+        let is_known = |n: &str| {
+            known
+                .iter()
+                .any(|p| p.name == n || oxpool_engine::parse_id(n) == Some(Guid(p.guid)))
+        };
+        if let Some(n) = name.filter(|n| !is_known(n)) {
+            if let (Host::Live(served), None) = (host, new_name) {
+                if served.serves(n) {
+                    bail!("pool '{n}' is imported already (this server serves it)");
+                }
+            }
             bail!(
                 "pool '{n}' is not known here: name the directory that holds its devices: \
-                 oxpool import -d DIR {n}"
+                 oxpool import -d DIR {n}{}",
+                new_name.map(|n| format!(" {n}")).unwrap_or_default()
             );
         }
         for p in known {
@@ -129,26 +142,44 @@ pub fn import(
     }
     match name {
         Some(n) => {
-            // Another pool of this name is imported here (another guid): importing this one
-            // would take its place in the cache file, and it would drop out of every list.
-            // Importing the same pool again only records where its devices are now.
-            if let Some(known) = cachefile::read(cache)?.into_iter().find(|p| p.name == n) {
-                let found = probe_labels(&devs);
-                let named: Vec<&_> = found.iter().filter(|f| f.name == n).collect();
-                if !named.is_empty() && !named.iter().any(|f| f.guid == known.guid) {
-                    bail!(
-                        "cannot import '{n}' (id {:x}): a pool with that name is imported \
-                         already (id {:x}); export that one first (oxpool export {n})",
-                        named[0].guid,
-                        known.guid
-                    );
-                }
-            }
-            let pool = Pool::import_with(
+            // The pool the labels name so, or whose id it is. Of several, the one this
+            // machine does not know already (the other is imported here: its devices were
+            // searched too); else none, and the engine refuses them, listing their ids.
+            let found = probe_labels(&devs);
+            let matching: Vec<&Probed> = found
+                .iter()
+                .filter(|f| PoolRef::NameOrId(n).matches(&f.name, Guid(f.guid)))
+                .collect();
+            let known = cachefile::read(cache)?;
+            let fresh: Vec<&Probed> = matching
+                .iter()
+                .copied()
+                .filter(|f| !known.iter().any(|k| k.guid == f.guid))
+                .collect();
+            let chosen = match (matching.as_slice(), fresh.as_slice()) {
+                ([one], _) | (_, [one]) => Some(*one),
+                _ => None,
+            };
+            let which = chosen.map_or(PoolRef::NameOrId(n), |c| PoolRef::Id(Guid(c.guid)));
+            // The name it will have here.
+            let target = new_name.or(chosen.map(|c| c.name.as_str())).unwrap_or(n);
+            refuse_name_in_use(host, cache, dirs, n, new_name, target, chosen)?;
+            let pool = Pool::import_as(
                 devs.backends(),
-                Some(n),
+                which,
+                new_name,
                 oxpool_engine::ImportOptions { missing_log },
             )?;
+            // A rename a crash interrupted brings the pool up under the name its last txg
+            // recorded, which its labels may not have shown: that name must be free too.
+            if pool.name() != target {
+                let name = pool.name().to_string();
+                if let Err(e) = refuse_name_in_use(host, cache, dirs, n, Some(&name), &name, chosen)
+                {
+                    pool.export()?;
+                    return Err(e);
+                }
+            }
             // The candidates that are not this pool's are unlocked (another import needs them).
             devs.retain_named(&pool.open_device_names());
             // A pool this machine did not know starts from zero, whatever an old record
@@ -166,6 +197,8 @@ pub fn import(
             }
             remember(cache, &pool)?;
             host::adopt_host_state(cache, &pool, con.err())?;
+            let imported = pool.name().to_string();
+            let guid = pool.guid().0;
             match host {
                 Host::Local { .. } => {
                     host::keep_error_counts(cache, &pool);
@@ -175,7 +208,14 @@ pub fn import(
                     served.adopt(pool, devs)?;
                 }
             }
-            writeln!(con.out(), "imported pool '{n}'")?;
+            match chosen.filter(|c| c.name != imported) {
+                Some(c) => writeln!(
+                    con.out(),
+                    "imported pool '{}' (id {guid:x}) as '{imported}'",
+                    c.name
+                )?,
+                None => writeln!(con.out(), "imported pool '{imported}'")?,
+            }
         }
         None => {
             // List what could be imported: one line per pool found in the labels.
@@ -223,6 +263,77 @@ pub fn import(
         }
     }
     Ok(())
+}
+
+/// Refuses an import whose pool would take the name `target` of another pool this machine
+/// knows (its cache file entry, and every list, would then show only one of them), or
+/// would rename a pool imported here already (as `zpool import` refuses an imported pool:
+/// export it first). `n` is the name or id asked for, `chosen` the pool the labels found
+/// for it (None: none, or several, which the engine's import refuses with their ids). One
+/// line each, with what to do.
+fn refuse_name_in_use(
+    host: &Host,
+    cache: &Path,
+    dirs: &[PathBuf],
+    n: &str,
+    new_name: Option<&str>,
+    target: &str,
+    chosen: Option<&Probed>,
+) -> Result<()> {
+    let known = cachefile::read(cache)?;
+    let dir_args: String = dirs
+        .iter()
+        .map(|d| format!(" -d {}", shell_word(&d.display().to_string())))
+        .collect();
+    if let Some(c) = chosen {
+        // The same pool again: only its devices' paths are recorded anew, unless renamed.
+        if let Some(same) = known.iter().find(|p| p.guid == c.guid) {
+            if same.name != target {
+                bail!(
+                    "cannot import '{n}' (id {:x}) as '{target}': it is imported already as \
+                     '{}'; export it first (oxpool export {}), then import it under the new \
+                     name",
+                    c.guid,
+                    same.name,
+                    same.name
+                );
+            }
+            return Ok(());
+        }
+    }
+    let other = known.iter().find(|p| p.name == target);
+    let served = matches!(host, Host::Live(s) if s.serves(target));
+    if other.is_none() && !served {
+        return Ok(());
+    }
+    let id = match other {
+        Some(o) => format!(" (id {:x})", o.guid),
+        None => String::new(),
+    };
+    let Some(c) = chosen else {
+        // Nothing found to import: the pool of that name is the one here (a server holds its
+        // devices), or another's devices are not where looked.
+        let how = if served {
+            " (this server serves it)"
+        } else {
+            ""
+        };
+        bail!("pool '{target}' is imported already{id}{how}");
+    };
+    if new_name.is_some() {
+        bail!(
+            "cannot import '{n}' (id {:x}) as '{target}': a pool named {target} is imported \
+             already{id}; choose another name",
+            c.guid
+        );
+    }
+    bail!(
+        "cannot import '{n}' (id {:x}): a pool named {target} is imported already{id}; import \
+         it under another name: oxpool import{dir_args} {:x} NEWNAME (or export that one \
+         first: oxpool export {target})",
+        c.guid,
+        c.guid
+    )
 }
 
 /// `oxpool export [-f] POOL`. A served pool is refused while clients have it open; with

@@ -10,7 +10,7 @@ use crate::dsl::Datasets;
 use crate::iostats::LogStats;
 use crate::iostats::VolumeStats;
 use crate::props::{PoolProps, VolumeProps};
-use crate::spa::import::ImportOptions;
+use crate::spa::import::{ImportOptions, PoolRef};
 use crate::spa::sync::{sync_thread, SyncClient};
 use crate::spa::{check_name, PoolStatus, Spa, TopSpec};
 use crate::vdev::label::{holds_no_label, read_label};
@@ -173,6 +173,34 @@ impl Pool {
         name: Option<&str>,
         opts: ImportOptions,
     ) -> Result<Pool> {
+        let which = name.map_or(PoolRef::Any, PoolRef::Name);
+        Self::import_as(devices, which, None, opts)
+    }
+
+    /// Imports the pool `which` selects among `devices`, under `new_name` if given (`oxpool
+    /// import POOL NEWNAME`, as `zpool import pool newpool`), else under the name its
+    /// metadata records.
+    ///
+    /// A pool's name lives in its metadata, written by each txg, and in every device's
+    /// labels. A new name is committed in a txg first, then written to the labels, each
+    /// device's even labels and then its odd ones (`Spa::mend_labels`): a crash in between
+    /// leaves labels that name the old name or the new, every one of them this pool's by
+    /// guid, so an import by either name (or by id) finds every device, comes up with the
+    /// name of the last committed txg, and mends the labels left behind.
+    pub fn import_as(
+        devices: Vec<Arc<dyn Backend>>,
+        which: PoolRef<'_>,
+        new_name: Option<&str>,
+        opts: ImportOptions,
+    ) -> Result<Pool> {
+        if let Some(n) = new_name {
+            crate::spa::check_name("pool", n)?;
+            crate::spa::check_new_pool_name(n)?;
+        }
+        let name = match which {
+            PoolRef::Name(n) | PoolRef::NameOrId(n) => Some(n),
+            PoolRef::Any | PoolRef::Id(_) => None,
+        };
         let (spa, meta) = block_on(async {
             let mut found: Vec<(LabelConfig, Arc<dyn Backend>)> = Vec::new();
             let mut rejected: Vec<String> = Vec::new();
@@ -183,9 +211,20 @@ impl Pool {
             // Devices whose label could not be read or is damaged: always named, as one may
             // be the pool's.
             let mut damaged: Vec<String> = Vec::new();
+            // First the guids selected: by name, every pool one of whose labels names it.
+            let mut labelled: Vec<(Result<LabelConfig>, Arc<dyn Backend>)> = Vec::new();
             for dev in devices {
-                match read_label(dev.as_ref()).await {
-                    Ok(cfg) if name.is_none_or(|n| n == cfg.pool_name) => found.push((cfg, dev)),
+                labelled.push((read_label(dev.as_ref()).await, dev));
+            }
+            let selected: Vec<Guid> = labelled
+                .iter()
+                .filter_map(|(l, _)| l.as_ref().ok())
+                .filter(|c| which.matches(&c.pool_name, c.pool_guid))
+                .map(|c| c.pool_guid)
+                .collect();
+            for (label, dev) in labelled {
+                match label {
+                    Ok(cfg) if selected.contains(&cfg.pool_guid) => found.push((cfg, dev)),
                     Ok(cfg) => {
                         rejected.push(format!(
                             "{}: belongs to pool '{}'",
@@ -209,12 +248,21 @@ impl Pool {
                 .map(|(c, _)| (c.pool_guid, c.pool_name.clone()))
                 .collect();
             guids.sort();
-            guids.dedup();
+            // One pool whose labels disagree on its name (a rename a crash interrupted) is
+            // one pool.
+            guids.dedup_by_key(|(g, _)| *g);
             match guids.len() {
                 0 => {
-                    let what = name
-                        .map(|n| format!("no pool '{n}'"))
-                        .unwrap_or("no pool".into());
+                    let what = match which {
+                        PoolRef::Any => "no pool".to_string(),
+                        PoolRef::Name(n) => format!("no pool '{n}'"),
+                        PoolRef::Id(g) => format!("no pool of id {:x}", g.0),
+                        // Said as before ids were taken, unless it could be one.
+                        PoolRef::NameOrId(n) if crate::parse_id(n).is_none() => {
+                            format!("no pool '{n}'")
+                        }
+                        PoolRef::NameOrId(n) => format!("no pool named or of id '{n}'"),
+                    };
                     let why = if rejected.is_empty() {
                         "no devices given".to_string()
                     } else if rejected.len() <= REJECTED_NAMED_MAX {
@@ -251,14 +299,21 @@ impl Pool {
                         .iter()
                         .map(|(g, n)| format!("{n} ({:x})", g.0))
                         .collect();
+                    // Named alike, they are told apart by id (as `oxpool import` lists them).
+                    let how = if name.is_some() {
+                        "give the id of the one to import (oxpool import ID [NEWNAME])"
+                    } else {
+                        "name the one to import"
+                    };
                     return Err(EngineError::invalid(format!(
-                        "several pools found: {}; name the one to import",
+                        "several pools found: {}; {how}",
                         names.join(", ")
                     )));
                 }
             }
-            crate::spa::import::import_devices(found, opts).await
+            crate::spa::import::import_devices(found, opts, new_name).await
         })?;
+        let renamed = spa.name != meta.name;
         // The datasets, and their intent logs: records newer than the committed txg are
         // replayed once the pool is up. Every place a log holds is claimed before anything
         // allocates (the sync thread starts after).
@@ -370,6 +425,12 @@ impl Pool {
             pool.sync()?;
         }
         pool.destroy_stale_receives()?;
+        // A new name is committed before any label learns it (see `import_as`): the txg
+        // writes the metadata with it; the labels follow in `mend_labels`.
+        if renamed {
+            pool.spa.txg.mark_dirty();
+            pool.sync()?;
+        }
         // Labels damaged or overwritten since the last import are written again, before a
         // second such incident could leave a device with none; a txg then puts an uberblock
         // into their rings (an import with nothing to write commits none).

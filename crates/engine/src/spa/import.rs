@@ -29,16 +29,66 @@ pub struct ImportOptions {
     pub missing_log: bool,
 }
 
+/// Which pool an import takes among the devices it is given ([`crate::Pool::import_as`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolRef<'a> {
+    /// The only pool the devices hold (refused if they hold several).
+    #[default]
+    Any,
+    /// The pool whose labels name it (refused if several pools of that name are found:
+    /// they are told apart by id).
+    Name(&'a str),
+    /// The pool of this guid.
+    Id(oxpool_format::Guid),
+    /// `oxpool import NAME_OR_ID`: the pool named so, or whose guid in hex (as `oxpool
+    /// import` lists it) it is, as `zpool import` takes a name or an id.
+    NameOrId(&'a str),
+}
+
+impl PoolRef<'_> {
+    /// Whether a device whose label names pool `name` of `guid` is one this selects. A
+    /// name matches any label of the pool: during a rename some may still carry the old
+    /// one (the pool's metadata holds the name, see [`import_devices`]).
+    pub fn matches(&self, name: &str, guid: oxpool_format::Guid) -> bool {
+        match *self {
+            PoolRef::Any => true,
+            PoolRef::Name(n) => n == name,
+            PoolRef::Id(g) => g == guid,
+            PoolRef::NameOrId(s) => s == name || parse_id(s) == Some(guid),
+        }
+    }
+}
+
+/// A pool id as `oxpool import` lists it: the guid in hex (an `0x` before it is taken too).
+pub fn parse_id(s: &str) -> Option<oxpool_format::Guid> {
+    let hex = s
+        .strip_prefix("0x")
+        .or_else(|| s.strip_prefix("0X"))
+        .unwrap_or(s);
+    if hex.is_empty() || hex.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok().map(oxpool_format::Guid)
+}
+
 /// Assembles and loads a pool from devices whose labels name it: the newest uberblock whose
 /// metadata verifies, the vdev tree as that metadata records it, the space maps. Returns the
 /// pool (its sync thread not started: nothing allocates until the caller has claimed the
 /// places its intent logs hold, see [`Spa::claim`]) and the metadata, for the layers above.
+///
+/// The pool's name is `new_name` if given (`oxpool import POOL NEWNAME`), else the one its
+/// metadata records: the labels' copies are hints, which a rename interrupted by a crash
+/// leaves partly old (the metadata's name changes atomically with a txg; the labels are
+/// rewritten after it, and mended at the next import).
 pub(crate) async fn import_devices(
     found: Vec<(LabelConfig, Arc<dyn Backend>)>,
     opts: ImportOptions,
+    new_name: Option<&str>,
 ) -> Result<(Arc<Spa>, PoolMeta)> {
     let cfg0 = found[0].0.clone();
-    let pool_name = cfg0.pool_name.clone();
+    // Until the metadata is read, errors name the pool as its labels do.
+    let label_name = cfg0.pool_name.clone();
+    let pool_name = label_name.clone();
     let config = found
         .iter()
         .map(|(c, _)| &c.tree)
@@ -462,6 +512,16 @@ pub(crate) async fn import_devices(
                 source: e,
             })?;
         }
+    }
+    let pool_name = match new_name {
+        Some(n) => n.to_string(),
+        None => meta.name.clone(),
+    };
+    if pool_name != label_name {
+        tracing::info!(
+            pool = pool_name,
+            "labels name the pool '{label_name}': imported as '{pool_name}'"
+        );
     }
     tracing::info!(pool = pool_name, txg = meta.txg.0, "imported");
     // At info, as a missing device: `status` shows it UNAVAIL with why, and a warning here

@@ -569,7 +569,10 @@ impl Spa {
     /// meanwhile leaves the good ones; their uberblock rings fill again with the next txg,
     /// which the caller commits. A label overwritten by another tool is rewritten too, as
     /// ZFS does: the device is this pool's by its other labels, and the pool writes its data
-    /// all over it anyway. Returns the devices mended with the labels that were bad; a
+    /// all over it anyway. A label of this pool that names it otherwise (`oxpool import POOL
+    /// NEWNAME`, or one a crash interrupted) is rewritten with the pool's name, the even
+    /// labels before the odd ones, so that the device stays findable by one name or the
+    /// other at every instant. Returns the devices mended with the labels that were bad; a
     /// device that cannot be written is warned about and left (its other labels still find
     /// it).
     pub(crate) fn mend_labels(&self) -> Vec<(String, Vec<usize>)> {
@@ -584,18 +587,31 @@ impl Spa {
                     continue;
                 }
                 let dev = leaf.backend.as_ref();
-                let bad = crate::vdev::label::labels_not_of(dev, self.guid, leaf.guid).await;
-                if bad.is_empty() {
+                let to_mend =
+                    crate::vdev::label::labels_to_mend(dev, self.guid, leaf.guid, &self.name).await;
+                if to_mend.is_empty() {
                     continue;
                 }
+                let bad = to_mend.all();
                 let cfg = self.label_config((leaf.guid, top), &config, create_txg);
-                match crate::vdev::label::rewrite_labels(dev, &cfg, &bad).await {
+                match crate::vdev::label::mend_labels(dev, &cfg, &to_mend).await {
                     Ok(()) => {
-                        tracing::warn!(
-                            pool = self.name,
-                            device = leaf.name(),
-                            "labels {bad:?} did not hold this pool's configuration: rewritten"
-                        );
+                        // Damage is worth a warning; a name caught up with is a rename's
+                        // normal end (or the end of one a crash interrupted).
+                        if to_mend.damaged.is_empty() {
+                            tracing::info!(
+                                pool = self.name,
+                                device = leaf.name(),
+                                "labels {bad:?} named the pool otherwise: renamed"
+                            );
+                        } else {
+                            tracing::warn!(
+                                pool = self.name,
+                                device = leaf.name(),
+                                "labels {bad:?} did not hold this pool's configuration: \
+                                 rewritten"
+                            );
+                        }
                         mended.push((leaf.name().to_string(), bad));
                     }
                     Err(e) => tracing::warn!(

@@ -63,26 +63,72 @@ async fn write_then_flush(dev: &dyn Backend, buf: &IoBuf, offs: &[u64]) -> Resul
         .map_err(|e| EngineError::io(dev.name(), e))
 }
 
-/// Which of the device's labels do not hold a configuration of leaf `leaf_guid` of pool
-/// `pool_guid` (unreadable, damaged, overwritten, another pool's), by index. The four are
-/// read at once.
-pub async fn labels_not_of(dev: &dyn Backend, pool_guid: Guid, leaf_guid: Guid) -> Vec<usize> {
+/// Which of the device's labels need writing, by index: `damaged`, those that do not hold a
+/// configuration of leaf `leaf_guid` of pool `pool_guid` (unreadable, damaged, overwritten,
+/// another pool's); `misnamed`, those that do but name the pool other than `pool_name` (a
+/// rename a crash interrupted). The four are read at once.
+pub async fn labels_to_mend(
+    dev: &dyn Backend,
+    pool_guid: Guid,
+    leaf_guid: Guid,
+    pool_name: &str,
+) -> LabelsToMend {
     let reads: Vec<_> = label_offsets(dev.size_bytes())
         .into_iter()
         .map(|off| dev.read(off, IoBuf::zeroed(LABEL_CONFIG_BYTES as usize)))
         .collect();
-    join_all(reads)
-        .await
-        .into_iter()
-        .enumerate()
-        .filter(|(_, read)| {
-            !read.as_ref().is_ok_and(|buf| {
-                LabelConfig::decode(buf)
-                    .is_ok_and(|c| c.pool_guid == pool_guid && c.leaf_guid == leaf_guid)
-            })
-        })
-        .map(|(i, _)| i)
-        .collect()
+    let mut out = LabelsToMend::default();
+    for (i, read) in join_all(reads).await.into_iter().enumerate() {
+        let cfg = read
+            .ok()
+            .and_then(|buf| LabelConfig::decode(&buf).ok())
+            .filter(|c| c.pool_guid == pool_guid && c.leaf_guid == leaf_guid);
+        match cfg {
+            None => out.damaged.push(i),
+            Some(c) if c.pool_name != pool_name => out.misnamed.push(i),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// What [`labels_to_mend`] found, by label index.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LabelsToMend {
+    /// Labels that do not find the device for this pool.
+    pub damaged: Vec<usize>,
+    /// Labels of this pool and device that carry another name.
+    pub misnamed: Vec<usize>,
+}
+
+impl LabelsToMend {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.damaged.is_empty() && self.misnamed.is_empty()
+    }
+
+    /// Every label to write.
+    pub fn all(&self) -> Vec<usize> {
+        let mut all = [self.damaged.as_slice(), self.misnamed.as_slice()].concat();
+        all.sort_unstable();
+        all
+    }
+}
+
+/// Writes `cfg` into the labels `to` names, in an order that keeps the device findable at
+/// every instant: the damaged ones first, all at once (they find nothing now), then the
+/// misnamed even ones, then the misnamed odd ones, each group flushed before the next. A
+/// misnamed label still finds the device, so a crash while one group is written leaves the
+/// other group (or the freshly written damaged ones) readable.
+pub async fn mend_labels(dev: &dyn Backend, cfg: &LabelConfig, to: &LabelsToMend) -> Result<()> {
+    let even: Vec<usize> = to.misnamed.iter().copied().filter(|i| i % 2 == 0).collect();
+    let odd: Vec<usize> = to.misnamed.iter().copied().filter(|i| i % 2 == 1).collect();
+    for group in [&to.damaged, &even, &odd] {
+        if !group.is_empty() {
+            rewrite_labels(dev, cfg, group).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Rewrites the configuration half of the labels `which` only, and flushes: the others,
