@@ -196,8 +196,11 @@ pub fn peek_label(path: &Path) -> Option<oxpool_format::LabelConfig> {
 
 /// A pool the labels of some devices name, for `import -d DIR` with no pool given.
 pub struct Probed {
-    /// Its name.
+    /// Its name (as the first device's label has it).
     pub name: String,
+    /// Every name its devices' labels carry (more than one while a rename at import was
+    /// cut short, or a device was away for it), `name` first.
+    pub names: Vec<String>,
     /// Its guid.
     pub guid: u64,
     /// The devices found, as opened.
@@ -233,6 +236,7 @@ pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
             None => {
                 let probed = Probed {
                     name: cfg.pool_name.clone(),
+                    names: Vec::new(),
                     guid: cfg.pool_guid.0,
                     paths: Vec::new(),
                     missing: Vec::new(),
@@ -254,6 +258,9 @@ pub fn probe_labels(devs: &Devices) -> Vec<Probed> {
             newest,
         } = &mut out[i];
         probed.paths.push(name.clone());
+        if !probed.names.contains(&cfg.pool_name) {
+            probed.names.push(cfg.pool_name.clone());
+        }
         if let Some((_, first)) = leaves.iter().find(|(g, _)| *g == cfg.leaf_guid.0) {
             probed.twice.push((first.clone(), name.clone()));
         }

@@ -202,7 +202,11 @@ pub fn open_pool(cache: &Path, name: &str) -> Result<(Pool, Devices)> {
     }
     // Missing devices show as UNAVAIL in `oxpool status`; import refuses the pool if what is
     // missing is needed, naming it.
-    let pool = Pool::import(devs.backends(), Some(name)).map_err(|e| {
+    // By guid, not name: a device away during a rename at import still carries the old
+    // name in its labels, and is this pool's all the same (review).
+    let which = oxpool_engine::PoolRef::Id(oxpool_format::Guid(entry.guid));
+    let opts = oxpool_engine::ImportOptions::default();
+    let pool = Pool::import_as(devs.backends(), which, None, opts).map_err(|e| {
         anyhow::Error::new(Unavailable(
             anyhow::Error::new(e).context(format!("cannot open pool '{name}'")),
         ))

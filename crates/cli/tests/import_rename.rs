@@ -122,6 +122,14 @@ fn a_second_pool_named_tank_is_imported_by_id_as_tank2_and_served_under_that_nam
     assert!(e.contains("is imported already"), "{e}");
     let e = env.fails(&["import", "-d", p(&a), "tank", "tank2"]);
     assert!(e.contains("pool 'tank2' is imported already"), "{e}");
+    // The served pool by its name, with a directory named (its devices are locked): said so,
+    // not 'no pool' (review).
+    let e = env.fails(&["import", "-d", p(&a), "tank", "tank9"]);
+    assert!(
+        e.contains("pool 'tank' is imported already (this server serves it)")
+            && e.contains("renamed at import only"),
+        "{e}"
+    );
     let (status, out) = server.stop();
     assert!(status.success(), "{out}");
 

@@ -78,10 +78,11 @@ pub fn write(path: &Path, pools: &[CachedPool]) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Adds or replaces the entry for `pool` (by name).
+/// Adds or replaces the entry for `pool` (by name, and by guid: a pool imported under a new
+/// name leaves no entry under its old one).
 pub fn upsert(path: &Path, pool: CachedPool) -> Result<()> {
     update(path, |pools| {
-        pools.retain(|p| p.name != pool.name);
+        pools.retain(|p| p.name != pool.name && p.guid != pool.guid);
         pools.push(pool);
     })
 }

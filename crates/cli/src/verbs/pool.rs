@@ -146,10 +146,28 @@ pub fn import(
             // machine does not know already (the other is imported here: its devices were
             // searched too); else none, and the engine refuses them, listing their ids.
             let found = probe_labels(&devs);
+            // By any name its labels carry: a device away during a rename keeps the old one.
             let matching: Vec<&Probed> = found
                 .iter()
-                .filter(|f| PoolRef::NameOrId(n).matches(&f.name, Guid(f.guid)))
+                .filter(|f| {
+                    f.names
+                        .iter()
+                        .any(|name| PoolRef::NameOrId(n).matches(name, Guid(f.guid)))
+                })
                 .collect();
+            if let (Host::Live(served), true) = (host, matching.is_empty()) {
+                // Its devices are locked by the server: found only as the pool it serves
+                // (a new name taken is said below, first).
+                if served.serves(n) && !new_name.is_some_and(|m| served.serves(m)) {
+                    bail!(
+                        "pool '{n}' is imported already (this server serves it){}",
+                        match new_name {
+                            Some(_) => ": a pool is renamed at import only; export it first",
+                            None => "",
+                        }
+                    );
+                }
+            }
             let known = cachefile::read(cache)?;
             let fresh: Vec<&Probed> = matching
                 .iter()
@@ -160,6 +178,9 @@ pub fn import(
                 ([one], _) | (_, [one]) => Some(*one),
                 _ => None,
             };
+            // The engine gets the pool this command chose, by id; with none chosen (none
+            // found, or several of that name), the name, and it says why, listing the pools
+            // it found. Both read the same labels, so none chosen here is none there.
             let which = chosen.map_or(PoolRef::NameOrId(n), |c| PoolRef::Id(Guid(c.guid)));
             // The name it will have here.
             let target = new_name.or(chosen.map(|c| c.name.as_str())).unwrap_or(n);
