@@ -76,7 +76,7 @@ impl Datasets {
     /// received within the pool has the same guids, and its snapshots other txgs. None once
     /// the head or the snapshot is gone.
     fn lineage_position(&self, ds: &Dataset) -> Option<(Arc<Dataset>, Option<Txg>)> {
-        if ds.name.contains('@') {
+        if ds.name().contains('@') {
             let guid = ds.lineage.lock().unwrap().guid;
             let head = self.view_head(ds)?;
             let d = self.all().into_iter().find(|d| d.id == head)?;
@@ -90,7 +90,7 @@ impl Datasets {
                 .map(|s| s.txg)?;
             return Some((d, Some(txg)));
         }
-        let head = self.get(&ds.name)?;
+        let head = self.get(&ds.name())?;
         std::ptr::eq(Arc::as_ptr(&head), ds).then_some((head, None))
     }
 
