@@ -279,6 +279,49 @@ impl Served {
         Ok(())
     }
 
+    /// Follows `rename` of `from` to `to` (names inside pool `pool`: a volume, a snapshot,
+    /// a bookmark) in the export table: a volume's export and its snapshots' take the new
+    /// names, a snapshot's its own, in one step. The exports keep their connections (their
+    /// clients' I/O goes on) and are offered under the new names only from then on. One that
+    /// was not offered (`recv -u`, `unshare`) stays so.
+    pub fn rename_exports(&self, pool: &str, from: &str, to: &str) -> Result<()> {
+        let (old, new) = (format!("{pool}/{from}"), format!("{pool}/{to}"));
+        let renames: Vec<(String, String)> = if from.contains(['@', '#']) {
+            // A bookmark is never offered; a snapshot is, under its own name.
+            vec![(old, new)]
+        } else {
+            let snaps = format!("{old}@");
+            let mut r: Vec<(String, String)> = self
+                .exports
+                .names()
+                .into_iter()
+                .filter_map(|n| {
+                    let snap = n.strip_prefix(&snaps)?.to_string();
+                    Some((n, format!("{new}@{snap}")))
+                })
+                .collect();
+            r.push((old, new));
+            r
+        };
+        let offered = self.exports.names();
+        let renames: Vec<(String, String)> = renames
+            .into_iter()
+            .filter(|(o, _)| offered.contains(o))
+            .collect();
+        if renames.is_empty() {
+            return Ok(());
+        }
+        self.exports.rename(&renames).map_err(|e| {
+            anyhow!("renamed, but its NBD exports keep their old names ({e}): restart the server")
+        })?;
+        for (_, n) in &renames {
+            for endpoint in &self.endpoints {
+                crate::console::say_out(format_args!("  {}  (renamed)", endpoint.uri(n, self.tls)));
+            }
+        }
+        Ok(())
+    }
+
     /// Stops offering volume `full_name` (`pool/vol`) for `why` (the command and its remedy,
     /// for the refusal). With `force`, its clients are disconnected (their requests in
     /// flight answered first); without, it is refused while any client has it open. A
