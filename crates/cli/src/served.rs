@@ -121,7 +121,9 @@ pub struct Served {
     runtime: RuntimeDir,
     socket: PathBuf,
     exports: Exports,
-    read_only: Vec<String>,
+    /// Volumes `--read-only` named, by their names now (a rename renames them here too, or
+    /// a later `share` of the volume would offer it writable).
+    read_only: Mutex<Vec<String>>,
     endpoints: Vec<Endpoint>,
     /// Whether clients connect with TLS (the URIs say `nbds`).
     tls: bool,
@@ -145,7 +147,7 @@ impl Served {
             runtime,
             socket,
             exports,
-            read_only,
+            read_only: Mutex::new(read_only),
             endpoints,
             tls,
             membership: Mutex::new(()),
@@ -256,7 +258,11 @@ impl Served {
     /// Offers a volume over NBD from now on (and says where, on the server's output).
     pub fn export_volume(&self, volume: oxpool_engine::Volume) -> Result<()> {
         let name = volume.full_name().to_string();
-        let read_only = self.read_only.contains(&name);
+        let read_only = self
+            .read_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&name);
         let access = if read_only || volume.read_only() {
             "read-only"
         } else {
@@ -286,6 +292,7 @@ impl Served {
     /// was not offered (`recv -u`, `unshare`) stays so.
     pub fn rename_exports(&self, pool: &str, from: &str, to: &str) -> Result<()> {
         let (old, new) = (format!("{pool}/{from}"), format!("{pool}/{to}"));
+        let (old_volume, new_volume) = (old.clone(), new.clone());
         let renames: Vec<(String, String)> = if from.contains(['@', '#']) {
             // A bookmark is never offered; a snapshot is, under its own name.
             vec![(old, new)]
@@ -303,6 +310,12 @@ impl Served {
             r.push((old, new));
             r
         };
+        if !from.contains(['@', '#']) {
+            let mut ro = self.read_only.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = ro.iter_mut().find(|n| **n == old_volume) {
+                *n = new_volume.clone();
+            }
+        }
         let offered = self.exports.names();
         let renames: Vec<(String, String)> = renames
             .into_iter()

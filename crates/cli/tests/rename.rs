@@ -223,3 +223,23 @@ fn a_kill_9_right_after_a_rename_returns_keeps_the_new_name() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+#[test]
+fn a_volume_served_read_only_stays_read_only_under_its_new_name() {
+    let env = Env::new();
+    env.tank(&[("vol0", "16M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0", "--read-only", "tank/vol0"]);
+    env.ok(&["rename", "tank/vol0", "tank/disk"]);
+    let info = |export: &str| tool("nbdinfo", &[&tcp_uri(&server, export)]);
+    assert!(info("tank/disk").contains("is_read_only: true"));
+    // Offered again later (unshare, share), it is still the volume `--read-only` named.
+    env.ok(&["unshare", "tank/disk"]);
+    env.ok(&["share", "tank/disk"]);
+    assert!(
+        info("tank/disk").contains("is_read_only: true"),
+        "{}",
+        info("tank/disk")
+    );
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}
