@@ -158,6 +158,25 @@ fn a_served_volume_keeps_its_client_across_a_rename_and_is_offered_under_the_new
         listed.contains("tank/disk@s2") && !listed.contains("tank/disk@s1"),
         "{listed}"
     );
+    // A change map names its base when asked: the new name, which still finds what the
+    // client wrote after it (the first block), and not the old one.
+    let uri = tcp_uri(&server, "tank/disk");
+    let map = tool("nbdinfo", &["--map=oxpool:changed-since:s2", &uri]);
+    let first: Vec<&str> = map
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert!(
+        first.len() >= 3 && first[0] == "0" && first[2] != "0",
+        "the write after @s2 is not in its change map: {map}"
+    );
+    let old = Command::new("nbdinfo")
+        .args(["--map=oxpool:changed-since:s1", &uri])
+        .output()
+        .unwrap();
+    assert!(!old.status.success(), "a change map since the old name");
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }

@@ -14,6 +14,9 @@ use oxpool_io::MemoryBackend;
 
 const VOLUME_BYTES: u64 = 1 << 20;
 
+/// Whether an error is of the kind a refusal must give.
+type IsKind = fn(&EngineError) -> bool;
+
 /// Every name the pool shows: volumes, `VOL@SNAP` with its guid, `VOL#BM`, and each
 /// volume's origin.
 fn names(pool: &Pool) -> Vec<String> {
@@ -132,7 +135,7 @@ fn refusals_change_nothing() {
     pool.snapshot(&["other@o".into()]).unwrap();
     let before = names(&pool);
     let txg = pool.synced_txg();
-    let refused: [(&str, &str, fn(&EngineError) -> bool); 14] = [
+    let refused: [(&str, &str, IsKind); 14] = [
         ("a", "other", |e| matches!(e, EngineError::Exists(_))),
         ("a", "a", |e| matches!(e, EngineError::Exists(_))),
         ("nope", "x", |e| matches!(e, EngineError::NotFound(_))),

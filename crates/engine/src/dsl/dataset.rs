@@ -152,6 +152,12 @@ impl DatasetName {
         self.names.lock().unwrap().1.clone()
     }
 
+    /// `f` of the name inside the pool, without a copy. `f` must take no lock a rename
+    /// holds while it renames (the registry's: [`super::Datasets::rename`]).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&str) -> T) -> T {
+        f(&self.names.lock().unwrap().0)
+    }
+
     /// Renames it (the caller re-keys whatever table finds it by name, under that table's
     /// lock, so a lookup never finds it under a name it no longer has).
     pub(crate) fn set(&self, name: &str) {
