@@ -2,7 +2,8 @@
 //! import and the old one is gone; a handle opened before the rename keeps reading and
 //! writing; what refers to a volume or snapshot follows it (a clone's origin, holds, `send -i`
 //! from a renamed base, a receive onto a renamed target, the intent log's replay after a
-//! crash); every refusal changes nothing, across an import too.
+//! crash); a receive under way keeps its target's name, and its resume token survives renames
+//! on the sending side; every refusal changes nothing, across an import too.
 
 mod common;
 
@@ -251,4 +252,76 @@ fn two_volumes_swap_names_through_a_third() {
     assert_eq!(head("a"), pattern(11, 4096));
     assert_eq!(head("b"), pattern(10, 4096));
     audit_clean(&pool, "after the swap");
+}
+
+#[test]
+fn a_receive_under_way_keeps_its_target_name_and_its_token_survives_renames_of_the_source() {
+    let (src, _m) = mem_pool(TopVdevKind::Single, 1);
+    let (dst, _d) = mem_pool(TopVdevKind::Single, 1);
+    let v = src.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    write(&v, 0, &pattern(12, 65536));
+    src.snapshot(&["v@a".into()]).unwrap();
+    write(&v, 0, &pattern(13, VOLUME_BYTES as usize));
+    src.snapshot(&["v@b".into()]).unwrap();
+    let stream = |base: Option<&str>, snap: &str| {
+        let opts = SendOptions {
+            base: base.map(str::to_string),
+            ..SendOptions::default()
+        };
+        let mut out = Vec::new();
+        src.send("v", snap, &opts, &mut out).unwrap();
+        out
+    };
+    let recv_into = |target: &str, stream: &[u8], resumable: bool| {
+        let opts = ReceiveOptions {
+            force: false,
+            resumable,
+        };
+        dst.receive(target, &mut &stream[..], &opts).map(|_| ())
+    };
+    let recv = |stream: &[u8], resumable: bool| recv_into("copy", stream, resumable);
+    recv(&stream(None, "a"), false).unwrap();
+    dst.create_volume("spare", VOLUME_BYTES, &[]).unwrap();
+    let inc = stream(Some("a"), "b");
+    assert!(recv(&inc[..inc.len() / 2], true).is_err(), "a cut stream");
+    let token = dst
+        .receive_resume_token("copy")
+        .expect("a resumable receive");
+    // A full stream into a new volume, cut too: it waits under the name it will take.
+    let full = stream(None, "a");
+    assert!(recv_into("fresh", &full[..full.len() / 2], true).is_err());
+    assert!(dst.receive_resume_token("fresh").is_some());
+    // The end of a receive finds its target by name: neither away from it nor onto it.
+    let before = names(&dst);
+    assert!(matches!(
+        dst.rename("copy", "moved"),
+        Err(EngineError::Busy(_))
+    ));
+    assert!(matches!(
+        dst.rename("spare", "fresh"),
+        Err(EngineError::Busy(_))
+    ));
+    assert_eq!(names(&dst), before);
+    // The token names snapshots by guid: renames on the sending side do not break it.
+    src.rename("v@b", "v@bee").unwrap();
+    src.rename("v", "w").unwrap();
+    let token: oxpool_format::ResumeToken = token.parse().unwrap();
+    let what = oxpool_engine::SendWhat::Resume {
+        token: &token,
+        volume: None,
+    };
+    let mut rest = Vec::new();
+    src.send_what(&what, &SendOptions::default(), &mut rest)
+        .unwrap();
+    recv(&rest, true).unwrap();
+    // Under the name the sender gave in the resumed stream; the same snapshot by guid.
+    let got = dst.snapshots("copy").unwrap().pop().unwrap();
+    let sent = src.snapshots("w").unwrap().pop().unwrap();
+    assert_eq!((got.guid, sent.name.as_str()), (sent.guid, "bee"));
+    assert_eq!(
+        snap_bytes(&dst, "copy", &got.name),
+        snap_bytes(&src, "w", "bee")
+    );
+    dst.rename("copy", "moved").unwrap();
+    audit_clean(&dst, "after the resumed receive and the rename");
 }
