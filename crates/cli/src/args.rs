@@ -213,6 +213,15 @@ pub enum Command {
         /// POOL/VOL.
         target: String,
     },
+    /// Rename a volume, a snapshot or a bookmark within its pool (as `zfs rename`; no -r,
+    /// -p, -u, -f). A served volume keeps its NBD clients and is offered under the new name.
+    Rename {
+        /// POOL/VOL, POOL/VOL@SNAP or POOL/VOL#BOOKMARK.
+        from: String,
+        /// POOL/NEWVOL; for a snapshot POOL/VOL@NEW, @NEW or NEW; for a bookmark
+        /// POOL/VOL#NEW, #NEW or NEW.
+        to: String,
+    },
     /// Create a writable volume sharing every block of a snapshot.
     Clone {
         /// POOL/VOL@SNAP.

@@ -147,7 +147,7 @@ fn target(command: &Command) -> Target {
         Command::Promote { name } | Command::Share { name } | Command::Unshare { name, .. } => {
             pool_of(name)
         }
-        Command::Bookmark { source, .. } => pool_of(source),
+        Command::Bookmark { source, .. } | Command::Rename { from: source, .. } => pool_of(source),
         Command::Snapshot { names, .. }
         | Command::Hold { names, .. }
         | Command::Release { names, .. }

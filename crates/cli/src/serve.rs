@@ -173,7 +173,7 @@ pub fn run(cache: &Path, args: ServeArgs) -> Result<()> {
     for name in &args.read_only {
         let known = pools
             .iter()
-            .any(|(p, _)| p.volumes().iter().any(|v| v.full_name() == name));
+            .any(|(p, _)| p.volumes().iter().any(|v| v.full_name() == *name));
         if !known {
             bail!("--read-only {name}: no such volume among the served pools");
         }

@@ -121,7 +121,9 @@ pub struct Served {
     runtime: RuntimeDir,
     socket: PathBuf,
     exports: Exports,
-    read_only: Vec<String>,
+    /// Volumes `--read-only` named, by their names now (a rename renames them here too, or
+    /// a later `share` of the volume would offer it writable).
+    read_only: Mutex<Vec<String>>,
     endpoints: Vec<Endpoint>,
     /// Whether clients connect with TLS (the URIs say `nbds`).
     tls: bool,
@@ -145,7 +147,7 @@ impl Served {
             runtime,
             socket,
             exports,
-            read_only,
+            read_only: Mutex::new(read_only),
             endpoints,
             tls,
             membership: Mutex::new(()),
@@ -256,7 +258,11 @@ impl Served {
     /// Offers a volume over NBD from now on (and says where, on the server's output).
     pub fn export_volume(&self, volume: oxpool_engine::Volume) -> Result<()> {
         let name = volume.full_name().to_string();
-        let read_only = self.read_only.contains(&name);
+        let read_only = self
+            .read_only
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&name);
         let access = if read_only || volume.read_only() {
             "read-only"
         } else {
@@ -275,6 +281,56 @@ impl Served {
                 "  {}  ({size}, {access})",
                 endpoint.uri(&name, self.tls)
             ));
+        }
+        Ok(())
+    }
+
+    /// Follows `rename` of `from` to `to` (names inside pool `pool`: a volume, a snapshot,
+    /// a bookmark) in the export table: a volume's export and its snapshots' take the new
+    /// names, a snapshot's its own, in one step. The exports keep their connections (their
+    /// clients' I/O goes on) and are offered under the new names only from then on. One that
+    /// was not offered (`recv -u`, `unshare`) stays so.
+    pub fn rename_exports(&self, pool: &str, from: &str, to: &str) -> Result<()> {
+        let (old, new) = (format!("{pool}/{from}"), format!("{pool}/{to}"));
+        let (old_volume, new_volume) = (old.clone(), new.clone());
+        let renames: Vec<(String, String)> = if from.contains(['@', '#']) {
+            // A bookmark is never offered; a snapshot is, under its own name.
+            vec![(old, new)]
+        } else {
+            let snaps = format!("{old}@");
+            let mut r: Vec<(String, String)> = self
+                .exports
+                .names()
+                .into_iter()
+                .filter_map(|n| {
+                    let snap = n.strip_prefix(&snaps)?.to_string();
+                    Some((n, format!("{new}@{snap}")))
+                })
+                .collect();
+            r.push((old, new));
+            r
+        };
+        if !from.contains(['@', '#']) {
+            let mut ro = self.read_only.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = ro.iter_mut().find(|n| **n == old_volume) {
+                *n = new_volume.clone();
+            }
+        }
+        let offered = self.exports.names();
+        let renames: Vec<(String, String)> = renames
+            .into_iter()
+            .filter(|(o, _)| offered.contains(o))
+            .collect();
+        if renames.is_empty() {
+            return Ok(());
+        }
+        self.exports.rename(&renames).map_err(|e| {
+            anyhow!("renamed, but its NBD exports keep their old names ({e}): restart the server")
+        })?;
+        for (_, n) in &renames {
+            for endpoint in &self.endpoints {
+                crate::console::say_out(format_args!("  {}  (renamed)", endpoint.uri(n, self.tls)));
+            }
         }
         Ok(())
     }

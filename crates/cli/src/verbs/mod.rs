@@ -7,6 +7,7 @@
 pub mod device;
 pub mod pool;
 pub mod props;
+mod rename;
 pub mod send;
 mod share;
 pub mod snapshot;
@@ -145,6 +146,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             props,
         } => snapshot::clone(host, &target, &name, &props),
         Command::Promote { name } => snapshot::promote(host, &name),
+        Command::Rename { from, to } => rename::rename(host, &from, &to),
         Command::Share { name } => share::share(host, &name),
         Command::Unshare { force, name } => share::unshare(host, &name, force),
         Command::Send {

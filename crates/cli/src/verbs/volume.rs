@@ -252,7 +252,7 @@ fn list(
                 .iter()
                 .map(|v| {
                     // `used` as `get used` and `zfs list` have it: snapshots' space too.
-                    let used = p.dataset_space(v.name())?.used_bytes;
+                    let used = p.dataset_space(&v.name())?.used_bytes;
                     Ok([
                         v.full_name().to_string(),
                         size(v.size_bytes(), exact),

@@ -417,7 +417,7 @@ pub async fn walk(
     b: u64,
     stop_level: u8,
     create: bool,
-    what: &str,
+    what: &(impl std::fmt::Display + ?Sized),
 ) -> Result<Walk> {
     for _ in 0..WALK_RETRIES_MAX {
         // (the load to do, or None to wait for another walker's load of `.1`)
@@ -550,7 +550,7 @@ pub async fn lookup(
     zio: &Zio,
     class: IoClass,
     b: u64,
-    what: &str,
+    what: &(impl std::fmt::Display + ?Sized),
 ) -> Result<BlockPtr> {
     for _ in 0..WALK_RETRIES_MAX {
         if let Some(p) = tree.lock().unwrap().cached_data_ptr(b) {

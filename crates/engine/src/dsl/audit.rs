@@ -294,19 +294,19 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
         for chunk in tables.blocks() {
             for dva in chunk.dvas() {
                 refs.add(dva, Some(key_of(chunk)), &|| {
-                    format!("{} {} block", ds.full_name, chunk.block_type.name())
+                    format!("{} {} block", ds.full_name(), chunk.block_type.name())
                 });
             }
             report.blocks_checked += 1;
         }
         report
             .problems
-            .extend(tables.audit(spa, &ds.full_name).await);
+            .extend(tables.audit(spa, &ds.full_name()).await);
         let sums = walk_tree(
             spa,
             root,
             prev_snap_txg,
-            &ds.full_name,
+            &ds.full_name(),
             &mut refs,
             &mut children_of,
             &mut report,
@@ -315,30 +315,32 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
         let obj = ds.data();
         check(
             &mut report,
-            &ds.full_name,
+            &ds.full_name(),
             "referenced",
             obj.used_bytes.load(Ordering::Relaxed),
             sums.referenced_bytes,
         );
         check(
             &mut report,
-            &ds.full_name,
+            &ds.full_name(),
             "written",
             written_bytes,
             sums.born_after_bytes,
         );
-        births.insert(ds.name.clone(), sums.bytes_by_birth);
-        for e in walk_deadlist(spa, &deadlist, &ds.full_name, &mut refs, &mut report).await {
+        births.insert(ds.name(), sums.bytes_by_birth);
+        for e in walk_deadlist(spa, &deadlist, &ds.full_name(), &mut refs, &mut report).await {
             if e.birth > prev_snap_txg {
                 report.problems.push(format!(
                     "{}: deadlist entry born {} after the previous snapshot ({})",
-                    ds.full_name, e.birth.0, prev_snap_txg.0
+                    ds.full_name(),
+                    e.birth.0,
+                    prev_snap_txg.0
                 ));
             }
-            dead_entries.push((ds.full_name.clone(), e));
+            dead_entries.push((ds.full_name(), e));
         }
         for (i, s) in snapshots.iter().enumerate() {
-            let what = format!("{}@{}", ds.full_name, s.name);
+            let what = format!("{}@{}", ds.full_name(), s.name);
             let prev = match i {
                 0 => origin_txg,
                 _ => snapshots[i - 1].txg,
@@ -367,7 +369,7 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
                 s.written_bytes,
                 sums.born_after_bytes,
             );
-            births.insert(format!("{}@{}", ds.name, s.name), sums.bytes_by_birth);
+            births.insert(format!("{}@{}", ds.name(), s.name), sums.bytes_by_birth);
             for e in walk_deadlist(spa, &s.deadlist, &what, &mut refs, &mut report).await {
                 dead_entries.push((what.clone(), e));
             }
@@ -452,12 +454,14 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     };
     for (i, d) in &log_places {
         refs.add(d, None, &|| {
-            format!("{} intent log", datasets[*i].full_name)
+            format!("{} intent log", datasets[*i].full_name())
         });
     }
     for ds in &datasets {
         for d in ds.data().inplace_held.lock().unwrap().iter() {
-            refs.add(d, None, &|| format!("{} in-place log block", ds.full_name));
+            refs.add(d, None, &|| {
+                format!("{} in-place log block", ds.full_name())
+            });
         }
     }
     for d in &s.meta_places {

@@ -76,7 +76,9 @@ impl Datasets {
     /// received within the pool has the same guids, and its snapshots other txgs. None once
     /// the head or the snapshot is gone.
     fn lineage_position(&self, ds: &Dataset) -> Option<(Arc<Dataset>, Option<Txg>)> {
-        if ds.name.contains('@') {
+        // No copy of the name, nor a lookup by it: a change map is asked for per NBD
+        // BLOCK_STATUS request, and a rename may change the name meanwhile.
+        if ds.names.with(|n| n.contains('@')) {
             let guid = ds.lineage.lock().unwrap().guid;
             let head = self.view_head(ds)?;
             let d = self.all().into_iter().find(|d| d.id == head)?;
@@ -90,8 +92,12 @@ impl Datasets {
                 .map(|s| s.txg)?;
             return Some((d, Some(txg)));
         }
-        let head = self.get(&ds.name)?;
-        std::ptr::eq(Arc::as_ptr(&head), ds).then_some((head, None))
+        let s = self.state.lock().unwrap();
+        let head = s
+            .datasets
+            .values()
+            .find(|d| std::ptr::eq(Arc::as_ptr(d), ds))?;
+        Some((head.clone(), None))
     }
 
     /// The snapshots `ds` can be compared with, nearest first: its lineage's snapshots older

@@ -5,6 +5,7 @@ use crate::dmu::object::{Object, ObjectId};
 use crate::dsl::snapshot::Lineage;
 use crate::props::VolumeProps;
 use oxpool_format::{Dva, Txg, VdevId, VolumeId};
+use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
@@ -65,10 +66,8 @@ impl ObjectSet {
 /// A dataset's shared state.
 pub(crate) struct Dataset {
     pub id: VolumeId,
-    /// Name inside the pool.
-    pub name: String,
-    /// `pool/dataset`, for messages and NBD export names.
-    pub full_name: String,
+    /// Its name, which `rename` changes while handles to it are in use.
+    pub names: DatasetName,
     pub props: Mutex<VolumeProps>,
     pub objset: ObjectSet,
     pub destroyed: AtomicBool,
@@ -91,14 +90,23 @@ impl Dataset {
     ) -> Dataset {
         Dataset {
             id,
-            name: name.to_string(),
-            full_name: format!("{pool_name}/{name}"),
+            names: DatasetName::new(pool_name, name),
             props: Mutex::new(props),
             objset: ObjectSet::volume(data),
             destroyed: AtomicBool::new(false),
             log,
             lineage: Mutex::new(lineage),
         }
+    }
+
+    /// Name inside the pool (a copy: a rename may change it at any time).
+    pub(crate) fn name(&self) -> String {
+        self.names.name()
+    }
+
+    /// `pool/dataset`, for messages and NBD export names (a copy, as [`Dataset::name`]).
+    pub(crate) fn full_name(&self) -> String {
+        self.names.full_name()
     }
 
     /// A volume's data object.
@@ -112,5 +120,53 @@ impl Dataset {
         self.destroyed
             .store(true, std::sync::atomic::Ordering::Release);
         self.data().tree.lock().unwrap().retire();
+    }
+}
+
+/// A dataset's name: `rename` changes it while handles to the dataset serve I/O, so it sits
+/// behind a lock of its own. Read only to show or persist it: the I/O path passes
+/// `&DatasetName` where a message may need the name ([`fmt::Display`], the full name), so a
+/// request that succeeds neither takes this lock nor allocates a copy.
+pub(crate) struct DatasetName {
+    pool_name: String,
+    /// (name inside the pool, `pool/name`): one lock, so a reader never sees one new and
+    /// the other old.
+    names: Mutex<(String, String)>,
+}
+
+impl DatasetName {
+    fn new(pool_name: &str, name: &str) -> DatasetName {
+        DatasetName {
+            pool_name: pool_name.to_string(),
+            names: Mutex::new((name.to_string(), format!("{pool_name}/{name}"))),
+        }
+    }
+
+    /// Name inside the pool.
+    pub(crate) fn name(&self) -> String {
+        self.names.lock().unwrap().0.clone()
+    }
+
+    /// `pool/name`.
+    pub(crate) fn full_name(&self) -> String {
+        self.names.lock().unwrap().1.clone()
+    }
+
+    /// `f` of the name inside the pool, without a copy. `f` must take no lock a rename
+    /// holds while it renames (the registry's: [`super::Datasets::rename`]).
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&str) -> T) -> T {
+        f(&self.names.lock().unwrap().0)
+    }
+
+    /// Renames it (the caller re-keys whatever table finds it by name, under that table's
+    /// lock, so a lookup never finds it under a name it no longer has).
+    pub(crate) fn set(&self, name: &str) {
+        *self.names.lock().unwrap() = (name.to_string(), format!("{}/{name}", self.pool_name));
+    }
+}
+
+impl fmt::Display for DatasetName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.names.lock().unwrap().1)
     }
 }

@@ -49,7 +49,7 @@ struct DslState {
 type TakenForSync = (
     Vec<Arc<Dataset>>,
     Vec<Arc<Dataset>>,
-    Vec<(String, snapshot::SnapOp)>,
+    Vec<(oxpool_format::VolumeId, snapshot::SnapOp)>,
     bool,
 );
 
@@ -146,15 +146,79 @@ impl Datasets {
 
     /// Adds `ds` (created, or loaded at import); refused if the name is taken.
     pub(crate) fn insert(&self, ds: Arc<Dataset>) -> Result<()> {
+        let name = ds.name();
         let mut s = self.state.lock().unwrap();
-        if s.datasets.contains_key(&ds.name) {
-            return Err(EngineError::Exists(format!(
-                "{}/{}",
-                self.pool_name, ds.name
-            )));
+        if s.datasets.contains_key(&name) {
+            return Err(EngineError::Exists(format!("{}/{name}", self.pool_name)));
         }
-        s.datasets.insert(ds.name.clone(), ds);
+        s.datasets.insert(name, ds);
         Ok(())
+    }
+
+    /// Renames dataset `from` to `to` (names inside the pool; `to` checked by the caller).
+    /// Under the registry's lock it is re-keyed, the snapshot changes queued for it follow
+    /// it, and so do the names of its snapshots' views: no later lookup, queued change or
+    /// view finds it under `from`. The next sync persists the name, one field of the pool's
+    /// metadata, read under the same lock: each txg holds the old name or the new one.
+    /// Refused (nothing changed) while a receive into either name is under way (`VOL%recv`,
+    /// whose end finds its target by name).
+    pub(crate) fn rename(&self, from: &str, to: &str, hidden_suffix: &str) -> Result<()> {
+        let mut s = self.state.lock().unwrap();
+        let full = |n: &str| format!("{}/{n}", self.pool_name);
+        if !s.datasets.contains_key(from) {
+            return Err(EngineError::NotFound(full(from)));
+        }
+        if s.datasets.contains_key(to) {
+            return Err(EngineError::Exists(full(to)));
+        }
+        for n in [from, to] {
+            if s.datasets.contains_key(&format!("{n}{hidden_suffix}")) {
+                return Err(EngineError::Busy(format!(
+                    "a receive into {} is under way (or resumable: `recv -A` discards it)",
+                    full(n)
+                )));
+            }
+        }
+        let ds = s.datasets.remove(from).expect("checked above");
+        ds.names.set(to);
+        s.ops
+            .iter_mut()
+            .filter(|(_, d, _)| d == from)
+            .for_each(|(_, d, _)| *d = to.to_string());
+        s.datasets.insert(to.to_string(), ds.clone());
+        // Views are named `VOL@SNAP`: they take the new volume name.
+        for e in self
+            .views
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.head == ds.id)
+        {
+            if let Some(v) = e.view.upgrade() {
+                let snap = v.name().split_once('@').map(|(_, s)| s.to_string());
+                if let Some(snap) = snap {
+                    v.names.set(&format!("{to}@{snap}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshot `snapshot_guid` of volume `head` is now `volume@name`: its views follow.
+    pub(crate) fn rename_views(
+        &self,
+        head: oxpool_format::VolumeId,
+        snapshot_guid: oxpool_format::Guid,
+        new_name: &str,
+    ) {
+        let v = self.views.lock().unwrap();
+        for e in v.iter() {
+            if e.head == head && e.snapshot_guid == snapshot_guid {
+                if let Some(d) = e.view.upgrade() {
+                    d.names.set(new_name);
+                }
+            }
+        }
     }
 
     /// Removes dataset `name`; its blocks are freed by the next sync.
@@ -372,7 +436,7 @@ impl Datasets {
                     .as_ref()
                     .is_some_and(|o| o.volume == head && o.snapshot_guid == snapshot_guid)
             })
-            .map(|d| d.full_name.clone())
+            .map(|d| d.full_name())
             .collect()
     }
 
@@ -405,7 +469,11 @@ impl Datasets {
                 }
                 snapshotted.push(d);
             }
-            now.push((d.clone(), o.clone()));
+            // By id from here: a rename after this lock is released must not lose it.
+            // One whose dataset is gone has nothing to apply to.
+            if let Some(ds) = s.datasets.get(d) {
+                now.push((ds.id, o.clone()));
+            }
         }
         let any_deferred = !deferred.is_empty();
         later.extend(deferred);
@@ -429,7 +497,7 @@ impl Datasets {
         }
         for ds in &live {
             snapshot_sync::sync_dataset(spa, ds, txg, false, freed).await?;
-            for (_, op) in ops.iter().filter(|(name, _)| *name == ds.name) {
+            for (_, op) in ops.iter().filter(|(id, _)| *id == ds.id) {
                 snapshot_sync::apply(spa, self, ds, op, txg, freed).await?;
             }
         }
@@ -462,7 +530,12 @@ impl SyncClient for Datasets {
         let (live, destroyed, next_id) = {
             let mut s = self.state.lock().unwrap();
             (
-                s.datasets.values().cloned().collect::<Vec<_>>(),
+                // Names read under the registry's lock, which a rename holds: two renames
+                // at once (A to C, then B to A) cannot both show here as A.
+                s.datasets
+                    .iter()
+                    .map(|(name, ds)| (ds.clone(), name.clone()))
+                    .collect::<Vec<_>>(),
                 std::mem::take(&mut s.syncing_destroyed),
                 s.next_id,
             )
@@ -476,7 +549,7 @@ impl SyncClient for Datasets {
         }
         let volumes = live
             .iter()
-            .map(|ds| {
+            .map(|(ds, name)| {
                 let log = ds.log.persist();
                 freed.extend(log.to_free);
                 let mut reserved = log.reserved;
@@ -491,7 +564,7 @@ impl SyncClient for Datasets {
                 }
                 VolumeMeta {
                     id: ds.id,
-                    name: ds.name.clone(),
+                    name: name.clone(),
                     props,
                     // Not `p`'s: a resize in the open txg goes with its frees.
                     volsize_bytes: data.tree_size_bytes.load(Ordering::Relaxed),
@@ -508,7 +581,7 @@ impl SyncClient for Datasets {
             .collect();
         let datasets = live
             .iter()
-            .map(|ds| {
+            .map(|(ds, _)| {
                 let mut l = ds.lineage.lock().unwrap();
                 if let Some(r) = &mut l.receive_resume {
                     r.settle(txg);

@@ -63,7 +63,7 @@ impl std::fmt::Debug for ReceiveSwap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let target = match &self.target {
             ReceiveTarget::Existing(n) => n.clone(),
-            ReceiveTarget::New(ds) => format!("{} (new)", ds.name),
+            ReceiveTarget::New(ds) => format!("{} (new)", ds.name()),
         };
         f.debug_struct("ReceiveSwap")
             .field("target", &target)
@@ -127,7 +127,7 @@ pub(crate) async fn apply(
         let latest = l.snapshots().last().map(|s| s.guid);
         if latest != swap.base_guid || l.find(&swap.snapshot).is_some() {
             tracing::warn!(
-                target = target.full_name,
+                target = target.full_name(),
                 "receive: the target's latest snapshot changed since the receive began"
             );
             return Ok(());
@@ -137,7 +137,7 @@ pub(crate) async fn apply(
         let existing = matches!(swap.target, ReceiveTarget::Existing(_));
         if existing && !swap.force && root_birth > l.prev_snap_txg {
             tracing::warn!(
-                target = target.full_name,
+                target = target.full_name(),
                 "receive: the target was written since its base snapshot"
             );
             return Ok(());
@@ -145,7 +145,7 @@ pub(crate) async fn apply(
     }
     if let ReceiveTarget::New(ds) = &swap.target {
         if let Err(e) = dsl.insert(ds.clone()) {
-            tracing::warn!(target = ds.full_name, "receive: {e}");
+            tracing::warn!(target = ds.full_name(), "receive: {e}");
             return Ok(());
         }
         ds.lineage.lock().unwrap().createtxg = txg;
@@ -154,13 +154,13 @@ pub(crate) async fn apply(
         let mut l = target.lineage.lock().unwrap();
         // What the head did since its base is discarded: so are bookmarks made since.
         let base = l.prev_snap_txg;
-        super::snapshot_sync::drop_bookmarks_after(&mut l, base, &target.full_name);
+        super::snapshot_sync::drop_bookmarks_after(&mut l, base, &target.full_name());
         base
     };
     // What the head wrote since its base is discarded (checked or forced by the pool layer).
     let head = target.data();
     let root = head.tree.lock().unwrap().root();
-    free_born_after(spa, root, base_txg, &target.full_name, freed).await?;
+    free_born_after(spa, root, base_txg, &target.full_name(), freed).await?;
     let old_deadlist = std::mem::take(&mut target.lineage.lock().unwrap().deadlist);
     free_deadlist(spa, old_deadlist, false, freed).await?;
     // The hidden dataset's state becomes the head's.
@@ -195,9 +195,9 @@ pub(crate) async fn apply(
         l.deadlist = deadlist;
         l.written_bytes = written_bytes;
     }
-    dsl.forget(&hidden.name);
+    dsl.forget(&hidden.name());
     tracing::info!(
-        target = target.full_name,
+        target = target.full_name(),
         snapshot = swap.snapshot,
         "received"
     );

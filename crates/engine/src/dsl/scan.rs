@@ -962,7 +962,7 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
         let view = Arc::new(Dataset::volume(
             ds.id,
             &spa.name,
-            &format!("{}@{}", ds.name, s.name),
+            &format!("{}@{}", ds.name(), s.name),
             ds.props.lock().unwrap().clone(),
             Object::new(
                 BlockTree::new(s.levels.max(1), s.root),
@@ -985,7 +985,7 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
                     continue;
                 };
                 let walked = Walked {
-                    name: &view.full_name,
+                    name: &view.full_name(),
                     block_bytes,
                     size_bytes: obj.tree_size_bytes.load(Ordering::Relaxed),
                 };
@@ -1005,7 +1005,7 @@ async fn scan_dataset(ctx: &Ctx<'_>, ds: &Arc<Dataset>, from: Option<ScanPositio
             continue;
         };
         let walked = Walked {
-            name: &ds.full_name,
+            name: &ds.full_name(),
             block_bytes,
             size_bytes: obj.tree_size_bytes.load(Ordering::Relaxed),
         };

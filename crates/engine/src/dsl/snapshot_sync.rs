@@ -33,7 +33,7 @@ pub(crate) async fn sync_dataset(
     let prev_snap_txg = ds.lineage.lock().unwrap().prev_snap_txg;
     let mut kills = Kills::new(freed, prev_snap_txg);
     for (_, obj) in ds.objset.objects() {
-        sync_object(spa, obj, &ds.full_name, &props, txg, destroy, &mut kills).await?;
+        sync_object(spa, obj, &ds.full_name(), &props, txg, destroy, &mut kills).await?;
     }
     let Kills {
         dead,
@@ -89,7 +89,7 @@ pub(crate) async fn apply(
             };
             let mut l = ds.lineage.lock().unwrap();
             if l.find(name).is_some() {
-                tracing::warn!(dataset = ds.full_name, snapshot = name, "snapshot exists");
+                tracing::warn!(dataset = ds.full_name(), snapshot = name, "snapshot exists");
                 return Ok(());
             }
             // One snapshot per txg (the table is in txg order, and import refuses it
@@ -97,7 +97,7 @@ pub(crate) async fn apply(
             // this volume in this txg would be the only way left, and is skipped, not written.
             if l.snapshots().last().is_some_and(|s| s.txg >= txg) {
                 tracing::warn!(
-                    dataset = ds.full_name,
+                    dataset = ds.full_name(),
                     snapshot = name,
                     "a snapshot of this txg exists: not taken"
                 );
@@ -123,7 +123,7 @@ pub(crate) async fn apply(
             l.prev_snap_txg = txg;
             l.written_bytes = 0;
             tracing::info!(
-                snapshot = format!("{}@{name}", ds.full_name),
+                snapshot = format!("{}@{name}", ds.full_name()),
                 txg = txg.0,
                 "snapshot"
             );
@@ -131,7 +131,11 @@ pub(crate) async fn apply(
         SnapOp::Destroy { name } => {
             let guid = ds.lineage.lock().unwrap().find(name).map(|(_, s)| s.guid);
             let Some(guid) = guid else {
-                tracing::warn!(dataset = ds.full_name, snapshot = name, "no such snapshot");
+                tracing::warn!(
+                    dataset = ds.full_name(),
+                    snapshot = name,
+                    "no such snapshot"
+                );
                 return Ok(());
             };
             // Not under this dataset's lock: it looks at every dataset's.
@@ -143,7 +147,7 @@ pub(crate) async fn apply(
                 // destroy was asked keeps the snapshot.
                 if !s.holds.is_empty() || cloned || dsl.is_long_held(guid) {
                     tracing::warn!(
-                        dataset = ds.full_name,
+                        dataset = ds.full_name(),
                         snapshot = name,
                         "held or cloned since asked: not destroyed"
                     );
@@ -172,7 +176,7 @@ pub(crate) async fn apply(
             dsl.end_views(ds.id, guid);
             // Freed in the background, a bounded part per txg (dsl/freeing.rs).
             dsl.queue_frees(to_free, freed);
-            tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "destroyed");
+            tracing::info!(snapshot = format!("{}@{name}", ds.full_name()), "destroyed");
         }
         SnapOp::Rollback { name } => {
             let target = {
@@ -181,7 +185,7 @@ pub(crate) async fn apply(
                     Some(s) if s.name == *name => s.clone(),
                     _ => {
                         tracing::warn!(
-                            dataset = ds.full_name,
+                            dataset = ds.full_name(),
                             snapshot = name,
                             "not the latest snapshot: no rollback"
                         );
@@ -192,11 +196,11 @@ pub(crate) async fn apply(
             let obj = ds.data();
             let root = obj.tree.lock().unwrap().root();
             // Everything the head wrote since the snapshot is its alone.
-            free_born_after(spa, root, target.txg, &ds.full_name, freed).await?;
+            free_born_after(spa, root, target.txg, &ds.full_name(), freed).await?;
             let deadlist = {
                 let mut l = ds.lineage.lock().unwrap();
                 l.written_bytes = 0;
-                drop_bookmarks_after(&mut l, target.txg, &ds.full_name);
+                drop_bookmarks_after(&mut l, target.txg, &ds.full_name());
                 std::mem::take(&mut l.deadlist)
             };
             // Its entries are the head's again: only the deadlist's own blocks go.
@@ -216,7 +220,10 @@ pub(crate) async fn apply(
             obj.tree_size_bytes
                 .store(target.volsize_bytes, Ordering::Relaxed);
             ds.props.lock().unwrap().volsize_bytes = target.volsize_bytes;
-            tracing::info!(snapshot = format!("{}@{name}", ds.full_name), "rolled back");
+            tracing::info!(
+                snapshot = format!("{}@{name}", ds.full_name()),
+                "rolled back"
+            );
         }
         SnapOp::Promote => promote(dsl, ds),
         SnapOp::Receive(swap) => super::recv::apply(spa, dsl, ds, swap, txg, freed).await?,
@@ -230,11 +237,11 @@ pub(crate) async fn apply(
 /// of the moved origin snapshot. Clones of the moved snapshots follow them. No block moves.
 fn promote(dsl: &Datasets, ds: &Dataset) {
     let Some(origin) = ds.lineage.lock().unwrap().origin.clone() else {
-        tracing::warn!(dataset = ds.full_name, "not a clone: no promote");
+        tracing::warn!(dataset = ds.full_name(), "not a clone: no promote");
         return;
     };
     let Some(src) = dsl.all().into_iter().find(|d| d.id == origin.volume) else {
-        tracing::warn!(dataset = ds.full_name, "origin's volume gone: no promote");
+        tracing::warn!(dataset = ds.full_name(), "origin's volume gone: no promote");
         return;
     };
     let moved_guids: Vec<oxpool_format::Guid> = {
@@ -246,14 +253,14 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
             .iter()
             .position(|s| s.guid == origin.snapshot_guid)
         else {
-            tracing::warn!(dataset = ds.full_name, "origin snapshot gone: no promote");
+            tracing::warn!(dataset = ds.full_name(), "origin snapshot gone: no promote");
             return;
         };
         if theirs.snapshots()[..=i].iter().any(|s| {
             mine.find(&s.name).is_some() || mine.snapshots().iter().any(|m| m.guid == s.guid)
         }) {
             tracing::warn!(
-                dataset = ds.full_name,
+                dataset = ds.full_name(),
                 "snapshot names or guids collide: no promote"
             );
             return;
@@ -286,7 +293,7 @@ fn promote(dsl: &Datasets, ds: &Dataset) {
     }
     dsl.move_views(src.id, ds.id, &moved_guids);
     dsl.link_origins();
-    tracing::info!(dataset = ds.full_name, "promoted");
+    tracing::info!(dataset = ds.full_name(), "promoted");
 }
 
 /// Removes the bookmarks of `l` younger than `txg` (a rollback or a forced receive to a

@@ -73,7 +73,7 @@ pub(crate) fn line(dsl: &Datasets, ds: &Dataset) -> Vec<Generation> {
     let mut origin = {
         let l = ds.lineage.lock().unwrap();
         out.push(Generation {
-            name: ds.name.clone(),
+            name: ds.name(),
             txg: Txg(u64::MAX),
             referenced_bytes: ds.data().used_bytes.load(Ordering::Relaxed),
             dead: buckets(&l.deadlist),
@@ -104,7 +104,7 @@ pub(crate) fn line(dsl: &Datasets, ds: &Dataset) -> Vec<Generation> {
 fn push_snapshots(ds: &Dataset, snapshots: &[Snapshot], out: &mut Vec<Generation>) {
     for s in snapshots.iter().rev() {
         out.push(Generation {
-            name: format!("{}@{}", ds.name, s.name),
+            name: format!("{}@{}", ds.name(), s.name),
             txg: s.txg,
             referenced_bytes: s.referenced_bytes,
             dead: buckets(&s.deadlist),

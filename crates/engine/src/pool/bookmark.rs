@@ -141,7 +141,7 @@ impl Pool {
 
     /// Every bookmark of every volume, by volume then oldest first.
     pub fn all_bookmarks(&self) -> Vec<BookmarkInfo> {
-        let names: Vec<String> = self.dsl.all().iter().map(|d| d.name.clone()).collect();
+        let names: Vec<String> = self.dsl.all().iter().map(|d| d.name()).collect();
         names
             .iter()
             .filter_map(|n| self.bookmarks(n).ok())

@@ -42,6 +42,7 @@ mod log_tests;
 #[cfg(test)]
 mod read_damage_tests;
 mod recv;
+mod rename;
 mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
@@ -113,7 +114,7 @@ impl PoolCounters {
         volumes
             .values()
             .map(|v| VolumeStats {
-                name: v.ds.name.clone(),
+                name: v.ds.name(),
                 io: v.io_stats.snapshot(),
             })
             .collect()
@@ -696,7 +697,7 @@ impl Pool {
                         .map(|s| s.name.clone())
                 };
                 if let Some(snap) = snap {
-                    self.destroy_if_deferred(&src.name, &snap)?;
+                    self.destroy_if_deferred(&src.name(), &snap)?;
                 }
             }
         }

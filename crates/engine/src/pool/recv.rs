@@ -424,6 +424,9 @@ pub(crate) fn is_hidden(name: &str) -> bool {
     name.contains('%')
 }
 
+/// What a volume's name takes to name its receive's hidden dataset (`VOL%recv`).
+pub(crate) const HIDDEN_SUFFIX: &str = "%recv";
+
 impl Pool {
     /// Receives the stream(s) on `input` into volume `volume`. Each stream is applied whole
     /// or not at all; an error names the first stream that failed (those before it are
@@ -481,7 +484,7 @@ impl Pool {
     }
 
     fn hidden_name(volume: &str) -> String {
-        format!("{volume}%recv")
+        format!("{volume}{HIDDEN_SUFFIX}")
     }
 
     /// The hidden datasets receives write into (`VOL%recv`), by name: one per receive in
@@ -492,8 +495,8 @@ impl Pool {
             .dsl
             .all()
             .into_iter()
-            .filter(|d| is_hidden(&d.name))
-            .map(|d| d.name.clone())
+            .filter(|d| is_hidden(&d.name()))
+            .map(|d| d.name())
             .collect();
         names.sort();
         names
@@ -822,9 +825,9 @@ impl Pool {
             .all()
             .into_iter()
             .filter(|ds| {
-                ds.name.ends_with("%recv") && ds.lineage.lock().unwrap().receive_resume.is_none()
+                ds.name().ends_with("%recv") && ds.lineage.lock().unwrap().receive_resume.is_none()
             })
-            .map(|ds| ds.name.clone())
+            .map(|ds| ds.name())
             .collect();
         for name in stale {
             tracing::info!(

@@ -196,11 +196,11 @@ impl Pool {
         let ds = self
             .dsl
             .get(volume)
-            .filter(|d| !is_hidden(&d.name))
+            .filter(|d| !is_hidden(&d.name()))
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
         let source = Source {
             id: ds.id,
-            full_name: ds.full_name.clone(),
+            full_name: ds.full_name(),
             volblocksize_bytes: ds.props.lock().unwrap().volblocksize_bytes,
         };
         let l = ds.lineage.lock().unwrap();
@@ -307,7 +307,7 @@ impl Pool {
             .dsl
             .all()
             .into_iter()
-            .filter(|ds| !is_hidden(&ds.name) && volume.is_none_or(|v| ds.name == v))
+            .filter(|ds| !is_hidden(&ds.name()) && volume.is_none_or(|v| ds.name() == v))
             .filter(|ds| {
                 let l = ds.lineage.lock().unwrap();
                 l.snapshots().iter().any(|s| s.guid == token.toguid)
@@ -331,7 +331,7 @@ impl Pool {
                 }));
             }
             several => {
-                let names: Vec<&str> = several.iter().map(|ds| ds.full_name.as_str()).collect();
+                let names: Vec<String> = several.iter().map(|ds| ds.full_name()).collect();
                 return Err(EngineError::invalid(format!(
                     "cannot resume send: volumes {} each hold a snapshot with the token's guid \
                      {:016x}: name the one the interrupted send came from: oxpool send -t \
@@ -348,17 +348,19 @@ impl Pool {
             return Err(EngineError::invalid(format!(
                 "cannot resume send: the snapshot of {} with the token's guid {:016x} was \
                  destroyed just now",
-                ds.full_name, token.toguid.0
+                ds.full_name(),
+                token.toguid.0
             )));
         };
-        let full_name = format!("{}@{}", ds.full_name, to.name);
+        let full_name = format!("{}@{}", ds.full_name(), to.name);
         let from = match token.fromguid {
             None => None,
             Some(guid) => Some(Pool::incremental_base_by_guid(&l, guid).ok_or_else(|| {
                 EngineError::invalid(format!(
                     "cannot resume send of {full_name}: its base (guid {:016x}) is no \
                          longer a snapshot or bookmark of {}",
-                    guid.0, ds.full_name
+                    guid.0,
+                    ds.full_name()
                 ))
             })?),
         };
@@ -372,7 +374,7 @@ impl Pool {
         }
         let source = Source {
             id: ds.id,
-            full_name: ds.full_name.clone(),
+            full_name: ds.full_name(),
             volblocksize_bytes: bs as u32,
         };
         let leg = Leg {
@@ -442,13 +444,13 @@ impl Pool {
         let mut out = Vec::new();
         // Bounded by the pool's datasets and their snapshots.
         for ds in self.dsl.all() {
-            if is_hidden(&ds.name) {
+            if is_hidden(&ds.name()) {
                 continue;
             }
             let l = ds.lineage.lock().unwrap();
             for s in l.snapshots() {
                 if s.defer_destroy && guids.contains(&s.guid) {
-                    out.push((ds.name.clone(), s.name.clone()));
+                    out.push((ds.name(), s.name.clone()));
                 }
             }
         }

@@ -472,7 +472,7 @@ impl Pool {
         let Some(origin) = origin else {
             return Err(EngineError::invalid(format!(
                 "{}: not a clone",
-                ds.full_name
+                ds.full_name()
             )));
         };
         let src = self
@@ -480,14 +480,14 @@ impl Pool {
             .all()
             .into_iter()
             .find(|d| d.id == origin.volume)
-            .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
+            .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name())))?;
         let moving: Vec<(String, oxpool_format::Guid)> = {
             let l = src.lineage.lock().unwrap();
             let i = l
                 .snapshots()
                 .iter()
                 .position(|s| s.guid == origin.snapshot_guid)
-                .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name)))?;
+                .ok_or_else(|| EngineError::NotFound(format!("origin of {}", ds.full_name())))?;
             l.snapshots()[..=i]
                 .iter()
                 .map(|s| (s.name.clone(), s.guid))
@@ -498,7 +498,8 @@ impl Pool {
             if let Some((n, _)) = moving.iter().find(|(n, _)| l.find(n).is_some()) {
                 return Err(EngineError::Busy(format!(
                     "{}@{n} exists: it would collide with {}@{n}; rename or destroy it first",
-                    ds.full_name, src.full_name
+                    ds.full_name(),
+                    src.full_name()
                 )));
             }
             // A guid names one snapshot of a volume (views, clones and bases go by it).
@@ -510,7 +511,8 @@ impl Pool {
                 return Err(EngineError::Busy(format!(
                     "{}@{mine} has the guid of {}@{n}, which the promote would move beside it; \
                      destroy one of them first",
-                    ds.full_name, src.full_name
+                    ds.full_name(),
+                    src.full_name()
                 )));
             }
         }
@@ -596,7 +598,7 @@ impl Pool {
 
     /// Every snapshot of every volume.
     pub fn all_snapshots(&self) -> Vec<SnapshotInfo> {
-        let names: Vec<String> = self.dsl.all().iter().map(|d| d.name.clone()).collect();
+        let names: Vec<String> = self.dsl.all().iter().map(|d| d.name()).collect();
         names
             .iter()
             .filter_map(|n| self.snapshots(n).ok())
@@ -621,7 +623,7 @@ impl Pool {
                     .find(|s| s.guid == o.snapshot_guid)
                     .map(|s| s.name.clone())
             };
-            Some(format!("{}@{}", src.full_name, name.unwrap_or_default()))
+            Some(format!("{}@{}", src.full_name(), name.unwrap_or_default()))
         });
         let own_generations = 1 + l.snapshots().len();
         let is_clone = l.origin.is_some();

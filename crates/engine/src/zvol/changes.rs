@@ -87,7 +87,7 @@ impl Volume {
         let not_offered = || {
             EngineError::NotFound(format!(
                 "{}: no change map since {base} (no such snapshot in its lineage)",
-                ds.full_name
+                ds.full_name()
             ))
         };
         let mut attempt = 0;
@@ -100,7 +100,7 @@ impl Volume {
             let root = *obj.written_root.lock().unwrap();
             let walked = changed_in_tree(
                 &self.pool,
-                &ds.full_name,
+                &ds.full_name(),
                 root,
                 &point,
                 (first, end),

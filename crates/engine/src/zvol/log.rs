@@ -140,7 +140,7 @@ impl Volume {
                     self.zil_issue_all(closed).await;
                     if let Err(e) = r {
                         tracing::warn!(
-                            volume = self.vol.ds.full_name,
+                            volume = self.vol.ds.full_name(),
                             "log commit failed, waiting for the txg: {e}"
                         );
                         zil.state.lock().unwrap().broken = true;
@@ -196,7 +196,7 @@ impl Volume {
             return Err(e);
         }
         tracing::debug!(
-            volume = self.vol.ds.full_name,
+            volume = self.vol.ds.full_name(),
             "no room for a log block, waiting for the txg"
         );
         self.zil_wait_txg(txg).await
@@ -251,7 +251,7 @@ impl Volume {
         if let Err(e) = r {
             zil.state.lock().unwrap().broken = true;
             tracing::warn!(
-                volume = self.vol.ds.full_name,
+                volume = self.vol.ds.full_name(),
                 "log commit failed, waiting for the txg: {e}"
             );
         }
@@ -847,7 +847,7 @@ impl Volume {
                     let seqs: Vec<u64> = early.iter().map(|e| e.seq).collect();
                     if let Err(e) = &early_r {
                         tracing::warn!(
-                            volume = self.vol.ds.full_name,
+                            volume = self.vol.ds.full_name(),
                             "log flush does not cover blocks written early, waiting for the txg: {e}"
                         );
                     }
@@ -857,7 +857,7 @@ impl Volume {
                     // Replay would stop at this block: nothing after it may count as durable.
                     // Its committers, and all later ones, wait for the txg sync instead.
                     tracing::warn!(
-                        volume = self.vol.ds.full_name,
+                        volume = self.vol.ds.full_name(),
                         "log block write failed: {e}"
                     );
                     if let Some(c) = s.chain_block_mut(b.seq) {

@@ -113,7 +113,7 @@ impl Volume {
         waiters.into_iter().for_each(Waker::wake);
         if let Err(e) = r {
             tracing::warn!(
-                volume = self.vol.ds.full_name,
+                volume = self.vol.ds.full_name(),
                 "early log write failed, commits wait for the txg: {e}"
             );
         }
@@ -153,7 +153,7 @@ impl Volume {
             let mut s = zil.state.lock().unwrap();
             if let Err(e) = &r {
                 tracing::warn!(
-                    volume = self.vol.ds.full_name,
+                    volume = self.vol.ds.full_name(),
                     "early log block write failed: {e}"
                 );
                 s.broken = true;
@@ -203,7 +203,7 @@ impl Volume {
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if let Err(e) = &r {
             tracing::warn!(
-                volume = self.vol.ds.full_name,
+                volume = self.vol.ds.full_name(),
                 "log flush failed, waiting for the txg: {e}"
             );
         }

@@ -225,20 +225,20 @@ pub struct Volume {
 impl std::fmt::Debug for Volume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Volume")
-            .field("name", &self.vol.ds.full_name)
+            .field("name", &self.vol.ds.full_name())
             .finish()
     }
 }
 
 impl Volume {
-    /// `pool/volume`.
-    pub fn full_name(&self) -> &str {
-        &self.vol.ds.full_name
+    /// `pool/volume`, as of now: `rename` may change it while the handle is in use.
+    pub fn full_name(&self) -> String {
+        self.vol.ds.full_name()
     }
 
-    /// The volume's name inside its pool.
-    pub fn name(&self) -> &str {
-        &self.vol.ds.name
+    /// The volume's name inside its pool, as of now (see [`Volume::full_name`]).
+    pub fn name(&self) -> String {
+        self.vol.ds.name()
     }
 
     /// The guid of the volume's dataset: which volume this is, for good. One destroyed and
@@ -269,13 +269,13 @@ impl Volume {
 
     fn check_range(&self, offset_bytes: u64, length_bytes: u64, write: bool) -> Result<u32> {
         if self.vol.ds.destroyed.load(Ordering::Acquire) {
-            return Err(EngineError::NotFound(self.vol.ds.full_name.clone()));
+            return Err(EngineError::NotFound(self.vol.ds.full_name()));
         }
         let p = self.vol.ds.props.lock().unwrap();
         if write && p.readonly {
             return Err(EngineError::invalid(format!(
                 "{} is read-only",
-                self.vol.ds.full_name
+                self.vol.ds.full_name()
             )));
         }
         let end = offset_bytes.checked_add(length_bytes);
@@ -288,7 +288,7 @@ impl Volume {
     fn past_end(&self, offset_bytes: u64, length_bytes: u64, size_bytes: u64) -> EngineError {
         EngineError::invalid(format!(
             "{}: range {offset_bytes}+{length_bytes} is past the end ({size_bytes} bytes)",
-            self.vol.ds.full_name
+            self.vol.ds.full_name()
         ))
     }
 
@@ -483,7 +483,7 @@ impl Volume {
         // first loads it for the others.
         for (b, ..) in from_tree {
             if tree.lock().unwrap().cached_data_ptr(*b).is_none() {
-                let what = &self.vol.ds.full_name;
+                let what = &self.vol.ds.names;
                 let _ = lookup(tree, &self.pool.zio, IoClass::SyncRead, *b, what).await;
             }
         }
@@ -554,7 +554,7 @@ impl Volume {
         debug_assert_eq!(blocks.len(), bps.len());
         let cache = &self.pool.zio.data_cache;
         let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
-        let what = &self.vol.ds.full_name;
+        let what = &self.vol.ds.names;
         let read = read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what).await;
         // The blocks the run did not deliver, read again concurrently, each into its own
         // slice of `out` (the ranges are disjoint and increasing).
@@ -717,7 +717,7 @@ impl Volume {
                 (p.volblocksize_bytes as u64, p.volsize_bytes)
             };
             let lost_level = self.vol.data().tree.lock().unwrap().first_uncached_level(b);
-            let name = &self.vol.ds.full_name;
+            let name = &self.vol.ds.full_name();
             match lost_level {
                 Some(level) => {
                     let span_blocks = (INDIRECT_FANOUT as u64).saturating_pow(u32::from(level));
@@ -745,7 +745,7 @@ impl Volume {
         mut take: impl FnMut(TreeRead<'_>) -> Option<T>,
     ) -> Result<Option<T>> {
         let zio = &self.pool.zio;
-        let what = &self.vol.ds.full_name;
+        let what = &self.vol.ds.names;
         let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
         let mut bp = lookup(&self.vol.data().tree, zio, IoClass::SyncRead, b, what).await?;
         // A copy of this very block another read found bad (a copy of an older version of
@@ -899,7 +899,7 @@ impl Volume {
         if self.logged() {
             return Err(EngineError::invalid(format!(
                 "{}: blocks are written as stored only into a volume with sync=disabled",
-                self.vol.ds.full_name
+                self.vol.ds.full_name()
             )));
         }
         let mut scratch = Vec::new();
@@ -914,7 +914,7 @@ impl Volume {
                 return Err(EngineError::invalid(format!(
                     "{}: the block at byte {at} does not decompress to {bs} bytes ({} of {} \
                      stored, {})",
-                    self.vol.ds.full_name,
+                    self.vol.ds.full_name(),
                     form.psize_bytes,
                     block.buf.len(),
                     form.compression.name()
@@ -926,7 +926,7 @@ impl Volume {
             return Err(EngineError::invalid(format!(
                 "{}: a block written as stored must start at a block boundary, not byte \
                  {offset_bytes}",
-                self.vol.ds.full_name
+                self.vol.ds.full_name()
             )));
         }
         let _timer = self.vol.io_stats.start(VolumeOp::Write, length_bytes);
@@ -1473,7 +1473,7 @@ impl Volume {
                         b,
                         1,
                         false,
-                        &self.vol.ds.full_name,
+                        &self.vol.ds.names,
                     )
                     .await?;
                     match walked {
@@ -1484,7 +1484,7 @@ impl Volume {
                                 &self.pool.zio,
                                 IoClass::SyncRead,
                                 b,
-                                &self.vol.ds.full_name,
+                                &self.vol.ds.names,
                             )
                             .await?;
                             let s = if bp.is_hole() {
@@ -1554,7 +1554,7 @@ impl Volume {
             &self.pool.zio,
             IoClass::SyncRead,
             b,
-            &self.vol.ds.full_name,
+            &self.vol.ds.names,
         )
         .await
     }

@@ -286,6 +286,50 @@ impl Exports {
             .collect()
     }
 
+    /// Renames exports, each `(old, new)` of `renames`, all in one step under the table's
+    /// lock (a volume and its snapshots' exports): an export keeps its identity, so the
+    /// connections that have it open stay connected and registered, and every handshake
+    /// from then on offers it under the new name only. The pinned default export (the empty
+    /// name) follows a rename of its volume: it is pinned by name and dataset guid to keep a
+    /// client from landing on another volume, and a renamed volume is the same volume.
+    /// Refused, nothing renamed, if an old name is missing or a new one is taken by an
+    /// export not renamed here.
+    pub fn rename(&self, renames: &[(String, String)]) -> Result<(), ExportError> {
+        let mut state = self.table().lock();
+        for (old, _) in renames {
+            if !state.entries.iter().any(|e| e.export.name == *old) {
+                return Err(ExportError::NotFound(old.clone()));
+            }
+        }
+        for (_, new) in renames {
+            let taken = state
+                .entries
+                .iter()
+                .any(|e| e.export.name == *new && !renames.iter().any(|(o, _)| *o == *new));
+            if taken {
+                return Err(ExportError::Exists(new.clone()));
+            }
+        }
+        // Positions first, then names: a new name may be another one's old name.
+        let at: Vec<Option<usize>> = renames
+            .iter()
+            .map(|(old, _)| state.entries.iter().position(|e| e.export.name == *old))
+            .collect();
+        let default_at = state
+            .default
+            .as_ref()
+            .and_then(|(n, _)| renames.iter().position(|(old, _)| old == n));
+        for ((_, new), i) in renames.iter().zip(at) {
+            if let Some(i) = i {
+                state.entries[i].export.name = new.clone();
+            }
+        }
+        if let (Some(i), Some((name, _))) = (default_at, state.default.as_mut()) {
+            *name = renames[i].1.clone();
+        }
+        Ok(())
+    }
+
     /// Client connections that have export `name` open now (`None`: no such export).
     pub fn clients(&self, name: &str) -> Option<usize> {
         let state = self.table().lock();
