@@ -1183,7 +1183,10 @@ fn create_takes_log_and_spare_devices_and_refuses_other_classes() {
         "64M",
         "--sparse",
     ]);
-    assert!(e.contains("is a device of pool 'tank', imported here"), "{e}");
+    assert!(
+        e.contains("is a device of pool 'tank', imported here"),
+        "{e}"
+    );
     assert!(!env.path("x.img").exists());
     assert!(!env.ok(&["list", "-H"]).contains("t2"));
     // destroy clears the spare's labels too: another pool takes it without -f.
