@@ -142,7 +142,17 @@ pub(crate) async fn apply(
             let cloned = dsl.clones_of(ds.id, guid) > 0;
             let to_free = {
                 let mut l = ds.lineage.lock().unwrap();
-                let (i, s) = l.find(name).expect("only syncs change snapshots");
+                // By guid: a rename (which does not wait for this sync) may have given the
+                // snapshot another name, or its name to another, since it was looked up.
+                let Some(i) = l.snapshots().iter().position(|s| s.guid == guid) else {
+                    tracing::warn!(
+                        dataset = ds.full_name(),
+                        snapshot = name,
+                        "gone since asked: not destroyed"
+                    );
+                    return Ok(());
+                };
+                let s = &l.snapshots()[i];
                 // A send takes its long hold under this lock: one that began since the
                 // destroy was asked keeps the snapshot.
                 if !s.holds.is_empty() || cloned || dsl.is_long_held(guid) {
