@@ -138,11 +138,21 @@ mod tests {
             &path,
             CachedPool {
                 name: "t2".into(),
+                guid: 0xdef,
                 ..p.clone()
             },
         )
         .unwrap();
         assert_eq!(read(&path).unwrap().len(), 2);
+        // The same pool (guid) under a new name replaces its old entry (import NEWNAME).
+        let renamed = CachedPool {
+            name: "tank3".into(),
+            ..p.clone()
+        };
+        upsert(&path, renamed.clone()).unwrap();
+        let names: Vec<String> = read(&path).unwrap().into_iter().map(|p| p.name).collect();
+        assert_eq!(names, ["t2", "tank3"]);
+        upsert(&path, p.clone()).unwrap();
         remove(&path, "tank").unwrap();
         assert_eq!(read(&path).unwrap()[0].name, "t2");
         std::fs::write(&path, "bad line\n").unwrap();
