@@ -259,7 +259,7 @@ impl Pool {
                         PoolRef::Name(n) => format!("no pool '{n}'"),
                         PoolRef::Id(g) => format!("no pool of id {:x}", g.0),
                         // Said as before ids were taken, unless it could be one.
-                        PoolRef::NameOrId(n) if crate::parse_id(n).is_none() => {
+                        PoolRef::NameOrId(n) if crate::spa::import::parse_id(n).is_none() => {
                             format!("no pool '{n}'")
                         }
                         PoolRef::NameOrId(n) => format!("no pool named or of id '{n}'"),
