@@ -241,11 +241,9 @@ pub fn crash_devices(
 /// The power of `group` fails for good: each member drops, keeps or tears its unflushed
 /// writes (seeded by `seed` and its index). Then pool `tank` is imported from `mems`, as a
 /// restarted machine would; returns it with what each device lost, for error messages.
-pub fn power_off_and_import(
-    group: &CrashGroup,
-    mems: &[MemoryBackend],
-    seed: u64,
-) -> Result<(Pool, String), String> {
+/// Cuts the power of every device of `group` (each its own loss, from `seed`); returns what
+/// each lost, for a failure's message.
+pub fn power_off(group: &CrashGroup, seed: u64) -> String {
     let mut report = String::new();
     for (i, m) in group.members.lock().unwrap().iter().enumerate() {
         let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
@@ -254,6 +252,15 @@ pub fn power_off_and_import(
             r.dropped, r.kept, r.torn
         );
     }
+    report
+}
+
+pub fn power_off_and_import(
+    group: &CrashGroup,
+    mems: &[MemoryBackend],
+    seed: u64,
+) -> Result<(Pool, String), String> {
+    let report = power_off(group, seed);
     let devices = mems
         .iter()
         .map(|m| Arc::new(m.clone()) as Arc<dyn Backend>)

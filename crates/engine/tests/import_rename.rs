@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{audit_clean, crash_devices, pattern, run_crash_cases, test_props};
+use common::{audit_clean, crash_devices, pattern, power_off, run_crash_cases, test_props};
 use oxpool_engine::{ImportOptions, Pool, PoolRef, TopSpec};
 use oxpool_format::{label_offsets, Guid, LabelConfig, TopVdevKind, LABEL_CONFIG_BYTES};
 use oxpool_io::rt::block_on;
@@ -217,14 +217,7 @@ fn rename_crash_case(seed: u64) -> Result<String, String> {
     group.remaining.store(1, Ordering::SeqCst);
     group.tick();
     drop(renamed);
-    let mut report = String::new();
-    for (i, m) in group.members.lock().unwrap().iter().enumerate() {
-        let r = m.apply_power_loss(seed.wrapping_mul(31).wrapping_add(i as u64));
-        report += &format!(
-            "dev{i}: dropped {} kept {} torn {}; ",
-            r.dropped, r.kept, r.torn
-        );
-    }
+    let report = power_off(&group, seed);
     let before = label_names(&mems);
     if before.iter().any(|n| n.as_deref() == Some("tank"))
         && before.iter().any(|n| n.as_deref() == Some("tank2"))
