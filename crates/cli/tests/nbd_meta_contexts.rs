@@ -9,13 +9,17 @@
 //!   (tests/nbd/change_maps.py) that copies only the flagged extents from the head onto the
 //!   snapshot's bytes (read through the snapshot's export) ends byte-identical to the head;
 //! - the map is the same after kill -9 of the server and a restart, and the backup still
-//!   works; a snapshot's export offers the maps since the snapshots before it.
+//!   works; a snapshot's export offers the maps since the snapshots before it;
+//! - a client's map stays since the snapshot it chose when the snapshot's name moves on (a
+//!   rotation of backup bases: `@cur` renamed `@prev`, a new `@cur`), and a new client of
+//!   the same name gets the new snapshot's.
 
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{python, run_unchecked, tcp_uri, tool, Env};
-use std::process::Command;
+use harness::{python, release, run_unchecked, script, tcp_uri, tool, Env, PYTHON};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 const MIB: u64 = 1 << 20;
 /// Bytes the changes never touch: must not be flagged.
@@ -174,4 +178,65 @@ fn a_backup_copies_only_the_changed_extents_and_the_map_survives_kill_9() {
     assert!(status.success(), "{output}");
     let audit = env.ok(&["audit", "tank"]);
     assert!(!audit.is_empty());
+}
+
+/// Whether `map` ("OFFSET LENGTH FLAGS" lines) flags the byte at `at`.
+fn flags_at(map: &str, at: u64) -> bool {
+    map.lines()
+        .filter_map(|line| {
+            let w: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (w.len() == 3).then(|| (w[0], w[1], w[2]))
+        })
+        .find(|&(off, len, _)| off <= at && at < off + len)
+        .unwrap_or_else(|| panic!("no extent at {at}: {map}"))
+        .2
+        == 1
+}
+
+#[test]
+fn a_client_keeps_the_base_it_chose_across_a_rotation_of_snapshot_names() {
+    let env = Env::new();
+    env.tank(&[("vol0", "64M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let uri = server.uri("tank/vol0");
+    env.ok(&["snapshot", "tank/vol0@cur"]);
+    let later = 8 * MIB;
+    let mut client = Command::new(PYTHON)
+        .arg(script("change_maps.py"))
+        .args(["across", &uri, "cur", &later.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start change_maps.py across");
+    let mut line = String::new();
+    BufReader::new(client.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "open", "change_maps.py did not connect");
+
+    // The rotation a backup tool does: the base it copied from becomes @prev, a new @cur
+    // marks where the next backup starts.
+    env.ok(&["rename", "tank/vol0@cur", "tank/vol0@prev"]);
+    env.ok(&["snapshot", "tank/vol0@cur"]);
+    let map = release(client);
+    // The connected client's map is still since the snapshot it chose (now @prev): the
+    // write before the rotation is flagged. Resolved by name per request, it would be
+    // since the new @cur, and a backup would miss that block.
+    assert!(flags_at(&map, 0), "the write before the rotation: {map}");
+    assert!(flags_at(&map, later), "the write after it: {map}");
+    assert!(!flags_at(&map, UNTOUCHED.0), "never written: {map}");
+
+    // A new client of the name gets the new snapshot: only the later write.
+    let now = python("change_maps.py", &["map", &uri, "cur"]);
+    assert!(!flags_at(&now, 0), "{now}");
+    assert!(flags_at(&now, later), "{now}");
+    let prev = python("change_maps.py", &["map", &uri, "prev"]);
+    assert_eq!(prev.trim(), map, "@prev's map is what the first client saw");
+
+    let (status, output) = server.stop();
+    assert!(status.success(), "{output}");
 }

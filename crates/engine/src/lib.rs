@@ -32,7 +32,7 @@ pub mod zio;
 pub mod zvol;
 
 pub use dsl::audit::AuditReport;
-pub use dsl::change_map::ChangeBase;
+pub use dsl::change_map::{ChangeBase, PinnedBase};
 pub use dsl::scan::{ScanKind, ScanPosition, ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};

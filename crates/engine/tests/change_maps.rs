@@ -507,3 +507,67 @@ fn a_copy_within_the_pool_does_not_answer_for_the_original() {
         assert!(flagged(at), "byte {at} changed since @a: {extents:?}");
     }
 }
+
+/// Whether the map of `vol` since the pinned `pin` flags the block at `offset`.
+fn pinned_flags(vol: &Volume, pin: &oxpool_engine::PinnedBase, offset: u64) -> bool {
+    let bs = u64::from(vol.block_size_bytes());
+    let extents = on(vol.changed_extents_since(pin, offset, bs)).unwrap();
+    assert_eq!(extents.len(), 1, "{extents:?}");
+    extents[0].changed
+}
+
+/// A base chosen once (an NBD client's SET_META_CONTEXT) stays the snapshot it named: a
+/// rotation of backup bases (`@cur` renamed `@prev`, a new `@cur` taken) does not move the
+/// client's map to the new `@cur`, which would hide what was written between the two; a
+/// bookmark renamed stays too; the base destroyed, the pinned map is refused (not moved).
+#[test]
+fn a_chosen_base_stays_what_it_named_across_a_rename() {
+    let (pool, _mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = pool.create_volume("vol", VOLUME_BYTES, &[]).unwrap();
+    let bs = u64::from(vol.block_size_bytes());
+    let (a, b) = (0, 4 * MIB);
+    assert!(b >= bs);
+    // Data everywhere first: a bookmark has no tree to judge holes by, and flags holes
+    // under rewritten indirect blocks (a superset); data born before it is never flagged.
+    on(vol.write(0, &content(Fill::Random, 2, VOLUME_BYTES as usize), false)).unwrap();
+    snap(&pool, "vol@cur");
+    pool.bookmark("vol@cur", "vol#wk").unwrap();
+    let pin = vol.pin_change_base(&base("cur")).unwrap();
+    let mark = vol.pin_change_base(&base("#wk")).unwrap();
+    on(vol.write(a, &vec![0x11; bs as usize], false)).unwrap();
+
+    // Rotation: the old @cur is @prev now, and a new @cur holds the write at `a`.
+    pool.rename("vol@cur", "vol@prev").unwrap();
+    pool.rename("vol#wk", "vol#week").unwrap();
+    snap(&pool, "vol@cur");
+    on(vol.write(b, &vec![0x22; bs as usize], false)).unwrap();
+    for (pin, what) in [(&pin, "snapshot"), (&mark, "bookmark")] {
+        assert!(
+            pinned_flags(&vol, pin, a),
+            "{what}: the write before the rotation"
+        );
+        assert!(pinned_flags(&vol, pin, b), "{what}: the write after it");
+        assert!(!pinned_flags(&vol, pin, 8 * MIB), "{what}: untouched");
+    }
+    // The same name chosen now is the new snapshot: only the write after it.
+    let now = vol.pin_change_base(&base("cur")).unwrap();
+    assert_ne!(now, pin);
+    assert!(!pinned_flags(&vol, &now, a));
+    assert!(pinned_flags(&vol, &now, b));
+    assert_eq!(vol.pin_change_base(&base("prev")), Some(pin));
+    assert_eq!(vol.pin_change_base(&base("#week")), Some(mark));
+    assert_eq!(vol.pin_change_base(&base("#wk")), None);
+
+    // Across a sync too (the tree walk, not only the dirty sets).
+    pool.sync().unwrap();
+    assert!(pinned_flags(&vol, &pin, a) && pinned_flags(&vol, &mark, a));
+
+    // Destroyed: refused, not moved to another base.
+    pool.destroy_snapshots("vol", &["prev".to_string()])
+        .unwrap();
+    let err = on(vol.changed_extents_since(&pin, 0, bs)).unwrap_err();
+    assert!(err.to_string().contains("no change map since"), "{err}");
+    pool.destroy_bookmark("vol", "week").unwrap();
+    assert!(on(vol.changed_extents_since(&mark, 0, bs)).is_err());
+    assert!(pinned_flags(&vol, &now, b), "the other base still answers");
+}

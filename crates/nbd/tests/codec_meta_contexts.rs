@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use oxpool_nbd::proto::wire::*;
 use oxpool_nbd::proto::{
-    validate, ChangeBase, ChangeMapCatalog, Command, CommandFlags, Cookie, Errno, ExportCaps,
-    ExportInfo, Handshake, HandshakeProgress, HandshakeStatus, MetaContext, MetaContextId,
-    Negotiated, ProtocolError, Request, SelectedContext, CHANGE_MAPS_LISTED_MAX,
+    validate, BasePin, ChangeBase, ChangeMapCatalog, Command, CommandFlags, Cookie, Errno,
+    ExportCaps, ExportInfo, Handshake, HandshakeProgress, HandshakeStatus, MetaContext,
+    MetaContextId, Negotiated, ProtocolError, Request, SelectedContext, CHANGE_MAPS_LISTED_MAX,
     CHANGE_MAPS_SELECTED_MAX,
 };
 
@@ -55,9 +55,14 @@ impl Catalog {
 }
 
 impl ChangeMapCatalog for Catalog {
-    fn offers(&self, export_index: usize, base: &ChangeBase) -> bool {
+    /// The base's place in the export's list, and the export: what the selection must
+    /// carry back.
+    fn pin(&self, export_index: usize, base: &ChangeBase) -> Option<BasePin> {
         self.calls.fetch_add(1, Ordering::Relaxed);
-        Catalog::of(export_index, self.many).contains(base)
+        let at = Catalog::of(export_index, self.many)
+            .iter()
+            .position(|b| b == base)?;
+        Some(BasePin(at as u64, export_index as u64))
     }
 
     fn offered(&self, export_index: usize, limit: usize) -> Vec<ChangeBase> {
@@ -291,11 +296,17 @@ fn set_selects_base_allocation_and_offered_change_maps_with_distinct_ids() {
             SelectedContext::base_allocation(),
             SelectedContext {
                 id: MetaContextId(2),
-                context: MetaContext::ChangedSince(ChangeBase::Bookmark("weekly".into())),
+                context: MetaContext::ChangedSince(
+                    ChangeBase::Bookmark("weekly".into()),
+                    BasePin(2, 0)
+                ),
             },
             SelectedContext {
                 id: MetaContextId(3),
-                context: MetaContext::ChangedSince(ChangeBase::Snapshot("monday".into())),
+                context: MetaContext::ChangedSince(
+                    ChangeBase::Snapshot("monday".into()),
+                    BasePin(0, 0)
+                ),
             },
         ]
     );

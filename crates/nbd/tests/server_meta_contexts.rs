@@ -15,7 +15,7 @@ use oxpool_engine::{EngineError, Pool, PoolProps, TopSpec, Volume};
 use oxpool_format::TopVdevKind;
 use oxpool_io::rt::net::Listener;
 use oxpool_io::{Backend, MemoryBackend};
-use oxpool_nbd::proto::ChangeBase;
+use oxpool_nbd::proto::{BasePin, ChangeBase};
 use oxpool_nbd::server::{
     ChangeExtent, ChangeExtentsFuture, ChangeMaps, Server, ServerConfig, ServerExport,
 };
@@ -69,18 +69,30 @@ impl ChangeMaps for FakeMaps {
         all
     }
 
-    fn offers(&self, volume: &Volume, wanted: &ChangeBase) -> bool {
-        self.bases(volume, usize::MAX).contains(wanted)
+    /// The base's place in the list: every BLOCK_STATUS must hand it back.
+    fn pin(&self, volume: &Volume, wanted: &ChangeBase) -> Option<BasePin> {
+        let at = self
+            .bases(volume, usize::MAX)
+            .iter()
+            .position(|b| b == wanted)?;
+        Some(BasePin(at as u64, 7))
     }
 
     fn changed_extents<'a>(
         &'a self,
-        _volume: &'a Volume,
+        volume: &'a Volume,
         wanted: &'a ChangeBase,
+        pin: BasePin,
         offset_bytes: u64,
         length_bytes: u64,
     ) -> ChangeExtentsFuture<'a> {
+        let pinned = self.pin(volume, wanted);
         Box::pin(async move {
+            if pinned != Some(pin) {
+                return Err(EngineError::Invalid(format!(
+                    "{wanted}: pinned {pinned:?} at selection, handed back {pin:?}"
+                )));
+            }
             let end = offset_bytes + length_bytes;
             match wanted.to_string().as_str() {
                 "broken" => Err(EngineError::NotFound("snapshot broken".into())),

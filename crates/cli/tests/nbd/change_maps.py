@@ -15,6 +15,12 @@ Usage:
                                          copy onto it only the extents HEAD's change map since
                                          SNAP flags, read from HEAD; the copy must then equal
                                          HEAD byte for byte. Prints what it copied.
+  change_maps.py across URI SNAP OFFSET  one connection with the map since SNAP selected
+                                         across an administrative change: writes 4 KiB of
+                                         0x11 at 0, flushes, prints "open", waits for a line
+                                         on stdin, writes 4 KiB of 0x22 at OFFSET, flushes,
+                                         then prints the map as "map" does, on the same
+                                         connection
 
 Exits non-zero with a message on the first failure.
 """
@@ -166,6 +172,19 @@ def backup(head_uri, snap_uri, snap):
     print("backup: copied %d of %d bytes; identical" % (copied, len(now)))
 
 
+def across(uri, snap, offset):
+    h = connect(uri, [context(snap)])
+    h.pwrite(b"\x11" * 4096, 0)
+    h.flush()
+    print("open", flush=True)
+    sys.stdin.readline()
+    h.pwrite(b"\x22" * 4096, offset)
+    h.flush()
+    for off, length, flags in change_map(h, snap):
+        print("%d %d %d" % (off, length, flags))
+    h.shutdown()
+
+
 def main():
     mode = sys.argv[1]
     if mode == "fill":
@@ -174,6 +193,8 @@ def main():
         change(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     elif mode == "map":
         print_map(sys.argv[2], sys.argv[3])
+    elif mode == "across":
+        across(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif mode == "backup":
         backup(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -3,7 +3,7 @@
 //! `oxpool:changed-since:SNAP` (docs/snapshots.md, "Change maps").
 //!
 //! Two parts live here: which bases a dataset offers and what they resolve to
-//! ([`Datasets::change_base`], the one place a base name becomes a txg), and the walk of a
+//! ([`Datasets::pin_base`], the one place a base name becomes a txg), and the walk of a
 //! synced tree ([`changed_in_tree`]). The volume layer adds what is dirty in memory.
 //!
 //! The walk is [`super::send::ChangeWalker`]'s rule, restricted to a block range, with one
@@ -31,7 +31,8 @@ use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_block_unhealed;
 use crate::{EngineError, Result};
-use oxpool_format::{decode_indirect, BlockPtr, Txg, INDIRECT_FANOUT};
+use oxpool_format::{decode_indirect, BlockPtr, Guid, Txg, INDIRECT_FANOUT};
+use std::fmt::Display;
 use std::sync::Arc;
 
 /// What a change map is relative to: a snapshot of the lineage, or a bookmark.
@@ -52,6 +53,21 @@ impl std::fmt::Display for ChangeBase {
     }
 }
 
+/// A base as it was when a client chose it: the snapshot it named then (or the snapshot a
+/// bookmark of that name was made from), by guid and txg, which a rename changes neither of.
+/// A client that chose `oxpool:changed-since:cur` keeps the map since that snapshot when
+/// `@cur` is renamed `@prev` and a new `@cur` is taken (a rotation of backup bases), instead
+/// of being moved to the new one and missing what was written between the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PinnedBase {
+    /// A bookmark (judged without a base tree) rather than a snapshot.
+    pub bookmark: bool,
+    /// The snapshot's guid (a bookmark's: the snapshot it was made from).
+    pub guid: Guid,
+    /// That snapshot's txg.
+    pub txg: Txg,
+}
+
 /// A base resolved: the txg after which blocks count as changed, and the base's tree when
 /// it has one (a snapshot), to judge holes by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +81,7 @@ pub(crate) struct BasePoint {
 /// One snapshot a dataset may take as a base, nearest first in [`Datasets::base_candidates`].
 struct Candidate {
     name: String,
+    guid: Guid,
     point: BasePoint,
 }
 
@@ -120,6 +137,7 @@ impl Datasets {
                 if keep {
                     out.push(Candidate {
                         name: s.name.clone(),
+                        guid: s.guid,
                         point: BasePoint {
                             txg: s.txg,
                             tree: Some((s.root, s.levels.max(1))),
@@ -148,30 +166,55 @@ impl Datasets {
         out
     }
 
-    /// What base `base` of dataset `ds` (a head or a snapshot view) resolves to now, or None
-    /// if `ds` offers no change map since it. The one place a base's name becomes a txg.
+    /// What base `base` of dataset `ds` (a head or a snapshot view) names now, pinned
+    /// ([`PinnedBase`]), or None if `ds` offers no change map since it. The one place a
+    /// base's name is looked up.
     ///
     /// A snapshot name is looked up nearest first ([`Datasets::base_candidates`]): the
     /// lineage's own snapshots, then those of its origin's chain, so a clone's own `@a`
     /// hides its origin volume's `@a`.
-    pub(crate) fn change_base(&self, ds: &Dataset, base: &ChangeBase) -> Option<BasePoint> {
+    pub(crate) fn pin_base(&self, ds: &Dataset, base: &ChangeBase) -> Option<PinnedBase> {
         match base {
             ChangeBase::Snapshot(name) => self
                 .base_candidates(ds)
                 .into_iter()
                 .find(|c| c.name == *name)
-                .map(|c| c.point),
+                .map(|c| PinnedBase {
+                    bookmark: false,
+                    guid: c.guid,
+                    txg: c.point.txg,
+                }),
+            ChangeBase::Bookmark(name) => self.bookmark(ds, |b| b.name == *name),
+        }
+    }
+
+    /// What a pinned base of `ds` resolves to now, or None once `ds` offers no change map
+    /// since it (its snapshot or every bookmark of it destroyed, or rolled back past). Found
+    /// by guid and txg, not by name: a rename keeps it, a new snapshot under its old name
+    /// does not take its place.
+    pub(crate) fn pinned_point(&self, ds: &Dataset, pin: &PinnedBase) -> Option<BasePoint> {
+        if pin.bookmark {
             // A bookmark of the lineage's own volume (for a view, older than its snapshot):
             // no tree to judge holes by, so holes under changed indirect blocks are flagged
             // as possibly new (a superset). A rollback past a bookmark destroys it, so every
-            // block born at or before its txg is still what it was then.
-            ChangeBase::Bookmark(name) => self.bookmark_base(ds, name),
+            // block born at or before its txg is still what it was then. Any bookmark of the
+            // same snapshot answers the same.
+            return self
+                .bookmark(ds, |b| b.guid == pin.guid && b.txg == pin.txg)
+                .map(|p| BasePoint {
+                    txg: p.txg,
+                    tree: None,
+                });
         }
+        self.base_candidates(ds)
+            .into_iter()
+            .find(|c| c.guid == pin.guid && c.point.txg == pin.txg)
+            .map(|c| c.point)
     }
 
     /// The bases `ds` offers now, oldest first, at most `limit` (the newest ones when there
     /// are more), each name once (the nearest of a name hides the others, as in
-    /// [`Datasets::change_base`]).
+    /// [`Datasets::pin_base`]).
     pub(crate) fn change_bases(&self, ds: &Dataset, limit: usize) -> Vec<ChangeBase> {
         let mut seen = std::collections::HashSet::new();
         let mut bases: Vec<ChangeBase> = self
@@ -196,16 +239,23 @@ impl Datasets {
         bases
     }
 
-    /// Bookmark `name` of `ds`'s lineage as a base (see [`Datasets::change_base`]).
-    fn bookmark_base(&self, ds: &Dataset, name: &str) -> Option<BasePoint> {
+    /// The nearest bookmark of `ds`'s lineage that `wanted` accepts, as a base (for a view,
+    /// only those older than its snapshot).
+    fn bookmark(
+        &self,
+        ds: &Dataset,
+        wanted: impl Fn(&oxpool_format::BookmarkMeta) -> bool,
+    ) -> Option<PinnedBase> {
         let (owner, before) = self.lineage_position(ds)?;
         let l = owner.lineage.lock().unwrap();
         l.bookmarks()
             .iter()
-            .find(|b| b.name == name && before.is_none_or(|t| b.txg < t))
-            .map(|b| BasePoint {
+            .rev()
+            .find(|b| wanted(b) && before.is_none_or(|t| b.txg < t))
+            .map(|b| PinnedBase {
+                bookmark: true,
+                guid: b.guid,
                 txg: b.txg,
-                tree: None,
             })
     }
 }
@@ -268,7 +318,7 @@ enum BaseChild {
 /// checksum is an error the caller retries with the current tree.
 pub(crate) async fn changed_in_tree(
     spa: &Spa,
-    what: &str,
+    what: &(dyn Display + Sync),
     root: (BlockPtr, u8),
     base: &BasePoint,
     range: (u64, u64),
@@ -360,7 +410,7 @@ pub(crate) async fn changed_in_tree(
 /// The state of one [`changed_in_tree`].
 struct Walk<'a> {
     spa: &'a Spa,
-    what: &'a str,
+    what: &'a (dyn Display + Sync),
     after: Txg,
     start: u64,
     end: u64,
@@ -515,7 +565,7 @@ impl Walk<'_> {
 /// [`changed_in_tree`]) and checked to be that level's.
 async fn read_indirect(
     spa: &Spa,
-    what: &str,
+    what: &(dyn Display + Sync),
     bp: &BlockPtr,
     level: u8,
 ) -> Result<Box<[BlockPtr; INDIRECT_FANOUT]>> {

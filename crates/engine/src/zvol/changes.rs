@@ -27,7 +27,7 @@
 //! snapshot exists; a base destroyed meanwhile fails the request with "not found".
 
 use super::Volume;
-use crate::dsl::change_map::{changed_in_tree, ChangeBase};
+use crate::dsl::change_map::{changed_in_tree, ChangeBase, PinnedBase};
 use crate::{EngineError, Result};
 
 /// Most changed ranges one [`Volume::changed_extents`] reports from the tree; past it the
@@ -61,18 +61,46 @@ impl Volume {
 
     /// Whether this volume offers a change map since `base` now.
     pub fn offers_change_map(&self, base: &ChangeBase) -> bool {
-        self.dsl.change_base(&self.vol.ds, base).is_some()
+        self.pin_change_base(base).is_some()
     }
 
-    /// The change map since `base` over `[offset_bytes, offset_bytes + length_bytes)`:
+    /// The snapshot `base` names now, pinned: [`Volume::changed_extents_since`] answers
+    /// since that snapshot for as long as it exists, whatever it is renamed (a client's
+    /// choice of a base is resolved once, when it chooses). None if this volume offers no
+    /// change map since `base`.
+    pub fn pin_change_base(&self, base: &ChangeBase) -> Option<PinnedBase> {
+        self.dsl.pin_base(&self.vol.ds, base)
+    }
+
+    /// The change map since `base` as it names a snapshot now: see
+    /// [`Volume::changed_extents_since`].
+    pub async fn changed_extents(
+        &self,
+        base: &ChangeBase,
+        offset_bytes: u64,
+        length_bytes: u64,
+    ) -> Result<Vec<ChangedExtent>> {
+        let pin = self.pin_change_base(base).ok_or_else(|| {
+            EngineError::NotFound(format!(
+                "{}: no change map since {base} (no such snapshot in its lineage)",
+                self.vol.ds.names
+            ))
+        })?;
+        self.changed_extents_since(&pin, offset_bytes, length_bytes)
+            .await
+    }
+
+    /// The change map since the pinned base `pin` over `[offset_bytes, offset_bytes +
+    /// length_bytes)`:
     /// extents in order from `offset_bytes`, covering the range or a prefix of it (when it
     /// holds more than [`CHANGED_RANGES_MAX`] changed ranges), in whole volume blocks
     /// clipped to the range. Every byte that differs from the base lies in a changed extent;
     /// past the base's end the base counts as zeros (as a grown volume reads). Changes the
-    /// volume answered before this call are included, synced or not.
-    pub async fn changed_extents(
+    /// volume answered before this call are included, synced or not. "Not found" once the
+    /// base is gone (destroyed, or rolled back past).
+    pub async fn changed_extents_since(
         &self,
-        base: &ChangeBase,
+        pin: &PinnedBase,
         offset_bytes: u64,
         length_bytes: u64,
     ) -> Result<Vec<ChangedExtent>> {
@@ -86,21 +114,22 @@ impl Volume {
         let obj = ds.data();
         let not_offered = || {
             EngineError::NotFound(format!(
-                "{}: no change map since {base} (no such snapshot in its lineage)",
-                ds.full_name()
+                "{}: no change map since the base chosen (snapshot guid {:016x}, txg {}): \
+                 destroyed or rolled back past",
+                ds.names, pin.guid.0, pin.txg.0
             ))
         };
         let mut attempt = 0;
         // Bounded: WALK_ATTEMPTS_MAX walks.
         let (tree, dirty) = loop {
             attempt += 1;
-            let point = self.dsl.change_base(ds, base).ok_or_else(not_offered)?;
+            let point = self.dsl.pinned_point(ds, pin).ok_or_else(not_offered)?;
             // Dirty sets first, then the root: see the module docs.
             let dirty = dirty_ranges(&obj.dirty.lock().unwrap(), first, end);
             let root = *obj.written_root.lock().unwrap();
             let walked = changed_in_tree(
                 &self.pool,
-                &ds.full_name(),
+                &ds.names,
                 root,
                 &point,
                 (first, end),
@@ -111,7 +140,7 @@ impl Volume {
                 Ok(tree) => break (tree, dirty),
                 Err(e) => {
                     let moved = *obj.written_root.lock().unwrap() != root;
-                    let again = self.dsl.change_base(ds, base);
+                    let again = self.dsl.pinned_point(ds, pin);
                     if again.is_none() || ds.destroyed.load(std::sync::atomic::Ordering::Acquire) {
                         return Err(not_offered());
                     }

@@ -35,8 +35,8 @@
 
 use super::error::ProtocolError;
 use super::meta::{
-    ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext, CHANGED_SINCE_PREFIX,
-    CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX, OXPOOL_NAMESPACE,
+    BasePin, ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext,
+    CHANGED_SINCE_PREFIX, CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX, OXPOOL_NAMESPACE,
 };
 use super::types::{
     EnteredBy, ExportAccess, ExportInfo, MetaContextId, Negotiated, TlsPolicy, TransmissionFlags,
@@ -749,7 +749,7 @@ impl Handshake {
     fn set_meta_context(&mut self, index: usize, request: &MetaRequest<'_>, out: &mut Vec<u8>) {
         let option = wire::OPT_SET_META_CONTEXT;
         let mut base_allocation = false;
-        let mut changes: Vec<ChangeBase> = Vec::new();
+        let mut changes: Vec<(ChangeBase, BasePin)> = Vec::new();
         // Bounded by the query count, itself bounded by the option's size.
         for query in request.queries() {
             if query == wire::BASE_ALLOCATION.as_bytes() {
@@ -762,9 +762,14 @@ impl Handshake {
             let Some(base) = ChangeBase::parse(leaf) else {
                 continue;
             };
-            if changes.contains(&base) || !self.change_maps.offers(index, &base) {
+            if changes.iter().any(|(b, _)| *b == base) {
                 continue;
             }
+            // Resolved now, once: the map stays the one the client chose (module docs of
+            // `BasePin`).
+            let Some(pin) = self.change_maps.pin(index, &base) else {
+                continue;
+            };
             if changes.len() == CHANGE_MAPS_SELECTED_MAX {
                 put_option_reply(
                     out,
@@ -774,17 +779,17 @@ impl Handshake {
                 );
                 return;
             }
-            changes.push(base);
+            changes.push((base, pin));
         }
         let mut selected = Vec::with_capacity(changes.len() + 1);
         if base_allocation {
             selected.push(SelectedContext::base_allocation());
         }
-        for (n, base) in changes.into_iter().enumerate() {
+        for (n, (base, pin)) in changes.into_iter().enumerate() {
             selected.push(SelectedContext {
                 // After base:allocation's 1; n < CHANGE_MAPS_SELECTED_MAX.
                 id: MetaContextId(MetaContextId::BASE_ALLOCATION.0 + 1 + n as u32),
-                context: MetaContext::ChangedSince(base),
+                context: MetaContext::ChangedSince(base, pin),
             });
         }
         for context in &selected {
@@ -838,7 +843,7 @@ impl Handshake {
             named
                 .into_iter()
                 .filter_map(ChangeBase::parse)
-                .filter(|base| self.change_maps.offers(index, base))
+                .filter(|base| self.change_maps.pin(index, base).is_some())
                 .collect()
         };
         // A catalog that returns more than asked is cut at the bound all the same.

@@ -93,13 +93,20 @@ impl fmt::Display for ChangeBase {
     }
 }
 
+/// What the server's catalog resolved a change map's base to when the client selected it,
+/// handed back with every BLOCK_STATUS: opaque to the protocol. It lets a base keep meaning
+/// what it meant at SET_META_CONTEXT when the name is later given to something else (a
+/// snapshot renamed away and a new one taken under its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BasePin(pub u64, pub u64);
+
 /// A metadata context this server serves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum MetaContext {
     /// `base:allocation`: HOLE and ZERO.
     BaseAllocation,
-    /// `oxpool:changed-since:BASE`: CHANGED.
-    ChangedSince(ChangeBase),
+    /// `oxpool:changed-since:BASE`: CHANGED, since what the base named when selected.
+    ChangedSince(ChangeBase, BasePin),
 }
 
 impl MetaContext {
@@ -107,7 +114,7 @@ impl MetaContext {
     pub fn name(&self) -> String {
         match self {
             MetaContext::BaseAllocation => wire::BASE_ALLOCATION.to_owned(),
-            MetaContext::ChangedSince(base) => base.context_name(),
+            MetaContext::ChangedSince(base, _) => base.context_name(),
         }
     }
 }
@@ -135,8 +142,9 @@ impl SelectedContext {
 /// Which change maps each export offers, asked by the handshake when a client lists or
 /// selects contexts (by export index, as in the handshake's export list).
 pub trait ChangeMapCatalog: fmt::Debug {
-    /// Whether export `export_index` offers `oxpool:changed-since:<base>` now.
-    fn offers(&self, export_index: usize, base: &ChangeBase) -> bool;
+    /// What `oxpool:changed-since:<base>` of export `export_index` resolves to now, or
+    /// None if the export does not offer it.
+    fn pin(&self, export_index: usize, base: &ChangeBase) -> Option<BasePin>;
 
     /// The change maps export `export_index` offers now, at most `limit`, in a stable order.
     fn offered(&self, export_index: usize, limit: usize) -> Vec<ChangeBase>;
@@ -147,8 +155,8 @@ pub trait ChangeMapCatalog: fmt::Debug {
 pub struct EmptyCatalog;
 
 impl ChangeMapCatalog for EmptyCatalog {
-    fn offers(&self, _: usize, _: &ChangeBase) -> bool {
-        false
+    fn pin(&self, _: usize, _: &ChangeBase) -> Option<BasePin> {
+        None
     }
 
     fn offered(&self, _: usize, _: usize) -> Vec<ChangeBase> {

@@ -93,8 +93,8 @@ pub use handshake::{
     MAX_OPTION_DATA_BYTES, REPLIES_PAUSE_BYTES,
 };
 pub use meta::{
-    ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext, CHANGED_SINCE_PREFIX,
-    CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX,
+    BasePin, ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext,
+    CHANGED_SINCE_PREFIX, CHANGE_MAPS_LISTED_MAX, CHANGE_MAPS_SELECTED_MAX,
 };
 pub use request::{validate, Request, RequestDecoder, REQUEST_HEADER_BYTES};
 pub use types::{

@@ -14,9 +14,10 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
-use oxpool_engine::{EngineError, Volume};
+use oxpool_engine::{EngineError, PinnedBase, Volume};
+use oxpool_format::{Guid, Txg};
 
-use crate::proto::{ChangeBase, ChangeMapCatalog};
+use crate::proto::{BasePin, ChangeBase, ChangeMapCatalog};
 
 /// One extent of a change map, in offset order from the start of the query.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,10 +42,12 @@ pub trait ChangeMaps: Send + Sync + fmt::Debug {
     /// The change maps `volume` offers now, at most `limit`, in a stable order.
     fn bases(&self, volume: &Volume, limit: usize) -> Vec<ChangeBase>;
 
-    /// Whether `volume` offers a change map since `base` now.
-    fn offers(&self, volume: &Volume, base: &ChangeBase) -> bool;
+    /// What `volume`'s change map since `base` resolves to now (None if it offers none):
+    /// resolved once, when a client selects it, so that a rename of the base, or a new
+    /// snapshot under its old name, leaves the client's map since what it chose.
+    fn pin(&self, volume: &Volume, base: &ChangeBase) -> Option<BasePin>;
 
-    /// The change map of `volume` since `base` over `[offset_bytes, offset_bytes +
+    /// The change map of `volume` since `base` (as pinned by [`ChangeMaps::pin`]) over `[offset_bytes, offset_bytes +
     /// length_bytes)`: extents in order from `offset_bytes`, covering at least its first byte
     /// and at most the range (a prefix is enough: the client asks again for the rest). An
     /// error (for example a base destroyed since the handshake) fails that BLOCK_STATUS
@@ -53,6 +56,7 @@ pub trait ChangeMaps: Send + Sync + fmt::Debug {
         &'a self,
         volume: &'a Volume,
         base: &'a ChangeBase,
+        pin: BasePin,
         offset_bytes: u64,
         length_bytes: u64,
     ) -> ChangeExtentsFuture<'a>;
@@ -73,6 +77,16 @@ fn engine_base(base: &ChangeBase) -> oxpool_engine::ChangeBase {
     }
 }
 
+/// The engine's pinned base from the pin the handshake kept (guid, txg) and the kind the
+/// base's name says.
+fn engine_pin(base: &ChangeBase, pin: BasePin) -> PinnedBase {
+    PinnedBase {
+        bookmark: matches!(base, ChangeBase::Bookmark(_)),
+        guid: Guid(pin.0),
+        txg: Txg(pin.1),
+    }
+}
+
 impl ChangeMaps for EngineChangeMaps {
     fn bases(&self, volume: &Volume, limit: usize) -> Vec<ChangeBase> {
         volume
@@ -89,25 +103,29 @@ impl ChangeMaps for EngineChangeMaps {
             .collect()
     }
 
-    fn offers(&self, volume: &Volume, base: &ChangeBase) -> bool {
-        volume.offers_change_map(&engine_base(base))
+    fn pin(&self, volume: &Volume, base: &ChangeBase) -> Option<BasePin> {
+        let pin = volume.pin_change_base(&engine_base(base))?;
+        Some(BasePin(pin.guid.0, pin.txg.0))
     }
 
     fn changed_extents<'a>(
         &'a self,
         volume: &'a Volume,
         base: &'a ChangeBase,
+        pin: BasePin,
         offset_bytes: u64,
         length_bytes: u64,
     ) -> ChangeExtentsFuture<'a> {
         Box::pin(async move {
             let extents = volume
-                .changed_extents(&engine_base(base), offset_bytes, length_bytes)
+                .changed_extents_since(&engine_pin(base, pin), offset_bytes, length_bytes)
                 .await
                 .map_err(|e| match e {
                     // The base (or the snapshot served) was destroyed since the handshake:
                     // the request is no longer valid (EINVAL), nothing failed (not EIO).
-                    EngineError::NotFound(what) => EngineError::Invalid(what),
+                    EngineError::NotFound(what) => {
+                        EngineError::Invalid(format!("{what} (selected as {base})"))
+                    }
                     e => e,
                 })?;
             Ok(extents
@@ -130,18 +148,19 @@ impl ChangeMaps for NoChangeMaps {
         Vec::new()
     }
 
-    fn offers(&self, _: &Volume, _: &ChangeBase) -> bool {
-        false
+    fn pin(&self, _: &Volume, _: &ChangeBase) -> Option<BasePin> {
+        None
     }
 
     fn changed_extents<'a>(
         &'a self,
         _: &'a Volume,
         base: &'a ChangeBase,
+        _: BasePin,
         _: u64,
         _: u64,
     ) -> ChangeExtentsFuture<'a> {
-        // Unreachable through the handshake, which selects only what `offers` accepts.
+        // Unreachable through the handshake, which selects only what `pin` resolves.
         let message = format!("no change map since {base}");
         Box::pin(async move { Err(EngineError::Invalid(message)) })
     }
@@ -156,10 +175,10 @@ pub(crate) struct ExportCatalog {
 }
 
 impl ChangeMapCatalog for ExportCatalog {
-    fn offers(&self, export_index: usize, base: &ChangeBase) -> bool {
+    fn pin(&self, export_index: usize, base: &ChangeBase) -> Option<BasePin> {
         self.volumes
             .get(export_index)
-            .is_some_and(|volume| self.maps.offers(volume, base))
+            .and_then(|volume| self.maps.pin(volume, base))
     }
 
     fn offered(&self, export_index: usize, limit: usize) -> Vec<ChangeBase> {

@@ -1750,10 +1750,16 @@ async fn block_status(
                 });
                 descriptors_of(runs, query_bytes, max)
             }
-            MetaContext::ChangedSince(base) => {
+            MetaContext::ChangedSince(base, pin) => {
                 let extents = session
                     .change_maps
-                    .changed_extents(&session.volume, base, request.offset_bytes, query_bytes)
+                    .changed_extents(
+                        &session.volume,
+                        base,
+                        *pin,
+                        request.offset_bytes,
+                        query_bytes,
+                    )
                     .await?;
                 let runs = extents.iter().map(|extent| {
                     let flags = if extent.changed {
