@@ -23,7 +23,7 @@ use crate::spa::sync::{SyncClient, UpperMeta};
 use crate::spa::Spa;
 use crate::{EngineError, Result};
 use dataset::Dataset;
-use oxpool_format::{Dva, Txg, VolumeMeta};
+use oxpool_format::{Dva, Txg, VolumeId, VolumeMeta};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -38,10 +38,12 @@ struct DslState {
     /// Destroyed ones the running sync frees (their logs' places go with its metadata).
     syncing_destroyed: Vec<Arc<Dataset>>,
     next_id: u64,
-    /// Snapshot changes for the next syncs: (the open txg when asked, dataset name, change).
+    /// Snapshot changes for the next syncs: (the open txg when asked, dataset id, change).
     /// A sync applies those asked at or before its txg, all of them in that one txg, so a
-    /// command's changes to several datasets land together.
-    ops: Vec<(Txg, String, snapshot::SnapOp)>,
+    /// command's changes to several datasets land together. By id, not name: a rename
+    /// between a command's checks and its sync must neither drop its change nor hand it to
+    /// the volume that took the old name.
+    ops: Vec<(Txg, VolumeId, snapshot::SnapOp)>,
 }
 
 /// Live datasets, destroyed ones, the snapshot changes due, for one sync, and whether some
@@ -181,10 +183,6 @@ impl Datasets {
         }
         let ds = s.datasets.remove(from).expect("checked above");
         ds.names.set(to);
-        s.ops
-            .iter_mut()
-            .filter(|(_, d, _)| d == from)
-            .for_each(|(_, d, _)| *d = to.to_string());
         s.datasets.insert(to.to_string(), ds.clone());
         // Views are named `VOL@SNAP`: they take the new volume name.
         for e in self
@@ -257,7 +255,7 @@ impl Datasets {
     /// unless a dataset the batch snapshots has a snapshot queued already (another caller's):
     /// a dataset gets one snapshot per txg, so the whole batch goes to the txg after the last
     /// such one, and stays one txg (its snapshots atomic).
-    pub(crate) fn queue_ops(&self, open_txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) -> Txg {
+    pub(crate) fn queue_ops(&self, open_txg: Txg, ops: Vec<(VolumeId, snapshot::SnapOp)>) -> Txg {
         let is_create = |o: &snapshot::SnapOp| matches!(o, snapshot::SnapOp::Create { .. });
         let mut s = self.state.lock().unwrap();
         let txg = ops
@@ -277,18 +275,15 @@ impl Datasets {
     /// Queues `ops` for `txg` as they are, without [`Datasets::queue_ops`]'s check: for tests
     /// of the sync's own guard.
     #[cfg(test)]
-    pub(crate) fn queue_unchecked(&self, txg: Txg, ops: Vec<(String, snapshot::SnapOp)>) {
+    pub(crate) fn queue_unchecked(&self, txg: Txg, ops: Vec<(VolumeId, snapshot::SnapOp)>) {
         let mut s = self.state.lock().unwrap();
         s.ops.extend(ops.into_iter().map(|(ds, op)| (txg, ds, op)));
     }
 
     /// The queued snapshot changes, for checks against what is already asked.
-    pub(crate) fn queued_ops(&self) -> Vec<(String, snapshot::SnapOp)> {
+    pub(crate) fn queued_ops(&self) -> Vec<(VolumeId, snapshot::SnapOp)> {
         let s = self.state.lock().unwrap();
-        s.ops
-            .iter()
-            .map(|(_, d, o)| (d.clone(), o.clone()))
-            .collect()
+        s.ops.iter().map(|(_, d, o)| (*d, o.clone())).collect()
     }
 
     /// Records `view`, a read-only view of snapshot `snapshot_guid` of `head`.
@@ -457,22 +452,24 @@ impl Datasets {
         // two of one txg at import): a second snapshot of a dataset due in this txg waits
         // for the next. `Pool::snapshot` refuses two of one volume in one command; this
         // keeps any other way of queueing them (two callers at once) from reaching the disk.
-        let mut snapshotted: Vec<&str> = Vec::new();
+        let mut snapshotted: Vec<VolumeId> = Vec::new();
         let mut now = Vec::with_capacity(due.len());
         let mut deferred = Vec::new();
-        for (t, d, o) in &due {
+        for (t, d, o) in due {
             if matches!(o, snapshot::SnapOp::Create { .. }) {
-                if snapshotted.contains(&d.as_str()) {
-                    tracing::warn!(dataset = d, "second snapshot in one txg: taken in the next");
-                    deferred.push((Txg(t.0.max(txg.0) + 1), d.clone(), o.clone()));
+                if snapshotted.contains(&d) {
+                    tracing::warn!(
+                        dataset = d.0,
+                        "second snapshot in one txg: taken in the next"
+                    );
+                    deferred.push((Txg(t.0.max(txg.0) + 1), d, o));
                     continue;
                 }
                 snapshotted.push(d);
             }
-            // By id from here: a rename after this lock is released must not lose it.
-            // One whose dataset is gone has nothing to apply to.
-            if let Some(ds) = s.datasets.get(d) {
-                now.push((ds.id, o.clone()));
+            // One whose dataset is gone (destroyed since) has nothing to apply to.
+            if s.datasets.values().any(|ds| ds.id == d) {
+                now.push((d, o));
             }
         }
         let any_deferred = !deferred.is_empty();

@@ -414,10 +414,12 @@ pub(crate) enum SnapOp {
         guid: Guid,
         creation_s: u64,
     },
-    /// Destroy snapshot `name`.
-    Destroy { name: String },
-    /// Roll the head back to snapshot `name` (the latest, once the ops before it ran).
-    Rollback { name: String },
+    /// Destroy snapshot `guid` (named `name` when asked: a rename may change that before
+    /// the sync, the guid never).
+    Destroy { name: String, guid: Guid },
+    /// Roll the head back to snapshot `guid` (the latest, once the ops before it ran;
+    /// named `name` when asked).
+    Rollback { name: String, guid: Guid },
     /// Make this clone the owner of its origin's snapshots up to the origin (included),
     /// and the origin's volume a clone of that snapshot.
     Promote,

@@ -128,22 +128,14 @@ pub(crate) async fn apply(
                 "snapshot"
             );
         }
-        SnapOp::Destroy { name } => {
-            let guid = ds.lineage.lock().unwrap().find(name).map(|(_, s)| s.guid);
-            let Some(guid) = guid else {
-                tracing::warn!(
-                    dataset = ds.full_name(),
-                    snapshot = name,
-                    "no such snapshot"
-                );
-                return Ok(());
-            };
+        SnapOp::Destroy { name, guid } => {
+            let guid = *guid;
             // Not under this dataset's lock: it looks at every dataset's.
             let cloned = dsl.clones_of(ds.id, guid) > 0;
             let to_free = {
                 let mut l = ds.lineage.lock().unwrap();
                 // By guid: a rename (which does not wait for this sync) may have given the
-                // snapshot another name, or its name to another, since it was looked up.
+                // snapshot another name, or its name to another, since it was asked.
                 let Some(i) = l.snapshots().iter().position(|s| s.guid == guid) else {
                     tracing::warn!(
                         dataset = ds.full_name(),
@@ -188,11 +180,11 @@ pub(crate) async fn apply(
             dsl.queue_frees(to_free, freed);
             tracing::info!(snapshot = format!("{}@{name}", ds.full_name()), "destroyed");
         }
-        SnapOp::Rollback { name } => {
+        SnapOp::Rollback { name, guid } => {
             let target = {
                 let l = ds.lineage.lock().unwrap();
                 match l.snapshots().last() {
-                    Some(s) if s.name == *name => s.clone(),
+                    Some(s) if s.guid == *guid => s.clone(),
                     _ => {
                         tracing::warn!(
                             dataset = ds.full_name(),

@@ -680,24 +680,30 @@ impl Pool {
             }
             return Err(e);
         }
-        let mut ops: Vec<(String, SnapOp)> = Vec::new();
+        let mut ops: Vec<(VolumeId, SnapOp)> = Vec::new();
         if let Some((_, later)) = &plan.base {
             // Applied before the swap in the same sync: the target's name sorts before the
             // hidden one's (a prefix of it), and a sync applies ops dataset by dataset in
-            // name order.
-            ops.extend(
-                later
-                    .iter()
-                    .rev()
-                    .map(|s| (volume.to_string(), SnapOp::Destroy { name: s.clone() })),
-            );
+            // name order. One destroyed since the plan has nothing left to destroy.
+            let target = self.dataset(volume)?;
+            let l = target.lineage.lock().unwrap();
+            ops.extend(later.iter().rev().filter_map(|s| {
+                let (_, snap) = l.find(s)?;
+                Some((
+                    target.id,
+                    SnapOp::Destroy {
+                        name: s.clone(),
+                        guid: snap.guid,
+                    },
+                ))
+            }));
         }
         let target = match &new_target {
             Some((ds, _)) => ReceiveTarget::New(ds.clone()),
             None => ReceiveTarget::Existing(volume.to_string()),
         };
         ops.push((
-            hidden_name.clone(),
+            hidden.vol.ds.id,
             SnapOp::Receive(ReceiveSwap {
                 target,
                 base_guid: begin.fromguid,

@@ -102,12 +102,13 @@ impl Pool {
     /// Refused while a snapshot change naming `from` or `to` is queued for the next sync:
     /// it finds its snapshot by name when applied.
     fn snapshot_change_queued(&self, volume: &str, names: [&str; 2]) -> Result<()> {
+        let id = self.dataset(volume)?.id;
         let queued = self.dsl.queued_ops().into_iter().any(|(d, o)| {
-            d == volume
+            d == id
                 && match &o {
                     SnapOp::Create { name, .. }
-                    | SnapOp::Destroy { name }
-                    | SnapOp::Rollback { name } => names.contains(&name.as_str()),
+                    | SnapOp::Destroy { name, .. }
+                    | SnapOp::Rollback { name, .. } => names.contains(&name.as_str()),
                     SnapOp::Promote | SnapOp::Receive(_) => true,
                 }
         });

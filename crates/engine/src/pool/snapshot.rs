@@ -140,8 +140,51 @@ impl Pool {
         EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name))
     }
 
+    /// The guid of each of `snaps` of `ds` (named `volume`), in order: what a destroy or a
+    /// rollback is queued by, so a rename before the sync neither loses it nor turns it on
+    /// another snapshot.
+    pub(super) fn snapshot_guids(
+        &self,
+        ds: &Dataset,
+        volume: &str,
+        snaps: &[String],
+    ) -> Result<Vec<oxpool_format::Guid>> {
+        let l = ds.lineage.lock().unwrap();
+        snaps
+            .iter()
+            .map(|s| {
+                l.find(s)
+                    .map(|(_, snap)| snap.guid)
+                    .ok_or_else(|| self.no_snapshot(volume, s))
+            })
+            .collect()
+    }
+
+    /// Destroy ops for `snaps` of `ds` (named `volume`), in the order given.
+    pub(super) fn destroy_ops(
+        &self,
+        ds: &Dataset,
+        volume: &str,
+        snaps: &[String],
+    ) -> Result<Vec<(VolumeId, SnapOp)>> {
+        let guids = self.snapshot_guids(ds, volume, snaps)?;
+        Ok(snaps
+            .iter()
+            .zip(guids)
+            .map(|(s, guid)| {
+                (
+                    ds.id,
+                    SnapOp::Destroy {
+                        name: s.clone(),
+                        guid,
+                    },
+                )
+            })
+            .collect())
+    }
+
     /// Queues `ops` for the open txg and waits until the txg holding them is durable.
-    fn run_ops(&self, ops: Vec<(String, SnapOp)>) -> Result<()> {
+    fn run_ops(&self, ops: Vec<(VolumeId, SnapOp)>) -> Result<()> {
         self.spa.txg.check_writable()?;
         let open = self.spa.txg.open_txg();
         let queued = self.dsl.queue_ops(open, ops);
@@ -173,7 +216,7 @@ impl Pool {
             let ds = self.dataset(volume)?;
             let exists = ds.lineage.lock().unwrap().find(snap).is_some()
                 || queued.iter().any(|(d, o)| {
-                    d == volume && matches!(o, SnapOp::Create { name, .. } if name == snap)
+                    *d == ds.id && matches!(o, SnapOp::Create { name, .. } if name == snap)
                 });
             if exists {
                 return Err(EngineError::Exists(format!(
@@ -192,7 +235,7 @@ impl Pool {
             }
             seen.insert((volume.to_string(), snap.to_string()));
             ops.push((
-                volume.to_string(),
+                ds.id,
                 SnapOp::Create {
                     name: snap.to_string(),
                     guid: crate::spa::random_guid(),
@@ -236,10 +279,8 @@ impl Pool {
     /// changed) if any is missing, held, or the origin of a clone. Returns the bytes freed.
     pub fn destroy_snapshots(&self, volume: &str, snaps: &[String]) -> Result<u64> {
         let freed = self.destroy_estimate(volume, snaps)?;
-        let ops = snaps
-            .iter()
-            .map(|s| (volume.to_string(), SnapOp::Destroy { name: s.clone() }))
-            .collect();
+        let ds = self.dataset(volume)?;
+        let ops = self.destroy_ops(&ds, volume, snaps)?;
         self.run_ops(ops)?;
         Ok(freed)
     }
@@ -339,9 +380,10 @@ impl Pool {
     /// call may land before or after it: the caller stops the volume's clients first.
     pub fn rollback(&self, volume: &str, snap: &str, destroy_later: bool) -> Result<()> {
         let ds = self.dataset(volume)?;
-        let (later, later_marks): (Vec<String>, Vec<String>) = {
+        let (target, later, later_marks): (_, Vec<String>, Vec<String>) = {
             let l = ds.lineage.lock().unwrap();
             let (i, s) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
+            let target = s.guid;
             let marks = l
                 .bookmarks()
                 .iter()
@@ -352,7 +394,7 @@ impl Pool {
                 .iter()
                 .map(|s| s.name.clone())
                 .collect();
-            (snaps, marks)
+            (target, snaps, marks)
         };
         // As ZFS: later bookmarks go with -r too (the head no longer descends from them).
         if (!later.is_empty() || !later_marks.is_empty()) && !destroy_later {
@@ -375,15 +417,13 @@ impl Pool {
             }
         }
         // Everything answered before is in a txg at or before the one the rollback runs in.
-        let mut ops: Vec<(String, SnapOp)> = later
-            .into_iter()
-            .rev()
-            .map(|s| (volume.to_string(), SnapOp::Destroy { name: s }))
-            .collect();
+        let later: Vec<String> = later.into_iter().rev().collect();
+        let mut ops = self.destroy_ops(&ds, volume, &later)?;
         ops.push((
-            volume.to_string(),
+            ds.id,
             SnapOp::Rollback {
                 name: snap.to_string(),
+                guid: target,
             },
         ));
         self.run_ops(ops)
@@ -516,7 +556,7 @@ impl Pool {
                 )));
             }
         }
-        self.run_ops(vec![(volume.to_string(), SnapOp::Promote)])
+        self.run_ops(vec![(ds.id, SnapOp::Promote)])
     }
 
     /// Places hold `tag` on `volume@snap` (it cannot be destroyed while held).
@@ -884,12 +924,10 @@ mod tests {
 
         // Two callers at once: the second batch is queued for the txg after the first's, and
         // its call returns once that txg is durable, with the snapshot there.
+        let vol_id = pool.dataset("v").unwrap().id;
         let open = pool.spa.txg.open_txg();
-        assert_eq!(
-            pool.dsl.queue_ops(open, vec![("v".into(), create("a"))]),
-            open
-        );
-        pool.run_ops(vec![("v".into(), create("b"))]).unwrap();
+        assert_eq!(pool.dsl.queue_ops(open, vec![(vol_id, create("a"))]), open);
+        pool.run_ops(vec![(vol_id, create("b"))]).unwrap();
         assert_eq!(
             pool.snapshots("v").unwrap().len(),
             2,
@@ -897,10 +935,8 @@ mod tests {
         );
         // Queued together some other way: the sync takes the second in the next txg.
         let open = pool.spa.txg.open_txg();
-        pool.dsl.queue_unchecked(
-            open,
-            vec![("v".into(), create("c")), ("v".into(), create("d"))],
-        );
+        pool.dsl
+            .queue_unchecked(open, vec![(vol_id, create("c")), (vol_id, create("d"))]);
         for _ in 0..3 {
             pool.sync().unwrap();
         }
@@ -914,6 +950,55 @@ mod tests {
         assert_eq!(pool.snapshots("v").unwrap().len(), 4);
         let report = pool.audit().unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().unwrap();
+    }
+
+    /// A command's snapshot changes are checked by name and queued later: a rename in
+    /// between (through the `Pool` API: the CLI keeps verbs on one pool apart) must neither
+    /// drop them nor turn them on whatever took the old names. They are queued by volume id
+    /// and snapshot guid, so each lands on what the command checked.
+    #[test]
+    fn a_rename_between_the_checks_and_the_queue_moves_nothing_elsewhere() {
+        let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
+        let pool = Pool::create(
+            "tank",
+            vec![TopSpec::single(dev.clone())],
+            PoolProps::default(),
+            false,
+        )
+        .unwrap();
+        let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
+        oxpool_io::rt::block_on(vol.write(0, &[7u8; 16384], true)).unwrap();
+        pool.snapshot(&["v@a".to_string()]).unwrap();
+
+        // `destroy v@a` checked, then (before it is queued) v@a renamed v@b and a new
+        // v@a taken; and `snapshot v@c` checked, then v renamed w and a new v created.
+        let ds = pool.dataset("v").unwrap();
+        let destroy = pool.destroy_ops(&ds, "v", &["a".to_string()]).unwrap();
+        let snapshot = vec![(ds.id, create("c"))];
+        pool.rename("v@a", "v@b").unwrap();
+        pool.snapshot(&["v@a".to_string()]).unwrap();
+        pool.rename("v", "w").unwrap();
+        let other = pool.create_volume("v", 8 << 20, &[]).unwrap();
+        pool.run_ops(destroy).unwrap();
+        pool.run_ops(snapshot).unwrap();
+
+        let names = |v: &str| -> Vec<String> {
+            pool.snapshots(v)
+                .unwrap()
+                .into_iter()
+                .map(|s| s.name)
+                .collect()
+        };
+        assert_eq!(
+            names("w"),
+            ["a", "c"],
+            "the checked @a (now @b) destroyed, @c on w"
+        );
+        assert!(names("v").is_empty(), "the new v got nothing");
+        let report = pool.audit().unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        drop((vol, other));
         pool.export().unwrap();
     }
 }
