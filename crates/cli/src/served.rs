@@ -316,6 +316,9 @@ impl Served {
                 *n = new_volume.clone();
             }
         }
+        if !from.contains('#') {
+            self.exports.rename_default(&old_volume, &new_volume);
+        }
         let offered = self.exports.names();
         let renames: Vec<(String, String)> = renames
             .into_iter()

@@ -202,6 +202,15 @@ fn the_default_export_follows_its_volume() {
         listed.contains("tank/renamed") && !listed.contains("tank/only"),
         "{listed}"
     );
+    // Renamed while not offered (`unshare`), then offered again: still the default.
+    env.ok(&["unshare", "tank/renamed"]);
+    env.ok(&["rename", "tank/renamed", "tank/again"]);
+    env.ok(&["share", "tank/again"]);
+    assert_eq!(
+        tool("nbdinfo", &["--size", &default]).trim(),
+        (16u64 << 20).to_string(),
+        "the default export did not follow a rename made while it was not offered"
+    );
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }

@@ -325,3 +325,148 @@ fn a_receive_under_way_keeps_its_target_name_and_its_token_survives_renames_of_t
     dst.rename("copy", "moved").unwrap();
     audit_clean(&dst, "after the resumed receive and the rename");
 }
+
+/// Audits while another thread renames volumes and snapshots back and forth, each rename
+/// waiting for its txg: every audit is clean. The audit reads a line's names twice (when it
+/// walks the trees and when it checks `written@`); it keys what it walked by volume id and
+/// snapshot guid, so a rename between the two cannot make it report a tree "not walked".
+/// (Not a timing test: the renames race the audits for as long as the audits run.)
+#[test]
+fn an_audit_beside_renames_finds_nothing_wrong() {
+    let (pool, _mems) = pool_with_lineage();
+    let a = pool.volume("a").unwrap();
+    // More trees to walk, so that the audits last long enough to overlap renames.
+    for i in 0..8u64 {
+        write(&a, (i % 4) * 131072, &pattern(10 + i, 131072));
+        pool.snapshot(&[format!("a@x{i}")]).unwrap();
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let renames = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // Bounded: stops when the audits are done.
+            let pairs = [("a", "b"), ("b@s2", "b@t2"), ("c", "d"), ("b", "a")];
+            let back = [("a@t2", "a@s2"), ("d", "c")];
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                for (from, to) in pairs.iter().chain(back.iter()) {
+                    pool.rename(from, to).unwrap();
+                    renames.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        for round in 0..12 {
+            let report = pool.audit().unwrap();
+            assert!(
+                report.problems.is_empty(),
+                "audit {round}: {:?}",
+                report.problems
+            );
+            assert!(report.written_since_checked > 0);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    let renames = renames.load(std::sync::atomic::Ordering::Relaxed);
+    println!("12 audits beside {renames} renames");
+    assert!(renames > 0, "no rename ran beside the audits");
+}
+
+/// The damaged-data log (`status -v`) names what is damaged by the names of now: a volume's
+/// entries and its snapshots' follow its rename, a snapshot's its own; a record a host kept
+/// from before the pool was imported under a new name is put back under the new one.
+#[test]
+fn the_damage_log_follows_renames() {
+    use oxpool_engine::spa::errlog::DamagedRange;
+    use oxpool_engine::ErrorRecord;
+    let (pool, _mems) = pool_with_lineage();
+    let range = |dataset: &str| DamagedRange {
+        dataset: dataset.to_string(),
+        offset_bytes: 65536,
+        length_bytes: 4096,
+    };
+    // As a host keeps it: under the name the pool had when the damage was found.
+    pool.restore_error_record(&ErrorRecord {
+        damaged: vec![range("old/a"), range("old/a@s1"), range("old/c")],
+        ..Default::default()
+    });
+    let names = |pool: &Pool| -> Vec<String> {
+        pool.error_record()
+            .damaged
+            .into_iter()
+            .map(|r| r.dataset)
+            .collect()
+    };
+    assert_eq!(names(&pool), ["tank/a", "tank/a@s1", "tank/c"]);
+    pool.rename("a", "b").unwrap();
+    assert_eq!(names(&pool), ["tank/b", "tank/b@s1", "tank/c"]);
+    pool.rename("b@s1", "b@first").unwrap();
+    assert_eq!(names(&pool), ["tank/b", "tank/b@first", "tank/c"]);
+    assert_eq!(pool.error_record().damaged[0], range("tank/b"));
+}
+
+/// `recv -F` checks the target's snapshots after the base when the stream begins and
+/// destroys them when it ends: a rename in between (here in the hook a server uses to take
+/// down their exports, which runs between the two) must neither spare a renamed one (the
+/// swap would then be refused, "latest changed", after the others were destroyed) nor
+/// destroy another that took its name. The destroys go by the guids checked.
+#[test]
+fn recv_f_destroys_the_snapshots_it_checked_whatever_their_names_become() {
+    let (src, _m) = mem_pool(TopVdevKind::Single, 1);
+    let (dst, _dm) = mem_pool(TopVdevKind::Single, 1);
+    let v = src.create_volume("v", VOLUME_BYTES, &[]).unwrap();
+    write(&v, 0, &pattern(5, 65536));
+    src.snapshot(&["v@base".into()]).unwrap();
+    let send = |snap: &str, base: Option<&str>| {
+        let opts = SendOptions {
+            base: base.map(str::to_string),
+            ..SendOptions::default()
+        };
+        let mut out = Vec::new();
+        src.send("v", snap, &opts, &mut out).unwrap();
+        out
+    };
+    let opts = |force| ReceiveOptions {
+        force,
+        resumable: false,
+    };
+    dst.receive("t", &mut &send("base", None)[..], &opts(false))
+        .unwrap();
+    // The target moves on: two snapshots after the base, which -F is to destroy.
+    let t = dst.volume("t").unwrap();
+    write(&t, 0, &pattern(7, 4096));
+    dst.snapshot(&["t@l1".into()]).unwrap();
+    write(&t, 4096, &pattern(8, 4096));
+    dst.snapshot(&["t@l2".into()]).unwrap();
+    write(&v, 65536, &pattern(6, 65536));
+    src.snapshot(&["v@next".into()]).unwrap();
+    let stream = send("next", Some("base"));
+
+    let hook = |volume: &str, later: &[String]| -> Result<(), String> {
+        assert_eq!(
+            (volume, later),
+            ("t", &["l1".to_string(), "l2".to_string()][..])
+        );
+        // While the stream arrives: @l1 renamed away, the base renamed to @l1's old name.
+        dst.rename("t@l1", "t@moved").unwrap();
+        dst.rename("t@base", "t@l1").unwrap();
+        Ok(())
+    };
+    dst.receive_with("t", &mut &stream[..], &opts(true), &hook)
+        .unwrap();
+    let snaps: Vec<String> = dst
+        .snapshots("t")
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(
+        snaps,
+        ["l1", "next"],
+        "the base (now @l1) kept, @moved and @l2 gone"
+    );
+    assert_eq!(
+        read_all(&dst.volume("t").unwrap()),
+        read_all(&v),
+        "the head is the stream's snapshot"
+    );
+    audit_clean(&dst, "after the receive");
+}

@@ -18,7 +18,9 @@ use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::Result;
-use oxpool_format::{decode_indirect, BlockPtr, Dva, Txg, INDIRECT_FANOUT, SECTOR_BYTES};
+use oxpool_format::{
+    decode_indirect, BlockPtr, Dva, Guid, Txg, VolumeId, INDIRECT_FANOUT, SECTOR_BYTES,
+};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -228,7 +230,7 @@ fn check(report: &mut AuditReport, what: &str, figure: &str, recorded: u64, comp
 fn check_written_since(
     dsl: &Datasets,
     datasets: &[std::sync::Arc<Dataset>],
-    births: &HashMap<String, BTreeMap<Txg, u64>>,
+    births: &HashMap<(VolumeId, Option<Guid>), BTreeMap<Txg, u64>>,
     report: &mut AuditReport,
 ) {
     for ds in datasets {
@@ -245,7 +247,8 @@ fn check_written_since(
                     continue;
                 }
                 let g = &line[m];
-                let Some(by_birth) = births.get(&g.name) else {
+                // By id and guid: a rename since the walk changes the names.
+                let Some(by_birth) = births.get(&g.key) else {
                     report.problems.push(format!(
                         "{}/{}: no tree walked for it",
                         dsl.pool_name, g.name
@@ -275,8 +278,8 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     let mut children_of = HashMap::new();
     let datasets: Vec<std::sync::Arc<Dataset>> = dsl.all();
     let mut dead_entries: Vec<(String, BlockPtr)> = Vec::new();
-    // Each tree's bytes by birth, by its name in the line (`volume`, `volume@snapshot`).
-    let mut births: HashMap<String, BTreeMap<Txg, u64>> = HashMap::new();
+    // Each tree's bytes by birth, by its volume's id and snapshot's guid (None: the head).
+    let mut births: HashMap<(VolumeId, Option<Guid>), BTreeMap<Txg, u64>> = HashMap::new();
     for ds in &datasets {
         let (root, _) = *ds.data().written_root.lock().unwrap();
         let l = {
@@ -327,7 +330,7 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
             written_bytes,
             sums.born_after_bytes,
         );
-        births.insert(ds.name(), sums.bytes_by_birth);
+        births.insert((ds.id, None), sums.bytes_by_birth);
         for e in walk_deadlist(spa, &deadlist, &ds.full_name(), &mut refs, &mut report).await {
             if e.birth > prev_snap_txg {
                 report.problems.push(format!(
@@ -369,7 +372,7 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
                 s.written_bytes,
                 sums.born_after_bytes,
             );
-            births.insert(format!("{}@{}", ds.name(), s.name), sums.bytes_by_birth);
+            births.insert((ds.id, Some(s.guid)), sums.bytes_by_birth);
             for e in walk_deadlist(spa, &s.deadlist, &what, &mut refs, &mut report).await {
                 dead_entries.push((what.clone(), e));
             }

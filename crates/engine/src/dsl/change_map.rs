@@ -25,6 +25,7 @@
 //! cost a device's latency.
 
 use super::dataset::Dataset;
+use super::snapshot::Snapshot;
 use super::Datasets;
 use crate::dmu::tree::capacity;
 use crate::spa::Spa;
@@ -78,13 +79,6 @@ pub(crate) struct BasePoint {
     pub tree: Option<(BlockPtr, u8)>,
 }
 
-/// One snapshot a dataset may take as a base, nearest first in [`Datasets::base_candidates`].
-struct Candidate {
-    name: String,
-    guid: Guid,
-    point: BasePoint,
-}
-
 impl Datasets {
     /// The dataset whose lineage `ds` is part of, and where in it `ds` stands: `ds` itself
     /// for a head (None), or for a read-only view of a snapshot (a `VOL@SNAP` export) the
@@ -117,73 +111,64 @@ impl Datasets {
         Some((head.clone(), None))
     }
 
-    /// The snapshots `ds` can be compared with, nearest first: its lineage's snapshots older
-    /// than it (every one for a head), then, for a clone, its origin and the snapshots of the
-    /// origin's volume before it, and so on up the chain of origins. Every block pointer of
-    /// `ds`'s tree born at or before such a snapshot's txg is in that snapshot's tree at the
-    /// same place (one linear history), which is what makes birth txgs answer.
-    fn base_candidates(&self, ds: &Dataset) -> Vec<Candidate> {
-        let Some((owner, before)) = self.lineage_position(ds) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        let mut take = |snaps: &[super::snapshot::Snapshot], upto: Option<Txg>, below: bool| {
-            for s in snaps.iter().rev() {
-                let keep = match upto {
-                    None => true,
-                    Some(t) if below => s.txg < t,
-                    Some(t) => s.txg <= t,
-                };
-                if keep {
-                    out.push(Candidate {
-                        name: s.name.clone(),
-                        guid: s.guid,
-                        point: BasePoint {
-                            txg: s.txg,
-                            tree: Some((s.root, s.levels.max(1))),
-                        },
-                    });
-                }
-            }
-        };
+    /// Visits the snapshots `ds` can be compared with, nearest first, until `visit` returns
+    /// something: its lineage's snapshots older than it (every one for a head), then, for a
+    /// clone, its origin and the snapshots of the origin's volume before it, and so on up the
+    /// chain of origins. Every block pointer of `ds`'s tree born at or before such a
+    /// snapshot's txg is in that snapshot's tree at the same place (one linear history),
+    /// which is what makes birth txgs answer. `visit` runs under the snapshot's dataset's
+    /// lineage lock: it takes no lock. No copy of a name: a pinned base is resolved per NBD
+    /// BLOCK_STATUS request.
+    fn visit_candidates<T>(
+        &self,
+        ds: &Dataset,
+        mut visit: impl FnMut(&Snapshot) -> Option<T>,
+    ) -> Option<T> {
+        let (owner, before) = self.lineage_position(ds)?;
         let mut origin = {
             let l = owner.lineage.lock().unwrap();
             // A view compares with the snapshots strictly before its own.
-            take(l.snapshots(), before, true);
+            let older = l.snapshots().iter().rev();
+            if let Some(found) = older
+                .filter(|s| before.is_none_or(|t| s.txg < t))
+                .find_map(&mut visit)
+            {
+                return Some(found);
+            }
             l.origin.clone()
         };
+        origin.as_ref()?;
         let all = self.all();
         // Bounded: one step per origin up the chain, at most one per dataset.
         for _ in 0..all.len() {
-            let Some(o) = origin.take() else { break };
-            let Some(src) = all.iter().find(|d| d.id == o.volume) else {
-                break;
-            };
+            let o = origin.take()?;
+            let src = all.iter().find(|d| d.id == o.volume)?;
             let l = src.lineage.lock().unwrap();
-            take(l.snapshots(), Some(o.txg), false);
+            let mut upto = l.snapshots().iter().rev().filter(|s| s.txg <= o.txg);
+            if let Some(found) = upto.find_map(&mut visit) {
+                return Some(found);
+            }
             origin = l.origin.clone();
         }
-        out
+        None
     }
 
     /// What base `base` of dataset `ds` (a head or a snapshot view) names now, pinned
     /// ([`PinnedBase`]), or None if `ds` offers no change map since it. The one place a
     /// base's name is looked up.
     ///
-    /// A snapshot name is looked up nearest first ([`Datasets::base_candidates`]): the
+    /// A snapshot name is looked up nearest first ([`Datasets::visit_candidates`]): the
     /// lineage's own snapshots, then those of its origin's chain, so a clone's own `@a`
     /// hides its origin volume's `@a`.
     pub(crate) fn pin_base(&self, ds: &Dataset, base: &ChangeBase) -> Option<PinnedBase> {
         match base {
-            ChangeBase::Snapshot(name) => self
-                .base_candidates(ds)
-                .into_iter()
-                .find(|c| c.name == *name)
-                .map(|c| PinnedBase {
+            ChangeBase::Snapshot(name) => self.visit_candidates(ds, |s| {
+                (s.name == *name).then_some(PinnedBase {
                     bookmark: false,
-                    guid: c.guid,
-                    txg: c.point.txg,
-                }),
+                    guid: s.guid,
+                    txg: s.txg,
+                })
+            }),
             ChangeBase::Bookmark(name) => self.bookmark(ds, |b| b.name == *name),
         }
     }
@@ -206,10 +191,12 @@ impl Datasets {
                     tree: None,
                 });
         }
-        self.base_candidates(ds)
-            .into_iter()
-            .find(|c| c.guid == pin.guid && c.point.txg == pin.txg)
-            .map(|c| c.point)
+        self.visit_candidates(ds, |s| {
+            (s.guid == pin.guid && s.txg == pin.txg).then_some(BasePoint {
+                txg: s.txg,
+                tree: Some((s.root, s.levels.max(1))),
+            })
+        })
     }
 
     /// The bases `ds` offers now, oldest first, at most `limit` (the newest ones when there
@@ -217,13 +204,16 @@ impl Datasets {
     /// [`Datasets::pin_base`]).
     pub(crate) fn change_bases(&self, ds: &Dataset, limit: usize) -> Vec<ChangeBase> {
         let mut seen = std::collections::HashSet::new();
-        let mut bases: Vec<ChangeBase> = self
-            .base_candidates(ds)
-            .into_iter()
-            .filter(|c| seen.insert(c.name.clone()))
-            .take(limit)
-            .map(|c| ChangeBase::Snapshot(c.name))
-            .collect();
+        let mut bases: Vec<ChangeBase> = Vec::new();
+        self.visit_candidates(ds, |s| {
+            if bases.len() >= limit {
+                return Some(());
+            }
+            if seen.insert(s.name.clone()) {
+                bases.push(ChangeBase::Snapshot(s.name.clone()));
+            }
+            None
+        });
         // Then the bookmarks, nearest first, as many as still fit.
         if let Some((owner, before)) = self.lineage_position(ds) {
             let l = owner.lineage.lock().unwrap();

@@ -32,14 +32,17 @@
 use crate::dsl::dataset::Dataset;
 use crate::dsl::snapshot::Snapshot;
 use crate::dsl::Datasets;
-use oxpool_format::Txg;
+use oxpool_format::{Guid, Txg, VolumeId};
 use std::sync::atomic::Ordering;
 
 /// One generation of a line: a snapshot, or the head.
 #[derive(Clone, Debug)]
 pub(crate) struct Generation {
-    /// `volume@snapshot`, or `volume` for the head (names inside the pool).
+    /// `volume@snapshot`, or `volume` for the head (names inside the pool), for messages.
     pub name: String,
+    /// What it is whatever its name: its volume's id and the snapshot's guid (None for the
+    /// head). A rename between two reads of a line changes names, never this.
+    pub key: (VolumeId, Option<Guid>),
     /// The snapshot's txg (the head: after every txg).
     pub txg: Txg,
     /// Bytes its tree references (every copy, indirect blocks included).
@@ -74,6 +77,7 @@ pub(crate) fn line(dsl: &Datasets, ds: &Dataset) -> Vec<Generation> {
         let l = ds.lineage.lock().unwrap();
         out.push(Generation {
             name: ds.name(),
+            key: (ds.id, None),
             txg: Txg(u64::MAX),
             referenced_bytes: ds.data().used_bytes.load(Ordering::Relaxed),
             dead: buckets(&l.deadlist),
@@ -105,6 +109,7 @@ fn push_snapshots(ds: &Dataset, snapshots: &[Snapshot], out: &mut Vec<Generation
     for s in snapshots.iter().rev() {
         out.push(Generation {
             name: format!("{}@{}", ds.name(), s.name),
+            key: (ds.id, Some(s.guid)),
             txg: s.txg,
             referenced_bytes: s.referenced_bytes,
             dead: buckets(&s.deadlist),
@@ -134,6 +139,7 @@ mod tests {
     fn g(txg: u64, referenced_bytes: u64, dead: &[(u64, u64)]) -> Generation {
         Generation {
             name: format!("v@{txg}"),
+            key: (VolumeId(1), Some(Guid(txg))),
             txg: Txg(txg),
             referenced_bytes,
             dead: dead.iter().map(|(k, b)| (Txg(*k), *b)).collect(),
@@ -151,6 +157,7 @@ mod tests {
             // The head dropped B (bucket 10) and C (born 15, bucket 20).
             Generation {
                 name: "v".into(),
+                key: (VolumeId(1), None),
                 txg: Txg(u64::MAX),
                 referenced_bytes: 8 + 16,
                 dead: vec![(Txg(10), 2), (Txg(20), 4)],

@@ -128,8 +128,20 @@ impl Pool {
                 });
             }
         }
-        self.spa
-            .error_log
-            .restore(&record.damaged, record.damaged_unnamed);
+        // The record is this pool's (the host keys it by guid); a pool imported under a new
+        // name since names its datasets with the new one.
+        let pool = &self.spa.name;
+        let damaged: Vec<DamagedRange> = record
+            .damaged
+            .iter()
+            .map(|r| DamagedRange {
+                dataset: match r.dataset.split_once('/') {
+                    Some((_, rest)) => format!("{pool}/{rest}"),
+                    None => r.dataset.clone(),
+                },
+                ..r.clone()
+            })
+            .collect();
+        self.spa.error_log.restore(&damaged, record.damaged_unnamed);
     }
 }

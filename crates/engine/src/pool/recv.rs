@@ -33,7 +33,9 @@ use crate::{EngineError, Result, Volume};
 use oxpool_format::stream::{
     ResumeToken, StreamBegin, StreamDecoder, StreamFeatures, StreamRecord, RECORD_HEADER_BYTES,
 };
-use oxpool_format::{BlockPtr, DataRecord, OriginMeta, ReceiveResumeMeta, VolumeId, SECTOR_BYTES};
+use oxpool_format::{
+    BlockPtr, DataRecord, Guid, OriginMeta, ReceiveResumeMeta, VolumeId, SECTOR_BYTES,
+};
 use oxpool_io::IoBuf;
 use std::collections::VecDeque;
 use std::io::{IoSliceMut, Read};
@@ -413,8 +415,10 @@ impl ApplyQueue {
 struct Plan {
     /// The snapshot name after `@`.
     snapshot: String,
-    /// The base snapshot's txg-ordered index and the later snapshots `-F` destroys.
-    base: Option<(String, Vec<String>)>,
+    /// The base snapshot's name and the later snapshots `-F` destroys, each with the guid
+    /// it had when checked (what the destroy is queued by: a rename while the stream
+    /// arrives must not turn it on another snapshot).
+    base: Option<(String, Vec<(String, Guid)>)>,
 }
 
 /// Whether `name` is a receive's hidden dataset (`VOL%recv`; `%` is in no name a user can
@@ -555,16 +559,17 @@ impl Pool {
             )));
         };
         let base = l.snapshots()[i].clone();
-        let later: Vec<String> = l.snapshots()[i + 1..]
+        let later: Vec<(String, Guid)> = l.snapshots()[i + 1..]
             .iter()
-            .map(|s| s.name.clone())
+            .map(|s| (s.name.clone(), s.guid))
             .collect();
         if !opts.force && !later.is_empty() {
+            let names: Vec<&str> = later.iter().map(|(n, _)| n.as_str()).collect();
             return Err(EngineError::Busy(format!(
                 "cannot receive incremental stream: its base {full}@{} is not the latest \
                  snapshot (later: {}); use -F to destroy them",
                 base.name,
-                later.join(", ")
+                names.join(", ")
             )));
         }
         let head_root = ds.data().tree.lock().unwrap().root();
@@ -591,7 +596,7 @@ impl Pool {
         // every dataset's. The later snapshots get the refusals `destroy` gives them (held,
         // the origin of a clone, being sent).
         drop(l);
-        for name in &later {
+        for (name, _) in &later {
             if let Some(why) = self.destroy_refusal(volume, name)? {
                 return Err(EngineError::Busy(format!("cannot receive: {why}")));
             }
@@ -637,7 +642,8 @@ impl Pool {
         }
         let plan = self.receive_plan(volume, &begin, opts)?;
         if let Some((_, later)) = plan.base.as_ref().filter(|(_, l)| !l.is_empty()) {
-            before_destroy(volume, later).map_err(EngineError::Busy)?;
+            let names: Vec<String> = later.iter().map(|(n, _)| n.clone()).collect();
+            before_destroy(volume, &names).map_err(EngineError::Busy)?;
         }
         let (hidden, new_target) = if resuming {
             let hidden = self.hidden_volume(&hidden_name)?;
@@ -652,7 +658,13 @@ impl Pool {
                 self.destroy_hidden(&hidden_name)?;
             }
             let (hidden, new_target) = match &plan.base {
-                Some((base, _)) => (self.hidden_clone(volume, base, &hidden_name)?, None),
+                Some((base, _)) => {
+                    // The plan is incremental only with a base guid.
+                    let guid = begin.fromguid.ok_or_else(|| {
+                        EngineError::invalid("an incremental stream without its base guid")
+                    })?;
+                    (self.hidden_clone(volume, base, guid, &hidden_name)?, None)
+                }
                 None => {
                     let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
                     (hidden, Some(target))
@@ -684,18 +696,26 @@ impl Pool {
         if let Some((_, later)) = &plan.base {
             // Applied before the swap in the same sync: the target's name sorts before the
             // hidden one's (a prefix of it), and a sync applies ops dataset by dataset in
-            // name order. One destroyed since the plan has nothing left to destroy.
-            let target = self.dataset(volume)?;
-            let l = target.lineage.lock().unwrap();
-            ops.extend(later.iter().rev().filter_map(|s| {
-                let (_, snap) = l.find(s)?;
-                Some((
+            // name order. By the guids checked: the sync skips one destroyed since.
+            let target = match self.dataset(volume) {
+                Ok(ds) => ds,
+                Err(e) => {
+                    // Unreachable while the hidden clone's origin (the base) keeps the
+                    // target; never leave the hidden dataset behind all the same.
+                    if !opts.resumable {
+                        let _ = self.destroy_hidden(&hidden_name);
+                    }
+                    return Err(e);
+                }
+            };
+            ops.extend(later.iter().rev().map(|(name, guid)| {
+                (
                     target.id,
                     SnapOp::Destroy {
-                        name: s.clone(),
-                        guid: snap.guid,
+                        name: name.clone(),
+                        guid: *guid,
                     },
-                ))
+                )
             }));
         }
         let target = match &new_target {
@@ -904,16 +924,30 @@ impl Pool {
     }
 
     /// A hidden writable clone `hidden` of `volume@snap`, for an incremental stream.
-    fn hidden_clone(&self, volume: &str, snap: &str, hidden: &str) -> Result<Volume> {
+    fn hidden_clone(
+        &self,
+        volume: &str,
+        snap: &str,
+        snap_guid: Guid,
+        hidden: &str,
+    ) -> Result<Volume> {
         let src = self
             .dsl
             .get(volume)
             .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
         let s = {
+            // By guid, as the plan found it: a rename since (the stream's base is checked
+            // before the hook that takes exports down runs) keeps it.
             let l = src.lineage.lock().unwrap();
-            l.find(snap)
-                .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}@{snap}", self.spa.name)))?
-                .1
+            l.snapshots()
+                .iter()
+                .find(|s| s.guid == snap_guid)
+                .ok_or_else(|| {
+                    EngineError::NotFound(format!(
+                        "{}/{volume}@{snap} (the stream's base): destroyed since it was checked",
+                        self.spa.name
+                    ))
+                })?
                 .clone()
         };
         let mut p = src.props.lock().unwrap().clone();

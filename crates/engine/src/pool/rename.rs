@@ -11,8 +11,10 @@
 //! What refers to a volume or snapshot does so by id or guid, not by name, and so follows:
 //! a clone's origin (volume id and snapshot guid), holds (in the snapshot's record),
 //! incremental sends and receives (lineage matched by guid), the intent log (by volume id;
-//! its replay finds the volume under the name of the same metadata). A change map's base is
-//! resolved by name when a client asks for it, so it takes the new name from then on.
+//! its replay finds the volume under the name of the same metadata), snapshot changes a
+//! command checked but the sync has not applied yet (by volume id and snapshot guid). A
+//! change map's base is pinned to its snapshot's guid when a client selects it: a rename
+//! keeps that client's map, and only a new selection resolves the name again.
 
 use super::recv::{is_hidden, HIDDEN_SUFFIX};
 use super::Pool;
@@ -94,13 +96,18 @@ impl Pool {
             let vol = volumes.remove(from).expect("checked above");
             volumes.insert(to.to_string(), vol);
         }
+        let pool = &self.spa.name;
+        self.spa
+            .error_log
+            .rename(&format!("{pool}/{from}"), &format!("{pool}/{to}"));
         self.spa.txg.mark_dirty();
         tracing::info!(pool = self.spa.name, from, to, "volume renamed");
         self.spa.sync_now()
     }
 
-    /// Refused while a snapshot change naming `from` or `to` is queued for the next sync:
-    /// it finds its snapshot by name when applied.
+    /// Refused while a snapshot change of the volume naming `from` or `to` is queued for
+    /// the next sync: a snapshot queued as `to` would make two of one name, and a destroy's
+    /// or rollback's command (which goes by guid) names the snapshot as it was asked.
     fn snapshot_change_queued(&self, volume: &str, names: [&str; 2]) -> Result<()> {
         let id = self.dataset(volume)?.id;
         let queued = self.dsl.queued_ops().into_iter().any(|(d, o)| {
@@ -144,6 +151,11 @@ impl Pool {
         };
         self.dsl
             .rename_views(ds.id, guid, &format!("{volume}@{to}"));
+        let pool = &self.spa.name;
+        self.spa.error_log.rename(
+            &format!("{pool}/{volume}@{from}"),
+            &format!("{pool}/{volume}@{to}"),
+        );
         tracing::info!(pool = self.spa.name, volume, from, to, "snapshot renamed");
         self.spa.sync_now()
     }

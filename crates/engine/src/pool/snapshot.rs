@@ -278,9 +278,27 @@ impl Pool {
     /// Destroys snapshots `snaps` of `volume`, all in one txg; refused as a whole (nothing
     /// changed) if any is missing, held, or the origin of a clone. Returns the bytes freed.
     pub fn destroy_snapshots(&self, volume: &str, snaps: &[String]) -> Result<u64> {
-        let freed = self.destroy_estimate(volume, snaps)?;
         let ds = self.dataset(volume)?;
         let ops = self.destroy_ops(&ds, volume, snaps)?;
+        let freed = self.destroy_estimate(volume, snaps)?;
+        // The checks went by name: the snapshots they checked must be those queued (by
+        // guid), not others renamed in between (through the `Pool` API).
+        let checked = self.destroy_ops(&ds, volume, snaps)?;
+        let guid = |op: &SnapOp| match op {
+            SnapOp::Destroy { guid, .. } => Some(*guid),
+            _ => None,
+        };
+        if !ops
+            .iter()
+            .map(|o| guid(&o.1))
+            .eq(checked.iter().map(|o| guid(&o.1)))
+        {
+            return Err(EngineError::Busy(format!(
+                "{}/{volume}: its snapshots were renamed while the destroy was checked; try \
+                 again",
+                self.spa.name
+            )));
+        }
         self.run_ops(ops)?;
         Ok(freed)
     }
@@ -380,7 +398,7 @@ impl Pool {
     /// call may land before or after it: the caller stops the volume's clients first.
     pub fn rollback(&self, volume: &str, snap: &str, destroy_later: bool) -> Result<()> {
         let ds = self.dataset(volume)?;
-        let (target, later, later_marks): (_, Vec<String>, Vec<String>) = {
+        let (target, later, later_marks): (_, Vec<(String, oxpool_format::Guid)>, Vec<String>) = {
             let l = ds.lineage.lock().unwrap();
             let (i, s) = l.find(snap).ok_or_else(|| self.no_snapshot(volume, snap))?;
             let target = s.guid;
@@ -392,7 +410,7 @@ impl Pool {
                 .collect();
             let snaps = l.snapshots()[i + 1..]
                 .iter()
-                .map(|s| s.name.clone())
+                .map(|s| (s.name.clone(), s.guid))
                 .collect();
             (target, snaps, marks)
         };
@@ -400,7 +418,7 @@ impl Pool {
         if (!later.is_empty() || !later_marks.is_empty()) && !destroy_later {
             let named: Vec<String> = later
                 .iter()
-                .map(|s| format!("@{s}"))
+                .map(|(s, _)| format!("@{s}"))
                 .chain(later_marks.iter().cloned())
                 .collect();
             return Err(EngineError::Busy(format!(
@@ -411,14 +429,19 @@ impl Pool {
                 named.join(", ")
             )));
         }
-        for s in &later {
+        for (s, _) in &later {
             if let Some(why) = self.destroy_refusal(volume, s)? {
                 return Err(EngineError::Busy(why));
             }
         }
         // Everything answered before is in a txg at or before the one the rollback runs in.
-        let later: Vec<String> = later.into_iter().rev().collect();
-        let mut ops = self.destroy_ops(&ds, volume, &later)?;
+        // By the guids listed with the target, under one lock: a rename since cannot turn a
+        // destroy on another snapshot.
+        let mut ops: Vec<(VolumeId, SnapOp)> = later
+            .into_iter()
+            .rev()
+            .map(|(name, guid)| (ds.id, SnapOp::Destroy { name, guid }))
+            .collect();
         ops.push((
             ds.id,
             SnapOp::Rollback {

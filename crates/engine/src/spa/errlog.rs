@@ -109,6 +109,28 @@ impl ErrorLog {
         self.unnamed.fetch_add(unnamed, Ordering::Relaxed);
     }
 
+    /// Dataset `from` (`pool/vol` or `pool/vol@snap`) is now `to`: its entries, and for a
+    /// volume its snapshots' (`from@...`), take the new name, as ZFS's log (by object id)
+    /// shows the names of now.
+    pub fn rename(&self, from: &str, to: &str) {
+        let mut blocks = self.blocks.lock().unwrap();
+        let renamed = |dataset: &str| -> Option<String> {
+            if dataset == from {
+                return Some(to.to_string());
+            }
+            let snap = dataset.strip_prefix(from)?.strip_prefix('@')?;
+            (!from.contains('@')).then(|| format!("{to}@{snap}"))
+        };
+        let moved: Vec<_> = blocks
+            .iter()
+            .filter_map(|e| renamed(&e.0).map(|name| (e.clone(), name)))
+            .collect();
+        for ((dataset, offset_bytes, length_bytes), name) in moved {
+            blocks.remove(&(dataset, offset_bytes, length_bytes));
+            blocks.insert((name, offset_bytes, length_bytes));
+        }
+    }
+
     /// Empties the log (a scrub found nothing lost).
     pub fn clear(&self) {
         self.blocks.lock().unwrap().clear();
@@ -119,6 +141,25 @@ impl ErrorLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rename moves a volume's entries and its snapshots' to the new name, a snapshot's
+    /// its own only; others stay.
+    #[test]
+    fn a_rename_moves_the_entries_of_what_it_renames() {
+        let log = ErrorLog::default();
+        for d in ["tank/a", "tank/a@s", "tank/ab", "tank/b@s"] {
+            log.record(d, 1, 4096);
+        }
+        log.rename("tank/a", "tank/z");
+        log.rename("tank/b@s", "tank/b@t");
+        let (ranges, _) = log.ranges();
+        let names: Vec<&str> = ranges.iter().map(|r| r.dataset.as_str()).collect();
+        assert_eq!(names, ["tank/ab", "tank/b@t", "tank/z", "tank/z@s"]);
+        log.rename("tank/z@s", "tank/z@u");
+        let (ranges, _) = log.ranges();
+        assert!(ranges.iter().any(|r| r.dataset == "tank/z@u"));
+        assert!(ranges.iter().any(|r| r.dataset == "tank/z"));
+    }
 
     /// A lost indirect block's range over blocks a read named before: one range, not two.
     #[test]

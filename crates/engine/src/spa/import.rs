@@ -65,7 +65,8 @@ pub fn parse_id(s: &str) -> Option<oxpool_format::Guid> {
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    if hex.is_empty() || hex.len() > 16 {
+    // Hex digits only: from_str_radix alone would take a leading '+'.
+    if hex.is_empty() || hex.len() > 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     u64::from_str_radix(hex, 16).ok().map(oxpool_format::Guid)
@@ -515,7 +516,18 @@ pub(crate) async fn import_devices(
     }
     let pool_name = match new_name {
         Some(n) => n.to_string(),
-        None => meta.name.clone(),
+        None => {
+            // From the devices: a name every command would then take apart (a `/`, a NUL)
+            // is refused here, with a way out.
+            super::check_name("pool", &meta.name).map_err(|e| {
+                EngineError::invalid(format!(
+                    "pool '{label_name}': its metadata names it '{}', not a pool name ({e}); \
+                     import it under a new name (import POOL NEWNAME)",
+                    meta.name.escape_debug()
+                ))
+            })?;
+            meta.name.clone()
+        }
     };
     if pool_name != label_name {
         tracing::info!(
@@ -607,5 +619,30 @@ impl Spa {
         let mut s = self.state.lock().unwrap();
         let s = &mut *s;
         super::claim::claim_log_places(&mut s.alloc, &mut s.deferred, listed, walked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_id;
+    use oxpool_format::Guid;
+
+    /// A pool id is hex as the listing shows it, with or without `0x`: nothing else.
+    #[test]
+    fn parse_id_takes_hex_digits_only() {
+        assert_eq!(parse_id("00ab"), Some(Guid(0xab)));
+        assert_eq!(parse_id("0xFFFFFFFFFFFFFFFF"), Some(Guid(u64::MAX)));
+        for bad in [
+            "",
+            "0x",
+            "+ab",
+            "-1",
+            "0x+1",
+            "12345678901234567",
+            "tank",
+            " ab",
+        ] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
     }
 }

@@ -91,13 +91,12 @@ impl Volume {
     }
 
     /// The change map since the pinned base `pin` over `[offset_bytes, offset_bytes +
-    /// length_bytes)`:
-    /// extents in order from `offset_bytes`, covering the range or a prefix of it (when it
-    /// holds more than [`CHANGED_RANGES_MAX`] changed ranges), in whole volume blocks
-    /// clipped to the range. Every byte that differs from the base lies in a changed extent;
-    /// past the base's end the base counts as zeros (as a grown volume reads). Changes the
-    /// volume answered before this call are included, synced or not. "Not found" once the
-    /// base is gone (destroyed, or rolled back past).
+    /// length_bytes)`: extents in order from `offset_bytes`, covering the range or a prefix
+    /// of it (when it holds more than [`CHANGED_RANGES_MAX`] changed ranges), in whole
+    /// volume blocks clipped to the range. Every byte that differs from the base lies in a
+    /// changed extent; past the base's end the base counts as zeros (as a grown volume
+    /// reads). Changes the volume answered before this call are included, synced or not.
+    /// "Not found" once the base is gone (destroyed, or rolled back past).
     pub async fn changed_extents_since(
         &self,
         pin: &PinnedBase,

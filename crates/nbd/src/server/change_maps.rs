@@ -47,11 +47,12 @@ pub trait ChangeMaps: Send + Sync + fmt::Debug {
     /// snapshot under its old name, leaves the client's map since what it chose.
     fn pin(&self, volume: &Volume, base: &ChangeBase) -> Option<BasePin>;
 
-    /// The change map of `volume` since `base` (as pinned by [`ChangeMaps::pin`]) over `[offset_bytes, offset_bytes +
-    /// length_bytes)`: extents in order from `offset_bytes`, covering at least its first byte
-    /// and at most the range (a prefix is enough: the client asks again for the rest). An
-    /// error (for example a base destroyed since the handshake) fails that BLOCK_STATUS
-    /// request with its errno, not the connection.
+    /// The change map of `volume` since `base`, as pinned by [`ChangeMaps::pin`] when the
+    /// client chose it, over `[offset_bytes, offset_bytes + length_bytes)`: extents in order
+    /// from `offset_bytes`, covering at least its first byte and at most the range (a prefix
+    /// is enough: the client asks again for the rest). An error (for example a base
+    /// destroyed since the handshake) fails that BLOCK_STATUS request with its errno, not
+    /// the connection.
     fn changed_extents<'a>(
         &'a self,
         volume: &'a Volume,

@@ -330,6 +330,32 @@ impl Exports {
         Ok(())
     }
 
+    /// Volume or snapshot `old` is now `new` (`pool/vol`, `pool/vol@snap`): if the pinned
+    /// default export is it (or, for a volume, one of its snapshots) and is not offered now
+    /// (`recv -u`, `unshare`), the pin takes the new name, so that it is the default again
+    /// once offered. An offered default follows in [`Exports::rename`].
+    pub fn rename_default(&self, old: &str, new: &str) {
+        let mut state = self.table().lock();
+        let Some((name, _)) = state.default.as_ref() else {
+            return;
+        };
+        if state.entries.iter().any(|e| e.export.name == *name) {
+            return;
+        }
+        let renamed = if name == old {
+            Some(new.to_string())
+        } else if old.contains('@') {
+            None
+        } else {
+            name.strip_prefix(old)
+                .and_then(|rest| rest.strip_prefix('@'))
+                .map(|snap| format!("{new}@{snap}"))
+        };
+        if let (Some(renamed), Some((name, _))) = (renamed, state.default.as_mut()) {
+            *name = renamed;
+        }
+    }
+
     /// Client connections that have export `name` open now (`None`: no such export).
     pub fn clients(&self, name: &str) -> Option<usize> {
         let state = self.table().lock();
