@@ -23,8 +23,8 @@ use oxpool_nbd::proto::wire::{
     REP_ERR_INVALID, REP_ERR_TLS_REQD, REP_ERR_TOO_BIG, REP_META_CONTEXT, REP_SERVER,
 };
 use oxpool_nbd::proto::{
-    ChangeBase, ChangeMapCatalog, ExportAccess, ExportCaps, ExportInfo, Handshake, HandshakeStatus,
-    ProtocolError, TlsPolicy, CHANGE_MAPS_SELECTED_MAX, REPLIES_PAUSE_BYTES,
+    BasePin, ChangeBase, ChangeMapCatalog, ExportAccess, ExportCaps, ExportInfo, Handshake,
+    HandshakeStatus, ProtocolError, TlsPolicy, CHANGE_MAPS_SELECTED_MAX, REPLIES_PAUSE_BYTES,
 };
 
 /// "vol0" offers two change maps, "ro" none.
@@ -45,8 +45,9 @@ impl Catalog {
 }
 
 impl ChangeMapCatalog for Catalog {
-    fn offers(&self, export_index: usize, base: &ChangeBase) -> bool {
-        Catalog::of(export_index).contains(base)
+    fn pin(&self, export_index: usize, base: &ChangeBase) -> Option<BasePin> {
+        let at = Catalog::of(export_index).iter().position(|b| b == base)?;
+        Some(BasePin(at as u64, export_index as u64))
     }
 
     fn offered(&self, export_index: usize, limit: usize) -> Vec<ChangeBase> {
