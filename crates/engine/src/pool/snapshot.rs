@@ -283,15 +283,14 @@ impl Pool {
         let freed = self.destroy_estimate(volume, snaps)?;
         // The checks went by name: the snapshots they checked must be those queued (by
         // guid), not others renamed in between (through the `Pool` API).
-        let checked = self.destroy_ops(&ds, volume, snaps)?;
-        let guid = |op: &SnapOp| match op {
+        let queued = ops.iter().map(|(_, op)| match op {
             SnapOp::Destroy { guid, .. } => Some(*guid),
             _ => None,
-        };
-        if !ops
-            .iter()
-            .map(|o| guid(&o.1))
-            .eq(checked.iter().map(|o| guid(&o.1)))
+        });
+        if !queued.eq(self
+            .snapshot_guids(&ds, volume, snaps)?
+            .into_iter()
+            .map(Some))
         {
             return Err(EngineError::Busy(format!(
                 "{}/{volume}: its snapshots were renamed while the destroy was checked; try \
@@ -922,12 +921,8 @@ mod tests {
         }
     }
 
-    /// Two snapshots of one volume in one txg would give its snapshot table two entries of
-    /// one txg, which import refuses ("snapshots out of txg order"): the pool would never
-    /// open again. `snapshot` refuses them in one command, and the sync takes a second one
-    /// queued some other way in the next txg; the pool imports with both, and audits clean.
-    #[test]
-    fn one_volume_never_gets_two_snapshots_in_one_txg() {
+    /// Pool `tank` on one memory device, with volume `v` holding 16 KiB of data.
+    fn tank_with_v() -> (Arc<dyn Backend>, Pool, Volume) {
         let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
         let pool = Pool::create(
             "tank",
@@ -938,6 +933,16 @@ mod tests {
         .unwrap();
         let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
         oxpool_io::rt::block_on(vol.write(0, &[7u8; 16384], true)).unwrap();
+        (dev, pool, vol)
+    }
+
+    /// Two snapshots of one volume in one txg would give its snapshot table two entries of
+    /// one txg, which import refuses ("snapshots out of txg order"): the pool would never
+    /// open again. `snapshot` refuses them in one command, and the sync takes a second one
+    /// queued some other way in the next txg; the pool imports with both, and audits clean.
+    #[test]
+    fn one_volume_never_gets_two_snapshots_in_one_txg() {
+        let (dev, pool, vol) = tank_with_v();
         let err = pool
             .snapshot(&["v@a".to_string(), "v@b".to_string()])
             .unwrap_err()
@@ -982,16 +987,7 @@ mod tests {
     /// and snapshot guid, so each lands on what the command checked.
     #[test]
     fn a_rename_between_the_checks_and_the_queue_moves_nothing_elsewhere() {
-        let dev: Arc<dyn Backend> = Arc::new(MemoryBackend::new("d0", 64 << 20));
-        let pool = Pool::create(
-            "tank",
-            vec![TopSpec::single(dev.clone())],
-            PoolProps::default(),
-            false,
-        )
-        .unwrap();
-        let vol = pool.create_volume("v", 8 << 20, &[]).unwrap();
-        oxpool_io::rt::block_on(vol.write(0, &[7u8; 16384], true)).unwrap();
+        let (_dev, pool, vol) = tank_with_v();
         pool.snapshot(&["v@a".to_string()]).unwrap();
 
         // `destroy v@a` checked, then (before it is queued) v@a renamed v@b and a new
