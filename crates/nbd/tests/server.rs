@@ -92,12 +92,22 @@ fn open_export(addr: &str, name: &str) -> Result<(TcpStream, u64), u32> {
 /// NBD_OPT_GO for export `name`: the stream and the export's size, or the error reply's type
 /// and message.
 fn go_export(addr: &str, name: &str) -> Result<(TcpStream, u64), (u32, String)> {
+    go_after_greeting(greeted(addr), name)
+}
+
+/// A connection whose greeting was read: the server has read its export table for it.
+fn greeted(addr: &str) -> TcpStream {
     let mut s = connect(addr);
     let greeting = read_exact(&mut s, 18);
     assert_eq!(
         u64::from_be_bytes(greeting[..8].try_into().unwrap()),
         NBDMAGIC
     );
+    s
+}
+
+/// The client flags and NBD_OPT_GO for export `name` on a greeted connection.
+fn go_after_greeting(mut s: TcpStream, name: &str) -> Result<(TcpStream, u64), (u32, String)> {
     let name = name.as_bytes();
     let mut out = 3u32.to_be_bytes().to_vec();
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -130,8 +140,11 @@ fn go_export(addr: &str, name: &str) -> Result<(TcpStream, u64), (u32, String)> 
 /// Old-style NBD_OPT_EXPORT_NAME for export `name`: the export's size, or `None` if the
 /// server closed the connection (its only way to refuse that option).
 fn export_name(addr: &str, name: &str) -> Option<u64> {
-    let mut s = connect(addr);
-    read_exact(&mut s, 18);
+    export_name_after_greeting(greeted(addr), name)
+}
+
+/// The client flags and NBD_OPT_EXPORT_NAME for export `name` on a greeted connection.
+fn export_name_after_greeting(mut s: TcpStream, name: &str) -> Option<u64> {
     let mut out = 3u32.to_be_bytes().to_vec();
     out.extend_from_slice(&IHAVEOPT.to_be_bytes());
     out.extend_from_slice(&OPT_EXPORT_NAME.to_be_bytes());
@@ -737,5 +750,51 @@ fn the_default_export_is_the_only_export_and_never_moves() {
     server.shutdown_handle().shutdown();
     server.join().unwrap();
     drop((again, vol1));
+    pool.export().unwrap();
+}
+
+#[test]
+fn a_name_swapped_during_the_handshake_opens_neither_volume_under_it() {
+    let (pool, volume) = pool();
+    let (server, addr) = serve(&volume, config(16, Duration::from_secs(30)));
+    let exports = server.exports();
+    let vol1 = pool.create_volume("vol1", 8 << 20, &[]).unwrap();
+    exports
+        .add(ServerExport {
+            name: "mem/vol1".into(),
+            volume: vol1.clone(),
+            read_only: false,
+        })
+        .unwrap();
+    // Both handshakes read the table (mem/vol0 is the 96 MiB volume) before the swap.
+    let go_client = greeted(&addr);
+    let export_name_client = greeted(&addr);
+    exports
+        .rename(&[
+            ("mem/vol0".into(), "mem/vol1".into()),
+            ("mem/vol1".into(), "mem/vol0".into()),
+        ])
+        .unwrap();
+    // "mem/vol0" now means the 8 MiB volume: the handshake that listed the other one under
+    // that name must not open it (the old lookup answered with its 96 MiB).
+    let (reply_type, message) =
+        go_after_greeting(go_client, "mem/vol0").expect_err("GO after a swap");
+    assert_eq!(reply_type, REP_ERR_UNKNOWN);
+    assert!(
+        message.contains("renamed or removed during the handshake"),
+        "{message}"
+    );
+    assert_eq!(
+        export_name_after_greeting(export_name_client, "mem/vol0"),
+        None
+    );
+    assert_eq!(exports.clients("mem/vol0"), Some(0));
+    assert_eq!(exports.clients("mem/vol1"), Some(0));
+    // A new connection sees the names as they are now.
+    assert_eq!(open_export(&addr, "mem/vol0").unwrap().1, 8 << 20);
+    assert_eq!(export_name(&addr, "mem/vol1"), Some(VOLUME_BYTES));
+    server.shutdown_handle().shutdown();
+    server.join().unwrap();
+    drop(vol1);
     pool.export().unwrap();
 }

@@ -76,6 +76,10 @@ pub enum ProtocolError {
     /// error reply.
     #[error("NBD_OPT_EXPORT_NAME asked for an export this client may not open")]
     ExportRefused,
+    /// `NBD_OPT_EXPORT_NAME` named an export that was renamed or removed after the handshake
+    /// listed it (the name may now mean another volume); that option has no error reply.
+    #[error("NBD_OPT_EXPORT_NAME asked for an export renamed or removed during the handshake")]
+    ExportChanged,
     /// The state machine already finished (after GO, EXPORT_NAME, ABORT or an earlier error)
     /// and was fed again: a bug in the caller, reported rather than panicking.
     #[error("the state machine already finished")]

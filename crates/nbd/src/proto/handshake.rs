@@ -25,6 +25,13 @@
 //! context options naming them are refused (`NBD_REP_ERR_POLICY`, or `NBD_REP_ERR_TLS_REQD`
 //! when TLS would allow them).
 //!
+//! Exports that change while a handshake runs: the export list is fixed when the handshake
+//! starts, but an administrator may rename or remove exports before the client chooses one.
+//! [`Handshake::set_offer_check`] lets the codec ask, at GO and EXPORT_NAME, whether the
+//! export chosen is still offered under the name the list gave it; if not (say two volumes
+//! swapped names), GO is answered `NBD_REP_ERR_UNKNOWN` and EXPORT_NAME ends the connection,
+//! so a client never opens a volume under a name that, by then, means another one.
+//!
 //! Bounds: an option's data is buffered only up to [`MAX_OPTION_DATA_BYTES`] (larger options
 //! are skipped byte by byte and answered `NBD_REP_ERR_TOO_BIG`); a handshake takes at most
 //! [`MAX_OPTIONS_PER_HANDSHAKE`] options; the replies to one option are bounded by the size of
@@ -32,6 +39,8 @@
 //! by a few hundred bytes (everything else); and one call of [`Handshake::receive`] stops
 //! after the option whose replies pass [`REPLIES_PAUSE_BYTES`], so that a packet of options
 //! is answered a part at a time, not all at once in memory.
+
+use std::fmt;
 
 use super::error::ProtocolError;
 use super::meta::{
@@ -136,6 +145,26 @@ pub struct Handshake {
     options_received: u32,
     /// What an empty export name selects.
     default_export: DefaultExport,
+    /// Whether a chosen export is still offered under its listed name.
+    offer_check: Box<dyn OfferCheck + Send>,
+}
+
+/// Whether the exports a handshake lists are still offered as listed, asked when a client
+/// chooses one (GO, EXPORT_NAME).
+pub trait OfferCheck: fmt::Debug {
+    /// Whether export `export_index` (of the handshake's list) is still offered under the
+    /// name the list gives it.
+    fn still_offered(&self, export_index: usize) -> bool;
+}
+
+/// The export list never changes: every export is still offered.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FixedOffer;
+
+impl OfferCheck for FixedOffer {
+    fn still_offered(&self, _: usize) -> bool {
+        true
+    }
 }
 
 /// Which export an empty export name (GO, INFO, EXPORT_NAME, the meta context options) may
@@ -211,6 +240,7 @@ impl Handshake {
             change_maps: Box::new(EmptyCatalog),
             options_received: 0,
             default_export: DefaultExport::Sole,
+            offer_check: Box::new(FixedOffer),
         }
     }
 
@@ -226,6 +256,12 @@ impl Handshake {
     /// a catalog, none. Asked only when a client lists or selects meta contexts.
     pub fn set_change_maps(&mut self, catalog: Box<dyn ChangeMapCatalog + Send>) {
         self.change_maps = catalog;
+    }
+
+    /// Says how to learn, when a client chooses an export, whether it is still offered under
+    /// the name the handshake listed; without a check, the list is taken as fixed.
+    pub fn set_offer_check(&mut self, check: Box<dyn OfferCheck + Send>) {
+        self.offer_check = check;
     }
 
     /// The exports this handshake offers (indexed by [`Negotiated::export_index`]).
@@ -614,6 +650,9 @@ impl Handshake {
             // No error reply exists for EXPORT_NAME.
             return Err(ProtocolError::ExportRefused);
         }
+        if !self.offer_check.still_offered(index) {
+            return Err(ProtocolError::ExportChanged);
+        }
         let export = &self.exports[index];
         let flags = TransmissionFlags::for_export(export, self.structured_replies);
         out.extend_from_slice(&export.size_bytes.to_be_bytes());
@@ -647,6 +686,17 @@ impl Handshake {
         };
         if let Some((reply_type, message)) = self.refusal(index) {
             put_option_reply(out, option, reply_type, &[message]);
+            return HandshakeStatus::Continue;
+        }
+        // INFO too: its answer (the size, the name) must describe what GO would open.
+        if !self.offer_check.still_offered(index) {
+            put_option_reply(
+                out,
+                option,
+                wire::REP_ERR_UNKNOWN,
+                &[b"this export was renamed or removed during the handshake: \
+                    reconnect to see the exports as they are now"],
+            );
             return HandshakeStatus::Continue;
         }
         let export = &self.exports[index];

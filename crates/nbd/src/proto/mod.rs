@@ -89,8 +89,8 @@ pub mod wire;
 
 pub use error::{EncodeError, ProtocolError};
 pub use handshake::{
-    Handshake, HandshakeProgress, HandshakeStatus, GREETING_BYTES, MAX_OPTIONS_PER_HANDSHAKE,
-    MAX_OPTION_DATA_BYTES, REPLIES_PAUSE_BYTES,
+    FixedOffer, Handshake, HandshakeProgress, HandshakeStatus, OfferCheck, GREETING_BYTES,
+    MAX_OPTIONS_PER_HANDSHAKE, MAX_OPTION_DATA_BYTES, REPLIES_PAUSE_BYTES,
 };
 pub use meta::{
     BasePin, ChangeBase, ChangeMapCatalog, EmptyCatalog, MetaContext, SelectedContext,

@@ -35,7 +35,7 @@ use oxpool_io::warn_limit::WarnLimit;
 use oxpool_io::{IoBuf, Scatter};
 
 use super::change_maps::{ChangeMaps, ExportCatalog};
-use super::exports::{ExportId, ReactorCommand};
+use super::exports::{ExportId, OfferedNames, ReactorCommand};
 use super::task::{select, wait_until, CatchUnwind, Either, WakerCell};
 use super::tls::{self, TlsIdentity};
 use super::tls_session::TlsSession;
@@ -690,8 +690,11 @@ async fn connection(
     };
     // Counted on its export (so that the administrator sees it and can stop it), unless the
     // export was removed since the handshake offered it.
-    if !shared.exports.register(export) {
-        tracing::debug!(export = %session.export.name, "nbd: export removed during the handshake");
+    if !shared.exports.register(export, &session.export.name) {
+        tracing::debug!(
+            export = %session.export.name,
+            "nbd: export removed or renamed during the handshake"
+        );
         close(&conn).await;
         return;
     }
@@ -862,7 +865,7 @@ async fn send_bytes(conn: &Conn, batch: &mut Option<IoBuf>, data: &[u8]) -> io::
 /// The exports offered are the table's at the start of the handshake.
 async fn handshake(
     conn: &Conn,
-    shared: &Shared,
+    shared: &Arc<Shared>,
     inbox: &mut Inbox,
     batch: &mut Option<IoBuf>,
 ) -> Option<(Session, ExportId)> {
@@ -873,6 +876,15 @@ async fn handshake(
     handshake.set_change_maps(Box::new(ExportCatalog {
         volumes: offer.targets.iter().map(|(_, v)| v.clone()).collect(),
         maps: shared.change_maps.clone(),
+    }));
+    handshake.set_offer_check(Box::new(OfferedNames {
+        shared: shared.clone(),
+        listed: offer
+            .targets
+            .iter()
+            .zip(handshake.exports())
+            .map(|((id, _), info)| (*id, info.name.clone()))
+            .collect(),
     }));
     if let Err(err) = send_bytes(conn, batch, &handshake.greeting()).await {
         tracing::debug!(%err, "nbd: client left before the greeting");

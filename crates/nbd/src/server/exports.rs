@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use oxpool_engine::Volume;
 
 use super::{export_info, ServerExport, Shared};
-use crate::proto::ExportInfo;
+use crate::proto::{ExportInfo, OfferCheck};
 
 /// Exports one server may offer at once: a bound on the table (and on a LIST reply).
 pub const EXPORTS_MAX: usize = 4096;
@@ -203,11 +203,26 @@ impl ExportTable {
         }
     }
 
-    /// Counts a connection that negotiated export `id`; false if the export left the table
-    /// since the handshake read it (the connection must close).
-    pub(crate) fn register(&self, id: ExportId) -> bool {
+    /// Whether export `id` is still in the table under `name`.
+    pub(crate) fn still_offered(&self, id: ExportId, name: &str) -> bool {
+        let state = self.lock();
+        Self::offered_as(&state, id, name)
+    }
+
+    fn offered_as(state: &TableState, id: ExportId, name: &str) -> bool {
+        state
+            .entries
+            .iter()
+            .any(|e| e.id == id && e.export.name == name)
+    }
+
+    /// Counts a connection that negotiated export `id` as `name`; false if the export left
+    /// the table, or was renamed, since the handshake read it (the connection must close: a
+    /// rename may have given `name` to another volume). The handshake checked this at GO
+    /// ([`OfferedNames`]); this closes the window between that check and the count.
+    pub(crate) fn register(&self, id: ExportId, name: &str) -> bool {
         let mut state = self.lock();
-        if !state.entries.iter().any(|e| e.id == id) {
+        if !Self::offered_as(&state, id, name) {
             return false;
         }
         *state.connections.entry(id).or_insert(0) += 1;
@@ -250,6 +265,29 @@ impl ExportTable {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
+    }
+}
+
+/// One handshake's answer to whether the export a client chooses is still offered under the
+/// name the handshake listed (by export index, as in its list).
+pub(crate) struct OfferedNames {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) listed: Vec<(ExportId, String)>,
+}
+
+impl fmt::Debug for OfferedNames {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OfferedNames")
+            .field("listed", &self.listed.len())
+            .finish()
+    }
+}
+
+impl OfferCheck for OfferedNames {
+    fn still_offered(&self, export_index: usize) -> bool {
+        self.listed
+            .get(export_index)
+            .is_some_and(|(id, name)| self.shared.exports.still_offered(*id, name))
     }
 }
 
