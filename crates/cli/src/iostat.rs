@@ -321,9 +321,14 @@ impl Span<'_> {
     }
 
     fn volume(&self, v: &VolumeStats) -> VolumeIoSnapshot {
-        let before = self
-            .prev
-            .and_then(|p| p.volumes.iter().find(|x| x.name == v.name));
+        // By id where both snapshots have it: a volume renamed between them is the same
+        // volume (its interval is its own delta, not its whole count), and one destroyed
+        // and created again under its name is another.
+        let same = |x: &&VolumeStats| match (x.id, v.id) {
+            (Some(a), Some(b)) => a == b,
+            _ => x.name == v.name,
+        };
+        let before = self.prev.and_then(|p| p.volumes.iter().find(same));
         match before {
             Some(b) => v.io.since(&b.io),
             None => v.io,
@@ -762,4 +767,52 @@ fn footer(out: &mut String, span: &Span) {
         per(span.log("throttle_delay_us"), delays),
         per(span.log("throttle_wait_us"), waits)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxpool_format::VolumeId;
+
+    fn volume(name: &str, id: Option<u64>, reads: u64) -> VolumeStats {
+        let mut io = VolumeIoSnapshot::default();
+        io.read.ops = reads;
+        VolumeStats {
+            name: name.into(),
+            id: id.map(VolumeId),
+            io,
+        }
+    }
+
+    fn stats(volumes: Vec<VolumeStats>) -> Stats {
+        Stats {
+            volumes,
+            ..Stats::default()
+        }
+    }
+
+    #[test]
+    fn a_volumes_interval_is_its_own_delta_across_renames_and_recreations() {
+        // vol0 renamed vol9 between the readings, and a new vol0 (another id) created.
+        let before = stats(vec![volume("vol0", Some(2), 1000)]);
+        let after = stats(vec![
+            volume("vol9", Some(2), 1010),
+            volume("vol0", Some(3), 5),
+        ]);
+        let span = Span {
+            prev: Some(&before),
+            cur: &after,
+            seconds: 1.0,
+        };
+        assert_eq!(span.volume(&after.volumes[0]).read.ops, 10);
+        assert_eq!(span.volume(&after.volumes[1]).read.ops, 5);
+        // Statistics without ids (an older server) still match by name.
+        let old = stats(vec![volume("vol0", None, 1000)]);
+        let span = Span {
+            prev: Some(&old),
+            cur: &old,
+            seconds: 1.0,
+        };
+        assert_eq!(span.volume(&old.volumes[0]).read.ops, 0);
+    }
 }

@@ -205,6 +205,10 @@ impl LeafIoSnapshot {
 pub struct VolumeStats {
     /// The volume's name inside the pool.
     pub name: String,
+    /// The volume's id: what it is whatever its name (a rename, or a volume destroyed and
+    /// created again under its name). None in statistics written before it was recorded.
+    #[serde(default)]
+    pub id: Option<oxpool_format::VolumeId>,
     /// Operations, bytes, latencies of its API calls.
     pub io: VolumeIoSnapshot,
 }

@@ -115,6 +115,7 @@ impl PoolCounters {
             .values()
             .map(|v| VolumeStats {
                 name: v.ds.name(),
+                id: Some(v.ds.id),
                 io: v.io_stats.snapshot(),
             })
             .collect()
