@@ -523,10 +523,15 @@ pub enum Command {
         more: Vec<String>,
     },
     /// Return a property to its default: `oxpool inherit compression tank/vol0 tank/vol1`
-    /// (as `zfs inherit`: a volume's property then reads `default`), `oxpool inherit
-    /// scheduler tank /dev/sdb` (a device follows its pool's value again). `volsize` and
+    /// (as `zfs inherit`: a volume's property then reads `default`), `oxpool inherit -r
+    /// compression tank` (every volume of the pool), `oxpool inherit scheduler tank
+    /// /dev/sdb` (a device follows its pool's value again). `volsize` and
     /// `volblocksize` are the volume's own and cannot be inherited.
     Inherit {
+        /// Recursive, as `zfs inherit -r`: a pool named stands for every volume in it
+        /// (a volume has no descendants: `-r POOL/VOL` is that volume).
+        #[arg(short = 'r')]
+        recursive: bool,
         /// The property.
         prop: String,
         /// POOL/VOL (one or more, of one pool); or POOL and one of its devices (its path).

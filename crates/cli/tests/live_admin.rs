@@ -722,8 +722,19 @@ fn inherit_returns_properties_to_their_defaults() {
                 &["inherit", "bogus", "tank/a"],
                 "unknown volume property 'bogus'",
             ),
-            (&["inherit", "sync", "tank"], "no parent to inherit from"),
+            (
+                &["inherit", "sync", "tank"],
+                "`oxpool inherit -r sync tank`",
+            ),
+            (
+                &["inherit", "txg_timeout", "tank"],
+                "no parent to inherit from",
+            ),
             (&["inherit", "sync", "tank/a", "tank/nosuch"], "tank/nosuch"),
+            (
+                &["inherit", "-r", "sync", "tank", "tank/nosuch"],
+                "tank/nosuch",
+            ),
         ] {
             let e = env.fails(args);
             assert!(e.contains(why), "{served}: {args:?}: {e}");
@@ -738,6 +749,15 @@ fn inherit_returns_properties_to_their_defaults() {
         assert_eq!(
             got(&["sync", "tank/a"]),
             "tank/a\tstandard\tdefault\n",
+            "{served}"
+        );
+        // -r on the pool: every volume's, as `zfs inherit -r PROP POOL`.
+        env.ok(&["set", "sync=always", "tank/a"]);
+        env.ok(&["set", "sync=always", "tank/b"]);
+        env.ok(&["inherit", "-r", "sync", "tank"]);
+        assert_eq!(
+            got(&["sync", "tank/a", "tank/b"]),
+            "tank/a\tstandard\tdefault\ntank/b\tstandard\tdefault\n",
             "{served}"
         );
         env.ok(&["set", "scheduler=on", "tank", device]);

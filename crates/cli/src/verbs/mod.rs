@@ -301,7 +301,11 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             pool,
         } => pool::scrub(host, con, &pool, wait, stop, pause),
         Command::Vol { command } => volume::run(host, con, command),
-        Command::Inherit { prop, targets } => props::inherit(host, &prop, &targets),
+        Command::Inherit {
+            recursive,
+            prop,
+            targets,
+        } => props::inherit(host, &prop, &targets, recursive),
         Command::Get {
             parsable,
             scripted,

@@ -488,33 +488,52 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
 /// `oxpool inherit PROP POOL/VOL...`, or `PROP POOL DEVICE`: the property back at its
 /// default, as `zfs inherit` returns one to its parent's value (a volume's parent here is
 /// the default; a device's is its pool). Every target is checked before any changes.
-pub fn inherit(host: &Host, prop: &str, targets: &[String]) -> Result<()> {
+pub fn inherit(host: &Host, prop: &str, targets: &[String], recursive: bool) -> Result<()> {
     let (pool, _) = split_target(&targets[0]);
     // After a pool, the one word left is its device (a pool alone has nothing to inherit).
     if let [pool_only, device] = targets {
-        if !pool_only.contains(['/', '@']) {
+        if !pool_only.contains(['/', '@']) && !recursive {
             return set(host, &[&format!("{prop}=inherit")], pool_only, Some(device));
         }
     }
-    let mut volumes = Vec::with_capacity(targets.len());
+    let volume_prop = is_user_prop(prop) || VOLUME_PROP_NAMES.contains(&prop);
+    let mut named = Vec::with_capacity(targets.len());
+    // With -r, a pool named stands for every volume in it, read when the change runs.
+    let mut every_volume = false;
     for t in targets {
         match split_target(t) {
             (p, _) if p != pool => {
                 bail!("targets in one command must be of one pool ({pool} and {p})")
             }
-            (p, None) => bail!(
+            (_, None) if recursive => every_volume = true,
+            (p, None) if volume_prop => bail!(
+                "'{p}' is a pool, and '{prop}' is a volume property: `oxpool inherit -r {prop} \
+                 {p}` returns every volume's to its default"
+            ),
+            (p, None) if POOL_PROP_NAMES.contains(&prop) => bail!(
                 "'{p}' is a pool: its properties have no parent to inherit from; set one back \
                  with `oxpool set {prop}=VALUE {p}`"
             ),
+            (p, None) => bail!("'{p}' is a pool, and it has no property '{prop}'"),
             (_, Some(v)) if v.contains('@') => {
                 bail!("'{t}': a snapshot's properties are read-only")
             }
-            (_, Some(v)) => volumes.push(v),
+            (_, Some(v)) => named.push(v.to_string()),
         }
     }
+    let volumes_of = |p: &oxpool_engine::Pool| -> Vec<String> {
+        let mut volumes = named.clone();
+        if every_volume {
+            volumes.extend(p.volumes().iter().map(|v| v.name()));
+            volumes.sort_unstable();
+            volumes.dedup();
+        }
+        volumes
+    };
     if is_user_prop(prop) {
         // Removed: a volume's user property has no parent's value to fall back to.
         return host.change_pool(pool, |p| {
+            let volumes = volumes_of(p);
             for v in &volumes {
                 p.volume(v)?;
             }
@@ -538,12 +557,13 @@ pub fn inherit(host: &Host, prop: &str, targets: &[String]) -> Result<()> {
     }
     // In one change, all or none: every volume found and its value read first.
     host.change_pool(pool, |p| {
+        let volumes = volumes_of(p);
         let steps = volumes
             .iter()
             .map(|v| {
                 let vol = p.volume(v)?;
                 let default = VolumeProps::new(vol.size_bytes()).get(prop)?;
-                Ok((*v, default, vol.props().get(prop)?))
+                Ok((v.as_str(), default, vol.props().get(prop)?))
             })
             .collect::<Result<Vec<(&str, String, String)>>>()?;
         all_or_none(
