@@ -280,6 +280,9 @@ pub enum Command {
     },
     /// List the holds on snapshots.
     Holds {
+        /// Scripted mode: no header, fields separated by one tab.
+        #[arg(short = 'H')]
+        scripted: bool,
         /// POOL/VOL@SNAP (one or more).
         #[arg(required = true)]
         names: Vec<String>,

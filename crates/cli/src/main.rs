@@ -151,7 +151,7 @@ fn target(command: &Command) -> Target {
         Command::Snapshot { names, .. }
         | Command::Hold { names, .. }
         | Command::Release { names, .. }
-        | Command::Holds { names } => pool_of(names.first().map_or("", |n| n.as_str())),
+        | Command::Holds { names, .. } => pool_of(names.first().map_or("", |n| n.as_str())),
         Command::Get { target, .. } => pool_of(target),
         Command::Inherit { targets, .. } => pool_of(targets.first().map_or("", |n| n.as_str())),
         // A line that does not parse is refused, with why, here.

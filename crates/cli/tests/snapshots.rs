@@ -141,6 +141,13 @@ fn a_clone_is_written_while_its_origin_stays() {
     let e = env.fails(&["destroy", "tank/copy@s1"]);
     assert!(e.contains("held") && e.contains("keep"), "{e}");
     assert!(env.ok(&["holds", "tank/copy@s1"]).contains("keep"));
+    // Scripted, as `zfs holds -H`: no header, one tab between the fields.
+    env.ok(&["hold", "daily", "tank/copy@s1"]);
+    assert_eq!(
+        env.ok(&["holds", "-H", "tank/copy@s1"]),
+        "tank/copy@s1\tdaily\ntank/copy@s1\tkeep\n"
+    );
+    env.ok(&["release", "daily", "tank/copy@s1"]);
     // Several snapshots: checked whole first; one that cannot be held or released fails
     // the command with nothing changed.
     env.ok(&["snapshot", "tank/copy@s2"]);

@@ -192,7 +192,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),
         Command::Hold { tag, names } => snapshot::hold(host, con, &tag, &names, false),
         Command::Release { tag, names } => snapshot::hold(host, con, &tag, &names, true),
-        Command::Holds { names } => snapshot::holds(host, con, &names),
+        Command::Holds { scripted, names } => snapshot::holds(host, con, &names, scripted),
         Command::Audit { pool } => snapshot::audit(host, con, &pool),
         Command::List {
             scripted,

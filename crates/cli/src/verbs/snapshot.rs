@@ -590,7 +590,7 @@ pub fn destroy_bookmark(host: &Host, target: &str) -> Result<()> {
 }
 
 /// `oxpool holds SNAP...`.
-pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()> {
+pub fn holds(host: &Host, con: &mut dyn Console, names: &[String], scripted: bool) -> Result<()> {
     // Read first, printed after: a failure prints no header without lines.
     let mut rows = Vec::new();
     for n in names {
@@ -605,9 +605,15 @@ pub fn holds(host: &Host, con: &mut dyn Console, names: &[String]) -> Result<()>
         })?;
         rows.extend(tags.into_iter().map(|t| (n, t)));
     }
-    writeln!(con.out(), "{:<32} {:<16}", "NAME", "TAG")?;
+    if scripted {
+        for (n, t) in rows {
+            writeln!(con.out(), "{n}\t{t}")?;
+        }
+        return Ok(());
+    }
+    writeln!(con.out(), "{:<32} TAG", "NAME")?;
     for (n, t) in rows {
-        writeln!(con.out(), "{n:<32} {t:<16}")?;
+        writeln!(con.out(), "{n:<32} {t}")?;
     }
     Ok(())
 }
