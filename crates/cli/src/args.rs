@@ -207,6 +207,11 @@ pub enum Command {
         /// Do not export a received new volume over NBD (on a served pool).
         #[arg(short = 'u')]
         no_export: bool,
+        /// Dry run, as `zfs recv -n`: read and verify the whole input (every record's
+        /// checksum, the first stream against the target, each later one's base against
+        /// the stream before it) and change nothing; with -v, say what would be received.
+        #[arg(short = 'n', conflicts_with_all = ["abort", "resumable"])]
+        dry_run: bool,
         /// Print what was received, on standard error.
         #[arg(short = 'v')]
         verbose: bool,

@@ -580,3 +580,76 @@ fn recv_s_send_t_and_recv_a_on_the_command_line() {
     let audit = env.ok(&["audit", "tank"]);
     assert!(audit.contains(" 0 leaked, 0 problems"), "{audit}");
 }
+
+/// `recv -n` (as `zfs recv -n`) reads and verifies the whole input, the first stream against
+/// the target and each later one against the stream before it, and changes nothing; with -v
+/// it says what it would receive. A damaged or cut stream fails it with one line. The same
+/// on a served pool, where nothing is exported either.
+#[test]
+fn recv_n_checks_the_whole_input_and_changes_nothing() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    second_pool(&env);
+    write(&env, "tank/vol0", 0, 11, 4 << 20);
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    write(&env, "tank/vol0", 1 << 20, 12, 1 << 20);
+    env.ok(&["snapshot", "tank/vol0@two"]);
+    let full = env.run(&["send", "tank/vol0@one"]).stdout;
+    let incremental = env.run(&["send", "-i", "@one", "tank/vol0@two"]).stdout;
+    let both = env.path("both.stream");
+    std::fs::write(&both, [full.clone(), incremental.clone()].concat()).unwrap();
+    let mut damaged = full.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0x40;
+    let damaged_file = env.path("damaged.stream");
+    std::fs::write(&damaged_file, &damaged).unwrap();
+    let cut_file = env.path("cut.stream");
+    std::fs::write(&cut_file, &full[..full.len() - 1000]).unwrap();
+    let wrong_order = env.path("wrong-order.stream");
+    std::fs::write(&wrong_order, [incremental.clone(), full.clone()].concat()).unwrap();
+    let recv_n = |file: &std::path::Path, target: &str| {
+        let mut command = env.oxpool_command();
+        command
+            .args(["recv", "-n", "-v", target])
+            .stdin(std::fs::File::open(file).unwrap());
+        let out = command.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let datasets = || env.ok(&["list", "-t", "all", "-H", "-o", "name", "-r", "dest"]);
+    let check = |served: &str| {
+        let (ok, err) = recv_n(&both, "dest/copy");
+        assert!(ok, "{served}: {err}");
+        assert!(
+            err.contains("would receive dest/copy@one (full")
+                && err.contains("would receive dest/copy@two (incremental"),
+            "{served}: {err}"
+        );
+        assert_eq!(datasets(), "", "{served}: a dry run made something");
+        for (file, why) in [
+            (&damaged_file, "damaged"),
+            (&cut_file, "truncated"),
+            (&wrong_order, "does not exist"),
+        ] {
+            let (ok, err) = recv_n(file, "dest/copy");
+            assert!(!ok, "{served}: {file:?} passed: {err}");
+            assert_eq!(err.trim_end().lines().count(), 1, "{served}: {err}");
+            assert!(err.contains(why), "{served}: {file:?}: {err}");
+        }
+        // Against the target: a full stream onto a volume that exists is refused, as a
+        // receive would refuse it.
+        let (ok, err) = recv_n(&both, "tank/vol0");
+        assert!(!ok && err.contains("tank/vol0 exists"), "{served}: {err}");
+        assert_eq!(datasets(), "", "{served}");
+    };
+    check("unserved");
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    check("served");
+    let listed = exports(&server);
+    assert!(!listed.contains("dest/copy"), "{listed}");
+    let (status, _) = server.stop();
+    assert!(status.success());
+    env.ok(&["audit", "dest"]);
+}

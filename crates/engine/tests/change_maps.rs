@@ -485,6 +485,7 @@ fn a_copy_within_the_pool_does_not_answer_for_the_original() {
         let recv = ReceiveOptions {
             force: false,
             resumable: false,
+            dry_run: false,
         };
         pool.receive("backup", &mut stream.as_slice(), &recv)
             .unwrap();

@@ -66,6 +66,7 @@ fn receive(target: &Pool, stream: &[u8], resumable: bool) -> (bool, usize) {
     let opts = ReceiveOptions {
         force: false,
         resumable,
+        dry_run: false,
     };
     let ok = target.receive("copy", &mut input, &opts).is_ok();
     (ok, input.limit_bytes_max)

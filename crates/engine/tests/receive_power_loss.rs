@@ -186,6 +186,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     let opts = ReceiveOptions {
         force: false,
         resumable,
+        dry_run: false,
     };
     if incremental {
         pool.receive("copy", &mut src.full.as_slice(), &ReceiveOptions::default())

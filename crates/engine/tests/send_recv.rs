@@ -48,6 +48,7 @@ fn recv(pool: &Pool, vol: &str, stream: &[u8], force: bool) -> oxpool_engine::Re
     let opts = ReceiveOptions {
         force,
         resumable: false,
+        dry_run: false,
     };
     pool.receive(vol, &mut input, &opts).map(|_| ())
 }
@@ -297,6 +298,7 @@ fn a_write_to_the_target_during_an_incremental_receive_is_never_discarded_withou
         let opts = ReceiveOptions {
             force,
             resumable: false,
+            dry_run: false,
         };
         let got = dst.receive("copy", &mut input, &opts).map(|_| ());
         assert!(

@@ -175,6 +175,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             resumable,
             abort,
             no_export,
+            dry_run,
             verbose,
             target,
         } => send::recv(
@@ -187,6 +188,7 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 abort,
                 no_export,
                 verbose,
+                dry_run,
             },
         ),
         Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),

@@ -14,7 +14,7 @@ use crate::display::size_with_unit;
 use crate::host::Host;
 use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
-use oxpool_engine::{ReceiveOptions, SendOptions, SendWhat};
+use oxpool_engine::{ReceiveOptions, Received, SendOptions, SendWhat};
 use oxpool_format::ResumeToken;
 use std::cell::RefCell;
 
@@ -263,6 +263,30 @@ pub struct RecvFlags {
     pub no_export: bool,
     /// `-v`.
     pub verbose: bool,
+    /// `-n`.
+    pub dry_run: bool,
+}
+
+/// `recv -v`'s lines, on standard error: what was received, or with `-n` what would be.
+fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -> Result<()> {
+    for r in received {
+        // A resumed stream's counts are its own (as `zfs recv -v` counts the bytes of the
+        // stream it read): said so, with where it resumed.
+        let resumed = match r.resumed_at_bytes {
+            None => String::new(),
+            Some(at) => format!(", resumed at volume offset {at}"),
+        };
+        writeln!(
+            con.err(),
+            "{} {} ({}{resumed}, {} blocks, {} freed ranges)",
+            if dry_run { "would receive" } else { "received" },
+            r.snapshot,
+            if r.incremental { "incremental" } else { "full" },
+            r.data_records,
+            r.free_records
+        )?;
+    }
+    Ok(())
 }
 
 /// `oxpool recv [-F] [-s] [-u] [-v] POOL/VOL`, `oxpool recv -A POOL/VOL`.
@@ -273,6 +297,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         abort,
         no_export,
         verbose,
+        dry_run,
     } = flags;
     let (pool_name, volume) = volume_target(target)?;
     if volume.contains('@') {
@@ -281,7 +306,21 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
     if abort {
         return host.change_pool(pool_name, |p| Ok(p.abort_receive(volume)?));
     }
-    let opts = ReceiveOptions { force, resumable };
+    let opts = ReceiveOptions {
+        force,
+        resumable,
+        dry_run,
+    };
+    if dry_run {
+        // Nothing changes: no export is taken down or offered, nothing is written.
+        return host.with_pool(pool_name, |p| {
+            let checked = p.receive(volume, con.input(), &opts)?;
+            if verbose {
+                print_received(con, &checked, true)?;
+            }
+            Ok(())
+        });
+    }
     host.change_pool(pool_name, |p| {
         let served = match host {
             Host::Live(s) => Some(s),
@@ -368,22 +407,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         }
         let received = received?;
         if verbose {
-            for r in &received {
-                // A resumed stream's counts are its own (as `zfs recv -v` counts the bytes
-                // of the stream it read): said so, with where it resumed.
-                let resumed = match r.resumed_at_bytes {
-                    None => String::new(),
-                    Some(at) => format!(", resumed at volume offset {at}"),
-                };
-                writeln!(
-                    con.err(),
-                    "received {} ({}{resumed}, {} blocks, {} freed ranges)",
-                    r.snapshot,
-                    if r.incremental { "incremental" } else { "full" },
-                    r.data_records,
-                    r.free_records
-                )?;
-            }
+            print_received(con, &received, false)?;
         }
         Ok(())
     })

@@ -54,6 +54,9 @@ pub struct ReceiveOptions {
     pub force: bool,
     /// `-s`: a stream that stops early keeps what it applied, to be resumed.
     pub resumable: bool,
+    /// `-n`: read and verify the input as a receive would, and change nothing
+    /// ([`Pool::receive`] then returns what it would have received).
+    pub dry_run: bool,
 }
 
 /// One snapshot received.
@@ -251,14 +254,15 @@ impl Input<'_> {
 
 /// `e`, which stopped a stream of the input after `received` (`-I`: one stream per
 /// snapshot), saying which were received, each whole, and stay.
-fn after_received(e: EngineError, received: &[Received]) -> EngineError {
+fn after_received(e: EngineError, received: &[Received], dry_run: bool) -> EngineError {
     let Some(last) = received.last() else {
         return e;
     };
     let kept = format!(
-        " (stream {} of the input; {} received before it, up to {})",
+        " (stream {} of the input; {} {} before it, up to {})",
         received.len() + 1,
         received.len(),
+        if dry_run { "checked" } else { "received" },
         last.snapshot
     );
     match e {
@@ -266,6 +270,17 @@ fn after_received(e: EngineError, received: &[Received]) -> EngineError {
         EngineError::Busy(m) => EngineError::Busy(m + &kept),
         other => other,
     }
+}
+
+/// The snapshot a stream makes (its name after `@`), checked as a snapshot name.
+fn stream_snapshot(begin: &StreamBegin) -> Result<String> {
+    let snapshot = begin
+        .name
+        .rsplit_once('@')
+        .map(|(_, s)| s.to_string())
+        .unwrap_or_default();
+    check_name("snapshot", &snapshot)?;
+    Ok(snapshot)
 }
 
 /// A DATA record's offset and how its block is stored.
@@ -468,15 +483,21 @@ impl Pool {
             streams_ended: 0,
             streams_ended_bytes: 0,
         };
-        let mut received = Vec::new();
+        let mut received: Vec<Received> = Vec::new();
         // Bounded by the input: each stream consumes at least its BEGIN.
         loop {
             if input.at_end()? {
                 break;
             }
-            match self.receive_one(volume, &mut input, opts, before_destroy) {
+            let one = if opts.dry_run {
+                let previous = received.last().map(|r| Guid(r.guid));
+                self.check_one(volume, &mut input, opts, previous)
+            } else {
+                self.receive_one(volume, &mut input, opts, before_destroy)
+            };
+            match one {
                 Ok(r) => received.push(r),
-                Err(e) => return Err(after_received(e, &received)),
+                Err(e) => return Err(after_received(e, &received, opts.dry_run)),
             }
         }
         if received.is_empty() {
@@ -514,12 +535,7 @@ impl Pool {
         opts: &ReceiveOptions,
     ) -> Result<Plan> {
         let full = format!("{}/{volume}", self.spa.name);
-        let snapshot = begin
-            .name
-            .rsplit_once('@')
-            .map(|(_, s)| s.to_string())
-            .unwrap_or_default();
-        check_name("snapshot", &snapshot)?;
+        let snapshot = stream_snapshot(begin)?;
         let target = self.dsl.get(volume);
         let Some(fromguid) = begin.fromguid else {
             if target.is_some() {
@@ -607,21 +623,12 @@ impl Pool {
         })
     }
 
-    /// Receives one stream, from its BEGIN to its END.
-    fn receive_one(
-        &self,
-        volume: &str,
-        input: &mut Input<'_>,
-        opts: &ReceiveOptions,
-        before_destroy: &BeforeDestroy<'_>,
-    ) -> Result<Received> {
-        let mut dec = StreamDecoder::new();
-        let Record::Begin(begin) = input.next(&mut dec)? else {
-            unreachable!("the decoder hands out BEGIN first");
-        };
+    /// Whether `begin`'s stream resumes a receive into `volume` (else it is a new one),
+    /// checked against the partial receive `recv -s` may have saved for it: a resuming
+    /// stream needs one, and its own; a new stream is refused while one is saved.
+    fn check_saved(&self, volume: &str, begin: &StreamBegin) -> Result<bool> {
         let full = format!("{}/{volume}", self.spa.name);
-        let hidden_name = Self::hidden_name(volume);
-        let saved = self.saved_receive(&hidden_name);
+        let saved = self.saved_receive(&Self::hidden_name(volume));
         let resuming = begin.features.contains(StreamFeatures::RESUMING);
         match (&saved, resuming) {
             (Some(saved), true) => check_resume(&full, saved, &begin)?,
@@ -640,6 +647,84 @@ impl Pool {
             }
             (None, false) => {}
         }
+        Ok(resuming)
+    }
+
+    /// `recv -n`'s pass over one stream: its BEGIN checked against the target as a receive
+    /// checks it (for the input's first stream; a later one's base must be the snapshot of
+    /// the stream before it, `previous`, which a dry run did not make), every record read and
+    /// verified (the decoder checks each checksum and rule), nothing written.
+    fn check_one(
+        &self,
+        volume: &str,
+        input: &mut Input<'_>,
+        opts: &ReceiveOptions,
+        previous: Option<Guid>,
+    ) -> Result<Received> {
+        let mut dec = StreamDecoder::new();
+        let Record::Begin(begin) = input.next(&mut dec)? else {
+            unreachable!("the decoder hands out BEGIN first");
+        };
+        let full = format!("{}/{volume}", self.spa.name);
+        let snapshot = match previous {
+            None => {
+                self.check_saved(volume, &begin)?;
+                self.receive_plan(volume, &begin, opts)?.snapshot
+            }
+            Some(previous) if begin.fromguid == Some(previous) => stream_snapshot(&begin)?,
+            Some(previous) => {
+                return Err(EngineError::invalid(format!(
+                    "cannot receive: the stream's base guid is {}, not the guid of the \
+                     stream before it ({:016x})",
+                    begin
+                        .fromguid
+                        .map_or("none (a full stream)".to_string(), |g| format!(
+                            "{:016x}",
+                            g.0
+                        )),
+                    previous.0
+                )))
+            }
+        };
+        let (mut data_records, mut free_records) = (0u64, 0u64);
+        // Bounded by the stream: each round consumes a record; END ends it.
+        loop {
+            match input.next(&mut dec)? {
+                Record::Begin(_) => unreachable!("the decoder refuses a second BEGIN"),
+                Record::Data { .. } => data_records += 1,
+                Record::Free { .. } => free_records += 1,
+                Record::SetSize(_) => {}
+                Record::End => break,
+            }
+        }
+        Ok(Received {
+            snapshot: format!("{full}@{snapshot}"),
+            guid: begin.toguid.0,
+            incremental: begin.fromguid.is_some(),
+            data_records,
+            free_records,
+            resumed_at_bytes: begin
+                .features
+                .contains(StreamFeatures::RESUMING)
+                .then_some(begin.resume_offset_bytes),
+        })
+    }
+
+    /// Receives one stream, from its BEGIN to its END.
+    fn receive_one(
+        &self,
+        volume: &str,
+        input: &mut Input<'_>,
+        opts: &ReceiveOptions,
+        before_destroy: &BeforeDestroy<'_>,
+    ) -> Result<Received> {
+        let mut dec = StreamDecoder::new();
+        let Record::Begin(begin) = input.next(&mut dec)? else {
+            unreachable!("the decoder hands out BEGIN first");
+        };
+        let full = format!("{}/{volume}", self.spa.name);
+        let hidden_name = Self::hidden_name(volume);
+        let resuming = self.check_saved(volume, &begin)?;
         let plan = self.receive_plan(volume, &begin, opts)?;
         if let Some((_, later)) = plan.base.as_ref().filter(|(_, l)| !l.is_empty()) {
             let names: Vec<String> = later.iter().map(|(n, _)| n.clone()).collect();
