@@ -631,7 +631,7 @@ impl Pool {
         let saved = self.saved_receive(&Self::hidden_name(volume));
         let resuming = begin.features.contains(StreamFeatures::RESUMING);
         match (&saved, resuming) {
-            (Some(saved), true) => check_resume(&full, saved, &begin)?,
+            (Some(saved), true) => check_resume(&full, saved, begin)?,
             (None, true) => {
                 return Err(EngineError::invalid(format!(
                     "cannot resume receive: {full} has no partially received stream (the \
