@@ -478,6 +478,17 @@ pub enum Command {
         /// Pools (default: all).
         pools: Vec<String>,
     },
+    /// Show the commands that changed pools, oldest first, as `zpool history`: each with
+    /// when it ended (local time). The pool keeps them (they move with it to another host):
+    /// its first records, from its creation, for good, and about the latest 2,000. Without
+    /// POOL, every pool.
+    History {
+        /// Long format: also the user, the host and the txg that wrote each record.
+        #[arg(short = 'l')]
+        long: bool,
+        /// Pools (default: all).
+        pools: Vec<String>,
+    },
     /// Show pools' vdev trees with states and error counts, and their latest scrub.
     Status {
         /// Also list the damaged data: which ranges of which volumes have a block no copy

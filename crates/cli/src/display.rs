@@ -71,6 +71,11 @@ pub fn shell_word(path: &str) -> String {
 
 /// A time (ns since the epoch) as `zpool status` shows it: `Wed Nov 25 14:03:59 2026`, local.
 pub fn date(ns: u64) -> String {
+    date_as(ns, c"%a %b %e %H:%M:%S %Y")
+}
+
+/// A time (ns since the epoch), local, in strftime's `format`.
+pub fn date_as(ns: u64, format: &std::ffi::CStr) -> String {
     let t = (ns / 1_000_000_000) as libc::time_t;
     let mut out = [0u8; 64];
     // SAFETY: localtime_r fills the zeroed tm we own; strftime writes at most out.len() bytes
@@ -80,12 +85,7 @@ pub fn date(ns: u64) -> String {
         if libc::localtime_r(&t, &mut tm).is_null() {
             return format!("{t}");
         }
-        libc::strftime(
-            out.as_mut_ptr().cast(),
-            out.len(),
-            c"%a %b %e %H:%M:%S %Y".as_ptr(),
-            &tm,
-        )
+        libc::strftime(out.as_mut_ptr().cast(), out.len(), format.as_ptr(), &tm)
     };
     String::from_utf8_lossy(&out[..n]).into_owned()
 }

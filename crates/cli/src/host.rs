@@ -53,11 +53,17 @@ impl Host {
         f: impl FnOnce(&Pool, Option<&ServedPool>) -> Result<T>,
     ) -> Result<T> {
         match self {
-            Host::Local { cache } => with_local_pool(cache, name, |pool| f(pool, None)),
+            Host::Local { cache } => with_local_pool(cache, name, |pool| {
+                let value = f(pool, None)?;
+                // Written by the export's sync, with the change.
+                crate::history::record(pool);
+                Ok(value)
+            }),
             Host::Live(served) => {
                 let pool = served.pool(name)?;
                 let _one_change = pool.admin();
                 let value = f(&pool.pool, Some(&pool))?;
+                crate::history::record(&pool.pool);
                 pool.pool.sync()?;
                 // A `clear` is not undone by a crash of the server; counts found since the
                 // last change are kept too.

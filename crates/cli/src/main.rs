@@ -14,6 +14,7 @@ mod control;
 mod devices;
 mod display;
 mod errors_file;
+mod history;
 mod host;
 mod inject_file;
 mod iostat;
@@ -119,7 +120,10 @@ fn target(command: &Command) -> Target {
         | Command::Iostat { .. }
         | Command::Serve(_)
         | Command::Stream { .. } => Target::Here,
-        Command::List { .. } | Command::Status { .. } | Command::Sync { .. } => Target::EachPool,
+        Command::List { .. }
+        | Command::Status { .. }
+        | Command::Sync { .. }
+        | Command::History { .. } => Target::EachPool,
         Command::Add { pool, .. }
         | Command::Export { pool, .. }
         | Command::Destroy { pool, .. }
@@ -246,6 +250,11 @@ fn run(mut cli: Cli) -> Result<i32> {
         },
         Target::EachPool => return each_pool(cli.command, &local, &runtime),
     }
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let _recorded_as = history::running(&args);
     verbs::run(cli.command, &local, &mut con)?;
     Ok(0)
 }
@@ -353,13 +362,13 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
             (pools.clone(), *scripted, true)
         }
         Command::Status { pools, .. } => (pools.clone(), true, false),
-        Command::Sync { pools } => (pools.clone(), true, false),
+        Command::Sync { pools } | Command::History { pools, .. } => (pools.clone(), true, false),
         Command::Vol {
             command: VolCommand::List {
                 pools, scripted, ..
             },
         } => (pools.clone(), *scripted, true),
-        _ => unreachable!("each_pool is for list, status, sync and vol list"),
+        _ => unreachable!("each_pool is for list, status, sync, history and vol list"),
     };
     let names = verbs::pool::listed(local, &named)?;
     // `list` takes datasets too (`tank/vol0`, `tank/vol0@snap`): each goes to its pool.
@@ -414,6 +423,10 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 pools: vec![name.clone()],
             },
             Command::Sync { .. } => Command::Sync {
+                pools: vec![name.clone()],
+            },
+            Command::History { long, .. } => Command::History {
+                long: *long,
                 pools: vec![name.clone()],
             },
             Command::Status {
@@ -616,6 +629,12 @@ fn command_line(command: &Command) -> Vec<String> {
             (&["status"], false, false, pools)
         }
         Command::Sync { pools } => (&["sync"], false, false, pools),
+        Command::History { long, pools } => {
+            if *long {
+                args.push("-l".into());
+            }
+            (&["history"], false, false, pools)
+        }
         Command::Vol {
             command:
                 VolCommand::List {

@@ -1724,3 +1724,75 @@ fn unserved_then_served(env: &Env, check: impl Fn(&str)) {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+/// `history` (as `zpool history`) lists the commands that changed a pool, oldest first,
+/// with and without a server: the pool's creation first, each change once, never a command
+/// that only read or one that was refused; `-l` adds the user, host and txg. The history is
+/// the pool's: it survives an export and an import (which is recorded too).
+#[test]
+fn history_lists_the_commands_that_changed_the_pool() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[])]);
+    // The command part of each record, in order (the time stripped).
+    let commands = |pool: &str| -> Vec<String> {
+        let out = env.ok(&["history", pool]);
+        let mut lines = out.lines();
+        assert_eq!(
+            lines.next(),
+            Some(format!("History for '{pool}':").as_str())
+        );
+        assert!(out.ends_with("\n\n"), "{out}");
+        lines
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let (when, command) = l.split_once(' ').unwrap();
+                // 2026-12-02.16:10:05
+                assert_eq!(when.len(), 19, "{l}");
+                command.to_string()
+            })
+            .collect()
+    };
+    let created = commands("tank");
+    assert_eq!(created.len(), 2, "{created:?}");
+    assert!(
+        created[0].starts_with("oxpool create tank ")
+            && created[0].ends_with(" --size 1G --sparse")
+    );
+    assert_eq!(created[1], "oxpool vol create tank/a --size 8M");
+    let check = |served: &str| {
+        let before = commands("tank");
+        env.ok(&["snapshot", &format!("tank/a@{}", served.replace(' ', "-"))]);
+        env.ok(&["set", "com.example:note=two words", "tank/a"]);
+        env.ok(&["get", "compression", "tank/a"]);
+        env.fails(&["set", "bogus=1", "tank/a"]);
+        let after = commands("tank");
+        assert_eq!(after[..before.len()], before[..], "{served}");
+        assert_eq!(
+            after[before.len()..],
+            [
+                format!("oxpool snapshot tank/a@{}", served.replace(' ', "-")),
+                "oxpool set 'com.example:note=two words' tank/a".to_string(),
+            ],
+            "{served}"
+        );
+        let long = env.ok(&["history", "-l", "tank"]);
+        let last = long.lines().rev().find(|l| !l.is_empty()).unwrap();
+        assert!(
+            last.contains("[user ") && last.contains(" on ") && last.contains(", txg "),
+            "{served}: {last}"
+        );
+        // Without a pool, every pool's.
+        assert!(
+            env.ok(&["history"]).contains("History for 'tank':"),
+            "{served}"
+        );
+    };
+    unserved_then_served(&env, check);
+    let kept = commands("tank");
+    env.ok(&["export", "tank"]);
+    env.ok(&["import", "-d", ".", "tank"]);
+    let after = commands("tank");
+    assert_eq!(after[..kept.len()], kept[..]);
+    assert_eq!(after[kept.len()..], ["oxpool import -d . tank".to_string()]);
+    env.ok(&["audit", "tank"]);
+}

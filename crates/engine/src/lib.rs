@@ -42,6 +42,7 @@ pub use pool::{
     SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
+pub use spa::history::{HistoryListing, HistoryRecord, HISTORY_CHUNKS_MAX};
 pub use spa::import::{parse_id, ImportOptions, PoolRef};
 pub use spa::{PoolStatus, TopSpec, VdevStatus};
 pub use zio::ScrubCounts;

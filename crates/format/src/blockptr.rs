@@ -135,6 +135,9 @@ pub enum BlockType {
     /// A chunk of a dataset's bookmark table: a metadata block whose payload is up to
     /// `TABLE_CHUNK_ENTRIES_MAX` bookmark records, oldest first (format version 4).
     BookmarkTable = 9,
+    /// A chunk of the pool's command history: a metadata block whose payload is up to
+    /// `TABLE_CHUNK_ENTRIES_MAX` history records, oldest first (format version 8).
+    History = 10,
 }
 
 impl BlockType {
@@ -150,6 +153,7 @@ impl BlockType {
             BlockType::DeadList => "deadlist",
             BlockType::SnapshotTable => "snapshot-table",
             BlockType::BookmarkTable => "bookmark-table",
+            BlockType::History => "history",
         }
     }
 }
@@ -168,6 +172,7 @@ impl TryFrom<u8> for BlockType {
             7 => Ok(BlockType::DeadList),
             8 => Ok(BlockType::SnapshotTable),
             9 => Ok(BlockType::BookmarkTable),
+            10 => Ok(BlockType::History),
             _ => Err(FormatError::BadField {
                 field: "block_type",
                 value: u64::from(value),

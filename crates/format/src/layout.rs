@@ -12,7 +12,7 @@
 use crate::FormatError;
 
 /// The format version this build writes. It reads every version of [`FormatVersion`].
-pub const FORMAT_VERSION: u32 = FormatVersion::V7 as u32;
+pub const FORMAT_VERSION: u32 = FormatVersion::V8 as u32;
 
 /// Format versions, oldest first: the variants read as the format's changelog.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -58,6 +58,11 @@ pub enum FormatVersion {
     /// no size and no space map. A version 6 pool imports (no holes); its next txg is
     /// written as version 7, and labels written from then on too.
     V7 = 7,
+    /// The pool's command history (`oxpool history`, as `zpool history`): `PoolMeta` ends
+    /// with `history`, the pointers of its `History` blocks (type 10), chunks of at most
+    /// `TABLE_CHUNK_ENTRIES_MAX` records, oldest first. A version 7 pool imports with an
+    /// empty history; its next txg is written as version 8.
+    V8 = 8,
 }
 
 impl TryFrom<u32> for FormatVersion {
@@ -72,6 +77,7 @@ impl TryFrom<u32> for FormatVersion {
             5 => Ok(FormatVersion::V5),
             6 => Ok(FormatVersion::V6),
             7 => Ok(FormatVersion::V7),
+            8 => Ok(FormatVersion::V8),
             _ => Err(FormatError::UnsupportedVersion { found }),
         }
     }
@@ -215,8 +221,9 @@ mod tests {
         assert_eq!(FormatVersion::try_from(5), Ok(FormatVersion::V5));
         assert_eq!(FormatVersion::try_from(6), Ok(FormatVersion::V6));
         assert_eq!(FormatVersion::try_from(7), Ok(FormatVersion::V7));
-        assert_eq!(FORMAT_VERSION, 7);
-        for found in [0, 8, u32::MAX] {
+        assert_eq!(FormatVersion::try_from(8), Ok(FormatVersion::V8));
+        assert_eq!(FORMAT_VERSION, 8);
+        for found in [0, 9, u32::MAX] {
             assert_eq!(
                 FormatVersion::try_from(found),
                 Err(FormatError::UnsupportedVersion { found })

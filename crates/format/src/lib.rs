@@ -71,10 +71,12 @@ pub use meta::{
     SPACEMAP_CHUNK_PAYLOAD_BYTES, SPACEMAP_CHUNK_SECTORS,
 };
 pub use pool_meta::{
-    decode_bookmark_chunk, decode_deadlist_chunk, decode_snapshot_chunk, encode_bookmark_chunk,
-    encode_deadlist_chunk, encode_snapshot_chunk, BookmarkMeta, DatasetMeta, DeadBucketMeta,
-    DeferredFree, OriginMeta, PoolMeta, ReceiveResumeMeta, SnapshotMeta, SpaceMapMeta,
-    TableChunkMeta, VolumeMeta, DEADLIST_CHUNK_ENTRIES_MAX, TABLE_CHUNK_ENTRIES_MAX,
+    decode_bookmark_chunk, decode_deadlist_chunk, decode_history_chunk, decode_snapshot_chunk,
+    encode_bookmark_chunk, encode_deadlist_chunk, encode_history_chunk, encode_snapshot_chunk,
+    BookmarkMeta, DatasetMeta, DeadBucketMeta, DeferredFree, HistoryRecordMeta, OriginMeta,
+    PoolMeta, ReceiveResumeMeta, SnapshotMeta, SpaceMapMeta, TableChunkMeta, VolumeMeta,
+    DEADLIST_CHUNK_ENTRIES_MAX, HISTORY_HOST_BYTES_MAX, HISTORY_LINE_BYTES_MAX,
+    TABLE_CHUNK_ENTRIES_MAX,
 };
 pub use stream::{
     DataRecord, RecordType, ResumeToken, StreamBegin, StreamChecksum, StreamDecoder, StreamEncoder,

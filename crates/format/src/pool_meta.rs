@@ -37,6 +37,61 @@ pub struct PoolMeta {
     /// Blocks of destroyed snapshots still to free (deadlist chunks, drained a few per txg:
     /// the `freeing` property); since format version 3.
     pub freeing: Vec<DeadBucketMeta>,
+    /// The pool's command history: `History` chunks of `HistoryRecordMeta`, oldest first
+    /// (since format version 8).
+    pub history: Vec<TableChunkMeta>,
+}
+
+/// Longest command line a history record keeps, in bytes (a longer one is cut, on a
+/// character boundary, and ends with `...`).
+pub const HISTORY_LINE_BYTES_MAX: usize = 1024;
+
+/// Longest host name a history record keeps, in bytes.
+pub const HISTORY_HOST_BYTES_MAX: usize = 255;
+
+/// One command of the pool's history (`oxpool history`), as `zpool history` keeps them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryRecordMeta {
+    /// When the command ended, seconds since the Unix epoch.
+    pub time_s: u64,
+    /// The txg that wrote the record: the command's changes are in it or before it.
+    pub txg: Txg,
+    /// The user id that ran it.
+    pub uid: u32,
+    /// The host it ran on (at most `HISTORY_HOST_BYTES_MAX` bytes).
+    pub host: String,
+    /// The command line, `oxpool snapshot tank/vol0@mon` (at most
+    /// `HISTORY_LINE_BYTES_MAX` bytes).
+    pub line: String,
+}
+
+/// Encodes a chunk of the pool's history.
+///
+/// # Panics
+/// If there are more than `TABLE_CHUNK_ENTRIES_MAX` records, or none.
+pub fn encode_history_chunk(entries: &[HistoryRecordMeta]) -> Vec<u8> {
+    encode_table_chunk(BlockType::History, entries)
+}
+
+/// Decodes a chunk of the pool's history: at least one and at most
+/// `TABLE_CHUNK_ENTRIES_MAX` records, each line and host name within its bound.
+pub fn decode_history_chunk(bytes: &[u8]) -> Result<Vec<HistoryRecordMeta>, FormatError> {
+    let entries: Vec<HistoryRecordMeta> = decode_table_chunk(BlockType::History, bytes)?;
+    for r in &entries {
+        if r.line.len() > HISTORY_LINE_BYTES_MAX {
+            return Err(FormatError::BadField {
+                field: "history.line",
+                value: r.line.len() as u64,
+            });
+        }
+        if r.host.len() > HISTORY_HOST_BYTES_MAX {
+            return Err(FormatError::BadField {
+                field: "history.host",
+                value: r.host.len() as u64,
+            });
+        }
+    }
+    Ok(entries)
 }
 
 /// A volume's dataset: its identity, lineage, snapshots and deadlist.
@@ -353,6 +408,41 @@ impl From<DatasetMetaV4> for DatasetMeta {
     }
 }
 
+/// `PoolMeta` as format versions 6 and 7 wrote it (no `history`).
+#[derive(Deserialize)]
+struct PoolMetaV7 {
+    name: String,
+    guid: Guid,
+    txg: Txg,
+    tree: VdevTreeConfig,
+    props: Vec<(String, String)>,
+    volumes: Vec<VolumeMeta>,
+    spacemaps: Vec<SpaceMapMeta>,
+    deferred_frees: Vec<DeferredFree>,
+    next_volume_id: u64,
+    datasets: Vec<DatasetMeta>,
+    freeing: Vec<DeadBucketMeta>,
+}
+
+impl From<PoolMetaV7> for PoolMeta {
+    fn from(m: PoolMetaV7) -> PoolMeta {
+        PoolMeta {
+            name: m.name,
+            guid: m.guid,
+            txg: m.txg,
+            tree: m.tree,
+            props: m.props,
+            volumes: m.volumes,
+            spacemaps: m.spacemaps,
+            deferred_frees: m.deferred_frees,
+            next_volume_id: m.next_volume_id,
+            datasets: m.datasets,
+            freeing: m.freeing,
+            history: Vec::new(),
+        }
+    }
+}
+
 /// `PoolMeta` as format version 5 wrote it (its tree without pairs and spares).
 #[derive(Deserialize)]
 struct PoolMetaV5 {
@@ -383,6 +473,7 @@ impl From<PoolMetaV5> for PoolMeta {
             next_volume_id: m.next_volume_id,
             datasets: m.datasets,
             freeing: m.freeing,
+            history: Vec::new(),
         }
     }
 }
@@ -417,6 +508,7 @@ impl From<PoolMetaV4> for PoolMeta {
             next_volume_id: m.next_volume_id,
             datasets: m.datasets.into_iter().map(Into::into).collect(),
             freeing: m.freeing,
+            history: Vec::new(),
         }
     }
 }
@@ -451,6 +543,7 @@ impl From<PoolMetaV3> for PoolMeta {
             next_volume_id: m.next_volume_id,
             datasets: m.datasets.into_iter().map(Into::into).collect(),
             freeing: m.freeing,
+            history: Vec::new(),
         }
     }
 }
@@ -483,6 +576,7 @@ impl From<PoolMetaV2> for PoolMeta {
             next_volume_id: m.next_volume_id,
             datasets: Vec::new(),
             freeing: Vec::new(),
+            history: Vec::new(),
         }
     }
 }
@@ -589,6 +683,7 @@ impl From<PoolMetaV1> for PoolMeta {
             next_volume_id: m.next_volume_id,
             datasets: Vec::new(),
             freeing: Vec::new(),
+            history: Vec::new(),
         }
     }
 }
@@ -627,7 +722,7 @@ impl PoolMeta {
         encode_meta_block(BlockType::PoolMeta, &payload)
     }
 
-    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 7 (the version in
+    /// Decodes a metadata block of kind `PoolMeta`, of format version 1 to 8 (the version in
     /// its header says which layout the payload has). Block pointers inside are checked as by
     /// `BlockPtr::decode`, deferred-free DVAs by `Dva::validate`, volume levels against
     /// `BLOCK_LEVEL_MAX`. DVAs are not checked against the tree: see
@@ -641,7 +736,8 @@ impl PoolMeta {
             FormatVersion::V3 => postcard_exact::<PoolMetaV3>(payload)?.into(),
             FormatVersion::V4 => postcard_exact::<PoolMetaV4>(payload)?.into(),
             FormatVersion::V5 => postcard_exact::<PoolMetaV5>(payload)?.into(),
-            FormatVersion::V6 | FormatVersion::V7 => postcard_exact(payload)?,
+            FormatVersion::V6 | FormatVersion::V7 => postcard_exact::<PoolMetaV7>(payload)?.into(),
+            FormatVersion::V8 => postcard_exact(payload)?,
         };
         meta.tree.check_holes(meta_block_version(bytes)?)?;
         for volume in &meta.volumes {

@@ -196,11 +196,11 @@ fn other_versions_say_unsupported() {
         root: sample_ptr(),
     }
     .encode();
-    ub[8..12].copy_from_slice(&8u32.to_le_bytes());
+    ub[8..12].copy_from_slice(&9u32.to_le_bytes());
     reseal(&mut ub);
     assert_eq!(
         Uberblock::decode(&ub),
-        Err(FormatError::UnsupportedVersion { found: 8 })
+        Err(FormatError::UnsupportedVersion { found: 9 })
     );
 
     let mut meta = encode_meta_block(BlockType::Log, b"x");
@@ -297,6 +297,7 @@ fn trailing_payload_bytes_are_refused() {
         next_volume_id: 0,
         datasets: vec![],
         freeing: vec![],
+        history: vec![],
     };
     let mut payload = postcard::to_allocvec(&meta).unwrap();
     payload.push(0);
@@ -338,6 +339,7 @@ fn pool_meta_checks_the_values_inside() {
         next_volume_id: 1,
         datasets: vec![],
         freeing: vec![],
+        history: vec![],
     };
     assert!(matches!(
         PoolMeta::decode(&meta.encode()),
@@ -442,10 +444,10 @@ fn block_ptr_field_checks() {
         })
     );
     assert_eq!(
-        bad(51, 10),
+        bad(51, 11),
         Err(FormatError::BadField {
             field: "block_type",
-            value: 10
+            value: 11
         })
     );
     assert!(matches!(

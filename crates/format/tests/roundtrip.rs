@@ -656,3 +656,92 @@ fn table_chunk_record_counts_are_checked() {
 struct OldTree {
     top: Vec<u8>,
 }
+
+/// Format version 8's history: a version 7 PoolMeta (no `history`) decodes with an empty
+/// history, a version 8 payload with history is refused under a version 7 header, and a
+/// history chunk round-trips with its bounds checked on decode.
+#[test]
+fn version_7_pool_meta_decodes_with_no_history_and_history_chunks_round_trip() {
+    let record = |line: &str| HistoryRecordMeta {
+        time_s: 1_764_000_000,
+        txg: Txg(12),
+        uid: 1000,
+        host: "backup-1".into(),
+        line: line.into(),
+    };
+    let meta = PoolMeta {
+        name: "tank".into(),
+        guid: Guid(1),
+        txg: Txg(9),
+        tree: VdevTreeConfig {
+            top: vec![],
+            spares: vec![],
+        },
+        props: vec![],
+        volumes: vec![],
+        spacemaps: vec![],
+        deferred_frees: vec![],
+        next_volume_id: 3,
+        datasets: vec![],
+        freeing: vec![],
+        history: vec![],
+    };
+    // Version 7's payload is version 8's without the trailing empty `history` (one zero
+    // byte: postcard's length of an empty sequence).
+    let block = meta.encode();
+    let payload_len = u32::from_le_bytes(block[32..36].try_into().unwrap()) as usize;
+    let payload = &block[META_HEADER_BYTES..META_HEADER_BYTES + payload_len];
+    assert_eq!(payload.last(), Some(&0));
+    let mut v7 = encode_meta_block(BlockType::PoolMeta, &payload[..payload_len - 1]);
+    v7[8..12].copy_from_slice(&7u32.to_le_bytes());
+    reseal(&mut v7[..META_HEADER_BYTES + payload_len - 1]);
+    assert_eq!(PoolMeta::decode(&v7).unwrap(), meta);
+
+    let mut chunk = sample_ptr();
+    chunk.block_type = BlockType::History;
+    let mut with_history = meta.clone();
+    with_history.history = vec![TableChunkMeta { chunk, entries: 2 }];
+    let block = with_history.encode();
+    assert_eq!(PoolMeta::decode(&block).unwrap(), with_history);
+    let payload_len = u32::from_le_bytes(block[32..36].try_into().unwrap()) as usize;
+    let mut as_v7 = block.clone();
+    as_v7[8..12].copy_from_slice(&7u32.to_le_bytes());
+    reseal(&mut as_v7[..META_HEADER_BYTES + payload_len]);
+    assert!(matches!(
+        PoolMeta::decode(&as_v7),
+        Err(FormatError::Payload(_))
+    ));
+
+    let records = vec![
+        record("oxpool create tank /dev/sdb"),
+        record("oxpool snapshot tank/vol0@mon"),
+    ];
+    let bytes = encode_history_chunk(&records);
+    assert_eq!(decode_history_chunk(&bytes).unwrap(), records);
+    // A line or a host name past its bound is refused, as a chunk of another kind is.
+    for (long, field) in [
+        (
+            record(&"x".repeat(HISTORY_LINE_BYTES_MAX + 1)),
+            "history.line",
+        ),
+        (
+            HistoryRecordMeta {
+                host: "h".repeat(HISTORY_HOST_BYTES_MAX + 1),
+                ..record("oxpool sync")
+            },
+            "history.host",
+        ),
+    ] {
+        let payload = postcard::to_allocvec(&vec![long]).unwrap();
+        let block = encode_meta_block(BlockType::History, &payload);
+        let got = decode_history_chunk(&block);
+        assert!(
+            matches!(got, Err(FormatError::BadField { field: f, .. }) if f == field),
+            "{field}: {got:?}"
+        );
+    }
+    // A block of another kind is not a history chunk, whatever its payload.
+    let payload = postcard::to_allocvec(&records).unwrap();
+    let other = encode_meta_block(BlockType::SnapshotTable, &payload);
+    assert!(decode_history_chunk(&other).is_err());
+}

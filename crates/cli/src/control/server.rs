@@ -289,6 +289,7 @@ fn serve_connection(stream: UnixStream, served: Arc<Served>, stopping: Arc<Atomi
     tracing::info!(args = ?request.args, "control: command");
     let mut console = RemoteConsole::new(stream, reader, &request.cwd, stopping);
     let host = Host::Live(served);
+    let _recorded_as = crate::history::running(&request.args);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         crate::verbs::run(cli.command, &host, &mut console)
     }))

@@ -232,6 +232,14 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 &pools,
             ),
         },
+        Command::History { long, pools } => {
+            // Bounded by the names given (one, from `each_pool`).
+            for name in pool::listed(host, &pools)? {
+                let listing = host.with_pool(&name, |p| Ok(p.history()))?;
+                pool::print_history(con, &name, &listing, long)?;
+            }
+            Ok(())
+        }
         Command::Sync { pools } => {
             // Bounded by the names given (one, from `each_pool`).
             for name in pool::listed(host, &pools)? {

@@ -74,9 +74,12 @@ pub fn create(
         }
     };
     remember(cache, &pool)?;
+    crate::history::record(&pool);
     match host {
         Host::Local { .. } => pool.export()?,
         Host::Live(served) => {
+            // Its creation's record durable before the pool is offered.
+            pool.sync()?;
             served.adopt(pool, devs)?;
         }
     }
@@ -217,6 +220,7 @@ pub fn import(
                 }
             }
             remember(cache, &pool)?;
+            crate::history::record(&pool);
             host::adopt_host_state(cache, &pool, con.err())?;
             let imported = pool.name().to_string();
             let guid = pool.guid().0;
@@ -899,6 +903,77 @@ pub fn last_of(con: &mut dyn Console, mut failed: Vec<anyhow::Error>) -> Result<
         writeln!(con.err(), "oxpool: {e:#}")?;
     }
     Err(last)
+}
+
+/// `oxpool history [-l] POOL`'s lines for one pool, as `zpool history` prints them: a
+/// heading, then one line per record (`2026-12-02.16:10:05 oxpool snapshot tank/vol0@mon`),
+/// then a blank line. A chunk that could not be read fails the command after the rest is
+/// printed, naming it.
+pub fn print_history(
+    con: &mut dyn Console,
+    pool: &str,
+    listing: &oxpool_engine::HistoryListing,
+    long: bool,
+) -> Result<()> {
+    writeln!(con.out(), "History for '{pool}':")?;
+    for r in &listing.records {
+        let when =
+            crate::display::date_as(r.time_s.saturating_mul(1_000_000_000), c"%Y-%m-%d.%H:%M:%S");
+        if long {
+            let user = user_name(r.uid).map_or(String::new(), |n| format!(" ({n})"));
+            // A record not yet written has no txg: it waits for the next sync.
+            let txg = match r.txg.0 {
+                0 => "not yet synced".to_string(),
+                t => format!("txg {t}"),
+            };
+            writeln!(
+                con.out(),
+                "{when} {} [user {}{user} on {}, {txg}]",
+                r.line,
+                r.uid,
+                r.host
+            )?;
+        } else {
+            writeln!(con.out(), "{when} {}", r.line)?;
+        }
+    }
+    writeln!(con.out())?;
+    if listing.dropped > 0 {
+        writeln!(
+            con.err(),
+            "oxpool: {} record(s) of '{pool}' were dropped before a sync could write them",
+            listing.dropped
+        )?;
+    }
+    if let Some(first) = listing.unreadable.first() {
+        bail!(
+            "pool '{pool}': {} part(s) of the history could not be read, their records are \
+             missing above: {first}",
+            listing.unreadable.len()
+        );
+    }
+    Ok(())
+}
+
+/// The name of user `uid`, if the system knows it.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: getpwuid_r writes into the passwd and the buffer we own (its length given);
+    // `found` is either null or points at `pw`, whose strings point into `buf`, read before
+    // either is dropped.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr().cast(), buf.len(), &mut found);
+        if rc != 0 || found.is_null() || pw.pw_name.is_null() {
+            return None;
+        }
+        Some(
+            std::ffi::CStr::from_ptr(pw.pw_name)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    }
 }
 
 /// `oxpool status [POOL...]`.

@@ -280,6 +280,9 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     let mut dead_entries: Vec<(String, BlockPtr)> = Vec::new();
     // Each tree's bytes by birth, by its volume's id and snapshot's guid (None: the head).
     let mut births: HashMap<(VolumeId, Option<Guid>), BTreeMap<Txg, u64>> = HashMap::new();
+    let (history_blocks, history_problems) = crate::spa::history::verify(spa).await;
+    report.blocks_checked += history_blocks;
+    report.problems.extend(history_problems);
     for ds in &datasets {
         let (root, _) = *ds.data().written_root.lock().unwrap();
         let l = {
@@ -469,6 +472,12 @@ pub(crate) async fn audit(spa: &Spa, dsl: &Datasets) -> Result<AuditReport> {
     }
     for d in &s.meta_places {
         refs.add(d, None, &|| "pool metadata".into());
+    }
+    // Under the state lock, then the history's (the one order of the two).
+    for c in spa.history.lock().unwrap().blocks() {
+        for d in c.dvas() {
+            refs.add(d, Some(key_of(&c)), &|| "pool history".into());
+        }
     }
     for (v, chunks) in s.chunk_ptrs.iter().enumerate() {
         for c in chunks.iter().filter(|c| !c.is_hole()) {

@@ -861,6 +861,7 @@ async fn scan_pool_metadata(ctx: &Ctx<'_>) {
         let s = spa.state.lock().unwrap();
         (s.meta_ptr, s.chunk_ptrs.concat())
     };
+    let history = spa.history.lock().unwrap().blocks();
     if meta_ptr.is_hole() {
         return;
     }
@@ -879,6 +880,9 @@ async fn scan_pool_metadata(ctx: &Ctx<'_>) {
     }
     for c in chunks.iter().filter(|c| ctx.wanted(c)) {
         visit(ctx, c, "space map").await;
+    }
+    for c in history.iter().filter(|c| ctx.wanted(c)) {
+        visit(ctx, c, "history").await;
     }
 }
 

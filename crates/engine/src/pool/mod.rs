@@ -37,6 +37,7 @@ mod devices;
 mod error_record;
 #[cfg(test)]
 mod heal_tests;
+mod history;
 #[cfg(test)]
 mod log_tests;
 #[cfg(test)]

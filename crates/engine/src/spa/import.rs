@@ -550,6 +550,7 @@ pub(crate) async fn import_devices(
         sync_gate: Mutex::new(()),
         scan_batches: Default::default(),
         error_log: Default::default(),
+        history: Mutex::new(super::history::History::stored(meta.history.clone())),
         import_refusals,
         txg: TxgControl::new(
             &pool_name,

@@ -17,6 +17,7 @@ mod claim;
 mod config;
 mod devices;
 pub mod errlog;
+pub mod history;
 pub mod import;
 mod meta;
 pub mod space;
@@ -158,6 +159,9 @@ pub(crate) struct Spa {
     pub scan_batches: space::ScanBatches,
     /// Ranges of volumes whose blocks no copy could give back (`oxpool status -v`).
     pub error_log: errlog::ErrorLog,
+    /// The pool's command history (`oxpool history`). Never held across another lock's
+    /// acquisition but the state lock's (audit: state, then history).
+    pub history: Mutex<history::History>,
     /// Devices present at import but not taken, by guid, with why (a device smaller than
     /// the pool recorded: truncated); `oxpool status` shows it for their UNAVAIL line.
     pub import_refusals: Vec<(Guid, String)>,
@@ -283,6 +287,7 @@ impl Spa {
             sync_gate: Mutex::new(()),
             scan_batches: Default::default(),
             error_log: Default::default(),
+            history: Mutex::new(history::History::new()),
             import_refusals: Vec::new(),
             txg: TxgControl::new(
                 name,

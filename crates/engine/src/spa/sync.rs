@@ -103,6 +103,8 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     }
     // The layer above writes its changes of this txg into blocks.
     upper.sync(inner, txg, &mut freed).await?;
+    // The commands recorded since the last sync (before the space maps: it allocates).
+    super::history::sync_history(inner, txg, &mut freed).await?;
     // Every block this txg was charged for is placed: what follows may borrow what its
     // charge held back (`Spa::keep`). Cleared when the sync ends, however it ends.
     inner.charged_placed_txg.store(txg.0, Ordering::SeqCst);
@@ -237,6 +239,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
             next_volume_id: datasets.next_volume_id,
             datasets: datasets.datasets,
             freeing: datasets.freeing,
+            history: inner.history.lock().unwrap().chunks().to_vec(),
         };
         meta.encode()
     };

@@ -20,6 +20,7 @@ pub fn arb_block_type() -> impl Strategy<Value = BlockType> {
         Just(BlockType::DeadList),
         Just(BlockType::SnapshotTable),
         Just(BlockType::BookmarkTable),
+        Just(BlockType::History),
     ]
 }
 
@@ -410,6 +411,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
         any::<u64>(),
         vec(dataset, 0..3),
         vec(bucket(), 0..2),
+        vec(arb_table_chunk(), 0..3),
     )
         .prop_map(
             |(
@@ -424,6 +426,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                 next_volume_id,
                 datasets,
                 freeing,
+                history,
             )| {
                 PoolMeta {
                     name,
@@ -437,6 +440,7 @@ pub fn arb_pool_meta() -> impl Strategy<Value = PoolMeta> {
                     next_volume_id,
                     datasets,
                     freeing,
+                    history,
                 }
             },
         )
