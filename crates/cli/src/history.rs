@@ -13,6 +13,8 @@ use oxpool_engine::Pool;
 struct Running {
     line: String,
     recorded: Vec<String>,
+    /// The command turned out to change nothing (a dry run inside a change): no record.
+    changed_nothing: bool,
 }
 
 thread_local! {
@@ -51,6 +53,7 @@ pub fn running(args: &[String]) -> Command {
         *r.borrow_mut() = Some(Running {
             line: words.join(" "),
             recorded: Vec::new(),
+            changed_nothing: false,
         })
     });
     Command(())
@@ -65,7 +68,7 @@ pub fn record(pool: &Pool) {
             return;
         };
         let name = pool.name().to_string();
-        if running.recorded.contains(&name) {
+        if running.changed_nothing || running.recorded.contains(&name) {
             return;
         }
         // SAFETY: getuid cannot fail and touches no memory.
@@ -73,6 +76,16 @@ pub fn record(pool: &Pool) {
         let time_s = crate::iostat::now_ms() / 1000;
         pool.record_history(&running.line, uid, &host_name(), time_s);
         running.recorded.push(name);
+    });
+}
+
+/// Says that the running command changed nothing after all (`destroy -n`, whose plan is
+/// made inside a change): it is not recorded.
+pub fn changed_nothing() {
+    RUNNING.with(|r| {
+        if let Some(running) = r.borrow_mut().as_mut() {
+            running.changed_nothing = true;
+        }
     });
 }
 

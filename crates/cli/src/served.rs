@@ -255,6 +255,11 @@ impl Served {
         self.exports.clients(full_name).is_some()
     }
 
+    /// Client connections that have `full_name` open now (None: it is not offered).
+    pub fn clients(&self, full_name: &str) -> Option<usize> {
+        self.exports.clients(full_name)
+    }
+
     /// Offers a volume over NBD from now on (and says where, on the server's output).
     pub fn export_volume(&self, volume: oxpool_engine::Volume) -> Result<()> {
         let name = volume.full_name().to_string();

@@ -761,6 +761,8 @@ fn inherit_returns_properties_to_their_defaults() {
             "{served}"
         );
         env.ok(&["set", "scheduler=on", "tank", device]);
+        let e = env.fails(&["inherit", "-r", "scheduler", "tank", device]);
+        assert!(e.contains("-r is for volumes"), "{served}: {e}");
         env.ok(&["inherit", "scheduler", "tank", device]);
         assert_eq!(
             got(&["scheduler", "tank", device]),
@@ -1765,6 +1767,12 @@ fn history_lists_the_commands_that_changed_the_pool() {
         env.ok(&["set", "com.example:note=two words", "tank/a"]);
         env.ok(&["get", "compression", "tank/a"]);
         env.fails(&["set", "bogus=1", "tank/a"]);
+        // A dry run made inside a change changes nothing: not recorded.
+        env.ok(&[
+            "destroy",
+            "-n",
+            &format!("tank/a@{}", served.replace(' ', "-")),
+        ]);
         let after = commands("tank");
         assert_eq!(after[..before.len()], before[..], "{served}");
         assert_eq!(

@@ -628,6 +628,9 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
             "{served}: {err}"
         );
         assert_eq!(datasets(), "", "{served}: a dry run made something");
+        // Nor a hidden receive dataset (`list` does not show those): nothing to abort.
+        let e = env.fails(&["recv", "-A", "dest/copy"]);
+        assert!(e.contains("no partially received"), "{served}: {e}");
         for (file, why) in [
             (&damaged_file, "damaged"),
             (&cut_file, "truncated"),

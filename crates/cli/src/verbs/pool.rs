@@ -230,6 +230,8 @@ pub fn import(
                     pool.export()?
                 }
                 Host::Live(served) => {
+                    // Its import's record durable before the pool is offered.
+                    pool.sync()?;
                     served.adopt(pool, devs)?;
                 }
             }
@@ -929,12 +931,12 @@ pub fn print_history(
             writeln!(
                 con.out(),
                 "{when} {} [user {}{user} on {}, {txg}]",
-                r.line,
+                printable(&r.line),
                 r.uid,
-                r.host
+                printable(&r.host)
             )?;
         } else {
-            writeln!(con.out(), "{when} {}", r.line)?;
+            writeln!(con.out(), "{when} {}", printable(&r.line))?;
         }
     }
     writeln!(con.out())?;
@@ -953,6 +955,24 @@ pub fn print_history(
         );
     }
     Ok(())
+}
+
+/// `s` with its control characters escaped (`\n`, `\u{1b}`): a record is one line, and
+/// one read from a pool made elsewhere sends no escape sequence to the terminal.
+fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 /// The name of user `uid`, if the system knows it.

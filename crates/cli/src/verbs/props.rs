@@ -492,8 +492,14 @@ pub fn inherit(host: &Host, prop: &str, targets: &[String], recursive: bool) -> 
     let (pool, _) = split_target(&targets[0]);
     // After a pool, the one word left is its device (a pool alone has nothing to inherit).
     if let [pool_only, device] = targets {
-        if !pool_only.contains(['/', '@']) && !recursive {
-            return set(host, &[&format!("{prop}=inherit")], pool_only, Some(device));
+        if !pool_only.contains(['/', '@']) {
+            // POOL then a word that is not one of its volumes: a device.
+            if recursive && split_target(device).0 != pool_only.as_str() {
+                bail!("-r is for volumes: a device's property is inherited without it");
+            }
+            if !recursive {
+                return set(host, &[&format!("{prop}=inherit")], pool_only, Some(device));
+            }
         }
     }
     let volume_prop = is_user_prop(prop) || VOLUME_PROP_NAMES.contains(&prop);

@@ -312,7 +312,18 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         dry_run,
     };
     if dry_run {
-        // Nothing changes: no export is taken down or offered, nothing is written.
+        // Nothing changes: no export is taken down or offered, no data is written. The
+        // refusal a receive would meet for a head open by clients is given (the snapshots
+        // `-F` would take down are not checked: only the stream names them).
+        if let Host::Live(served) = host {
+            let head = format!("{pool_name}/{volume}");
+            if let Some(n) = served.clients(&head).filter(|n| *n > 0) {
+                bail!(
+                    "cannot receive into '{head}': it is open by {n} NBD client connection(s) \
+                     (its NBD clients must disconnect first)"
+                );
+            }
+        }
         return host.with_pool(pool_name, |p| {
             let checked = p.receive(volume, con.input(), &opts)?;
             if verbose {

@@ -252,6 +252,7 @@ pub fn destroy(
             writeln!(con.out(), "{reclaim} {}", size(estimate, parsable))?;
         }
         if dry_run {
+            crate::history::changed_nothing();
             return Ok(());
         }
         // Out of the export table first, every volume's (refused while a client has one

@@ -35,6 +35,14 @@ pub const HISTORY_CHUNKS_MAX: usize = 32;
 /// counted in the listing).
 pub const HISTORY_PENDING_MAX: usize = 256;
 
+// A chunk of the longest records fits one allocation on any vdev: half a 256 KiB slab, the
+// data share of the narrowest raidz (raidz1 of two devices). Raising a bound past it would
+// make the sync's allocation fail.
+const _: () = assert!(
+    TABLE_CHUNK_ENTRIES_MAX * (HISTORY_LINE_BYTES_MAX + HISTORY_HOST_BYTES_MAX + 64)
+        <= oxpool_format::META_PIECE_BYTES_MAX / 2
+);
+
 /// One command of the history, as [`crate::Pool::history`] lists it.
 pub type HistoryRecord = HistoryRecordMeta;
 
@@ -145,34 +153,31 @@ async fn read_chunk(spa: &Spa, c: &TableChunkMeta, what: &str) -> Result<Vec<His
 /// Writes the records waiting into txg `txg`'s history chunks (see the module docs); the
 /// places of the chunks replaced or dropped go to `freed`.
 pub(crate) async fn sync_history(spa: &Spa, txg: Txg, freed: &mut Vec<Dva>) -> Result<()> {
-    // Taken out under the lock, written without it (a record added meanwhile waits for the
-    // next sync); put back if the writes fail.
-    let (mut chunks, tail, pending) = {
-        let mut h = spa.history.lock().unwrap();
+    // Copied under the lock, written without it; the records written leave the waiting
+    // list only once their chunks are in the list (so a listing meanwhile shows them, and a
+    // failed write leaves them waiting). Records added meanwhile wait for the next sync.
+    let (mut chunks, tail, pending, dropped) = {
+        let h = spa.history.lock().unwrap();
         if h.pending.is_empty() {
             return Ok(());
         }
         (
             h.chunks.clone(),
             h.tail.clone(),
-            std::mem::take(&mut h.pending),
+            h.pending.clone(),
+            h.dropped,
         )
     };
-    let written = write_chunks(spa, txg, &mut chunks, tail, &pending).await;
+    let (tail, replaced) = write_chunks(spa, txg, &mut chunks, tail, &pending).await?;
+    freed.extend(replaced);
     let mut h = spa.history.lock().unwrap();
-    match written {
-        Ok((tail, replaced)) => {
-            freed.extend(replaced);
-            h.chunks = chunks;
-            h.tail = Tail::Read(tail);
-            Ok(())
-        }
-        Err(e) => {
-            let later = std::mem::replace(&mut h.pending, pending);
-            h.pending.extend(later);
-            Err(e)
-        }
-    }
+    // Records dropped meanwhile (the bound) were the oldest waiting: among those written.
+    let gone = (h.dropped - dropped) as usize;
+    let written = pending.len().saturating_sub(gone).min(h.pending.len());
+    h.pending.drain(..written);
+    h.chunks = chunks;
+    h.tail = Tail::Read(tail);
+    Ok(())
 }
 
 /// Appends `pending` (stamped with `txg`) to `chunks`: into the last chunk while it has

@@ -514,6 +514,9 @@ pub(crate) async fn import_devices(
             })?;
         }
     }
+    // The history's chunks are freed when they are replaced or dropped, some without being
+    // read: a list that could make a sync free a place twice or off the tree is refused.
+    check_history_list(&pool_name, &meta)?;
     let pool_name = match new_name {
         Some(n) => n.to_string(),
         None => {
@@ -585,6 +588,43 @@ pub(crate) async fn import_devices(
     Ok((inner, meta))
 }
 
+/// Checks `PoolMeta.history` (see its use in `import`): at most `HISTORY_CHUNKS_MAX`
+/// chunks of history blocks, each of 1 to `TABLE_CHUNK_ENTRIES_MAX` records, on the tree,
+/// no place listed twice.
+fn check_history_list(pool_name: &str, meta: &oxpool_format::PoolMeta) -> Result<()> {
+    let bad = |why: String| {
+        EngineError::invalid(format!(
+            "pool '{pool_name}': its history's chunk list {why}"
+        ))
+    };
+    if meta.history.len() > super::history::HISTORY_CHUNKS_MAX {
+        return Err(bad(format!("has {} chunks", meta.history.len())));
+    }
+    let mut places = std::collections::HashSet::new();
+    for (i, c) in meta.history.iter().enumerate() {
+        let entries = c.entries as usize;
+        if c.chunk.block_type != oxpool_format::BlockType::History
+            || !(1..=oxpool_format::TABLE_CHUNK_ENTRIES_MAX).contains(&entries)
+        {
+            return Err(bad(format!(
+                "names a {} block of {entries} records (chunk {i})",
+                c.chunk.block_type.name()
+            )));
+        }
+        for dva in c.chunk.dvas() {
+            meta.tree.check_dva(dva).map_err(|e| EngineError::Corrupt {
+                device: pool_name.to_string(),
+                what: format!("history chunk {i}"),
+                source: e,
+            })?;
+            if !places.insert((dva.vdev, dva.offset_bytes)) {
+                return Err(bad(format!("lists a place twice (chunk {i})")));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The vdev ids of a `key` record (comma-separated), as [`super::LOG_DISCARDED_KEY`] and
 /// [`super::LOG_EMPTIED_KEY`] keep them.
 fn vdev_ids(pool_name: &str, key: &str, records: &[(String, String)]) -> Result<Vec<VdevId>> {
@@ -625,8 +665,63 @@ impl Spa {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_id;
-    use oxpool_format::Guid;
+    use super::{check_history_list, parse_id};
+    use oxpool_format::{
+        BlockPtr, BlockType, Dva, Guid, PoolMeta, TableChunkMeta, Txg, VdevId, VdevTreeConfig,
+    };
+
+    /// A history chunk list that could make a sync free a place twice, or something that is
+    /// no history chunk, is refused at import, saying why.
+    #[test]
+    fn a_bad_history_chunk_list_is_refused() {
+        let chunk = |block_type, entries| {
+            let mut bp = BlockPtr {
+                ndvas: 1,
+                block_type,
+                ..BlockPtr::HOLE
+            };
+            bp.dvas[0] = Dva {
+                vdev: VdevId(0),
+                offset_bytes: 1 << 20,
+                asize_bytes: 4096,
+            };
+            TableChunkMeta { chunk: bp, entries }
+        };
+        let meta = |history: Vec<TableChunkMeta>| PoolMeta {
+            name: "tank".into(),
+            guid: Guid(1),
+            txg: Txg(9),
+            tree: VdevTreeConfig {
+                top: vec![],
+                spares: vec![],
+            },
+            props: vec![],
+            volumes: vec![],
+            spacemaps: vec![],
+            deferred_frees: vec![],
+            next_volume_id: 1,
+            datasets: vec![],
+            freeing: vec![],
+            history,
+        };
+        assert!(check_history_list("tank", &meta(vec![])).is_ok());
+        let too_many =
+            vec![chunk(BlockType::History, 1); super::super::history::HISTORY_CHUNKS_MAX + 1];
+        let e = check_history_list("tank", &meta(too_many))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has 33 chunks"), "{e}");
+        let e = check_history_list("tank", &meta(vec![chunk(BlockType::Data, 1)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("names a data block"), "{e}");
+        let e = check_history_list("tank", &meta(vec![chunk(BlockType::History, 65)]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("of 65 records"), "{e}");
+        // A place on no vdev of the tree (this one has none).
+        assert!(check_history_list("tank", &meta(vec![chunk(BlockType::History, 1)])).is_err());
+    }
 
     /// A pool id is hex as the listing shows it, with or without `0x`: nothing else.
     #[test]

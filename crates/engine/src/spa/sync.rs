@@ -103,12 +103,14 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
     }
     // The layer above writes its changes of this txg into blocks.
     upper.sync(inner, txg, &mut freed).await?;
-    // The commands recorded since the last sync (before the space maps: it allocates).
-    super::history::sync_history(inner, txg, &mut freed).await?;
     // Every block this txg was charged for is placed: what follows may borrow what its
     // charge held back (`Spa::keep`). Cleared when the sync ends, however it ends.
     inner.charged_placed_txg.store(txg.0, Ordering::SeqCst);
     let _placed = PlacedGuard(inner);
+    // The commands recorded since the last sync: uncharged, like the space maps and the
+    // PoolMeta, so after the charged blocks are placed (it may borrow what their charge
+    // held back) and before the space maps (it allocates).
+    super::history::sync_history(inner, txg, &mut freed).await?;
     // Space maps: give every changed chunk a new place until no allocation changes a chunk
     // that has none yet (each round only allocates for chunks new to the set: bounded by the
     // number of chunks), then write them with their final bits.
