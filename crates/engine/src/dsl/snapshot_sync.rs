@@ -7,17 +7,16 @@ use crate::dsl::dataset::Dataset;
 use crate::dsl::deadlist::Deadlist;
 use crate::dsl::snapshot::{SnapOp, Snapshot};
 use crate::dsl::Datasets;
-use crate::spa::block::{padded, write_new_block, NewBlock};
+use crate::spa::block::write_meta_chunk;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    decode_deadlist_chunk, decode_indirect, encode_deadlist_chunk, BlockPtr, BlockType,
-    ChecksumType, Compression, Dva, Txg, DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
+    decode_deadlist_chunk, decode_indirect, encode_deadlist_chunk, BlockPtr, BlockType, Dva, Txg,
+    DEADLIST_CHUNK_ENTRIES_MAX, INDIRECT_FANOUT,
 };
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 /// Writes dataset `ds`'s objects for txg `txg` (with `destroy`, frees everything it has),
 /// filing the blocks they kill: freed if born after the previous snapshot, else on the
@@ -371,19 +370,9 @@ pub(crate) async fn write_deadlists(
         // Bounded: one block per DEADLIST_CHUNK_ENTRIES_MAX entries.
         for chunk in entries.chunks(DEADLIST_CHUNK_ENTRIES_MAX) {
             let bytes = encode_deadlist_chunk(chunk);
-            let nb = NewBlock {
-                psize_bytes: bytes.len() as u32,
-                lsize_bytes: bytes.len() as u32,
-                compression: Compression::Off,
-                block_type: BlockType::DeadList,
-                level: 0,
-                copies,
-                checksum_type: ChecksumType::Xxh3_128,
-                txg,
-                fill: chunk.len() as u64,
-            };
+            let records = chunk.len() as u64;
             chunks.push(
-                write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?,
+                write_meta_chunk(spa, &bytes, BlockType::DeadList, copies, txg, records).await?,
             );
         }
         if let Some(tail) = &tail {

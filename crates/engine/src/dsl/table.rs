@@ -13,17 +13,16 @@
 //! joined, which bounds the chunks to about two per `TABLE_CHUNK_ENTRIES_MAX / 2` records.
 
 use crate::dsl::snapshot::Lineage;
-use crate::spa::block::{padded, write_new_block, NewBlock};
+use crate::spa::block::write_meta_chunk;
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{
     checksum, decode_bookmark_chunk, decode_snapshot_chunk, BlockPtr, BlockType, ChecksumType,
-    Compression, DatasetMeta, Dva, TableChunkMeta, Txg, TABLE_CHUNK_ENTRIES_MAX,
+    DatasetMeta, Dva, TableChunkMeta, Txg, TABLE_CHUNK_ENTRIES_MAX,
 };
 use std::ops::Range;
-use std::sync::Arc;
 
 /// One table's chunks as stored: each chunk's pointer, its record count, and the txg of its
 /// first record (where its range of records starts).
@@ -157,19 +156,8 @@ impl Table {
                 }
                 Planned::New { bytes, entries } => (bytes, entries),
             };
-            let nb = NewBlock {
-                psize_bytes: bytes.len() as u32,
-                lsize_bytes: bytes.len() as u32,
-                compression: Compression::Off,
-                block_type,
-                level: 0,
-                copies,
-                checksum_type: ChecksumType::Xxh3_128,
-                txg,
-                fill: u64::from(entries),
-            };
-            let chunk =
-                write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?;
+            let records = u64::from(entries);
+            let chunk = write_meta_chunk(spa, &bytes, block_type, copies, txg, records).await?;
             chunks.push((TableChunkMeta { chunk, entries }, first));
         }
         for ((c, _), kept) in self.chunks.iter().zip(&plan.kept) {

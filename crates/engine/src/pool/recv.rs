@@ -272,6 +272,28 @@ fn after_received(e: EngineError, received: &[Received], dry_run: bool) -> Engin
     }
 }
 
+/// What one stream made (or, in a dry run, would make): `full@snapshot` from `begin`'s
+/// stream, with its records' counts.
+fn received(
+    full: &str,
+    snapshot: &str,
+    begin: &StreamBegin,
+    data_records: u64,
+    free_records: u64,
+) -> Received {
+    Received {
+        snapshot: format!("{full}@{snapshot}"),
+        guid: begin.toguid.0,
+        incremental: begin.fromguid.is_some(),
+        data_records,
+        free_records,
+        resumed_at_bytes: begin
+            .features
+            .contains(StreamFeatures::RESUMING)
+            .then_some(begin.resume_offset_bytes),
+    }
+}
+
 /// The snapshot a stream makes (its name after `@`), checked as a snapshot name.
 fn stream_snapshot(begin: &StreamBegin) -> Result<String> {
     let snapshot = begin
@@ -697,17 +719,13 @@ impl Pool {
                 Record::End => break,
             }
         }
-        Ok(Received {
-            snapshot: format!("{full}@{snapshot}"),
-            guid: begin.toguid.0,
-            incremental: begin.fromguid.is_some(),
+        Ok(received(
+            &full,
+            &snapshot,
+            &begin,
             data_records,
             free_records,
-            resumed_at_bytes: begin
-                .features
-                .contains(StreamFeatures::RESUMING)
-                .then_some(begin.resume_offset_bytes),
-        })
+        ))
     }
 
     /// Receives one stream, from its BEGIN to its END.
@@ -840,17 +858,13 @@ impl Pool {
                 .insert(volume.to_string(), Arc::new(VolumeInner::new(ds, zil)));
         }
         queued?;
-        Ok(Received {
-            snapshot: format!("{full}@{}", plan.snapshot),
-            guid: begin.toguid.0,
-            incremental: begin.fromguid.is_some(),
+        Ok(received(
+            &full,
+            &plan.snapshot,
+            &begin,
             data_records,
             free_records,
-            resumed_at_bytes: begin
-                .features
-                .contains(StreamFeatures::RESUMING)
-                .then_some(begin.resume_offset_bytes),
-        })
+        ))
     }
 
     /// The saved state of a resumable receive into hidden dataset `hidden`, if any.

@@ -79,6 +79,31 @@ pub(crate) async fn write_new_block(
     Ok(bp)
 }
 
+/// Writes `bytes`, an encoded metadata chunk of `records` records (a deadlist's, a table's,
+/// the history's), as a new uncompressed block of `block_type` with `copies`, born in `txg`,
+/// as an asynchronous write of the txg sync; returns its pointer.
+pub(crate) async fn write_meta_chunk(
+    inner: &Spa,
+    bytes: &[u8],
+    block_type: BlockType,
+    copies: usize,
+    txg: Txg,
+    records: u64,
+) -> Result<BlockPtr> {
+    let nb = NewBlock {
+        psize_bytes: bytes.len() as u32,
+        lsize_bytes: bytes.len() as u32,
+        compression: Compression::Off,
+        block_type,
+        level: 0,
+        copies,
+        checksum_type: oxpool_format::ChecksumType::Xxh3_128,
+        txg,
+        fill: records,
+    };
+    write_new_block(inner, IoClass::AsyncWrite, &Arc::new(padded(bytes)), nb).await
+}
+
 /// Allocates and writes many blocks as I/Os of `class` (see [`write_blocks_shared`]: places
 /// taken in order, so adjacent writes aggregate); returns their pointers in order.
 pub(crate) async fn write_new_blocks(

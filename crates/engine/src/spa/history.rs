@@ -16,17 +16,15 @@
 //! A history chunk that cannot be read (damaged on every copy) never stops the pool: the
 //! listing says which chunk, and new records go into a new chunk after it.
 
-use crate::spa::block::{padded, write_new_block, NewBlock, META_COPIES};
+use crate::spa::block::{write_meta_chunk, META_COPIES};
 use crate::spa::Spa;
 use crate::vdev::queue::IoClass;
 use crate::zio::read_block;
 use crate::{EngineError, Result};
 use oxpool_format::{
-    decode_history_chunk, encode_history_chunk, BlockPtr, BlockType, ChecksumType, Compression,
-    Dva, HistoryRecordMeta, TableChunkMeta, Txg, HISTORY_HOST_BYTES_MAX, HISTORY_LINE_BYTES_MAX,
-    TABLE_CHUNK_ENTRIES_MAX,
+    decode_history_chunk, encode_history_chunk, BlockPtr, BlockType, Dva, HistoryRecordMeta,
+    TableChunkMeta, Txg, HISTORY_HOST_BYTES_MAX, HISTORY_LINE_BYTES_MAX, TABLE_CHUNK_ENTRIES_MAX,
 };
-use std::sync::Arc;
 
 /// Most history chunks a pool keeps (the first and the latest; about 2,000 records).
 pub const HISTORY_CHUNKS_MAX: usize = 32;
@@ -227,19 +225,9 @@ async fn write_chunks(
     // Bounded: the records fill at most HISTORY_PENDING_MAX / TABLE_CHUNK_ENTRIES_MAX + 1.
     for piece in records.chunks(TABLE_CHUNK_ENTRIES_MAX) {
         let bytes = encode_history_chunk(piece);
-        let nb = NewBlock {
-            psize_bytes: bytes.len() as u32,
-            lsize_bytes: bytes.len() as u32,
-            compression: Compression::Off,
-            block_type: BlockType::History,
-            level: 0,
-            copies: META_COPIES,
-            checksum_type: ChecksumType::Xxh3_128,
-            txg,
-            fill: piece.len() as u64,
-        };
+        let records = piece.len() as u64;
         let chunk =
-            write_new_block(spa, IoClass::AsyncWrite, &Arc::new(padded(&bytes)), nb).await?;
+            write_meta_chunk(spa, &bytes, BlockType::History, META_COPIES, txg, records).await?;
         chunks.push(TableChunkMeta {
             chunk,
             entries: piece.len() as u32,
