@@ -210,7 +210,7 @@ pub enum Command {
         /// Dry run, as `zfs recv -n`: read and verify the whole input (every record's
         /// checksum, the first stream against the target, each later one's base against
         /// the stream before it) and change nothing; with -v, say what would be received.
-        #[arg(short = 'n', conflicts_with_all = ["abort", "resumable"])]
+        #[arg(short = 'n', conflicts_with = "abort")]
         dry_run: bool,
         /// Print what was received, on standard error.
         #[arg(short = 'v')]
@@ -481,7 +481,8 @@ pub enum Command {
     /// Show the commands that changed pools, oldest first, as `zpool history`: each with
     /// when it ended (local time). The pool keeps them (they move with it to another host):
     /// its first records, from its creation, for good, and about the latest 2,000. Without
-    /// POOL, every pool.
+    /// POOL, every pool. No `-i`: oxpool records no internal events (`-l` shows each
+    /// record's txg).
     History {
         /// Long format: also the user, the host and the txg that wrote each record.
         #[arg(short = 'l')]

@@ -735,6 +735,14 @@ fn inherit_returns_properties_to_their_defaults() {
                 &["inherit", "-r", "sync", "tank", "tank/nosuch"],
                 "tank/nosuch",
             ),
+            (
+                &["inherit", "-r", "sync", "tank", "other"],
+                "must be of one pool (tank and other)",
+            ),
+            (
+                &["inherit", "-r", "scheduler", "tank"],
+                "'scheduler' is not a volume property",
+            ),
         ] {
             let e = env.fails(args);
             assert!(e.contains(why), "{served}: {args:?}: {e}");
@@ -1801,6 +1809,12 @@ fn history_lists_the_commands_that_changed_the_pool() {
     env.ok(&["import", "-d", ".", "tank"]);
     let after = commands("tank");
     assert_eq!(after[..kept.len()], kept[..]);
-    assert_eq!(after[kept.len()..], ["oxpool import -d . tank".to_string()]);
+    assert_eq!(
+        after[kept.len()..],
+        [
+            "oxpool export tank".to_string(),
+            "oxpool import -d . tank".to_string()
+        ]
+    );
     env.ok(&["audit", "tank"]);
 }

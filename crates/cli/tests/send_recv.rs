@@ -654,5 +654,23 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
     assert!(!listed.contains("dest/copy"), "{listed}");
     let (status, _) = server.stop();
     assert!(status.success());
+    // A real receive of an input whose third part is no stream keeps the two streams before
+    // it (as ZFS keeps a package's snapshots received before an error), fails, and the
+    // pool's history has the command that changed it.
+    let tail_junk = env.path("junk-tail.stream");
+    std::fs::write(&tail_junk, [full, incremental, vec![0x5a; 4096]].concat()).unwrap();
+    let mut command = env.oxpool_command();
+    command
+        .args(["recv", "dest/kept"])
+        .stdin(std::fs::File::open(&tail_junk).unwrap());
+    let out = command.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("2 received before it"),
+        "{err}"
+    );
+    assert_eq!(datasets(), "dest/kept\ndest/kept@one\ndest/kept@two\n");
+    let history = env.ok(&["history", "dest"]);
+    assert!(history.contains(" oxpool recv dest/kept\n"), "{history}");
     env.ok(&["audit", "dest"]);
 }

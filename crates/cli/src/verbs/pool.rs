@@ -369,7 +369,11 @@ fn refuse_name_in_use(
 pub fn export(host: &Host, name: &str, force: bool) -> Result<()> {
     match host {
         Host::Local { cache } => match open_pool(cache, name) {
-            Ok((pool, _locks)) => pool.export()?,
+            Ok((pool, _locks)) => {
+                // In the history the pool takes with it (the export's sync writes it).
+                crate::history::record(&pool);
+                pool.export()?
+            }
             // As `zpool export` of a pool that cannot be opened: this machine forgets it
             // (it was listed UNAVAIL); its devices are left as they are.
             Err(e) if e.downcast_ref::<host::Unavailable>().is_some() => {
@@ -387,6 +391,7 @@ pub fn export(host: &Host, name: &str, force: bool) -> Result<()> {
             // A client's disk going away under it is refused, as `zpool export` refuses a
             // busy pool: -f disconnects them (after answering what they sent).
             let (pool, devices) = served.release(name, !force)?;
+            crate::history::record(&pool);
             pool.export()?;
             drop(devices);
         }

@@ -493,14 +493,24 @@ pub fn inherit(host: &Host, prop: &str, targets: &[String], recursive: bool) -> 
     // After a pool, the one word left is its device (a pool alone has nothing to inherit).
     if let [pool_only, device] = targets {
         if !pool_only.contains(['/', '@']) {
-            // POOL then a word that is not one of its volumes: a device.
-            if recursive && split_target(device).0 != pool_only.as_str() {
+            // POOL then a path (`/dev/sdb`, `./a.img`): a device. Another word is another
+            // target, refused below if it is of another pool.
+            if recursive && device.starts_with(['/', '.']) {
                 bail!("-r is for volumes: a device's property is inherited without it");
             }
             if !recursive {
                 return set(host, &[&format!("{prop}=inherit")], pool_only, Some(device));
             }
         }
+    }
+    if recursive
+        && !VOLUME_PROP_NAMES.contains(&prop)
+        && (POOL_PROP_NAMES.contains(&prop) || DEVICE_PROP_NAMES.contains(&prop))
+    {
+        bail!(
+            "'{prop}' is not a volume property: -r returns volumes' properties (a device \
+             follows its pool's {prop} again with `oxpool inherit {prop} POOL DEVICE`)"
+        );
     }
     let volume_prop = is_user_prop(prop) || VOLUME_PROP_NAMES.contains(&prop);
     let mut named = Vec::with_capacity(targets.len());

@@ -373,6 +373,18 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             Ok(())
         };
         let received = p.receive_with(volume, con.input(), &opts, &before_destroy);
+        // A receive that failed after streams of its input were received (each is kept, as
+        // ZFS keeps the snapshots of a `send -I` package received before an error) changed
+        // the pool: its history says so.
+        if received.is_err() {
+            let after: Vec<String> = p
+                .snapshots(volume)
+                .map(|s| s.into_iter().map(|s| s.name).collect())
+                .unwrap_or_default();
+            if after != before {
+                crate::history::record(p);
+            }
+        }
         let taken_down = taken_down.into_inner();
         if let Some(served) = served {
             let after: Vec<String> = match p.snapshots(volume) {
