@@ -4,7 +4,8 @@
 //! power loss it holds every record a finished sync wrote, and at most the one sync in
 //! flight's besides; and the audit is clean throughout.
 //!
-//! `OXPOOL_CRASH_CASES=N` runs N seeds of the power-loss case (default 2000);
+//! Odd seeds of the power-loss case fill the history near its bound first, so the crash can
+//! come while chunks are dropped. `OXPOOL_CRASH_CASES=N` runs N seeds (default 2000);
 //! `OXPOOL_CRASH_SEED=S` replays one.
 
 mod common;
@@ -99,6 +100,7 @@ fn the_history_is_bounded_and_keeps_the_pools_creation() {
     }
     let listed = pool.history();
     let got = lines(&listed.records);
+    assert_eq!(got, expected(total));
     assert!(got.len() <= kept_max, "{} records kept", got.len());
     assert!(
         got.len() > kept_max - TABLE_CHUNK_ENTRIES_MAX,
@@ -121,9 +123,24 @@ fn the_history_is_bounded_and_keeps_the_pools_creation() {
     assert_eq!(lines(&reimport(&mems).history().records), got);
 }
 
+/// What the history lists after `n` records `oxpool sync 0..n`: chunks fill to
+/// `TABLE_CHUNK_ENTRIES_MAX` before the next begins, whatever the syncs' sizes, so chunk k
+/// holds records [64k, 64k + 64); the first chunk stays, and the latest others up to the
+/// bound.
+fn expected(n: usize) -> Vec<String> {
+    let per = TABLE_CHUNK_ENTRIES_MAX;
+    let chunks = n.div_ceil(per);
+    let first_later = chunks.saturating_sub(HISTORY_CHUNKS_MAX - 1).max(1);
+    (0..n.min(per))
+        .chain((first_later * per).min(n)..n)
+        .map(|i| format!("oxpool sync {i}"))
+        .collect()
+}
+
 /// Records and syncs until the power fails at a seeded instant; after import, the history is
 /// the records of every sync that returned, plus at most those of the sync in flight, in
-/// order; the audit is clean; the pool records on.
+/// order; the audit is clean; the pool records on. Odd seeds fill the history near its bound
+/// first, so the crash can come while chunks are dropped.
 fn crash_case(seed: u64) -> Result<String, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mems = vec![MemoryBackend::new("mem0", 32 << 20)];
@@ -135,14 +152,24 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }];
     let e = |e: oxpool_engine::EngineError| e.to_string();
     let pool = Pool::create("tank", tops, common::test_props(), false).map_err(e)?;
+    let mut recorded = 0usize;
+    if seed % 2 == 1 {
+        let near = HISTORY_CHUNKS_MAX * TABLE_CHUNK_ENTRIES_MAX - rng.random_range(0..200);
+        while recorded < near {
+            for _ in 0..(near - recorded).min(200) {
+                record(&pool, &format!("oxpool sync {recorded}"));
+                recorded += 1;
+            }
+            pool.sync().map_err(e)?;
+        }
+    }
     for m in group.members.lock().unwrap().iter() {
         m.enable_power_loss();
     }
     group
         .remaining
         .store(rng.random_range(1..300), Ordering::SeqCst);
-    let mut synced = 0usize;
-    let mut recorded = 0usize;
+    let mut synced = recorded;
     // Bounded; it ends at the crash (the first error).
     for _ in 0..200 {
         for _ in 0..rng.random_range(1..40) {
@@ -161,12 +188,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     if !listed.unreadable.is_empty() {
         return Err(format!("unreadable: {:?} ({report})", listed.unreadable));
     }
-    let want = |n: usize| {
-        (0..n)
-            .map(|i| format!("oxpool sync {i}"))
-            .collect::<Vec<_>>()
-    };
-    if got != want(synced) && got != want(recorded) {
+    if got != expected(synced) && got != expected(recorded) {
         return Err(format!(
             "{} records after the crash; {synced} synced, {recorded} recorded ({report})",
             got.len()
