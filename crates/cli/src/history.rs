@@ -79,6 +79,14 @@ pub fn record(pool: &Pool) {
     });
 }
 
+/// Records in `pool` the command `args` (without the program name), as if it had run: what
+/// a command did without its own command line (serve's default pool).
+pub fn record_as(pool: &Pool, args: &[&str]) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let _running = running(&args);
+    record(pool);
+}
+
 /// Says that the running command changed nothing after all (`destroy -n`, whose plan is
 /// made inside a change): it is not recorded.
 pub fn changed_nothing() {

@@ -106,23 +106,10 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
     )?;
     pool.create_volume("vol0", DEFAULT_VOLUME_BYTES, &[])?;
     // What made it, in its history (no command line did), as the equivalent commands.
-    {
-        let _made_as = crate::history::running(&[
-            "create".to_string(),
-            "oxpool".to_string(),
-            file.display().to_string(),
-        ]);
-        crate::history::record(&pool);
-    }
-    {
-        let _made_as = crate::history::running(&[
-            "create".to_string(),
-            "-V".to_string(),
-            crate::human(DEFAULT_VOLUME_BYTES),
-            "oxpool/vol0".to_string(),
-        ]);
-        crate::history::record(&pool);
-    }
+    let file_name = file.display().to_string();
+    crate::history::record_as(&pool, &["create", "oxpool", &file_name]);
+    let size = crate::human(DEFAULT_VOLUME_BYTES);
+    crate::history::record_as(&pool, &["create", "-V", &size, "oxpool/vol0"]);
     crate::console::say_out(format_args!(
         "created pool 'oxpool' on {} (sparse file of {}) with volume 'vol0' of {}",
         file.display(),
