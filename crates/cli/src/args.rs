@@ -117,10 +117,11 @@ pub enum Command {
         /// opened (clearing the labels of those of its devices that are found).
         #[arg(short, long)]
         force: bool,
-        /// Snapshots: print what would be destroyed and freed, and change nothing.
+        /// Snapshots and volumes: print what would be destroyed and freed, and change
+        /// nothing.
         #[arg(short = 'n')]
         dry_run: bool,
-        /// Snapshots: print what is destroyed and freed.
+        /// Snapshots and volumes: print what is destroyed and freed.
         #[arg(short = 'v')]
         verbose: bool,
         /// Exact sizes (bytes) with -v.
@@ -651,6 +652,15 @@ pub enum VolCommand {
         /// Destroy its snapshots first.
         #[arg(short = 'r')]
         recursive: bool,
+        /// Print what would be destroyed and freed, and change nothing.
+        #[arg(short = 'n')]
+        dry_run: bool,
+        /// Print what is destroyed and freed.
+        #[arg(short = 'v')]
+        verbose: bool,
+        /// Exact sizes (bytes) with -n or -v.
+        #[arg(short = 'p')]
+        parsable: bool,
         /// POOL/VOL.
         name: String,
     },

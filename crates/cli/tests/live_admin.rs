@@ -980,11 +980,39 @@ fn create_v_makes_a_volume_as_zfs_create() {
         assert!(e.contains("POOL/VOL"), "{served}: {e}");
         assert!(env.run(&["get", "volsize", "tank/x"]).status.code() == Some(1));
         // And `destroy POOL/VOL` removes one, as `zfs destroy` (-r with its snapshots).
+        // Blocks only the snapshot holds, and blocks of the volume's own.
+        std::fs::write(env.path("in.bin"), harness::random_bytes(5, 256 << 10)).unwrap();
+        env.ok(&["vol", "write", two, "in.bin"]);
         env.ok(&["snapshot", &format!("{two}@s")]);
+        env.ok(&["vol", "write", two, "--offset", "1M", "in.bin"]);
         let e = env.fails(&["destroy", two]);
         assert!(e.contains("snapshot"), "{served}: {e}");
         let e = env.fails(&["destroy", "-n", two]);
-        assert!(e.contains("are for snapshots"), "{served}: {e}");
+        assert!(e.contains("snapshot"), "{served}: {e}");
+        let e = env.fails(&["destroy", "-d", two]);
+        assert!(e.contains("-d is for snapshots"), "{served}: {e}");
+        // -n -v -p: the snapshots, the volume and its `used`, and nothing destroyed.
+        env.ok(&["sync", "tank"]);
+        let used = env.ok(&["get", "-H", "-p", "-o", "value", "used", two]);
+        let used: u64 = used.trim().parse().unwrap();
+        assert!(used >= 512 << 10, "{served}: used {used}");
+        let plan = env.ok(&["destroy", "-r", "-n", "-v", "-p", two]);
+        assert_eq!(
+            plan,
+            format!("would destroy {two}@s\nwould destroy {two}\nwould reclaim {used}\n"),
+            "{served}"
+        );
+        let plan = env.ok(&["vol", "destroy", "-n", one]);
+        assert_eq!(
+            plan,
+            format!("would destroy {one}\nwould reclaim 0\n"),
+            "{served}"
+        );
+        let left = env.ok(&["list", "-H", "-o", "name", "-t", "all", "tank"]);
+        assert!(
+            left.contains(&format!("{two}@s\n")) && left.contains(&format!("{one}\n")),
+            "{served}: {left}"
+        );
         env.ok(&["destroy", one]);
         env.ok(&["destroy", "-r", two]);
         let left = env.ok(&["list", "-H", "-o", "name", "-t", "all", "tank"]);

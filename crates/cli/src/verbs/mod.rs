@@ -118,14 +118,17 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 };
                 snapshot::destroy(host, con, &pool, flags, recursive)
             } else if pool.contains('/') {
-                // A volume, as `zfs destroy [-r] [-f] POOL/VOL` (`vol destroy` the same).
-                if dry_run || verbose || defer || parsable {
-                    bail!("-n, -v, -p and -d are for snapshots; a volume takes -r and -f");
+                // A volume, as `zfs destroy [-nvpr] [-f] POOL/VOL` (`vol destroy` the same).
+                if defer {
+                    bail!("-d is for snapshots; a volume takes -n, -v, -p, -r and -f");
                 }
                 let command = VolCommand::Destroy {
                     name: pool,
                     force,
                     recursive,
+                    dry_run,
+                    verbose,
+                    parsable,
                 };
                 volume::run(host, con, command)
             } else if dry_run || verbose || defer || recursive {

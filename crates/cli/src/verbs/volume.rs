@@ -57,6 +57,9 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             name,
             force,
             recursive,
+            dry_run,
+            verbose,
+            parsable,
         } => {
             let (pool, v) = volume_target(&name)?;
             // What the engine would refuse is checked first (no such volume; snapshots
@@ -67,15 +70,35 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
             // destroying them and then refusing), and no client can open it between the
             // check and the destroy.
             host.with_pool(pool, |p| {
+                let mut snaps = Vec::new();
                 if !recursive {
                     p.check_destroy_volume(v)?;
                 } else {
                     p.volume(v)?;
-                    let snaps: Vec<String> = p.snapshots(v)?.into_iter().map(|s| s.name).collect();
+                    snaps = p.snapshots(v)?.into_iter().map(|s| s.name).collect();
                     p.destroy_estimate(v, &snaps)?;
+                }
+                if dry_run || verbose {
+                    // As `zfs destroy -nv`: the snapshots, then the volume, then what
+                    // goes with them all: the volume's `used` (its own blocks and its
+                    // snapshots'; a clone's shared ones stay with the origin).
+                    let (destroy, reclaim) = if dry_run {
+                        ("would destroy", "would reclaim")
+                    } else {
+                        ("will destroy", "will reclaim")
+                    };
+                    for s in &snaps {
+                        writeln!(con.out(), "{destroy} {name}@{s}")?;
+                    }
+                    writeln!(con.out(), "{destroy} {name}")?;
+                    let used = p.dataset_space(v)?.used_bytes;
+                    writeln!(con.out(), "{reclaim} {}", size(used, parsable))?;
                 }
                 Ok(())
             })?;
+            if dry_run {
+                return Ok(());
+            }
             let was_exported = match host {
                 Host::Live(served) => served.unexport_volume(&name, force, Unexport::Destroy)?,
                 _ => false,
