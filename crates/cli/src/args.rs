@@ -270,17 +270,24 @@ pub enum Command {
     },
     /// Place a hold on snapshots: a held snapshot cannot be destroyed.
     Hold {
+        /// Recursive, as `zfs hold -r`: `POOL@SNAP` names SNAP of every volume that has it.
+        #[arg(short = 'r')]
+        recursive: bool,
         /// The hold's tag.
         tag: String,
-        /// POOL/VOL@SNAP (one or more).
+        /// POOL/VOL@SNAP (one or more), or with -r POOL@SNAP.
         #[arg(required = true)]
         names: Vec<String>,
     },
     /// Release a hold from snapshots.
     Release {
+        /// Recursive, as `zfs release -r`: `POOL@SNAP` names SNAP of every volume that has
+        /// it.
+        #[arg(short = 'r')]
+        recursive: bool,
         /// The hold's tag.
         tag: String,
-        /// POOL/VOL@SNAP (one or more).
+        /// POOL/VOL@SNAP (one or more), or with -r POOL@SNAP.
         #[arg(required = true)]
         names: Vec<String>,
     },
@@ -289,7 +296,10 @@ pub enum Command {
         /// Scripted mode: no header, fields separated by one tab.
         #[arg(short = 'H')]
         scripted: bool,
-        /// POOL/VOL@SNAP (one or more).
+        /// Recursive, as `zfs holds -r`: `POOL@SNAP` names SNAP of every volume that has it.
+        #[arg(short = 'r')]
+        recursive: bool,
+        /// POOL/VOL@SNAP (one or more), or with -r POOL@SNAP.
         #[arg(required = true)]
         names: Vec<String>,
     },

@@ -476,6 +476,39 @@ fn written_since_a_snapshot_and_logicalreferenced() {
     env.ok(&["audit", "tank"]);
 }
 
+/// `hold -r`, `release -r` and `holds -r` with `POOL@SNAP` cover that snapshot of every
+/// volume that has it (tank/c has none and is passed over), as their `zfs` namesakes do for
+/// a pool's descendants; `-r POOL/VOL@SNAP` is that snapshot alone; without -r a pool's
+/// snapshot is refused with -r named. A release refused on one volume releases none.
+#[test]
+fn hold_release_and_holds_recursive_cover_every_volume() {
+    let env = Env::new();
+    env.tank(&[("a", "8M", &[]), ("b", "8M", &[]), ("c", "8M", &[])]);
+    env.ok(&["snapshot", "tank/a@s", "tank/b@s"]);
+    let holds = || env.ok(&["holds", "-H", "-r", "tank@s"]);
+    let e = env.fails(&["hold", "keep", "tank@s"]);
+    assert!(e.contains("-r names that snapshot of every volume"), "{e}");
+    assert_eq!(holds(), "");
+    env.ok(&["hold", "-r", "keep", "tank@s"]);
+    assert_eq!(holds(), "tank/a@s\tkeep\ntank/b@s\tkeep\n");
+    let e = env.fails(&["destroy", "tank/b@s"]);
+    assert!(e.contains("held"), "{e}");
+    env.ok(&["release", "-r", "keep", "tank/a@s"]);
+    assert_eq!(holds(), "tank/b@s\tkeep\n");
+    let e = env.fails(&["release", "-r", "keep", "tank@s"]);
+    assert!(
+        e.contains("tank/a@s") && e.contains("nothing released"),
+        "{e}"
+    );
+    assert_eq!(holds(), "tank/b@s\tkeep\n");
+    env.ok(&["hold", "-r", "keep", "tank/a@s"]);
+    env.ok(&["release", "-r", "keep", "tank@s"]);
+    assert_eq!(holds(), "");
+    let e = env.fails(&["holds", "-r", "tank@nosuch"]);
+    assert!(e.contains("no volume of 'tank' has such a snapshot"), "{e}");
+    env.ok(&["destroy", "-r", "tank@s"]);
+}
+
 /// `snapshot -r POOL@SNAP` takes SNAP of every volume in one command, and `destroy -r
 /// POOL@SNAP` destroys it wherever it is, as their `zfs` namesakes do for a pool's
 /// descendants; without -r a pool's own snapshot is refused with the -r form named. With no

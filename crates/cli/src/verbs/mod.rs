@@ -195,9 +195,30 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             },
         ),
         Command::Bookmark { source, bookmark } => snapshot::bookmark(host, &source, &bookmark),
-        Command::Hold { tag, names } => snapshot::hold(host, con, &tag, &names, false),
-        Command::Release { tag, names } => snapshot::hold(host, con, &tag, &names, true),
-        Command::Holds { scripted, names } => snapshot::holds(host, con, &names, scripted),
+        Command::Hold {
+            recursive,
+            tag,
+            names,
+        } => {
+            let names = snapshot::each_volumes(host, &names, recursive)?;
+            snapshot::hold(host, con, &tag, &names, false)
+        }
+        Command::Release {
+            recursive,
+            tag,
+            names,
+        } => {
+            let names = snapshot::each_volumes(host, &names, recursive)?;
+            snapshot::hold(host, con, &tag, &names, true)
+        }
+        Command::Holds {
+            scripted,
+            recursive,
+            names,
+        } => {
+            let names = snapshot::each_volumes(host, &names, recursive)?;
+            snapshot::holds(host, con, &names, scripted)
+        }
         Command::Audit { pool } => snapshot::audit(host, con, &pool),
         Command::List {
             scripted,

@@ -560,6 +560,46 @@ pub fn hold(
     Ok(())
 }
 
+/// The snapshots `names` stand for, with -r (`recursive`) as `zfs hold -r` reads them:
+/// `POOL@SNAP` is SNAP of every volume of POOL that has it, in the order of the volumes'
+/// names (refused if none has it); a volume has no descendants, so `POOL/VOL@SNAP` is that
+/// snapshot alone. Without -r the names are as given.
+pub fn each_volumes(host: &Host, names: &[String], recursive: bool) -> Result<Vec<String>> {
+    let mut out = Vec::with_capacity(names.len());
+    for n in names {
+        let Some((pool_name, snap)) = n.split_once('@').filter(|(p, _)| !p.contains('/')) else {
+            out.push(n.clone());
+            continue;
+        };
+        if !recursive {
+            bail!(
+                "'{n}': a pool holds no snapshots of its own; -r names that snapshot of every \
+                 volume"
+            );
+        }
+        if pool_name.is_empty() || snap.is_empty() || snap.contains('@') {
+            bail!("expected POOL@SNAP or POOL/VOL@SNAP, got '{n}'");
+        }
+        let found = host.with_pool(pool_name, |p| {
+            let mut volumes: Vec<String> =
+                p.volumes().iter().map(|v| v.name().to_string()).collect();
+            volumes.sort();
+            let mut found = Vec::new();
+            for v in volumes {
+                if p.snapshots(&v)?.iter().any(|s| s.name == snap) {
+                    found.push(format!("{pool_name}/{v}@{snap}"));
+                }
+            }
+            Ok(found)
+        })?;
+        if found.is_empty() {
+            bail!("'{n}': no volume of '{pool_name}' has such a snapshot");
+        }
+        out.extend(found);
+    }
+    Ok(out)
+}
+
 /// `oxpool bookmark POOL/VOL@SNAP|POOL/VOL#OTHER POOL/VOL#NAME|#NAME`.
 pub fn bookmark(host: &Host, source: &str, bookmark: &str) -> Result<()> {
     let (pool_name, rest) = volume_target(source)?;
