@@ -512,6 +512,10 @@ pub enum Command {
         /// `zpool status -x`.
         #[arg(short = 'x')]
         unhealthy: bool,
+        /// Full device paths, as `zpool status -P`: accepted for scripts written for it;
+        /// devices are always shown by their whole path.
+        #[arg(short = 'P')]
+        full_paths: bool,
         /// Pools (default: all).
         pools: Vec<String>,
     },

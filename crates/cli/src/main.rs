@@ -430,10 +430,14 @@ fn each_pool(mut command: Command, local: &Host, runtime: &RuntimeDir) -> Result
                 pools: vec![name.clone()],
             },
             Command::Status {
-                verbose, unhealthy, ..
+                verbose,
+                unhealthy,
+                full_paths,
+                ..
             } => Command::Status {
                 verbose: *verbose,
                 unhealthy: *unhealthy,
+                full_paths: *full_paths,
                 pools: vec![name.clone()],
             },
             Command::Vol {
@@ -618,6 +622,7 @@ fn command_line(command: &Command) -> Vec<String> {
         Command::Status {
             verbose,
             unhealthy,
+            full_paths,
             pools,
         } => {
             if *verbose {
@@ -625,6 +630,9 @@ fn command_line(command: &Command) -> Vec<String> {
             }
             if *unhealthy {
                 args.push("-x".into());
+            }
+            if *full_paths {
+                args.push("-P".into());
             }
             (&["status"], false, false, pools)
         }

@@ -65,6 +65,9 @@ fn pool_and_volume_lifecycle() {
         status.contains("mirror-0") && status.contains("a.img") && status.contains("b.img"),
         "{status}"
     );
+    // Whole paths, so `-P` (as `zpool status -P`) shows the same.
+    assert!(status.contains(p(&a)) && status.contains(p(&b)), "{status}");
+    assert_eq!(env.ok(&["status", "-P", "tank"]), status);
 
     env.ok(&[
         "vol",

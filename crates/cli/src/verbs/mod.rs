@@ -274,6 +274,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
         Command::Status {
             verbose,
             unhealthy,
+            // Paths are always whole (the flag's documentation).
+            full_paths: _,
             pools,
         } => pool::status(host, con, &pools, verbose, unhealthy),
         Command::Offline {
