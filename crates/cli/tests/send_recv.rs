@@ -624,7 +624,9 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         assert!(ok, "{served}: {err}");
         assert!(
             err.contains("would receive dest/copy@one (full")
-                && err.contains("would receive dest/copy@two (incremental"),
+                && err.contains("would receive dest/copy@two (incremental")
+                && err.contains(" from tank/vol0@one\n")
+                && err.contains(" from tank/vol0@two\n"),
             "{served}: {err}"
         );
         assert_eq!(datasets(), "", "{served}: a dry run made something");
@@ -656,12 +658,12 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
     assert!(status.success());
     // A real receive of an input whose third part is no stream keeps the two streams before
     // it (as ZFS keeps a package's snapshots received before an error), fails, and the
-    // pool's history has the command that changed it.
+    // pool's history has the command that changed it; -v says what it kept.
     let tail_junk = env.path("junk-tail.stream");
     std::fs::write(&tail_junk, [full, incremental, vec![0x5a; 4096]].concat()).unwrap();
     let mut command = env.oxpool_command();
     command
-        .args(["recv", "dest/kept"])
+        .args(["recv", "-v", "dest/kept"])
         .stdin(std::fs::File::open(&tail_junk).unwrap());
     let out = command.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -669,8 +671,14 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         !out.status.success() && err.contains("2 received before it"),
         "{err}"
     );
+    assert!(
+        err.contains("received dest/kept@one (full")
+            && err.contains("received dest/kept@two (incremental")
+            && err.contains(" from tank/vol0@two\n"),
+        "{err}"
+    );
     assert_eq!(datasets(), "dest/kept\ndest/kept@one\ndest/kept@two\n");
     let history = env.ok(&["history", "dest"]);
-    assert!(history.contains(" oxpool recv dest/kept\n"), "{history}");
+    assert!(history.contains(" oxpool recv -v dest/kept\n"), "{history}");
     env.ok(&["audit", "dest"]);
 }

@@ -37,9 +37,10 @@ pub use dsl::scan::{ScanKind, ScanPosition, ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{
-    BeforeDestroy, BookmarkInfo, DatasetSpace, DeviceRecord, ErrorRecord, Pool, PoolCounters,
-    ReceiveOptions, Received, SendOptions, SendStats, SendWhat, SnapshotInfo, DATASET_STAT_NAMES,
-    SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX, SNAPSHOT_PROP_NAMES,
+    BeforeDestroy, BookmarkInfo, DatasetSpace, DeviceRecord, ErrorRecord, OnKept, Pool,
+    PoolCounters, ReceiveOptions, Received, SendOptions, SendStats, SendWhat, SnapshotInfo,
+    DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
+    SNAPSHOT_PROP_NAMES,
 };
 pub use props::{PoolProps, SyncMode, VolumeProps};
 pub use spa::history::{HistoryListing, HistoryRecord, HISTORY_CHUNKS_MAX};

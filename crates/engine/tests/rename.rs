@@ -453,7 +453,7 @@ fn recv_f_destroys_the_snapshots_it_checked_whatever_their_names_become() {
         dst.rename("t@base", "t@l1").unwrap();
         Ok(())
     };
-    dst.receive_with("t", &mut &stream[..], &opts(true), &hook)
+    dst.receive_with("t", &mut &stream[..], &opts(true), &hook, &|_| {})
         .unwrap();
     let snaps: Vec<String> = dst
         .snapshots("t")

@@ -278,12 +278,13 @@ fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -
         };
         writeln!(
             con.err(),
-            "{} {} ({}{resumed}, {} blocks, {} freed ranges)",
+            "{} {} ({}{resumed}, {} blocks, {} freed ranges) from {}",
             if dry_run { "would receive" } else { "received" },
             r.snapshot,
             if r.incremental { "incremental" } else { "full" },
             r.data_records,
-            r.free_records
+            r.free_records,
+            r.source
         )?;
     }
     Ok(())
@@ -325,10 +326,14 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             }
         }
         return host.with_pool(pool_name, |p| {
-            let checked = p.receive(volume, con.input(), &opts)?;
+            // Said for the streams checked before one that fails too.
+            let checked = RefCell::new(Vec::new());
+            let on_kept = |r: &Received| checked.borrow_mut().push(r.clone());
+            let result = p.receive_with(volume, con.input(), &opts, &|_, _| Ok(()), &on_kept);
             if verbose {
-                print_received(con, &checked, true)?;
+                print_received(con, &checked.into_inner(), true)?;
             }
+            result?;
             Ok(())
         });
     }
@@ -372,7 +377,13 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             }
             Ok(())
         };
-        let received = p.receive_with(volume, con.input(), &opts, &before_destroy);
+        // Said with -v for the streams received before one that fails too (each is kept).
+        let kept: RefCell<Vec<Received>> = RefCell::new(Vec::new());
+        let on_kept = |r: &Received| kept.borrow_mut().push(r.clone());
+        let received = p.receive_with(volume, con.input(), &opts, &before_destroy, &on_kept);
+        if verbose {
+            print_received(con, &kept.into_inner(), false)?;
+        }
         // A receive that failed after streams of its input were received (each is kept, as
         // ZFS keeps the snapshots of a `send -I` package received before an error) changed
         // the pool: its history says so.
@@ -428,10 +439,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
                 (None, _) => {}
             }
         }
-        let received = received?;
-        if verbose {
-            print_received(con, &received, false)?;
-        }
+        received?;
         Ok(())
     })
 }

@@ -48,7 +48,7 @@ mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
 pub use error_record::{DeviceRecord, ErrorRecord};
-pub use recv::{BeforeDestroy, ReceiveOptions, Received};
+pub use recv::{BeforeDestroy, OnKept, ReceiveOptions, Received};
 pub use send::{
     SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
 };

@@ -46,6 +46,10 @@ use std::sync::{Arc, Condvar, Mutex};
 /// the snapshots to destroy; an error (one line) refuses the stream.
 pub type BeforeDestroy<'a> = dyn Fn(&str, &[String]) -> std::result::Result<(), String> + 'a;
 
+/// What [`Pool::receive_with`] calls as each stream of the input is received (in a dry run,
+/// checked): a caller can say what was kept even when a later stream fails.
+pub type OnKept<'a> = dyn Fn(&Received) + 'a;
+
 /// How to receive.
 #[derive(Clone, Debug, Default)]
 pub struct ReceiveOptions {
@@ -64,6 +68,8 @@ pub struct ReceiveOptions {
 pub struct Received {
     /// `pool/volume@snapshot` as received.
     pub snapshot: String,
+    /// The sent snapshot's name as the sender gave it (the stream's BEGIN).
+    pub source: String,
     /// Its guid: the sender's.
     pub guid: u64,
     /// Whether the stream was incremental.
@@ -283,6 +289,7 @@ fn received(
 ) -> Received {
     Received {
         snapshot: format!("{full}@{snapshot}"),
+        source: begin.name.clone(),
         guid: begin.toguid.0,
         incremental: begin.fromguid.is_some(),
         data_records,
@@ -478,19 +485,21 @@ impl Pool {
         input: &mut dyn Read,
         opts: &ReceiveOptions,
     ) -> Result<Vec<Received>> {
-        self.receive_with(volume, input, opts, &|_, _| Ok(()))
+        self.receive_with(volume, input, opts, &|_, _| Ok(()), &|_| {})
     }
 
     /// [`Pool::receive`], calling `before_destroy` with the target and the snapshots `-F`
     /// is to destroy (those after the stream's base) before anything is applied: its error
     /// (one line) refuses the stream with nothing changed. A server takes down those
     /// snapshots' exports there, refusing while a client has one open, as `destroy` does.
+    /// `on_kept` is told of each stream received (checked, in a dry run) as it ends.
     pub fn receive_with(
         &self,
         volume: &str,
         input: &mut dyn Read,
         opts: &ReceiveOptions,
         before_destroy: &BeforeDestroy<'_>,
+        on_kept: &OnKept<'_>,
     ) -> Result<Vec<Received>> {
         check_name("volume", volume)?;
         // The blocks of each synced txg are kept for the blocks read next, instead of going
@@ -518,7 +527,10 @@ impl Pool {
                 self.receive_one(volume, &mut input, opts, before_destroy)
             };
             match one {
-                Ok(r) => received.push(r),
+                Ok(r) => {
+                    on_kept(&r);
+                    received.push(r);
+                }
                 Err(e) => return Err(after_received(e, &received, opts.dry_run)),
             }
         }
