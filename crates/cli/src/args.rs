@@ -124,7 +124,8 @@ pub enum Command {
         /// Snapshots and volumes: print what is destroyed and freed.
         #[arg(short = 'v')]
         verbose: bool,
-        /// Exact sizes (bytes) with -v.
+        /// With -n or -v, machine-parsable lines, as `zfs destroy -nvp`: `destroy<TAB>NAME`,
+        /// `reclaim<TAB>BYTES` (and `defer<TAB>NAME` for what -d marks).
         #[arg(short = 'p')]
         parsable: bool,
         /// Snapshots: destroy those that can go now, and mark those held or cloned to be
@@ -672,7 +673,8 @@ pub enum VolCommand {
         /// Print what is destroyed and freed.
         #[arg(short = 'v')]
         verbose: bool,
-        /// Exact sizes (bytes) with -n or -v.
+        /// With -n or -v, machine-parsable lines, as `zfs destroy -nvp`: `destroy<TAB>NAME`,
+        /// `reclaim<TAB>BYTES`.
         #[arg(short = 'p')]
         parsable: bool,
         /// POOL/VOL.

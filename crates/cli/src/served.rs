@@ -343,6 +343,23 @@ impl Served {
         Ok(())
     }
 
+    /// Whether [`Served::unexport_volume`] would refuse now (clients have `full_name` open
+    /// and `force` is not given), with the refusal it would give: a dry run (`destroy -n`)
+    /// says what the command would meet. Changes nothing.
+    pub fn check_unexport(&self, full_name: &str, force: bool, why: Unexport) -> Result<()> {
+        match self.clients(full_name) {
+            Some(clients) if clients > 0 && !force => {
+                let e = oxpool_nbd::server::ExportError::InUse {
+                    name: full_name.to_string(),
+                    clients,
+                };
+                let (action, remedy) = why.words();
+                Err(anyhow!("cannot {action} {e} ({remedy})"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Stops offering volume `full_name` (`pool/vol`) for `why` (the command and its remedy,
     /// for the refusal). With `force`, its clients are disconnected (their requests in
     /// flight answered first); without, it is refused while any client has it open. A

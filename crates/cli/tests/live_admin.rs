@@ -991,7 +991,8 @@ fn create_v_makes_a_volume_as_zfs_create() {
         assert!(e.contains("snapshot"), "{served}: {e}");
         let e = env.fails(&["destroy", "-d", two]);
         assert!(e.contains("-d is for snapshots"), "{served}: {e}");
-        // -n -v -p: the snapshots, the volume and its `used`, and nothing destroyed.
+        // -n -v -p: the snapshots, the volume and its `used` (as `zfs destroy -nvp`), and
+        // nothing destroyed.
         env.ok(&["sync", "tank"]);
         let used = env.ok(&["get", "-H", "-p", "-o", "value", "used", two]);
         let used: u64 = used.trim().parse().unwrap();
@@ -999,7 +1000,7 @@ fn create_v_makes_a_volume_as_zfs_create() {
         let plan = env.ok(&["destroy", "-r", "-n", "-v", "-p", two]);
         assert_eq!(
             plan,
-            format!("would destroy {two}@s\nwould destroy {two}\nwould reclaim {used}\n"),
+            format!("destroy\t{two}@s\ndestroy\t{two}\nreclaim\t{used}\n"),
             "{served}"
         );
         let plan = env.ok(&["vol", "destroy", "-n", one]);

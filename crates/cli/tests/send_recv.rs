@@ -561,12 +561,13 @@ fn recv_s_send_t_and_recv_a_on_the_command_line() {
     assert!(done.status.success(), "{said}");
     // -v says the counts are the resumed part's, and where it resumed.
     let at: u64 = said
-        .split("(full, resumed at volume offset ")
+        .split(", resumed at volume offset ")
         .nth(1)
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
     assert!(at > 0 && at < 8 << 20, "{said}");
+    assert!(said.contains("(full stream of "), "{said}");
     assert!(read(&env, "tank/copy") == image, "resumed copy differs");
     assert_eq!(token_of(), None);
     // recv -A discards a saved partial receive, and then there is none to discard.
@@ -625,8 +626,8 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         assert!(
             err.contains("would receive dest/copy@one (full")
                 && err.contains("would receive dest/copy@two (incremental")
-                && err.contains(" from tank/vol0@one\n")
-                && err.contains(" from tank/vol0@two\n"),
+                && err.contains("(full stream of tank/vol0@one, ")
+                && err.contains("(incremental stream of tank/vol0@two, "),
             "{served}: {err}"
         );
         assert_eq!(datasets(), "", "{served}: a dry run made something");
@@ -672,9 +673,8 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         "{err}"
     );
     assert!(
-        err.contains("received dest/kept@one (full")
-            && err.contains("received dest/kept@two (incremental")
-            && err.contains(" from tank/vol0@two\n"),
+        err.contains("received dest/kept@one (full stream of tank/vol0@one, ")
+            && err.contains("received dest/kept@two (incremental stream of tank/vol0@two, "),
         "{err}"
     );
     assert_eq!(datasets(), "dest/kept\ndest/kept@one\ndest/kept@two\n");

@@ -165,6 +165,24 @@ fn a_clone_is_written_while_its_origin_stays() {
     env.ok(&["destroy", "tank/copy@s2"]);
     let e = env.fails(&["vol", "destroy", "tank/copy"]);
     assert!(e.contains("snapshot"), "{e}");
+    // -n -v -d: what would go now and what would be marked; nothing changes.
+    env.ok(&["snapshot", "tank/vol0@plain"]);
+    let plan = env.ok(&["destroy", "-n", "-v", "-d", "tank/vol0@base,plain"]);
+    assert!(
+        plan.contains("would destroy tank/vol0@plain\n")
+            && plan.contains("would mark tank/vol0@base: held or cloned")
+            && plan.contains("would reclaim "),
+        "{plan}"
+    );
+    let plan = env.ok(&["destroy", "-n", "-v", "-p", "-d", "tank/vol0@base,plain"]);
+    assert!(
+        plan.starts_with("destroy\ttank/vol0@plain\ndefer\ttank/vol0@base\nreclaim\t"),
+        "{plan}"
+    );
+    assert!(env
+        .ok(&["get", "defer_destroy", "tank/vol0@base"])
+        .contains("off"));
+    env.ok(&["destroy", "tank/vol0@plain"]);
     // -d marks the origin; it goes with its clone.
     let out = env.ok(&["destroy", "-d", "tank/vol0@base"]);
     assert!(
@@ -349,6 +367,15 @@ fn what_unshare_leaves_out_stays_out() {
     assert!(e.contains("NBD client"), "{e}");
     assert!(!offered("tank/vol0@a"), "a failed destroy offered @a");
     assert!(offered("tank/vol0@b"));
+    // A dry run meets the same refusal (of the volume's -r too), and -v plans nothing
+    // before a refusal.
+    let e = env.fails(&["destroy", "-n", "-v", "tank/vol0@a,b"]);
+    assert!(e.contains("NBD client") && e.contains("tank/vol0@b"), "{e}");
+    let e = env.fails(&["destroy", "-n", "-r", "tank/vol0"]);
+    assert!(e.contains("NBD client") && e.contains("tank/vol0@b"), "{e}");
+    let out = env.run(&["destroy", "-v", "tank/vol0@a,b"]);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert!(!offered("tank/vol0@a") && offered("tank/vol0@b"));
     release(client);
     // destroy -d of a held snapshot marks it; unshared, it stays so.
     env.ok(&["hold", "keep", "tank/vol0@a"]);

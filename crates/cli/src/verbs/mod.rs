@@ -104,8 +104,11 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             pool,
         } => {
             if pool.contains('#') {
-                if dry_run || verbose || defer || recursive {
-                    bail!("-n, -v, -d and -r are for snapshots");
+                if dry_run || verbose || parsable || defer || recursive {
+                    bail!(
+                        "-n, -v, -p, -d and -r are not for a bookmark: it holds no space, and \
+                         destroying it destroys it alone"
+                    );
                 }
                 snapshot::destroy_bookmark(host, &pool)
             } else if pool.contains('@') {
@@ -131,8 +134,8 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                     parsable,
                 };
                 volume::run(host, con, command)
-            } else if dry_run || verbose || defer || recursive {
-                bail!("-n, -v, -d and -r are for snapshots")
+            } else if dry_run || verbose || parsable || defer || recursive {
+                bail!("-n, -v, -p, -d and -r are for snapshots and volumes; a pool takes -f")
             } else {
                 pool::destroy(host, con, &pool, force)
             }

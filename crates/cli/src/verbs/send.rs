@@ -276,15 +276,19 @@ fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -
             None => String::new(),
             Some(at) => format!(", resumed at volume offset {at}"),
         };
+        // "stream of" the sent snapshot, as `zfs recv -v` says it ("from" would read as an
+        // incremental's base).
         writeln!(
             con.err(),
-            "{} {} ({}{resumed}, {} blocks, {} freed ranges) from {}",
+            "{} {} ({} stream of {}{resumed}, {} block{}, {} freed range{})",
             if dry_run { "would receive" } else { "received" },
             r.snapshot,
             if r.incremental { "incremental" } else { "full" },
+            r.source,
             r.data_records,
+            if r.data_records == 1 { "" } else { "s" },
             r.free_records,
-            r.source
+            if r.free_records == 1 { "" } else { "s" },
         )?;
     }
     Ok(())

@@ -233,23 +233,38 @@ pub fn destroy(
         // Every volume's refusals first: one refused changes nothing (a deferred destroy
         // refuses nothing the engine would; held or cloned ones are marked).
         let mut estimate = 0;
-        if !defer {
-            for (v, snaps) in &plan {
-                estimate += p.destroy_estimate(v, snaps)?;
-            }
-        }
-        if (verbose || dry_run) && !defer {
-            let (destroy, reclaim) = if dry_run {
-                ("would destroy", "would reclaim")
-            } else {
-                ("will destroy", "will reclaim")
-            };
-            for (v, snaps) in &plan {
-                for s in snaps {
-                    writeln!(con.out(), "{destroy} {pool_name}/{v}@{s}")?;
+        let mut now: Vec<String> = Vec::new();
+        let mut later: Vec<String> = Vec::new();
+        for (v, snaps) in &plan {
+            // With -d, those held or cloned are marked, the others destroyed now.
+            let mut go = Vec::new();
+            for s in snaps {
+                if defer && p.destroy_refusal(v, s)?.is_some() {
+                    later.push(format!("{pool_name}/{v}@{s}"));
+                } else {
+                    go.push(s.clone());
                 }
             }
-            writeln!(con.out(), "{reclaim} {}", size(estimate, parsable))?;
+            if !go.is_empty() {
+                estimate += p.destroy_estimate(v, &go)?;
+            }
+            now.extend(go.iter().map(|s| format!("{pool_name}/{v}@{s}")));
+        }
+        // A client with one open refuses the command (without -f): said before any plan,
+        // by a dry run too. The real refusal below checks again, under the table's lock.
+        if let Host::Live(served) = host {
+            for (v, snaps) in &plan {
+                for s in snaps {
+                    served.check_unexport(
+                        &format!("{pool_name}/{v}@{s}"),
+                        force,
+                        Unexport::Destroy,
+                    )?;
+                }
+            }
+        }
+        if verbose || dry_run {
+            print_destroy_plan(con, &now, &later, estimate, dry_run, parsable)?;
         }
         if dry_run {
             crate::history::changed_nothing();
@@ -300,6 +315,43 @@ pub fn destroy(
         }
         Ok(())
     })
+}
+
+/// `destroy -n`'s and `-v`'s lines, as `zfs destroy -nv`'s: each of `now` (full names) that
+/// would be (will be) destroyed, each of `later` that `-d` marks, then what goes with them
+/// (`reclaim_bytes`). With `-p` (`parsable`), as `zfs destroy -nvp`: `destroy<TAB>NAME`,
+/// `defer<TAB>NAME` and `reclaim<TAB>BYTES`.
+pub fn print_destroy_plan(
+    con: &mut dyn Console,
+    now: &[String],
+    later: &[String],
+    reclaim_bytes: u64,
+    dry_run: bool,
+    parsable: bool,
+) -> Result<()> {
+    let out = con.out();
+    if parsable {
+        for n in now {
+            writeln!(out, "destroy\t{n}")?;
+        }
+        for n in later {
+            writeln!(out, "defer\t{n}")?;
+        }
+        writeln!(out, "reclaim\t{reclaim_bytes}")?;
+        return Ok(());
+    }
+    let verb = if dry_run { "would" } else { "will" };
+    for n in now {
+        writeln!(out, "{verb} destroy {n}")?;
+    }
+    for n in later {
+        writeln!(
+            out,
+            "{verb} mark {n}: held or cloned; destroyed when its last hold and clone go"
+        )?;
+    }
+    writeln!(out, "{verb} reclaim {}", size(reclaim_bytes, false))?;
+    Ok(())
 }
 
 /// Offers again the snapshot exports `removed` (volume, snapshots) of a served pool.

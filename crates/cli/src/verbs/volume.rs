@@ -1,5 +1,6 @@
 //! The volume verbs: `oxpool vol create | list | destroy | write | read`.
 
+use super::snapshot::print_destroy_plan;
 use super::{split_assignment, volume_target};
 use crate::args::VolCommand;
 use crate::console::Console;
@@ -78,21 +79,24 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                     snaps = p.snapshots(v)?.into_iter().map(|s| s.name).collect();
                     p.destroy_estimate(v, &snaps)?;
                 }
-                if dry_run || verbose {
-                    // As `zfs destroy -nv`: the snapshots, then the volume, then what
-                    // goes with them all: the volume's `used` (its own blocks and its
-                    // snapshots'; a clone's shared ones stay with the origin).
-                    let (destroy, reclaim) = if dry_run {
-                        ("would destroy", "would reclaim")
-                    } else {
-                        ("will destroy", "will reclaim")
-                    };
-                    for s in &snaps {
-                        writeln!(con.out(), "{destroy} {name}@{s}")?;
+                // A client with it (or, with -r, one of its snapshots) open refuses the
+                // command without -f: said before any plan, by a dry run too.
+                if let Host::Live(served) = host {
+                    for n in std::iter::once(name.clone())
+                        .chain(snaps.iter().map(|s| format!("{name}@{s}")))
+                    {
+                        served.check_unexport(&n, force, Unexport::Destroy)?;
                     }
-                    writeln!(con.out(), "{destroy} {name}")?;
+                }
+                if dry_run || verbose {
+                    // As `zfs destroy -nv`: the snapshots, then the volume, then what goes
+                    // with them all: the volume's `used` (its own blocks and its snapshots';
+                    // a clone's shared ones stay with the origin).
+                    let mut now: Vec<String> =
+                        snaps.iter().map(|s| format!("{name}@{s}")).collect();
+                    now.push(name.clone());
                     let used = p.dataset_space(v)?.used_bytes;
-                    writeln!(con.out(), "{reclaim} {}", size(used, parsable))?;
+                    print_destroy_plan(con, &now, &[], used, dry_run, parsable)?;
                 }
                 Ok(())
             })?;

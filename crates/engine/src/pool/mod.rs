@@ -665,11 +665,15 @@ impl Pool {
                 l.snapshots().iter().map(|s| s.name.clone()).collect()
             };
             if !snaps.is_empty() {
+                let (s, them) = if snaps.len() == 1 {
+                    ("", "it")
+                } else {
+                    ("s", "them")
+                };
                 return Err(EngineError::Busy(format!(
-                    "{}/{name} has {} snapshot{} ({}); destroy them first, or use -r",
+                    "{}/{name} has {} snapshot{s} ({}); destroy {them} first, or use -r",
                     self.spa.name,
                     snaps.len(),
-                    if snaps.len() == 1 { "" } else { "s" },
                     snaps.join(", ")
                 )));
             }

@@ -249,8 +249,9 @@ impl Pool {
         self.run_ops(ops)
     }
 
-    /// Why snapshot `snap` of `volume` cannot be destroyed, if it cannot.
-    pub(super) fn destroy_refusal(&self, volume: &str, snap: &str) -> Result<Option<String>> {
+    /// Why snapshot `snap` of `volume` cannot be destroyed, if it cannot (held, or the
+    /// origin of a clone): what `destroy -d` marks instead.
+    pub fn destroy_refusal(&self, volume: &str, snap: &str) -> Result<Option<String>> {
         let ds = self.dataset(volume)?;
         let (guid, holds) = {
             let l = ds.lineage.lock().unwrap();
