@@ -183,8 +183,10 @@ pub enum Command {
         /// Print the stream's size (on standard error when sending).
         #[arg(short = 'v')]
         verbose: bool,
-        /// Exact sizes (bytes) with -v.
-        #[arg(short = 'p')]
+        /// With -v: lines to parse, as zfs send -nvP prints them (a line a stream: full or
+        /// incremental, its base, the snapshot, its bytes; then size and the total). -P as zfs
+        /// spells it (its -p sends properties, which a volume's stream does not carry).
+        #[arg(short = 'p', short_alias = 'P')]
         parsable: bool,
         /// POOL/VOL@SNAP (with -t: the POOL, optional: found by the token's snapshot; or
         /// POOL/VOL, when several volumes of the pool hold the token's snapshot).
@@ -214,10 +216,10 @@ pub enum Command {
         /// the stream before it) and change nothing; with -v, say what would be received.
         #[arg(short = 'n', conflicts_with = "abort")]
         dry_run: bool,
-        /// Print what was received, on standard error.
+        /// Print what was received, on standard output (as zfs recv -v).
         #[arg(short = 'v')]
         verbose: bool,
-        /// POOL/VOL.
+        /// POOL/VOL; or POOL/VOL@SNAP, naming the snapshot an input of one stream makes.
         target: String,
     },
     /// Rename a volume, a snapshot or a bookmark within its pool (as `zfs rename`; no -r,

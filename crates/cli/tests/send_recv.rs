@@ -12,6 +12,12 @@ use std::process::{Command, Stdio};
 
 /// Runs `oxpool SEND_ARGS | oxpool RECV_ARGS`; returns (send ok, recv ok, recv stderr).
 fn pipe(env: &Env, send: &[&str], recv: &[&str]) -> (bool, bool, String) {
+    let (sent, got, _, err) = pipe_out(env, send, recv);
+    (sent, got, err)
+}
+
+/// As [`pipe`], with the receiver's standard output before its standard error.
+fn pipe_out(env: &Env, send: &[&str], recv: &[&str]) -> (bool, bool, String, String) {
     let mut sender = env.oxpool_command();
     sender
         .args(send)
@@ -34,6 +40,7 @@ fn pipe(env: &Env, send: &[&str], recv: &[&str]) -> (bool, bool, String) {
     (
         sent.status.success(),
         got.status.success(),
+        String::from_utf8_lossy(&got.stdout).into_owned(),
         String::from_utf8_lossy(&got.stderr).into_owned(),
     )
 }
@@ -94,10 +101,40 @@ fn send_piped_into_recv_between_pools() {
         .stdout(std::fs::File::create(&stream).unwrap());
     assert!(cmd.status().unwrap().success());
     let bytes = std::fs::metadata(&stream).unwrap().len();
-    assert!(
-        estimate.contains(&format!("total estimated size is {bytes}")),
-        "{estimate} vs {bytes}"
+    // In `zfs send -nvP`'s form: a line a stream, each from the one before, then the total.
+    let lines: Vec<Vec<&str>> = estimate.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(lines.len(), 3, "{estimate}");
+    assert_eq!(
+        lines[0][..3],
+        ["incremental", "one", "tank/vol0@two"],
+        "{estimate}"
     );
+    assert_eq!(
+        lines[1][..3],
+        ["incremental", "two", "tank/vol0@three"],
+        "{estimate}"
+    );
+    assert_eq!(lines[2], ["size", bytes.to_string().as_str()], "{estimate}");
+    let legs: u64 = lines[..2]
+        .iter()
+        .map(|l| l[3].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(legs, bytes, "{estimate}");
+    // A full stream's line, with -P as zfs spells the flag.
+    let full = env.ok(&["send", "-n", "-v", "-P", "tank/vol0@one"]);
+    let mut cmd = env.oxpool_command();
+    cmd.args(["send", "tank/vol0@one"])
+        .stdout(std::fs::File::create(&stream).unwrap());
+    assert!(cmd.status().unwrap().success());
+    let full_bytes = std::fs::metadata(&stream).unwrap().len();
+    assert_eq!(
+        full,
+        format!("full\ttank/vol0@one\t{full_bytes}\nsize\t{full_bytes}\n"),
+    );
+    let mut cmd = env.oxpool_command();
+    cmd.args(["send", "-I", "@one", "tank/vol0@three"])
+        .stdout(std::fs::File::create(&stream).unwrap());
+    assert!(cmd.status().unwrap().success());
     let dump = env.ok(&["stream", "dump", stream.to_str().unwrap()]);
     assert!(dump.contains("tank/vol0@two"), "{dump}");
     // Human sizes under 1K carry their unit, as `zfs send -nv` prints them.
@@ -126,18 +163,66 @@ fn send_piped_into_recv_between_pools() {
         one,
         "the refused stream changed it"
     );
-    let (s, r, err) = pipe(
+    let (s, r, said, err) = pipe_out(
         &env,
         &["send", "-I", "@one", "tank/vol0@three"],
         &["recv", "-v", "dest/copy"],
     );
     assert!(s && r, "send -I | recv failed: {err}");
-    assert!(err.contains("received dest/copy@three"), "{err}");
+    // On standard output, as `zfs recv -v` says it.
+    assert!(said.contains("received dest/copy@three"), "{said}");
     assert_eq!(read(&env, "dest/copy"), three);
     let list = env.ok(&["list", "-t", "snapshot", "-H"]);
     for s in ["one", "two", "three"] {
         assert!(list.contains(&format!("dest/copy@{s}")), "{list}");
     }
+    // POOL/VOL@SNAP names the snapshot a stream makes, as `zfs recv` takes it.
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "tank/vol0@one"],
+        &["recv", "dest/named@first"],
+    );
+    assert!(s && r, "recv into POOL/VOL@SNAP failed: {err}");
+    assert_eq!(read(&env, "dest/named"), one);
+    let (s, r, said, err) = pipe_out(
+        &env,
+        &["send", "-i", "@one", "tank/vol0@two"],
+        &["recv", "-v", "dest/named@second"],
+    );
+    assert!(s && r, "{err}");
+    assert!(
+        said.contains("received dest/named@second (incremental stream of tank/vol0@two"),
+        "{said}"
+    );
+    let names = env.ok(&[
+        "list",
+        "-t",
+        "snapshot",
+        "-H",
+        "-o",
+        "name",
+        "-r",
+        "dest/named",
+    ]);
+    assert_eq!(names, "dest/named@first\ndest/named@second\n");
+    // An input of two streams: the first is received under the name, the second refused.
+    let (s, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/m"]);
+    assert!(s && r, "{err}");
+    let (_, r, err) = pipe(
+        &env,
+        &["send", "-I", "@one", "tank/vol0@three"],
+        &["recv", "dest/m@again"],
+    );
+    assert!(!r, "two streams received under one name");
+    assert!(err.contains("more than one stream"), "{err}");
+    assert!(
+        err.contains("1 received before it, up to dest/m@again"),
+        "{err}"
+    );
+    let names = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name", "-r", "dest/m"]);
+    assert_eq!(names, "dest/m@one\ndest/m@again\n");
+    let e = env.fails(&["recv", "dest/named@"]);
+    assert!(e.contains("POOL/VOL@SNAP"), "{e}");
     for pool in ["tank", "dest"] {
         env.ok(&["audit", pool]);
     }
@@ -557,8 +642,9 @@ fn recv_s_send_t_and_recv_a_on_the_command_line() {
     assert!(rest.stdout.len() < stream.len());
     std::fs::write(&stream_file, &rest.stdout).unwrap();
     let done = recv_from(&stream_file, &["-s", "-v", "tank/copy"]);
-    let said = String::from_utf8_lossy(&done.stderr);
-    assert!(done.status.success(), "{said}");
+    let said = String::from_utf8_lossy(&done.stdout);
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(done.status.success(), "{err}");
     // -v says the counts are the resumed part's, and where it resumed.
     let at: u64 = said
         .split(", resumed at volume offset ")
@@ -616,19 +702,20 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         let out = command.output().unwrap();
         (
             out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
     let datasets = || env.ok(&["list", "-t", "all", "-H", "-o", "name", "-r", "dest"]);
     let check = |served: &str| {
-        let (ok, err) = recv_n(&both, "dest/copy");
+        let (ok, said, err) = recv_n(&both, "dest/copy");
         assert!(ok, "{served}: {err}");
         assert!(
-            err.contains("would receive dest/copy@one (full")
-                && err.contains("would receive dest/copy@two (incremental")
-                && err.contains("(full stream of tank/vol0@one, ")
-                && err.contains("(incremental stream of tank/vol0@two, "),
-            "{served}: {err}"
+            said.contains("would receive dest/copy@one (full")
+                && said.contains("would receive dest/copy@two (incremental")
+                && said.contains("(full stream of tank/vol0@one, ")
+                && said.contains("(incremental stream of tank/vol0@two, "),
+            "{served}: {said}"
         );
         assert_eq!(datasets(), "", "{served}: a dry run made something");
         // Nor a hidden receive dataset (`list` does not show those): nothing to abort.
@@ -639,14 +726,14 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
             (&cut_file, "truncated"),
             (&wrong_order, "does not exist"),
         ] {
-            let (ok, err) = recv_n(file, "dest/copy");
+            let (ok, _, err) = recv_n(file, "dest/copy");
             assert!(!ok, "{served}: {file:?} passed: {err}");
             assert_eq!(err.trim_end().lines().count(), 1, "{served}: {err}");
             assert!(err.contains(why), "{served}: {file:?}: {err}");
         }
         // Against the target: a full stream onto a volume that exists is refused, as a
         // receive would refuse it.
-        let (ok, err) = recv_n(&both, "tank/vol0");
+        let (ok, _, err) = recv_n(&both, "tank/vol0");
         assert!(!ok && err.contains("tank/vol0 exists"), "{served}: {err}");
         assert_eq!(datasets(), "", "{served}");
     };
@@ -668,14 +755,15 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
         .stdin(std::fs::File::open(&tail_junk).unwrap());
     let out = command.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
+    let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         !out.status.success() && err.contains("2 received before it"),
         "{err}"
     );
     assert!(
-        err.contains("received dest/kept@one (full stream of tank/vol0@one, ")
-            && err.contains("received dest/kept@two (incremental stream of tank/vol0@two, "),
-        "{err}"
+        said.contains("received dest/kept@one (full stream of tank/vol0@one, ")
+            && said.contains("received dest/kept@two (incremental stream of tank/vol0@two, "),
+        "{said}"
     );
     assert_eq!(datasets(), "dest/kept\ndest/kept@one\ndest/kept@two\n");
     let history = env.ok(&["history", "dest"]);

@@ -37,7 +37,7 @@ pub use dsl::scan::{ScanKind, ScanPosition, ScanState, ScanStatus};
 pub use error::{EngineError, Result};
 pub use iostats::{LogCounters, LogStats};
 pub use pool::{
-    BeforeDestroy, BookmarkInfo, DatasetSpace, DeviceRecord, ErrorRecord, OnKept, Pool,
+    BeforeDestroy, BookmarkInfo, DatasetSpace, DeviceRecord, ErrorRecord, LegSize, OnKept, Pool,
     PoolCounters, ReceiveOptions, Received, SendOptions, SendStats, SendWhat, SnapshotInfo,
     DATASET_STAT_NAMES, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
     SNAPSHOT_PROP_NAMES,

@@ -486,6 +486,7 @@ fn a_copy_within_the_pool_does_not_answer_for_the_original() {
             force: false,
             resumable: false,
             dry_run: false,
+            snapshot: None,
         };
         pool.receive("backup", &mut stream.as_slice(), &recv)
             .unwrap();

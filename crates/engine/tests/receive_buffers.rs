@@ -67,6 +67,7 @@ fn receive(target: &Pool, stream: &[u8], resumable: bool) -> (bool, usize) {
         force: false,
         resumable,
         dry_run: false,
+        snapshot: None,
     };
     let ok = target.receive("copy", &mut input, &opts).is_ok();
     (ok, input.limit_bytes_max)

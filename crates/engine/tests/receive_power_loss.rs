@@ -187,6 +187,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
         force: false,
         resumable,
         dry_run: false,
+        snapshot: None,
     };
     if incremental {
         pool.receive("copy", &mut src.full.as_slice(), &ReceiveOptions::default())

@@ -187,6 +187,7 @@ fn a_renamed_snapshot_is_still_an_incremental_base_and_a_renamed_target_still_re
             force: false,
             resumable: false,
             dry_run: false,
+            snapshot: None,
         };
         dst.receive(vol, &mut &stream[..], &opts).map(|_| ())
     };
@@ -278,6 +279,7 @@ fn a_receive_under_way_keeps_its_target_name_and_its_token_survives_renames_of_t
             force: false,
             resumable,
             dry_run: false,
+            snapshot: None,
         };
         dst.receive(target, &mut &stream[..], &opts).map(|_| ())
     };
@@ -430,6 +432,7 @@ fn recv_f_destroys_the_snapshots_it_checked_whatever_their_names_become() {
         force,
         resumable: false,
         dry_run: false,
+        snapshot: None,
     };
     dst.receive("t", &mut &send("base", None)[..], &opts(false))
         .unwrap();

@@ -54,6 +54,7 @@ fn recv_s(pool: &Pool, stream: &[u8], resumable: bool) -> oxpool_engine::Result<
         force: false,
         resumable,
         dry_run: false,
+        snapshot: None,
     };
     pool.receive("copy", &mut input, &opts).map(|_| ())
 }
@@ -358,6 +359,7 @@ fn a_token_whose_guid_two_volumes_hold_needs_the_volume_named() {
         force: false,
         resumable: false,
         dry_run: false,
+        snapshot: None,
     };
     src.receive("dup", &mut crafted.as_slice(), &opts).unwrap();
     assert_eq!(guids(&src, "dup")[0].1, guid_a);

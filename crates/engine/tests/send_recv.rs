@@ -40,6 +40,18 @@ fn send(pool: &Pool, vol: &str, snap: &str, base: Option<&str>, all: bool) -> Ve
     assert_eq!(estimate.stream_bytes, stats.stream_bytes);
     assert_eq!(estimate.data_records, stats.data_records);
     assert_eq!(estimate.free_records, stats.free_records);
+    // Each stream's own size, as `send -nvp` lists them: the same sent as estimated, one per
+    // stream, summing to the whole.
+    assert_eq!(estimate.legs, stats.legs);
+    assert_eq!(estimate.legs.len() as u64, stats.streams);
+    assert_eq!(
+        estimate.legs.iter().map(|l| l.stream_bytes).sum::<u64>(),
+        out.len() as u64
+    );
+    assert_eq!(
+        estimate.legs.last().map(|l| l.snapshot.as_str()),
+        Some(snap)
+    );
     out
 }
 
@@ -49,6 +61,7 @@ fn recv(pool: &Pool, vol: &str, stream: &[u8], force: bool) -> oxpool_engine::Re
         force,
         resumable: false,
         dry_run: false,
+        snapshot: None,
     };
     pool.receive(vol, &mut input, &opts).map(|_| ())
 }
@@ -299,6 +312,7 @@ fn a_write_to_the_target_during_an_incremental_receive_is_never_discarded_withou
             force,
             resumable: false,
             dry_run: false,
+            snapshot: None,
         };
         let got = dst.receive("copy", &mut input, &opts).map(|_| ());
         assert!(
@@ -1231,6 +1245,47 @@ fn an_incremental_repeating_a_guid_of_the_target_is_refused() {
     // The stream as sent is taken.
     recv(&dst, "copy", &inc, false).unwrap();
     audit_clean(&dst, "after the refused stream");
+}
+
+/// The same incremental received twice is refused as the destination existing (not with a
+/// hint to destroy it with -F), and so is one whose snapshot name the target took since its
+/// base; unchanged either way. With -F, the later snapshots go and the stream is taken.
+#[test]
+fn an_incremental_whose_snapshot_is_there_already_says_so() {
+    let (src, _mems) = source();
+    let (dst, _dmems) = mem_pool(TopVdevKind::Single, 1);
+    recv(&dst, "copy", &send(&src, "src", "a", None, false), false).unwrap();
+    let inc = send(&src, "src", "b", Some("a"), false);
+    recv(&dst, "copy", &inc, false).unwrap();
+    let before = guids(&dst, "copy");
+    let err = recv(&dst, "copy", &inc, false).unwrap_err().to_string();
+    assert!(
+        err.contains("destination") && err.contains("copy@b is the stream's snapshot"),
+        "{err}"
+    );
+    assert!(
+        err.contains("received already") && !err.contains("-F"),
+        "{err}"
+    );
+    assert_eq!(guids(&dst, "copy"), before);
+    // Renamed, it is still found by its guid.
+    dst.rename("copy@b", "copy@b2").unwrap();
+    let err = recv(&dst, "copy", &inc, false).unwrap_err().to_string();
+    assert!(err.contains("copy@b2 is the stream's snapshot"), "{err}");
+    // A snapshot of the stream's name taken here since the base.
+    dst.rollback("copy", "a", true).unwrap();
+    snap(&dst, "copy@b");
+    let err = recv(&dst, "copy", &inc, false).unwrap_err().to_string();
+    assert!(
+        err.contains("destination") && err.contains("copy@b exists"),
+        "{err}"
+    );
+    // -F destroys the later snapshot and receives the stream.
+    recv(&dst, "copy", &inc, true).unwrap();
+    let (_, src_guids): (Vec<String>, Vec<u64>) = guids(&src, "src").into_iter().take(2).unzip();
+    let (_, dst_guids): (Vec<String>, Vec<u64>) = guids(&dst, "copy").into_iter().unzip();
+    assert_eq!(dst_guids, src_guids);
+    audit_clean(&dst, "after the refused streams");
 }
 
 /// A send holds its snapshots by guid, so a copy's snapshot within the pool waits for it

@@ -14,7 +14,7 @@ use crate::display::size_with_unit;
 use crate::host::Host;
 use crate::served::Unexport;
 use anyhow::{anyhow, bail, Result};
-use oxpool_engine::{ReceiveOptions, Received, SendOptions, SendWhat};
+use oxpool_engine::{ReceiveOptions, Received, SendOptions, SendStats, SendWhat};
 use oxpool_format::ResumeToken;
 use std::cell::RefCell;
 
@@ -150,19 +150,23 @@ pub fn send(
             // Standard output carries the stream: the report goes to standard error.
             let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
             let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
-            writeln!(
-                report,
-                "{} {pool_name}/{volume}@{snap} ({what}): {}, {}, {}",
-                if dry_run { "would send" } else { "sending" },
-                plural(est.streams, "stream"),
-                plural(est.data_records, "block"),
-                plural(est.free_records, "freed range"),
-            )?;
-            writeln!(
-                report,
-                "total estimated size is {}",
-                size_with_unit(est.stream_bytes, parsable)
-            )?;
+            if parsable {
+                print_parsable_estimate(report, &format!("{pool_name}/{volume}"), &base, &est)?;
+            } else {
+                writeln!(
+                    report,
+                    "{} {pool_name}/{volume}@{snap} ({what}): {}, {}, {}",
+                    if dry_run { "would send" } else { "sending" },
+                    plural(est.streams, "stream"),
+                    plural(est.data_records, "block"),
+                    plural(est.free_records, "freed range"),
+                )?;
+                writeln!(
+                    report,
+                    "total estimated size is {}",
+                    size_with_unit(est.stream_bytes, false)
+                )?;
+            }
             if dry_run {
                 return Ok(());
             }
@@ -170,6 +174,28 @@ pub fn send(
         p.send(volume, snap, &opts, con.out())?;
         Ok(())
     })
+}
+
+/// `send -nvp`'s lines in `zfs send -nvP`'s form, for the scripts that read it: a line a
+/// stream (`full`, the snapshot, its bytes; or `incremental`, the base's short name, the
+/// snapshot, its bytes), then `size` and the total.
+fn print_parsable_estimate(
+    report: &mut dyn std::io::Write,
+    volume: &str,
+    base: &Option<String>,
+    est: &SendStats,
+) -> Result<()> {
+    let mut from = base.clone();
+    for leg in &est.legs {
+        let to = format!("{volume}@{}", leg.snapshot);
+        match &from {
+            None => writeln!(report, "full\t{to}\t{}", leg.stream_bytes)?,
+            Some(f) => writeln!(report, "incremental\t{f}\t{to}\t{}", leg.stream_bytes)?,
+        }
+        from = Some(leg.snapshot.clone());
+    }
+    writeln!(report, "size\t{}", est.stream_bytes)?;
+    Ok(())
 }
 
 /// `oxpool send -t TOKEN [POOL[/VOL]]`: the rest of the stream an interrupted `recv -s`
@@ -267,7 +293,8 @@ pub struct RecvFlags {
     pub dry_run: bool,
 }
 
-/// `recv -v`'s lines, on standard error: what was received, or with `-n` what would be.
+/// `recv -v`'s lines, on standard output as `zfs recv -v` prints them: what was received,
+/// or with `-n` what would be.
 fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -> Result<()> {
     for r in received {
         // A resumed stream's counts are its own (as `zfs recv -v` counts the bytes of the
@@ -279,7 +306,7 @@ fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -
         // "stream of" the sent snapshot, as `zfs recv -v` says it ("from" would read as an
         // incremental's base).
         writeln!(
-            con.err(),
+            con.out(),
             "{} {} ({} stream of {}{resumed}, {} block{}, {} freed range{})",
             if dry_run { "would receive" } else { "received" },
             r.snapshot,
@@ -294,7 +321,7 @@ fn print_received(con: &mut dyn Console, received: &[Received], dry_run: bool) -
     Ok(())
 }
 
-/// `oxpool recv [-F] [-s] [-u] [-v] POOL/VOL`, `oxpool recv -A POOL/VOL`.
+/// `oxpool recv [-F] [-s] [-u] [-n] [-v] POOL/VOL[@SNAP]`, `oxpool recv -A POOL/VOL`.
 pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) -> Result<()> {
     let RecvFlags {
         force,
@@ -305,9 +332,16 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         dry_run,
     } = flags;
     let (pool_name, volume) = volume_target(target)?;
-    if volume.contains('@') {
-        bail!("receive into a volume (POOL/VOL), not a snapshot: '{target}'");
-    }
+    // POOL/VOL@SNAP names the snapshot the stream makes, as `zfs recv` takes it.
+    let (volume, snapshot) = match volume.split_once('@') {
+        None => (volume, None),
+        Some((v, s)) if !v.is_empty() && !s.is_empty() && !abort => (v, Some(s.to_string())),
+        Some(_) if abort => bail!("recv -A takes the volume (POOL/VOL), not '{target}'"),
+        Some(_) => bail!(
+            "receive into a volume (POOL/VOL) or name the snapshot it makes (POOL/VOL@SNAP), \
+             not '{target}'"
+        ),
+    };
     if abort {
         return host.change_pool(pool_name, |p| Ok(p.abort_receive(volume)?));
     }
@@ -315,6 +349,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         force,
         resumable,
         dry_run,
+        snapshot,
     };
     if dry_run {
         // Nothing changes: no export is taken down or offered, no data is written. The

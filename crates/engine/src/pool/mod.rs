@@ -50,7 +50,8 @@ pub use bookmark::BookmarkInfo;
 pub use error_record::{DeviceRecord, ErrorRecord};
 pub use recv::{BeforeDestroy, OnKept, ReceiveOptions, Received};
 pub use send::{
-    SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT, SEND_READS_IN_FLIGHT_BYTES_MAX,
+    LegSize, SendOptions, SendStats, SendWhat, SEND_PREFETCH_BYTES_DEFAULT,
+    SEND_READS_IN_FLIGHT_BYTES_MAX,
 };
 pub use snapshot::{DatasetSpace, SnapshotInfo, DATASET_STAT_NAMES, SNAPSHOT_PROP_NAMES};
 

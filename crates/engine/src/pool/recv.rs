@@ -61,6 +61,11 @@ pub struct ReceiveOptions {
     /// `-n`: read and verify the input as a receive would, and change nothing
     /// ([`Pool::receive`] then returns what it would have received).
     pub dry_run: bool,
+    /// The name the received snapshot takes instead of the stream's (`recv POOL/VOL@SNAP`,
+    /// as `zfs recv` names it). An input of one stream only: a second is refused (those
+    /// before it are kept, as after any failed stream). A resumed receive takes the name its
+    /// own command gives.
+    pub snapshot: Option<String>,
 }
 
 /// One snapshot received.
@@ -520,6 +525,14 @@ impl Pool {
             if input.at_end()? {
                 break;
             }
+            if let (Some(name), false) = (&opts.snapshot, received.is_empty()) {
+                let e = EngineError::invalid(format!(
+                    "cannot receive: the input holds more than one stream, and @{name} names \
+                     one snapshot (receive into the volume, without @{name}, to keep each \
+                     stream's own name)"
+                ));
+                return Err(after_received(e, &received, opts.dry_run));
+            }
             let one = if opts.dry_run {
                 let previous = received.last().map(|r| Guid(r.guid));
                 self.check_one(volume, &mut input, opts, previous)
@@ -569,7 +582,13 @@ impl Pool {
         opts: &ReceiveOptions,
     ) -> Result<Plan> {
         let full = format!("{}/{volume}", self.spa.name);
-        let snapshot = stream_snapshot(begin)?;
+        let snapshot = match &opts.snapshot {
+            Some(name) => {
+                check_name("snapshot", name)?;
+                name.clone()
+            }
+            None => stream_snapshot(begin)?,
+        };
         let target = self.dsl.get(volume);
         let Some(fromguid) = begin.fromguid else {
             if target.is_some() {
@@ -613,6 +632,24 @@ impl Pool {
             .iter()
             .map(|s| (s.name.clone(), s.guid))
             .collect();
+        // The stream's snapshot already here after its base (the same stream received twice,
+        // or a snapshot of the name taken since): said so, as `zfs recv` says the destination
+        // exists, before the -F hint, which would destroy it only to receive it again.
+        if !opts.force {
+            let here = &l.snapshots()[i + 1..];
+            if let Some(s) = here.iter().find(|s| s.guid == begin.toguid) {
+                return Err(EngineError::invalid(format!(
+                    "cannot receive incremental stream: destination {full}@{} is the stream's \
+                     snapshot (guid {:016x}), received already",
+                    s.name, begin.toguid.0
+                )));
+            }
+            if here.iter().any(|s| s.name == snapshot) {
+                return Err(EngineError::invalid(format!(
+                    "cannot receive incremental stream: destination {full}@{snapshot} exists"
+                )));
+            }
+        }
         if !opts.force && !later.is_empty() {
             let names: Vec<&str> = later.iter().map(|(n, _)| n.as_str()).collect();
             return Err(EngineError::Busy(format!(

@@ -104,6 +104,18 @@ pub struct SendStats {
     /// [`SEND_READS_IN_FLIGHT_BYTES_MAX`] and the read-ahead bound, or one run when that alone
     /// is larger. 0 in an estimate.
     pub reads_in_flight_bytes_peak: u64,
+    /// Each stream's own size, in the order sent: what `send -nvp` lists one line each, as
+    /// `zfs send -nvP` does. Their sum is `stream_bytes`.
+    pub legs: Vec<LegSize>,
+}
+
+/// One stream of a send: the snapshot it carries and its bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LegSize {
+    /// The snapshot's name (without its volume).
+    pub snapshot: String,
+    /// Its stream's bytes: every header and payload.
+    pub stream_bytes: u64,
 }
 
 /// One stream to send: the snapshot, and its base.
@@ -421,7 +433,15 @@ impl Pool {
         let mut stats = SendStats::default();
         let sent = legs
             .iter()
-            .try_for_each(|leg| send_leg(&self.spa, &source, leg, prefetch, out, &mut stats))
+            .try_for_each(|leg| {
+                let before_bytes = stats.stream_bytes;
+                send_leg(&self.spa, &source, leg, prefetch, out, &mut stats)?;
+                stats.legs.push(LegSize {
+                    snapshot: leg.to.name.clone(),
+                    stream_bytes: stats.stream_bytes - before_bytes,
+                });
+                Ok(())
+            })
             .and_then(|()| out.flush().map_err(|e| EngineError::io("send stream", e)));
         // The holds go with the legs; a `destroy -d` asked meanwhile happens now. The holds go
         // by guid, so that includes one asked of a copy of a sent snapshot within the pool.
@@ -468,6 +488,7 @@ impl Pool {
         let (source, legs) = self.legs(what, opts)?;
         let mut stats = SendStats::default();
         for leg in &legs {
+            let before_bytes = stats.stream_bytes;
             let begin = stream_begin(&self.spa, &source, leg);
             stats.streams += 1;
             stats.stream_bytes += RECORD_HEADER_BYTES as u64 + begin.name.len() as u64;
@@ -500,6 +521,10 @@ impl Pool {
             })?;
             stats.indirect_reads += walker.indirect_reads();
             stats.stream_bytes += RECORD_HEADER_BYTES as u64;
+            stats.legs.push(LegSize {
+                snapshot: leg.to.name.clone(),
+                stream_bytes: stats.stream_bytes - before_bytes,
+            });
         }
         Ok(stats)
     }
