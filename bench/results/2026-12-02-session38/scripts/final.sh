@@ -1,5 +1,5 @@
 #!/bin/bash
-R=/work/main/bench/results/2026-12-02-session38
+R=${R:-/work/main/bench/results/2026-12-02-session38}
 cd /work/main
 echo "start $(date -u +%T)"
 bash bench/device_profile.sh > $R/device-before.txt 2>&1
