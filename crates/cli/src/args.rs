@@ -124,7 +124,7 @@ pub enum Command {
         /// Snapshots and volumes: print what is destroyed and freed.
         #[arg(short = 'v')]
         verbose: bool,
-        /// With -n or -v, machine-parsable lines, as `zfs destroy -nvp`: `destroy<TAB>NAME`,
+        /// Machine-parsable lines (implies -v), as `zfs destroy -nvp`: `destroy<TAB>NAME`,
         /// `reclaim<TAB>BYTES` (and `defer<TAB>NAME` for what -d marks).
         #[arg(short = 'p')]
         parsable: bool,
@@ -183,9 +183,10 @@ pub enum Command {
         /// Print the stream's size (on standard error when sending).
         #[arg(short = 'v')]
         verbose: bool,
-        /// With -v: lines to parse, as zfs send -nvP prints them (a line a stream: full or
-        /// incremental, its base, the snapshot, its bytes; then size and the total). -P as zfs
-        /// spells it (its -p sends properties, which a volume's stream does not carry).
+        /// Lines to parse, as zfs send -nvP prints them (a line a stream: full or
+        /// incremental, its base, the snapshot, its bytes; then size and the total; with -t
+        /// the size line only); implies -v. -P as zfs spells it (its -p sends properties,
+        /// which a volume's stream does not carry).
         #[arg(short = 'p', short_alias = 'P')]
         parsable: bool,
         /// POOL/VOL@SNAP (with -t: the POOL, optional: found by the token's snapshot; or
@@ -675,7 +676,7 @@ pub enum VolCommand {
         /// Print what is destroyed and freed.
         #[arg(short = 'v')]
         verbose: bool,
-        /// With -n or -v, machine-parsable lines, as `zfs destroy -nvp`: `destroy<TAB>NAME`,
+        /// Machine-parsable lines (implies -v), as `zfs destroy -nvp`: `destroy<TAB>NAME`,
         /// `reclaim<TAB>BYTES`.
         #[arg(short = 'p')]
         parsable: bool,

@@ -131,6 +131,12 @@ fn send_piped_into_recv_between_pools() {
         full,
         format!("full\ttank/vol0@one\t{full_bytes}\nsize\t{full_bytes}\n"),
     );
+    // -i's base by its whole name, as zfs gives it; -P alone implies -v.
+    let inc = env.ok(&["send", "-n", "-P", "-i", "@one", "tank/vol0@two"]);
+    assert!(
+        inc.starts_with("incremental\ttank/vol0@one\ttank/vol0@two\t") && inc.contains("\nsize\t"),
+        "{inc}"
+    );
     let mut cmd = env.oxpool_command();
     cmd.args(["send", "-I", "@one", "tank/vol0@three"])
         .stdout(std::fs::File::create(&stream).unwrap());
@@ -216,11 +222,23 @@ fn send_piped_into_recv_between_pools() {
     assert!(!r, "two streams received under one name");
     assert!(err.contains("more than one stream"), "{err}");
     assert!(
-        err.contains("1 received before it, up to dest/m@again"),
+        err.contains("1 received before it, up to dest/m@again")
+            && err.contains(
+                "the first was received as @again; send the rest as an incremental from \
+                 tank/vol0@two"
+            ),
         "{err}"
     );
     let names = env.ok(&["list", "-t", "snapshot", "-H", "-o", "name", "-r", "dest/m"]);
     assert_eq!(names, "dest/m@one\ndest/m@again\n");
+    // What the error says to do works.
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "-i", "@two", "tank/vol0@three"],
+        &["recv", "dest/m"],
+    );
+    assert!(s && r, "{err}");
+    assert_eq!(read(&env, "dest/m"), three);
     let e = env.fails(&["recv", "dest/named@"]);
     assert!(e.contains("POOL/VOL@SNAP"), "{e}");
     for pool in ["tank", "dest"] {

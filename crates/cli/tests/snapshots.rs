@@ -174,7 +174,8 @@ fn a_clone_is_written_while_its_origin_stays() {
             && plan.contains("would reclaim "),
         "{plan}"
     );
-    let plan = env.ok(&["destroy", "-n", "-v", "-p", "-d", "tank/vol0@base,plain"]);
+    // -p alone implies -v, as zfs destroy -p.
+    let plan = env.ok(&["destroy", "-n", "-p", "-d", "tank/vol0@base,plain"]);
     assert!(
         plan.starts_with("destroy\ttank/vol0@plain\ndefer\ttank/vol0@base\nreclaim\t"),
         "{plan}"
@@ -184,9 +185,13 @@ fn a_clone_is_written_while_its_origin_stays() {
         .contains("off"));
     env.ok(&["destroy", "tank/vol0@plain"]);
     // -d marks the origin; it goes with its clone.
-    let out = env.ok(&["destroy", "-d", "tank/vol0@base"]);
+    let out = env.ok(&["destroy", "-v", "-d", "tank/vol0@base"]);
     assert!(
-        out.contains("destroyed when its last hold and clone go"),
+        out.contains("will mark tank/vol0@base: held or cloned")
+            && out
+                .matches("destroyed when its last hold and clone go")
+                .count()
+                == 1,
         "{out}"
     );
     assert!(env
@@ -530,6 +535,11 @@ fn hold_release_and_holds_recursive_cover_every_volume() {
     assert_eq!(holds(), "tank/b@s\tkeep\n");
     env.ok(&["hold", "-r", "keep", "tank/a@s"]);
     env.ok(&["release", "-r", "keep", "tank@s"]);
+    assert_eq!(holds(), "");
+    // A snapshot named on its own beside POOL@SNAP is named once, not refused as twice.
+    env.ok(&["hold", "-r", "again", "tank@s", "tank/a@s"]);
+    assert_eq!(holds(), "tank/a@s\tagain\ntank/b@s\tagain\n");
+    env.ok(&["release", "-r", "again", "tank/a@s", "tank@s"]);
     assert_eq!(holds(), "");
     let e = env.fails(&["holds", "-r", "tank@nosuch"]);
     assert!(e.contains("no volume of 'tank' has such a snapshot"), "{e}");

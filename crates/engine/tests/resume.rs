@@ -398,3 +398,64 @@ fn a_token_whose_guid_two_volumes_hold_needs_the_volume_named() {
     audit_clean(&dst, "after the resume from the named volume");
     audit_clean(&src, "the sender");
 }
+
+/// `recv -s POOL/VOL@NAME` cut and resumed: without a name on the resuming command the
+/// snapshot takes the one the interrupted receive was given; a name given again wins.
+#[test]
+fn a_resumed_receive_keeps_the_name_it_was_given() {
+    let (src, _m) = source(256 * KIB, 4 * KIB, 3);
+    let full = send(&src, "a", None);
+    let inc = send(&src, "b", Some("a"));
+    let named = |name: &str| ReceiveOptions {
+        force: false,
+        resumable: true,
+        dry_run: false,
+        snapshot: Some(name.to_string()),
+    };
+    let (dst, _d) = mem_pool(TopVdevKind::Single, 1);
+    let cut = record_ends(&full)[3];
+    let mut input = &full[..cut];
+    dst.receive("copy", &mut input, &named("mine")).unwrap_err();
+    let token = dst
+        .receive_resume_token("copy")
+        .expect("a token after the cut");
+    let rest = send_resume(&src, &token).unwrap();
+    // A dry run of the resume says the name too.
+    let mut input = &rest[..];
+    let checked = dst
+        .receive(
+            "copy",
+            &mut input,
+            &ReceiveOptions {
+                dry_run: true,
+                ..ReceiveOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(checked[0].snapshot, format!("{}/copy@mine", dst.name()));
+    recv_s(&dst, &rest, true).unwrap();
+    let names: Vec<String> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["mine"]);
+    assert_eq!(
+        snap_bytes(&dst, "copy", "mine"),
+        snap_bytes(&src, "src", "a")
+    );
+    // The incremental, cut, resumed under another name given again.
+    let cut = record_ends(&inc)[2];
+    let mut input = &inc[..cut];
+    dst.receive("copy", &mut input, &named("first"))
+        .unwrap_err();
+    let token = dst
+        .receive_resume_token("copy")
+        .expect("a token after the cut");
+    let rest = send_resume(&src, &token).unwrap();
+    let mut input = &rest[..];
+    dst.receive("copy", &mut input, &named("second")).unwrap();
+    let names: Vec<String> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["mine", "second"]);
+    assert_eq!(
+        snap_bytes(&dst, "copy", "second"),
+        snap_bytes(&src, "src", "b")
+    );
+    audit_clean(&dst, "after named resumes");
+}

@@ -135,7 +135,10 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 };
                 volume::run(host, con, command)
             } else if dry_run || verbose || parsable || defer || recursive {
-                bail!("-n, -v, -p, -d and -r are for snapshots and volumes; a pool takes -f")
+                bail!(
+                    "-n, -v, -p and -r are for snapshots and volumes, -d for snapshots; a pool \
+                     takes -f"
+                )
             } else {
                 pool::destroy(host, con, &pool, force)
             }

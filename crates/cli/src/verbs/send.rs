@@ -140,7 +140,8 @@ pub fn send(
         prefetch_bytes_max: 0,
     };
     host.with_pool(pool_name, |p| {
-        if dry_run || verbose {
+        // -p alone reports too, as `zfs send -P` does.
+        if dry_run || verbose || parsable {
             let est = p.send_estimate(volume, snap, &opts)?;
             let what = match (&base, intermediates.is_some()) {
                 (None, _) => "full".to_string(),
@@ -151,7 +152,17 @@ pub fn send(
             let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
             let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
             if parsable {
-                print_parsable_estimate(report, &format!("{pool_name}/{volume}"), &base, &est)?;
+                let volume = format!("{pool_name}/{volume}");
+                // As zfs: `-i`'s base by its whole name, `-I`'s streams each from the short
+                // name of the one before.
+                let base = base
+                    .as_deref()
+                    .map(|b| match (intermediates, b.starts_with('#')) {
+                        (Some(_), _) => b.to_string(),
+                        (None, true) => format!("{volume}{b}"),
+                        (None, false) => format!("{volume}@{b}"),
+                    });
+                print_parsable_estimate(report, &volume, base, &est)?;
             } else {
                 writeln!(
                     report,
@@ -177,15 +188,16 @@ pub fn send(
 }
 
 /// `send -nvp`'s lines in `zfs send -nvP`'s form, for the scripts that read it: a line a
-/// stream (`full`, the snapshot, its bytes; or `incremental`, the base's short name, the
-/// snapshot, its bytes), then `size` and the total.
+/// stream (`full`, the snapshot, its bytes; or `incremental`, its base (`base` for the
+/// first, the short name of the one before for the others), the snapshot, its bytes), then
+/// `size` and the total.
 fn print_parsable_estimate(
     report: &mut dyn std::io::Write,
     volume: &str,
-    base: &Option<String>,
+    base: Option<String>,
     est: &SendStats,
 ) -> Result<()> {
-    let mut from = base.clone();
+    let mut from = base;
     for leg in &est.legs {
         let to = format!("{volume}@{}", leg.snapshot);
         match &from {
@@ -227,7 +239,7 @@ fn send_resume(
     };
     let opts = SendOptions::default();
     host.with_pool(pool_name, |p| {
-        if flags.dry_run || flags.verbose {
+        if flags.dry_run || flags.verbose || flags.parsable {
             let est = p.send_estimate_what(&what, &opts)?;
             let report: &mut dyn std::io::Write = if flags.dry_run { con.out() } else { con.err() };
             writeln!(
@@ -238,11 +250,17 @@ fn send_resume(
                 est.data_records,
                 est.free_records,
             )?;
-            writeln!(
-                report,
-                "total estimated size is {}",
-                size_with_unit(est.stream_bytes, flags.parsable)
-            )?;
+            // With -p the total in `zfs send -nvP`'s `size` line, which scripts look for;
+            // the line above stays (the resumed stream's base has no name here to give).
+            if flags.parsable {
+                writeln!(report, "size\t{}", est.stream_bytes)?;
+            } else {
+                writeln!(
+                    report,
+                    "total estimated size is {}",
+                    size_with_unit(est.stream_bytes, false)
+                )?;
+            }
             if flags.dry_run {
                 return Ok(());
             }
@@ -420,9 +438,13 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         let kept: RefCell<Vec<Received>> = RefCell::new(Vec::new());
         let on_kept = |r: &Received| kept.borrow_mut().push(r.clone());
         let received = p.receive_with(volume, con.input(), &opts, &before_destroy, &on_kept);
-        if verbose {
-            print_received(con, &kept.into_inner(), false)?;
-        }
+        // Printed after the history and the exports: a closed standard output must not stop
+        // those.
+        let said = if verbose {
+            print_received(con, &kept.into_inner(), false)
+        } else {
+            Ok(())
+        };
         // A receive that failed after streams of its input were received (each is kept, as
         // ZFS keeps the snapshots of a `send -I` package received before an error) changed
         // the pool: its history says so.
@@ -479,6 +501,6 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             }
         }
         received?;
-        Ok(())
+        said
     })
 }

@@ -263,7 +263,8 @@ pub fn destroy(
                 }
             }
         }
-        if verbose || dry_run {
+        // -p alone prints too, as `zfs destroy -p` turns -v on.
+        if verbose || dry_run || parsable {
             print_destroy_plan(con, &now, &later, estimate, dry_run, parsable)?;
         }
         if dry_run {
@@ -306,11 +307,15 @@ pub fn destroy(
                     marked.iter().filter(|s| out.contains(s)).cloned().collect();
                 offer_again(host, p, &[(v.as_str(), back)])?;
             }
-            for s in marked {
-                writeln!(
-                    con.out(),
-                    "{pool_name}/{v}@{s}: held or cloned; destroyed when its last hold and clone go"
-                )?;
+            // Said already by -v's plan (its `will mark` lines).
+            if !(verbose || parsable) {
+                for s in marked {
+                    writeln!(
+                        con.out(),
+                        "{pool_name}/{v}@{s}: held or cloned; destroyed when its last hold and \
+                         clone go"
+                    )?;
+                }
             }
         }
         Ok(())
@@ -320,7 +325,9 @@ pub fn destroy(
 /// `destroy -n`'s and `-v`'s lines, as `zfs destroy -nv`'s: each of `now` (full names) that
 /// would be (will be) destroyed, each of `later` that `-d` marks, then what goes with them
 /// (`reclaim_bytes`). With `-p` (`parsable`), as `zfs destroy -nvp`: `destroy<TAB>NAME`,
-/// `defer<TAB>NAME` and `reclaim<TAB>BYTES`.
+/// `defer<TAB>NAME` and `reclaim<TAB>BYTES`. Ours beside ZFS's: the `mark`/`defer` lines
+/// (ZFS says nothing of what -d marks) and a volume's `reclaim` line (ZFS gives one for
+/// snapshots only): each tells what the command will do that its other lines do not.
 pub fn print_destroy_plan(
     con: &mut dyn Console,
     now: &[String],
@@ -647,7 +654,13 @@ pub fn each_volumes(host: &Host, names: &[String], recursive: bool) -> Result<Ve
         if found.is_empty() {
             bail!("'{n}': no volume of '{pool_name}' has such a snapshot");
         }
-        out.extend(found);
+        // A snapshot also named on its own, or by another POOL@SNAP, is named once: only
+        // the user's own repetition is refused as naming it twice.
+        for f in found {
+            if !out.contains(&f) && !names.contains(&f) {
+                out.push(f);
+            }
+        }
     }
     Ok(out)
 }

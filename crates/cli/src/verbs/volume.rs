@@ -88,10 +88,11 @@ pub fn run(host: &Host, con: &mut dyn Console, cmd: VolCommand) -> Result<()> {
                         served.check_unexport(&n, force, Unexport::Destroy)?;
                     }
                 }
-                if dry_run || verbose {
-                    // As `zfs destroy -nv`: the snapshots, then the volume, then what goes
-                    // with them all: the volume's `used` (its own blocks and its snapshots';
-                    // a clone's shared ones stay with the origin).
+                if dry_run || verbose || parsable {
+                    // As `zfs destroy -nv`: the snapshots, then the volume; then (ours: ZFS
+                    // gives `reclaim` for snapshots only) what goes with them all: the
+                    // volume's `used` (its own blocks and its snapshots'; a clone's shared
+                    // ones stay with the origin).
                     let mut now: Vec<String> =
                         snaps.iter().map(|s| format!("{name}@{s}")).collect();
                     now.push(name.clone());

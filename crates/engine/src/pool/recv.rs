@@ -64,7 +64,7 @@ pub struct ReceiveOptions {
     /// The name the received snapshot takes instead of the stream's (`recv POOL/VOL@SNAP`,
     /// as `zfs recv` names it). An input of one stream only: a second is refused (those
     /// before it are kept, as after any failed stream). A resumed receive takes the name its
-    /// own command gives.
+    /// own command gives, or without one the name its interrupted receive was given.
     pub snapshot: Option<String>,
 }
 
@@ -526,10 +526,14 @@ impl Pool {
                 break;
             }
             if let (Some(name), false) = (&opts.snapshot, received.is_empty()) {
+                // The first stream is kept under the name: the rest can follow it as an
+                // incremental from the snapshot it was sent from.
                 let e = EngineError::invalid(format!(
                     "cannot receive: the input holds more than one stream, and @{name} names \
-                     one snapshot (receive into the volume, without @{name}, to keep each \
-                     stream's own name)"
+                     one snapshot: the first {} received as @{name}; send the rest as an \
+                     incremental from {}",
+                    if opts.dry_run { "would be" } else { "was" },
+                    received[0].source
                 ));
                 return Err(after_received(e, &received, opts.dry_run));
             }
@@ -739,8 +743,9 @@ impl Pool {
         let full = format!("{}/{volume}", self.spa.name);
         let snapshot = match previous {
             None => {
-                self.check_saved(volume, &begin)?;
-                self.receive_plan(volume, &begin, opts)?.snapshot
+                let resuming = self.check_saved(volume, &begin)?;
+                let opts = self.plan_options(volume, resuming, opts);
+                self.receive_plan(volume, &begin, &opts)?.snapshot
             }
             Some(previous) if begin.fromguid == Some(previous) => stream_snapshot(&begin)?,
             Some(previous) => {
@@ -792,7 +797,7 @@ impl Pool {
         let full = format!("{}/{volume}", self.spa.name);
         let hidden_name = Self::hidden_name(volume);
         let resuming = self.check_saved(volume, &begin)?;
-        let plan = self.receive_plan(volume, &begin, opts)?;
+        let plan = self.receive_plan(volume, &begin, &self.plan_options(volume, resuming, opts))?;
         if let Some((_, later)) = plan.base.as_ref().filter(|(_, l)| !l.is_empty()) {
             let names: Vec<String> = later.iter().map(|(n, _)| n.clone()).collect();
             before_destroy(volume, &names).map_err(EngineError::Busy)?;
@@ -917,6 +922,19 @@ impl Pool {
     }
 
     /// The saved state of a resumable receive into hidden dataset `hidden`, if any.
+    /// The options a stream is planned with: a resumed one keeps the name its interrupted
+    /// receive was to give (`recv -s POOL/VOL@SNAP`) unless this command names one (the
+    /// plan checks the name read back like any other).
+    fn plan_options(&self, volume: &str, resuming: bool, opts: &ReceiveOptions) -> ReceiveOptions {
+        let mut planned = opts.clone();
+        if resuming && planned.snapshot.is_none() {
+            planned.snapshot = self
+                .saved_receive(&Self::hidden_name(volume))
+                .map(|meta| meta.snapshot);
+        }
+        planned
+    }
+
     fn saved_receive(&self, hidden: &str) -> Option<ReceiveResumeMeta> {
         let ds = self.dsl.get(hidden)?;
         let l = ds.lineage.lock().unwrap();
