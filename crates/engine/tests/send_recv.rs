@@ -1172,6 +1172,15 @@ fn an_error_in_a_later_stream_of_the_input_is_placed_in_the_input() {
         "{err}"
     );
     assert_eq!(guids(&dst, "copy").len(), 4, "@a to @d");
+    // A few bytes of junk after a stream are no stream, not a cut one.
+    let other = mem_pool(TopVdevKind::Single, 1).0;
+    let mut junk = send(&src, "src", "a", None, false);
+    junk.extend_from_slice(b"xyz");
+    let err = recv(&other, "copy", &junk, false).unwrap_err().to_string();
+    assert!(
+        err.contains("not an oxpool send stream") && err.contains("1 received before it"),
+        "{err}"
+    );
 }
 
 /// A volume received from another volume of the same pool keeps its snapshots' guids, as

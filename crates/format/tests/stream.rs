@@ -967,6 +967,10 @@ fn not_a_stream_other_versions_and_trailing_bytes() {
         error_of(b"oxpST").kind,
         StreamErrorKind::Truncated { .. }
     ));
+    // Fewer bytes than the magic that are no start of it: not a stream, not a cut one.
+    let err = error_of(b"hel");
+    assert_eq!(err.kind, StreamErrorKind::NotAStream);
+    assert_eq!(err.offset_bytes, 0);
     for version in [0, STREAM_VERSION + 1, u32::MAX] {
         let mut other = good.clone();
         put_u32(&mut other, 16, version);

@@ -221,6 +221,21 @@ impl StreamDecoder {
         if let Some(err) = &self.failed {
             return Err(err.clone());
         }
+        // A few bytes that are no start of the magic (junk after a stream, or a file
+        // shorter than the magic) are not a stream cut short.
+        let filled = self.header_filled_bytes.min(8);
+        if matches!(self.phase, Phase::Header)
+            && filled > 0
+            && self.header[..filled] != STREAM_MAGIC.to_le_bytes()[..filled]
+        {
+            let kind = if self.rules.is_none() {
+                StreamErrorKind::NotAStream
+            } else {
+                StreamErrorKind::BadMagic
+            };
+            let record_at = self.position_bytes - self.header_filled_bytes as u64;
+            return Err(StreamError::new(record_at + MAGIC_AT as u64, kind));
+        }
         let inside = match self.phase {
             Phase::Done => return Ok(()),
             Phase::Payload { .. } => "in a record payload",
