@@ -921,7 +921,6 @@ impl Pool {
         ))
     }
 
-    /// The saved state of a resumable receive into hidden dataset `hidden`, if any.
     /// The options a stream is planned with: a resumed one keeps the name its interrupted
     /// receive was to give (`recv -s POOL/VOL@SNAP`) unless this command names one (the
     /// plan checks the name read back like any other).
@@ -935,6 +934,7 @@ impl Pool {
         planned
     }
 
+    /// The saved state of a resumable receive into hidden dataset `hidden`, if any.
     fn saved_receive(&self, hidden: &str) -> Option<ReceiveResumeMeta> {
         let ds = self.dsl.get(hidden)?;
         let l = ds.lineage.lock().unwrap();
