@@ -1014,7 +1014,13 @@ fn create_v_makes_a_volume_as_zfs_create() {
             left.contains(&format!("{two}@s\n")) && left.contains(&format!("{one}\n")),
             "{served}: {left}"
         );
-        env.ok(&["destroy", one]);
+        // -v without -n: the same plan, done.
+        let said = env.ok(&["destroy", "-v", one]);
+        assert_eq!(
+            said,
+            format!("will destroy {one}\nwill reclaim 0\n"),
+            "{served}"
+        );
         env.ok(&["destroy", "-r", two]);
         let left = env.ok(&["list", "-H", "-o", "name", "-t", "all", "tank"]);
         assert_eq!(left, "tank/a\n", "{served}");

@@ -703,6 +703,8 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
     let incremental = env.run(&["send", "-i", "@one", "tank/vol0@two"]).stdout;
     let both = env.path("both.stream");
     std::fs::write(&both, [full.clone(), incremental.clone()].concat()).unwrap();
+    let full_file = env.path("full.stream");
+    std::fs::write(&full_file, &full).unwrap();
     let mut damaged = full.clone();
     let middle = damaged.len() / 2;
     damaged[middle] ^= 0x40;
@@ -734,6 +736,19 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
                 && said.contains("(full stream of tank/vol0@one, ")
                 && said.contains("(incremental stream of tank/vol0@two, "),
             "{served}: {said}"
+        );
+        assert_eq!(datasets(), "", "{served}: a dry run made something");
+        // Under a name: one stream says it; two are refused at the second.
+        let (ok, said, err) = recv_n(&full_file, "dest/copy@named");
+        assert!(ok, "{served}: {err}");
+        assert!(
+            said.contains("would receive dest/copy@named (full"),
+            "{served}: {said}"
+        );
+        let (ok, _, err) = recv_n(&both, "dest/copy@named");
+        assert!(
+            !ok && err.contains("the first would be received as @named"),
+            "{served}: {err}"
         );
         assert_eq!(datasets(), "", "{served}: a dry run made something");
         // Nor a hidden receive dataset (`list` does not show those): nothing to abort.
