@@ -131,7 +131,15 @@ fn send_piped_into_recv_between_pools() {
         full,
         format!("full\ttank/vol0@one\t{full_bytes}\nsize\t{full_bytes}\n"),
     );
-    // -i's base by its whole name, as zfs gives it; -P alone implies -v.
+    // -P alone, sending: the lines on standard error (standard output carries the stream).
+    let out = env.run(&["send", "-P", "tank/vol0@one"]);
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len() as u64, full_bytes);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("full\ttank/vol0@one\t{full_bytes}\nsize\t{full_bytes}\n")
+    );
+    // -i's base by its whole name, as zfs gives it; -n -P implies -v.
     let inc = env.ok(&["send", "-n", "-P", "-i", "@one", "tank/vol0@two"]);
     assert!(
         inc.starts_with("incremental\ttank/vol0@one\ttank/vol0@two\t") && inc.contains("\nsize\t"),

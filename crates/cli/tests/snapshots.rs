@@ -183,7 +183,12 @@ fn a_clone_is_written_while_its_origin_stays() {
     assert!(env
         .ok(&["get", "defer_destroy", "tank/vol0@base"])
         .contains("off"));
-    env.ok(&["destroy", "tank/vol0@plain"]);
+    // -p without -n: the plan's lines, and done.
+    let said = env.ok(&["destroy", "-p", "tank/vol0@plain"]);
+    assert!(
+        said.starts_with("destroy\ttank/vol0@plain\nreclaim\t"),
+        "{said}"
+    );
     // -d marks the origin; it goes with its clone.
     let out = env.ok(&["destroy", "-v", "-d", "tank/vol0@base"]);
     assert!(
@@ -540,6 +545,10 @@ fn hold_release_and_holds_recursive_cover_every_volume() {
     env.ok(&["hold", "-r", "again", "tank@s", "tank/a@s"]);
     assert_eq!(holds(), "tank/a@s\tagain\ntank/b@s\tagain\n");
     env.ok(&["release", "-r", "again", "tank/a@s", "tank@s"]);
+    assert_eq!(holds(), "");
+    // POOL@SNAP given twice is the user's own repetition: refused, nothing held.
+    let e = env.fails(&["hold", "-r", "again", "tank@s", "tank@s"]);
+    assert!(e.contains("named twice"), "{e}");
     assert_eq!(holds(), "");
     let e = env.fails(&["holds", "-r", "tank@nosuch"]);
     assert!(e.contains("no volume of 'tank' has such a snapshot"), "{e}");

@@ -400,7 +400,8 @@ fn a_token_whose_guid_two_volumes_hold_needs_the_volume_named() {
 }
 
 /// `recv -s POOL/VOL@NAME` cut and resumed: without a name on the resuming command the
-/// snapshot takes the one the interrupted receive was given; a name given again wins.
+/// snapshot takes the one the interrupted receive was given; a name given again wins, and
+/// is the one a later resume keeps.
 #[test]
 fn a_resumed_receive_keeps_the_name_it_was_given() {
     let (src, _m) = source(256 * KIB, 4 * KIB, 3);
@@ -449,8 +450,16 @@ fn a_resumed_receive_keeps_the_name_it_was_given() {
         .receive_resume_token("copy")
         .expect("a token after the cut");
     let rest = send_resume(&src, &token).unwrap();
-    let mut input = &rest[..];
-    dst.receive("copy", &mut input, &named("second")).unwrap();
+    // That resume, under a new name, cut too: the next resume without one keeps the new.
+    let cut = record_ends(&rest)[2];
+    let mut input = &rest[..cut];
+    dst.receive("copy", &mut input, &named("second"))
+        .unwrap_err();
+    let token = dst
+        .receive_resume_token("copy")
+        .expect("a token after the second cut");
+    let rest = send_resume(&src, &token).unwrap();
+    recv_s(&dst, &rest, true).unwrap();
     let names: Vec<String> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["mine", "second"]);
     assert_eq!(

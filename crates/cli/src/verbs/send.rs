@@ -394,6 +394,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             Ok(())
         });
     }
+    let said: RefCell<Result<()>> = RefCell::new(Ok(()));
     host.change_pool(pool_name, |p| {
         let served = match host {
             Host::Live(s) => Some(s),
@@ -438,13 +439,12 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
         let kept: RefCell<Vec<Received>> = RefCell::new(Vec::new());
         let on_kept = |r: &Received| kept.borrow_mut().push(r.clone());
         let received = p.receive_with(volume, con.input(), &opts, &before_destroy, &on_kept);
-        // Printed after the history and the exports: a closed standard output must not stop
-        // those.
-        let said = if verbose {
-            print_received(con, &kept.into_inner(), false)
-        } else {
-            Ok(())
-        };
+        // Printed now, but a failure to print (a closed standard output) is returned only
+        // after the history, the exports and the pool's own steps after this closure: it
+        // must not stop them.
+        if verbose {
+            *said.borrow_mut() = print_received(con, &kept.into_inner(), false);
+        }
         // A receive that failed after streams of its input were received (each is kept, as
         // ZFS keeps the snapshots of a `send -I` package received before an error) changed
         // the pool: its history says so.
@@ -501,6 +501,7 @@ pub fn recv(host: &Host, con: &mut dyn Console, target: &str, flags: RecvFlags) 
             }
         }
         received?;
-        said
-    })
+        Ok(())
+    })?;
+    said.into_inner()
 }

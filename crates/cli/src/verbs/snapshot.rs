@@ -654,13 +654,9 @@ pub fn each_volumes(host: &Host, names: &[String], recursive: bool) -> Result<Ve
         if found.is_empty() {
             bail!("'{n}': no volume of '{pool_name}' has such a snapshot");
         }
-        // A snapshot also named on its own, or by another POOL@SNAP, is named once: only
-        // the user's own repetition is refused as naming it twice.
-        for f in found {
-            if !out.contains(&f) && !names.contains(&f) {
-                out.push(f);
-            }
-        }
+        // A snapshot also named on its own beside POOL@SNAP is named once; the user's own
+        // repetition (of either form) still reaches the check that refuses it as twice.
+        out.extend(found.into_iter().filter(|f| !names.contains(f)));
     }
     Ok(out)
 }

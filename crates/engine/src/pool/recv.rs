@@ -804,6 +804,11 @@ impl Pool {
         }
         let (hidden, new_target) = if resuming {
             let hidden = self.hidden_volume(&hidden_name)?;
+            // The name this resume gives is the one a later resume keeps (the next sync
+            // writes it with the offset).
+            if let Some(r) = &mut hidden.vol.ds.lineage.lock().unwrap().receive_resume {
+                r.meta.snapshot = plan.snapshot.clone();
+            }
             let target = match &plan.base {
                 Some(_) => None,
                 None => Some(self.new_target(volume, &begin)?),
