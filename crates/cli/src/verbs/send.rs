@@ -150,7 +150,6 @@ pub fn send(
             };
             // Standard output carries the stream: the report goes to standard error.
             let report: &mut dyn std::io::Write = if dry_run { con.out() } else { con.err() };
-            let plural = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
             if parsable {
                 let volume = format!("{pool_name}/{volume}");
                 // As zfs: `-i`'s base by its whole name, `-I`'s streams each from the short
@@ -164,6 +163,8 @@ pub fn send(
                     });
                 print_parsable_estimate(report, &volume, base, &est)?;
             } else {
+                let plural =
+                    |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
                 writeln!(
                     report,
                     "{} {pool_name}/{volume}@{snap} ({what}): {}, {}, {}",

@@ -306,6 +306,17 @@ fn received(
     }
 }
 
+/// The options a stream is planned with: one that resumes `resumed` keeps the name its
+/// interrupted receive was to give (`recv -s POOL/VOL@SNAP`) unless this command names one
+/// (the plan checks the name read back like any other).
+fn plan_options(opts: &ReceiveOptions, resumed: Option<&ReceiveResumeMeta>) -> ReceiveOptions {
+    let mut planned = opts.clone();
+    if planned.snapshot.is_none() {
+        planned.snapshot = resumed.map(|meta| meta.snapshot.clone());
+    }
+    planned
+}
+
 /// The snapshot a stream makes (its name after `@`), checked as a snapshot name.
 fn stream_snapshot(begin: &StreamBegin) -> Result<String> {
     let snapshot = begin
@@ -698,10 +709,10 @@ impl Pool {
         })
     }
 
-    /// Whether `begin`'s stream resumes a receive into `volume` (else it is a new one),
-    /// checked against the partial receive `recv -s` may have saved for it: a resuming
-    /// stream needs one, and its own; a new stream is refused while one is saved.
-    fn check_saved(&self, volume: &str, begin: &StreamBegin) -> Result<bool> {
+    /// The partial receive `begin`'s stream resumes (None: it is a new one), checked
+    /// against the one `recv -s` may have saved for `volume`: a resuming stream needs one,
+    /// and its own; a new stream is refused while one is saved.
+    fn check_saved(&self, volume: &str, begin: &StreamBegin) -> Result<Option<ReceiveResumeMeta>> {
         let full = format!("{}/{volume}", self.spa.name);
         let saved = self.saved_receive(&Self::hidden_name(volume));
         let resuming = begin.features.contains(StreamFeatures::RESUMING);
@@ -722,7 +733,7 @@ impl Pool {
             }
             (None, false) => {}
         }
-        Ok(resuming)
+        Ok(saved.filter(|_| resuming))
     }
 
     /// `recv -n`'s pass over one stream: its BEGIN checked against the target as a receive
@@ -743,8 +754,8 @@ impl Pool {
         let full = format!("{}/{volume}", self.spa.name);
         let snapshot = match previous {
             None => {
-                let resuming = self.check_saved(volume, &begin)?;
-                let opts = self.plan_options(volume, resuming, opts);
+                let resumed = self.check_saved(volume, &begin)?;
+                let opts = plan_options(opts, resumed.as_ref());
                 self.receive_plan(volume, &begin, &opts)?.snapshot
             }
             Some(previous) if begin.fromguid == Some(previous) => stream_snapshot(&begin)?,
@@ -796,13 +807,13 @@ impl Pool {
         };
         let full = format!("{}/{volume}", self.spa.name);
         let hidden_name = Self::hidden_name(volume);
-        let resuming = self.check_saved(volume, &begin)?;
-        let plan = self.receive_plan(volume, &begin, &self.plan_options(volume, resuming, opts))?;
+        let resumed = self.check_saved(volume, &begin)?;
+        let plan = self.receive_plan(volume, &begin, &plan_options(opts, resumed.as_ref()))?;
         if let Some((_, later)) = plan.base.as_ref().filter(|(_, l)| !l.is_empty()) {
             let names: Vec<String> = later.iter().map(|(n, _)| n.clone()).collect();
             before_destroy(volume, &names).map_err(EngineError::Busy)?;
         }
-        let (hidden, new_target) = if resuming {
+        let (hidden, new_target) = if resumed.is_some() {
             let hidden = self.hidden_volume(&hidden_name)?;
             // The name this resume gives is the one a later resume keeps (the next sync
             // writes it with the offset).
@@ -924,19 +935,6 @@ impl Pool {
             data_records,
             free_records,
         ))
-    }
-
-    /// The options a stream is planned with: a resumed one keeps the name its interrupted
-    /// receive was to give (`recv -s POOL/VOL@SNAP`) unless this command names one (the
-    /// plan checks the name read back like any other).
-    fn plan_options(&self, volume: &str, resuming: bool, opts: &ReceiveOptions) -> ReceiveOptions {
-        let mut planned = opts.clone();
-        if resuming && planned.snapshot.is_none() {
-            planned.snapshot = self
-                .saved_receive(&Self::hidden_name(volume))
-                .map(|meta| meta.snapshot);
-        }
-        planned
     }
 
     /// The saved state of a resumable receive into hidden dataset `hidden`, if any.
