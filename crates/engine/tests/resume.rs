@@ -414,13 +414,16 @@ fn a_resumed_receive_keeps_the_name_it_was_given() {
         snapshot: Some(name.to_string()),
     };
     let (dst, _d) = mem_pool(TopVdevKind::Single, 1);
-    let cut = record_ends(&full)[3];
-    let mut input = &full[..cut];
-    dst.receive("copy", &mut input, &named("mine")).unwrap_err();
-    let token = dst
-        .receive_resume_token("copy")
-        .expect("a token after the cut");
-    let rest = send_resume(&src, &token).unwrap();
+    // `stream` received under `name`, cut after its record `record`: the rest to resume with.
+    let cut_under = |stream: &[u8], record: usize, name: &str| {
+        let mut input = &stream[..record_ends(stream)[record]];
+        dst.receive("copy", &mut input, &named(name)).unwrap_err();
+        let token = dst
+            .receive_resume_token("copy")
+            .expect("a token after the cut");
+        send_resume(&src, &token).unwrap()
+    };
+    let rest = cut_under(&full, 3, "mine");
     // A dry run of the resume says the name too.
     let mut input = &rest[..];
     let checked = dst
@@ -442,23 +445,9 @@ fn a_resumed_receive_keeps_the_name_it_was_given() {
         snap_bytes(&src, "src", "a")
     );
     // The incremental, cut, resumed under another name given again.
-    let cut = record_ends(&inc)[2];
-    let mut input = &inc[..cut];
-    dst.receive("copy", &mut input, &named("first"))
-        .unwrap_err();
-    let token = dst
-        .receive_resume_token("copy")
-        .expect("a token after the cut");
-    let rest = send_resume(&src, &token).unwrap();
+    let rest = cut_under(&inc, 2, "first");
     // That resume, under a new name, cut too: the next resume without one keeps the new.
-    let cut = record_ends(&rest)[2];
-    let mut input = &rest[..cut];
-    dst.receive("copy", &mut input, &named("second"))
-        .unwrap_err();
-    let token = dst
-        .receive_resume_token("copy")
-        .expect("a token after the second cut");
-    let rest = send_resume(&src, &token).unwrap();
+    let rest = cut_under(&rest, 2, "second");
     recv_s(&dst, &rest, true).unwrap();
     let names: Vec<String> = guids(&dst, "copy").into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["mine", "second"]);
