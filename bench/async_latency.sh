@@ -16,8 +16,9 @@
 # The 4K cell at iodepth 64 forms bursts: fio's first 64 requests reach the device together,
 # each waits the same 4 ms, and nothing spreads them apart, so each burst is served by the
 # device and the reactor one request after another (latencies spread evenly from 4.1 to 5.9 ms).
-# With the vdev queue on (SCHEDULER=on: at most 10 sync reads at the device) the first burst
-# is spread out and stays so (4.1 to 4.6 ms).
+# With the vdev queue's limits (at most 10 sync reads at the device) the first burst is spread
+# out and stays so (4.1 to 4.6 ms): SCHEDULER=on always applies them, and since 2026-12-03
+# the default (auto) does too once a burst saturates the device (docs/io-scheduling.md).
 #
 # On the host's disk the 4K cell at iodepth 64 also measures the disk: the injected delay
 # comes after the read, so the reads of a burst reach the disk together, and its time per

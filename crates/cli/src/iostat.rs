@@ -702,21 +702,23 @@ fn footer(out: &mut String, span: &Span) {
     outln!(out);
     outln!(
         out,
-        "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>10}",
         "vdev queue",
         "scheduler",
         "queued",
         "bypassed",
         "active",
         "waiting",
-        "disk_wait"
+        "disk_wait",
+        "wait_alone"
     );
     for d in &span.cur.devices {
         let (q, b) = span.queue(d);
-        // Counts over the span; active, waiting and the recent disk wait are as of now.
+        // Counts over the span; active, waiting and the recent disk waits (of every I/O, and
+        // of those issued alone: the `auto` rule's measures) are as of now.
         outln!(
             out,
-            "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+            "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>10}",
             shorten(&format!("  {}", d.name), NAME_WIDTH),
             d.scheduler,
             q.iter().sum::<u64>(),
@@ -724,6 +726,7 @@ fn footer(out: &mut String, span: &Span) {
             d.queue.active.iter().sum::<u32>(),
             d.queue.waiting,
             format!("{}us", d.queue.disk_wait_recent_us),
+            format!("{}us", d.queue.disk_wait_alone_us),
         );
     }
     outln!(out);

@@ -102,10 +102,16 @@ fn iostat_reports_sync_writes_and_flushes_of_a_served_pool() {
         queued >= dev_writes,
         "every device write went through the queue or around it"
     );
+    // The served pool's device did I/O with nothing else active (its first write at least):
+    // the `auto` rule's measure of saturation is there, in the JSON and the table.
+    assert!(
+        dev["queue"]["disk_wait_alone_us"].as_u64().unwrap() > 0,
+        "{json}"
+    );
 
     assert!(table.contains("context switches") && table.contains("completions: inline"));
     assert!(
-        table.contains("vdev queue") && table.contains("auto"),
+        table.contains("vdev queue") && table.contains("auto") && table.contains("wait_alone"),
         "{table}"
     );
     let lat = env.ok(&["iostat", "-l", "tank"]);
