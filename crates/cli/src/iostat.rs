@@ -702,7 +702,7 @@ fn footer(out: &mut String, span: &Span) {
     outln!(out);
     outln!(
         out,
-        "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>10}",
+        "{:<NAME_WIDTH$} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>7}",
         "vdev queue",
         "scheduler",
         "queued",
@@ -710,23 +710,39 @@ fn footer(out: &mut String, span: &Span) {
         "active",
         "waiting",
         "disk_wait",
-        "wait_alone"
+        "read_wait",
+        "alone"
     );
+    let mut limited_any = false;
     for d in &span.cur.devices {
         let (q, b) = span.queue(d);
-        // Counts over the span; active, waiting and the recent disk waits (of every I/O, and
-        // of those issued alone: the `auto` rule's measures) are as of now.
+        // Counts over the span; active, waiting and the recent disk waits (every I/O's, and
+        // the sync reads' and those that ran alone: the `auto` rule's measures) are as of
+        // now. A star: auto holds the class limits now (the device is slow or saturated).
+        let scheduler = if d.queue.limited {
+            limited_any = true;
+            format!("{}*", d.scheduler)
+        } else {
+            d.scheduler.clone()
+        };
         outln!(
             out,
-            "{:<NAME_WIDTH$} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>10}",
+            "{:<NAME_WIDTH$} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>7}",
             shorten(&format!("  {}", d.name), NAME_WIDTH),
-            d.scheduler,
+            scheduler,
             q.iter().sum::<u64>(),
             b.iter().sum::<u64>(),
             d.queue.active.iter().sum::<u32>(),
             d.queue.waiting,
             format!("{}us", d.queue.disk_wait_recent_us),
-            format!("{}us", d.queue.disk_wait_alone_us),
+            format!("{}us", d.queue.sync_read_disk_wait_us),
+            format!("{}us", d.queue.sync_read_disk_wait_alone_us),
+        );
+    }
+    if limited_any {
+        outln!(
+            out,
+            "  * auto applies the class limits now: the device is slow or saturated"
         );
     }
     outln!(out);

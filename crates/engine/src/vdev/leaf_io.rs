@@ -147,7 +147,7 @@ impl Leaf {
         let alone = admission.ran_alone();
         // The slot first, so the next waiter is issued before we account.
         drop(admission);
-        self.queue.note_disk_wait(done - issued, alone);
+        self.queue.note_disk_wait(class, done - issued, alone);
         stats.record(len_bytes, done - started, done - issued);
         result
     }
@@ -207,7 +207,7 @@ mod tests {
         // `on` queued its two; `off` and `auto` (an idle memory device) bypassed theirs.
         assert_eq!((queued, bypassed), (2, 4));
         assert_eq!(q.active, [0; 5]);
-        // Each I/O ran alone on an idle device: the saturation rule has its measure.
-        assert!(q.disk_wait_alone_us > 0);
+        // Each read ran alone on an idle device: the saturation rule has its measure.
+        assert!(q.sync_read_disk_wait_alone_us > 0);
     }
 }

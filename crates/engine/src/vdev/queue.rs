@@ -16,16 +16,17 @@
 //! # Bypass: the `scheduler` property
 //!
 //! - `on`: every I/O goes through the queue (takes its lock), as in ZFS.
-//! - `off`: no I/O does: it is issued at once and only counted (an atomic add and subtract).
+//! - `off`: no I/O does: it is issued at once and only counted (a few atomic adds and a
+//!   subtract).
 //! - `auto` (default): an I/O bypasses the queue when **nothing waits in this leaf's queue**,
 //!   the leaf has fewer than [`LEAF_ACTIVE_MAX`] I/Os active, and either
 //!   1. its class is below its `max_active`: the queue would admit it at once anyway, so
 //!      bypassing changes no decision and only saves the lock; or
 //!   2. **the device keeps up**: its recent device time per I/O (an average over about the
 //!      last eight completions) is under [`AUTO_DISK_WAIT_US_MAX`], and the device is not
-//!      **saturated** (its recent time per I/O has not reached [`AUTO_SATURATED_FACTOR`] times
-//!      its time for an I/O that ran alone, and [`AUTO_SATURATED_US_MIN`], within the last
-//!      [`AUTO_SATURATED_HOLD_COMPLETIONS`] completions). Then the class limits are not
+//!      **saturated**: within the last [`AUTO_SATURATED_HOLD_IOS`] admissions its sync reads'
+//!      recent time has not reached [`AUTO_SATURATED_FACTOR`] times their time when they ran
+//!      alone (and [`AUTO_SATURATED_US_MIN`]). Then the class limits are not
 //!      enforced, because a device that answers within a millisecond and in parallel leaves
 //!      nothing for a priority order to win and the limits would only cap its parallelism
 //!      (ZFS's sync read limit of 10 would hold a queue-depth-64 client to 10 device I/Os).
@@ -41,9 +42,9 @@
 //!   stays bypassed.
 //!
 //!   Otherwise the I/O queues, and once anything waits, every later I/O of the leaf queues
-//!   behind it until the queue drains: whenever the device is slow and classes compete, the
-//!   priority order and the min guarantees decide. A spinning disk (4-10 ms per random I/O)
-//!   never keeps up, so it gets ZFS's scheduling; flash at moderate depth always does.
+//!   behind it until the queue drains: whenever the device is slow or saturated and classes
+//!   compete, the priority order and the min guarantees decide. A spinning disk (4-10 ms per
+//!   random I/O) never keeps up, so it gets ZFS's scheduling; flash at moderate depth does.
 //!   OpenZFS's own `scheduler=auto` (PR 17358) bypasses for non-rotational block devices, a
 //!   declared property; this rule measures the same thing.
 //!
@@ -183,22 +184,29 @@ pub const LEAF_ACTIVE_MAX: u32 = 1000;
 /// three or more on each side.
 pub const AUTO_DISK_WAIT_US_MAX: u64 = 1000;
 
-/// `scheduler=auto`: a device whose recent time per I/O reaches this many times its time for
-/// an I/O that ran alone is saturated (serves a burst one I/O after another) and gets the
+/// `scheduler=auto`: a device whose recent time per sync read reaches this many times their
+/// time when they ran alone is saturated (serves a burst one I/O after another) and gets the
 /// class limits. Flash that works in parallel stays under it: by Little's law, a drive rated
 /// at 1M 4 KiB reads per second at depth 128 that answers one read in 80 us answers each in
 /// 128 us at that depth, 1.6 times. A device serving a burst serially passes it at a depth
 /// of 3 to 6 (the virtio disk of `docs/io-scheduling.md`: 50 us alone, 96 us at depth 4,
 /// 271 us at 10, 460 us at 20). 3 rather than 4: with 4 the 4 ms test reached 91-99 % of
-/// its goal, with 3 95-101 %.
+/// its goal, with 3 94-101 %.
 pub const AUTO_SATURATED_FACTOR: u64 = 3;
 
-/// `scheduler=auto`: how many completions a device seen saturated counts as saturated,
-/// whatever their times. The limits keep a saturated device's queue short, and so its time
-/// per I/O low: judged by that time alone, the limits would lift as soon as they worked and
-/// the bursts would form again (measured: 87-91 % of the 4 ms test's goal without the hold,
-/// 95-101 % with it). 4096 completions is a third of a second at 12K reads per second.
-pub const AUTO_SATURATED_HOLD_COMPLETIONS: u32 = 4096;
+/// `scheduler=auto`: for how many admissions (I/Os) a device seen saturated counts as
+/// saturated, whatever their times. The limits keep a saturated device's queue short, and so
+/// its time per I/O low: judged by that time alone, the limits would lift as soon as they
+/// worked and the bursts would form again (measured: 87-91 % of the 4 ms test's goal without
+/// the hold, 94-101 % with it). 4096 I/Os is a third of a second at 12K reads per second.
+pub const AUTO_SATURATED_HOLD_IOS: u64 = 4096;
+
+/// `scheduler=auto`: a sync read's time alone older than this many admissions is not used
+/// (nothing counts as saturated until a new one comes). A device under constant load has
+/// no time alone; one measured long ago (at import, before a cloud disk's burst credits ran
+/// out) says nothing about the device now, and a stale low one would hold the limits for as
+/// long as the load lasts.
+pub const AUTO_ALONE_FRESH_IOS: u64 = 1 << 16;
 
 /// `scheduler=auto`: a recent time per I/O under this is never saturation: a burst that
 /// costs less than this leaves nothing to spread (fast flash going from 20 to 90 us).
@@ -274,6 +282,9 @@ struct Slot {
     class: u8,
     state: SlotState,
     waker: Option<Waker>,
+    /// Once admitted: its admission number if no other I/O was active then
+    /// ([`Admission::ran_alone`]).
+    alone_admission: Option<u64>,
 }
 
 /// A FIFO list of slots, linked through the slab.
@@ -327,6 +338,7 @@ impl QueueState {
             class: 0,
             state: SlotState::Free,
             waker: None,
+            alone_admission: None,
         });
         idx
     }
@@ -335,6 +347,7 @@ impl QueueState {
         let s = &mut self.slots[idx as usize];
         debug_assert!(s.waker.is_none());
         s.state = SlotState::Free;
+        s.alone_admission = None;
         s.prev = NIL;
         s.next = self.free_head;
         self.free_head = idx;
@@ -420,10 +433,18 @@ pub struct QueueSnapshot {
     pub waiting: u32,
     /// Recent device time per I/O, microseconds (the `auto` rule's measure).
     pub disk_wait_recent_us: u64,
-    /// Recent device time of an I/O issued alone, microseconds (0: none yet); the `auto`
-    /// rule's measure of saturation. Absent from a server older than the rule.
+    /// Recent device time per sync read, microseconds (the saturation rule's measure).
+    /// This and the next two are absent from a server older than the rule.
     #[serde(default)]
-    pub disk_wait_alone_us: u64,
+    pub sync_read_disk_wait_us: u64,
+    /// Recent device time of a sync read that ran alone, microseconds (0: none, or none
+    /// within [`AUTO_ALONE_FRESH_IOS`]).
+    #[serde(default)]
+    pub sync_read_disk_wait_alone_us: u64,
+    /// Whether `auto` holds the class limits now: the device does not keep up (slow, or
+    /// saturated).
+    #[serde(default)]
+    pub limited: bool,
 }
 
 /// The scheduler of one leaf device (see the module documentation).
@@ -440,15 +461,20 @@ pub struct VdevQueue {
     waiting_total: AtomicU32,
     /// Exponentially weighted average of the device time per I/O (weight 1/8), microseconds.
     disk_wait_recent_us: AtomicU64,
-    /// The same average over the I/Os that ran alone: no other I/O was active on the leaf
-    /// when they were admitted, nor admitted before they completed (0: none yet).
-    disk_wait_alone_us: AtomicU64,
+    /// The same average over the sync reads (saturation compares like with like: a large
+    /// write is slower than a small read without any queue).
+    sync_read_disk_wait_us: AtomicU64,
+    /// The same average over the sync reads that ran alone ([`Admission::ran_alone`]; 0: none
+    /// yet).
+    sync_read_disk_wait_alone_us: AtomicU64,
+    /// `admissions` at the last sample of `sync_read_disk_wait_alone_us`: how old it is.
+    sync_read_alone_admission: AtomicU64,
     /// I/Os admitted on this leaf, ever (queued or bypassed): whether another I/O was admitted
-    /// while one ran.
+    /// while one ran, and the clock of the saturation hold.
     admissions: AtomicU64,
-    /// Completions left during which the device counts as saturated (see
-    /// [`AUTO_SATURATED_HOLD_COMPLETIONS`]).
-    saturated_hold: AtomicU32,
+    /// The device counts as saturated while `admissions` is below this (see
+    /// [`AUTO_SATURATED_HOLD_IOS`]).
+    saturated_until_admission: AtomicU64,
     /// Scrub I/Os completed since the last I/O of another class began (saturating at
     /// [`SCRUB_IDLE_AFTER_COMPLETIONS`]): whether the leaf is idle for a scrub.
     scrub_alone: AtomicU32,
@@ -483,9 +509,11 @@ impl VdevQueue {
             active_total: AtomicU32::new(0),
             waiting_total: AtomicU32::new(0),
             disk_wait_recent_us: AtomicU64::new(0),
-            disk_wait_alone_us: AtomicU64::new(0),
+            sync_read_disk_wait_us: AtomicU64::new(0),
+            sync_read_disk_wait_alone_us: AtomicU64::new(0),
+            sync_read_alone_admission: AtomicU64::new(0),
             admissions: AtomicU64::new(0),
-            saturated_hold: AtomicU32::new(0),
+            saturated_until_admission: AtomicU64::new(0),
             scrub_alone: AtomicU32::new(0),
             state: Mutex::new(QueueState::with_slots(QUEUE_SLOTS_PREALLOCATED)),
             counters: QueueCounters::default(),
@@ -512,41 +540,64 @@ impl VdevQueue {
         }
     }
 
-    /// Feeds the `auto` rule one device time; `alone`: the I/O was issued while no other was
-    /// active on the leaf ([`Admission::alone`]).
-    pub fn note_disk_wait(&self, disk_wait: Duration, alone: bool) {
+    /// Feeds the `auto` rule the device time of an I/O of `class`; `alone`: it ran alone
+    /// ([`Admission::ran_alone`]).
+    pub fn note_disk_wait(&self, class: IoClass, disk_wait: Duration, alone: bool) {
         let sample = u64::try_from(disk_wait.as_micros()).unwrap_or(u64::MAX);
-        let recent = average_in(&self.disk_wait_recent_us, sample);
-        let alone_us = self.disk_wait_alone_us.load(Ordering::Relaxed);
+        average_in(&self.disk_wait_recent_us, sample);
+        if class != IoClass::SyncRead {
+            return;
+        }
+        let recent = average_in(&self.sync_read_disk_wait_us, sample);
+        let now = self.admissions.load(Ordering::Relaxed);
+        if alone {
+            // A first (or stale) sample is taken whole: an average starting from 0, or from
+            // what the device did long ago, would take dozens of samples to mean anything.
+            if self.sync_read_alone_us(now) == 0 {
+                self.sync_read_disk_wait_alone_us
+                    .store(sample.max(1), Ordering::Relaxed);
+            } else {
+                average_in(&self.sync_read_disk_wait_alone_us, sample);
+            }
+            self.sync_read_alone_admission.store(now, Ordering::Relaxed);
+        }
+        let alone_us = self.sync_read_alone_us(now);
         if alone_us > 0
             && recent >= AUTO_SATURATED_US_MIN
             && recent >= alone_us.saturating_mul(AUTO_SATURATED_FACTOR)
         {
-            self.saturated_hold
-                .store(AUTO_SATURATED_HOLD_COMPLETIONS, Ordering::Relaxed);
-        } else {
-            // Racy as the averages: a lost decrement holds the limits one completion longer.
-            let hold = self.saturated_hold.load(Ordering::Relaxed);
-            if hold > 0 {
-                self.saturated_hold.store(hold - 1, Ordering::Relaxed);
-            }
-        }
-        if alone {
-            // The first sample is taken whole: 0 means none yet, and an average starting
-            // from 0 would take dozens of samples to mean anything.
-            if self.disk_wait_alone_us.load(Ordering::Relaxed) == 0 {
-                self.disk_wait_alone_us
-                    .store(sample.max(1), Ordering::Relaxed);
-            } else {
-                average_in(&self.disk_wait_alone_us, sample);
-            }
+            // A deadline, not a count down: nothing to write per I/O while it holds, and no
+            // racing decrement to undo a fresh hold.
+            self.saturated_until_admission.store(
+                now.saturating_add(AUTO_SATURATED_HOLD_IOS),
+                Ordering::Relaxed,
+            );
         }
     }
 
-    /// Whether the device is saturated (see [`AUTO_SATURATED_FACTOR`]): its recent time per
-    /// I/O was many times its time alone within the last [`AUTO_SATURATED_HOLD_COMPLETIONS`].
+    /// The sync reads' recent time alone, microseconds, if it is fresh (sampled within the
+    /// last [`AUTO_ALONE_FRESH_IOS`] admissions); else 0.
+    fn sync_read_alone_us(&self, now: u64) -> u64 {
+        let at = self.sync_read_alone_admission.load(Ordering::Relaxed);
+        if now.saturating_sub(at) > AUTO_ALONE_FRESH_IOS {
+            return 0;
+        }
+        self.sync_read_disk_wait_alone_us.load(Ordering::Relaxed)
+    }
+
+    /// Whether the device is saturated (see [`AUTO_SATURATED_FACTOR`]): within the last
+    /// [`AUTO_SATURATED_HOLD_IOS`] admissions its sync reads' recent time reached many
+    /// times their time alone.
     fn saturated(&self) -> bool {
-        self.saturated_hold.load(Ordering::Relaxed) > 0
+        self.admissions.load(Ordering::Relaxed)
+            < self.saturated_until_admission.load(Ordering::Relaxed)
+    }
+
+    /// Whether the device keeps up (the second half of `auto`'s rule): then the class limits
+    /// are lifted.
+    fn keeps_up(&self) -> bool {
+        self.disk_wait_recent_us.load(Ordering::Relaxed) < AUTO_DISK_WAIT_US_MAX
+            && !self.saturated()
     }
 
     /// Counters and gauges.
@@ -554,7 +605,10 @@ impl VdevQueue {
         let mut s = QueueSnapshot {
             waiting: self.waiting_total.load(Ordering::Relaxed),
             disk_wait_recent_us: self.disk_wait_recent_us.load(Ordering::Relaxed),
-            disk_wait_alone_us: self.disk_wait_alone_us.load(Ordering::Relaxed),
+            sync_read_disk_wait_us: self.sync_read_disk_wait_us.load(Ordering::Relaxed),
+            sync_read_disk_wait_alone_us: self
+                .sync_read_alone_us(self.admissions.load(Ordering::Relaxed)),
+            limited: self.mode() == SchedulerMode::Auto && !self.keeps_up(),
             ..Default::default()
         };
         for c in 0..IO_CLASS_COUNT {
@@ -575,9 +629,7 @@ impl VdevQueue {
                     && self.active_total.load(Ordering::SeqCst) < self.active_max
                     && (self.active[class.index()].load(Ordering::SeqCst)
                         < self.max_active(class.index())
-                        || (self.disk_wait_recent_us.load(Ordering::Relaxed)
-                            < AUTO_DISK_WAIT_US_MAX
-                            && !self.saturated()))
+                        || self.keeps_up())
             }
         }
     }
@@ -656,9 +708,8 @@ impl VdevQueue {
             if let Some(w) = slot.waker.take() {
                 wake.push(w);
             }
-            // An I/O that waited is never alone (see `Admission::ran_alone`); one admitted
-            // while it enqueues itself finds out in `AdmitFuture::poll`.
-            let _ = self.count_active(c);
+            let alone_admission = self.count_active(c);
+            st.slots[idx as usize].alone_admission = alone_admission;
             self.waiting_total.fetch_sub(1, Ordering::SeqCst);
         }
         true
@@ -772,7 +823,7 @@ pub struct Admission<'a> {
     /// Whether the I/O waited in the queue (false: bypassed, or admitted at once).
     waited: bool,
     /// Its admission number if no other I/O was active on the leaf when it was admitted.
-    alone_from: Option<u64>,
+    alone_admission: Option<u64>,
 }
 
 impl Admission<'_> {
@@ -786,9 +837,14 @@ impl Admission<'_> {
     /// the device's own, with nothing ahead of it or beside it
     /// ([`VdevQueue::note_disk_wait`]). The first I/O of a burst is admitted alone but
     /// shares the device with the rest of the burst: not alone.
+    ///
+    /// Approximate by design: an admission's two counts (admissions, active) are separate
+    /// atomics, so two I/Os admitted at the same instant on two threads may both look alone
+    /// for a moment; the rare sample that results only pulls an average up, towards
+    /// bypassing. Flushes are not admitted, so an I/O beside a flush counts as alone.
     pub fn ran_alone(&self) -> bool {
-        self.alone_from
-            .is_some_and(|seq| self.queue.admissions.load(Ordering::SeqCst) == seq + 1)
+        self.alone_admission
+            .is_some_and(|seq| self.queue.admissions.load(Ordering::SeqCst) == seq.wrapping_add(1))
     }
 }
 
@@ -808,19 +864,19 @@ impl<'a> Future for AdmitFuture<'a> {
         match this.state {
             AdmitState::Start => {
                 if q.bypasses(this.class) {
-                    let alone_from = q.count_active(c);
+                    let alone_admission = q.count_active(c);
                     q.counters.bypassed[c].fetch_add(1, Ordering::Relaxed);
                     this.state = AdmitState::Done;
                     return Poll::Ready(Admission {
                         queue: q,
                         class: this.class,
                         waited: false,
-                        alone_from,
+                        alone_admission,
                     });
                 }
                 q.counters.queued[c].fetch_add(1, Ordering::Relaxed);
                 let mut wake = WakeBatch::new();
-                let mut alone_from = None;
+                let mut alone_admission = None;
                 let admitted_at_once = {
                     let mut st = q.state.lock().unwrap();
                     let waiting = q.waiting_total.fetch_add(1, Ordering::SeqCst);
@@ -831,12 +887,8 @@ impl<'a> Future for AdmitFuture<'a> {
                     q.dispatch(&mut st, &mut wake);
                     debug_assert_eq!(st.waiting_total(), q.waiting_total.load(Ordering::SeqCst));
                     if st.slots[idx as usize].state == SlotState::Admitted {
+                        alone_admission = st.slots[idx as usize].alone_admission;
                         st.free(idx);
-                        // Admitted by the dispatch just now, under the lock: the last
-                        // admission is its own.
-                        if q.active_total.load(Ordering::SeqCst) == 1 {
-                            alone_from = Some(q.admissions.load(Ordering::SeqCst) - 1);
-                        }
                         true
                     } else {
                         st.slots[idx as usize].waker = Some(cx.waker().clone());
@@ -851,7 +903,7 @@ impl<'a> Future for AdmitFuture<'a> {
                         queue: q,
                         class: this.class,
                         waited: false,
-                        alone_from,
+                        alone_admission,
                     })
                 } else {
                     Poll::Pending
@@ -862,6 +914,7 @@ impl<'a> Future for AdmitFuture<'a> {
                 let slot = &mut st.slots[idx as usize];
                 if slot.state == SlotState::Admitted {
                     debug_assert!(slot.waker.is_none());
+                    let alone_admission = slot.alone_admission;
                     st.free(idx);
                     drop(st);
                     this.state = AdmitState::Done;
@@ -869,8 +922,7 @@ impl<'a> Future for AdmitFuture<'a> {
                         queue: q,
                         class: this.class,
                         waited: true,
-                        // It waited for others to finish: some were active.
-                        alone_from: None,
+                        alone_admission,
                     });
                 }
                 debug_assert_eq!(slot.state, SlotState::Waiting);
@@ -1195,7 +1247,7 @@ mod tests {
         assert_eq!(q.mode(), SchedulerMode::Auto);
         // A slow device: within the class limit the I/Os bypass, past it they queue.
         for _ in 0..50 {
-            q.note_disk_wait(Duration::from_millis(8), false);
+            q.note_disk_wait(IoClass::AsyncWrite, Duration::from_millis(8), false);
         }
         assert!(q.snapshot().disk_wait_recent_us >= AUTO_DISK_WAIT_US_MAX);
         let a = admit_now(&q, IoClass::AsyncWrite);
@@ -1212,10 +1264,9 @@ mod tests {
         assert_eq!(q.snapshot().queued[0], 1);
         drop((a, b));
         assert!(poll_once(&mut c).is_ready());
-        // A device that keeps up: the class limit is lifted (once the fast times have lasted
-        // long enough for a device that was saturated, 8 ms against 50 us alone).
-        for _ in 0..AUTO_SATURATED_HOLD_COMPLETIONS + 100 {
-            q.note_disk_wait(Duration::from_micros(50), true);
+        // A device that keeps up: the class limit is lifted.
+        for _ in 0..100 {
+            q.note_disk_wait(IoClass::AsyncWrite, Duration::from_micros(50), true);
         }
         assert!(q.snapshot().disk_wait_recent_us < AUTO_DISK_WAIT_US_MAX);
         let held: Vec<_> = (0..5).map(|_| admit_now(&q, IoClass::AsyncWrite)).collect();
@@ -1235,97 +1286,162 @@ mod tests {
         (held, q.snapshot().bypassed[class.index()] - before)
     }
 
+    /// Feeds `n` sync read times of `us`.
+    fn sync_reads(q: &VdevQueue, n: usize, us: u64, alone: bool) {
+        for _ in 0..n {
+            q.note_disk_wait(IoClass::SyncRead, Duration::from_micros(us), alone);
+        }
+    }
+
+    /// Admits and completes `n` I/Os one at a time (the saturation hold's clock).
+    fn pass(q: &VdevQueue, n: u64) {
+        for _ in 0..n {
+            drop(admit_now(q, IoClass::SyncRead));
+        }
+    }
+
+    /// Whether a third sync read past a class limit of 2 waits (the limits hold).
+    fn limited(q: &VdevQueue) -> bool {
+        let (held, bypassed) = bypassed_of(q, IoClass::SyncRead, 2);
+        assert_eq!(bypassed, 2, "within the class limit nothing changes");
+        let mut third = q.admit(IoClass::SyncRead);
+        let first_poll = poll_once(&mut third);
+        let waits = first_poll.is_pending();
+        assert_eq!(q.snapshot().limited, waits);
+        drop(first_poll);
+        drop(held);
+        if waits {
+            assert!(
+                poll_once(&mut third).is_ready(),
+                "a freed slot admits the waiter"
+            );
+        }
+        waits
+    }
+
     #[test]
     fn auto_queues_past_the_class_limit_on_a_saturated_device() {
         let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
-        // No I/O alone yet: nothing to compare with, so a fast device keeps up.
-        for _ in 0..50 {
-            q.note_disk_wait(Duration::from_micros(400), false);
-        }
-        assert_eq!(q.snapshot().disk_wait_alone_us, 0);
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 5);
-        assert_eq!(bypassed, 5);
-        drop(held);
+        // No sync read alone yet: nothing to compare with, so a fast device keeps up.
+        sync_reads(&q, 50, 400, false);
+        assert_eq!(q.snapshot().sync_read_disk_wait_alone_us, 0);
+        assert!(!limited(&q));
         // 50 us alone, then a burst at 400 us: saturated. The class limit holds again.
-        q.note_disk_wait(Duration::from_micros(50), true);
+        sync_reads(&q, 1, 50, true);
         assert_eq!(
-            q.snapshot().disk_wait_alone_us,
+            q.snapshot().sync_read_disk_wait_alone_us,
             50,
             "the first sample is taken whole"
         );
-        q.note_disk_wait(Duration::from_micros(400), false);
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 2);
-        assert_eq!(bypassed, 2, "within the class limit nothing changes");
-        let mut third = q.admit(IoClass::SyncRead);
-        assert!(poll_once(&mut third).is_pending(), "past it the I/O waits");
-        drop(held);
-        let third = match poll_once(&mut third) {
-            Poll::Ready(a) => a,
-            Poll::Pending => panic!("a freed slot admits the waiter"),
-        };
-        assert!(
-            !third.ran_alone(),
-            "an I/O that waited for others was not alone"
-        );
-        drop(third);
-        // The limits keep the device's time low; it still counts as saturated for a while,
-        // or the bursts would come back as soon as the limits worked.
-        let mut low = 0;
-        while q.snapshot().disk_wait_recent_us >= 3 * 50 {
-            q.note_disk_wait(Duration::from_micros(60), false);
-            low += 1;
-            assert!(low < 100, "the average falls");
+        sync_reads(&q, 1, 400, false);
+        assert!(limited(&q));
+        // The limits keep the device's time low; it still counts as saturated for
+        // AUTO_SATURATED_HOLD_IOS admissions, or the bursts would come back as soon as the
+        // limits worked.
+        sync_reads(&q, 100, 60, false);
+        assert!(q.snapshot().sync_read_disk_wait_us < AUTO_SATURATED_FACTOR * 50);
+        // The hold runs from the last saturated sample (among the 60 us ones): HOLD - 4
+        // admissions later, and 2 more by `limited`, the third is still within it (HOLD - 2);
+        // the next `limited`'s third is past it (HOLD + 1).
+        pass(&q, AUTO_SATURATED_HOLD_IOS - 4);
+        assert!(limited(&q), "the hold's last admissions");
+        assert!(!limited(&q), "the hold is over");
+
+        // The factor: 100 us alone, 280 us deep is not saturation, 320 us is.
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        sync_reads(&q, 1, 100, true);
+        sync_reads(&q, 100, 280, false);
+        assert!(!limited(&q));
+        sync_reads(&q, 100, 320, false);
+        assert!(limited(&q));
+
+        // Other classes' times are not compared: a large write is slower than a small read
+        // with no queue at all.
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        sync_reads(&q, 1, 50, true);
+        sync_reads(&q, 20, 50, false);
+        for _ in 0..100 {
+            q.note_disk_wait(IoClass::AsyncWrite, Duration::from_micros(900), false);
         }
-        // The sample that took the average under 3 x 50 us was the hold's first.
-        for _ in 0..AUTO_SATURATED_HOLD_COMPLETIONS - 2 {
-            q.note_disk_wait(Duration::from_micros(60), false);
-        }
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 2);
-        assert_eq!(bypassed, 2);
-        let mut third = q.admit(IoClass::SyncRead);
-        assert!(poll_once(&mut third).is_pending(), "still saturated");
-        drop(held);
-        assert!(poll_once(&mut third).is_ready());
-        drop(third);
-        // Then the bursts are over: bypassed again.
-        q.note_disk_wait(Duration::from_micros(60), false);
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 5);
-        assert_eq!(bypassed, 5);
-        drop(held);
+        assert!(!limited(&q));
+
+        // A time alone too old is not used: nothing counts as saturated until a new one.
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        sync_reads(&q, 1, 50, true);
+        pass(&q, AUTO_ALONE_FRESH_IOS + 1);
+        assert_eq!(q.snapshot().sync_read_disk_wait_alone_us, 0);
+        sync_reads(&q, 100, 400, false);
+        assert!(!limited(&q));
+        // A new one is taken whole.
+        sync_reads(&q, 1, 70, true);
+        assert_eq!(q.snapshot().sync_read_disk_wait_alone_us, 70);
+        sync_reads(&q, 1, 400, false);
+        assert!(limited(&q));
 
         // A device slow alone that works in parallel (300 us alone, 800 us deep) keeps up.
         let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
         for _ in 0..50 {
-            q.note_disk_wait(Duration::from_micros(300), true);
-            q.note_disk_wait(Duration::from_micros(800), false);
+            sync_reads(&q, 1, 300, true);
+            sync_reads(&q, 1, 800, false);
         }
         let s = q.snapshot();
         assert!(
-            s.disk_wait_alone_us < 400 && s.disk_wait_recent_us > 500,
+            s.sync_read_disk_wait_alone_us < 400 && s.sync_read_disk_wait_us > 500,
             "{s:?}"
         );
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 5);
-        assert_eq!(bypassed, 5);
-        drop(held);
+        assert!(!limited(&q));
 
         // Nor is a burst that costs under AUTO_SATURATED_US_MIN (20 us -> 100 us).
         let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
         for _ in 0..100 {
-            q.note_disk_wait(Duration::from_micros(20), true);
-            q.note_disk_wait(Duration::from_micros(100), false);
+            sync_reads(&q, 1, 20, true);
+            sync_reads(&q, 1, 100, false);
         }
-        let (held, bypassed) = bypassed_of(&q, IoClass::SyncRead, 5);
-        assert_eq!(bypassed, 5);
-        drop(held);
+        assert!(!limited(&q));
+    }
 
-        // An I/O on an idle leaf runs alone until another is admitted; then neither does.
+    #[test]
+    fn an_io_runs_alone_until_another_is_admitted() {
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        for mode in [SchedulerMode::Auto, SchedulerMode::On] {
+            // Bypassed (auto) or admitted at once while enqueueing itself (on).
+            q.set_mode(mode);
+            let first = admit_now(&q, IoClass::SyncRead);
+            assert!(first.ran_alone(), "{mode:?}");
+            let second = admit_now(&q, IoClass::SyncRead);
+            assert!(!first.ran_alone() && !second.ran_alone(), "{mode:?}");
+            drop((first, second));
+            let third = admit_now(&q, IoClass::SyncRead);
+            assert!(third.ran_alone(), "{mode:?}: the leaf is idle again");
+            drop(third);
+        }
+        // Admitted after waiting: alone if nothing else is active by then, else not.
+        let q = VdevQueue::with_limits(limits([(1, 1); IO_CLASS_COUNT]), 100);
+        q.set_mode(SchedulerMode::On);
         let first = admit_now(&q, IoClass::SyncRead);
-        assert!(first.ran_alone());
-        let second = admit_now(&q, IoClass::SyncRead);
-        assert!(!first.ran_alone() && !second.ran_alone());
-        drop((first, second));
-        let third = admit_now(&q, IoClass::SyncRead);
-        assert!(third.ran_alone(), "the leaf is idle again");
+        let mut second = q.admit(IoClass::SyncRead);
+        assert!(poll_once(&mut second).is_pending());
+        // Its class has room: admitted at once, beside the first.
+        let other = admit_now(&q, IoClass::AsyncWrite);
+        drop(first);
+        let second = match poll_once(&mut second) {
+            Poll::Ready(a) => a,
+            Poll::Pending => panic!("the freed slot admits the sync read"),
+        };
+        assert!(!second.ran_alone(), "admitted beside the async write");
+        drop((second, other));
+        let first = admit_now(&q, IoClass::SyncRead);
+        let mut second = q.admit(IoClass::SyncRead);
+        assert!(poll_once(&mut second).is_pending());
+        drop(first);
+        let second = match poll_once(&mut second) {
+            Poll::Ready(a) => a,
+            Poll::Pending => panic!("the freed slot admits the sync read"),
+        };
+        assert!(
+            second.ran_alone(),
+            "admitted when the leaf had nothing else"
+        );
     }
 
     #[test]
