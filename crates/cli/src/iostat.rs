@@ -730,13 +730,19 @@ fn footer(out: &mut String, span: &Span) {
             "{:<NAME_WIDTH$} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>7}",
             shorten(&format!("  {}", d.name), NAME_WIDTH),
             scheduler,
-            q.iter().sum::<u64>(),
-            b.iter().sum::<u64>(),
+            // Human counts and times keep the line within 100 columns whatever the values
+            // (a server up for hours has counted billions).
+            count_str(q.iter().sum::<u64>() as f64),
+            count_str(b.iter().sum::<u64>() as f64),
             d.queue.active.iter().sum::<u32>(),
             d.queue.waiting,
-            format!("{}us", d.queue.disk_wait_recent_us),
-            format!("{}us", d.queue.sync_read_disk_wait_us),
-            format!("{}us", d.queue.sync_read_disk_wait_alone_us),
+            latency_str(d.queue.disk_wait_recent_us as f64, 1),
+            latency_str(d.queue.sync_read_disk_wait_us as f64, 1),
+            // No time alone yet (or none fresh): "-".
+            latency_str(
+                d.queue.sync_read_disk_wait_alone_us as f64,
+                d.queue.sync_read_disk_wait_alone_us.min(1)
+            ),
         );
     }
     if limited_any {

@@ -201,14 +201,15 @@ pub const AUTO_SATURATED_FACTOR: u64 = 3;
 /// the hold, 94-101 % with it). 4096 I/Os is a third of a second at 12K reads per second.
 pub const AUTO_SATURATED_HOLD_IOS: u64 = 4096;
 
-/// `scheduler=auto`: a sync read's time alone older than this many admissions is not used
-/// (nothing counts as saturated until a new one comes). A device under constant load has
-/// no time alone; one measured long ago (at import, before a cloud disk's burst credits ran
-/// out) says nothing about the device now, and a stale low one would hold the limits for as
-/// long as the load lasts.
+/// `scheduler=auto`: a sync read's time alone older than this many admissions does not find
+/// a device saturated anew (nothing does until a new one comes). One measured long ago (at
+/// import, before a cloud disk's burst credits ran out) says nothing about the device now,
+/// and a stale low one would hold the limits for as long as the load lasts. A hold in
+/// progress keeps using it: under constant load no read runs alone, and dropping the
+/// limits then would let the bursts back.
 pub const AUTO_ALONE_FRESH_IOS: u64 = 1 << 16;
 
-/// `scheduler=auto`: a recent time per I/O under this is never saturation: a burst that
+/// `scheduler=auto`: a recent time per sync read under this is never saturation: a burst that
 /// costs less than this leaves nothing to spread (fast flash going from 20 to 90 us).
 pub const AUTO_SATURATED_US_MIN: u64 = 150;
 
@@ -434,7 +435,7 @@ pub struct QueueSnapshot {
     /// Recent device time per I/O, microseconds (the `auto` rule's measure).
     pub disk_wait_recent_us: u64,
     /// Recent device time per sync read, microseconds (the saturation rule's measure).
-    /// This and the next two are absent from a server older than the rule.
+    /// This and the next two are absent from a server older than these fields.
     #[serde(default)]
     pub sync_read_disk_wait_us: u64,
     /// Recent device time of a sync read that ran alone, microseconds (0: none, or none
@@ -442,7 +443,7 @@ pub struct QueueSnapshot {
     #[serde(default)]
     pub sync_read_disk_wait_alone_us: u64,
     /// Whether `auto` holds the class limits now: the device does not keep up (slow, or
-    /// saturated).
+    /// saturated). False unless `scheduler=auto` (`on` always applies them, `off` never).
     #[serde(default)]
     pub limited: bool,
 }
@@ -561,7 +562,13 @@ impl VdevQueue {
             }
             self.sync_read_alone_admission.store(now, Ordering::Relaxed);
         }
-        let alone_us = self.sync_read_alone_us(now);
+        // A hold in progress keeps its time alone however old: under constant load no read
+        // runs alone, and forgetting it would lift the limits and let the bursts back.
+        let alone_us = if self.saturated() {
+            self.sync_read_disk_wait_alone_us.load(Ordering::Relaxed)
+        } else {
+            self.sync_read_alone_us(now)
+        };
         if alone_us > 0
             && recent >= AUTO_SATURATED_US_MIN
             && recent >= alone_us.saturating_mul(AUTO_SATURATED_FACTOR)
@@ -1347,6 +1354,28 @@ mod tests {
         assert!(limited(&q), "the hold's last admissions");
         assert!(!limited(&q), "the hold is over");
 
+        // The hold's exact end: 4096 admissions after the last saturated sample.
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        sync_reads(&q, 1, 50, true);
+        sync_reads(&q, 20, 400, false);
+        pass(&q, AUTO_SATURATED_HOLD_IOS - 1);
+        assert!(q.snapshot().limited);
+        pass(&q, 1);
+        assert!(!q.snapshot().limited);
+
+        // A hold in progress outlives the freshness of its time alone.
+        let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
+        sync_reads(&q, 1, 50, true);
+        pass(&q, AUTO_ALONE_FRESH_IOS - 10);
+        sync_reads(&q, 20, 400, false);
+        pass(&q, 20);
+        sync_reads(&q, 1, 400, false);
+        pass(&q, AUTO_SATURATED_HOLD_IOS - 1);
+        assert!(
+            q.snapshot().limited,
+            "re-armed with a time alone past its freshness"
+        );
+
         // The factor: 100 us alone, 280 us deep is not saturation, 320 us is.
         let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
         sync_reads(&q, 1, 100, true);
@@ -1368,7 +1397,13 @@ mod tests {
         // A time alone too old is not used: nothing counts as saturated until a new one.
         let q = VdevQueue::with_limits(limits([(1, 2); IO_CLASS_COUNT]), 100);
         sync_reads(&q, 1, 50, true);
-        pass(&q, AUTO_ALONE_FRESH_IOS + 1);
+        pass(&q, AUTO_ALONE_FRESH_IOS);
+        assert_eq!(
+            q.snapshot().sync_read_disk_wait_alone_us,
+            50,
+            "fresh to the last"
+        );
+        pass(&q, 1);
         assert_eq!(q.snapshot().sync_read_disk_wait_alone_us, 0);
         sync_reads(&q, 100, 400, false);
         assert!(!limited(&q));
