@@ -762,10 +762,9 @@ impl VdevQueue {
     }
 }
 
-/// Moves the average in `avg` (weight 1/8) towards `sample`. A racy read-modify-write:
-/// concurrent completions may lose a sample, which an average tolerates; a CAS loop would
-/// cost more than the sample is worth.
-/// Returns the new average.
+/// Moves the average in `avg` (weight 1/8) towards `sample` and returns the new average. A
+/// racy read-modify-write: concurrent completions may lose a sample, which an average
+/// tolerates; a CAS loop would cost more than the sample is worth.
 fn average_in(avg: &AtomicU64, sample: u64) -> u64 {
     let old = avg.load(Ordering::Relaxed);
     let new = old - old / 8 + sample / 8;
