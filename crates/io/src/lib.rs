@@ -23,6 +23,7 @@ mod memory;
 mod net;
 mod prealloc;
 mod scatter;
+pub mod scratch;
 pub mod spare_cpu;
 pub mod warn_limit;
 

@@ -228,6 +228,19 @@ impl Scatter {
     }
 }
 
+/// A scatter lent by a [`crate::scratch::Stash`] keeps its vectors' capacity (a run read of
+/// the devices fills one per request).
+impl crate::scratch::Reuse for Scatter {
+    fn reset(&mut self) {
+        self.clear();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.bufs.capacity() * std::mem::size_of::<IoBuf>()
+            + self.iovecs.capacity() * std::mem::size_of::<libc::iovec>()
+    }
+}
+
 impl Drop for Scatter {
     fn drop(&mut self) {
         self.clear();

@@ -210,10 +210,23 @@ impl CompletionControl {
         buf: IoBuf,
         decode_to: Option<usize>,
     ) -> (IoBuf, Verdict) {
+        self.start_verify_decode(bp, buf, decode_to).finish().await
+    }
+
+    /// [`CompletionControl::verify_decode`] in two steps, for a caller with many blocks to verify
+    /// and no list of futures to join: this one verifies here, or hands the job to a
+    /// completion thread, and returns at once; [`Verifying::finish`] gives the result. Start
+    /// them all before finishing any, and the handed-over ones run side by side.
+    pub fn start_verify_decode(
+        &self,
+        bp: &BlockPtr,
+        buf: IoBuf,
+        decode_to: Option<usize>,
+    ) -> Verifying {
         let decode = decode_to.is_some() && bp.compression != Compression::Off;
         let buf = if self.offload(bp, decode) {
             match VerifyJob::start(bp, buf, decode_to) {
-                Ok(job) => return job.await,
+                Ok(job) => return Verifying(VerifyingState::Handed(job)),
                 // No free job slot: the buffer comes back and is checked here.
                 Err(buf) => buf,
             }
@@ -221,7 +234,7 @@ impl CompletionControl {
             buf
         };
         let verdict = verify_and_decode(bp, &buf, decode_to);
-        (buf, verdict)
+        Verifying(VerifyingState::Done(buf, verdict))
     }
 
     fn offload(&self, bp: &BlockPtr, decode: bool) -> bool {
@@ -355,6 +368,25 @@ impl Workers {
             if let Some(w) = waker {
                 w.wake();
             }
+        }
+    }
+}
+
+/// A verification started by [`CompletionControl::start_verify_decode`]: done already, or running on
+/// a completion thread (dropping it then abandons the job, which frees its slot when done).
+pub struct Verifying(VerifyingState);
+
+enum VerifyingState {
+    Done(IoBuf, Verdict),
+    Handed(VerifyJob),
+}
+
+impl Verifying {
+    /// The stored bytes and the verdict, once the verification is done.
+    pub async fn finish(self) -> (IoBuf, Verdict) {
+        match self.0 {
+            VerifyingState::Done(buf, verdict) => (buf, verdict),
+            VerifyingState::Handed(job) => job.await,
         }
     }
 }

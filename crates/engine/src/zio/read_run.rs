@@ -20,6 +20,7 @@
 //! does) reuses their buffers through [`RunBufs`]: a fresh 1 MiB buffer costs a zeroing (and
 //! page faults) of every byte before the device overwrites it.
 
+use super::completion::Verifying;
 use super::compress::Verdict;
 use super::{read_block, verify, DataBlock, Zio};
 use crate::vdev::queue::IoClass;
@@ -27,6 +28,7 @@ use crate::vdev::{ErrorKind, LeafIo};
 use crate::zio::warn_limit::io_warn;
 use crate::Result;
 use oxpool_format::BlockPtr;
+use oxpool_io::scratch::{Scratch, Stash};
 use oxpool_io::{IoBuf, Scatter};
 use std::fmt::Display;
 use std::sync::{Arc, Mutex};
@@ -260,19 +262,29 @@ pub enum RunBlock {
 /// Reads the data blocks `bps`, a run that [`extends_run`] chained, as one device request, and
 /// verifies each (decoding a compressed one to `lsize_bytes`); if that read fails, each block
 /// is read alone from the same device. A failed block read or a copy that does not verify is
-/// counted against the device, as [`super::read_data_block_unhealed`] counts it; the caller reads each [`RunBlock::Retry`] block again the careful way
+/// counted against the device, as [`super::read_data_block_unhealed`] counts it; the caller
+/// reads each [`RunBlock::Retry`] block again the careful way
 /// ([`super::read_data_block_after_bad_copy`]: its other copies first, this one last and not
-/// counted again), and rewrites the bad copy.
+/// counted again), and rewrites the bad copy. Appends one [`RunBlock`] per block to `out`, in
+/// order.
 ///
 /// The run is one vectored read straight into one buffer per block (the data cache holds
-/// blocks, not runs), so no block is copied out of a run buffer.
+/// blocks, not runs), so no block is copied out of a run buffer. Its lists are scratch
+/// values of this thread ([`oxpool_io::scratch`]): a run that reads and verifies allocates
+/// nothing.
 pub async fn read_data_run(
     zio: &Zio,
     class: IoClass,
     bps: &[BlockPtr],
     lsize_bytes: usize,
     what: &(impl Display + ?Sized),
-) -> Vec<RunBlock> {
+    out: &mut Vec<RunBlock>,
+) {
+    thread_local! {
+        static SCATTERS: Stash<Scatter> = const { Stash::new() };
+        static STORED: Stash<Vec<Option<IoBuf>>> = const { Stash::new() };
+        static CHECKS: Stash<Vec<(Option<Verifying>, LeafIo)>> = const { Stash::new() };
+    }
     debug_assert!(bps.len() >= 2);
     debug_assert!(bps
         .windows(2)
@@ -289,43 +301,46 @@ pub async fn read_data_run(
             .find(|io| bps.iter().all(|bp| !io.leaf.health.missed_covers(bp.birth)))
     });
     let Some(io) = io else {
-        return bps.iter().map(|_| RunBlock::Retry(None)).collect();
+        out.extend(bps.iter().map(|_| RunBlock::Retry(None)));
+        return;
     };
     // Each block's copy straight into its own buffer (one vectored read).
-    let mut bufs = Scatter::with_capacity(bps.len());
+    let mut scatter = Scratch::take(&SCATTERS);
     for bp in bps {
-        bufs.push(IoBuf::for_overwrite(run_bytes(bp) as usize));
+        scatter.push(IoBuf::for_overwrite(run_bytes(bp) as usize));
     }
-    debug_assert_eq!(bufs.len_bytes() as u64, bytes);
+    debug_assert_eq!(scatter.len_bytes() as u64, bytes);
     let batch = zio.completion.batch_guard();
-    let read = io.leaf.read_scatter(class, io.offset_bytes, bufs).await;
+    let read = io
+        .leaf
+        .read_scatter(class, io.offset_bytes, std::mem::take(&mut *scatter))
+        .await;
     drop(batch);
-    // Where each block's copy is in the run.
-    let mut at = 0u64;
-    let places = bps.iter().map(|bp| {
-        let place = LeafIo {
-            leaf: io.leaf.clone(),
-            offset_bytes: io.offset_bytes + at,
-        };
-        at += run_bytes(bp);
-        place
-    });
+    // Where block `i`'s copy is in the run: the run's place plus the blocks before it.
+    let place = |at: u64| LeafIo {
+        leaf: io.leaf.clone(),
+        offset_bytes: io.offset_bytes + at,
+    };
     // Each block's stored bytes: from the run's buffer, or if the run's read failed, from a
     // read of the block alone on the same device (as ZFS reissues the parts of a failed
     // aggregated I/O), so that a failing device is charged per block, as without runs. One
     // after the other, and none once the device is out of service (the fault rule counts
     // errors up to its limit, not a run's worth past it).
-    let places: Vec<LeafIo> = places.collect();
-    let mut stored: Vec<Option<IoBuf>> = Vec::with_capacity(bps.len());
+    let mut stored = Scratch::take(&STORED);
     match read {
-        Ok(mut run) => {
-            let bufs = run.bufs_mut();
+        Ok(run) => {
+            // Back in the stash's scatter, which keeps its capacity for the next run.
+            *scatter = run;
+            let bufs = scatter.bufs_mut();
             assert_eq!(bufs.len(), bps.len(), "a run read gave back every block");
             stored.extend(bufs.drain(..).map(Some));
         }
         // Bounded by the blocks of the run.
         Err(_) => {
-            for (bp, place) in bps.iter().zip(&places) {
+            let mut at = 0;
+            for bp in bps {
+                let place = place(at);
+                at += run_bytes(bp);
                 if !place.leaf.health.in_service() {
                     stored.push(None);
                     continue;
@@ -348,34 +363,39 @@ pub async fn read_data_run(
             }
         }
     }
-    let checks = bps
-        .iter()
-        .zip(places)
-        .zip(stored)
-        .map(|((bp, place), stored)| async move {
-            let Some(stored) = stored else {
-                return RunBlock::Retry(Some(place));
-            };
-            match zio
-                .completion
-                .verify_decode(bp, stored, Some(lsize_bytes))
-                .await
-            {
-                (stored, Verdict::Good(None)) => RunBlock::Good(DataBlock {
-                    content: stored,
-                    stored: None,
-                }),
-                (stored, Verdict::Good(Some(content))) => RunBlock::Good(DataBlock {
-                    content,
-                    stored: Some(stored),
-                }),
-                (_, Verdict::BadChecksum | Verdict::Undecodable) => {
-                    zio.vdevs.note_error(&place.leaf, ErrorKind::Checksum, None);
-                    io_warn!(device = place.leaf.name(), %what, "checksum mismatch");
-                    RunBlock::Retry(Some(place))
-                }
+    // Verified together: every block's check starts (with `completion=auto` on a busy
+    // reactor, each may go to a worker) before any is waited for. Bounded by the blocks of
+    // the run.
+    let mut checks = Scratch::take(&CHECKS);
+    let mut at = 0;
+    for (bp, stored) in bps.iter().zip(stored.drain(..)) {
+        let verifying = stored.map(|stored| {
+            zio.completion
+                .start_verify_decode(bp, stored, Some(lsize_bytes))
+        });
+        checks.push((verifying, place(at)));
+        at += run_bytes(bp);
+    }
+    // Bounded by the blocks of the run.
+    for (verifying, place) in checks.drain(..) {
+        let Some(verifying) = verifying else {
+            out.push(RunBlock::Retry(Some(place)));
+            continue;
+        };
+        out.push(match verifying.finish().await {
+            (stored, Verdict::Good(None)) => RunBlock::Good(DataBlock {
+                content: stored,
+                stored: None,
+            }),
+            (stored, Verdict::Good(Some(content))) => RunBlock::Good(DataBlock {
+                content,
+                stored: Some(stored),
+            }),
+            (_, Verdict::BadChecksum | Verdict::Undecodable) => {
+                zio.vdevs.note_error(&place.leaf, ErrorKind::Checksum, None);
+                io_warn!(device = place.leaf.name(), %what, "checksum mismatch");
+                RunBlock::Retry(Some(place))
             }
         });
-    // Verified together: with `completion=auto` on a busy reactor, each may go to a worker.
-    oxpool_io::rt::join_all(checks.collect::<Vec<_>>()).await
+    }
 }

@@ -41,6 +41,7 @@ use crate::zio::{heal_if_current, read_data_block_after_bad_copy, read_data_bloc
 use crate::zvol::rangelock::{LockMode, RangeLock, RangeLockNode};
 use crate::{EngineError, Result};
 use oxpool_format::{BlockPtr, INDIRECT_FANOUT};
+use oxpool_io::scratch::{Scratch, Stash};
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
 use std::pin::pin;
@@ -380,7 +381,7 @@ impl Volume {
         // output range, sectors needed). The first apart, so that a read within one block
         // builds no list.
         let mut first_from_tree: Option<FromTree> = None;
-        let mut from_tree: Vec<FromTree> = Vec::new();
+        let mut from_tree: Option<Scratch<Vec<FromTree>>> = None;
         // Bounded by the blocks of the request. Block by block: what the dirty state lacks is
         // looked up in the tree's cached level-1 blocks and the data cache at once, without
         // a future, so that a read of cached blocks allocates nothing (a 128 KiB read used to
@@ -415,7 +416,9 @@ impl Volume {
                 None if first_from_tree.is_none() => {
                     first_from_tree = Some((b, in_block, o..o + n, need));
                 }
-                None => from_tree.push((b, in_block, o..o + n, need)),
+                None => from_tree
+                    .get_or_insert_with(|| Scratch::take(&FROM_TREE))
+                    .push((b, in_block, o..o + n, need)),
             }
         }
         // What is left is read from the devices, or found in memory after all (a block
@@ -427,7 +430,7 @@ impl Volume {
             }
             return Ok(());
         };
-        if from_tree.is_empty() {
+        let Some(mut from_tree) = from_tree else {
             let (b, in_block, range, need) = first;
             self.read_tree_into(b, in_block, &mut out[range], &need)
                 .await?;
@@ -435,7 +438,7 @@ impl Volume {
                 shared.into_inner().finish(out.len());
             }
             return Ok(());
-        }
+        };
         from_tree.insert(0, first);
         // Issue the tree reads of one request concurrently, and blocks that lie side by side
         // on a device as one read ([`read_data_run`]): a 128 KiB read of 16 KiB blocks the
@@ -444,11 +447,31 @@ impl Volume {
         // groups' output ranges are disjoint and increasing, so each gets its own slice of
         // `out`.
         self.load_pointers(&from_tree).await;
-        let groups = self.plan_read_groups(&from_tree);
+        let mut groups = Scratch::take(&GROUPS);
+        let mut bps = Scratch::take(&GROUP_POINTERS);
+        self.plan_read_groups(&from_tree, &mut groups, &mut bps);
+        if let [(group, run)] = groups.as_slice() {
+            // One group (blocks written side by side, the usual case): read without a list
+            // of futures to join.
+            let span = from_tree[group.start].2.start..from_tree[group.end - 1].2.end;
+            let start = span.start;
+            self.read_group(
+                &from_tree[group.clone()],
+                &bps[run.clone()],
+                &mut out[span],
+                start,
+                shared.as_ref(),
+            )
+            .await?;
+            if let Some(shared) = shared {
+                shared.into_inner().finish(out.len());
+            }
+            return Ok(());
+        }
         let mut futs = Vec::with_capacity(groups.len());
         let mut rest: &mut [u8] = out;
         let mut rest_start = 0;
-        for (group, bps) in &groups {
+        for (group, run) in groups.iter() {
             let span = from_tree[group.start].2.start..from_tree[group.end - 1].2.end;
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(span.start - rest_start);
             let (mine, tail) = tail.split_at_mut(span.len());
@@ -456,7 +479,7 @@ impl Volume {
             rest_start = span.end;
             futs.push(self.read_group(
                 &from_tree[group.clone()],
-                bps,
+                &bps[run.clone()],
                 mine,
                 span.start,
                 shared.as_ref(),
@@ -489,45 +512,54 @@ impl Volume {
         }
     }
 
-    /// Splits `from_tree` (blocks to read from the devices, in output order) into groups to
+    /// Splits `from_tree` (blocks to read from the devices, in output order) into `groups` to
     /// read concurrently: runs of consecutive blocks whose first copies lie back to back on a
     /// mirror or single device, with their pointers, and single blocks (no pointers: looked
-    /// up when read).
+    /// up when read). Each group is its range of `from_tree` and the range of `bps` that
+    /// holds its pointers (empty for a single block).
     fn plan_read_groups(
         &self,
         from_tree: &[FromTree],
-    ) -> Vec<(std::ops::Range<usize>, Vec<BlockPtr>)> {
+        groups: &mut Vec<ReadGroup>,
+        bps: &mut Vec<BlockPtr>,
+    ) {
         let zio = &self.pool.zio;
-        let mut groups: Vec<(std::ops::Range<usize>, Vec<BlockPtr>)> =
-            Vec::with_capacity(from_tree.len());
         let tree = self.vol.data().tree.lock().unwrap();
         let mut run_bytes_total = 0;
         // Bounded by the blocks of the request.
         for (i, (b, ..)) in from_tree.iter().enumerate() {
             let bp = tree.cached_data_ptr(*b).filter(|bp| !bp.is_hole());
-            if let (Some(bp), Some((group, bps))) = (bp, groups.last_mut()) {
-                let joins = bps.last().is_some_and(|last| {
-                    from_tree[i - 1].0 + 1 == *b
-                        && extends_run(zio, last, run_bytes_total, &bp, READ_RUN_BYTES_MAX)
-                });
+            if let (Some(bp), Some((group, run))) = (bp, groups.last_mut()) {
+                // Only the last group's pointers are at the end of `bps`.
+                let joins = run.start < run.end
+                    && from_tree[i - 1].0 + 1 == *b
+                    && extends_run(
+                        zio,
+                        &bps[run.end - 1],
+                        run_bytes_total,
+                        &bp,
+                        READ_RUN_BYTES_MAX,
+                    );
                 if joins {
                     group.end = i + 1;
+                    run.end += 1;
                     run_bytes_total += run_bytes(&bp);
                     bps.push(bp);
                     continue;
                 }
             }
             run_bytes_total = bp.as_ref().map_or(0, run_bytes);
-            groups.push((i..i + 1, bp.into_iter().collect()));
+            let run_start = bps.len();
+            bps.extend(bp);
+            groups.push((i..i + 1, run_start..bps.len()));
         }
         drop(tree);
         // A group of one is read by its block number (the pointer is looked up again then).
-        for (group, bps) in groups.iter_mut() {
+        for (group, run) in groups.iter_mut() {
             if group.len() == 1 {
-                bps.clear();
+                run.end = run.start;
             }
         }
-        groups
     }
 
     /// Reads `blocks` (from `from_tree`) into `out`, which holds their output ranges from
@@ -555,14 +587,16 @@ impl Volume {
         let cache = &self.pool.zio.data_cache;
         let bs = self.vol.ds.props.lock().unwrap().volblocksize_bytes as usize;
         let what = &self.vol.ds.names;
-        let read = read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what).await;
+        let mut read = Scratch::take(&RUN_BLOCKS);
+        read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what, &mut read).await;
         // The blocks the run did not deliver, read again concurrently, each into its own
         // slice of `out` (the ranges are disjoint and increasing).
         let mut retries = Vec::new();
         let mut rest: &mut [u8] = out;
         let mut rest_start = out_start;
         // Bounded by the blocks of the run.
-        for (((b, in_block, range, need), bp), block) in blocks.iter().zip(bps).zip(read) {
+        for (((b, in_block, range, need), bp), block) in blocks.iter().zip(bps).zip(read.drain(..))
+        {
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(range.start - rest_start);
             let (mine, tail) = tail.split_at_mut(range.len());
             rest = tail;
@@ -598,6 +632,9 @@ impl Volume {
                     retries.push(self.read_tree_into_healing(*b, *in_block, mine, need, bad_copy));
                 }
             }
+        }
+        if retries.is_empty() {
+            return Ok(());
         }
         // The first error fails the read.
         for result in oxpool_io::rt::join_all(retries).await {
@@ -1599,6 +1636,19 @@ enum Change<'a> {
 /// A block a read needs from the devices: (block, in-block offset, output range, sectors
 /// needed).
 type FromTree = (u64, usize, std::ops::Range<usize>, SectorMask);
+
+/// A group of [`Volume::plan_read_groups`]: its blocks' range of the request's `FromTree`
+/// list, and its pointers' range of the pointer list (empty: one block, looked up).
+type ReadGroup = (std::ops::Range<usize>, std::ops::Range<usize>);
+
+thread_local! {
+    /// The lists of a read that goes to the devices (see [`oxpool_io::scratch`]): lent per
+    /// request, so that a multi-block read allocates nothing in steady state.
+    static FROM_TREE: Stash<Vec<FromTree>> = const { Stash::new() };
+    static GROUPS: Stash<Vec<ReadGroup>> = const { Stash::new() };
+    static GROUP_POINTERS: Stash<Vec<BlockPtr>> = const { Stash::new() };
+    static RUN_BLOCKS: Stash<Vec<RunBlock>> = const { Stash::new() };
+}
 
 /// What [`Volume::read_tree`] found for a block: its cache key (to try the data cache) or the
 /// verified block read from the devices.
