@@ -134,10 +134,16 @@ fn a_bad_block_in_a_run_fails_alone_on_one_device_and_is_repaired_on_a_mirror() 
     drop(pool);
 
     // A mirror: the same block bad on the side the run reads (both sides, one after the
-    // other): the block comes from the other side and its bad copy is rewritten.
-    for side in 0..2 {
+    // other): the block comes from the other side and its bad copy is rewritten. Under each
+    // completion policy: `worker` verifies the run's blocks on the completion threads, and
+    // each verdict must still be its own block's.
+    for (completion, side) in ["inline", "worker", "auto"]
+        .into_iter()
+        .flat_map(|c| [(c, 0), (c, 1)])
+    {
         let (pool, mems, data) = written_pool(TopVdevKind::Mirror, 2);
         let v = pool.volume("v").unwrap();
+        pool.set_prop("completion", completion).unwrap();
         // Every read goes to the devices.
         pool.set_prop("data_cache_max", "0").unwrap();
         mems[side].corrupt(block_place(&v, 66) + 100, 8, 2);
@@ -150,8 +156,11 @@ fn a_bad_block_in_a_run_fails_alone_on_one_device_and_is_repaired_on_a_mirror() 
         let s = pool.status();
         let bad = &s.vdevs[0].children[side];
         // Once, by whichever read met it first; the careful read tries it last.
-        assert_eq!(bad.checksum_errors, 1, "{bad:?}");
-        assert!(bad.repaired_bytes > 0, "not repaired: {bad:?}");
+        assert_eq!(bad.checksum_errors, 1, "{completion}: {bad:?}");
+        assert!(
+            bad.repaired_bytes > 0,
+            "{completion}: not repaired: {bad:?}"
+        );
         assert_eq!(s.vdevs[0].children[1 - side].checksum_errors, 0);
         assert_eq!(
             pool.scrub().unwrap().copies_bad,

@@ -310,27 +310,32 @@ fn multi_block_cached_reads_allocate_nothing() {
 /// side, verified block by block, copied (`read`) or handed over (`read_shared`). Its lists
 /// (the blocks missed, the run's buffers, their verdicts) are lent by the thread's stashes,
 /// the verifications started before any is waited for: no allocation per read (there were
-/// 36 before the stashes, 4 % of the server's CPU in the 128K cell of
-/// `bench/async_latency.sh`).
+/// 36 before the stashes: malloc and free were 4 % of the server's samples in the 128K cell
+/// of `bench/async_latency.sh`). Under each completion policy: `worker` hands every
+/// verification of the run to the completion threads.
 #[test]
 fn multi_block_uncached_reads_allocate_nothing() {
-    for kind in [TopVdevKind::Single, TopVdevKind::Mirror] {
-        multi_block_uncached_reads_allocate_nothing_on(kind);
+    for completion in ["inline", "worker", "auto"] {
+        for kind in [TopVdevKind::Single, TopVdevKind::Mirror] {
+            multi_block_uncached_reads_allocate_nothing_on(kind, completion);
+        }
     }
 }
 
-fn multi_block_uncached_reads_allocate_nothing_on(kind: TopVdevKind) {
+fn multi_block_uncached_reads_allocate_nothing_on(kind: TopVdevKind, completion: &str) {
     const READ_BYTES: u64 = 128 * KIB;
     let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pool = file_pool(dir.path(), kind.clone());
     pool.set_prop("data_cache_max", "0").unwrap();
+    pool.set_prop("completion", completion).unwrap();
     let vol = pool.create_volume("v", VOLUME_BYTES, &[]).unwrap();
-    // Each 4 KiB of the region a different byte, so a block read from the wrong place, or
-    // put in the wrong part of the output, shows.
-    let data: Vec<u8> = (0..REGION_BYTES as usize)
-        .map(|i| (i / 4096) as u8)
-        .collect();
+    // Each 4 KiB of the region starts with its own offset, so a block read from the wrong
+    // place, or put in the wrong part of the output, shows.
+    let mut data = vec![0x5au8; REGION_BYTES as usize];
+    for (i, piece) in data.chunks_mut(IO_BYTES).enumerate() {
+        piece[..8].copy_from_slice(&(i as u64 * IO_BYTES as u64).to_le_bytes());
+    }
     block_on(vol.write(0, &data, false)).unwrap();
     pool.sync().unwrap();
     let offset = |i: usize| {
@@ -371,6 +376,8 @@ fn multi_block_uncached_reads_allocate_nothing_on(kind: TopVdevKind) {
     for i in 0..WARM_UP_IO_COUNT {
         read_both(&mut buf, &mut parts, i);
     }
+    let offloaded = || oxpool_io::completion::COMPLETIONS.snapshot().offloaded;
+    let offloaded_before = offloaded();
     let reads_before = pool.counters().data_cache_stats().misses;
     let allocation_count = allocations_during(|| {
         for i in WARM_UP_IO_COUNT..WARM_UP_IO_COUNT + MEASURED_IO_COUNT {
@@ -382,10 +389,17 @@ fn multi_block_uncached_reads_allocate_nothing_on(kind: TopVdevKind) {
         misses >= 2 * 8 * MEASURED_IO_COUNT as u64,
         "every block came from the devices ({misses} misses)"
     );
+    if completion == "worker" {
+        let handed = offloaded() - offloaded_before;
+        assert!(
+            handed >= misses,
+            "every verification was handed to a completion thread ({handed} of {misses})"
+        );
+    }
     assert_eq!(
         allocation_count, 0,
         "{allocation_count} allocations in {MEASURED_IO_COUNT} pairs of 128 KiB reads from the \
-         devices ({kind:?})"
+         devices ({kind:?}, completion {completion})"
     );
     drop(parts);
     drop(vol);

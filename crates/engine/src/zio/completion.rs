@@ -213,8 +213,8 @@ impl CompletionControl {
         self.start_verify_decode(bp, buf, decode_to).finish().await
     }
 
-    /// [`CompletionControl::verify_decode`] in two steps, for a caller with many blocks to verify
-    /// and no list of futures to join: this one verifies here, or hands the job to a
+    /// [`CompletionControl::verify_decode`] in two steps, for a caller with many blocks to
+    /// verify and no list of futures to join: this one verifies here, or hands the job to a
     /// completion thread, and returns at once; [`Verifying::finish`] gives the result. Start
     /// them all before finishing any, and the handed-over ones run side by side.
     pub fn start_verify_decode(
@@ -372,8 +372,10 @@ impl Workers {
     }
 }
 
-/// A verification started by [`CompletionControl::start_verify_decode`]: done already, or running on
-/// a completion thread (dropping it then abandons the job, which frees its slot when done).
+/// A verification started by [`CompletionControl::start_verify_decode`]: done already, or
+/// running on a completion thread (dropping it then abandons the job, which frees its slot
+/// when done).
+#[must_use = "the verdict is had by finishing it"]
 pub struct Verifying(VerifyingState);
 
 enum VerifyingState {

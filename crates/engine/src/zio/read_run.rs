@@ -316,7 +316,7 @@ pub async fn read_data_run(
         .read_scatter(class, io.offset_bytes, std::mem::take(&mut *scatter))
         .await;
     drop(batch);
-    // Where block `i`'s copy is in the run: the run's place plus the blocks before it.
+    // Where the copy `at` bytes into the run is on its device.
     let place = |at: u64| LeafIo {
         leaf: io.leaf.clone(),
         offset_bytes: io.offset_bytes + at,

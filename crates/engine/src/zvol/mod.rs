@@ -589,6 +589,7 @@ impl Volume {
         let what = &self.vol.ds.names;
         let mut read = Scratch::take(&RUN_BLOCKS);
         read_data_run(&self.pool.zio, IoClass::SyncRead, bps, bs, what, &mut read).await;
+        assert_eq!(read.len(), bps.len(), "a run gives one verdict per block");
         // The blocks the run did not deliver, read again concurrently, each into its own
         // slice of `out` (the ranges are disjoint and increasing).
         let mut retries = Vec::new();
