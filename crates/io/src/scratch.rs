@@ -4,9 +4,10 @@
 //! Why: a request path that needs a short list per request (the blocks a 128 KiB read misses
 //! in the cache, the buffers of its device read, their verdicts) would otherwise allocate and
 //! free each list per request: 36 allocations per 128 KiB read from the devices, where malloc
-//! and free were 4 % of the server's samples (issue 19). A stash per thread needs no lock: a reactor's requests run on its
-//! thread. A value dropped on another thread joins that thread's stash, which only moves
-//! memory between stashes.
+//! and free were 4 % of the server's samples (issue 19). A stash per thread needs no lock: a
+//! reactor's requests run on its thread. A value dropped on another thread joins that
+//! thread's stash, which only moves memory between stashes. `WrittenForms` (a write's
+//! compression decisions) is lent the same way.
 //!
 //! ```ignore
 //! thread_local! {

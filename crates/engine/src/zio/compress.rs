@@ -26,6 +26,7 @@ use oxpool_format::{
     all_zero, checksum, compress_block, compressed_bytes_max, decompress_block, BlockPtr, Checksum,
     ChecksumType, Compression, CompressionSetting, Txg, SECTOR_BYTES,
 };
+use oxpool_io::scratch::{Scratch, Stash};
 use oxpool_io::IoBuf;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,16 +229,13 @@ pub(crate) fn written_form(
     })
 }
 
-/// [`written_form`] of each of a write's whole blocks, in order. Its vector returns to a
-/// per-thread pool when dropped, so that a reactor's writes allocate none once warm.
-pub(crate) struct WrittenForms(Vec<Option<StoredForm>>);
-
-/// Vectors kept per thread for [`WrittenForms`]: one per write in flight on a reactor, at most.
-const WRITTEN_FORMS_POOL_MAX: usize = 64;
+/// [`written_form`] of each of a write's whole blocks, in order. Its vector is lent by a
+/// per-thread stash ([`oxpool_io::scratch`]), so that a reactor's writes allocate none once
+/// warm.
+pub(crate) struct WrittenForms(Scratch<Vec<Option<StoredForm>>>);
 
 thread_local! {
-    static WRITTEN_FORMS_POOL: RefCell<Vec<Vec<Option<StoredForm>>>> =
-        const { RefCell::new(Vec::new()) };
+    static WRITTEN_FORMS: Stash<Vec<Option<StoredForm>>> = const { Stash::new() };
 }
 
 impl WrittenForms {
@@ -249,9 +247,7 @@ impl WrittenForms {
         blocks: &[IoBuf],
         streak: &ProbeStreak,
     ) -> Self {
-        let mut forms = WRITTEN_FORMS_POOL
-            .with(|p| p.borrow_mut().pop())
-            .unwrap_or_default();
+        let mut forms = Scratch::take(&WRITTEN_FORMS);
         debug_assert!(forms.is_empty());
         forms.extend(
             blocks
@@ -264,20 +260,6 @@ impl WrittenForms {
     /// The form of the `i`th block, if decided.
     pub(crate) fn get(&self, i: usize) -> Option<StoredForm> {
         self.0.get(i).copied().flatten()
-    }
-}
-
-impl Drop for WrittenForms {
-    fn drop(&mut self) {
-        let mut forms = std::mem::take(&mut self.0);
-        forms.clear();
-        // `try_with`: a thread being torn down has no pool left to return to.
-        let _ = WRITTEN_FORMS_POOL.try_with(|p| {
-            let mut p = p.borrow_mut();
-            if p.len() < WRITTEN_FORMS_POOL_MAX {
-                p.push(forms);
-            }
-        });
     }
 }
 

@@ -463,32 +463,29 @@ impl Volume {
                 shared.as_ref(),
             )
             .await?;
-            if let Some(shared) = shared {
-                shared.into_inner().finish(out.len());
+        } else {
+            let mut futs = Vec::with_capacity(groups.len());
+            let mut rest: &mut [u8] = out;
+            let mut rest_start = 0;
+            for (group, run) in groups.iter() {
+                let span = from_tree[group.start].2.start..from_tree[group.end - 1].2.end;
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(span.start - rest_start);
+                let (mine, tail) = tail.split_at_mut(span.len());
+                rest = tail;
+                rest_start = span.end;
+                futs.push(self.read_group(
+                    &from_tree[group.clone()],
+                    &bps[run.clone()],
+                    mine,
+                    span.start,
+                    shared.as_ref(),
+                ));
             }
-            return Ok(());
-        }
-        let mut futs = Vec::with_capacity(groups.len());
-        let mut rest: &mut [u8] = out;
-        let mut rest_start = 0;
-        for (group, run) in groups.iter() {
-            let span = from_tree[group.start].2.start..from_tree[group.end - 1].2.end;
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(span.start - rest_start);
-            let (mine, tail) = tail.split_at_mut(span.len());
-            rest = tail;
-            rest_start = span.end;
-            futs.push(self.read_group(
-                &from_tree[group.clone()],
-                &bps[run.clone()],
-                mine,
-                span.start,
-                shared.as_ref(),
-            ));
-        }
-        let results = oxpool_io::rt::join_all(futs).await;
-        // The first error fails the read (and `read_shared` then empties `parts`).
-        for result in results {
-            result?;
+            let results = oxpool_io::rt::join_all(futs).await;
+            // The first error fails the read (and `read_shared` then empties `parts`).
+            for result in results {
+                result?;
+            }
         }
         if let Some(shared) = shared {
             shared.into_inner().finish(out.len());
