@@ -195,11 +195,13 @@ pub enum Command {
         snapshot: Option<String>,
     },
     /// Receive a send stream from standard input into a volume: a full stream makes a new
-    /// volume, an incremental one goes onto the volume whose latest snapshot is its base.
-    /// Each stream is received whole or not at all.
+    /// volume (or with -F replaces one without snapshots), an incremental one goes onto the
+    /// volume whose latest snapshot is its base. Each stream is received whole or not at all.
     #[command(alias = "receive")]
     Recv {
-        /// Destroy the target's snapshots after the base and discard its changes since it.
+        /// Incremental: destroy the target's snapshots after the base and discard its changes
+        /// since it. Full: replace the target if it has no snapshots and is no clone (its data
+        /// and bookmarks go), as `zfs recv -F`.
         #[arg(short = 'F')]
         force: bool,
         /// If the stream stops early, keep what was received: the target's

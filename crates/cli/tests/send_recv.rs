@@ -811,3 +811,59 @@ fn recv_n_checks_the_whole_input_and_changes_nothing() {
     assert!(history.contains(" oxpool recv -v dest/kept\n"), "{history}");
     env.ok(&["audit", "dest"]);
 }
+
+/// `recv -F` of a full stream onto a served volume without snapshots, as `zfs recv -F`:
+/// refused in one line without -F, then the volume is replaced and its export serves the
+/// stream's data at once (qemu-img compare over NBD), its received snapshot exported too.
+#[test]
+fn recv_f_replaces_a_served_volume_without_snapshots() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[])]);
+    second_pool(&env);
+    env.ok(&["vol", "create", "dest/other", "--size", "4M"]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = env.path("first.raw");
+    std::fs::write(&first, random_bytes(17, 8 << 20)).unwrap();
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@one"]);
+    let old = env.path("old.raw");
+    std::fs::write(&old, random_bytes(18, 4 << 20)).unwrap();
+    put(&old, &tcp_uri(&server, "dest/other"));
+    let same = |export: &str, file: &std::path::Path| {
+        Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(tcp_uri(&server, export))
+            .arg(file)
+            .status()
+            .expect("run qemu-img compare")
+            .success()
+    };
+    // The sender may see the pipe closed: the receiver refuses at the stream's BEGIN.
+    let (_, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/other"]);
+    assert!(
+        !r,
+        "a full stream onto an existing volume without -F was received"
+    );
+    assert!(
+        err.contains("dest/other exists") && err.contains("-F") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert!(
+        same("dest/other", &old),
+        "the refused receive changed the volume"
+    );
+    let (s, r, err) = pipe(
+        &env,
+        &["send", "tank/vol0@one"],
+        &["recv", "-F", "dest/other"],
+    );
+    assert!(
+        s && r,
+        "recv -F onto a volume without snapshots failed: {err}"
+    );
+    assert!(same("dest/other", &first), "the replaced volume's export");
+    assert!(exports(&server).contains("dest/other@one"));
+    assert!(same("dest/other@one", &first));
+    let size = env.ok(&["get", "-H", "-p", "-o", "value", "volsize", "dest/other"]);
+    assert_eq!(size.trim(), (8u64 << 20).to_string(), "the stream's size");
+}

@@ -1,7 +1,8 @@
 //! Power loss during `recv` (issue 17: "a receive is all or nothing"): seeded crashes of the
 //! receiving pool's devices (the fault backend; writes not flushed are dropped, kept or torn)
-//! while it receives a full stream into a new volume, or an incremental onto the volume's
-//! latest snapshot. After import the target is exactly its old state (no volume, or the
+//! while it receives a full stream into a new volume, a full stream replacing a volume without
+//! snapshots (`-F`), or an incremental onto the volume's latest snapshot. After import the
+//! target is exactly its old state (no volume, the replaced volume's data and size, or the
 //! base snapshot with the head equal to it) or exactly the new one (the received snapshot,
 //! and the head equal to it); never a half-applied stream. A receive that returned Ok is
 //! there. Import destroys a hidden half-received dataset the crash left (unless `-s` saved
@@ -24,8 +25,10 @@ use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Outcomes over the cases: [full, incremental] x [old state, new state, returned Ok].
-static OUTCOMES: [[AtomicU64; 3]; 2] = [
+/// Outcomes over the cases: [full, incremental, full replacing a volume] x [old state, new
+/// state, returned Ok].
+static OUTCOMES: [[AtomicU64; 3]; 3] = [
+    [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
     [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
     [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
 ];
@@ -55,6 +58,8 @@ struct Source {
     incremental: Vec<u8>,
     a: Vec<u8>,
     b: Vec<u8>,
+    /// What the volume a full stream replaces holds (twice the source's size).
+    replaced: Vec<u8>,
 }
 
 fn source(seed: u64) -> Source {
@@ -99,6 +104,7 @@ fn source(seed: u64) -> Source {
         incremental,
         a: read(&pool, "src", Some("a")).unwrap(),
         b: read(&pool, "src", Some("b")).unwrap(),
+        replaced: content(Fill::Random, seed ^ 0x5eed, 2 * VOLUME_BYTES as usize),
         pool,
     }
 }
@@ -131,6 +137,8 @@ impl std::io::Read for SyncingReader<'_> {
 #[derive(Debug, PartialEq)]
 enum Found {
     Nothing,
+    /// The volume a full stream was to replace, as it was.
+    Replaced,
     A,
     B,
 }
@@ -143,6 +151,12 @@ fn found(pool: &Pool, src: &Source) -> Result<Found, String> {
     };
     let head = read(pool, "copy", None)?;
     match snaps.as_slice() {
+        [] => {
+            if head != src.replaced {
+                return Err("copy without snapshots is not the replaced volume's bytes".into());
+            }
+            Ok(Found::Replaced)
+        }
         [a] if a == "a" => {
             if read(pool, "copy", Some("a"))? != src.a || head != src.a {
                 return Err("copy@a or its head is not @a's bytes".into());
@@ -180,11 +194,13 @@ fn crash_case(seed: u64) -> Result<String, String> {
         devices,
     }];
     let pool = Pool::create("tank", tops, test_props(), false).map_err(|e| e.to_string())?;
-    // Half the cases crash in the full receive, half in the incremental one.
+    // Half the cases crash in the incremental receive, a quarter in the full one into a new
+    // volume, a quarter in the full one replacing a volume.
     let incremental = seed % 4 >= 2;
+    let replace = !incremental && (seed / 4) % 2 == 1;
     let resumable = seed % 16 >= 12;
     let opts = ReceiveOptions {
-        force: false,
+        force: replace,
         resumable,
         dry_run: false,
         snapshot: None,
@@ -193,8 +209,18 @@ fn crash_case(seed: u64) -> Result<String, String> {
         pool.receive("copy", &mut src.full.as_slice(), &ReceiveOptions::default())
             .map_err(|e| format!("full receive before the crash: {e}"))?;
     }
+    if replace {
+        let vol = pool
+            .create_volume("copy", 2 * VOLUME_BYTES, &[])
+            .map_err(|e| e.to_string())?;
+        block_on(vol.write(0, &src.replaced, false)).map_err(|e| e.to_string())?;
+        pool.sync()
+            .map_err(|e| format!("sync before the crash: {e}"))?;
+    }
     let before = if incremental {
         Found::A
+    } else if replace {
+        Found::Replaced
     } else {
         Found::Nothing
     };
@@ -247,7 +273,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
             audit.problems
         ));
     }
-    let kind = &OUTCOMES[usize::from(incremental)];
+    let kind = &OUTCOMES[if replace { 2 } else { usize::from(incremental) }];
     kind[usize::from(got == after)].fetch_add(1, Ordering::Relaxed);
     if returned_ok {
         kind[2].fetch_add(1, Ordering::Relaxed);
@@ -291,7 +317,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
         }
         return Ok(format!(
             "{} receive: resumed from byte {}",
-            if incremental { "incremental" } else { "full" },
+            kind_name(incremental, replace),
             token.offset_bytes
         ));
     }
@@ -310,9 +336,18 @@ fn crash_case(seed: u64) -> Result<String, String> {
     }
     Ok(format!(
         "{} receive: {got:?}{}",
-        if incremental { "incremental" } else { "full" },
+        kind_name(incremental, replace),
         if returned_ok { ", returned ok" } else { "" }
     ))
+}
+
+/// The kind of receive a case crashes in, as `power_loss_during_receive` prints it.
+fn kind_name(incremental: bool, replace: bool) -> &'static str {
+    match (incremental, replace) {
+        (true, _) => "incremental",
+        (false, true) => "full replacing",
+        (false, false) => "full",
+    }
 }
 
 #[test]
@@ -327,7 +362,7 @@ fn power_loss_during_receive() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
-    for (i, kind) in ["full", "incremental"].iter().enumerate() {
+    for (i, kind) in ["full", "incremental", "full replacing"].iter().enumerate() {
         let [old, new, ok] = &OUTCOMES[i];
         let (old, new, ok) = (
             old.load(Ordering::Relaxed),

@@ -1359,3 +1359,176 @@ fn a_promote_that_would_repeat_a_guid_in_the_clone_is_refused() {
     assert_eq!(guids(&pool, "v").len(), 2, "nothing moved");
     audit_clean(&pool, "after the refused promote");
 }
+
+/// `recv -F` of a full stream onto an existing volume, as `zfs recv -F`: refused without -F,
+/// with snapshots, for a clone and for another block size, each with the volume unchanged;
+/// with -F onto a volume without snapshots the volume becomes the stream's snapshot (data,
+/// size, guid), all it held is freed (the audit finds no leak), its bookmarks go, and
+/// incrementals continue from it.
+#[test]
+fn a_full_stream_replaces_a_volume_without_snapshots_only_with_force() {
+    let (src, _m1) = source();
+    let (dst, mems) = mem_pool(TopVdevKind::Single, 1);
+    let vol = dst.create_volume("copy", 8 * MIB, &[]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 11, (8 * MIB) as usize));
+    dst.sync().unwrap();
+    let old = read_all(&vol);
+    let full_b = send(&src, "src", "b", None, false);
+    let unchanged = |when: &str| {
+        assert_eq!(read_all(&dst.volume("copy").unwrap()), old, "{when}");
+        assert!(
+            dst.receive_datasets().is_empty(),
+            "{when}: a hidden dataset left"
+        );
+        audit_clean(&dst, when);
+    };
+
+    let err = recv(&dst, "copy", &full_b, false).unwrap_err().to_string();
+    assert!(
+        err.contains("exists") && err.contains("use -F to replace it"),
+        "{err}"
+    );
+    unchanged("refused without -F");
+
+    snap(&dst, "copy@keep");
+    dst.bookmark("copy@keep", "copy#mark").unwrap();
+    let err = recv(&dst, "copy", &full_b, true).unwrap_err().to_string();
+    assert!(
+        err.contains("it has snapshots (e.g. ") && err.contains("copy@keep"),
+        "{err}"
+    );
+    assert_eq!(guids(&dst, "copy").len(), 1);
+    unchanged("refused with a snapshot");
+
+    dst.clone_snapshot("copy", "keep", "clone", &[]).unwrap();
+    let err = recv(&dst, "clone", &full_b, true).unwrap_err().to_string();
+    assert!(err.contains("it is a clone"), "{err}");
+    assert_eq!(read_all(&dst.volume("clone").unwrap()), old);
+    dst.destroy_volume("clone").unwrap();
+    dst.destroy_snapshots("copy", &["keep".to_string()])
+        .unwrap();
+    assert!(guids(&dst, "copy").is_empty());
+    assert_eq!(dst.bookmarks("copy").unwrap().len(), 1);
+
+    let small = dst
+        .create_volume("small", MIB, &[("volblocksize".into(), "4K".into())])
+        .unwrap();
+    write(&small, 0, &content(Fill::Random, 12, MIB as usize));
+    let err = recv(&dst, "small", &full_b, true).unwrap_err().to_string();
+    assert!(err.contains("volblocksize"), "{err}");
+    dst.destroy_volume("small").unwrap();
+    unchanged("refused for another block size");
+
+    recv(&dst, "copy", &full_b, true).unwrap();
+    let copy = dst.volume("copy").unwrap();
+    assert_eq!(
+        read_all(&copy),
+        snap_bytes(&src, "src", "b"),
+        "the head is @b"
+    );
+    assert_eq!(copy.size_bytes(), 4 * MIB, "the stream's size");
+    assert_eq!(snap_bytes(&dst, "copy", "b"), snap_bytes(&src, "src", "b"));
+    assert_eq!(guids(&dst, "copy"), guids(&src, "src")[1..2].to_vec());
+    assert!(
+        dst.bookmarks("copy").unwrap().is_empty(),
+        "its bookmarks go"
+    );
+    assert!(dst.receive_datasets().is_empty());
+    // Nothing of the 8 MiB of random data it held is left: the pool holds what a full
+    // receive into a new volume holds, give or take metadata.
+    let (fresh, _m3) = mem_pool(TopVdevKind::Single, 1);
+    recv(&fresh, "copy", &full_b, false).unwrap();
+    fresh.sync().unwrap();
+    dst.sync().unwrap();
+    let (held, fresh_held) = (dst.status().allocated_bytes, fresh.status().allocated_bytes);
+    assert!(
+        held < fresh_held + MIB,
+        "{held} bytes allocated after the replace, {fresh_held} after a fresh receive"
+    );
+    audit_clean(&dst, "after the replace");
+
+    recv(
+        &dst,
+        "copy",
+        &send(&src, "src", "d", Some("b"), true),
+        false,
+    )
+    .unwrap();
+    for s in ["b", "c", "d"] {
+        assert_eq!(
+            snap_bytes(&dst, "copy", s),
+            snap_bytes(&src, "src", s),
+            "@{s}"
+        );
+    }
+    audit_clean(&dst, "after the incrementals");
+    dst.export().unwrap();
+    let again = reimport(&mems);
+    assert_eq!(
+        snap_bytes(&again, "copy", "d"),
+        snap_bytes(&src, "src", "d")
+    );
+    audit_clean(&again, "after import");
+}
+
+/// A full stream replacing a volume is checked again when it ends: if the volume was
+/// snapshotted, or its name given to a clone, while the stream arrived, nothing is applied
+/// (the clone shares its origin's blocks, which the replace would free).
+#[test]
+fn a_replace_whose_target_changed_while_the_stream_arrived_applies_nothing() {
+    let (src, _m1) = source();
+    let (dst, _m2) = mem_pool(TopVdevKind::Single, 1);
+    let full_b = send(&src, "src", "b", None, false);
+    let other = dst.create_volume("other", 2 * MIB, &[]).unwrap();
+    write(&other, 0, &content(Fill::Random, 21, (2 * MIB) as usize));
+    snap(&dst, "other@o");
+    let origin = snap_bytes(&dst, "other", "o");
+    let receive = |change: Box<dyn FnOnce() + '_>| {
+        let mut input = WriteMidway {
+            stream: &full_b,
+            read: 0,
+            at: full_b.len() / 2,
+            write: Some(change),
+        };
+        let opts = ReceiveOptions {
+            force: true,
+            resumable: false,
+            dry_run: false,
+            snapshot: None,
+        };
+        let got = dst.receive("copy", &mut input, &opts).map(|_| ());
+        assert!(
+            input.write.is_none(),
+            "the change was made during the receive"
+        );
+        got
+    };
+    let vol = dst.create_volume("copy", MIB, &[]).unwrap();
+    write(&vol, 0, &content(Fill::Random, 22, MIB as usize));
+    let old = read_all(&vol);
+    let err = receive(Box::new(|| snap(&dst, "copy@late")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nothing was applied"), "{err}");
+    assert_eq!(read_all(&dst.volume("copy").unwrap()), old);
+    assert_eq!(guids(&dst, "copy").len(), 1, "@late stays");
+    audit_clean(&dst, "after a snapshot during the replace");
+
+    dst.destroy_snapshots("copy", &["late".to_string()])
+        .unwrap();
+    let err = receive(Box::new(|| {
+        dst.destroy_volume("copy").unwrap();
+        dst.clone_snapshot("other", "o", "copy", &[]).unwrap();
+    }))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("nothing was applied"), "{err}");
+    assert_eq!(
+        read_all(&dst.volume("copy").unwrap()),
+        origin,
+        "the clone as made"
+    );
+    assert_eq!(snap_bytes(&dst, "other", "o"), origin, "its origin");
+    assert!(dst.receive_datasets().is_empty());
+    audit_clean(&dst, "after a clone took the name during the replace");
+}

@@ -1,7 +1,8 @@
 //! `oxpool send` and `oxpool recv`, as `zfs send` and `zfs recv` for volumes: a snapshot as
 //! a stream on standard output (full, `-i @BASE` or `-i #BOOKMARK` incremental, `-I @BASE` every snapshot in
 //! between; `-n -v` the size without sending), and a stream from standard input into a
-//! volume (`-F` rolls back what the target did since the base; `-u` leaves a received new
+//! volume (`-F` rolls back what the target did since the base, or lets a full stream replace
+//! a volume without snapshots; `-u` leaves a received new
 //! volume unexported). On a served pool both run in the server, the stream going through
 //! the control socket; the server exports what it received.
 

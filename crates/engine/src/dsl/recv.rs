@@ -18,7 +18,9 @@
 //!   target's now);
 //! - the target is snapshotted, with the sender's guid, name and creation time.
 //!
-//! For a full stream the target is a new dataset that enters the registry in this sync.
+//! For a full stream the target is a new dataset that enters the registry in this sync, or
+//! (`recv -F`) an existing volume without snapshots or origin: its base is then txg 0, so the
+//! whole of its tree is freed, and its bookmarks are dropped.
 
 use crate::dsl::dataset::Dataset;
 use crate::dsl::snapshot::SnapOp;
@@ -122,6 +124,7 @@ pub(crate) async fn apply(
     };
     // Taken before the lineage's lock, not under it.
     let root_birth = target.data().tree.lock().unwrap().root().birth;
+    let hidden_base = hidden.lineage.lock().unwrap().prev_snap_txg;
     {
         let l = target.lineage.lock().unwrap();
         let latest = l.snapshots().last().map(|s| s.guid);
@@ -129,6 +132,18 @@ pub(crate) async fn apply(
             tracing::warn!(
                 target = target.full_name(),
                 "receive: the target's latest snapshot changed since the receive began"
+            );
+            return Ok(());
+        }
+        // The hidden dataset must continue the target's lineage where it stands: the same
+        // base (for a full stream replacing a volume, none: no snapshot, no origin). The
+        // pool layer checked it when the receive began; the name may have gone to another
+        // volume since.
+        let replaced_clone = swap.base_guid.is_none() && l.origin.is_some();
+        if l.prev_snap_txg != hidden_base || replaced_clone {
+            tracing::warn!(
+                target = target.full_name(),
+                "receive: the target's base is not the received stream's"
             );
             return Ok(());
         }

@@ -479,6 +479,10 @@ struct Plan {
     /// it had when checked (what the destroy is queued by: a rename while the stream
     /// arrives must not turn it on another snapshot).
     base: Option<(String, Vec<(String, Guid)>)>,
+    /// A full stream replaces an existing volume (`-F`, a volume without snapshots): the
+    /// stream is received into a new hidden dataset, and its end swaps that into the volume,
+    /// freeing all the volume held.
+    replaces: bool,
 }
 
 /// Whether `name` is a receive's hidden dataset (`VOL%recv`; `%` is in no name a user can
@@ -574,6 +578,49 @@ impl Pool {
         format!("{volume}{HIDDEN_SUFFIX}")
     }
 
+    /// Whether a full stream may replace existing volume `ds` (`full` is its name): as `zfs
+    /// recv -F` does, only with `-F`, only a volume without snapshots (they would have to go
+    /// too: destroying them is for the user to do), not a clone (it shares its origin's
+    /// blocks), and of the stream's block size (the swap keeps the volume's tree shape).
+    fn check_replaceable(
+        full: &str,
+        ds: &Dataset,
+        begin: &StreamBegin,
+        opts: &ReceiveOptions,
+    ) -> Result<()> {
+        if !opts.force {
+            return Err(EngineError::invalid(format!(
+                "{full} exists: a full stream makes a new volume (use -F to replace it, receive \
+                 into another name, or send an incremental stream)"
+            )));
+        }
+        let l = ds.lineage.lock().unwrap();
+        if let Some(s) = l.snapshots().first() {
+            return Err(EngineError::Busy(format!(
+                "cannot receive a full stream into {full}: it has snapshots (e.g. {full}@{}); \
+                 destroy them to replace it",
+                s.name
+            )));
+        }
+        if l.origin.is_some() {
+            return Err(EngineError::Busy(format!(
+                "cannot receive a full stream into {full}: it is a clone (it shares its \
+                 origin's blocks); destroy it, or promote it, to replace it"
+            )));
+        }
+        drop(l);
+        let volblocksize_bytes = ds.props.lock().unwrap().volblocksize_bytes;
+        if volblocksize_bytes != begin.volblocksize_bytes {
+            return Err(EngineError::invalid(format!(
+                "cannot receive a full stream into {full}: the stream's volblocksize ({}) is \
+                 not the volume's ({volblocksize_bytes}); destroy it to receive the stream \
+                 under its name",
+                begin.volblocksize_bytes
+            )));
+        }
+        Ok(())
+    }
+
     /// The hidden datasets receives write into (`VOL%recv`), by name: one per receive in
     /// progress, saved by `recv -s`, or left by a crash until the next import. No other
     /// lookup finds them ([`is_hidden`]).
@@ -606,15 +653,13 @@ impl Pool {
         };
         let target = self.dsl.get(volume);
         let Some(fromguid) = begin.fromguid else {
-            if target.is_some() {
-                return Err(EngineError::invalid(format!(
-                    "{full} exists: a full stream makes a new volume (destroy it first, receive \
-                     into another name, or send an incremental stream)"
-                )));
+            if let Some(ds) = &target {
+                Self::check_replaceable(&full, ds, begin, opts)?;
             }
             return Ok(Plan {
                 snapshot,
                 base: None,
+                replaces: target.is_some(),
             });
         };
         let ds = target.ok_or_else(|| {
@@ -706,6 +751,7 @@ impl Pool {
         Ok(Plan {
             snapshot,
             base: Some((base.name.clone(), later)),
+            replaces: false,
         })
     }
 
@@ -822,6 +868,7 @@ impl Pool {
             }
             let target = match &plan.base {
                 Some(_) => None,
+                None if plan.replaces => None,
                 None => Some(self.new_target(volume, &begin)?),
             };
             (hidden, target)
@@ -837,6 +884,9 @@ impl Pool {
                         EngineError::invalid("an incremental stream without its base guid")
                     })?;
                     (self.hidden_clone(volume, base, guid, &hidden_name)?, None)
+                }
+                None if plan.replaces => {
+                    (self.hidden_replacing(volume, &hidden_name, &begin)?, None)
                 }
                 None => {
                     let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
@@ -1160,6 +1210,26 @@ impl Pool {
         let lineage = Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s());
         let vol = self.insert_hidden(hidden, hp, empty_object(begin), lineage)?;
         Ok((vol, target))
+    }
+
+    /// Hidden dataset `hidden`, new and empty, for a full stream that replaces existing
+    /// volume `volume` ([`Plan::replaces`]): the volume's properties but the stream's size,
+    /// and a lineage without snapshots or origin, as the volume's (the swap frees the whole
+    /// of the volume's tree and gives it this one).
+    fn hidden_replacing(&self, volume: &str, hidden: &str, begin: &StreamBegin) -> Result<Volume> {
+        let target = self
+            .dsl
+            .get(volume)
+            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
+        let mut p = target.props.lock().unwrap().clone();
+        VolumeProps::check_new_volsize(begin.volsize_bytes)?;
+        p.volsize_bytes = begin.volsize_bytes;
+        p.readonly = false;
+        // As for an incremental's hidden clone: not the target's user properties, no log.
+        p.clear_user();
+        p.sync = SyncMode::Disabled;
+        let lineage = Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s());
+        self.insert_hidden(hidden, p, empty_object(begin), lineage)
     }
 
     /// The new volume `volume` a full stream makes (not registered: the sync that ends the
