@@ -335,7 +335,7 @@ pub enum Command {
         #[arg(short = 'r')]
         recursive: bool,
         /// The columns, comma-separated. Of pools (as `zpool list -o`): name, size, alloc,
-        /// free, cap, health, txg. With -t, -r or a dataset named: name, type, used,
+        /// free, cap, health, txg. With -t, -r or a dataset named: name, type, used, available,
         /// referenced, logicalreferenced, written, written@SNAP, usedbysnapshots,
         /// usedbydataset, origin, clones, creation, createtxg, guid, volsize, userrefs.
         #[arg(short = 'o', value_name = "COLUMNS")]

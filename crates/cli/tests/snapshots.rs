@@ -103,6 +103,26 @@ fn a_snapshot_export_keeps_the_bytes_written_before_it() {
     );
     let e = env.fails(&["list", "-t", "snapshot", "-o", "name,bogus"]);
     assert!(e.contains("bogus"), "{e}");
+    // AVAIL, as zfs list's: the default listing has it after USED; exact with -p, the
+    // `available` property's figure, below the pool's FREE (the reserve is kept out); `-`
+    // for a snapshot.
+    let header = env.ok(&["list", "-t", "all"]);
+    assert!(header.starts_with("NAME") && header.contains(" USED ") && header.contains("AVAIL"));
+    let rows = env.ok(&["list", "-t", "all", "-p", "-H", "-o", "name,avail"]);
+    let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows[0][0], "tank/vol0");
+    assert_eq!(rows[1][..], ["tank/vol0@one", "-"]);
+    let available: u64 = rows[0][1].parse().unwrap();
+    let prop = env.ok(&["get", "-p", "-H", "-o", "value", "available", "tank/vol0"]);
+    // Two commands, each opening the pool: the figure may move by what an open writes.
+    let prop: u64 = prop.trim().parse().unwrap();
+    assert!(prop.abs_diff(available) < 1 << 20, "{prop} and {available}");
+    let free = env.ok(&["list", "-p", "-H", "-o", "free", "tank"]);
+    let free: u64 = free.trim().parse().unwrap();
+    assert!(
+        available < free && available > free / 2,
+        "{available} of {free}"
+    );
 }
 
 #[test]

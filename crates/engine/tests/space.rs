@@ -361,3 +361,54 @@ fn fill_trim_then_write_small_blocks(pool: Pool, mems: &[MemoryBackend]) {
     drop((big, small));
     pool.export().unwrap();
 }
+
+/// `available` (the AVAIL of `oxpool list -t volume`, as ZFS's) is what writers can fill:
+/// written down to 95 % of it, nothing is refused and the figure drops by what was written
+/// (and a little metadata); the fill then meets ENOSPC before 105 % of it.
+#[test]
+fn available_is_what_writers_can_fill() {
+    let dev = MemoryBackend::new("mem0", 64 << 20);
+    let pool = pool_on(&dev);
+    let vol = pool
+        .create_volume("v", 60 << 20, &[("compression".into(), "off".into())])
+        .unwrap();
+    pool.sync().unwrap();
+    let status = pool.status();
+    let free = status.size_bytes - status.allocated_bytes;
+    let available = pool.available_bytes();
+    assert!(
+        available < free && available > free * 9 / 10,
+        "available {available} of {free} free"
+    );
+    let chunk = 256u64 << 10;
+    let mut written = 0;
+    while written + chunk <= available * 95 / 100 {
+        block_on(vol.write(written, &pattern(written, chunk as usize), false))
+            .unwrap_or_else(|e| panic!("refused at {written} of {available} available: {e}"));
+        written += chunk;
+    }
+    pool.sync().unwrap();
+    let left = pool.available_bytes();
+    assert!(
+        left + written <= available && available - left - written < written / 50 + (1 << 20),
+        "available {available} before {written} bytes written, {left} after"
+    );
+    let mut refused_at = None;
+    // Bounded by the volume's size.
+    while written + chunk <= 60 << 20 {
+        match block_on(vol.write(written, &pattern(written, chunk as usize), false)) {
+            Ok(()) => written += chunk,
+            Err(EngineError::NoSpace { .. }) => {
+                refused_at = Some(written);
+                break;
+            }
+            Err(e) => panic!("fill at {written}: {e}"),
+        }
+    }
+    let refused_at = refused_at.expect("the pool never filled");
+    assert!(
+        refused_at <= available * 105 / 100,
+        "writes went on to {refused_at} bytes with {available} available"
+    );
+    assert_eq!(pool.status().state, "ONLINE");
+}

@@ -69,6 +69,7 @@ const SIZE_PROPS: &[&str] = &[
     "volblocksize",
     "log_copy_max",
     "used",
+    "available",
     "logicalused",
     "logicalreferenced",
     "referenced",

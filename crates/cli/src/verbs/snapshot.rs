@@ -781,7 +781,7 @@ impl ListTypes {
 }
 
 /// The columns `list -t` shows by default.
-pub const DEFAULT_COLUMNS: &str = "name,used,referenced,written,usedbysnapshots,origin";
+pub const DEFAULT_COLUMNS: &str = "name,used,available,referenced,written,usedbysnapshots,origin";
 
 /// A column of `list -t ... -o`.
 #[derive(Clone, PartialEq, Eq)]
@@ -789,6 +789,8 @@ enum Column {
     Name,
     Type,
     Used,
+    /// What writers may still fill (ZFS's `available`): the pool's, for every volume.
+    Available,
     Referenced,
     LogicalReferenced,
     Written,
@@ -811,6 +813,7 @@ impl Column {
             "name" => Column::Name,
             "type" => Column::Type,
             "used" => Column::Used,
+            "available" | "avail" => Column::Available,
             "referenced" | "refer" => Column::Referenced,
             "logicalreferenced" | "lrefer" => Column::LogicalReferenced,
             "written" => Column::Written,
@@ -827,7 +830,8 @@ impl Column {
             "volsize" => Column::Volsize,
             "userrefs" => Column::UserRefs,
             other => bail!(
-                "-o {other}: a column is name, type, used, referenced, logicalreferenced, written, \
+                "-o {other}: a column is name, type, used, available, referenced, \
+                 logicalreferenced, written, \
                  written@SNAP, usedbysnapshots, usedbydataset, origin, clones, creation, \
                  createtxg, guid, volsize or userrefs"
             ),
@@ -839,6 +843,7 @@ impl Column {
             Column::Name => "NAME",
             Column::Type => "TYPE",
             Column::Used => "USED",
+            Column::Available => "AVAIL",
             Column::Referenced => "REFER",
             Column::LogicalReferenced => "LREFER",
             Column::Written => "WRITTEN",
@@ -1014,6 +1019,8 @@ pub fn list_datasets(
                     }
                 }
             }
+            // One figure for the pool's volumes, read once so that the rows agree.
+            let available_bytes = p.available_bytes();
             for vol in p.volumes() {
                 let v = vol.name().to_string();
                 if wanted.volume.as_ref().is_some_and(|w| *w != v) {
@@ -1025,6 +1032,7 @@ pub fn list_datasets(
                         Column::Name => vol.full_name().to_string(),
                         Column::Type => "volume".into(),
                         Column::Used => size(s.used_bytes, exact),
+                        Column::Available => size(available_bytes, exact),
                         Column::Referenced => size(s.referenced_bytes, exact),
                         Column::LogicalReferenced => size(vol.logical_bytes(), exact),
                         Column::WrittenSince(snap) => written_since(p, &v, snap, exact),
@@ -1058,9 +1066,10 @@ pub fn list_datasets(
                                 written_since(p, &format!("{v}@{}", s.name), snap, exact)
                             }
                             Column::Written => size(s.written_bytes, exact),
-                            Column::UsedBySnapshots | Column::UsedByDataset | Column::Origin => {
-                                "-".into()
-                            }
+                            Column::UsedBySnapshots
+                            | Column::UsedByDataset
+                            | Column::Origin
+                            | Column::Available => "-".into(),
                             Column::Clones if s.clones.is_empty() => "-".into(),
                             Column::Clones => s.clones.join(","),
                             Column::Creation => creation(s.creation_s, exact),

@@ -587,6 +587,12 @@ impl Pool {
         self.spa.synced_txg()
     }
 
+    /// What writers may still fill: the `available` of every volume (no volume has a quota
+    /// or reservation); see [`Spa::available_bytes`](crate::spa::Spa::available_bytes).
+    pub fn available_bytes(&self) -> u64 {
+        self.spa.available_bytes()
+    }
+
     /// Dirty bytes held in memory.
     pub fn dirty_bytes(&self) -> u64 {
         self.spa.dirty_bytes()

@@ -81,6 +81,7 @@ pub struct DatasetSpace {
 /// A volume's properties that come from its lineage and space accounting.
 pub const DATASET_STAT_NAMES: &[&str] = &[
     "used",
+    "available",
     "referenced",
     "written",
     "usedbydataset",
@@ -768,6 +769,7 @@ impl Pool {
         let d = self.dataset_space(volume)?;
         Ok(Some(match name {
             "used" => d.used_bytes.to_string(),
+            "available" => self.available_bytes().to_string(),
             "referenced" => d.referenced_bytes.to_string(),
             "written" => d.written_bytes.to_string(),
             "usedbydataset" => d.used_by_dataset_bytes.to_string(),

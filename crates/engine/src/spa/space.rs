@@ -51,6 +51,23 @@ impl Drop for SpaceAdmission<'_> {
 }
 
 impl Spa {
+    /// What writers may still fill, as ZFS's `available`: the free space (`oxpool list`'s
+    /// FREE: what synced txgs freed counts as free) less the reserve kept for txg syncs (the
+    /// slop, a slab per size class and data vdev) and what the unsynced txgs are charged.
+    /// In allocated bytes, as `used` counts them (a raidz's parity included).
+    pub fn available_bytes(&self) -> u64 {
+        let (size, allocated) = self.size_and_alloc_bytes();
+        let reserve = {
+            let s = self.state.lock().unwrap();
+            let space = s.alloc.space();
+            Self::sync_reserve(&s.alloc, &space, false).total_bytes()
+        };
+        let needed = self.txg.state.lock().unwrap().space_needed().total();
+        size.saturating_sub(allocated)
+            .saturating_sub(reserve)
+            .saturating_sub(needed)
+    }
+
     /// Empty-slab space that must stay free beside what the pending syncs need: the slop
     /// (half of it for `frees`), and one slab per size class and data vdev that a sync may
     /// leave partly filled (see [`Allocator::fits`]).
