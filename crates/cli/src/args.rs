@@ -136,6 +136,11 @@ pub enum Command {
         /// (as `zfs destroy -r`); a volume: with its snapshots.
         #[arg(short = 'r')]
         recursive: bool,
+        /// Every dependent too, as `zfs destroy -R`: the clones of the snapshots destroyed
+        /// (of a volume: all its snapshots, which go too), each with its own snapshots and
+        /// their clones.
+        #[arg(short = 'R')]
+        dependents: bool,
         /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], -r POOL@SNAP, or a bookmark POOL/VOL#NAME.
         pool: String,
     },

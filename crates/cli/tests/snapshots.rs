@@ -654,3 +654,91 @@ fn snapshot_and_destroy_recursive_cover_every_volume() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+/// `destroy -R`, as `zfs destroy -R`: a snapshot with its clone and the clone's own clone
+/// (deepest first), or a volume with its snapshots and their clones. Refused in one line,
+/// with nothing destroyed, while one of them is held or (without -f) open by a client;
+/// -n lists them and changes nothing; afterwards their exports are gone, the origin's data
+/// is untouched and the pool audits clean.
+#[test]
+fn destroy_r_takes_the_clones_along() {
+    let env = Env::new();
+    env.tank(&[("vol0", "8M", &[]), ("keep", "4M", &[])]);
+    let server = env.serve(&["--listen", "127.0.0.1:0"]);
+    let first = write_file(&env, "first.raw", 31, 8 << 20);
+    let second = write_file(&env, "second.raw", 32, 8 << 20);
+    put(&first, &tcp_uri(&server, "tank/vol0"));
+    env.ok(&["snapshot", "tank/vol0@base"]);
+    env.ok(&["clone", "tank/vol0@base", "tank/c1"]);
+    put(&second, &tcp_uri(&server, "tank/c1"));
+    env.ok(&["snapshot", "tank/c1@s"]);
+    env.ok(&["clone", "tank/c1@s", "tank/c2"]);
+    env.ok(&["snapshot", "tank/vol0@other"]);
+    let names = || env.ok(&["list", "-t", "all", "-H", "-o", "name"]);
+    let before = names();
+
+    // Without -R the clone refuses, as before.
+    let e = env.fails(&["destroy", "tank/vol0@base"]);
+    assert!(e.contains("origin of"), "{e}");
+    let plan = env.ok(&["destroy", "-n", "-v", "-R", "tank/vol0@base"]);
+    let lines: Vec<&str> = plan.lines().collect();
+    assert_eq!(
+        lines[..4],
+        [
+            "would destroy tank/c2",
+            "would destroy tank/c1@s",
+            "would destroy tank/c1",
+            "would destroy tank/vol0@base"
+        ],
+        "{plan}"
+    );
+    assert!(lines[4].starts_with("would reclaim"), "{plan}");
+    let exact = env.ok(&["destroy", "-n", "-p", "-R", "tank/vol0@base"]);
+    let reclaim: u64 = exact
+        .lines()
+        .find_map(|l| l.strip_prefix("reclaim\t"))
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("{exact}"));
+    assert!(reclaim >= 8 << 20, "c1's 8 MiB of its own: {exact}");
+    assert_eq!(names(), before, "-n destroyed something");
+
+    // A hold on the clone's snapshot, or a client on the deepest clone: refused, nothing
+    // destroyed.
+    env.ok(&["hold", "mine", "tank/c1@s"]);
+    let e = env.fails(&["destroy", "-R", "tank/vol0@base"]);
+    assert!(
+        e.contains("tank/c1@s is held (mine)") && e.trim().lines().count() == 1,
+        "{e}"
+    );
+    env.ok(&["release", "mine", "tank/c1@s"]);
+    let reader = hold_reading(&tcp_uri(&server, "tank/c2"));
+    let e = env.fails(&["destroy", "-R", "tank/vol0@base"]);
+    assert!(e.contains("tank/c2") && e.contains("open"), "{e}");
+    assert_eq!(release(reader), "still connected");
+    assert_eq!(names(), before, "a refused destroy -R destroyed something");
+
+    env.ok(&["destroy", "-R", "tank/vol0@base"]);
+    let after = names();
+    for gone in ["tank/c2", "tank/c1", "tank/c1@s", "tank/vol0@base"] {
+        assert!(!after.lines().any(|l| l == gone), "{gone} left: {after}");
+        assert!(!exports(&server).lines().any(|l| l.ends_with(gone)));
+    }
+    assert!(after.lines().any(|l| l == "tank/vol0@other"), "{after}");
+    assert!(same(&tcp_uri(&server, "tank/vol0"), &first));
+    assert!(same(&tcp_uri(&server, "tank/vol0@other"), &first));
+
+    // A volume: its snapshots and their clones, then it; the other volume stays.
+    env.ok(&["clone", "tank/vol0@other", "tank/c3"]);
+    env.ok(&["destroy", "-R", "tank/vol0"]);
+    let after = names();
+    assert!(
+        !after.contains("tank/vol0") && !after.contains("tank/c3"),
+        "{after}"
+    );
+    assert!(after.lines().any(|l| l == "tank/keep"), "{after}");
+    let e = env.fails(&["destroy", "-R", "tank"]);
+    assert!(e.contains("-R is for a volume"), "{e}");
+    env.ok(&["audit", "tank"]);
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+}

@@ -101,8 +101,26 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             parsable,
             defer,
             recursive,
+            dependents,
             pool,
         } => {
+            if dependents && !pool.contains('#') && pool.contains('/') {
+                // A volume or its snapshots, with every clone that depends on them.
+                let flags = snapshot::DestroyFlags {
+                    dry_run,
+                    verbose,
+                    parsable,
+                    defer,
+                    force,
+                };
+                return snapshot::destroy_with_dependents(host, con, &pool, flags);
+            }
+            if dependents {
+                bail!(
+                    "-R is for a volume or its snapshots (POOL/VOL or POOL/VOL@SNAP): a pool \
+                     has no clones of its own, a bookmark none at all"
+                );
+            }
             if pool.contains('#') {
                 if dry_run || verbose || parsable || defer || recursive {
                     bail!(

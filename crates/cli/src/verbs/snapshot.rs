@@ -1150,3 +1150,166 @@ pub fn list_datasets(
     }
     super::pool::last_of(con, failed)
 }
+
+/// What `destroy -R` takes with its target, in the order it goes: each clone of the
+/// snapshots destroyed, deepest first (a clone's own clones before it), as volume names.
+fn dependents_of(p: &Pool, volume: &str, snaps: &[String]) -> Result<Vec<String>> {
+    let mut order = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let prefix = format!("{}/", p.name());
+    let mut clones = Vec::new();
+    for s in p.snapshots(volume)? {
+        if snaps.contains(&s.name) {
+            clones.extend(s.clones);
+        }
+    }
+    for c in clones {
+        let c = c.strip_prefix(&prefix).unwrap_or(&c).to_string();
+        // A clone's whole line goes: all its snapshots, so all their clones.
+        visit_dependents(p, &prefix, c, &mut seen, &mut order)?;
+    }
+    Ok(order)
+}
+
+/// Appends clone `volume` to `order` after its own clones (their clones first), once.
+/// Bounded: each volume of the pool is visited once (`seen`), and the recursion is as deep
+/// as the chain of clones.
+fn visit_dependents(
+    p: &Pool,
+    prefix: &str,
+    volume: String,
+    seen: &mut std::collections::BTreeSet<String>,
+    order: &mut Vec<String>,
+) -> Result<()> {
+    if !seen.insert(volume.clone()) {
+        return Ok(());
+    }
+    for s in p.snapshots(&volume)? {
+        for c in s.clones {
+            let c = c.strip_prefix(prefix).unwrap_or(&c).to_string();
+            visit_dependents(p, prefix, c, seen, order)?;
+        }
+    }
+    order.push(volume);
+    Ok(())
+}
+
+/// `oxpool destroy -R [-n] [-v] [-p] [-f] POOL/VOL[@SPEC]`, as `zfs destroy -R`: the target
+/// with every dependent: the clones of the snapshots it destroys (a volume: all of its
+/// snapshots), each with its own snapshots and their clones, deepest first. Every refusal
+/// (a held snapshot among them, an export open without `-f`) is found before anything is
+/// destroyed. The pieces then go one after the other, each as `destroy -r` of a clone; a
+/// crash between two leaves the first ones destroyed, and the same command finishes.
+pub fn destroy_with_dependents(
+    host: &Host,
+    con: &mut dyn Console,
+    target: &str,
+    flags: DestroyFlags,
+) -> Result<()> {
+    if flags.defer {
+        bail!("-d and -R: -R destroys the clones and the snapshots -d would wait for");
+    }
+    let (pool_name, rest) = volume_target(target)?;
+    let (volume, spec) = match rest.split_once('@') {
+        Some((v, spec)) => (v, Some(spec)),
+        None => (rest, None),
+    };
+    let (snaps, dependents) = host.with_pool(pool_name, |p| {
+        p.volume(volume)?;
+        let snaps = match spec {
+            Some(spec) => {
+                let snaps = named_snapshots(p, volume, spec)?;
+                if snaps.is_empty() {
+                    bail!("'{target}': could not find any snapshots to destroy");
+                }
+                snaps
+            }
+            None => p.snapshots(volume)?.into_iter().map(|s| s.name).collect(),
+        };
+        let dependents = dependents_of(p, volume, &snaps)?;
+        // Every piece's refusals first: one refused changes nothing.
+        let mut pieces: Vec<(String, Vec<String>)> = dependents
+            .iter()
+            .map(|d| {
+                Ok((
+                    d.clone(),
+                    p.snapshots(d)?.into_iter().map(|s| s.name).collect(),
+                ))
+            })
+            .collect::<Result<_>>()?;
+        pieces.push((volume.to_string(), snaps.clone()));
+        let mut now = Vec::new();
+        let mut reclaim_bytes = 0;
+        for (i, (v, vsnaps)) in pieces.iter().enumerate() {
+            let whole_volume = i < dependents.len() || spec.is_none();
+            for s in p.snapshots(v)? {
+                if vsnaps.contains(&s.name) && !s.holds.is_empty() {
+                    bail!(
+                        "cannot destroy {target} with its dependents: {pool_name}/{v}@{} is \
+                         held ({}); release it first",
+                        s.name,
+                        s.holds.join(", ")
+                    );
+                }
+            }
+            now.extend(vsnaps.iter().map(|s| format!("{pool_name}/{v}@{s}")));
+            if whole_volume {
+                now.push(format!("{pool_name}/{v}"));
+                reclaim_bytes += p.dataset_space(v)?.used_bytes;
+            } else {
+                reclaim_bytes += p.freed_estimate(v, vsnaps)?;
+            }
+        }
+        if let Host::Live(served) = host {
+            for n in &now {
+                served.check_unexport(n, flags.force, Unexport::Destroy)?;
+            }
+        }
+        if flags.verbose || flags.dry_run || flags.parsable {
+            print_destroy_plan(con, &now, &[], reclaim_bytes, flags.dry_run, flags.parsable)?;
+        }
+        Ok((snaps, dependents))
+    })?;
+    if flags.dry_run {
+        crate::history::changed_nothing();
+        return Ok(());
+    }
+    // Said by the plan already.
+    let quiet = DestroyFlags {
+        verbose: false,
+        parsable: false,
+        ..flags
+    };
+    for d in &dependents {
+        let command = crate::args::VolCommand::Destroy {
+            name: format!("{pool_name}/{d}"),
+            force: flags.force,
+            recursive: true,
+            dry_run: false,
+            verbose: false,
+            parsable: false,
+        };
+        super::volume::run(host, con, command)?;
+    }
+    match spec {
+        Some(_) => destroy(
+            host,
+            con,
+            &format!("{pool_name}/{volume}@{}", snaps.join(",")),
+            quiet,
+            false,
+        ),
+        None => super::volume::run(
+            host,
+            con,
+            crate::args::VolCommand::Destroy {
+                name: format!("{pool_name}/{volume}"),
+                force: flags.force,
+                recursive: true,
+                dry_run: false,
+                verbose: false,
+                parsable: false,
+            },
+        ),
+    }
+}

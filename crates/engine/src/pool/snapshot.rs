@@ -354,16 +354,26 @@ impl Pool {
     /// What destroying `snaps` of `volume` would free (checks as [`Pool::destroy_snapshots`],
     /// changes nothing): `destroy -n -v`.
     pub fn destroy_estimate(&self, volume: &str, snaps: &[String]) -> Result<u64> {
-        let mut set = BTreeSet::new();
         for s in snaps {
             if let Some(why) = self.destroy_refusal(volume, s)? {
                 return Err(EngineError::Busy(why));
             }
+        }
+        self.freed_estimate(volume, snaps)
+    }
+
+    /// What destroying `snaps` of `volume` would free, whether or not they may go now: for
+    /// `destroy -R`'s plan, which destroys their clones first (a clone's own blocks are its
+    /// own, counted by its `used`).
+    pub fn freed_estimate(&self, volume: &str, snaps: &[String]) -> Result<u64> {
+        let ds = self.dataset(volume)?;
+        let l = ds.lineage.lock().unwrap();
+        let mut set = BTreeSet::new();
+        for s in snaps {
+            l.find(s).ok_or_else(|| self.no_snapshot(volume, s))?;
             set.insert(s.clone());
         }
         // The bytes freed by destroying a set: simulate in order on a copy of the counts.
-        let ds = self.dataset(volume)?;
-        let l = ds.lineage.lock().unwrap();
         let mut freed = 0;
         // Runs of consecutive destroyed snapshots free what was born within the run and died
         // before the first kept snapshot after it (or the head).
