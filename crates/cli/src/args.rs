@@ -141,7 +141,8 @@ pub enum Command {
         /// their clones.
         #[arg(short = 'R')]
         dependents: bool,
-        /// A pool name, POOL/VOL@SNAP[,SNAP|%SNAP], -r POOL@SNAP, or a bookmark POOL/VOL#NAME.
+        /// A pool name, POOL/VOL (-r or -R), POOL/VOL@SNAP[,SNAP|%SNAP] (-R too), -r POOL@SNAP,
+        /// or a bookmark POOL/VOL#NAME.
         pool: String,
     },
     /// Take snapshots, all of them in one txg (atomically): each holds every write

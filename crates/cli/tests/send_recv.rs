@@ -7,7 +7,7 @@
 #[path = "nbd/harness.rs"]
 mod harness;
 
-use harness::{exports, hold_reading, put, random_bytes, release, tcp_uri, Env};
+use harness::{exports, hold_reading, put, random_bytes, release, tcp_uri, Env, ServerProcess};
 use std::process::{Command, Stdio};
 
 /// Runs `oxpool SEND_ARGS | oxpool RECV_ARGS`; returns (send ok, recv ok, recv stderr).
@@ -43,6 +43,17 @@ fn pipe_out(env: &Env, send: &[&str], recv: &[&str]) -> (bool, bool, String, Str
         String::from_utf8_lossy(&got.stdout).into_owned(),
         String::from_utf8_lossy(&got.stderr).into_owned(),
     )
+}
+
+/// `qemu-img compare` of `server`'s export `export` with the raw file `file`: identical bytes.
+fn same_bytes(server: &ServerProcess, export: &str, file: &std::path::Path) -> bool {
+    Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(tcp_uri(server, export))
+        .arg(file)
+        .status()
+        .expect("run qemu-img compare")
+        .success()
 }
 
 fn write(env: &Env, vol: &str, at: u64, seed: u64, len: usize) {
@@ -273,15 +284,7 @@ fn recv_into_a_served_pool_exports_what_it_received() {
         listed.contains("dest/copy") && listed.contains("dest/copy@one"),
         "{listed}"
     );
-    let same = |export: &str, file: &std::path::Path| {
-        Command::new("qemu-img")
-            .args(["compare", "-f", "raw", "-F", "raw"])
-            .arg(tcp_uri(&server, export))
-            .arg(file)
-            .status()
-            .expect("run qemu-img compare")
-            .success()
-    };
+    let same = |export: &str, file: &std::path::Path| same_bytes(&server, export, file);
     assert!(same("dest/copy", &first), "the received volume differs");
     // A stream is refused a terminal on a served pool too (the server writes to its control
     // socket, so only the client can tell): run on a pseudo-terminal by `script`.
@@ -829,15 +832,7 @@ fn recv_f_replaces_a_served_volume_without_snapshots() {
     let old = env.path("old.raw");
     std::fs::write(&old, random_bytes(18, 4 << 20)).unwrap();
     put(&old, &tcp_uri(&server, "dest/other"));
-    let same = |export: &str, file: &std::path::Path| {
-        Command::new("qemu-img")
-            .args(["compare", "-f", "raw", "-F", "raw"])
-            .arg(tcp_uri(&server, export))
-            .arg(file)
-            .status()
-            .expect("run qemu-img compare")
-            .success()
-    };
+    let same = |export: &str, file: &std::path::Path| same_bytes(&server, export, file);
     // The sender may see the pipe closed: the receiver refuses at the stream's BEGIN.
     let (_, r, err) = pipe(&env, &["send", "tank/vol0@one"], &["recv", "dest/other"]);
     assert!(
@@ -866,4 +861,8 @@ fn recv_f_replaces_a_served_volume_without_snapshots() {
     assert!(same("dest/other@one", &first));
     let size = env.ok(&["get", "-H", "-p", "-o", "value", "volsize", "dest/other"]);
     assert_eq!(size.trim(), (8u64 << 20).to_string(), "the stream's size");
+    // Nothing of the old data or of the hidden dataset is left.
+    let (ok, out) = server.stop();
+    assert!(ok.success(), "{out}");
+    env.ok(&["audit", "dest"]);
 }

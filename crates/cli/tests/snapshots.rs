@@ -663,7 +663,7 @@ fn snapshot_and_destroy_recursive_cover_every_volume() {
 #[test]
 fn destroy_r_takes_the_clones_along() {
     let env = Env::new();
-    env.tank(&[("vol0", "8M", &[]), ("keep", "4M", &[])]);
+    env.tank(&[("vol0", "8M", &[]), ("keep", "8M", &[])]);
     let server = env.serve(&["--listen", "127.0.0.1:0"]);
     let first = write_file(&env, "first.raw", 31, 8 << 20);
     let second = write_file(&env, "second.raw", 32, 8 << 20);
@@ -713,7 +713,10 @@ fn destroy_r_takes_the_clones_along() {
     env.ok(&["release", "mine", "tank/c1@s"]);
     let reader = hold_reading(&tcp_uri(&server, "tank/c2"));
     let e = env.fails(&["destroy", "-R", "tank/vol0@base"]);
-    assert!(e.contains("tank/c2") && e.contains("open"), "{e}");
+    assert!(
+        e.contains("tank/c2") && e.contains("open") && e.trim().lines().count() == 1,
+        "{e}"
+    );
     assert_eq!(release(reader), "still connected");
     assert_eq!(names(), before, "a refused destroy -R destroyed something");
 
@@ -738,6 +741,38 @@ fn destroy_r_takes_the_clones_along() {
     assert!(after.lines().any(|l| l == "tank/keep"), "{after}");
     let e = env.fails(&["destroy", "-R", "tank"]);
     assert!(e.contains("-R is for a volume"), "{e}");
+
+    // A receive saved by recv -s into a copy: its hidden dataset is a clone of the copy's
+    // snapshot that only recv -A removes, so -R is refused in one line that says so.
+    put(&second, &tcp_uri(&server, "tank/keep"));
+    env.ok(&["snapshot", "tank/keep@k1"]);
+    put(&first, &tcp_uri(&server, "tank/keep"));
+    env.ok(&["snapshot", "tank/keep@k2"]);
+    let recv_from = |stream: &[u8], args: &[&str]| {
+        let file = env.path("stream");
+        std::fs::write(&file, stream).unwrap();
+        let mut command = env.oxpool_command();
+        command
+            .arg("recv")
+            .args(args)
+            .stdin(std::fs::File::open(&file).unwrap());
+        command.output().unwrap()
+    };
+    let full = env.run(&["send", "tank/keep@k1"]).stdout;
+    assert!(recv_from(&full, &["tank/kc"]).status.success());
+    let incremental = env.run(&["send", "-i", "@k1", "tank/keep@k2"]).stdout;
+    let cut = recv_from(&incremental[..incremental.len() / 2], &["-s", "tank/kc"]);
+    assert!(!cut.status.success());
+    let e = env.fails(&["destroy", "-R", "tank/kc@k1"]);
+    assert!(
+        e.contains("receive into tank/kc")
+            && e.contains("recv -A tank/kc")
+            && e.trim().lines().count() == 1,
+        "{e}"
+    );
+    env.ok(&["recv", "-A", "tank/kc"]);
+    env.ok(&["destroy", "-R", "tank/kc"]);
+    assert!(!names().contains("tank/kc"));
     env.ok(&["audit", "tank"]);
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");

@@ -197,7 +197,7 @@ fn crash_case(seed: u64) -> Result<String, String> {
     // Half the cases crash in the incremental receive, a quarter in the full one into a new
     // volume, a quarter in the full one replacing a volume.
     let incremental = seed % 4 >= 2;
-    let replace = !incremental && (seed / 4) % 2 == 1;
+    let replace = !incremental && (seed / 16) % 2 == 1;
     let resumable = seed % 16 >= 12;
     let opts = ReceiveOptions {
         force: replace,

@@ -290,6 +290,34 @@ impl std::io::Read for WriteMidway<'_> {
     }
 }
 
+/// Receives `stream` into `copy` of `dst` (`-F` if `force`), calling `change` halfway
+/// through the stream, after the receive's own checks of the target.
+fn receive_changing_midway<'a>(
+    dst: &Pool,
+    stream: &'a [u8],
+    force: bool,
+    change: Box<dyn FnOnce() + 'a>,
+) -> oxpool_engine::Result<()> {
+    let mut input = WriteMidway {
+        stream,
+        read: 0,
+        at: stream.len() / 2,
+        write: Some(change),
+    };
+    let opts = ReceiveOptions {
+        force,
+        resumable: false,
+        dry_run: false,
+        snapshot: None,
+    };
+    let got = dst.receive("copy", &mut input, &opts).map(|_| ());
+    assert!(
+        input.write.is_none(),
+        "the change was made during the receive"
+    );
+    got
+}
+
 #[test]
 fn a_write_to_the_target_during_an_incremental_receive_is_never_discarded_without_force() {
     let (src, _m1) = source();
@@ -299,27 +327,15 @@ fn a_write_to_the_target_during_an_incremental_receive_is_never_discarded_withou
     let vol = dst.volume("copy").unwrap();
     let written = content(Fill::Random, 77, 8192);
     let receive = |force: bool| {
-        let mut input = WriteMidway {
-            stream: &ab,
-            read: 0,
-            at: ab.len() / 2,
-            write: Some(Box::new(|| {
+        receive_changing_midway(
+            &dst,
+            &ab,
+            force,
+            Box::new(|| {
                 // Acknowledged durable (FUA), after the receive's own check of the target.
                 oxpool_io::rt::block_on(vol.write(0, &written, true)).unwrap();
-            })),
-        };
-        let opts = ReceiveOptions {
-            force,
-            resumable: false,
-            dry_run: false,
-            snapshot: None,
-        };
-        let got = dst.receive("copy", &mut input, &opts).map(|_| ());
-        assert!(
-            input.write.is_none(),
-            "the write was made during the receive"
-        );
-        got
+            }),
+        )
     };
     // Without -F: the receive is refused at its end and the write stays.
     let err = receive(false).unwrap_err().to_string();
@@ -1107,6 +1123,9 @@ fn a_snapshot_being_sent_cannot_be_destroyed_until_the_send_ends() {
         for s in ["b", "c", "d"] {
             let err = src.destroy_snapshots("src", &[s.to_string()]).unwrap_err();
             assert!(err.to_string().contains("is being sent"), "@{s}: {err}");
+            // What `destroy -R` checks before it destroys any clone.
+            let why = src.destroy_refusal_besides_clones("src", s).unwrap();
+            assert!(why.is_some_and(|w| w.contains("is being sent")), "@{s}");
         }
         // `destroy -d` marks it, to go when the send lets it go.
         let (now, later) = src
@@ -1483,26 +1502,8 @@ fn a_replace_whose_target_changed_while_the_stream_arrived_applies_nothing() {
     write(&other, 0, &content(Fill::Random, 21, (2 * MIB) as usize));
     snap(&dst, "other@o");
     let origin = snap_bytes(&dst, "other", "o");
-    let receive = |change: Box<dyn FnOnce() + '_>| {
-        let mut input = WriteMidway {
-            stream: &full_b,
-            read: 0,
-            at: full_b.len() / 2,
-            write: Some(change),
-        };
-        let opts = ReceiveOptions {
-            force: true,
-            resumable: false,
-            dry_run: false,
-            snapshot: None,
-        };
-        let got = dst.receive("copy", &mut input, &opts).map(|_| ());
-        assert!(
-            input.write.is_none(),
-            "the change was made during the receive"
-        );
-        got
-    };
+    let receive =
+        |change: Box<dyn FnOnce() + '_>| receive_changing_midway(&dst, &full_b, true, change);
     let vol = dst.create_volume("copy", MIB, &[]).unwrap();
     write(&vol, 0, &content(Fill::Random, 22, MIB as usize));
     let old = read_all(&vol);
@@ -1531,4 +1532,28 @@ fn a_replace_whose_target_changed_while_the_stream_arrived_applies_nothing() {
     assert_eq!(snap_bytes(&dst, "other", "o"), origin, "its origin");
     assert!(dst.receive_datasets().is_empty());
     audit_clean(&dst, "after a clone took the name during the replace");
+
+    // Another volume under the name, of the stream's block size or not: not the volume
+    // checked, so not replaced.
+    dst.destroy_volume("copy").unwrap();
+    dst.create_volume("copy", MIB, &[]).unwrap();
+    for blocks in ["16K", "4K"] {
+        let made = content(Fill::Random, 23, MIB as usize);
+        let err = receive(Box::new(|| {
+            dst.destroy_volume("copy").unwrap();
+            let vol = dst
+                .create_volume("copy", MIB, &[("volblocksize".into(), blocks.into())])
+                .unwrap();
+            write(&vol, 0, &made);
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("destroyed or replaced") && err.contains("nothing was applied"),
+            "{err}"
+        );
+        assert_eq!(read_all(&dst.volume("copy").unwrap()), made, "{blocks}");
+        assert!(guids(&dst, "copy").is_empty());
+        audit_clean(&dst, &format!("after a {blocks} volume took the name"));
+    }
 }

@@ -104,21 +104,21 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             dependents,
             pool,
         } => {
+            let flags = snapshot::DestroyFlags {
+                dry_run,
+                verbose,
+                parsable,
+                defer,
+                force,
+            };
             if dependents && !pool.contains('#') && pool.contains('/') {
                 // A volume or its snapshots, with every clone that depends on them.
-                let flags = snapshot::DestroyFlags {
-                    dry_run,
-                    verbose,
-                    parsable,
-                    defer,
-                    force,
-                };
                 return snapshot::destroy_with_dependents(host, con, &pool, flags);
             }
             if dependents {
                 bail!(
-                    "-R is for a volume or its snapshots (POOL/VOL or POOL/VOL@SNAP): a pool \
-                     has no clones of its own, a bookmark none at all"
+                    "-R is for a volume or its snapshots (POOL/VOL or POOL/VOL@SNAP, not -r \
+                     POOL@SNAP): a pool has no clones of its own, a bookmark none at all"
                 );
             }
             if pool.contains('#') {
@@ -130,13 +130,6 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
                 }
                 snapshot::destroy_bookmark(host, &pool)
             } else if pool.contains('@') {
-                let flags = snapshot::DestroyFlags {
-                    dry_run,
-                    verbose,
-                    parsable,
-                    defer,
-                    force,
-                };
                 snapshot::destroy(host, con, &pool, flags, recursive)
             } else if pool.contains('/') {
                 // A volume, as `zfs destroy [-nvpr] [-f] POOL/VOL` (`vol destroy` the same).

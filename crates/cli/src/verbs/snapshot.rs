@@ -1153,6 +1153,8 @@ pub fn list_datasets(
 
 /// What `destroy -R` takes with its target, in the order it goes: each clone of the
 /// snapshots destroyed, deepest first (a clone's own clones before it), as volume names.
+/// Refused if a receive into one of the volumes is under way or saved: its hidden dataset
+/// is a clone that only `recv -A` (or the receive's end) removes.
 fn dependents_of(p: &Pool, volume: &str, snaps: &[String]) -> Result<Vec<String>> {
     let mut order = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -1181,6 +1183,13 @@ fn visit_dependents(
     seen: &mut std::collections::BTreeSet<String>,
     order: &mut Vec<String>,
 ) -> Result<()> {
+    if let Some((receiving, _)) = volume.split_once('%') {
+        bail!(
+            "cannot destroy with its dependents: a receive into {prefix}{receiving} is under way \
+             or saved by recv -s; let it end, or discard it with `oxpool recv -A \
+             {prefix}{receiving}`"
+        );
+    }
     if !seen.insert(volume.clone()) {
         return Ok(());
     }
@@ -1242,14 +1251,10 @@ pub fn destroy_with_dependents(
         let mut reclaim_bytes = 0;
         for (i, (v, vsnaps)) in pieces.iter().enumerate() {
             let whole_volume = i < dependents.len() || spec.is_none();
-            for s in p.snapshots(v)? {
-                if vsnaps.contains(&s.name) && !s.holds.is_empty() {
-                    bail!(
-                        "cannot destroy {target} with its dependents: {pool_name}/{v}@{} is \
-                         held ({}); release it first",
-                        s.name,
-                        s.holds.join(", ")
-                    );
+            for s in vsnaps {
+                // Held or being sent: refused now, not after the clones went.
+                if let Some(why) = p.destroy_refusal_besides_clones(v, s)? {
+                    bail!("cannot destroy {target} with its dependents: {why}");
                 }
             }
             now.extend(vsnaps.iter().map(|s| format!("{pool_name}/{v}@{s}")));

@@ -28,7 +28,7 @@ use crate::dsl::snapshot_sync::{free_born_after, free_deadlist};
 use crate::dsl::Datasets;
 use crate::spa::Spa;
 use crate::Result;
-use oxpool_format::{Dva, Guid, Txg};
+use oxpool_format::{Dva, Guid, Txg, VolumeId};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -59,6 +59,9 @@ pub(crate) struct ReceiveSwap {
     /// received (the check when the receive began cannot see those writes, and they were
     /// acknowledged).
     pub force: bool,
+    /// A full stream replacing an existing volume: that volume's id, as checked when the
+    /// receive began (a volume made under the name since is not replaced).
+    pub replaces: Option<VolumeId>,
 }
 
 impl std::fmt::Debug for ReceiveSwap {
@@ -73,6 +76,7 @@ impl std::fmt::Debug for ReceiveSwap {
             .field("snapshot", &self.snapshot)
             .field("guid", &self.guid)
             .field("force", &self.force)
+            .field("replaces", &self.replaces)
             .finish()
     }
 }
@@ -122,6 +126,18 @@ pub(crate) async fn apply(
         },
         ReceiveTarget::New(ds) => ds.clone(),
     };
+    if let Some(id) = swap.replaces {
+        // The volume checked, still of the stream's block size (the swap keeps the tree's
+        // shape, and the hidden dataset has the stream's).
+        let blocks = |ds: &Dataset| ds.props.lock().unwrap().volblocksize_bytes;
+        if target.id != id || blocks(&target) != blocks(hidden) {
+            tracing::warn!(
+                target = target.full_name(),
+                "receive: the volume to replace was destroyed or replaced since the receive began"
+            );
+            return Ok(());
+        }
+    }
     // Taken before the lineage's lock, not under it.
     let root_birth = target.data().tree.lock().unwrap().root().birth;
     let hidden_base = hidden.lineage.lock().unwrap().prev_snap_txg;

@@ -479,10 +479,10 @@ struct Plan {
     /// it had when checked (what the destroy is queued by: a rename while the stream
     /// arrives must not turn it on another snapshot).
     base: Option<(String, Vec<(String, Guid)>)>,
-    /// A full stream replaces an existing volume (`-F`, a volume without snapshots): the
-    /// stream is received into a new hidden dataset, and its end swaps that into the volume,
-    /// freeing all the volume held.
-    replaces: bool,
+    /// A full stream replaces an existing volume (`-F`, a volume without snapshots), this
+    /// one (its id as checked): the stream is received into a new hidden dataset, and its
+    /// end swaps that into the volume, freeing all the volume held.
+    replaces: Option<VolumeId>,
 }
 
 /// Whether `name` is a receive's hidden dataset (`VOL%recv`; `%` is in no name a user can
@@ -605,7 +605,7 @@ impl Pool {
         if l.origin.is_some() {
             return Err(EngineError::Busy(format!(
                 "cannot receive a full stream into {full}: it is a clone (it shares its \
-                 origin's blocks); destroy it, or promote it, to replace it"
+                 origin's blocks); destroy it to replace it"
             )));
         }
         drop(l);
@@ -659,7 +659,7 @@ impl Pool {
             return Ok(Plan {
                 snapshot,
                 base: None,
-                replaces: target.is_some(),
+                replaces: target.as_ref().map(|ds| ds.id),
             });
         };
         let ds = target.ok_or_else(|| {
@@ -751,7 +751,7 @@ impl Pool {
         Ok(Plan {
             snapshot,
             base: Some((base.name.clone(), later)),
-            replaces: false,
+            replaces: None,
         })
     }
 
@@ -868,7 +868,7 @@ impl Pool {
             }
             let target = match &plan.base {
                 Some(_) => None,
-                None if plan.replaces => None,
+                None if plan.replaces.is_some() => None,
                 None => Some(self.new_target(volume, &begin)?),
             };
             (hidden, target)
@@ -885,13 +885,16 @@ impl Pool {
                     })?;
                     (self.hidden_clone(volume, base, guid, &hidden_name)?, None)
                 }
-                None if plan.replaces => {
-                    (self.hidden_replacing(volume, &hidden_name, &begin)?, None)
-                }
-                None => {
-                    let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
-                    (hidden, Some(target))
-                }
+                None => match plan.replaces {
+                    Some(id) => (
+                        self.hidden_replacing(volume, id, &hidden_name, &begin)?,
+                        None,
+                    ),
+                    None => {
+                        let (hidden, target) = self.hidden_new(volume, &hidden_name, &begin)?;
+                        (hidden, Some(target))
+                    }
+                },
             };
             if opts.resumable {
                 hidden.vol.ds.lineage.lock().unwrap().receive_resume =
@@ -954,6 +957,7 @@ impl Pool {
                 guid: begin.toguid,
                 creation_s: begin.creation_time_ns / 1_000_000_000,
                 force: opts.force,
+                replaces: plan.replaces,
             }),
         ));
         let queued = self.spa.txg.check_writable().and_then(|()| {
@@ -965,9 +969,14 @@ impl Pool {
         if !swapped {
             let _ = self.destroy_hidden(&hidden_name);
             queued?;
+            let what = if plan.replaces.is_some() {
+                "was snapshotted, destroyed or replaced"
+            } else {
+                "was written to, or its snapshots changed,"
+            };
             return Err(EngineError::Busy(format!(
-                "cannot receive: {full} was written to, or its snapshots changed, while the \
-                 stream was received; nothing was applied"
+                "cannot receive: {full} {what} while the stream was received; nothing was \
+                 applied"
             )));
         }
         self.volumes.lock().unwrap().remove(&hidden_name);
@@ -1213,15 +1222,25 @@ impl Pool {
     }
 
     /// Hidden dataset `hidden`, new and empty, for a full stream that replaces existing
-    /// volume `volume` ([`Plan::replaces`]): the volume's properties but the stream's size,
-    /// and a lineage without snapshots or origin, as the volume's (the swap frees the whole
-    /// of the volume's tree and gives it this one).
-    fn hidden_replacing(&self, volume: &str, hidden: &str, begin: &StreamBegin) -> Result<Volume> {
+    /// volume `volume` ([`Plan::replaces`], whose id is `id`): the volume's properties but
+    /// the stream's size, and a lineage without snapshots or origin, as the volume's (the
+    /// swap frees the whole of the volume's tree and gives it this one).
+    fn hidden_replacing(
+        &self,
+        volume: &str,
+        id: VolumeId,
+        hidden: &str,
+        begin: &StreamBegin,
+    ) -> Result<Volume> {
+        let full = format!("{}/{volume}", self.spa.name);
         let target = self
             .dsl
             .get(volume)
-            .ok_or_else(|| EngineError::NotFound(format!("{}/{volume}", self.spa.name)))?;
+            .filter(|ds| ds.id == id)
+            .ok_or_else(|| EngineError::NotFound(format!("{full} (destroyed since checked)")))?;
         let mut p = target.props.lock().unwrap().clone();
+        // Checked by the plan; the swap checks the volume's again.
+        debug_assert_eq!(p.volblocksize_bytes, begin.volblocksize_bytes);
         VolumeProps::check_new_volsize(begin.volsize_bytes)?;
         p.volsize_bytes = begin.volsize_bytes;
         p.readonly = false;

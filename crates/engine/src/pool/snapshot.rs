@@ -99,6 +99,7 @@ pub const DATASET_STAT_NAMES: &[&str] = &[
 pub const SNAPSHOT_PROP_NAMES: &[&str] = &[
     "type",
     "used",
+    "available",
     "referenced",
     "logicalreferenced",
     "written",
@@ -253,6 +254,20 @@ impl Pool {
     /// Why snapshot `snap` of `volume` cannot be destroyed, if it cannot (held, or the
     /// origin of a clone): what `destroy -d` marks instead.
     pub fn destroy_refusal(&self, volume: &str, snap: &str) -> Result<Option<String>> {
+        self.refusal(volume, snap, true)
+    }
+
+    /// [`Pool::destroy_refusal`] but for its clones: what refuses `destroy -R`, which
+    /// destroys them first (held, being sent).
+    pub fn destroy_refusal_besides_clones(
+        &self,
+        volume: &str,
+        snap: &str,
+    ) -> Result<Option<String>> {
+        self.refusal(volume, snap, false)
+    }
+
+    fn refusal(&self, volume: &str, snap: &str, clones_refuse: bool) -> Result<Option<String>> {
         let ds = self.dataset(volume)?;
         let (guid, holds) = {
             let l = ds.lineage.lock().unwrap();
@@ -265,7 +280,7 @@ impl Pool {
             return Ok(Some(format!("{full} is held ({})", tags.join(", "))));
         }
         let clones = self.dsl.clone_names(ds.id, guid);
-        if !clones.is_empty() {
+        if clones_refuse && !clones.is_empty() {
             return Ok(Some(format!(
                 "{full} is the origin of {}",
                 clones.join(", ")
@@ -754,6 +769,8 @@ impl Pool {
                 .ok_or_else(|| self.no_snapshot(v, snap))?;
             return Ok(Some(match name {
                 "used" => s.used_bytes.to_string(),
+                // As ZFS: a snapshot takes no writes.
+                "available" => "-".into(),
                 "referenced" => s.referenced_bytes.to_string(),
                 "logicalreferenced" => s.logical_referenced_bytes.to_string(),
                 "written" => s.written_bytes.to_string(),

@@ -62,6 +62,8 @@ impl Spa {
             let space = s.alloc.space();
             Self::sync_reserve(&s.alloc, &space, false).total_bytes()
         };
+        // The blocks' own sizes, not inflated by a raidz's parity: an estimate of what is
+        // about to be taken, gone once those txgs sync.
         let needed = self.txg.state.lock().unwrap().space_needed().total();
         size.saturating_sub(allocated)
             .saturating_sub(reserve)
