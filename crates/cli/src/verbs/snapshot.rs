@@ -1285,16 +1285,20 @@ pub fn destroy_with_dependents(
         parsable: false,
         ..flags
     };
-    for d in &dependents {
+    // A volume with its snapshots, as `destroy -r POOL/VOL` (its own checks again).
+    let destroy_volume = |con: &mut dyn Console, v: &str| {
         let command = crate::args::VolCommand::Destroy {
-            name: format!("{pool_name}/{d}"),
+            name: format!("{pool_name}/{v}"),
             force: flags.force,
             recursive: true,
             dry_run: false,
             verbose: false,
             parsable: false,
         };
-        super::volume::run(host, con, command)?;
+        super::volume::run(host, con, command)
+    };
+    for d in &dependents {
+        destroy_volume(con, d)?;
     }
     match spec {
         Some(_) => destroy(
@@ -1304,17 +1308,6 @@ pub fn destroy_with_dependents(
             quiet,
             false,
         ),
-        None => super::volume::run(
-            host,
-            con,
-            crate::args::VolCommand::Destroy {
-                name: format!("{pool_name}/{volume}"),
-                force: flags.force,
-                recursive: true,
-                dry_run: false,
-                verbose: false,
-                parsable: false,
-            },
-        ),
+        None => destroy_volume(con, volume),
     }
 }
