@@ -1152,10 +1152,11 @@ pub fn list_datasets(
 }
 
 /// What `destroy -R` takes with its target, in the order it goes: each clone of the
-/// snapshots destroyed, deepest first (a clone's own clones before it), as volume names.
+/// snapshots destroyed, deepest first (a clone's own clones before it), as volume names
+/// with their snapshots' names.
 /// Refused if a receive into one of the volumes is under way or saved: its hidden dataset
 /// is a clone that only `recv -A` (or the receive's end) removes.
-fn dependents_of(p: &Pool, volume: &str, snaps: &[String]) -> Result<Vec<String>> {
+fn dependents_of(p: &Pool, volume: &str, snaps: &[String]) -> Result<Vec<(String, Vec<String>)>> {
     let mut order = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     let prefix = format!("{}/", p.name());
@@ -1173,7 +1174,8 @@ fn dependents_of(p: &Pool, volume: &str, snaps: &[String]) -> Result<Vec<String>
     Ok(order)
 }
 
-/// Appends clone `volume` to `order` after its own clones (their clones first), once.
+/// Appends clone `volume` and its snapshots to `order` after its own clones (their clones
+/// first), once.
 /// Bounded: each volume of the pool is visited once (`seen`), and the recursion is as deep
 /// as the chain of clones.
 fn visit_dependents(
@@ -1181,7 +1183,7 @@ fn visit_dependents(
     prefix: &str,
     volume: String,
     seen: &mut std::collections::BTreeSet<String>,
-    order: &mut Vec<String>,
+    order: &mut Vec<(String, Vec<String>)>,
 ) -> Result<()> {
     if let Some((receiving, _)) = volume.split_once('%') {
         bail!(
@@ -1193,13 +1195,15 @@ fn visit_dependents(
     if !seen.insert(volume.clone()) {
         return Ok(());
     }
+    let mut snaps = Vec::new();
     for s in p.snapshots(&volume)? {
         for c in s.clones {
             let c = c.strip_prefix(prefix).unwrap_or(&c).to_string();
             visit_dependents(p, prefix, c, seen, order)?;
         }
+        snaps.push(s.name);
     }
-    order.push(volume);
+    order.push((volume, snaps));
     Ok(())
 }
 
@@ -1237,15 +1241,7 @@ pub fn destroy_with_dependents(
         };
         let dependents = dependents_of(p, volume, &snaps)?;
         // Every piece's refusals first: one refused changes nothing.
-        let mut pieces: Vec<(String, Vec<String>)> = dependents
-            .iter()
-            .map(|d| {
-                Ok((
-                    d.clone(),
-                    p.snapshots(d)?.into_iter().map(|s| s.name).collect(),
-                ))
-            })
-            .collect::<Result<_>>()?;
+        let mut pieces = dependents.clone();
         pieces.push((volume.to_string(), snaps.clone()));
         let mut now = Vec::new();
         let mut reclaim_bytes = 0;
@@ -1297,7 +1293,7 @@ pub fn destroy_with_dependents(
         };
         super::volume::run(host, con, command)
     };
-    for d in &dependents {
+    for (d, _) in &dependents {
         destroy_volume(con, d)?;
     }
     match spec {
