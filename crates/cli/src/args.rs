@@ -22,7 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Create a pool: `oxpool create tank a.img`, `oxpool create tank mirror a.img b.img`,
     /// `oxpool create tank raidz2 a.img b.img c.img d.img e.img f.img`; or, with -V, a
-    /// volume: `oxpool create -V 10G tank/vol1` (as `zfs create -V`; `vol create` the same).
+    /// volume: `oxpool create -V 10G tank/vol1` (as `zfs create -V`: it reserves its space,
+    /// `refreservation=auto`, unless -s; `vol create` makes it thin).
     Create {
         /// Create volume POOL/VOL of this size instead of a pool, as `zfs create -V`.
         #[arg(short = 'V', value_name = "SIZE", conflicts_with_all = ["force", "size", "sparse"])]
@@ -30,8 +31,8 @@ pub enum Command {
         /// With -V: the volume's volblocksize (as `zfs create -b`).
         #[arg(short = 'b', value_name = "BLOCKSIZE", requires = "volume_size")]
         blocksize: Option<String>,
-        /// With -V: thin, as `zfs create -s`. Every volume is (none reserves space), so this
-        /// changes nothing; taken for a ZFS user's habit.
+        /// With -V: sparse (thin), as `zfs create -s`: no `refreservation`, so the volume
+        /// may be larger than the pool's free space, and its writes can find the pool full.
         #[arg(short = 's', requires = "volume_size")]
         thin: bool,
         /// Overwrite devices that belong to another pool (an exported or foreign one: never
@@ -343,7 +344,8 @@ pub enum Command {
         /// The columns, comma-separated. Of pools (as `zpool list -o`): name, size, alloc,
         /// free, cap, health, txg. With -t, -r or a dataset named: name, type, used, available,
         /// referenced, logicalreferenced, written, written@SNAP, usedbysnapshots,
-        /// usedbydataset, origin, clones, creation, createtxg, guid, volsize, userrefs.
+        /// usedbydataset, usedbyrefreservation, refreservation, origin, clones, creation,
+        /// createtxg, guid, volsize, userrefs.
         #[arg(short = 'o', value_name = "COLUMNS")]
         columns: Option<String>,
         /// Of datasets: sort by this column, ascending (as `zfs list -s`; repeatable, the
@@ -638,7 +640,8 @@ pub enum StreamCommand {
 
 #[derive(Subcommand)]
 pub enum VolCommand {
-    /// Create a volume.
+    /// Create a volume: thin (no `refreservation`) unless `-o refreservation=auto` or a
+    /// size; `oxpool create -V` reserves by default, as `zfs create -V`.
     Create {
         /// POOL/VOL.
         name: String,
@@ -648,7 +651,8 @@ pub enum VolCommand {
         /// The volume's volblocksize (as `zfs create -b`; also `-o volblocksize=`).
         #[arg(short = 'b', value_name = "BLOCKSIZE")]
         blocksize: Option<String>,
-        /// Thin, as `zfs create -s`: every volume is, so this changes nothing.
+        /// Thin, as `zfs create -s`: what `vol create` makes anyway (accepted for a ZFS
+        /// user's habit).
         #[arg(short = 's')]
         thin: bool,
         /// Volume property, name=value (repeatable), e.g. volblocksize=4K.

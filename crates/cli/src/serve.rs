@@ -104,7 +104,12 @@ pub fn default_pool(cache: &Path, data_dir: &Path) -> Result<()> {
         PoolProps::default(),
         false,
     )?;
-    pool.create_volume("vol0", DEFAULT_VOLUME_BYTES, &[])?;
+    // Thick, as the `create -V` its history records makes it.
+    pool.create_volume(
+        "vol0",
+        DEFAULT_VOLUME_BYTES,
+        &[("refreservation".into(), "auto".into())],
+    )?;
     // What made it, in its history (no command line did), as the equivalent commands.
     let file_name = file.display().to_string();
     crate::history::record_as(&pool, &["create", "oxpool", &file_name]);

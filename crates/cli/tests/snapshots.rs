@@ -777,3 +777,91 @@ fn destroy_r_takes_the_clones_along() {
     let (ok, out) = server.stop();
     assert!(ok.success(), "{out}");
 }
+
+#[test]
+fn create_v_reserves_the_volumes_space_unless_sparse() {
+    let env = Env::new();
+    env.tank(&[]);
+    let get = |prop: &str, target: &str| -> String {
+        env.ok(&["get", "-p", "-H", "-o", "value", prop, target])
+            .trim()
+            .to_string()
+    };
+    let bytes = |prop: &str, target: &str| -> u64 {
+        let v = get(prop, target);
+        v.parse()
+            .unwrap_or_else(|_| panic!("{prop} of {target} = {v}"))
+    };
+    // As `zfs create -V`: thick, what writing it whole takes reserved; -s sparse.
+    env.ok(&["create", "-V", "64M", "tank/thick"]);
+    env.ok(&["create", "-s", "-V", "64M", "tank/thin"]);
+    env.ok(&["vol", "create", "tank/plain", "--size", "8M"]);
+    env.ok(&[
+        "create",
+        "-V",
+        "8M",
+        "-o",
+        "refreservation=none",
+        "tank/told",
+    ]);
+    let reserved = bytes("refreservation", "tank/thick");
+    assert!(
+        (68 << 20..70 << 20).contains(&reserved),
+        "refreservation {reserved}"
+    );
+    for thin in ["tank/thin", "tank/plain", "tank/told"] {
+        // `none`, 0 with -p (as zfs get).
+        assert_eq!(get("refreservation", thin), "0", "{thin}");
+        let shown = env.ok(&["get", "-H", "-o", "value", "refreservation", thin]);
+        assert_eq!(shown.trim(), "none", "{thin}");
+        assert_eq!(bytes("usedbyrefreservation", thin), 0, "{thin}");
+    }
+    // Human without -p.
+    let shown = env.ok(&["get", "-H", "-o", "value", "refreservation", "tank/thick"]);
+    assert!(shown.trim().ends_with('M'), "{shown}");
+    // The listing: USED is the unused reservation, which is the volume's own AVAIL beyond
+    // the pool's.
+    let rows = env.ok(&[
+        "list",
+        "-p",
+        "-H",
+        "-o",
+        "name,used,usedrefreserv,refreserv,avail",
+        "tank/thick",
+        "tank/thin",
+    ]);
+    let rows: Vec<Vec<u64>> = rows
+        .lines()
+        .map(|l| l.split('\t').skip(1).map(|c| c.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows[0][..3], [reserved, reserved, reserved], "{rows:?}");
+    assert_eq!(rows[1][..3], [0, 0, 0], "{rows:?}");
+    assert_eq!(rows[0][3], rows[1][3] + reserved, "{rows:?}");
+    let header = env.ok(&["list", "-o", "name,refreserv,usedrefreserv", "tank/thick"]);
+    assert!(
+        header.contains("REFRESERV") && header.contains("USEDREFRESERV"),
+        "{header}"
+    );
+    // More than the pool has: refused in one line, nothing made.
+    let e = env.fails(&["create", "-V", "2G", "tank/huge"]);
+    assert!(
+        e.contains("out of space") && e.contains("refreservation"),
+        "{e}"
+    );
+    env.fails(&["list", "tank/huge"]);
+    // A sparse one that size is made.
+    env.ok(&["create", "-s", "-V", "2G", "tank/huge"]);
+    let e = env.fails(&["set", "refreservation=auto", "tank/huge"]);
+    assert!(e.contains("out of space"), "{e}");
+    assert_eq!(get("refreservation", "tank/huge"), "0");
+    // Given back, and taken again with `auto`.
+    let available = bytes("available", "tank/thin");
+    env.ok(&["set", "refreservation=none", "tank/thick"]);
+    assert_eq!(bytes("usedbyrefreservation", "tank/thick"), 0);
+    assert_eq!(bytes("available", "tank/thin"), available + reserved);
+    env.ok(&["set", "refreservation=auto", "tank/thick"]);
+    assert_eq!(bytes("refreservation", "tank/thick"), reserved);
+    env.ok(&["inherit", "refreservation", "tank/thick"]);
+    assert_eq!(get("refreservation", "tank/thick"), "0");
+    env.ok(&["audit", "tank"]);
+}

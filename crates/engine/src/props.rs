@@ -358,6 +358,10 @@ pub struct VolumeProps {
     /// compressed only if that saves an eighth of it and a whole sector; an all-zero block
     /// becomes a hole unless this is `off`. Blocks already written keep their form.
     pub compression: CompressionSetting,
+    /// `refreservation`: bytes of the pool kept for this volume, which other volumes' writes
+    /// may not fill (0: `none`, the default here; `create -V` without `-s` sets `auto`, what
+    /// writing every block once takes). See `dsl/reservation.rs`.
+    pub refreservation_bytes: u64,
     /// User properties (`com.example:backup=daily`), as ZFS's: names with a colon, values
     /// without control characters, kept and shown, meaning nothing to the pool. Bounded by
     /// [`USER_PROPS_MAX`] and [`USER_PROPS_BYTES_MAX`], so private: changed only through
@@ -449,6 +453,7 @@ pub const VOLUME_PROP_NAMES: &[&str] = &[
     "log_copy_max",
     "nbd_allow",
     "compression",
+    "refreservation",
 ];
 
 /// Names of the volumes' read-only properties (statistics, as of the last txg sync), for
@@ -473,6 +478,7 @@ impl VolumeProps {
             log_copy_max_bytes: 32 << 10,
             nbd_allow: None,
             compression: CompressionSetting::default(),
+            refreservation_bytes: 0,
             user: Arc::default(),
         }
     }
@@ -558,6 +564,10 @@ impl VolumeProps {
                 Some(names) => names.join(","),
             },
             "compression" => self.compression.to_string(),
+            "refreservation" => match self.refreservation_bytes {
+                0 => "none".to_string(),
+                b => b.to_string(),
+            },
             _ => {
                 return Err(EngineError::invalid(format!(
                     "unknown volume property '{name}'"
@@ -638,6 +648,19 @@ impl VolumeProps {
                 self.log_copy_max_bytes = v;
             }
             "nbd_allow" => self.nbd_allow = parse_nbd_allow(value)?,
+            "refreservation" => {
+                self.refreservation_bytes = match value {
+                    "none" => 0,
+                    // The pool resolves `auto` (it depends on the pool's layout) before a
+                    // value reaches here: `Pool::resolve_refreservation`.
+                    "auto" => {
+                        return Err(EngineError::invalid(
+                            "refreservation=auto is resolved by the pool; give a size or none",
+                        ))
+                    }
+                    v => parse_size(name, v)?,
+                }
+            }
             "compression" => {
                 self.compression = value.parse().map_err(|_| {
                     EngineError::invalid(format!(
@@ -702,6 +725,11 @@ impl VolumeProps {
         ];
         if self.nbd_allow.is_some() {
             names.push("nbd_allow");
+        }
+        // Only when set, as nbd_allow: a pool without reservations stays readable by a
+        // version that does not know them.
+        if self.refreservation_bytes != 0 {
+            names.push("refreservation");
         }
         names
             .iter()

@@ -43,6 +43,12 @@ pub fn run(command: Command, host: &Host, con: &mut dyn Console) -> Result<()> {
             if !vdevs.is_empty() {
                 bail!("create -V makes volume POOL/VOL and takes no devices");
             }
+            // Thick unless -s, as `zfs create -V`: the volume reserves what writing all of it
+            // takes. `-o refreservation=` says otherwise.
+            let mut props = props;
+            if !thin && !props.iter().any(|a| a.starts_with("refreservation=")) {
+                props.push("refreservation=auto".to_string());
+            }
             let command = VolCommand::Create {
                 name,
                 size,

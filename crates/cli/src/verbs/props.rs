@@ -76,6 +76,8 @@ const SIZE_PROPS: &[&str] = &[
     "written",
     "usedbydataset",
     "usedbysnapshots",
+    "usedbyrefreservation",
+    "refreservation",
     "dirty_max",
     "cache_max",
     "data_cache_max",
@@ -98,6 +100,10 @@ fn shown(name: &str, value: String, parsable: bool) -> String {
         // percentage.
         if name == "compressratio" || name == "capacity" {
             return value.trim_end_matches(['x', '%']).to_string();
+        }
+        // As `zfs get -p`: a reservation of none is 0.
+        if name == "refreservation" && value == "none" {
+            return "0".into();
         }
         return value;
     }
@@ -404,7 +410,11 @@ pub fn set(host: &Host, assignments: &[&str], target: &str, device: Option<&str>
             // nothing, and a read-only name is called so (not unknown to the rollback).
             let mut q = p.volume(v2)?.props();
             for (k, v) in &pairs {
-                q.set(k, v)?;
+                match *k {
+                    // `auto` is the pool's to say (what the volume as set so far takes).
+                    "refreservation" => q.set(k, &p.resolve_refreservation(&q, v))?,
+                    _ => q.set(k, v)?,
+                }
             }
             VolumeProps::check_new_volsize(q.volsize_bytes)?;
             q.validate()?;

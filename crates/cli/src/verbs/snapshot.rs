@@ -789,7 +789,8 @@ enum Column {
     Name,
     Type,
     Used,
-    /// What writers may still fill (ZFS's `available`): the pool's, for every volume.
+    /// What writers may still fill (ZFS's `available`): the pool's, and a volume's own
+    /// unused reservation.
     Available,
     Referenced,
     LogicalReferenced,
@@ -798,6 +799,10 @@ enum Column {
     WrittenSince(String),
     UsedBySnapshots,
     UsedByDataset,
+    /// `usedbyrefreservation`: what the volume's reservation holds unused.
+    UsedByRefreservation,
+    /// `refreservation`: `none` or a size.
+    Refreservation,
     Origin,
     Clones,
     Creation,
@@ -822,6 +827,8 @@ impl Column {
             }
             "usedbysnapshots" | "usedsnap" => Column::UsedBySnapshots,
             "usedbydataset" | "usedds" => Column::UsedByDataset,
+            "usedbyrefreservation" | "usedrefreserv" => Column::UsedByRefreservation,
+            "refreservation" | "refreserv" => Column::Refreservation,
             "origin" => Column::Origin,
             "clones" => Column::Clones,
             "creation" => Column::Creation,
@@ -832,8 +839,8 @@ impl Column {
             other => bail!(
                 "-o {other}: a column is name, type, used, available, referenced, \
                  logicalreferenced, written, \
-                 written@SNAP, usedbysnapshots, usedbydataset, origin, clones, creation, \
-                 createtxg, guid, volsize or userrefs"
+                 written@SNAP, usedbysnapshots, usedbydataset, usedbyrefreservation, \
+                 refreservation, origin, clones, creation, createtxg, guid, volsize or userrefs"
             ),
         })
     }
@@ -851,6 +858,8 @@ impl Column {
             Column::WrittenSince(snap) => return format!("WRITTEN@{}", snap.to_uppercase()),
             Column::UsedBySnapshots => "USEDSNAP",
             Column::UsedByDataset => "USEDDS",
+            Column::UsedByRefreservation => "USEDREFRESERV",
+            Column::Refreservation => "REFRESERV",
             Column::Origin => "ORIGIN",
             Column::Clones => "CLONES",
             Column::Creation => "CREATION",
@@ -1032,13 +1041,22 @@ pub fn list_datasets(
                         Column::Name => vol.full_name().to_string(),
                         Column::Type => "volume".into(),
                         Column::Used => size(s.used_bytes, exact),
-                        Column::Available => size(available_bytes, exact),
+                        Column::Available => size(
+                            available_bytes.saturating_add(s.used_by_refreservation_bytes),
+                            exact,
+                        ),
                         Column::Referenced => size(s.referenced_bytes, exact),
                         Column::LogicalReferenced => size(vol.logical_bytes(), exact),
                         Column::WrittenSince(snap) => written_since(p, &v, snap, exact),
                         Column::Written => size(s.written_bytes, exact),
                         Column::UsedByDataset => size(s.used_by_dataset_bytes, exact),
                         Column::UsedBySnapshots => size(s.used_by_snapshots_bytes, exact),
+                        Column::UsedByRefreservation => size(s.used_by_refreservation_bytes, exact),
+                        // As zfs: `none`, 0 with -p.
+                        Column::Refreservation => match vol.props().refreservation_bytes {
+                            0 if !exact => "none".into(),
+                            b => size(b, exact),
+                        },
                         Column::Origin => s.origin.clone().unwrap_or_else(|| "-".into()),
                         Column::Clones | Column::UserRefs => "-".into(),
                         Column::Creation => creation(s.creation_s, exact),
@@ -1068,6 +1086,8 @@ pub fn list_datasets(
                             Column::Written => size(s.written_bytes, exact),
                             Column::UsedBySnapshots
                             | Column::UsedByDataset
+                            | Column::UsedByRefreservation
+                            | Column::Refreservation
                             | Column::Origin
                             | Column::Available => "-".into(),
                             Column::Clones if s.clones.is_empty() => "-".into(),

@@ -6,7 +6,7 @@ use crate::dsl::snapshot::Lineage;
 use crate::props::VolumeProps;
 use oxpool_format::{Dva, Txg, VdevId, VolumeId};
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 /// The key, among a volume's persisted properties, of the txg a replay in progress replays
@@ -75,6 +75,10 @@ pub(crate) struct Dataset {
     pub log: Arc<dyn DatasetLog>,
     /// Its snapshots, origin and deadlist (changed by txg syncs only, except holds).
     pub lineage: Mutex<Lineage>,
+    /// Its `usedbyrefreservation`: what its `refreservation` holds beyond what it has
+    /// written since its latest snapshot, as of the last sync or property change
+    /// (`Datasets::update_reservations`). Its writers may fill it; others may not.
+    pub reserved_unused_bytes: AtomicU64,
 }
 
 impl Dataset {
@@ -96,6 +100,7 @@ impl Dataset {
             destroyed: AtomicBool::new(false),
             log,
             lineage: Mutex::new(lineage),
+            reserved_unused_bytes: AtomicU64::new(0),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod dataset;
 pub mod deadlist;
 pub mod freeing;
 pub mod recv;
+pub mod reservation;
 pub mod resume;
 pub mod scan;
 pub mod send;
@@ -594,7 +595,9 @@ impl SyncClient for Datasets {
         }
     }
 
-    fn synced(&self, txg: Txg, cache_max_bytes: u64) {
+    fn synced(&self, spa: &Spa, txg: Txg, cache_max_bytes: u64) {
+        // What each reservation holds unused follows what the txg wrote and snapshotted.
+        self.update_reservations(spa);
         let live = self.all();
         let cache_blocks = (cache_max_bytes as usize / BlockTree::CACHED_BLOCK_BYTES).max(64);
         let per_dataset = (cache_blocks / live.len().max(1)).max(16);

@@ -44,6 +44,7 @@ mod log_tests;
 mod read_damage_tests;
 mod recv;
 mod rename;
+mod reservation;
 mod send;
 mod snapshot;
 pub use bookmark::BookmarkInfo;
@@ -152,6 +153,7 @@ impl Pool {
         crate::spa::apply_fault_policy(&spa);
         let weak = Arc::downgrade(&spa);
         let upper: std::sync::Weak<dyn SyncClient> = Arc::downgrade(&dsl) as _;
+        dsl.update_reservations(&spa);
         let thread = std::thread::Builder::new()
             .name(format!("txg-sync-{}", spa.name))
             .spawn(move || sync_thread(weak, upper))
@@ -587,8 +589,9 @@ impl Pool {
         self.spa.synced_txg()
     }
 
-    /// What writers may still fill: the `available` of every volume (no volume has a quota
-    /// or reservation); see [`Spa::available_bytes`](crate::spa::Spa::available_bytes).
+    /// What writers may still fill: the `available` of every volume without a reservation
+    /// ([`Pool::volume_available_bytes`] adds a volume's own); see
+    /// [`Spa::available_bytes`](crate::spa::Spa::available_bytes).
     pub fn available_bytes(&self) -> u64 {
         self.spa.available_bytes()
     }
@@ -607,19 +610,20 @@ impl Pool {
     ) -> Result<Volume> {
         check_name("volume", name)?;
         let mut p = VolumeProps::new(size_bytes);
-        for (k, v) in props {
-            if k == "volsize" {
-                return Err(EngineError::invalid("give volsize with --size"));
-            }
-            p.set_initial(k, v)?;
+        if props.iter().any(|(k, _)| k == "volsize") {
+            return Err(EngineError::invalid("give volsize with --size"));
         }
         VolumeProps::check_new_volsize(size_bytes)?;
+        self.set_initial_props(&mut p, props)?;
         p.validate()?;
         self.check_user_props_budget(name, &p)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(name) {
             return Err(EngineError::Exists(format!("{}/{name}", self.spa.name)));
         }
+        // Under the table's lock, as every reservation change: nothing written yet, so all
+        // of it is held unused.
+        self.check_reservation_growth(name, p.refreservation_bytes)?;
         let id = VolumeId(self.dsl.next_id());
         let nblocks = size_bytes / p.volblocksize_bytes as u64;
         let data = Object::new(
@@ -643,6 +647,7 @@ impl Pool {
             lineage,
         ));
         self.dsl.insert(ds.clone())?;
+        self.dsl.update_reservations(&self.spa);
         let vol = Arc::new(VolumeInner::new(ds, zil));
         volumes.insert(name.to_string(), vol.clone());
         self.spa.txg.mark_dirty();
@@ -695,6 +700,8 @@ impl Pool {
         self.volume_destroy_refusal(volumes.contains_key(name), name)?;
         volumes.remove(name);
         let ds = self.dsl.destroy(name)?;
+        // Its reservation goes with it (its blocks with the next sync).
+        self.dsl.update_reservations(&self.spa);
         self.spa.txg.mark_dirty();
         drop(volumes);
         // A clone's origin marked by `destroy -d` goes with its last clone.
@@ -781,14 +788,33 @@ impl Pool {
         let vol = self.volume(volume)?;
         if name == "volsize" {
             let _one_at_a_time = vol.vol.resizing.lock().unwrap();
-            let new_size = {
-                let mut q = vol.vol.ds.props.lock().unwrap().clone();
+            let ds = &vol.vol.ds;
+            let (old, new) = {
+                let old = ds.props.lock().unwrap().clone();
+                let mut q = old.clone();
                 q.set(name, value)?;
                 VolumeProps::check_new_volsize(q.volsize_bytes)?;
                 q.validate()?;
-                q.volsize_bytes
+                (old, q)
             };
-            return block_on(vol.resize(new_size));
+            // A volume that reserved `auto` keeps reserving it (as ZFS's): checked before the
+            // resize, applied after it, and a shrink's smaller reservation only then.
+            let Some(reservation) = self.reservation_after_resize(&old, &new) else {
+                return block_on(vol.resize(new.volsize_bytes));
+            };
+            let _reservations = self.volumes.lock().unwrap();
+            let written = ds.lineage.lock().unwrap().written_bytes;
+            let more = crate::dsl::reservation::unused_bytes(reservation, written)
+                .saturating_sub(ds.reserved_unused_bytes.load(Ordering::Relaxed));
+            self.check_reservation_growth(volume, more)?;
+            block_on(vol.resize(new.volsize_bytes))?;
+            ds.props.lock().unwrap().refreservation_bytes = reservation;
+            self.dsl.update_reservations(&self.spa);
+            self.spa.txg.mark_dirty();
+            return Ok(());
+        }
+        if name == "refreservation" {
+            return self.set_refreservation(&vol.vol.ds, volume, value);
         }
         {
             // Checked and stored in one step: a concurrent change is not undone.

@@ -1184,6 +1184,8 @@ impl Pool {
         // Never the target's: its end takes only the data (and would count them twice in
         // the pool's user-property budget meanwhile).
         p.clear_user();
+        // Nor the target's reservation: it would be counted twice while the stream arrives.
+        p.refreservation_bytes = 0;
         // Nothing of a receive is logged: it is durable at its END, by the sync.
         p.sync = SyncMode::Disabled;
         let data = Object::new(
@@ -1244,8 +1246,10 @@ impl Pool {
         VolumeProps::check_new_volsize(begin.volsize_bytes)?;
         p.volsize_bytes = begin.volsize_bytes;
         p.readonly = false;
-        // As for an incremental's hidden clone: not the target's user properties, no log.
+        // As for an incremental's hidden clone: not the target's user properties nor its
+        // reservation, no log.
         p.clear_user();
+        p.refreservation_bytes = 0;
         p.sync = SyncMode::Disabled;
         let lineage = Lineage::new(crate::spa::random_guid(), self.spa.txg.open_txg(), now_s());
         self.insert_hidden(hidden, p, empty_object(begin), lineage)

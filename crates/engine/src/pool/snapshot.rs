@@ -54,7 +54,7 @@ pub struct SnapshotInfo {
 /// A volume's space and lineage figures (`used`, `referenced`, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DatasetSpace {
-    /// `usedbydataset + usedbysnapshots`.
+    /// `usedbydataset + usedbysnapshots + usedbyrefreservation`.
     pub used_bytes: u64,
     /// `usedbydataset`, as ZFS's: what its tree references that no dataset it was cloned
     /// from shares (all it references, unless it is a clone), snapshots' shares included:
@@ -66,6 +66,9 @@ pub struct DatasetSpace {
     pub written_bytes: u64,
     /// What destroying every snapshot would free.
     pub used_by_snapshots_bytes: u64,
+    /// What its `refreservation` holds beyond what it wrote since its latest snapshot
+    /// (`dsl/reservation.rs`), as of the last sync or change of it.
+    pub used_by_refreservation_bytes: u64,
     /// For a clone, `pool/volume@snapshot` it comes from.
     pub origin: Option<String>,
     /// The txg it was created in.
@@ -86,6 +89,7 @@ pub const DATASET_STAT_NAMES: &[&str] = &[
     "written",
     "usedbydataset",
     "usedbysnapshots",
+    "usedbyrefreservation",
     "origin",
     "createtxg",
     "creation",
@@ -210,6 +214,7 @@ impl Pool {
     /// missing, or a snapshot exists.
     pub fn snapshot(&self, names: &[String]) -> Result<()> {
         let mut ops = Vec::new();
+        let mut snapped = Vec::new();
         let mut seen = BTreeSet::new();
         let queued = self.dsl.queued_ops();
         for full in names {
@@ -236,6 +241,7 @@ impl Pool {
                 )));
             }
             seen.insert((volume.to_string(), snap.to_string()));
+            snapped.push(ds.clone());
             ops.push((
                 ds.id,
                 SnapOp::Create {
@@ -248,6 +254,8 @@ impl Pool {
         if ops.is_empty() {
             return Err(EngineError::invalid("no snapshot named"));
         }
+        let snapped: Vec<&Dataset> = snapped.iter().map(|d| d.as_ref()).collect();
+        self.check_snapshot_reservations(&snapped)?;
         self.run_ops(ops)
     }
 
@@ -499,20 +507,25 @@ impl Pool {
         p.volsize_bytes = s.volsize_bytes;
         p.readonly = false;
         p.clear_user();
-        for (k, v) in props {
-            if k == "volsize" || k == "volblocksize" {
-                return Err(EngineError::invalid(format!(
-                    "{k} of a clone is its origin's"
-                )));
-            }
-            p.set_initial(k, v)?;
+        // As ZFS's: a clone reserves nothing unless told to (`-o refreservation=`).
+        p.refreservation_bytes = 0;
+        if let Some((k, _)) = props
+            .iter()
+            .find(|(k, _)| k == "volsize" || k == "volblocksize")
+        {
+            return Err(EngineError::invalid(format!(
+                "{k} of a clone is its origin's"
+            )));
         }
+        self.set_initial_props(&mut p, props)?;
         p.validate()?;
         self.check_user_props_budget(new_name, &p)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(new_name) {
             return Err(EngineError::Exists(format!("{}/{new_name}", self.spa.name)));
         }
+        // A clone has written nothing of its own yet: all of its reservation is unused.
+        self.check_reservation_growth(new_name, p.refreservation_bytes)?;
         let id = VolumeId(self.dsl.next_id());
         let data = Object::new(
             BlockTree::new(s.levels.max(1), s.root),
@@ -540,6 +553,7 @@ impl Pool {
         ));
         self.dsl.insert(ds.clone())?;
         self.dsl.link_origins();
+        self.dsl.update_reservations(&self.spa);
         let vol = Arc::new(VolumeInner::new(ds, zil));
         volumes.insert(new_name.to_string(), vol.clone());
         drop(volumes);
@@ -733,9 +747,13 @@ impl Pool {
         } else {
             referenced_bytes
         };
+        let used_by_refreservation_bytes = ds.reserved_unused_bytes.load(Ordering::Relaxed);
         Ok(DatasetSpace {
-            used_bytes: used_by_dataset_bytes + used_by_snapshots_bytes,
+            used_bytes: used_by_dataset_bytes
+                + used_by_snapshots_bytes
+                + used_by_refreservation_bytes,
             used_by_dataset_bytes,
+            used_by_refreservation_bytes,
             referenced_bytes,
             written_bytes,
             used_by_snapshots_bytes,
@@ -796,11 +814,12 @@ impl Pool {
         let d = self.dataset_space(volume)?;
         Ok(Some(match name {
             "used" => d.used_bytes.to_string(),
-            "available" => self.available_bytes().to_string(),
+            "available" => self.volume_available_bytes(volume)?.to_string(),
             "referenced" => d.referenced_bytes.to_string(),
             "written" => d.written_bytes.to_string(),
             "usedbydataset" => d.used_by_dataset_bytes.to_string(),
             "usedbysnapshots" => d.used_by_snapshots_bytes.to_string(),
+            "usedbyrefreservation" => d.used_by_refreservation_bytes.to_string(),
             "origin" => d.origin.unwrap_or_else(|| "-".into()),
             "createtxg" => d.createtxg.to_string(),
             "creation" => d.creation_s.to_string(),

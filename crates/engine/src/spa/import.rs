@@ -578,6 +578,7 @@ pub(crate) async fn import_devices(
         log_counters: LogCounters::default(),
         log_alloc_bytes_since_sync: Default::default(),
         charged_placed_txg: Default::default(),
+        reserved_bytes: Default::default(),
         log_blocks_allocated: Default::default(),
     });
     super::listen_to_records(&inner);

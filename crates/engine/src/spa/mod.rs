@@ -147,6 +147,10 @@ pub(crate) struct Spa {
     /// allocates after that (space-map chunks, the PoolMeta) may borrow the slots that txg's
     /// charge kept from other blocks ([`Spa::keep`]).
     pub charged_placed_txg: std::sync::atomic::AtomicU64,
+    /// What the datasets' `refreservation`s hold that they have not used (the sum of their
+    /// `usedbyrefreservation`, kept by the layer above: `Datasets::update_reservations`):
+    /// writers of other datasets may not fill it ([`Spa::wait_for_space`]).
+    pub reserved_bytes: std::sync::atomic::AtomicU64,
     /// Log blocks allocated since the pool opened, counted under the state lock: an audit
     /// reads the logs' places, then the allocator, and reads again if this moved between.
     pub log_blocks_allocated: std::sync::atomic::AtomicU64,
@@ -321,6 +325,7 @@ impl Spa {
             log_counters: LogCounters::default(),
             log_alloc_bytes_since_sync: Default::default(),
             charged_placed_txg: Default::default(),
+            reserved_bytes: Default::default(),
             log_blocks_allocated: Default::default(),
         });
         // Before the first I/O (an import's first reads run in `auto`: the properties are

@@ -53,8 +53,10 @@ impl Drop for SpaceAdmission<'_> {
 impl Spa {
     /// What writers may still fill, as ZFS's `available`: the free space (`oxpool list`'s
     /// FREE: what synced txgs freed counts as free) less the reserve kept for txg syncs (the
-    /// slop, a slab per size class and data vdev) and what the unsynced txgs are charged.
-    /// In allocated bytes, as `used` counts them (a raidz's parity included).
+    /// slop, a slab per size class and data vdev), what the unsynced txgs are charged, and
+    /// what the datasets' reservations hold unused ([`Spa::reserved_bytes`]; a dataset
+    /// with a reservation may fill its own part too). In allocated bytes, as `used` counts
+    /// them (a raidz's parity included).
     pub fn available_bytes(&self) -> u64 {
         let (size, allocated) = self.size_and_alloc_bytes();
         let reserve = {
@@ -68,6 +70,7 @@ impl Spa {
         size.saturating_sub(allocated)
             .saturating_sub(reserve)
             .saturating_sub(needed)
+            .saturating_sub(self.reserved_bytes.load(Ordering::Relaxed))
     }
 
     /// Empty-slab space that must stay free beside what the pending syncs need: the slop
@@ -128,24 +131,33 @@ impl Spa {
         }
     }
 
-    /// Whether `need` fits with the reserve left over, once slabs of classes with free slots
+    /// Whether `need` fits with the reserve left over, and `held_bytes` of empty slabs
+    /// besides (other datasets' unused reservations), once slabs of classes with free slots
     /// to spare are given to those short of them ([`Allocator::make_room`]).
-    fn fits(alloc: &mut Allocator, need: &ClassBytes, frees: bool) -> bool {
+    ///
+    /// Reservations are held in empty slabs, as the reserve's empty part is: the dataset
+    /// they are for may write blocks of any size class, and only an empty slab takes any.
+    fn fits(alloc: &mut Allocator, need: &ClassBytes, frees: bool, held_bytes: u64) -> bool {
         let space = alloc.space();
-        let reserve = Self::sync_reserve(alloc, &space, frees);
+        let mut reserve = Self::sync_reserve(alloc, &space, frees);
+        reserve.empty_bytes = reserve.empty_bytes.saturating_add(held_bytes);
         alloc.make_room(need, reserve)
     }
 
     /// Whether something outside the txg sync (the intent log) may allocate `extra` now: it
     /// must leave the pending syncs everything they may need and the slop. Called with the
     /// pool's state locked (the allocator) and allocating under the same lock.
+    ///
+    /// Log blocks may take from the datasets' reservations: they hold records only until
+    /// their txg syncs, and a writer of a reserved dataset that finds them in its way waits
+    /// for those syncs ([`Spa::wait_for_space`]) rather than failing.
     pub(crate) fn may_allocate_outside_sync(
         &self,
         alloc: &mut Allocator,
         extra: ClassBytes,
     ) -> bool {
         let need = self.txg.state.lock().unwrap().space_needed() + extra;
-        Self::fits(alloc, &need, false)
+        Self::fits(alloc, &need, false, 0)
     }
 
     /// The write throttle's space check. A change whose txg sync may allocate up to `bytes`
@@ -160,10 +172,17 @@ impl Spa {
     /// This is what makes a sync never run out of space: everything it allocates was charged
     /// and checked here first (the intent log's allocations are checked the same way, see
     /// [`Spa::may_allocate_outside_sync`]).
+    ///
+    /// `own_reserved` is the writer's dataset's unused reservation: of what the datasets'
+    /// reservations hold ([`Spa::reserved_bytes`]), everything else stays free for them.
+    /// Read every round: a sync changes both. Not for `frees`: a free gives space back once
+    /// synced (the indirect blocks it rewrites are what it takes meanwhile), and a pool
+    /// whose free space is all reserved must still let a thin volume be trimmed.
     pub(crate) async fn wait_for_space(
         &self,
         bytes: ClassBytes,
         frees: bool,
+        own_reserved: &AtomicU64,
     ) -> Result<SpaceAdmission<'_>> {
         let mut rounds_without_admissions = 0;
         for _ in 0..SPACE_WAIT_ROUNDS_MAX {
@@ -171,7 +190,14 @@ impl Spa {
                 let mut s = self.state.lock().unwrap();
                 let mut t = self.txg.state.lock().unwrap();
                 let need = t.space_needed() + bytes;
-                if Self::fits(&mut s.alloc, &need, frees) {
+                let held = match frees {
+                    true => 0,
+                    false => self
+                        .reserved_bytes
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(own_reserved.load(Ordering::Relaxed)),
+                };
+                if Self::fits(&mut s.alloc, &need, frees, held) {
                     t.space_admitting += bytes;
                     t.space_admissions += 1;
                     return Ok(SpaceAdmission { inner: self, bytes });

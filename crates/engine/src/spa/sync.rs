@@ -49,9 +49,9 @@ pub(crate) trait SyncClient: Send + Sync {
     /// Its part of txg `txg`'s pool metadata, once the space maps are placed; places it no
     /// longer needs (intent-log blocks) go to `freed`.
     fn meta(&self, txg: Txg, freed: &mut Vec<Dva>) -> UpperMeta;
-    /// Txg `txg` is durable; `cache_max_bytes` is what its caches of indirect blocks may keep
-    /// in all.
-    fn synced(&self, txg: Txg, cache_max_bytes: u64);
+    /// Txg `txg` of `spa` is durable; `cache_max_bytes` is what its caches of indirect
+    /// blocks may keep in all.
+    fn synced(&self, spa: &Spa, txg: Txg, cache_max_bytes: u64);
 }
 
 /// Writes txg `txg` out and commits it (see the module comment for the protocol).
@@ -294,7 +294,7 @@ pub(crate) async fn sync_txg(inner: &Spa, upper: &dyn SyncClient, txg: Txg) -> R
         }
         cache_max_bytes = s.props.cache_max_bytes;
     }
-    upper.synced(txg, cache_max_bytes);
+    upper.synced(inner, txg, cache_max_bytes);
     Ok(())
 }
 
@@ -409,7 +409,7 @@ mod tests {
                 next_volume_id: 1,
             }
         }
-        fn synced(&self, _txg: Txg, _cache_max_bytes: u64) {}
+        fn synced(&self, _spa: &Spa, _txg: Txg, _cache_max_bytes: u64) {}
     }
 
     /// A sync client whose sync panics, as a bug would.
@@ -427,7 +427,7 @@ mod tests {
         fn meta(&self, _txg: Txg, _freed: &mut Vec<Dva>) -> UpperMeta {
             unreachable!("the sync panicked before")
         }
-        fn synced(&self, _txg: Txg, _cache_max_bytes: u64) {}
+        fn synced(&self, _spa: &Spa, _txg: Txg, _cache_max_bytes: u64) {}
     }
 
     #[test]

@@ -983,7 +983,11 @@ impl Volume {
         let mut space = ClassBytes::default();
         let _admission = self
             .pool
-            .wait_for_space(costs.worst(first_b, last_b), false)
+            .wait_for_space(
+                costs.worst(first_b, last_b),
+                false,
+                &self.vol.ds.reserved_unused_bytes,
+            )
             .await?;
         let hold = self.pool.txg.hold(length_bytes).await?;
         let mut dirtied = Dirtied {
@@ -1073,7 +1077,10 @@ impl Volume {
         // A free allocates too: the indirect blocks at its ends are rewritten. It may use half
         // of the slop, as it gives space back once synced.
         let costs = self.space_costs();
-        let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
+        let _admission = self
+            .pool
+            .wait_for_space(costs.worst_free(), true, &self.vol.ds.reserved_unused_bytes)
+            .await?;
         let hold = self.pool.txg.hold(0).await?;
         let (space, level1_blocks) =
             self.vol
@@ -1136,7 +1143,10 @@ impl Volume {
             .await;
         // A shrink's free allocates too: the indirect blocks at its ends are rewritten.
         let costs = self.space_costs();
-        let _admission = self.pool.wait_for_space(costs.worst_free(), true).await?;
+        let _admission = self
+            .pool
+            .wait_for_space(costs.worst_free(), true, &self.vol.ds.reserved_unused_bytes)
+            .await?;
         let hold = self.pool.txg.hold(0).await?;
         let txg = hold.txg();
         let mut space = ClassBytes::default();
@@ -1272,7 +1282,10 @@ impl Volume {
         } else {
             (costs.worst(first_b, last_b), length_bytes.max(bs))
         };
-        let _admission = self.pool.wait_for_space(worst, false).await?;
+        let _admission = self
+            .pool
+            .wait_for_space(worst, false, &self.vol.ds.reserved_unused_bytes)
+            .await?;
         let hold = self.pool.txg.hold(dirty_bytes.max(bs)).await?;
         {
             let mut d = self.vol.data().dirty.lock().unwrap();
