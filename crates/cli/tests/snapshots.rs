@@ -816,6 +816,23 @@ fn create_v_reserves_the_volumes_space_unless_sparse() {
         assert_eq!(shown.trim(), "none", "{thin}");
         assert_eq!(bytes("usedbyrefreservation", thin), 0, "{thin}");
     }
+    // `auto` follows what the volume is made with, whatever the order of the options.
+    env.ok(&[
+        "create",
+        "-V",
+        "64M",
+        "-o",
+        "copies=2",
+        "-b",
+        "4K",
+        "tank/dense",
+    ]);
+    let dense = bytes("refreservation", "tank/dense");
+    assert!(
+        dense > 2 * reserved - (8 << 20),
+        "{dense} against {reserved}"
+    );
+    env.ok(&["destroy", "tank/dense"]);
     // Human without -p.
     let shown = env.ok(&["get", "-H", "-o", "value", "refreservation", "tank/thick"]);
     assert!(shown.trim().ends_with('M'), "{shown}");

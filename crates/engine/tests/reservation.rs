@@ -127,6 +127,18 @@ fn a_reserved_volume_is_written_whole_while_another_fills_the_pool() {
     pool.sync().unwrap();
     assert_eq!(fill(&thick, 0, 16 * MIB, 4), 16 * MIB);
     pool.sync().unwrap();
+    // With every free byte reserved or kept for the sync, the sparse volume can still be
+    // trimmed (a free is not held to the others' reservations), and gives its space back.
+    let before = pool.available_bytes();
+    block_on(sparse.trim(0, 8 * MIB, false)).unwrap();
+    for _ in 0..4 {
+        pool.sync().unwrap();
+    }
+    let after = pool.available_bytes();
+    assert!(
+        after > before + 7 * MIB,
+        "available {before} before trimming 8M, {after} after"
+    );
     audit_clean(&pool, "filled");
     // Persisted: the property, and so the figures, after an export and an import.
     drop((thick, sparse));
@@ -179,7 +191,6 @@ fn what_the_pool_has_no_room_for_is_refused_with_nothing_changed() {
     assert_eq!(pool.available_bytes(), available);
     pool.destroy_volume("big").unwrap();
     pool.sync().unwrap();
-    let available = pool.available_bytes();
 
     // A thick volume grows with its reservation; a growth the pool cannot reserve is
     // refused, the size unchanged.
@@ -216,9 +227,10 @@ fn what_the_pool_has_no_room_for_is_refused_with_nothing_changed() {
     let sparse = pool
         .create_volume("sparse", 60 * MIB, &[uncompressed()])
         .unwrap();
-    let stopped = fill(&sparse, 0, 60 * MIB, 6);
+    fill(&sparse, 0, 60 * MIB, 6);
     pool.sync().unwrap();
-    assert!(stopped < available, "{stopped} of {available}");
+    let left = pool.available_bytes();
+    assert!(left < MIB, "{left} available after the fill");
     let e = no_space(
         pool.snapshot(&["thick@one".to_string()]),
         "a snapshot of a full thick volume in a full pool",
@@ -251,9 +263,56 @@ fn what_the_pool_has_no_room_for_is_refused_with_nothing_changed() {
         .flat_map(|c| pattern(5 + c * CHUNK, CHUNK as usize))
         .collect();
     assert!(snap == expected, "the snapshot's data");
-    // A clone reserves nothing unless told.
+    // A rollback makes the reservation whole again too (and what it drops comes back only
+    // some txgs later): refused while the pool is full, the volume unchanged.
+    let e = no_space(
+        pool.rollback("thick", "one", false),
+        "a rollback of a full thick volume in a full pool",
+    );
+    assert!(e.contains("rollback") && e.contains("tank/thick"), "{e}");
+    let overwritten: Vec<u8> = (0..16 * MIB / CHUNK)
+        .flat_map(|c| pattern(8 + c * CHUNK, CHUNK as usize))
+        .collect();
+    assert!(
+        read_all(&thick) == overwritten,
+        "changed by a refused rollback"
+    );
+    drop(sparse);
+    pool.destroy_volume("sparse").unwrap();
+    pool.sync().unwrap();
+    pool.sync().unwrap();
+    pool.rollback("thick", "one", false).unwrap();
+    assert!(read_all(&thick) == expected, "rolled back");
+    assert_eq!(
+        bytes_prop(&pool, "thick", "usedbyrefreservation"),
+        reserved_16m
+    );
+    // A clone reserves nothing unless told. Told `auto`, it would reserve what its origin's
+    // volume does, which the pool (the volume, its snapshot and its reservation) has not
+    // room for: refused, nothing made; told less, made with it.
     pool.clone_snapshot("thick", "one", "copy", &[]).unwrap();
     assert_eq!(prop(&pool, "copy", "refreservation"), "none");
-    drop((thick, sparse));
+    let e = no_space(
+        pool.clone_snapshot("thick", "one", "thick_copy", &[auto()]),
+        "a clone reserving auto",
+    );
+    assert!(
+        e.contains("thick_copy")
+            && e.contains(&format!("{:.1}M", reserved_16m as f64 / MIB as f64)),
+        "{e}"
+    );
+    assert!(pool.volume("thick_copy").is_err(), "made after all");
+    pool.clone_snapshot(
+        "thick",
+        "one",
+        "thick_copy",
+        &[("refreservation".into(), "4M".into())],
+    )
+    .unwrap();
+    assert_eq!(
+        bytes_prop(&pool, "thick_copy", "usedbyrefreservation"),
+        4 * MIB
+    );
+    drop(thick);
     audit_clean(&pool, "refusals");
 }

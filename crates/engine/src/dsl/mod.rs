@@ -85,6 +85,10 @@ pub(crate) struct Datasets {
     /// other one until the send ends, which errs on the safe side and needs no re-keying
     /// when `promote` moves a held snapshot to another volume.
     long_holds: Mutex<std::collections::HashMap<oxpool_format::Guid, usize>>,
+    /// Held while the reservation figures are recomputed (`update_reservations`): by the
+    /// sync thread and by whoever changed a reservation, so an older recomputation never
+    /// stores its figures over a newer one's.
+    reservations: Mutex<()>,
 }
 
 /// A long hold on a snapshot ([`Datasets::long_hold`]): released when dropped.
@@ -121,6 +125,7 @@ impl Datasets {
             views: Mutex::new(Vec::new()),
             freeing: Mutex::new(freeing::FreeQueue::default()),
             long_holds: Mutex::new(std::collections::HashMap::new()),
+            reservations: Mutex::new(()),
         }
     }
 

@@ -39,6 +39,10 @@ impl Datasets {
     /// ([`Dataset::reserved_unused_bytes`]) and their sum ([`Spa::reserved_bytes`]).
     /// After every txg sync, and after whatever changes a reservation or the set of datasets.
     pub(crate) fn update_reservations(&self, spa: &Spa) {
+        // Reads and stores under one lock: two at once (the sync thread's and a change's)
+        // would otherwise let the one that read first store last, and a reservation just set
+        // would count for nothing until the next sync.
+        let _one_at_a_time = self.reservations.lock().unwrap();
         let mut total = 0u64;
         for ds in self.all() {
             let unused = unused_of(&ds);

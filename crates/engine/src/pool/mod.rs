@@ -63,6 +63,9 @@ pub struct Pool {
     dsl: Arc<Datasets>,
     /// The volumes, by name: each over its dataset in `dsl`.
     volumes: Arc<Mutex<BTreeMap<String, Arc<VolumeInner>>>>,
+    /// Held by a change that makes a reservation hold more, from its check until its figures
+    /// count (`pool/reservation.rs`): two changes cannot both pass on the same space.
+    reservation_changes: Mutex<()>,
     sync_thread: Option<JoinHandle<()>>,
 }
 
@@ -162,6 +165,7 @@ impl Pool {
             spa,
             dsl,
             volumes: Arc::new(Mutex::new(volumes)),
+            reservation_changes: Mutex::new(()),
             sync_thread: Some(thread),
         }
     }
@@ -589,8 +593,8 @@ impl Pool {
         self.spa.synced_txg()
     }
 
-    /// What writers may still fill: the `available` of every volume without a reservation
-    /// ([`Pool::volume_available_bytes`] adds a volume's own); see
+    /// What writers may still fill: the `available` of every volume whose reservation holds
+    /// nothing unused ([`Pool::volume_available_bytes`] adds a volume's own); see
     /// [`Spa::available_bytes`](crate::spa::Spa::available_bytes).
     pub fn available_bytes(&self) -> u64 {
         self.spa.available_bytes()
@@ -617,13 +621,14 @@ impl Pool {
         self.set_initial_props(&mut p, props)?;
         p.validate()?;
         self.check_user_props_budget(name, &p)?;
+        let _change = (p.refreservation_bytes != 0).then(|| self.reservation_change());
+        // Nothing written yet: all of it is held unused. Before the table's lock: the check
+        // may wait for syncs.
+        self.check_reservation_growth(name, p.refreservation_bytes)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(name) {
             return Err(EngineError::Exists(format!("{}/{name}", self.spa.name)));
         }
-        // Under the table's lock, as every reservation change: nothing written yet, so all
-        // of it is held unused.
-        self.check_reservation_growth(name, p.refreservation_bytes)?;
         let id = VolumeId(self.dsl.next_id());
         let nblocks = size_bytes / p.volblocksize_bytes as u64;
         let data = Object::new(
@@ -788,30 +793,7 @@ impl Pool {
         let vol = self.volume(volume)?;
         if name == "volsize" {
             let _one_at_a_time = vol.vol.resizing.lock().unwrap();
-            let ds = &vol.vol.ds;
-            let (old, new) = {
-                let old = ds.props.lock().unwrap().clone();
-                let mut q = old.clone();
-                q.set(name, value)?;
-                VolumeProps::check_new_volsize(q.volsize_bytes)?;
-                q.validate()?;
-                (old, q)
-            };
-            // A volume that reserved `auto` keeps reserving it (as ZFS's): checked before the
-            // resize, applied after it, and a shrink's smaller reservation only then.
-            let Some(reservation) = self.reservation_after_resize(&old, &new) else {
-                return block_on(vol.resize(new.volsize_bytes));
-            };
-            let _reservations = self.volumes.lock().unwrap();
-            let written = ds.lineage.lock().unwrap().written_bytes;
-            let more = crate::dsl::reservation::unused_bytes(reservation, written)
-                .saturating_sub(ds.reserved_unused_bytes.load(Ordering::Relaxed));
-            self.check_reservation_growth(volume, more)?;
-            block_on(vol.resize(new.volsize_bytes))?;
-            ds.props.lock().unwrap().refreservation_bytes = reservation;
-            self.dsl.update_reservations(&self.spa);
-            self.spa.txg.mark_dirty();
-            return Ok(());
+            return self.resize_reserved(&vol, volume, value);
         }
         if name == "refreservation" {
             return self.set_refreservation(&vol.vol.ds, volume, value);

@@ -255,8 +255,12 @@ impl Pool {
             return Err(EngineError::invalid("no snapshot named"));
         }
         let snapped: Vec<&Dataset> = snapped.iter().map(|d| d.as_ref()).collect();
-        self.check_snapshot_reservations(&snapped)?;
-        self.run_ops(ops)
+        // Until the snapshot's sync has made its reservations whole again in the figures.
+        let _change = self.reservation_change();
+        self.check_snapshot_reservations(&snapped, "the snapshot")?;
+        self.run_ops(ops)?;
+        self.dsl.update_reservations(&self.spa);
+        Ok(())
     }
 
     /// Why snapshot `snap` of `volume` cannot be destroyed, if it cannot (held, or the
@@ -483,7 +487,14 @@ impl Pool {
                 guid: target,
             },
         ));
-        self.run_ops(ops)
+        // The head then shares everything with the snapshot, as after a snapshot: its
+        // reservation holds all of itself again while what it drops comes back only some
+        // txgs later (as ZFS's rollback check).
+        let _change = self.reservation_change();
+        self.check_snapshot_reservations(&[ds.as_ref()], "the rollback")?;
+        self.run_ops(ops)?;
+        self.dsl.update_reservations(&self.spa);
+        Ok(())
     }
 
     /// Creates volume `new_name`, a writable clone of `volume@snap` sharing every block.
@@ -520,12 +531,14 @@ impl Pool {
         self.set_initial_props(&mut p, props)?;
         p.validate()?;
         self.check_user_props_budget(new_name, &p)?;
+        let _change = (p.refreservation_bytes != 0).then(|| self.reservation_change());
+        // A clone has written nothing of its own yet: all of its reservation is unused.
+        // Before the table's lock: the check may wait for syncs.
+        self.check_reservation_growth(new_name, p.refreservation_bytes)?;
         let mut volumes = self.volumes.lock().unwrap();
         if volumes.contains_key(new_name) {
             return Err(EngineError::Exists(format!("{}/{new_name}", self.spa.name)));
         }
-        // A clone has written nothing of its own yet: all of its reservation is unused.
-        self.check_reservation_growth(new_name, p.refreservation_bytes)?;
         let id = VolumeId(self.dsl.next_id());
         let data = Object::new(
             BlockTree::new(s.levels.max(1), s.root),
@@ -750,8 +763,8 @@ impl Pool {
         let used_by_refreservation_bytes = ds.reserved_unused_bytes.load(Ordering::Relaxed);
         Ok(DatasetSpace {
             used_bytes: used_by_dataset_bytes
-                + used_by_snapshots_bytes
-                + used_by_refreservation_bytes,
+                .saturating_add(used_by_snapshots_bytes)
+                .saturating_add(used_by_refreservation_bytes),
             used_by_dataset_bytes,
             used_by_refreservation_bytes,
             referenced_bytes,

@@ -144,13 +144,28 @@ impl Spa {
         alloc.make_room(need, reserve)
     }
 
+    /// Whether the datasets' reservations can hold `more_bytes` more where the write throttle
+    /// keeps them, in empty slabs beside everything the pending syncs may need and the
+    /// reserve ([`Spa::fits`]). `available` counts free slots too, which a reservation
+    /// cannot use: on a fragmented pool this is the stricter check.
+    pub(crate) fn can_reserve(&self, more_bytes: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        let need = self.txg.state.lock().unwrap().space_needed();
+        let held = self
+            .reserved_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(more_bytes);
+        Self::fits(&mut s.alloc, &need, false, held)
+    }
+
     /// Whether something outside the txg sync (the intent log) may allocate `extra` now: it
     /// must leave the pending syncs everything they may need and the slop. Called with the
     /// pool's state locked (the allocator) and allocating under the same lock.
     ///
     /// Log blocks may take from the datasets' reservations: they hold records only until
     /// their txg syncs, and a writer of a reserved dataset that finds them in its way waits
-    /// for those syncs ([`Spa::wait_for_space`]) rather than failing.
+    /// for those syncs ([`Spa::wait_for_space`], which gives up only after several syncs
+    /// in which nobody got space).
     pub(crate) fn may_allocate_outside_sync(
         &self,
         alloc: &mut Allocator,
@@ -185,6 +200,7 @@ impl Spa {
         own_reserved: &AtomicU64,
     ) -> Result<SpaceAdmission<'_>> {
         let mut rounds_without_admissions = 0;
+        let mut held_last = 0;
         for _ in 0..SPACE_WAIT_ROUNDS_MAX {
             let (held_back, admissions_before) = {
                 let mut s = self.state.lock().unwrap();
@@ -197,6 +213,7 @@ impl Spa {
                         .load(Ordering::Relaxed)
                         .saturating_sub(own_reserved.load(Ordering::Relaxed)),
                 };
+                held_last = held;
                 if Self::fits(&mut s.alloc, &need, frees, held) {
                     t.space_admitting += bytes;
                     t.space_admissions += 1;
@@ -226,7 +243,11 @@ impl Spa {
         let detail = {
             let s = self.state.lock().unwrap();
             let space = s.alloc.space();
-            where_free(&space, Self::sync_reserve(&s.alloc, &space, frees))
+            where_free(
+                &space,
+                Self::sync_reserve(&s.alloc, &space, frees),
+                held_last,
+            )
         };
         Err(EngineError::NoSpace {
             pool: self.name.clone(),
@@ -239,7 +260,8 @@ impl Spa {
 /// (beyond the reserve) or in free slots of its blocks' sizes, and free space elsewhere
 /// (slots of other sizes, the unused ends of slots larger than their blocks: a compressed or
 /// raidz block takes the next power of two of sectors) cannot take it (docs/space.md).
-fn where_free(space: &crate::vdev::alloc::Space, reserve: Reserve) -> String {
+/// `held_bytes`: what other volumes' reservations keep from this writer.
+fn where_free(space: &crate::vdev::alloc::Space, reserve: Reserve, held_bytes: u64) -> String {
     let mib = |b: u64| format!("{:.1}M", b as f64 / f64::from(1u32 << 20));
     let slots: u64 = space.free_slots.0.iter().sum();
     let ends = space
@@ -248,11 +270,18 @@ fn where_free(space: &crate::vdev::alloc::Space, reserve: Reserve) -> String {
         .saturating_sub(slots);
     // What to do first, in the administrator's words; where the free space lies (what only
     // docs/space.md explains) after it, for a report.
+    let reserved = match held_bytes {
+        0 => String::new(),
+        b => format!(
+            " and {} reserved for other volumes (refreservation)",
+            mib(b)
+        ),
+    };
     format!(
-        "; {} free of {}, {} of it kept for the txg sync; make room (destroy snapshots or \
-         volumes, trim or discard from the client) or add a device (oxpool add). Where the \
-         free space is: {} in empty slabs, {} in free slots of block sizes, {} in the unused \
-         ends of slots larger than their blocks (docs/space.md)",
+        "; {} free of {}, {} of it kept for the txg sync{reserved}; make room (destroy \
+         snapshots or volumes, trim or discard from the client) or add a device (oxpool add). \
+         Where the free space is: {} in empty slabs, {} in free slots of block sizes, {} in \
+         the unused ends of slots larger than their blocks (docs/space.md)",
         mib(space.free_bytes),
         mib(space.size_bytes),
         mib(reserve.total_bytes()),
