@@ -118,28 +118,40 @@ impl Pool {
     }
 
     /// Refuses a change after which `volume`'s reservation would hold `more_bytes` more
-    /// unused than before, when the pool has not that much available, or not in empty slabs
-    /// beyond what the other reservations and the pending syncs keep there
-    /// (`Spa::can_reserve`: a fragmented pool's free slots count in `available`).
+    /// unused than before ([`Pool::check_room`]).
     pub(super) fn check_reservation_growth(&self, volume: &str, more_bytes: u64) -> Result<()> {
+        self.check_room(more_bytes, |more, available, not_empty| {
+            format!(
+                "{}/{volume}'s refreservation would take {more} more, and {available} is \
+                 available{not_empty} (make room, or reserve less: refreservation=SIZE or none, \
+                 create -s)",
+                self.spa.name
+            )
+        })
+    }
+
+    /// Refuses (out of space, with `why(more, available, not_empty)` as the reason) a change
+    /// after which reservations hold `more_bytes` more, when the pool has not that much
+    /// available, or not in empty slabs beyond what the other reservations and the pending
+    /// syncs keep there (`Spa::can_reserve`: a fragmented pool's free slots count in
+    /// `available`; `not_empty` then says so).
+    fn check_room(
+        &self,
+        more_bytes: u64,
+        why: impl FnOnce(&str, &str, &str) -> String,
+    ) -> Result<()> {
         if more_bytes == 0 {
             return Ok(());
         }
         let available = self.spa.available_bytes();
-        if more_bytes > available || !self.room_in_empty_slabs(more_bytes) {
+        let short = more_bytes > available;
+        if short || !self.room_in_empty_slabs(more_bytes) {
+            let not_empty = if short { "" } else { ", not in empty slabs" };
             return Err(EngineError::NoSpace {
                 pool: self.spa.name.clone(),
                 detail: format!(
-                    "; {}/{volume}'s refreservation would take {} more, and {} is available{} \
-                     (make room, or reserve less: refreservation=SIZE or none, create -s)",
-                    self.spa.name,
-                    human(more_bytes),
-                    human(available),
-                    if more_bytes > available {
-                        ""
-                    } else {
-                        ", not in empty slabs"
-                    }
+                    "; {}",
+                    why(&human(more_bytes), &human(available), not_empty)
                 ),
             });
         }
@@ -240,23 +252,13 @@ impl Pool {
             more_bytes = more_bytes.saturating_add(r.min(written));
             reserved.push(ds.full_name());
         }
-        if more_bytes == 0 {
-            return Ok(());
-        }
-        let available = self.spa.available_bytes();
-        if more_bytes > available || !self.room_in_empty_slabs(more_bytes) {
-            return Err(EngineError::NoSpace {
-                pool: self.spa.name.clone(),
-                detail: format!(
-                    "; after {what} the refreservation of {} would hold {} more, and {} is \
-                     available (make room, or lower the refreservation)",
-                    reserved.join(", "),
-                    human(more_bytes),
-                    human(available)
-                ),
-            });
-        }
-        Ok(())
+        self.check_room(more_bytes, |more, available, not_empty| {
+            format!(
+                "after {what} the refreservation of {} would hold {more} more, and {available} \
+                 is available{not_empty} (make room, or lower the refreservation)",
+                reserved.join(", ")
+            )
+        })
     }
 
     /// `volume`'s `available`: the pool's, and what its own reservation holds unused.
